@@ -1,0 +1,132 @@
+//! The `sluice` command: a thin shell over the `sluice` library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+use sluice::config::{self, Config};
+use sluice::server::os_signal;
+use tracing::info;
+
+/// Sluice: a reverse proxy whose backends dial in and declare their capacity.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "SLUICE_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the proxy (with no -c: an embedded default that needs nothing else running).
+    Run {
+        /// Configuration file (TOML).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Worker threads (overrides `[runtime] workers`; default: one per CPU).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
+    /// Validate a configuration file and exit (0: valid, 2: invalid).
+    Check {
+        /// Configuration file (TOML).
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Run { config, workers } => match run(config, workers) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match config::load_file(path) {
+        Ok(c) => {
+            println!(
+                "{}: ok ({} listeners, {} routes, {} clusters)",
+                path.display(),
+                c.listeners.len(),
+                c.routes.len(),
+                c.clusters.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn load(path: Option<PathBuf>) -> anyhow::Result<Config> {
+    match path {
+        Some(p) => config::load_file(&p).map_err(|e| anyhow::anyhow!("{e}")),
+        None => {
+            info!("no -c FILE given: running the embedded default config (a direct-response route on 127.0.0.1:8080)");
+            Ok(config::embedded_default())
+        }
+    }
+}
+
+fn run(path: Option<PathBuf>, workers: Option<usize>) -> anyhow::Result<()> {
+    let config = load(path)?;
+    let workers = workers.or(config.runtime.workers);
+    let runtime = build_runtime(workers)?;
+    runtime.block_on(async {
+        let proxy = sluice::Proxy::bind(&config).await?;
+        for (name, addr) in proxy.local_addrs() {
+            info!(listener = %name, %addr, "serving");
+        }
+        info!(source = %config.source, "sluice started; SIGTERM or SIGINT drains and exits");
+        proxy.run_until(os_signal()).await;
+        info!("sluice stopped");
+        Ok(())
+    })
+}
+
+fn build_runtime(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = match workers {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    if let Some(n) = workers.filter(|n| *n > 1) {
+        builder.worker_threads(n);
+    }
+    builder
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}

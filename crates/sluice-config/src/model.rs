@@ -1,0 +1,242 @@
+//! The validated runtime model: what the engine consumes.
+//!
+//! Every value here has already been checked (addresses parsed, clusters referenced by routes
+//! exist, secrets resolved, TLS files read), so the engine never re-validates and never sees an
+//! `Option` that "must be `Some` by now".
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method, StatusCode};
+use ipnet::IpNet;
+
+/// A whole, validated Sluice configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where the configuration came from (a path, or `<embedded default>`).
+    pub source: String,
+    /// Process-wide settings.
+    pub runtime: Runtime,
+    /// Client-facing listeners, in file order.
+    pub listeners: Vec<Listener>,
+    /// Routes, in file order; the first match wins.
+    pub routes: Vec<Route>,
+    /// Upstream clusters by name.
+    pub clusters: BTreeMap<String, Cluster>,
+}
+
+/// Process-wide settings (`[runtime]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Runtime {
+    /// Worker threads of the async runtime; `None` means one per CPU.
+    pub workers: Option<usize>,
+    /// How long in-flight requests may run after a shutdown signal. Default 30 s.
+    pub shutdown_grace: Duration,
+}
+
+/// One client-facing listener (`[[listener]]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listener {
+    /// Unique name, used in logs and metrics.
+    pub name: String,
+    /// The address to bind.
+    pub addr: SocketAddr,
+    /// TLS termination; `None` serves plaintext (HTTP/1.1 and h2c with prior knowledge).
+    pub tls: Option<Tls>,
+    /// Protocol and limit settings.
+    pub http: HttpOptions,
+}
+
+/// TLS material for a listener, already read from disk.
+#[derive(Clone, PartialEq)]
+pub struct Tls {
+    /// Where the certificate chain came from.
+    pub cert_path: PathBuf,
+    /// Where the private key came from.
+    pub key_path: PathBuf,
+    /// The PEM certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// The PEM private key (never printed).
+    pub key_pem: Vec<u8>,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field("cert_path", &self.cert_path)
+            .field("key_path", &self.key_path)
+            .field("key_pem", &"***")
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per-listener HTTP settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpOptions {
+    /// Accept HTTP/2 (h2c prior knowledge on plaintext, ALPN `h2` on TLS). Default true.
+    pub http2: bool,
+    /// Time allowed for a client to send a request's headers. Default 10 s.
+    pub request_header_timeout: Duration,
+    /// Time a client connection may sit idle between requests. Default 60 s.
+    pub idle_timeout: Duration,
+    /// Largest request head (request line + headers) accepted; larger gets 431. Default 16 KiB.
+    pub max_header_bytes: usize,
+}
+
+/// One route (`[[route]]`): a match and what to do with matching requests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Name for logs and metrics; defaults to `route-<index>` (1-based).
+    pub name: String,
+    /// What a request must look like to take this route. Empty parts match anything.
+    pub matcher: Match,
+    /// Proxy to a cluster, or answer directly.
+    pub action: Action,
+    /// Header edits applied to the request before it is forwarded.
+    pub request_headers: HeaderEdits,
+    /// Header edits applied to the response before it is sent to the client.
+    pub response_headers: HeaderEdits,
+}
+
+/// The conditions of a route; every non-empty condition must hold.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Match {
+    /// Any of these hosts (empty: any host).
+    pub hosts: Vec<HostMatch>,
+    /// Path prefix (`None`: any path). Matches whole segments is NOT implied: `/api` matches `/apix`.
+    pub path_prefix: Option<String>,
+    /// Any of these methods (empty: any method).
+    pub methods: Vec<Method>,
+    /// All of these headers with exactly these values.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The client address in any of these networks (empty: any client).
+    pub client_cidrs: Vec<IpNet>,
+}
+
+/// A host condition; compared case-insensitively and without the port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    /// Exactly this host, lowercase.
+    Exact(String),
+    /// `*.example.com`: any host ending in `.example.com` (stored as `.example.com`, lowercase).
+    Suffix(String),
+}
+
+/// What a matching route does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Forward to the named cluster (which exists in [`Config::clusters`]).
+    Proxy {
+        /// The cluster's name.
+        cluster: String,
+    },
+    /// Answer without contacting any upstream.
+    Direct(DirectResponse),
+}
+
+/// A fixed response, like Envoy's `direct_response` or NGINX's `return`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirectResponse {
+    /// The status code.
+    pub status: StatusCode,
+    /// Extra response headers.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body (may be empty).
+    pub body: String,
+}
+
+/// Header set/remove edits. Removals run first, then sets (which replace any existing value).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeaderEdits {
+    /// Headers to set, replacing existing values. Values may have come from `env:`/`file:`.
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    /// Headers to remove.
+    pub remove: Vec<HeaderName>,
+}
+
+/// An upstream cluster (`[cluster.<name>]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cluster {
+    /// The cluster's name.
+    pub name: String,
+    /// How the cluster reaches its backends.
+    pub kind: ClusterKind,
+}
+
+/// The kinds of cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClusterKind {
+    /// Listening backends reached over pooled keep-alive connections.
+    Static(StaticCluster),
+}
+
+/// A cluster of listening endpoints (`kind = "static"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StaticCluster {
+    /// Endpoint addresses (host names are resolved when the config is loaded).
+    pub endpoints: Vec<SocketAddr>,
+    /// The load-balancing policy. Default p2c.
+    pub lb: LbPolicy,
+    /// Time allowed for the TCP connect to an endpoint. Default 2 s (expiry: 504).
+    pub connect_timeout: Duration,
+    /// Time allowed from the request being sent to the response head arriving. Default 30 s.
+    pub response_timeout: Duration,
+    /// Connection pool settings.
+    pub pool: PoolOptions,
+    /// Passive ejection of endpoints that fail to connect.
+    pub ejection: Ejection,
+    /// Optional active HTTP health checks.
+    pub health_check: Option<HealthCheck>,
+}
+
+/// Load-balancing policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LbPolicy {
+    /// Power of two choices: the fewer in-flight requests of two random endpoints.
+    P2c,
+    /// Each endpoint in turn.
+    RoundRobin,
+    /// A uniformly random endpoint.
+    Random,
+    /// The endpoint with the fewest in-flight requests.
+    LeastRequest,
+}
+
+/// Keep-alive pool settings of a static cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolOptions {
+    /// An idle pooled connection is closed after this long. Default 60 s.
+    pub idle_timeout: Duration,
+    /// At most this many idle connections are kept per endpoint. Default 128.
+    pub max_idle_per_endpoint: usize,
+    /// A connection is closed after this many requests; `None` means no limit (default).
+    pub max_requests_per_connection: Option<u64>,
+}
+
+/// Passive ejection: an endpoint whose connect fails sits out for a backoff that doubles with
+/// each consecutive failure, from `backoff` up to `max_backoff`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ejection {
+    /// The first backoff. Default 1 s.
+    pub backoff: Duration,
+    /// The largest backoff. Default 30 s.
+    pub max_backoff: Duration,
+}
+
+/// Active HTTP health checking (`health_check = { ... }`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthCheck {
+    /// The path requested with GET. Default `/healthz`.
+    pub path: String,
+    /// Time between checks of one endpoint. Default 5 s.
+    pub interval: Duration,
+    /// Time allowed for one check. Default 1 s.
+    pub timeout: Duration,
+    /// Consecutive failures that mark an endpoint unhealthy. Default 3.
+    pub unhealthy_threshold: u32,
+    /// Consecutive successes that mark it healthy again. Default 2.
+    pub healthy_threshold: u32,
+}

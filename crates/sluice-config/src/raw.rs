@@ -1,0 +1,160 @@
+//! The configuration exactly as written: serde mirrors of the TOML, strict about unknown keys.
+//!
+//! Values that can be checked alone are checked by their types (see `values`); values whose
+//! check needs the rest of the file (references, uniqueness, files, secrets) are kept
+//! `Spanned` so `validate` can still point at them.
+
+use std::collections::BTreeMap;
+use std::num::{NonZeroU32, NonZeroUsize};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::values::{
+    Addr, Cidr, Dur, HeaderTable, MethodValue, Name, OneOrMany, Size, Status, Timeout, Value,
+};
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    #[serde(default)]
+    pub(crate) runtime: RawRuntime,
+    #[serde(default)]
+    pub(crate) listener: Vec<RawListener>,
+    #[serde(default)]
+    pub(crate) route: Vec<Spanned<RawRoute>>,
+    #[serde(default)]
+    pub(crate) cluster: BTreeMap<Spanned<String>, RawCluster>,
+}
+
+/// `[runtime]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRuntime {
+    pub(crate) workers: Option<NonZeroUsize>,
+    pub(crate) shutdown_grace: Option<Dur>,
+}
+
+/// `[[listener]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListener {
+    pub(crate) name: Spanned<String>,
+    pub(crate) listen: Spanned<Addr>,
+    pub(crate) tls: Option<RawTls>,
+    pub(crate) http2: Option<bool>,
+    pub(crate) request_header_timeout: Option<Timeout>,
+    pub(crate) idle_timeout: Option<Timeout>,
+    pub(crate) max_header_size: Option<Spanned<Size>>,
+}
+
+/// `tls = { cert, key }`; paths are relative to the config file's directory.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    pub(crate) cert: Spanned<String>,
+    pub(crate) key: Spanned<String>,
+}
+
+/// `[[route]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRoute {
+    pub(crate) name: Option<String>,
+    pub(crate) host: Option<Spanned<OneOrMany<String>>>,
+    pub(crate) path_prefix: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) methods: Vec<MethodValue>,
+    #[serde(default)]
+    pub(crate) headers: HeaderTable<Value>,
+    pub(crate) client_cidr: Option<Spanned<OneOrMany<Cidr>>>,
+    pub(crate) cluster: Option<Spanned<String>>,
+    pub(crate) direct_response: Option<Spanned<RawDirectResponse>>,
+    #[serde(default)]
+    pub(crate) request_headers: RawHeaderEdits,
+    #[serde(default)]
+    pub(crate) response_headers: RawHeaderEdits,
+}
+
+/// `direct_response = { status, body, headers }`; header values may be secrets.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDirectResponse {
+    pub(crate) status: Status,
+    #[serde(default)]
+    pub(crate) body: String,
+    #[serde(default)]
+    pub(crate) headers: HeaderTable<Spanned<String>>,
+}
+
+/// `request_headers` / `response_headers = { set, remove }`; `set` values may be secrets.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHeaderEdits {
+    #[serde(default)]
+    pub(crate) set: HeaderTable<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) remove: Vec<Name>,
+}
+
+/// The cluster kinds; serde's "unknown variant" message lists the valid ones.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawKind {
+    Static,
+}
+
+/// The load-balancing policies as spelled in TOML.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawLb {
+    P2c,
+    RoundRobin,
+    Random,
+    LeastRequest,
+}
+
+/// `[cluster.<name>]`. Every key so far belongs to `kind = "static"`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCluster {
+    pub(crate) kind: RawKind,
+    pub(crate) endpoints: Spanned<Vec<Spanned<String>>>,
+    pub(crate) lb: Option<RawLb>,
+    pub(crate) connect_timeout: Option<Timeout>,
+    pub(crate) response_timeout: Option<Timeout>,
+    #[serde(default)]
+    pub(crate) pool: RawPool,
+    #[serde(default)]
+    pub(crate) ejection: RawEjection,
+    pub(crate) health_check: Option<RawHealthCheck>,
+}
+
+/// `pool = { ... }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPool {
+    pub(crate) idle_timeout: Option<Timeout>,
+    pub(crate) max_idle_per_endpoint: Option<usize>,
+    pub(crate) max_requests_per_connection: Option<u64>,
+}
+
+/// `ejection = { backoff, max_backoff }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEjection {
+    pub(crate) backoff: Option<Timeout>,
+    pub(crate) max_backoff: Option<Spanned<Timeout>>,
+}
+
+/// `health_check = { ... }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHealthCheck {
+    pub(crate) path: Option<Spanned<String>>,
+    pub(crate) interval: Option<Timeout>,
+    pub(crate) timeout: Option<Timeout>,
+    pub(crate) unhealthy_threshold: Option<NonZeroU32>,
+    pub(crate) healthy_threshold: Option<NonZeroU32>,
+}

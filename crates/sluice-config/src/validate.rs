@@ -1,0 +1,137 @@
+//! Raw → model: the checks that need more than one value, the defaults, and the reading of
+//! files and secrets. Stops at the first problem.
+
+mod cluster;
+mod route;
+mod secret;
+mod tls;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::model::{Config, HttpOptions, Listener, Runtime};
+use crate::raw::{RawConfig, RawListener, RawRuntime};
+
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_MAX_HEADER: usize = 16 * 1024;
+/// Below 1 KiB ordinary browsers' requests would get 431; above 1 MiB is a memory hazard.
+const MAX_HEADER_RANGE: std::ops::RangeInclusive<usize> = 1024..=1024 * 1024;
+
+/// What every check needs to report a problem and to find files.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ctx<'a> {
+    /// The file's text, to turn spans into line:col.
+    pub(crate) text: &'a str,
+    /// The name errors start with.
+    pub(crate) origin: &'a str,
+    /// The directory relative paths are resolved against.
+    pub(crate) base_dir: &'a Path,
+}
+
+impl Ctx<'_> {
+    /// An error at `span`.
+    pub(crate) fn err(&self, span: Range<usize>, message: impl Into<String>) -> ConfigError {
+        ConfigError::at(self.origin, self.text, &span, message)
+    }
+
+    /// `path` if absolute, else joined to the config file's directory.
+    pub(crate) fn resolve(&self, path: &str) -> PathBuf {
+        self.base_dir.join(path)
+    }
+}
+
+/// Validates a deserialized file into the runtime model.
+pub(crate) fn validate(ctx: Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
+    let listeners = listeners(ctx, raw.listener)?;
+    let clusters = cluster::clusters(ctx, raw.cluster)?;
+    let routes = route::routes(ctx, raw.route, &clusters)?;
+    Ok(Config {
+        source: ctx.origin.to_owned(),
+        runtime: runtime(raw.runtime),
+        listeners,
+        routes,
+        clusters,
+    })
+}
+
+fn runtime(raw: RawRuntime) -> Runtime {
+    Runtime {
+        workers: raw.workers.map(usize::from),
+        shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
+    }
+}
+
+fn listeners(ctx: Ctx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listener>, ConfigError> {
+    if raw.is_empty() {
+        return Err(ConfigError::new(
+            ctx.origin,
+            "no listener: add at least one [[listener]] with `name` and `listen`",
+        ));
+    }
+    let mut names = HashMap::new();
+    let mut addrs = HashMap::new();
+    raw.into_iter()
+        .map(|l| {
+            unique(
+                ctx,
+                &mut names,
+                l.name.get_ref(),
+                l.name.span(),
+                "listener name",
+            )?;
+            let addr = l.listen.get_ref().0;
+            unique(ctx, &mut addrs, &addr, l.listen.span(), "listen address")?;
+            listener(ctx, l)
+        })
+        .collect()
+}
+
+/// Records `key`, or fails if an earlier entry already used it.
+fn unique<K>(
+    ctx: Ctx<'_>,
+    seen: &mut HashMap<K, usize>,
+    key: &K,
+    span: Range<usize>,
+    what: &str,
+) -> Result<(), ConfigError>
+where
+    K: std::hash::Hash + Eq + Clone + std::fmt::Display,
+{
+    if let Some(first) = seen.get(key) {
+        let (line, _) = crate::error::line_col(ctx.text, *first);
+        return Err(ctx.err(
+            span,
+            format!("duplicate {what} `{key}` (first used on line {line})"),
+        ));
+    }
+    seen.insert(key.clone(), span.start);
+    Ok(())
+}
+
+fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
+    let max_header_bytes = match raw.max_header_size {
+        None => DEFAULT_MAX_HEADER,
+        Some(size) if MAX_HEADER_RANGE.contains(&size.get_ref().0) => size.get_ref().0,
+        Some(size) => {
+            return Err(ctx.err(size.span(), "max_header_size must be between 1KiB and 1MiB"))
+        }
+    };
+    Ok(Listener {
+        name: raw.name.into_inner(),
+        addr: raw.listen.into_inner().0,
+        tls: raw.tls.map(|t| tls::read(ctx, t)).transpose()?,
+        http: HttpOptions {
+            http2: raw.http2.unwrap_or(true),
+            request_header_timeout: raw
+                .request_header_timeout
+                .map_or(DEFAULT_HEADER_TIMEOUT, |t| t.0),
+            idle_timeout: raw.idle_timeout.map_or(DEFAULT_IDLE_TIMEOUT, |t| t.0),
+            max_header_bytes,
+        },
+    })
+}

@@ -1,0 +1,156 @@
+//! `[cluster.<name>]` tables: defaults, endpoint resolution and the cross-field checks.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::Ctx;
+use crate::error::ConfigError;
+use crate::model::{
+    Cluster, ClusterKind, Ejection, HealthCheck, LbPolicy, PoolOptions, StaticCluster,
+};
+use crate::raw::{RawCluster, RawEjection, RawHealthCheck, RawKind, RawLb, RawPool};
+
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(60);
+const DEFAULT_MAX_IDLE: usize = 128;
+const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
+const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
+const DEFAULT_HEALTH_PATH: &str = "/healthz";
+const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+const DEFAULT_UNHEALTHY_THRESHOLD: u32 = 3;
+const DEFAULT_HEALTHY_THRESHOLD: u32 = 2;
+
+/// Validates every cluster; names are unique by construction (TOML rejects duplicate tables).
+pub(super) fn clusters(
+    ctx: Ctx<'_>,
+    raw: BTreeMap<Spanned<String>, RawCluster>,
+) -> Result<BTreeMap<String, Cluster>, ConfigError> {
+    raw.into_iter()
+        .map(|(name, c)| {
+            let name = name.into_inner();
+            let kind = match c.kind {
+                RawKind::Static => ClusterKind::Static(static_cluster(ctx, c)?),
+            };
+            Ok((name.clone(), Cluster { name, kind }))
+        })
+        .collect()
+}
+
+fn static_cluster(ctx: Ctx<'_>, raw: RawCluster) -> Result<StaticCluster, ConfigError> {
+    Ok(StaticCluster {
+        endpoints: endpoints(ctx, &raw.endpoints)?,
+        lb: lb(raw.lb),
+        connect_timeout: raw.connect_timeout.map_or(DEFAULT_CONNECT_TIMEOUT, |t| t.0),
+        response_timeout: raw
+            .response_timeout
+            .map_or(DEFAULT_RESPONSE_TIMEOUT, |t| t.0),
+        pool: pool(raw.pool),
+        ejection: ejection(ctx, raw.ejection)?,
+        health_check: raw.health_check.map(|h| health_check(ctx, h)).transpose()?,
+    })
+}
+
+/// Resolves every endpoint now: a name that resolves to several addresses becomes several
+/// endpoints (as in NGINX's `upstream`), duplicates dropped.
+fn endpoints(
+    ctx: Ctx<'_>,
+    raw: &Spanned<Vec<Spanned<String>>>,
+) -> Result<Vec<SocketAddr>, ConfigError> {
+    if raw.get_ref().is_empty() {
+        return Err(ctx.err(
+            raw.span(),
+            "`endpoints` is empty; list at least one \"host:port\"",
+        ));
+    }
+    let mut all = Vec::new();
+    for endpoint in raw.get_ref() {
+        for addr in resolve(ctx, endpoint)? {
+            if !all.contains(&addr) {
+                all.push(addr);
+            }
+        }
+    }
+    Ok(all)
+}
+
+fn resolve(ctx: Ctx<'_>, endpoint: &Spanned<String>) -> Result<Vec<SocketAddr>, ConfigError> {
+    let text = endpoint.get_ref();
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(vec![addr]);
+    }
+    let fail = |why: String| {
+        ctx.err(
+            endpoint.span(),
+            format!("cannot resolve endpoint `{text}`: {why}"),
+        )
+    };
+    if !text.contains(':') {
+        return Err(fail("expected \"host:port\" or \"IP:port\"".into()));
+    }
+    let addrs: Vec<_> = text
+        .to_socket_addrs()
+        .map_err(|e| fail(e.to_string()))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(fail("the name has no addresses".into()));
+    }
+    Ok(addrs)
+}
+
+fn lb(raw: Option<RawLb>) -> LbPolicy {
+    match raw.unwrap_or(RawLb::P2c) {
+        RawLb::P2c => LbPolicy::P2c,
+        RawLb::RoundRobin => LbPolicy::RoundRobin,
+        RawLb::Random => LbPolicy::Random,
+        RawLb::LeastRequest => LbPolicy::LeastRequest,
+    }
+}
+
+fn pool(raw: RawPool) -> PoolOptions {
+    PoolOptions {
+        idle_timeout: raw.idle_timeout.map_or(DEFAULT_POOL_IDLE, |t| t.0),
+        // 0 is meaningful: no pooling at all.
+        max_idle_per_endpoint: raw.max_idle_per_endpoint.unwrap_or(DEFAULT_MAX_IDLE),
+        max_requests_per_connection: raw.max_requests_per_connection.filter(|&n| n > 0),
+    }
+}
+
+fn ejection(ctx: Ctx<'_>, raw: RawEjection) -> Result<Ejection, ConfigError> {
+    let backoff = raw.backoff.map_or(DEFAULT_BACKOFF, |t| t.0);
+    let max_backoff = match raw.max_backoff {
+        // A long `backoff` alone must not make the default maximum invalid.
+        None => DEFAULT_MAX_BACKOFF.max(backoff),
+        Some(max) if max.get_ref().0 < backoff => {
+            return Err(ctx.err(max.span(), "ejection max_backoff is shorter than backoff"));
+        }
+        Some(max) => max.into_inner().0,
+    };
+    Ok(Ejection {
+        backoff,
+        max_backoff,
+    })
+}
+
+fn health_check(ctx: Ctx<'_>, raw: RawHealthCheck) -> Result<HealthCheck, ConfigError> {
+    let path = match raw.path {
+        None => DEFAULT_HEALTH_PATH.to_owned(),
+        Some(p) if p.get_ref().starts_with('/') => p.into_inner(),
+        Some(p) => return Err(ctx.err(p.span(), "health_check path must start with \"/\"")),
+    };
+    Ok(HealthCheck {
+        path,
+        interval: raw.interval.map_or(DEFAULT_HEALTH_INTERVAL, |t| t.0),
+        timeout: raw.timeout.map_or(DEFAULT_HEALTH_TIMEOUT, |t| t.0),
+        unhealthy_threshold: raw
+            .unhealthy_threshold
+            .map_or(DEFAULT_UNHEALTHY_THRESHOLD, u32::from),
+        healthy_threshold: raw
+            .healthy_threshold
+            .map_or(DEFAULT_HEALTHY_THRESHOLD, u32::from),
+    })
+}

@@ -1,0 +1,148 @@
+//! `[[route]]` entries: the match, the action and the header edits.
+
+use std::collections::BTreeMap;
+
+use toml::Spanned;
+
+use super::{secret, Ctx};
+use crate::error::ConfigError;
+use crate::model::{Action, Cluster, DirectResponse, HeaderEdits, HostMatch, Match, Route};
+use crate::raw::{RawDirectResponse, RawHeaderEdits, RawRoute};
+use crate::values::OneOrMany;
+
+/// Validates every route, in file order (the first match wins at runtime).
+pub(super) fn routes(
+    ctx: Ctx<'_>,
+    raw: Vec<Spanned<RawRoute>>,
+    clusters: &BTreeMap<String, Cluster>,
+) -> Result<Vec<Route>, ConfigError> {
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, r)| route(ctx, i + 1, r, clusters))
+        .collect()
+}
+
+fn route(
+    ctx: Ctx<'_>,
+    index: usize,
+    raw: Spanned<RawRoute>,
+    clusters: &BTreeMap<String, Cluster>,
+) -> Result<Route, ConfigError> {
+    let span = raw.span();
+    let mut raw = raw.into_inner();
+    let name = raw.name.take().unwrap_or_else(|| format!("route-{index}"));
+    let action = match (raw.cluster.take(), raw.direct_response.take()) {
+        (Some(cluster), None) => proxy(ctx, cluster, clusters)?,
+        (None, Some(direct)) => Action::Direct(direct_response(ctx, direct.into_inner())?),
+        (Some(cluster), Some(_)) => {
+            let msg = format!("route `{name}` has both `cluster` and `direct_response`; keep one");
+            return Err(ctx.err(cluster.span(), msg));
+        }
+        (None, None) => {
+            let msg = format!("route `{name}` needs either `cluster` or `direct_response`");
+            return Err(ctx.err(span, msg));
+        }
+    };
+    Ok(Route {
+        request_headers: edits(ctx, std::mem::take(&mut raw.request_headers))?,
+        response_headers: edits(ctx, std::mem::take(&mut raw.response_headers))?,
+        matcher: matcher(ctx, raw)?,
+        action,
+        name,
+    })
+}
+
+fn proxy(
+    ctx: Ctx<'_>,
+    cluster: Spanned<String>,
+    clusters: &BTreeMap<String, Cluster>,
+) -> Result<Action, ConfigError> {
+    if clusters.contains_key(cluster.get_ref()) {
+        return Ok(Action::Proxy {
+            cluster: cluster.into_inner(),
+        });
+    }
+    let known: Vec<_> = clusters.keys().map(|k| format!("`{k}`")).collect();
+    let known = if known.is_empty() {
+        "none".to_owned()
+    } else {
+        known.join(", ")
+    };
+    let msg = format!(
+        "unknown cluster `{}` (known clusters: {known})",
+        cluster.get_ref()
+    );
+    Err(ctx.err(cluster.span(), msg))
+}
+
+fn direct_response(ctx: Ctx<'_>, raw: RawDirectResponse) -> Result<DirectResponse, ConfigError> {
+    Ok(DirectResponse {
+        status: raw.status.0,
+        headers: secret::resolve_table(ctx, raw.headers)?,
+        body: raw.body,
+    })
+}
+
+/// Builds the match from what is left of the route once its action and edits are taken.
+fn matcher(ctx: Ctx<'_>, raw: RawRoute) -> Result<Match, ConfigError> {
+    if let Some(p) = raw
+        .path_prefix
+        .as_ref()
+        .filter(|p| !p.get_ref().starts_with('/'))
+    {
+        let msg = format!("path_prefix `{}` must start with \"/\"", p.get_ref());
+        return Err(ctx.err(p.span(), msg));
+    }
+    Ok(Match {
+        hosts: OneOrMany::into_items(raw.host)
+            .iter()
+            .map(|h| host(ctx, h))
+            .collect::<Result<_, _>>()?,
+        path_prefix: raw.path_prefix.map(Spanned::into_inner),
+        methods: raw.methods.into_iter().map(|m| m.0).collect(),
+        headers: raw.headers.0.into_iter().map(|(n, v)| (n.0, v.0)).collect(),
+        client_cidrs: OneOrMany::into_items(raw.client_cidr)
+            .into_iter()
+            .map(|c| c.into_inner().0)
+            .collect(),
+    })
+}
+
+/// `api.example.com` matches exactly; `*.example.com` any subdomain. No other wildcards.
+fn host(ctx: Ctx<'_>, raw: &Spanned<String>) -> Result<HostMatch, ConfigError> {
+    let text = raw.get_ref().to_ascii_lowercase();
+    let err = |why: &str| {
+        ctx.err(
+            raw.span(),
+            format!("invalid host `{}`: {why}", raw.get_ref()),
+        )
+    };
+    let (wildcard, rest) = match text.strip_prefix("*.") {
+        Some(suffix) => (true, suffix),
+        None => (false, text.as_str()),
+    };
+    if rest.contains('*') {
+        return Err(err(
+            "`*` is only allowed as a leading `*.` (e.g. \"*.example.com\")",
+        ));
+    }
+    // Hosts are compared without the port, so a host with one could never match.
+    if rest.contains(':') && !rest.starts_with('[') {
+        return Err(err("hosts are matched without the port; remove `:<port>`"));
+    }
+    if rest.is_empty() || rest.starts_with('.') || rest.ends_with('.') {
+        return Err(err("expected a host name like \"example.com\""));
+    }
+    Ok(if wildcard {
+        HostMatch::Suffix(format!(".{rest}"))
+    } else {
+        HostMatch::Exact(text)
+    })
+}
+
+fn edits(ctx: Ctx<'_>, raw: RawHeaderEdits) -> Result<HeaderEdits, ConfigError> {
+    Ok(HeaderEdits {
+        set: secret::resolve_table(ctx, raw.set)?,
+        remove: raw.remove.into_iter().map(|n| n.0).collect(),
+    })
+}

@@ -1,0 +1,147 @@
+//! [`Proxy`]: a whole Sluice built from a validated configuration.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_config::{Action, ClusterKind, Config};
+use tokio::net::TcpListener;
+
+use crate::proxy::ProxyService;
+use crate::router::{Direct, Matcher, Route, RouteTable, Target};
+use crate::server::{tls, Group, Server};
+use crate::upstream::{StaticCluster, Upstream};
+
+/// Why a configuration could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener's address could not be bound.
+    #[error("listener {listener}: cannot bind {addr}: {source}")]
+    Bind {
+        /// The listener's name.
+        listener: String,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A listener's certificate or key was rejected by rustls.
+    #[error("listener {listener}: TLS: {source}")]
+    Tls {
+        /// The listener's name.
+        listener: String,
+        /// What rustls said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A proxy with its listeners bound, ready to run.
+#[derive(Debug)]
+pub struct Proxy {
+    servers: Vec<Server>,
+    service: ProxyService<RouteTable>,
+    clusters: BTreeMap<String, Upstream>,
+    grace: Duration,
+}
+
+impl Proxy {
+    /// Builds clusters and routes from `config` and binds every listener.
+    pub async fn bind(config: &Config) -> Result<Self, StartError> {
+        let clusters = build_clusters(config);
+        let routes = build_routes(config, &clusters);
+        let mut servers = Vec::with_capacity(config.listeners.len());
+        for l in &config.listeners {
+            let listener = TcpListener::bind(l.addr)
+                .await
+                .map_err(|source| StartError::Bind {
+                    listener: l.name.clone(),
+                    addr: l.addr,
+                    source,
+                })?;
+            let mut server = Server::from_listener(&l.name, listener, l.http.clone());
+            if let Some(t) = &l.tls {
+                let cfg =
+                    tls::server_config(t, l.http.http2).map_err(|source| StartError::Tls {
+                        listener: l.name.clone(),
+                        source,
+                    })?;
+                server = server.with_tls(cfg);
+            }
+            servers.push(server);
+        }
+        let service = ProxyService::new(routes);
+        Ok(Self {
+            servers,
+            service,
+            clusters,
+            grace: config.runtime.shutdown_grace,
+        })
+    }
+
+    /// Each listener's name and bound address.
+    pub fn local_addrs(&self) -> Vec<(String, SocketAddr)> {
+        self.servers
+            .iter()
+            .filter_map(|s| Some((s.name().to_owned(), s.local_addr().ok()?)))
+            .collect()
+    }
+
+    /// The cluster with this name, for runtime changes (adding or removing endpoints).
+    pub fn cluster(&self, name: &str) -> Option<&Upstream> {
+        self.clusters.get(name)
+    }
+
+    /// Serves until `trigger` resolves, then drains gracefully within the configured grace.
+    pub async fn run_until(self, trigger: impl Future<Output = ()>) {
+        let mut group = Group::new();
+        for server in self.servers {
+            group.add(server, self.service.clone(), self.grace);
+        }
+        group.run_until(trigger).await;
+    }
+}
+
+fn build_clusters(config: &Config) -> BTreeMap<String, Upstream> {
+    config
+        .clusters
+        .iter()
+        .map(|(name, c)| {
+            let upstream = match &c.kind {
+                ClusterKind::Static(s) => Upstream::from(StaticCluster::from_config(name, s)),
+            };
+            (name.clone(), upstream)
+        })
+        .collect()
+}
+
+/// Compiles the configured routes, in file order, against the built clusters.
+pub fn build_routes(config: &Config, clusters: &BTreeMap<String, Upstream>) -> RouteTable {
+    let mut table = RouteTable::new();
+    for r in &config.routes {
+        let target = match &r.action {
+            // Validation guarantees the cluster exists; a missing one would be a bug upstream
+            // of here, and answering 404 for that route is the least surprising outcome.
+            Action::Proxy { cluster } => match clusters.get(cluster) {
+                Some(u) => Target::Upstream(u.clone()),
+                None => continue,
+            },
+            Action::Direct(d) => Target::Direct(Direct {
+                status: d.status,
+                headers: d.headers.clone(),
+                body: d.body.clone().into(),
+            }),
+        };
+        let route = Route {
+            name: r.name.clone(),
+            target,
+            request_headers: r.request_headers.clone(),
+            response_headers: r.response_headers.clone(),
+        };
+        table.push(Matcher::from(&r.matcher), Arc::new(route));
+    }
+    table
+}

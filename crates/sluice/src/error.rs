@@ -1,0 +1,87 @@
+//! Typed proxy errors: where a failure came from and what the client is told.
+
+use http::StatusCode;
+
+/// Who caused a failure; decides the status code and whether a retry makes sense.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The downstream client sent something we cannot forward.
+    Client,
+    /// The upstream endpoint failed or misbehaved.
+    Upstream,
+    /// Sluice itself (configuration, capacity).
+    Internal,
+}
+
+/// A failure while proxying one request. Each maps to one status and a short reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// No route matched the request.
+    #[error("no route matches this request")]
+    NoRoute,
+    /// Every endpoint of the cluster is ejected, unhealthy or removed.
+    #[error("no healthy endpoint in cluster {cluster}")]
+    NoEndpoint {
+        /// The cluster's name.
+        cluster: String,
+    },
+    /// The TCP connect to an endpoint failed.
+    #[error("upstream connect failed: {0}")]
+    Connect(#[source] std::io::Error),
+    /// The TCP connect to an endpoint did not finish in time.
+    #[error("upstream connect timed out")]
+    ConnectTimeout,
+    /// The upstream did not send a response head in time.
+    #[error("upstream response timed out")]
+    ResponseTimeout,
+    /// The upstream broke the protocol or closed the connection early.
+    #[error("upstream protocol error: {0}")]
+    UpstreamProtocol(#[source] hyper::Error),
+    /// The client's request body failed (bad framing, reset) while being forwarded.
+    #[error("invalid request body: {0}")]
+    ClientBody(#[source] hyper::Error),
+    /// The request is malformed in a way hyper let through but a proxy must refuse.
+    #[error("{0}")]
+    BadRequest(&'static str),
+}
+
+impl ProxyError {
+    /// The status code the client receives.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::NoRoute => StatusCode::NOT_FOUND,
+            Self::NoEndpoint { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Connect(_) | Self::UpstreamProtocol(_) => StatusCode::BAD_GATEWAY,
+            Self::ConnectTimeout | Self::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::ClientBody(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// Who caused this failure.
+    pub fn origin(&self) -> Origin {
+        match self {
+            Self::NoRoute | Self::ClientBody(_) | Self::BadRequest(_) => Origin::Client,
+            Self::NoEndpoint { .. } => Origin::Internal,
+            Self::Connect(_)
+            | Self::ConnectTimeout
+            | Self::ResponseTimeout
+            | Self::UpstreamProtocol(_) => Origin::Upstream,
+        }
+    }
+
+    /// Whether the client connection should be closed after the error response.
+    pub fn closes_connection(&self) -> bool {
+        self.origin() == Origin::Client && !matches!(self, Self::NoRoute)
+    }
+
+    /// The short plain-text reason sent as the response body.
+    pub fn reason(&self) -> String {
+        match self {
+            // Details of upstream and client errors go to the log, not to the client.
+            Self::Connect(_) => "upstream connect failed".to_owned(),
+            Self::UpstreamProtocol(_) => "upstream protocol error".to_owned(),
+            Self::ClientBody(_) => "invalid request body".to_owned(),
+            other => other.to_string(),
+        }
+    }
+}

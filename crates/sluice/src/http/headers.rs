@@ -1,0 +1,194 @@
+//! Header rules every proxy hop applies (RFC 9110 §7.6.1 and RFC 7239).
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use sluice_config::HeaderEdits;
+
+/// `Forwarded` (RFC 7239).
+static FORWARDED: HeaderName = header::FORWARDED;
+/// `X-Forwarded-For`.
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-Proto`.
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `X-Forwarded-Host`.
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
+/// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Collect the names listed in Connection first: removing while iterating is not possible.
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for name in [
+        &header::CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &header::TE,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// Whether a `Connection` header asks for the connection to be closed.
+pub fn wants_close(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("close"))
+}
+
+/// What the proxy knows about the client side of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarding<'a> {
+    /// The client's address.
+    pub client: SocketAddr,
+    /// `https` when the client connected over TLS, else `http`.
+    pub proto: &'a str,
+    /// The host the client asked for (Host or :authority), if any.
+    pub host: Option<&'a str>,
+}
+
+/// Appends the client to `X-Forwarded-For` and `Forwarded`, and sets `X-Forwarded-Proto` and
+/// `X-Forwarded-Host` (replacing what the client sent: only the first proxy may set those).
+pub fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
+    let ip = fwd.client.ip();
+    append_list(headers, &X_FORWARDED_FOR, &ip.to_string());
+    let mut element = format!("for={};proto={}", forwarded_node(ip), fwd.proto);
+    if let Some(host) = fwd.host {
+        element.push_str(";host=");
+        push_forwarded_value(&mut element, host);
+    }
+    append_list(headers, &FORWARDED, &element);
+    headers.insert(
+        X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static(proto_value(fwd.proto)),
+    );
+    match fwd.host.and_then(|h| HeaderValue::from_str(h).ok()) {
+        Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host),
+        None => headers.remove(&X_FORWARDED_HOST),
+    };
+}
+
+fn proto_value(proto: &str) -> &'static str {
+    if proto == "https" {
+        "https"
+    } else {
+        "http"
+    }
+}
+
+/// RFC 7239 §6: IPv6 nodes are quoted and bracketed.
+fn forwarded_node(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    }
+}
+
+/// A Forwarded value is a token or a quoted-string; quote anything with a `:` (ports).
+fn push_forwarded_value(out: &mut String, value: &str) {
+    let token = value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b));
+    if token {
+        out.push_str(value);
+    } else {
+        out.push('"');
+        for c in value.chars().filter(|c| *c != '"' && *c != '\\') {
+            out.push(c);
+        }
+        out.push('"');
+    }
+}
+
+/// Appends `item` to a comma-separated list header, merging multiple field lines into one.
+fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: &str) {
+    let mut joined = String::new();
+    for v in headers.get_all(name).iter().filter_map(|v| v.to_str().ok()) {
+        joined.push_str(v);
+        joined.push_str(", ");
+    }
+    joined.push_str(item);
+    if let Ok(value) = HeaderValue::from_str(&joined) {
+        headers.insert(name.clone(), value);
+    }
+}
+
+/// Applies a route's edits: removals first, then sets (replacing existing values).
+pub fn apply_edits(headers: &mut HeaderMap, edits: &HeaderEdits) {
+    for name in &edits.remove {
+        headers.remove(name);
+    }
+    for (name, value) in &edits.set {
+        headers.insert(name.clone(), value.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn strips_connection_and_the_headers_it_names() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn forwarding_appends_to_existing_chain() {
+        let mut h = HeaderMap::new();
+        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        h.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("spoofed"));
+        let fwd = Forwarding {
+            client: "[2001:db8::1]:4000".parse().unwrap(),
+            proto: "https",
+            host: Some("example.com:8443"),
+        };
+        add_forwarding(&mut h, &fwd);
+        assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1, 2001:db8::1");
+        assert_eq!(h[&X_FORWARDED_PROTO], "https");
+        assert_eq!(h[&X_FORWARDED_HOST], "example.com:8443");
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=\"[2001:db8::1]\";proto=https;host=\"example.com:8443\""
+        );
+    }
+
+    #[test]
+    fn wants_close_is_case_insensitive_and_list_aware() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Upgrade, CLOSE"),
+        );
+        assert!(wants_close(&h));
+    }
+}

@@ -1,0 +1,42 @@
+//! Sluice: a Layer-7 reverse proxy engine and a framework for building proxies.
+//!
+//! Build a whole proxy from a configuration with [`Proxy`], or assemble your own from the
+//! parts: a [`Routing`] implementation (or the configured [`RouteTable`]) inside a
+//! [`ProxyService`], wrapped in any tower `Layer`s as request/response hooks, served by one or
+//! more [`Server`]s under a [`Group`]'s graceful shutdown. Clusters are handles: endpoints can
+//! be added and removed at runtime while requests flow.
+//!
+//! # Layout
+//!
+//! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
+//! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
+//!   timeouts, graceful shutdown.
+//! - [`router`]: matching requests to routes (host, path prefix, method, headers, client CIDR).
+//! - [`proxy`]: the tower `Service` that applies a route: forwarding headers, hop-by-hop
+//!   stripping, header edits, direct responses, error statuses.
+//! - [`upstream`]: clusters. [`upstream::static_cluster`] holds endpoints, keep-alive pools,
+//!   load balancing, passive ejection and active health checks.
+//! - [`http`]: header rules shared by the proxy paths.
+//! - [`body`]: the single body type that flows through the proxy.
+//! - [`error`]: typed failures and the status each maps to.
+//!
+//! Configuration parsing lives in the `sluice-config` crate; the `sluice` binary is in
+//! `sluice-cli`.
+
+pub mod app;
+pub mod body;
+pub mod error;
+pub mod http;
+pub mod proxy;
+pub mod router;
+pub mod server;
+pub mod upstream;
+
+pub use app::{Proxy, StartError};
+pub use body::ProxyBody;
+pub use error::ProxyError;
+pub use proxy::ProxyService;
+pub use router::{Matcher, RequestHead, Route, RouteTable, Routing, Target};
+pub use server::{ClientInfo, Group, Server, Shutdown, ShutdownSignal};
+pub use sluice_config as config;
+pub use upstream::{StaticCluster, StaticOptions, Upstream};

@@ -1,0 +1,216 @@
+//! [`ProxyService`]: the tower `Service` that routes a request and forwards or answers it.
+//!
+//! Hooks are tower `Layer`s around it; the [`server`](crate::server) runs it on connections.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Uri, Version};
+use hyper::body::Incoming;
+use tracing::debug;
+
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::http::headers::{add_forwarding, apply_edits, strip_hop_by_hop, Forwarding};
+use crate::router::{Direct, RequestHead, Route, Routing, Target};
+use crate::server::ClientInfo;
+
+/// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
+///
+/// Cloning is cheap; every clone shares the router.
+#[derive(Debug)]
+pub struct ProxyService<R> {
+    router: Arc<R>,
+}
+
+impl<R> Clone for ProxyService<R> {
+    fn clone(&self) -> Self {
+        Self {
+            router: Arc::clone(&self.router),
+        }
+    }
+}
+
+impl<R: Routing> ProxyService<R> {
+    /// A proxy that asks `router` where each request goes.
+    pub fn new(router: R) -> Self {
+        Self {
+            router: Arc::new(router),
+        }
+    }
+
+    /// A proxy sharing an existing router.
+    pub fn from_arc(router: Arc<R>) -> Self {
+        Self { router }
+    }
+
+    /// Handles one request; failures become short plain-text error responses.
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let client = req
+            .extensions()
+            .get::<ClientInfo>()
+            .copied()
+            .unwrap_or_default();
+        let http1 = req.version() <= Version::HTTP_11;
+        match self.dispatch(req, &client).await {
+            Ok(res) => res,
+            Err(e) => {
+                debug!(client.addr = %client.peer, error = %e, status = e.status().as_u16(), "request failed");
+                error_response(&e, http1)
+            }
+        }
+    }
+
+    async fn dispatch(
+        &self,
+        req: Request<Incoming>,
+        client: &ClientInfo,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        check_framing(&req)?;
+        let host = request_host(&req);
+        let head = RequestHead {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            host: host.as_deref(),
+            client: client.peer,
+        };
+        let route = self.router.route(&head).ok_or(ProxyError::NoRoute)?;
+        let mut res = match &route.target {
+            Target::Direct(direct) => direct_response(direct),
+            Target::Upstream(upstream) => {
+                let req = upstream_request(req, &route, client, host.as_deref());
+                let mut res = upstream.send(req).await?;
+                strip_hop_by_hop(res.headers_mut());
+                res
+            }
+        };
+        apply_edits(res.headers_mut(), &route.response_headers);
+        Ok(res)
+    }
+}
+
+impl<R: Routing> tower_service::Service<Request<Incoming>> for ProxyService<R> {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.handle(req).await) })
+    }
+}
+
+/// Refuses request framing that hyper accepts but a proxy must not forward: a message with
+/// both Content-Length and Transfer-Encoding is a request-smuggling vector (RFC 9112 §6.3).
+fn check_framing(req: &Request<Incoming>) -> Result<(), ProxyError> {
+    let headers = req.headers();
+    if headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH)
+    {
+        return Err(ProxyError::BadRequest(
+            "both Content-Length and Transfer-Encoding",
+        ));
+    }
+    Ok(())
+}
+
+/// The host the client asked for: the URI authority (HTTP/2, absolute-form) or Host header,
+/// lowercase, without the port.
+fn request_host(req: &Request<Incoming>) -> Option<String> {
+    let raw = match req.uri().authority() {
+        Some(a) => a.host(),
+        None => req.headers().get(header::HOST)?.to_str().ok()?,
+    };
+    let host = strip_port(raw);
+    Some(host.to_ascii_lowercase())
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.split_inclusive(']').next().unwrap_or(host);
+    }
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+/// Turns the client's request into the one sent upstream: origin-form target, a Host header,
+/// hop-by-hop headers removed, forwarding headers added, the route's edits applied.
+fn upstream_request(
+    req: Request<Incoming>,
+    route: &Route,
+    client: &ClientInfo,
+    host: Option<&str>,
+) -> Request<ProxyBody> {
+    let (mut parts, body) = req.into_parts();
+    let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(authority) = &authority {
+        if let Ok(value) = HeaderValue::from_str(authority) {
+            parts.headers.insert(header::HOST, value);
+        }
+    }
+    let full_host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned);
+    let fwd = Forwarding {
+        client: client.peer,
+        proto: if client.tls { "https" } else { "http" },
+        host: full_host.as_deref().or(host),
+    };
+    add_forwarding(&mut parts.headers, &fwd);
+    apply_edits(&mut parts.headers, &route.request_headers);
+    if authority.is_some() {
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        parts.uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
+    }
+    parts.version = Version::HTTP_11;
+    Request::from_parts(parts, ProxyBody::from(body))
+}
+
+fn direct_response(direct: &Direct) -> Response<ProxyBody> {
+    let mut res = Response::new(ProxyBody::full(direct.body.clone()));
+    *res.status_mut() = direct.status;
+    for (name, value) in &direct.headers {
+        res.headers_mut().append(name.clone(), value.clone());
+    }
+    res
+}
+
+/// A short plain-text error; on HTTP/1 the connection closes after it when the client is at
+/// fault (its connection may be out of sync).
+pub(crate) fn error_response(e: &ProxyError, http1: bool) -> Response<ProxyBody> {
+    let mut res = Response::new(ProxyBody::full(format!("{}\n", e.reason())));
+    *res.status_mut() = e.status();
+    let headers = res.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if http1 && e.closes_connection() {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_port;
+
+    #[test]
+    fn strip_port_handles_names_v4_and_v6() {
+        assert_eq!(strip_port("example.com:8080"), "example.com");
+        assert_eq!(strip_port("example.com"), "example.com");
+        assert_eq!(strip_port("[::1]:8080"), "[::1]");
+        assert_eq!(strip_port("[::1]"), "[::1]");
+    }
+}

@@ -1,0 +1,203 @@
+//! One client connection: TLS handshake, protocol choice, serving, graceful close.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use sluice_config::HttpOptions;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+use tower_service::Service;
+use tracing::{debug, Instrument};
+
+use super::io::IdleTimeout;
+use super::prefixed::sniff_h2;
+use super::{BoxError, ClientInfo, ShutdownSignal};
+
+/// Per-listener protocol builders, shared by its connections.
+pub(super) struct Settings {
+    h1: http1::Builder,
+    h2: http2::Builder<TokioExecutor>,
+    http: HttpOptions,
+    tls: Option<TlsAcceptor>,
+}
+
+impl Settings {
+    pub(super) fn new(http: &HttpOptions, tls: Option<TlsAcceptor>) -> Self {
+        let mut h1 = http1::Builder::new();
+        h1.timer(TokioTimer::new())
+            .header_read_timeout(http.request_header_timeout)
+            .max_header_size(http.max_header_bytes);
+        let mut h2 = http2::Builder::new(TokioExecutor::new());
+        h2.timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
+        Self {
+            h1,
+            h2,
+            http: http.clone(),
+            tls,
+        }
+    }
+}
+
+/// Serves one accepted connection until it closes or the shutdown (then graceful) completes.
+pub(super) async fn serve<S, B>(
+    stream: TcpStream,
+    info: ClientInfo,
+    service: S,
+    settings: Arc<Settings>,
+    signal: ShutdownSignal,
+) where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let span = tracing::debug_span!("conn", client.addr = %info.peer, tls = info.tls);
+    async move {
+        // Responses are written whole by hyper; Nagle would only add latency.
+        let _ = stream.set_nodelay(true);
+        let io = IdleTimeout::new(stream, settings.http.idle_timeout);
+        let svc = ConnService { service, info };
+        let result = match settings.tls.clone() {
+            Some(acceptor) => serve_tls(io, acceptor, svc, &settings, &signal).await,
+            None => serve_plain(io, svc, &settings, &signal).await,
+        };
+        if let Err(error) = result {
+            debug!(%error, "connection ended with an error");
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+async fn serve_plain<S, B>(
+    io: IdleTimeout<TcpStream>,
+    svc: ConnService<S>,
+    settings: &Settings,
+    signal: &ShutdownSignal,
+) -> Result<(), BoxError>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    if !settings.http.http2 {
+        return serve_h1(io, svc, settings, signal).await;
+    }
+    let sniffed = tokio::time::timeout(settings.http.request_header_timeout, sniff_h2(io)).await;
+    match sniffed.map_err(|_| "timed out waiting for the first request")?? {
+        (true, io) => serve_h2(io, svc, settings, signal).await,
+        (false, io) => serve_h1(io, svc, settings, signal).await,
+    }
+}
+
+async fn serve_tls<S, B>(
+    io: IdleTimeout<TcpStream>,
+    acceptor: TlsAcceptor,
+    svc: ConnService<S>,
+    settings: &Settings,
+    signal: &ShutdownSignal,
+) -> Result<(), BoxError>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let handshake = tokio::time::timeout(settings.http.request_header_timeout, acceptor.accept(io));
+    let tls = handshake.await.map_err(|_| "TLS handshake timed out")??;
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    if h2 {
+        serve_h2(tls, svc, settings, signal).await
+    } else {
+        serve_h1(tls, svc, settings, signal).await
+    }
+}
+
+async fn serve_h1<I, S, B>(
+    io: I,
+    svc: ConnService<S>,
+    settings: &Settings,
+    signal: &ShutdownSignal,
+) -> Result<(), BoxError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let conn = settings.h1.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        res = conn.as_mut() => return res.map_err(Into::into),
+        () = signal.wait() => conn.as_mut().graceful_shutdown(),
+    }
+    conn.await.map_err(Into::into)
+}
+
+async fn serve_h2<I, S, B>(
+    io: I,
+    svc: ConnService<S>,
+    settings: &Settings,
+    signal: &ShutdownSignal,
+) -> Result<(), BoxError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let conn = settings.h2.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        res = conn.as_mut() => return res.map_err(Into::into),
+        () = signal.wait() => conn.as_mut().graceful_shutdown(),
+    }
+    conn.await.map_err(Into::into)
+}
+
+/// Adapts a tower service to hyper for one connection, tagging requests with [`ClientInfo`].
+#[derive(Clone)]
+struct ConnService<S> {
+    service: S,
+    info: ClientInfo,
+}
+
+impl<S, B> hyper::service::Service<Request<Incoming>> for ConnService<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone,
+{
+    type Response = Response<B>;
+    type Error = Infallible;
+    type Future = tower::util::Oneshot<S, Request<Incoming>>;
+
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.info);
+        self.service.clone().oneshot(req)
+    }
+}

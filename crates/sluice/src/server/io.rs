@@ -1,0 +1,143 @@
+//! [`IdleTimeout`]: closes a connection on which no byte has moved for a while.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// Wraps a stream so that reads and writes fail with `TimedOut` once neither direction has
+/// made progress for `timeout`.
+///
+/// The timer is re-armed lazily: progress only records an instant, and the sleep is pushed
+/// back when it fires early, so the per-operation cost is one clock read.
+#[derive(Debug)]
+pub struct IdleTimeout<T> {
+    inner: T,
+    timeout: Duration,
+    last_progress: Instant,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl<T> IdleTimeout<T> {
+    /// Wraps `inner`; the clock starts now.
+    pub fn new(inner: T, timeout: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            inner,
+            timeout,
+            last_progress: now,
+            sleep: Box::pin(tokio::time::sleep_until(now + timeout)),
+        }
+    }
+
+    /// The wrapped stream.
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
+    fn progressed(&mut self) {
+        self.last_progress = Instant::now();
+    }
+
+    /// Ready with an error when the idle deadline has passed; registers the waker otherwise.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        loop {
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let deadline = self.last_progress + self.timeout;
+            if deadline <= Instant::now() {
+                return Poll::Ready(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connection idle timeout",
+                ));
+            }
+            self.sleep.as_mut().reset(deadline);
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleTimeout<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                self.progressed();
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.poll_expired(cx).map(Err),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Ready(r) => {
+                self.progressed();
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.poll_expired(cx).map(Err),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(r) => {
+                self.progressed();
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.poll_expired(cx).map(Err),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn read_fails_after_idle_and_progress_postpones_it() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut idle = IdleTimeout::new(a, Duration::from_secs(10));
+        let mut buf = [0u8; 8];
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        b.write_all(b"x").await.unwrap();
+        assert_eq!(idle.read(&mut buf).await.unwrap(), 1);
+        // 6 s after the byte: still alive, although 12 s have passed since the start.
+        let started = Instant::now();
+        let err = idle.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,241 @@
+//! Client-facing servers: accept loop, TLS, HTTP/1.1 and HTTP/2, graceful drain.
+//!
+//! A [`Server`] owns one listening socket and serves any tower `Service` on it. A [`Group`]
+//! runs several servers under one shutdown: stop accepting, let in-flight requests finish
+//! within the grace period, then close what is left.
+
+mod conn;
+mod io;
+mod prefixed;
+mod shutdown;
+pub mod tls;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use sluice_config::HttpOptions;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tower_service::Service;
+use tracing::{debug, info, warn};
+
+pub use self::io::IdleTimeout;
+pub use self::shutdown::{os_signal, Shutdown, ShutdownSignal};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the proxy knows about a request's connection; inserted into every request's
+/// extensions by the server.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientInfo {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The local address the client connected to.
+    pub local: SocketAddr,
+    /// Whether the connection is TLS.
+    pub tls: bool,
+}
+
+impl Default for ClientInfo {
+    fn default() -> Self {
+        let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
+        Self {
+            peer: unspecified,
+            local: unspecified,
+            tls: false,
+        }
+    }
+}
+
+/// Default HTTP settings, the same as the config file's defaults.
+pub fn default_http_options() -> HttpOptions {
+    HttpOptions {
+        http2: true,
+        request_header_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        max_header_bytes: 16 * 1024,
+    }
+}
+
+/// One listening socket and how to speak HTTP on it.
+pub struct Server {
+    name: String,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    http: HttpOptions,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("name", &self.name)
+            .field("addr", &self.listener.local_addr().ok())
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// Binds `addr` for plaintext HTTP/1.1 and h2c with default settings.
+    pub async fn bind(name: impl Into<String>, addr: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        Ok(Self::from_listener(name, listener, default_http_options()))
+    }
+
+    /// Serves on an already bound listener.
+    pub fn from_listener(
+        name: impl Into<String>,
+        listener: TcpListener,
+        http: HttpOptions,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            listener,
+            tls: None,
+            http,
+        }
+    }
+
+    /// Terminates TLS with this rustls config (its ALPN list decides HTTP/2 availability).
+    pub fn with_tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(TlsAcceptor::from(config));
+        self
+    }
+
+    /// The listener's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The bound address (useful after binding port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves `service` until `signal` fires, then stops accepting, lets open connections
+    /// finish their in-flight requests for up to `grace`, and closes the rest.
+    pub async fn serve<S, B>(self, service: S, signal: ShutdownSignal, grace: Duration)
+    where
+        S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let settings = Arc::new(conn::Settings::new(&self.http, self.tls.clone()));
+        let local = self
+            .listener
+            .local_addr()
+            .unwrap_or_else(|_| ClientInfo::default().local);
+        info!(listener = %self.name, addr = %local, tls = self.tls.is_some(), "listening");
+        let mut conns = JoinSet::new();
+        let stop = signal.wait();
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let info = ClientInfo { peer, local, tls: self.tls.is_some() };
+                        let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
+                        conns.spawn(conn::serve(stream, info, svc, set, sig));
+                    }
+                    Err(e) => accept_error(&self.name, e).await,
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+        drop(self.listener);
+        drain(&self.name, conns, grace).await;
+    }
+}
+
+/// Accept fails mostly on fd exhaustion; back off briefly instead of spinning.
+async fn accept_error(listener: &str, e: std::io::Error) {
+    warn!(listener, error = %e, "accept failed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+async fn drain(listener: &str, mut conns: JoinSet<()>, grace: Duration) {
+    info!(listener, open = conns.len(), grace = ?grace, "stopped accepting; draining connections");
+    let all_done = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(grace, all_done).await.is_err() {
+        warn!(
+            listener,
+            left = conns.len(),
+            "grace period over; closing remaining connections"
+        );
+        conns.shutdown().await;
+    }
+    debug!(listener, "drained");
+}
+
+type ServeFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Several servers sharing one shutdown.
+#[derive(Default)]
+pub struct Group {
+    shutdown: Shutdown,
+    servers: Vec<ServeFuture>,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("servers", &self.servers.len())
+            .finish()
+    }
+}
+
+impl Group {
+    /// An empty group.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a server; it starts when the group runs and drains within `grace` on shutdown.
+    pub fn add<S, B>(&mut self, server: Server, service: S, grace: Duration) -> &mut Self
+    where
+        S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let signal = self.shutdown.signal();
+        self.servers
+            .push(Box::pin(server.serve(service, signal, grace)));
+        self
+    }
+
+    /// A signal that fires when the group starts shutting down (for tasks that should stop
+    /// with it).
+    pub fn signal(&self) -> ShutdownSignal {
+        self.shutdown.signal()
+    }
+
+    /// Runs every server until `trigger` resolves, then shuts them all down gracefully and
+    /// returns when the last one has drained.
+    pub async fn run_until(self, trigger: impl Future<Output = ()>) {
+        let handles: Vec<_> = self.servers.into_iter().map(tokio::spawn).collect();
+        trigger.await;
+        self.shutdown.trigger();
+        for handle in handles {
+            if let Err(e) = handle.await {
+                warn!(error = %e, "a server task failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! [`Prefixed`]: a stream with bytes already read from it put back in front.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads until the first bytes either are the HTTP/2 preface or cannot become it, then returns
+/// the stream with those bytes put back and whether it speaks HTTP/2 with prior knowledge.
+pub(super) async fn sniff_h2<T: AsyncRead + Unpin>(mut io: T) -> io::Result<(bool, Prefixed<T>)> {
+    let mut buf = Vec::with_capacity(H2_PREFACE.len());
+    while buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&buf) {
+        let mut chunk = [0u8; 24];
+        let want = H2_PREFACE.len() - buf.len();
+        let n = io.read(&mut chunk[..want]).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let is_h2 = buf.as_slice() == H2_PREFACE;
+    Ok((
+        is_h2,
+        Prefixed {
+            prefix: Bytes::from(buf),
+            inner: io,
+        },
+    ))
+}
+
+/// Yields `prefix` before reading from `inner`; writes go straight through.
+#[derive(Debug)]
+pub(super) struct Prefixed<T> {
+    prefix: Bytes,
+    inner: T,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.prefix.has_remaining() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn detects_preface_split_across_reads_and_replays_it() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            b.write_all(&H2_PREFACE[..10]).await.unwrap();
+            b.write_all(&H2_PREFACE[10..]).await.unwrap();
+            b.write_all(b"rest").await.unwrap();
+        });
+        let (is_h2, mut io) = sniff_h2(a).await.unwrap();
+        writer.await.unwrap();
+        assert!(is_h2);
+        let mut all = vec![0u8; 28];
+        io.read_exact(&mut all).await.unwrap();
+        assert_eq!(&all[..24], H2_PREFACE);
+        assert_eq!(&all[24..], b"rest");
+    }
+
+    #[tokio::test]
+    async fn http1_request_stops_sniffing_at_first_mismatch() {
+        let (a, mut b) = tokio::io::duplex(64);
+        b.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let (is_h2, mut io) = sniff_h2(a).await.unwrap();
+        assert!(!is_h2);
+        let mut head = [0u8; 16];
+        io.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"GET / HTTP/1.1\r\n");
+    }
+}

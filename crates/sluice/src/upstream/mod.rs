@@ -1,0 +1,53 @@
+//! Upstream clusters: where routed requests go.
+//!
+//! [`Upstream`] is an enum rather than a trait object so that the per-request path is a static
+//! call; the reverse-session cluster joins it as a second variant.
+
+pub mod connect;
+pub mod static_cluster;
+
+use http::{Request, Response};
+
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+pub use static_cluster::{StaticCluster, StaticOptions};
+
+/// A cluster a route can forward to. Cloning is cheap (a reference count).
+#[derive(Debug, Clone)]
+pub enum Upstream {
+    /// Listening endpoints over pooled keep-alive connections.
+    Static(StaticCluster),
+}
+
+impl Upstream {
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Static(c) => c.name(),
+        }
+    }
+
+    /// Sends one request (already in origin form with forwarding headers) and returns the
+    /// upstream's response head with its streaming body.
+    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        match self {
+            Self::Static(c) => c.send(req).await,
+        }
+    }
+}
+
+impl From<StaticCluster> for Upstream {
+    fn from(c: StaticCluster) -> Self {
+        Self::Static(c)
+    }
+}
+
+/// Whether a method is idempotent (RFC 9110 §9.2.2), so a request that never got a response
+/// byte may be sent again.
+pub fn is_idempotent(method: &http::Method) -> bool {
+    use http::Method;
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}

@@ -1,0 +1,170 @@
+//! One endpoint of a static cluster: its address, load, ejection state and idle connections.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::time::Instant;
+
+use super::pool::{Conn, IdleConn};
+use super::StaticOptions;
+
+/// A listening backend of a static cluster.
+#[derive(Debug)]
+pub struct Endpoint {
+    addr: SocketAddr,
+    /// Requests between endpoint selection and the end of their response body.
+    in_flight: AtomicUsize,
+    /// Milliseconds since the cluster's epoch until which the endpoint is ejected.
+    ejected_until_ms: AtomicU64,
+    /// Consecutive connect failures; the ejection backoff doubles with each.
+    connect_failures: AtomicU32,
+    /// The active health check's verdict (true when no check is configured).
+    healthy: AtomicBool,
+    /// Set when the endpoint was removed from its cluster: nothing new is sent to it.
+    removed: AtomicBool,
+    /// Idle keep-alive connections, most recently used at the back.
+    idle: Mutex<VecDeque<IdleConn>>,
+}
+
+impl Endpoint {
+    pub(crate) fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            in_flight: AtomicUsize::new(0),
+            ejected_until_ms: AtomicU64::new(0),
+            connect_failures: AtomicU32::new(0),
+            healthy: AtomicBool::new(true),
+            removed: AtomicBool::new(false),
+            idle: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// The endpoint's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Requests currently using this endpoint.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether the active health check currently considers the endpoint healthy.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Idle pooled connections right now.
+    pub fn idle_connections(&self) -> usize {
+        self.lock_idle().len()
+    }
+
+    /// Whether load balancing may pick this endpoint at `now_ms` (cluster epoch milliseconds).
+    pub(crate) fn is_usable(&self, now_ms: u64) -> bool {
+        !self.removed.load(Ordering::Relaxed)
+            && self.healthy.load(Ordering::Relaxed)
+            && self.ejected_until_ms.load(Ordering::Relaxed) <= now_ms
+    }
+
+    pub(crate) fn begin_request(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(Arc::clone(self))
+    }
+
+    /// Records a failed connect: ejects for a backoff doubling per consecutive failure.
+    pub(crate) fn connect_failed(&self, now_ms: u64, opts: &StaticOptions) {
+        let failures = self
+            .connect_failures
+            .fetch_add(1, Ordering::Relaxed)
+            .min(16);
+        let base = opts.ejection.backoff.as_millis() as u64;
+        let max = opts.ejection.max_backoff.as_millis() as u64;
+        let backoff = base.saturating_mul(1 << failures).min(max);
+        self.ejected_until_ms
+            .store(now_ms + backoff, Ordering::Relaxed);
+    }
+
+    pub(crate) fn connect_succeeded(&self) {
+        if self.connect_failures.load(Ordering::Relaxed) != 0 {
+            self.connect_failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    /// Marks the endpoint removed and closes its idle connections.
+    pub(crate) fn remove(&self) {
+        self.removed.store(true, Ordering::Relaxed);
+        self.lock_idle().clear();
+    }
+
+    /// Takes the most recently used idle connection that is still open and not expired.
+    pub(crate) fn checkout(&self, opts: &StaticOptions) -> Option<Conn> {
+        let now = Instant::now();
+        let mut idle = self.lock_idle();
+        while let Some(entry) = idle.pop_back() {
+            if now.duration_since(entry.since) < opts.pool.idle_timeout && !entry.conn.is_closed() {
+                return Some(entry.conn);
+            }
+        }
+        None
+    }
+
+    /// Puts a finished connection back, evicting the oldest idle one when full.
+    pub(crate) fn checkin(&self, conn: Conn, opts: &StaticOptions) {
+        let max_idle = opts.pool.max_idle_per_endpoint;
+        if max_idle == 0 || self.is_removed() || conn.is_closed() {
+            return;
+        }
+        let mut idle = self.lock_idle();
+        if idle.len() >= max_idle {
+            idle.pop_front();
+        }
+        idle.push_back(IdleConn {
+            conn,
+            since: Instant::now(),
+        });
+    }
+
+    /// Closes idle connections that have been idle for the pool's idle timeout.
+    pub(crate) fn reap_idle(&self, opts: &StaticOptions) {
+        let now = Instant::now();
+        let mut idle = self.lock_idle();
+        while idle.front().is_some_and(|e| {
+            now.duration_since(e.since) >= opts.pool.idle_timeout || e.conn.is_closed()
+        }) {
+            idle.pop_front();
+        }
+    }
+
+    fn lock_idle(&self) -> MutexGuard<'_, VecDeque<IdleConn>> {
+        // A panic while holding this lock cannot leave the deque inconsistent.
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Counts one request against an endpoint's in-flight load until dropped.
+#[derive(Debug)]
+pub(crate) struct InFlight(Arc<Endpoint>);
+
+impl InFlight {
+    pub(crate) fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}

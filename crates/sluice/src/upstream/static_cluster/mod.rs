@@ -1,0 +1,265 @@
+//! Static clusters: listening endpoints reached over pooled keep-alive HTTP/1.1 connections.
+//!
+//! A request picks an endpoint by the cluster's [`LbPolicy`], takes the most recently used
+//! idle connection to it (or connects), and gives the connection back when the response body
+//! has been read to the end. An endpoint whose connect fails is ejected for a backoff and the
+//! request moves on to another endpoint (the request was not sent, so any method may move).
+
+mod endpoint;
+mod health;
+mod lb;
+pub(crate) mod pool;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use http::{Request, Response};
+use tokio::time::Instant;
+use tracing::debug;
+
+pub use endpoint::Endpoint;
+pub use sluice_config::{Ejection, HealthCheck, LbPolicy, PoolOptions};
+
+use self::lb::Balancer;
+use self::pool::{Conn, ReturnOnEnd};
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::upstream::connect::connect_http1;
+
+mod send;
+
+/// Connect attempts per request: a dead endpoint costs a request at most this many connects.
+const MAX_CONNECT_ATTEMPTS: usize = 3;
+
+/// Settings of a static cluster. `Default` matches the config file's defaults.
+#[derive(Debug, Clone)]
+pub struct StaticOptions {
+    /// Load-balancing policy. Default p2c.
+    pub lb: LbPolicy,
+    /// Time allowed for the TCP connect. Default 2 s.
+    pub connect_timeout: Duration,
+    /// Time from request sent to response head. Default 30 s.
+    pub response_timeout: Duration,
+    /// Keep-alive pool settings.
+    pub pool: PoolOptions,
+    /// Passive ejection backoff.
+    pub ejection: Ejection,
+    /// Active health checks; `None` (default) trusts passive ejection alone.
+    pub health_check: Option<HealthCheck>,
+}
+
+impl Default for StaticOptions {
+    fn default() -> Self {
+        Self {
+            lb: LbPolicy::P2c,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(30),
+            pool: PoolOptions {
+                idle_timeout: Duration::from_secs(60),
+                max_idle_per_endpoint: 128,
+                max_requests_per_connection: None,
+            },
+            ejection: Ejection {
+                backoff: Duration::from_secs(1),
+                max_backoff: Duration::from_secs(30),
+            },
+            health_check: None,
+        }
+    }
+}
+
+impl From<&sluice_config::StaticCluster> for StaticOptions {
+    fn from(c: &sluice_config::StaticCluster) -> Self {
+        Self {
+            lb: c.lb,
+            connect_timeout: c.connect_timeout,
+            response_timeout: c.response_timeout,
+            pool: c.pool.clone(),
+            ejection: c.ejection.clone(),
+            health_check: c.health_check.clone(),
+        }
+    }
+}
+
+/// A handle to a static cluster. Clones share the cluster; endpoints can be added and removed
+/// at runtime through any clone while requests are flowing.
+#[derive(Debug, Clone)]
+pub struct StaticCluster {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    name: String,
+    opts: Arc<StaticOptions>,
+    endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
+    balancer: Balancer,
+    /// The zero of the millisecond clock used for ejection deadlines.
+    epoch: Instant,
+    /// Whether the idle reaper and health checks run (they start inside a Tokio runtime).
+    tasks_started: AtomicBool,
+}
+
+impl StaticCluster {
+    /// A cluster with these endpoints. Background tasks (idle reaping, health checks) start on
+    /// first use inside a Tokio runtime.
+    pub fn new(
+        name: impl Into<String>,
+        endpoints: impl IntoIterator<Item = SocketAddr>,
+        opts: StaticOptions,
+    ) -> Self {
+        let mut list: Vec<Arc<Endpoint>> = Vec::new();
+        for addr in endpoints {
+            if !list.iter().any(|e| e.addr() == addr) {
+                list.push(Arc::new(Endpoint::new(addr)));
+            }
+        }
+        let inner = Inner {
+            name: name.into(),
+            balancer: Balancer::new(opts.lb),
+            opts: Arc::new(opts),
+            endpoints: ArcSwap::from_pointee(list),
+            epoch: Instant::now(),
+            tasks_started: AtomicBool::new(false),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Builds the cluster a validated config describes.
+    pub fn from_config(name: &str, cfg: &sluice_config::StaticCluster) -> Self {
+        Self::new(
+            name,
+            cfg.endpoints.iter().copied(),
+            StaticOptions::from(cfg),
+        )
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The current endpoints.
+    pub fn endpoints(&self) -> Vec<Arc<Endpoint>> {
+        self.inner.endpoints.load().as_ref().clone()
+    }
+
+    /// Adds an endpoint; returns false if it was already there. Takes effect for the next
+    /// request; requests in flight are not affected.
+    pub fn add_endpoint(&self, addr: SocketAddr) -> bool {
+        let endpoint = Arc::new(Endpoint::new(addr));
+        let mut added = false;
+        self.inner.endpoints.rcu(|list| {
+            added = !list.iter().any(|e| e.addr() == addr);
+            let mut next = list.as_ref().clone();
+            if added {
+                next.push(Arc::clone(&endpoint));
+            }
+            next
+        });
+        if added && self.inner.tasks_started.load(Ordering::Acquire) {
+            health::spawn(&self.inner, endpoint);
+        }
+        added
+    }
+
+    /// Removes an endpoint; returns false if it was not there. Requests in flight to it
+    /// finish; its idle connections are closed and it receives nothing new.
+    pub fn remove_endpoint(&self, addr: SocketAddr) -> bool {
+        let mut removed = None;
+        self.inner.endpoints.rcu(|list| {
+            removed = list.iter().find(|e| e.addr() == addr).cloned();
+            list.iter()
+                .filter(|e| e.addr() != addr)
+                .cloned()
+                .collect::<Vec<_>>()
+        });
+        removed.map(|e| e.remove()).is_some()
+    }
+
+    /// Sends a request to an endpoint picked by the load-balancing policy.
+    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        self.start_tasks();
+        send::send(&self.inner, req).await
+    }
+
+    fn start_tasks(&self) {
+        if self.inner.tasks_started.load(Ordering::Acquire)
+            || self.inner.tasks_started.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        tokio::spawn(reap_idle(Arc::downgrade(&self.inner)));
+        for endpoint in self.inner.endpoints.load().iter() {
+            health::spawn(&self.inner, Arc::clone(endpoint));
+        }
+    }
+}
+
+impl Inner {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}
+
+/// Closes idle connections past the idle timeout, so that idle sockets do not linger until the
+/// next request happens to look at them. Ends when the cluster is dropped.
+async fn reap_idle(cluster: Weak<Inner>) {
+    let period = match cluster.upgrade() {
+        Some(c) => {
+            (c.opts.pool.idle_timeout / 2).clamp(Duration::from_millis(50), Duration::from_secs(5))
+        }
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(c) = cluster.upgrade() else { return };
+        for endpoint in c.endpoints.load().iter() {
+            endpoint.reap_idle(&c.opts);
+        }
+    }
+}
+
+/// Takes an idle connection to `endpoint` that is ready for a request, or connects a new one.
+async fn acquire(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError> {
+    while let Some(mut conn) = endpoint.checkout(&inner.opts) {
+        // A connection goes back to the pool when its body ends, which can be a moment before
+        // hyper's dispatcher is ready for the next request; `ready` waits out that moment and
+        // fails for a connection the upstream closed meanwhile.
+        if conn.sender.ready().await.is_ok() {
+            return Ok(conn);
+        }
+        debug!(upstream.addr = %endpoint.addr(), "discarded a closed pooled connection");
+    }
+    connect_fresh(inner, endpoint).await
+}
+
+async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError> {
+    match connect_http1(endpoint.addr(), inner.opts.connect_timeout).await {
+        Ok(sender) => {
+            endpoint.connect_succeeded();
+            Ok(Conn::new(sender))
+        }
+        Err(e) => {
+            endpoint.connect_failed(inner.now_ms(), &inner.opts);
+            debug!(cluster = %inner.name, upstream.addr = %endpoint.addr(), error = %e, "ejected endpoint after connect failure");
+            Err(e)
+        }
+    }
+}
+
+fn wrap_response(res: Response<hyper::body::Incoming>, ret: ReturnOnEnd) -> Response<ProxyBody> {
+    let (parts, body) = res.into_parts();
+    let mut body = ProxyBody::Pooled { body, ret };
+    if let ProxyBody::Pooled { body: b, ret } = &mut body {
+        if http_body::Body::is_end_stream(b) {
+            ret.finish();
+        }
+    }
+    Response::from_parts(parts, body)
+}
