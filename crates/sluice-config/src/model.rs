@@ -78,9 +78,11 @@ impl fmt::Debug for Tls {
 pub struct HttpOptions {
     /// Accept HTTP/2 (h2c prior knowledge on plaintext, ALPN `h2` on TLS). Default true.
     pub http2: bool,
-    /// Time allowed for a client to send a request's headers. Default 10 s.
+    /// Time allowed for a client to send a request's headers. Default 10 s. On HTTP/1.1 the
+    /// timer also runs while a keep-alive connection waits for its next request.
     pub request_header_timeout: Duration,
-    /// Time a client connection may sit idle between requests. Default 60 s.
+    /// A connection on which no byte moves in either direction for this long is closed.
+    /// Default 60 s.
     pub idle_timeout: Duration,
     /// Largest request head (request line + headers) accepted; larger gets 431. Default 16 KiB.
     pub max_header_bytes: usize,
