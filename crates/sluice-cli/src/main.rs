@@ -106,12 +106,14 @@ fn run(path: Option<PathBuf>, workers: Option<usize>) -> anyhow::Result<()> {
     let workers = workers.or(config.runtime.workers);
     let runtime = build_runtime(workers)?;
     runtime.block_on(async {
+        // Installed before binding, so a signal during start-up drains instead of killing.
+        let stop = os_signal();
         let proxy = sluice::Proxy::bind(&config).await?;
         for (name, addr) in proxy.local_addrs() {
             info!(listener = %name, %addr, "serving");
         }
         info!(source = %config.source, "sluice started; SIGTERM or SIGINT drains and exits");
-        proxy.run_until(os_signal()).await;
+        proxy.run_until(stop).await;
         info!("sluice stopped");
         Ok(())
     })

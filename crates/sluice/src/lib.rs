@@ -39,4 +39,5 @@ pub use proxy::ProxyService;
 pub use router::{Matcher, RequestHead, Route, RouteTable, Routing, Target};
 pub use server::{ClientInfo, Group, Server, Shutdown, ShutdownSignal};
 pub use sluice_config as config;
+pub use sluice_config::LbPolicy;
 pub use upstream::{StaticCluster, StaticOptions, Upstream};

@@ -17,7 +17,7 @@ use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::http::headers::{add_forwarding, apply_edits, strip_hop_by_hop, Forwarding};
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
-use crate::server::ClientInfo;
+use crate::server::{AmbiguousFraming, ClientInfo};
 
 /// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
 ///
@@ -111,11 +111,14 @@ impl<R: Routing> tower_service::Service<Request<Incoming>> for ProxyService<R> {
 
 /// Refuses request framing that hyper accepts but a proxy must not forward: a message with
 /// both Content-Length and Transfer-Encoding is a request-smuggling vector (RFC 9112 §6.3).
+///
+/// hyper's HTTP/1 server drops Content-Length from such a request, so Sluice's server marks it
+/// with [`AmbiguousFraming`]; the header check covers services run on other servers.
 fn check_framing(req: &Request<Incoming>) -> Result<(), ProxyError> {
     let headers = req.headers();
-    if headers.contains_key(header::TRANSFER_ENCODING)
-        && headers.contains_key(header::CONTENT_LENGTH)
-    {
+    let both_headers = headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH);
+    if both_headers || req.extensions().get::<AmbiguousFraming>().is_some() {
         return Err(ProxyError::BadRequest(
             "both Content-Length and Transfer-Encoding",
         ));

@@ -16,6 +16,7 @@ use tower::ServiceExt;
 use tower_service::Service;
 use tracing::{debug, Instrument};
 
+use super::framing::{FramingGuard, FramingWatch};
 use super::io::IdleTimeout;
 use super::prefixed::sniff_h2;
 use super::{BoxError, ClientInfo, ShutdownSignal};
@@ -67,7 +68,11 @@ pub(super) async fn serve<S, B>(
         // Responses are written whole by hyper; Nagle would only add latency.
         let _ = stream.set_nodelay(true);
         let io = IdleTimeout::new(stream, settings.http.idle_timeout);
-        let svc = ConnService { service, info };
+        let svc = ConnService {
+            service,
+            info,
+            framing: None,
+        };
         let result = match settings.tls.clone() {
             Some(acceptor) => serve_tls(io, acceptor, svc, &settings, &signal).await,
             None => serve_plain(io, svc, &settings, &signal).await,
@@ -147,6 +152,12 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let watch = Arc::new(FramingWatch::default());
+    let io = FramingGuard::new(io, settings.http.max_header_bytes, Arc::clone(&watch));
+    let svc = ConnService {
+        framing: Some(watch),
+        ..svc
+    };
     let conn = settings.h1.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     tokio::select! {
@@ -181,11 +192,13 @@ where
     conn.await.map_err(Into::into)
 }
 
-/// Adapts a tower service to hyper for one connection, tagging requests with [`ClientInfo`].
+/// Adapts a tower service to hyper for one connection, tagging requests with [`ClientInfo`]
+/// and, on HTTP/1, with [`AmbiguousFraming`](super::AmbiguousFraming) when the guard saw it.
 #[derive(Clone)]
 struct ConnService<S> {
     service: S,
     info: ClientInfo,
+    framing: Option<Arc<FramingWatch>>,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for ConnService<S>
@@ -198,6 +211,9 @@ where
 
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.info);
+        if self.framing.as_ref().is_some_and(|f| f.next_is_ambiguous()) {
+            req.extensions_mut().insert(super::AmbiguousFraming);
+        }
         self.service.clone().oneshot(req)
     }
 }

@@ -5,6 +5,7 @@
 //! within the grace period, then close what is left.
 
 mod conn;
+mod framing;
 mod io;
 mod prefixed;
 mod shutdown;
@@ -27,6 +28,7 @@ use tokio_rustls::TlsAcceptor;
 use tower_service::Service;
 use tracing::{debug, info, warn};
 
+pub use self::framing::AmbiguousFraming;
 pub use self::io::IdleTimeout;
 pub use self::shutdown::{os_signal, Shutdown, ShutdownSignal};
 

@@ -266,3 +266,6 @@ pub async fn h2_send(
         body: String::from_utf8_lossy(&body).into_owned(),
     }
 }
+
+/// Static-cluster helpers: observed backends, raw-TCP backends, refusing ports, waiting.
+pub mod upstream;

@@ -1,0 +1,230 @@
+//! The `sluice` binary as an operator uses it: `check` exit codes and messages, and `run`
+//! serving until SIGTERM, then exiting 0.
+//!
+//! `sluice run` without `-c` is not tested: its embedded config binds the fixed port
+//! 127.0.0.1:8080, which parallel test runs cannot share.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+/// How long the proxy may take to start or to stop.
+const PATIENCE: Duration = Duration::from_secs(4);
+
+fn sluice() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.env("RUST_LOG", "info").env_remove("SLUICE_LOG_FORMAT");
+    cmd
+}
+
+fn check(config: &Path) -> Output {
+    sluice()
+        .arg("check")
+        .arg("-c")
+        .arg(config)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn check_accepts_the_static_example() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs/static.toml");
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        format!(
+            "{}: ok (1 listeners, 2 routes, 1 clusters)\n",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn check_points_at_the_bad_value_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[[listener]]\nname = \"x\"\nlisten = \"not-an-addr\"\n",
+    )
+    .unwrap();
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    let expected = format!(
+        "{}:3:10: invalid socket address `not-an-addr`",
+        path.display()
+    );
+    assert!(stderr.starts_with(&expected), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn check_of_a_missing_file_names_it_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing.toml");
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("{}: cannot read configuration", path.display())),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn run_with_a_missing_file_exits_1_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing.toml");
+    let out = sluice().arg("run").arg("-c").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("sluice: {}: cannot read", path.display())),
+        "{stderr}"
+    );
+}
+
+/// A `sluice run` child; killed if the test ends before it exits on its own.
+struct Running {
+    child: Child,
+    /// Lines of its JSON log (stderr), until it exits.
+    log: Receiver<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    /// Starts `sluice run -c <config> <extra>` on a port-0 listener with a direct-response
+    /// route, logging JSON so that the bound address can be read from the log.
+    fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config: PathBuf = dir.path().join("sluice.toml");
+        std::fs::write(
+            &config,
+            r#"
+[[listener]]
+name = "cli-test"
+listen = "127.0.0.1:0"
+
+[[route]]
+path_prefix = "/healthz"
+direct_response = { status = 200, body = "ok\n" }
+"#,
+        )
+        .unwrap();
+        let mut child = sluice()
+            .args(["--log-format", "json", "run", "-c"])
+            .arg(&config)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Self {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// Waits for the `serving` log line and returns the address it reports; the listener is
+    /// bound by then.
+    fn serving_addr(&self) -> SocketAddr {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .log
+                .recv_timeout(left)
+                .expect("sluice did not log `serving`");
+            if line.contains(r#""message":"serving""#) {
+                let (_, rest) = line.split_once(r#""addr":""#).expect("an addr field");
+                return rest.split('"').next().unwrap().parse().unwrap();
+            }
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit, returning the log lines written meanwhile.
+    fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success());
+        // stderr reaches EOF when the process exits.
+        let deadline = Instant::now() + PATIENCE;
+        let mut lines = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => panic!("sluice did not exit on SIGTERM"),
+            }
+        }
+        (self.child.wait().unwrap(), lines)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One HTTP/1.1 request over a plain socket; returns the raw response.
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+fn serves_then_exits_0_on_sigterm(extra: &[&str]) {
+    let running = Running::start(extra);
+    let addr = running.serving_addr();
+    let response = http_get(addr, "/healthz");
+    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+    assert!(response.ends_with("\r\n\r\nok\n"), "{response}");
+
+    let (status, log) = running.terminate();
+    assert_eq!(status.code(), Some(0), "{log:#?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains(r#""message":"sluice stopped""#)),
+        "{log:#?}"
+    );
+}
+
+#[test]
+fn run_serves_until_sigterm_and_exits_0() {
+    serves_then_exits_0_on_sigterm(&[]);
+}
+
+#[test]
+fn run_with_one_worker_serves_until_sigterm_and_exits_0() {
+    serves_then_exits_0_on_sigterm(&["--workers", "1"]);
+}

@@ -1,0 +1,246 @@
+//! HTTP/1.1 strictness on raw sockets: framing a proxy must refuse (request-smuggling
+//! vectors), oversize and slow heads, and hop-by-hop headers.
+//!
+//! Every refusal closes the connection: a request pipelined behind the bad one is never
+//! answered, and the backend never receives the bad request.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use support::{Backend, TestProxy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A proxy in front of `upstream`, with a 1 KiB head limit and a 200 ms head timeout.
+async fn proxy_to(upstream: SocketAddr) -> TestProxy {
+    let toml = format!(
+        r#"
+[[listener]]
+name = "test"
+listen = "127.0.0.1:0"
+max_header_size = "1KiB"
+request_header_timeout = "200ms"
+
+[[route]]
+cluster = "backend"
+
+[cluster.backend]
+kind = "static"
+endpoints = ["{upstream}"]
+"#
+    );
+    TestProxy::start(&toml).await
+}
+
+async fn start() -> (Backend, TestProxy) {
+    let backend = Backend::start("b").await;
+    let proxy = proxy_to(backend.addr).await;
+    (backend, proxy)
+}
+
+/// Writes `request`, then reads until the peer closes the connection.
+async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    read_to_close(&mut stream).await
+}
+
+/// Reads until EOF (a reset also counts as closed), bounded so that a connection left open
+/// fails the test instead of hanging it.
+async fn read_to_close(stream: &mut TcpStream) -> String {
+    let mut received = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) => return,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    };
+    let closed = tokio::time::timeout(Duration::from_secs(3), read).await;
+    let text = String::from_utf8_lossy(&received).into_owned();
+    assert!(closed.is_ok(), "connection still open; received {text:?}");
+    text
+}
+
+/// A well-formed request pipelined behind each bad one; it must never be answered.
+const SECOND: &str = "GET /second HTTP/1.1\r\nHost: x\r\n\r\n";
+
+/// Sends `bad` with [`SECOND`] behind it to `addr`; returns the one response received.
+async fn refused_by(addr: SocketAddr, bad: &str) -> String {
+    let raw = exchange(addr, format!("{bad}{SECOND}").as_bytes()).await;
+    assert_eq!(raw.matches("HTTP/1.1 ").count(), 1, "{raw:?}");
+    assert!(!raw.contains("/second"), "{raw:?}");
+    raw
+}
+
+/// Asserts the status line, a `connection: close` header and the exact body.
+fn assert_closing_response(raw: &str, status: &str, body: &str) {
+    let (head, rest) = raw.split_once("\r\n\r\n").expect("a whole response head");
+    assert!(
+        head.starts_with(&format!("HTTP/1.1 {status}\r\n")),
+        "{raw:?}"
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n"),
+        "{raw:?}"
+    );
+    assert_eq!(rest, body, "{raw:?}");
+}
+
+/// For refusals made while parsing the head: the backend was never even connected to.
+fn assert_backend_untouched(backend: &Backend) {
+    assert_eq!((backend.connections(), backend.requests()), (0, 0));
+}
+
+const CL_AND_TE: [&str; 2] = [
+    "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+];
+
+#[tokio::test]
+async fn content_length_with_transfer_encoding_is_400_and_closes() {
+    for bad in CL_AND_TE {
+        let (backend, proxy) = start().await;
+        let raw = refused_by(proxy.addr(), bad).await;
+        assert_closing_response(
+            &raw,
+            "400 Bad Request",
+            "both Content-Length and Transfer-Encoding\n",
+        );
+        assert_backend_untouched(&backend);
+    }
+}
+
+#[tokio::test]
+async fn content_length_with_transfer_encoding_later_on_a_keep_alive_connection_is_400() {
+    let (backend, proxy) = start().await;
+    let good = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
+    let raw = exchange(
+        proxy.addr(),
+        format!("{good}{}{SECOND}", CL_AND_TE[0]).as_bytes(),
+    )
+    .await;
+    let responses: Vec<&str> = raw.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(responses.len(), 2, "{raw:?}");
+    assert!(responses[0].starts_with("200 OK\r\n"), "{raw:?}");
+    assert!(responses[0].ends_with("\r\n\r\nhello"), "{raw:?}");
+    assert_closing_response(
+        &format!("HTTP/1.1 {}", responses[1]),
+        "400 Bad Request",
+        "both Content-Length and Transfer-Encoding\n",
+    );
+    assert_eq!(backend.requests(), 1);
+}
+
+#[tokio::test]
+async fn conflicting_content_lengths_are_400_and_close() {
+    for bad in [
+        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 6\r\n\r\nhello!",
+    ] {
+        let (backend, proxy) = start().await;
+        let raw = refused_by(proxy.addr(), bad).await;
+        // hyper refuses these while parsing the head: an empty 400.
+        assert_closing_response(&raw, "400 Bad Request", "");
+        assert_backend_untouched(&backend);
+    }
+}
+
+#[tokio::test]
+async fn invalid_chunked_framing_is_400_and_the_backend_never_gets_a_whole_request() {
+    for bad in [
+        // A chunk size that is not hex.
+        "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+        // Chunk data not followed by CRLF.
+        "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+    ] {
+        // A raw upstream, to see exactly what the proxy forwarded before the body failed.
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = proxy_to(upstream.local_addr().unwrap()).await;
+        let forwarded = tokio::spawn(async move {
+            let (mut conn, _) = upstream.accept().await.unwrap();
+            read_to_close(&mut conn).await
+        });
+        let raw = refused_by(proxy.addr(), bad).await;
+        assert_closing_response(&raw, "400 Bad Request", "invalid request body\n");
+        // The body streams, so the head and any valid chunks may already be upstream; the
+        // proxy then closes that connection before the terminating chunk.
+        let forwarded = forwarded.await.unwrap();
+        assert!(!forwarded.contains("\r\n0\r\n\r\n"), "{forwarded:?}");
+        assert!(!forwarded.contains("/second"), "{forwarded:?}");
+    }
+}
+
+#[tokio::test]
+async fn obs_fold_is_400_and_closes() {
+    for bad in [
+        "GET / HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n\tb\r\n\r\n",
+    ] {
+        let (backend, proxy) = start().await;
+        let raw = refused_by(proxy.addr(), bad).await;
+        assert_closing_response(&raw, "400 Bad Request", "");
+        assert_backend_untouched(&backend);
+    }
+}
+
+#[tokio::test]
+async fn head_over_max_header_size_is_431_and_closes() {
+    let (backend, proxy) = start().await;
+    let head = |value_len: usize| {
+        format!(
+            "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(value_len)
+        )
+    };
+    let raw = refused_by(proxy.addr(), &head(2048)).await;
+    assert_closing_response(&raw, "431 Request Header Fields Too Large", "");
+    assert_backend_untouched(&backend);
+
+    // Just under the 1 KiB limit still passes.
+    let ok = format!(
+        "{}GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        head(900)
+    );
+    let raw = exchange(proxy.addr(), ok.as_bytes()).await;
+    assert_eq!(raw.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{raw:?}");
+}
+
+#[tokio::test]
+async fn slow_head_is_closed_silently_after_request_header_timeout() {
+    let (backend, proxy) = start().await;
+    let raw = exchange(proxy.addr(), b"GET / HTTP/1.1\r\nHost: x\r\n").await;
+    // hyper sends no 408: it just closes.
+    assert_eq!(raw, "");
+    assert_backend_untouched(&backend);
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_are_not_forwarded() {
+    let (backend, proxy) = start().await;
+    let raw = exchange(
+        proxy.addr(),
+        b"GET /headers HTTP/1.1\r\nHost: x\r\nConnection: x-secret, close\r\nx-secret: 1\r\n\
+          Keep-Alive: timeout=5\r\nTE: trailers\r\nUpgrade: websocket\r\nx-kept: 1\r\n\r\n",
+    )
+    .await;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{raw:?}");
+    let seen: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.split_once(": ").map(|(name, _)| name))
+        .collect();
+    for hop in ["connection", "x-secret", "keep-alive", "te", "upgrade"] {
+        assert!(!seen.contains(&hop), "{hop} forwarded: {body:?}");
+    }
+    assert!(body.contains("x-kept: 1\n"), "{body:?}");
+    assert_eq!(backend.requests(), 1);
+}
