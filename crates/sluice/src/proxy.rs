@@ -2,6 +2,7 @@
 //!
 //! Hooks are tower `Layer`s around it; the [`server`](crate::server) runs it on connections.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -80,10 +81,11 @@ impl<R: Routing> ProxyService<R> {
             client: client.peer,
         };
         let route = self.router.route(&head).ok_or(ProxyError::NoRoute)?;
+        drop(host);
         let mut res = match &route.target {
             Target::Direct(direct) => direct_response(direct),
             Target::Upstream(upstream) => {
-                let req = upstream_request(req, &route, client, host.as_deref());
+                let req = upstream_request(req, &route, client);
                 let mut res = upstream.send(req).await?;
                 strip_hop_by_hop(res.headers_mut());
                 res
@@ -127,14 +129,18 @@ fn check_framing(req: &Request<Incoming>) -> Result<(), ProxyError> {
 }
 
 /// The host the client asked for: the URI authority (HTTP/2, absolute-form) or Host header,
-/// lowercase, without the port.
-fn request_host(req: &Request<Incoming>) -> Option<String> {
+/// lowercase, without the port. Borrowed unless it had to be lowercased.
+fn request_host(req: &Request<Incoming>) -> Option<Cow<'_, str>> {
     let raw = match req.uri().authority() {
         Some(a) => a.host(),
         None => req.headers().get(header::HOST)?.to_str().ok()?,
     };
     let host = strip_port(raw);
-    Some(host.to_ascii_lowercase())
+    Some(if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(host)
+    })
 }
 
 fn strip_port(host: &str) -> &str {
@@ -150,29 +156,28 @@ fn upstream_request(
     req: Request<Incoming>,
     route: &Route,
     client: &ClientInfo,
-    host: Option<&str>,
 ) -> Request<ProxyBody> {
     let (mut parts, body) = req.into_parts();
-    let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
     strip_hop_by_hop(&mut parts.headers);
-    if let Some(authority) = &authority {
-        if let Ok(value) = HeaderValue::from_str(authority) {
-            parts.headers.insert(header::HOST, value);
+    // HTTP/2 and absolute-form requests name the host in the target; HTTP/1.1 upstreams need
+    // it in Host, and the target in origin form.
+    let absolute = match parts.uri.authority() {
+        Some(authority) => {
+            if let Ok(value) = HeaderValue::from_str(authority.as_str()) {
+                parts.headers.insert(header::HOST, value);
+            }
+            true
         }
-    }
-    let full_host = parts
-        .headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned);
+        None => false,
+    };
     let fwd = Forwarding {
         client: client.peer,
         proto: if client.tls { "https" } else { "http" },
-        host: full_host.as_deref().or(host),
+        host: parts.headers.get(header::HOST).cloned(),
     };
     add_forwarding(&mut parts.headers, &fwd);
     apply_edits(&mut parts.headers, &route.request_headers);
-    if authority.is_some() {
+    if absolute {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         parts.uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
     }

@@ -1,6 +1,9 @@
 //! Header rules every proxy hop applies (RFC 9110 §7.6.1 and RFC 7239).
 
+use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
+
+use bytes::Bytes;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use sluice_config::HeaderEdits;
@@ -54,33 +57,44 @@ pub fn wants_close(headers: &HeaderMap) -> bool {
 }
 
 /// What the proxy knows about the client side of a request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Forwarding<'a> {
     /// The client's address.
     pub client: SocketAddr,
     /// `https` when the client connected over TLS, else `http`.
     pub proto: &'a str,
-    /// The host the client asked for (Host or :authority), if any.
-    pub host: Option<&'a str>,
+    /// The host the client asked for (its Host header or :authority), if any.
+    pub host: Option<HeaderValue>,
 }
 
 /// Appends the client to `X-Forwarded-For` and `Forwarded`, and sets `X-Forwarded-Proto` and
 /// `X-Forwarded-Host` (replacing what the client sent: only the first proxy may set those).
+///
+/// Runs on every proxied request, so each list header costs one allocation.
 pub fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
     let ip = fwd.client.ip();
-    append_list(headers, &X_FORWARDED_FOR, &ip.to_string());
-    let mut element = format!("for={};proto={}", forwarded_node(ip), fwd.proto);
-    if let Some(host) = fwd.host {
-        element.push_str(";host=");
-        push_forwarded_value(&mut element, host);
+    let mut xff = existing_list(headers, &X_FORWARDED_FOR);
+    let _ = write!(xff, "{ip}");
+    set_owned(headers, &X_FORWARDED_FOR, xff);
+
+    let mut forwarded = existing_list(headers, &FORWARDED);
+    let _ = match ip {
+        IpAddr::V4(v4) => write!(forwarded, "for={v4};proto={}", fwd.proto),
+        // RFC 7239 §6: IPv6 nodes are quoted and bracketed.
+        IpAddr::V6(v6) => write!(forwarded, "for=\"[{v6}]\";proto={}", fwd.proto),
+    };
+    if let Some(host) = fwd.host.as_ref().and_then(|h| h.to_str().ok()) {
+        forwarded.push_str(";host=");
+        push_forwarded_value(&mut forwarded, host);
     }
-    append_list(headers, &FORWARDED, &element);
+    set_owned(headers, &FORWARDED, forwarded);
+
     headers.insert(
         X_FORWARDED_PROTO.clone(),
         HeaderValue::from_static(proto_value(fwd.proto)),
     );
-    match fwd.host.and_then(|h| HeaderValue::from_str(h).ok()) {
-        Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host),
+    match &fwd.host {
+        Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host.clone()),
         None => headers.remove(&X_FORWARDED_HOST),
     };
 }
@@ -90,14 +104,6 @@ fn proto_value(proto: &str) -> &'static str {
         "https"
     } else {
         "http"
-    }
-}
-
-/// RFC 7239 §6: IPv6 nodes are quoted and bracketed.
-fn forwarded_node(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => format!("\"[{v6}]\""),
     }
 }
 
@@ -117,15 +123,19 @@ fn push_forwarded_value(out: &mut String, value: &str) {
     }
 }
 
-/// Appends `item` to a comma-separated list header, merging multiple field lines into one.
-fn append_list(headers: &mut HeaderMap, name: &HeaderName, item: &str) {
-    let mut joined = String::new();
+/// The values already in a comma-separated list header, joined and ready for one more item.
+fn existing_list(headers: &HeaderMap, name: &HeaderName) -> String {
+    let mut joined = String::with_capacity(64);
     for v in headers.get_all(name).iter().filter_map(|v| v.to_str().ok()) {
         joined.push_str(v);
         joined.push_str(", ");
     }
-    joined.push_str(item);
-    if let Ok(value) = HeaderValue::from_str(&joined) {
+    joined
+}
+
+/// Replaces `name` with `value` without copying the string.
+fn set_owned(headers: &mut HeaderMap, name: &HeaderName, value: String) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
         headers.insert(name.clone(), value);
     }
 }
@@ -170,7 +180,7 @@ mod tests {
         let fwd = Forwarding {
             client: "[2001:db8::1]:4000".parse().unwrap(),
             proto: "https",
-            host: Some("example.com:8443"),
+            host: Some(HeaderValue::from_static("example.com:8443")),
         };
         add_forwarding(&mut h, &fwd);
         assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1, 2001:db8::1");
