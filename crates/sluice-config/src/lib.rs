@@ -131,10 +131,10 @@ mod tests {
         assert!(config.listeners[0].http.http2);
         assert_eq!(config.routes[0].name, "route-1");
         let ClusterKind::Static(c) = &config.clusters["c"].kind;
-        assert_eq!(c.lb, LbPolicy::P2c);
-        assert_eq!(c.pool.max_idle_per_endpoint, 128);
-        assert_eq!(c.pool.max_requests_per_connection, None);
-        assert!(c.health_check.is_none());
+        assert_eq!(c.options.lb, LbPolicy::P2c);
+        assert_eq!(c.options.pool.max_idle_per_endpoint, 128);
+        assert_eq!(c.options.pool.max_requests_per_connection, None);
+        assert!(c.options.health_check.is_none());
     }
 
     #[test]

@@ -180,6 +180,14 @@ pub enum ClusterKind {
 pub struct StaticCluster {
     /// Endpoint addresses (host names are resolved when the config is loaded).
     pub endpoints: Vec<SocketAddr>,
+    /// How the cluster balances, pools, times out and ejects.
+    pub options: StaticOptions,
+}
+
+/// The settings of a static cluster. `Default` gives the documented defaults, which are also
+/// the config file's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StaticOptions {
     /// The load-balancing policy. Default p2c.
     pub lb: LbPolicy,
     /// Time allowed for the TCP connect to an endpoint. Default 2 s (expiry: 504).
@@ -190,8 +198,21 @@ pub struct StaticCluster {
     pub pool: PoolOptions,
     /// Passive ejection of endpoints that fail to connect.
     pub ejection: Ejection,
-    /// Optional active HTTP health checks.
+    /// Optional active HTTP health checks. Default none (passive ejection only).
     pub health_check: Option<HealthCheck>,
+}
+
+impl Default for StaticOptions {
+    fn default() -> Self {
+        Self {
+            lb: LbPolicy::P2c,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(30),
+            pool: PoolOptions::default(),
+            ejection: Ejection::default(),
+            health_check: None,
+        }
+    }
 }
 
 /// Load-balancing policies.
@@ -218,6 +239,16 @@ pub struct PoolOptions {
     pub max_requests_per_connection: Option<u64>,
 }
 
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Duration::from_secs(60),
+            max_idle_per_endpoint: 128,
+            max_requests_per_connection: None,
+        }
+    }
+}
+
 /// Passive ejection: an endpoint whose connect fails sits out for a backoff that doubles with
 /// each consecutive failure, from `backoff` up to `max_backoff`.
 #[derive(Debug, Clone, PartialEq)]
@@ -226,6 +257,15 @@ pub struct Ejection {
     pub backoff: Duration,
     /// The largest backoff. Default 30 s.
     pub max_backoff: Duration,
+}
+
+impl Default for Ejection {
+    fn default() -> Self {
+        Self {
+            backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Active HTTP health checking (`health_check = { ... }`).

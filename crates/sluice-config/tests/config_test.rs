@@ -69,10 +69,10 @@ fn full_example_reads_tls_and_secrets() {
         "example-upstream-token"
     );
     let ClusterKind::Static(canary) = &config.clusters["canary"].kind;
-    assert_eq!(canary.pool.max_idle_per_endpoint, 0);
-    assert_eq!(canary.pool.max_requests_per_connection, Some(1000));
+    assert_eq!(canary.options.pool.max_idle_per_endpoint, 0);
+    assert_eq!(canary.options.pool.max_requests_per_connection, Some(1000));
     let ClusterKind::Static(legacy) = &config.clusters["legacy"].kind;
-    assert_eq!(legacy.pool.max_requests_per_connection, None);
+    assert_eq!(legacy.options.pool.max_requests_per_connection, None);
 }
 
 #[test]

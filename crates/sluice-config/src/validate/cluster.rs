@@ -10,15 +10,10 @@ use super::Ctx;
 use crate::error::ConfigError;
 use crate::model::{
     Cluster, ClusterKind, Ejection, HealthCheck, LbPolicy, PoolOptions, StaticCluster,
+    StaticOptions,
 };
 use crate::raw::{RawCluster, RawEjection, RawHealthCheck, RawKind, RawLb, RawPool};
 
-const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
-const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(60);
-const DEFAULT_MAX_IDLE: usize = 128;
-const DEFAULT_BACKOFF: Duration = Duration::from_secs(1);
-const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(30);
 const DEFAULT_HEALTH_PATH: &str = "/healthz";
 const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
 const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -41,17 +36,24 @@ pub(super) fn clusters(
         .collect()
 }
 
+/// Unset keys take [`StaticOptions::default`]'s values.
 fn static_cluster(ctx: Ctx<'_>, raw: RawCluster) -> Result<StaticCluster, ConfigError> {
-    Ok(StaticCluster {
-        endpoints: endpoints(ctx, &raw.endpoints)?,
+    let defaults = StaticOptions::default();
+    let options = StaticOptions {
         lb: lb(raw.lb),
-        connect_timeout: raw.connect_timeout.map_or(DEFAULT_CONNECT_TIMEOUT, |t| t.0),
+        connect_timeout: raw
+            .connect_timeout
+            .map_or(defaults.connect_timeout, |t| t.0),
         response_timeout: raw
             .response_timeout
-            .map_or(DEFAULT_RESPONSE_TIMEOUT, |t| t.0),
+            .map_or(defaults.response_timeout, |t| t.0),
         pool: pool(raw.pool),
         ejection: ejection(ctx, raw.ejection)?,
         health_check: raw.health_check.map(|h| health_check(ctx, h)).transpose()?,
+    };
+    Ok(StaticCluster {
+        endpoints: endpoints(ctx, &raw.endpoints)?,
+        options,
     })
 }
 
@@ -112,19 +114,23 @@ fn lb(raw: Option<RawLb>) -> LbPolicy {
 }
 
 fn pool(raw: RawPool) -> PoolOptions {
+    let defaults = PoolOptions::default();
     PoolOptions {
-        idle_timeout: raw.idle_timeout.map_or(DEFAULT_POOL_IDLE, |t| t.0),
+        idle_timeout: raw.idle_timeout.map_or(defaults.idle_timeout, |t| t.0),
         // 0 is meaningful: no pooling at all.
-        max_idle_per_endpoint: raw.max_idle_per_endpoint.unwrap_or(DEFAULT_MAX_IDLE),
+        max_idle_per_endpoint: raw
+            .max_idle_per_endpoint
+            .unwrap_or(defaults.max_idle_per_endpoint),
         max_requests_per_connection: raw.max_requests_per_connection.filter(|&n| n > 0),
     }
 }
 
 fn ejection(ctx: Ctx<'_>, raw: RawEjection) -> Result<Ejection, ConfigError> {
-    let backoff = raw.backoff.map_or(DEFAULT_BACKOFF, |t| t.0);
+    let defaults = Ejection::default();
+    let backoff = raw.backoff.map_or(defaults.backoff, |t| t.0);
     let max_backoff = match raw.max_backoff {
         // A long `backoff` alone must not make the default maximum invalid.
-        None => DEFAULT_MAX_BACKOFF.max(backoff),
+        None => defaults.max_backoff.max(backoff),
         Some(max) if max.get_ref().0 < backoff => {
             return Err(ctx.err(max.span(), "ejection max_backoff is shorter than backoff"));
         }

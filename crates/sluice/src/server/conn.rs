@@ -3,23 +3,21 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
 use sluice_config::HttpOptions;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
-use tower::ServiceExt;
-use tower_service::Service;
 use tracing::{debug, Instrument};
 
 use super::framing::{FramingGuard, FramingWatch};
 use super::io::IdleTimeout;
 use super::prefixed::sniff_h2;
-use super::{BoxError, ClientInfo, ShutdownSignal};
+use super::{BoxError, ClientInfo, HttpService, ShutdownSignal};
 
 /// Per-listener protocol builders, shared by its connections.
 pub(super) struct Settings {
@@ -48,21 +46,13 @@ impl Settings {
 }
 
 /// Serves one accepted connection until it closes or the shutdown (then graceful) completes.
-pub(super) async fn serve<S, B>(
+pub(super) async fn serve<S: HttpService>(
     stream: TcpStream,
     info: ClientInfo,
     service: S,
     settings: Arc<Settings>,
     signal: ShutdownSignal,
-) where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
+) {
     let span = tracing::debug_span!("conn", client.addr = %info.peer, tls = info.tls);
     async move {
         // Responses are written whole by hyper; Nagle would only add latency.
@@ -85,21 +75,12 @@ pub(super) async fn serve<S, B>(
     .await;
 }
 
-async fn serve_plain<S, B>(
+async fn serve_plain<S: HttpService>(
     io: IdleTimeout<TcpStream>,
     svc: ConnService<S>,
     settings: &Settings,
     signal: &ShutdownSignal,
-) -> Result<(), BoxError>
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
+) -> Result<(), BoxError> {
     if !settings.http.http2 {
         return serve_h1(io, svc, settings, signal).await;
     }
@@ -110,22 +91,13 @@ where
     }
 }
 
-async fn serve_tls<S, B>(
+async fn serve_tls<S: HttpService>(
     io: IdleTimeout<TcpStream>,
     acceptor: TlsAcceptor,
     svc: ConnService<S>,
     settings: &Settings,
     signal: &ShutdownSignal,
-) -> Result<(), BoxError>
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
+) -> Result<(), BoxError> {
     let handshake = tokio::time::timeout(settings.http.request_header_timeout, acceptor.accept(io));
     let tls = handshake.await.map_err(|_| "TLS handshake timed out")??;
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
@@ -136,7 +108,7 @@ where
     }
 }
 
-async fn serve_h1<I, S, B>(
+async fn serve_h1<I, S: HttpService>(
     io: I,
     svc: ConnService<S>,
     settings: &Settings,
@@ -144,13 +116,6 @@ async fn serve_h1<I, S, B>(
 ) -> Result<(), BoxError>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
 {
     let watch = Arc::new(FramingWatch::default());
     let io = FramingGuard::new(io, settings.http.max_header_bytes, Arc::clone(&watch));
@@ -158,16 +123,10 @@ where
         framing: Some(watch),
         ..svc
     };
-    let conn = settings.h1.serve_connection(TokioIo::new(io), svc);
-    tokio::pin!(conn);
-    tokio::select! {
-        res = conn.as_mut() => return res.map_err(Into::into),
-        () = signal.wait() => conn.as_mut().graceful_shutdown(),
-    }
-    conn.await.map_err(Into::into)
+    drive(settings.h1.serve_connection(TokioIo::new(io), svc), signal).await
 }
 
-async fn serve_h2<I, S, B>(
+async fn serve_h2<I, S: HttpService>(
     io: I,
     svc: ConnService<S>,
     settings: &Settings,
@@ -175,15 +134,17 @@ async fn serve_h2<I, S, B>(
 ) -> Result<(), BoxError>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
 {
-    let conn = settings.h2.serve_connection(TokioIo::new(io), svc);
+    drive(settings.h2.serve_connection(TokioIo::new(io), svc), signal).await
+}
+
+/// Runs a connection to its end; on shutdown asks it to finish gracefully (HTTP/1.1: close
+/// after the response in progress; HTTP/2: GOAWAY) and waits for that.
+async fn drive<C>(conn: C, signal: &ShutdownSignal) -> Result<(), BoxError>
+where
+    C: GracefulConnection,
+    C::Error: Into<BoxError>,
+{
     tokio::pin!(conn);
     tokio::select! {
         res = conn.as_mut() => return res.map_err(Into::into),
@@ -201,19 +162,16 @@ struct ConnService<S> {
     framing: Option<Arc<FramingWatch>>,
 }
 
-impl<S, B> hyper::service::Service<Request<Incoming>> for ConnService<S>
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible> + Clone,
-{
-    type Response = Response<B>;
+impl<S: HttpService> hyper::service::Service<Request<Incoming>> for ConnService<S> {
+    type Response = Response<S::Body>;
     type Error = Infallible;
-    type Future = tower::util::Oneshot<S, Request<Incoming>>;
+    type Future = S::Future;
 
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.info);
         if self.framing.as_ref().is_some_and(|f| f.next_is_ambiguous()) {
             req.extensions_mut().insert(super::AmbiguousFraming);
         }
-        self.service.clone().oneshot(req)
+        self.service.clone().serve(req)
     }
 }

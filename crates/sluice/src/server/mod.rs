@@ -5,31 +5,30 @@
 //! within the grace period, then close what is left.
 
 mod conn;
+#[macro_use]
+mod forward;
 mod framing;
 mod io;
 mod prefixed;
+mod service;
 mod shutdown;
 pub mod tls;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use hyper::body::Incoming;
 use sluice_config::HttpOptions;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
-use tower_service::Service;
 use tracing::{debug, info, warn};
 
 pub use self::framing::AmbiguousFraming;
 pub use self::io::IdleTimeout;
+pub use self::service::HttpService;
 pub use self::shutdown::{os_signal, Shutdown, ShutdownSignal};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -124,16 +123,7 @@ impl Server {
 
     /// Serves `service` until `signal` fires, then stops accepting, lets open connections
     /// finish their in-flight requests for up to `grace`, and closes the rest.
-    pub async fn serve<S, B>(self, service: S, signal: ShutdownSignal, grace: Duration)
-    where
-        S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        B: http_body::Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-    {
+    pub async fn serve<S: HttpService>(self, service: S, signal: ShutdownSignal, grace: Duration) {
         let settings = Arc::new(conn::Settings::new(&self.http, self.tls.clone()));
         let local = self
             .listener
@@ -206,16 +196,12 @@ impl Group {
     }
 
     /// Adds a server; it starts when the group runs and drains within `grace` on shutdown.
-    pub fn add<S, B>(&mut self, server: Server, service: S, grace: Duration) -> &mut Self
-    where
-        S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        B: http_body::Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-    {
+    pub fn add<S: HttpService>(
+        &mut self,
+        server: Server,
+        service: S,
+        grace: Duration,
+    ) -> &mut Self {
         let signal = self.shutdown.signal();
         self.servers
             .push(Box::pin(server.serve(service, signal, grace)));

@@ -231,7 +231,11 @@ pub async fn get(client: &Client, url: &str) -> Reply {
 }
 
 pub async fn send(client: &Client, req: Request<Full<Bytes>>) -> Reply {
-    let res = client.request(req).await.expect("request failed");
+    read_reply(client.request(req).await.expect("request failed")).await
+}
+
+/// Reads a whole response.
+pub async fn read_reply(res: Response<Incoming>) -> Reply {
     let (parts, body) = res.into_parts();
     let body = body.collect().await.expect("body failed").to_bytes();
     Reply {
@@ -257,14 +261,7 @@ pub async fn h2_send(
     sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
     req: Request<Full<Bytes>>,
 ) -> Reply {
-    let res = sender.send_request(req).await.expect("h2 request failed");
-    let (parts, body) = res.into_parts();
-    let body = body.collect().await.expect("body failed").to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    read_reply(sender.send_request(req).await.expect("h2 request failed")).await
 }
 
 /// Static-cluster helpers: observed backends, raw-TCP backends, refusing ports, waiting.

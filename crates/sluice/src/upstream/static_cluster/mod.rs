@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 pub use endpoint::Endpoint;
-pub use sluice_config::{Ejection, HealthCheck, LbPolicy, PoolOptions};
+pub use sluice_config::{Ejection, HealthCheck, LbPolicy, PoolOptions, StaticOptions};
 
 use self::lb::Balancer;
 use self::pool::{Conn, ReturnOnEnd};
@@ -33,56 +33,6 @@ mod send;
 
 /// Connect attempts per request: a dead endpoint costs a request at most this many connects.
 const MAX_CONNECT_ATTEMPTS: usize = 3;
-
-/// Settings of a static cluster. `Default` matches the config file's defaults.
-#[derive(Debug, Clone)]
-pub struct StaticOptions {
-    /// Load-balancing policy. Default p2c.
-    pub lb: LbPolicy,
-    /// Time allowed for the TCP connect. Default 2 s.
-    pub connect_timeout: Duration,
-    /// Time from request sent to response head. Default 30 s.
-    pub response_timeout: Duration,
-    /// Keep-alive pool settings.
-    pub pool: PoolOptions,
-    /// Passive ejection backoff.
-    pub ejection: Ejection,
-    /// Active health checks; `None` (default) trusts passive ejection alone.
-    pub health_check: Option<HealthCheck>,
-}
-
-impl Default for StaticOptions {
-    fn default() -> Self {
-        Self {
-            lb: LbPolicy::P2c,
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(30),
-            pool: PoolOptions {
-                idle_timeout: Duration::from_secs(60),
-                max_idle_per_endpoint: 128,
-                max_requests_per_connection: None,
-            },
-            ejection: Ejection {
-                backoff: Duration::from_secs(1),
-                max_backoff: Duration::from_secs(30),
-            },
-            health_check: None,
-        }
-    }
-}
-
-impl From<&sluice_config::StaticCluster> for StaticOptions {
-    fn from(c: &sluice_config::StaticCluster) -> Self {
-        Self {
-            lb: c.lb,
-            connect_timeout: c.connect_timeout,
-            response_timeout: c.response_timeout,
-            pool: c.pool.clone(),
-            ejection: c.ejection.clone(),
-            health_check: c.health_check.clone(),
-        }
-    }
-}
 
 /// A handle to a static cluster. Clones share the cluster; endpoints can be added and removed
 /// at runtime through any clone while requests are flowing.
@@ -132,11 +82,7 @@ impl StaticCluster {
 
     /// Builds the cluster a validated config describes.
     pub fn from_config(name: &str, cfg: &sluice_config::StaticCluster) -> Self {
-        Self::new(
-            name,
-            cfg.endpoints.iter().copied(),
-            StaticOptions::from(cfg),
-        )
+        Self::new(name, cfg.endpoints.iter().copied(), cfg.options.clone())
     }
 
     /// The cluster's name.

@@ -1,0 +1,48 @@
+//! [`HttpService`]: the one bound every server function needs, named once.
+
+use std::convert::Infallible;
+use std::future::Future;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tower::util::Oneshot;
+use tower::ServiceExt;
+use tower_service::Service;
+
+use super::BoxError;
+
+/// A tower service a [`Server`](super::Server) can run: it takes hyper's requests, never
+/// fails (errors are responses), and can be cloned per connection and sent across threads.
+///
+/// Implemented for every tower `Service` with those properties; there is nothing to implement.
+pub trait HttpService: Clone + Send + 'static {
+    /// The response body.
+    type Body: http_body::Body<Data = Bytes, Error = Self::BodyError> + Send + 'static;
+    /// The response body's error.
+    type BodyError: Into<BoxError>;
+    /// The response future.
+    type Future: Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
+
+    /// Waits until the service is ready, then calls it with `req`.
+    fn serve(self, req: Request<Incoming>) -> Self::Future;
+}
+
+impl<S, B> HttpService for S
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Body = B;
+    type BodyError = B::Error;
+    type Future = Oneshot<S, Request<Incoming>>;
+
+    fn serve(self, req: Request<Incoming>) -> Self::Future {
+        self.oneshot(req)
+    }
+}
