@@ -10,7 +10,8 @@
 //!
 //! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
 //! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
-//!   timeouts, graceful shutdown.
+//!   timeouts, the HTTP/1 request-smuggling guard (`Content-Length` with `Transfer-Encoding`),
+//!   graceful shutdown.
 //! - [`router`]: matching requests to routes (host, path prefix, method, headers, client CIDR).
 //! - [`proxy`]: the tower `Service` that applies a route: forwarding headers, hop-by-hop
 //!   stripping, header edits, direct responses, error statuses.
