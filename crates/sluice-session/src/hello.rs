@@ -1,0 +1,250 @@
+//! What a service sends to the acceptor: a registration or a drain request.
+
+use std::fmt::Write as _;
+
+use crate::reply::Rejection;
+use crate::{
+    Parsed, DEFAULT_SLICE, DRAIN_PATH, HEADER_CAPACITY, HEADER_INSTANCE, HEADER_SERVICE,
+    HEADER_SLICE, MAX_HEADERS, SESSION_PATH, UPGRADE_TOKEN,
+};
+
+/// Who is speaking: the cluster, slice and instance, and the credential.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The cluster the instance serves.
+    pub service: String,
+    /// The slice its sessions join; [`DEFAULT_SLICE`] when not given.
+    pub slice: String,
+    /// The instance id; `None` means "use the peer's IP address".
+    pub instance: Option<String>,
+    /// The bearer token, when one was sent.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("service", &self.service)
+            .field("slice", &self.slice)
+            .field("instance", &self.instance)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl Identity {
+    /// An identity for `service` in the default slice, with no instance id and no token.
+    pub fn new(service: impl Into<String>) -> Self {
+        Self {
+            service: service.into(),
+            slice: DEFAULT_SLICE.to_owned(),
+            instance: None,
+            token: None,
+        }
+    }
+}
+
+/// `GET /.sluice/v1/session` with `Upgrade: sluice-session/1`: make this connection a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// Who registers.
+    pub identity: Identity,
+    /// The instance's intended number of sessions (informational).
+    pub capacity: Option<u32>,
+}
+
+/// `POST /.sluice/v1/drain`: stop leasing the instance's sessions and close them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drain {
+    /// Whose sessions to drain (the slice is ignored: an instance drains as a whole).
+    pub identity: Identity,
+}
+
+/// A message a service sends to the acceptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hello {
+    /// Register this connection as a session.
+    Register(Registration),
+    /// Drain an instance.
+    Drain(Drain),
+}
+
+impl Registration {
+    /// The request bytes, ready to write.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = format!(
+            "GET {SESSION_PATH} HTTP/1.1\r\nHost: sluice\r\nConnection: Upgrade\r\nUpgrade: {UPGRADE_TOKEN}\r\n"
+        );
+        identity_headers(&mut out, &self.identity);
+        if let Some(n) = self.capacity {
+            let _ = write!(out, "Sluice-Capacity: {n}\r\n");
+        }
+        out.push_str("\r\n");
+        out.into_bytes()
+    }
+}
+
+impl Drain {
+    /// The request bytes, ready to write.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out =
+            format!("POST {DRAIN_PATH} HTTP/1.1\r\nHost: sluice\r\nContent-Length: 0\r\n");
+        identity_headers(&mut out, &self.identity);
+        out.push_str("\r\n");
+        out.into_bytes()
+    }
+}
+
+fn identity_headers(out: &mut String, id: &Identity) {
+    let _ = write!(
+        out,
+        "Sluice-Service: {}\r\nSluice-Slice: {}\r\n",
+        id.service, id.slice
+    );
+    if let Some(instance) = &id.instance {
+        let _ = write!(out, "Sluice-Instance: {instance}\r\n");
+    }
+    if let Some(token) = &id.token {
+        let _ = write!(out, "Authorization: Bearer {token}\r\n");
+    }
+}
+
+/// Parses a service's first request. Bytes beyond `max_head` without a complete head are a
+/// 400; so is anything that is not exactly one of the two requests of the protocol.
+pub fn parse_hello(buf: &[u8], max_head: usize) -> Result<Parsed<Hello>, Rejection> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len <= max_head => len,
+        Ok(httparse::Status::Partial) if buf.len() <= max_head => return Ok(Parsed::Partial),
+        Ok(_) => return Err(Rejection::bad_request("handshake head too large")),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(Rejection::bad_request("too many headers"))
+        }
+        Err(_) => return Err(Rejection::bad_request("malformed HTTP/1.1 request")),
+    };
+    if req.version != Some(1) {
+        return Err(Rejection::bad_request("the handshake must be HTTP/1.1"));
+    }
+    let head = Head::read(req.headers)?;
+    let hello = match (req.method, req.path) {
+        (Some("GET"), Some(SESSION_PATH)) => Hello::Register(registration(&head)?),
+        (Some("POST"), Some(DRAIN_PATH)) => Hello::Drain(Drain {
+            identity: head.identity()?,
+        }),
+        _ => {
+            return Err(Rejection::bad_request(
+                "expected GET /.sluice/v1/session or POST /.sluice/v1/drain",
+            ))
+        }
+    };
+    Ok(Parsed::Complete(hello, len))
+}
+
+fn registration(head: &Head<'_>) -> Result<Registration, Rejection> {
+    if !head.connection_upgrade {
+        return Err(Rejection::bad_request("missing Connection: Upgrade"));
+    }
+    match head.upgrade {
+        Some(t) if t.eq_ignore_ascii_case(UPGRADE_TOKEN) => {}
+        Some(_) => {
+            return Err(Rejection::bad_request(
+                "unsupported Upgrade: expected sluice-session/1",
+            ))
+        }
+        None => return Err(Rejection::bad_request("missing Upgrade: sluice-session/1")),
+    }
+    let capacity = match head.capacity {
+        None => None,
+        Some(v) => Some(
+            v.parse::<u32>()
+                .map_err(|_| Rejection::bad_request("Sluice-Capacity must be a whole number"))?,
+        ),
+    };
+    Ok(Registration {
+        identity: head.identity()?,
+        capacity,
+    })
+}
+
+/// The headers the protocol cares about, each at most once.
+#[derive(Default)]
+struct Head<'a> {
+    service: Option<&'a str>,
+    slice: Option<&'a str>,
+    instance: Option<&'a str>,
+    capacity: Option<&'a str>,
+    authorization: Option<&'a str>,
+    upgrade: Option<&'a str>,
+    connection_upgrade: bool,
+}
+
+impl<'a> Head<'a> {
+    fn read(headers: &[httparse::Header<'a>]) -> Result<Self, Rejection> {
+        let mut head = Head::default();
+        for h in headers {
+            let value = std::str::from_utf8(h.value)
+                .map_err(|_| Rejection::bad_request("header values must be ASCII"))?
+                .trim();
+            let name = h.name.to_ascii_lowercase();
+            let slot = match name.as_str() {
+                HEADER_SERVICE => &mut head.service,
+                HEADER_SLICE => &mut head.slice,
+                HEADER_INSTANCE => &mut head.instance,
+                HEADER_CAPACITY => &mut head.capacity,
+                "authorization" => &mut head.authorization,
+                "upgrade" => &mut head.upgrade,
+                "connection" => {
+                    head.connection_upgrade |= value
+                        .split(',')
+                        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+                    continue;
+                }
+                "content-length" if value != "0" => {
+                    return Err(Rejection::bad_request("the handshake has no body"))
+                }
+                "transfer-encoding" => {
+                    return Err(Rejection::bad_request("the handshake has no body"))
+                }
+                _ => continue,
+            };
+            if slot.replace(value).is_some() {
+                return Err(Rejection::bad_request("a Sluice header appears twice"));
+            }
+        }
+        Ok(head)
+    }
+
+    fn identity(&self) -> Result<Identity, Rejection> {
+        let service =
+            nonempty(self.service).ok_or(Rejection::bad_request("missing Sluice-Service"))?;
+        let token = match self.authorization {
+            None => None,
+            Some(auth) => Some(bearer(auth)?),
+        };
+        Ok(Identity {
+            service: service.to_owned(),
+            slice: nonempty(self.slice)
+                .unwrap_or(crate::DEFAULT_SLICE)
+                .to_owned(),
+            instance: nonempty(self.instance).map(str::to_owned),
+            token,
+        })
+    }
+}
+
+fn nonempty(v: Option<&str>) -> Option<&str> {
+    v.filter(|v| !v.is_empty())
+}
+
+/// `Bearer <token>`; any other scheme cannot authenticate, so it is a 401.
+fn bearer(auth: &str) -> Result<String, Rejection> {
+    match auth.split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(token.trim().to_owned())
+        }
+        _ => Err(Rejection::unauthorized()),
+    }
+}

@@ -1,0 +1,137 @@
+//! What the acceptor answers, and the statuses of its refusals.
+
+use crate::{Parsed, UPGRADE_TOKEN};
+
+/// A refusal: the status and the short reason sent as the body before the connection closes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status} {reason}")]
+pub struct Rejection {
+    /// 400, 401, 404, 429 or 503.
+    pub status: u16,
+    /// A short plain-text reason.
+    pub reason: String,
+}
+
+impl Rejection {
+    /// 400: the handshake is malformed.
+    pub fn bad_request(reason: &str) -> Self {
+        Self {
+            status: 400,
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// 401: the token is missing or wrong.
+    pub fn unauthorized() -> Self {
+        Self {
+            status: 401,
+            reason: "missing or invalid bearer token".to_owned(),
+        }
+    }
+
+    /// 404: no reverse cluster has this name.
+    pub fn unknown_service(service: &str) -> Self {
+        Self {
+            status: 404,
+            reason: format!("unknown service {service:?}"),
+        }
+    }
+
+    /// 429: a session or handshake-rate limit was reached.
+    pub fn limited(what: &str) -> Self {
+        Self {
+            status: 429,
+            reason: format!("limit reached: {what}"),
+        }
+    }
+
+    /// 503: the instance is draining or the proxy is shutting down.
+    pub fn unavailable(reason: &str) -> Self {
+        Self {
+            status: 503,
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// The response bytes (the connection is closed after them).
+    pub fn encode(&self) -> Vec<u8> {
+        let body = format!("{}\n", self.reason);
+        format!(
+            "HTTP/1.1 {} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.status,
+            canonical_reason(self.status),
+            body.len()
+        )
+        .into_bytes()
+    }
+}
+
+fn canonical_reason(status: u16) -> &'static str {
+    match status {
+        101 => "Switching Protocols",
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        429 => "Too Many Requests",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+/// An acceptor's answer, as the service sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `101`: the connection is now a session.
+    Switched,
+    /// `200`: the drain was accepted.
+    Drained,
+    /// Anything else: refused (the body's reason is not read here).
+    Refused(u16),
+}
+
+impl Reply {
+    /// The `101` answer to a registration.
+    pub fn switching_protocols() -> Vec<u8> {
+        format!("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {UPGRADE_TOKEN}\r\n\r\n").into_bytes()
+    }
+
+    /// The `200` answer to a drain request.
+    pub fn drained() -> Vec<u8> {
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\ndraining\n".to_vec()
+    }
+}
+
+/// Parses the head of an acceptor's answer. A `101` must name the session protocol in
+/// `Upgrade`; anything that is not HTTP/1.1 is an error.
+pub fn parse_reply(buf: &[u8]) -> Result<Parsed<Reply>, Rejection> {
+    let mut headers = [httparse::EMPTY_HEADER; 16];
+    let mut res = httparse::Response::new(&mut headers);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() <= crate::DEFAULT_MAX_HEAD => {
+            return Ok(Parsed::Partial)
+        }
+        _ => return Err(Rejection::bad_request("malformed acceptor reply")),
+    };
+    let reply = match res.code {
+        Some(101) => {
+            let upgrade = res
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("upgrade"));
+            match upgrade.map(|h| h.value) {
+                Some(v) if v.eq_ignore_ascii_case(UPGRADE_TOKEN.as_bytes()) => Reply::Switched,
+                _ => {
+                    return Err(Rejection::bad_request(
+                        "101 without Upgrade: sluice-session/1",
+                    ))
+                }
+            }
+        }
+        Some(200) => Reply::Drained,
+        Some(code) => Reply::Refused(code),
+        None => return Err(Rejection::bad_request("malformed acceptor reply")),
+    };
+    Ok(Parsed::Complete(reply, len))
+}
