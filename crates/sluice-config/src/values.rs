@@ -28,9 +28,19 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
             "duration `{text}` has no unit; write a unit like \"5s\""
         ));
     }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("invalid duration `{text}` ({e}); expected e.g. \"250ms\", \"5s\""))
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("invalid duration `{text}` ({e}); expected e.g. \"250ms\", \"5s\""))?;
+    if d > MAX_DURATION {
+        return Err(format!(
+            "duration `{text}` is longer than the maximum of 365 days"
+        ));
+    }
+    Ok(d)
 }
+
+/// The longest duration accepted: far beyond any sane timeout, and far from overflowing the
+/// clocks that add it to "now".
+const MAX_DURATION: Duration = Duration::from_secs(365 * 86_400);
 
 struct DurationVisitor;
 

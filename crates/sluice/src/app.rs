@@ -97,6 +97,9 @@ impl Proxy {
 
     /// Serves until `trigger` resolves, then drains gracefully within the configured grace.
     pub async fn run_until(self, trigger: impl Future<Output = ()>) {
+        for upstream in self.clusters.values() {
+            upstream.start();
+        }
         let mut group = Group::new();
         for server in self.servers {
             group.add(server, self.service.clone(), self.grace);

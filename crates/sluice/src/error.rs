@@ -22,8 +22,17 @@ pub enum ProxyError {
     /// Every endpoint of the cluster is ejected, unhealthy or removed.
     #[error("no healthy endpoint in cluster {cluster}")]
     NoEndpoint {
-        /// The cluster's name.
+        /// The cluster's name (logged, never sent to the client).
         cluster: String,
+    },
+    /// The cluster has no capacity for the request now (admission queue full or wait expired);
+    /// the client may retry after `retry_after` seconds.
+    #[error("{reason}")]
+    Unavailable {
+        /// A short reason for the client.
+        reason: &'static str,
+        /// Seconds the client should wait before retrying (`Retry-After`).
+        retry_after: u32,
     },
     /// The TCP connect to an endpoint failed.
     #[error("upstream connect failed: {0}")]
@@ -43,6 +52,9 @@ pub enum ProxyError {
     /// The request is malformed in a way hyper let through but a proxy must refuse.
     #[error("{0}")]
     BadRequest(&'static str),
+    /// The request asks for something the proxy does not do (e.g. CONNECT tunnels).
+    #[error("{0}")]
+    NotImplemented(&'static str),
 }
 
 impl ProxyError {
@@ -50,22 +62,33 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute => StatusCode::NOT_FOUND,
-            Self::NoEndpoint { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoEndpoint { .. } | Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Connect(_) | Self::UpstreamProtocol(_) => StatusCode::BAD_GATEWAY,
             Self::ConnectTimeout | Self::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::ClientBody(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
     /// Who caused this failure.
     pub fn origin(&self) -> Origin {
         match self {
-            Self::NoRoute | Self::ClientBody(_) | Self::BadRequest(_) => Origin::Client,
-            Self::NoEndpoint { .. } => Origin::Internal,
+            Self::NoRoute | Self::ClientBody(_) | Self::BadRequest(_) | Self::NotImplemented(_) => {
+                Origin::Client
+            }
+            Self::NoEndpoint { .. } | Self::Unavailable { .. } => Origin::Internal,
             Self::Connect(_)
             | Self::ConnectTimeout
             | Self::ResponseTimeout
             | Self::UpstreamProtocol(_) => Origin::Upstream,
+        }
+    }
+
+    /// Seconds a client should wait before retrying, when the failure is temporary.
+    pub fn retry_after(&self) -> Option<u32> {
+        match self {
+            Self::Unavailable { retry_after, .. } => Some(*retry_after),
+            _ => None,
         }
     }
 
@@ -81,6 +104,8 @@ impl ProxyError {
             Self::Connect(_) => "upstream connect failed".to_owned(),
             Self::UpstreamProtocol(_) => "upstream protocol error".to_owned(),
             Self::ClientBody(_) => "invalid request body".to_owned(),
+            // The cluster's name is internal; the log has it.
+            Self::NoEndpoint { .. } => "no healthy upstream".to_owned(),
             other => other.to_string(),
         }
     }

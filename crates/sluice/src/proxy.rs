@@ -12,13 +12,16 @@ use std::task::{Context, Poll};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::body::ProxyBody;
-use crate::error::ProxyError;
-use crate::http::headers::{add_forwarding, apply_edits, strip_hop_by_hop, Forwarding};
+use crate::error::{Origin, ProxyError};
+use crate::http::checks::check_request;
+use crate::http::headers::{
+    add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, Forwarding,
+};
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
-use crate::server::{AmbiguousFraming, ClientInfo};
+use crate::server::ClientInfo;
 
 /// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
 ///
@@ -60,7 +63,7 @@ impl<R: Routing> ProxyService<R> {
         match self.dispatch(req, &client).await {
             Ok(res) => res,
             Err(e) => {
-                debug!(client.addr = %client.peer, error = %e, status = e.status().as_u16(), "request failed");
+                log_failure(&e, &client);
                 error_response(&e, http1)
             }
         }
@@ -71,7 +74,7 @@ impl<R: Routing> ProxyService<R> {
         req: Request<Incoming>,
         client: &ClientInfo,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        check_framing(&req)?;
+        check_request(&req)?;
         let host = request_host(&req);
         let head = RequestHead {
             method: req.method(),
@@ -111,23 +114,6 @@ impl<R: Routing> tower_service::Service<Request<Incoming>> for ProxyService<R> {
     }
 }
 
-/// Refuses request framing that hyper accepts but a proxy must not forward: a message with
-/// both Content-Length and Transfer-Encoding is a request-smuggling vector (RFC 9112 §6.3).
-///
-/// hyper's HTTP/1 server drops Content-Length from such a request, so Sluice's server marks it
-/// with [`AmbiguousFraming`]; the header check covers services run on other servers.
-fn check_framing(req: &Request<Incoming>) -> Result<(), ProxyError> {
-    let headers = req.headers();
-    let both_headers = headers.contains_key(header::TRANSFER_ENCODING)
-        && headers.contains_key(header::CONTENT_LENGTH);
-    if both_headers || req.extensions().get::<AmbiguousFraming>().is_some() {
-        return Err(ProxyError::BadRequest(
-            "both Content-Length and Transfer-Encoding",
-        ));
-    }
-    Ok(())
-}
-
 /// The host the client asked for: the URI authority (HTTP/2, absolute-form) or Host header,
 /// lowercase, without the port. Borrowed unless it had to be lowercased.
 fn request_host(req: &Request<Incoming>) -> Option<Cow<'_, str>> {
@@ -159,6 +145,10 @@ fn upstream_request(
 ) -> Request<ProxyBody> {
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    if parts.version == Version::HTTP_2 {
+        // RFC 9113 §8.2.3: HTTP/2 may split Cookie into several fields; HTTP/1.1 needs one.
+        join_cookies(&mut parts.headers);
+    }
     // HTTP/2 and absolute-form requests name the host in the target; HTTP/1.1 upstreams need
     // it in Host, and the target in origin form.
     let absolute = match parts.uri.authority() {
@@ -194,6 +184,20 @@ fn direct_response(direct: &Direct) -> Response<ProxyBody> {
     res
 }
 
+/// Upstream failures are what an operator must see at the default level; client mistakes
+/// and capacity refusals are routine and stay at debug.
+fn log_failure(e: &ProxyError, client: &ClientInfo) {
+    let status = e.status().as_u16();
+    match e.origin() {
+        Origin::Upstream => {
+            warn!(client.addr = %client.peer, error = %e, status, "upstream failed")
+        }
+        Origin::Client | Origin::Internal => {
+            debug!(client.addr = %client.peer, error = %e, status, "request refused")
+        }
+    }
+}
+
 /// A short plain-text error; on HTTP/1 the connection closes after it when the client is at
 /// fault (its connection may be out of sync).
 pub(crate) fn error_response(e: &ProxyError, http1: bool) -> Response<ProxyBody> {
@@ -204,6 +208,9 @@ pub(crate) fn error_response(e: &ProxyError, http1: bool) -> Response<ProxyBody>
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    if let Some(secs) = e.retry_after() {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
     if http1 && e.closes_connection() {
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }

@@ -249,3 +249,19 @@ async fn tls_listener_without_http2_negotiates_http1() {
     let error = refused.expect_err("handshake should fail").to_string();
     assert!(error.contains("NoApplicationProtocol"), "{error}");
 }
+
+#[tokio::test]
+async fn h2_cookie_fields_reach_an_http1_upstream_as_one_header() {
+    let backend = support::Backend::start("b").await;
+    let proxy = TestProxy::start(&support::static_config(&[backend.addr], "")).await;
+    let mut h2 = support::h2_connect(proxy.addr()).await;
+    let req = http::Request::get("http://app.example/headers")
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .body(Default::default())
+        .unwrap();
+    let res = support::h2_send(&mut h2, req).await;
+    assert_eq!(res.status, 200);
+    assert!(res.body.contains("cookie: a=1; b=2\n"), "{}", res.body);
+    assert_eq!(res.body.matches("cookie:").count(), 1, "{}", res.body);
+}

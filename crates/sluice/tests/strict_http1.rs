@@ -244,3 +244,40 @@ async fn hop_by_hop_headers_are_not_forwarded() {
     assert!(body.contains("x-kept: 1\n"), "{body:?}");
     assert_eq!(backend.requests(), 1);
 }
+
+#[tokio::test]
+async fn requests_the_router_and_upstream_could_read_differently_are_refused() {
+    let cases = [
+        (
+            "GET /x HTTP/1.1\r\n\r\n",
+            "400 Bad Request",
+            "missing Host header\n",
+        ),
+        (
+            "GET /x HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n",
+            "400 Bad Request",
+            "more than one Host header\n",
+        ),
+        (
+            "GET /public/../admin HTTP/1.1\r\nHost: x\r\n\r\n",
+            "400 Bad Request",
+            "dot-segments in the path\n",
+        ),
+        (
+            "GET /public/%2e%2e/admin HTTP/1.1\r\nHost: x\r\n\r\n",
+            "400 Bad Request",
+            "dot-segments in the path\n",
+        ),
+        (
+            "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+            "501 Not Implemented",
+            "CONNECT is not supported\n",
+        ),
+    ];
+    for (bad, status, body) in cases {
+        let (backend, proxy) = start().await;
+        let raw = refused_by(proxy.addr(), bad).await;
+        assert_closing_response(&raw, status, body);
+        assert_backend_untouched(&backend);
+    }
+}

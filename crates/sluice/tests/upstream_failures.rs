@@ -51,7 +51,7 @@ ejection = { backoff = "5s", max_backoff = "20s" }"#;
     let proxy = TestProxy::start(&static_config(&[dead.addr, other.addr], extra)).await;
 
     assert_plain_error(&fetch(&proxy, "/").await, 502, "upstream connect failed");
-    let unavailable = "no healthy endpoint in cluster backend";
+    let unavailable = "no healthy upstream";
     assert_plain_error(&fetch(&proxy, "/").await, 503, unavailable);
 
     // The backend comes back on its port; its ejection still holds until the backoff ends.

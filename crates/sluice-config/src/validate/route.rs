@@ -8,6 +8,7 @@ use super::{secret, Ctx};
 use crate::error::ConfigError;
 use crate::model::{Action, Cluster, DirectResponse, HeaderEdits, HostMatch, Match, Route};
 use crate::raw::{RawDirectResponse, RawHeaderEdits, RawRoute};
+use crate::values::HeaderTable;
 use crate::values::OneOrMany;
 
 /// Validates every route, in file order (the first match wins at runtime).
@@ -76,6 +77,7 @@ fn proxy(
 }
 
 fn direct_response(ctx: Ctx<'_>, raw: RawDirectResponse) -> Result<DirectResponse, ConfigError> {
+    refuse_framing(ctx, &raw.headers)?;
     Ok(DirectResponse {
         status: raw.status.0,
         headers: secret::resolve_table(ctx, raw.headers)?,
@@ -141,8 +143,38 @@ fn host(ctx: Ctx<'_>, raw: &Spanned<String>) -> Result<HostMatch, ConfigError> {
 }
 
 fn edits(ctx: Ctx<'_>, raw: RawHeaderEdits) -> Result<HeaderEdits, ConfigError> {
+    refuse_framing(ctx, &raw.set)?;
     Ok(HeaderEdits {
         set: secret::resolve_table(ctx, raw.set)?,
         remove: raw.remove.into_iter().map(|n| n.0).collect(),
     })
+}
+
+/// Headers that frame the message or steer the connection are Sluice's to write: setting them
+/// from config would desynchronise the HTTP/1.1 stream with the client or the upstream.
+const FRAMING_HEADERS: [&str; 7] = [
+    "connection",
+    "content-length",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn refuse_framing(ctx: Ctx<'_>, table: &HeaderTable<Spanned<String>>) -> Result<(), ConfigError> {
+    match table
+        .0
+        .iter()
+        .find(|(name, _)| FRAMING_HEADERS.contains(&name.0.as_str()))
+    {
+        Some((name, value)) => Err(ctx.err(
+            value.span(),
+            format!(
+                "`{}` cannot be set: Sluice manages message framing and connection headers",
+                name.0
+            ),
+        )),
+        None => Ok(()),
+    }
 }

@@ -19,8 +19,11 @@ pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-h
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
-/// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
-/// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding` and `Upgrade`.
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1): `Connection` and every header it names,
+/// `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding` and `Upgrade`.
+///
+/// `Connection` may not remove `Host` or `Content-Length`: a client could otherwise make the
+/// upstream see a request different from the one that was routed.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Collect the names listed in Connection first: removing while iterating is not possible.
     let listed: Vec<HeaderName> = headers
@@ -29,6 +32,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .filter(|name| *name != header::HOST && *name != header::CONTENT_LENGTH)
         .collect();
     for name in listed {
         headers.remove(name);
@@ -38,11 +42,28 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         &KEEP_ALIVE,
         &PROXY_CONNECTION,
         &header::TE,
-        &header::TRAILER,
         &header::TRANSFER_ENCODING,
         &header::UPGRADE,
     ] {
         headers.remove(name);
+    }
+}
+
+/// Joins several `Cookie` fields into one, separated by `"; "`.
+pub fn join_cookies(headers: &mut HeaderMap) {
+    let mut cookies = headers.get_all(header::COOKIE).iter();
+    let (Some(first), Some(_)) = (cookies.next(), cookies.next()) else {
+        return;
+    };
+    let mut joined = Vec::with_capacity(first.len() * 2);
+    for (i, v) in headers.get_all(header::COOKIE).iter().enumerate() {
+        if i > 0 {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(joined)) {
+        headers.insert(header::COOKIE, value);
     }
 }
 
@@ -189,6 +210,32 @@ mod tests {
         assert_eq!(
             h[header::FORWARDED],
             "for=\"[2001:db8::1]\";proto=https;host=\"example.com:8443\""
+        );
+    }
+
+    #[test]
+    fn connection_cannot_remove_host_or_content_length_and_trailer_stays() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("host, content-length"),
+        );
+        h.insert(header::HOST, HeaderValue::from_static("a"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("1"));
+        h.insert(header::TRAILER, HeaderValue::from_static("x-checksum"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 3, "{h:?}");
+    }
+
+    #[test]
+    fn cookies_are_joined() {
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        h.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        join_cookies(&mut h);
+        assert_eq!(
+            h.get_all(header::COOKIE).iter().collect::<Vec<_>>(),
+            ["a=1; b=2"]
         );
     }
 

@@ -1,3 +1,4 @@
-//! HTTP helpers shared by the proxy paths: hop-by-hop stripping and forwarding headers.
+//! HTTP rules shared by the proxy paths: request checks, hop-by-hop stripping, forwarding headers.
 
+pub mod checks;
 pub mod headers;

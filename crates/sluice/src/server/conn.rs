@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, Instrument};
 
+use super::active::{ActiveRequests, Tracked, TrackedBody};
 use super::framing::{FramingGuard, FramingWatch};
 use super::io::IdleTimeout;
 use super::prefixed::sniff_h2;
@@ -57,11 +58,13 @@ pub(super) async fn serve<S: HttpService>(
     async move {
         // Responses are written whole by hyper; Nagle would only add latency.
         let _ = stream.set_nodelay(true);
-        let io = IdleTimeout::new(stream, settings.http.idle_timeout);
+        let active = Arc::new(ActiveRequests::default());
+        let io = IdleTimeout::new(stream, settings.http.idle_timeout, Arc::clone(&active));
         let svc = ConnService {
             service,
             info,
             framing: None,
+            active,
         };
         let result = match settings.tls.clone() {
             Some(acceptor) => serve_tls(io, acceptor, svc, &settings, &signal).await,
@@ -160,18 +163,19 @@ struct ConnService<S> {
     service: S,
     info: ClientInfo,
     framing: Option<Arc<FramingWatch>>,
+    active: Arc<ActiveRequests>,
 }
 
 impl<S: HttpService> hyper::service::Service<Request<Incoming>> for ConnService<S> {
-    type Response = Response<S::Body>;
+    type Response = Response<TrackedBody<S::Body>>;
     type Error = Infallible;
-    type Future = S::Future;
+    type Future = Tracked<S::Future>;
 
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.info);
         if self.framing.as_ref().is_some_and(|f| f.next_is_ambiguous()) {
             req.extensions_mut().insert(super::AmbiguousFraming);
         }
-        self.service.clone().serve(req)
+        Tracked::new(self.service.clone().serve(req), self.active.begin())
     }
 }

@@ -3,14 +3,17 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+use super::active::ActiveRequests;
+
 /// Wraps a stream so that reads and writes fail with `TimedOut` once neither direction has
-/// made progress for `timeout`.
+/// made progress for `timeout` while no request is in flight on it.
 ///
 /// The timer is re-armed lazily: progress only records an instant, and the sleep is pushed
 /// back when it fires early, so the per-operation cost is one clock read.
@@ -20,17 +23,20 @@ pub struct IdleTimeout<T> {
     timeout: Duration,
     last_progress: Instant,
     sleep: Pin<Box<Sleep>>,
+    active: Arc<ActiveRequests>,
 }
 
 impl<T> IdleTimeout<T> {
-    /// Wraps `inner`; the clock starts now.
-    pub fn new(inner: T, timeout: Duration) -> Self {
+    /// Wraps `inner`; the clock starts now. While `active` counts a request in flight (an
+    /// upstream taking its time, a long poll, a server-sent event stream), the timer re-arms.
+    pub fn new(inner: T, timeout: Duration, active: Arc<ActiveRequests>) -> Self {
         let now = Instant::now();
         Self {
             inner,
             timeout,
             last_progress: now,
-            sleep: Box::pin(tokio::time::sleep_until(now + timeout)),
+            sleep: Box::pin(tokio::time::sleep_until(deadline(now, timeout))),
+            active,
         }
     }
 
@@ -49,7 +55,10 @@ impl<T> IdleTimeout<T> {
             if self.sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            let deadline = self.last_progress + self.timeout;
+            if self.active.any() {
+                self.progressed();
+            }
+            let deadline = deadline(self.last_progress, self.timeout);
             if deadline <= Instant::now() {
                 return Poll::Ready(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -59,6 +68,13 @@ impl<T> IdleTimeout<T> {
             self.sleep.as_mut().reset(deadline);
         }
     }
+}
+
+/// `start + timeout`, or a far future when that overflows (a timeout of centuries).
+fn deadline(start: Instant, timeout: Duration) -> Instant {
+    start
+        .checked_add(timeout)
+        .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30))
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for IdleTimeout<T> {
@@ -129,7 +145,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn read_fails_after_idle_and_progress_postpones_it() {
         let (a, mut b) = tokio::io::duplex(64);
-        let mut idle = IdleTimeout::new(a, Duration::from_secs(10));
+        let mut idle = IdleTimeout::new(a, Duration::from_secs(10), Arc::default());
         let mut buf = [0u8; 8];
         tokio::time::sleep(Duration::from_secs(6)).await;
         b.write_all(b"x").await.unwrap();
@@ -139,5 +155,28 @@ mod tests {
         let err = idle.read(&mut buf).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_in_flight_keeps_the_connection_open() {
+        let (a, b) = tokio::io::duplex(64);
+        let active = Arc::new(ActiveRequests::default());
+        let mut idle = IdleTimeout::new(a, Duration::from_secs(10), Arc::clone(&active));
+        let guard = active.begin();
+        let mut buf = [0u8; 8];
+        // A minute of silence while a request is in flight: the read is still pending.
+        let read = tokio::time::timeout(Duration::from_secs(60), idle.read(&mut buf)).await;
+        assert!(
+            read.is_err(),
+            "the idle timer fired under a request in flight"
+        );
+        drop(guard);
+        let started = Instant::now();
+        assert_eq!(
+            idle.read(&mut buf).await.unwrap_err().kind(),
+            io::ErrorKind::TimedOut
+        );
+        assert!(started.elapsed() <= Duration::from_secs(10));
+        drop(b);
     }
 }

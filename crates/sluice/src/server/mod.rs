@@ -4,6 +4,7 @@
 //! runs several servers under one shutdown: stop accepting, let in-flight requests finish
 //! within the grace period, then close what is left.
 
+mod active;
 mod conn;
 #[macro_use]
 mod forward;
@@ -26,6 +27,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
+pub use self::active::{ActiveRequests, TrackedBody};
 pub use self::framing::AmbiguousFraming;
 pub use self::io::IdleTimeout;
 pub use self::service::HttpService;
@@ -138,6 +140,9 @@ impl Server {
                 () = &mut stop => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
+                        // IPv4 clients of a dual-stack listener arrive as ::ffff:a.b.c.d; CIDR
+                        // rules and X-Forwarded-For want the IPv4 form.
+                        let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
                         let info = ClientInfo { peer, local, tls: self.tls.is_some() };
                         let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
                         conns.spawn(conn::serve(stream, info, svc, set, sig));

@@ -27,6 +27,13 @@ impl Upstream {
         }
     }
 
+    /// Starts the cluster's background work (health checks, idle reaping). Idempotent.
+    pub fn start(&self) {
+        match self {
+            Self::Static(c) => c.start(),
+        }
+    }
+
     /// Sends one request (already in origin form with forwarding headers) and returns the
     /// upstream's response head with its streaming body.
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {

@@ -121,10 +121,14 @@ impl Endpoint {
     /// Puts a finished connection back, evicting the oldest idle one when full.
     pub(crate) fn checkin(&self, conn: Conn, opts: &StaticOptions) {
         let max_idle = opts.pool.max_idle_per_endpoint;
-        if max_idle == 0 || self.is_removed() || conn.is_closed() {
+        if max_idle == 0 || conn.is_closed() {
             return;
         }
         let mut idle = self.lock_idle();
+        // Checked under the lock: `remove` clears the list under it, so nothing lands after.
+        if self.is_removed() {
+            return;
+        }
         if idle.len() >= max_idle {
             idle.pop_front();
         }
@@ -151,6 +155,11 @@ impl Endpoint {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// A duration in whole milliseconds, saturating (a backoff of centuries is "forever").
+pub(crate) fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Counts one request against an endpoint's in-flight load until dropped.

@@ -134,6 +134,13 @@ impl StaticCluster {
         send::send(&self.inner, req).await
     }
 
+    /// Starts the idle reaper and the health checks now rather than on the first request, so
+    /// that a dead endpoint is known before traffic arrives. Must run inside a Tokio runtime;
+    /// calling it again does nothing.
+    pub fn start(&self) {
+        self.start_tasks();
+    }
+
     fn start_tasks(&self) {
         if self.inner.tasks_started.load(Ordering::Acquire)
             || self.inner.tasks_started.swap(true, Ordering::AcqRel)
@@ -149,7 +156,7 @@ impl StaticCluster {
 
 impl Inner {
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        endpoint::millis(self.epoch.elapsed())
     }
 }
 
@@ -174,10 +181,13 @@ async fn reap_idle(cluster: Weak<Inner>) {
 /// Takes an idle connection to `endpoint` that is ready for a request, or connects a new one.
 async fn acquire(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError> {
     while let Some(mut conn) = endpoint.checkout(&inner.opts) {
-        // A connection goes back to the pool when its body ends, which can be a moment before
-        // hyper's dispatcher is ready for the next request; `ready` waits out that moment and
-        // fails for a connection the upstream closed meanwhile.
-        if conn.sender.ready().await.is_ok() {
+        // A connection goes back to the pool when its response ends, which can be a moment
+        // before hyper's dispatcher is ready for the next request; `ready` waits out that
+        // moment and fails for a connection the upstream closed meanwhile. It could also wait
+        // for a slow client's upload that the upstream answered early, so it is bounded: a
+        // connection not ready within the connect timeout is closed instead.
+        let ready = tokio::time::timeout(inner.opts.connect_timeout, conn.sender.ready());
+        if matches!(ready.await, Ok(Ok(()))) {
             return Ok(conn);
         }
         debug!(upstream.addr = %endpoint.addr(), "discarded a closed pooled connection");

@@ -97,8 +97,10 @@ async fn send_on(
         Ok(Err(mut e)) => {
             let unsent = e.take_message();
             let error = e.into_error();
-            let client_fault = error.is_user();
-            let error = if client_fault {
+            // Only a connection that closed or failed before the response started is stale: a
+            // parse error means response bytes arrived, and a body error is the client's.
+            let stale = !error.is_user() && !error.is_parse() && !error.is_timeout();
+            let error = if error.is_user() {
                 ProxyError::ClientBody(error)
             } else {
                 ProxyError::UpstreamProtocol(error)
@@ -106,7 +108,7 @@ async fn send_on(
             Err(SendFailure {
                 error,
                 unsent,
-                stale: !client_fault,
+                stale,
             })
         }
         // Dropping the send future closes the connection: it is never reused.

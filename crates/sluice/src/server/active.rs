@@ -1,0 +1,105 @@
+//! Counting a connection's requests in flight, so that its idle timer never fires under one.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
+
+/// Requests of one connection from the service call until the response body has ended (or
+/// was dropped). Shared by the connection's service and its [`IdleTimeout`](super::IdleTimeout).
+#[derive(Debug, Default)]
+pub struct ActiveRequests(AtomicUsize);
+
+impl ActiveRequests {
+    /// Whether any request is in flight.
+    pub fn any(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 0
+    }
+
+    /// Counts one request until the returned guard is dropped.
+    pub(super) fn begin(self: &Arc<Self>) -> ActiveGuard {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        ActiveGuard(Arc::clone(self))
+    }
+}
+
+/// Holds one request in the count.
+#[derive(Debug)]
+pub(super) struct ActiveGuard(Arc<ActiveRequests>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response future whose body keeps the request counted until it ends.
+    pub(super) struct Tracked<F> {
+        #[pin]
+        inner: F,
+        guard: Option<ActiveGuard>,
+    }
+}
+
+impl<F> Tracked<F> {
+    pub(super) fn new(inner: F, guard: ActiveGuard) -> Self {
+        Self {
+            inner,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl<F, B> Future for Tracked<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+{
+    type Output = Result<Response<TrackedBody<B>>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let res = ready!(this.inner.poll(cx));
+        let guard = this.guard.take();
+        Poll::Ready(res.map(|r| r.map(|body| TrackedBody { body, guard })))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that releases its request's count when it ends or is dropped.
+    pub struct TrackedBody<B> {
+        #[pin]
+        body: B,
+        guard: Option<ActiveGuard>,
+    }
+}
+
+impl<B: Body> Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let frame = ready!(this.body.poll_frame(cx));
+        if frame.is_none() {
+            this.guard.take();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
