@@ -1,0 +1,127 @@
+//! Connections to the acceptor: TCP (no Nagle, keepalive), UNIX or TLS, then the registration
+//! or drain handshake of DESIGN.md §3, bounded by `handshake_timeout`.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use sluice_session::{parse_reply, Drain, Parsed, Registration, Reply};
+use socket2::{SockRef, TcpKeepalive};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio_rustls::TlsConnector;
+
+use crate::prefixed::Prefixed;
+use crate::{Acceptor, Error, Options};
+
+/// How long a session may sit silent before the kernel starts probing it.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+
+/// Any byte stream to the acceptor.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// A registered session: the stream, with bytes read past the `101` put back in front.
+pub(crate) type SessionIo = Prefixed<Box<dyn Io>>;
+
+/// Dials and registers one session; `capacity` goes into `Sluice-Capacity`.
+pub(crate) async fn register(options: &Options, capacity: usize) -> Result<SessionIo, Error> {
+    let registration = Registration {
+        identity: options.identity.clone(),
+        capacity: Some(u32::try_from(capacity).unwrap_or(u32::MAX)),
+    };
+    within(options.handshake_timeout, async {
+        let mut io = connect(options).await?;
+        send(&mut io, &registration.encode()).await?;
+        match read_reply(&mut io).await? {
+            (Reply::Switched, rest) => Ok(Prefixed::new(rest, io)),
+            (Reply::Refused(status), _) => Err(Error::Refused { status }),
+            (Reply::Drained, _) => Err(unexpected("200 to a registration")),
+        }
+    })
+    .await
+}
+
+/// Sends `POST /.sluice/v1/drain` for the instance on a new connection and expects `200`.
+pub(crate) async fn drain(options: &Options) -> Result<(), Error> {
+    let drain = Drain {
+        identity: options.identity.clone(),
+    };
+    within(options.handshake_timeout, async {
+        let mut io = connect(options).await?;
+        send(&mut io, &drain.encode()).await?;
+        match read_reply(&mut io).await? {
+            (Reply::Drained, _) => Ok(()),
+            (Reply::Refused(status), _) => Err(Error::Refused { status }),
+            (Reply::Switched, _) => Err(unexpected("101 to a drain request")),
+        }
+    })
+    .await
+}
+
+async fn within<T>(
+    limit: Duration,
+    fut: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| Error::Timeout(limit))?
+}
+
+async fn connect(options: &Options) -> Result<Box<dyn Io>, Error> {
+    let connect_error = |e: io::Error| Error::Connect {
+        acceptor: options.acceptor.to_string(),
+        source: Arc::new(e),
+    };
+    let io: Box<dyn Io> = match &options.acceptor {
+        Acceptor::Tcp(addr) => Box::new(connect_tcp(addr).await.map_err(connect_error)?),
+        Acceptor::Unix(path) => Box::new(UnixStream::connect(path).await.map_err(connect_error)?),
+    };
+    let Some(tls) = &options.tls else {
+        return Ok(io);
+    };
+    let tls_io = TlsConnector::from(tls.config.clone())
+        .connect(tls.server_name.clone(), io)
+        .await
+        .map_err(|e| Error::Tls(Arc::new(e)))?;
+    Ok(Box::new(tls_io))
+}
+
+async fn connect_tcp(addr: &str) -> io::Result<TcpStream> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    // A session idles for long stretches; keepalive finds one whose peer vanished.
+    SockRef::from(&stream).set_tcp_keepalive(&TcpKeepalive::new().with_time(KEEPALIVE_IDLE))?;
+    Ok(stream)
+}
+
+async fn send(io: &mut Box<dyn Io>, bytes: &[u8]) -> Result<(), Error> {
+    io.write_all(bytes).await?;
+    // TLS holds records until flushed.
+    io.flush().await?;
+    Ok(())
+}
+
+/// Reads the answer's head; returns it with whatever was read past it.
+async fn read_reply(io: &mut Box<dyn Io>) -> Result<(Reply, Bytes), Error> {
+    let mut buf = BytesMut::with_capacity(1024);
+    loop {
+        if io.read_buf(&mut buf).await? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the acceptor closed the connection before answering",
+            )
+            .into());
+        }
+        // `parse_reply` bounds the head, so `buf` cannot grow without limit.
+        if let Parsed::Complete(reply, len) = parse_reply(&buf).map_err(Error::Protocol)? {
+            return Ok((reply, buf.split_off(len).freeze()));
+        }
+    }
+}
+
+fn unexpected(what: &str) -> Error {
+    Error::Protocol(sluice_session::Rejection::bad_request(what))
+}

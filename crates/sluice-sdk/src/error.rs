@@ -1,0 +1,81 @@
+//! [`Error`]: what went wrong, where, and whether retrying can help.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_session::Rejection;
+
+/// An SDK failure. Cloneable so that [`Status`](crate::Status) can hold the last one.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The options can never work (local; not retried).
+    #[error("invalid options: {0}")]
+    Config(String),
+    /// `serve` was called outside a Tokio runtime (local; not retried).
+    #[error("serve must be called from within a Tokio runtime")]
+    NoRuntime,
+    /// The acceptor could not be reached (network; retried).
+    #[error("cannot connect to the acceptor {acceptor}: {source}")]
+    Connect {
+        /// The acceptor as configured.
+        acceptor: String,
+        /// The socket error.
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// The TLS handshake with the acceptor failed (network or certificates; retried).
+    #[error("TLS handshake with the acceptor failed: {0}")]
+    Tls(#[source] Arc<io::Error>),
+    /// Connecting plus the acceptor's answer took longer than `handshake_timeout` (retried).
+    #[error("the acceptor did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The acceptor answered with a refusal: 400, 401 and 404 are configuration errors and are
+    /// not retried; 429, 503 and anything else are.
+    #[error("the acceptor refused with status {status}")]
+    Refused {
+        /// The HTTP status of the refusal.
+        status: u16,
+    },
+    /// The acceptor's answer is not the session protocol (upstream; retried).
+    #[error("the acceptor's answer is not the session protocol: {0}")]
+    Protocol(#[source] Rejection),
+    /// Reading or writing the handshake failed (network; retried).
+    #[error("I/O error on the acceptor connection: {0}")]
+    Io(#[source] Arc<io::Error>),
+}
+
+impl Error {
+    /// Whether dialing again may succeed. `false` for bad options and for 400, 401 and 404.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Config(_) | Error::NoRuntime => false,
+            Error::Refused { status } => !matches!(status, 400 | 401 | 404),
+            _ => true,
+        }
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(Arc::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configuration_refusals_are_permanent_and_load_refusals_are_not() {
+        for status in [400, 401, 404] {
+            assert!(!Error::Refused { status }.is_retryable());
+        }
+        for status in [429, 503, 502] {
+            assert!(Error::Refused { status }.is_retryable());
+        }
+        assert!(Error::Timeout(Duration::from_secs(1)).is_retryable());
+        assert!(!Error::Config("x".into()).is_retryable());
+    }
+}

@@ -1,0 +1,73 @@
+//! Serve any hyper/tower HTTP service through Sluice by *dialing in*: the service opens
+//! connections to the proxy's acceptor and registers each as a session (DESIGN.md §3), so the
+//! proxy never connects to it and each session is one unit of declared concurrency.
+//!
+//! [`serve`] keeps [`Options::capacity`] sessions registered, re-dials a replacement whenever
+//! the proxy closes one or an upgrade (WebSocket) consumes one, backs off with jitter while the
+//! acceptor is unreachable or busy, and stops for good on 400/401/404. [`Sessions`] changes the
+//! capacity at runtime and drains gracefully.
+//!
+//! ```no_run
+//! use std::convert::Infallible;
+//! use sluice_sdk::{serve, Acceptor, Identity, Options};
+//!
+//! # async fn run() -> Result<(), sluice_sdk::Error> {
+//! let mut identity = Identity::new("hello");
+//! identity.token = Some("s3cret".into());
+//! let mut options = Options::new(Acceptor::Tcp("127.0.0.1:7000".into()), identity);
+//! options.capacity = 8;
+//! let service = tower::service_fn(|_req: http::Request<hyper::body::Incoming>| async {
+//!     Ok::<_, Infallible>(http::Response::new(String::from("hello\n")))
+//! });
+//! let sessions = serve(options, service)?;
+//! sessions.set_capacity(4); // four sessions retire on their next response
+//! tokio::signal::ctrl_c().await.ok();
+//! sessions.shutdown().await // drain, then wait until the proxy has closed every session
+//! # }
+//! ```
+//!
+//! # Layout
+//! * [`options`]: [`Options`], [`Acceptor`], [`TlsOptions`], [`Backoff`].
+//! * `sessions`: the [`Sessions`] handle: resize, observe, shut down.
+//! * `slot`: one task per session: dial, register, serve, re-dial.
+//! * `dial`: TCP/UNIX/TLS connections and the registration and drain handshakes.
+//! * `retire`: the service wrapper that answers `Connection: close` to retire a session.
+//! * `state`: counters shared by the handle and the slots.
+//! * `prefixed`: the stream that replays bytes read past the `101`.
+
+mod dial;
+mod error;
+pub mod options;
+mod prefixed;
+mod retire;
+mod sessions;
+mod slot;
+mod state;
+
+use http::{Request, Response};
+use http_body::Body;
+use hyper::body::Incoming;
+use tower_service::Service;
+
+pub use error::Error;
+pub use options::{Acceptor, Backoff, Options, TlsOptions};
+pub use sessions::Sessions;
+pub use sluice_session::Identity;
+pub use state::Status;
+
+/// The error type services and bodies may return, as hyper accepts it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Starts keeping `options.capacity` sessions registered, each serving HTTP/1.1 (with upgrades)
+/// with a clone of `service`. Returns at once; sessions register in the background (watch
+/// [`Sessions::subscribe`]). Fails only for invalid options or outside a Tokio runtime.
+pub fn serve<S, B>(options: Options, service: S) -> Result<Sessions, Error>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
+        + Clone
+        + Send
+        + 'static,
+    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
+{
+    Sessions::start(options, service)
+}

@@ -1,0 +1,92 @@
+//! [`Prefixed`]: a stream with bytes already read from it put back in front.
+//!
+//! The acceptor may send the first request in the same segment as its `101`; whatever the
+//! handshake read past the `101` head belongs to HTTP serving.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Yields `prefix` before reading from `inner`; writes go straight through.
+#[derive(Debug)]
+pub(crate) struct Prefixed<T> {
+    prefix: Bytes,
+    inner: T,
+}
+
+impl<T> Prefixed<T> {
+    pub(crate) fn new(prefix: Bytes, inner: T) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.prefix.has_remaining() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn replays_the_prefix_then_reads_through_and_writes_through() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut io = Prefixed::new(Bytes::from_static(b"GET / HT"), a);
+        b.write_all(b"TP/1.1\r\n").await.unwrap();
+        let mut head = [0u8; 16];
+        io.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"GET / HTTP/1.1\r\n");
+        io.write_all(b"ok").await.unwrap();
+        let mut reply = [0u8; 2];
+        b.read_exact(&mut reply).await.unwrap();
+        assert_eq!(&reply, b"ok");
+    }
+}

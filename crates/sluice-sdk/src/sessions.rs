@@ -1,0 +1,165 @@
+//! [`Sessions`]: the application's handle on its registered sessions.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::{Request, Response};
+use http_body::Body;
+use hyper::body::Incoming;
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, watch};
+use tower_service::Service;
+
+use crate::slot::Slot;
+use crate::state::Shared;
+use crate::{dial, BoxError, Error, Options, Status};
+
+/// Starts one slot task; the sender is dropped when the task ends.
+type Spawner = Box<dyn Fn(mpsc::Sender<()>) + Send + Sync>;
+
+/// The sessions of one instance, kept at [`capacity`](Sessions::capacity) by background tasks.
+///
+/// Dropping the handle stops re-dialing; sessions already registered keep serving until the
+/// proxy closes them. Use [`shutdown`](Sessions::shutdown) to leave gracefully.
+pub struct Sessions {
+    shared: Arc<Shared>,
+    options: Arc<Options>,
+    spawner: Spawner,
+    /// Cloned into every slot; `shutdown` drops it and waits for `ended` to report all gone.
+    alive: Option<mpsc::Sender<()>>,
+    ended: mpsc::Receiver<()>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions")
+            .field("identity", &self.options.identity)
+            .field("acceptor", &self.options.acceptor)
+            .field("counts", &self.shared.counts())
+            .field("status", &self.shared.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sessions {
+    pub(crate) fn start<S, B>(options: Options, service: S) -> Result<Self, Error>
+    where
+        S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
+            + Clone
+            + Send
+            + 'static,
+        B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
+    {
+        options.validate()?;
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let shared = Arc::new(Shared::default());
+        let options = Arc::new(options);
+        let (alive, ended) = mpsc::channel(1);
+        let spawner = spawner(shared.clone(), options.clone(), service, runtime);
+        let sessions = Self {
+            shared,
+            options,
+            spawner,
+            alive: Some(alive),
+            ended,
+        };
+        sessions.set_capacity(sessions.options.capacity);
+        Ok(sessions)
+    }
+
+    /// Changes how many sessions to keep registered. Growing dials new sessions at once;
+    /// shrinking retires surplus ones: each answers its next response with `Connection: close`
+    /// (or, when not registered at the moment, simply stops dialing). Setting the current
+    /// capacity again restarts slots that were refused for good.
+    pub fn set_capacity(&self, capacity: usize) {
+        let spawn = self.shared.resize(capacity);
+        tracing::info!(capacity, spawn, "capacity set");
+        if let Some(alive) = &self.alive {
+            for _ in 0..spawn {
+                (self.spawner)(alive.clone());
+            }
+        }
+    }
+
+    /// The capacity asked for (initially [`Options::capacity`]); the sessions converge on it.
+    pub fn capacity(&self) -> usize {
+        self.shared.counts().target
+    }
+
+    /// Sessions registered right now; 0 until the first handshake completes.
+    pub fn registered(&self) -> usize {
+        self.shared.status().registered
+    }
+
+    /// The most recent error any session hit, such as a 401 that stopped a slot for good;
+    /// `None` until one happens.
+    pub fn last_error(&self) -> Option<Error> {
+        self.shared.status().last_error
+    }
+
+    /// Watches [`Status`] (registered count, last error): for readiness probes and tests.
+    pub fn subscribe(&self) -> watch::Receiver<Status> {
+        self.shared.subscribe_status()
+    }
+
+    /// Leaves gracefully (DESIGN.md §3 "Drain"): stops re-dialing, sends
+    /// `POST /.sluice/v1/drain` for this instance on a new connection, and once the proxy
+    /// answers `200`, waits — with no deadline of its own — until the proxy has closed every
+    /// session. If the drain request fails, returns its error at once; re-dialing stays off.
+    pub async fn shutdown(mut self) -> Result<(), Error> {
+        self.shared.stop();
+        tracing::info!(service = %self.options.identity.service, "draining");
+        dial::drain(&self.options).await?;
+        self.alive = None;
+        // Every slot holds a sender; `None` means the last one ended with its session.
+        while self.ended.recv().await.is_some() {}
+        tracing::info!(service = %self.options.identity.service, "drained");
+        Ok(())
+    }
+
+    /// The same as [`shutdown`](Sessions::shutdown), named after the protocol step.
+    pub async fn drain(self) -> Result<(), Error> {
+        self.shutdown().await
+    }
+}
+
+impl Drop for Sessions {
+    fn drop(&mut self) {
+        self.shared.stop();
+    }
+}
+
+fn spawner<S, B>(shared: Arc<Shared>, options: Arc<Options>, service: S, rt: Handle) -> Spawner
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
+        + Clone
+        + Send
+        + 'static,
+    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
+{
+    // The mutex makes the handle `Sync` for services that are only `Send`.
+    let service = Mutex::new(service);
+    let next_id = AtomicU64::new(0);
+    Box::new(move |alive| {
+        let service = service
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let slot = Slot {
+            id: next_id.fetch_add(1, Ordering::Relaxed),
+            shared: shared.clone(),
+            options: options.clone(),
+            service,
+        };
+        rt.spawn(slot.run(alive));
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_handle_can_be_shared_across_tasks() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<super::Sessions>();
+    }
+}

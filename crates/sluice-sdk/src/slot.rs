@@ -1,0 +1,144 @@
+//! One slot: a task that keeps one session registered — dial, register, serve HTTP/1.1 until
+//! the session ends, then dial a replacement — until it is retired, stopped or refused for good.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body::Body;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tower_service::Service;
+use tracing::Instrument;
+
+use crate::dial::{self, SessionIo};
+use crate::retire::{Retiring, SessionFlags};
+use crate::state::{Counts, Shared};
+use crate::{BoxError, Error, Options};
+
+/// How a registered session ended.
+enum Ended {
+    /// It answered a retirement with `Connection: close`: the slot ends.
+    Retired,
+    /// The proxy closed it, an upgrade took it, or it failed: dial a replacement.
+    Closed { served: bool },
+}
+
+pub(crate) struct Slot<S> {
+    pub(crate) id: u64,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) options: Arc<Options>,
+    pub(crate) service: S,
+}
+
+impl<S, B> Slot<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
+        + Clone
+        + Send
+        + 'static,
+    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
+{
+    // Methods that await take `&mut self`: `&Slot` is not `Send` for a service that is not `Sync`.
+
+    /// Runs the slot; `_done` is dropped when it ends, which is what `shutdown` waits for.
+    pub(crate) async fn run(self, _done: mpsc::Sender<()>) {
+        let span = tracing::debug_span!(
+            "slot",
+            service = %self.options.identity.service,
+            acceptor = %self.options.acceptor,
+            slot = self.id,
+        );
+        self.dial_loop().instrument(span).await;
+    }
+
+    async fn dial_loop(mut self) {
+        let mut counts = self.shared.subscribe_counts();
+        let mut failures = 0u32;
+        while !self.shared.should_end() {
+            let pause = match self.session().await {
+                Ok(Ended::Retired) => return,
+                Ok(Ended::Closed { served }) => {
+                    failures = 0;
+                    // A session closed before serving anything: do not spin on such a proxy.
+                    (!served).then(|| self.options.backoff.delay(0))
+                }
+                Err(e) if !e.is_retryable() => return self.give_up(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt = failures, "dial failed; backing off");
+                    self.shared.record(e);
+                    failures = failures.saturating_add(1);
+                    Some(self.options.backoff.delay(failures - 1))
+                }
+            };
+            if let Some(pause) = pause {
+                if self.wait(pause, &mut counts).await {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn give_up(&self, e: Error) {
+        tracing::error!(error = %e, "the acceptor refused this instance; not retrying");
+        self.shared.slot_failed(e);
+    }
+
+    /// Sleeps `pause`; returns early with `true` if the slot should end meanwhile.
+    async fn wait(&mut self, pause: Duration, counts: &mut watch::Receiver<Counts>) -> bool {
+        let deadline = Instant::now() + pause;
+        loop {
+            if self.shared.should_end() {
+                return true;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return false,
+                changed = counts.changed() => if changed.is_err() { return true },
+            }
+        }
+    }
+
+    async fn session(&mut self) -> Result<Ended, Error> {
+        let target = self.shared.counts().target;
+        let io = dial::register(&self.options, target).await?;
+        let _registered = self.shared.registered();
+        tracing::debug!("session registered");
+        let flags = Arc::new(SessionFlags::default());
+        serve(
+            io,
+            Retiring::new(self.service.clone(), self.shared.clone(), flags.clone()),
+        )
+        .await;
+        tracing::debug!("session ended");
+        Ok(if flags.retired.load(Ordering::Relaxed) {
+            Ended::Retired
+        } else {
+            Ended::Closed {
+                served: flags.served.load(Ordering::Relaxed),
+            }
+        })
+    }
+}
+
+/// Serves HTTP/1.1 on a session until the proxy closes it or an upgrade takes it.
+async fn serve<S, B>(io: SessionIo, service: Retiring<S>)
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
+        + Clone
+        + Send
+        + 'static,
+    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
+{
+    let conn = http1::Builder::new()
+        // A session idles between requests for as long as the proxy likes.
+        .header_read_timeout(None)
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "session ended with an error");
+    }
+}

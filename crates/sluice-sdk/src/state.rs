@@ -1,0 +1,174 @@
+//! The bookkeeping shared by the [`Sessions`](crate::Sessions) handle and its slot tasks.
+//!
+//! A *slot* is a task that keeps one session registered, re-dialing when it ends. The handle
+//! sets a target; growing spawns slots, shrinking owes *retirements*: the next slot to reach a
+//! decision point (a response to send, a dial to start, a backoff to wait) claims one and ends.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::Error;
+
+/// What an application can observe about its sessions.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Status {
+    /// Sessions registered right now (handshake done, connection not yet ended); starts at 0.
+    pub registered: usize,
+    /// The most recent dial, handshake or refusal error of any slot; `None` until one happens,
+    /// and not cleared by later successes.
+    pub last_error: Option<Error>,
+}
+
+/// The counters behind resizing. `slots - retire` is the capacity the slots will settle at.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// The capacity asked for.
+    pub(crate) target: usize,
+    /// Live slot tasks that have not claimed a retirement.
+    pub(crate) slots: usize,
+    /// Retirements owed by surplus slots.
+    pub(crate) retire: usize,
+    /// Drain, shutdown or drop started: no slot dials again.
+    pub(crate) stopping: bool,
+}
+
+impl Counts {
+    /// Sets the target; returns how many slots to spawn.
+    pub(crate) fn resize(&mut self, target: usize) -> usize {
+        self.target = target;
+        let live = self.slots - self.retire;
+        if target <= live {
+            self.retire += live - target;
+            return 0;
+        }
+        let cancelled = (target - live).min(self.retire);
+        self.retire -= cancelled;
+        let spawn = target - live - cancelled;
+        self.slots += spawn;
+        spawn
+    }
+
+    /// Takes one owed retirement for the calling slot, if any.
+    pub(crate) fn claim_retirement(&mut self) -> bool {
+        if self.retire == 0 {
+            return false;
+        }
+        self.retire -= 1;
+        self.slots -= 1;
+        true
+    }
+
+    /// A slot gave up for good; it settles an owed retirement when there is one.
+    pub(crate) fn slot_failed(&mut self) {
+        self.retire = self.retire.saturating_sub(1);
+        self.slots -= 1;
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    counts: watch::Sender<Counts>,
+    status: watch::Sender<Status>,
+}
+
+impl Shared {
+    pub(crate) fn counts(&self) -> Counts {
+        *self.counts.borrow()
+    }
+
+    pub(crate) fn subscribe_counts(&self) -> watch::Receiver<Counts> {
+        self.counts.subscribe()
+    }
+
+    pub(crate) fn subscribe_status(&self) -> watch::Receiver<Status> {
+        self.status.subscribe()
+    }
+
+    pub(crate) fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    pub(crate) fn resize(&self, target: usize) -> usize {
+        let mut spawn = 0;
+        self.counts.send_modify(|c| {
+            if !c.stopping {
+                spawn = c.resize(target);
+            }
+        });
+        spawn
+    }
+
+    pub(crate) fn stop(&self) {
+        self.counts
+            .send_if_modified(|c| !std::mem::replace(&mut c.stopping, true));
+    }
+
+    /// Whether a slot should end instead of dialing: stopping, or a retirement is owed.
+    pub(crate) fn should_end(&self) -> bool {
+        self.counts().stopping || self.claim_retirement()
+    }
+
+    pub(crate) fn claim_retirement(&self) -> bool {
+        self.counts.send_if_modified(Counts::claim_retirement)
+    }
+
+    pub(crate) fn record(&self, error: Error) {
+        self.status.send_modify(|s| s.last_error = Some(error));
+    }
+
+    pub(crate) fn slot_failed(&self, error: Error) {
+        self.record(error);
+        self.counts.send_modify(Counts::slot_failed);
+    }
+
+    /// Counts a session as registered until the guard drops.
+    pub(crate) fn registered(self: &Arc<Self>) -> RegisteredGuard {
+        self.status.send_modify(|s| s.registered += 1);
+        RegisteredGuard(self.clone())
+    }
+}
+
+/// Keeps one session counted in [`Status::registered`].
+#[derive(Debug)]
+pub(crate) struct RegisteredGuard(Arc<Shared>);
+
+impl Drop for RegisteredGuard {
+    fn drop(&mut self) {
+        self.0.status.send_modify(|s| s.registered -= 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(target: usize) -> Counts {
+        let mut c = Counts::default();
+        assert_eq!(c.resize(target), target);
+        c
+    }
+
+    #[test]
+    fn shrinking_owes_retirements_that_growing_cancels_first() {
+        let mut c = counts(4);
+        assert_eq!(c.resize(2), 0);
+        assert_eq!((c.slots, c.retire), (4, 2));
+        assert!(c.claim_retirement());
+        assert_eq!(c.resize(5), 2);
+        assert_eq!((c.slots, c.retire, c.target), (5, 0, 5));
+        assert!(!c.claim_retirement());
+    }
+
+    #[test]
+    fn a_failed_slot_settles_an_owed_retirement() {
+        let mut c = counts(3);
+        c.resize(2);
+        c.slot_failed();
+        assert_eq!((c.slots, c.retire), (2, 0));
+        c.slot_failed();
+        assert_eq!((c.slots, c.retire), (1, 0));
+        assert_eq!(c.resize(3), 2);
+    }
+}
