@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsConnector;
 
-use crate::prefixed::Prefixed;
+use sluice_session::Prefixed;
 use crate::{Acceptor, Error, Options};
 
 /// How long a session may sit silent before the kernel starts probing it.

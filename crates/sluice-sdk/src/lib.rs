@@ -33,12 +33,10 @@
 //! * `dial`: TCP/UNIX/TLS connections and the registration and drain handshakes.
 //! * `retire`: the service wrapper that answers `Connection: close` to retire a session.
 //! * `state`: counters shared by the handle and the slots.
-//! * `prefixed`: the stream that replays bytes read past the `101`.
 
 mod dial;
 mod error;
 pub mod options;
-mod prefixed;
 mod retire;
 mod sessions;
 mod slot;

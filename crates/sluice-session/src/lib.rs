@@ -9,12 +9,15 @@
 //! # Layout
 //! * [`hello`]: what a service sends: [`Registration`] (an HTTP/1.1 Upgrade) or [`Drain`].
 //! * [`reply`]: what the acceptor answers: `101`, `200`, or a [`Rejection`] with its status.
+//! * [`stream`]: [`Prefixed`], which replays bytes read past a head.
 
 pub mod hello;
 pub mod reply;
+pub mod stream;
 
 pub use hello::{parse_hello, Drain, Hello, Identity, Registration};
 pub use reply::{parse_reply, Rejection, Reply};
+pub use stream::Prefixed;
 
 /// The path of the registration request.
 pub const SESSION_PATH: &str = "/.sluice/v1/session";

@@ -1,11 +1,9 @@
-//! [`Prefixed`]: a stream with bytes already read from it put back in front.
+//! Sniffing the HTTP/2 preface on plaintext connections without losing what was read.
 
 use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes};
-use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use sluice_session::Prefixed;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -24,39 +22,8 @@ pub(super) async fn sniff_h2<T: AsyncRead + Unpin>(mut io: T) -> io::Result<(boo
         buf.extend_from_slice(&chunk[..n]);
     }
     let is_h2 = buf.as_slice() == H2_PREFACE;
-    Ok((
-        is_h2,
-        Prefixed {
-            prefix: Bytes::from(buf),
-            inner: io,
-        },
-    ))
+    Ok((is_h2, Prefixed::new(buf, io)))
 }
-
-/// Yields `prefix` before reading from `inner`; writes go straight through.
-#[derive(Debug)]
-pub(super) struct Prefixed<T> {
-    prefix: Bytes,
-    inner: T,
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.prefix.has_remaining() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-forward_async_write!(Prefixed);
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,8 @@
 //! [`Prefixed`]: a stream with bytes already read from it put back in front.
 //!
-//! The acceptor may send the first request in the same segment as its `101`; whatever the
-//! handshake read past the `101` head belongs to HTTP serving.
+//! Both ends of the protocol read a head and may read past it: the service can find the first
+//! request in the same segment as the acceptor's `101`, and the proxy reads ahead while
+//! sniffing protocols. Whatever was read past the head belongs to what follows.
 
 use std::io;
 use std::pin::Pin;
@@ -12,14 +13,20 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Yields `prefix` before reading from `inner`; writes go straight through.
 #[derive(Debug)]
-pub(crate) struct Prefixed<T> {
+pub struct Prefixed<T> {
     prefix: Bytes,
     inner: T,
 }
 
 impl<T> Prefixed<T> {
-    pub(crate) fn new(prefix: Bytes, inner: T) -> Self {
-        Self { prefix, inner }
+    /// A stream that first yields `prefix`, then reads `inner`.
+    pub fn new(prefix: impl Into<Bytes>, inner: T) -> Self {
+        Self { prefix: prefix.into(), inner }
+    }
+
+    /// The wrapped stream.
+    pub fn get_ref(&self) -> &T {
+        &self.inner
     }
 }
 
@@ -77,16 +84,16 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn replays_the_prefix_then_reads_through_and_writes_through() {
+    async fn replays_the_prefix_then_reads_and_writes_through() {
         let (a, mut b) = tokio::io::duplex(64);
-        let mut io = Prefixed::new(Bytes::from_static(b"GET / HT"), a);
-        b.write_all(b"TP/1.1\r\n").await.unwrap();
-        let mut head = [0u8; 16];
-        io.read_exact(&mut head).await.unwrap();
-        assert_eq!(&head, b"GET / HTTP/1.1\r\n");
+        let mut io = Prefixed::new(&b"GET / "[..], a);
+        b.write_all(b"HTTP/1.1\r\n").await.unwrap();
+        let mut got = [0u8; 16];
+        io.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"GET / HTTP/1.1\r\n");
         io.write_all(b"ok").await.unwrap();
-        let mut reply = [0u8; 2];
-        b.read_exact(&mut reply).await.unwrap();
-        assert_eq!(&reply, b"ok");
+        let mut back = [0u8; 2];
+        b.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"ok");
     }
 }
