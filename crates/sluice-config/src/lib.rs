@@ -130,11 +130,15 @@ mod tests {
         assert_eq!(config.listeners[0].http.max_header_bytes, 16 * 1024);
         assert!(config.listeners[0].http.http2);
         assert_eq!(config.routes[0].name, "route-1");
-        let ClusterKind::Static(c) = &config.clusters["c"].kind;
+        let ClusterKind::Static(c) = &config.clusters["c"].kind else {
+            panic!("c is static")
+        };
         assert_eq!(c.options.lb, LbPolicy::P2c);
         assert_eq!(c.options.pool.max_idle_per_endpoint, 128);
         assert_eq!(c.options.pool.max_requests_per_connection, None);
         assert!(c.options.health_check.is_none());
+        assert_eq!(config.routes[0].slice, "default");
+        assert!(config.acceptor.is_none());
     }
 
     #[test]

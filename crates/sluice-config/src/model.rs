@@ -20,6 +20,8 @@ pub struct Config {
     pub source: String,
     /// Process-wide settings.
     pub runtime: Runtime,
+    /// Where services dial in; present whenever a reverse cluster exists.
+    pub acceptor: Option<Acceptor>,
     /// Client-facing listeners, in file order.
     pub listeners: Vec<Listener>,
     /// Routes, in file order; the first match wins.
@@ -97,6 +99,9 @@ pub struct Route {
     pub matcher: Match,
     /// Proxy to a cluster, or answer directly.
     pub action: Action,
+    /// The slice of a reverse cluster whose sessions serve this route. Default
+    /// [`DEFAULT_SLICE`]; only a reverse cluster's route may name another.
+    pub slice: String,
     /// Header edits applied to the request before it is forwarded.
     pub request_headers: HeaderEdits,
     /// Header edits applied to the response before it is sent to the client.
@@ -173,6 +178,8 @@ pub struct Cluster {
 pub enum ClusterKind {
     /// Listening backends reached over pooled keep-alive connections.
     Static(StaticCluster),
+    /// Services that dial in to the acceptor and register sessions.
+    Reverse(ReverseCluster),
 }
 
 /// A cluster of listening endpoints (`kind = "static"`).
@@ -281,4 +288,77 @@ pub struct HealthCheck {
     pub unhealthy_threshold: u32,
     /// Consecutive successes that mark it healthy again. Default 2.
     pub healthy_threshold: u32,
+}
+
+/// The slice of a route or a session that names none.
+pub const DEFAULT_SLICE: &str = "default";
+
+/// The service-facing listener (`[acceptor]`) where instances register sessions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acceptor {
+    /// The TCP address to bind.
+    pub addr: SocketAddr,
+    /// An optional UNIX socket path to listen on as well.
+    pub unix: Option<PathBuf>,
+    /// Time allowed for a service to send its handshake head. Default 5 s.
+    pub handshake_timeout: Duration,
+    /// Largest handshake head accepted; larger gets 400. Default 8 KiB.
+    pub max_handshake_size: usize,
+    /// Sessions across all clusters; `None` (config `0`) means no limit. Default 10000.
+    pub max_sessions: Option<usize>,
+    /// Handshakes per second accepted from one source address; `None` (config `0`) means no
+    /// limit. Default 100.
+    pub handshakes_per_second: Option<u32>,
+}
+
+/// A cluster of services that dial in (`kind = "reverse"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReverseCluster {
+    /// Bearer tokens any one of which lets an instance register; empty means no auth.
+    pub tokens: Vec<Token>,
+    /// Queueing, limits, timeouts and buffers.
+    pub options: ReverseOptions,
+}
+
+/// A bearer token, already resolved from `env:`/`file:`; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(pub Vec<u8>);
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(***)")
+    }
+}
+
+/// The settings of a reverse cluster. `Default` gives the documented defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReverseOptions {
+    /// Requests that may wait for a session, per slice. Default 1024 (full: 503).
+    pub queue_max: usize,
+    /// How long a request may wait for a session. Default 2 s (expiry: 503).
+    pub queue_timeout: Duration,
+    /// Sessions one instance may register; `None` (config `0`, default) means no limit.
+    pub max_sessions_per_instance: Option<usize>,
+    /// Sessions the whole cluster may hold; `None` (config `0`, default) means no limit.
+    pub max_sessions: Option<usize>,
+    /// Time from the request being sent to the response head arriving. Default 30 s.
+    pub response_timeout: Duration,
+    /// Request bodies up to this size are read before a session is leased. Default 64 KiB.
+    pub request_buffer: usize,
+    /// Response bodies up to this size are read off the session at once. Default 64 KiB.
+    pub response_buffer: usize,
+}
+
+impl Default for ReverseOptions {
+    fn default() -> Self {
+        Self {
+            queue_max: 1024,
+            queue_timeout: Duration::from_secs(2),
+            max_sessions_per_instance: None,
+            max_sessions: None,
+            response_timeout: Duration::from_secs(30),
+            request_buffer: 64 * 1024,
+            response_buffer: 64 * 1024,
+        }
+    }
 }

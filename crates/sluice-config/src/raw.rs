@@ -20,6 +20,7 @@ use crate::values::{
 pub(crate) struct RawConfig {
     #[serde(default)]
     pub(crate) runtime: RawRuntime,
+    pub(crate) acceptor: Option<Spanned<RawAcceptor>>,
     #[serde(default)]
     pub(crate) listener: Vec<RawListener>,
     #[serde(default)]
@@ -70,6 +71,7 @@ pub(crate) struct RawRoute {
     pub(crate) headers: HeaderTable<Value>,
     pub(crate) client_cidr: Option<Spanned<OneOrMany<Cidr>>>,
     pub(crate) cluster: Option<Spanned<String>>,
+    pub(crate) slice: Option<Spanned<String>>,
     pub(crate) direct_response: Option<Spanned<RawDirectResponse>>,
     #[serde(default)]
     pub(crate) request_headers: RawHeaderEdits,
@@ -103,6 +105,7 @@ pub(crate) struct RawHeaderEdits {
 #[serde(rename_all = "snake_case")]
 pub(crate) enum RawKind {
     Static,
+    Reverse,
 }
 
 /// The load-balancing policies as spelled in TOML.
@@ -115,20 +118,40 @@ pub(crate) enum RawLb {
     LeastRequest,
 }
 
-/// `[cluster.<name>]`. Every key so far belongs to `kind = "static"`.
+/// `[cluster.<name>]`. Keys of the other kind are refused by `validate`, which is why each
+/// kind-specific key keeps its span.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCluster {
     pub(crate) kind: RawKind,
-    pub(crate) endpoints: Spanned<Vec<Spanned<String>>>,
-    pub(crate) lb: Option<RawLb>,
-    pub(crate) connect_timeout: Option<Timeout>,
     pub(crate) response_timeout: Option<Timeout>,
-    #[serde(default)]
-    pub(crate) pool: RawPool,
-    #[serde(default)]
-    pub(crate) ejection: RawEjection,
-    pub(crate) health_check: Option<RawHealthCheck>,
+    // kind = "static"
+    pub(crate) endpoints: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(crate) lb: Option<Spanned<RawLb>>,
+    pub(crate) connect_timeout: Option<Spanned<Timeout>>,
+    pub(crate) pool: Option<Spanned<RawPool>>,
+    pub(crate) ejection: Option<Spanned<RawEjection>>,
+    pub(crate) health_check: Option<Spanned<RawHealthCheck>>,
+    // kind = "reverse"
+    pub(crate) tokens: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(crate) queue_max: Option<Spanned<usize>>,
+    pub(crate) queue_timeout: Option<Spanned<Timeout>>,
+    pub(crate) max_sessions_per_instance: Option<Spanned<usize>>,
+    pub(crate) max_sessions: Option<Spanned<usize>>,
+    pub(crate) request_buffer: Option<Spanned<Size>>,
+    pub(crate) response_buffer: Option<Spanned<Size>>,
+}
+
+/// `[acceptor]`: where services dial in to register sessions.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAcceptor {
+    pub(crate) listen: Spanned<Addr>,
+    pub(crate) unix: Option<Spanned<String>>,
+    pub(crate) handshake_timeout: Option<Timeout>,
+    pub(crate) max_handshake_size: Option<Spanned<Size>>,
+    pub(crate) max_sessions: Option<usize>,
+    pub(crate) handshakes_per_second: Option<u32>,
 }
 
 /// `pool = { ... }`.

@@ -1,7 +1,9 @@
 //! Raw → model: the checks that need more than one value, the defaults, and the reading of
 //! files and secrets. Stops at the first problem.
 
+mod acceptor;
 mod cluster;
+mod reverse;
 mod route;
 mod secret;
 mod tls;
@@ -46,13 +48,22 @@ impl Ctx<'_> {
 }
 
 /// Validates a deserialized file into the runtime model.
-pub(crate) fn validate(ctx: Ctx<'_>, raw: RawConfig) -> Result<Config, ConfigError> {
+pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, ConfigError> {
     let listeners = listeners(ctx, raw.listener)?;
+    let acceptor = acceptor::acceptor(ctx, raw.acceptor, &raw.cluster)?;
     let clusters = cluster::clusters(ctx, raw.cluster)?;
-    let routes = route::routes(ctx, raw.route, &clusters)?;
+    // Taken out before the routes are built so their spans survive for `acceptor::slices`.
+    let slices = raw
+        .route
+        .iter_mut()
+        .map(|r| r.get_mut().slice.take())
+        .collect();
+    let mut routes = route::routes(ctx, raw.route, &clusters)?;
+    acceptor::slices(ctx, &mut routes, slices, &clusters)?;
     Ok(Config {
         source: ctx.origin.to_owned(),
         runtime: runtime(raw.runtime),
+        acceptor,
         listeners,
         routes,
         clusters,

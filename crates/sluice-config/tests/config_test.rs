@@ -32,6 +32,7 @@ fn toml_files(dir: &Path) -> Vec<PathBuf> {
 /// The environment the examples reference (`env:` secrets).
 fn set_example_env() {
     std::env::set_var("SLUICE_EXAMPLE_AUTH", "Bearer example");
+    std::env::set_var("SLUICE_EXAMPLE_API_TOKEN", "example-api-token");
 }
 
 #[test]
@@ -68,10 +69,14 @@ fn full_example_reads_tls_and_secrets() {
         config.routes[2].request_headers.set[0].1,
         "example-upstream-token"
     );
-    let ClusterKind::Static(canary) = &config.clusters["canary"].kind;
+    let ClusterKind::Static(canary) = &config.clusters["canary"].kind else {
+        panic!("canary is static")
+    };
     assert_eq!(canary.options.pool.max_idle_per_endpoint, 0);
     assert_eq!(canary.options.pool.max_requests_per_connection, Some(1000));
-    let ClusterKind::Static(legacy) = &config.clusters["legacy"].kind;
+    let ClusterKind::Static(legacy) = &config.clusters["legacy"].kind else {
+        panic!("legacy is static")
+    };
     assert_eq!(legacy.options.pool.max_requests_per_connection, None);
 }
 
@@ -87,6 +92,27 @@ fn host_routing_example_picks_clusters_by_host() {
         })
         .collect();
     assert_eq!(clusters, ["api", "web"]);
+}
+
+#[test]
+fn reverse_example_has_acceptor_slices_and_tokens() {
+    set_example_env();
+    let config = load_file(&examples_dir().join("reverse.toml")).unwrap();
+    let acceptor = config.acceptor.as_ref().unwrap();
+    assert_eq!(acceptor.addr.port(), 7070);
+    assert_eq!(acceptor.max_handshake_size, 8 * 1024);
+    assert_eq!(acceptor.handshakes_per_second, Some(100));
+    let slices: Vec<_> = config.routes.iter().map(|r| r.slice.as_str()).collect();
+    assert_eq!(slices, ["mobile", "default"]);
+    let ClusterKind::Reverse(api) = &config.clusters["api"].kind else {
+        panic!("api is a reverse cluster")
+    };
+    assert_eq!(api.tokens.len(), 2);
+    assert_eq!(api.tokens[0].0, b"example-api-token");
+    assert!(!format!("{api:?}").contains("example-api-token"));
+    assert_eq!(api.options.queue_max, 1024);
+    assert_eq!(api.options.max_sessions_per_instance, None);
+    assert_eq!(api.options.request_buffer, 64 * 1024);
 }
 
 /// The `# expect:` substring and optional `# at:` line:col of an invalid config.

@@ -9,10 +9,11 @@ use std::time::Duration;
 use sluice_config::{Action, ClusterKind, Config};
 use tokio::net::TcpListener;
 
+use crate::acceptor::Acceptor;
 use crate::proxy::ProxyService;
 use crate::router::{Direct, Matcher, Route, RouteTable, Target};
 use crate::server::{tls, Group, Server};
-use crate::upstream::{StaticCluster, Upstream};
+use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
 
 /// Why a configuration could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +24,15 @@ pub enum StartError {
         /// The listener's name.
         listener: String,
         /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The acceptor's TCP address or UNIX socket could not be bound.
+    #[error("acceptor: cannot bind {addr}: {source}")]
+    Acceptor {
+        /// The TCP address.
         addr: SocketAddr,
         /// The OS error.
         #[source]
@@ -45,6 +55,7 @@ pub struct Proxy {
     servers: Vec<Server>,
     service: ProxyService<RouteTable>,
     clusters: BTreeMap<String, Upstream>,
+    acceptor: Option<Acceptor>,
     grace: Duration,
 }
 
@@ -74,10 +85,12 @@ impl Proxy {
             servers.push(server);
         }
         let service = ProxyService::new(routes);
+        let acceptor = bind_acceptor(config, &clusters).await?;
         Ok(Self {
             servers,
             service,
             clusters,
+            acceptor,
             grace: config.runtime.shutdown_grace,
         })
     }
@@ -95,6 +108,19 @@ impl Proxy {
         self.clusters.get(name)
     }
 
+    /// The acceptor's bound TCP address, when reverse clusters are configured.
+    pub fn acceptor_addr(&self) -> Option<SocketAddr> {
+        self.acceptor.as_ref()?.local_addr().ok()
+    }
+
+    /// The reverse cluster with this name (sessions, idle counts, drain).
+    pub fn reverse_cluster(&self, name: &str) -> Option<&ReverseCluster> {
+        match self.clusters.get(name)? {
+            Upstream::Reverse(slice) => Some(slice.cluster()),
+            Upstream::Static(_) => None,
+        }
+    }
+
     /// Serves until `trigger` resolves, then drains gracefully within the configured grace.
     pub async fn run_until(self, trigger: impl Future<Output = ()>) {
         for upstream in self.clusters.values() {
@@ -104,7 +130,13 @@ impl Proxy {
         for server in self.servers {
             group.add(server, self.service.clone(), self.grace);
         }
+        let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));
         group.run_until(trigger).await;
+        if let Some(task) = acceptor {
+            if let Err(e) = task.await {
+                tracing::warn!(error = %e, "the acceptor task failed");
+            }
+        }
     }
 }
 
@@ -115,6 +147,9 @@ fn build_clusters(config: &Config) -> BTreeMap<String, Upstream> {
         .map(|(name, c)| {
             let upstream = match &c.kind {
                 ClusterKind::Static(s) => Upstream::from(StaticCluster::from_config(name, s)),
+                ClusterKind::Reverse(r) => Upstream::from(
+                    ReverseCluster::from_config(name, r).slice(sluice_config::DEFAULT_SLICE),
+                ),
             };
             (name.clone(), upstream)
         })
@@ -129,6 +164,10 @@ pub fn build_routes(config: &Config, clusters: &BTreeMap<String, Upstream>) -> R
             // Validation guarantees the cluster exists; a missing one would be a bug upstream
             // of here, and answering 404 for that route is the least surprising outcome.
             Action::Proxy { cluster } => match clusters.get(cluster) {
+                // A reverse route is bound to its slice here, so requests need no lookup.
+                Some(Upstream::Reverse(s)) => {
+                    Target::Upstream(Upstream::Reverse(s.cluster().slice(&r.slice)))
+                }
                 Some(u) => Target::Upstream(u.clone()),
                 None => continue,
             },
@@ -147,4 +186,25 @@ pub fn build_routes(config: &Config, clusters: &BTreeMap<String, Upstream>) -> R
         table.push(Matcher::from(&r.matcher), Arc::new(route));
     }
     table
+}
+
+/// Binds the acceptor for the reverse clusters, if `[acceptor]` is configured.
+async fn bind_acceptor(
+    config: &Config,
+    clusters: &BTreeMap<String, Upstream>,
+) -> Result<Option<Acceptor>, StartError> {
+    let Some(opts) = &config.acceptor else {
+        return Ok(None);
+    };
+    let reverse = clusters.values().filter_map(|u| match u {
+        Upstream::Reverse(s) => Some(s.cluster().clone()),
+        Upstream::Static(_) => None,
+    });
+    Acceptor::bind(opts, reverse)
+        .await
+        .map(Some)
+        .map_err(|source| StartError::Acceptor {
+            addr: opts.addr,
+            source,
+        })
 }

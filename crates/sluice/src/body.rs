@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::upstream::reverse::Lease;
 use crate::upstream::static_cluster::pool::ReturnOnEnd;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -24,6 +25,9 @@ pin_project_lite::pin_project! {
         /// Streamed from a pooled upstream connection, which goes back to its pool when the
         /// body has been read to the end.
         Pooled { #[pin] body: Incoming, ret: ReturnOnEnd },
+        /// Streamed from a leased reverse session, which goes back to its slice when the body
+        /// has been read to the end.
+        Leased { #[pin] body: Incoming, lease: Lease },
         /// A fixed body (direct responses, error responses, retries of empty requests).
         Full { data: Option<Bytes> },
     }
@@ -71,20 +75,33 @@ impl Body for ProxyBody {
                 }
                 Poll::Ready(polled.map(|f| f.map_err(Into::into)))
             }
+            ProxyBodyProj::Leased { mut body, lease } => {
+                let polled = std::task::ready!(body.as_mut().poll_frame(cx));
+                match &polled {
+                    None => lease.finish(),
+                    Some(Ok(_)) if body.is_end_stream() => lease.finish(),
+                    Some(_) => {}
+                }
+                Poll::Ready(polled.map(|f| f.map_err(Into::into)))
+            }
             ProxyBodyProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Self::Incoming { body } | Self::Pooled { body, .. } => body.is_end_stream(),
+            Self::Incoming { body } | Self::Pooled { body, .. } | Self::Leased { body, .. } => {
+                body.is_end_stream()
+            }
             Self::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Self::Incoming { body } | Self::Pooled { body, .. } => body.size_hint(),
+            Self::Incoming { body } | Self::Pooled { body, .. } | Self::Leased { body, .. } => {
+                body.size_hint()
+            }
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

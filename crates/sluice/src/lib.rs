@@ -8,6 +8,8 @@
 //!
 //! # Layout
 //!
+//! - [`acceptor`]: the service-facing listener of reverse clusters: registration handshakes,
+//!   tokens, session limits, drain requests.
 //! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
 //! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
 //!   timeouts, the HTTP/1 request-smuggling guard (`Content-Length` with `Transfer-Encoding`),
@@ -16,7 +18,9 @@
 //! - [`proxy`]: the tower `Service` that applies a route: forwarding headers, hop-by-hop
 //!   stripping, header edits, direct responses, error statuses.
 //! - [`upstream`]: clusters. [`upstream::static_cluster`] holds endpoints, keep-alive pools,
-//!   load balancing, passive ejection and active health checks.
+//!   load balancing, passive ejection and active health checks;
+//!   [`upstream::reverse`] leases sessions that services registered, with a per-slice
+//!   admission queue.
 //! - [`http`]: header rules shared by the proxy paths.
 //! - [`body`]: the single body type that flows through the proxy.
 //! - [`error`]: typed failures and the status each maps to.
@@ -24,6 +28,7 @@
 //! Configuration parsing lives in the `sluice-config` crate; the `sluice` binary is in
 //! `sluice-cli`.
 
+pub mod acceptor;
 pub mod app;
 pub mod body;
 pub mod error;
@@ -41,4 +46,4 @@ pub use router::{Matcher, RequestHead, Route, RouteTable, Routing, Target};
 pub use server::{ClientInfo, Group, Server, Shutdown, ShutdownSignal};
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;
-pub use upstream::{StaticCluster, StaticOptions, Upstream};
+pub use upstream::{ReverseCluster, ReverseSlice, StaticCluster, StaticOptions, Upstream};

@@ -2,11 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::ops::Range;
 use std::time::Duration;
 
 use toml::Spanned;
 
-use super::Ctx;
+use super::{reverse, Ctx};
 use crate::error::ConfigError;
 use crate::model::{
     Cluster, ClusterKind, Ejection, HealthCheck, LbPolicy, PoolOptions, StaticCluster,
@@ -27,34 +28,82 @@ pub(super) fn clusters(
 ) -> Result<BTreeMap<String, Cluster>, ConfigError> {
     raw.into_iter()
         .map(|(name, c)| {
+            let span = name.span();
             let name = name.into_inner();
             let kind = match c.kind {
-                RawKind::Static => ClusterKind::Static(static_cluster(ctx, c)?),
+                RawKind::Static => ClusterKind::Static(static_cluster(ctx, span, &name, c)?),
+                RawKind::Reverse => ClusterKind::Reverse(reverse::cluster(ctx, &name, c)?),
             };
             Ok((name.clone(), Cluster { name, kind }))
         })
         .collect()
 }
 
+/// Refuses the first key in `keys` that is set, as not applying to `kind`.
+pub(super) fn refuse_foreign(
+    ctx: Ctx<'_>,
+    kind: &str,
+    keys: &[(&str, Option<Range<usize>>)],
+) -> Result<(), ConfigError> {
+    match keys.iter().find_map(|(k, span)| Some((k, span.clone()?))) {
+        Some((key, span)) => Err(ctx.err(
+            span,
+            format!("`{key}` does not apply to a cluster of kind = \"{kind}\""),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Unset keys take [`StaticOptions::default`]'s values.
-fn static_cluster(ctx: Ctx<'_>, raw: RawCluster) -> Result<StaticCluster, ConfigError> {
+fn static_cluster(
+    ctx: Ctx<'_>,
+    name_span: Range<usize>,
+    name: &str,
+    raw: RawCluster,
+) -> Result<StaticCluster, ConfigError> {
+    refuse_foreign(ctx, "static", &reverse::keys(&raw))?;
+    let Some(raw_endpoints) = &raw.endpoints else {
+        let msg = format!("static cluster `{name}` needs `endpoints = [\"host:port\", ...]`");
+        return Err(ctx.err(name_span, msg));
+    };
     let defaults = StaticOptions::default();
     let options = StaticOptions {
-        lb: lb(raw.lb),
+        lb: lb(raw.lb.map(Spanned::into_inner)),
         connect_timeout: raw
             .connect_timeout
-            .map_or(defaults.connect_timeout, |t| t.0),
+            .map_or(defaults.connect_timeout, |t| t.into_inner().0),
         response_timeout: raw
             .response_timeout
             .map_or(defaults.response_timeout, |t| t.0),
-        pool: pool(raw.pool),
-        ejection: ejection(ctx, raw.ejection)?,
-        health_check: raw.health_check.map(|h| health_check(ctx, h)).transpose()?,
+        pool: pool(raw.pool.map(Spanned::into_inner).unwrap_or_default()),
+        ejection: ejection(
+            ctx,
+            raw.ejection.map(Spanned::into_inner).unwrap_or_default(),
+        )?,
+        health_check: raw
+            .health_check
+            .map(|h| health_check(ctx, h.into_inner()))
+            .transpose()?,
     };
     Ok(StaticCluster {
-        endpoints: endpoints(ctx, &raw.endpoints)?,
+        endpoints: endpoints(ctx, raw_endpoints)?,
         options,
     })
+}
+
+/// The static-only keys that are set, with their spans.
+pub(super) fn static_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 6] {
+    [
+        ("endpoints", raw.endpoints.as_ref().map(Spanned::span)),
+        ("lb", raw.lb.as_ref().map(Spanned::span)),
+        (
+            "connect_timeout",
+            raw.connect_timeout.as_ref().map(Spanned::span),
+        ),
+        ("pool", raw.pool.as_ref().map(Spanned::span)),
+        ("ejection", raw.ejection.as_ref().map(Spanned::span)),
+        ("health_check", raw.health_check.as_ref().map(Spanned::span)),
+    ]
 }
 
 /// Resolves every endpoint now: a name that resolves to several addresses becomes several

@@ -47,6 +47,8 @@ fn route(
     Ok(Route {
         request_headers: edits(ctx, std::mem::take(&mut raw.request_headers))?,
         response_headers: edits(ctx, std::mem::take(&mut raw.response_headers))?,
+        // `validate::slices` sets and checks the slice once every route exists.
+        slice: crate::model::DEFAULT_SLICE.to_owned(),
         matcher: matcher(ctx, raw)?,
         action,
         name,

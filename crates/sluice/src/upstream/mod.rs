@@ -1,15 +1,18 @@
 //! Upstream clusters: where routed requests go.
 //!
 //! [`Upstream`] is an enum rather than a trait object so that the per-request path is a static
-//! call; the reverse-session cluster joins it as a second variant.
+//! call. [`static_cluster`] reaches listening endpoints; [`reverse`] leases sessions that
+//! services registered by dialing in.
 
 pub mod connect;
+pub mod reverse;
 pub mod static_cluster;
 
 use http::{Request, Response};
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+pub use reverse::{ReverseCluster, ReverseSlice};
 pub use static_cluster::{StaticCluster, StaticOptions};
 
 /// A cluster a route can forward to. Cloning is cheap (a reference count).
@@ -17,6 +20,8 @@ pub use static_cluster::{StaticCluster, StaticOptions};
 pub enum Upstream {
     /// Listening endpoints over pooled keep-alive connections.
     Static(StaticCluster),
+    /// One slice of a cluster whose services dial in and register sessions.
+    Reverse(ReverseSlice),
 }
 
 impl Upstream {
@@ -24,6 +29,7 @@ impl Upstream {
     pub fn name(&self) -> &str {
         match self {
             Self::Static(c) => c.name(),
+            Self::Reverse(s) => s.name(),
         }
     }
 
@@ -31,6 +37,8 @@ impl Upstream {
     pub fn start(&self) {
         match self {
             Self::Static(c) => c.start(),
+            // Sessions need no background work: the services keep them registered.
+            Self::Reverse(_) => {}
         }
     }
 
@@ -39,7 +47,14 @@ impl Upstream {
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
         match self {
             Self::Static(c) => c.send(req).await,
+            Self::Reverse(s) => s.send(req).await,
         }
+    }
+}
+
+impl From<ReverseSlice> for Upstream {
+    fn from(s: ReverseSlice) -> Self {
+        Self::Reverse(s)
     }
 }
 

@@ -64,6 +64,7 @@ pub fn static_cluster(proxy: &TestProxy) -> StaticCluster {
         .expect("no cluster named backend");
     match upstream {
         sluice::Upstream::Static(c) => c.clone(),
+        sluice::Upstream::Reverse(_) => panic!("backend is a static cluster"),
     }
 }
 

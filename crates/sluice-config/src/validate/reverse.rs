@@ -1,0 +1,105 @@
+//! `kind = "reverse"` clusters: tokens, queue, limits and buffers.
+
+use std::ops::Range;
+
+use toml::Spanned;
+
+use super::cluster::{refuse_foreign, static_keys};
+use super::{secret, Ctx};
+use crate::error::ConfigError;
+use crate::model::{ReverseCluster, ReverseOptions, Token};
+use crate::raw::RawCluster;
+
+/// Buffers above this would let a few requests pin a lot of memory.
+const MAX_BUFFER: usize = 64 * 1024 * 1024;
+
+/// Validates a reverse cluster; unset keys take [`ReverseOptions::default`]'s values.
+pub(super) fn cluster(
+    ctx: Ctx<'_>,
+    name: &str,
+    raw: RawCluster,
+) -> Result<ReverseCluster, ConfigError> {
+    refuse_foreign(ctx, "reverse", &static_keys(&raw))?;
+    let d = ReverseOptions::default();
+    let options = ReverseOptions {
+        queue_max: raw.queue_max.map_or(d.queue_max, Spanned::into_inner),
+        queue_timeout: raw
+            .queue_timeout
+            .map_or(d.queue_timeout, |t| t.into_inner().0),
+        max_sessions_per_instance: unlimited_if_zero(raw.max_sessions_per_instance),
+        max_sessions: unlimited_if_zero(raw.max_sessions),
+        response_timeout: raw.response_timeout.map_or(d.response_timeout, |t| t.0),
+        request_buffer: buffer(ctx, raw.request_buffer, d.request_buffer, "request_buffer")?,
+        response_buffer: buffer(
+            ctx,
+            raw.response_buffer,
+            d.response_buffer,
+            "response_buffer",
+        )?,
+    };
+    Ok(ReverseCluster {
+        tokens: tokens(ctx, name, raw.tokens)?,
+        options,
+    })
+}
+
+/// The reverse-only keys that are set, with their spans.
+pub(super) fn keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 7] {
+    [
+        ("tokens", raw.tokens.as_ref().map(Spanned::span)),
+        ("queue_max", raw.queue_max.as_ref().map(Spanned::span)),
+        (
+            "queue_timeout",
+            raw.queue_timeout.as_ref().map(Spanned::span),
+        ),
+        (
+            "max_sessions_per_instance",
+            raw.max_sessions_per_instance.as_ref().map(Spanned::span),
+        ),
+        ("max_sessions", raw.max_sessions.as_ref().map(Spanned::span)),
+        (
+            "request_buffer",
+            raw.request_buffer.as_ref().map(Spanned::span),
+        ),
+        (
+            "response_buffer",
+            raw.response_buffer.as_ref().map(Spanned::span),
+        ),
+    ]
+}
+
+fn unlimited_if_zero(raw: Option<Spanned<usize>>) -> Option<usize> {
+    raw.map(Spanned::into_inner).filter(|&n| n > 0)
+}
+
+fn buffer(
+    ctx: Ctx<'_>,
+    raw: Option<Spanned<crate::values::Size>>,
+    default: usize,
+    key: &str,
+) -> Result<usize, ConfigError> {
+    match raw {
+        None => Ok(default),
+        Some(size) if size.get_ref().0 <= MAX_BUFFER => Ok(size.get_ref().0),
+        Some(size) => Err(ctx.err(size.span(), format!("{key} must be at most 64MiB"))),
+    }
+}
+
+/// Each token is a literal or an `env:`/`file:` secret; none may be empty.
+fn tokens(
+    ctx: Ctx<'_>,
+    cluster: &str,
+    raw: Option<Spanned<Vec<Spanned<String>>>>,
+) -> Result<Vec<Token>, ConfigError> {
+    let raw = raw.map(Spanned::into_inner).unwrap_or_default();
+    raw.iter()
+        .map(|t| {
+            let value = secret::resolve(ctx, t)?;
+            if value.is_empty() {
+                let msg = format!("a token of cluster `{cluster}` is empty");
+                return Err(ctx.err(t.span(), msg));
+            }
+            Ok(Token(value.as_bytes().to_vec()))
+        })
+        .collect()
+}

@@ -1,0 +1,126 @@
+//! One service connection: read its hello, decide, answer, and hand a registered stream to
+//! its slice.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use sluice_session::{parse_hello, Drain, Hello, Parsed, Registration, Rejection, Reply};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tracing::{debug, info};
+
+use super::Shared;
+use crate::upstream::reverse::SessionPermit;
+use crate::upstream::ReverseCluster;
+
+/// Why no hello could be read.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("connection closed during the handshake")]
+    Closed,
+    #[error("handshake I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Rejected(Rejection),
+}
+
+/// Serves one service connection to its end or until it becomes a session.
+pub(super) async fn handle<T>(mut io: T, peer: Option<IpAddr>, shared: Arc<Shared>)
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let read = read_hello(&mut io, shared.opts.max_handshake_size);
+    let hello = match tokio::time::timeout(shared.opts.handshake_timeout, read).await {
+        Ok(Ok(hello)) => hello,
+        Ok(Err(ReadError::Rejected(r))) => return reject(io, &r).await,
+        Ok(Err(error)) => return debug!(%error, "handshake failed"),
+        Err(_elapsed) => return reject(io, &Rejection::bad_request("handshake timed out")).await,
+    };
+    let outcome = match hello {
+        Hello::Register(reg) => register(&mut io, &reg, peer, &shared).await,
+        Hello::Drain(drain) => self::drain(&mut io, &drain, peer, &shared).await,
+    };
+    match outcome {
+        Ok(None) => {}
+        Ok(Some((cluster, slice, permit))) => {
+            if let Err(error) = cluster.attach(&slice, io, permit).await {
+                debug!(cluster = %cluster.name(), %error, "session could not start");
+            }
+        }
+        Err(r) => reject(io, &r).await,
+    }
+}
+
+type Admitted = (ReverseCluster, String, SessionPermit);
+
+/// Checks a registration and answers `101`; the caller attaches the stream.
+async fn register<T: AsyncWrite + Unpin>(
+    io: &mut T,
+    reg: &Registration,
+    peer: Option<IpAddr>,
+    shared: &Shared,
+) -> Result<Option<Admitted>, Rejection> {
+    let id = &reg.identity;
+    let cluster = shared.admit(&id.service, id.token.as_deref(), peer)?;
+    let instance = instance_id(id.instance.as_deref(), peer);
+    let permit = cluster.reserve(&instance, &shared.total)?;
+    if let Err(error) = io.write_all(&Reply::switching_protocols()).await {
+        debug!(%error, "service went away before its 101");
+        return Ok(None);
+    }
+    debug!(cluster = %id.service, slice = %id.slice, instance = %instance, "session registered");
+    Ok(Some((cluster, id.slice.clone(), permit)))
+}
+
+async fn drain<T: AsyncWrite + Unpin>(
+    io: &mut T,
+    drain: &Drain,
+    peer: Option<IpAddr>,
+    shared: &Shared,
+) -> Result<Option<Admitted>, Rejection> {
+    let id = &drain.identity;
+    let cluster = shared.admit(&id.service, id.token.as_deref(), peer)?;
+    let instance = instance_id(id.instance.as_deref(), peer);
+    let known = cluster.drain(&instance);
+    info!(cluster = %id.service, instance = %instance, known, "drain requested");
+    let _ = io.write_all(&Reply::drained()).await;
+    let _ = io.shutdown().await;
+    Ok(None)
+}
+
+/// `Sluice-Instance`, or the peer's IP address (`local` over a UNIX socket).
+fn instance_id(given: Option<&str>, peer: Option<IpAddr>) -> String {
+    match (given, peer) {
+        (Some(id), _) => id.to_owned(),
+        (None, Some(ip)) => ip.to_string(),
+        (None, None) => "local".to_owned(),
+    }
+}
+
+/// Reads until one whole hello has arrived. Bytes after it are refused: the service must wait
+/// for the answer before speaking, so anything more is a protocol error.
+async fn read_hello<T: AsyncRead + Unpin>(io: &mut T, max: usize) -> Result<Hello, ReadError> {
+    let mut buf = Vec::with_capacity(1024);
+    loop {
+        let mut chunk = [0u8; 1024];
+        let n = io.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(ReadError::Closed);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        match parse_hello(&buf, max).map_err(ReadError::Rejected)? {
+            Parsed::Partial => continue,
+            Parsed::Complete(hello, len) if len == buf.len() => return Ok(hello),
+            Parsed::Complete(..) => {
+                let r = Rejection::bad_request("bytes after the handshake before its answer");
+                return Err(ReadError::Rejected(r));
+            }
+        }
+    }
+}
+
+/// Answers a refusal and closes.
+async fn reject<T: AsyncWrite + Unpin>(mut io: T, r: &Rejection) {
+    debug!(status = r.status, reason = %r.reason, "handshake refused");
+    let _ = io.write_all(&r.encode()).await;
+    let _ = io.shutdown().await;
+}

@@ -1,0 +1,293 @@
+//! Reverse clusters: services dial in to the acceptor and register sessions; the proxy never
+//! connects to them (DESIGN.md §3).
+//!
+//! A [`ReverseCluster`] holds one [`SlicePool`] per slice and the registered [`Instance`]s. A
+//! route targets a [`ReverseSlice`], a cheap handle to one pool. A request leases one idle
+//! session exclusively (or waits in the slice's admission queue) and gives it back when its
+//! response body ends; so in-flight work never exceeds the sessions a service registered.
+
+mod buffer;
+mod instance;
+mod pool;
+mod send;
+mod session;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use http::{Request, Response};
+use sluice_config::{ReverseOptions, Token};
+use sluice_session::Rejection;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Notify;
+use tracing::info;
+
+pub(crate) use self::instance::SessionPermit;
+pub use self::instance::{Instance, Limit};
+pub use self::pool::SlicePool;
+pub use self::session::Lease;
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+
+/// A handle to a reverse cluster. Clones share it.
+#[derive(Debug, Clone)]
+pub struct ReverseCluster {
+    inner: Arc<ClusterInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ClusterInner {
+    name: String,
+    opts: Arc<ReverseOptions>,
+    tokens: Vec<Token>,
+    slices: Mutex<HashMap<String, Arc<SlicePool>>>,
+    instances: Mutex<HashMap<String, Arc<Instance>>>,
+    sessions: Limit,
+    changed: Arc<Notify>,
+}
+
+/// A handle to one slice of a reverse cluster: what a route forwards to.
+#[derive(Debug, Clone)]
+pub struct ReverseSlice {
+    cluster: ReverseCluster,
+    pool: Arc<SlicePool>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its map consistent, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ReverseCluster {
+    /// A cluster that accepts registrations bearing any of `tokens` (empty: no auth).
+    pub fn new(name: impl Into<String>, tokens: Vec<Token>, opts: ReverseOptions) -> Self {
+        let inner = ClusterInner {
+            name: name.into(),
+            sessions: Limit::new(opts.max_sessions),
+            opts: Arc::new(opts),
+            tokens,
+            slices: Mutex::default(),
+            instances: Mutex::default(),
+            changed: Arc::new(Notify::new()),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Builds the cluster a validated config describes.
+    pub fn from_config(name: &str, cfg: &sluice_config::ReverseCluster) -> Self {
+        Self::new(name, cfg.tokens.clone(), cfg.options.clone())
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The handle to one slice, created empty on first use.
+    pub fn slice(&self, slice: &str) -> ReverseSlice {
+        let mut slices = locked(&self.inner.slices);
+        let pool = slices.entry(slice.to_owned()).or_insert_with(|| {
+            let i = &self.inner;
+            Arc::new(SlicePool::new(
+                &i.name,
+                slice,
+                Arc::clone(&i.opts),
+                Arc::clone(&i.changed),
+            ))
+        });
+        ReverseSlice {
+            cluster: self.clone(),
+            pool: Arc::clone(pool),
+        }
+    }
+
+    /// Idle sessions in `slice` (0 for a slice nobody registered for).
+    pub fn idle_sessions(&self, slice: &str) -> usize {
+        locked(&self.inner.slices)
+            .get(slice)
+            .map_or(0, |p| p.idle())
+    }
+
+    /// Requests waiting in `slice`'s admission queue.
+    pub fn queued(&self, slice: &str) -> usize {
+        locked(&self.inner.slices)
+            .get(slice)
+            .map_or(0, |p| p.queued())
+    }
+
+    /// Connected sessions across all slices and instances.
+    pub fn sessions(&self) -> usize {
+        self.inner.sessions.current()
+    }
+
+    /// Connected sessions of one instance.
+    pub fn instance_sessions(&self, instance: &str) -> usize {
+        locked(&self.inner.instances)
+            .get(instance)
+            .map_or(0, |i| i.sessions())
+    }
+
+    /// Waits until `done` holds; it is re-checked whenever sessions come, go or return.
+    pub async fn wait_until(&self, done: impl Fn(&Self) -> bool) {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if done(self) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Drains an instance: it is never leased again, its idle sessions close now and its
+    /// busy ones after their responses. Returns false when no such instance is registered.
+    pub fn drain(&self, instance: &str) -> bool {
+        let Some(inst) = locked(&self.inner.instances).get(instance).cloned() else {
+            return false;
+        };
+        inst.start_draining();
+        info!(cluster = %self.inner.name, instance = %instance, sessions = inst.sessions(), "draining instance");
+        let pools: Vec<_> = locked(&self.inner.slices).values().cloned().collect();
+        for pool in pools {
+            pool.evict(&inst);
+        }
+        true
+    }
+
+    /// Whether registering needs a bearer token.
+    pub fn has_tokens(&self) -> bool {
+        !self.inner.tokens.is_empty()
+    }
+
+    /// Whether `token` opens this cluster. Every configured token is compared in full, so
+    /// the time taken does not say which one (or how much of one) matched.
+    pub fn authorize(&self, token: Option<&str>) -> bool {
+        if self.inner.tokens.is_empty() {
+            return true;
+        }
+        let given = token.unwrap_or("").as_bytes();
+        let mut ok = false;
+        for t in &self.inner.tokens {
+            ok |= ct_eq(&t.0, given);
+        }
+        ok && token.is_some()
+    }
+
+    /// Reserves a place for one more session of `instance`, within the total (`global`),
+    /// cluster and instance limits. 503 for a draining instance, 429 at a limit.
+    pub(crate) fn reserve(
+        &self,
+        instance: &str,
+        global: &Arc<Limit>,
+    ) -> Result<SessionPermit, Rejection> {
+        let mut instances = locked(&self.inner.instances);
+        let max = self.inner.opts.max_sessions_per_instance;
+        let inst = instances
+            .entry(instance.to_owned())
+            .or_insert_with(|| Arc::new(Instance::new(instance.to_owned(), max)));
+        if inst.is_draining() {
+            return Err(Rejection::unavailable("instance is draining"));
+        }
+        if !global.try_take() {
+            return Err(Rejection::limited("sessions in total"));
+        }
+        if !self.inner.sessions.try_take() {
+            global.give();
+            return Err(Rejection::limited("sessions of this cluster"));
+        }
+        if !inst.sessions.try_take() {
+            global.give();
+            self.inner.sessions.give();
+            return Err(Rejection::limited("sessions of this instance"));
+        }
+        Ok(SessionPermit {
+            global: Arc::clone(global),
+            cluster: Arc::clone(&self.inner),
+            instance: Arc::clone(inst),
+        })
+    }
+
+    /// Makes `io` (already answered `101`) an idle session of `slice`.
+    pub(crate) async fn attach<T>(
+        &self,
+        slice: &str,
+        io: T,
+        permit: SessionPermit,
+    ) -> Result<(), hyper::Error>
+    where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let pool = self.slice(slice).pool;
+        session::attach(io, &pool, permit).await
+    }
+}
+
+impl ClusterInner {
+    /// A session of `instance` has closed; an instance without sessions is forgotten, so its
+    /// id may register afresh (after a drain, say).
+    fn release(&self, instance: &Arc<Instance>) {
+        {
+            let mut instances = locked(&self.instances);
+            instance.sessions.give();
+            self.sessions.give();
+            let last = instance.sessions() == 0;
+            if last
+                && instances
+                    .get(instance.id())
+                    .is_some_and(|i| Arc::ptr_eq(i, instance))
+            {
+                instances.remove(instance.id());
+            }
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+impl ReverseSlice {
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        self.cluster.name()
+    }
+
+    /// The slice's name.
+    pub fn slice(&self) -> &str {
+        self.pool.slice()
+    }
+
+    /// The cluster this slice belongs to.
+    pub fn cluster(&self) -> &ReverseCluster {
+        &self.cluster
+    }
+
+    /// Leases a session of this slice and sends the request on it.
+    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        send::send(&self.pool, req).await
+    }
+}
+
+/// Compares two byte strings in time that depends only on the longer length.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let len = a.len().max(b.len());
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..len {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ct_eq;
+
+    #[test]
+    fn ct_eq_compares_whole_strings() {
+        assert!(ct_eq(b"secret", b"secret"));
+        assert!(!ct_eq(b"secret", b"secreT"));
+        assert!(!ct_eq(b"secret", b"secret2"));
+        assert!(!ct_eq(b"", b"x"));
+        assert!(ct_eq(b"", b""));
+    }
+}

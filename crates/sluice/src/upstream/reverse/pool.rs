@@ -1,0 +1,210 @@
+//! [`SlicePool`]: the idle sessions of one (cluster, slice) and its admission queue.
+//!
+//! Idle sessions sit in a FIFO ring: a lease takes the head, a returned session goes to the
+//! tail, which rotates load across instances. When nothing is idle the request waits in a
+//! bounded FIFO queue; a returned or newly registered session is handed straight to the
+//! longest waiter.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sluice_config::ReverseOptions;
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::instance::Instance;
+use super::session::Session;
+use crate::error::ProxyError;
+
+/// Seconds a client is told to wait when a slice has no capacity.
+const RETRY_AFTER_SECS: u32 = 1;
+
+/// The sessions and waiters of one slice.
+#[derive(Debug)]
+pub struct SlicePool {
+    cluster: String,
+    slice: String,
+    pub(super) opts: Arc<ReverseOptions>,
+    state: Mutex<State>,
+    /// Wakes observers whenever the idle ring or a session count changes.
+    changed: Arc<Notify>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    idle: VecDeque<Session>,
+    waiters: VecDeque<oneshot::Sender<Session>>,
+}
+
+/// What a lease attempt found: an idle session, or a place in the queue.
+enum Taken {
+    Idle(Session),
+    Queued(Waiter),
+}
+
+impl SlicePool {
+    pub(super) fn new(
+        cluster: &str,
+        slice: &str,
+        opts: Arc<ReverseOptions>,
+        changed: Arc<Notify>,
+    ) -> Self {
+        Self {
+            cluster: cluster.to_owned(),
+            slice: slice.to_owned(),
+            opts,
+            state: Mutex::default(),
+            changed,
+        }
+    }
+
+    /// The slice's name.
+    pub fn slice(&self) -> &str {
+        &self.slice
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves the ring consistent (no invariant spans two
+        // fields), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Idle sessions in the ring (some may have died since they were returned).
+    pub fn idle(&self) -> usize {
+        self.state().idle.len()
+    }
+
+    /// Requests waiting for a session.
+    pub fn queued(&self) -> usize {
+        self.state()
+            .waiters
+            .iter()
+            .filter(|w| !w.is_closed())
+            .count()
+    }
+
+    /// Leases a live session exclusively: an idle one, or the next one returned or registered
+    /// while this request waits in the queue (at most `queue_timeout`).
+    pub(crate) async fn lease(self: &Arc<Self>) -> Result<Session, ProxyError> {
+        let deadline = Instant::now() + self.opts.queue_timeout;
+        loop {
+            let mut session = match self.take()? {
+                Taken::Idle(session) => session,
+                Taken::Queued(mut waiter) => waiter.wait(deadline).await?,
+            };
+            // `ready` waits out the moment between a body's end and hyper's dispatcher being
+            // idle again, and fails for a session the service closed meanwhile.
+            if session.sender.ready().await.is_ok() && session.usable() {
+                return Ok(session);
+            }
+            debug!(cluster = %self.cluster, slice = %self.slice, instance = %session.instance.id(), "discarded a dead idle session");
+        }
+    }
+
+    fn take(self: &Arc<Self>) -> Result<Taken, ProxyError> {
+        let mut st = self.state();
+        while let Some(session) = st.idle.pop_front() {
+            if session.usable() {
+                drop(st);
+                self.changed.notify_waiters();
+                return Ok(Taken::Idle(session));
+            }
+        }
+        if st.waiters.len() >= self.opts.queue_max {
+            st.waiters.retain(|w| !w.is_closed());
+            if st.waiters.len() >= self.opts.queue_max {
+                debug!(cluster = %self.cluster, slice = %self.slice, "admission queue full");
+                return Err(unavailable("no capacity: admission queue full"));
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        st.waiters.push_back(tx);
+        drop(st);
+        self.changed.notify_waiters();
+        Ok(Taken::Queued(Waiter {
+            rx,
+            pool: Arc::clone(self),
+        }))
+    }
+
+    /// Returns a session: to the longest waiter if there is one, else to the ring's tail.
+    /// Dead sessions and those of draining instances are dropped (which closes them).
+    pub(crate) fn checkin(&self, mut session: Session) {
+        if session.usable() {
+            let mut st = self.state();
+            loop {
+                let Some(tx) = st.waiters.pop_front() else {
+                    st.idle.push_back(session);
+                    break;
+                };
+                match tx.send(session) {
+                    Ok(()) => break,
+                    Err(back) => session = back,
+                }
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Drops idle sessions whose connection has ended.
+    pub(crate) fn purge_closed(&self) {
+        self.remove_idle(|s| s.sender.is_closed());
+    }
+
+    /// Closes the idle sessions of a draining instance.
+    pub(crate) fn evict(&self, instance: &Arc<Instance>) {
+        self.remove_idle(|s| Arc::ptr_eq(&s.instance, instance));
+    }
+
+    fn remove_idle(&self, remove: impl Fn(&Session) -> bool) {
+        let removed: Vec<Session> = {
+            let mut st = self.state();
+            let (gone, kept): (Vec<_>, Vec<_>) = st.idle.drain(..).partition(|s| remove(s));
+            st.idle = kept.into();
+            gone
+        };
+        // Dropped outside the lock: each drop closes a connection.
+        drop(removed);
+        self.changed.notify_waiters();
+    }
+}
+
+/// A place in the admission queue. Dropped with a session already handed to it (the request
+/// gave up at that very moment), it gives the session back instead of losing it.
+struct Waiter {
+    rx: oneshot::Receiver<Session>,
+    pool: Arc<SlicePool>,
+}
+
+impl Waiter {
+    async fn wait(&mut self, deadline: Instant) -> Result<Session, ProxyError> {
+        match tokio::time::timeout_at(deadline, &mut self.rx).await {
+            Ok(Ok(session)) => Ok(session),
+            Ok(Err(_)) => Err(unavailable("no capacity: slice closed")),
+            Err(_elapsed) => {
+                self.rx.close();
+                self.rx.try_recv().map_err(|_| {
+                    debug!(cluster = %self.pool.cluster, slice = %self.pool.slice, "admission queue wait expired");
+                    unavailable("no capacity: queue wait expired")
+                })
+            }
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        self.rx.close();
+        if let Ok(session) = self.rx.try_recv() {
+            self.pool.checkin(session);
+        }
+    }
+}
+
+fn unavailable(reason: &'static str) -> ProxyError {
+    ProxyError::Unavailable {
+        reason,
+        retry_after: RETRY_AFTER_SECS,
+    }
+}

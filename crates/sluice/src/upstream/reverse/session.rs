@@ -1,0 +1,75 @@
+//! A session: an HTTP/1.1 client connection over a stream a service registered, and the
+//! [`Lease`] that gives it back when a response ends.
+
+use std::sync::Arc;
+
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tracing::debug;
+
+use super::instance::{Instance, SessionPermit};
+use super::pool::SlicePool;
+use crate::body::ProxyBody;
+
+/// One registered connection; the proxy is the HTTP client, the service the server.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) sender: SendRequest<ProxyBody>,
+    pub(crate) instance: Arc<Instance>,
+}
+
+impl Session {
+    /// Whether the session may be leased: connected, and its instance is not draining.
+    pub(crate) fn usable(&self) -> bool {
+        !self.sender.is_closed() && !self.instance.is_draining()
+    }
+}
+
+/// Starts the HTTP/1.1 client on `io` and adds the session to `pool` as idle. The connection
+/// runs in its own task, which holds `permit` until the socket is closed.
+pub(crate) async fn attach<T>(
+    io: T,
+    pool: &Arc<SlicePool>,
+    permit: SessionPermit,
+) -> Result<(), hyper::Error>
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
+    let instance = Arc::clone(&permit.instance);
+    let weak = Arc::downgrade(pool);
+    tokio::spawn(async move {
+        if let Err(error) = conn.await {
+            debug!(instance = %permit.instance.id(), %error, "session ended with an error");
+        }
+        drop(permit);
+        if let Some(pool) = weak.upgrade() {
+            pool.purge_closed();
+        }
+    });
+    pool.checkin(Session { sender, instance });
+    Ok(())
+}
+
+/// Travels with a response body: gives the session back to its slice when the body has been
+/// read to the end. Dropped before the end, it drops the session instead, because HTTP/1.1
+/// cannot reuse a connection with an unread response on it.
+#[derive(Debug)]
+pub struct Lease {
+    session: Option<Session>,
+    pool: Arc<SlicePool>,
+}
+
+impl Lease {
+    pub(crate) fn new(session: Option<Session>, pool: Arc<SlicePool>) -> Self {
+        Self { session, pool }
+    }
+
+    /// The response has ended cleanly: the session may carry another request.
+    pub(crate) fn finish(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.pool.checkin(session);
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Sessions that die, retire or run out: dead idle sessions, killed services, the idempotent
+//! retry, `Connection: close`, and the admission queue's 503s.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod reverse_support;
+
+use http::{Method, StatusCode};
+use reverse_support::{get, send, send_body, start_proxy, Service, ServiceSpec, DEFAULT_ROUTE};
+
+#[tokio::test]
+async fn dead_idle_session_is_skipped_without_a_client_error() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 2)).await;
+    proxy.idle("default", 2).await;
+    svc.kill_one();
+    for _ in 0..10 {
+        assert_eq!(get(proxy.http, "/").await.status, StatusCode::OK);
+    }
+    assert_eq!(svc.requests(), 10);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn service_killed_mid_request_gives_that_client_502_only() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let doomed = Service::start(proxy.acceptor, ServiceSpec::new("doomed", 1)).await;
+    proxy.idle("default", 1).await;
+    let hung = tokio::spawn(send(proxy.http, Method::POST, "/hang"));
+    proxy.idle("default", 0).await;
+    let healthy = Service::start(proxy.acceptor, ServiceSpec::new("healthy", 2)).await;
+    proxy.idle("default", 2).await;
+    doomed.kill();
+    assert_eq!(hung.await.unwrap().status, StatusCode::BAD_GATEWAY);
+    for _ in 0..6 {
+        let res = get(proxy.http, "/").await;
+        assert_eq!(
+            (res.status, res.text().as_str()),
+            (StatusCode::OK, "healthy")
+        );
+    }
+    assert_eq!(healthy.requests(), 6);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn idempotent_request_is_retried_once_on_another_session() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 2)).await;
+    proxy.idle("default", 2).await;
+    // The first /flaky drops its session before any response byte.
+    assert_eq!(get(proxy.http, "/flaky").await.status, StatusCode::OK);
+    assert_eq!(svc.requests(), 2);
+    svc.wait_live(1).await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn idempotent_request_with_a_buffered_body_is_retried() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 2)).await;
+    proxy.idle("default", 2).await;
+    let res = send_body(proxy.http, Method::PUT, "/flaky", "replayed body").await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(svc.requests(), 2);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn non_idempotent_request_is_not_retried() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 2)).await;
+    proxy.idle("default", 2).await;
+    let res = send(proxy.http, Method::POST, "/flaky").await;
+    assert_eq!(res.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(svc.requests(), 1);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn connection_close_retires_the_session() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 2)).await;
+    proxy.idle("default", 2).await;
+    assert_eq!(get(proxy.http, "/close").await.status, StatusCode::OK);
+    svc.wait_live(1).await;
+    proxy.cluster.wait_until(|c| c.sessions() == 1).await;
+    assert_eq!(proxy.cluster.idle_sessions("default"), 1);
+    assert_eq!(get(proxy.http, "/").await.status, StatusCode::OK);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn full_queue_answers_503_with_retry_after() {
+    let proxy = start_proxy("queue_max = 1\nqueue_timeout = \"10s\"", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
+    proxy.idle("default", 1).await;
+    let busy = tokio::spawn(get(proxy.http, "/wait"));
+    proxy.idle("default", 0).await;
+    let queued = tokio::spawn(get(proxy.http, "/"));
+    proxy.cluster.wait_until(|c| c.queued("default") == 1).await;
+    let refused = get(proxy.http, "/").await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers["retry-after"], "1");
+    svc.open_gate();
+    assert_eq!(busy.await.unwrap().status, StatusCode::OK);
+    assert_eq!(queued.await.unwrap().status, StatusCode::OK);
+    assert_eq!(svc.requests(), 2);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn expired_queue_wait_answers_503() {
+    let proxy = start_proxy("queue_timeout = \"50ms\"", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
+    proxy.idle("default", 1).await;
+    let busy = tokio::spawn(get(proxy.http, "/wait"));
+    proxy.idle("default", 0).await;
+    let expired = get(proxy.http, "/").await;
+    assert_eq!(expired.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(expired.headers["retry-after"], "1");
+    svc.open_gate();
+    assert_eq!(busy.await.unwrap().status, StatusCode::OK);
+    // The session survived the expired wait and serves the next request.
+    assert_eq!(get(proxy.http, "/").await.status, StatusCode::OK);
+    proxy.stop().await;
+}
