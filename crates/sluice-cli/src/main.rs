@@ -1,4 +1,9 @@
 //! The `sluice` command: a thin shell over the `sluice` library.
+//!
+//! `run` and `check` live here; `demo` (and its `--load` generator) in their own modules.
+
+mod demo;
+mod load;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +48,8 @@ enum Command {
         #[arg(short, long)]
         config: PathBuf,
     },
+    /// Start a proxy, its acceptor and two demo services that dial in; print what to try.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,13 +57,18 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Check { config } => check(&config),
-        Command::Run { config, workers } => match run(config, workers) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("sluice: {e:#}");
-                ExitCode::FAILURE
-            }
-        },
+        Command::Run { config, workers } => exit(run(config, workers)),
+        Command::Demo(args) => exit(demo::run(args)),
+    }
+}
+
+fn exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

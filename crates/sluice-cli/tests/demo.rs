@@ -1,0 +1,148 @@
+//! `sluice demo` end to end: the real binary on port 0, real sockets, a real signal.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::TcpStream;
+use tokio::process::{Child, ChildStdout, Command};
+
+/// Generous bounds for a debug build on a busy machine; none is a readiness sleep.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn demo(extra: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--acceptor",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    (child, BufReader::new(stdout).lines())
+}
+
+/// Reads lines until the `ready` line; returns the proxy's address.
+async fn wait_ready(lines: &mut Lines<BufReader<ChildStdout>>) -> SocketAddr {
+    let mut proxy = None;
+    loop {
+        let line = lines.next_line().await.unwrap().expect("demo ended early");
+        if let Some(addr) = line.strip_prefix("listening proxy=") {
+            proxy = Some(addr.parse().unwrap());
+        }
+        if line.starts_with("ready ") {
+            return proxy.expect("no `listening proxy=` line before `ready`");
+        }
+    }
+}
+
+/// One GET over a fresh connection; returns the status code and body.
+async fn get(addr: SocketAddr) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = "GET / HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response[9..12].parse().unwrap();
+    let (_, body) = response.split_once("\r\n\r\n").unwrap();
+    (status, body.to_owned())
+}
+
+async fn terminate(mut child: Child) {
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(EXIT_TIMEOUT, child.wait())
+        .await
+        .expect("demo did not exit after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "demo exited with {status}");
+}
+
+#[tokio::test]
+async fn demo_answers_from_both_instances_and_stops_on_sigterm() {
+    let (child, mut lines) = demo(&[]);
+    let proxy = tokio::time::timeout(START_TIMEOUT, wait_ready(&mut lines))
+        .await
+        .expect("demo did not become ready");
+    let mut seen = HashSet::new();
+    for _ in 0..30 {
+        let (status, body) = get(proxy).await;
+        assert_eq!(status, 200, "{body}");
+        let instance = ["demo-a", "demo-b"]
+            .into_iter()
+            .find(|i| body.starts_with(&format!("hello from {i} (in flight ")))
+            .unwrap_or_else(|| panic!("unexpected body {body:?}"));
+        seen.insert(instance);
+    }
+    assert_eq!(seen.len(), 2, "30 requests reached only {seen:?}");
+    terminate(child).await;
+}
+
+/// A table row: the step label, then each `max/declared` in-flight column.
+fn parse_row(line: &str) -> Option<(String, Vec<(usize, usize)>)> {
+    let mut fields = line.split_whitespace();
+    let label = fields.next()?;
+    if !["0.5x", "1x", "2x", "5x", "10x"].contains(&label) {
+        return None;
+    }
+    let in_flight = fields
+        .filter_map(|f| f.split_once('/'))
+        .map(|(max, declared)| (max.parse().unwrap(), declared.parse().unwrap()))
+        .collect();
+    Some((label.to_owned(), in_flight))
+}
+
+#[tokio::test]
+async fn load_prints_five_steps_and_never_exceeds_declared_sessions() {
+    let (mut child, mut lines) = demo(&["--load", "--step-seconds", "1"]);
+    let mut rows = Vec::new();
+    let read = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            rows.extend(parse_row(&line));
+        }
+    };
+    tokio::time::timeout(LOAD_TIMEOUT, read)
+        .await
+        .expect("the load did not finish");
+    let status = tokio::time::timeout(EXIT_TIMEOUT, child.wait())
+        .await
+        .expect("demo did not exit after the load")
+        .unwrap();
+    assert!(status.success(), "demo --load exited with {status}");
+    let labels: Vec<_> = rows.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(labels, ["0.5x", "1x", "2x", "5x", "10x"]);
+    for (label, in_flight) in &rows {
+        assert_eq!(in_flight.len(), 2, "step {label}: {in_flight:?}");
+        for (max, declared) in in_flight {
+            assert!(
+                max <= declared,
+                "step {label}: {max} in flight > {declared}"
+            );
+        }
+    }
+    let declared: Vec<_> = rows[0].1.iter().map(|(_, d)| *d).collect();
+    assert_eq!(declared, [8, 4]);
+    // At 10x the queue never empties, so every session of every instance is busy.
+    let (_, overload) = &rows[4];
+    assert!(
+        overload.iter().all(|(max, d)| max == d),
+        "10x: {overload:?}"
+    );
+}
