@@ -13,8 +13,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsConnector;
 
-use sluice_session::Prefixed;
 use crate::{Acceptor, Error, Options};
+use sluice_session::Prefixed;
 
 /// How long a session may sit silent before the kernel starts probing it.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);

@@ -21,7 +21,10 @@ pub struct Prefixed<T> {
 impl<T> Prefixed<T> {
     /// A stream that first yields `prefix`, then reads `inner`.
     pub fn new(prefix: impl Into<Bytes>, inner: T) -> Self {
-        Self { prefix: prefix.into(), inner }
+        Self {
+            prefix: prefix.into(),
+            inner,
+        }
     }
 
     /// The wrapped stream.
