@@ -7,7 +7,10 @@ body) share CPU 0. Targets are interleaved in rotated order each round; the repo
 median and min-max of per-round values and of Sluice/NGINX ratios. Proxy CPU time per request
 comes from /proc/<pid>/stat (utime + stime) around each run.
 
-Usage: bench/nginx_compare.py [--rounds 5] [--seconds 5] [--connections 64]
+With --aa a second, identical Sluice process runs as its own target: the spread of its ratio
+to the first is the session's noise floor.
+
+Usage: bench/nginx_compare.py [--rounds 5] [--seconds 5] [--connections 64] [--aa]
 Needs: nginx, wrk (apt-get install nginx-light wrk), a release build of sluice.
 """
 
@@ -42,6 +45,14 @@ def wait_port(port, timeout=10.0):
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"nothing listening on {port}")
+
+
+def sluice_conf(tmp, name, port, backend):
+    path = os.path.join(tmp, f"{name}.toml")
+    with open(path, "w") as f:
+        f.write(f"""[runtime]\nworkers = 1\n\n[[listener]]\nname = "bench"\nlisten = "127.0.0.1:{port}"\n
+[[route]]\ncluster = "backend"\n\n[cluster.backend]\nkind = "static"\nendpoints = ["127.0.0.1:{backend}"]\n""")
+    return path
 
 
 def nginx_conf(tmp, name, server_block):
@@ -100,12 +111,13 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--sluice", default=os.path.join(ROOT, "target/release/sluice"))
+    ap.add_argument("--aa", action="store_true", help="add a second Sluice (A/A noise floor)")
     args = ap.parse_args()
     for tool in ("nginx", "wrk", "taskset"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: apt-get install nginx-light wrk util-linux")
     tmp = tempfile.mkdtemp(prefix="sluice-bench-")
-    backend, p_nginx, p_sluice = free_port(), free_port(), free_port()
+    backend, p_nginx, p_sluice, p_sluice2 = free_port(), free_port(), free_port(), free_port()
     procs = []
     try:
         conf = nginx_conf(tmp, "backend", f"""server {{ listen 127.0.0.1:{backend};
@@ -119,16 +131,15 @@ def main():
                             proxy_set_header Connection ""; }} }}""")
         nginx = start(["nginx", "-c", conf, "-p", tmp], 1)
         procs.append(nginx)
-        sconf = os.path.join(tmp, "sluice.toml")
-        with open(sconf, "w") as f:
-            f.write(f"""[runtime]\nworkers = 1\n\n[[listener]]\nname = "bench"\nlisten = "127.0.0.1:{p_sluice}"\n
-[[route]]\ncluster = "backend"\n\n[cluster.backend]\nkind = "static"\nendpoints = ["127.0.0.1:{backend}"]\n""")
-        sluice = start([args.sluice, "run", "-c", sconf], 1)
-        procs.append(sluice)
-        for port in (backend, p_nginx, p_sluice):
+        sluices = [(p_sluice, "sluice-static")] + ([(p_sluice2, "sluice-static-2")] if args.aa else [])
+        targets = {"nginx-keepalive": (p_nginx, None)}
+        for port, name in sluices:
+            proc = start([args.sluice, "run", "-c", sluice_conf(tmp, name, port, backend)], 1)
+            procs.append(proc)
+            targets[name] = (port, proc.pid)
+        for port in [backend] + [port for port, _ in targets.values()]:
             wait_port(port)
-        targets = {"nginx-keepalive": (p_nginx, nginx_worker_pid(nginx)),
-                   "sluice-static": (p_sluice, sluice.pid)}
+        targets["nginx-keepalive"] = (p_nginx, nginx_worker_pid(nginx))
         for name, (port, _) in targets.items():  # warm-up: pools, caches, page faults
             wrk(port, 1, args.connections)
         results = {name: [] for name in targets}
@@ -162,9 +173,13 @@ def report(results, args):
         cols = [fmt([row[i] for row in rows]) for i in range(3)]
         print(f"{name:16} {cols[0]:>22} {cols[1]:>20} {cols[2]:>20}")
     base, ours = results["nginx-keepalive"], results["sluice-static"]
-    print("\nsluice / nginx-keepalive, per round:")
-    for i, label in enumerate(("RPS", "p99", "CPU/req")):
-        print(f"  {label:8} {fmt([o[i] / b[i] for o, b in zip(ours, base)], 2)}")
+    pairs = [("sluice / nginx-keepalive", ours, base)]
+    if "sluice-static-2" in results:
+        pairs.append(("sluice-2 / sluice (A/A noise floor)", results["sluice-static-2"], ours))
+    for title, a, b in pairs:
+        print(f"\n{title}, per round:")
+        for i, label in enumerate(("RPS", "p99", "CPU/req")):
+            print(f"  {label:8} {fmt([x[i] / y[i] for x, y in zip(a, b)], 2)}")
 
 
 def fmt(values, digits=0):
