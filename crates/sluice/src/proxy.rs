@@ -1,6 +1,9 @@
 //! [`ProxyService`]: the tower `Service` that routes a request and forwards or answers it.
 //!
 //! Hooks are tower `Layer`s around it; the [`server`](crate::server) runs it on connections.
+//! HTTP/1.1 upgrades (WebSocket) are bridged by the `upgrade` submodule.
+
+mod upgrade;
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -18,7 +21,8 @@ use crate::body::ProxyBody;
 use crate::error::{Origin, ProxyError};
 use crate::http::checks::check_request;
 use crate::http::headers::{
-    add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, Forwarding,
+    add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
+    Forwarding,
 };
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
 use crate::server::ClientInfo;
@@ -71,7 +75,7 @@ impl<R: Routing> ProxyService<R> {
 
     async fn dispatch(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         client: &ClientInfo,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         check_request(&req)?;
@@ -88,10 +92,10 @@ impl<R: Routing> ProxyService<R> {
         let mut res = match &route.target {
             Target::Direct(direct) => direct_response(direct),
             Target::Upstream(upstream) => {
-                let req = upstream_request(req, &route, client);
-                let mut res = upstream.send(req).await?;
-                strip_hop_by_hop(res.headers_mut());
-                res
+                let client_side = upgrade::requested(&mut req);
+                let req = upstream_request(req, &route, client, client_side.is_some());
+                let res = upstream.send(req).await?;
+                upgrade::respond(res, client_side, client.peer)
             }
         };
         apply_edits(res.headers_mut(), &route.response_headers);
@@ -137,14 +141,20 @@ fn strip_port(host: &str) -> &str {
 }
 
 /// Turns the client's request into the one sent upstream: origin-form target, a Host header,
-/// hop-by-hop headers removed, forwarding headers added, the route's edits applied.
+/// hop-by-hop headers removed (but `Upgrade` kept when `upgrade`), forwarding headers added,
+/// the route's edits applied.
 fn upstream_request(
     req: Request<Incoming>,
     route: &Route,
     client: &ClientInfo,
+    upgrade: bool,
 ) -> Request<ProxyBody> {
     let (mut parts, body) = req.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+    if upgrade {
+        strip_hop_by_hop_keep_upgrade(&mut parts.headers);
+    } else {
+        strip_hop_by_hop(&mut parts.headers);
+    }
     if parts.version == Version::HTTP_2 {
         // RFC 9113 §8.2.3: HTTP/2 may split Cookie into several fields; HTTP/1.1 needs one.
         join_cookies(&mut parts.headers);

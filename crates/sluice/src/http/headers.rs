@@ -6,6 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use bytes::Bytes;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::Version;
 use sluice_config::HeaderEdits;
 
 /// `Forwarded` (RFC 7239).
@@ -49,6 +50,27 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether a request asks to switch protocols (RFC 9110 §7.8): HTTP/1.1, `Connection: upgrade`
+/// and an `Upgrade` header. HTTP/2 has no such mechanism, and an `h2c` upgrade is refused:
+/// the proxy speaks HTTP/2 to clients itself and only HTTP/1.1 to upstreams.
+pub fn wants_upgrade(version: Version, headers: &HeaderMap) -> bool {
+    version == Version::HTTP_11
+        && connection_lists(headers, "upgrade")
+        && headers.contains_key(header::UPGRADE)
+        && !tokens(headers, &header::UPGRADE).any(|p| p.eq_ignore_ascii_case("h2c"))
+}
+
+/// Removes hop-by-hop headers like [`strip_hop_by_hop`] but keeps `Upgrade` and sets
+/// `Connection: upgrade`: what a proxy forwards for a protocol switch, both ways.
+pub fn strip_hop_by_hop_keep_upgrade(headers: &mut HeaderMap) {
+    let upgrade: Vec<HeaderValue> = headers.get_all(header::UPGRADE).iter().cloned().collect();
+    strip_hop_by_hop(headers);
+    for value in upgrade {
+        headers.append(header::UPGRADE, value);
+    }
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+}
+
 /// Joins several `Cookie` fields into one, separated by `"; "`.
 pub fn join_cookies(headers: &mut HeaderMap) {
     let mut cookies = headers.get_all(header::COOKIE).iter();
@@ -69,12 +91,22 @@ pub fn join_cookies(headers: &mut HeaderMap) {
 
 /// Whether a `Connection` header asks for the connection to be closed.
 pub fn wants_close(headers: &HeaderMap) -> bool {
+    connection_lists(headers, "close")
+}
+
+/// Whether `Connection` lists `option` (case-insensitive).
+fn connection_lists(headers: &HeaderMap, option: &str) -> bool {
+    tokens(headers, &header::CONNECTION).any(|t| t.eq_ignore_ascii_case(option))
+}
+
+/// The items of a comma-separated list header, trimmed.
+fn tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'a str> {
     headers
-        .get_all(header::CONNECTION)
+        .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("close"))
+        .map(str::trim)
 }
 
 /// What the proxy knows about the client side of a request.
@@ -237,6 +269,39 @@ mod tests {
             h.get_all(header::COOKIE).iter().collect::<Vec<_>>(),
             ["a=1; b=2"]
         );
+    }
+
+    #[test]
+    fn upgrade_needs_http11_connection_upgrade_and_upgrade_header() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(wants_upgrade(Version::HTTP_11, &h));
+        assert!(!wants_upgrade(Version::HTTP_2, &h));
+        assert!(!wants_upgrade(Version::HTTP_10, &h));
+        h.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        assert!(!wants_upgrade(Version::HTTP_11, &h));
+        h.remove(header::UPGRADE);
+        assert!(!wants_upgrade(Version::HTTP_11, &h));
+    }
+
+    #[test]
+    fn keep_upgrade_strips_everything_else_hop_by_hop() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Upgrade, x-secret"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        strip_hop_by_hop_keep_upgrade(&mut h);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert_eq!(h[header::CONNECTION], "upgrade");
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! One client connection: TLS handshake, protocol choice, serving, graceful close.
 
 use std::convert::Infallible;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
+use hyper::rt::bounds::Http2ServerConnExec;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulConnection;
 use sluice_config::HttpOptions;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -126,7 +129,12 @@ where
         framing: Some(watch),
         ..svc
     };
-    drive(settings.h1.serve_connection(TokioIo::new(io), svc), signal).await
+    // Upgrades (WebSocket) hand the connection to the proxy's bridge after the 101.
+    let conn = settings
+        .h1
+        .serve_connection(TokioIo::new(io), svc)
+        .with_upgrades();
+    drive(conn, signal).await
 }
 
 async fn serve_h2<I, S: HttpService>(
@@ -143,17 +151,48 @@ where
 
 /// Runs a connection to its end; on shutdown asks it to finish gracefully (HTTP/1.1: close
 /// after the response in progress; HTTP/2: GOAWAY) and waits for that.
-async fn drive<C>(conn: C, signal: &ShutdownSignal) -> Result<(), BoxError>
-where
-    C: GracefulConnection,
-    C::Error: Into<BoxError>,
-{
+async fn drive<C: Graceful>(conn: C, signal: &ShutdownSignal) -> Result<(), BoxError> {
     tokio::pin!(conn);
     tokio::select! {
         res = conn.as_mut() => return res.map_err(Into::into),
         () = signal.wait() => conn.as_mut().graceful_shutdown(),
     }
     conn.await.map_err(Into::into)
+}
+
+/// A served connection that can be asked to finish gracefully. hyper-util's
+/// `GracefulConnection` is sealed and does not cover HTTP/1 connections with upgrades, so the
+/// two kinds served here are adapted locally. An upgraded connection has already left hyper:
+/// shutting it down does nothing, and the bridge carrying it runs until either side closes.
+trait Graceful: Future<Output = Result<(), hyper::Error>> {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> Graceful for http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn StdError + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http1::UpgradeableConnection::graceful_shutdown(self);
+    }
+}
+
+impl<I, S, B, E> Graceful for http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn StdError + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+    E: Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http2::Connection::graceful_shutdown(self);
+    }
 }
 
 /// Adapts a tower service to hyper for one connection, tagging requests with [`ClientInfo`]

@@ -30,8 +30,9 @@ pub async fn connect_http1(
         .handshake(TokioIo::new(stream))
         .await
         .map_err(ProxyError::UpstreamProtocol)?;
+    // With upgrades, a 101 hands the socket to the proxy's bridge instead of closing it.
     tokio::spawn(async move {
-        if let Err(error) = conn.await {
+        if let Err(error) = conn.with_upgrades().await {
             debug!(upstream.addr = %addr, %error, "upstream connection ended with an error");
         }
     });

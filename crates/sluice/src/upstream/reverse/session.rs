@@ -39,8 +39,10 @@ where
     let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
     let instance = Arc::clone(&permit.instance);
     let weak = Arc::downgrade(pool);
+    // With upgrades, a 101 hands the socket to the proxy's bridge; the session (and its
+    // permit) ends there, so the service may register a replacement.
     tokio::spawn(async move {
-        if let Err(error) = conn.await {
+        if let Err(error) = conn.with_upgrades().await {
             debug!(instance = %permit.instance.id(), %error, "session ended with an error");
         }
         drop(permit);

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use tracing::debug;
 
@@ -121,7 +121,8 @@ async fn send_on(
 }
 
 /// Counts the request on the connection and wraps the body so the connection returns to the
-/// pool when the body ends, if it may carry another request.
+/// pool when the body ends, if it may carry another request: `Connection: close`, the request
+/// limit and a 101 (the upgrade takes the socket) each retire it.
 fn finish(
     inner: &Inner,
     mut conn: Conn,
@@ -134,8 +135,10 @@ fn finish(
         .pool
         .max_requests_per_connection
         .unwrap_or(u64::MAX);
-    let reusable =
-        res.version() == Version::HTTP_11 && !wants_close(res.headers()) && conn.served < limit;
+    let reusable = res.version() == Version::HTTP_11
+        && !wants_close(res.headers())
+        && res.status() != StatusCode::SWITCHING_PROTOCOLS
+        && conn.served < limit;
     let ret = ReturnOnEnd::new(reusable.then_some(conn), Arc::clone(&inner.opts), in_flight);
     wrap_response(res, ret)
 }
