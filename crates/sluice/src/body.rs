@@ -1,9 +1,11 @@
 //! [`ProxyBody`]: the one body type that flows through the proxy, without boxing.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
@@ -30,6 +32,15 @@ pin_project_lite::pin_project! {
         Leased { #[pin] body: Incoming, lease: Lease },
         /// A fixed body (direct responses, error responses, retries of empty requests).
         Full { data: Option<Bytes> },
+        /// Read ahead into memory (`request_buffer`, `response_buffer`): the chunks in `head`,
+        /// then the trailers read with them, or else the `rest` that did not fit, streamed. A
+        /// `lease` holds the session the rest comes from and gives it back when it ends.
+        Buffered {
+            head: VecDeque<Bytes>,
+            trailers: Option<HeaderMap>,
+            rest: Option<Incoming>,
+            lease: Option<Lease>,
+        },
     }
 }
 
@@ -85,6 +96,12 @@ impl Body for ProxyBody {
                 Poll::Ready(polled.map(|f| f.map_err(Into::into)))
             }
             ProxyBodyProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ProxyBodyProj::Buffered {
+                head,
+                trailers,
+                rest,
+                lease,
+            } => poll_buffered(cx, head, trailers, rest, lease),
         }
     }
 
@@ -94,6 +111,16 @@ impl Body for ProxyBody {
                 body.is_end_stream()
             }
             Self::Full { data } => data.is_none(),
+            Self::Buffered {
+                head,
+                trailers,
+                rest,
+                ..
+            } => {
+                head.is_empty()
+                    && trailers.is_none()
+                    && rest.as_ref().is_none_or(Body::is_end_stream)
+            }
         }
     }
 
@@ -105,6 +132,67 @@ impl Body for ProxyBody {
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
+            Self::Buffered {
+                head,
+                trailers,
+                rest,
+                ..
+            } => buffered_hint(head, trailers.is_some(), rest.as_ref()),
+        }
+    }
+}
+
+/// Yields the buffered chunks, then the trailers or the rest of the stream; the lease goes
+/// back once the rest has been read to the end, as for [`ProxyBody::Leased`].
+fn poll_buffered(
+    cx: &mut Context<'_>,
+    head: &mut VecDeque<Bytes>,
+    trailers: &mut Option<HeaderMap>,
+    rest: &mut Option<Incoming>,
+    lease: &mut Option<Lease>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    if let Some(data) = head.pop_front() {
+        return Poll::Ready(Some(Ok(Frame::data(data))));
+    }
+    if let Some(trailers) = trailers.take() {
+        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+    }
+    let Some(body) = rest else {
+        return Poll::Ready(None);
+    };
+    let polled = std::task::ready!(Pin::new(&mut *body).poll_frame(cx));
+    let ended = match &polled {
+        None => true,
+        Some(Ok(frame)) => frame.is_trailers() || body.is_end_stream(),
+        Some(Err(_)) => false,
+    };
+    if ended {
+        if let Some(lease) = lease {
+            lease.finish();
+        }
+    }
+    Poll::Ready(polled.map(|f| f.map_err(Into::into)))
+}
+
+/// Exact when the whole body is in hand without trailers (so HTTP/1.1 can frame it with
+/// Content-Length); trailers need chunked framing, so then only a lower bound.
+fn buffered_hint(head: &VecDeque<Bytes>, trailers: bool, rest: Option<&Incoming>) -> SizeHint {
+    let buffered: u64 = head.iter().map(|d| d.len() as u64).sum();
+    match rest {
+        None if !trailers => SizeHint::with_exact(buffered),
+        None => {
+            let mut hint = SizeHint::new();
+            hint.set_lower(buffered);
+            hint
+        }
+        Some(rest) => {
+            let rest = rest.size_hint();
+            let mut hint = SizeHint::new();
+            hint.set_lower(buffered.saturating_add(rest.lower()));
+            if let Some(upper) = rest.upper() {
+                hint.set_upper(buffered.saturating_add(upper));
+            }
+            hint
         }
     }
 }

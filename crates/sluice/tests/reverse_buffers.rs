@@ -1,11 +1,19 @@
-//! `response_buffer`: a client that does not read its response does not hold the session.
+//! `request_buffer` and `response_buffer`: a client that does not read its response does not
+//! hold the session; bodies of unknown length are buffered too, and trailers survive.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod reverse_support;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::StatusCode;
+use bytes::Bytes;
+use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use reverse_support::custom::{lettered, send_req, serve_fn, serve_raw, Frames};
 use reverse_support::{get, start_proxy, Service, ServiceSpec, DEFAULT_ROUTE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
@@ -47,5 +55,200 @@ async fn stalled_client_releases_the_session_once_the_body_is_buffered() {
         all.extend_from_slice(&chunk[..n]);
     }
     assert!(all.starts_with(b"HTTP/1.1 200"));
+    proxy.stop().await;
+}
+
+/// Waits for `fut`, failing the test if it takes longer than a few seconds.
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// `/stream` answers `chunks` as a chunked body; anything else answers `ok`. Counts requests.
+async fn streaming_service(acceptor: std::net::SocketAddr, chunks: Vec<Bytes>) -> Arc<AtomicUsize> {
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&served);
+    serve_fn(
+        acceptor,
+        &ServiceSpec::new("a", 1),
+        move |req: Request<Incoming>| {
+            count.fetch_add(1, Ordering::SeqCst);
+            let body = if req.uri().path() == "/stream" {
+                chunks.clone()
+            } else {
+                vec![Bytes::from_static(b"ok")]
+            };
+            async move { Ok(Response::new(Frames::new(body, None))) }
+        },
+    )
+    .await;
+    served
+}
+
+/// Sends `GET path` on a connection with a tiny receive buffer and returns the response once
+/// its head has arrived, without reading the body.
+async fn stalled_get(addr: std::net::SocketAddr, path: &str) -> Response<Incoming> {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header("host", "test")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    within("the response head", sender.send_request(req))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_response_within_the_buffer_releases_the_session_before_the_client_reads() {
+    let cluster = "response_buffer = \"32MiB\"\nqueue_timeout = \"10s\"";
+    let proxy = start_proxy(cluster, DEFAULT_ROUTE).await;
+    let chunks = lettered(16, 1024 * 1024);
+    let served = streaming_service(proxy.acceptor, chunks.clone()).await;
+    proxy.idle("default", 1).await;
+    let stalled = stalled_get(proxy.http, "/stream").await;
+    // The whole body is in the proxy, so the only session is idle although the client has
+    // read nothing, and it serves another client.
+    within("the session to be idle", proxy.idle("default", 1)).await;
+    let res = get(proxy.http, "/").await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(served.load(Ordering::SeqCst), 2);
+    // With the whole body in hand, the proxy frames it with Content-Length.
+    let expected: Vec<u8> = chunks.concat();
+    let length = stalled.headers().get(header::CONTENT_LENGTH).unwrap();
+    assert_eq!(length.to_str().unwrap(), expected.len().to_string());
+    let body = stalled.into_body().collect().await.unwrap().to_bytes();
+    assert!(body == expected, "body differs ({} bytes)", body.len());
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_larger_than_the_buffer_holds_the_session_until_read_and_arrives_whole() {
+    let cluster = "response_buffer = \"1MiB\"\nqueue_timeout = \"300ms\"";
+    let proxy = start_proxy(cluster, DEFAULT_ROUTE).await;
+    // Far more than the buffer and the kernel's socket buffers together.
+    let chunks = lettered(16, 1024 * 1024);
+    streaming_service(proxy.acceptor, chunks.clone()).await;
+    proxy.idle("default", 1).await;
+    let stalled = stalled_get(proxy.http, "/stream").await;
+    // The rest of the body is still on the session, so it cannot serve anyone else.
+    assert_eq!(proxy.cluster.idle_sessions("default"), 0);
+    let res = get(proxy.http, "/").await;
+    assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE);
+    let body = stalled.into_body().collect().await.unwrap().to_bytes();
+    let expected: Vec<u8> = chunks.concat();
+    assert!(body == expected, "body differs ({} bytes)", body.len());
+    // Read to the end, the session goes back.
+    within("the session to be idle", proxy.idle("default", 1)).await;
+    assert_eq!(get(proxy.http, "/").await.status, StatusCode::OK);
+    proxy.stop().await;
+}
+
+/// Echoes the request body, and in `x-seen-length` / `x-seen-te` the framing it came with.
+async fn echo(req: Request<Incoming>) -> Result<Response<Frames>, std::io::Error> {
+    let seen = |h: &HeaderMap, name| {
+        h.get(name)
+            .map_or("none".to_owned(), |v| v.to_str().unwrap().to_owned())
+    };
+    let length = seen(req.headers(), header::CONTENT_LENGTH);
+    let te = seen(req.headers(), header::TRANSFER_ENCODING);
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let mut res = Response::new(Frames::new([body], None));
+    res.headers_mut()
+        .insert("x-seen-length", length.parse().unwrap());
+    res.headers_mut().insert("x-seen-te", te.parse().unwrap());
+    Ok(res)
+}
+
+/// A `method` request to `/echo` whose body is sent chunked, in `chunks`.
+fn chunked_request(method: Method, chunks: Vec<Bytes>) -> Request<Frames> {
+    Request::builder()
+        .method(method)
+        .uri("/echo")
+        .header("host", "test")
+        .body(Frames::new(chunks, None))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_request_within_the_buffer_is_sent_with_content_length() {
+    let proxy = start_proxy("request_buffer = \"64KiB\"", DEFAULT_ROUTE).await;
+    serve_fn(proxy.acceptor, &ServiceSpec::new("a", 1), echo).await;
+    proxy.idle("default", 1).await;
+    let chunks = lettered(8, 4096);
+    let res = send_req(proxy.http, chunked_request(Method::POST, chunks.clone())).await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(res.headers["x-seen-length"], "32768");
+    assert_eq!(res.headers["x-seen-te"], "none");
+    assert_eq!(res.body, chunks.concat());
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_request_larger_than_the_buffer_arrives_whole_and_chunked() {
+    let proxy = start_proxy("request_buffer = \"64KiB\"", DEFAULT_ROUTE).await;
+    serve_fn(proxy.acceptor, &ServiceSpec::new("a", 1), echo).await;
+    proxy.idle("default", 1).await;
+    let chunks = lettered(32, 8192);
+    let res = send_req(proxy.http, chunked_request(Method::POST, chunks.clone())).await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(res.headers["x-seen-length"], "none");
+    assert_eq!(res.headers["x-seen-te"], "chunked");
+    assert_eq!(res.body, chunks.concat());
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_chunked_request_is_retried_when_its_session_dies() {
+    let proxy = start_proxy("request_buffer = \"64KiB\"", DEFAULT_ROUTE).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&calls);
+    serve_fn(proxy.acceptor, &ServiceSpec::new("a", 2), move |req| {
+        let first = seen.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                // Read the request, then drop the session without a response byte.
+                let _ = req.into_body().collect().await;
+                return Err(std::io::Error::other("dropping the session"));
+            }
+            echo(req).await
+        }
+    })
+    .await;
+    proxy.idle("default", 2).await;
+    let chunks = lettered(4, 4096);
+    let res = send_req(proxy.http, chunked_request(Method::PUT, chunks.clone())).await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(res.body, chunks.concat());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_survive_a_buffered_response() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let response: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\
+        trailer: x-checksum\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\
+        x-checksum: 42\r\n\r\n";
+    serve_raw(proxy.acceptor, &ServiceSpec::new("a", 1), response).await;
+    proxy.idle("default", 1).await;
+    let req = Request::get("/")
+        .header("host", "test")
+        .header(header::TE, "trailers")
+        .body(Frames::default())
+        .unwrap();
+    let res = send_req(proxy.http, req).await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(res.body, "hello world");
+    let trailers = res.trailers.expect("the trailers were lost");
+    assert_eq!(trailers["x-checksum"], "42");
+    // The body ended within the buffer, so the session went back.
+    within("the session to be idle", proxy.idle("default", 1)).await;
     proxy.stop().await;
 }

@@ -136,3 +136,4 @@ async fn send_full(
         body,
     }
 }
+pub mod custom;

@@ -1,56 +1,154 @@
-//! `request_buffer` and `response_buffer`: bodies of a known length that fit are read whole,
-//! so a slow client never holds a session while it trickles.
+//! `request_buffer` and `response_buffer`: bodies are read ahead into memory, so a slow
+//! client never holds a session while it trickles.
 //!
 //! A request body is read before a session is leased; a response body is read off the
-//! session at the service's speed, and the session goes back before the client has read a
-//! byte of it. Bodies of unknown length (chunked) or larger than the buffer stream through
-//! the leased session as before.
+//! session at the service's speed. A body that ends within its buffer is answered from
+//! memory (with Content-Length unless it has trailers) and its session goes back before the
+//! client has read a byte of it. A body that outgrows its buffer is sent as what was read
+//! followed by the rest, streamed; its session goes back when the rest has been read.
+
+use std::collections::VecDeque;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{header, HeaderMap, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use super::session::Lease;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 
-/// Whether a body announces a length (Content-Length) of at most `limit` bytes.
-fn fits(hint: &http_body::SizeHint, limit: usize) -> bool {
-    hint.upper().is_some_and(|n| n <= limit as u64)
+/// What reading a body ahead found.
+struct ReadAhead {
+    chunks: VecDeque<Bytes>,
+    trailers: Option<HeaderMap>,
+    /// The rest of the body, when it did not end within the limit.
+    rest: Option<Incoming>,
 }
 
-/// Reads the client's body whole when it fits `limit`.
+impl ReadAhead {
+    /// The body to forward: what was read, then the trailers or the rest.
+    fn into_body(self, lease: Option<Lease>) -> ProxyBody {
+        ProxyBody::Buffered {
+            head: self.chunks,
+            trailers: self.trailers,
+            rest: self.rest,
+            lease,
+        }
+    }
+}
+
+/// Reads frames of `body` until it ends or more than `limit` bytes are in hand. A body of
+/// exactly `limit` bytes is read whole: only its end says that it fits.
+async fn read_ahead(mut body: Incoming, limit: usize) -> Result<ReadAhead, hyper::Error> {
+    let mut ahead = ReadAhead {
+        chunks: VecDeque::new(),
+        trailers: None,
+        rest: None,
+    };
+    let mut len = 0usize;
+    while !body.is_end_stream() {
+        if len > limit {
+            ahead.rest = Some(body);
+            return Ok(ahead);
+        }
+        let Some(frame) = body.frame().await.transpose()? else {
+            break;
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                len = len.saturating_add(data.len());
+                if !data.is_empty() {
+                    ahead.chunks.push_back(data);
+                }
+            }
+            Err(frame) => {
+                // Trailers end the body.
+                ahead.trailers = frame.into_trailers().ok();
+                break;
+            }
+        }
+    }
+    Ok(ahead)
+}
+
+/// Reads the client's body ahead when it may fit `limit`: one of unknown length (chunked) or
+/// of a known length that fits. A body that ends within the limit without trailers is sent
+/// with Content-Length and may be replayed; one that outgrows it is sent as what was read,
+/// then the rest. A known length over the limit streams as it comes.
 pub(super) async fn request(
     req: Request<ProxyBody>,
     limit: usize,
 ) -> Result<Request<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
     let body = match body {
-        ProxyBody::Incoming { body } if !body.is_end_stream() && fits(&body.size_hint(), limit) => {
-            let bytes = body.collect().await.map_err(ProxyError::ClientBody)?;
-            ProxyBody::full(bytes.to_bytes())
+        ProxyBody::Incoming { body }
+            if !body.is_end_stream() && body.size_hint().lower() <= limit as u64 =>
+        {
+            let ahead = read_ahead(body, limit)
+                .await
+                .map_err(ProxyError::ClientBody)?;
+            if ahead.rest.is_none() && ahead.trailers.is_none() {
+                ProxyBody::full(concat(ahead.chunks))
+            } else {
+                ahead.into_body(None)
+            }
         }
         other => other,
     };
     Ok(Request::from_parts(parts, body))
 }
 
-/// Reads the service's body whole when it fits `limit`; `None` means: stream it.
-pub(super) async fn response(
-    res: &mut Response<Incoming>,
-    limit: usize,
-) -> Option<Result<Bytes, ProxyError>> {
-    let body = res.body_mut();
-    if body.is_end_stream() || !fits(&body.size_hint(), limit) {
-        return None;
+/// One buffer for the chunks (copied only when there are several).
+fn concat(mut chunks: VecDeque<Bytes>) -> Bytes {
+    if chunks.len() <= 1 {
+        return chunks.pop_front().unwrap_or_default();
     }
-    let collected = body.collect().await;
-    Some(
-        collected
-            .map(|c| c.to_bytes())
-            .map_err(ProxyError::UpstreamProtocol),
-    )
+    let mut all = Vec::with_capacity(chunks.iter().map(Bytes::len).sum());
+    for chunk in chunks {
+        all.extend_from_slice(&chunk);
+    }
+    Bytes::from(all)
+}
+
+/// Reads the service's body ahead, up to `limit` bytes, and gives the session back at once
+/// when the body ended within them; otherwise the session goes back when the rest has been
+/// read. Event streams are not read ahead: holding their events back would stall them.
+pub(super) async fn response(
+    res: Response<Incoming>,
+    limit: usize,
+    mut lease: Lease,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (parts, body) = res.into_parts();
+    if body.is_end_stream() || is_event_stream(&parts.headers) {
+        if body.is_end_stream() {
+            lease.finish();
+        }
+        return Ok(Response::from_parts(
+            parts,
+            ProxyBody::Leased { body, lease },
+        ));
+    }
+    let ahead = read_ahead(body, limit)
+        .await
+        .map_err(ProxyError::UpstreamProtocol)?;
+    let lease = if ahead.rest.is_some() {
+        Some(lease)
+    } else {
+        lease.finish();
+        None
+    };
+    Ok(Response::from_parts(parts, ahead.into_body(lease)))
+}
+
+/// Whether a response is a `text/event-stream`, whose events must reach the client as sent.
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
 }
 
 /// A copy of the request to send again, when it is idempotent and its body is in memory.

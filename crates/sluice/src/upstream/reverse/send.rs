@@ -94,13 +94,13 @@ async fn send_on(
     }
 }
 
-/// Reads a body that fits `response_buffer` and gives the session back at once; otherwise
-/// wraps the body so the session goes back when it ends. Either way only if the session may
+/// Reads the body ahead up to `response_buffer` and gives the session back as soon as the
+/// body has been read off it (see [`buffer::response`]). Either way only if the session may
 /// carry another request: `Connection: close` retires it; an upgrade consumes it.
 async fn finish(
     pool: &Arc<SlicePool>,
     session: Session,
-    mut res: Response<Incoming>,
+    res: Response<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let reusable = res.version() == Version::HTTP_11
         && !wants_close(res.headers())
@@ -108,18 +108,6 @@ async fn finish(
     if !reusable {
         debug!(instance = %session.instance.id(), status = res.status().as_u16(), "session retired by its response");
     }
-    let mut lease = Lease::new(reusable.then_some(session), Arc::clone(pool));
-    if let Some(read) = buffer::response(&mut res, pool.opts.response_buffer).await {
-        let bytes = read?;
-        lease.finish();
-        return Ok(res.map(|_| ProxyBody::full(bytes)));
-    }
-    let (parts, body) = res.into_parts();
-    let mut body = ProxyBody::Leased { body, lease };
-    if let ProxyBody::Leased { body: b, lease } = &mut body {
-        if http_body::Body::is_end_stream(b) {
-            lease.finish();
-        }
-    }
-    Ok(Response::from_parts(parts, body))
+    let lease = Lease::new(reusable.then_some(session), Arc::clone(pool));
+    buffer::response(res, pool.opts.response_buffer, lease).await
 }
