@@ -4,7 +4,7 @@
 //! exist, secrets resolved, TLS files read), so the engine never re-validates and never sees an
 //! `Option` that "must be `Some` by now".
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -309,6 +309,58 @@ pub struct Acceptor {
     /// Handshakes per second accepted from one source address; `None` (config `0`) means no
     /// limit. Default 100.
     pub handshakes_per_second: Option<u32>,
+    /// TLS on every acceptor socket (TCP and UNIX); `None` (default) accepts plaintext.
+    pub tls: Option<AcceptorTls>,
+}
+
+/// TLS on the acceptor (`[acceptor] tls`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptorTls {
+    /// The acceptor's own certificate chain and key.
+    pub server: Tls,
+    /// Client certificates; `None` (no `client_ca`, default) asks services for none.
+    pub client_auth: Option<ClientAuth>,
+}
+
+/// mTLS: every service must present a certificate that `client_ca` signed.
+#[derive(Clone, PartialEq)]
+pub struct ClientAuth {
+    /// Where the CA certificates came from.
+    pub ca_path: PathBuf,
+    /// The PEM CA certificates client certificates must chain to.
+    pub ca_pem: Vec<u8>,
+    /// The services each client certificate name (DNS SAN, or CN without SANs; lowercase)
+    /// may register for (`[acceptor.clients]`). Empty (no table, default): every certificate
+    /// the CA signed may register for any service.
+    pub clients: BTreeMap<String, ServiceGrant>,
+}
+
+impl fmt::Debug for ClientAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientAuth")
+            .field("ca_path", &self.ca_path)
+            .field("clients", &self.clients)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The services one client certificate may register for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceGrant {
+    /// Any service (`"*"`).
+    Any,
+    /// Only these reverse clusters.
+    Services(BTreeSet<String>),
+}
+
+impl ServiceGrant {
+    /// Whether `service` is granted.
+    pub fn allows(&self, service: &str) -> bool {
+        match self {
+            ServiceGrant::Any => true,
+            ServiceGrant::Services(names) => names.contains(service),
+        }
+    }
 }
 
 /// A cluster of services that dial in (`kind = "reverse"`).

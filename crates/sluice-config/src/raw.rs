@@ -152,7 +152,21 @@ pub(crate) struct RawAcceptor {
     pub(crate) max_handshake_size: Option<Spanned<Size>>,
     pub(crate) max_sessions: Option<usize>,
     pub(crate) handshakes_per_second: Option<u32>,
+    pub(crate) tls: Option<RawAcceptorTls>,
+    pub(crate) clients: Option<Spanned<BTreeMap<Spanned<String>, RawGrant>>>,
 }
+
+/// `[acceptor] tls = { cert, key, client_ca }`; `client_ca` turns on mTLS.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAcceptorTls {
+    pub(crate) cert: Spanned<String>,
+    pub(crate) key: Spanned<String>,
+    pub(crate) client_ca: Option<Spanned<String>>,
+}
+
+/// One `[acceptor.clients]` entry: the services a client certificate name may register for.
+pub(crate) type RawGrant = Spanned<Vec<Spanned<String>>>;
 
 /// `pool = { ... }`.
 #[derive(Debug, Default, Deserialize)]

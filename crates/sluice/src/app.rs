@@ -9,7 +9,7 @@ use std::time::Duration;
 use sluice_config::{Action, ClusterKind, Config};
 use tokio::net::TcpListener;
 
-use crate::acceptor::Acceptor;
+use crate::acceptor::{Acceptor, BindError};
 use crate::proxy::ProxyService;
 use crate::router::{Direct, Matcher, Route, RouteTable, Target};
 use crate::server::{tls, Group, Server};
@@ -35,6 +35,13 @@ pub enum StartError {
         /// The TCP address.
         addr: SocketAddr,
         /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The acceptor's certificate, key or client CA was rejected by rustls.
+    #[error("acceptor: TLS: {source}")]
+    AcceptorTls {
+        /// What rustls said.
         #[source]
         source: std::io::Error,
     },
@@ -137,6 +144,14 @@ impl Proxy {
                 tracing::warn!(error = %e, "the acceptor task failed");
             }
         }
+        // Sessions would otherwise outlive the proxy in a process that goes on (an embedding
+        // program, `sluice demo`): their connection tasks keep the cluster alive. Closing them
+        // tells the services, which re-dial wherever Sluice runs next.
+        for upstream in self.clusters.values() {
+            if let Upstream::Reverse(slice) = upstream {
+                slice.cluster().close();
+            }
+        }
     }
 }
 
@@ -203,8 +218,11 @@ async fn bind_acceptor(
     Acceptor::bind(opts, reverse)
         .await
         .map(Some)
-        .map_err(|source| StartError::Acceptor {
-            addr: opts.addr,
-            source,
+        .map_err(|e| match e {
+            BindError::Bind(source) => StartError::Acceptor {
+                addr: opts.addr,
+                source,
+            },
+            BindError::Tls(source) => StartError::AcceptorTls { source },
         })
 }

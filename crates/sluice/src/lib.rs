@@ -8,25 +8,26 @@
 //!
 //! # Layout
 //!
-//! - [`acceptor`]: the service-facing listener of reverse clusters: registration handshakes,
-//!   tokens, session limits, drain requests.
+//! - [`acceptor`]: the service-facing listener of reverse clusters: TLS and mTLS (certificate
+//!   names mapped to services), registration handshakes, tokens, session limits, drain requests.
 //! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
 //! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
 //!   timeouts, the HTTP/1 request-smuggling guard (`Content-Length` with `Transfer-Encoding`),
 //!   graceful shutdown.
 //! - [`router`]: matching requests to routes (host, path prefix, method, headers, client CIDR).
 //! - [`proxy`]: the tower `Service` that applies a route: forwarding headers, hop-by-hop
-//!   stripping, header edits, direct responses, error statuses.
+//!   stripping, header edits, direct responses, error statuses, and HTTP/1.1 Upgrade
+//!   (WebSocket) bridging.
 //! - [`upstream`]: clusters. [`upstream::static_cluster`] holds endpoints, keep-alive pools,
 //!   load balancing, passive ejection and active health checks;
 //!   [`upstream::reverse`] leases sessions that services registered, with a per-slice
-//!   admission queue.
-//! - [`http`]: header rules shared by the proxy paths.
+//!   admission queue and request/response buffering so slow clients do not hold sessions.
+//! - [`http`]: request checks and header rules shared by the proxy paths.
 //! - [`body`]: the single body type that flows through the proxy.
 //! - [`error`]: typed failures and the status each maps to.
 //!
-//! Configuration parsing lives in the `sluice-config` crate; the `sluice` binary is in
-//! `sluice-cli`.
+//! Configuration parsing lives in the `sluice-config` crate, the session protocol codec in
+//! `sluice-session`, the service SDK in `sluice-sdk`; the `sluice` binary is in `sluice-cli`.
 
 pub mod acceptor;
 pub mod app;

@@ -1,15 +1,17 @@
-//! `[acceptor]`: the service-facing listener, and the route `slice` checks that depend on
-//! reverse clusters.
+//! `[acceptor]`: the service-facing listener with its TLS and client-certificate grants, and the
+//! route `slice` checks that depend on reverse clusters.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use toml::Spanned;
 
 use super::Ctx;
 use crate::error::ConfigError;
-use crate::model::{Acceptor, Action, Cluster, ClusterKind, Route};
-use crate::raw::{RawAcceptor, RawCluster, RawKind};
+use crate::model::{
+    Acceptor, AcceptorTls, Action, ClientAuth, Cluster, ClusterKind, Route, ServiceGrant,
+};
+use crate::raw::{RawAcceptor, RawAcceptorTls, RawCluster, RawGrant, RawKind, RawTls};
 
 const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_MAX_HANDSHAKE: usize = 8 * 1024;
@@ -39,6 +41,12 @@ pub(super) fn acceptor(
             None => Ok(None),
         };
     };
+    let reverse: BTreeSet<&str> = clusters
+        .iter()
+        .filter(|(_, c)| matches!(c.kind, RawKind::Reverse))
+        .map(|(name, _)| name.get_ref().as_str())
+        .collect();
+    let tls = tls(ctx, raw.tls, raw.clients, &reverse)?;
     let max_handshake_size = match raw.max_handshake_size {
         None => DEFAULT_MAX_HANDSHAKE,
         Some(s) if HANDSHAKE_RANGE.contains(&s.get_ref().0) => s.get_ref().0,
@@ -59,7 +67,114 @@ pub(super) fn acceptor(
                 .unwrap_or(DEFAULT_HANDSHAKES_PER_SECOND),
         )
         .filter(|&n| n > 0),
+        tls,
     }))
+}
+
+/// `tls = { cert, key, client_ca }` and the `[acceptor.clients]` that `client_ca` allows.
+fn tls(
+    ctx: Ctx<'_>,
+    raw: Option<RawAcceptorTls>,
+    clients: Option<Spanned<RawClients>>,
+    reverse: &BTreeSet<&str>,
+) -> Result<Option<AcceptorTls>, ConfigError> {
+    let has_ca = raw.as_ref().is_some_and(|t| t.client_ca.is_some());
+    if let Some(clients) = clients.as_ref().filter(|_| !has_ca) {
+        let msg = "[acceptor.clients] needs mTLS: set `client_ca` in the acceptor's `tls`";
+        return Err(ctx.err(clients.span(), msg));
+    }
+    let Some(raw) = raw else { return Ok(None) };
+    let server = super::tls::read(
+        ctx,
+        RawTls {
+            cert: raw.cert,
+            key: raw.key,
+        },
+    )?;
+    let client_auth = match raw.client_ca {
+        None => None,
+        Some(ca) => {
+            let (ca_path, ca_pem) = super::tls::read_ca(ctx, &ca)?;
+            let clients = match clients {
+                Some(c) => self::clients(ctx, c, reverse)?,
+                None => BTreeMap::new(),
+            };
+            Some(ClientAuth {
+                ca_path,
+                ca_pem,
+                clients,
+            })
+        }
+    };
+    Ok(Some(AcceptorTls {
+        server,
+        client_auth,
+    }))
+}
+
+type RawClients = BTreeMap<Spanned<String>, RawGrant>;
+
+/// `[acceptor.clients]`: names are compared case-insensitively, as DNS names are.
+fn clients(
+    ctx: Ctx<'_>,
+    raw: Spanned<RawClients>,
+    reverse: &BTreeSet<&str>,
+) -> Result<BTreeMap<String, ServiceGrant>, ConfigError> {
+    if raw.get_ref().is_empty() {
+        let msg = "[acceptor.clients] is empty, so no service could register; remove it to let \
+                   every certificate that client_ca signed register for any service";
+        return Err(ctx.err(raw.span(), msg));
+    }
+    let mut out = BTreeMap::new();
+    for (name, services) in raw.into_inner() {
+        let key = name.get_ref().to_ascii_lowercase();
+        if key.is_empty() {
+            return Err(ctx.err(name.span(), "a client certificate name must not be empty"));
+        }
+        let grant = grant(ctx, name.get_ref(), services, reverse)?;
+        if out.insert(key, grant).is_some() {
+            let msg = format!(
+                "client `{}` is listed twice (names are case-insensitive)",
+                name.get_ref()
+            );
+            return Err(ctx.err(name.span(), msg));
+        }
+    }
+    Ok(out)
+}
+
+/// One client's services: reverse cluster names, or `"*"` for any.
+fn grant(
+    ctx: Ctx<'_>,
+    client: &str,
+    raw: RawGrant,
+    reverse: &BTreeSet<&str>,
+) -> Result<ServiceGrant, ConfigError> {
+    if raw.get_ref().is_empty() {
+        let msg = format!("client `{client}` may register for no service: list services, or \"*\"");
+        return Err(ctx.err(raw.span(), msg));
+    }
+    let mut any = false;
+    let mut names = BTreeSet::new();
+    for service in raw.into_inner() {
+        match service.get_ref().as_str() {
+            "*" => any = true,
+            name if reverse.contains(name) => {
+                names.insert(name.to_owned());
+            }
+            name => {
+                let msg = format!(
+                    "client `{client}` names unknown service `{name}`: no reverse cluster has that name"
+                );
+                return Err(ctx.err(service.span(), msg));
+            }
+        }
+    }
+    Ok(if any {
+        ServiceGrant::Any
+    } else {
+        ServiceGrant::Services(names)
+    })
 }
 
 /// Sets each route's slice; a slice other than the default needs a reverse cluster.

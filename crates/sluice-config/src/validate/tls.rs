@@ -1,5 +1,6 @@
-//! Reads a listener's certificate chain and key so that a bad path fails at load time, at the
-//! line that names it, rather than when the first client connects.
+//! Reads a listener's (or the acceptor's) certificate chain and key, and the acceptor's client
+//! CA, so that a bad path fails at load time, at the line that names it, rather than when the
+//! first client connects.
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -36,6 +37,24 @@ pub(super) fn read(ctx: Ctx<'_>, raw: RawTls) -> Result<Tls, ConfigError> {
         cert_pem,
         key_pem,
     })
+}
+
+/// Reads the CA file of `client_ca`: at least one PEM certificate (whether it is a usable
+/// trust anchor is rustls's call at start-up).
+pub(super) fn read_ca(
+    ctx: Ctx<'_>,
+    raw: &Spanned<String>,
+) -> Result<(std::path::PathBuf, Vec<u8>), ConfigError> {
+    let (path, pem) = read_file(ctx, raw, "client CA")?;
+    let mut certs = CertificateDer::pem_slice_iter(&pem);
+    match certs.next() {
+        Some(Ok(_)) if certs.all(|c| c.is_ok()) => Ok((path, pem)),
+        Some(_) => Err(ctx.err(raw.span(), format!("{} is not valid PEM", path.display()))),
+        None => Err(ctx.err(
+            raw.span(),
+            format!("{} holds no PEM CERTIFICATE block", path.display()),
+        )),
+    }
 }
 
 fn read_file(

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use sluice_session::{parse_hello, Drain, Hello, Parsed, Registration, Rejection, Reply};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::Shared;
@@ -23,21 +24,31 @@ enum ReadError {
     Rejected(Rejection),
 }
 
-/// Serves one service connection to its end or until it becomes a session.
-pub(super) async fn handle<T>(mut io: T, peer: Option<IpAddr>, shared: Arc<Shared>)
+/// Who is at the other end of a service connection.
+#[derive(Debug, Default)]
+pub(super) struct Peer {
+    /// The source address; `None` over a UNIX socket.
+    pub(super) ip: Option<IpAddr>,
+    /// The names of the client certificate under mTLS; `None` without one.
+    pub(super) cert_names: Option<Vec<String>>,
+}
+
+/// Serves one service connection to its end or until it becomes a session. The hello must
+/// have arrived by `deadline`.
+pub(super) async fn handle<T>(mut io: T, peer: Peer, shared: Arc<Shared>, deadline: Instant)
 where
     T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let read = read_hello(&mut io, shared.opts.max_handshake_size);
-    let hello = match tokio::time::timeout(shared.opts.handshake_timeout, read).await {
+    let hello = match tokio::time::timeout_at(deadline, read).await {
         Ok(Ok(hello)) => hello,
         Ok(Err(ReadError::Rejected(r))) => return reject(io, &r).await,
         Ok(Err(error)) => return debug!(%error, "handshake failed"),
         Err(_elapsed) => return reject(io, &Rejection::bad_request("handshake timed out")).await,
     };
     let outcome = match hello {
-        Hello::Register(reg) => register(&mut io, &reg, peer, &shared).await,
-        Hello::Drain(drain) => self::drain(&mut io, &drain, peer, &shared).await,
+        Hello::Register(reg) => register(&mut io, &reg, &peer, &shared).await,
+        Hello::Drain(drain) => self::drain(&mut io, &drain, &peer, &shared).await,
     };
     match outcome {
         Ok(None) => {}
@@ -56,14 +67,19 @@ type Admitted = (ReverseCluster, String, SessionPermit);
 async fn register<T: AsyncWrite + Unpin>(
     io: &mut T,
     reg: &Registration,
-    peer: Option<IpAddr>,
+    peer: &Peer,
     shared: &Shared,
 ) -> Result<Option<Admitted>, Rejection> {
     let id = &reg.identity;
     let cluster = shared.admit(&id.service, id.token.as_deref(), peer)?;
-    let instance = instance_id(id.instance.as_deref(), peer);
+    let instance = instance_id(id.instance.as_deref(), peer.ip);
     let permit = cluster.reserve(&instance, &shared.total)?;
-    if let Err(error) = io.write_all(&Reply::switching_protocols()).await {
+    // Flushed: over TLS the answer could otherwise wait in rustls's buffer.
+    let answer = async {
+        io.write_all(&Reply::switching_protocols()).await?;
+        io.flush().await
+    };
+    if let Err(error) = answer.await {
         debug!(%error, "service went away before its 101");
         return Ok(None);
     }
@@ -74,12 +90,12 @@ async fn register<T: AsyncWrite + Unpin>(
 async fn drain<T: AsyncWrite + Unpin>(
     io: &mut T,
     drain: &Drain,
-    peer: Option<IpAddr>,
+    peer: &Peer,
     shared: &Shared,
 ) -> Result<Option<Admitted>, Rejection> {
     let id = &drain.identity;
     let cluster = shared.admit(&id.service, id.token.as_deref(), peer)?;
-    let instance = instance_id(id.instance.as_deref(), peer);
+    let instance = instance_id(id.instance.as_deref(), peer.ip);
     let known = cluster.drain(&instance);
     info!(cluster = %id.service, instance = %instance, known, "drain requested");
     let _ = io.write_all(&Reply::drained()).await;

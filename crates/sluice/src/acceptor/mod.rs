@@ -5,22 +5,33 @@
 //! registration, answered `101` and handed to its cluster's slice as an idle session, or a
 //! drain request, answered `200`. Refusals carry the protocol's statuses: 400 malformed, 401
 //! bad token, 404 unknown service, 429 a limit, 503 draining or shutting down.
+//!
+//! With `tls`, every acceptor socket (TCP and UNIX) speaks TLS first, within the same
+//! `handshake_timeout`. With `client_ca`, services must present a certificate the CA signed,
+//! and `[acceptor.clients]` decides which services each certificate name may register for
+//! (401 otherwise); bearer tokens, when configured, are checked on top.
 
 mod handshake;
 mod rate;
+mod tls;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use rustls::ServerConfig;
+use sluice_config::ServiceGrant;
 use sluice_session::Rejection;
 use socket2::{SockRef, TcpKeepalive};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tracing::{debug, info, warn};
+use tokio::time::Instant;
+use tracing::{debug, info, warn, Instrument};
 
+use self::handshake::Peer;
 use self::rate::RateLimiter;
-use crate::server::ShutdownSignal;
+use crate::server::{accept_error, ShutdownSignal};
 use crate::upstream::reverse::Limit;
 use crate::upstream::ReverseCluster;
 
@@ -28,6 +39,17 @@ pub use sluice_config::Acceptor as AcceptorOptions;
 
 /// Idle time before the first keepalive probe on a session.
 const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Why an acceptor could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The TCP address or the UNIX socket could not be bound.
+    #[error("cannot bind: {0}")]
+    Bind(#[source] std::io::Error),
+    /// rustls refused the certificate, the key or the client CA.
+    #[error("TLS: {0}")]
+    Tls(#[source] std::io::Error),
+}
 
 /// A bound acceptor, ready to run.
 #[derive(Debug)]
@@ -46,27 +68,38 @@ struct Shared {
     total: Arc<Limit>,
     rate: RateLimiter,
     shutdown: Option<ShutdownSignal>,
+    /// TLS for every connection; `None` is plaintext.
+    tls: Option<Arc<ServerConfig>>,
 }
 
 impl Acceptor {
-    /// Binds the TCP address (and the UNIX socket, if configured) for these clusters.
+    /// Builds the TLS config (if `opts.tls` is set), then binds the TCP address (and the UNIX
+    /// socket, if configured) for these clusters.
     pub async fn bind(
         opts: &AcceptorOptions,
         clusters: impl IntoIterator<Item = ReverseCluster>,
-    ) -> std::io::Result<Self> {
-        let tcp = TcpListener::bind(opts.addr).await?;
-        let unix = opts.unix.as_ref().map(UnixListener::bind).transpose()?;
+    ) -> Result<Self, BindError> {
+        let tls = opts.tls.as_ref().map(crate::server::tls::acceptor_config);
+        let tls = tls.transpose().map_err(BindError::Tls)?;
+        let tcp = TcpListener::bind(opts.addr)
+            .await
+            .map_err(BindError::Bind)?;
+        let unix = opts.unix.as_ref().map(UnixListener::bind).transpose();
+        let unix = unix.map_err(BindError::Bind)?;
         let clusters: HashMap<_, _> = clusters
             .into_iter()
             .map(|c| (c.name().to_owned(), c))
             .collect();
-        warn_plaintext_tokens(opts.addr, &clusters);
+        if tls.is_none() {
+            warn_plaintext_tokens(opts.addr, &clusters);
+        }
         let shared = Shared {
             total: Arc::new(Limit::new(opts.max_sessions)),
             rate: RateLimiter::new(opts.handshakes_per_second),
             opts: opts.clone(),
             clusters,
             shutdown: None,
+            tls,
         };
         Ok(Self { tcp, unix, shared })
     }
@@ -82,12 +115,13 @@ impl Acceptor {
     }
 
     /// Accepts service connections until `signal` fires. Handshakes still in progress then
-    /// answer 503; sessions already registered live on until the proxy drops their clusters.
+    /// answer 503; registered sessions are closed by [`Proxy::run_until`](crate::Proxy::run_until) when it ends.
     pub async fn run(self, signal: ShutdownSignal) {
         let mut shared = self.shared;
         shared.shutdown = Some(signal.clone());
         let shared = Arc::new(shared);
-        info!(acceptor.addr = ?self.tcp.local_addr().ok(), "acceptor running");
+        let tls = shared.tls.is_some();
+        info!(acceptor.addr = ?self.tcp.local_addr().ok(), acceptor.tls = tls, "acceptor running");
         let stop = signal.wait();
         tokio::pin!(stop);
         loop {
@@ -95,13 +129,13 @@ impl Acceptor {
                 () = &mut stop => break,
                 accepted = self.tcp.accept() => match accepted {
                     Ok((stream, peer)) => spawn_tcp(stream, peer, &shared),
-                    Err(error) => debug!(%error, "acceptor accept failed"),
+                    Err(error) => accept_error("acceptor", error).await,
                 },
                 accepted = accept_unix(self.unix.as_ref()) => match accepted {
                     Ok(stream) => {
-                        tokio::spawn(handshake::handle(stream, None, Arc::clone(&shared)));
+                        tokio::spawn(serve(stream, None, Arc::clone(&shared)));
                     }
-                    Err(error) => debug!(%error, "acceptor accept failed (unix)"),
+                    Err(error) => accept_error("acceptor (unix)", error).await,
                 },
             }
         }
@@ -128,8 +162,27 @@ fn spawn_tcp(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
     }
     let _ = stream.set_nodelay(true);
     let span = tracing::debug_span!("service", service.addr = %peer);
-    let fut = handshake::handle(stream, Some(peer.ip()), Arc::clone(shared));
-    tokio::spawn(tracing::Instrument::instrument(fut, span));
+    tokio::spawn(serve(stream, Some(peer.ip()), Arc::clone(shared)).instrument(span));
+}
+
+/// Runs TLS first when configured, then the registration handshake; one deadline covers both.
+async fn serve<S>(io: S, ip: Option<IpAddr>, shared: Arc<Shared>)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let deadline = Instant::now() + shared.opts.handshake_timeout;
+    let mut peer = Peer {
+        ip,
+        cert_names: None,
+    };
+    let Some(config) = &shared.tls else {
+        return handshake::handle(io, peer, shared, deadline).await;
+    };
+    let Some(io) = tls::accept(config, io, deadline).await else {
+        return;
+    };
+    peer.cert_names = tls::client_names(io.get_ref().1);
+    handshake::handle(io, peer, shared, deadline).await;
 }
 
 fn warn_plaintext_tokens(addr: SocketAddr, clusters: &HashMap<String, ReverseCluster>) {
@@ -143,17 +196,17 @@ fn warn_plaintext_tokens(addr: SocketAddr, clusters: &HashMap<String, ReverseClu
 
 impl Shared {
     /// The checks common to registering and draining: shutdown (503), handshake rate (429),
-    /// service (404), token (401).
+    /// service (404), client certificate (401), token (401).
     fn admit(
         &self,
         service: &str,
         token: Option<&str>,
-        peer: Option<IpAddr>,
+        peer: &Peer,
     ) -> Result<ReverseCluster, Rejection> {
         if self.shutdown.as_ref().is_some_and(|s| s.is_triggered()) {
             return Err(Rejection::unavailable("shutting down"));
         }
-        if peer.is_some_and(|ip| !self.rate.allow(ip)) {
+        if peer.ip.is_some_and(|ip| !self.rate.allow(ip)) {
             return Err(Rejection::limited(
                 "handshakes per second from this address",
             ));
@@ -162,9 +215,18 @@ impl Shared {
             .clusters
             .get(service)
             .ok_or_else(|| Rejection::unknown_service(service))?;
+        if let Some(grants) = self.client_grants() {
+            tls::authorize(grants, peer.cert_names.as_deref(), service)?;
+        }
         if !cluster.authorize(token) {
             return Err(Rejection::unauthorized());
         }
         Ok(cluster.clone())
+    }
+
+    /// `[acceptor.clients]`, when mTLS is on.
+    fn client_grants(&self) -> Option<&BTreeMap<String, ServiceGrant>> {
+        let auth = self.opts.tls.as_ref()?.client_auth.as_ref()?;
+        Some(&auth.clients)
     }
 }

@@ -158,7 +158,7 @@ impl Server {
 }
 
 /// Accept fails mostly on fd exhaustion; back off briefly instead of spinning.
-async fn accept_error(listener: &str, e: std::io::Error) {
+pub(crate) async fn accept_error(listener: &str, e: std::io::Error) {
     warn!(listener, error = %e, "accept failed");
     tokio::time::sleep(Duration::from_millis(50)).await;
 }

@@ -157,6 +157,19 @@ impl ReverseCluster {
         true
     }
 
+    /// Closes every session: idle ones now, busy ones when their responses end. The proxy
+    /// calls this when it stops.
+    pub fn close(&self) {
+        let instances: Vec<_> = locked(&self.inner.instances).values().cloned().collect();
+        for inst in &instances {
+            inst.start_draining();
+        }
+        let pools: Vec<_> = locked(&self.inner.slices).values().cloned().collect();
+        for pool in pools {
+            pool.evict_all();
+        }
+    }
+
     /// Whether registering needs a bearer token.
     pub fn has_tokens(&self) -> bool {
         !self.inner.tokens.is_empty()

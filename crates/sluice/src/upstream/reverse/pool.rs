@@ -94,8 +94,11 @@ impl SlicePool {
                 Taken::Queued(mut waiter) => waiter.wait(deadline).await?,
             };
             // `ready` waits out the moment between a body's end and hyper's dispatcher being
-            // idle again, and fails for a session the service closed meanwhile.
-            if session.sender.ready().await.is_ok() && session.usable() {
+            // idle again, and fails for a session the service closed meanwhile. It is bounded:
+            // a session still busy writing a slow upload the service answered early would
+            // otherwise hold this request; such a session is closed (its SDK re-dials).
+            let ready = tokio::time::timeout(self.opts.queue_timeout, session.sender.ready());
+            if matches!(ready.await, Ok(Ok(()))) && session.usable() {
                 return Ok(session);
             }
             debug!(cluster = %self.cluster, slice = %self.slice, instance = %session.instance.id(), "discarded a dead idle session");
@@ -155,6 +158,11 @@ impl SlicePool {
     /// Closes the idle sessions of a draining instance.
     pub(crate) fn evict(&self, instance: &Arc<Instance>) {
         self.remove_idle(|s| Arc::ptr_eq(&s.instance, instance));
+    }
+
+    /// Closes every idle session.
+    pub(crate) fn evict_all(&self) {
+        self.remove_idle(|_| true);
     }
 
     fn remove_idle(&self, remove: impl Fn(&Session) -> bool) {
