@@ -2,8 +2,9 @@
 //! the framework API: a tiny flag parser, log setup, the `listening` line scripts wait for,
 //! and demo backends so that every example runs on its own.
 //!
-//! The examples are `load_balance.rs`, `host_routing.rs` and `dynamic_upstreams.rs` next to
-//! this file; `README.md` says how to run them.
+//! The framework examples are `load_balance.rs`, `host_routing.rs` and `dynamic_upstreams.rs`
+//! next to this file; `hello_service.rs` is a service that listens or dials in through the SDK
+//! (the benchmarks use it). `README.md` says how to run them.
 
 use std::convert::Infallible;
 use std::fmt;
