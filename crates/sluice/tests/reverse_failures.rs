@@ -124,3 +124,45 @@ async fn expired_queue_wait_answers_503() {
     assert_eq!(get(proxy.http, "/").await.status, StatusCode::OK);
     proxy.stop().await;
 }
+
+/// A response head that breaks the protocol: response bytes arrived, so the request may have
+/// been acted on and must not be sent to a second session.
+#[tokio::test]
+async fn a_malformed_response_is_502_and_not_retried() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let spec = ServiceSpec::new("a", 2);
+    let heads = Arc::new(AtomicUsize::new(0));
+    for _ in 0..2 {
+        let (mut stream, status) =
+            reverse_support::service::dial(proxy.acceptor, &spec.registration()).await;
+        assert_eq!(status, 101);
+        let heads = Arc::clone(&heads);
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stream.read(&mut buf).await {
+                if n == 0 {
+                    return;
+                }
+                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    heads.fetch_add(1, Ordering::SeqCst);
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: oops\r\n\r\n")
+                        .await;
+                }
+            }
+        });
+    }
+    proxy.idle("default", 2).await;
+    let res = get(proxy.http, "/").await;
+    assert_eq!(res.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        heads.load(Ordering::SeqCst),
+        1,
+        "the request reached a second session"
+    );
+    proxy.stop().await;
+}

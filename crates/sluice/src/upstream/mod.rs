@@ -5,6 +5,7 @@
 //! services registered by dialing in.
 
 pub mod connect;
+pub(crate) mod exchange;
 pub mod reverse;
 pub mod static_cluster;
 

@@ -150,21 +150,3 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
         .and_then(|v| v.split(';').next())
         .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
 }
-
-/// A copy of the request to send again, when it is idempotent and its body is in memory.
-pub(super) fn replay_of(req: &Request<ProxyBody>) -> Option<(http::request::Parts, Bytes)> {
-    if !crate::upstream::is_idempotent(req.method()) {
-        return None;
-    }
-    let body = match req.body() {
-        ProxyBody::Full { data } => data.clone().unwrap_or_default(),
-        other if other.is_end_stream() => Bytes::new(),
-        _ => return None,
-    };
-    let (mut parts, ()) = Request::new(()).into_parts();
-    parts.method = req.method().clone();
-    parts.uri = req.uri().clone();
-    parts.version = req.version();
-    parts.headers = req.headers().clone();
-    Some((parts, body))
-}

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use tracing::debug;
 
@@ -11,7 +11,7 @@ use super::pool::SlicePool;
 use super::session::{Lease, Session};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::http::headers::wants_close;
+use crate::upstream::exchange::{self, Failure, Replay};
 
 /// Reads a body that fits `request_buffer`, then leases a session and exchanges the request
 /// on it. A session that dies before any response byte costs the request a second session
@@ -22,76 +22,32 @@ pub(super) async fn send(
     req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let req = buffer::request(req, pool.opts.request_buffer).await?;
-    let replay = buffer::replay_of(&req);
+    let replay = Replay::of(&req);
     let session = pool.lease().await?;
-    let instance = session.instance.id().to_owned();
-    let failure = match send_on(pool, session, req).await {
+    let instance = Arc::clone(&session.instance);
+    let failure = match send_on(pool, session, req, replay).await {
         Ok(res) => return Ok(res),
         Err(failure) => failure,
     };
-    let retry = match failure.unsent {
-        Some(unsent) => Some(unsent),
-        None if failure.stale => {
-            replay.map(|(parts, body)| Request::from_parts(parts, ProxyBody::full(body)))
-        }
-        None => None,
-    };
-    let Some(req) = retry else {
+    let Some(req) = failure.retry else {
         return Err(failure.error);
     };
-    debug!(instance = %instance, error = %failure.error, "session failed before the response; retrying on another");
+    debug!(instance = %instance.id(), error = %failure.error, "session failed before the response; retrying on another");
     let session = pool.lease().await?;
-    send_on(pool, session, req).await.map_err(|f| f.error)
-}
-
-/// Why a send failed, and what of the request survived.
-struct SendFailure {
-    error: ProxyError,
-    /// The request, when hyper gave it back unsent.
-    unsent: Option<Request<ProxyBody>>,
-    /// Whether the session failed before any response byte, not by the client's fault.
-    stale: bool,
+    send_on(pool, session, req, None).await.map_err(|f| f.error)
 }
 
 async fn send_on(
     pool: &Arc<SlicePool>,
     mut session: Session,
     req: Request<ProxyBody>,
-) -> Result<Response<ProxyBody>, SendFailure> {
-    let sent = tokio::time::timeout(
-        pool.opts.response_timeout,
-        session.sender.try_send_request(req),
-    );
-    match sent.await {
-        Ok(Ok(res)) => finish(pool, session, res)
-            .await
-            .map_err(|error| SendFailure {
-                error,
-                unsent: None,
-                stale: false,
-            }),
-        Ok(Err(mut e)) => {
-            let unsent = e.take_message();
-            let error = e.into_error();
-            let client_fault = error.is_user();
-            let error = if client_fault {
-                ProxyError::ClientBody(error)
-            } else {
-                ProxyError::UpstreamProtocol(error)
-            };
-            Err(SendFailure {
-                error,
-                unsent,
-                stale: !client_fault,
-            })
-        }
-        // Dropping the session with its request in flight closes it: it is never reused.
-        Err(_elapsed) => Err(SendFailure {
-            error: ProxyError::ResponseTimeout,
-            unsent: None,
-            stale: false,
-        }),
-    }
+    replay: Option<Replay>,
+) -> Result<Response<ProxyBody>, Failure> {
+    let timeout = pool.opts.response_timeout;
+    let res = exchange::send(&mut session.sender, req, timeout, replay).await?;
+    finish(pool, session, res)
+        .await
+        .map_err(|error| Failure { error, retry: None })
 }
 
 /// Reads the body ahead up to `response_buffer` and gives the session back as soon as the
@@ -102,9 +58,7 @@ async fn finish(
     session: Session,
     res: Response<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let reusable = res.version() == Version::HTTP_11
-        && !wants_close(res.headers())
-        && res.status() != StatusCode::SWITCHING_PROTOCOLS;
+    let reusable = exchange::keeps_connection(&res);
     if !reusable {
         debug!(instance = %session.instance.id(), status = res.status().as_u16(), "session retired by its response");
     }

@@ -1,0 +1,98 @@
+//! One request/response exchange on an HTTP/1.1 client connection, shared by static clusters
+//! (pooled connections) and reverse clusters (sessions): the response timeout, which failures
+//! allow a second attempt, the copy that makes that attempt possible, and whether the
+//! connection may carry another request afterwards.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+
+use super::is_idempotent;
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::http::headers::wants_close;
+
+/// A request that can be sent again: idempotent (RFC 9110 §9.2.2) with its body in memory.
+#[derive(Debug)]
+pub(crate) struct Replay {
+    parts: Parts,
+    body: Bytes,
+}
+
+impl Replay {
+    /// A copy of `req`, when it is idempotent and its body is empty or fully buffered.
+    pub(crate) fn of(req: &Request<ProxyBody>) -> Option<Self> {
+        if !is_idempotent(req.method()) {
+            return None;
+        }
+        let body = match req.body() {
+            ProxyBody::Full { data } => data.clone().unwrap_or_default(),
+            other if http_body::Body::is_end_stream(other) => Bytes::new(),
+            _ => return None,
+        };
+        let (mut parts, ()) = Request::new(()).into_parts();
+        parts.method = req.method().clone();
+        parts.uri = req.uri().clone();
+        parts.version = req.version();
+        parts.headers = req.headers().clone();
+        Some(Self { parts, body })
+    }
+
+    fn into_request(self) -> Request<ProxyBody> {
+        Request::from_parts(self.parts, ProxyBody::full(self.body))
+    }
+}
+
+/// A failed exchange, and the request to try again, if the failure allows one.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) error: ProxyError,
+    /// The request hyper gave back unsent, or `replay` rebuilt after the connection failed
+    /// before any response byte.
+    pub(crate) retry: Option<Request<ProxyBody>>,
+}
+
+/// Sends `req` and waits at most `timeout` for the response head.
+///
+/// Only a connection that closed or failed before the response started may be retried: a
+/// parse error means response bytes arrived, a body error is the client's, and a timeout
+/// leaves the request in an unknown state. Dropping the send future on timeout closes the
+/// connection, so it is never reused.
+pub(crate) async fn send(
+    sender: &mut SendRequest<ProxyBody>,
+    req: Request<ProxyBody>,
+    timeout: Duration,
+    replay: Option<Replay>,
+) -> Result<Response<Incoming>, Failure> {
+    match tokio::time::timeout(timeout, sender.try_send_request(req)).await {
+        Ok(Ok(res)) => Ok(res),
+        Ok(Err(mut e)) => {
+            let unsent = e.take_message();
+            let error = e.into_error();
+            let stale = !error.is_user() && !error.is_parse() && !error.is_timeout();
+            let retry = unsent.or_else(|| replay.filter(|_| stale).map(Replay::into_request));
+            let error = if error.is_user() {
+                ProxyError::ClientBody(error)
+            } else {
+                ProxyError::UpstreamProtocol(error)
+            };
+            Err(Failure { error, retry })
+        }
+        Err(_elapsed) => Err(Failure {
+            error: ProxyError::ResponseTimeout,
+            retry: None,
+        }),
+    }
+}
+
+/// Whether the connection may carry another request after `res`: HTTP/1.1 without
+/// `Connection: close`, and not a 101 (the upgrade takes the socket).
+pub(crate) fn keeps_connection<B>(res: &Response<B>) -> bool {
+    res.version() == Version::HTTP_11
+        && !wants_close(res.headers())
+        && res.status() != StatusCode::SWITCHING_PROTOCOLS
+}
