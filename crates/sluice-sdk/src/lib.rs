@@ -56,10 +56,20 @@ pub use state::Status;
 /// The error type services and bodies may return, as hyper accepts it.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Starts keeping `options.capacity` sessions registered, each serving HTTP/1.1 (with upgrades)
-/// with a clone of `service`. Returns at once; sessions register in the background (watch
-/// [`Sessions::subscribe`]). Fails only for invalid options or outside a Tokio runtime.
-pub fn serve<S, B>(options: Options, service: S) -> Result<Sessions, Error>
+/// A tower service the SDK can run on sessions: it takes hyper's requests, its errors and
+/// response bodies are ones hyper accepts, and it can be cloned per session and moved across
+/// tasks. Implemented for every such service; there is nothing to implement.
+pub trait SessionService:
+    Service<Request<Incoming>, Response = Response<Self::Body>, Error: Into<BoxError>, Future: Send>
+    + Clone
+    + Send
+    + 'static
+{
+    /// The response body.
+    type Body: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
+}
+
+impl<S, B> SessionService for S
 where
     S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
         + Clone
@@ -67,5 +77,12 @@ where
         + 'static,
     B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
 {
+    type Body = B;
+}
+
+/// Starts keeping `options.capacity` sessions registered, each serving HTTP/1.1 (with upgrades)
+/// with a clone of `service`. Returns at once; sessions register in the background (watch
+/// [`Sessions::subscribe`]). Fails only for invalid options or outside a Tokio runtime.
+pub fn serve<S: SessionService>(options: Options, service: S) -> Result<Sessions, Error> {
     Sessions::start(options, service)
 }

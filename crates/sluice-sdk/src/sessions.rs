@@ -3,16 +3,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use http::{Request, Response};
-use http_body::Body;
-use hyper::body::Incoming;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
-use tower_service::Service;
 
 use crate::slot::Slot;
 use crate::state::Shared;
-use crate::{dial, BoxError, Error, Options, Status};
+use crate::SessionService;
+use crate::{dial, Error, Options, Status};
 
 /// Starts one slot task; the sender is dropped when the task ends.
 type Spawner = Box<dyn Fn(mpsc::Sender<()>) + Send + Sync>;
@@ -42,14 +39,7 @@ impl std::fmt::Debug for Sessions {
 }
 
 impl Sessions {
-    pub(crate) fn start<S, B>(options: Options, service: S) -> Result<Self, Error>
-    where
-        S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
-            + Clone
-            + Send
-            + 'static,
-        B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
-    {
+    pub(crate) fn start<S: SessionService>(options: Options, service: S) -> Result<Self, Error> {
         options.validate()?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let shared = Arc::new(Shared::default());
@@ -129,14 +119,12 @@ impl Drop for Sessions {
     }
 }
 
-fn spawner<S, B>(shared: Arc<Shared>, options: Arc<Options>, service: S, rt: Handle) -> Spawner
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
-        + Clone
-        + Send
-        + 'static,
-    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
-{
+fn spawner<S: SessionService>(
+    shared: Arc<Shared>,
+    options: Arc<Options>,
+    service: S,
+    rt: Handle,
+) -> Spawner {
     // The mutex makes the handle `Sync` for services that are only `Send`.
     let service = Mutex::new(service);
     let next_id = AtomicU64::new(0);

@@ -5,20 +5,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
-use http_body::Body;
-use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tower_service::Service;
 use tracing::Instrument;
 
 use crate::dial::{self, SessionIo};
 use crate::retire::{Retiring, SessionFlags};
 use crate::state::{Counts, Shared};
-use crate::{BoxError, Error, Options};
+use crate::SessionService;
+use crate::{Error, Options};
 
 /// How a registered session ended.
 enum Ended {
@@ -35,14 +32,7 @@ pub(crate) struct Slot<S> {
     pub(crate) service: S,
 }
 
-impl<S, B> Slot<S>
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
-        + Clone
-        + Send
-        + 'static,
-    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
-{
+impl<S: SessionService> Slot<S> {
     // Methods that await take `&mut self`: `&Slot` is not `Send` for a service that is not `Sync`.
 
     /// Runs the slot; `_done` is dropped when it ends, which is what `shutdown` waits for.
@@ -125,14 +115,7 @@ where
 }
 
 /// Serves HTTP/1.1 on a session until the proxy closes it or an upgrade takes it.
-async fn serve<S, B>(io: SessionIo, service: Retiring<S>)
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
-        + Clone
-        + Send
-        + 'static,
-    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
-{
+async fn serve<S: SessionService>(io: SessionIo, service: Retiring<S>) {
     let conn = http1::Builder::new()
         // A session idles between requests for as long as the proxy likes.
         .header_read_timeout(None)
