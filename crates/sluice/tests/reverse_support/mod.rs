@@ -16,6 +16,7 @@ use tokio::net::TcpSocket;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+#[allow(unused_imports)]
 pub use service::{Service, ServiceSpec};
 
 /// A running proxy with one reverse cluster named `api`.

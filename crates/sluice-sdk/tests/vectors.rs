@@ -1,0 +1,175 @@
+//! The Rust SDK against the shared protocol vectors (protocol/vectors/session.json): the bytes
+//! it sends, what it makes of every acceptor answer, and which identities it refuses. The Go
+//! and Python SDKs run the same vectors.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use sluice_sdk::{serve, Error, Options, Sessions};
+use sluice_session::vectors::{self, ReplyCase, ReplyVerdict};
+use support::{hello, options, within};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify};
+
+/// What a scripted acceptor saw on one connection: the request head, and what the SDK wrote
+/// after the answer (a response, when the answer made the connection a session).
+type Seen = (Vec<u8>, Vec<u8>);
+
+/// An acceptor that answers every request head with `answer`, closes its side (a whole `101` only
+/// once `release` is notified, so that the test can see the session registered), and reports
+/// what it saw once the SDK has closed the connection too.
+async fn scripted(answer: Vec<u8>) -> (SocketAddr, mpsc::UnboundedReceiver<Seen>, Arc<Notify>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let release = Arc::new(Notify::new());
+    let release2 = release.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let release = release2.clone();
+            tokio::spawn(answer_one(stream, answer.clone(), tx.clone(), release));
+        }
+    });
+    (addr, rx, release)
+}
+
+async fn answer_one(
+    mut stream: TcpStream,
+    answer: Vec<u8>,
+    seen: mpsc::UnboundedSender<Seen>,
+    release: Arc<Notify>,
+) {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+            return;
+        }
+        head.push(byte[0]);
+    }
+    let _ = stream.write_all(&answer).await;
+    let mut back = Vec::new();
+    let whole_101 = answer.starts_with(b"HTTP/1.1 101") && answer.ends_with(b"\r\n\r\n");
+    if whole_101 {
+        // Until released, or until the SDK closes a 101 it does not take for a session.
+        tokio::select! {
+            () = release.notified() => {}
+            _ = stream.read_to_end(&mut back) => {}
+        }
+    }
+    let _ = stream.shutdown().await;
+    let _ = stream.read_to_end(&mut back).await;
+    let _ = seen.send((head, back));
+}
+
+#[tokio::test]
+async fn registration_and_drain_requests_are_the_vector_bytes() {
+    let v = vectors::load().unwrap();
+    for case in v.registrations.iter().filter(|c| c.capacity.is_some()) {
+        let (addr, mut seen, _) = scripted(Vec::new()).await;
+        let mut opts = Options::new(addr, case.identity.clone().into());
+        opts.capacity = case.capacity.unwrap() as usize;
+        let sessions = serve(opts, tower::service_fn(hello)).unwrap();
+        assert_eq!(
+            within(seen.recv()).await.unwrap().0,
+            case.bytes.0,
+            "{}",
+            case.name
+        );
+        drop(sessions);
+    }
+    for case in &v.drains {
+        let (addr, mut seen, _) = scripted(Vec::new()).await;
+        let mut opts = Options::new(addr, case.identity.clone().into());
+        opts.capacity = 0;
+        let sessions = serve(opts, tower::service_fn(hello)).unwrap();
+        let _ = sessions.shutdown().await;
+        assert_eq!(
+            within(seen.recv()).await.unwrap().0,
+            case.bytes.0,
+            "{}",
+            case.name
+        );
+    }
+}
+
+/// Registers one session against an acceptor that answers `case.bytes`; returns the first
+/// outcome and what the SDK wrote after the answer.
+async fn register_against(case: &ReplyCase) -> (Result<(), Error>, Vec<u8>) {
+    let (addr, mut seen, release) = scripted(case.bytes.0.clone()).await;
+    let sessions = serve(options(addr, 1), tower::service_fn(hello)).unwrap();
+    let mut status = sessions.subscribe();
+    let status = within(status.wait_for(|s| s.registered == 1 || s.last_error.is_some()))
+        .await
+        .unwrap()
+        .clone();
+    release.notify_one();
+    let (_head, back) = within(seen.recv()).await.unwrap();
+    drop(sessions);
+    (status.last_error.map_or(Ok(()), Err), back)
+}
+
+async fn drain_against(case: &ReplyCase) -> Result<(), Error> {
+    let (addr, _seen, _) = scripted(case.bytes.0.clone()).await;
+    let sessions: Sessions = serve(options(addr, 0), tower::service_fn(hello)).unwrap();
+    within(sessions.shutdown()).await
+}
+
+#[tokio::test]
+async fn every_acceptor_answer_is_read_as_the_vectors_say() {
+    let v = vectors::load().unwrap();
+    assert!(v.replies.len() >= 10);
+    for case in &v.replies {
+        let name = &case.name;
+        let outcome = match case.request.as_str() {
+            "register" => {
+                let (outcome, back) = register_against(case).await;
+                if let ReplyVerdict::Session { rest } = &case.expect {
+                    // The bytes past the 101 are a request: the session must answer it.
+                    let answered = back.starts_with(b"HTTP/1.1 200");
+                    assert_eq!(answered, !rest.0.is_empty(), "{name}: {back:?}");
+                }
+                outcome
+            }
+            "drain" => drain_against(case).await,
+            other => panic!("{name}: unknown request {other}"),
+        };
+        match (&case.expect, outcome) {
+            (ReplyVerdict::Session { .. } | ReplyVerdict::Drained, Ok(())) => {}
+            (ReplyVerdict::Refused { status, retryable }, Err(e)) => {
+                assert!(
+                    matches!(e, Error::Refused { status: s } if s == *status),
+                    "{name}: {e}"
+                );
+                assert_eq!(e.is_retryable(), *retryable, "{name}");
+            }
+            (ReplyVerdict::Error { retryable }, Err(e)) => {
+                assert!(!matches!(e, Error::Refused { .. }), "{name}: {e}");
+                assert_eq!(e.is_retryable(), *retryable, "{name}");
+            }
+            (want, got) => panic!("{name}: expected {want:?}, got {got:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn identities_are_accepted_or_refused_as_the_vectors_say() {
+    let v = vectors::load().unwrap();
+    for case in &v.options {
+        let mut opts = Options::new(
+            "127.0.0.1:9".parse::<SocketAddr>().unwrap(),
+            case.identity.clone().into(),
+        );
+        opts.capacity = 0;
+        let result = serve(opts, tower::service_fn(hello));
+        match result {
+            Ok(_) => assert!(case.valid, "{}: accepted", case.name),
+            Err(Error::Config(_)) => assert!(!case.valid, "{}: refused", case.name),
+            Err(e) => panic!("{}: {e}", case.name),
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The codec against the shared protocol vectors (protocol/vectors/session.json): it encodes
+//! every registration and drain to exactly the bytes the SDKs send, parses them back, gives
+//! every hello its verdict, and reads every acceptor answer as the vectors say.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use sluice_session::vectors::{self, ParseVerdict, ReplyVerdict, VectorIdentity};
+use sluice_session::*;
+
+fn load() -> vectors::Vectors {
+    vectors::load().unwrap()
+}
+
+fn identity(v: &VectorIdentity) -> Identity {
+    v.clone().into()
+}
+
+#[test]
+fn registrations_encode_to_the_vector_bytes_and_parse_back() {
+    let v = load();
+    assert!(!v.registrations.is_empty());
+    for case in &v.registrations {
+        let reg = Registration {
+            identity: identity(&case.identity),
+            capacity: case.capacity,
+        };
+        assert_eq!(reg.encode(), case.bytes.0, "{}", case.name);
+        let parsed = parse_hello(&case.bytes.0, v.acceptor.max_handshake_size).unwrap();
+        let expected = Parsed::Complete(Hello::Register(reg), case.bytes.0.len());
+        assert_eq!(parsed, expected, "{}", case.name);
+    }
+}
+
+#[test]
+fn drains_encode_to_the_vector_bytes_and_parse_back() {
+    let v = load();
+    assert!(!v.drains.is_empty());
+    for case in &v.drains {
+        let drain = Drain {
+            identity: identity(&case.identity),
+        };
+        assert_eq!(drain.encode(), case.bytes.0, "{}", case.name);
+        let parsed = parse_hello(&case.bytes.0, v.acceptor.max_handshake_size).unwrap();
+        let expected = Parsed::Complete(Hello::Drain(drain), case.bytes.0.len());
+        assert_eq!(parsed, expected, "{}", case.name);
+    }
+}
+
+#[test]
+fn every_hello_gets_the_vector_verdict() {
+    let v = load();
+    assert!(v.hellos.len() >= 20);
+    for case in &v.hellos {
+        let got = parse_hello(&case.bytes.0, v.acceptor.max_handshake_size);
+        let name = &case.name;
+        match (&case.parse, got) {
+            (ParseVerdict::Partial, Ok(Parsed::Partial)) => {}
+            (ParseVerdict::Register { register, consumed }, Ok(Parsed::Complete(hello, len))) => {
+                let expected = Registration {
+                    identity: identity(&register.identity),
+                    capacity: register.capacity,
+                };
+                assert_eq!(hello, Hello::Register(expected), "{name}");
+                assert_eq!(len, consumed.unwrap_or(case.bytes.0.len()), "{name}");
+            }
+            (ParseVerdict::Drain { drain }, Ok(Parsed::Complete(hello, len))) => {
+                let expected = Drain {
+                    identity: identity(&drain.identity),
+                };
+                assert_eq!(hello, Hello::Drain(expected), "{name}");
+                assert_eq!(len, case.bytes.0.len(), "{name}");
+            }
+            (ParseVerdict::Reject { reject }, Err(r)) => {
+                assert_eq!(r.status, reject.status, "{name}: {r}");
+                assert!(r.reason.contains(&reject.reason), "{name}: {r}");
+            }
+            (want, got) => panic!("{name}: expected {want:?}, got {got:?}"),
+        }
+    }
+}
+
+/// The SDK's reading of an answer: what `parse_reply` says, after the connection ended.
+fn outcome(request: &str, bytes: &[u8]) -> Result<(Reply, Vec<u8>), ()> {
+    match parse_reply(bytes) {
+        Ok(Parsed::Complete(reply, len)) => match (request, &reply) {
+            ("register", Reply::Switched | Reply::Refused(_))
+            | ("drain", Reply::Drained | Reply::Refused(_)) => Ok((reply, bytes[len..].to_vec())),
+            _ => Err(()),
+        },
+        // The connection ended before a whole head: an error, as is anything unparseable.
+        Ok(Parsed::Partial) | Err(_) => Err(()),
+    }
+}
+
+#[test]
+fn every_reply_reads_as_the_vectors_say() {
+    let v = load();
+    assert!(v.replies.len() >= 10);
+    for case in &v.replies {
+        let got = outcome(&case.request, &case.bytes.0);
+        let name = &case.name;
+        match (&case.expect, got) {
+            (ReplyVerdict::Session { rest }, Ok((Reply::Switched, after))) => {
+                assert_eq!(after, rest.0, "{name}");
+            }
+            (ReplyVerdict::Drained, Ok((Reply::Drained, _))) => {}
+            (ReplyVerdict::Refused { status, .. }, Ok((Reply::Refused(got), _))) => {
+                assert_eq!(got, *status, "{name}");
+            }
+            (ReplyVerdict::Error { .. }, Err(())) => {}
+            (want, got) => panic!("{name}: expected {want:?}, got {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_acceptor_encodes_refusals_as_the_vectors_show_them() {
+    // Every refusal vector whose bytes came from an acceptor must be what this acceptor sends.
+    let v = load();
+    let ours = [
+        Rejection::bad_request("missing Sluice-Service").encode(),
+        Rejection::unauthorized().encode(),
+        Rejection::unknown_service("nope").encode(),
+        Rejection::limited("sessions of this instance").encode(),
+        Rejection::unavailable("shutting down").encode(),
+        Reply::switching_protocols(),
+        Reply::drained(),
+    ];
+    for bytes in ours {
+        let found = v.replies.iter().any(|c| c.bytes.0 == bytes);
+        assert!(
+            found,
+            "{:?} is not among the reply vectors",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+}
