@@ -102,17 +102,19 @@ impl Reply {
     }
 }
 
-/// Parses the head of an acceptor's answer. A `101` must name the session protocol in
-/// `Upgrade`; anything that is not HTTP/1.1 is an error.
+/// Parses the head of an acceptor's answer, at most [`DEFAULT_MAX_HEAD`](crate::DEFAULT_MAX_HEAD)
+/// bytes. A `101` must name the session protocol in `Upgrade`; anything that is not HTTP/1.1
+/// is an error.
 pub fn parse_reply(buf: &[u8]) -> Result<Parsed<Reply>, Rejection> {
     let mut headers = [httparse::EMPTY_HEADER; 16];
     let mut res = httparse::Response::new(&mut headers);
     let len = match res.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Complete(len)) if len <= crate::DEFAULT_MAX_HEAD => len,
         Ok(httparse::Status::Partial) if buf.len() <= crate::DEFAULT_MAX_HEAD => {
             return Ok(Parsed::Partial)
         }
-        _ => return Err(Rejection::bad_request("malformed acceptor reply")),
+        Ok(_) => return Err(Rejection::bad_request("acceptor reply head too large")),
+        Err(_) => return Err(Rejection::bad_request("malformed acceptor reply")),
     };
     let reply = match res.code {
         Some(101) => {

@@ -1,0 +1,157 @@
+package sluice
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// errClosedEarly: the acceptor hung up before its answer's head was complete.
+var errClosedEarly = fmt.Errorf("the acceptor closed the connection before answering: %w", io.ErrUnexpectedEOF)
+
+// keepAliveIdle is how long a session may sit silent before the kernel probes it: sessions
+// idle for long stretches, and keepalive finds one whose peer vanished.
+const keepAliveIdle = 30 * time.Second
+
+// dialer opens connections to the acceptor and runs the handshakes.
+type dialer struct {
+	network, address string
+	tls              *tls.Config
+	id               identity
+	timeout          time.Duration
+}
+
+func newDialer(o *Options) *dialer {
+	network, address, _ := o.endpoint() // validated by Listen
+	d := &dialer{network: network, address: address, id: o.identity(), timeout: o.HandshakeTimeout}
+	if o.TLS != nil {
+		d.tls = o.TLS.Clone()
+		if d.tls.ServerName == "" && network == "tcp" {
+			d.tls.ServerName, _, _ = net.SplitHostPort(address)
+		}
+	}
+	return d
+}
+
+// register dials and registers one session; capacity goes into Sluice-Capacity. It returns
+// the connection and the bytes read past the 101 head.
+func (d *dialer) register(ctx context.Context, capacity int) (net.Conn, []byte, error) {
+	conn, rep, rest, err := d.exchange(ctx, "register", encodeRegistration(d.id, capacity))
+	if err != nil {
+		return nil, nil, err
+	}
+	switch rep.kind {
+	case replySwitched:
+		return conn, rest, nil
+	case replyRefused:
+		conn.Close()
+		return nil, nil, &Error{Op: "register", Kind: KindRefused, Status: rep.status}
+	}
+	conn.Close()
+	return nil, nil, &Error{Op: "register", Kind: KindProtocol, Err: errors.New("200 to a registration")}
+}
+
+// drain sends `POST /.sluice/v1/drain` for the instance on a new connection and expects 200.
+func (d *dialer) drain(ctx context.Context) error {
+	conn, rep, _, err := d.exchange(ctx, "drain", encodeDrain(d.id))
+	if err != nil {
+		return err
+	}
+	conn.Close()
+	switch rep.kind {
+	case replyDrained:
+		return nil
+	case replyRefused:
+		return &Error{Op: "drain", Kind: KindRefused, Status: rep.status}
+	}
+	return &Error{Op: "drain", Kind: KindProtocol, Err: errors.New("101 to a drain request")}
+}
+
+// exchange connects, writes req and reads the reply head, all within the handshake timeout.
+// On success the connection is open, without deadline.
+func (d *dialer) exchange(ctx context.Context, op string, req []byte) (net.Conn, reply, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	conn, err := d.connect(ctx, op)
+	if err != nil {
+		return nil, reply{}, nil, err
+	}
+	// A past deadline unblocks the reads and writes below when ctx ends.
+	unblock := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	rep, rest, err := d.talk(conn, op, req)
+	if !unblock() || err != nil {
+		conn.Close()
+		return nil, reply{}, nil, d.ctxError(ctx, op, err)
+	}
+	return conn, rep, rest, nil
+}
+
+func (d *dialer) talk(conn net.Conn, op string, req []byte) (reply, []byte, error) {
+	if _, err := conn.Write(req); err != nil {
+		return reply{}, nil, &Error{Op: op, Kind: KindIO, Err: err}
+	}
+	return readReply(conn, op)
+}
+
+// ctxError prefers the context's verdict: an I/O error caused by the deadline is a timeout.
+func (d *dialer) ctxError(ctx context.Context, op string, err error) error {
+	switch ctx.Err() {
+	case context.DeadlineExceeded:
+		return &Error{Op: op, Kind: KindTimeout, Err: errors.New("no answer within " + d.timeout.String())}
+	case context.Canceled:
+		return context.Canceled
+	}
+	return err
+}
+
+func (d *dialer) connect(ctx context.Context, op string) (net.Conn, error) {
+	nd := net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: keepAliveIdle}}
+	conn, err := nd.DialContext(ctx, d.network, d.address)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, d.ctxError(ctx, op, err)
+		}
+		return nil, &Error{Op: op, Kind: KindConnect, Err: err}
+	}
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		tcp.SetNoDelay(true) // the default in Go; said here because latency depends on it
+	}
+	if d.tls == nil {
+		return conn, nil
+	}
+	tc := tls.Client(conn, d.tls)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, d.ctxError(ctx, op, err)
+		}
+		return nil, &Error{Op: op, Kind: KindTLS, Err: err}
+	}
+	return tc, nil
+}
+
+// readReply reads the answer's head (at most maxReplyHead bytes in all) and returns it with
+// whatever was read past it.
+func readReply(conn net.Conn, op string) (reply, []byte, error) {
+	buf := make([]byte, maxReplyHead)
+	n := 0
+	for {
+		m, readErr := conn.Read(buf[n:])
+		n += m
+		rep, head, err := parseReply(buf[:n])
+		switch {
+		case err == nil:
+			return rep, append([]byte(nil), buf[head:n]...), nil
+		case !errors.Is(err, errPartial):
+			return reply{}, nil, &Error{Op: op, Kind: KindProtocol, Err: err}
+		case readErr == io.EOF:
+			return reply{}, nil, &Error{Op: op, Kind: KindIO, Err: errClosedEarly}
+		case readErr != nil:
+			return reply{}, nil, &Error{Op: op, Kind: KindIO, Err: readErr}
+		}
+	}
+}

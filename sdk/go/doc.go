@@ -1,0 +1,40 @@
+// Package sluice serves any net/http handler through Sluice by dialing in: the service opens
+// connections to the proxy's acceptor and registers each as a session (DESIGN.md §3), so the
+// proxy never connects to the service and every session is one unit of declared concurrency.
+//
+// [Listen] returns a [*Listener] that keeps Options.Capacity sessions registered in the
+// background and yields each registered session from Accept as a [net.Conn], so an unchanged
+// [http.Server] serves through Sluice:
+//
+//	ln, err := sluice.Listen(context.Background(), sluice.Options{
+//		Acceptor: "127.0.0.1:7070",
+//		Service:  "hello",
+//		Token:    os.Getenv("SLUICE_TOKEN"),
+//		Capacity: 8,
+//	})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	srv := &http.Server{Handler: ln.Handler(hello)}
+//	go srv.Serve(ln)
+//	// ... on SIGTERM: drain first, then stop the server.
+//	ln.Shutdown(ctx)
+//	srv.Shutdown(ctx)
+//
+// The Listener re-dials a replacement whenever the proxy closes a session or an upgrade
+// (WebSocket) consumes one, backs off with jitter while the acceptor is unreachable or busy,
+// and stops a slot for good on 400, 401 and 404 (see [Listener.Status]).
+// [Listener.SetCapacity] resizes at runtime; wrap the handler with [Listener.Handler] so that
+// shrinking retires surplus sessions at once, race-free, with `Connection: close`.
+//
+// # Layout
+//   - options.go: [Options], [Backoff], validation and defaults.
+//   - errors.go: [Error] and [Kind]: where a dial failed and whether it is retried.
+//   - wire.go: the registration and drain requests and the acceptor's reply, as bytes.
+//   - dial.go: TCP/UNIX/TLS connections and the handshakes, bounded by HandshakeTimeout.
+//   - conn.go: the session [net.Conn] that Accept returns.
+//   - state.go: the resize bookkeeping (target, slots, owed retirements).
+//   - listener.go: [Listener]: Accept, resize, status, Close and Shutdown.
+//   - slot.go: one goroutine per session slot: dial, register, hand over, re-dial.
+//   - retire.go: [Listener.Handler], the middleware that retires sessions.
+package sluice

@@ -1,0 +1,89 @@
+package sluice
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kind says where a dial or handshake failed.
+type Kind int
+
+const (
+	// KindConnect: the acceptor could not be reached (network; retried).
+	KindConnect Kind = iota + 1
+	// KindTLS: the TLS handshake with the acceptor failed (network or certificates; retried).
+	KindTLS
+	// KindTimeout: connecting plus the answer took longer than HandshakeTimeout (retried).
+	KindTimeout
+	// KindRefused: the acceptor answered with a refusal status; see [Error.Retryable].
+	KindRefused
+	// KindProtocol: the acceptor's answer is not the session protocol (upstream; retried).
+	KindProtocol
+	// KindIO: reading or writing the handshake failed (network; retried).
+	KindIO
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindConnect:
+		return "connect"
+	case KindTLS:
+		return "tls"
+	case KindTimeout:
+		return "timeout"
+	case KindRefused:
+		return "refused"
+	case KindProtocol:
+		return "protocol"
+	case KindIO:
+		return "io"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Error is a failed registration or drain: what was tried, where it failed and, for a
+// refusal, the acceptor's status.
+type Error struct {
+	// Op is "register" or "drain".
+	Op string
+	// Kind says where it failed.
+	Kind Kind
+	// Status is the acceptor's HTTP status for KindRefused, else 0.
+	Status int
+	// Err is the underlying cause, when there is one.
+	Err error
+}
+
+func (e *Error) Error() string {
+	msg := "sluice: " + e.Op + ": "
+	switch {
+	case e.Kind == KindRefused:
+		msg += fmt.Sprintf("the acceptor refused with status %d", e.Status)
+	case e.Err != nil:
+		msg += e.Kind.String() + ": " + e.Err.Error()
+	default:
+		msg += e.Kind.String()
+	}
+	if !e.Retryable() {
+		msg += " (not retried)"
+	}
+	return msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Retryable reports whether dialing again may succeed: false for refusals with 400, 401 and
+// 404 (the configuration is wrong), true for everything else.
+func (e *Error) Retryable() bool {
+	return e.Kind != KindRefused || !permanent(e.Status)
+}
+
+func permanent(status int) bool {
+	return status == 400 || status == 401 || status == 404
+}
+
+// IsRetryable reports whether err is an [*Error] that may succeed when tried again.
+func IsRetryable(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Retryable()
+}

@@ -1,0 +1,338 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func listen(t *testing.T, f *fakeAcceptor, o Options) *Listener {
+	t.Helper()
+	o.Acceptor = f.addr
+	if o.Service == "" {
+		o.Service = "api"
+	}
+	if o.Backoff == (Backoff{}) {
+		o.Backoff = fastBackoff
+	}
+	ln, err := Listen(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+func TestServesThroughAnUnchangedHTTPServer(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Instance: "api-1", Token: "s3cret"})
+	serve(t, ln, hello)
+
+	s := f.session()
+	want := string(encodeRegistration(identity{"api", "default", "api-1", "s3cret"}, 1))
+	if string(s.hello) != want {
+		t.Errorf("registration %q, want %q", s.hello, want)
+	}
+	for range 2 { // one session serves request after request
+		resp, body := s.get(t, "/x")
+		if resp.StatusCode != 200 || body != "hello\n" || resp.Close {
+			t.Fatalf("got %d %q close=%v", resp.StatusCode, body, resp.Close)
+		}
+	}
+}
+
+func TestCapacityNRegistersNSessions(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Capacity: 3})
+	serve(t, ln, hello)
+	for range 3 {
+		s := f.session()
+		if !strings.Contains(string(s.hello), "\r\nSluice-Capacity: 3\r\n") {
+			t.Errorf("registration without the capacity: %q", s.hello)
+		}
+		if _, body := s.get(t, "/"); body != "hello\n" {
+			t.Errorf("body %q", body)
+		}
+	}
+	waitUntil(t, ln, "3 registered", func(l *Listener) bool { return l.registered == 3 })
+	if st := ln.Status(); st.Registered != 3 || st.Capacity != 3 || st.LastError != nil {
+		t.Errorf("status %+v", st)
+	}
+}
+
+func TestProxyClosingASessionDialsAReplacement(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{})
+	serve(t, ln, hello)
+	first := f.session()
+	first.get(t, "/")
+	first.conn.Close()
+	second := f.session()
+	if _, body := second.get(t, "/"); body != "hello\n" {
+		t.Errorf("body %q", body)
+	}
+	if n := f.registrations(); n != 2 {
+		t.Errorf("%d registrations, want 2", n)
+	}
+}
+
+func TestSetCapacityGrowsAndRetiresWithConnectionClose(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Capacity: 1})
+	serve(t, ln, hello)
+	sessions := []*fakeSession{f.session()}
+
+	ln.SetCapacity(3)
+	for range 2 {
+		s := f.session()
+		if !strings.Contains(string(s.hello), "\r\nSluice-Capacity: 3\r\n") {
+			t.Errorf("grown registration carries %q", s.hello)
+		}
+		sessions = append(sessions, s)
+	}
+
+	ln.SetCapacity(1)
+	for i, s := range sessions {
+		resp, body := s.get(t, "/")
+		if body != "hello\n" || resp.Close != (i < 2) {
+			t.Fatalf("session %d: body %q, Connection: close = %v", i, body, resp.Close)
+		}
+		if resp.Close {
+			s.conn.Close() // the proxy closes a session after Connection: close
+		}
+	}
+	waitUntil(t, ln, "the retired slots ended", func(l *Listener) bool {
+		return l.running == 1 && l.registered == 1
+	})
+	// The one slot left holds its session: nothing can dial any more.
+	if n := f.registrations(); n != 3 {
+		t.Errorf("%d registrations, want 3 (retired sessions must not be re-dialed)", n)
+	}
+	if resp, _ := sessions[2].get(t, "/"); resp.Close {
+		t.Error("the remaining session was retired too")
+	}
+}
+
+func TestShrinkingWhileBackingOffEndsTheSlot(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	f.setAnswer(func(int) string { return refusal(503) })
+	ln := listen(t, f, Options{Capacity: 2})
+	waitUntil(t, ln, "a refusal is recorded", func(l *Listener) bool { return l.lastErr != nil })
+	ln.SetCapacity(0)
+	waitUntil(t, ln, "every slot ended", func(l *Listener) bool { return l.running == 0 })
+}
+
+func TestUnauthorizedStopsForGoodUntilCapacityIsSetAgain(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	f.setAnswer(func(int) string { return refusal(401) })
+	ln := listen(t, f, Options{Capacity: 2})
+	serve(t, ln, hello)
+	waitUntil(t, ln, "both slots gave up", func(l *Listener) bool { return l.running == 0 })
+
+	var e *Error
+	if err := ln.Status().LastError; !errors.As(err, &e) || e.Status != 401 || e.Retryable() {
+		t.Fatalf("last error %v, want a permanent 401", err)
+	}
+	if n := f.registrations(); n != 2 {
+		t.Errorf("%d registrations, want 2: a 401 is not retried", n)
+	}
+
+	f.setAnswer(func(int) string { return switched })
+	ln.SetCapacity(2)
+	f.session()
+	f.session()
+	waitUntil(t, ln, "2 registered", func(l *Listener) bool { return l.registered == 2 })
+}
+
+func TestUnavailableIsRetriedWithBackoff(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	f.setAnswer(func(n int) string {
+		if n < 3 {
+			return refusal(503)
+		}
+		return switched
+	})
+	ln := listen(t, f, Options{})
+	serve(t, ln, hello)
+	s := f.session()
+	if _, body := s.get(t, "/"); body != "hello\n" {
+		t.Errorf("body %q", body)
+	}
+	var e *Error
+	if err := ln.Status().LastError; !errors.As(err, &e) || e.Status != 503 || !e.Retryable() {
+		t.Errorf("last error %v, want a retryable 503", err)
+	}
+	if n := f.registrations(); n != 4 {
+		t.Errorf("%d registrations, want 4", n)
+	}
+}
+
+func TestShutdownDrainsAndWaitsForTheProxyToCloseEverySession(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Capacity: 2, Instance: "api-1", Token: "s3cret"})
+	started, release := make(chan struct{}), make(chan struct{})
+	_, served := serve(t, ln, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			close(started)
+			<-release
+		}
+		hello(w, r)
+	})
+	busy, idle := f.session(), f.session()
+
+	type result struct {
+		resp *http.Response
+		body string
+		err  error
+	}
+	inFlight := make(chan result, 1)
+	go func() {
+		resp, body, err := busy.roundTrip("/slow")
+		inFlight <- result{resp, body, err}
+	}()
+	<-started
+
+	// The proxy, told to drain, closes the idle session at once and the busy one after its
+	// response.
+	f.mu.Lock()
+	f.onDrain = func() { idle.conn.Close() }
+	f.mu.Unlock()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- ln.Shutdown(context.Background()) }()
+
+	drain := <-f.drains
+	if want := string(encodeDrain(identity{"api", "default", "api-1", "s3cret"})); string(drain) != want {
+		t.Errorf("drain %q, want %q", drain, want)
+	}
+	waitUntil(t, ln, "the idle session is closed", func(l *Listener) bool { return l.registered == 1 })
+	select {
+	case err := <-shutdown:
+		t.Fatalf("Shutdown returned %v while a session was still open", err)
+	default:
+	}
+
+	close(release)
+	r := <-inFlight
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.resp.StatusCode != 200 || r.body != "hello\n" {
+		t.Fatalf("in-flight request: %d %q", r.resp.StatusCode, r.body)
+	}
+	busy.conn.Close()
+	if err := <-shutdown; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := <-served; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Serve returned %v, want net.ErrClosed", err)
+	}
+	if n := f.registrations(); n != 2 {
+		t.Errorf("%d registrations, want 2: nothing re-dials during a drain", n)
+	}
+}
+
+func TestCloseClosesEverySessionAtOnce(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Capacity: 2})
+	_, served := serve(t, ln, hello)
+	a, b := f.session(), f.session()
+	waitUntil(t, ln, "2 registered", func(l *Listener) bool { return l.registered == 2 })
+	ln.Close()
+	for _, s := range []*fakeSession{a, b} {
+		if _, err := io.ReadAll(s.conn); err != nil {
+			t.Errorf("session not closed cleanly: %v", err)
+		}
+	}
+	if err := <-served; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Serve returned %v, want net.ErrClosed", err)
+	}
+	waitUntil(t, ln, "every slot ended", func(l *Listener) bool { return l.running == 0 })
+	if n := f.registrations(); n != 2 {
+		t.Errorf("%d registrations, want 2", n)
+	}
+}
+
+func TestAHijackedSessionIsReplacedWhenItCloses(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{})
+	serve(t, ln, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/ws" {
+			hello(w, r)
+			return
+		}
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		buf.Flush()
+		io.Copy(conn, buf) // echo until the peer closes
+		conn.Close()
+	})
+	s := f.session()
+	req, _ := http.NewRequest("GET", "http://svc/ws", nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "echo")
+	req.Write(s.conn)
+	resp, err := http.ReadResponse(s.br, req)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	s.conn.Write([]byte("ping"))
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(s.br, got); err != nil || string(got) != "ping" {
+		t.Fatalf("echo %q %v", got, err)
+	}
+	s.conn.Close()
+	if _, body := f.session().get(t, "/"); body != "hello\n" {
+		t.Errorf("the replacement answered %q", body)
+	}
+}
+
+func TestUnixSocketAcceptor(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "acceptor.sock")
+	unixLn, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFakeAcceptor(t, unixLn, "unix:"+path)
+	ln := listen(t, f, Options{})
+	serve(t, ln, hello)
+	if _, body := f.session().get(t, "/"); body != "hello\n" {
+		t.Errorf("body %q", body)
+	}
+}
+
+func TestInvalidOptionsAreRejectedBeforeAnyDial(t *testing.T) {
+	t.Parallel()
+	for _, o := range []Options{
+		{Service: "api"},
+		{Acceptor: "no-port", Service: "api"},
+		{Acceptor: "unix:", Service: "api"},
+		{Acceptor: "127.0.0.1:1", Service: "api", Capacity: -1},
+		{Acceptor: "127.0.0.1:1", Service: "api", Backoff: Backoff{Jitter: 2}},
+		{Acceptor: "127.0.0.1:1", Service: "api", Backoff: Backoff{Initial: 10e9, Max: 1e9}},
+		{Acceptor: "127.0.0.1:1", Service: "api", HandshakeTimeout: -1},
+	} {
+		if _, err := Listen(t.Context(), o); !errors.Is(err, ErrInvalidOptions) {
+			t.Errorf("%+v: got %v, want ErrInvalidOptions", o, err)
+		}
+	}
+}

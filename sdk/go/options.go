@@ -1,0 +1,179 @@
+package sluice
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"time"
+)
+
+// ErrInvalidOptions is wrapped by every error Listen returns for options that could never
+// register.
+var ErrInvalidOptions = errors.New("sluice: invalid options")
+
+// Options says where the acceptor is, who this instance is and how hard to try.
+// Zero values take the documented defaults.
+type Options struct {
+	// Acceptor is the proxy's acceptor: "host:port", or "unix:/path" for a UNIX socket.
+	// Required; a host name is resolved again on every dial.
+	Acceptor string
+	// Service is the reverse cluster to join (Sluice-Service). Required.
+	Service string
+	// Slice is the slice the sessions join (Sluice-Slice); "" means "default".
+	Slice string
+	// Instance is the instance id (Sluice-Instance); "" sends none, and the proxy then uses
+	// the peer's IP address. Set it to drain only this process on Shutdown.
+	Instance string
+	// Token is the bearer token (Authorization: Bearer); "" sends none.
+	Token string
+	// Capacity is how many sessions to keep registered; 0 means 1.
+	Capacity int
+	// TLS, when set, wraps every connection to the acceptor in TLS with this configuration
+	// (its Certificates give mutual TLS). nil (the default) means plaintext. An empty
+	// ServerName is taken from Acceptor's host; a UNIX acceptor needs one set.
+	TLS *tls.Config
+	// Backoff spaces out failed dials; zero fields take their defaults.
+	Backoff Backoff
+	// HandshakeTimeout bounds connecting, the TLS handshake and the acceptor's answer;
+	// 0 means 5 s.
+	HandshakeTimeout time.Duration
+	// Logger receives debug and warning records about dials and sessions; nil discards them.
+	Logger *slog.Logger
+}
+
+// Backoff is jittered exponential backoff between failed dials: Initial doubling up to Max,
+// each delay shortened by up to Jitter of itself at random, so many instances do not re-dial a
+// restarted proxy in lockstep.
+type Backoff struct {
+	// Initial is the first delay; 0 means 100 ms.
+	Initial time.Duration
+	// Max is the longest delay; 0 means 5 s.
+	Max time.Duration
+	// Jitter is the share of each delay taken off at random, up to 1; 0 means 0.5 and a
+	// negative value means no jitter.
+	Jitter float64
+}
+
+// Delay is the pause before retry number attempt (0-based): Initial·2^attempt, capped at Max,
+// less a random share of up to Jitter. Zero fields count as their defaults.
+func (b Backoff) Delay(attempt int) time.Duration {
+	b = b.withDefaults()
+	attempt = max(attempt, 0)
+	base := b.Max
+	if attempt < 31 && b.Initial <= b.Max>>attempt {
+		base = b.Initial << attempt
+	}
+	if b.Jitter <= 0 {
+		return base
+	}
+	return base - time.Duration(float64(base)*b.Jitter*rand.Float64())
+}
+
+func (b Backoff) withDefaults() Backoff {
+	if b.Initial == 0 {
+		b.Initial = 100 * time.Millisecond
+	}
+	if b.Max == 0 {
+		b.Max = 5 * time.Second
+	}
+	if b.Jitter == 0 {
+		b.Jitter = 0.5
+	}
+	return b
+}
+
+const (
+	defaultSlice            = "default"
+	defaultHandshakeTimeout = 5 * time.Second
+	unixPrefix              = "unix:"
+)
+
+// withDefaults returns a copy with every zero field replaced by its default.
+func (o Options) withDefaults() Options {
+	if o.Slice == "" {
+		o.Slice = defaultSlice
+	}
+	if o.Capacity == 0 {
+		o.Capacity = 1
+	}
+	if o.HandshakeTimeout == 0 {
+		o.HandshakeTimeout = defaultHandshakeTimeout
+	}
+	o.Backoff = o.Backoff.withDefaults()
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// validate rejects options that could never register, before any dial. It expects defaults
+// applied.
+func (o *Options) validate() error {
+	if err := o.validateIdentity(); err != nil {
+		return err
+	}
+	if _, _, err := o.endpoint(); err != nil {
+		return err
+	}
+	switch b := o.Backoff; {
+	case o.Capacity < 0:
+		return invalid("Capacity must not be negative")
+	case b.Initial < 0 || b.Initial > b.Max:
+		return invalid("Backoff.Initial must be positive and at most Backoff.Max")
+	case b.Jitter > 1:
+		return invalid("Backoff.Jitter must be at most 1")
+	case o.HandshakeTimeout < 0:
+		return invalid("HandshakeTimeout must be positive")
+	}
+	return nil
+}
+
+// validateIdentity checks the fields that become header values: a value that is not visible
+// ASCII could inject a header line.
+func (o *Options) validateIdentity() error {
+	if o.Service == "" {
+		return invalid("Service is empty")
+	}
+	for _, f := range []struct{ name, value string }{
+		{"Service", o.Service}, {"Slice", o.Slice}, {"Instance", o.Instance}, {"Token", o.Token},
+	} {
+		if !headerValue(f.value) {
+			return invalid(f.name + " must be visible ASCII without leading or trailing spaces")
+		}
+	}
+	return nil
+}
+
+func headerValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < ' ' || c > '~' {
+			return false
+		}
+	}
+	return strings.TrimSpace(v) == v
+}
+
+// endpoint is the network and address to dial.
+func (o *Options) endpoint() (network, address string, err error) {
+	if path, ok := strings.CutPrefix(o.Acceptor, unixPrefix); ok {
+		if path == "" {
+			return "", "", invalid("Acceptor unix: needs a path")
+		}
+		if o.TLS != nil && o.TLS.ServerName == "" && !o.TLS.InsecureSkipVerify {
+			return "", "", invalid("TLS.ServerName must be set for a UNIX acceptor")
+		}
+		return "unix", path, nil
+	}
+	if _, _, err := net.SplitHostPort(o.Acceptor); err != nil {
+		return "", "", invalid(fmt.Sprintf("Acceptor %q is neither host:port nor unix:/path", o.Acceptor))
+	}
+	return "tcp", o.Acceptor, nil
+}
+
+func invalid(why string) error {
+	return fmt.Errorf("%w: %s", ErrInvalidOptions, why)
+}

@@ -1,0 +1,48 @@
+package sluice
+
+import "net/http"
+
+// Handler wraps h for serving on this Listener's sessions. When SetCapacity has shrunk the
+// capacity and a retirement is owed, the wrapper answers the current request with
+// `Connection: close` — net/http then closes the session after the response, the proxy does
+// not reuse it (DESIGN.md §3 "Retire"), and its slot ends instead of re-dialing. This is
+// race-free: no request is lost to the shrink.
+//
+// Without Handler, shrinking takes effect only as sessions end for other reasons (the proxy
+// closes them) or at slots that are not registered at the moment.
+//
+// Requests that did not arrive on a session of this Listener pass through unchanged.
+func (l *Listener) Handler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c := l.sessionOf(r); c != nil && l.retires(c) {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// sessionOf finds the session a request arrived on from its local address.
+func (l *Listener) sessionOf(r *http.Request) *sessionConn {
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(*sessionAddr)
+	if !ok || addr.conn.l != l {
+		return nil
+	}
+	return addr.conn
+}
+
+// retires reports whether this request's response must retire its session, claiming an owed
+// retirement for it if there is one.
+func (l *Listener) retires(c *sessionConn) bool {
+	if c.retired.Load() {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.counts.claimRetirement() {
+		return false
+	}
+	c.retired.Store(true)
+	l.notifyLocked()
+	l.log.Debug("retiring session: answering with Connection: close")
+	return true
+}

@@ -1,0 +1,247 @@
+package sluice
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+)
+
+// The shared protocol vectors: every SDK runs all of them (protocol/README.md).
+const vectorsPath = "../../protocol/vectors/session.json"
+
+type vectorIdentity struct {
+	Service  string  `json:"service"`
+	Slice    string  `json:"slice"`
+	Instance *string `json:"instance"`
+	Token    *string `json:"token"`
+}
+
+// options maps the vector's identity to Options; null is "" in Go.
+func (v vectorIdentity) options() Options {
+	deref := func(s *string) string {
+		if s == nil {
+			return ""
+		}
+		return *s
+	}
+	return Options{Service: v.Service, Slice: v.Slice, Instance: deref(v.Instance), Token: deref(v.Token)}
+}
+
+type vectors struct {
+	Registrations []struct {
+		Name     string         `json:"name"`
+		Identity vectorIdentity `json:"identity"`
+		Capacity *int           `json:"capacity"`
+		Bytes    string         `json:"bytes"`
+	} `json:"registrations"`
+	Drains []struct {
+		Name     string         `json:"name"`
+		Identity vectorIdentity `json:"identity"`
+		Bytes    string         `json:"bytes"`
+	} `json:"drains"`
+	Replies []struct {
+		Name    string `json:"name"`
+		Request string `json:"request"`
+		Bytes   string `json:"bytes"`
+		Expect  struct {
+			Outcome   string `json:"outcome"`
+			Rest      string `json:"rest"`
+			Status    int    `json:"status"`
+			Retryable bool   `json:"retryable"`
+		} `json:"expect"`
+	} `json:"replies"`
+	Options []struct {
+		Name     string         `json:"name"`
+		Identity vectorIdentity `json:"identity"`
+		Valid    bool           `json:"valid"`
+	} `json:"options"`
+}
+
+func loadVectors(t *testing.T) vectors {
+	t.Helper()
+	raw, err := os.ReadFile(vectorsPath)
+	if err != nil {
+		t.Fatalf("the shared protocol vectors must be present: %v", err)
+	}
+	var v vectors
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatalf("parse %s: %v", vectorsPath, err)
+	}
+	return v
+}
+
+// latin1 turns a vector byte string (every character below U+0100) into its bytes.
+func latin1(t *testing.T, s string) []byte {
+	t.Helper()
+	out := make([]byte, 0, len(s))
+	for _, r := range s {
+		if r > 0xff {
+			t.Fatalf("vector string has a character above U+00FF: %q", r)
+		}
+		out = append(out, byte(r))
+	}
+	return out
+}
+
+func TestVectorsRegistrations(t *testing.T) {
+	t.Parallel()
+	v := loadVectors(t)
+	ran := 0
+	for _, vec := range v.Registrations {
+		o := vec.Identity.options().withDefaults()
+		capacity := noCapacity
+		if vec.Capacity != nil {
+			capacity = *vec.Capacity
+		}
+		if got, want := encodeRegistration(o.identity(), capacity), latin1(t, vec.Bytes); !bytes.Equal(got, want) {
+			t.Errorf("%s:\n got %q\nwant %q", vec.Name, got, want)
+		}
+		ran++
+	}
+	if ran == 0 || ran != len(v.Registrations) {
+		t.Fatalf("ran %d of %d registration vectors", ran, len(v.Registrations))
+	}
+}
+
+func TestVectorsDrains(t *testing.T) {
+	t.Parallel()
+	v := loadVectors(t)
+	ran := 0
+	for _, vec := range v.Drains {
+		o := vec.Identity.options().withDefaults()
+		if got, want := encodeDrain(o.identity()), latin1(t, vec.Bytes); !bytes.Equal(got, want) {
+			t.Errorf("%s:\n got %q\nwant %q", vec.Name, got, want)
+		}
+		ran++
+	}
+	if ran == 0 || ran != len(v.Drains) {
+		t.Fatalf("ran %d of %d drain vectors", ran, len(v.Drains))
+	}
+}
+
+func TestVectorsOptions(t *testing.T) {
+	t.Parallel()
+	v := loadVectors(t)
+	ran := 0
+	for _, vec := range v.Options {
+		o := vec.Identity.options()
+		o.Acceptor = "127.0.0.1:1"
+		_, err := Listen(t.Context(), o)
+		if valid := err == nil; valid != vec.Valid {
+			t.Errorf("%s: valid = %v, want %v (err: %v)", vec.Name, valid, vec.Valid, err)
+		}
+		if err != nil && !errors.Is(err, ErrInvalidOptions) {
+			t.Errorf("%s: error %v does not wrap ErrInvalidOptions", vec.Name, err)
+		}
+		// A valid identity would dial 127.0.0.1:1 in the background; validation is what counts.
+		o = o.withDefaults()
+		if valid := o.validate() == nil; valid != vec.Valid {
+			t.Errorf("%s: validate = %v, want %v", vec.Name, valid, vec.Valid)
+		}
+		ran++
+	}
+	if ran == 0 || ran != len(v.Options) {
+		t.Fatalf("ran %d of %d options vectors", ran, len(v.Options))
+	}
+}
+
+// TestVectorsReplies feeds each answer from a fake acceptor over a real socket and checks what
+// the dialer makes of it; for a session, everything read past the head reaches the reader.
+func TestVectorsReplies(t *testing.T) {
+	t.Parallel()
+	v := loadVectors(t)
+	ran := 0
+	for _, vec := range v.Replies {
+		t.Run(vec.Name, func(t *testing.T) {
+			addr := answerOnce(t, latin1(t, vec.Bytes))
+			d := newDialer(&Options{Acceptor: addr, Service: "api", Slice: "default", HandshakeTimeout: defaultHandshakeTimeout})
+			var err error
+			switch vec.Request {
+			case "register":
+				var conn net.Conn
+				var rest []byte
+				conn, rest, err = d.register(t.Context(), 1)
+				if err == nil {
+					c := newSessionConn(nil, conn, rest)
+					defer c.Close()
+					got, readErr := io.ReadAll(c)
+					if readErr != nil || string(got) != string(latin1(t, vec.Expect.Rest)) {
+						t.Errorf("session bytes %q (%v), want %q", got, readErr, vec.Expect.Rest)
+					}
+				}
+			case "drain":
+				err = d.drain(t.Context())
+			default:
+				t.Fatalf("unknown request %q", vec.Request)
+			}
+			checkOutcome(t, err, vec.Request, vec.Expect.Outcome, vec.Expect.Status, vec.Expect.Retryable)
+		})
+		ran++
+	}
+	if ran == 0 || ran != len(v.Replies) {
+		t.Fatalf("ran %d of %d reply vectors", ran, len(v.Replies))
+	}
+}
+
+func checkOutcome(t *testing.T, err error, request, outcome string, status int, retryable bool) {
+	t.Helper()
+	var e *Error
+	switch outcome {
+	case "session", "drained":
+		if (outcome == "session") != (request == "register") || err != nil {
+			t.Fatalf("outcome %s: got error %v", outcome, err)
+		}
+	case "refused":
+		if !errors.As(err, &e) || e.Kind != KindRefused || e.Status != status || e.Retryable() != retryable {
+			t.Fatalf("want refused %d (retryable %v), got %#v", status, retryable, err)
+		}
+	case "error":
+		if !errors.As(err, &e) || e.Kind == KindRefused || e.Retryable() != retryable {
+			t.Fatalf("want a non-refusal error (retryable %v), got %#v", retryable, err)
+		}
+	default:
+		t.Fatalf("unknown outcome %q", outcome)
+	}
+}
+
+// answerOnce accepts one connection, reads the request head, writes answer and closes.
+func answerOnce(t *testing.T, answer []byte) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		if _, err := readHead(bufio.NewReader(conn)); err != nil {
+			return
+		}
+		conn.Write(answer)
+	}()
+	return ln.Addr().String()
+}
+
+// readHead reads an HTTP head up to and including its blank line.
+func readHead(br *bufio.Reader) ([]byte, error) {
+	var head []byte
+	for {
+		line, err := br.ReadSlice('\n')
+		head = append(head, line...)
+		if err != nil {
+			return head, err
+		}
+		if string(line) == "\r\n" {
+			return head, nil
+		}
+	}
+}

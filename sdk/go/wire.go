@@ -1,0 +1,153 @@
+package sluice
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+	"strings"
+)
+
+const (
+	sessionPath  = "/.sluice/v1/session"
+	drainPath    = "/.sluice/v1/drain"
+	upgradeToken = "sluice-session/1"
+	// maxReplyHead bounds the acceptor's answer head, as the acceptor bounds ours.
+	maxReplyHead = 8 << 10
+	// noCapacity leaves Sluice-Capacity out of a registration.
+	noCapacity = -1
+)
+
+// identity is who speaks in a handshake; "" instance or token means absent.
+type identity struct {
+	service, slice, instance, token string
+}
+
+func (o *Options) identity() identity {
+	return identity{o.Service, o.Slice, o.Instance, o.Token}
+}
+
+// encodeRegistration is `GET /.sluice/v1/session` with Upgrade; capacity noCapacity omits
+// Sluice-Capacity. Header order is fixed by the protocol vectors.
+func encodeRegistration(id identity, capacity int) []byte {
+	var b bytes.Buffer
+	b.WriteString("GET " + sessionPath + " HTTP/1.1\r\nHost: sluice\r\nConnection: Upgrade\r\nUpgrade: " + upgradeToken + "\r\n")
+	writeIdentity(&b, id)
+	if capacity != noCapacity {
+		b.WriteString("Sluice-Capacity: " + strconv.Itoa(capacity) + "\r\n")
+	}
+	b.WriteString("\r\n")
+	return b.Bytes()
+}
+
+// encodeDrain is `POST /.sluice/v1/drain` for the instance.
+func encodeDrain(id identity) []byte {
+	var b bytes.Buffer
+	b.WriteString("POST " + drainPath + " HTTP/1.1\r\nHost: sluice\r\nContent-Length: 0\r\n")
+	writeIdentity(&b, id)
+	b.WriteString("\r\n")
+	return b.Bytes()
+}
+
+func writeIdentity(b *bytes.Buffer, id identity) {
+	b.WriteString("Sluice-Service: " + id.service + "\r\nSluice-Slice: " + id.slice + "\r\n")
+	if id.instance != "" {
+		b.WriteString("Sluice-Instance: " + id.instance + "\r\n")
+	}
+	if id.token != "" {
+		b.WriteString("Authorization: Bearer " + id.token + "\r\n")
+	}
+}
+
+// replyKind is what the acceptor answered.
+type replyKind int
+
+const (
+	// replySwitched: 101 with Upgrade: sluice-session/1; the connection is a session.
+	replySwitched replyKind = iota + 1
+	// replyDrained: 200; a drain was accepted.
+	replyDrained
+	// replyRefused: any other status.
+	replyRefused
+)
+
+type reply struct {
+	kind   replyKind
+	status int
+}
+
+// errPartial: the head is not complete yet; read more.
+var errPartial = errors.New("partial reply head")
+
+// parseReply parses the head of the acceptor's answer in buf and returns it with the head's
+// length. A 101 must name the session protocol in Upgrade; anything that is not an HTTP/1.x
+// status head is a protocol error.
+func parseReply(buf []byte) (reply, int, error) {
+	end := headEnd(buf)
+	if end < 0 {
+		if len(buf) >= maxReplyHead {
+			return reply{}, 0, errors.New("reply head larger than 8 KiB")
+		}
+		return reply{}, 0, errPartial
+	}
+	lines := strings.Split(strings.TrimRight(string(buf[:end]), "\r\n"), "\n")
+	status, err := parseStatusLine(strings.TrimSuffix(lines[0], "\r"))
+	if err != nil {
+		return reply{}, 0, err
+	}
+	upgrade, err := findHeader(lines[1:], "Upgrade")
+	if err != nil {
+		return reply{}, 0, err
+	}
+	switch status {
+	case 101:
+		if !strings.EqualFold(upgrade, upgradeToken) {
+			return reply{}, 0, errors.New("101 without Upgrade: " + upgradeToken)
+		}
+		return reply{replySwitched, status}, end, nil
+	case 200:
+		return reply{replyDrained, status}, end, nil
+	}
+	return reply{replyRefused, status}, end, nil
+}
+
+// headEnd is the length of the head including its blank line, or -1.
+func headEnd(buf []byte) int {
+	crlf, lf := bytes.Index(buf, []byte("\r\n\r\n")), bytes.Index(buf, []byte("\n\n"))
+	switch {
+	case crlf >= 0 && (lf < 0 || crlf < lf):
+		return crlf + 4
+	case lf >= 0:
+		return lf + 2
+	}
+	return -1
+}
+
+// parseStatusLine reads "HTTP/1.x NNN reason".
+func parseStatusLine(line string) (int, error) {
+	rest, ok := strings.CutPrefix(line, "HTTP/1.")
+	if !ok || len(rest) < 5 || (rest[0] != '0' && rest[0] != '1') || rest[1] != ' ' {
+		return 0, errors.New("malformed acceptor reply")
+	}
+	code := rest[2:5]
+	status, err := strconv.Atoi(code)
+	if err != nil || code[0] < '1' || code[0] > '9' || (len(rest) > 5 && rest[5] != ' ') {
+		return 0, errors.New("malformed acceptor reply")
+	}
+	return status, nil
+}
+
+// findHeader returns the trimmed value of the named header ("" when absent) and rejects lines
+// that are not headers.
+func findHeader(lines []string, name string) (string, error) {
+	var value string
+	for _, line := range lines {
+		k, v, ok := strings.Cut(strings.TrimSuffix(line, "\r"), ":")
+		if !ok || k == "" || strings.ContainsAny(k, " \t") {
+			return "", errors.New("malformed acceptor reply")
+		}
+		if strings.EqualFold(k, name) && value == "" {
+			value = strings.TrimSpace(v)
+		}
+	}
+	return value, nil
+}

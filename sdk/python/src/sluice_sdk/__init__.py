@@ -1,0 +1,57 @@
+"""Serve an ASGI (or WSGI) application through Sluice by *dialing in*.
+
+The service opens connections to the proxy's acceptor and registers each as a session
+(DESIGN.md §3), so the proxy never connects to it and each session is one unit of declared
+concurrency. :func:`serve` keeps ``Options.capacity`` sessions registered, re-dials a
+replacement whenever the proxy closes one, backs off with jitter while the acceptor is
+unreachable or busy, and stops a slot for good on 400/401/404. :class:`Sessions` changes the
+capacity at runtime and drains gracefully::
+
+    sessions = await sluice_sdk.serve(app, Options(acceptor="127.0.0.1:7000", service="hello"))
+    await sessions.wait_registered()
+    sessions.set_capacity(4)        # surplus sessions retire on their next response
+    await sessions.shutdown()       # drain, then wait until the proxy closed every session
+
+Layout:
+
+* ``options``: :class:`Options`, :class:`Backoff`, validation.
+* ``protocol``: the registration and drain requests and the acceptor's answers (sans I/O).
+* ``dial``: TCP/UNIX/TLS connections and the handshakes.
+* ``server``: one HTTP/1.1 connection (h11) running an ASGI application.
+* ``slot``: one task per session: dial, register, serve, re-dial, retire.
+* ``state``: counters shared by the handle and the slots.
+* ``sessions``: the :class:`Sessions` handle and :func:`serve`.
+* ``listen``: :func:`serve_tcp`, the same server on a listening socket.
+* ``wsgi``: :class:`WsgiApp`, a WSGI adapter.
+"""
+
+from .errors import (
+    ConnectError,
+    HandshakeTimeout,
+    OptionsError,
+    ProtocolError,
+    Refused,
+    SluiceError,
+)
+from .listen import TcpServer, serve_tcp
+from .options import Backoff, Options
+from .protocol import Identity
+from .sessions import Sessions, serve
+from .wsgi import WsgiApp
+
+__all__ = [
+    "Backoff",
+    "ConnectError",
+    "HandshakeTimeout",
+    "Identity",
+    "Options",
+    "OptionsError",
+    "ProtocolError",
+    "Refused",
+    "Sessions",
+    "SluiceError",
+    "TcpServer",
+    "WsgiApp",
+    "serve",
+    "serve_tcp",
+]

@@ -1,0 +1,93 @@
+"""Connections to the acceptor: TCP (no Nagle, keepalive), UNIX or TLS, then the registration
+or drain handshake of DESIGN.md §3, bounded by ``handshake_timeout``."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from asyncio import StreamReader, StreamWriter
+
+from .errors import ConnectError, HandshakeTimeout, ProtocolError, SluiceError
+from .options import Options, parse_acceptor
+from .protocol import Drained, Handshake, Switched
+
+#: Seconds a session may sit silent before the kernel starts probing it.
+KEEPALIVE_IDLE = 30
+READ_SIZE = 16384
+
+Stream = tuple[StreamReader, StreamWriter]
+
+
+async def register(options: Options, capacity: int) -> tuple[StreamReader, StreamWriter, bytes]:
+    """Dials and registers one session; returns the stream and the bytes read past the ``101``
+    (the start of the first request). ``capacity`` goes into ``Sluice-Capacity``."""
+    handshake = Handshake("register", options.identity, capacity)
+    reader, writer = await _within(options.handshake_timeout, _connect(options))
+    try:
+        reply = await _within(options.handshake_timeout, _exchange(reader, writer, handshake))
+    except BaseException:
+        writer.close()
+        raise
+    assert isinstance(reply, Switched)
+    return reader, writer, reply.rest
+
+
+async def drain(options: Options) -> None:
+    """Sends ``POST /.sluice/v1/drain`` for the instance on a new connection; expects ``200``."""
+    handshake = Handshake("drain", options.identity)
+    reader, writer = await _within(options.handshake_timeout, _connect(options))
+    try:
+        reply = await _within(options.handshake_timeout, _exchange(reader, writer, handshake))
+        assert isinstance(reply, Drained)
+    finally:
+        writer.close()
+
+
+async def _within(limit: float, aw):  # type: ignore[no-untyped-def]
+    try:
+        return await asyncio.wait_for(aw, limit)
+    except asyncio.TimeoutError:
+        raise HandshakeTimeout(limit) from None
+
+
+async def _connect(options: Options) -> Stream:
+    kind, where = parse_acceptor(options.acceptor)
+    tls = {"ssl": options.ssl, "server_hostname": options.tls_hostname} if options.ssl else {}
+    try:
+        if kind == "unix":
+            assert isinstance(where, str)
+            return await asyncio.open_unix_connection(where, limit=READ_SIZE, **tls)
+        host, port = where
+        reader, writer = await asyncio.open_connection(host, port, limit=READ_SIZE, **tls)
+    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+        raise ConnectError(options.acceptor, e) from e
+    _tune(writer)
+    return reader, writer
+
+
+def _tune(writer: StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # A session idles for long stretches; keepalive finds one whose peer vanished.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE)
+
+
+async def _exchange(reader: StreamReader, writer: StreamWriter, handshake: Handshake):  # type: ignore[no-untyped-def]
+    try:
+        writer.write(handshake.request)
+        await writer.drain()
+        while True:
+            data = await reader.read(READ_SIZE)
+            reply = handshake.feed(data)
+            if reply is not None:
+                return reply
+            if not data:
+                raise ProtocolError("the acceptor closed the connection before answering")
+    except SluiceError:
+        raise
+    except OSError as e:
+        raise ProtocolError(f"I/O error on the acceptor connection: {e}") from e

@@ -1,0 +1,46 @@
+"""Errors: where a failure came from and whether dialing again may help (``retryable``)."""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base of every SDK error. ``retryable`` tells whether dialing again may succeed."""
+
+    retryable: bool = True
+
+
+class OptionsError(SluiceError, ValueError):
+    """The options can never work (local; never retried)."""
+
+    retryable = False
+
+
+class ConnectError(SluiceError):
+    """The acceptor could not be reached, or TLS to it failed (network; retried)."""
+
+    def __init__(self, acceptor: str, cause: BaseException) -> None:
+        super().__init__(f"cannot connect to the acceptor {acceptor}: {cause}")
+        self.acceptor = acceptor
+        self.__cause__ = cause
+
+
+class HandshakeTimeout(SluiceError):
+    """Connecting plus the acceptor's answer took longer than ``handshake_timeout`` (retried)."""
+
+    def __init__(self, limit: float) -> None:
+        super().__init__(f"the acceptor did not answer within {limit:g}s")
+        self.limit = limit
+
+
+class Refused(SluiceError):
+    """The acceptor answered a refusal. 400, 401 and 404 mean the configuration is wrong and
+    stop the slot for good; 429, 503 and any other status are retried."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the acceptor refused with status {status}")
+        self.status = status
+        self.retryable = status not in (400, 401, 404)
+
+
+class ProtocolError(SluiceError):
+    """The acceptor's answer is not the session protocol, or it closed early (upstream; retried)."""

@@ -1,0 +1,120 @@
+"""The session protocol of DESIGN.md §3, sans I/O: the registration and drain requests, and
+the classification of the acceptor's answer. h11 encodes the requests and parses the answer
+(as the client of a one-request connection), bounded to 8 KiB of head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+import h11
+
+from .errors import ProtocolError, Refused
+
+SESSION_PATH = "/.sluice/v1/session"
+DRAIN_PATH = "/.sluice/v1/drain"
+UPGRADE_TOKEN = "sluice-session/1"
+MAX_REPLY_HEAD = 8192
+
+Kind = Literal["register", "drain"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is speaking: the cluster, slice and instance, and the credential (``None``: absent)."""
+
+    service: str
+    slice: str = "default"
+    instance: str | None = None
+    token: str | None = None
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The identity headers, in the protocol's order."""
+        out = [("Sluice-Service", self.service), ("Sluice-Slice", self.slice)]
+        if self.instance is not None:
+            out.append(("Sluice-Instance", self.instance))
+        if self.token is not None:
+            out.append(("Authorization", f"Bearer {self.token}"))
+        return out
+
+
+@dataclass(frozen=True)
+class Switched:
+    """``101``: the connection is a session; ``rest`` was read past the head."""
+
+    rest: bytes
+
+
+@dataclass(frozen=True)
+class Drained:
+    """``200`` to a drain request."""
+
+
+Reply = Union[Switched, Drained]
+
+
+class Handshake:
+    """One registration or drain exchange: ``request`` holds the bytes to write, and
+    :meth:`feed` classifies the answer as it arrives (raising :class:`Refused` or
+    :class:`ProtocolError`)."""
+
+    def __init__(self, kind: Kind, identity: Identity, capacity: int | None = None) -> None:
+        self.kind = kind
+        self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_REPLY_HEAD)
+        self.request = self._conn.send(_request(kind, identity, capacity))
+        self.request += self._conn.send(h11.EndOfMessage())
+        self._received = 0
+
+    def feed(self, data: bytes) -> Reply | None:
+        """Takes bytes read from the acceptor (``b""`` at EOF); returns the answer once its head
+        is complete, ``None`` while more is needed."""
+        self._conn.receive_data(data)
+        self._received += len(data)
+        try:
+            event = self._conn.next_event()
+        except h11.RemoteProtocolError as e:
+            raise ProtocolError(f"malformed acceptor reply: {e}") from None
+        if event is h11.NEED_DATA:
+            return None
+        # h11 bounds only an incomplete head; a whole one read at once must fit as well.
+        if self._received - len(self._conn.trailing_data[0]) > MAX_REPLY_HEAD:
+            raise ProtocolError(f"acceptor reply head over {MAX_REPLY_HEAD} bytes")
+        if isinstance(event, h11.InformationalResponse):
+            return self._informational(event)
+        if isinstance(event, h11.Response):
+            if event.status_code != 200:
+                raise Refused(event.status_code)
+            if self.kind == "drain":
+                return Drained()
+            raise ProtocolError("200 to a registration")
+        raise ProtocolError("the acceptor closed the connection before answering")
+
+    def _informational(self, event: h11.InformationalResponse) -> Reply:
+        if event.status_code != 101:
+            raise Refused(event.status_code)
+        upgrade = [v for k, v in event.headers if k == b"upgrade"]
+        if self.kind != "register" or [v.lower() for v in upgrade] != [UPGRADE_TOKEN.encode()]:
+            raise ProtocolError(f"101 without Upgrade: {UPGRADE_TOKEN}")
+        rest, _closed = self._conn.trailing_data
+        return Switched(bytes(rest))
+
+
+def _request(kind: Kind, identity: Identity, capacity: int | None) -> h11.Request:
+    if kind == "drain":
+        head = [("Host", "sluice"), ("Content-Length", "0")]
+        return h11.Request(method="POST", target=DRAIN_PATH, headers=head + identity.headers())
+    head = [("Host", "sluice"), ("Connection", "Upgrade"), ("Upgrade", UPGRADE_TOKEN)]
+    tail = [] if capacity is None else [("Sluice-Capacity", str(capacity))]
+    return h11.Request(
+        method="GET", target=SESSION_PATH, headers=head + identity.headers() + tail
+    )
+
+
+def registration(identity: Identity, capacity: int | None) -> bytes:
+    """The registration request bytes (``capacity=None``: no ``Sluice-Capacity``)."""
+    return Handshake("register", identity, capacity).request
+
+
+def drain_request(identity: Identity) -> bytes:
+    """The drain request bytes."""
+    return Handshake("drain", identity).request

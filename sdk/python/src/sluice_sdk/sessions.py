@@ -1,0 +1,117 @@
+"""``Sessions``: the application's handle on its registered sessions, and :func:`serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+from . import dial
+from .errors import SluiceError
+from .options import Options
+from .server import ASGIApp
+from .slot import Slot
+from .state import Shared
+
+log = logging.getLogger("sluice_sdk")
+
+
+class Sessions:
+    """The sessions of one instance, kept at :attr:`capacity` by background tasks.
+
+    Create it with :func:`serve`. All methods must be called on the event loop that created it.
+    """
+
+    def __init__(self, app: ASGIApp, options: Options) -> None:
+        self._app = app
+        self._options = options
+        self._shared = Shared()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ids = itertools.count()
+        self.set_capacity(options.capacity)
+
+    def __repr__(self) -> str:
+        c = self._shared.counts
+        return (
+            f"Sessions(service={self._options.service!r}, acceptor={self._options.acceptor!r}, "
+            f"capacity={c.target}, registered={self.registered})"
+        )
+
+    def set_capacity(self, capacity: int) -> None:
+        """Changes how many sessions to keep registered. Growing dials new sessions at once;
+        shrinking retires surplus ones: each answers its next response with
+        ``Connection: close`` (or, when not registered at that moment, simply stops dialing).
+        Setting the capacity again restarts slots that were refused for good."""
+        if capacity < 0:
+            raise ValueError("capacity must not be negative")
+        spawn = self._shared.resize(capacity)
+        log.info("capacity set to %d (%d new sessions)", capacity, spawn)
+        for _ in range(spawn):
+            slot = Slot(next(self._ids), self._shared, self._options, self._app)
+            task = asyncio.ensure_future(slot.run())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @property
+    def capacity(self) -> int:
+        """The capacity asked for (initially ``Options.capacity``); sessions converge on it."""
+        return self._shared.counts.target
+
+    @property
+    def registered(self) -> int:
+        """Sessions registered right now; 0 until the first handshake completes."""
+        return self._shared.registered
+
+    @property
+    def last_error(self) -> SluiceError | None:
+        """The most recent dial, handshake or refusal error of any session (such as a 401 that
+        stopped a slot for good); ``None`` until one happens, not cleared by later successes."""
+        return self._shared.last_error
+
+    async def wait_registered(self, n: int | None = None, timeout: float | None = None) -> None:
+        """Returns once at least ``n`` (default: the capacity) sessions are registered. Raises
+        the error of a slot refused for good (e.g. :class:`Refused` 401), and
+        :class:`asyncio.TimeoutError` after ``timeout`` seconds if given."""
+        want = self.capacity if n is None else n
+
+        def ready() -> bool:
+            if self._shared.failed is not None:
+                raise self._shared.failed
+            return self._shared.registered >= want
+
+        await asyncio.wait_for(self._shared.wait_until(ready), timeout)
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Leaves gracefully (DESIGN.md §3 "Drain"): stops re-dialing, sends
+        ``POST /.sluice/v1/drain`` for this instance on a new connection, and once the proxy
+        answers ``200`` waits until the proxy has closed every session (in-flight requests
+        finish first). A failed drain request raises at once (re-dialing stays off). After
+        ``timeout`` seconds (default: none) closes the rest abruptly and raises
+        :class:`asyncio.TimeoutError`."""
+        self._shared.stop()
+        log.info("draining %s", self._options.service)
+        await dial.drain(self._options)
+        tasks = set(self._tasks)
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=timeout)
+            if pending:
+                self.close()
+                raise asyncio.TimeoutError("sessions still open after the drain deadline")
+        log.info("drained %s", self._options.service)
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """The same as :meth:`shutdown`, named after the protocol step."""
+        await self.shutdown(timeout)
+
+    def close(self) -> None:
+        """Stops at once: no more dials, every session closed, in-flight requests cut off."""
+        self._shared.stop()
+        for task in list(self._tasks):
+            task.cancel()
+
+
+async def serve(app: ASGIApp, options: Options) -> Sessions:
+    """Starts keeping ``options.capacity`` sessions registered, each serving HTTP/1.1 with the
+    ASGI application ``app``. Returns at once; sessions register in the background (see
+    :meth:`Sessions.wait_registered`)."""
+    return Sessions(app, options)

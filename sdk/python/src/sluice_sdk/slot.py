@@ -1,0 +1,96 @@
+"""One slot: a task that keeps one session registered — dial, register, serve HTTP/1.1 until
+the session ends, then dial a replacement — until it is retired, stopped or refused for good."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from . import dial
+from .errors import SluiceError
+from .options import Options
+from .server import ASGIApp, Connection, Peer
+from .state import Shared
+
+log = logging.getLogger("sluice_sdk")
+
+
+@dataclass
+class SessionHooks:
+    """What one session learned while serving; marks its response when it retires."""
+
+    shared: Shared
+    served: bool = False
+    """At least one response was produced."""
+    retired: bool = False
+    """A response carried ``Connection: close`` for a retirement: do not re-dial."""
+
+    def response_starting(self) -> bool:
+        """Claims an owed retirement, if any, for this response (DESIGN.md §3 "Retire")."""
+        self.served = True
+        if not self.retired and self.shared.claim_retirement():
+            log.debug("retiring session: answering with Connection: close")
+            self.retired = True
+        return self.retired
+
+
+@dataclass
+class Slot:
+    """Keeps one session of ``options`` registered, serving ``app``."""
+
+    id: int
+    shared: Shared
+    options: Options
+    app: ASGIApp
+
+    async def run(self) -> None:
+        """Dials until retired, stopped or refused for good."""
+        failures = 0
+        while not self.shared.should_end():
+            try:
+                hooks = await self._session()
+            except SluiceError as e:
+                if not e.retryable:
+                    return self._give_up(e)
+                if not self.shared.counts.stopping:
+                    log.warning("slot %d: dial failed (attempt %d): %s", self.id, failures, e)
+                    self.shared.record(e)
+                pause: float | None = self.options.backoff.delay(failures)
+                failures += 1
+            except Exception:  # a bug, not the network: keep the slot alive, but say so
+                log.exception("slot %d: session failed", self.id)
+                pause = self.options.backoff.delay(failures)
+                failures += 1
+            else:
+                if hooks.retired:
+                    return
+                failures = 0
+                # A session closed before serving anything: do not spin on such a proxy.
+                pause = None if hooks.served else self.options.backoff.delay(0)
+            if pause is not None and await self._wait(pause):
+                return
+
+    def _give_up(self, e: SluiceError) -> None:
+        log.error("slot %d: the acceptor refused this instance; not retrying: %s", self.id, e)
+        self.shared.slot_failed(e)
+
+    async def _wait(self, pause: float) -> bool:
+        """Sleeps ``pause`` seconds; returns ``True`` early if the slot should end meanwhile."""
+        deadline = asyncio.get_running_loop().time() + pause
+        while True:
+            if self.shared.should_end():
+                return True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0 or not await self.shared.changed(timeout=left):
+                return False
+
+    async def _session(self) -> SessionHooks:
+        reader, writer, rest = await dial.register(self.options, self.shared.counts.target)
+        hooks = SessionHooks(self.shared)
+        peer = Peer(server=None, forwarded=True)
+        with self.shared.session_registered():
+            log.debug("slot %d: session registered", self.id)
+            await Connection(self.app, reader, writer, hooks, peer).serve(rest)
+        log.debug("slot %d: session ended", self.id)
+        return hooks

@@ -1,0 +1,131 @@
+"""The bookkeeping shared by the :class:`~sluice_sdk.Sessions` handle and its slot tasks.
+
+A *slot* is a task that keeps one session registered, re-dialing when it ends. The handle sets
+a target; growing spawns slots, shrinking owes *retirements*: the next slot to reach a decision
+point (a response to send, a dial to start, a backoff to wait) claims one and ends. Everything
+runs on one event loop, so each method is atomic without a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .errors import SluiceError
+
+
+@dataclass
+class Counts:
+    """The counters behind resizing. ``slots - retire`` is the capacity the slots settle at."""
+
+    target: int = 0
+    """The capacity asked for."""
+    slots: int = 0
+    """Live slot tasks that have not claimed a retirement."""
+    retire: int = 0
+    """Retirements owed by surplus slots."""
+    stopping: bool = False
+    """Drain, shutdown or close started: no slot dials again."""
+
+    def resize(self, target: int) -> int:
+        """Sets the target; returns how many slots to spawn."""
+        self.target = target
+        live = self.slots - self.retire
+        if target <= live:
+            self.retire += live - target
+            return 0
+        cancelled = min(target - live, self.retire)
+        self.retire -= cancelled
+        spawn = target - live - cancelled
+        self.slots += spawn
+        return spawn
+
+    def claim_retirement(self) -> bool:
+        """Takes one owed retirement for the calling slot, if any."""
+        if self.retire == 0:
+            return False
+        self.retire -= 1
+        self.slots -= 1
+        return True
+
+    def slot_failed(self) -> None:
+        """A slot gave up for good; it settles an owed retirement when there is one."""
+        self.retire = max(self.retire - 1, 0)
+        self.slots -= 1
+
+
+class Shared:
+    """Counts plus what the application observes (registered sessions, last error), with a
+    change notification for waiters."""
+
+    def __init__(self) -> None:
+        self.counts = Counts()
+        self.registered = 0
+        self.last_error: SluiceError | None = None
+        #: The error that stopped a slot for good, until a resize restarts slots.
+        self.failed: SluiceError | None = None
+        self._changed = asyncio.get_running_loop().create_future()
+
+    def _notify(self) -> None:
+        self._changed.set_result(None)
+        self._changed = asyncio.get_running_loop().create_future()
+
+    async def changed(self, timeout: float | None = None) -> bool:
+        """Waits for the next change; ``False`` if ``timeout`` seconds passed first."""
+        done, _ = await asyncio.wait({asyncio.shield(self._changed)}, timeout=timeout)
+        return bool(done)
+
+    async def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Returns once ``ready()`` holds; re-checked after every change."""
+        while not ready():
+            await self.changed()
+
+    def resize(self, target: int) -> int:
+        """Sets the target unless stopping; returns how many slots to spawn."""
+        if self.counts.stopping:
+            return 0
+        spawn = self.counts.resize(target)
+        if spawn:
+            self.failed = None
+        self._notify()
+        return spawn
+
+    def stop(self) -> None:
+        """No slot dials again."""
+        self.counts.stopping = True
+        self._notify()
+
+    def should_end(self) -> bool:
+        """Whether a slot should end instead of dialing: stopping, or a retirement is owed."""
+        return self.counts.stopping or self.claim_retirement()
+
+    def claim_retirement(self) -> bool:
+        """Claims one owed retirement for the calling slot."""
+        claimed = self.counts.claim_retirement()
+        if claimed:
+            self._notify()
+        return claimed
+
+    def record(self, error: SluiceError) -> None:
+        """Remembers the most recent error."""
+        self.last_error = error
+        self._notify()
+
+    def slot_failed(self, error: SluiceError) -> None:
+        """A slot was refused for good."""
+        self.failed = error
+        self.counts.slot_failed()
+        self.record(error)
+
+    @contextmanager
+    def session_registered(self) -> Iterator[None]:
+        """Counts one session as registered for the duration of the block."""
+        self.registered += 1
+        self._notify()
+        try:
+            yield
+        finally:
+            self.registered -= 1
+            self._notify()

@@ -1,0 +1,175 @@
+"""A fake acceptor + proxy for the tests: answers registrations (101 or a chosen refusal), then
+acts as the proxy on each session — an h11 client writing requests and reading responses."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+
+SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: sluice-session/1\r\n\r\n"
+DRAINED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\ndraining\n"
+REASONS = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests", 503: "Service Unavailable"}
+
+
+def run(coro: Coroutine[Any, Any, Any], limit: float = 10.0) -> Any:
+    """Runs a test coroutine; ``limit`` only keeps a broken test from hanging the suite."""
+    return asyncio.run(asyncio.wait_for(coro, limit))
+
+
+def refusal(status: int) -> bytes:
+    body = b"refused\n"
+    return (
+        f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode() + body
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def closes(self) -> bool:
+        return "close" in self.headers.get("connection", "").lower()
+
+
+@dataclass
+class FakeSession:
+    """The proxy's side of one registered session."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    headers: dict[str, str]
+    conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+
+    async def send_head(self, method: str = "GET", target: str = "/", headers: list[tuple[str, str]] | None = None) -> None:
+        hdrs = [("Host", "app.example")] + (headers or [])
+        await self._write(h11.Request(method=method, target=target, headers=hdrs))
+
+    async def send_data(self, data: bytes) -> None:
+        await self._write(h11.Data(data=data))
+
+    async def end(self) -> None:
+        await self._write(h11.EndOfMessage())
+
+    async def _write(self, event: Any) -> None:
+        self.writer.write(self.conn.send(event))
+        await self.writer.drain()
+
+    async def read_response(self) -> Response:
+        head = await self._event()
+        assert isinstance(head, h11.Response), head
+        body = b""
+        while not isinstance(event := await self._event(), h11.EndOfMessage):
+            body += bytes(event.data)
+        headers = {k.decode(): v.decode() for k, v in head.headers}
+        if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
+            self.conn.start_next_cycle()
+        return Response(head.status_code, headers, body)
+
+    async def request(self, method: str = "GET", target: str = "/", headers: list[tuple[str, str]] | None = None, body: bytes = b"") -> Response:
+        hdrs = list(headers or [])
+        if body or method == "POST":
+            hdrs.append(("Content-Length", str(len(body))))
+        await self.send_head(method, target, hdrs)
+        if body:
+            await self.send_data(body)
+        await self.end()
+        return await self.read_response()
+
+    async def _event(self) -> Any:
+        while (event := self.conn.next_event()) is h11.NEED_DATA:
+            self.conn.receive_data(await self.reader.read(65536))
+        return event
+
+    async def wait_closed(self) -> None:
+        """Returns when the service closed the session (reads EOF)."""
+        while await self.reader.read(65536):
+            pass
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class FakeAcceptor:
+    """Registers sessions into ``sessions``; ``answers`` are statuses used for the first
+    registrations (then 101); a drain answers 200 and sets ``drained``, and later registrations
+    get 503, as from the real acceptor. With ``close_on_drain`` the drain also closes every
+    session (right for tests with no request in flight)."""
+
+    def __init__(self, answers: list[int] | None = None, close_on_drain: bool = False) -> None:
+        self.answers = list(answers or [])
+        self.close_on_drain = close_on_drain
+        self.opened: list[FakeSession] = []
+        self.sessions: asyncio.Queue[FakeSession] = asyncio.Queue()
+        self.registrations: list[dict[str, str]] = []
+        self.attempts = 0
+        self.drains: list[dict[str, str]] = []
+        self.drained = asyncio.Event()
+        self.server: asyncio.Server | None = None
+
+    async def start_tcp(self, ctx: ssl.SSLContext | None = None) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=ctx)
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    async def start_unix(self, path: str) -> str:
+        self.server = await asyncio.start_unix_server(self._handle, path)
+        return f"unix:{path}"
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def session(self) -> FakeSession:
+        return await self.sessions.get()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        line, *lines = head.decode().split("\r\n")
+        headers = {k.lower(): v for k, _, v in (h.partition(": ") for h in lines if h)}
+        if line.startswith("POST /.sluice/v1/drain "):
+            self.drains.append(headers)
+            writer.write(DRAINED)
+            writer.close()
+            if self.close_on_drain:
+                for session in self.opened:
+                    session.close()
+            self.drained.set()
+            return
+        self.attempts += 1
+        status = self.answers.pop(0) if self.answers else 101
+        if self.drained.is_set():
+            status = 503
+        if status != 101:
+            writer.write(refusal(status))
+            writer.close()
+            return
+        self.registrations.append(headers)
+        writer.write(SWITCH)
+        session = FakeSession(reader, writer, headers)
+        self.opened.append(session)
+        await self.sessions.put(session)
+
+
+async def serve_once(data: bytes, handler: Callable[[bytes], None] | None = None) -> tuple[asyncio.Server, str]:
+    """A server that reads one request head, answers ``data`` and closes."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if handler:
+            handler(head)
+        writer.write(data)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    host, port = server.sockets[0].getsockname()[:2]
+    return server, f"{host}:{port}"

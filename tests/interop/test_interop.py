@@ -1,0 +1,101 @@
+"""One real `sluice` and three services, one per SDK (Rust, Go, Python), registered to the
+same reverse cluster: requests spread across all three; each drains in turn under load with no
+failed request; a Python and a Go service killed with SIGKILL fail only the requests they
+held (502) while the rest keep succeeding."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from harness import Binaries, Load, Proc, Sluice, build, start_service, start_sluice, terminate
+
+LANGS = ("rust", "go", "python")
+CAPACITY = 4  # sessions per instance
+DELAY_MS = 20  # work per request, so that sessions are busy when a service is drained or killed
+CLIENTS = 16  # more than the 12 sessions: the admission queue is in play
+
+
+@pytest.fixture(scope="module")
+def bins(tmp_path_factory: pytest.TempPathFactory) -> Binaries:
+    return build(tmp_path_factory.mktemp("bin"))
+
+
+@pytest.fixture
+def sluice(bins: Binaries, tmp_path: Path) -> Iterator[Sluice]:
+    proxy = start_sluice(bins, tmp_path)
+    yield proxy
+    code = proxy.proc.popen.poll()
+    if code is None:
+        proxy.proc.signal(signal.SIGTERM)
+        code = proxy.proc.wait_exit()
+    assert code == 0, f"sluice exited {code}:\n{proxy.proc.tail()}"
+
+
+@pytest.fixture
+def services(bins: Binaries, sluice: Sluice) -> Iterator[dict[str, Proc]]:
+    procs = {lang: start_service(bins, lang, sluice, lang, CAPACITY, DELAY_MS) for lang in LANGS}
+    yield procs
+    for p in procs.values():
+        p.stop()
+
+
+def test_requests_spread_across_all_three(sluice: Sluice, services: dict[str, Proc]) -> None:
+    load = Load(sluice.http, CLIENTS).start()
+    load.wait_for(600)
+    results = load.stop()
+    assert all(r.status == 200 for r in results), [r for r in results if r.status != 200][:5]
+    served = Counter(r.body for r in results)
+    assert set(served) == set(LANGS), served
+    # Equal sessions and a FIFO ring of idle sessions: each instance gets a fair share.
+    for lang in LANGS:
+        assert served[lang] >= len(results) * 0.15, served
+
+
+def test_each_drains_in_turn_under_load_without_a_failed_request(
+    bins: Binaries, sluice: Sluice, services: dict[str, Proc]
+) -> None:
+    load = Load(sluice.http, CLIENTS).start()
+    load.wait_for(200)
+    for lang in LANGS:
+        old = services[lang]
+        assert terminate(old) == 0, f"{lang} did not drain cleanly:\n{old.tail()}"
+        assert "drained" in old.lines, old.tail()
+        load.wait_for(100)  # the other two carry the load alone
+        services[lang] = start_service(bins, lang, sluice, lang, CAPACITY, DELAY_MS)
+        load.wait_for(100)
+    results = load.stop()
+    failed = [r for r in results if r.status != 200]
+    assert not failed, f"{len(failed)} of {len(results)} failed: {failed[:5]}"
+    assert set(Counter(r.body for r in results)) == set(LANGS)
+
+
+def test_killed_services_fail_only_the_requests_they_held(
+    sluice: Sluice, services: dict[str, Proc]
+) -> None:
+    load = Load(sluice.http, CLIENTS).start()
+    load.wait_for(200)
+    killed = []
+    for lang in ("python", "go"):
+        proc = services[lang]
+        assert proc.started_ids(), f"{lang} served nothing before the kill"
+        proc.signal(signal.SIGKILL)
+        assert proc.wait_exit() == -signal.SIGKILL
+        killed.append(proc)
+        load.wait_for(50)  # what the killed instance held has failed by now
+    mark = load.count()
+    load.wait_for(200)  # the rest keep succeeding
+    results = load.stop()
+
+    failed = [r for r in results if r.status != 200]
+    assert all(r.status == 502 for r in failed), failed[:5]
+    # A session holds one request at a time: each killed instance can fail at most CAPACITY.
+    assert len(failed) <= CAPACITY * len(killed), failed
+    survivor_ids = services["rust"].started_ids()
+    assert not any(r.id in survivor_ids for r in failed), "a failed request had reached rust"
+    after = results[mark:]
+    assert all(r.status == 200 and r.body == "rust" for r in after), Counter((r.status, r.body) for r in after)
