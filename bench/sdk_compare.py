@@ -25,6 +25,7 @@ import time
 import urllib.request
 
 from nginx_compare import ROOT, fmt, free_port, start, wait_port, wrk
+from reverse_compare import sluice_conf, start_registered
 
 LANGS = ("rust", "go", "python")
 
@@ -35,14 +36,6 @@ def service_cmd(lang, args):
         "go": [os.path.join(ROOT, "target/release/interopsvc-go")],
         "python": [args.python, os.path.join(ROOT, "sdk/python/tests/interop_service.py")],
     }[lang]
-
-
-def sluice_conf(tmp, name, port, cluster):
-    path = os.path.join(tmp, f"{name}.toml")
-    with open(path, "w") as f:
-        f.write(f"""[runtime]\nworkers = 1\n\n[[listener]]\nname = "bench"\nlisten = "127.0.0.1:{port}"\n
-[[route]]\ncluster = "hello"\n\n{cluster}""")
-    return path
 
 
 def wait_ok(port, timeout=30.0):
@@ -62,7 +55,8 @@ def setup(lang, args, tmp, procs):
     """Starts both targets of `lang`; returns {target name: proxy port}."""
     cmd = service_cmd(lang, args)
     svc = free_port()
-    procs.append(start(cmd + ["--listen", f"127.0.0.1:{svc}", "--instance", lang], 0))
+    procs.append(start(cmd + ["--listen", f"127.0.0.1:{svc}", "--acceptor", "unused:0",
+                              "--service", "hello", "--instance", lang, "--capacity", "1"], 0))
     wait_port(svc)
     static = free_port()
     conf = sluice_conf(tmp, f"{lang}-static", static,
@@ -74,8 +68,9 @@ def setup(lang, args, tmp, procs):
         f.write(f'\n[acceptor]\nlisten = "127.0.0.1:{acceptor}"\n')
     procs.append(start([args.sluice, "run", "-c", conf], 1))
     wait_port(acceptor)
-    procs.append(start(cmd + ["--acceptor", f"127.0.0.1:{acceptor}", "--service", "hello",
-                              "--instance", lang, "--capacity", str(args.connections)], 0))
+    procs.append(start_registered(cmd + ["--acceptor", f"127.0.0.1:{acceptor}", "--service",
+                                         "hello", "--instance", lang, "--capacity",
+                                         str(args.connections)], args.connections))
     wait_ok(static)
     wait_ok(reverse)
     return {f"{lang}-static": static, f"{lang}-sessions": reverse}

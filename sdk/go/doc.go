@@ -19,7 +19,7 @@
 //	go srv.Serve(ln)
 //	// ... on SIGTERM: drain first, then stop the server.
 //	ln.Shutdown(ctx)
-//	srv.Shutdown(ctx)
+//	srv.Shutdown(ctx) // on its own, it drains too, through ln.Close (see Options.DrainTimeout)
 //
 // The Listener re-dials a replacement whenever the proxy closes a session or an upgrade
 // (WebSocket) consumes one, backs off with jitter while the acceptor is unreachable or busy,
@@ -34,7 +34,7 @@
 //   - dial.go: TCP/UNIX/TLS connections and the handshakes, bounded by HandshakeTimeout.
 //   - conn.go: the session [net.Conn] that Accept returns.
 //   - state.go: the resize bookkeeping (target, slots, owed retirements).
-//   - listener.go: [Listener]: Accept, resize, status, Close and Shutdown.
+//   - listener.go: [Listener]: Accept, resize, status, Close, Shutdown and abort.
 //   - slot.go: one goroutine per session slot: dial, register, hand over, re-dial.
 //   - retire.go: [Listener.Handler], the middleware that retires sessions.
 package sluice

@@ -23,6 +23,7 @@ const (
 	KindIO
 )
 
+// String is the kind's lower-case name, as in error messages.
 func (k Kind) String() string {
 	switch k {
 	case KindConnect:
@@ -54,6 +55,7 @@ type Error struct {
 	Err error
 }
 
+// Error says what failed and where, and "(not retried)" when the slot stopped for good.
 func (e *Error) Error() string {
 	msg := "sluice: " + e.Op + ": "
 	switch {
@@ -65,17 +67,29 @@ func (e *Error) Error() string {
 		msg += e.Kind.String()
 	}
 	if !e.Retryable() {
-		msg += " (not retried)"
+		msg += " (not retried: " + hint(e.Status) + ")"
 	}
 	return msg
 }
 
+// Unwrap returns the underlying cause, or nil.
 func (e *Error) Unwrap() error { return e.Err }
 
 // Retryable reports whether dialing again may succeed: false for refusals with 400, 401 and
 // 404 (the configuration is wrong), true for everything else.
 func (e *Error) Retryable() bool {
 	return e.Kind != KindRefused || !permanent(e.Status)
+}
+
+// hint says which option to fix for a permanent refusal.
+func hint(status int) string {
+	switch status {
+	case 401:
+		return "check Options.Token"
+	case 404:
+		return "check Options.Service against the proxy's reverse clusters"
+	}
+	return "check the identity in Options"
 }
 
 func permanent(status int) bool {

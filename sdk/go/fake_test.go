@@ -34,7 +34,9 @@ type fakeAcceptor struct {
 	mu      sync.Mutex
 	hellos  [][]byte           // every registration head, in arrival order
 	answer  func(n int) string // the answer to registration number n (0-based)
-	onDrain func()
+	onDrain func()             // nil: close every session, as the proxy closes idle ones
+	live    []net.Conn         // every registered session
+	drainTo string             // the answer to a drain; "" means 200
 }
 
 // newFakeAcceptor serves on ln until the test ends.
@@ -87,10 +89,19 @@ func (f *fakeAcceptor) handshake(conn net.Conn) {
 	}
 	if bytes.HasPrefix(head, []byte("POST /.sluice/v1/drain ")) {
 		f.mu.Lock()
-		onDrain := f.onDrain
+		onDrain, live, answer := f.onDrain, f.live, f.drainTo
 		f.mu.Unlock()
+		if answer != "" {
+			conn.Write([]byte(answer))
+			conn.Close()
+			return
+		}
 		if onDrain != nil {
 			onDrain()
+		} else {
+			for _, c := range live {
+				c.Close()
+			}
 		}
 		f.drains <- head
 		conn.Write([]byte(drained))
@@ -106,6 +117,9 @@ func (f *fakeAcceptor) handshake(conn net.Conn) {
 		conn.Close()
 		return
 	}
+	f.mu.Lock()
+	f.live = append(f.live, conn)
+	f.mu.Unlock()
 	f.sessions <- &fakeSession{conn: conn, br: br, hello: head}
 }
 

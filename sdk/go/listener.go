@@ -21,18 +21,23 @@ type Listener struct {
 	cancelDials context.CancelFunc
 	stopParent  func() bool
 
-	accept      chan *sessionConn
-	closed      chan struct{} // Accept fails from here on
-	closeAccept func()
+	accept chan *sessionConn
+	closed chan struct{} // Accept fails from here on; closed by closeAccept
 
-	mu         sync.Mutex
-	counts     counts
-	running    int // slot goroutines alive
-	registered int
-	lastErr    error
-	live       map[*sessionConn]struct{}
-	changed    chan struct{} // closed and replaced at every change of the fields above
-	nextSlot   int
+	// drainMu serializes drain requests; drained: the proxy answered one with 200.
+	drainMu sync.Mutex
+	drained bool
+
+	mu           sync.Mutex
+	counts       counts
+	acceptClosed bool // closed is closed: no session is handed to Accept any more
+	aborted      bool // abort ran: every session is closed and nothing is drained any more
+	running      int  // slot goroutines alive
+	registered   int
+	lastErr      error
+	live         map[*sessionConn]struct{}
+	changed      chan struct{} // closed and replaced at every change of the fields above
+	nextSlot     int
 }
 
 // Status is what an application can observe about its sessions.
@@ -50,9 +55,10 @@ type Status struct {
 // background; it returns at once, before any session is registered (see [Listener.Watch]).
 // It fails only for invalid options, with an error wrapping [ErrInvalidOptions].
 //
-// ctx bounds the Listener's life: when it ends, the Listener closes as by Close, abruptly.
-// To leave gracefully on a signal, pass a context that outlives the signal (such as
-// context.Background()) and call Shutdown.
+// ctx bounds the Listener's life: when it ends, the Listener stops re-dialing and closes every
+// session at once, without draining (requests in flight on them fail). To leave gracefully on
+// a signal, pass a context that outlives the signal (such as context.Background()) and call
+// Shutdown, or Close (which http.Server.Shutdown calls).
 func Listen(ctx context.Context, opts Options) (*Listener, error) {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
@@ -68,14 +74,13 @@ func Listen(ctx context.Context, opts Options) (*Listener, error) {
 		changed: make(chan struct{}),
 	}
 	l.dialCtx, l.cancelDials = context.WithCancel(context.WithoutCancel(ctx))
-	l.closeAccept = sync.OnceFunc(func() { close(l.closed) })
-	l.stopParent = context.AfterFunc(ctx, func() { l.Close() })
+	l.stopParent = context.AfterFunc(ctx, l.abort)
 	l.SetCapacity(opts.Capacity)
 	return l, nil
 }
 
-// Accept waits for the next registered session. After Close or Shutdown it returns an error
-// wrapping [net.ErrClosed].
+// Accept waits for the next registered session. Once Close has begun or Shutdown has
+// returned, it returns an error wrapping [net.ErrClosed].
 func (l *Listener) Accept() (net.Conn, error) {
 	select {
 	case <-l.closed:
@@ -84,7 +89,13 @@ func (l *Listener) Accept() (net.Conn, error) {
 	}
 	select {
 	case c := <-l.accept:
-		return c, nil
+		select {
+		case <-l.closed: // both were ready: Close wins, and the session goes with it
+			c.Close()
+			return nil, l.errClosed()
+		default:
+			return c, nil
+		}
 	case <-l.closed:
 		return nil, l.errClosed()
 	}
@@ -141,15 +152,34 @@ func (l *Listener) Watch() (Status, <-chan struct{}) {
 	return Status{Registered: l.registered, Capacity: l.counts.target, LastError: l.lastErr}, l.changed
 }
 
-// Close stops re-dialing and closes every session at once, without draining: requests in
-// flight on them fail. Accept then returns an error wrapping net.ErrClosed. Use Shutdown to
-// leave gracefully. Close always returns nil.
+// Close leaves gracefully within Options.DrainTimeout; http.Server.Shutdown and Serve call
+// it, so srv.Shutdown(ctx) on its own loses no request. Accept fails at once with an error
+// wrapping net.ErrClosed and a registered session not yet accepted is closed; then Close
+// drains as Shutdown does (sending the drain only if no earlier one succeeded) and waits
+// until the proxy has closed every session. If the drain fails or DrainTimeout passes first,
+// Close closes the remaining sessions at once, in flight or not, and returns why.
 func (l *Listener) Close() error {
-	l.stop()
+	l.closeAccept()
+	if l.isAborted() {
+		return nil // srv.Serve closing the Listener after the Listen context ended
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.opts.DrainTimeout)
+	defer cancel()
+	if err := l.Shutdown(ctx); err != nil {
+		l.abort()
+		return fmt.Errorf("sluice: closed the remaining sessions at once: %w", err)
+	}
+	return nil
+}
+
+// abort stops re-dialing and closes every session at once, without draining; the Listen
+// context's end calls it.
+func (l *Listener) abort() {
 	l.stopParent()
 	l.cancelDials()
 	l.closeAccept()
 	l.mu.Lock()
+	l.aborted = true
 	live := make([]*sessionConn, 0, len(l.live))
 	for c := range l.live {
 		live = append(live, c)
@@ -158,16 +188,16 @@ func (l *Listener) Close() error {
 	for _, c := range live {
 		c.Close()
 	}
-	return nil
 }
 
 // Shutdown leaves gracefully (DESIGN.md §3 "Drain"): it stops re-dialing, sends
-// `POST /.sluice/v1/drain` for this instance on a new connection and, once the proxy answers
-// 200, waits until the proxy has closed every session: the proxy finishes busy sessions
-// first, so no request is lost. It returns when all sessions are closed, or with ctx's error
-// when ctx ends first, or at once with the drain's error. Accept then returns an error
-// wrapping net.ErrClosed; sessions still open are left to the http.Server, so call
-// srv.Shutdown next:
+// `POST /.sluice/v1/drain` for this instance on a new connection (unless an earlier drain
+// succeeded) and, once the proxy answers 200, waits until the proxy has closed every session:
+// the proxy finishes busy sessions first, so no request is lost. Accept keeps yielding
+// sessions meanwhile. It returns nil when all sessions are closed, an error wrapping ctx's
+// error when ctx ends first, or at once the drain's [*Error]. Accept then returns an error
+// wrapping net.ErrClosed; srv.Serve returns and closes the Listener, which gives sessions
+// still open up to Options.DrainTimeout more (see Close). Call srv.Shutdown next:
 //
 //	ln.Shutdown(ctx) // the proxy stops sending requests and closes the sessions
 //	srv.Shutdown(ctx) // then the server stops
@@ -179,17 +209,37 @@ func (l *Listener) Shutdown(ctx context.Context) error {
 	defer l.stopParent()
 	defer l.closeAccept()
 	defer l.cancelDials()
-	l.log.Info("draining")
-	if err := l.dialer.drain(ctx); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	if err := l.drain(ctx); err != nil {
 		return err
 	}
 	if err := l.waitSlots(ctx); err != nil {
 		return err
 	}
 	l.log.Info("drained")
+	return nil
+}
+
+func (l *Listener) isAborted() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.aborted
+}
+
+// drain sends the drain request unless one already succeeded.
+func (l *Listener) drain(ctx context.Context) error {
+	l.drainMu.Lock()
+	defer l.drainMu.Unlock()
+	if l.drained {
+		return nil
+	}
+	l.log.Info("draining")
+	if err := l.dialer.drain(ctx); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("sluice: drain: no answer before the deadline: %w", ctx.Err())
+		}
+		return err
+	}
+	l.drained = true
 	return nil
 }
 
@@ -206,7 +256,7 @@ func (l *Listener) waitSlots(ctx context.Context) error {
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("sluice: the proxy had not closed every session when the wait ended (%d slots left): %w", running, ctx.Err())
 		}
 	}
 }
@@ -220,12 +270,26 @@ func (l *Listener) stop() {
 	}
 }
 
+// closeAccept makes Accept fail from now on and stops re-dialing; slots close the sessions
+// they have not handed over yet.
+func (l *Listener) closeAccept() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.acceptClosed {
+		l.acceptClosed = true
+		l.counts.stopping = true
+		close(l.closed)
+		l.notifyLocked()
+	}
+}
+
 // notifyLocked wakes everyone waiting on a change; l.mu must be held.
 func (l *Listener) notifyLocked() {
 	close(l.changed)
 	l.changed = make(chan struct{})
 }
 
+// String names the service and the acceptor, for logs.
 func (l *Listener) String() string {
 	return fmt.Sprintf("sluice.Listener(%s at %s)", l.opts.Service, l.opts.Acceptor)
 }

@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -244,14 +245,67 @@ func TestShutdownDrainsAndWaitsForTheProxyToCloseEverySession(t *testing.T) {
 	}
 }
 
-func TestCloseClosesEverySessionAtOnce(t *testing.T) {
+// http.Server.Shutdown closes its listeners; on its own it must drain and lose no request.
+func TestServerShutdownAloneDrainsAndLosesNoRequest(t *testing.T) {
 	t.Parallel()
 	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Capacity: 2, Instance: "api-1"})
+	started, release := make(chan struct{}), make(chan struct{})
+	srv, served := serve(t, ln, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			close(started)
+			<-release
+		}
+		hello(w, r)
+	})
+	busy, idle := f.session(), f.session()
+	inFlight := make(chan error, 1)
+	go func() {
+		resp, body, err := busy.roundTrip("/slow")
+		if err == nil && (resp.StatusCode != 200 || body != "hello\n") {
+			err = fmt.Errorf("in-flight request: %d %q", resp.StatusCode, body)
+		}
+		inFlight <- err
+	}()
+	<-started
+	f.mu.Lock()
+	f.onDrain = func() { idle.conn.Close() }
+	f.mu.Unlock()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- srv.Shutdown(context.Background()) }()
+
+	<-f.drains
+	waitUntil(t, ln, "the idle session is closed", func(l *Listener) bool { return l.registered == 1 })
+	close(release)
+	if err := <-inFlight; err != nil {
+		t.Fatal(err)
+	}
+	busy.conn.Close() // the proxy closes a drained busy session after its response
+	if err := <-shutdown; err != nil {
+		t.Fatalf("srv.Shutdown: %v", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		t.Errorf("Serve returned %v, want http.ErrServerClosed", err)
+	}
+	if n := f.registrations(); n != 2 {
+		t.Errorf("%d registrations, want 2: nothing re-dials during a drain", n)
+	}
+}
+
+func TestCloseClosesEverySessionAtOnceWhenTheDrainIsRefused(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	f.mu.Lock()
+	f.drainTo = refusal(503)
+	f.mu.Unlock()
 	ln := listen(t, f, Options{Capacity: 2})
 	_, served := serve(t, ln, hello)
 	a, b := f.session(), f.session()
 	waitUntil(t, ln, "2 registered", func(l *Listener) bool { return l.registered == 2 })
-	ln.Close()
+	var e *Error
+	if err := ln.Close(); !errors.As(err, &e) || e.Op != "drain" || e.Status != 503 {
+		t.Errorf("Close returned %v, want the drain's 503", err)
+	}
 	for _, s := range []*fakeSession{a, b} {
 		if _, err := io.ReadAll(s.conn); err != nil {
 			t.Errorf("session not closed cleanly: %v", err)
@@ -261,6 +315,34 @@ func TestCloseClosesEverySessionAtOnce(t *testing.T) {
 		t.Errorf("Serve returned %v, want net.ErrClosed", err)
 	}
 	waitUntil(t, ln, "every slot ended", func(l *Listener) bool { return l.running == 0 })
+}
+
+func TestTheListenContextEndingClosesEverySessionWithoutDraining(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, err := Listen(ctx, Options{Acceptor: f.addr, Service: "api", Capacity: 2, Backoff: fastBackoff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, ln, hello)
+	a, b := f.session(), f.session()
+	waitUntil(t, ln, "2 registered", func(l *Listener) bool { return l.registered == 2 })
+	cancel()
+	for _, s := range []*fakeSession{a, b} {
+		if _, err := io.ReadAll(s.conn); err != nil {
+			t.Errorf("session not closed cleanly: %v", err)
+		}
+	}
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Accept after the context ended: %v, want net.ErrClosed", err)
+	}
+	waitUntil(t, ln, "every slot ended", func(l *Listener) bool { return l.running == 0 })
+	select {
+	case <-f.drains:
+		t.Error("the context's end sent a drain")
+	default:
+	}
 	if n := f.registrations(); n != 2 {
 		t.Errorf("%d registrations, want 2", n)
 	}

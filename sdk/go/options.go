@@ -41,6 +41,10 @@ type Options struct {
 	// HandshakeTimeout bounds connecting, the TLS handshake and the acceptor's answer;
 	// 0 means 5 s.
 	HandshakeTimeout time.Duration
+	// DrainTimeout bounds Close (which http.Server.Shutdown calls): the drain and the wait
+	// for the proxy to close every session, after which Close closes the rest at once;
+	// 0 means 30 s. Shutdown is bounded by its context instead.
+	DrainTimeout time.Duration
 	// Logger receives debug and warning records about dials and sessions; nil discards them.
 	Logger *slog.Logger
 }
@@ -89,6 +93,7 @@ func (b Backoff) withDefaults() Backoff {
 const (
 	defaultSlice            = "default"
 	defaultHandshakeTimeout = 5 * time.Second
+	defaultDrainTimeout     = 30 * time.Second
 	unixPrefix              = "unix:"
 )
 
@@ -102,6 +107,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.HandshakeTimeout == 0 {
 		o.HandshakeTimeout = defaultHandshakeTimeout
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = defaultDrainTimeout
 	}
 	o.Backoff = o.Backoff.withDefaults()
 	if o.Logger == nil {
@@ -128,6 +136,8 @@ func (o *Options) validate() error {
 		return invalid("Backoff.Jitter must be at most 1")
 	case o.HandshakeTimeout < 0:
 		return invalid("HandshakeTimeout must be positive")
+	case o.DrainTimeout < 0:
+		return invalid("DrainTimeout must be positive")
 	}
 	return nil
 }

@@ -29,16 +29,19 @@ func (l *Listener) runSlot(id int) {
 			pause = l.opts.Backoff.Delay(failures)
 			failures++
 		default:
-			failures = 0
 			log.Debug("session registered")
 			retired, served := l.serve(newSessionConn(l, conn, rest))
 			log.Debug("session ended", "retired", retired, "served", served)
 			if retired {
 				return
 			}
-			if !served {
-				// A session closed before serving anything: do not spin on such a proxy.
-				pause = l.opts.Backoff.Delay(0)
+			if served {
+				failures = 0
+			} else {
+				// Closed before serving anything: back off as for a failed dial, so that a
+				// proxy that accepts and drops sessions is not re-dialed in a tight loop.
+				pause = l.opts.Backoff.Delay(failures)
+				failures++
 			}
 		}
 		if pause > 0 && l.wait(pause) {
@@ -47,9 +50,15 @@ func (l *Listener) runSlot(id int) {
 	}
 }
 
-// serve hands a registered session to Accept and waits until it is closed.
+// serve hands a registered session to Accept and waits until it is closed. Once Accept is
+// closed it closes the session instead: no session may reach Accept after Close.
 func (l *Listener) serve(conn *sessionConn) (retired, served bool) {
 	l.mu.Lock()
+	if l.acceptClosed {
+		l.mu.Unlock()
+		conn.Close()
+		return false, false
+	}
 	l.live[conn] = struct{}{}
 	l.registered++
 	l.notifyLocked()

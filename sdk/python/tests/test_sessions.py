@@ -32,7 +32,8 @@ def test_serves_an_asgi_app_and_reports_the_forwarded_client() -> None:
         s = await acc.session()
         await sessions.wait_registered(1)
         assert s.headers["sluice-service"] == "api" and s.headers["sluice-capacity"] == "1"
-        r = await s.request("GET", "/a%20b?x=1", [("X-Forwarded-For", "203.0.113.7, 10.0.0.1")])
+        xff = [("X-Forwarded-For", "203.0.113.7, 10.0.0.1"), ("X-Forwarded-Proto", "https")]
+        r = await s.request("GET", "/a%20b?x=1", xff)
         assert (r.status, r.body) == (200, b"hello GET /a b?x=1\n")
         r = await s.request("POST", "/again", body=b"payload")
         assert (r.status, r.body, r.closes) == (200, b"hello POST /again?\n", False)
@@ -40,6 +41,7 @@ def test_serves_an_asgi_app_and_reports_the_forwarded_client() -> None:
 
     run(main())
     assert seen[0]["raw_path"] == b"/a%20b" and seen[0]["client"] == ("203.0.113.7", 0)
+    assert (seen[0]["scheme"], seen[1]["scheme"]) == ("https", "http")
     assert (b"x-forwarded-for", b"203.0.113.7, 10.0.0.1") in seen[0]["headers"]
 
 
@@ -188,7 +190,8 @@ def test_shutdown_drains_and_waits_for_the_in_flight_request() -> None:
         assert acc.drains[0]["sluice-instance"] == "api-1"
         assert acc.drains[0]["authorization"] == "Bearer s3cret"
         idle.close()  # the proxy closes idle sessions at once ...
-        assert not shutdown.done()
+        await sessions._shared.wait_until(lambda: sessions.registered == 1)
+        assert not shutdown.done()  # the busy session is still open
         gate.release.set()
         response = await busy.read_response()  # ... and busy ones after their response
         assert (response.status, response.body) == (200, b"done\n")

@@ -9,7 +9,7 @@ from asyncio import StreamReader, StreamWriter
 
 from .errors import ConnectError, HandshakeTimeout, ProtocolError, SluiceError
 from .options import Options, parse_acceptor
-from .protocol import Drained, Handshake, Switched
+from .protocol import Handshake, Reply, Switched
 
 #: Seconds a session may sit silent before the kernel starts probing it.
 KEEPALIVE_IDLE = 30
@@ -21,26 +21,31 @@ Stream = tuple[StreamReader, StreamWriter]
 async def register(options: Options, capacity: int) -> tuple[StreamReader, StreamWriter, bytes]:
     """Dials and registers one session; returns the stream and the bytes read past the ``101``
     (the start of the first request). ``capacity`` goes into ``Sluice-Capacity``."""
-    handshake = Handshake("register", options.identity, capacity)
-    reader, writer = await _within(options.handshake_timeout, _connect(options))
-    try:
-        reply = await _within(options.handshake_timeout, _exchange(reader, writer, handshake))
-    except BaseException:
+    reader, writer, reply = await _open(options, Handshake("register", options.identity, capacity))
+    if not isinstance(reply, Switched):  # feed() classifies by kind; kept for -O runs too
         writer.close()
-        raise
-    assert isinstance(reply, Switched)
+        raise ProtocolError("the acceptor answered a registration like a drain")
     return reader, writer, reply.rest
 
 
 async def drain(options: Options) -> None:
     """Sends ``POST /.sluice/v1/drain`` for the instance on a new connection; expects ``200``."""
-    handshake = Handshake("drain", options.identity)
-    reader, writer = await _within(options.handshake_timeout, _connect(options))
-    try:
-        reply = await _within(options.handshake_timeout, _exchange(reader, writer, handshake))
-        assert isinstance(reply, Drained)
-    finally:
-        writer.close()
+    _, writer, _ = await _open(options, Handshake("drain", options.identity))
+    writer.close()
+
+
+async def _open(options: Options, handshake: Handshake) -> tuple[StreamReader, StreamWriter, Reply]:
+    """Connects and exchanges ``handshake``, both within one ``handshake_timeout``."""
+
+    async def attempt() -> tuple[StreamReader, StreamWriter, Reply]:
+        reader, writer = await _connect(options)
+        try:
+            return reader, writer, await _exchange(reader, writer, handshake)
+        except BaseException:  # including the timeout's cancellation
+            writer.close()
+            raise
+
+    return await _within(options.handshake_timeout, attempt())
 
 
 async def _within(limit: float, aw):  # type: ignore[no-untyped-def]
@@ -61,7 +66,11 @@ async def _connect(options: Options) -> Stream:
         reader, writer = await asyncio.open_connection(host, port, limit=READ_SIZE, **tls)
     except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
         raise ConnectError(options.acceptor, e) from e
-    _tune(writer)
+    try:
+        _tune(writer)
+    except OSError as e:
+        writer.close()
+        raise ConnectError(options.acceptor, e) from e
     return reader, writer
 
 

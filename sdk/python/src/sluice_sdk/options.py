@@ -38,8 +38,9 @@ class Options:
     ``acceptor`` is ``"host:port"`` (``"[v6]:port"``) or ``"unix:/path"``; there is no default.
     ``instance=None`` lets the acceptor use the peer's IP address; ``token=None`` sends no
     ``Authorization``. ``ssl`` (default ``None``: plaintext) turns on TLS to the acceptor,
-    verifying ``server_hostname`` (default: the acceptor's host). ``handshake_timeout`` bounds
-    connecting plus the acceptor's answer. Invalid options raise :class:`OptionsError`.
+    verifying ``server_hostname`` (default: the acceptor's host). ``handshake_timeout`` (default
+    5 s) bounds connecting plus the acceptor's answer, together. Invalid options raise
+    :class:`OptionsError`.
     """
 
     acceptor: str
@@ -55,7 +56,7 @@ class Options:
 
     def __post_init__(self) -> None:
         if not self.service:
-            raise OptionsError("service is empty")
+            raise OptionsError("service is empty: set it to the name of a reverse cluster in the proxy's config")
         for name in ("service", "slice", "instance", "token"):
             value = getattr(self, name)
             if value is not None:

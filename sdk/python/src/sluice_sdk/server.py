@@ -25,6 +25,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 READ_SIZE = 65536
+#: Bytes read ahead of the current request (pipelining) before reading pauses until its response
+#: is done: the disconnect watcher must not buffer an unbounded stream from a misbehaving peer.
+MAX_READ_AHEAD = 65536
 
 
 class Hooks(Protocol):
@@ -138,6 +141,9 @@ class Cycle:
         self.started = False
         self.complete = False
         self.gone = False
+        # h11 frames a HEAD response as bodiless; ASGI apps send the GET body anyway (RFC 9110
+        # §9.3.2 allows the headers to match a GET), so the body is dropped here.
+        self._head = request is not None and request.method == b"HEAD"
         self._ended = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
 
@@ -149,7 +155,10 @@ class Cycle:
             if not self.started:
                 raise RuntimeError("the application returned without a response")
         except Exception:
-            log.exception("ASGI application failed")
+            if self.gone:  # e.g. a WSGI adapter giving up on a vanished client
+                log.debug("ASGI application ended after the peer went away", exc_info=True)
+            else:
+                log.exception("ASGI application failed")
             if not self.started and not self.gone:
                 await self.simple(500, b"internal server error\n")
         finally:
@@ -206,6 +215,8 @@ class Cycle:
             if not data:
                 return self._disconnected()
             self.c.conn.receive_data(data)  # a pipelined request, kept for the next cycle
+            if len(self.c.conn.trailing_data[0]) > MAX_READ_AHEAD:
+                return  # stop reading: TCP flow control holds the peer until the next cycle
 
     def _disconnected(self) -> None:
         self.gone = True
@@ -222,7 +233,7 @@ class Cycle:
             await self._write(event)
         elif kind == "http.response.body" and self.started and not self.complete:
             body = message.get("body", b"")
-            if body:
+            if body and not self._head:
                 await self._write(h11.Data(data=body))
             if not message.get("more_body", False):
                 await self._write(h11.EndOfMessage())
@@ -258,7 +269,7 @@ def scope(request: h11.Request, peer: Peer) -> Scope:
         "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": request.http_version.decode(),
         "method": request.method.decode("ascii"),
-        "scheme": "http",
+        "scheme": _forwarded_proto(headers) if peer.forwarded else "http",
         "path": unquote_to_bytes(raw_path).decode("utf-8", "surrogateescape"),
         "raw_path": raw_path,
         "query_string": query,
@@ -267,6 +278,14 @@ def scope(request: h11.Request, peer: Peer) -> Scope:
         "client": _forwarded_for(headers) if peer.forwarded else peer.client,
         "server": peer.server,
     }
+
+
+def _forwarded_proto(headers: list[tuple[bytes, bytes]]) -> str:
+    """The client's scheme as the proxy reports it (DESIGN.md §3), so apps build right URLs."""
+    for name, value in headers:
+        if name == b"x-forwarded-proto" and value.strip().lower() in (b"http", b"https"):
+            return value.strip().lower().decode()
+    return "http"
 
 
 def _forwarded_for(headers: list[tuple[bytes, bytes]]) -> tuple[str, int] | None:

@@ -42,8 +42,8 @@ class Sessions:
         shrinking retires surplus ones: each answers its next response with
         ``Connection: close`` (or, when not registered at that moment, simply stops dialing).
         Setting the capacity again restarts slots that were refused for good."""
-        if capacity < 0:
-            raise ValueError("capacity must not be negative")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise ValueError(f"capacity must be a non-negative integer, not {capacity!r}")
         spawn = self._shared.resize(capacity)
         log.info("capacity set to %d (%d new sessions)", capacity, spawn)
         for _ in range(spawn):
@@ -93,10 +93,15 @@ class Sessions:
         await dial.drain(self._options)
         tasks = set(self._tasks)
         if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=timeout)
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
             if pending:
                 self.close()
-                raise asyncio.TimeoutError("sessions still open after the drain deadline")
+                # Awaited so that every session is closed (its writer too) when this raises.
+                await asyncio.gather(*pending, return_exceptions=True)
+                raise asyncio.TimeoutError(
+                    f"{len(pending)} sessions were still open {timeout:g}s after the drain; "
+                    "they were closed: raise the timeout if requests take longer"
+                )
         log.info("drained %s", self._options.service)
 
     async def drain(self, timeout: float | None = None) -> None:
