@@ -143,13 +143,15 @@ queue_timeout = "20s"
 TOKEN = "interop-s3cret"
 
 
-def start_sluice(bins: Binaries, tmp: Path) -> Sluice:
+def start_sluice(bins: Binaries, tmp: Path, config_text: str = CONFIG, upgrade: bool = False, name: str = "sluice") -> Sluice:
     config = tmp / "sluice.toml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
+    argv = [str(bins.sluice), "run", "-c", str(config), "--log-format", "json"]
     proc = Proc(
-        "sluice",
-        [str(bins.sluice), "run", "-c", str(config), "--log-format", "json"],
-        env={"INTEROP_TOKEN": TOKEN, "RUST_LOG": "info"},
+        name,
+        argv + (["--upgrade"] if upgrade else []),
+        # Debug for the acceptor: it logs every registration, which is how re-dials are counted.
+        env={"INTEROP_TOKEN": TOKEN, "RUST_LOG": "info,sluice::acceptor=debug"},
     )
 
     def field_of(message: str, key: str) -> str:
@@ -198,6 +200,11 @@ class Load:
             self._threads.append(t)
         return self
 
+    method: str = "POST"
+    # Stale keep-alive connections closed by a server between two requests: retried once on
+    # a new connection, as HTTP clients do for idempotent requests (RFC 9112 §9.3.1).
+    stale_retries: int = 0
+
     def _client(self, n: int) -> None:
         import http.client
 
@@ -206,17 +213,35 @@ class Load:
         while not self._stop.is_set():
             rid = f"c{n}-{seq}"
             seq += 1
-            try:
-                conn.request("POST", "/work", body=b"payload", headers={"X-Request-Id": rid})
-                res = conn.getresponse()
-                result = Result(rid, res.status, res.read().decode(errors="replace").strip())
-                if res.getheader("connection", "").lower() == "close":
-                    conn.close()
-            except (OSError, http.client.HTTPException) as e:
-                result = Result(rid, 0, repr(e))
+            result = self._one(conn, rid)
+            if result is None:  # the reused connection had been closed: once more, afresh
+                with self._lock:
+                    self.stale_retries += 1
                 conn.close()
+                result = self._one(conn, rid) or Result(rid, 0, "closed before answering")
             with self._lock:
                 self.results.append(result)
+
+    def _one(self, conn: "http.client.HTTPConnection", rid: str) -> "Result | None":
+        import http.client
+
+        reused = conn.sock is not None
+        body = b"payload" if self.method == "POST" else None
+        try:
+            conn.request(self.method, "/work", body=body, headers={"X-Request-Id": rid})
+            res = conn.getresponse()
+            result = Result(rid, res.status, res.read().decode(errors="replace").strip())
+            if res.getheader("connection", "").lower() == "close":
+                conn.close()
+            return result
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+            conn.close()
+            if reused and self.method == "GET":
+                return None
+            return Result(rid, 0, repr(e))
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            return Result(rid, 0, repr(e))
 
     def count(self) -> int:
         with self._lock:

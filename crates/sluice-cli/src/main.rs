@@ -41,6 +41,10 @@ enum Command {
         /// Worker threads (overrides `[runtime] workers`; default: one per CPU).
         #[arg(long)]
         workers: Option<usize>,
+        /// Hot restart: take over the listening sockets and idle sessions of the Sluice
+        /// running with the same `[runtime] upgrade_socket`, which then drains and exits.
+        #[arg(long)]
+        upgrade: bool,
     },
     /// Validate a configuration file and exit (0: valid, 2: invalid).
     Check {
@@ -57,7 +61,11 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Check { config } => check(&config),
-        Command::Run { config, workers } => exit(run(config, workers)),
+        Command::Run {
+            config,
+            workers,
+            upgrade,
+        } => exit(run(config, workers, upgrade)),
         Command::Demo(args) => exit(demo::run(args)),
     }
 }
@@ -113,14 +121,18 @@ fn load(path: Option<PathBuf>) -> anyhow::Result<Config> {
     }
 }
 
-fn run(path: Option<PathBuf>, workers: Option<usize>) -> anyhow::Result<()> {
+fn run(path: Option<PathBuf>, workers: Option<usize>, upgrade: bool) -> anyhow::Result<()> {
     let config = load(path)?;
     let workers = workers.or(config.runtime.workers);
     let runtime = build_runtime(workers)?;
     runtime.block_on(async {
         // Installed before binding, so a signal during start-up drains instead of killing.
         let stop = os_signal();
-        let proxy = sluice::Proxy::bind(&config).await?;
+        let inherited = match upgrade {
+            true => Some(take_over(&config).await?),
+            false => None,
+        };
+        let proxy = sluice::Proxy::bind_inheriting(&config, inherited).await?;
         for (name, addr) in proxy.local_addrs() {
             info!(listener = %name, %addr, "serving");
         }
@@ -129,6 +141,25 @@ fn run(path: Option<PathBuf>, workers: Option<usize>) -> anyhow::Result<()> {
         info!("sluice stopped");
         Ok(())
     })
+}
+
+/// Connects to the running Sluice's upgrade socket and takes its listening sockets.
+async fn take_over(config: &Config) -> anyhow::Result<sluice::restart::Inherited> {
+    let Some(path) = &config.runtime.upgrade_socket else {
+        anyhow::bail!(
+            "--upgrade needs `upgrade_socket` under [runtime] in {} (the running Sluice must have it too)",
+            config.source
+        );
+    };
+    let inherited = sluice::restart::Inherited::take_over(path)
+        .await
+        .with_context(|| {
+            format!(
+                "taking over from the Sluice listening on {}",
+                path.display()
+            )
+        })?;
+    Ok(inherited)
 }
 
 fn build_runtime(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {

@@ -37,6 +37,10 @@ pub struct Runtime {
     pub workers: Option<usize>,
     /// How long in-flight requests may run after a shutdown signal. Default 30 s.
     pub shutdown_grace: Duration,
+    /// The UNIX socket where a running Sluice waits for its successor (`sluice run
+    /// --upgrade`) to take over its listeners and idle sessions; `None` (the default): no hot
+    /// restart. Relative paths are relative to the config file.
+    pub upgrade_socket: Option<PathBuf>,
 }
 
 /// One client-facing listener (`[[listener]]`).

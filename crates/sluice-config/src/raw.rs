@@ -35,6 +35,7 @@ pub(crate) struct RawConfig {
 pub(crate) struct RawRuntime {
     pub(crate) workers: Option<NonZeroUsize>,
     pub(crate) shutdown_grace: Option<Dur>,
+    pub(crate) upgrade_socket: Option<Spanned<String>>,
 }
 
 /// `[[listener]]`.

@@ -62,7 +62,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
     acceptor::slices(ctx, &mut routes, slices, &clusters)?;
     Ok(Config {
         source: ctx.origin.to_owned(),
-        runtime: runtime(raw.runtime),
+        runtime: runtime(ctx, raw.runtime),
         acceptor,
         listeners,
         routes,
@@ -70,10 +70,11 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
     })
 }
 
-fn runtime(raw: RawRuntime) -> Runtime {
+fn runtime(ctx: Ctx<'_>, raw: RawRuntime) -> Runtime {
     Runtime {
         workers: raw.workers.map(usize::from),
         shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
+        upgrade_socket: raw.upgrade_socket.map(|p| ctx.resolve(p.get_ref())),
     }
 }
 

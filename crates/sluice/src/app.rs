@@ -3,14 +3,20 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_config::{Action, ClusterKind, Config};
+use sluice_handoff::{Handoff, ListenAddr};
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use crate::acceptor::{Acceptor, BindError};
 use crate::proxy::ProxyService;
+use crate::restart::{self, Inherited, RestartError, UpgradeSocket};
 use crate::router::{Direct, Matcher, Route, RouteTable, Target};
 use crate::server::{tls, Group, Server};
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
@@ -45,6 +51,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The upgrade socket (`[runtime] upgrade_socket`) could not be bound.
+    #[error(transparent)]
+    Upgrade(#[from] RestartError),
     /// A listener's certificate or key was rejected by rustls.
     #[error("listener {listener}: TLS: {source}")]
     Tls {
@@ -64,41 +73,48 @@ pub struct Proxy {
     clusters: BTreeMap<String, Upstream>,
     acceptor: Option<Acceptor>,
     grace: Duration,
+    /// Where a successor may ask to take over (hot restart).
+    upgrade: Option<UpgradeSocket>,
+    /// The predecessor's connection, on which its idle sessions arrive (hot restart).
+    predecessor: Option<(Handoff, PathBuf)>,
 }
 
 impl Proxy {
-    /// Builds clusters and routes from `config` and binds every listener.
+    /// Builds clusters and routes from `config` and binds every listener (and the upgrade
+    /// socket, when `[runtime] upgrade_socket` is set).
     pub async fn bind(config: &Config) -> Result<Self, StartError> {
+        Self::bind_inheriting(config, None).await
+    }
+
+    /// The same as [`bind`](Self::bind), for a hot restart's successor: listeners whose name
+    /// and address match a socket the predecessor handed over accept on it instead of binding,
+    /// and the predecessor's idle sessions are adopted once the proxy runs.
+    pub async fn bind_inheriting(
+        config: &Config,
+        mut inherited: Option<Inherited>,
+    ) -> Result<Self, StartError> {
         let clusters = build_clusters(config);
         let routes = build_routes(config, &clusters);
         let mut servers = Vec::with_capacity(config.listeners.len());
         for l in &config.listeners {
-            let listener = TcpListener::bind(l.addr)
-                .await
-                .map_err(|source| StartError::Bind {
-                    listener: l.name.clone(),
-                    addr: l.addr,
-                    source,
-                })?;
-            let mut server = Server::from_listener(&l.name, listener, l.http.clone());
-            if let Some(t) = &l.tls {
-                let cfg =
-                    tls::server_config(t, l.http.http2).map_err(|source| StartError::Tls {
-                        listener: l.name.clone(),
-                        source,
-                    })?;
-                server = server.with_tls(cfg);
-            }
-            servers.push(server);
+            let handed = inherited
+                .as_mut()
+                .and_then(|i| i.tcp(&restart::listener_key(&l.name), l.addr));
+            servers.push(bind_server(l, handed).await?);
         }
         let service = ProxyService::new(routes);
-        let acceptor = bind_acceptor(config, &clusters).await?;
+        let acceptor = bind_acceptor(config, &clusters, inherited.as_mut()).await?;
+        // After the listeners: a predecessor still holds the path until it has handed them.
+        let upgrade = config.runtime.upgrade_socket.as_deref();
+        let upgrade = upgrade.map(UpgradeSocket::bind).transpose()?;
         Ok(Self {
             servers,
             service,
             clusters,
             acceptor,
             grace: config.runtime.shutdown_grace,
+            upgrade,
+            predecessor: inherited.as_mut().and_then(Inherited::session_feed),
         })
     }
 
@@ -129,29 +145,172 @@ impl Proxy {
     }
 
     /// Serves until `trigger` resolves, then drains gracefully within the configured grace.
-    pub async fn run_until(self, trigger: impl Future<Output = ()>) {
+    ///
+    /// With an upgrade socket, a successor asking to take over (`sluice run --upgrade`) also
+    /// ends the run: it gets the listening sockets, this process stops accepting, finishes
+    /// its in-flight requests, hands each idle session over as it becomes idle, and returns.
+    pub async fn run_until(mut self, trigger: impl Future<Output = ()>) {
         for upstream in self.clusters.values() {
             upstream.start();
         }
+        let reverse = self.reverse_clusters();
+        if let Some((conn, path)) = self.predecessor.take() {
+            let total = self
+                .acceptor
+                .as_ref()
+                .map_or_else(Arc::default, Acceptor::total);
+            tokio::spawn(restart::adopt_sessions(conn, path, reverse.clone(), total));
+        }
+        let fds = match self.upgrade.is_some() {
+            true => self.listener_fds(),
+            false => Vec::new(),
+        };
         let mut group = Group::new();
         for server in self.servers {
             group.add(server, self.service.clone(), self.grace);
         }
         let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));
-        group.run_until(trigger).await;
+        let mut handover = None;
+        group
+            .run_until(stop_or_upgrade(
+                trigger,
+                self.upgrade,
+                fds,
+                &reverse,
+                &mut handover,
+            ))
+            .await;
         if let Some(task) = acceptor {
             if let Err(e) = task.await {
                 tracing::warn!(error = %e, "the acceptor task failed");
             }
         }
+        if let Some(forwarder) = handover {
+            finish_handover(&reverse, forwarder, self.grace).await;
+        }
         // Sessions would otherwise outlive the proxy in a process that goes on (an embedding
         // program, `sluice demo`): their connection tasks keep the cluster alive. Closing them
         // tells the services, which re-dial wherever Sluice runs next.
-        for upstream in self.clusters.values() {
-            if let Upstream::Reverse(slice) = upstream {
-                slice.cluster().close();
+        for cluster in reverse.values() {
+            cluster.close();
+        }
+    }
+
+    fn reverse_clusters(&self) -> BTreeMap<String, ReverseCluster> {
+        self.clusters
+            .iter()
+            .filter_map(|(name, u)| match u {
+                Upstream::Reverse(slice) => Some((name.clone(), slice.cluster().clone())),
+                Upstream::Static(_) => None,
+            })
+            .collect()
+    }
+
+    /// Duplicates of every listening socket, named for the hand-over; one that cannot be
+    /// duplicated is left out (the successor binds it afresh) with a warning.
+    fn listener_fds(&self) -> Vec<(String, ListenAddr, OwnedFd)> {
+        let mut fds = Vec::new();
+        for server in &self.servers {
+            let fd = server
+                .local_addr()
+                .and_then(|addr| Ok((addr, server.listener_fd()?)));
+            match fd {
+                Ok((addr, fd)) => fds.push((
+                    restart::listener_key(server.name()),
+                    ListenAddr::Inet(addr),
+                    fd,
+                )),
+                Err(error) => {
+                    tracing::warn!(listener = %server.name(), %error, "cannot duplicate the listening socket")
+                }
             }
         }
+        match self.acceptor.as_ref().map(Acceptor::listener_fds) {
+            Some(Ok(acceptor)) => fds.extend(acceptor),
+            Some(Err(error)) => tracing::warn!(%error, "cannot duplicate the acceptor's sockets"),
+            None => {}
+        }
+        fds
+    }
+}
+
+/// Resolves when `trigger` does, or once a successor has taken the listening sockets (then
+/// every reverse cluster starts handing its idle sessions over; `handover` gets the task that
+/// forwards them).
+async fn stop_or_upgrade(
+    trigger: impl Future<Output = ()>,
+    upgrade: Option<UpgradeSocket>,
+    fds: Vec<(String, ListenAddr, OwnedFd)>,
+    reverse: &BTreeMap<String, ReverseCluster>,
+    handover: &mut Option<JoinHandle<()>>,
+) {
+    let Some(socket) = upgrade else {
+        return trigger.await;
+    };
+    tokio::pin!(trigger);
+    let path = socket.path().to_owned();
+    let conn = loop {
+        let conn = tokio::select! {
+            () = &mut trigger => return,
+            conn = socket.successor() => conn,
+        };
+        // Copies: if this successor fails, the next one gets the sockets all the same.
+        let copies = fds
+            .iter()
+            .map(|(name, addr, fd)| Ok((name.clone(), addr.clone(), fd.try_clone()?)));
+        let copies: std::io::Result<Vec<_>> = copies.collect();
+        let sent = match copies {
+            Ok(copies) => restart::send_listeners(&conn, &path, copies)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match sent {
+            Ok(()) => break conn,
+            Err(error) => {
+                tracing::error!(%error, "hot restart failed while handing over the listeners; serving on")
+            }
+        }
+    };
+    // The successor binds the path anew once it reads READY: ours must be gone by then.
+    drop(socket);
+    if let Err(error) = restart::send_ready(&conn, &path).await {
+        // It has our sockets but may never serve: keep serving (no more upgrades, though).
+        tracing::error!(%error, "hot restart failed at READY; serving on without an upgrade socket");
+        return trigger.await;
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    for cluster in reverse.values() {
+        // One idle session per slice stays for requests on connections still draining here.
+        cluster.start_handover(tx.clone(), true);
+    }
+    *handover = Some(tokio::spawn(restart::forward_sessions(conn, path, rx)));
+    tracing::info!("a successor took the listening sockets; draining and handing sessions over");
+}
+
+/// After the drain: hands over the rest, waits (within `grace`) until every session has
+/// left, and lets the forwarder say DONE.
+async fn finish_handover(
+    reverse: &BTreeMap<String, ReverseCluster>,
+    forwarder: JoinHandle<()>,
+    grace: Duration,
+) {
+    for cluster in reverse.values() {
+        cluster.finish_handover();
+    }
+    let all_gone = async {
+        for cluster in reverse.values() {
+            cluster.wait_until(|c| c.sessions() == 0).await;
+        }
+    };
+    if tokio::time::timeout(grace, all_gone).await.is_err() {
+        tracing::warn!("sessions still busy after the grace period; closing them");
+    }
+    for cluster in reverse.values() {
+        cluster.stop_handover();
+    }
+    if let Err(e) = forwarder.await {
+        tracing::warn!(error = %e, "the hand-over task failed");
     }
 }
 
@@ -203,19 +362,54 @@ pub fn build_routes(config: &Config, clusters: &BTreeMap<String, Upstream>) -> R
     table
 }
 
+/// Binds one listener, or takes over the socket a predecessor handed over for it.
+async fn bind_server(
+    l: &sluice_config::Listener,
+    handed: Option<std::net::TcpListener>,
+) -> Result<Server, StartError> {
+    let bind_error = |source| StartError::Bind {
+        listener: l.name.clone(),
+        addr: l.addr,
+        source,
+    };
+    let listener = match handed {
+        Some(std) => TcpListener::from_std(std).map_err(bind_error)?,
+        None => TcpListener::bind(l.addr).await.map_err(bind_error)?,
+    };
+    let mut server = Server::from_listener(&l.name, listener, l.http.clone());
+    if let Some(t) = &l.tls {
+        let cfg = tls::server_config(t, l.http.http2).map_err(|source| StartError::Tls {
+            listener: l.name.clone(),
+            source,
+        })?;
+        server = server.with_tls(cfg);
+    }
+    Ok(server)
+}
+
 /// Binds the acceptor for the reverse clusters, if `[acceptor]` is configured.
 async fn bind_acceptor(
     config: &Config,
     clusters: &BTreeMap<String, Upstream>,
+    inherited: Option<&mut Inherited>,
 ) -> Result<Option<Acceptor>, StartError> {
     let Some(opts) = &config.acceptor else {
         return Ok(None);
+    };
+    let (tcp, unix) = match inherited {
+        Some(i) => (
+            i.tcp(restart::ACCEPTOR_KEY, opts.addr),
+            opts.unix
+                .as_deref()
+                .and_then(|p| i.unix(restart::ACCEPTOR_UNIX_KEY, p)),
+        ),
+        None => (None, None),
     };
     let reverse = clusters.values().filter_map(|u| match u {
         Upstream::Reverse(s) => Some(s.cluster().clone()),
         Upstream::Static(_) => None,
     });
-    Acceptor::bind(opts, reverse)
+    Acceptor::bind_inheriting(opts, reverse, tcp, unix)
         .await
         .map(Some)
         .map_err(|e| match e {

@@ -14,6 +14,8 @@
 //! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
 //!   timeouts, the HTTP/1 request-smuggling guard (`Content-Length` with `Transfer-Encoding`),
 //!   graceful shutdown.
+//! - [`restart`]: hot restart: a successor takes the listening sockets and idle sessions over
+//!   the upgrade socket (`sluice-handoff` messages and fd passing).
 //! - [`router`]: matching requests to routes (host, path prefix, method, headers, client CIDR).
 //! - [`proxy`]: the tower `Service` that applies a route: forwarding headers, hop-by-hop
 //!   stripping, header edits, direct responses, error statuses, and HTTP/1.1 Upgrade
@@ -27,7 +29,7 @@
 //! - [`error`]: typed failures and the status each maps to.
 //!
 //! Configuration parsing lives in the `sluice-config` crate, the session protocol codec in
-//! `sluice-session`, the service SDK in `sluice-sdk`; the `sluice` binary is in `sluice-cli`.
+//! `sluice-session`, the fd-passing handoff protocol in `sluice-handoff`, the service SDK in `sluice-sdk`; the `sluice` binary is in `sluice-cli`.
 
 pub mod acceptor;
 pub mod app;
@@ -35,6 +37,7 @@ pub mod body;
 pub mod error;
 pub mod http;
 pub mod proxy;
+pub mod restart;
 pub mod router;
 pub mod server;
 pub mod upstream;

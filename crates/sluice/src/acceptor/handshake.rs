@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::Shared;
-use crate::upstream::reverse::SessionPermit;
+use crate::upstream::reverse::{SessionPermit, SessionStream};
 use crate::upstream::ReverseCluster;
 
 /// Why no hello could be read.
@@ -37,7 +37,7 @@ pub(super) struct Peer {
 /// have arrived by `deadline`.
 pub(super) async fn handle<T>(mut io: T, peer: Peer, shared: Arc<Shared>, deadline: Instant)
 where
-    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    T: SessionStream,
 {
     let read = read_hello(&mut io, shared.opts.max_handshake_size);
     let hello = match tokio::time::timeout_at(deadline, read).await {
@@ -53,7 +53,7 @@ where
     match outcome {
         Ok(None) => {}
         Ok(Some((cluster, slice, permit))) => {
-            if let Err(error) = cluster.attach(&slice, io, permit).await {
+            if let Err(error) = cluster.attach(&slice, Box::new(io), permit).await {
                 debug!(cluster = %cluster.name(), %error, "session could not start");
             }
         }

@@ -17,22 +17,25 @@ mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rustls::ServerConfig;
 use sluice_config::ServiceGrant;
+use sluice_handoff::ListenAddr;
 use sluice_session::Rejection;
 use socket2::{SockRef, TcpKeepalive};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::time::Instant;
 use tracing::{debug, info, warn, Instrument};
 
 use self::handshake::Peer;
 use self::rate::RateLimiter;
+use crate::restart;
 use crate::server::{accept_error, ShutdownSignal};
-use crate::upstream::reverse::Limit;
+use crate::upstream::reverse::{Limit, SessionStream};
 use crate::upstream::ReverseCluster;
 
 pub use sluice_config::Acceptor as AcceptorOptions;
@@ -57,6 +60,8 @@ pub struct Acceptor {
     tcp: TcpListener,
     unix: Option<UnixListener>,
     shared: Shared,
+    /// The listening sockets went to a successor: leave the UNIX socket file alone.
+    handed_over: Arc<AtomicBool>,
 }
 
 /// What every handshake consults.
@@ -79,13 +84,30 @@ impl Acceptor {
         opts: &AcceptorOptions,
         clusters: impl IntoIterator<Item = ReverseCluster>,
     ) -> Result<Self, BindError> {
+        Self::bind_inheriting(opts, clusters, None, None).await
+    }
+
+    /// The same as [`bind`](Self::bind), but listening on sockets a predecessor handed over
+    /// (hot restart) where they are given.
+    pub async fn bind_inheriting(
+        opts: &AcceptorOptions,
+        clusters: impl IntoIterator<Item = ReverseCluster>,
+        tcp: Option<std::net::TcpListener>,
+        unix: Option<std::os::unix::net::UnixListener>,
+    ) -> Result<Self, BindError> {
         let tls = opts.tls.as_ref().map(crate::server::tls::acceptor_config);
         let tls = tls.transpose().map_err(BindError::Tls)?;
-        let tcp = TcpListener::bind(opts.addr)
-            .await
-            .map_err(BindError::Bind)?;
-        let unix = opts.unix.as_ref().map(UnixListener::bind).transpose();
-        let unix = unix.map_err(BindError::Bind)?;
+        let tcp = match tcp {
+            Some(l) => TcpListener::from_std(l),
+            None => TcpListener::bind(opts.addr).await,
+        };
+        let tcp = tcp.map_err(BindError::Bind)?;
+        let unix = match (unix, &opts.unix) {
+            (Some(l), _) => Some(UnixListener::from_std(l)),
+            (None, Some(path)) => Some(UnixListener::bind(path)),
+            (None, None) => None,
+        };
+        let unix = unix.transpose().map_err(BindError::Bind)?;
         let clusters: HashMap<_, _> = clusters
             .into_iter()
             .map(|c| (c.name().to_owned(), c))
@@ -101,7 +123,38 @@ impl Acceptor {
             shutdown: None,
             tls,
         };
-        Ok(Self { tcp, unix, shared })
+        Ok(Self {
+            tcp,
+            unix,
+            shared,
+            handed_over: Arc::default(),
+        })
+    }
+
+    /// Sessions across every cluster, against `max_sessions`; shared with the sessions a
+    /// predecessor hands over.
+    pub fn total(&self) -> Arc<Limit> {
+        Arc::clone(&self.shared.total)
+    }
+
+    /// Duplicates of the listening sockets for a successor (hot restart), named as the
+    /// hand-over names them. The UNIX socket's file is then left in place when this
+    /// acceptor stops: it belongs to the successor.
+    pub fn listener_fds(&self) -> std::io::Result<Vec<(String, ListenAddr, OwnedFd)>> {
+        let mut fds = vec![(
+            restart::ACCEPTOR_KEY.to_owned(),
+            ListenAddr::Inet(self.tcp.local_addr()?),
+            SockRef::from(&self.tcp).try_clone()?.into(),
+        )];
+        if let (Some(l), Some(path)) = (&self.unix, &self.shared.opts.unix) {
+            fds.push((
+                restart::ACCEPTOR_UNIX_KEY.to_owned(),
+                ListenAddr::Unix(path.clone()),
+                SockRef::from(l).try_clone()?.into(),
+            ));
+        }
+        self.handed_over.store(true, Ordering::Release);
+        Ok(fds)
     }
 
     /// The bound TCP address.
@@ -140,7 +193,9 @@ impl Acceptor {
             }
         }
         if let Some(path) = &shared.opts.unix {
-            let _ = std::fs::remove_file(path);
+            if !self.handed_over.load(Ordering::Acquire) {
+                let _ = std::fs::remove_file(path);
+            }
         }
         info!("acceptor stopped");
     }
@@ -168,7 +223,7 @@ fn spawn_tcp(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
 /// Runs TLS first when configured, then the registration handshake; one deadline covers both.
 async fn serve<S>(io: S, ip: Option<IpAddr>, shared: Arc<Shared>)
 where
-    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    S: SessionStream,
 {
     let deadline = Instant::now() + shared.opts.handshake_timeout;
     let mut peer = Peer {

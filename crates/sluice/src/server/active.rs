@@ -3,27 +3,51 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
+use tokio::sync::Notify;
 
 /// Requests of one connection from the service call until the response body has ended (or
 /// was dropped). Shared by the connection's service and its [`IdleTimeout`](super::IdleTimeout).
 #[derive(Debug, Default)]
-pub struct ActiveRequests(AtomicUsize);
+pub struct ActiveRequests {
+    count: AtomicUsize,
+    /// Whether a request ever began on the connection, and who waits for the first.
+    started: AtomicBool,
+    first: Notify,
+}
 
 impl ActiveRequests {
     /// Whether any request is in flight.
     pub fn any(&self) -> bool {
-        self.0.load(Ordering::Relaxed) > 0
+        self.count.load(Ordering::Relaxed) > 0
+    }
+
+    /// Whether any request has begun on this connection yet.
+    pub fn started(&self) -> bool {
+        self.started.load(Ordering::Acquire)
+    }
+
+    /// Waits until the connection's first request has begun.
+    pub(super) async fn first_request(&self) {
+        let first = self.first.notified();
+        tokio::pin!(first);
+        first.as_mut().enable();
+        if !self.started() {
+            first.await;
+        }
     }
 
     /// Counts one request until the returned guard is dropped.
     pub(super) fn begin(self: &Arc<Self>) -> ActiveGuard {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        if !self.started.swap(true, Ordering::AcqRel) {
+            self.first.notify_waiters();
+        }
         ActiveGuard(Arc::clone(self))
     }
 }
@@ -34,7 +58,7 @@ pub(super) struct ActiveGuard(Arc<ActiveRequests>);
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, Ordering::Relaxed);
+        self.0.count.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -129,12 +129,13 @@ where
         framing: Some(watch),
         ..svc
     };
+    let active = Arc::clone(&svc.active);
     // Upgrades (WebSocket) hand the connection to the proxy's bridge after the 101.
     let conn = settings
         .h1
         .serve_connection(TokioIo::new(io), svc)
         .with_upgrades();
-    drive(conn, signal).await
+    drive(conn, signal, &active, settings).await
 }
 
 async fn serve_h2<I, S: HttpService>(
@@ -146,17 +147,39 @@ async fn serve_h2<I, S: HttpService>(
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    drive(settings.h2.serve_connection(TokioIo::new(io), svc), signal).await
+    let active = Arc::clone(&svc.active);
+    let conn = settings.h2.serve_connection(TokioIo::new(io), svc);
+    drive(conn, signal, &active, settings).await
 }
 
 /// Runs a connection to its end; on shutdown asks it to finish gracefully (HTTP/1.1: close
 /// after the response in progress; HTTP/2: GOAWAY) and waits for that.
-async fn drive<C: Graceful>(conn: C, signal: &ShutdownSignal) -> Result<(), BoxError> {
+///
+/// A connection that has not begun a request yet may have been accepted a moment before the
+/// shutdown with its request still unread in the socket (a hot restart stops accepting while
+/// clients keep connecting): closing it would fail that request. So the shutdown waits for the
+/// first request to begin, within `request_header_timeout`, and then asks the connection to
+/// finish after it.
+async fn drive<C: Graceful>(
+    conn: C,
+    signal: &ShutdownSignal,
+    active: &ActiveRequests,
+    settings: &Settings,
+) -> Result<(), BoxError> {
     tokio::pin!(conn);
     tokio::select! {
         res = conn.as_mut() => return res.map_err(Into::into),
-        () = signal.wait() => conn.as_mut().graceful_shutdown(),
+        () = signal.wait() => {}
     }
+    if !active.started() {
+        let first =
+            tokio::time::timeout(settings.http.request_header_timeout, active.first_request());
+        tokio::select! {
+            res = conn.as_mut() => return res.map_err(Into::into),
+            _ = first => {}
+        }
+    }
+    conn.as_mut().graceful_shutdown();
     conn.await.map_err(Into::into)
 }
 

@@ -123,6 +123,14 @@ impl Server {
         self.listener.local_addr()
     }
 
+    /// A duplicate of the listening socket, for a successor process to accept on (hot
+    /// restart); this server keeps accepting on its own copy until it shuts down.
+    pub fn listener_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        socket2::SockRef::from(&self.listener)
+            .try_clone()
+            .map(Into::into)
+    }
+
     /// Serves `service` until `signal` fires, then stops accepting, lets open connections
     /// finish their in-flight requests for up to `grace`, and closes the rest.
     pub async fn serve<S: HttpService>(self, service: S, signal: ShutdownSignal, grace: Duration) {

@@ -7,25 +7,30 @@
 //! response body ends; so in-flight work never exceeds the sessions a service registered.
 
 mod buffer;
+mod handover;
 mod instance;
 mod pool;
 mod send;
 mod session;
+mod stream;
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use http::{Request, Response};
 use sluice_config::{ReverseOptions, Token};
 use sluice_session::Rejection;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 use tracing::info;
 
+pub use self::handover::HandedSession;
+use self::handover::Handover;
 pub(crate) use self::instance::SessionPermit;
 pub use self::instance::{Instance, Limit};
 pub use self::pool::SlicePool;
 pub use self::session::Lease;
+pub use self::stream::SessionStream;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 
@@ -44,6 +49,7 @@ pub(crate) struct ClusterInner {
     instances: Mutex<HashMap<String, Arc<Instance>>>,
     sessions: Limit,
     changed: Arc<Notify>,
+    handover: Arc<Handover>,
 }
 
 /// A handle to one slice of a reverse cluster: what a route forwards to.
@@ -69,6 +75,7 @@ impl ReverseCluster {
             slices: Mutex::default(),
             instances: Mutex::default(),
             changed: Arc::new(Notify::new()),
+            handover: Arc::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -95,6 +102,7 @@ impl ReverseCluster {
                 slice,
                 Arc::clone(&i.opts),
                 Arc::clone(&i.changed),
+                Arc::clone(&i.handover),
             ))
         });
         ReverseSlice {
@@ -224,18 +232,72 @@ impl ReverseCluster {
     }
 
     /// Makes `io` (already answered `101`) an idle session of `slice`.
-    pub(crate) async fn attach<T>(
+    pub(crate) async fn attach(
         &self,
         slice: &str,
-        io: T,
+        io: Box<dyn SessionStream>,
         permit: SessionPermit,
-    ) -> Result<(), hyper::Error>
-    where
-        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    {
+    ) -> Result<(), hyper::Error> {
         let pool = self.slice(slice).pool;
         session::attach(io, &pool, permit).await
     }
+
+    /// Takes in a session that registered elsewhere and was handed to this process (a hot
+    /// restart's predecessor, DESIGN.md §4): it counts against the same limits as one that
+    /// registered here (`total` is the acceptor's), then joins `slice` as idle.
+    pub async fn adopt(
+        &self,
+        slice: &str,
+        instance: &str,
+        fd: OwnedFd,
+        total: &Arc<Limit>,
+    ) -> Result<(), AdoptError> {
+        let permit = self.reserve(instance, total).map_err(AdoptError::Refused)?;
+        let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
+        self.attach(slice, io, permit)
+            .await
+            .map_err(AdoptError::Http)
+    }
+
+    /// Starts handing idle sessions to `to` (each as it becomes idle while nobody here waits
+    /// for one); with `keep_one`, every slice keeps its last idle session until
+    /// [`finish_handover`](Self::finish_handover).
+    pub fn start_handover(&self, to: mpsc::UnboundedSender<HandedSession>, keep_one: bool) {
+        self.inner.handover.start(to, keep_one);
+        self.hand_over_idle();
+    }
+
+    /// Hands over every idle session, the kept ones included.
+    pub fn finish_handover(&self) {
+        self.inner.handover.keep_none();
+        self.hand_over_idle();
+    }
+
+    /// Ends the hand-over: sessions that become idle from now on stay in this process.
+    pub fn stop_handover(&self) {
+        self.inner.handover.stop();
+    }
+
+    fn hand_over_idle(&self) {
+        let pools: Vec<_> = locked(&self.inner.slices).values().cloned().collect();
+        for pool in pools {
+            pool.hand_over_idle();
+        }
+    }
+}
+
+/// Why a handed-over session could not be taken in.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// A session limit, or the instance drains.
+    #[error("refused: {0}")]
+    Refused(Rejection),
+    /// The descriptor is not a usable stream socket.
+    #[error("not a stream socket: {0}")]
+    Socket(#[source] std::io::Error),
+    /// hyper could not start a client connection on it.
+    #[error("HTTP/1.1 client: {0}")]
+    Http(#[source] hyper::Error),
 }
 
 impl ClusterInner {

@@ -13,6 +13,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 use tracing::debug;
 
+use super::handover::{Handed, Handover};
 use super::instance::Instance;
 use super::session::Session;
 use crate::error::ProxyError;
@@ -29,6 +30,8 @@ pub struct SlicePool {
     state: Mutex<State>,
     /// Wakes observers whenever the idle ring or a session count changes.
     changed: Arc<Notify>,
+    /// Where idle sessions go while the cluster hands over to another process.
+    handover: Arc<Handover>,
 }
 
 #[derive(Debug, Default)]
@@ -49,6 +52,7 @@ impl SlicePool {
         slice: &str,
         opts: Arc<ReverseOptions>,
         changed: Arc<Notify>,
+        handover: Arc<Handover>,
     ) -> Self {
         Self {
             cluster: cluster.to_owned(),
@@ -56,12 +60,18 @@ impl SlicePool {
             opts,
             state: Mutex::default(),
             changed,
+            handover,
         }
     }
 
     /// The slice's name.
     pub fn slice(&self) -> &str {
         &self.slice
+    }
+
+    /// The cluster's name.
+    pub fn cluster(&self) -> &str {
+        &self.cluster
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -131,14 +141,20 @@ impl SlicePool {
         }))
     }
 
-    /// Returns a session: to the longest waiter if there is one, else to the ring's tail.
-    /// Dead sessions and those of draining instances are dropped (which closes them).
+    /// Returns a session: to the longest waiter if there is one, else to the ring's tail (or,
+    /// while the cluster hands over, to the next process). Dead sessions and those of
+    /// draining instances are dropped (which closes them).
     pub(crate) fn checkin(&self, mut session: Session) {
         if session.usable() {
             let mut st = self.state();
             loop {
                 let Some(tx) = st.waiters.pop_front() else {
-                    st.idle.push_back(session);
+                    if self.handover.takes(st.idle.len()) {
+                        drop(st);
+                        session.hand_over();
+                    } else {
+                        st.idle.push_back(session);
+                    }
                     break;
                 };
                 match tx.send(session) {
@@ -148,6 +164,28 @@ impl SlicePool {
             }
         }
         self.changed.notify_waiters();
+    }
+
+    /// Hands over the idle sessions beyond what the hand-over keeps, unless a request waits
+    /// here (it gets the next one returned instead).
+    pub(crate) fn hand_over_idle(&self) {
+        let handed: Vec<Session> = {
+            let mut st = self.state();
+            if !self.handover.active() || st.waiters.iter().any(|w| !w.is_closed()) {
+                return;
+            }
+            let n = st.idle.len().saturating_sub(self.handover.keeps());
+            st.idle.drain(..n).collect()
+        };
+        for session in handed {
+            session.hand_over();
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Passes a parked session's socket to the hand-over's receiver.
+    pub(crate) fn hand_off(&self, handed: Handed) {
+        self.handover.send(handed);
     }
 
     /// Drops idle sessions whose connection has ended.

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
+use super::handover::Handed;
 use super::instance::{Instance, SessionPermit};
 use super::pool::SlicePool;
+use super::stream::{ParkedIo, Parking, SessionStream};
 use crate::body::ProxyBody;
 
 /// One registered connection; the proxy is the HTTP client, the service the server.
@@ -17,6 +18,7 @@ use crate::body::ProxyBody;
 pub(crate) struct Session {
     pub(crate) sender: SendRequest<ProxyBody>,
     pub(crate) instance: Arc<Instance>,
+    parking: Arc<Parking>,
 }
 
 impl Session {
@@ -24,33 +26,50 @@ impl Session {
     pub(crate) fn usable(&self) -> bool {
         !self.sender.is_closed() && !self.instance.is_draining()
     }
+
+    /// Lets go of an idle session so that its socket moves to another process: hyper ends the
+    /// connection without closing the socket, and the session's task hands it over.
+    pub(crate) fn hand_over(self) {
+        self.parking.want();
+    }
 }
 
 /// Starts the HTTP/1.1 client on `io` and adds the session to `pool` as idle. The connection
-/// runs in its own task, which holds `permit` until the socket is closed.
-pub(crate) async fn attach<T>(
-    io: T,
+/// runs in its own task, which holds `permit` until the socket is closed or handed over.
+pub(crate) async fn attach(
+    io: Box<dyn SessionStream>,
     pool: &Arc<SlicePool>,
     permit: SessionPermit,
-) -> Result<(), hyper::Error>
-where
-    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
+) -> Result<(), hyper::Error> {
+    let parking = Arc::new(Parking::default());
+    let io = ParkedIo::new(io, Arc::clone(&parking));
     let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
     let instance = Arc::clone(&permit.instance);
     let weak = Arc::downgrade(pool);
+    let task_parking = Arc::clone(&parking);
     // With upgrades, a 101 hands the socket to the proxy's bridge; the session (and its
     // permit) ends there, so the service may register a replacement.
     tokio::spawn(async move {
-        if let Err(error) = conn.with_upgrades().await {
+        let ended = conn.with_upgrades().await;
+        if let Err(error) = &ended {
             debug!(instance = %permit.instance.id(), %error, "session ended with an error");
+        }
+        // Parked only when the pool handed the session over; a connection that failed is
+        // not passed on (its socket closes here).
+        let parked = task_parking.take().filter(|_| ended.is_ok());
+        if let (Some(io), Some(pool)) = (parked, weak.upgrade()) {
+            pool.hand_off(Handed::new(io, &pool, permit.instance.id()));
         }
         drop(permit);
         if let Some(pool) = weak.upgrade() {
             pool.purge_closed();
         }
     });
-    pool.checkin(Session { sender, instance });
+    pool.checkin(Session {
+        sender,
+        instance,
+        parking,
+    });
     Ok(())
 }
 

@@ -1,0 +1,48 @@
+//! The Sluice handoff protocol (DESIGN.md §4): registered sessions, and on hot restart
+//! listening sockets, move between processes as file descriptors over a UNIX
+//! `SOCK_SEQPACKET` socket with `SCM_RIGHTS`.
+//!
+//! Every message is one datagram holding one ASCII text line of at most [`MAX_MESSAGE`] bytes
+//! (words separated by single spaces, one optional trailing `\n`), with at most one fd beside
+//! it: `SESSION`, `RETURN` and `LISTENER` carry exactly one, every other message none.
+//! Ownership is exclusive: sending takes the `OwnedFd` by value, so the sender's copy is
+//! closed once the peer has it. Received fds are close-on-exec, and any fd that arrives where
+//! the protocol has none is closed, never leaked. Peers are identified with `SO_PEERCRED`.
+//!
+//! ```text
+//! HELLO <version> <role>                      both ways, first; role = consumer|acceptor|upgrade
+//! CREDIT <cluster> <slice> <n>                consumer → acceptor
+//! SESSION <id> <cluster> <slice> <instance>   + fd, acceptor → consumer (or old → new)
+//! RETURN <id>                                 + fd, consumer → acceptor
+//! GONE <id>                                   consumer → acceptor
+//! DRAIN <instance>                            acceptor → consumer
+//! LISTENER <name> <addr>                      + fd, old → new on hot restart
+//! READY                                       new → old on hot restart
+//! DONE                                        old → new on hot restart
+//! ```
+//!
+//! # Layout
+//! * [`message`]: [`Message`] with its parser and encoder, [`Role`], [`ListenAddr`] and
+//!   [`ParseError`]; pure, no I/O, never panics on any input.
+//! * [`socket`]: [`Handoff`], one connected socket: send and receive a message with its fd,
+//!   the `HELLO` exchange, the peer's [`Credentials`].
+//! * [`listener`]: [`HandoffListener`], the socket file (safe permissions, stale files
+//!   replaced, removed on drop) and [`AllowedUids`].
+//! * [`error`]: [`Error`], which says whether the peer, the caller or the system failed.
+
+pub mod error;
+pub mod listener;
+pub mod message;
+pub mod socket;
+
+pub use error::Error;
+pub use listener::{AllowedUids, HandoffListener, DEFAULT_SOCKET_MODE};
+pub use message::{ListenAddr, Message, ParseError, Role};
+pub use socket::{Credentials, Handoff};
+
+/// The protocol version this crate speaks in `HELLO`.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The longest message line, in bytes (a trailing `\n` not counted).
+pub const MAX_MESSAGE: usize = 512;
+/// The longest name (cluster, slice, instance, listener name or address), in bytes.
+pub const MAX_WORD: usize = 128;

@@ -1,0 +1,364 @@
+//! Hot restart (DESIGN.md §4): a new Sluice takes over a running one's listening sockets and
+//! idle sessions over a UNIX socket, so an upgrade drops no request and services never
+//! re-dial. The exchange is specified in `docs/handoff.md`:
+//!
+//! ```text
+//! new → old   HELLO 1 upgrade, READY              (the new config is loaded)
+//! old → new   HELLO 1 upgrade
+//! old → new   LISTENER <name> <addr> + fd, …      (every listening socket)
+//! old → new   READY                               (the old one stops accepting)
+//! old → new   SESSION <id> <cluster> <slice> <instance> + fd, …   (as each becomes idle)
+//! old → new   DONE                                (the old one exits)
+//! ```
+//!
+//! The old side is [`UpgradeSocket`] (waits for a successor) and the hand-over that
+//! [`Proxy::run_until`](crate::Proxy::run_until) runs when one arrives; the new side is
+//! [`Inherited`] (takes the listeners) and the adoption of the sessions that follow.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sluice_handoff::{
+    AllowedUids, Handoff, HandoffListener, ListenAddr, Message, Role, PROTOCOL_VERSION,
+};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::upstream::reverse::{HandedSession, Limit};
+use crate::upstream::ReverseCluster;
+
+/// The name a listener's socket travels under: `listener:<name>`.
+pub(crate) fn listener_key(name: &str) -> String {
+    format!("listener:{name}")
+}
+
+/// The acceptor's TCP socket travels as `acceptor`, its UNIX socket as `acceptor-unix`.
+pub(crate) const ACCEPTOR_KEY: &str = "acceptor";
+pub(crate) const ACCEPTOR_UNIX_KEY: &str = "acceptor-unix";
+
+/// Why a hot restart could not go ahead.
+#[derive(Debug, thiserror::Error)]
+pub enum RestartError {
+    /// The upgrade socket could not be bound or reached, or the exchange failed.
+    #[error("upgrade socket {path}: {source}")]
+    Handoff {
+        /// The socket's path.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: sluice_handoff::Error,
+    },
+    /// The other side said something out of turn.
+    #[error("upgrade socket {path}: unexpected {got} ({expected} expected)")]
+    Unexpected {
+        /// The socket's path.
+        path: PathBuf,
+        /// The verb that arrived.
+        got: &'static str,
+        /// What the exchange needed.
+        expected: &'static str,
+    },
+}
+
+/// Where a running Sluice waits for its successor (`[runtime] upgrade_socket`).
+#[derive(Debug)]
+pub struct UpgradeSocket {
+    listener: HandoffListener,
+    path: PathBuf,
+}
+
+impl UpgradeSocket {
+    /// Binds the socket (mode 0600: only this user's processes may take over).
+    pub fn bind(path: &Path) -> Result<Self, RestartError> {
+        let listener =
+            HandoffListener::bind(path, 0o600).map_err(|source| RestartError::Handoff {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            listener,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits for a successor that says `HELLO 1 upgrade` and `READY`; peers of another user
+    /// (`SO_PEERCRED`), or that say anything else, are logged and dropped.
+    pub(crate) async fn successor(&self) -> Handoff {
+        loop {
+            match self.listener.accept_allowed(&AllowedUids::default()).await {
+                Ok((conn, creds)) => match greet(&conn, &self.path).await {
+                    Ok(()) => {
+                        info!(pid = creds.pid, "a successor asked to take over");
+                        return conn;
+                    }
+                    Err(error) => warn!(%error, "upgrade request refused"),
+                },
+                Err(error) => {
+                    warn!(%error, "upgrade socket: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+/// The old side's half of the greeting: the successor's HELLO and READY, then ours.
+async fn greet(conn: &Handoff, path: &Path) -> Result<(), RestartError> {
+    expect(conn, path, "HELLO", |m| {
+        matches!(
+            m,
+            Message::Hello {
+                role: Role::Upgrade,
+                ..
+            }
+        )
+    })
+    .await?;
+    expect(conn, path, "READY", |m| matches!(m, Message::Ready)).await?;
+    send(conn, path, &hello(), None).await
+}
+
+fn hello() -> Message {
+    Message::Hello {
+        version: PROTOCOL_VERSION,
+        role: Role::Upgrade,
+    }
+}
+
+async fn send(
+    conn: &Handoff,
+    path: &Path,
+    msg: &Message,
+    fd: Option<OwnedFd>,
+) -> Result<(), RestartError> {
+    conn.send(msg, fd)
+        .await
+        .map_err(|source| RestartError::Handoff {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+async fn recv(conn: &Handoff, path: &Path) -> Result<(Message, Option<OwnedFd>), RestartError> {
+    conn.recv().await.map_err(|source| RestartError::Handoff {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+async fn expect(
+    conn: &Handoff,
+    path: &Path,
+    expected: &'static str,
+    ok: impl Fn(&Message) -> bool,
+) -> Result<(), RestartError> {
+    let (msg, _fd) = recv(conn, path).await?;
+    if ok(&msg) {
+        Ok(())
+    } else {
+        Err(RestartError::Unexpected {
+            path: path.to_owned(),
+            got: msg.verb(),
+            expected,
+        })
+    }
+}
+
+/// The old side: every listening socket (a duplicate: this process stops accepting on its
+/// own copy). [`send_ready`] follows.
+pub(crate) async fn send_listeners(
+    conn: &Handoff,
+    path: &Path,
+    listeners: Vec<(String, ListenAddr, OwnedFd)>,
+) -> Result<(), RestartError> {
+    for (name, addr, fd) in listeners {
+        debug!(%name, %addr, "handing over a listener");
+        send(conn, path, &Message::Listener { name, addr }, Some(fd)).await?;
+    }
+    Ok(())
+}
+
+/// The old side: READY, after the last listener. The successor binds the upgrade socket's
+/// path when it reads this, so the old side closes its own first.
+pub(crate) async fn send_ready(conn: &Handoff, path: &Path) -> Result<(), RestartError> {
+    send(conn, path, &Message::Ready, None).await
+}
+
+/// The old side: each session handed over, as it comes, then DONE once every cluster has
+/// let go of its last one (the senders are dropped).
+pub(crate) async fn forward_sessions(
+    conn: Handoff,
+    path: PathBuf,
+    mut sessions: mpsc::UnboundedReceiver<HandedSession>,
+) {
+    let mut sent = 0u64;
+    while let Some(s) = sessions.recv().await {
+        let msg = Message::Session {
+            id: sent,
+            cluster: s.cluster,
+            slice: s.slice,
+            instance: s.instance,
+        };
+        if let Err(error) = send(&conn, &path, &msg, Some(s.fd)).await {
+            // The successor is gone: the sessions still here close with this process, and
+            // their services re-dial.
+            warn!(%error, "handing a session over failed");
+            return;
+        }
+        sent += 1;
+    }
+    if let Err(error) = send(&conn, &path, &Message::Done, None).await {
+        warn!(%error, "telling the successor we are done failed");
+    }
+    info!(sessions = sent, "hand-over complete");
+}
+
+/// What a new Sluice took over from its predecessor: listening sockets by name, and the
+/// connection on which idle sessions will follow.
+#[derive(Debug)]
+pub struct Inherited {
+    path: PathBuf,
+    listeners: HashMap<String, (ListenAddr, OwnedFd)>,
+    conn: Option<Handoff>,
+}
+
+impl Inherited {
+    /// Connects to the running Sluice's upgrade socket and takes its listening sockets. Call
+    /// it once the new configuration is loaded: the old process stops accepting as soon as
+    /// this returns.
+    pub async fn take_over(path: &Path) -> Result<Self, RestartError> {
+        let conn = Handoff::connect(path)
+            .await
+            .map_err(|source| RestartError::Handoff {
+                path: path.to_owned(),
+                source,
+            })?;
+        send(&conn, path, &hello(), None).await?;
+        send(&conn, path, &Message::Ready, None).await?;
+        expect(&conn, path, "HELLO", |m| matches!(m, Message::Hello { .. })).await?;
+        let mut listeners = HashMap::new();
+        loop {
+            match recv(&conn, path).await? {
+                (Message::Listener { name, addr }, Some(fd)) => {
+                    listeners.insert(name, (addr, fd));
+                }
+                (Message::Ready, _) => break,
+                (other, _) => {
+                    return Err(RestartError::Unexpected {
+                        path: path.to_owned(),
+                        got: other.verb(),
+                        expected: "LISTENER or READY",
+                    })
+                }
+            }
+        }
+        info!(
+            listeners = listeners.len(),
+            "took over the listening sockets"
+        );
+        Ok(Self {
+            path: path.to_owned(),
+            listeners,
+            conn: Some(conn),
+        })
+    }
+
+    /// The TCP socket handed over under `key` if it listens where `want` says (an unspecified
+    /// port in `want` accepts any port on the same IP).
+    pub(crate) fn tcp(&mut self, key: &str, want: SocketAddr) -> Option<std::net::TcpListener> {
+        let matches = |have: &SocketAddr| {
+            have.ip() == want.ip() && (want.port() == 0 || have.port() == want.port())
+        };
+        match self.listeners.get(key) {
+            Some((ListenAddr::Inet(have), _)) if matches(have) => {}
+            _ => return None,
+        }
+        let (_, fd) = self.listeners.remove(key)?;
+        let listener = std::net::TcpListener::from(fd);
+        listener.set_nonblocking(true).ok()?;
+        Some(listener)
+    }
+
+    /// The UNIX socket handed over under `key` if it is at `want`.
+    pub(crate) fn unix(
+        &mut self,
+        key: &str,
+        want: &Path,
+    ) -> Option<std::os::unix::net::UnixListener> {
+        match self.listeners.get(key) {
+            Some((ListenAddr::Unix(have), _)) if have == want => {}
+            _ => return None,
+        }
+        let (_, fd) = self.listeners.remove(key)?;
+        let listener = std::os::unix::net::UnixListener::from(fd);
+        listener.set_nonblocking(true).ok()?;
+        Some(listener)
+    }
+
+    /// Takes the connection on which the predecessor's sessions arrive.
+    pub(crate) fn session_feed(&mut self) -> Option<(Handoff, PathBuf)> {
+        let conn = self.conn.take()?;
+        if !self.listeners.is_empty() {
+            let unused: Vec<_> = self.listeners.keys().collect();
+            info!(
+                ?unused,
+                "listeners of the old configuration not in the new one are closed"
+            );
+        }
+        Some((conn, self.path.clone()))
+    }
+}
+
+/// The new side: adopts every session the predecessor hands over into the cluster of the same
+/// name, until DONE. A session for a cluster the new configuration lacks is closed (its
+/// service re-dials and gets 404).
+pub(crate) async fn adopt_sessions(
+    conn: Handoff,
+    path: PathBuf,
+    clusters: BTreeMap<String, ReverseCluster>,
+    total: Arc<Limit>,
+) {
+    let mut adopted = 0usize;
+    loop {
+        let (msg, fd) = match recv(&conn, &path).await {
+            Ok(m) => m,
+            Err(error) => {
+                warn!(%error, adopted, "the predecessor's hand-over ended early");
+                return;
+            }
+        };
+        match (msg, fd) {
+            (
+                Message::Session {
+                    cluster,
+                    slice,
+                    instance,
+                    ..
+                },
+                Some(fd),
+            ) => {
+                let Some(c) = clusters.get(&cluster) else {
+                    warn!(%cluster, %instance, "handed a session of an unknown cluster; closing it");
+                    continue;
+                };
+                match c.adopt(&slice, &instance, fd, &total).await {
+                    Ok(()) => adopted += 1,
+                    Err(error) => {
+                        warn!(%cluster, %instance, %error, "cannot adopt a handed session")
+                    }
+                }
+            }
+            (Message::Done, _) => break,
+            (other, _) => debug!(verb = other.verb(), "ignored during the hand-over"),
+        }
+    }
+    info!(adopted, "adopted the predecessor's sessions");
+}

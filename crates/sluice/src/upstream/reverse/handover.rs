@@ -1,0 +1,111 @@
+//! Handing idle sessions to another process (a hot restart's successor, DESIGN.md §4).
+//!
+//! While a cluster hands over, a session that becomes idle while nobody in this process waits
+//! for one leaves the pool: its socket goes to the [`Handover`]'s receiver, with the names the
+//! next owner needs. Optionally the last idle session of each slice stays, for requests that
+//! still reach this process while its client connections drain.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use super::pool::SlicePool;
+use super::stream::SessionStream;
+
+/// A session's socket on its way to another process.
+#[derive(Debug)]
+pub struct HandedSession {
+    /// The reverse cluster.
+    pub cluster: String,
+    /// The slice.
+    pub slice: String,
+    /// The instance id.
+    pub instance: String,
+    /// The connected socket.
+    pub fd: OwnedFd,
+}
+
+/// A parked stream and its names, before its socket is taken out.
+pub(crate) struct Handed {
+    io: Box<dyn SessionStream>,
+    cluster: String,
+    slice: String,
+    instance: String,
+}
+
+impl Handed {
+    pub(crate) fn new(io: Box<dyn SessionStream>, pool: &SlicePool, instance: &str) -> Self {
+        Self {
+            io,
+            cluster: pool.cluster().to_owned(),
+            slice: pool.slice().to_owned(),
+            instance: instance.to_owned(),
+        }
+    }
+}
+
+/// Where a cluster's sessions go while it hands over; inactive by default.
+#[derive(Debug, Default)]
+pub(crate) struct Handover {
+    to: Mutex<Option<mpsc::UnboundedSender<HandedSession>>>,
+    keep_one: AtomicBool,
+}
+
+impl Handover {
+    pub(crate) fn start(&self, to: mpsc::UnboundedSender<HandedSession>, keep_one: bool) {
+        self.keep_one.store(keep_one, Ordering::Release);
+        *self.to.lock().unwrap_or_else(|p| p.into_inner()) = Some(to);
+    }
+
+    /// Ends the hand-over: later idle sessions stay, and the receiver sees the end once
+    /// every sender is gone.
+    pub(crate) fn stop(&self) {
+        self.to.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    pub(crate) fn keep_none(&self) {
+        self.keep_one.store(false, Ordering::Release);
+    }
+
+    /// Whether a session returning to a slice with `idle` idle sessions and no waiter leaves.
+    pub(crate) fn takes(&self, idle: usize) -> bool {
+        self.active() && !(idle == 0 && self.keep_one.load(Ordering::Acquire))
+    }
+
+    /// How many idle sessions a slice keeps while handing over.
+    pub(crate) fn keeps(&self) -> usize {
+        usize::from(self.keep_one.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn active(&self) -> bool {
+        self.to.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Sends a parked session on; one that cannot move (TLS) or has nowhere to go closes.
+    pub(crate) fn send(&self, handed: Handed) {
+        let Handed {
+            io,
+            cluster,
+            slice,
+            instance,
+        } = handed;
+        let Some(fd) = io.into_fd() else {
+            debug!(%cluster, %instance, "session cannot move to another process; closing it");
+            return;
+        };
+        let session = HandedSession {
+            cluster,
+            slice,
+            instance,
+            fd,
+        };
+        let to = self.to.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(to) = to.as_ref() {
+            // A closed receiver drops the socket, which closes it: the service re-dials.
+            let _ = to.send(session);
+        }
+    }
+}
