@@ -163,9 +163,71 @@ def start_sluice(bins: Binaries, tmp: Path, config_text: str = CONFIG, upgrade: 
     return Sluice(proc, (host, int(port)), acceptor)
 
 
-def start_service(bins: Binaries, lang: str, sluice: Sluice, instance: str, capacity: int, delay_ms: int) -> Proc:
+ACCEPTOR_CONFIG = """
+[acceptor]
+listen = "{listen}"
+handshakes_per_second = 0
+
+[handoff]
+listen = "{socket}"
+
+[cluster.interop]
+kind = "reverse"
+tokens = ["env:INTEROP_TOKEN"]
+"""
+
+CONSUMER_CONFIG = """
+[[listener]]
+name = "public"
+listen = "127.0.0.1:0"
+
+[[route]]
+cluster = "interop"
+
+[cluster.interop]
+kind = "reverse"
+handoff = "{socket}"
+handoff_idle = 2
+queue_max = 4096
+queue_timeout = "20s"
+"""
+
+
+def start_acceptor(bins: Binaries, tmp: Path, socket: Path, listen: str = "127.0.0.1:0") -> tuple[Proc, str]:
+    """`sluice acceptor`; returns it and its service-facing address."""
+    config = tmp / f"acceptor-{listen.replace(':', '_')}.toml"
+    config.write_text(ACCEPTOR_CONFIG.format(listen=listen, socket=socket))
+    proc = Proc(
+        "acceptor",
+        [str(bins.sluice), "acceptor", "-c", str(config), "--log-format", "json"],
+        env={"INTEROP_TOKEN": TOKEN, "RUST_LOG": "info,sluice::acceptor=debug"},
+    )
+    line = proc.wait_line(lambda l: '"message":"acceptor running"' in l, "the acceptor running")
+    addr = json.loads(line)["fields"]["acceptor.addr"].removeprefix("Some(").removesuffix(")")
+    proc.wait_line(lambda l: '"message":"handoff socket listening"' in l, "the handoff socket")
+    return proc, addr
+
+
+def start_consumer(bins: Binaries, tmp: Path, socket: Path, name: str) -> tuple[Proc, tuple[str, int]]:
+    """`sluice run` with a reverse cluster fed by the acceptor at `socket`."""
+    config = tmp / f"{name}.toml"
+    config.write_text(CONSUMER_CONFIG.format(socket=socket))
+    proc = Proc(name, [str(bins.sluice), "run", "-c", str(config), "--log-format", "json"],
+                env={"RUST_LOG": "info"})
+    line = proc.wait_line(lambda l: '"message":"listening"' in l, "listening")
+    host, port = json.loads(line)["fields"]["addr"].rsplit(":", 1)
+    return proc, (host, int(port))
+
+
+def registrations(procs: list[Proc]) -> int:
+    """Registrations the acceptors among `procs` logged (each is a service dialing in)."""
+    return sum(1 for p in procs for line in p.lines if '"message":"session registered"' in line)
+
+
+def start_service(bins: Binaries, lang: str, sluice: "Sluice | str", instance: str, capacity: int, delay_ms: int) -> Proc:
+    acceptor = sluice if isinstance(sluice, str) else sluice.acceptor
     argv = bins.service(lang) + [
-        "--acceptor", sluice.acceptor, "--service", "interop", "--instance", instance,
+        "--acceptor", acceptor, "--service", "interop", "--instance", instance,
         "--capacity", str(capacity), "--delay-ms", str(delay_ms),
     ]
     env = {"SLUICE_TOKEN": TOKEN, "PYTHONPATH": str(REPO / "sdk/python/src")}
@@ -179,6 +241,7 @@ class Result:
     id: str
     status: int  # 0: the connection failed
     body: str
+    in_flight: int = 0  # the service's x-in-flight, where it sends one
 
 
 @dataclass
@@ -230,7 +293,8 @@ class Load:
         try:
             conn.request(self.method, "/work", body=body, headers={"X-Request-Id": rid})
             res = conn.getresponse()
-            result = Result(rid, res.status, res.read().decode(errors="replace").strip())
+            result = Result(rid, res.status, res.read().decode(errors="replace").strip(),
+                            int(res.getheader("x-in-flight", "0")))
             if res.getheader("connection", "").lower() == "close":
                 conn.close()
             return result

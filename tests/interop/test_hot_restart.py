@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import CONFIG, Binaries, Load, Proc, build, start_service, start_sluice
+from harness import CONFIG, Binaries, Load, build, registrations, start_service, start_sluice
 
 RESTARTS = 20
 SERVICES = {"rust": 8, "go": 4}  # language: sessions
@@ -20,12 +20,6 @@ SERVICES = {"rust": 8, "go": 4}  # language: sessions
 @pytest.fixture(scope="module")
 def bins(tmp_path_factory: pytest.TempPathFactory) -> Binaries:
     return build(tmp_path_factory.mktemp("bin"))
-
-
-def registrations(procs: list[Proc]) -> int:
-    return sum(
-        1 for p in procs for line in p.lines if '"message":"session registered"' in line
-    )
 
 
 def test_twenty_hot_restarts_under_load_fail_nothing_and_nobody_redials(bins: Binaries, tmp_path: Path) -> None:

@@ -46,6 +46,13 @@ enum Command {
         #[arg(long)]
         upgrade: bool,
     },
+    /// Run a standalone acceptor: services register here ([acceptor]); Sluice processes
+    /// whose reverse clusters set `handoff` draw the sessions over [handoff]'s socket.
+    Acceptor {
+        /// Configuration file (TOML) with [acceptor], [handoff] and the reverse clusters.
+        #[arg(short, long)]
+        config: PathBuf,
+    },
     /// Validate a configuration file and exit (0: valid, 2: invalid).
     Check {
         /// Configuration file (TOML).
@@ -67,6 +74,7 @@ fn main() -> ExitCode {
             upgrade,
         } => exit(run(config, workers, upgrade)),
         Command::Demo(args) => exit(demo::run(args)),
+        Command::Acceptor { config } => exit(acceptor(config)),
     }
 }
 
@@ -123,6 +131,12 @@ fn load(path: Option<PathBuf>) -> anyhow::Result<Config> {
 
 fn run(path: Option<PathBuf>, workers: Option<usize>, upgrade: bool) -> anyhow::Result<()> {
     let config = load(path)?;
+    if config.listeners.is_empty() {
+        anyhow::bail!(
+            "{} has no [[listener]]: it is a standalone acceptor's file; run it with `sluice acceptor -c FILE`",
+            config.source
+        );
+    }
     let workers = workers.or(config.runtime.workers);
     let runtime = build_runtime(workers)?;
     runtime.block_on(async {
@@ -139,6 +153,18 @@ fn run(path: Option<PathBuf>, workers: Option<usize>, upgrade: bool) -> anyhow::
         info!(source = %config.source, "sluice started; SIGTERM or SIGINT drains and exits");
         proxy.run_until(stop).await;
         info!("sluice stopped");
+        Ok(())
+    })
+}
+
+fn acceptor(path: PathBuf) -> anyhow::Result<()> {
+    let config = load(Some(path))?;
+    let runtime = build_runtime(config.runtime.workers)?;
+    runtime.block_on(async {
+        let stop = os_signal();
+        let acceptor = sluice::handoff::StandaloneAcceptor::bind(&config).await?;
+        info!(source = %config.source, "standalone acceptor started; SIGTERM or SIGINT stops it");
+        acceptor.run_until(stop).await;
         Ok(())
     })
 }

@@ -20,8 +20,11 @@ pub struct Config {
     pub source: String,
     /// Process-wide settings.
     pub runtime: Runtime,
-    /// Where services dial in; present whenever a reverse cluster exists.
+    /// Where services dial in; present whenever a reverse cluster draws on this process's
+    /// own acceptor.
     pub acceptor: Option<Acceptor>,
+    /// The standalone acceptor's socket for consumers (`[handoff]`, `sluice acceptor`).
+    pub handoff: Option<HandoffServer>,
     /// Client-facing listeners, in file order.
     pub listeners: Vec<Listener>,
     /// Routes, in file order; the first match wins.
@@ -374,6 +377,32 @@ pub struct ReverseCluster {
     pub tokens: Vec<Token>,
     /// Queueing, limits, timeouts and buffers.
     pub options: ReverseOptions,
+    /// Where the sessions come from; default: this process's `[acceptor]`.
+    pub source: SessionSource,
+}
+
+/// Where a reverse cluster's sessions come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionSource {
+    /// Services register with this process's `[acceptor]`.
+    Acceptor,
+    /// A standalone acceptor (`sluice acceptor`) hands them over its handoff socket.
+    Handoff {
+        /// The acceptor's handoff socket.
+        path: PathBuf,
+        /// Idle sessions to keep here per slice (credit asked ahead); twice as many are
+        /// handed back. Default 4.
+        idle: usize,
+    },
+}
+
+/// `[handoff]`: where a standalone acceptor hands sessions to consumers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandoffServer {
+    /// The UNIX socket path (created with mode 0600).
+    pub path: PathBuf,
+    /// Peer uids allowed to connect; empty means only the acceptor's own uid.
+    pub allowed_uids: Vec<u32>,
 }
 
 /// A bearer token, already resolved from `env:`/`file:`; never printed.

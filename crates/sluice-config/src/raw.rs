@@ -21,6 +21,7 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub(crate) runtime: RawRuntime,
     pub(crate) acceptor: Option<Spanned<RawAcceptor>>,
+    pub(crate) handoff: Option<Spanned<RawHandoff>>,
     #[serde(default)]
     pub(crate) listener: Vec<RawListener>,
     #[serde(default)]
@@ -141,6 +142,16 @@ pub(crate) struct RawCluster {
     pub(crate) max_sessions: Option<Spanned<usize>>,
     pub(crate) request_buffer: Option<Spanned<Size>>,
     pub(crate) response_buffer: Option<Spanned<Size>>,
+    pub(crate) handoff: Option<Spanned<String>>,
+    pub(crate) handoff_idle: Option<Spanned<usize>>,
+}
+
+/// `[handoff]`: the standalone acceptor's socket for consumers.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHandoff {
+    pub(crate) listen: Spanned<String>,
+    pub(crate) allowed_uids: Option<Vec<u32>>,
 }
 
 /// `[acceptor]`: where services dial in to register sessions.

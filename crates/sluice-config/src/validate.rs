@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::model::{Config, HttpOptions, Listener, Runtime};
-use crate::raw::{RawConfig, RawListener, RawRuntime};
+use crate::model::{Config, HandoffServer, HttpOptions, Listener, Runtime};
+use crate::raw::{RawConfig, RawHandoff, RawListener, RawRuntime};
 
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,7 +49,9 @@ impl Ctx<'_> {
 
 /// Validates a deserialized file into the runtime model.
 pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, ConfigError> {
-    let listeners = listeners(ctx, raw.listener)?;
+    let handoff = raw.handoff.map(|h| handoff(ctx, h.into_inner()));
+    // A standalone acceptor's file (`[handoff]`) needs no listener.
+    let listeners = listeners(ctx, raw.listener, handoff.is_some())?;
     let acceptor = acceptor::acceptor(ctx, raw.acceptor, &raw.cluster)?;
     let clusters = cluster::clusters(ctx, raw.cluster)?;
     // Taken out before the routes are built so their spans survive for `acceptor::slices`.
@@ -64,6 +66,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         source: ctx.origin.to_owned(),
         runtime: runtime(ctx, raw.runtime),
         acceptor,
+        handoff,
         listeners,
         routes,
         clusters,
@@ -78,8 +81,19 @@ fn runtime(ctx: Ctx<'_>, raw: RawRuntime) -> Runtime {
     }
 }
 
-fn listeners(ctx: Ctx<'_>, raw: Vec<RawListener>) -> Result<Vec<Listener>, ConfigError> {
-    if raw.is_empty() {
+fn handoff(ctx: Ctx<'_>, raw: RawHandoff) -> HandoffServer {
+    HandoffServer {
+        path: ctx.resolve(raw.listen.get_ref()),
+        allowed_uids: raw.allowed_uids.unwrap_or_default(),
+    }
+}
+
+fn listeners(
+    ctx: Ctx<'_>,
+    raw: Vec<RawListener>,
+    standalone_acceptor: bool,
+) -> Result<Vec<Listener>, ConfigError> {
+    if raw.is_empty() && !standalone_acceptor {
         return Err(ConfigError::new(
             ctx.origin,
             "no listener: add at least one [[listener]] with `name` and `listen`",

@@ -116,6 +116,16 @@ pub enum Message {
         /// The session's id.
         id: u64,
     },
+    /// `RECALL <cluster> <slice> <n>`: give `n` sessions of that slice back as they become
+    /// idle (another consumer of the same pool is short), even with requests waiting here.
+    Recall {
+        /// The cluster.
+        cluster: String,
+        /// The slice within the cluster.
+        slice: String,
+        /// How many sessions to return; never zero.
+        n: u32,
+    },
     /// `DRAIN <instance>`: stop leasing that instance; return or close its sessions.
     Drain {
         /// The instance to drain.
@@ -198,6 +208,7 @@ impl Message {
         match self {
             Message::Hello { .. } => "HELLO",
             Message::Credit { .. } => "CREDIT",
+            Message::Recall { .. } => "RECALL",
             Message::Session { .. } => "SESSION",
             Message::Return { .. } => "RETURN",
             Message::Gone { .. } => "GONE",
@@ -247,6 +258,7 @@ impl Message {
         let (verb, expected): (&'static str, usize) = match verb {
             "HELLO" => ("HELLO", 2),
             "CREDIT" => ("CREDIT", 3),
+            "RECALL" => ("RECALL", 3),
             "SESSION" => ("SESSION", 4),
             "RETURN" => ("RETURN", 1),
             "GONE" => ("GONE", 1),
@@ -269,6 +281,11 @@ impl Message {
                 role: Role::parse(args[1])?,
             },
             "CREDIT" => Message::Credit {
+                cluster: name("cluster", args[0])?,
+                slice: name("slice", args[1])?,
+                n: credit(args[2])?,
+            },
+            "RECALL" => Message::Recall {
                 cluster: name("cluster", args[0])?,
                 slice: name("slice", args[1])?,
                 n: credit(args[2])?,
@@ -304,7 +321,9 @@ impl Message {
         let verb = self.verb();
         let line = match self {
             Message::Hello { version, role } => format!("{verb} {version} {role}"),
-            Message::Credit { cluster, slice, n } => format!("{verb} {cluster} {slice} {n}"),
+            Message::Credit { cluster, slice, n } | Message::Recall { cluster, slice, n } => {
+                format!("{verb} {cluster} {slice} {n}")
+            }
             Message::Session {
                 id,
                 cluster,
@@ -322,7 +341,7 @@ impl Message {
     /// Checks every field against the rules [`Message::parse`] enforces.
     fn validate(&self) -> Result<(), ParseError> {
         match self {
-            Message::Credit { cluster, slice, n } => {
+            Message::Credit { cluster, slice, n } | Message::Recall { cluster, slice, n } => {
                 name("cluster", cluster)?;
                 name("slice", slice)?;
                 if *n == 0 {

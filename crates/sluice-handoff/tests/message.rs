@@ -24,6 +24,11 @@ fn every_message() -> Vec<Message> {
             slice: "default".into(),
             n: 16,
         },
+        Message::Recall {
+            cluster: "api".into(),
+            slice: "mobile".into(),
+            n: 2,
+        },
         Message::Session {
             id: u64::MAX,
             cluster: "api".into(),
@@ -82,6 +87,14 @@ fn the_wire_text_is_as_documented() {
                 n: 3,
             },
             "CREDIT api default 3",
+        ),
+        (
+            Message::Recall {
+                cluster: "api".into(),
+                slice: "default".into(),
+                n: 1,
+            },
+            "RECALL api default 1",
         ),
         (
             Message::Session {
@@ -245,6 +258,7 @@ fn hostile_lines_each_give_their_error() {
             },
         ),
         (b"CREDIT api default 0".to_vec(), ZeroCredit),
+        (b"RECALL api default 0".to_vec(), ZeroCredit),
         (
             b"CREDIT api default many".to_vec(),
             BadNumber {

@@ -5,11 +5,13 @@
 //! `interop_service --acceptor ADDR --service NAME --instance ID --capacity N [--delay-ms D]`
 //! dials in (token from `SLUICE_TOKEN`) and prints `registered N`; `--listen ADDR` listens
 //! instead and prints `listening ADDR`. Each request with an `X-Request-Id` prints
-//! `start <id>` before its delay; every answer is `200` with body `<instance>\n`. SIGTERM drains
+//! `start <id>` before its delay; every answer is `200` with body `<instance>\n` (this one also
+//! says in `x-in-flight` how many requests it was handling, this one included). SIGTERM drains
 //! (dialing in), prints `drained` and exits 0.
 
 use std::convert::Infallible;
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{header, Request, Response};
@@ -55,7 +57,19 @@ fn args() -> Result<Args, BoxError> {
     Ok(a)
 }
 
+/// Requests being handled right now, for `x-in-flight`.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
 async fn handle(req: Request<Incoming>, a: Args) -> Result<Response<String>, Infallible> {
+    let in_flight = IN_FLIGHT.fetch_add(1, Ordering::SeqCst) + 1;
+    let res = respond(req, &a).await;
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    let mut res = res?;
+    res.headers_mut().insert("x-in-flight", in_flight.into());
+    Ok(res)
+}
+
+async fn respond(req: Request<Incoming>, a: &Args) -> Result<Response<String>, Infallible> {
     if let Some(id) = req.headers().get("x-request-id") {
         say(&format!("start {}", String::from_utf8_lossy(id.as_bytes())));
     }

@@ -8,13 +8,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_config::{Action, ClusterKind, Config};
+use sluice_config::{Action, ClusterKind, Config, SessionSource};
 use sluice_handoff::{Handoff, ListenAddr};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::acceptor::{Acceptor, BindError};
+use crate::handoff;
 use crate::proxy::ProxyService;
 use crate::restart::{self, Inherited, RestartError, UpgradeSocket};
 use crate::router::{Direct, Matcher, Route, RouteTable, Target};
@@ -77,6 +78,8 @@ pub struct Proxy {
     upgrade: Option<UpgradeSocket>,
     /// The predecessor's connection, on which its idle sessions arrive (hot restart).
     predecessor: Option<(Handoff, PathBuf)>,
+    /// Reverse clusters fed by a standalone acceptor, by its handoff socket.
+    consumers: BTreeMap<PathBuf, Vec<handoff::Source>>,
 }
 
 impl Proxy {
@@ -107,6 +110,7 @@ impl Proxy {
         // After the listeners: a predecessor still holds the path until it has handed them.
         let upgrade = config.runtime.upgrade_socket.as_deref();
         let upgrade = upgrade.map(UpgradeSocket::bind).transpose()?;
+        let consumers = handoff_sources(config, &clusters);
         Ok(Self {
             servers,
             service,
@@ -115,6 +119,7 @@ impl Proxy {
             grace: config.runtime.shutdown_grace,
             upgrade,
             predecessor: inherited.as_mut().and_then(Inherited::session_feed),
+            consumers,
         })
     }
 
@@ -154,6 +159,9 @@ impl Proxy {
             upstream.start();
         }
         let reverse = self.reverse_clusters();
+        for (path, sources) in std::mem::take(&mut self.consumers) {
+            tokio::spawn(handoff::consume(path, sources));
+        }
         if let Some((conn, path)) = self.predecessor.take() {
             let total = self
                 .acceptor
@@ -362,6 +370,42 @@ pub fn build_routes(config: &Config, clusters: &BTreeMap<String, Upstream>) -> R
     table
 }
 
+/// The reverse clusters that draw on a standalone acceptor, grouped by its socket, each with
+/// the slices its routes use.
+fn handoff_sources(
+    config: &Config,
+    clusters: &BTreeMap<String, Upstream>,
+) -> BTreeMap<PathBuf, Vec<handoff::Source>> {
+    let mut by_path: BTreeMap<PathBuf, Vec<handoff::Source>> = BTreeMap::new();
+    for (name, c) in &config.clusters {
+        let ClusterKind::Reverse(r) = &c.kind else {
+            continue;
+        };
+        let (SessionSource::Handoff { path, idle }, Some(Upstream::Reverse(slice))) =
+            (&r.source, clusters.get(name))
+        else {
+            continue;
+        };
+        let mut slices: Vec<String> = config
+            .routes
+            .iter()
+            .filter(|route| matches!(&route.action, Action::Proxy { cluster } if cluster == name))
+            .map(|route| route.slice.clone())
+            .collect();
+        slices.sort();
+        slices.dedup();
+        by_path
+            .entry(path.clone())
+            .or_default()
+            .push(handoff::Source {
+                cluster: slice.cluster().clone(),
+                slices,
+                idle: *idle,
+            });
+    }
+    by_path
+}
+
 /// Binds one listener, or takes over the socket a predecessor handed over for it.
 async fn bind_server(
     l: &sluice_config::Listener,
@@ -405,9 +449,15 @@ async fn bind_acceptor(
         ),
         None => (None, None),
     };
-    let reverse = clusters.values().filter_map(|u| match u {
-        Upstream::Reverse(s) => Some(s.cluster().clone()),
-        Upstream::Static(_) => None,
+    // Clusters fed over a handoff socket take no registrations here.
+    let local = |name: &String| {
+        config.clusters.get(name).is_some_and(
+            |c| matches!(&c.kind, ClusterKind::Reverse(r) if r.source == SessionSource::Acceptor),
+        )
+    };
+    let reverse = clusters.iter().filter_map(|(name, u)| match u {
+        Upstream::Reverse(s) if local(name) => Some(s.cluster().clone()),
+        _ => None,
     });
     Acceptor::bind_inheriting(opts, reverse, tcp, unix)
         .await

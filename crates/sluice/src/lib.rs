@@ -24,6 +24,8 @@
 //!   load balancing, passive ejection and active health checks;
 //!   [`upstream::reverse`] leases sessions that services registered, with a per-slice
 //!   admission queue and request/response buffering so slow clients do not hold sessions.
+//! - [`handoff`]: sessions lent across processes: the standalone acceptor (`sluice acceptor`)
+//!   and the consumer side of a reverse cluster with `handoff = "PATH"`.
 //! - [`http`]: request checks and header rules shared by the proxy paths.
 //! - [`body`]: the single body type that flows through the proxy.
 //! - [`error`]: typed failures and the status each maps to.
@@ -35,6 +37,7 @@ pub mod acceptor;
 pub mod app;
 pub mod body;
 pub mod error;
+pub mod handoff;
 pub mod http;
 pub mod proxy;
 pub mod restart;

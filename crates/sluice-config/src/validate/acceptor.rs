@@ -29,12 +29,12 @@ pub(super) fn acceptor(
     let Some(raw) = raw.map(Spanned::into_inner) else {
         let reverse = clusters
             .iter()
-            .find(|(_, c)| matches!(c.kind, RawKind::Reverse));
+            .find(|(_, c)| matches!(c.kind, RawKind::Reverse) && c.handoff.is_none());
         return match reverse {
             Some((name, _)) => Err(ctx.err(
                 name.span(),
                 format!(
-                    "reverse cluster `{}` needs an [acceptor] with `listen` for services to dial in to",
+                    "reverse cluster `{}` needs an [acceptor] with `listen` for services to dial in to (or `handoff` to draw on a standalone acceptor)",
                     name.get_ref()
                 ),
             )),

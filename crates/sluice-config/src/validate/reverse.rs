@@ -7,7 +7,7 @@ use toml::Spanned;
 use super::cluster::{refuse_foreign, static_keys};
 use super::{secret, Ctx};
 use crate::error::ConfigError;
-use crate::model::{ReverseCluster, ReverseOptions, Token};
+use crate::model::{ReverseCluster, ReverseOptions, SessionSource, Token};
 use crate::raw::RawCluster;
 
 /// Buffers above this would let a few requests pin a lot of memory.
@@ -37,15 +37,36 @@ pub(super) fn cluster(
             "response_buffer",
         )?,
     };
+    let source = match (raw.handoff, raw.handoff_idle) {
+        (Some(path), idle) => SessionSource::Handoff {
+            path: ctx.resolve(path.get_ref()),
+            idle: idle
+                .map_or(DEFAULT_HANDOFF_IDLE, Spanned::into_inner)
+                .max(1),
+        },
+        (None, Some(idle)) => {
+            return Err(ctx.err(
+                idle.span(),
+                "`handoff_idle` needs `handoff` (the acceptor's socket)",
+            ))
+        }
+        (None, None) => SessionSource::Acceptor,
+    };
     Ok(ReverseCluster {
         tokens: tokens(ctx, name, raw.tokens)?,
         options,
+        source,
     })
 }
 
+/// Idle sessions a consumer keeps per slice unless `handoff_idle` says otherwise.
+const DEFAULT_HANDOFF_IDLE: usize = 4;
+
 /// The reverse-only keys that are set, with their spans.
-pub(super) fn keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 7] {
+pub(super) fn keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 9] {
     [
+        ("handoff", raw.handoff.as_ref().map(Spanned::span)),
+        ("handoff_idle", raw.handoff_idle.as_ref().map(Spanned::span)),
         ("tokens", raw.tokens.as_ref().map(Spanned::span)),
         ("queue_max", raw.queue_max.as_ref().map(Spanned::span)),
         (

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use tokio::sync::mpsc;
 use tracing::debug;
 
+use super::instance::SessionPermit;
 use super::pool::SlicePool;
 use super::stream::SessionStream;
 
@@ -26,6 +27,9 @@ pub struct HandedSession {
     pub instance: String,
     /// The connected socket.
     pub fd: OwnedFd,
+    /// The session's place in the limits; a standalone acceptor keeps it while a consumer
+    /// holds the session, a hot restart drops it.
+    pub(crate) permit: SessionPermit,
 }
 
 /// A parked stream and its names, before its socket is taken out.
@@ -33,16 +37,16 @@ pub(crate) struct Handed {
     io: Box<dyn SessionStream>,
     cluster: String,
     slice: String,
-    instance: String,
+    permit: SessionPermit,
 }
 
 impl Handed {
-    pub(crate) fn new(io: Box<dyn SessionStream>, pool: &SlicePool, instance: &str) -> Self {
+    pub(crate) fn new(io: Box<dyn SessionStream>, pool: &SlicePool, permit: SessionPermit) -> Self {
         Self {
             io,
             cluster: pool.cluster().to_owned(),
             slice: pool.slice().to_owned(),
-            instance: instance.to_owned(),
+            permit,
         }
     }
 }
@@ -51,12 +55,22 @@ impl Handed {
 #[derive(Debug, Default)]
 pub(crate) struct Handover {
     to: Mutex<Option<mpsc::UnboundedSender<HandedSession>>>,
+    /// Every session that becomes idle leaves (a hot restart), rather than only those asked
+    /// for (a standalone acceptor or a consumer).
+    auto: AtomicBool,
     keep_one: AtomicBool,
 }
 
 impl Handover {
     pub(crate) fn start(&self, to: mpsc::UnboundedSender<HandedSession>, keep_one: bool) {
         self.keep_one.store(keep_one, Ordering::Release);
+        self.auto.store(true, Ordering::Release);
+        *self.to.lock().unwrap_or_else(|p| p.into_inner()) = Some(to);
+    }
+
+    /// Sessions leave only when [`SlicePool::hand_over_some`] takes them.
+    pub(crate) fn start_pull(&self, to: mpsc::UnboundedSender<HandedSession>) {
+        self.auto.store(false, Ordering::Release);
         *self.to.lock().unwrap_or_else(|p| p.into_inner()) = Some(to);
     }
 
@@ -72,7 +86,9 @@ impl Handover {
 
     /// Whether a session returning to a slice with `idle` idle sessions and no waiter leaves.
     pub(crate) fn takes(&self, idle: usize) -> bool {
-        self.active() && !(idle == 0 && self.keep_one.load(Ordering::Acquire))
+        self.auto.load(Ordering::Acquire)
+            && self.active()
+            && !(idle == 0 && self.keep_one.load(Ordering::Acquire))
     }
 
     /// How many idle sessions a slice keeps while handing over.
@@ -80,6 +96,7 @@ impl Handover {
         usize::from(self.keep_one.load(Ordering::Acquire))
     }
 
+    /// Whether sessions may leave at all.
     pub(crate) fn active(&self) -> bool {
         self.to.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
@@ -90,8 +107,9 @@ impl Handover {
             io,
             cluster,
             slice,
-            instance,
+            permit,
         } = handed;
+        let instance = permit.instance.id().to_owned();
         let Some(fd) = io.into_fd() else {
             debug!(%cluster, %instance, "session cannot move to another process; closing it");
             return;
@@ -101,6 +119,7 @@ impl Handover {
             slice,
             instance,
             fd,
+            permit,
         };
         let to = self.to.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(to) = to.as_ref() {

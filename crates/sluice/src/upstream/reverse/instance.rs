@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use tokio::sync::mpsc;
+
 use super::ClusterInner;
 
 /// A counter with an optional ceiling: sessions in total, per cluster, per instance.
@@ -87,10 +89,36 @@ pub(crate) struct SessionPermit {
     pub(super) global: Arc<Limit>,
     pub(super) cluster: Arc<ClusterInner>,
     pub(super) instance: Arc<Instance>,
+    /// A session a standalone acceptor lent this process: its id is reported `GONE` when the
+    /// session ends here (not when it is returned).
+    pub(super) lent: Option<Lent>,
+}
+
+/// Where to report that a lent session is gone.
+#[derive(Debug)]
+pub(crate) struct Lent {
+    pub(crate) id: u64,
+    pub(crate) gone: mpsc::UnboundedSender<u64>,
+}
+
+impl SessionPermit {
+    /// What a lent session owes its lender; it is no longer reported gone when this permit
+    /// drops (the session goes back instead).
+    pub(crate) fn take_lent(&mut self) -> Option<Lent> {
+        self.lent.take()
+    }
+
+    /// Puts back what [`take_lent`](Self::take_lent) took, when the session stays after all.
+    pub(crate) fn restore_lent(&mut self, lent: Option<Lent>) {
+        self.lent = lent;
+    }
 }
 
 impl Drop for SessionPermit {
     fn drop(&mut self) {
+        if let Some(lent) = self.lent.take() {
+            let _ = lent.gone.send(lent.id);
+        }
         self.global.give();
         self.cluster.release(&self.instance);
     }

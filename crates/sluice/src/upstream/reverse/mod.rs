@@ -21,13 +21,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use http::{Request, Response};
 use sluice_config::{ReverseOptions, Token};
 use sluice_session::Rejection;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{broadcast, mpsc, Notify};
 use tracing::info;
 
 pub use self::handover::HandedSession;
 use self::handover::Handover;
-pub(crate) use self::instance::SessionPermit;
 pub use self::instance::{Instance, Limit};
+pub(crate) use self::instance::{Lent, SessionPermit};
 pub use self::pool::SlicePool;
 pub use self::session::Lease;
 pub use self::stream::SessionStream;
@@ -50,6 +50,7 @@ pub(crate) struct ClusterInner {
     sessions: Limit,
     changed: Arc<Notify>,
     handover: Arc<Handover>,
+    drains: broadcast::Sender<String>,
 }
 
 /// A handle to one slice of a reverse cluster: what a route forwards to.
@@ -76,6 +77,7 @@ impl ReverseCluster {
             instances: Mutex::default(),
             changed: Arc::new(Notify::new()),
             handover: Arc::default(),
+            drains: broadcast::channel(64).0,
         };
         Self {
             inner: Arc::new(inner),
@@ -154,10 +156,13 @@ impl ReverseCluster {
     /// busy ones after their responses. Returns false when no such instance is registered.
     pub fn drain(&self, instance: &str) -> bool {
         let Some(inst) = locked(&self.inner.instances).get(instance).cloned() else {
+            // Lent sessions of it may be out at consumers: they hear of it all the same.
+            let _ = self.inner.drains.send(instance.to_owned());
             return false;
         };
         inst.start_draining();
         info!(cluster = %self.inner.name, instance = %instance, sessions = inst.sessions(), "draining instance");
+        let _ = self.inner.drains.send(instance.to_owned());
         let pools: Vec<_> = locked(&self.inner.slices).values().cloned().collect();
         for pool in pools {
             pool.evict(&inst);
@@ -228,6 +233,7 @@ impl ReverseCluster {
             global: Arc::clone(global),
             cluster: Arc::clone(&self.inner),
             instance: Arc::clone(inst),
+            lent: None,
         })
     }
 
@@ -257,6 +263,75 @@ impl ReverseCluster {
         self.attach(slice, io, permit)
             .await
             .map_err(AdoptError::Http)
+    }
+
+    /// Takes in a session a standalone acceptor lent this process (a consumer): when it ends
+    /// here, `lent.gone` reports its id. Counted against this cluster's limits only.
+    pub(crate) async fn adopt_lent(
+        &self,
+        slice: &str,
+        instance: &str,
+        fd: OwnedFd,
+        lent: Lent,
+    ) -> Result<(), AdoptError> {
+        let unlimited = Arc::new(Limit::new(None));
+        let mut permit = self
+            .reserve(instance, &unlimited)
+            .map_err(AdoptError::Refused)?;
+        permit.lent = Some(lent);
+        let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
+        self.attach(slice, io, permit)
+            .await
+            .map_err(AdoptError::Http)
+    }
+
+    /// Puts a session that came back (a consumer's `RETURN`) into `slice` again, with the
+    /// permit it kept while it was away.
+    pub(crate) async fn reattach(
+        &self,
+        slice: &str,
+        fd: OwnedFd,
+        permit: SessionPermit,
+    ) -> Result<(), AdoptError> {
+        let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
+        self.attach(slice, io, permit)
+            .await
+            .map_err(AdoptError::Http)
+    }
+
+    /// Lets idle sessions leave only when [`hand_over_some`](Self::hand_over_some) asks,
+    /// each to `to` with its permit (a standalone acceptor lending them, a consumer returning
+    /// them).
+    pub(crate) fn start_pull(&self, to: mpsc::UnboundedSender<HandedSession>) {
+        self.inner.handover.start_pull(to);
+        for pool in locked(&self.inner.slices).values() {
+            pool.forgive();
+        }
+    }
+
+    /// The lender wants `n` sessions of `slice` back (`RECALL`): idle ones go now, the rest
+    /// as their responses end, ahead of requests waiting here.
+    pub(crate) fn recall(&self, slice: &str, n: usize) {
+        if let Some(pool) = locked(&self.inner.slices).get(slice).cloned() {
+            pool.recall(n);
+        }
+    }
+
+    /// Hands up to `n` idle sessions of `slice` over (see [`start_pull`](Self::start_pull));
+    /// returns how many left.
+    pub(crate) fn hand_over_some(&self, slice: &str, n: usize) -> usize {
+        let pool = locked(&self.inner.slices).get(slice).cloned();
+        pool.map_or(0, |p| p.hand_over_some(n))
+    }
+
+    /// Resolves at the next change of sessions, idle rings or queues.
+    pub(crate) async fn changed(&self) {
+        self.inner.changed.notified().await;
+    }
+
+    /// The instance ids drained from now on, as they are drained.
+    pub fn subscribe_drains(&self) -> broadcast::Receiver<String> {
+        self.inner.drains.subscribe()
     }
 
     /// Starts handing idle sessions to `to` (each as it becomes idle while nobody here waits

@@ -6,6 +6,7 @@
 //! longest waiter.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sluice_config::ReverseOptions;
@@ -32,6 +33,9 @@ pub struct SlicePool {
     changed: Arc<Notify>,
     /// Where idle sessions go while the cluster hands over to another process.
     handover: Arc<Handover>,
+    /// Sessions the lender recalled (`RECALL`): each leaves when it is next returned, before
+    /// any waiter here gets it.
+    owed: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +65,7 @@ impl SlicePool {
             state: Mutex::default(),
             changed,
             handover,
+            owed: AtomicUsize::new(0),
         }
     }
 
@@ -145,6 +150,11 @@ impl SlicePool {
     /// while the cluster hands over, to the next process). Dead sessions and those of
     /// draining instances are dropped (which closes them).
     pub(crate) fn checkin(&self, mut session: Session) {
+        if session.usable() && self.take_owed() {
+            session.hand_over();
+            self.changed.notify_waiters();
+            return;
+        }
         if session.usable() {
             let mut st = self.state();
             loop {
@@ -181,6 +191,53 @@ impl SlicePool {
             session.hand_over();
         }
         self.changed.notify_waiters();
+    }
+
+    /// The lender wants `n` sessions back: idle ones leave now, the rest as they are returned.
+    pub(crate) fn recall(&self, n: usize) {
+        let handed: Vec<Session> = {
+            let mut st = self.state();
+            st.idle.retain(Session::usable);
+            let now = n.min(st.idle.len());
+            self.owed.fetch_add(n - now, Ordering::AcqRel);
+            st.idle.drain(..now).collect()
+        };
+        for session in handed {
+            session.hand_over();
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Forgets recalls (the lender they were owed to is gone).
+    pub(crate) fn forgive(&self) {
+        self.owed.store(0, Ordering::Release);
+    }
+
+    fn take_owed(&self) -> bool {
+        self.handover.active()
+            && self
+                .owed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+    }
+
+    /// Hands over up to `n` idle sessions when nobody here waits for one; returns how many.
+    pub(crate) fn hand_over_some(&self, n: usize) -> usize {
+        let handed: Vec<Session> = {
+            let mut st = self.state();
+            if !self.handover.active() || st.waiters.iter().any(|w| !w.is_closed()) {
+                return 0;
+            }
+            st.idle.retain(Session::usable);
+            let n = n.min(st.idle.len());
+            st.idle.drain(..n).collect()
+        };
+        let count = handed.len();
+        for session in handed {
+            session.hand_over();
+        }
+        self.changed.notify_waiters();
+        count
     }
 
     /// Passes a parked session's socket to the hand-over's receiver.

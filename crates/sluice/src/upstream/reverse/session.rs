@@ -57,10 +57,10 @@ pub(crate) async fn attach(
         // Parked only when the pool handed the session over; a connection that failed is
         // not passed on (its socket closes here).
         let parked = task_parking.take().filter(|_| ended.is_ok());
-        if let (Some(io), Some(pool)) = (parked, weak.upgrade()) {
-            pool.hand_off(Handed::new(io, &pool, permit.instance.id()));
+        match (parked, weak.upgrade()) {
+            (Some(io), Some(pool)) => pool.hand_off(Handed::new(io, &pool, permit)),
+            _ => drop(permit),
         }
-        drop(permit);
         if let Some(pool) = weak.upgrade() {
             pool.purge_closed();
         }

@@ -1,0 +1,223 @@
+//! A Sluice drawing sessions from a standalone acceptor: it asks for credit ahead of demand,
+//! adopts every lent session into its local pool, reports each that ends here `GONE`, and
+//! returns idle sessions beyond twice its target so that other consumers get them.
+//!
+//! Per slice, the credit asked for (and not yet filled) plus the idle sessions is kept at
+//! `handoff_idle` plus the requests waiting in the admission queue. When the acceptor goes
+//! away, the sessions already here keep serving; the consumer reconnects with backoff and
+//! asks again.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sluice_handoff::{Handoff, Message, Role};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::upstream::reverse::{HandedSession, Lent};
+use crate::upstream::ReverseCluster;
+
+/// One reverse cluster fed by a handoff socket, and the slices its routes use.
+#[derive(Debug, Clone)]
+pub(crate) struct Source {
+    pub(crate) cluster: ReverseCluster,
+    pub(crate) slices: Vec<String>,
+    /// Idle sessions to keep per slice.
+    pub(crate) idle: usize,
+}
+
+/// Keeps the clusters fed from the acceptor at `path` for as long as the process runs.
+pub(crate) async fn consume(path: PathBuf, sources: Vec<Source>) {
+    let mut attempt = 0u32;
+    loop {
+        match Handoff::connect(&path).await {
+            Ok(conn) => {
+                attempt = 0;
+                info!(path = %path.display(), "connected to the acceptor");
+                let error = serve(Arc::new(conn), &sources).await;
+                warn!(path = %path.display(), %error, "lost the acceptor; sessions here keep serving");
+            }
+            Err(error) => {
+                debug!(path = %path.display(), %error, attempt, "acceptor unreachable");
+            }
+        }
+        tokio::time::sleep(super::backoff(attempt)).await;
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+/// What one connection to the acceptor tracks.
+struct Link<'a> {
+    conn: Arc<Handoff>,
+    sources: &'a [Source],
+    /// Credit asked for and not yet filled, per (cluster, slice).
+    asked: HashMap<(String, String), usize>,
+    gone: mpsc::UnboundedSender<u64>,
+}
+
+/// One connection's life; returns why it ended.
+async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> String {
+    match conn.hello(Role::Consumer).await {
+        Ok(Role::Acceptor) => {}
+        Ok(role) => return format!("the peer is a {role}, not an acceptor"),
+        Err(e) => return e.to_string(),
+    }
+    let (back_tx, mut back) = mpsc::unbounded_channel();
+    let (gone_tx, mut gone) = mpsc::unbounded_channel();
+    let wake = Arc::new(Notify::new());
+    let mut watchers = JoinSet::new();
+    for s in sources {
+        s.cluster.start_pull(back_tx.clone());
+        let (cluster, wake) = (s.cluster.clone(), Arc::clone(&wake));
+        watchers.spawn(async move {
+            loop {
+                cluster.changed().await;
+                wake.notify_one();
+            }
+        });
+    }
+    let mut link = Link {
+        conn: Arc::clone(&conn),
+        sources,
+        asked: HashMap::new(),
+        gone: gone_tx,
+    };
+    loop {
+        if let Err(e) = link.balance().await {
+            return e;
+        }
+        let step = tokio::select! {
+            received = conn.recv() => match received {
+                Ok((msg, fd)) => link.on_message(msg, fd).await,
+                Err(e) => Err(e.to_string()),
+            },
+            Some(handed) = back.recv() => link.give_back(handed).await,
+            Some(id) = gone.recv() => link.send(&Message::Gone { id }, None).await,
+            () = wake.notified() => Ok(()),
+        };
+        if let Err(e) = step {
+            return e;
+        }
+    }
+}
+
+impl Link<'_> {
+    async fn send(&self, msg: &Message, fd: Option<OwnedFd>) -> Result<(), String> {
+        self.conn.send(msg, fd).await.map_err(|e| e.to_string())
+    }
+
+    fn cluster(&self, name: &str) -> Option<&ReverseCluster> {
+        self.sources
+            .iter()
+            .map(|s| &s.cluster)
+            .find(|c| c.name() == name)
+    }
+
+    /// Asks for the credit each slice lacks, and hands surplus idle sessions back.
+    async fn balance(&mut self) -> Result<(), String> {
+        for s in self.sources {
+            for slice in &s.slices {
+                let (idle, queued) = (s.cluster.idle_sessions(slice), s.cluster.queued(slice));
+                let key = (s.cluster.name().to_owned(), slice.clone());
+                let asked = self.asked.get(&key).copied().unwrap_or(0);
+                let want = s.idle + queued;
+                if idle + asked < want {
+                    let n = u32::try_from(want - idle - asked).unwrap_or(u32::MAX);
+                    let msg = Message::Credit {
+                        cluster: key.0.clone(),
+                        slice: key.1.clone(),
+                        n,
+                    };
+                    self.send(&msg, None).await?;
+                    *self.asked.entry(key).or_default() += n as usize;
+                } else if queued == 0 && idle > 2 * s.idle {
+                    s.cluster.hand_over_some(slice, idle - s.idle);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_message(&mut self, msg: Message, fd: Option<OwnedFd>) -> Result<(), String> {
+        match (msg, fd) {
+            (
+                Message::Session {
+                    id,
+                    cluster,
+                    slice,
+                    instance,
+                },
+                Some(fd),
+            ) => {
+                if let Some(n) = self.asked.get_mut(&(cluster.clone(), slice.clone())) {
+                    *n = n.saturating_sub(1);
+                }
+                self.adopt(id, &cluster, &slice, &instance, fd).await
+            }
+            (Message::Recall { cluster, slice, n }, None) => {
+                if let Some(c) = self.cluster(&cluster) {
+                    c.recall(&slice, n as usize);
+                }
+                Ok(())
+            }
+            (Message::Drain { instance }, None) => {
+                for s in self.sources {
+                    s.cluster.drain(&instance);
+                }
+                Ok(())
+            }
+            (other, _) => Err(format!("unexpected {} from the acceptor", other.verb())),
+        }
+    }
+
+    async fn adopt(
+        &self,
+        id: u64,
+        cluster: &str,
+        slice: &str,
+        instance: &str,
+        fd: OwnedFd,
+    ) -> Result<(), String> {
+        let Some(c) = self.cluster(cluster) else {
+            warn!(%cluster, "lent a session of a cluster this process does not have");
+            return self.send(&Message::Gone { id }, None).await;
+        };
+        let lent = Lent {
+            id,
+            gone: self.gone.clone(),
+        };
+        // On failure the permit (and with it the GONE) went with the error.
+        if let Err(error) = c.adopt_lent(slice, instance, fd, lent).await {
+            debug!(%cluster, %instance, %error, "cannot adopt a lent session");
+        }
+        Ok(())
+    }
+
+    /// Returns a surplus idle session to the acceptor that lent it; one lent over an earlier
+    /// connection (the acceptor restarted since) stays here instead.
+    async fn give_back(&self, handed: HandedSession) -> Result<(), String> {
+        let HandedSession {
+            cluster,
+            slice,
+            fd,
+            mut permit,
+            ..
+        } = handed;
+        match permit.take_lent() {
+            Some(lent) if lent.gone.same_channel(&self.gone) => {
+                drop(permit);
+                self.send(&Message::Return { id: lent.id }, Some(fd)).await
+            }
+            earlier => {
+                permit.restore_lent(earlier);
+                if let Some(c) = self.cluster(&cluster) {
+                    let _ = c.reattach(&slice, fd, permit).await;
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Sessions lent across processes (DESIGN.md §4, `docs/handoff.md`): a standalone acceptor
+//! (`sluice acceptor`) owns the service-facing listener and the registered sessions and lends
+//! them to consumers (Sluice processes) by credit over a UNIX socket; consumers keep a local
+//! idle pool, so steady-state requests cost no handoff, and give back what they do not need.
+//!
+//! # Layout
+//! * `broker`: the acceptor's side: [`StandaloneAcceptor`] = the acceptor plus the handoff
+//!   socket, credit bookkeeping, lending, `RETURN`/`GONE`, `DRAIN` to consumers.
+//! * `consumer`: a Sluice's side: credit ahead of demand, adopt lent sessions, report
+//!   `GONE`, return surplus idle sessions, reconnect with backoff.
+
+mod broker;
+mod consumer;
+
+pub use broker::{BrokerError, StandaloneAcceptor};
+pub(crate) use consumer::{consume, Source};
+
+/// Delays between attempts to reach the acceptor: 100 ms doubling to 5 s.
+pub(crate) fn backoff(attempt: u32) -> std::time::Duration {
+    let ms = 100u64.saturating_mul(1 << attempt.min(6)).min(5_000);
+    std::time::Duration::from_millis(ms)
+}
