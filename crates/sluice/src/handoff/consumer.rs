@@ -3,19 +3,26 @@
 //! returns idle sessions beyond twice its target so that other consumers get them.
 //!
 //! Per slice, the credit asked for (and not yet filled) plus the idle sessions is kept at
-//! `handoff_idle` plus the requests waiting in the admission queue. When the acceptor goes
-//! away, the sessions already here keep serving; the consumer reconnects with backoff and
-//! asks again.
+//! `handoff_idle` plus the requests waiting in the admission queue. Idle sessions beyond
+//! twice `handoff_idle` go back only once the surplus has lasted [`SURPLUS_FOR`] with nothing
+//! waiting: under load, sessions are idle for a moment between requests, and returning them
+//! then would cost a handoff per request. When the acceptor goes away, the sessions already
+//! here keep serving; the consumer reconnects with backoff and asks again.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sluice_handoff::{Handoff, Message, Role};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
+
+/// How long a slice's idle surplus must last before it goes back to the acceptor.
+const SURPLUS_FOR: Duration = Duration::from_secs(1);
 
 use crate::upstream::reverse::{HandedSession, Lent};
 use crate::upstream::ReverseCluster;
@@ -55,6 +62,8 @@ struct Link<'a> {
     sources: &'a [Source],
     /// Credit asked for and not yet filled, per (cluster, slice).
     asked: HashMap<(String, String), usize>,
+    /// Since when each slice has had idle sessions to spare (and nothing waiting).
+    surplus: HashMap<(String, String), Instant>,
     gone: mpsc::UnboundedSender<u64>,
 }
 
@@ -83,6 +92,7 @@ async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> String {
         conn: Arc::clone(&conn),
         sources,
         asked: HashMap::new(),
+        surplus: HashMap::new(),
         gone: gone_tx,
     };
     loop {
@@ -97,6 +107,8 @@ async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> String {
             Some(handed) = back.recv() => link.give_back(handed).await,
             Some(id) = gone.recv() => link.send(&Message::Gone { id }, None).await,
             () = wake.notified() => Ok(()),
+            // A surplus is only returned once it has lasted: look again then.
+            () = tokio::time::sleep(SURPLUS_FOR), if !link.surplus.is_empty() => Ok(()),
         };
         if let Err(e) = step {
             return e;
@@ -132,9 +144,16 @@ impl Link<'_> {
                         n,
                     };
                     self.send(&msg, None).await?;
+                    self.surplus.remove(&key);
                     *self.asked.entry(key).or_default() += n as usize;
                 } else if queued == 0 && idle > 2 * s.idle {
-                    s.cluster.hand_over_some(slice, idle - s.idle);
+                    let since = *self.surplus.entry(key.clone()).or_insert_with(Instant::now);
+                    if since.elapsed() >= SURPLUS_FOR {
+                        s.cluster.hand_over_some(slice, idle - s.idle);
+                        self.surplus.remove(&key);
+                    }
+                } else {
+                    self.surplus.remove(&key);
                 }
             }
         }

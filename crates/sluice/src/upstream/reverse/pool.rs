@@ -236,7 +236,11 @@ impl SlicePool {
         for session in handed {
             session.hand_over();
         }
-        self.changed.notify_waiters();
+        // Only a real change wakes observers: a standalone acceptor's pump calls this on
+        // every change, and must not wake itself for nothing.
+        if count > 0 {
+            self.changed.notify_waiters();
+        }
         count
     }
 
