@@ -99,6 +99,12 @@ impl StandaloneAcceptor {
                 config.source
             )));
         };
+        if opts.tls.is_some() {
+            return Err(BrokerError::Config(format!(
+                "{}: [acceptor] tls: a standalone acceptor cannot lend sessions over TLS (their TLS state stays in this process); remove `tls` here and let services register over plain TCP on a private network or a UNIX socket",
+                config.source
+            )));
+        }
         let clusters: BTreeMap<String, ReverseCluster> = config
             .clusters
             .iter()
@@ -130,10 +136,11 @@ impl StandaloneAcceptor {
     pub async fn run_until(self, trigger: impl std::future::Future<Output = ()>) {
         let shutdown = Shutdown::new();
         let (tx, rx) = mpsc::unbounded_channel();
+        let (lost_tx, lost) = mpsc::unbounded_channel();
         for cluster in self.clusters.values() {
-            cluster.start_pull(tx.clone());
+            cluster.start_pull(tx.clone(), Some(lost_tx.clone()));
         }
-        drop(tx);
+        drop((tx, lost_tx));
         let shared = Arc::new(Shared {
             state: Mutex::default(),
             clusters: self.clusters,
@@ -142,7 +149,7 @@ impl StandaloneAcceptor {
         let mut tasks = JoinSet::new();
         tasks.spawn(self.acceptor.run(shutdown.signal()));
         tasks.spawn(pump(Arc::clone(&shared)));
-        tasks.spawn(lend(Arc::clone(&shared), rx));
+        tasks.spawn(lend(Arc::clone(&shared), rx, lost));
         for cluster in shared.clusters.values() {
             tasks.spawn(watch(Arc::clone(&shared), cluster.clone()));
         }
@@ -425,14 +432,26 @@ async fn tell_all(shared: &Shared, msg: &Message) {
 
 /// Lends each session the pools hand over to the next consumer with credit for its slice;
 /// with nobody left wanting it, it goes back to its pool.
-async fn lend(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<HandedSession>) {
-    while let Some(handed) = rx.recv().await {
+/// A session asked of a pool that will not arrive (it closed first) is no longer in transit.
+async fn lend(
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<HandedSession>,
+    mut lost: mpsc::UnboundedReceiver<SliceKey>,
+) {
+    loop {
+        let handed = tokio::select! {
+            Some(handed) = rx.recv() => handed,
+            Some(key) = lost.recv() => {
+                arrived(&mut shared.state(), &key);
+                shared.wake.notify_one();
+                continue;
+            }
+            else => return,
+        };
         let key = (handed.cluster.clone(), handed.slice.clone());
         let picked = {
             let mut st = shared.state();
-            if let Some(n) = st.in_transit.get_mut(&key) {
-                *n = n.saturating_sub(1);
-            }
+            arrived(&mut st, &key);
             pick(&mut st, &key)
         };
         match picked {
@@ -450,6 +469,13 @@ async fn lend(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<HandedSession
                 }
             }
         }
+    }
+}
+
+/// One session asked of `key`'s pool is no longer on its way.
+fn arrived(st: &mut State, key: &SliceKey) {
+    if let Some(n) = st.in_transit.get_mut(key) {
+        *n = n.saturating_sub(1);
     }
 }
 
@@ -494,18 +520,41 @@ async fn send_session(
         slice: slice.clone(),
         instance,
     };
-    // Recorded first: the consumer may answer GONE before `send` returns here.
-    shared.state().out.insert(
-        id,
-        Out {
-            consumer,
-            slice: (cluster, slice),
-            permit,
-        },
-    );
-    if let Err(error) = conn.send(&msg, Some(fd)).await {
+    let out = Out {
+        consumer,
+        slice: (cluster.clone(), slice.clone()),
+        permit,
+    };
+    // Recorded first: the consumer may answer GONE before `send` returns here. A consumer
+    // forgotten since it was picked gets nothing (nobody would ever release the entry).
+    let not_lent = {
+        let mut st = shared.state();
+        if st.consumers.contains_key(&consumer) {
+            st.out.insert(id, out);
+            None
+        } else {
+            Some(out)
+        }
+    };
+    if let Some(out) = not_lent {
+        if let Some(c) = shared.clusters.get(&cluster) {
+            let _ = c.reattach(&slice, fd, out.permit).await;
+        }
+        return;
+    }
+    let sent = conn.send(&msg, Some(fd)).await;
+    let forgotten = {
+        let mut st = shared.state();
+        match &sent {
+            // Forgotten while the send ran: its sessions went with it, as for the others.
+            Ok(()) if st.consumers.contains_key(&consumer) => None,
+            _ => st.out.remove(&id),
+        }
+    };
+    if let Err(error) = sent {
         // The socket went with the failed send (closed): the service re-dials.
         warn!(consumer, %error, "lending a session failed");
-        shared.state().out.remove(&id);
     }
+    // The permit is released outside the lock.
+    drop(forgotten);
 }

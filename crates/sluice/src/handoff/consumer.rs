@@ -79,7 +79,7 @@ async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> String {
     let wake = Arc::new(Notify::new());
     let mut watchers = JoinSet::new();
     for s in sources {
-        s.cluster.start_pull(back_tx.clone());
+        s.cluster.start_pull(back_tx.clone(), None);
         let (cluster, wake) = (s.cluster.clone(), Arc::clone(&wake));
         watchers.spawn(async move {
             loop {

@@ -55,6 +55,9 @@ impl Handed {
 #[derive(Debug, Default)]
 pub(crate) struct Handover {
     to: Mutex<Option<mpsc::UnboundedSender<HandedSession>>>,
+    /// Told (cluster, slice) of each session let go that will never reach `to` (it ended
+    /// first, or cannot move), so that a lender counting sessions on their way stays exact.
+    lost: Mutex<Option<mpsc::UnboundedSender<(String, String)>>>,
     /// Every session that becomes idle leaves (a hot restart), rather than only those asked
     /// for (a standalone acceptor or a consumer).
     auto: AtomicBool,
@@ -69,8 +72,14 @@ impl Handover {
     }
 
     /// Sessions leave only when [`SlicePool::hand_over_some`] takes them.
-    pub(crate) fn start_pull(&self, to: mpsc::UnboundedSender<HandedSession>) {
+    /// `lost`, if given, hears of each session let go that never reaches `to`.
+    pub(crate) fn start_pull(
+        &self,
+        to: mpsc::UnboundedSender<HandedSession>,
+        lost: Option<mpsc::UnboundedSender<(String, String)>>,
+    ) {
         self.auto.store(false, Ordering::Release);
+        *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = lost;
         *self.to.lock().unwrap_or_else(|p| p.into_inner()) = Some(to);
     }
 
@@ -78,6 +87,15 @@ impl Handover {
     /// every sender is gone.
     pub(crate) fn stop(&self) {
         self.to.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// A session of (`cluster`, `slice`) was let go but will not be handed over.
+    pub(crate) fn lost(&self, cluster: &str, slice: &str) {
+        let lost = self.lost.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(lost) = lost.as_ref() {
+            let _ = lost.send((cluster.to_owned(), slice.to_owned()));
+        }
     }
 
     pub(crate) fn keep_none(&self) {
@@ -112,7 +130,7 @@ impl Handover {
         let instance = permit.instance.id().to_owned();
         let Some(fd) = io.into_fd() else {
             debug!(%cluster, %instance, "session cannot move to another process; closing it");
-            return;
+            return self.lost(&cluster, &slice);
         };
         let session = HandedSession {
             cluster,

@@ -275,9 +275,15 @@ impl ReverseCluster {
         lent: Lent,
     ) -> Result<(), AdoptError> {
         let unlimited = Arc::new(Limit::new(None));
-        let mut permit = self
-            .reserve(instance, &unlimited)
-            .map_err(AdoptError::Refused)?;
+        let mut permit = match self.reserve(instance, &unlimited) {
+            Ok(permit) => permit,
+            Err(rejection) => {
+                // No permit carries the id: report it here, or the lender would count the
+                // session (its limits, its `out` entry) until this consumer disconnects.
+                let _ = lent.gone.send(lent.id);
+                return Err(AdoptError::Refused(rejection));
+            }
+        };
         permit.lent = Some(lent);
         let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
         self.attach(slice, io, permit)
@@ -301,9 +307,14 @@ impl ReverseCluster {
 
     /// Lets idle sessions leave only when [`hand_over_some`](Self::hand_over_some) asks,
     /// each to `to` with its permit (a standalone acceptor lending them, a consumer returning
-    /// them).
-    pub(crate) fn start_pull(&self, to: mpsc::UnboundedSender<HandedSession>) {
-        self.inner.handover.start_pull(to);
+    /// them). `lost`, if given, hears the (cluster, slice) of each session let go that will
+    /// never reach `to` (its connection ended first, or it cannot move).
+    pub(crate) fn start_pull(
+        &self,
+        to: mpsc::UnboundedSender<HandedSession>,
+        lost: Option<mpsc::UnboundedSender<(String, String)>>,
+    ) {
+        self.inner.handover.start_pull(to, lost);
         for pool in locked(&self.inner.slices).values() {
             pool.forgive();
         }

@@ -151,7 +151,7 @@ impl SlicePool {
     /// draining instances are dropped (which closes them).
     pub(crate) fn checkin(&self, mut session: Session) {
         if session.usable() && self.take_owed() {
-            session.hand_over();
+            self.let_go(session);
             self.changed.notify_waiters();
             return;
         }
@@ -161,7 +161,7 @@ impl SlicePool {
                 let Some(tx) = st.waiters.pop_front() else {
                     if self.handover.takes(st.idle.len()) {
                         drop(st);
-                        session.hand_over();
+                        self.let_go(session);
                     } else {
                         st.idle.push_back(session);
                     }
@@ -188,7 +188,7 @@ impl SlicePool {
             st.idle.drain(..n).collect()
         };
         for session in handed {
-            session.hand_over();
+            self.let_go(session);
         }
         self.changed.notify_waiters();
     }
@@ -203,7 +203,7 @@ impl SlicePool {
             st.idle.drain(..now).collect()
         };
         for session in handed {
-            session.hand_over();
+            self.let_go(session);
         }
         self.changed.notify_waiters();
     }
@@ -234,8 +234,10 @@ impl SlicePool {
         };
         let count = handed.len();
         for session in handed {
-            session.hand_over();
+            self.let_go(session);
         }
+        // The lender counts every session that comes back against what it recalled.
+        self.settle_owed(count);
         // Only a real change wakes observers: a standalone acceptor's pump calls this on
         // every change, and must not wake itself for nothing.
         if count > 0 {
@@ -247,6 +249,27 @@ impl SlicePool {
     /// Passes a parked session's socket to the hand-over's receiver.
     pub(crate) fn hand_off(&self, handed: Handed) {
         self.handover.send(handed);
+    }
+
+    /// A session let go for the hand-over ended before it could be parked.
+    pub(crate) fn hand_off_lost(&self) {
+        self.handover.lost(&self.cluster, &self.slice);
+    }
+
+    /// Lets go of a session for the hand-over (see [`Session::hand_over`]).
+    fn let_go(&self, session: Session) {
+        if !session.hand_over() {
+            self.hand_off_lost();
+        }
+    }
+
+    /// `n` lent sessions left this process without being asked for: that much less is owed.
+    pub(crate) fn settle_owed(&self, n: usize) {
+        let _ = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+                Some(o.saturating_sub(n))
+            });
     }
 
     /// Drops idle sessions whose connection has ended.

@@ -28,9 +28,11 @@ impl Session {
     }
 
     /// Lets go of an idle session so that its socket moves to another process: hyper ends the
-    /// connection without closing the socket, and the session's task hands it over.
-    pub(crate) fn hand_over(self) {
-        self.parking.want();
+    /// connection without closing the socket, and the session's task hands it over. False
+    /// when the connection had already ended: nothing will be handed over.
+    #[must_use = "a session that cannot be handed over is lost to the hand-over"]
+    pub(crate) fn hand_over(self) -> bool {
+        self.parking.want()
     }
 }
 
@@ -56,14 +58,24 @@ pub(crate) async fn attach(
         }
         // Parked only when the pool handed the session over; a connection that failed is
         // not passed on (its socket closes here).
+        let wanted = task_parking.end();
         let parked = task_parking.take().filter(|_| ended.is_ok());
-        match (parked, weak.upgrade()) {
-            (Some(io), Some(pool)) => pool.hand_off(Handed::new(io, &pool, permit)),
-            _ => drop(permit),
+        let Some(pool) = weak.upgrade() else {
+            return drop(permit);
+        };
+        match parked {
+            Some(io) => pool.hand_off(Handed::new(io, &pool, permit)),
+            None => {
+                if wanted {
+                    pool.hand_off_lost();
+                } else if permit.lent.is_some() {
+                    // Reported GONE: the lender counts it against any recall it is owed.
+                    pool.settle_owed(1);
+                }
+                drop(permit);
+            }
         }
-        if let Some(pool) = weak.upgrade() {
-            pool.purge_closed();
-        }
+        pool.purge_closed();
     });
     pool.checkin(Session {
         sender,

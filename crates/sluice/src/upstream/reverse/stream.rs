@@ -10,7 +10,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -63,28 +63,52 @@ pub(crate) fn from_fd(fd: OwnedFd) -> io::Result<Box<dyn SessionStream>> {
 }
 
 /// Whether a session's stream is to be kept when its connection ends, and where it waits.
+///
+/// `state` settles a race between the pool handing an idle session over and its connection
+/// ending on its own (the service closed it): exactly one side learns that the session was
+/// wanted but will never be parked, so the hand-over can count it as lost.
 #[derive(Default)]
 pub(crate) struct Parking {
-    wanted: AtomicBool,
+    state: AtomicU8,
     parked: Mutex<Option<Box<dyn SessionStream>>>,
 }
+
+/// Neither wanted nor ended.
+const RUNNING: u8 = 0;
+/// The pool let go of the session and wants its stream back.
+const WANTED: u8 = 1;
+/// The connection task finished without the stream being wanted.
+const ENDED: u8 = 2;
 
 impl std::fmt::Debug for Parking {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Parking")
-            .field("wanted", &self.wanted.load(Ordering::Relaxed))
+            .field("wanted", &self.wanted())
             .finish_non_exhaustive()
     }
 }
 
 impl Parking {
     /// Asks for the stream back when the connection ends (set before letting go of it).
-    pub(crate) fn want(&self) {
-        self.wanted.store(true, Ordering::Release);
+    /// False when the connection task had already finished: nothing will be parked.
+    pub(crate) fn want(&self) -> bool {
+        let set = self
+            .state
+            .compare_exchange(RUNNING, WANTED, Ordering::AcqRel, Ordering::Acquire);
+        matches!(set, Ok(_) | Err(WANTED))
     }
 
     fn wanted(&self) -> bool {
-        self.wanted.load(Ordering::Acquire)
+        self.state.load(Ordering::Acquire) == WANTED
+    }
+
+    /// Called once by the connection task when the connection has ended: whether the stream
+    /// was wanted (from then on [`want`](Self::want) answers false).
+    pub(crate) fn end(&self) -> bool {
+        let set = self
+            .state
+            .compare_exchange(RUNNING, ENDED, Ordering::AcqRel, Ordering::Acquire);
+        set == Err(WANTED)
     }
 
     /// The parked stream, once hyper has let go of it.
