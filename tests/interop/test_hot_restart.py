@@ -31,7 +31,8 @@ def test_twenty_hot_restarts_under_load_fail_nothing_and_nobody_redials(bins: Bi
     generations = [sluice.proc]
     services = [start_service(bins, lang, sluice, lang, n, 2) for lang, n in SERVICES.items()]
     try:
-        assert registrations(generations) == sum(SERVICES.values())
+        # The services print `registered N` on their 101s; the acceptor logs each just after.
+        generations[0].wait_line(lambda _: registrations(generations) == sum(SERVICES.values()), "every registration logged")
         load = Load(sluice.http, 16, method="GET").start()
         load.wait_for(300)
         takeover_to_exit = []

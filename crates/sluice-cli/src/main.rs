@@ -181,7 +181,7 @@ async fn take_over(config: &Config) -> anyhow::Result<sluice::restart::Inherited
         .await
         .with_context(|| {
             format!(
-                "taking over from the Sluice listening on {}",
+                "taking over from the Sluice listening on {} (is one running with this `upgrade_socket`, as this user?)",
                 path.display()
             )
         })?;
