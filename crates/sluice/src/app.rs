@@ -13,6 +13,7 @@ use sluice_handoff::{Handoff, ListenAddr};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::acceptor::{Acceptor, BindError};
 use crate::handoff;
@@ -185,6 +186,7 @@ impl Proxy {
                 self.upgrade,
                 fds,
                 &reverse,
+                self.grace,
                 &mut handover,
             ))
             .await;
@@ -194,7 +196,7 @@ impl Proxy {
             }
         }
         if let Some(forwarder) = handover {
-            finish_handover(&reverse, forwarder, self.grace).await;
+            finish_handover(&reverse, forwarder).await;
         }
         // Sessions would otherwise outlive the proxy in a process that goes on (an embedding
         // program, `sluice demo`): their connection tasks keep the cluster alive. Closing them
@@ -242,6 +244,13 @@ impl Proxy {
     }
 }
 
+/// How long idle sessions are given to move to a successor even when the grace period is
+/// over.
+const MOVE_TIME: Duration = Duration::from_secs(1);
+
+/// The task that forwards sessions to a successor, and when the grace period ends.
+type Handover = (JoinHandle<()>, Instant);
+
 /// Resolves when `trigger` does, or once a successor has taken the listening sockets (then
 /// every reverse cluster starts handing its idle sessions over; `handover` gets the task that
 /// forwards them).
@@ -250,7 +259,8 @@ async fn stop_or_upgrade(
     upgrade: Option<UpgradeSocket>,
     fds: Vec<(String, ListenAddr, OwnedFd)>,
     reverse: &BTreeMap<String, ReverseCluster>,
-    handover: &mut Option<JoinHandle<()>>,
+    grace: Duration,
+    handover: &mut Option<Handover>,
 ) {
     let Some(socket) = upgrade else {
         return trigger.await;
@@ -292,16 +302,17 @@ async fn stop_or_upgrade(
         // One idle session per slice stays for requests on connections still draining here.
         cluster.start_handover(tx.clone(), true);
     }
-    *handover = Some(tokio::spawn(restart::forward_sessions(conn, path, rx)));
+    let forwarder = tokio::spawn(restart::forward_sessions(conn, path, rx));
+    *handover = Some((forwarder, Instant::now() + grace));
     tracing::info!("a successor took the listening sockets; draining and handing sessions over");
 }
 
-/// After the drain: hands over the rest, waits (within `grace`) until every session has
-/// left, and lets the forwarder say DONE.
+/// After the drain: hands over the rest, waits until every session has left (by `deadline`,
+/// the end of the grace period that began with the upgrade, but at least [`MOVE_TIME`] for
+/// idle sessions to move), and lets the forwarder say DONE.
 async fn finish_handover(
     reverse: &BTreeMap<String, ReverseCluster>,
-    forwarder: JoinHandle<()>,
-    grace: Duration,
+    (forwarder, deadline): (JoinHandle<()>, Instant),
 ) {
     for cluster in reverse.values() {
         cluster.finish_handover();
@@ -311,7 +322,8 @@ async fn finish_handover(
             cluster.wait_until(|c| c.sessions() == 0).await;
         }
     };
-    if tokio::time::timeout(grace, all_gone).await.is_err() {
+    let deadline = deadline.max(Instant::now() + MOVE_TIME);
+    if tokio::time::timeout_at(deadline, all_gone).await.is_err() {
         tracing::warn!("sessions still busy after the grace period; closing them");
     }
     for cluster in reverse.values() {

@@ -135,7 +135,10 @@ impl Link<'_> {
                 let (idle, queued) = (s.cluster.idle_sessions(slice), s.cluster.queued(slice));
                 let key = (s.cluster.name().to_owned(), slice.clone());
                 let asked = self.asked.get(&key).copied().unwrap_or(0);
-                let want = s.idle + queued;
+                // Never more than the cluster's own `max_sessions` leaves room for: what it
+                // could not adopt would only go back as GONE (and its service re-dial).
+                let room = s.cluster.room().saturating_sub(asked);
+                let want = (s.idle + queued).min(idle.saturating_add(room));
                 if idle + asked < want {
                     let n = u32::try_from(want - idle - asked).unwrap_or(u32::MAX);
                     let msg = Message::Credit {

@@ -132,6 +132,14 @@ impl ReverseCluster {
         self.inner.sessions.current()
     }
 
+    /// How many more sessions the cluster's `max_sessions` allows (`usize::MAX`: no limit).
+    pub fn room(&self) -> usize {
+        self.inner
+            .opts
+            .max_sessions
+            .map_or(usize::MAX, |max| max.saturating_sub(self.sessions()))
+    }
+
     /// Connected sessions of one instance.
     pub fn instance_sessions(&self, instance: &str) -> usize {
         locked(&self.inner.instances)
