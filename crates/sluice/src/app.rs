@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,10 +14,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::acceptor::{Acceptor, BindError};
+use crate::acceptor::{Acceptor, BindError, HandedOver};
 use crate::handoff;
 use crate::proxy::ProxyService;
-use crate::restart::{self, Inherited, RestartError, UpgradeSocket};
+use crate::restart::{self, HandedListener, Inherited, RestartError, UpgradeSocket};
 use crate::router::{Direct, Matcher, Route, RouteTable, Target};
 use crate::server::{tls, Group, Server};
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
@@ -172,7 +171,7 @@ impl Proxy {
         }
         let fds = match self.upgrade.is_some() {
             true => self.listener_fds(),
-            false => Vec::new(),
+            false => (Vec::new(), None),
         };
         let mut group = Group::new();
         for server in self.servers {
@@ -218,7 +217,7 @@ impl Proxy {
 
     /// Duplicates of every listening socket, named for the hand-over; one that cannot be
     /// duplicated is left out (the successor binds it afresh) with a warning.
-    fn listener_fds(&self) -> Vec<(String, ListenAddr, OwnedFd)> {
+    fn listener_fds(&self) -> ListenerFds {
         let mut fds = Vec::new();
         for server in &self.servers {
             let fd = server
@@ -235,12 +234,16 @@ impl Proxy {
                 }
             }
         }
+        let mut handed = None;
         match self.acceptor.as_ref().map(Acceptor::listener_fds) {
-            Some(Ok(acceptor)) => fds.extend(acceptor),
+            Some(Ok((acceptor, flag))) => {
+                fds.extend(acceptor);
+                handed = Some(flag);
+            }
             Some(Err(error)) => tracing::warn!(%error, "cannot duplicate the acceptor's sockets"),
             None => {}
         }
-        fds
+        (fds, handed)
     }
 }
 
@@ -251,13 +254,16 @@ const MOVE_TIME: Duration = Duration::from_secs(1);
 /// The task that forwards sessions to a successor, and when the grace period ends.
 type Handover = (JoinHandle<()>, Instant);
 
+/// Duplicates of the listening sockets, and the acceptor's switch to mark them taken.
+type ListenerFds = (Vec<HandedListener>, Option<HandedOver>);
+
 /// Resolves when `trigger` does, or once a successor has taken the listening sockets (then
 /// every reverse cluster starts handing its idle sessions over; `handover` gets the task that
 /// forwards them).
 async fn stop_or_upgrade(
     trigger: impl Future<Output = ()>,
     upgrade: Option<UpgradeSocket>,
-    fds: Vec<(String, ListenAddr, OwnedFd)>,
+    (fds, acceptor_handed): ListenerFds,
     reverse: &BTreeMap<String, ReverseCluster>,
     grace: Duration,
     handover: &mut Option<Handover>,
@@ -296,6 +302,9 @@ async fn stop_or_upgrade(
         // It has our sockets but may never serve: keep serving (no more upgrades, though).
         tracing::error!(%error, "hot restart failed at READY; serving on without an upgrade socket");
         return trigger.await;
+    }
+    if let Some(flag) = acceptor_handed {
+        flag.set();
     }
     let (tx, rx) = mpsc::unbounded_channel();
     for cluster in reverse.values() {

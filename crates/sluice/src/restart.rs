@@ -30,6 +30,9 @@ use tracing::{debug, info, warn};
 use crate::upstream::reverse::{HandedSession, Limit};
 use crate::upstream::ReverseCluster;
 
+/// A listening socket for a successor: its name in the hand-over, its address, the socket.
+pub type HandedListener = (String, ListenAddr, OwnedFd);
+
 /// The name a listener's socket travels under: `listener:<name>`.
 pub(crate) fn listener_key(name: &str) -> String {
     format!("listener:{name}")
@@ -177,7 +180,7 @@ async fn expect(
 pub(crate) async fn send_listeners(
     conn: &Handoff,
     path: &Path,
-    listeners: Vec<(String, ListenAddr, OwnedFd)>,
+    listeners: Vec<HandedListener>,
 ) -> Result<(), RestartError> {
     for (name, addr, fd) in listeners {
         debug!(%name, %addr, "handing over a listener");

@@ -17,7 +17,6 @@ mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,7 +32,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use self::handshake::Peer;
 use self::rate::RateLimiter;
-use crate::restart;
+use crate::restart::{self, HandedListener};
 use crate::server::{accept_error, ShutdownSignal};
 use crate::upstream::reverse::{Limit, SessionStream};
 use crate::upstream::ReverseCluster;
@@ -52,6 +51,17 @@ pub enum BindError {
     /// rustls refused the certificate, the key or the client CA.
     #[error("TLS: {0}")]
     Tls(#[source] std::io::Error),
+}
+
+/// Marks an acceptor's listening sockets as taken by a successor process (hot restart).
+#[derive(Debug, Clone)]
+pub struct HandedOver(Arc<AtomicBool>);
+
+impl HandedOver {
+    /// The successor has the sockets: the acceptor leaves the UNIX socket file alone.
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// A bound acceptor, ready to run.
@@ -138,9 +148,9 @@ impl Acceptor {
     }
 
     /// Duplicates of the listening sockets for a successor (hot restart), named as the
-    /// hand-over names them. The UNIX socket's file is then left in place when this
-    /// acceptor stops: it belongs to the successor.
-    pub fn listener_fds(&self) -> std::io::Result<Vec<(String, ListenAddr, OwnedFd)>> {
+    /// hand-over names them, and the switch that, once the successor has them, leaves the
+    /// UNIX socket's file in place when this acceptor stops (it belongs to the successor).
+    pub fn listener_fds(&self) -> std::io::Result<(Vec<HandedListener>, HandedOver)> {
         let mut fds = vec![(
             restart::ACCEPTOR_KEY.to_owned(),
             ListenAddr::Inet(self.tcp.local_addr()?),
@@ -153,8 +163,7 @@ impl Acceptor {
                 SockRef::from(l).try_clone()?.into(),
             ));
         }
-        self.handed_over.store(true, Ordering::Release);
-        Ok(fds)
+        Ok((fds, HandedOver(Arc::clone(&self.handed_over))))
     }
 
     /// The bound TCP address.

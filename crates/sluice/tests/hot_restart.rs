@@ -1,0 +1,88 @@
+//! Hot restart through the library API (the `sluice` binary's `--upgrade` is tested end to
+//! end in tests/interop): a second `Proxy` takes over the first one's listener, acceptor and
+//! idle sessions, and the first one's `run_until` returns.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod reverse_support;
+
+use std::path::Path;
+
+use http::StatusCode;
+use reverse_support::{get, Service, ServiceSpec};
+use sluice::restart::Inherited;
+use sluice::Proxy;
+
+fn config(dir: &Path, unix: bool) -> sluice::config::Config {
+    let unix = if unix {
+        "unix = \"acceptor.sock\"\n"
+    } else {
+        ""
+    };
+    let text = format!(
+        "[runtime]\nupgrade_socket = \"upgrade.sock\"\nshutdown_grace = \"5s\"\n\
+         [acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n{unix}\
+         [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\ncluster = \"api\"\n[cluster.api]\nkind = \"reverse\"\n"
+    );
+    sluice::config::parse_str(&text, &dir.join("test.toml").display().to_string(), dir).unwrap()
+}
+
+#[tokio::test]
+async fn a_successor_takes_the_sockets_and_the_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), true);
+    let old = Proxy::bind(&cfg).await.unwrap();
+    let (http, acceptor) = (old.local_addrs()[0].1, old.acceptor_addr().unwrap());
+    let old_cluster = old.reverse_cluster("api").unwrap().clone();
+    let old_run = tokio::spawn(old.run_until(std::future::pending()));
+    let svc = Service::start(acceptor, ServiceSpec::new("a", 3)).await;
+    old_cluster
+        .wait_until(|c| c.idle_sessions("default") == 3)
+        .await;
+    assert_eq!(get(http, "/").await.status, StatusCode::OK);
+
+    let inherited = Inherited::take_over(&dir.path().join("upgrade.sock"))
+        .await
+        .unwrap();
+    let new = Proxy::bind_inheriting(&cfg, Some(inherited)).await.unwrap();
+    assert_eq!(new.local_addrs()[0].1, http, "the same listening socket");
+    assert_eq!(new.acceptor_addr().unwrap(), acceptor);
+    let new_cluster = new.reverse_cluster("api").unwrap().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let new_run = tokio::spawn(new.run_until(async move {
+        let _ = stopped.await;
+    }));
+    old_run.await.unwrap();
+    new_cluster
+        .wait_until(|c| c.idle_sessions("default") == 3)
+        .await;
+    assert_eq!(old_cluster.sessions(), 0);
+    assert_eq!(get(http, "/").await.status, StatusCode::OK);
+    assert_eq!(svc.requests(), 2);
+    // The acceptor's UNIX socket went to the successor: the old process left the file.
+    assert!(dir.path().join("acceptor.sock").exists());
+    let _ = stop.send(());
+    new_run.await.unwrap();
+    assert!(
+        !dir.path().join("acceptor.sock").exists(),
+        "removed by its last owner"
+    );
+}
+
+#[tokio::test]
+async fn without_a_successor_the_acceptor_removes_its_socket_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::bind(&config(dir.path(), true)).await.unwrap();
+    assert!(dir.path().join("acceptor.sock").exists());
+    proxy.run_until(async {}).await;
+    assert!(!dir.path().join("acceptor.sock").exists());
+}
+
+#[tokio::test]
+async fn taking_over_from_nobody_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Inherited::take_over(&dir.path().join("upgrade.sock"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("upgrade.sock"), "{err}");
+}
