@@ -45,6 +45,9 @@ pub(crate) struct DemoArgs {
     /// Where the acceptor listens for the demo services to dial in.
     #[arg(long, default_value = "127.0.0.1:7070")]
     acceptor: SocketAddr,
+    /// Where the admin API listens (`sluice ctl status`, `/metrics`); loopback, no token.
+    #[arg(long, default_value = "127.0.0.1:9901")]
+    admin: SocketAddr,
     /// Run a built-in open-loop load from 0.5x to 10x the declared capacity, print a table
     /// per step, then exit.
     #[arg(long)]
@@ -142,6 +145,9 @@ shutdown_grace = "2s"
 [acceptor]
 listen = "{acceptor}"
 
+[admin]
+listen = "{admin}"
+
 [[listener]]
 name = "demo"
 listen = "{listen}"
@@ -158,6 +164,7 @@ queue_timeout = "{QUEUE_TIMEOUT}"
 "#,
         acceptor = args.acceptor,
         listen = args.listen,
+        admin = args.admin,
     )
 }
 
@@ -169,12 +176,16 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let proxy = Proxy::bind(&config).await?;
     let (listen, acceptor) = addresses(&proxy)?;
+    let admin = proxy.admin_addr();
     let cluster = proxy
         .reverse_cluster(CLUSTER)
         .cloned()
         .context("the demo cluster is missing")?;
     println!("listening proxy={listen}");
     println!("listening acceptor={acceptor}");
+    if let Some(admin) = admin {
+        println!("listening admin={admin}");
+    }
     let (halt, halted) = oneshot::channel::<()>();
     let server = tokio::spawn(proxy.run_until(async move {
         let _ = halted.await;
@@ -186,7 +197,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let sessions = start_instances(acceptor, &instances).await?;
     print_ready(&instances);
     let outcome = tokio::select! {
-        r = serve_or_load(&args, listen, &cluster, &instances) => r,
+        r = serve_or_load(&args, (listen, admin), &cluster, &instances) => r,
         () = &mut stop => {
             println!("stopping: signal received");
             Ok(())
@@ -250,7 +261,7 @@ fn start_instance(acceptor: SocketAddr, instance: Arc<Instance>) -> anyhow::Resu
 /// Without `--load`: explains what to try and waits for a signal. With it: runs the load.
 async fn serve_or_load(
     args: &DemoArgs,
-    listen: SocketAddr,
+    (listen, admin): (SocketAddr, Option<SocketAddr>),
     cluster: &ReverseCluster,
     instances: &[Arc<Instance>],
 ) -> anyhow::Result<()> {
@@ -258,7 +269,7 @@ async fn serve_or_load(
         let step = Duration::from_secs(args.step_seconds);
         return crate::load::run(listen, cluster, instances, step).await;
     }
-    print_banner(listen, instances);
+    print_banner(listen, admin, instances);
     std::future::pending::<()>().await;
     Ok(())
 }
@@ -272,7 +283,7 @@ fn print_ready(instances: &[Arc<Instance>]) {
     println!("ready sessions {}", each.join(" "));
 }
 
-fn print_banner(listen: SocketAddr, instances: &[Arc<Instance>]) {
+fn print_banner(listen: SocketAddr, admin: Option<SocketAddr>, instances: &[Arc<Instance>]) {
     let declared: usize = instances.iter().map(|i| i.sessions).sum();
     println!();
     println!("Sluice is proxying http://{listen}/ to the reverse cluster `{CLUSTER}`.");
@@ -285,6 +296,9 @@ fn print_banner(listen: SocketAddr, instances: &[Arc<Instance>]) {
     println!("  curl -i http://{listen}/");
     println!("  for i in $(seq 20); do curl -s http://{listen}/ & done; wait");
     println!("  sluice demo --load      # open-loop load from 0.5x to 10x capacity");
+    if let Some(admin) = admin {
+        println!("  sluice ctl --admin http://{admin} status    # sessions, queues; curl http://{admin}/metrics");
+    }
     println!();
     println!("Ctrl-C stops the demo.");
 }

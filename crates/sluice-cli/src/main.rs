@@ -1,7 +1,9 @@
 //! The `sluice` command: a thin shell over the `sluice` library.
 //!
-//! `run` and `check` live here; `demo` (and its `--load` generator) in their own modules.
+//! `run` and `check` live here; `demo` (and its `--load` generator) and `ctl` in their own
+//! modules.
 
+mod ctl;
 mod demo;
 mod load;
 
@@ -61,6 +63,9 @@ enum Command {
     },
     /// Start a proxy, its acceptor and two demo services that dial in; print what to try.
     Demo(demo::DemoArgs),
+    /// Ask a running Sluice's admin API ([admin]) for its status, drain an instance, add or
+    /// remove an endpoint.
+    Ctl(ctl::CtlArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
         } => exit(run(config, workers, upgrade)),
         Command::Demo(args) => exit(demo::run(args)),
         Command::Acceptor { config } => exit(acceptor(config)),
+        Command::Ctl(args) => ctl::run(args),
     }
 }
 

@@ -23,6 +23,8 @@ fn demo(extra: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
             "127.0.0.1:0",
             "--acceptor",
             "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
         ])
         .args(extra)
         .env("RUST_LOG", "warn")
@@ -145,4 +147,72 @@ async fn load_prints_five_steps_and_never_exceeds_declared_sessions() {
         overload.iter().all(|(max, d)| max == d),
         "10x: {overload:?}"
     );
+}
+
+/// Reads lines until `ready`; returns the admin API's address.
+async fn wait_admin(lines: &mut Lines<BufReader<ChildStdout>>) -> SocketAddr {
+    let mut admin = None;
+    loop {
+        let line = lines.next_line().await.unwrap().expect("demo ended early");
+        if let Some(addr) = line.strip_prefix("listening admin=") {
+            admin = Some(addr.parse().unwrap());
+        }
+        if line.starts_with("ready ") {
+            return admin.expect("no `listening admin=` line before `ready`");
+        }
+    }
+}
+
+/// `sluice ctl` against the demo's admin API; returns the exit status and stdout.
+async fn ctl(admin: SocketAddr, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["ctl", "--admin", &format!("http://{admin}")])
+        .args(args)
+        .env_remove("SLUICE_ADMIN_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn ctl_reads_and_drains_a_running_demo() {
+    let (child, mut lines) = demo(&[]);
+    let admin = tokio::time::timeout(START_TIMEOUT, wait_admin(&mut lines))
+        .await
+        .expect("demo did not become ready");
+    let (ok, status) = ctl(admin, &["--json", "status"]).await;
+    assert!(ok, "{status}");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let instances = &status["clusters"][0]["instances"];
+    assert_eq!(instances[0]["id"], "demo-a");
+    assert_eq!(instances[0]["sessions"], 8);
+    assert_eq!(instances[1]["id"], "demo-b");
+    assert_eq!(instances[1]["sessions"], 4);
+    let (ok, table) = ctl(admin, &["status"]).await;
+    assert!(
+        ok && table.contains("demo-a") && table.contains("demo-b"),
+        "{table}"
+    );
+    let (ok, said) = ctl(admin, &["drain", "demo", "demo-b"]).await;
+    assert!(ok, "{said}");
+    assert!(said.contains("demo-b"), "{said}");
+    let (ok, metrics) = ctl_metrics(admin).await;
+    assert!(ok, "{metrics}");
+    let active_a = "sluice_sessions{cluster=\"demo\",instance=\"demo-a\",state=\"active\"} 8";
+    assert!(metrics.contains(active_a), "{metrics}");
+    terminate(child).await;
+}
+
+/// `GET /metrics` over a raw connection.
+async fn ctl_metrics(admin: SocketAddr) -> (bool, String) {
+    let mut stream = TcpStream::connect(admin).await.unwrap();
+    let head = "GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    (response.starts_with("HTTP/1.1 200"), response)
 }

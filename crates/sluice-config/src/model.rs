@@ -25,6 +25,8 @@ pub struct Config {
     pub acceptor: Option<Acceptor>,
     /// The standalone acceptor's socket for consumers (`[handoff]`, `sluice acceptor`).
     pub handoff: Option<HandoffServer>,
+    /// The admin API (`[admin]`); `None`: no admin listener.
+    pub admin: Option<Admin>,
     /// Client-facing listeners, in file order.
     pub listeners: Vec<Listener>,
     /// Routes, in file order; the first match wins.
@@ -394,6 +396,15 @@ pub enum SessionSource {
         /// handed back. Default 4.
         idle: usize,
     },
+}
+
+/// `[admin]`: the admin API's listener and its bearer token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admin {
+    /// Where it listens; a non-loopback address needs `token`.
+    pub addr: SocketAddr,
+    /// The bearer token every request must carry; `None` (allowed on loopback only): none.
+    pub token: Option<Token>,
 }
 
 /// `[handoff]`: where a standalone acceptor hands sessions to consumers.

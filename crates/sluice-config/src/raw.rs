@@ -22,6 +22,7 @@ pub(crate) struct RawConfig {
     pub(crate) runtime: RawRuntime,
     pub(crate) acceptor: Option<Spanned<RawAcceptor>>,
     pub(crate) handoff: Option<Spanned<RawHandoff>>,
+    pub(crate) admin: Option<Spanned<RawAdmin>>,
     #[serde(default)]
     pub(crate) listener: Vec<RawListener>,
     #[serde(default)]
@@ -144,6 +145,14 @@ pub(crate) struct RawCluster {
     pub(crate) response_buffer: Option<Spanned<Size>>,
     pub(crate) handoff: Option<Spanned<String>>,
     pub(crate) handoff_idle: Option<Spanned<usize>>,
+}
+
+/// `[admin]`: the admin API.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    pub(crate) listen: Spanned<Addr>,
+    pub(crate) token: Option<Spanned<String>>,
 }
 
 /// `[handoff]`: the standalone acceptor's socket for consumers.

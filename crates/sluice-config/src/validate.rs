@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::model::{Config, HandoffServer, HttpOptions, Listener, Runtime};
-use crate::raw::{RawConfig, RawHandoff, RawListener, RawRuntime};
+use crate::model::{Admin, Config, HandoffServer, HttpOptions, Listener, Runtime, Token};
+use crate::raw::{RawAdmin, RawConfig, RawHandoff, RawListener, RawRuntime};
 
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,6 +50,7 @@ impl Ctx<'_> {
 /// Validates a deserialized file into the runtime model.
 pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, ConfigError> {
     let handoff = raw.handoff.map(|h| handoff(ctx, h.into_inner()));
+    let admin = raw.admin.map(|a| admin(ctx, a)).transpose()?;
     // A standalone acceptor's file (`[handoff]`) needs no listener.
     let listeners = listeners(ctx, raw.listener, handoff.is_some())?;
     let acceptor = acceptor::acceptor(ctx, raw.acceptor, &raw.cluster)?;
@@ -67,6 +68,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         runtime: runtime(ctx, raw.runtime),
         acceptor,
         handoff,
+        admin,
         listeners,
         routes,
         clusters,
@@ -79,6 +81,29 @@ fn runtime(ctx: Ctx<'_>, raw: RawRuntime) -> Runtime {
         shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
         upgrade_socket: raw.upgrade_socket.map(|p| ctx.resolve(p.get_ref())),
     }
+}
+
+/// `[admin]`: a token is required unless the listener is on loopback.
+fn admin(ctx: Ctx<'_>, raw: toml::Spanned<RawAdmin>) -> Result<Admin, ConfigError> {
+    let raw = raw.into_inner();
+    let addr = raw.listen.get_ref().0;
+    let token = match &raw.token {
+        Some(t) => {
+            let value = secret::resolve(ctx, t)?;
+            if value.is_empty() {
+                return Err(ctx.err(t.span(), "the admin token is empty"));
+            }
+            Some(Token(value.as_bytes().to_vec()))
+        }
+        None if addr.ip().is_loopback() => None,
+        None => {
+            let msg = format!(
+                "the admin API on {addr} is reachable from other hosts: set `token` (e.g. \"env:SLUICE_ADMIN_TOKEN\") or listen on 127.0.0.1"
+            );
+            return Err(ctx.err(raw.listen.span(), msg));
+        }
+    };
+    Ok(Admin { addr, token })
 }
 
 fn handoff(ctx: Ctx<'_>, raw: RawHandoff) -> HandoffServer {

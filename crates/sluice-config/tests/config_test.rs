@@ -33,6 +33,7 @@ fn toml_files(dir: &Path) -> Vec<PathBuf> {
 fn set_example_env() {
     std::env::set_var("SLUICE_EXAMPLE_AUTH", "Bearer example");
     std::env::set_var("SLUICE_EXAMPLE_API_TOKEN", "example-api-token");
+    std::env::set_var("SLUICE_EXAMPLE_ADMIN_TOKEN", "example-admin-token");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_config::{Action, ClusterKind, Config, SessionSource};
+use sluice_config::{Action, ClusterKind, Config, SessionSource, Token};
 use sluice_handoff::{Handoff, ListenAddr};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -15,7 +15,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::acceptor::{Acceptor, BindError, HandedOver};
+use crate::admin::{self, AdminState};
 use crate::handoff;
+use crate::metrics::Metrics;
 use crate::proxy::ProxyService;
 use crate::restart::{self, HandedListener, Inherited, RestartError, UpgradeSocket};
 use crate::router::{Direct, Matcher, Route, RouteTable, Target};
@@ -80,6 +82,10 @@ pub struct Proxy {
     predecessor: Option<(Handoff, PathBuf)>,
     /// Reverse clusters fed by a standalone acceptor, by its handoff socket.
     consumers: BTreeMap<PathBuf, Vec<handoff::Source>>,
+    /// Requests, handshakes, sessions and queues, for `/metrics`.
+    metrics: Arc<Metrics>,
+    /// The admin API's listener and token (`[admin]`).
+    admin: Option<(TcpListener, Option<Token>)>,
 }
 
 impl Proxy {
@@ -105,8 +111,24 @@ impl Proxy {
                 .and_then(|i| i.tcp(&restart::listener_key(&l.name), l.addr));
             servers.push(bind_server(l, handed).await?);
         }
-        let service = ProxyService::new(routes);
+        let metrics = Arc::new(Metrics::new());
+        let service = ProxyService::new(routes).with_metrics(Arc::clone(&metrics));
         let acceptor = bind_acceptor(config, &clusters, inherited.as_mut()).await?;
+        let acceptor = acceptor.map(|a| a.with_metrics(Arc::clone(&metrics)));
+        for upstream in clusters.values() {
+            if let Upstream::Reverse(s) = upstream {
+                s.cluster().set_metrics(Arc::clone(&metrics));
+            }
+        }
+        let admin = match &config.admin {
+            Some(a) => {
+                let handed = inherited
+                    .as_mut()
+                    .and_then(|i| i.tcp(restart::ADMIN_KEY, a.addr));
+                Some((bind_admin(a.addr, handed).await?, a.token.clone()))
+            }
+            None => None,
+        };
         // After the listeners: a predecessor still holds the path until it has handed them.
         let upgrade = config.runtime.upgrade_socket.as_deref();
         let upgrade = upgrade.map(UpgradeSocket::bind).transpose()?;
@@ -120,6 +142,8 @@ impl Proxy {
             upgrade,
             predecessor: inherited.as_mut().and_then(Inherited::session_feed),
             consumers,
+            metrics,
+            admin,
         })
     }
 
@@ -134,6 +158,16 @@ impl Proxy {
     /// The cluster with this name, for runtime changes (adding or removing endpoints).
     pub fn cluster(&self, name: &str) -> Option<&Upstream> {
         self.clusters.get(name)
+    }
+
+    /// The admin API's bound address, when `[admin]` is configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref()?.0.local_addr().ok()
+    }
+
+    /// The proxy's metrics (what `GET /metrics` on the admin API renders).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The acceptor's bound TCP address, when reverse clusters are configured.
@@ -173,7 +207,14 @@ impl Proxy {
             true => self.listener_fds(),
             false => (Vec::new(), None),
         };
+        let admin = self
+            .admin
+            .take()
+            .map(|(l, token)| (l, self.admin_state(token)));
         let mut group = Group::new();
+        if let Some((listener, state)) = admin {
+            tokio::spawn(admin::serve(listener, Arc::new(state), group.signal()));
+        }
         for server in self.servers {
             group.add(server, self.service.clone(), self.grace);
         }
@@ -205,6 +246,23 @@ impl Proxy {
         }
     }
 
+    fn admin_state(&self, token: Option<Token>) -> AdminState {
+        let listeners = self
+            .servers
+            .iter()
+            .filter_map(|s| Some((s.name().to_owned(), s.local_addr().ok()?, s.is_tls())))
+            .collect();
+        let acceptor = self.acceptor.as_ref().and_then(|a| a.local_addr().ok());
+        let clusters = self.clusters.clone();
+        AdminState::new(
+            listeners,
+            acceptor,
+            clusters,
+            Arc::clone(&self.metrics),
+            token,
+        )
+    }
+
     fn reverse_clusters(&self) -> BTreeMap<String, ReverseCluster> {
         self.clusters
             .iter()
@@ -231,6 +289,19 @@ impl Proxy {
                 )),
                 Err(error) => {
                     tracing::warn!(listener = %server.name(), %error, "cannot duplicate the listening socket")
+                }
+            }
+        }
+        if let Some((listener, _)) = &self.admin {
+            let fd = socket2::SockRef::from(listener).try_clone();
+            match (listener.local_addr(), fd) {
+                (Ok(addr), Ok(fd)) => fds.push((
+                    restart::ADMIN_KEY.to_owned(),
+                    ListenAddr::Inet(addr),
+                    fd.into(),
+                )),
+                (Err(error), _) | (_, Err(error)) => {
+                    tracing::warn!(%error, "cannot duplicate the admin socket")
                 }
             }
         }
@@ -425,6 +496,22 @@ fn handoff_sources(
             });
     }
     by_path
+}
+
+/// Binds the admin API's listener, or takes over the one a predecessor handed over.
+async fn bind_admin(
+    addr: SocketAddr,
+    handed: Option<std::net::TcpListener>,
+) -> Result<TcpListener, StartError> {
+    let bound = match handed {
+        Some(std) => TcpListener::from_std(std),
+        None => TcpListener::bind(addr).await,
+    };
+    bound.map_err(|source| StartError::Bind {
+        listener: "admin".to_owned(),
+        addr,
+        source,
+    })
 }
 
 /// Binds one listener, or takes over the socket a predecessor handed over for it.

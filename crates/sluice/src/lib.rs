@@ -10,6 +10,7 @@
 //!
 //! - [`acceptor`]: the service-facing listener of reverse clusters: TLS and mTLS (certificate
 //!   names mapped to services), registration handshakes, tokens, session limits, drain requests.
+//! - [`admin`]: the admin API (status, drain, endpoints, `/metrics`) for `sluice ctl`.
 //! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
 //! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
 //!   timeouts, the HTTP/1 request-smuggling guard (`Content-Length` with `Transfer-Encoding`),
@@ -26,6 +27,7 @@
 //!   admission queue and request/response buffering so slow clients do not hold sessions.
 //! - [`handoff`]: sessions lent across processes: the standalone acceptor (`sluice acceptor`)
 //!   and the consumer side of a reverse cluster with `handoff = "PATH"`.
+//! - [`metrics`]: Prometheus metrics of requests, handshakes, sessions and queues.
 //! - [`http`]: request checks and header rules shared by the proxy paths.
 //! - [`body`]: the single body type that flows through the proxy.
 //! - [`error`]: typed failures and the status each maps to.
@@ -34,11 +36,13 @@
 //! `sluice-session`, the fd-passing handoff protocol in `sluice-handoff`, the service SDK in `sluice-sdk`; the `sluice` binary is in `sluice-cli`.
 
 pub mod acceptor;
+pub mod admin;
 pub mod app;
 pub mod body;
 pub mod error;
 pub mod handoff;
 pub mod http;
+pub mod metrics;
 pub mod proxy;
 pub mod restart;
 pub mod router;

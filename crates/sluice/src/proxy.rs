@@ -11,6 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
@@ -24,6 +25,7 @@ use crate::http::headers::{
     add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
     Forwarding,
 };
+use crate::metrics::Metrics;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
 use crate::server::ClientInfo;
 
@@ -33,12 +35,14 @@ use crate::server::ClientInfo;
 #[derive(Debug)]
 pub struct ProxyService<R> {
     router: Arc<R>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl<R> Clone for ProxyService<R> {
     fn clone(&self) -> Self {
         Self {
             router: Arc::clone(&self.router),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -46,37 +50,55 @@ impl<R> Clone for ProxyService<R> {
 impl<R: Routing> ProxyService<R> {
     /// A proxy that asks `router` where each request goes.
     pub fn new(router: R) -> Self {
-        Self {
-            router: Arc::new(router),
-        }
+        Self::from_arc(Arc::new(router))
     }
 
     /// A proxy sharing an existing router.
     pub fn from_arc(router: Arc<R>) -> Self {
-        Self { router }
+        Self {
+            router,
+            metrics: None,
+        }
+    }
+
+    /// Counts every request in `metrics` (by route and status, with its latency); by
+    /// default nothing is counted.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Handles one request; failures become short plain-text error responses.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let started = Instant::now();
         let client = req
             .extensions()
             .get::<ClientInfo>()
             .copied()
             .unwrap_or_default();
         let http1 = req.version() <= Version::HTTP_11;
-        match self.dispatch(req, &client).await {
+        let mut matched = None;
+        let res = match self.dispatch(req, &client, &mut matched).await {
             Ok(res) => res,
             Err(e) => {
                 log_failure(&e, &client);
                 error_response(&e, http1)
             }
+        };
+        if let Some(metrics) = &self.metrics {
+            let route = matched
+                .as_ref()
+                .map_or("-", |r: &Arc<Route>| r.name.as_str());
+            metrics.request(route, res.status().as_u16(), started.elapsed());
         }
+        res
     }
 
     async fn dispatch(
         &self,
         mut req: Request<Incoming>,
         client: &ClientInfo,
+        matched: &mut Option<Arc<Route>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         check_request(&req)?;
         let host = request_host(&req);
@@ -88,6 +110,7 @@ impl<R: Routing> ProxyService<R> {
             client: client.peer,
         };
         let route = self.router.route(&head).ok_or(ProxyError::NoRoute)?;
+        *matched = Some(Arc::clone(&route));
         drop(host);
         let mut res = match &route.target {
             Target::Direct(direct) => direct_response(direct),

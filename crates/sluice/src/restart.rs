@@ -41,6 +41,8 @@ pub(crate) fn listener_key(name: &str) -> String {
 /// The acceptor's TCP socket travels as `acceptor`, its UNIX socket as `acceptor-unix`.
 pub(crate) const ACCEPTOR_KEY: &str = "acceptor";
 pub(crate) const ACCEPTOR_UNIX_KEY: &str = "acceptor-unix";
+/// The admin API's socket travels as `admin`.
+pub(crate) const ADMIN_KEY: &str = "admin";
 
 /// Why a hot restart could not go ahead.
 #[derive(Debug, thiserror::Error)]

@@ -42,22 +42,32 @@ where
     let read = read_hello(&mut io, shared.opts.max_handshake_size);
     let hello = match tokio::time::timeout_at(deadline, read).await {
         Ok(Ok(hello)) => hello,
-        Ok(Err(ReadError::Rejected(r))) => return reject(io, &r).await,
-        Ok(Err(error)) => return debug!(%error, "handshake failed"),
-        Err(_elapsed) => return reject(io, &Rejection::bad_request("handshake timed out")).await,
+        Ok(Err(ReadError::Rejected(r))) => return reject(io, &r, &shared).await,
+        Ok(Err(error)) => {
+            shared.count("closed");
+            return debug!(%error, "handshake failed");
+        }
+        Err(_elapsed) => {
+            let r = Rejection::bad_request("handshake timed out");
+            return reject(io, &r, &shared).await;
+        }
     };
-    let outcome = match hello {
-        Hello::Register(reg) => register(&mut io, &reg, &peer, &shared).await,
-        Hello::Drain(drain) => self::drain(&mut io, &drain, &peer, &shared).await,
+    let (outcome, counted) = match hello {
+        Hello::Register(reg) => (register(&mut io, &reg, &peer, &shared).await, "registered"),
+        Hello::Drain(drain) => (
+            self::drain(&mut io, &drain, &peer, &shared).await,
+            "drained",
+        ),
     };
     match outcome {
-        Ok(None) => {}
+        Ok(None) => shared.count(counted),
         Ok(Some((cluster, slice, permit))) => {
+            shared.count(counted);
             if let Err(error) = cluster.attach(&slice, Box::new(io), permit).await {
                 debug!(cluster = %cluster.name(), %error, "session could not start");
             }
         }
-        Err(r) => reject(io, &r).await,
+        Err(r) => reject(io, &r, &shared).await,
     }
 }
 
@@ -135,7 +145,8 @@ async fn read_hello<T: AsyncRead + Unpin>(io: &mut T, max: usize) -> Result<Hell
 }
 
 /// Answers a refusal and closes.
-async fn reject<T: AsyncWrite + Unpin>(mut io: T, r: &Rejection) {
+async fn reject<T: AsyncWrite + Unpin>(mut io: T, r: &Rejection, shared: &Shared) {
+    shared.count(&r.status.to_string());
     debug!(status = r.status, reason = %r.reason, "handshake refused");
     let _ = io.write_all(&r.encode()).await;
     let _ = io.shutdown().await;

@@ -32,6 +32,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use self::handshake::Peer;
 use self::rate::RateLimiter;
+use crate::metrics::Metrics;
 use crate::restart::{self, HandedListener};
 use crate::server::{accept_error, ShutdownSignal};
 use crate::upstream::reverse::{Limit, SessionStream};
@@ -85,6 +86,8 @@ struct Shared {
     shutdown: Option<ShutdownSignal>,
     /// TLS for every connection; `None` is plaintext.
     tls: Option<Arc<ServerConfig>>,
+    /// Where handshake outcomes are counted; `None`: nowhere.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Acceptor {
@@ -132,6 +135,7 @@ impl Acceptor {
             clusters,
             shutdown: None,
             tls,
+            metrics: None,
         };
         Ok(Self {
             tcp,
@@ -139,6 +143,12 @@ impl Acceptor {
             shared,
             handed_over: Arc::default(),
         })
+    }
+
+    /// Counts every handshake's outcome in `metrics`; by default nothing is counted.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.shared.metrics = Some(metrics);
+        self
     }
 
     /// Sessions across every cluster, against `max_sessions`; shared with the sessions a
@@ -259,6 +269,13 @@ fn warn_plaintext_tokens(addr: SocketAddr, clusters: &HashMap<String, ReverseClu
 }
 
 impl Shared {
+    /// Counts one handshake outcome: `registered`, `drained`, `closed` or a refusal status.
+    fn count(&self, result: &str) {
+        if let Some(m) = &self.metrics {
+            m.handshake(result);
+        }
+    }
+
     /// The checks common to registering and draining: shutdown (503), handshake rate (429),
     /// service (404), client certificate (401), token (401).
     fn admit(

@@ -113,6 +113,11 @@ impl Server {
         self
     }
 
+    /// Whether the listener terminates TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// The listener's name.
     pub fn name(&self) -> &str {
         &self.name

@@ -16,7 +16,7 @@ mod stream;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use http::{Request, Response};
 use sluice_config::{ReverseOptions, Token};
@@ -33,6 +33,7 @@ pub use self::session::Lease;
 pub use self::stream::SessionStream;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::metrics::Metrics;
 
 /// A handle to a reverse cluster. Clones share it.
 #[derive(Debug, Clone)]
@@ -51,6 +52,7 @@ pub(crate) struct ClusterInner {
     changed: Arc<Notify>,
     handover: Arc<Handover>,
     drains: broadcast::Sender<String>,
+    metrics: Arc<OnceLock<Arc<Metrics>>>,
 }
 
 /// A handle to one slice of a reverse cluster: what a route forwards to.
@@ -78,6 +80,7 @@ impl ReverseCluster {
             changed: Arc::new(Notify::new()),
             handover: Arc::default(),
             drains: broadcast::channel(64).0,
+            metrics: Arc::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -94,6 +97,11 @@ impl ReverseCluster {
         &self.inner.name
     }
 
+    /// Records admission-queue waits in `metrics` (the first call wins; by default none).
+    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
+        let _ = self.inner.metrics.set(metrics);
+    }
+
     /// The handle to one slice, created empty on first use.
     pub fn slice(&self, slice: &str) -> ReverseSlice {
         let mut slices = locked(&self.inner.slices);
@@ -105,12 +113,27 @@ impl ReverseCluster {
                 Arc::clone(&i.opts),
                 Arc::clone(&i.changed),
                 Arc::clone(&i.handover),
+                Arc::clone(&i.metrics),
             ))
         });
         ReverseSlice {
             cluster: self.clone(),
             pool: Arc::clone(pool),
         }
+    }
+
+    /// The slices that exist (registered for, or routed to), sorted.
+    pub fn slice_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = locked(&self.inner.slices).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// The instances with sessions, sorted by id.
+    pub fn instances(&self) -> Vec<Arc<Instance>> {
+        let mut all: Vec<_> = locked(&self.inner.instances).values().cloned().collect();
+        all.sort_by(|a, b| a.id().cmp(b.id()));
+        all
     }
 
     /// Idle sessions in `slice` (0 for a slice nobody registered for).
@@ -438,7 +461,7 @@ impl ReverseSlice {
 }
 
 /// Compares two byte strings in time that depends only on the longer length.
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     let len = a.len().max(b.len());
     let mut diff = u8::from(a.len() != b.len());
     for i in 0..len {

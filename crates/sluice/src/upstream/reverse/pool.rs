@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use sluice_config::ReverseOptions;
 use tokio::sync::{oneshot, Notify};
@@ -18,6 +18,7 @@ use super::handover::{Handed, Handover};
 use super::instance::Instance;
 use super::session::Session;
 use crate::error::ProxyError;
+use crate::metrics::Metrics;
 
 /// Seconds a client is told to wait when a slice has no capacity.
 const RETRY_AFTER_SECS: u32 = 1;
@@ -36,6 +37,8 @@ pub struct SlicePool {
     /// Sessions the lender recalled (`RECALL`): each leaves when it is next returned, before
     /// any waiter here gets it.
     owed: AtomicUsize,
+    /// Where queue waits are recorded, once the proxy sets it.
+    metrics: Arc<OnceLock<Arc<Metrics>>>,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +60,7 @@ impl SlicePool {
         opts: Arc<ReverseOptions>,
         changed: Arc<Notify>,
         handover: Arc<Handover>,
+        metrics: Arc<OnceLock<Arc<Metrics>>>,
     ) -> Self {
         Self {
             cluster: cluster.to_owned(),
@@ -66,6 +70,7 @@ impl SlicePool {
             changed,
             handover,
             owed: AtomicUsize::new(0),
+            metrics,
         }
     }
 
@@ -106,7 +111,14 @@ impl SlicePool {
         loop {
             let mut session = match self.take()? {
                 Taken::Idle(session) => session,
-                Taken::Queued(mut waiter) => waiter.wait(deadline).await?,
+                Taken::Queued(mut waiter) => {
+                    let queued = Instant::now();
+                    let waited = waiter.wait(deadline).await;
+                    if let Some(m) = self.metrics.get() {
+                        m.queue_wait(&self.cluster, &self.slice, queued.elapsed());
+                    }
+                    waited?
+                }
             };
             // `ready` waits out the moment between a body's end and hyper's dispatcher being
             // idle again, and fails for a session the service closed meanwhile. It is bounded:

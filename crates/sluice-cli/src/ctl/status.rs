@@ -1,0 +1,232 @@
+//! `sluice ctl status`: the reply of `GET /status`, rendered as tables.
+//!
+//! Fields the server adds later are ignored; lists it leaves out read as empty.
+
+use std::fmt::Write as _;
+
+use serde::Deserialize;
+
+use super::client::AdminUrl;
+use super::table::{printable, Align, Table};
+
+/// `GET /status`'s reply.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Status {
+    version: String,
+    uptime_seconds: f64,
+    #[serde(default)]
+    listeners: Vec<Listener>,
+    #[serde(default)]
+    acceptor: Option<Acceptor>,
+    #[serde(default)]
+    clusters: Vec<Cluster>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Listener {
+    name: String,
+    addr: String,
+    #[serde(default)]
+    tls: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct Acceptor {
+    addr: String,
+}
+
+/// A cluster of either kind: a reverse one has slices and instances, a static one endpoints.
+#[derive(Debug, Deserialize)]
+struct Cluster {
+    name: String,
+    kind: String,
+    sessions: Option<u64>,
+    #[serde(default)]
+    slices: Vec<Slice>,
+    #[serde(default)]
+    instances: Vec<Instance>,
+    #[serde(default)]
+    endpoints: Vec<Endpoint>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Slice {
+    name: String,
+    idle: u64,
+    queued: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Instance {
+    id: String,
+    sessions: u64,
+    draining: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct Endpoint {
+    addr: String,
+}
+
+/// The whole status as text: a summary line, listeners, acceptor, clusters, then each
+/// cluster's detail.
+pub(crate) fn render(status: &Status, url: &AdminUrl) -> String {
+    let mut out = format!(
+        "sluice {} at {url}, up {}\n",
+        printable(&status.version),
+        uptime(status.uptime_seconds)
+    );
+    listeners(&status.listeners, &mut out);
+    let acceptor = status
+        .acceptor
+        .as_ref()
+        .map_or("none".into(), |a| printable(&a.addr));
+    let _ = writeln!(out, "\nacceptor: {acceptor}");
+    clusters(&status.clusters, &mut out);
+    for cluster in &status.clusters {
+        detail(cluster, &mut out);
+    }
+    out
+}
+
+fn listeners(listeners: &[Listener], out: &mut String) {
+    out.push('\n');
+    if listeners.is_empty() {
+        out.push_str("no listeners\n");
+        return;
+    }
+    let mut t = Table::new(&[
+        ("LISTENER", Align::Left),
+        ("ADDR", Align::Left),
+        ("TLS", Align::Left),
+    ]);
+    for l in listeners {
+        t.row([l.name.clone(), l.addr.clone(), yes_no(l.tls)]);
+    }
+    t.render("", out);
+}
+
+fn clusters(clusters: &[Cluster], out: &mut String) {
+    out.push('\n');
+    if clusters.is_empty() {
+        out.push_str("no clusters\n");
+        return;
+    }
+    let mut t = Table::new(&[
+        ("CLUSTER", Align::Left),
+        ("KIND", Align::Left),
+        ("SESSIONS", Align::Right),
+    ]);
+    for c in clusters {
+        let sessions = c.sessions.map_or("-".into(), |n| n.to_string());
+        t.row([c.name.clone(), c.kind.clone(), sessions]);
+    }
+    t.render("", out);
+}
+
+/// One cluster's slices and instances (reverse) or endpoints (static); for a kind this
+/// version does not know, whichever lists the server sent.
+fn detail(c: &Cluster, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "\ncluster {} ({})",
+        printable(&c.name),
+        printable(&c.kind)
+    );
+    let reverse = c.kind == "reverse";
+    let known = reverse || c.kind == "static";
+    if reverse || (!known && !c.slices.is_empty()) {
+        slices(&c.slices, out);
+    }
+    if reverse || (!known && !c.instances.is_empty()) {
+        instances(&c.instances, out);
+    }
+    if c.kind == "static" || (!known && !c.endpoints.is_empty()) {
+        endpoints(&c.endpoints, out);
+    }
+}
+
+fn slices(slices: &[Slice], out: &mut String) {
+    if slices.is_empty() {
+        out.push_str("  no slices\n");
+        return;
+    }
+    let mut t = Table::new(&[
+        ("SLICE", Align::Left),
+        ("IDLE", Align::Right),
+        ("QUEUED", Align::Right),
+    ]);
+    for s in slices {
+        t.row([s.name.clone(), s.idle.to_string(), s.queued.to_string()]);
+    }
+    t.render("  ", out);
+}
+
+fn instances(instances: &[Instance], out: &mut String) {
+    if instances.is_empty() {
+        out.push_str("  no instances registered\n");
+        return;
+    }
+    let mut t = Table::new(&[
+        ("INSTANCE", Align::Left),
+        ("SESSIONS", Align::Right),
+        ("DRAINING", Align::Left),
+    ]);
+    for i in instances {
+        t.row([i.id.clone(), i.sessions.to_string(), yes_no(i.draining)]);
+    }
+    t.render("  ", out);
+}
+
+fn endpoints(endpoints: &[Endpoint], out: &mut String) {
+    if endpoints.is_empty() {
+        out.push_str("  no endpoints\n");
+        return;
+    }
+    let mut t = Table::new(&[("ENDPOINT", Align::Left)]);
+    for e in endpoints {
+        t.row([e.addr.clone()]);
+    }
+    t.render("  ", out);
+}
+
+fn yes_no(b: bool) -> String {
+    match b {
+        true => "yes".into(),
+        false => "no".into(),
+    }
+}
+
+/// `12.5s` under a minute, else the two largest units: `3m 20s`, `2h 5m`, `4d 1h`.
+fn uptime(seconds: f64) -> String {
+    if seconds < 60.0 {
+        return format!("{seconds:.1}s");
+    }
+    let s = seconds as u64;
+    let units = [
+        (s / 86_400, "d"),
+        (s / 3600 % 24, "h"),
+        (s / 60 % 60, "m"),
+        (s % 60, "s"),
+    ];
+    let first = units.iter().position(|(n, _)| *n > 0).unwrap_or(3);
+    units[first..]
+        .iter()
+        .take(2)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::uptime;
+
+    #[test]
+    fn uptime_shows_the_two_largest_units() {
+        assert_eq!(uptime(12.54), "12.5s");
+        assert_eq!(uptime(200.0), "3m 20s");
+        assert_eq!(uptime(7_530.0), "2h 5m");
+        assert_eq!(uptime(349_200.0), "4d 1h");
+    }
+}

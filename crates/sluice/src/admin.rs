@@ -1,0 +1,296 @@
+//! The admin API (DESIGN.md §6): JSON over HTTP on `[admin] listen`, for `sluice ctl` and
+//! automation. Every request needs `Authorization: Bearer <token>` when `[admin] token` is set
+//! (the configuration requires one off loopback).
+//!
+//! | method and path | what |
+//! |---|---|
+//! | `GET /healthz` | `200 ok` while the process serves |
+//! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints |
+//! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance (as its own drain request would) |
+//! | `POST /clusters/{cluster}/endpoints` `{"addr": "ip:port"}` | add an endpoint to a static cluster |
+//! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one |
+//! | `GET /metrics` | Prometheus text format ([`Metrics`]) |
+//!
+//! Errors are `{"error": "<reason>"}` with 400 (bad input), 401 (token), 404 (no such
+//! cluster, instance or endpoint) or 409 (the cluster is not of the kind the call needs).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sluice_config::Token;
+use tokio::net::TcpListener;
+use tracing::info;
+
+use crate::metrics::Metrics;
+use crate::server::ShutdownSignal;
+use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
+
+/// What the admin API reads and changes.
+#[derive(Debug)]
+pub struct AdminState {
+    started: Instant,
+    listeners: Vec<ListenerStatus>,
+    acceptor: Option<SocketAddr>,
+    clusters: BTreeMap<String, Upstream>,
+    metrics: Arc<Metrics>,
+    token: Option<Token>,
+}
+
+impl AdminState {
+    /// The state of a proxy with these listeners (name, address, TLS), acceptor and
+    /// clusters; requests need `token` when one is given.
+    pub fn new(
+        listeners: Vec<(String, SocketAddr, bool)>,
+        acceptor: Option<SocketAddr>,
+        clusters: BTreeMap<String, Upstream>,
+        metrics: Arc<Metrics>,
+        token: Option<Token>,
+    ) -> Self {
+        let listeners = listeners
+            .into_iter()
+            .map(|(name, addr, tls)| ListenerStatus { name, addr, tls })
+            .collect();
+        Self {
+            started: Instant::now(),
+            listeners,
+            acceptor,
+            clusters,
+            metrics,
+            token,
+        }
+    }
+
+    fn reverse(&self) -> BTreeMap<String, ReverseCluster> {
+        self.clusters
+            .iter()
+            .filter_map(|(name, u)| match u {
+                Upstream::Reverse(s) => Some((name.clone(), s.cluster().clone())),
+                Upstream::Static(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// The admin API's routes over `state`.
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/status", get(status))
+        .route("/metrics", get(metrics))
+        .route(
+            "/clusters/{cluster}/instances/{instance}/drain",
+            post(drain),
+        )
+        .route("/clusters/{cluster}/endpoints", post(add_endpoint))
+        .route(
+            "/clusters/{cluster}/endpoints/{addr}",
+            delete(remove_endpoint),
+        )
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "no such admin resource; see GET /status",
+            )
+        })
+        .with_state(state)
+}
+
+/// Serves the admin API on `listener` until `signal` fires.
+pub async fn serve(listener: TcpListener, state: Arc<AdminState>, signal: ShutdownSignal) {
+    let addr = listener.local_addr().ok();
+    info!(admin.addr = ?addr, auth = state.token.is_some(), "admin API listening");
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(signal.wait())
+        .await;
+    if let Err(error) = served {
+        tracing::warn!(%error, "the admin API stopped");
+    }
+}
+
+/// A JSON error body with its status.
+fn error(status: StatusCode, reason: &str) -> Response {
+    (status, Json(json!({ "error": reason }))).into_response()
+}
+
+/// Passes when the request carries the admin token (or none is configured).
+struct Authorized;
+
+impl FromRequestParts<Arc<AdminState>> for Authorized {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AdminState>,
+    ) -> Result<Self, Self::Rejection> {
+        let Some(token) = &state.token else {
+            return Ok(Authorized);
+        };
+        let given = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if crate::upstream::reverse::ct_eq(&token.0, given.as_bytes()) {
+            Ok(Authorized)
+        } else {
+            Err(error(
+                StatusCode::UNAUTHORIZED,
+                "missing or invalid bearer token",
+            ))
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct ListenerStatus {
+    name: String,
+    addr: SocketAddr,
+    tls: bool,
+}
+
+#[derive(Serialize)]
+struct Status<'a> {
+    version: &'static str,
+    uptime_seconds: f64,
+    listeners: &'a [ListenerStatus],
+    acceptor: Option<serde_json::Value>,
+    clusters: Vec<serde_json::Value>,
+}
+
+async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
+    let clusters = state
+        .clusters
+        .iter()
+        .map(|(name, u)| match u {
+            Upstream::Reverse(s) => reverse_status(name, s.cluster()),
+            Upstream::Static(c) => static_status(name, c),
+        })
+        .collect();
+    Json(Status {
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_seconds: state.started.elapsed().as_secs_f64(),
+        listeners: &state.listeners,
+        acceptor: state.acceptor.map(|addr| json!({ "addr": addr })),
+        clusters,
+    })
+    .into_response()
+}
+
+fn reverse_status(name: &str, c: &ReverseCluster) -> serde_json::Value {
+    let slices: Vec<_> = c
+        .slice_names()
+        .into_iter()
+        .map(|s| json!({ "name": s, "idle": c.idle_sessions(&s), "queued": c.queued(&s) }))
+        .collect();
+    let instances: Vec<_> = c
+        .instances()
+        .iter()
+        .map(|i| json!({ "id": i.id(), "sessions": i.sessions(), "draining": i.is_draining() }))
+        .collect();
+    json!({
+        "name": name, "kind": "reverse", "sessions": c.sessions(),
+        "slices": slices, "instances": instances,
+    })
+}
+
+fn static_status(name: &str, c: &StaticCluster) -> serde_json::Value {
+    let endpoints: Vec<_> = c
+        .endpoints()
+        .iter()
+        .map(|e| json!({ "addr": e.addr() }))
+        .collect();
+    json!({ "name": name, "kind": "static", "endpoints": endpoints })
+}
+
+async fn metrics(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
+    let body = state.metrics.render(&state.reverse());
+    let content_type = "text/plain; version=0.0.4; charset=utf-8";
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn drain(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    Path((cluster, instance)): Path<(String, String)>,
+) -> Response {
+    let Some(Upstream::Reverse(slice)) = state.clusters.get(&cluster) else {
+        return cluster_error(&state, &cluster, "reverse");
+    };
+    if !slice.cluster().drain(&instance) {
+        let reason = format!("cluster {cluster:?} has no instance {instance:?}");
+        return error(StatusCode::NOT_FOUND, &reason);
+    }
+    Json(json!({ "cluster": cluster, "instance": instance, "draining": true })).into_response()
+}
+
+#[derive(Deserialize)]
+struct EndpointBody {
+    addr: String,
+}
+
+async fn add_endpoint(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    Path(cluster): Path<String>,
+    body: Result<Json<EndpointBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Some(Upstream::Static(c)) = state.clusters.get(&cluster) else {
+        return cluster_error(&state, &cluster, "static");
+    };
+    let Ok(Json(body)) = body else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "expected a JSON body {\"addr\": \"ip:port\"}",
+        );
+    };
+    let Ok(addr) = body.addr.parse::<SocketAddr>() else {
+        return error(StatusCode::BAD_REQUEST, "addr must be ip:port");
+    };
+    let added = c.add_endpoint(addr);
+    let status = if added {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let body = json!({ "cluster": cluster, "addr": addr, "added": added });
+    (status, Json(body)).into_response()
+}
+
+async fn remove_endpoint(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    Path((cluster, addr)): Path<(String, String)>,
+) -> Response {
+    let Some(Upstream::Static(c)) = state.clusters.get(&cluster) else {
+        return cluster_error(&state, &cluster, "static");
+    };
+    let Ok(addr) = addr.parse::<SocketAddr>() else {
+        return error(StatusCode::BAD_REQUEST, "addr must be ip:port");
+    };
+    if !c.remove_endpoint(addr) {
+        let reason = format!("cluster {cluster:?} has no endpoint {addr}");
+        return error(StatusCode::NOT_FOUND, &reason);
+    }
+    Json(json!({ "cluster": cluster, "addr": addr, "removed": true })).into_response()
+}
+
+/// 404 for an unknown cluster, 409 for one of the other kind.
+fn cluster_error(state: &AdminState, cluster: &str, kind: &str) -> Response {
+    if state.clusters.contains_key(cluster) {
+        let reason = format!("cluster {cluster:?} is not a {kind} cluster");
+        error(StatusCode::CONFLICT, &reason)
+    } else {
+        error(StatusCode::NOT_FOUND, &format!("no cluster {cluster:?}"))
+    }
+}

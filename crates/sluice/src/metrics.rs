@@ -1,0 +1,217 @@
+//! [`Metrics`]: what a running Sluice counts, in Prometheus' text format (`GET /metrics` on
+//! the admin listener).
+//!
+//! Counters and histograms are updated where things happen (a request answered, a
+//! handshake decided, a wait in an admission queue); gauges of sessions and queues are read
+//! from the clusters when scraped, so they cannot drift.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::upstream::ReverseCluster;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SliceLabels {
+    cluster: String,
+    slice: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstanceLabels {
+    cluster: String,
+    instance: String,
+    state: String,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The process's metrics. One per [`Proxy`](crate::Proxy); cheap to share behind an `Arc`.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    duration: Histograms<RouteLabels>,
+    handshakes: Family<ResultLabels, Counter>,
+    queue_wait: Histograms<SliceLabels>,
+    idle: Family<SliceLabels, Gauge>,
+    queued: Family<SliceLabels, Gauge>,
+    sessions: Family<InstanceLabels, Gauge>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Latency buckets from 0.5 ms to about 16 s.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Metrics {
+    /// Every metric registered, at zero.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sluice");
+        let requests = Family::default();
+        registry.register(
+            "requests",
+            "Requests answered, by route and status (route \"-\": no route matched)",
+            requests.clone(),
+        );
+        let duration: Histograms<RouteLabels> = Family::new_with_constructor(latency);
+        registry.register(
+            "request_duration_seconds",
+            "Time from a request's arrival to its response head, by route",
+            duration.clone(),
+        );
+        let handshakes = Family::default();
+        registry.register(
+            "acceptor_handshakes",
+            "Service handshakes at the acceptor, by result (registered, drained, or the refusal status)",
+            handshakes.clone(),
+        );
+        let queue_wait: Histograms<SliceLabels> = Family::new_with_constructor(latency);
+        registry.register(
+            "admission_queue_wait_seconds",
+            "Time requests waited in a reverse slice's admission queue for a session",
+            queue_wait.clone(),
+        );
+        let idle = Family::default();
+        registry.register(
+            "idle_sessions",
+            "Idle sessions, by reverse cluster and slice",
+            idle.clone(),
+        );
+        let queued = Family::default();
+        registry.register(
+            "admission_queue_depth",
+            "Requests waiting for a session, by reverse cluster and slice",
+            queued.clone(),
+        );
+        let sessions = Family::default();
+        registry.register(
+            "sessions",
+            "Connected sessions, by reverse cluster, instance and state (active or draining)",
+            sessions.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            duration,
+            handshakes,
+            queue_wait,
+            idle,
+            queued,
+            sessions,
+        }
+    }
+
+    /// Counts one answered request and how long its response head took.
+    pub fn request(&self, route: &str, status: u16, elapsed: Duration) {
+        let route = route.to_owned();
+        let labels = RequestLabels {
+            route: route.clone(),
+            status: status.to_string(),
+        };
+        self.requests.get_or_create(&labels).inc();
+        self.duration
+            .get_or_create(&RouteLabels { route })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one handshake outcome at the acceptor.
+    pub fn handshake(&self, result: &str) {
+        let labels = ResultLabels {
+            result: result.to_owned(),
+        };
+        self.handshakes.get_or_create(&labels).inc();
+    }
+
+    /// Records how long a request waited in a slice's admission queue.
+    pub fn queue_wait(&self, cluster: &str, slice: &str, waited: Duration) {
+        let labels = SliceLabels {
+            cluster: cluster.to_owned(),
+            slice: slice.to_owned(),
+        };
+        self.queue_wait
+            .get_or_create(&labels)
+            .observe(waited.as_secs_f64());
+    }
+
+    /// The text exposition, with session and queue gauges read from `clusters` now.
+    pub fn render(&self, clusters: &BTreeMap<String, ReverseCluster>) -> String {
+        self.refresh(clusters);
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    fn refresh(&self, clusters: &BTreeMap<String, ReverseCluster>) {
+        self.idle.clear();
+        self.queued.clear();
+        self.sessions.clear();
+        for (name, cluster) in clusters {
+            for slice in cluster.slice_names() {
+                let labels = SliceLabels {
+                    cluster: name.clone(),
+                    slice: slice.clone(),
+                };
+                self.idle
+                    .get_or_create(&labels)
+                    .set(gauge(cluster.idle_sessions(&slice)));
+                self.queued
+                    .get_or_create(&labels)
+                    .set(gauge(cluster.queued(&slice)));
+            }
+            for inst in cluster.instances() {
+                let state = if inst.is_draining() {
+                    "draining"
+                } else {
+                    "active"
+                };
+                let labels = InstanceLabels {
+                    cluster: name.clone(),
+                    instance: inst.id().to_owned(),
+                    state: state.to_owned(),
+                };
+                self.sessions
+                    .get_or_create(&labels)
+                    .set(gauge(inst.sessions()));
+            }
+        }
+    }
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,246 @@
+//! The admin API on a real socket: token checks, status that follows the sessions, drain,
+//! static endpoints, and a `/metrics` scrape that parses as Prometheus text.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod reverse_support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use http::StatusCode;
+use reverse_support::{get, Service, ServiceSpec};
+use sluice::{Proxy, ReverseCluster};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const TOKEN: &str = "admin-s3cret";
+
+struct Running {
+    http: SocketAddr,
+    acceptor: SocketAddr,
+    admin: SocketAddr,
+    cluster: ReverseCluster,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start() -> Running {
+    let text = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
+         [acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n\
+         [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\nname = \"legacy\"\npath_prefix = \"/legacy\"\ncluster = \"legacy\"\n\
+         [[route]]\nname = \"api\"\ncluster = \"api\"\n\
+         [cluster.api]\nkind = \"reverse\"\n\
+         [cluster.legacy]\nkind = \"static\"\nendpoints = [\"127.0.0.1:9\"]\n"
+    );
+    let config = sluice::config::parse_str(&text, "admin.toml", Path::new(".")).unwrap();
+    let proxy = Proxy::bind(&config).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = Running {
+        http: proxy.local_addrs()[0].1,
+        acceptor: proxy.acceptor_addr().unwrap(),
+        admin: proxy.admin_addr().unwrap(),
+        cluster: proxy.reverse_cluster("api").unwrap().clone(),
+        stop,
+    };
+    tokio::spawn(proxy.run_until(async move {
+        let _ = stopped.await;
+    }));
+    running
+}
+
+/// One HTTP/1.1 exchange (Connection: close): the status and the body.
+async fn call(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(admin).await.unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n{auth}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let status = raw[9..12].parse().unwrap();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+async fn json(admin: SocketAddr, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    let (status, text) = call(admin, method, path, Some(TOKEN), body).await;
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn every_call_needs_the_token() {
+    let p = start().await;
+    for (method, path) in [
+        ("GET", "/status"),
+        ("GET", "/metrics"),
+        ("POST", "/clusters/api/instances/a/drain"),
+    ] {
+        assert_eq!(call(p.admin, method, path, None, "").await.0, 401, "{path}");
+        assert_eq!(
+            call(p.admin, method, path, Some("wrong"), "").await.0,
+            401,
+            "{path}"
+        );
+    }
+    let _ = p.stop.send(());
+}
+
+#[tokio::test]
+async fn status_follows_the_sessions_and_drain_empties_an_instance() {
+    let p = start().await;
+    let _svc = Service::start(p.acceptor, ServiceSpec::new("a", 2)).await;
+    p.cluster
+        .wait_until(|c| c.idle_sessions("default") == 2)
+        .await;
+    let (status, body) = json(p.admin, "GET", "/status", "").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["listeners"][0]["addr"], p.http.to_string());
+    assert_eq!(body["acceptor"]["addr"], p.acceptor.to_string());
+    let api = &body["clusters"][0];
+    assert_eq!(
+        (api["name"].as_str(), api["kind"].as_str()),
+        (Some("api"), Some("reverse"))
+    );
+    assert_eq!(api["slices"][0]["idle"], 2);
+    assert_eq!(api["instances"][0]["id"], "a");
+    assert_eq!(api["instances"][0]["sessions"], 2);
+    assert_eq!(body["clusters"][1]["endpoints"][0]["addr"], "127.0.0.1:9");
+
+    let (status, body) = json(p.admin, "POST", "/clusters/api/instances/a/drain", "").await;
+    assert_eq!((status, body["draining"].as_bool()), (200, Some(true)));
+    p.cluster.wait_until(|c| c.sessions() == 0).await;
+    assert_eq!(
+        json(p.admin, "POST", "/clusters/api/instances/a/drain", "")
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        json(p.admin, "POST", "/clusters/nope/instances/a/drain", "")
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        json(p.admin, "POST", "/clusters/legacy/instances/a/drain", "")
+            .await
+            .0,
+        409
+    );
+    let _ = p.stop.send(());
+}
+
+#[tokio::test]
+async fn static_endpoints_are_added_and_removed_with_clear_errors() {
+    let p = start().await;
+    let add = |body: &'static str| json(p.admin, "POST", "/clusters/legacy/endpoints", body);
+    assert_eq!(add(r#"{"addr": "127.0.0.1:9002"}"#).await.0, 201);
+    assert_eq!(add(r#"{"addr": "127.0.0.1:9002"}"#).await.0, 200);
+    assert_eq!(add(r#"{"addr": "not an address"}"#).await.0, 400);
+    assert_eq!(add("not json").await.0, 400);
+    let (_, status) = json(p.admin, "GET", "/status", "").await;
+    assert_eq!(
+        status["clusters"][1]["endpoints"].as_array().unwrap().len(),
+        2
+    );
+    let del = |path: &'static str| json(p.admin, "DELETE", path, "");
+    assert_eq!(
+        del("/clusters/legacy/endpoints/127.0.0.1:9002").await.0,
+        200
+    );
+    assert_eq!(
+        del("/clusters/legacy/endpoints/127.0.0.1:9002").await.0,
+        404
+    );
+    assert_eq!(del("/clusters/api/endpoints/127.0.0.1:9002").await.0, 409);
+    assert_eq!(
+        json(
+            p.admin,
+            "POST",
+            "/clusters/api/endpoints",
+            r#"{"addr": "127.0.0.1:1"}"#
+        )
+        .await
+        .0,
+        409
+    );
+    let _ = p.stop.send(());
+}
+
+#[tokio::test]
+async fn metrics_count_requests_handshakes_and_sessions() {
+    let p = start().await;
+    let _svc = Service::start(p.acceptor, ServiceSpec::new("a", 2)).await;
+    p.cluster
+        .wait_until(|c| c.idle_sessions("default") == 2)
+        .await;
+    assert_eq!(get(p.http, "/x").await.status, StatusCode::OK);
+    assert_eq!(get(p.http, "/y").await.status, StatusCode::OK);
+    assert_eq!(get(p.http, "/legacy").await.status, StatusCode::BAD_GATEWAY);
+    let (status, text) = call(p.admin, "GET", "/metrics", Some(TOKEN), "").await;
+    assert_eq!(status, 200);
+    let samples = parse(&text);
+    let value = |name: &str| samples.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    assert_eq!(
+        value("sluice_requests_total{route=\"api\",status=\"200\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        value("sluice_requests_total{route=\"legacy\",status=\"502\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value("sluice_request_duration_seconds_count{route=\"api\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        value("sluice_acceptor_handshakes_total{result=\"registered\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        value("sluice_idle_sessions{cluster=\"api\",slice=\"default\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        value("sluice_admission_queue_depth{cluster=\"api\",slice=\"default\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        value("sluice_sessions{cluster=\"api\",instance=\"a\",state=\"active\"}"),
+        Some(2.0)
+    );
+    let _ = p.stop.send(());
+}
+
+/// Every sample line as (name with labels, value); fails on a line that is neither a sample
+/// nor a `#` comment, so the exposition must parse as Prometheus text.
+fn parse(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (name, value) = l
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("not a sample: {l:?}"));
+            let value: f64 = value
+                .parse()
+                .unwrap_or_else(|_| panic!("not a number: {l:?}"));
+            (name.to_owned(), value)
+        })
+        .collect()
+}
