@@ -59,6 +59,51 @@ enum CtlCommand {
     /// Add or remove an endpoint of a static cluster.
     #[command(subcommand)]
     Endpoints(EndpointsCommand),
+    /// List, add or remove routes while the proxy runs (e.g. a client-CIDR slicing rule).
+    #[command(subcommand)]
+    Routes(RoutesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum RoutesCommand {
+    /// The routes in match order (first match wins).
+    List,
+    /// Add a route, matched before every other one unless --position says otherwise.
+    Add(RouteArgs),
+    /// Remove the route NAME.
+    #[command(visible_alias = "rm")]
+    Del {
+        /// The route's name.
+        name: String,
+    },
+}
+
+/// A route to add; its conditions combine (all must hold).
+#[derive(Debug, Args)]
+struct RouteArgs {
+    /// Unique name.
+    name: String,
+    /// The cluster to forward to.
+    #[arg(long)]
+    cluster: String,
+    /// The reverse cluster's slice (default: default).
+    #[arg(long)]
+    slice: Option<String>,
+    /// Client networks, e.g. 192.168.0.0/24 (repeatable).
+    #[arg(long = "cidr", value_name = "CIDR")]
+    client_cidr: Vec<String>,
+    /// Hosts, exact or *.suffix (repeatable).
+    #[arg(long = "host", value_name = "HOST")]
+    hosts: Vec<String>,
+    /// Path prefix.
+    #[arg(long = "path")]
+    path_prefix: Option<String>,
+    /// Methods (repeatable).
+    #[arg(long = "method", value_name = "METHOD")]
+    methods: Vec<String>,
+    /// Where it goes in the match order: 0 first (the default).
+    #[arg(long, default_value_t = 0)]
+    position: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,6 +152,13 @@ fn execute(args: CtlArgs) -> anyhow::Result<()> {
         CtlCommand::Drain { .. } => drained(parse(reply)?),
         CtlCommand::Endpoints(EndpointsCommand::Add { .. }) => added(parse(reply)?),
         CtlCommand::Endpoints(EndpointsCommand::Del { .. }) => removed(parse(reply)?),
+        CtlCommand::Routes(RoutesCommand::List) => routes_table(&reply),
+        CtlCommand::Routes(RoutesCommand::Add(r)) => {
+            format!("added route {}\n", printable(&r.name))
+        }
+        CtlCommand::Routes(RoutesCommand::Del { name }) => {
+            format!("removed route {}\n", printable(&name))
+        }
     };
     print!("{text}");
     Ok(())
@@ -134,7 +186,79 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             let path = format!("/clusters/{}/endpoints/{}", segment(cluster), segment(addr));
             client.call(Method::DELETE, &path, None).await
         }
+        CtlCommand::Routes(RoutesCommand::List) => client.call(Method::GET, "/routes", None).await,
+        CtlCommand::Routes(RoutesCommand::Add(r)) => {
+            let mut body = json!({
+                "name": r.name, "cluster": r.cluster, "client_cidr": r.client_cidr,
+                "hosts": r.hosts, "methods": r.methods, "position": r.position,
+            });
+            if let Some(slice) = &r.slice {
+                body["slice"] = json!(slice);
+            }
+            if let Some(path) = &r.path_prefix {
+                body["path_prefix"] = json!(path);
+            }
+            client.call(Method::POST, "/routes", Some(body)).await
+        }
+        CtlCommand::Routes(RoutesCommand::Del { name }) => {
+            let path = format!("/routes/{}", segment(name));
+            client.call(Method::DELETE, &path, None).await
+        }
     }
+}
+
+/// `GET /routes` as a table: name, conditions, target.
+fn routes_table(reply: &Value) -> String {
+    let words = |v: &Value| -> String {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default()
+    };
+    let mut rows = vec![vec![
+        "ROUTE".to_owned(),
+        "MATCH".to_owned(),
+        "TARGET".to_owned(),
+    ]];
+    for r in reply["routes"].as_array().into_iter().flatten() {
+        let mut when = Vec::new();
+        for (key, label) in [
+            ("hosts", "host"),
+            ("methods", "method"),
+            ("client_cidr", "client"),
+        ] {
+            let w = words(&r[key]);
+            if !w.is_empty() {
+                when.push(format!("{label}={w}"));
+            }
+        }
+        if let Some(p) = r["path_prefix"].as_str() {
+            when.push(format!("path={p}*"));
+        }
+        let target = match (r["cluster"].as_str(), r["slice"].as_str()) {
+            (Some(c), Some(s)) => format!("{c} (slice {s})"),
+            (Some(c), None) => c.to_owned(),
+            (None, _) => "direct response".to_owned(),
+        };
+        let when = if when.is_empty() {
+            "any".to_owned()
+        } else {
+            when.join(" ")
+        };
+        let name = r["name"].as_str().unwrap_or("?");
+        rows.push(vec![printable(name), printable(&when), printable(&target)]);
+    }
+    rows.iter()
+        .map(|row| {
+            let w0 = rows.iter().map(|r| r[0].len()).max().unwrap_or(0);
+            let w1 = rows.iter().map(|r| r[1].len()).max().unwrap_or(0);
+            format!("{:<w0$}  {:<w1$}  {}\n", row[0], row[1], row[2])
+        })
+        .collect()
 }
 
 /// Reads a successful reply into the shape its command expects.

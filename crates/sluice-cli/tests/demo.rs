@@ -197,6 +197,28 @@ async fn ctl_reads_and_drains_a_running_demo() {
         ok && table.contains("demo-a") && table.contains("demo-b"),
         "{table}"
     );
+    let add = [
+        "routes",
+        "add",
+        "slow",
+        "--cluster",
+        "demo",
+        "--slice",
+        "slow",
+        "--cidr",
+        "10.0.0.0/8",
+    ];
+    let (ok, said) = ctl(admin, &add).await;
+    assert!(ok && said.contains("added route slow"), "{said}");
+    let (ok, routes) = ctl(admin, &["routes", "list"]).await;
+    assert!(ok, "{routes}");
+    let first = routes.lines().nth(1).unwrap_or_default();
+    assert!(
+        first.contains("slow") && first.contains("client=10.0.0.0/8"),
+        "{routes}"
+    );
+    let (ok, said) = ctl(admin, &["routes", "del", "slow"]).await;
+    assert!(ok && said.contains("removed route slow"), "{said}");
     let (ok, said) = ctl(admin, &["drain", "demo", "demo-b"]).await;
     assert!(ok, "{said}");
     assert!(said.contains("demo-b"), "{said}");

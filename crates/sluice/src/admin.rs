@@ -7,9 +7,13 @@
 //! | `GET /healthz` | `200 ok` while the process serves |
 //! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints |
 //! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance (as its own drain request would) |
+//! | `GET /routes` | the routes in match order |
+//! | `POST /routes` `{"name", "hosts", "path_prefix", "methods", "client_cidr", "cluster", "slice", "position"}` | add a route (matched first by default), e.g. a client-CIDR slicing rule |
+//! | `DELETE /routes/{name}` | remove a route |
 //! | `POST /clusters/{cluster}/endpoints` `{"addr": "ip:port"}` | add an endpoint to a static cluster |
 //! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one |
 //! | `GET /metrics` | Prometheus text format ([`Metrics`]) |
+//! | `GET /ui` | a live dashboard page that polls `/status` and `/metrics` (served without the token; it takes one from `#token=`) |
 //!
 //! Errors are `{"error": "<reason>"}` with 400 (bad input), 401 (token), 404 (no such
 //! cluster, instance or endpoint) or 409 (the cluster is not of the kind the call needs).
@@ -32,6 +36,7 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::metrics::Metrics;
+use crate::router::{LiveRoutes, RouteError, RouteSpec};
 use crate::server::ShutdownSignal;
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
 
@@ -44,6 +49,7 @@ pub struct AdminState {
     clusters: BTreeMap<String, Upstream>,
     metrics: Arc<Metrics>,
     token: Option<Token>,
+    routes: Option<Arc<LiveRoutes>>,
 }
 
 impl AdminState {
@@ -67,7 +73,14 @@ impl AdminState {
             clusters,
             metrics,
             token,
+            routes: None,
         }
+    }
+
+    /// Lets `/routes` list and change these routes; without it, `/routes` answers 404.
+    pub fn with_routes(mut self, routes: Arc<LiveRoutes>) -> Self {
+        self.routes = Some(routes);
+        self
     }
 
     fn reverse(&self) -> BTreeMap<String, ReverseCluster> {
@@ -87,10 +100,13 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/status", get(status))
         .route("/metrics", get(metrics))
+        .route("/ui", get(dashboard))
         .route(
             "/clusters/{cluster}/instances/{instance}/drain",
             post(drain),
         )
+        .route("/routes", get(list_routes).post(add_route))
+        .route("/routes/{name}", delete(remove_route))
         .route("/clusters/{cluster}/endpoints", post(add_endpoint))
         .route(
             "/clusters/{cluster}/endpoints/{addr}",
@@ -293,4 +309,91 @@ fn cluster_error(state: &AdminState, cluster: &str, kind: &str) -> Response {
     } else {
         error(StatusCode::NOT_FOUND, &format!("no cluster {cluster:?}"))
     }
+}
+
+/// 404 where a proxy's routes cannot change (an admin API without [`AdminState::with_routes`]).
+fn no_routes() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "this proxy's routes are not changeable",
+    )
+}
+
+async fn list_routes(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
+    match &state.routes {
+        Some(routes) => Json(json!({ "routes": routes.list() })).into_response(),
+        None => no_routes(),
+    }
+}
+
+/// `POST /routes`: a [`RouteSpec`] and where it goes (`position`: 0 is matched first, the
+/// default; larger than the count appends).
+async fn add_route(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    body: Result<Json<serde_json::Value>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Some(routes) = &state.routes else {
+        return no_routes();
+    };
+    let (route, position) = match body.map_err(|e| e.to_string()).and_then(parse_route) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("expected a route as JSON: {e}"),
+            )
+        }
+    };
+    let name = route.name.clone();
+    match routes.add(route, position) {
+        Ok(()) => (StatusCode::CREATED, Json(json!({ "added": name }))).into_response(),
+        Err(e) => route_error(&e),
+    }
+}
+
+/// The body of `POST /routes`: the route's fields (unknown ones refused) and `position`.
+fn parse_route(Json(mut body): Json<serde_json::Value>) -> Result<(RouteSpec, usize), String> {
+    let position = match body.as_object_mut().and_then(|o| o.remove("position")) {
+        None => 0,
+        Some(p) => p
+            .as_u64()
+            .and_then(|p| usize::try_from(p).ok())
+            .ok_or("position must be a whole number")?,
+    };
+    let route = serde_json::from_value(body).map_err(|e| e.to_string())?;
+    Ok((route, position))
+}
+
+async fn remove_route(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+) -> Response {
+    let Some(routes) = &state.routes else {
+        return no_routes();
+    };
+    match routes.remove(&name) {
+        Ok(spec) => Json(json!({ "removed": spec })).into_response(),
+        Err(e) => route_error(&e),
+    }
+}
+
+fn route_error(e: &RouteError) -> Response {
+    let status = match e {
+        RouteError::Invalid(_) => StatusCode::BAD_REQUEST,
+        RouteError::NotFound(_) => StatusCode::NOT_FOUND,
+        RouteError::Exists(_) => StatusCode::CONFLICT,
+    };
+    error(status, &e.to_string())
+}
+
+/// The live dashboard: one static page, embedded at build time, that polls `/status` and
+/// `/metrics` with the token from its URL fragment. Served without auth as it holds no data;
+/// the policy keeps it to its own origin.
+async fn dashboard() -> Response {
+    let csp = "default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; \
+               style-src 'unsafe-inline'; frame-ancestors 'none'";
+    let page = axum::response::Html(include_str!("dashboard.html"));
+    ([(header::CONTENT_SECURITY_POLICY, csp)], page).into_response()
 }

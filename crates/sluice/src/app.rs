@@ -20,7 +20,7 @@ use crate::handoff;
 use crate::metrics::Metrics;
 use crate::proxy::ProxyService;
 use crate::restart::{self, HandedListener, Inherited, RestartError, UpgradeSocket};
-use crate::router::{Direct, Matcher, Route, RouteTable, Target};
+use crate::router::{Direct, LiveRoutes, Matcher, Route, RouteTable, Target};
 use crate::server::{tls, Group, Server};
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
 
@@ -72,7 +72,9 @@ pub enum StartError {
 #[derive(Debug)]
 pub struct Proxy {
     servers: Vec<Server>,
-    service: ProxyService<RouteTable>,
+    service: ProxyService<LiveRoutes>,
+    /// The routes, shared with the admin API, which changes them at runtime.
+    routes: Arc<LiveRoutes>,
     clusters: BTreeMap<String, Upstream>,
     acceptor: Option<Acceptor>,
     grace: Duration,
@@ -103,7 +105,7 @@ impl Proxy {
         mut inherited: Option<Inherited>,
     ) -> Result<Self, StartError> {
         let clusters = build_clusters(config);
-        let routes = build_routes(config, &clusters);
+        let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
         let mut servers = Vec::with_capacity(config.listeners.len());
         for l in &config.listeners {
             let handed = inherited
@@ -112,7 +114,8 @@ impl Proxy {
             servers.push(bind_server(l, handed).await?);
         }
         let metrics = Arc::new(Metrics::new());
-        let service = ProxyService::new(routes).with_metrics(Arc::clone(&metrics));
+        let service =
+            ProxyService::from_arc(Arc::clone(&routes)).with_metrics(Arc::clone(&metrics));
         let acceptor = bind_acceptor(config, &clusters, inherited.as_mut()).await?;
         let acceptor = acceptor.map(|a| a.with_metrics(Arc::clone(&metrics)));
         for upstream in clusters.values() {
@@ -136,6 +139,7 @@ impl Proxy {
         Ok(Self {
             servers,
             service,
+            routes,
             clusters,
             acceptor,
             grace: config.runtime.shutdown_grace,
@@ -261,6 +265,7 @@ impl Proxy {
             Arc::clone(&self.metrics),
             token,
         )
+        .with_routes(Arc::clone(&self.routes))
     }
 
     fn reverse_clusters(&self) -> BTreeMap<String, ReverseCluster> {

@@ -244,3 +244,59 @@ fn parse(text: &str) -> Vec<(String, f64)> {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn routes_change_at_runtime_including_client_cidr_slices() {
+    let p = start().await;
+    let _a = Service::start(p.acceptor, ServiceSpec::new("a", 1)).await;
+    let mut mobile = ServiceSpec::new("m", 1);
+    mobile.slice = "mobile".into();
+    let _m = Service::start(p.acceptor, mobile).await;
+    p.cluster
+        .wait_until(|c| c.idle_sessions("default") == 1 && c.idle_sessions("mobile") == 1)
+        .await;
+
+    let (_, listed) = json(p.admin, "GET", "/routes", "").await;
+    let names: Vec<_> = listed["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].clone())
+        .collect();
+    assert_eq!(names, ["legacy", "api"]);
+    assert_eq!(get(p.http, "/x").await.text(), "a");
+
+    // The seed paper's `acceptor_cli add 127.0.0.1 32`: this client class gets its own slice.
+    let rule = r#"{"name": "slow-clients", "client_cidr": ["127.0.0.1/32"], "cluster": "api", "slice": "mobile"}"#;
+    assert_eq!(json(p.admin, "POST", "/routes", rule).await.0, 201);
+    assert_eq!(get(p.http, "/x").await.text(), "m");
+    assert_eq!(
+        json(p.admin, "POST", "/routes", rule).await.0,
+        409,
+        "the name is taken"
+    );
+    let (_, listed) = json(p.admin, "GET", "/routes", "").await;
+    assert_eq!(listed["routes"][0]["client_cidr"][0], "127.0.0.1/32");
+
+    assert_eq!(
+        json(p.admin, "DELETE", "/routes/slow-clients", "").await.0,
+        200
+    );
+    assert_eq!(get(p.http, "/x").await.text(), "a");
+    assert_eq!(
+        json(p.admin, "DELETE", "/routes/slow-clients", "").await.0,
+        404
+    );
+
+    for bad in [
+        r#"{"name": "x", "client_cidr": ["not-a-net"], "cluster": "api"}"#,
+        r#"{"name": "x", "cluster": "nope"}"#,
+        r#"{"name": "x", "cluster": "legacy", "slice": "mobile"}"#,
+        r#"{"name": "x", "path_prefix": "no-slash", "cluster": "api"}"#,
+        r#"{"name": "x", "cluster": "api", "colour": "blue"}"#,
+        r#"{"cluster": "api"}"#,
+    ] {
+        assert_eq!(json(p.admin, "POST", "/routes", bad).await.0, 400, "{bad}");
+    }
+    let _ = p.stop.send(());
+}

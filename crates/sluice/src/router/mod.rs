@@ -3,6 +3,7 @@
 //! [`Routing`] is the extension point: implement it for custom logic, or use [`RouteTable`],
 //! which evaluates configured routes in order (first match wins).
 
+mod live;
 mod matcher;
 
 use std::net::SocketAddr;
@@ -12,6 +13,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use sluice_config::HeaderEdits;
 
+pub use self::live::{LiveRoutes, RouteError, RouteSpec};
 pub use self::matcher::Matcher;
 use crate::upstream::Upstream;
 
@@ -125,6 +127,11 @@ impl RouteTable {
     /// Appends a route, matched after those already added.
     pub fn push(&mut self, matcher: Matcher, route: Arc<Route>) {
         self.routes.push((matcher, route));
+    }
+
+    /// The routes in order, each with its matcher.
+    pub fn into_entries(self) -> Vec<(Matcher, Arc<Route>)> {
+        self.routes
     }
 
     /// The number of routes.

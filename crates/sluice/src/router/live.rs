@@ -1,0 +1,280 @@
+//! [`LiveRoutes`]: the configured routes, changeable while requests flow (the admin API's
+//! `/routes`). Each change builds a new list and swaps it in atomically: a request sees the
+//! old list or the new one, never a mix, and requests in flight keep the route they matched.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use http::Method;
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use sluice_config::HostMatch;
+
+use super::{Matcher, RequestHead, Route, Routing, Target};
+use crate::upstream::Upstream;
+
+/// A route as the admin API shows and takes it: match conditions and a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Unique name (logs, metrics, deletion).
+    pub name: String,
+    /// Any of these hosts, exact or `*.suffix` (empty: any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    /// Path prefix (absent: any path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    /// Any of these methods (empty: any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    /// The client in any of these networks (empty: any), the paper's client-class slicing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_cidr: Vec<String>,
+    /// The cluster to forward to; absent for a configured direct response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The reverse cluster's slice (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slice: Option<String>,
+    /// Read only: the route also needs header values or edits headers (set in the file).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub configured_extras: bool,
+}
+
+/// Why a route could not be added or removed; each says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// A field is malformed.
+    #[error("{0}")]
+    Invalid(String),
+    /// No route has this name.
+    #[error("no route named {0:?}")]
+    NotFound(String),
+    /// A route with this name exists.
+    #[error("a route named {0:?} exists; delete it first or pick another name")]
+    Exists(String),
+}
+
+#[derive(Debug)]
+struct Entry {
+    spec: RouteSpec,
+    matcher: Matcher,
+    route: Arc<Route>,
+}
+
+/// The routes in order (first match wins), swapped whole on every change.
+#[derive(Debug)]
+pub struct LiveRoutes {
+    current: ArcSwap<Vec<Entry>>,
+    clusters: BTreeMap<String, Upstream>,
+    /// Serializes changes: each one reads the list it replaces.
+    change: Mutex<()>,
+}
+
+impl Routing for LiveRoutes {
+    fn route(&self, head: &RequestHead<'_>) -> Option<Arc<Route>> {
+        let routes = self.current.load();
+        routes
+            .iter()
+            .find(|e| e.matcher.matches(head))
+            .map(|e| Arc::clone(&e.route))
+    }
+}
+
+impl LiveRoutes {
+    /// The configured routes of `config`, forwarding to `clusters`.
+    pub fn from_config(
+        config: &sluice_config::Config,
+        clusters: &BTreeMap<String, Upstream>,
+    ) -> Self {
+        let table = crate::app::build_routes(config, clusters);
+        let entries = config
+            .routes
+            .iter()
+            .zip(table.into_entries())
+            .map(|(r, (matcher, route))| Entry {
+                spec: spec_of(r),
+                matcher,
+                route,
+            })
+            .collect();
+        Self {
+            current: ArcSwap::from_pointee(entries),
+            clusters: clusters.clone(),
+            change: Mutex::new(()),
+        }
+    }
+
+    /// The routes in match order.
+    pub fn list(&self) -> Vec<RouteSpec> {
+        self.current.load().iter().map(|e| e.spec.clone()).collect()
+    }
+
+    /// Inserts a route at `position` (0: matched first; past the end: last).
+    pub fn add(&self, spec: RouteSpec, position: usize) -> Result<(), RouteError> {
+        let entry = self.compile(spec)?;
+        let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.current.load();
+        if old.iter().any(|e| e.spec.name == entry.spec.name) {
+            return Err(RouteError::Exists(entry.spec.name));
+        }
+        let mut new: Vec<Entry> = old.iter().map(Entry::cloned).collect();
+        new.insert(position.min(new.len()), entry);
+        self.current.store(Arc::new(new));
+        Ok(())
+    }
+
+    /// Removes the route named `name`.
+    pub fn remove(&self, name: &str) -> Result<RouteSpec, RouteError> {
+        let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.current.load();
+        let index = old
+            .iter()
+            .position(|e| e.spec.name == name)
+            .ok_or_else(|| RouteError::NotFound(name.to_owned()))?;
+        let mut new: Vec<Entry> = old.iter().map(Entry::cloned).collect();
+        let removed = new.remove(index);
+        self.current.store(Arc::new(new));
+        Ok(removed.spec)
+    }
+
+    fn compile(&self, spec: RouteSpec) -> Result<Entry, RouteError> {
+        let invalid = |msg: String| RouteError::Invalid(msg);
+        if spec.name.is_empty() || spec.name.chars().any(|c| c.is_whitespace() || c == '/') {
+            return Err(invalid(
+                "name must be non-empty, without spaces or '/'".into(),
+            ));
+        }
+        if spec.configured_extras {
+            return Err(invalid("configured_extras is read-only".into()));
+        }
+        let cluster = spec
+            .cluster
+            .as_deref()
+            .ok_or_else(|| invalid("cluster is required".into()))?;
+        let upstream = self
+            .clusters
+            .get(cluster)
+            .ok_or_else(|| invalid(format!("no cluster {cluster:?}")))?;
+        let target = match (upstream, spec.slice.as_deref()) {
+            (Upstream::Reverse(s), slice) => Upstream::Reverse(
+                s.cluster()
+                    .slice(slice.unwrap_or(sluice_config::DEFAULT_SLICE)),
+            ),
+            (Upstream::Static(_), Some(_)) => {
+                return Err(invalid(format!(
+                    "slice needs a reverse cluster; {cluster:?} is static"
+                )))
+            }
+            (u, None) => u.clone(),
+        };
+        let matcher = Matcher::from(&sluice_config::Match {
+            hosts: spec
+                .hosts
+                .iter()
+                .map(|h| host(h))
+                .collect::<Result<_, _>>()?,
+            path_prefix: path(spec.path_prefix.as_deref())?,
+            methods: spec
+                .methods
+                .iter()
+                .map(|m| method(m))
+                .collect::<Result<_, _>>()?,
+            headers: Vec::new(),
+            client_cidrs: spec
+                .client_cidr
+                .iter()
+                .map(|c| cidr(c))
+                .collect::<Result<_, _>>()?,
+        });
+        let route = Arc::new(Route::new(spec.name.clone(), Target::Upstream(target)));
+        Ok(Entry {
+            spec,
+            matcher,
+            route,
+        })
+    }
+}
+
+impl Entry {
+    fn cloned(&self) -> Self {
+        Self {
+            spec: self.spec.clone(),
+            matcher: self.matcher.clone(),
+            route: Arc::clone(&self.route),
+        }
+    }
+}
+
+fn host(h: &str) -> Result<HostMatch, RouteError> {
+    let lower = h.to_ascii_lowercase();
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    };
+    match lower.strip_prefix("*.") {
+        Some(suffix) if ok(suffix) => Ok(HostMatch::Suffix(format!(".{suffix}"))),
+        None if ok(&lower) => Ok(HostMatch::Exact(lower)),
+        _ => Err(RouteError::Invalid(format!(
+            "host {h:?} is not a host name or *.suffix"
+        ))),
+    }
+}
+
+fn path(p: Option<&str>) -> Result<Option<String>, RouteError> {
+    match p {
+        Some(p) if !p.starts_with('/') => Err(RouteError::Invalid(format!(
+            "path_prefix {p:?} must start with '/'"
+        ))),
+        other => Ok(other.map(str::to_owned)),
+    }
+}
+
+fn method(m: &str) -> Result<Method, RouteError> {
+    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+        .map_err(|_| RouteError::Invalid(format!("method {m:?} is not an HTTP method")))
+}
+
+fn cidr(c: &str) -> Result<IpNet, RouteError> {
+    c.parse::<IpNet>()
+        .or_else(|_| c.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map(|n| n.trunc())
+        .map_err(|_| {
+            RouteError::Invalid(format!(
+                "client_cidr {c:?} is not a network like 192.168.0.0/24"
+            ))
+        })
+}
+
+/// How a configured route shows in the admin API.
+fn spec_of(r: &sluice_config::Route) -> RouteSpec {
+    let m = &r.matcher;
+    let hosts = m
+        .hosts
+        .iter()
+        .map(|h| match h {
+            HostMatch::Exact(h) => h.clone(),
+            HostMatch::Suffix(s) => format!("*{s}"),
+        })
+        .collect();
+    let cluster = match &r.action {
+        sluice_config::Action::Proxy { cluster } => Some(cluster.clone()),
+        sluice_config::Action::Direct(_) => None,
+    };
+    let extras = !m.headers.is_empty()
+        || r.request_headers != Default::default()
+        || r.response_headers != Default::default();
+    RouteSpec {
+        name: r.name.clone(),
+        hosts,
+        path_prefix: m.path_prefix.clone(),
+        methods: m.methods.iter().map(ToString::to_string).collect(),
+        client_cidr: m.client_cidrs.iter().map(ToString::to_string).collect(),
+        slice: (r.slice != sluice_config::DEFAULT_SLICE).then(|| r.slice.clone()),
+        cluster,
+        configured_extras: extras,
+    }
+}
