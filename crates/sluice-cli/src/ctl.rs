@@ -59,6 +59,9 @@ enum CtlCommand {
     /// Add or remove an endpoint of a static cluster.
     #[command(subcommand)]
     Endpoints(EndpointsCommand),
+    /// Re-read the configuration file and apply it without failing a request (a hot restart
+    /// of the same binary); a file that does not load changes nothing and says why.
+    Reload,
     /// List, add or remove routes while the proxy runs (e.g. a client-CIDR slicing rule).
     #[command(subcommand)]
     Routes(RoutesCommand),
@@ -152,6 +155,10 @@ fn execute(args: CtlArgs) -> anyhow::Result<()> {
         CtlCommand::Drain { .. } => drained(parse(reply)?),
         CtlCommand::Endpoints(EndpointsCommand::Add { .. }) => added(parse(reply)?),
         CtlCommand::Endpoints(EndpointsCommand::Del { .. }) => removed(parse(reply)?),
+        CtlCommand::Reload => format!(
+            "reloaded: {}\n",
+            printable(reply["message"].as_str().unwrap_or("done"))
+        ),
         CtlCommand::Routes(RoutesCommand::List) => routes_table(&reply),
         CtlCommand::Routes(RoutesCommand::Add(r)) => {
             format!("added route {}\n", printable(&r.name))
@@ -186,6 +193,7 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             let path = format!("/clusters/{}/endpoints/{}", segment(cluster), segment(addr));
             client.call(Method::DELETE, &path, None).await
         }
+        CtlCommand::Reload => client.call(Method::POST, "/reload", None).await,
         CtlCommand::Routes(RoutesCommand::List) => client.call(Method::GET, "/routes", None).await,
         CtlCommand::Routes(RoutesCommand::Add(r)) => {
             let mut body = json!({

@@ -6,6 +6,7 @@
 mod ctl;
 mod demo;
 mod load;
+mod reload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +32,16 @@ struct Cli {
 enum LogFormat {
     Text,
     Json,
+}
+
+impl LogFormat {
+    /// The flag's value, for a successor started with the same one.
+    fn as_arg(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,7 +88,7 @@ fn main() -> ExitCode {
             config,
             workers,
             upgrade,
-        } => exit(run(config, workers, upgrade)),
+        } => exit(run(config, workers, upgrade, cli.log_format)),
         Command::Demo(args) => exit(demo::run(args)),
         Command::Acceptor { config } => exit(acceptor(config)),
         Command::Ctl(args) => ctl::run(args),
@@ -135,8 +146,13 @@ fn load(path: Option<PathBuf>) -> anyhow::Result<Config> {
     }
 }
 
-fn run(path: Option<PathBuf>, workers: Option<usize>, upgrade: bool) -> anyhow::Result<()> {
-    let config = load(path)?;
+fn run(
+    path: Option<PathBuf>,
+    workers: Option<usize>,
+    upgrade: bool,
+    log_format: LogFormat,
+) -> anyhow::Result<()> {
+    let config = load(path.clone())?;
     if config.listeners.is_empty() {
         anyhow::bail!(
             "{} has no [[listener]]: it is a standalone acceptor's file; run it with `sluice acceptor -c FILE`",
@@ -152,7 +168,17 @@ fn run(path: Option<PathBuf>, workers: Option<usize>, upgrade: bool) -> anyhow::
             true => Some(take_over(&config).await?),
             false => None,
         };
-        let proxy = sluice::Proxy::bind_inheriting(&config, inherited).await?;
+        let mut proxy = sluice::Proxy::bind_inheriting(&config, inherited).await?;
+        if let (Some(path), Some(_)) = (&path, &config.runtime.upgrade_socket) {
+            let successor = reload::Successor {
+                config: path.clone(),
+                workers,
+                log_format: log_format.as_arg(),
+            };
+            let hook = successor.hook(proxy.upgraded());
+            proxy = proxy.with_reload(hook.clone());
+            tokio::spawn(reload::on_sighup(hook));
+        }
         for (name, addr) in proxy.local_addrs() {
             info!(listener = %name, %addr, "serving");
         }

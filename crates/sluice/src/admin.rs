@@ -7,6 +7,7 @@
 //! | `GET /healthz` | `200 ok` while the process serves |
 //! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints |
 //! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance (as its own drain request would) |
+//! | `POST /reload` | re-read the configuration file and apply it (`sluice run`: a hot restart of the same binary, so no request fails; a file that does not load is 400 with its `file:line:col` error, and nothing changes) |
 //! | `GET /routes` | the routes in match order |
 //! | `POST /routes` `{"name", "hosts", "path_prefix", "methods", "client_cidr", "cluster", "slice", "position"}` | add a route (matched first by default), e.g. a client-CIDR slicing rule |
 //! | `DELETE /routes/{name}` | remove a route |
@@ -50,6 +51,34 @@ pub struct AdminState {
     metrics: Arc<Metrics>,
     token: Option<Token>,
     routes: Option<Arc<LiveRoutes>>,
+    reload: Option<ReloadHook>,
+}
+
+/// What `POST /reload` runs: `Ok` with what happened, or `Err` with why the configuration
+/// was not loaded (the running one goes on).
+#[derive(Clone)]
+pub struct ReloadHook(Arc<dyn Fn() -> ReloadFuture + Send + Sync>);
+
+/// The future a [`ReloadHook`] returns.
+pub type ReloadFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>;
+
+impl ReloadHook {
+    /// A hook that runs `f` on every `POST /reload`.
+    pub fn new(f: impl Fn() -> ReloadFuture + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// Runs the reload.
+    pub fn run(&self) -> ReloadFuture {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for ReloadHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReloadHook")
+    }
 }
 
 impl AdminState {
@@ -74,7 +103,14 @@ impl AdminState {
             metrics,
             token,
             routes: None,
+            reload: None,
         }
+    }
+
+    /// Lets `POST /reload` run `hook`; without it, `/reload` answers 409.
+    pub fn with_reload(mut self, hook: Option<ReloadHook>) -> Self {
+        self.reload = hook;
+        self
     }
 
     /// Lets `/routes` list and change these routes; without it, `/routes` answers 404.
@@ -105,6 +141,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
             "/clusters/{cluster}/instances/{instance}/drain",
             post(drain),
         )
+        .route("/reload", post(reload))
         .route("/routes", get(list_routes).post(add_route))
         .route("/routes/{name}", delete(remove_route))
         .route("/clusters/{cluster}/endpoints", post(add_endpoint))
@@ -178,6 +215,7 @@ struct ListenerStatus {
 #[derive(Serialize)]
 struct Status<'a> {
     version: &'static str,
+    pid: u32,
     uptime_seconds: f64,
     listeners: &'a [ListenerStatus],
     acceptor: Option<serde_json::Value>,
@@ -195,6 +233,7 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
         .collect();
     Json(Status {
         version: env!("CARGO_PKG_VERSION"),
+        pid: std::process::id(),
         uptime_seconds: state.started.elapsed().as_secs_f64(),
         listeners: &state.listeners,
         acceptor: state.acceptor.map(|addr| json!({ "addr": addr })),
@@ -396,4 +435,16 @@ async fn dashboard() -> Response {
                style-src 'unsafe-inline'; frame-ancestors 'none'";
     let page = axum::response::Html(include_str!("dashboard.html"));
     ([(header::CONTENT_SECURITY_POLICY, csp)], page).into_response()
+}
+
+async fn reload(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
+    let Some(hook) = &state.reload else {
+        let reason =
+            "reload is not available here: `sluice run` with `[runtime] upgrade_socket` reloads";
+        return error(StatusCode::CONFLICT, reason);
+    };
+    match hook.run().await {
+        Ok(done) => Json(json!({ "reloaded": true, "message": done })).into_response(),
+        Err(reason) => error(StatusCode::BAD_REQUEST, &reason),
+    }
 }

@@ -10,12 +10,12 @@ use std::time::Duration;
 use sluice_config::{Action, ClusterKind, Config, SessionSource, Token};
 use sluice_handoff::{Handoff, ListenAddr};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::acceptor::{Acceptor, BindError, HandedOver};
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, ReloadHook};
 use crate::handoff;
 use crate::metrics::Metrics;
 use crate::proxy::ProxyService;
@@ -88,6 +88,10 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     /// The admin API's listener and token (`[admin]`).
     admin: Option<(TcpListener, Option<Token>)>,
+    /// What `POST /reload` runs (set by the binary).
+    reload: Option<ReloadHook>,
+    /// Becomes `true` once a successor has the listening sockets (hot restart).
+    upgraded: watch::Sender<bool>,
 }
 
 impl Proxy {
@@ -148,6 +152,8 @@ impl Proxy {
             consumers,
             metrics,
             admin,
+            reload: None,
+            upgraded: watch::channel(false).0,
         })
     }
 
@@ -162,6 +168,19 @@ impl Proxy {
     /// The cluster with this name, for runtime changes (adding or removing endpoints).
     pub fn cluster(&self, name: &str) -> Option<&Upstream> {
         self.clusters.get(name)
+    }
+
+    /// Lets the admin API's `POST /reload` run `hook` (the `sluice` binary starts a successor
+    /// of itself); without one, reload is not offered.
+    pub fn with_reload(mut self, hook: ReloadHook) -> Self {
+        self.reload = Some(hook);
+        self
+    }
+
+    /// Turns `true` once a successor has taken the listening sockets: a hot restart (or a
+    /// reload) is under way and this process is draining.
+    pub fn upgraded(&self) -> watch::Receiver<bool> {
+        self.upgraded.subscribe()
     }
 
     /// The admin API's bound address, when `[admin]` is configured.
@@ -231,7 +250,7 @@ impl Proxy {
                 fds,
                 &reverse,
                 self.grace,
-                &mut handover,
+                (&mut handover, &self.upgraded),
             ))
             .await;
         if let Some(task) = acceptor {
@@ -266,6 +285,7 @@ impl Proxy {
             token,
         )
         .with_routes(Arc::clone(&self.routes))
+        .with_reload(self.reload.clone())
     }
 
     fn reverse_clusters(&self) -> BTreeMap<String, ReverseCluster> {
@@ -342,7 +362,7 @@ async fn stop_or_upgrade(
     (fds, acceptor_handed): ListenerFds,
     reverse: &BTreeMap<String, ReverseCluster>,
     grace: Duration,
-    handover: &mut Option<Handover>,
+    (handover, upgraded): (&mut Option<Handover>, &watch::Sender<bool>),
 ) {
     let Some(socket) = upgrade else {
         return trigger.await;
@@ -382,6 +402,7 @@ async fn stop_or_upgrade(
     if let Some(flag) = acceptor_handed {
         flag.set();
     }
+    upgraded.send_replace(true);
     let (tx, rx) = mpsc::unbounded_channel();
     for cluster in reverse.values() {
         // One idle session per slice stays for requests on connections still draining here.

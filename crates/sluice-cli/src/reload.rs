@@ -1,0 +1,105 @@
+//! Reload (`POST /reload` on the admin API, or SIGHUP): a hot restart of the same binary with
+//! the same file. The new process loads the file, takes the listening sockets and idle
+//! sessions (docs/handoff.md), and this one drains and exits, so no request fails, as with
+//! NGINX's reload. The file is checked first (`sluice check`): one that does not load changes
+//! nothing, and its `file:line:col` error is the answer.
+//!
+//! The new process is started as a child of this one and outlives it: under a supervisor
+//! that tracks the main PID (systemd's `Type=simple`), prefer `--upgrade` from the
+//! supervisor's own reload command.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use sluice::admin::ReloadHook;
+use tokio::process::Command;
+use tokio::sync::watch;
+use tracing::{error, info};
+
+/// How long a successor may take to load its file and take over.
+const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How to start a successor of this process.
+#[derive(Debug, Clone)]
+pub(crate) struct Successor {
+    pub(crate) config: PathBuf,
+    pub(crate) workers: Option<usize>,
+    pub(crate) log_format: &'static str,
+}
+
+impl Successor {
+    /// The reload hook: resolves once a successor has taken over (`upgraded` turns true).
+    pub(crate) fn hook(self, upgraded: watch::Receiver<bool>) -> ReloadHook {
+        ReloadHook::new(move || {
+            let (this, upgraded) = (self.clone(), upgraded.clone());
+            Box::pin(async move { this.start(upgraded).await })
+        })
+    }
+
+    async fn start(self, mut upgraded: watch::Receiver<bool>) -> Result<String, String> {
+        let draining = *upgraded.borrow();
+        if draining {
+            return Err("a reload is already under way: this process is draining".into());
+        }
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+        let check = Command::new(&exe)
+            .args(["check", "-c"])
+            .arg(&self.config)
+            .output()
+            .await
+            .map_err(|e| format!("cannot run `sluice check`: {e}"))?;
+        if !check.status.success() {
+            return Err(String::from_utf8_lossy(&check.stderr).trim().to_owned());
+        }
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--log-format", self.log_format, "run", "--upgrade", "-c"])
+            .arg(&self.config)
+            .stdin(Stdio::null());
+        if let Some(n) = self.workers {
+            cmd.arg("--workers").arg(n.to_string());
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start the new process: {e}"))?;
+        let pid = child.id().unwrap_or(0);
+        let taken_over = async {
+            loop {
+                let done = *upgraded.borrow_and_update();
+                if done {
+                    return;
+                }
+                if upgraded.changed().await.is_err() {
+                    // The proxy is gone without a successor: this never resolves.
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            status = child.wait() => Err(format!(
+                "the new process ({pid}) exited before taking over ({}); see its log",
+                status.map_or_else(|e| e.to_string(), |s| s.to_string())
+            )),
+            () = taken_over => Ok(format!("process {pid} took over; this one drains and exits")),
+            () = tokio::time::sleep(TAKE_OVER_TIMEOUT) => {
+                let _ = child.kill().await;
+                Err(format!("the new process ({pid}) did not take over within {TAKE_OVER_TIMEOUT:?}; stopped it"))
+            }
+        }
+    }
+}
+
+/// Reloads on every SIGHUP, logging what happened.
+pub(crate) async fn on_sighup(hook: ReloadHook) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return error!("cannot listen for SIGHUP; reload through the admin API instead");
+    };
+    while hup.recv().await.is_some() {
+        info!("SIGHUP: reloading");
+        match hook.run().await {
+            Ok(done) => info!(%done, "reloaded"),
+            Err(reason) => error!(%reason, "reload refused; the running configuration goes on"),
+        }
+    }
+}
