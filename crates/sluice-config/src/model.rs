@@ -27,6 +27,8 @@ pub struct Config {
     pub handoff: Option<HandoffServer>,
     /// The admin API (`[admin]`); `None`: no admin listener.
     pub admin: Option<Admin>,
+    /// The access log (`[access_log]`); `None` (the default): off.
+    pub access_log: Option<AccessLog>,
     /// Client-facing listeners, in file order.
     pub listeners: Vec<Listener>,
     /// Routes, in file order; the first match wins.
@@ -396,6 +398,33 @@ pub enum SessionSource {
         /// handed back. Default 4.
         idle: usize,
     },
+}
+
+/// `[access_log]`: where each answered request is logged, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    /// The line format; default [`AccessLogFormat::Common`].
+    pub format: AccessLogFormat,
+    /// Where lines go; default stdout.
+    pub target: AccessLogTarget,
+}
+
+/// An access log line's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// The Common Log Format (NGINX's and Apache's `common`).
+    Common,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Where access log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    /// Standard output (`path = "stdout"`, the default).
+    Stdout,
+    /// A file, appended to (relative paths are relative to the config file).
+    File(PathBuf),
 }
 
 /// `[admin]`: the admin API's listener and its bearer token.

@@ -23,6 +23,7 @@ pub(crate) struct RawConfig {
     pub(crate) acceptor: Option<Spanned<RawAcceptor>>,
     pub(crate) handoff: Option<Spanned<RawHandoff>>,
     pub(crate) admin: Option<Spanned<RawAdmin>>,
+    pub(crate) access_log: Option<RawAccessLog>,
     #[serde(default)]
     pub(crate) listener: Vec<RawListener>,
     #[serde(default)]
@@ -145,6 +146,22 @@ pub(crate) struct RawCluster {
     pub(crate) response_buffer: Option<Spanned<Size>>,
     pub(crate) handoff: Option<Spanned<String>>,
     pub(crate) handoff_idle: Option<Spanned<usize>>,
+}
+
+/// `[access_log]`: one line per request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAccessLog {
+    pub(crate) format: Option<RawAccessLogFormat>,
+    pub(crate) path: Option<String>,
+}
+
+/// The access log's line format.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawAccessLogFormat {
+    Common,
+    Json,
 }
 
 /// `[admin]`: the admin API.

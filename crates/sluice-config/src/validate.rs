@@ -14,8 +14,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::ConfigError;
-use crate::model::{Admin, Config, HandoffServer, HttpOptions, Listener, Runtime, Token};
-use crate::raw::{RawAdmin, RawConfig, RawHandoff, RawListener, RawRuntime};
+use crate::model::{
+    AccessLog, AccessLogFormat, AccessLogTarget, Admin, Config, HandoffServer, HttpOptions,
+    Listener, Runtime, Token,
+};
+use crate::raw::{
+    RawAccessLog, RawAccessLogFormat, RawAdmin, RawConfig, RawHandoff, RawListener, RawRuntime,
+};
 
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -51,6 +56,7 @@ impl Ctx<'_> {
 pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, ConfigError> {
     let handoff = raw.handoff.map(|h| handoff(ctx, h.into_inner()));
     let admin = raw.admin.map(|a| admin(ctx, a)).transpose()?;
+    let access_log = raw.access_log.map(|a| access_log(ctx, a));
     // A standalone acceptor's file (`[handoff]`) needs no listener.
     let listeners = listeners(ctx, raw.listener, handoff.is_some())?;
     let acceptor = acceptor::acceptor(ctx, raw.acceptor, &raw.cluster)?;
@@ -69,6 +75,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         acceptor,
         handoff,
         admin,
+        access_log,
         listeners,
         routes,
         clusters,
@@ -104,6 +111,18 @@ fn admin(ctx: Ctx<'_>, raw: toml::Spanned<RawAdmin>) -> Result<Admin, ConfigErro
         }
     };
     Ok(Admin { addr, token })
+}
+
+fn access_log(ctx: Ctx<'_>, raw: RawAccessLog) -> AccessLog {
+    let format = match raw.format {
+        None | Some(RawAccessLogFormat::Common) => AccessLogFormat::Common,
+        Some(RawAccessLogFormat::Json) => AccessLogFormat::Json,
+    };
+    let target = match raw.path.as_deref() {
+        None | Some("stdout") => AccessLogTarget::Stdout,
+        Some(path) => AccessLogTarget::File(ctx.resolve(path)),
+    };
+    AccessLog { format, target }
 }
 
 fn handoff(ctx: Ctx<'_>, raw: RawHandoff) -> HandoffServer {

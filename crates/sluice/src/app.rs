@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::acceptor::{Acceptor, BindError, HandedOver};
+use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState, ReloadHook};
 use crate::handoff;
 use crate::metrics::Metrics;
@@ -51,6 +52,15 @@ pub enum StartError {
     #[error("acceptor: TLS: {source}")]
     AcceptorTls {
         /// What rustls said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The access log's file could not be opened.
+    #[error("access log {target}: {source}")]
+    AccessLog {
+        /// Where it was to go.
+        target: String,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
@@ -118,8 +128,15 @@ impl Proxy {
             servers.push(bind_server(l, handed).await?);
         }
         let metrics = Arc::new(Metrics::new());
-        let service =
+        let mut service =
             ProxyService::from_arc(Arc::clone(&routes)).with_metrics(Arc::clone(&metrics));
+        if let Some(log) = &config.access_log {
+            let opened = AccessLog::open(&log.target, log.format);
+            service = service.with_access_log(opened.map_err(|source| StartError::AccessLog {
+                target: format!("{:?}", log.target),
+                source,
+            })?);
+        }
         let acceptor = bind_acceptor(config, &clusters, inherited.as_mut()).await?;
         let acceptor = acceptor.map(|a| a.with_metrics(Arc::clone(&metrics)));
         for upstream in clusters.values() {

@@ -10,6 +10,7 @@
 //!
 //! - [`acceptor`]: the service-facing listener of reverse clusters: TLS and mTLS (certificate
 //!   names mapped to services), registration handshakes, tokens, session limits, drain requests.
+//! - [`access_log`]: one line per request (Common Log Format or JSON) to stdout or a file.
 //! - [`admin`]: the admin API (status, drain, endpoints, `/metrics`) for `sluice ctl`.
 //! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
 //! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
@@ -36,6 +37,7 @@
 //! `sluice-session`, the fd-passing handoff protocol in `sluice-handoff`, the service SDK in `sluice-sdk`; the `sluice` binary is in `sluice-cli`.
 
 pub mod acceptor;
+pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod body;

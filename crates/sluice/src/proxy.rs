@@ -18,6 +18,7 @@ use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use tracing::{debug, warn};
 
+use crate::access_log::{self, AccessLog};
 use crate::body::ProxyBody;
 use crate::error::{Origin, ProxyError};
 use crate::http::checks::check_request;
@@ -36,6 +37,7 @@ use crate::server::ClientInfo;
 pub struct ProxyService<R> {
     router: Arc<R>,
     metrics: Option<Arc<Metrics>>,
+    access_log: Option<AccessLog>,
 }
 
 impl<R> Clone for ProxyService<R> {
@@ -43,6 +45,7 @@ impl<R> Clone for ProxyService<R> {
         Self {
             router: Arc::clone(&self.router),
             metrics: self.metrics.clone(),
+            access_log: self.access_log.clone(),
         }
     }
 }
@@ -58,7 +61,14 @@ impl<R: Routing> ProxyService<R> {
         Self {
             router,
             metrics: None,
+            access_log: None,
         }
+    }
+
+    /// Logs every answered request to `log`; by default nothing is logged.
+    pub fn with_access_log(mut self, log: AccessLog) -> Self {
+        self.access_log = Some(log);
+        self
     }
 
     /// Counts every request in `metrics` (by route and status, with its latency); by
@@ -71,6 +81,12 @@ impl<R: Routing> ProxyService<R> {
     /// Handles one request; failures become short plain-text error responses.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
+        // Kept only when a log wants them: the request itself moves on.
+        let logged = self.access_log.as_ref().map(|_| {
+            let ua = req.headers().get(header::USER_AGENT);
+            let ua = ua.and_then(|v| v.to_str().ok()).map(str::to_owned);
+            (req.method().clone(), req.uri().clone(), req.version(), ua)
+        });
         let client = req
             .extensions()
             .get::<ClientInfo>()
@@ -85,11 +101,24 @@ impl<R: Routing> ProxyService<R> {
                 error_response(&e, http1)
             }
         };
+        let route = matched
+            .as_ref()
+            .map_or("-", |r: &Arc<Route>| r.name.as_str());
         if let Some(metrics) = &self.metrics {
-            let route = matched
-                .as_ref()
-                .map_or("-", |r: &Arc<Route>| r.name.as_str());
             metrics.request(route, res.status().as_u16(), started.elapsed());
+        }
+        if let (Some(log), Some((method, uri, version, ua))) = (&self.access_log, &logged) {
+            log.record(&access_log::Entry {
+                client: client.peer,
+                method,
+                uri,
+                version: *version,
+                status: res.status().as_u16(),
+                bytes: http_body::Body::size_hint(res.body()).exact(),
+                route,
+                elapsed: started.elapsed(),
+                user_agent: ua.as_deref(),
+            });
         }
         res
     }

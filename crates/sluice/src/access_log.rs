@@ -1,0 +1,214 @@
+//! [`AccessLog`]: one line per answered request, in the Common Log Format or as JSON, to
+//! stdout or a file (`[access_log]`; off by default).
+//!
+//! Requests only queue their line; one background task writes, so a slow disk never holds a
+//! request. If the writer falls more than [`BACKLOG`] lines behind, lines are dropped and
+//! counted, and the drop is reported once it catches up.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{Method, Uri, Version};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+pub use sluice_config::{AccessLogFormat, AccessLogTarget};
+
+/// Lines that may wait for the writer before new ones are dropped.
+pub const BACKLOG: usize = 65_536;
+
+/// What one answered request leaves in the access log.
+#[derive(Debug)]
+pub struct Entry<'a> {
+    /// The client's address.
+    pub client: SocketAddr,
+    /// The request's method.
+    pub method: &'a Method,
+    /// The request target.
+    pub uri: &'a Uri,
+    /// The HTTP version.
+    pub version: Version,
+    /// The response status.
+    pub status: u16,
+    /// The response body's length when known (`Content-Length`), else `None` (`-`).
+    pub bytes: Option<u64>,
+    /// The route that matched (`-`: none).
+    pub route: &'a str,
+    /// Time to the response head.
+    pub elapsed: Duration,
+    /// The `User-Agent`, if any.
+    pub user_agent: Option<&'a str>,
+}
+
+/// The access log's sender side; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AccessLog {
+    format: AccessLogFormat,
+    lines: mpsc::Sender<String>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl AccessLog {
+    /// Opens `target` (a file is created or appended to) and starts the writer task; call
+    /// it inside a Tokio runtime.
+    pub fn open(target: &AccessLogTarget, format: AccessLogFormat) -> std::io::Result<Self> {
+        let out: Box<dyn Write + Send> = match target {
+            AccessLogTarget::Stdout => Box::new(std::io::stdout()),
+            AccessLogTarget::File(path) => Box::new(open_file(path)?),
+        };
+        let (lines, rx) = mpsc::channel(BACKLOG);
+        let dropped = Arc::new(AtomicU64::new(0));
+        tokio::task::spawn_blocking({
+            let dropped = Arc::clone(&dropped);
+            move || write_lines(out, rx, &dropped)
+        });
+        Ok(Self {
+            format,
+            lines,
+            dropped,
+        })
+    }
+
+    /// Queues the line for `entry`.
+    pub fn record(&self, entry: &Entry<'_>) {
+        let line = match self.format {
+            AccessLogFormat::Common => common(entry, SystemTime::now()),
+            AccessLogFormat::Json => json_line(entry, SystemTime::now()),
+        };
+        if self.lines.try_send(line).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn open_file(path: &PathBuf) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// The writer: one line at a time, flushed whenever the queue runs empty.
+fn write_lines(
+    mut out: Box<dyn Write + Send>,
+    mut rx: mpsc::Receiver<String>,
+    dropped: &AtomicU64,
+) {
+    while let Some(line) = rx.blocking_recv() {
+        let mut ok = writeln!(out, "{line}").is_ok();
+        while let Ok(line) = rx.try_recv() {
+            ok &= writeln!(out, "{line}").is_ok();
+        }
+        ok &= out.flush().is_ok();
+        if !ok {
+            warn!("the access log cannot be written");
+        }
+        let lost = dropped.swap(0, Ordering::Relaxed);
+        if lost > 0 {
+            warn!(lost, "access log lines dropped: the writer fell behind");
+        }
+    }
+}
+
+/// `client - - [day/Mon/year:HH:MM:SS +0000] "METHOD target HTTP/x" status bytes`.
+fn common(e: &Entry<'_>, now: SystemTime) -> String {
+    let (y, mo, d, h, mi, s) = civil(now);
+    let month = MONTHS[(mo - 1) as usize];
+    let bytes = e.bytes.map_or_else(|| "-".to_owned(), |b| b.to_string());
+    format!(
+        "{} - - [{d:02}/{month}/{y}:{h:02}:{mi:02}:{s:02} +0000] \"{} {} {:?}\" {} {bytes}",
+        e.client.ip(),
+        e.method,
+        e.uri,
+        e.version,
+        e.status
+    )
+}
+
+fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
+    let (y, mo, d, h, mi, s) = civil(now);
+    json!({
+        "time": format!("{y}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z"),
+        "client": e.client.ip().to_string(),
+        "method": e.method.as_str(),
+        "target": e.uri.to_string(),
+        "protocol": format!("{:?}", e.version),
+        "status": e.status,
+        "bytes": e.bytes,
+        "route": e.route,
+        "duration_ms": e.elapsed.as_secs_f64() * 1000.0,
+        "user_agent": e.user_agent,
+    })
+    .to_string()
+}
+
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+/// UTC (year, month, day, hour, minute, second) of `t` (days-from-civil, inverted; Howard
+/// Hinnant's algorithm).
+fn civil(t: SystemTime) -> (i64, u32, u32, u32, u32, u32) {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    (year, month, day, h as u32, m as u32, s as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry<'a>(method: &'a Method, uri: &'a Uri) -> Entry<'a> {
+        Entry {
+            client: "192.0.2.7:5555".parse().unwrap_or_else(|_| unreachable!()),
+            method,
+            uri,
+            version: Version::HTTP_11,
+            status: 200,
+            bytes: Some(6),
+            route: "api",
+            elapsed: Duration::from_millis(3),
+            user_agent: Some("curl/8"),
+        }
+    }
+
+    #[test]
+    fn civil_dates_are_right_across_leap_years() {
+        let at = |s: u64| civil(UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), (1970, 1, 1, 0, 0, 0));
+        assert_eq!(at(951_782_400), (2000, 2, 29, 0, 0, 0));
+        assert_eq!(at(1_795_424_400), (2026, 11, 23, 9, 0, 0));
+    }
+
+    #[test]
+    fn common_and_json_lines() {
+        let (m, u) = (Method::GET, Uri::from_static("/hello?x=1"));
+        let at = UNIX_EPOCH + Duration::from_secs(1_795_424_400);
+        assert_eq!(
+            common(&entry(&m, &u), at),
+            "192.0.2.7 - - [23/Nov/2026:09:00:00 +0000] \"GET /hello?x=1 HTTP/1.1\" 200 6"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&json_line(&entry(&m, &u), at)).unwrap_or_default();
+        assert_eq!(v["time"], "2026-11-23T09:00:00Z");
+        assert_eq!(
+            (v["status"].as_u64(), v["route"].as_str()),
+            (Some(200), Some("api"))
+        );
+    }
+}
