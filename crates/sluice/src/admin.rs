@@ -14,6 +14,7 @@
 //! | `POST /clusters/{cluster}/endpoints` `{"addr": "ip:port"}` | add an endpoint to a static cluster |
 //! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one |
 //! | `GET /metrics` | Prometheus text format ([`Metrics`]) |
+//! | `GET /openapi.json` | this API as OpenAPI 3 (`docs/admin-openapi.json`) |
 //! | `GET /ui` | a live dashboard page that polls `/status` and `/metrics` (served without the token; it takes one from `#token=`) |
 //!
 //! Errors are `{"error": "<reason>"}` with 400 (bad input), 401 (token), 404 (no such
@@ -142,6 +143,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
             post(drain),
         )
         .route("/reload", post(reload))
+        .route("/openapi.json", get(openapi))
         .route("/routes", get(list_routes).post(add_route))
         .route("/routes/{name}", delete(remove_route))
         .route("/clusters/{cluster}/endpoints", post(add_endpoint))
@@ -246,7 +248,10 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> serde_json::Value {
     let slices: Vec<_> = c
         .slice_names()
         .into_iter()
-        .map(|s| json!({ "name": s, "idle": c.idle_sessions(&s), "queued": c.queued(&s) }))
+        .map(|s| {
+            let oldest = u64::try_from(c.oldest_wait(&s).as_millis()).unwrap_or(u64::MAX);
+            json!({ "name": s, "idle": c.idle_sessions(&s), "queued": c.queued(&s), "oldest_wait_ms": oldest })
+        })
         .collect();
     let instances: Vec<_> = c
         .instances()
@@ -447,4 +452,10 @@ async fn reload(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
         Ok(done) => Json(json!({ "reloaded": true, "message": done })).into_response(),
         Err(reason) => error(StatusCode::BAD_REQUEST, &reason),
     }
+}
+
+/// The API's OpenAPI 3 description (`docs/admin-openapi.json`, checked in).
+async fn openapi() -> Response {
+    let doc = include_str!("../../../docs/admin-openapi.json");
+    ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
 }

@@ -300,3 +300,46 @@ async fn routes_change_at_runtime_including_client_cidr_slices() {
     }
     let _ = p.stop.send(());
 }
+
+#[tokio::test]
+async fn every_documented_operation_reaches_a_handler() {
+    let p = start().await;
+    let (status, doc) = call(p.admin, "GET", "/openapi.json", None, "").await;
+    assert_eq!(status, 200, "the document is served without the token");
+    let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 10);
+    for (path, ops) in paths {
+        let concrete = path
+            .replace("{cluster}", "api")
+            .replace("{instance}", "a")
+            .replace("{name}", "nope")
+            .replace("{addr}", "127.0.0.1:1");
+        for method in ops.as_object().unwrap().keys() {
+            let method = method.to_ascii_uppercase();
+            let (status, body) = call(p.admin, &method, &concrete, Some(TOKEN), "{}").await;
+            assert_ne!(status, 405, "{method} {path} is documented but not routed");
+            assert!(
+                !body.contains("no such admin resource"),
+                "{method} {path}: {body}"
+            );
+        }
+    }
+    let _ = p.stop.send(());
+}
+
+#[tokio::test]
+async fn status_shows_how_long_the_oldest_request_has_waited() {
+    let p = start().await;
+    // No session: the request waits in the default slice's queue.
+    let http = p.http;
+    let waiting = tokio::spawn(async move { get(http, "/x").await });
+    p.cluster.wait_until(|c| c.queued("default") == 1).await;
+    let (_, body) = json(p.admin, "GET", "/status", "").await;
+    let slice = &body["clusters"][0]["slices"][0];
+    assert_eq!(slice["queued"], 1);
+    assert!(slice["oldest_wait_ms"].as_u64().is_some(), "{slice}");
+    let _svc = Service::start(p.acceptor, ServiceSpec::new("a", 1)).await;
+    assert_eq!(waiting.await.unwrap().status, StatusCode::OK);
+    let _ = p.stop.send(());
+}

@@ -143,6 +143,13 @@ impl ReverseCluster {
             .map_or(0, |p| p.idle())
     }
 
+    /// How long the longest request waiting in `slice`'s queue has waited.
+    pub fn oldest_wait(&self, slice: &str) -> std::time::Duration {
+        locked(&self.inner.slices)
+            .get(slice)
+            .map_or(std::time::Duration::ZERO, |p| p.oldest_wait())
+    }
+
     /// Requests waiting in `slice`'s admission queue.
     pub fn queued(&self, slice: &str) -> usize {
         locked(&self.inner.slices)

@@ -44,7 +44,8 @@ pub struct SlicePool {
 #[derive(Debug, Default)]
 struct State {
     idle: VecDeque<Session>,
-    waiters: VecDeque<oneshot::Sender<Session>>,
+    /// Each waiter's channel, and since when it waits.
+    waiters: VecDeque<(Instant, oneshot::Sender<Session>)>,
 }
 
 /// What a lease attempt found: an idle session, or a place in the queue.
@@ -100,8 +101,15 @@ impl SlicePool {
         self.state()
             .waiters
             .iter()
-            .filter(|w| !w.is_closed())
+            .filter(|(_, w)| !w.is_closed())
             .count()
+    }
+
+    /// How long the longest waiter still waiting has waited (zero with nobody waiting).
+    pub fn oldest_wait(&self) -> std::time::Duration {
+        let st = self.state();
+        let oldest = st.waiters.iter().find(|(_, w)| !w.is_closed());
+        oldest.map_or(std::time::Duration::ZERO, |(since, _)| since.elapsed())
     }
 
     /// Leases a live session exclusively: an idle one, or the next one returned or registered
@@ -142,14 +150,14 @@ impl SlicePool {
             }
         }
         if st.waiters.len() >= self.opts.queue_max {
-            st.waiters.retain(|w| !w.is_closed());
+            st.waiters.retain(|(_, w)| !w.is_closed());
             if st.waiters.len() >= self.opts.queue_max {
                 debug!(cluster = %self.cluster, slice = %self.slice, "admission queue full");
                 return Err(unavailable("no capacity: admission queue full"));
             }
         }
         let (tx, rx) = oneshot::channel();
-        st.waiters.push_back(tx);
+        st.waiters.push_back((Instant::now(), tx));
         drop(st);
         self.changed.notify_waiters();
         Ok(Taken::Queued(Waiter {
@@ -170,7 +178,7 @@ impl SlicePool {
         if session.usable() {
             let mut st = self.state();
             loop {
-                let Some(tx) = st.waiters.pop_front() else {
+                let Some((_, tx)) = st.waiters.pop_front() else {
                     if self.handover.takes(st.idle.len()) {
                         drop(st);
                         self.let_go(session);
@@ -193,7 +201,7 @@ impl SlicePool {
     pub(crate) fn hand_over_idle(&self) {
         let handed: Vec<Session> = {
             let mut st = self.state();
-            if !self.handover.active() || st.waiters.iter().any(|w| !w.is_closed()) {
+            if !self.handover.active() || st.waiters.iter().any(|(_, w)| !w.is_closed()) {
                 return;
             }
             let n = st.idle.len().saturating_sub(self.handover.keeps());
@@ -237,7 +245,7 @@ impl SlicePool {
     pub(crate) fn hand_over_some(&self, n: usize) -> usize {
         let handed: Vec<Session> = {
             let mut st = self.state();
-            if !self.handover.active() || st.waiters.iter().any(|w| !w.is_closed()) {
+            if !self.handover.active() || st.waiters.iter().any(|(_, w)| !w.is_closed()) {
                 return 0;
             }
             st.idle.retain(Session::usable);
