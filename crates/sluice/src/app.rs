@@ -120,14 +120,15 @@ impl Proxy {
     ) -> Result<Self, StartError> {
         let clusters = build_clusters(config);
         let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
+        let metrics = Arc::new(Metrics::new());
         let mut servers = Vec::with_capacity(config.listeners.len());
         for l in &config.listeners {
             let handed = inherited
                 .as_mut()
                 .and_then(|i| i.tcp(&restart::listener_key(&l.name), l.addr));
-            servers.push(bind_server(l, handed).await?);
+            let server = bind_server(l, handed).await?;
+            servers.push(server.with_byte_counters(metrics.client_bytes(&l.name)));
         }
-        let metrics = Arc::new(Metrics::new());
         let mut service =
             ProxyService::from_arc(Arc::clone(&routes)).with_metrics(Arc::clone(&metrics));
         if let Some(log) = &config.access_log {
@@ -140,8 +141,9 @@ impl Proxy {
         let acceptor = bind_acceptor(config, &clusters, inherited.as_mut()).await?;
         let acceptor = acceptor.map(|a| a.with_metrics(Arc::clone(&metrics)));
         for upstream in clusters.values() {
-            if let Upstream::Reverse(s) = upstream {
-                s.cluster().set_metrics(Arc::clone(&metrics));
+            match upstream {
+                Upstream::Reverse(s) => s.cluster().set_metrics(Arc::clone(&metrics)),
+                Upstream::Static(c) => c.set_metrics(Arc::clone(&metrics)),
             }
         }
         let admin = match &config.admin {

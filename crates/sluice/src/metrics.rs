@@ -40,6 +40,17 @@ struct SliceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectLabels {
+    cluster: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InstanceLabels {
     cluster: String,
     instance: String,
@@ -58,7 +69,13 @@ pub struct Metrics {
     idle: Family<SliceLabels, Gauge>,
     queued: Family<SliceLabels, Gauge>,
     sessions: Family<InstanceLabels, Gauge>,
+    connects: Family<ConnectLabels, Counter>,
+    bytes_in: Family<ListenerLabels, Counter>,
+    bytes_out: Family<ListenerLabels, Counter>,
 }
+
+/// The byte counters of one listener's client connections: (received, sent).
+pub type ByteCounters = (Counter, Counter);
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -123,7 +140,28 @@ impl Metrics {
             "Connected sessions, by reverse cluster, instance and state (active or draining)",
             sessions.clone(),
         );
+        let connects = Family::default();
+        registry.register(
+            "upstream_connects",
+            "New connections to static-cluster endpoints, by cluster and result (ok, error)",
+            connects.clone(),
+        );
+        let bytes_in = Family::default();
+        registry.register(
+            "client_received_bytes",
+            "Bytes read from clients, by listener (TLS records included)",
+            bytes_in.clone(),
+        );
+        let bytes_out = Family::default();
+        registry.register(
+            "client_sent_bytes",
+            "Bytes written to clients, by listener (TLS records included)",
+            bytes_out.clone(),
+        );
         Self {
+            connects,
+            bytes_in,
+            bytes_out,
             registry,
             requests,
             duration,
@@ -154,6 +192,26 @@ impl Metrics {
             result: result.to_owned(),
         };
         self.handshakes.get_or_create(&labels).inc();
+    }
+
+    /// Counts one new upstream connection of a static cluster; `ok` whether it was made.
+    pub fn upstream_connect(&self, cluster: &str, ok: bool) {
+        let labels = ConnectLabels {
+            cluster: cluster.to_owned(),
+            result: if ok { "ok" } else { "error" }.to_owned(),
+        };
+        self.connects.get_or_create(&labels).inc();
+    }
+
+    /// The byte counters a listener's connections add to.
+    pub fn client_bytes(&self, listener: &str) -> ByteCounters {
+        let labels = ListenerLabels {
+            listener: listener.to_owned(),
+        };
+        (
+            self.bytes_in.get_or_create(&labels).clone(),
+            self.bytes_out.get_or_create(&labels).clone(),
+        )
     }
 
     /// Records how long a request waited in a slice's admission queue.

@@ -225,6 +225,12 @@ async fn metrics_count_requests_handshakes_and_sessions() {
         value("sluice_sessions{cluster=\"api\",instance=\"a\",state=\"active\"}"),
         Some(2.0)
     );
+    let refused = value("sluice_upstream_connects_total{cluster=\"legacy\",result=\"error\"}");
+    assert!(refused.is_some_and(|n| n >= 1.0), "{text}");
+    let received = value("sluice_client_received_bytes_total{listener=\"public\"}").unwrap();
+    let sent = value("sluice_client_sent_bytes_total{listener=\"public\"}").unwrap();
+    // Three small requests in, three responses out.
+    assert!(received > 50.0 && sent > 150.0, "{received} {sent}");
     let _ = p.stop.send(());
 }
 

@@ -29,6 +29,7 @@ pub(super) struct Settings {
     h2: http2::Builder<TokioExecutor>,
     http: HttpOptions,
     tls: Option<TlsAcceptor>,
+    pub(super) bytes: Option<crate::metrics::ByteCounters>,
 }
 
 impl Settings {
@@ -45,6 +46,7 @@ impl Settings {
             h2,
             http: http.clone(),
             tls,
+            bytes: None,
         }
     }
 }
@@ -62,7 +64,8 @@ pub(super) async fn serve<S: HttpService>(
         // Responses are written whole by hyper; Nagle would only add latency.
         let _ = stream.set_nodelay(true);
         let active = Arc::new(ActiveRequests::default());
-        let io = IdleTimeout::new(stream, settings.http.idle_timeout, Arc::clone(&active));
+        let io = IdleTimeout::new(stream, settings.http.idle_timeout, Arc::clone(&active))
+            .with_byte_counters(settings.bytes.clone());
         let svc = ConnService {
             service,
             info,

@@ -24,6 +24,8 @@ pub struct IdleTimeout<T> {
     last_progress: Instant,
     sleep: Pin<Box<Sleep>>,
     active: Arc<ActiveRequests>,
+    /// Bytes received and sent, when the listener counts them.
+    bytes: Option<crate::metrics::ByteCounters>,
 }
 
 impl<T> IdleTimeout<T> {
@@ -37,7 +39,14 @@ impl<T> IdleTimeout<T> {
             last_progress: now,
             sleep: Box::pin(tokio::time::sleep_until(deadline(now, timeout))),
             active,
+            bytes: None,
         }
+    }
+
+    /// Adds every byte read and written to these counters.
+    pub fn with_byte_counters(mut self, bytes: Option<crate::metrics::ByteCounters>) -> Self {
+        self.bytes = bytes;
+        self
     }
 
     /// The wrapped stream.
@@ -47,6 +56,12 @@ impl<T> IdleTimeout<T> {
 
     fn progressed(&mut self) {
         self.last_progress = Instant::now();
+    }
+
+    fn count_sent(&self, written: &io::Result<usize>) {
+        if let (Some((_, sent)), Ok(n)) = (&self.bytes, written) {
+            sent.inc_by(*n as u64);
+        }
     }
 
     /// Ready with an error when the idle deadline has passed; registers the waker otherwise.
@@ -83,9 +98,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleTimeout<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 self.progressed();
+                if let Some((received, _)) = &self.bytes {
+                    received.inc_by((buf.filled().len() - before) as u64);
+                }
                 Poll::Ready(r)
             }
             Poll::Pending => self.poll_expired(cx).map(Err),
@@ -102,6 +121,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<T> {
         match Pin::new(&mut self.inner).poll_write(cx, buf) {
             Poll::Ready(r) => {
                 self.progressed();
+                self.count_sent(&r);
                 Poll::Ready(r)
             }
             Poll::Pending => self.poll_expired(cx).map(Err),
@@ -116,6 +136,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<T> {
         match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
             Poll::Ready(r) => {
                 self.progressed();
+                self.count_sent(&r);
                 Poll::Ready(r)
             }
             Poll::Pending => self.poll_expired(cx).map(Err),

@@ -74,6 +74,7 @@ pub struct Server {
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     http: HttpOptions,
+    bytes: Option<crate::metrics::ByteCounters>,
 }
 
 impl std::fmt::Debug for Server {
@@ -104,7 +105,14 @@ impl Server {
             listener,
             tls: None,
             http,
+            bytes: None,
         }
+    }
+
+    /// Counts the bytes its connections receive and send (by default nothing is counted).
+    pub fn with_byte_counters(mut self, bytes: crate::metrics::ByteCounters) -> Self {
+        self.bytes = Some(bytes);
+        self
     }
 
     /// Terminates TLS with this rustls config (its ALPN list decides HTTP/2 availability).
@@ -139,7 +147,9 @@ impl Server {
     /// Serves `service` until `signal` fires, then stops accepting, lets open connections
     /// finish their in-flight requests for up to `grace`, and closes the rest.
     pub async fn serve<S: HttpService>(self, service: S, signal: ShutdownSignal, grace: Duration) {
-        let settings = Arc::new(conn::Settings::new(&self.http, self.tls.clone()));
+        let mut settings = conn::Settings::new(&self.http, self.tls.clone());
+        settings.bytes = self.bytes.clone();
+        let settings = Arc::new(settings);
         let local = self
             .listener
             .local_addr()

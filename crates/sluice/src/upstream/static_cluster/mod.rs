@@ -51,6 +51,8 @@ struct Inner {
     epoch: Instant,
     /// Whether the idle reaper and health checks run (they start inside a Tokio runtime).
     tasks_started: AtomicBool,
+    /// Where new connections are counted, once the proxy sets it.
+    metrics: std::sync::OnceLock<std::sync::Arc<crate::metrics::Metrics>>,
 }
 
 impl StaticCluster {
@@ -74,6 +76,7 @@ impl StaticCluster {
             endpoints: ArcSwap::from_pointee(list),
             epoch: Instant::now(),
             tasks_started: AtomicBool::new(false),
+            metrics: std::sync::OnceLock::new(),
         };
         Self {
             inner: Arc::new(inner),
@@ -83,6 +86,11 @@ impl StaticCluster {
     /// Builds the cluster a validated config describes.
     pub fn from_config(name: &str, cfg: &sluice_config::StaticCluster) -> Self {
         Self::new(name, cfg.endpoints.iter().copied(), cfg.options.clone())
+    }
+
+    /// Counts new connections in `metrics` (the first call wins; by default none).
+    pub fn set_metrics(&self, metrics: std::sync::Arc<crate::metrics::Metrics>) {
+        let _ = self.inner.metrics.set(metrics);
     }
 
     /// The cluster's name.
@@ -196,7 +204,11 @@ async fn acquire(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError>
 }
 
 async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError> {
-    match connect_http1(endpoint.addr(), inner.opts.connect_timeout).await {
+    let connected = connect_http1(endpoint.addr(), inner.opts.connect_timeout).await;
+    if let Some(m) = inner.metrics.get() {
+        m.upstream_connect(&inner.name, connected.is_ok());
+    }
+    match connected {
         Ok(sender) => {
             endpoint.connect_succeeded();
             Ok(Conn::new(sender))
