@@ -1,6 +1,7 @@
-"""Reload under load (`POST /reload` on the admin API, and SIGHUP): each is a hot restart of
-the same binary with the re-read file, so no request fails and no service re-dials; a file
-that does not load is refused with its file:line:col error and changes nothing."""
+"""Reload under load (`POST /reload` on the admin API, and SIGHUP). A file whose routes changed
+is applied in place (same process, same client connections); one whose other settings changed
+is a hot restart of the same binary. Either way no request fails and no service re-dials; a
+file that does not load is refused with its file:line:col error and changes nothing."""
 
 from __future__ import annotations
 
@@ -71,23 +72,42 @@ def test_reloads_under_load_fail_nothing(bins: Binaries, tmp_path: Path) -> None
     admin = json.loads(line)["fields"]["admin.addr"].removeprefix("Some(").removesuffix(")")
     service = start_service(bins, "rust", sluice, "rust", 8, 2)
     last = pid_of(admin)
+    path = tmp_path / "sluice.toml"
     try:
         load = Load(sluice.http, 12, method="GET").start()
         load.wait_for(200)
-        for _ in range(RELOADS):
+
+        # Routes only: applied in place; the same process answers, on the same connections.
+        stale = load.stale_retries
+        extra = '[[route]]\nname = "reloaded"\npath_prefix = "/reloaded"\ndirect_response = { status = 200, body = "new route\\n" }\n\n'
+        path.write_text(config.replace("[[route]]", extra + "[[route]]", 1))
+        status, body = admin_call(admin, "POST", "/reload")
+        assert status == 200 and "in place" in body["message"], body
+        assert pid_of(admin) == last
+        conn = http.client.HTTPConnection(*sluice.http, timeout=WAIT)
+        conn.request("GET", "/reloaded")
+        assert conn.getresponse().read() == b"new route\n"
+        conn.close()
+        load.wait_for(100)
+        assert load.stale_retries == stale, "an in-place reload closed client connections"
+
+        # Anything else: a new process takes over, each time.
+        for i in range(RELOADS):
+            text = path.read_text()
+            path.write_text(text.replace(f'shutdown_grace = "{20 + i}s"', f'shutdown_grace = "{21 + i}s"'))
             status, body = admin_call(admin, "POST", "/reload")
-            assert status == 200 and body["reloaded"], body
+            assert status == 200 and body["reloaded"] and "took over" in body["message"], body
             last = wait_new_pid(admin, last)
             load.wait_for(100)
         # (Not wait_exit: its successors hold the same stdout, so the pipe stays open.)
         assert sluice.proc.popen.wait(timeout=WAIT) == 0, sluice.proc.tail()
 
-        good = (tmp_path / "sluice.toml").read_text()
-        (tmp_path / "sluice.toml").write_text(good + "\n[cluster.broken]\nkind = \"nope\"\n")
+        good = path.read_text()
+        path.write_text(good + '\n[cluster.broken]\nkind = "nope"\n')
         status, body = admin_call(admin, "POST", "/reload")
         assert status == 400 and "sluice.toml:" in body["error"], body
         assert pid_of(admin) == last, "a refused reload changed nothing"
-        (tmp_path / "sluice.toml").write_text(good)
+        path.write_text(good.replace(f'shutdown_grace = "{20 + RELOADS}s"', 'shutdown_grace = "5s"'))
 
         os.kill(last, signal.SIGHUP)
         last = wait_new_pid(admin, last)

@@ -174,6 +174,7 @@ fn run(
                 config: path.clone(),
                 workers,
                 log_format: log_format.as_arg(),
+                in_place: proxy.in_place(),
             };
             let hook = successor.hook(proxy.upgraded());
             proxy = proxy.with_reload(hook.clone());

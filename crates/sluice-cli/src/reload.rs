@@ -1,8 +1,10 @@
-//! Reload (`POST /reload` on the admin API, or SIGHUP): a hot restart of the same binary with
-//! the same file. The new process loads the file, takes the listening sockets and idle
-//! sessions (docs/handoff.md), and this one drains and exits, so no request fails, as with
-//! NGINX's reload. The file is checked first (`sluice check`): one that does not load changes
-//! nothing, and its `file:line:col` error is the answer.
+//! Reload (`POST /reload` on the admin API, or SIGHUP). The file is read first: one that does
+//! not load changes nothing, and its `file:line:col` error is the answer. When only routes and
+//! static endpoints changed, they change inside this process ([`sluice::reload`]): client
+//! connections and sessions carry on. Otherwise it is a hot restart of the same binary with the
+//! same file: the new process takes the listening sockets and idle sessions
+//! (docs/handoff.md), and this one drains and exits, so no request fails, as with NGINX's
+//! reload (whose new workers also start with fresh client connections).
 //!
 //! The new process is started as a child of this one and outlives it: under a supervisor
 //! that tracks the main PID (systemd's `Type=simple`), prefer `--upgrade` from the
@@ -13,6 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use sluice::admin::ReloadHook;
+use sluice::reload::{Applied, InPlace};
 use tokio::process::Command;
 use tokio::sync::watch;
 use tracing::{error, info};
@@ -26,6 +29,8 @@ pub(crate) struct Successor {
     pub(crate) config: PathBuf,
     pub(crate) workers: Option<usize>,
     pub(crate) log_format: &'static str,
+    /// What may change without a new process.
+    pub(crate) in_place: InPlace,
 }
 
 impl Successor {
@@ -42,16 +47,11 @@ impl Successor {
         if draining {
             return Err("a reload is already under way: this process is draining".into());
         }
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-        let check = Command::new(&exe)
-            .args(["check", "-c"])
-            .arg(&self.config)
-            .output()
-            .await
-            .map_err(|e| format!("cannot run `sluice check`: {e}"))?;
-        if !check.status.success() {
-            return Err(String::from_utf8_lossy(&check.stderr).trim().to_owned());
+        let new = sluice::config::load_file(&self.config).map_err(|e| e.to_string())?;
+        if let Some(applied) = self.in_place.apply(&new) {
+            return Ok(describe(&applied));
         }
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
         let mut cmd = Command::new(&exe);
         cmd.args(["--log-format", self.log_format, "run", "--upgrade", "-c"])
             .arg(&self.config)
@@ -87,6 +87,27 @@ impl Successor {
             }
         }
     }
+}
+
+/// One line on what an in-place reload changed.
+fn describe(a: &Applied) -> String {
+    let mut parts = Vec::new();
+    if a.routes {
+        parts.push("routes replaced".to_owned());
+    }
+    if !a.added.is_empty() {
+        parts.push(format!("endpoints added: {}", a.added.join(", ")));
+    }
+    if !a.removed.is_empty() {
+        parts.push(format!("endpoints removed: {}", a.removed.join(", ")));
+    }
+    if parts.is_empty() {
+        parts.push("nothing changed".to_owned());
+    }
+    format!(
+        "applied in place ({}); connections and sessions carry on",
+        parts.join("; ")
+    )
 }
 
 /// Reloads on every SIGHUP, logging what happened.

@@ -20,6 +20,7 @@ use crate::admin::{self, AdminState, ReloadHook};
 use crate::handoff;
 use crate::metrics::Metrics;
 use crate::proxy::ProxyService;
+use crate::reload::InPlace;
 use crate::restart::{self, HandedListener, Inherited, RestartError, UpgradeSocket};
 use crate::router::{Direct, LiveRoutes, Matcher, Route, RouteTable, Target};
 use crate::server::{tls, Group, Server};
@@ -85,6 +86,8 @@ pub struct Proxy {
     service: ProxyService<LiveRoutes>,
     /// The routes, shared with the admin API, which changes them at runtime.
     routes: Arc<LiveRoutes>,
+    /// What a reload may change without a new process.
+    in_place: InPlace,
     clusters: BTreeMap<String, Upstream>,
     acceptor: Option<Acceptor>,
     grace: Duration,
@@ -159,10 +162,12 @@ impl Proxy {
         let upgrade = config.runtime.upgrade_socket.as_deref();
         let upgrade = upgrade.map(UpgradeSocket::bind).transpose()?;
         let consumers = handoff_sources(config, &clusters);
+        let in_place = InPlace::new(config, Arc::clone(&routes), clusters.clone());
         Ok(Self {
             servers,
             service,
             routes,
+            in_place,
             clusters,
             acceptor,
             grace: config.runtime.shutdown_grace,
@@ -194,6 +199,11 @@ impl Proxy {
     pub fn with_reload(mut self, hook: ReloadHook) -> Self {
         self.reload = Some(hook);
         self
+    }
+
+    /// What a reload can change inside this process (routes, static endpoints).
+    pub fn in_place(&self) -> InPlace {
+        self.in_place.clone()
     }
 
     /// Turns `true` once a successor has taken the listening sockets: a hot restart (or a

@@ -16,6 +16,8 @@
 //! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
 //!   timeouts, the HTTP/1 request-smuggling guard (`Content-Length` with `Transfer-Encoding`),
 //!   graceful shutdown.
+//! - [`reload`]: applying a re-read configuration in place when only routes and endpoints
+//!   changed.
 //! - [`restart`]: hot restart: a successor takes the listening sockets and idle sessions over
 //!   the upgrade socket (`sluice-handoff` messages and fd passing).
 //! - [`router`]: matching requests to routes (host, path prefix, method, headers, client CIDR).
@@ -46,6 +48,7 @@ pub mod handoff;
 pub mod http;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod restart;
 pub mod router;
 pub mod server;

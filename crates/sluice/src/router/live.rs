@@ -107,6 +107,14 @@ impl LiveRoutes {
         }
     }
 
+    /// Replaces every route with those of `config` at once (a reload); the clusters must be
+    /// the ones this table was built with.
+    pub fn replace_all(&self, config: &sluice_config::Config) {
+        let fresh = Self::from_config(config, &self.clusters);
+        let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
+        self.current.store(fresh.current.load_full());
+    }
+
     /// The routes in match order.
     pub fn list(&self) -> Vec<RouteSpec> {
         self.current.load().iter().map(|e| e.spec.clone()).collect()
