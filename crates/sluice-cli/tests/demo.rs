@@ -39,14 +39,20 @@ fn demo(extra: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
 
 /// Reads lines until the `ready` line; returns the proxy's address.
 async fn wait_ready(lines: &mut Lines<BufReader<ChildStdout>>) -> SocketAddr {
-    let mut proxy = None;
+    wait_listening(lines, "proxy").await
+}
+
+/// Reads lines until the `ready` line; returns the address of `listening <what>=`.
+async fn wait_listening(lines: &mut Lines<BufReader<ChildStdout>>, what: &str) -> SocketAddr {
+    let prefix = format!("listening {what}=");
+    let mut found = None;
     loop {
         let line = lines.next_line().await.unwrap().expect("demo ended early");
-        if let Some(addr) = line.strip_prefix("listening proxy=") {
-            proxy = Some(addr.parse().unwrap());
+        if let Some(addr) = line.strip_prefix(&prefix) {
+            found = Some(addr.parse().unwrap());
         }
         if line.starts_with("ready ") {
-            return proxy.expect("no `listening proxy=` line before `ready`");
+            return found.unwrap_or_else(|| panic!("no `{prefix}` line before `ready`"));
         }
     }
 }
@@ -149,20 +155,6 @@ async fn load_prints_five_steps_and_never_exceeds_declared_sessions() {
     );
 }
 
-/// Reads lines until `ready`; returns the admin API's address.
-async fn wait_admin(lines: &mut Lines<BufReader<ChildStdout>>) -> SocketAddr {
-    let mut admin = None;
-    loop {
-        let line = lines.next_line().await.unwrap().expect("demo ended early");
-        if let Some(addr) = line.strip_prefix("listening admin=") {
-            admin = Some(addr.parse().unwrap());
-        }
-        if line.starts_with("ready ") {
-            return admin.expect("no `listening admin=` line before `ready`");
-        }
-    }
-}
-
 /// `sluice ctl` against the demo's admin API; returns the exit status and stdout.
 async fn ctl(admin: SocketAddr, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -181,7 +173,7 @@ async fn ctl(admin: SocketAddr, args: &[&str]) -> (bool, String) {
 #[tokio::test]
 async fn ctl_reads_and_drains_a_running_demo() {
     let (child, mut lines) = demo(&[]);
-    let admin = tokio::time::timeout(START_TIMEOUT, wait_admin(&mut lines))
+    let admin = tokio::time::timeout(START_TIMEOUT, wait_listening(&mut lines, "admin"))
         .await
         .expect("demo did not become ready");
     let (ok, status) = ctl(admin, &["--json", "status"]).await;
