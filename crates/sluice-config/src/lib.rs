@@ -25,6 +25,7 @@ use std::path::Path;
 
 pub use error::ConfigError;
 pub use model::*;
+pub use values::{parse_cidr, parse_method};
 
 /// A configuration that works with nothing else running: a plaintext listener named `default`
 /// on 127.0.0.1:8080 that answers `/healthz` and explains itself on every other path.

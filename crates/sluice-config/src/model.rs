@@ -143,6 +143,35 @@ pub enum HostMatch {
     Suffix(String),
 }
 
+impl HostMatch {
+    /// `api.example.com` matches exactly; `*.example.com` any subdomain. No other wildcards,
+    /// and no port (hosts are compared without one). The error says what was expected.
+    pub fn parse(host: &str) -> Result<Self, String> {
+        let text = host.to_ascii_lowercase();
+        let err = |why: &str| format!("invalid host `{host}`: {why}");
+        let (wildcard, rest) = match text.strip_prefix("*.") {
+            Some(suffix) => (true, suffix),
+            None => (false, text.as_str()),
+        };
+        if rest.contains('*') {
+            return Err(err(
+                "`*` is only allowed as a leading `*.` (e.g. \"*.example.com\")",
+            ));
+        }
+        if rest.contains(':') && !rest.starts_with('[') {
+            return Err(err("hosts are matched without the port; remove `:<port>`"));
+        }
+        if rest.is_empty() || rest.starts_with('.') || rest.ends_with('.') {
+            return Err(err("expected a host name like \"example.com\""));
+        }
+        Ok(if wildcard {
+            HostMatch::Suffix(format!(".{rest}"))
+        } else {
+            HostMatch::Exact(text)
+        })
+    }
+}
+
 /// What a matching route does.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {

@@ -187,16 +187,28 @@ pub(crate) struct Cidr(pub(crate) IpNet);
 
 impl<'de> Deserialize<'de> for Cidr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        from_str_with(d, "a CIDR string", |s| {
-            let net = s
-                .parse::<IpNet>()
-                .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| {
-                    format!("invalid CIDR `{s}`; expected e.g. \"10.0.0.0/8\" or an IP")
-                })?;
-            Ok(Cidr(net))
-        })
+        from_str_with(d, "a CIDR string", |s| parse_cidr(s).map(Cidr))
     }
+}
+
+/// A network as routes take it (`client_cidr`): CIDR notation, or a bare IP for that single
+/// address. The error says what was expected.
+pub fn parse_cidr(s: &str) -> Result<IpNet, String> {
+    s.parse::<IpNet>()
+        .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("invalid CIDR `{s}`; expected e.g. \"10.0.0.0/8\" or an IP"))
+}
+
+/// An HTTP method as routes take it: case-sensitive, so lowercase is refused rather than
+/// never matching.
+pub fn parse_method(s: &str) -> Result<Method, String> {
+    if s.bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(format!(
+            "method `{s}` must be uppercase (methods are case-sensitive), e.g. \"{}\"",
+            s.to_ascii_uppercase()
+        ));
+    }
+    Method::from_bytes(s.as_bytes()).map_err(|_| format!("invalid HTTP method `{s}`"))
 }
 
 /// An HTTP method; methods are case-sensitive, so lowercase is refused rather than never matching.
@@ -206,15 +218,7 @@ pub(crate) struct MethodValue(pub(crate) Method);
 impl<'de> Deserialize<'de> for MethodValue {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         from_str_with(d, "an HTTP method string", |s| {
-            if s.bytes().any(|b| b.is_ascii_lowercase()) {
-                return Err(format!(
-                    "method `{s}` must be uppercase (methods are case-sensitive), e.g. \"{}\"",
-                    s.to_ascii_uppercase()
-                ));
-            }
-            Method::from_bytes(s.as_bytes())
-                .map(MethodValue)
-                .map_err(|_| format!("invalid HTTP method `{s}`"))
+            parse_method(s).map(MethodValue)
         })
     }
 }

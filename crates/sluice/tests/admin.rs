@@ -300,6 +300,9 @@ async fn routes_change_at_runtime_including_client_cidr_slices() {
         r#"{"name": "x", "cluster": "legacy", "slice": "mobile"}"#,
         r#"{"name": "x", "path_prefix": "no-slash", "cluster": "api"}"#,
         r#"{"name": "x", "cluster": "api", "colour": "blue"}"#,
+        // The configuration file's own rules: methods are case-sensitive, hosts have no port.
+        r#"{"name": "x", "cluster": "api", "methods": ["get"]}"#,
+        r#"{"name": "x", "cluster": "api", "hosts": ["api.example.com:8080"]}"#,
         r#"{"cluster": "api"}"#,
     ] {
         assert_eq!(json(p.admin, "POST", "/routes", bad).await.0, 400, "{bad}");

@@ -112,36 +112,8 @@ fn matcher(ctx: Ctx<'_>, raw: RawRoute) -> Result<Match, ConfigError> {
     })
 }
 
-/// `api.example.com` matches exactly; `*.example.com` any subdomain. No other wildcards.
 fn host(ctx: Ctx<'_>, raw: &Spanned<String>) -> Result<HostMatch, ConfigError> {
-    let text = raw.get_ref().to_ascii_lowercase();
-    let err = |why: &str| {
-        ctx.err(
-            raw.span(),
-            format!("invalid host `{}`: {why}", raw.get_ref()),
-        )
-    };
-    let (wildcard, rest) = match text.strip_prefix("*.") {
-        Some(suffix) => (true, suffix),
-        None => (false, text.as_str()),
-    };
-    if rest.contains('*') {
-        return Err(err(
-            "`*` is only allowed as a leading `*.` (e.g. \"*.example.com\")",
-        ));
-    }
-    // Hosts are compared without the port, so a host with one could never match.
-    if rest.contains(':') && !rest.starts_with('[') {
-        return Err(err("hosts are matched without the port; remove `:<port>`"));
-    }
-    if rest.is_empty() || rest.starts_with('.') || rest.ends_with('.') {
-        return Err(err("expected a host name like \"example.com\""));
-    }
-    Ok(if wildcard {
-        HostMatch::Suffix(format!(".{rest}"))
-    } else {
-        HostMatch::Exact(text)
-    })
+    HostMatch::parse(raw.get_ref()).map_err(|e| ctx.err(raw.span(), e))
 }
 
 fn edits(ctx: Ctx<'_>, raw: RawHeaderEdits) -> Result<HeaderEdits, ConfigError> {

@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use http::Method;
-use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use sluice_config::HostMatch;
 
@@ -179,23 +177,11 @@ impl LiveRoutes {
             (u, None) => u.clone(),
         };
         let matcher = Matcher::from(&sluice_config::Match {
-            hosts: spec
-                .hosts
-                .iter()
-                .map(|h| host(h))
-                .collect::<Result<_, _>>()?,
+            hosts: parse_all(&spec.hosts, HostMatch::parse)?,
             path_prefix: path(spec.path_prefix.as_deref())?,
-            methods: spec
-                .methods
-                .iter()
-                .map(|m| method(m))
-                .collect::<Result<_, _>>()?,
+            methods: parse_all(&spec.methods, sluice_config::parse_method)?,
             headers: Vec::new(),
-            client_cidrs: spec
-                .client_cidr
-                .iter()
-                .map(|c| cidr(c))
-                .collect::<Result<_, _>>()?,
+            client_cidrs: parse_all(&spec.client_cidr, sluice_config::parse_cidr)?,
         });
         let route = Arc::new(Route::new(spec.name.clone(), Target::Upstream(target)));
         Ok(Entry {
@@ -216,20 +202,15 @@ impl Entry {
     }
 }
 
-fn host(h: &str) -> Result<HostMatch, RouteError> {
-    let lower = h.to_ascii_lowercase();
-    let ok = |s: &str| {
-        !s.is_empty()
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
-    };
-    match lower.strip_prefix("*.") {
-        Some(suffix) if ok(suffix) => Ok(HostMatch::Suffix(format!(".{suffix}"))),
-        None if ok(&lower) => Ok(HostMatch::Exact(lower)),
-        _ => Err(RouteError::Invalid(format!(
-            "host {h:?} is not a host name or *.suffix"
-        ))),
-    }
+/// Parses every value with the configuration file's own rules (one source of truth).
+fn parse_all<T>(
+    values: &[String],
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, RouteError> {
+    values
+        .iter()
+        .map(|v| parse(v).map_err(RouteError::Invalid))
+        .collect()
 }
 
 fn path(p: Option<&str>) -> Result<Option<String>, RouteError> {
@@ -239,22 +220,6 @@ fn path(p: Option<&str>) -> Result<Option<String>, RouteError> {
         ))),
         other => Ok(other.map(str::to_owned)),
     }
-}
-
-fn method(m: &str) -> Result<Method, RouteError> {
-    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-        .map_err(|_| RouteError::Invalid(format!("method {m:?} is not an HTTP method")))
-}
-
-fn cidr(c: &str) -> Result<IpNet, RouteError> {
-    c.parse::<IpNet>()
-        .or_else(|_| c.parse::<std::net::IpAddr>().map(IpNet::from))
-        .map(|n| n.trunc())
-        .map_err(|_| {
-            RouteError::Invalid(format!(
-                "client_cidr {c:?} is not a network like 192.168.0.0/24"
-            ))
-        })
 }
 
 /// How a configured route shows in the admin API.
