@@ -45,7 +45,8 @@ impl ActiveRequests {
     /// Counts one request until the returned guard is dropped.
     pub(super) fn begin(self: &Arc<Self>) -> ActiveGuard {
         self.count.fetch_add(1, Ordering::Relaxed);
-        if !self.started.swap(true, Ordering::AcqRel) {
+        // Only the first request writes the flag; later ones just read it.
+        if !self.started() && !self.started.swap(true, Ordering::AcqRel) {
             self.first.notify_waiters();
         }
         ActiveGuard(Arc::clone(self))
