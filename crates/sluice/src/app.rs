@@ -10,18 +10,16 @@ use std::time::Duration;
 use sluice_config::{Action, ClusterKind, Config, SessionSource, Token};
 use sluice_handoff::{Handoff, ListenAddr};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-use tokio::time::Instant;
+use tokio::sync::watch;
 
-use crate::acceptor::{Acceptor, BindError, HandedOver};
+use crate::acceptor::{Acceptor, BindError};
 use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState, ReloadHook};
 use crate::handoff;
 use crate::metrics::Metrics;
 use crate::proxy::ProxyService;
 use crate::reload::InPlace;
-use crate::restart::{self, HandedListener, Inherited, RestartError, UpgradeSocket};
+use crate::restart::{self, Inherited, RestartError, UpgradeSocket};
 use crate::router::{Direct, LiveRoutes, Matcher, Route, RouteTable, Target};
 use crate::server::{tls, Group, Server};
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
@@ -132,15 +130,7 @@ impl Proxy {
             let server = bind_server(l, handed).await?;
             servers.push(server.with_byte_counters(metrics.client_bytes(&l.name)));
         }
-        let mut service =
-            ProxyService::from_arc(Arc::clone(&routes)).with_metrics(Arc::clone(&metrics));
-        if let Some(log) = &config.access_log {
-            let opened = AccessLog::open(&log.target, log.format);
-            service = service.with_access_log(opened.map_err(|source| StartError::AccessLog {
-                target: format!("{:?}", log.target),
-                source,
-            })?);
-        }
+        let service = proxy_service(config, &routes, &metrics)?;
         let acceptor = bind_acceptor(config, &clusters, inherited.as_mut()).await?;
         let acceptor = acceptor.map(|a| a.with_metrics(Arc::clone(&metrics)));
         for upstream in clusters.values() {
@@ -149,15 +139,7 @@ impl Proxy {
                 Upstream::Static(c) => c.set_metrics(Arc::clone(&metrics)),
             }
         }
-        let admin = match &config.admin {
-            Some(a) => {
-                let handed = inherited
-                    .as_mut()
-                    .and_then(|i| i.tcp(restart::ADMIN_KEY, a.addr));
-                Some((bind_admin(a.addr, handed).await?, a.token.clone()))
-            }
-            None => None,
-        };
+        let admin = bind_admin(config, inherited.as_mut()).await?;
         // After the listeners: a predecessor still holds the path until it has handed them.
         let upgrade = config.runtime.upgrade_socket.as_deref();
         let upgrade = upgrade.map(UpgradeSocket::bind).transpose()?;
@@ -273,7 +255,7 @@ impl Proxy {
         let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));
         let mut handover = None;
         group
-            .run_until(stop_or_upgrade(
+            .run_until(restart::stop_or_upgrade(
                 trigger,
                 self.upgrade,
                 fds,
@@ -288,7 +270,7 @@ impl Proxy {
             }
         }
         if let Some(forwarder) = handover {
-            finish_handover(&reverse, forwarder).await;
+            restart::finish_handover(&reverse, forwarder).await;
         }
         // Sessions would otherwise outlive the proxy in a process that goes on (an embedding
         // program, `sluice demo`): their connection tasks keep the cluster alive. Closing them
@@ -329,7 +311,7 @@ impl Proxy {
 
     /// Duplicates of every listening socket, named for the hand-over; one that cannot be
     /// duplicated is left out (the successor binds it afresh) with a warning.
-    fn listener_fds(&self) -> ListenerFds {
+    fn listener_fds(&self) -> restart::ListenerFds {
         let mut fds = Vec::new();
         for server in &self.servers {
             let fd = server
@@ -369,103 +351,6 @@ impl Proxy {
             None => {}
         }
         (fds, handed)
-    }
-}
-
-/// How long idle sessions are given to move to a successor even when the grace period is
-/// over.
-const MOVE_TIME: Duration = Duration::from_secs(1);
-
-/// The task that forwards sessions to a successor, and when the grace period ends.
-type Handover = (JoinHandle<()>, Instant);
-
-/// Duplicates of the listening sockets, and the acceptor's switch to mark them taken.
-type ListenerFds = (Vec<HandedListener>, Option<HandedOver>);
-
-/// Resolves when `trigger` does, or once a successor has taken the listening sockets (then
-/// every reverse cluster starts handing its idle sessions over; `handover` gets the task that
-/// forwards them).
-async fn stop_or_upgrade(
-    trigger: impl Future<Output = ()>,
-    upgrade: Option<UpgradeSocket>,
-    (fds, acceptor_handed): ListenerFds,
-    reverse: &BTreeMap<String, ReverseCluster>,
-    grace: Duration,
-    (handover, upgraded): (&mut Option<Handover>, &watch::Sender<bool>),
-) {
-    let Some(socket) = upgrade else {
-        return trigger.await;
-    };
-    tokio::pin!(trigger);
-    let path = socket.path().to_owned();
-    let conn = loop {
-        let conn = tokio::select! {
-            () = &mut trigger => return,
-            conn = socket.successor() => conn,
-        };
-        // Copies: if this successor fails, the next one gets the sockets all the same.
-        let copies = fds
-            .iter()
-            .map(|(name, addr, fd)| Ok((name.clone(), addr.clone(), fd.try_clone()?)));
-        let copies: std::io::Result<Vec<_>> = copies.collect();
-        let sent = match copies {
-            Ok(copies) => restart::send_listeners(&conn, &path, copies)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match sent {
-            Ok(()) => break conn,
-            Err(error) => {
-                tracing::error!(%error, "hot restart failed while handing over the listeners; serving on")
-            }
-        }
-    };
-    // The successor binds the path anew once it reads READY: ours must be gone by then.
-    drop(socket);
-    if let Err(error) = restart::send_ready(&conn, &path).await {
-        // It has our sockets but may never serve: keep serving (no more upgrades, though).
-        tracing::error!(%error, "hot restart failed at READY; serving on without an upgrade socket");
-        return trigger.await;
-    }
-    if let Some(flag) = acceptor_handed {
-        flag.set();
-    }
-    upgraded.send_replace(true);
-    let (tx, rx) = mpsc::unbounded_channel();
-    for cluster in reverse.values() {
-        // One idle session per slice stays for requests on connections still draining here.
-        cluster.start_handover(tx.clone(), true);
-    }
-    let forwarder = tokio::spawn(restart::forward_sessions(conn, path, rx));
-    *handover = Some((forwarder, Instant::now() + grace));
-    tracing::info!("a successor took the listening sockets; draining and handing sessions over");
-}
-
-/// After the drain: hands over the rest, waits until every session has left (by `deadline`,
-/// the end of the grace period that began with the upgrade, but at least [`MOVE_TIME`] for
-/// idle sessions to move), and lets the forwarder say DONE.
-async fn finish_handover(
-    reverse: &BTreeMap<String, ReverseCluster>,
-    (forwarder, deadline): (JoinHandle<()>, Instant),
-) {
-    for cluster in reverse.values() {
-        cluster.finish_handover();
-    }
-    let all_gone = async {
-        for cluster in reverse.values() {
-            cluster.wait_until(|c| c.sessions() == 0).await;
-        }
-    };
-    let deadline = deadline.max(Instant::now() + MOVE_TIME);
-    if tokio::time::timeout_at(deadline, all_gone).await.is_err() {
-        tracing::warn!("sessions still busy after the grace period; closing them");
-    }
-    for cluster in reverse.values() {
-        cluster.stop_handover();
-    }
-    if let Err(e) = forwarder.await {
-        tracing::warn!(error = %e, "the hand-over task failed");
     }
 }
 
@@ -553,20 +438,44 @@ fn handoff_sources(
     by_path
 }
 
-/// Binds the admin API's listener, or takes over the one a predecessor handed over.
+/// The routing service, counting into `metrics` and logging to `[access_log]` if set.
+fn proxy_service(
+    config: &Config,
+    routes: &Arc<LiveRoutes>,
+    metrics: &Arc<Metrics>,
+) -> Result<ProxyService<LiveRoutes>, StartError> {
+    let service = ProxyService::from_arc(Arc::clone(routes)).with_metrics(Arc::clone(metrics));
+    let Some(log) = &config.access_log else {
+        return Ok(service);
+    };
+    let opened =
+        AccessLog::open(&log.target, log.format).map_err(|source| StartError::AccessLog {
+            target: format!("{:?}", log.target),
+            source,
+        })?;
+    Ok(service.with_access_log(opened))
+}
+
+/// Binds the admin API's listener (`[admin]`), or takes over the one a predecessor handed
+/// over; returns it with the token.
 async fn bind_admin(
-    addr: SocketAddr,
-    handed: Option<std::net::TcpListener>,
-) -> Result<TcpListener, StartError> {
-    let bound = match handed {
+    config: &Config,
+    inherited: Option<&mut Inherited>,
+) -> Result<Option<(TcpListener, Option<Token>)>, StartError> {
+    let Some(admin) = &config.admin else {
+        return Ok(None);
+    };
+    let addr = admin.addr;
+    let bound = match inherited.and_then(|i| i.tcp(restart::ADMIN_KEY, addr)) {
         Some(std) => TcpListener::from_std(std),
         None => TcpListener::bind(addr).await,
     };
-    bound.map_err(|source| StartError::Bind {
+    let listener = bound.map_err(|source| StartError::Bind {
         listener: "admin".to_owned(),
         addr,
         source,
-    })
+    })?;
+    Ok(Some((listener, admin.token.clone())))
 }
 
 /// Binds one listener, or takes over the socket a predecessor handed over for it.

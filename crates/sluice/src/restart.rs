@@ -24,8 +24,15 @@ use std::sync::Arc;
 use sluice_handoff::{
     AllowedUids, Handoff, HandoffListener, ListenAddr, Message, Role, PROTOCOL_VERSION,
 };
-use tokio::sync::mpsc;
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
+
+use crate::acceptor::HandedOver;
 
 use crate::upstream::reverse::{HandedSession, Limit};
 use crate::upstream::ReverseCluster;
@@ -366,4 +373,103 @@ pub(crate) async fn adopt_sessions(
         }
     }
     info!(adopted, "adopted the predecessor's sessions");
+}
+
+// The old side's part of `Proxy::run_until`.
+
+/// How long idle sessions are given to move to a successor even when the grace period is
+/// over.
+const MOVE_TIME: Duration = Duration::from_secs(1);
+
+/// The task that forwards sessions to a successor, and when the grace period ends.
+pub(crate) type Handover = (JoinHandle<()>, Instant);
+
+/// Duplicates of the listening sockets, and the acceptor's switch to mark them taken.
+pub(crate) type ListenerFds = (Vec<HandedListener>, Option<HandedOver>);
+
+/// Resolves when `trigger` does, or once a successor has taken the listening sockets (then
+/// every reverse cluster starts handing its idle sessions over; `handover` gets the task that
+/// forwards them).
+pub(crate) async fn stop_or_upgrade(
+    trigger: impl Future<Output = ()>,
+    upgrade: Option<UpgradeSocket>,
+    (fds, acceptor_handed): ListenerFds,
+    reverse: &BTreeMap<String, ReverseCluster>,
+    grace: Duration,
+    (handover, upgraded): (&mut Option<Handover>, &watch::Sender<bool>),
+) {
+    let Some(socket) = upgrade else {
+        return trigger.await;
+    };
+    tokio::pin!(trigger);
+    let path = socket.path().to_owned();
+    let conn = loop {
+        let conn = tokio::select! {
+            () = &mut trigger => return,
+            conn = socket.successor() => conn,
+        };
+        // Copies: if this successor fails, the next one gets the sockets all the same.
+        let copies = fds
+            .iter()
+            .map(|(name, addr, fd)| Ok((name.clone(), addr.clone(), fd.try_clone()?)));
+        let copies: std::io::Result<Vec<_>> = copies.collect();
+        let sent = match copies {
+            Ok(copies) => send_listeners(&conn, &path, copies)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match sent {
+            Ok(()) => break conn,
+            Err(error) => {
+                tracing::error!(%error, "hot restart failed while handing over the listeners; serving on")
+            }
+        }
+    };
+    // The successor binds the path anew once it reads READY: ours must be gone by then.
+    drop(socket);
+    if let Err(error) = send_ready(&conn, &path).await {
+        // It has our sockets but may never serve: keep serving (no more upgrades, though).
+        tracing::error!(%error, "hot restart failed at READY; serving on without an upgrade socket");
+        return trigger.await;
+    }
+    if let Some(flag) = acceptor_handed {
+        flag.set();
+    }
+    upgraded.send_replace(true);
+    let (tx, rx) = mpsc::unbounded_channel();
+    for cluster in reverse.values() {
+        // One idle session per slice stays for requests on connections still draining here.
+        cluster.start_handover(tx.clone(), true);
+    }
+    let forwarder = tokio::spawn(forward_sessions(conn, path, rx));
+    *handover = Some((forwarder, Instant::now() + grace));
+    tracing::info!("a successor took the listening sockets; draining and handing sessions over");
+}
+
+/// After the drain: hands over the rest, waits until every session has left (by `deadline`,
+/// the end of the grace period that began with the upgrade, but at least [`MOVE_TIME`] for
+/// idle sessions to move), and lets the forwarder say DONE.
+pub(crate) async fn finish_handover(
+    reverse: &BTreeMap<String, ReverseCluster>,
+    (forwarder, deadline): (JoinHandle<()>, Instant),
+) {
+    for cluster in reverse.values() {
+        cluster.finish_handover();
+    }
+    let all_gone = async {
+        for cluster in reverse.values() {
+            cluster.wait_until(|c| c.sessions() == 0).await;
+        }
+    };
+    let deadline = deadline.max(Instant::now() + MOVE_TIME);
+    if tokio::time::timeout_at(deadline, all_gone).await.is_err() {
+        tracing::warn!("sessions still busy after the grace period; closing them");
+    }
+    for cluster in reverse.values() {
+        cluster.stop_handover();
+    }
+    if let Err(e) = forwarder.await {
+        tracing::warn!(error = %e, "the hand-over task failed");
+    }
 }
