@@ -81,7 +81,7 @@ def start(cmd, cpu):
 
 
 def nginx_worker_pid(master):
-    out = subprocess.run(["pgrep", "-P", str(master.pid)], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-P", str(master.pid)], capture_output=True, text=True, check=False).stdout
     pids = [int(p) for p in out.split()]
     # taskset execs nginx in place, so master.pid is nginx's master; its child is the worker.
     return pids[0] if pids else master.pid
@@ -140,7 +140,7 @@ def main():
         for port in [backend] + [port for port, _ in targets.values()]:
             wait_port(port)
         targets["nginx-keepalive"] = (p_nginx, nginx_worker_pid(nginx))
-        for name, (port, _) in targets.items():  # warm-up: pools, caches, page faults
+        for port, _ in targets.values():  # warm-up: pools, caches, page faults
             wrk(port, 1, args.connections)
         results = {name: [] for name in targets}
         names = list(targets)

@@ -31,10 +31,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
-from nginx_compare import ROOT, cpu_seconds, fmt, free_port, nginx_conf, nginx_worker_pid
-from nginx_compare import start, wait_port, wrk
+from nginx_compare import (
+    ROOT,
+    cpu_seconds,
+    fmt,
+    free_port,
+    nginx_conf,
+    nginx_worker_pid,
+    start,
+    wait_port,
+    wrk,
+)
 
 SERVICE = "hello"
 

@@ -19,7 +19,6 @@ Needs: wrk, taskset.
 import argparse
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 import urllib.request

@@ -16,6 +16,9 @@ use crate::Error;
 pub struct Status {
     /// Sessions registered right now (handshake done, connection not yet ended); starts at 0.
     pub registered: usize,
+    /// Registrations since start, re-dials included: with `registered` steady, a rising count
+    /// means the proxy keeps closing sessions (churn).
+    pub registrations: u64,
     /// The most recent dial, handshake or refusal error of any slot; `None` until one happens,
     /// and not cleared by later successes.
     pub last_error: Option<Error>,
@@ -125,7 +128,10 @@ impl Shared {
 
     /// Counts a session as registered until the guard drops.
     pub(crate) fn registered(self: &Arc<Self>) -> RegisteredGuard {
-        self.status.send_modify(|s| s.registered += 1);
+        self.status.send_modify(|s| {
+            s.registered += 1;
+            s.registrations += 1;
+        });
         RegisteredGuard(self.clone())
     }
 }

@@ -84,6 +84,8 @@ async fn a_session_the_acceptor_closes_is_redialed() {
     let mut replacement = fake.session().await;
     assert_eq!(replacement.get("/again").await.body, "hello /again");
     registered(&sessions, 2).await;
+    // Two sessions now, three registrations since start: the re-dial shows as churn.
+    assert_eq!(sessions.subscribe().borrow().registrations, 3);
 }
 
 #[tokio::test]

@@ -33,8 +33,12 @@ pub(super) async fn send(
         return Err(failure.error);
     };
     debug!(instance = %instance.id(), error = %failure.error, "session failed before the response; retrying on another");
-    let session = pool.lease().await?;
-    send_on(pool, session, req, None).await.map_err(|f| f.error)
+    // Boxed: the retry is rare, and inline its state would double every request's future.
+    Box::pin(async {
+        let session = pool.lease().await?;
+        send_on(pool, session, req, None).await.map_err(|f| f.error)
+    })
+    .await
 }
 
 async fn send_on(

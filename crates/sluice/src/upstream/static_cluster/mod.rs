@@ -200,7 +200,9 @@ async fn acquire(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError>
         }
         debug!(upstream.addr = %endpoint.addr(), "discarded a closed pooled connection");
     }
-    connect_fresh(inner, endpoint).await
+    // Boxed: connecting is the cold path once the pool is warm, and its state (the TCP connect
+    // and hyper's handshake) would otherwise sit inline in every request's future.
+    Box::pin(connect_fresh(inner, endpoint)).await
 }
 
 async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError> {

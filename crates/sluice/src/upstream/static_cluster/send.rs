@@ -60,7 +60,17 @@ async fn exchange(
         return Err(failure.error);
     };
     debug!(cluster = %inner.name, upstream.addr = %in_flight.endpoint().addr(), error = %failure.error, "reused connection failed before the response; retrying on a fresh one");
+    // Boxed: the retry is rare, and inline its state would double every request's future.
+    Box::pin(retry_fresh(inner, in_flight, req)).await
+}
+
+async fn retry_fresh(
+    inner: &Inner,
+    in_flight: InFlight,
+    req: Request<ProxyBody>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     let mut fresh = connect_fresh(inner, in_flight.endpoint()).await?;
+    let timeout = inner.opts.response_timeout;
     match exchange::send(&mut fresh.sender, req, timeout, None).await {
         Ok(res) => Ok(finish(inner, fresh, in_flight, res)),
         Err(failure) => Err(failure.error),

@@ -1,0 +1,366 @@
+"""results.json -> report.md and PNG plots. Every figure is a median over rounds with its
+min-max; comparisons are medians of per-round ratios (rounds interleave the targets, so a
+ratio compares runs that were seconds apart)."""
+
+import os
+import platform
+import statistics
+import subprocess
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+BASELINES = ("nginx-keepalive", "haproxy")
+
+
+def median_range(values, digits=0):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.{digits}f}"
+    return f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def ratios(a_runs, b_runs, key):
+    out = []
+    for a, b in zip(a_runs, b_runs):
+        x, y = key(a), key(b)
+        if x is not None and y:
+            out.append(x / y)
+    return out
+
+
+def rps(r):
+    return r["rps"]
+
+
+def cpu(r):
+    return r["cpu_us_per_req"]
+
+
+def p99(r):
+    return r["latency_us"].get("p99")
+
+
+def write(results, out_dir):
+    """Writes report.md and the plots into `out_dir`; returns the target verdicts."""
+    lines = [f"# Sluice benchmark report ({results['profile']}, {results['date']})", ""]
+    lines += _setup(results)
+    verdicts = []
+    if "steady" in results:
+        lines += _steady(results["steady"], out_dir)
+    if "spike" in results:
+        lines += _spike(results["spike"], out_dir)
+    if "slow" in results:
+        lines += _slow(results["slow"])
+    if "ports" in results:
+        lines += _ports(results["ports"])
+    if "size" in results:
+        lines += _size(results["size"], out_dir)
+    verdicts = evaluate(results)
+    lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {t} | {m} | {v} |" for t, m, v in verdicts]
+    lines.append("")
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines))
+    return verdicts
+
+
+def _setup(results):
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, check=False).stdout.strip()
+    return [
+        f"Sluice commit `{git or '?'}`; {platform.node()}, {os.cpu_count()} CPUs, "
+        f"kernel {platform.release()}. Command: `{results['command']}`.", "",
+        "Setup: each proxy runs alone on CPU 1 with one worker (NGINX `worker_processes 1`, "
+        "HAProxy `nbthread 1`, Sluice `workers = 1`, Pingora one thread); the load generator and "
+        "the target's own backend (`bench-backend`, the same binary for every target: it listens, "
+        "or dials in as sessions for `sluice-reverse`) share CPU 0. Targets run in rotated order "
+        "each round. `sluice-static-b` is a second, identical Sluice: its ratio to "
+        "`sluice-static` is this session's noise floor (A/A). A run whose load CPU was >= 95% "
+        "busy is flagged: it may have measured the load generator, not the proxy. Proxy CPU per "
+        "request is the proxy's utime+stime over the run divided by the requests answered.", ""]
+
+
+def _steady(s, out_dir):
+    points = {int(c): runs for c, runs in s["points"].items()}
+    head = max(points, key=lambda c: len(next(iter(points[c].values()))))
+    runs = points[head]
+    names = list(runs)
+    rounds = len(runs[names[0]])
+    lines = ["## 1. Steady (closed loop, wrk -t1)", "",
+             f"### Headline: c={head}, {rounds} rounds", "",
+             "| target | RPS | p50 us | p90 us | p99 us | proxy CPU us/req | ctx sw/req | "
+             "syscalls/req | RSS MiB | new upstream conns/req | non-2xx + errors | load CPU busy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for n in names:
+        rs = runs[n]
+        sc = s["syscalls"].get(n)
+        busy = sum(r["load_cpu_busy"] >= 0.95 for r in rs)
+        conns = sum(r["new_upstream_conns"] for r in rs) / max(1, sum(r["requests"] for r in rs))
+        lines.append(
+            f"| {n} | {median_range([rps(r) for r in rs])} "
+            f"| {median_range([r['latency_us']['p50'] for r in rs])} "
+            f"| {median_range([r['latency_us']['p90'] for r in rs])} "
+            f"| {median_range([p99(r) for r in rs])} | {median_range([cpu(r) for r in rs], 1)} "
+            f"| {median_range([r['ctx_per_req'] for r in rs], 2)} "
+            f"| {f'{sc:.2f}' if sc is not None else '-'} "
+            f"| {median_range([r['rss_kib'] / 1024 if r['rss_kib'] else None for r in rs], 1)} "
+            f"| {conns:.4f} | {sum(r['non2xx'] + r['errors'] for r in rs)} "
+            f"| {busy}/{len(rs)} flagged |")
+    lines += ["", "Per-round ratios, median (min-max):", "",
+              "| ratio | RPS | p99 | proxy CPU/req |", "|---|---|---|---|"]
+    pairs = [(a, b) for b in BASELINES if b in runs for a in names if a not in (b, "direct")]
+    if "sluice-static-b" in runs:
+        pairs.insert(0, ("sluice-static-b", "sluice-static"))
+    if "nginx" in runs and "sluice-reverse" in runs:
+        pairs.append(("sluice-reverse", "nginx"))
+    if "sluice-static" in runs and "sluice-reverse" in runs:
+        pairs.append(("sluice-reverse", "sluice-static"))
+    for a, b in pairs:
+        lines.append(f"| {a} / {b}{' (A/A)' if a == 'sluice-static-b' else ''} "
+                     f"| {median_range(ratios(runs[a], runs[b], rps), 2)} "
+                     f"| {median_range(ratios(runs[a], runs[b], p99), 2)} "
+                     f"| {median_range(ratios(runs[a], runs[b], cpu), 2)} |")
+    lines += ["", "### Sweep: median RPS / proxy CPU us per request / context switches per request",
+              "", "| target | " + " | ".join(f"c={c}" for c in points) + " |",
+              "|---|" + "---|" * len(points)]
+    for n in names:
+        cells = []
+        for c in points:
+            rs = points[c].get(n, [])
+            cu, cx = med([cpu(r) for r in rs]), med([r["ctx_per_req"] for r in rs])
+            cells.append(f"{med([rps(r) for r in rs]) or 0:.0f} / "
+                         f"{'-' if cu is None else f'{cu:.1f}'} / "
+                         f"{'-' if cx is None else f'{cx:.2f}'}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += ["", "![RPS vs concurrency](steady_rps.png) "
+              "![context switches per request](steady_ctx.png)",
+              "![time per request](steady_time.png) ![proxy CPU per request](steady_cpu.png)", ""]
+    conc = list(points)
+    _plot(out_dir, "steady_rps.png", "Requests/s vs concurrency", "concurrency", "requests/s",
+          {n: (conc, [med([rps(r) for r in points[c][n]]) for c in conc]) for n in names})
+    _plot(out_dir, "steady_ctx.png", "Proxy context switches per request", "concurrency",
+          "switches/request",
+          {n: (conc, [med([r["ctx_per_req"] for r in points[c][n]]) for c in conc])
+           for n in names if n != "direct"})
+    _plot(out_dir, "steady_cpu.png", "Proxy CPU time per request", "concurrency", "us/request",
+          {n: (conc, [med([cpu(r) for r in points[c][n]]) for c in conc])
+           for n in names if n != "direct"})
+    # The paper's "time per request": mean latency = concurrency / throughput.
+    _plot(out_dir, "steady_time.png", "Time per request (concurrency / RPS)", "concurrency",
+          "us/request",
+          {n: (conc, [c * 1e6 / (med([rps(r) for r in points[c][n]]) or 1) for c in conc])
+           for n in names})
+    return lines
+
+
+def _spike(s, out_dir):
+    levels = {float(k): v for k, v in s["levels"].items()}
+    names = list(next(iter(levels.values())))
+    lines = ["## 2. Spike (open loop, fixed offered rate)", "",
+             f"Declared capacity: {s['capacity']} sessions of a service taking {s['delay_ms']} ms "
+             f"per request; in requests/s, what {s['capacity']} concurrent clients get directly "
+             f"from the backend: {s['capacity_rps']:.0f} rps. Goodput: 2xx answers complete "
+             "within the offered window, per second, over that capacity. sluice-reverse: the service dials in with "
+             f"{s['capacity']} sessions, queue_max {s['queue_max']}, queue_timeout "
+             f"{s['queue_timeout_s']} s (Sluice's defaults). nginx-keepalive: `max_conns="
+             f"{s['capacity']}` (NGINX OSS has no upstream queue: over the limit it answers 502). "
+             f"haproxy: `maxconn {s['capacity']} maxqueue {s['queue_max']}`, `timeout queue "
+             f"{s['queue_timeout_s']}s`. Latency is measured from each request's scheduled send "
+             "time (no coordinated omission).", "",
+             "| offered | target | goodput (of capacity) | p50 ok ms | p99 ok ms | p99.9 ok ms | "
+             "non-2xx | timeouts | not sent (generator at 4096 conns) | max in service | "
+             "proxy CPU us/req | generator max lag ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for level, runs in levels.items():
+        for n in names:
+            r = runs[n]
+            lat = r["latency_us"]
+            cu = "-" if r["cpu_us_per_req"] is None else f"{r['cpu_us_per_req']:.1f}"
+            ol = r["extra"]["openloop"]
+            lines.append(
+                f"| {level:g}x | {n} | {r['rps'] / s['capacity_rps']:.1%} "
+                f"| {lat.get('p50', 0) / 1e3:.1f} | {lat.get('p99', 0) / 1e3:.1f} "
+                f"| {lat.get('p999', 0) / 1e3:.1f} | {r['non2xx']} "
+                f"| {ol['errors']['timeout'] + ol['errors']['io'] + ol['errors']['connect']} "
+                f"| {ol['not_sent']} "
+                f"| {r['extra']['backend_max_in_flight']} "
+                f"| {cu} "
+                f"| {ol.get('max_lag_us', 0) / 1e3:.1f} |")
+    lines += ["", "![goodput vs offered load](spike_goodput.png) "
+              "![p99 of successful requests](spike_p99.png)", ""]
+    xs = list(levels)
+    _plot(out_dir, "spike_goodput.png", "Goodput vs offered load", "offered / capacity",
+          "goodput / capacity",
+          {n: (xs, [levels[x][n]["rps"] / s["capacity_rps"] for x in xs]) for n in names})
+    _plot(out_dir, "spike_p99.png", "p99 of successful requests", "offered / capacity", "ms",
+          {n: (xs, [levels[x][n]["latency_us"].get("p99", 0) / 1e3 for x in xs])
+           for n in names})
+    return lines
+
+
+def _slow(s):
+    lines = ["## 3. Slow clients", "",
+             f"{s['clients']} clients each fetch a {_bytes(s['body_bytes'])} body and read it at "
+             f"1 KiB/s (SO_RCVBUF 4 KiB) while wrk -c{s['fast_connections']} fetches the small "
+             "body. Held: at the end of the wrk run, the connections open to the backend (busy "
+             "or pooled) or, for sluice-reverse, the sessions leased.", "",
+             "| target | fast RPS | fast p50 ms | fast p99 ms | fast non-2xx + errors | "
+             "upstream conns/sessions held | slow responses completed | slow clients connected |",
+             "|---|---|---|---|---|---|---|---|"]
+    for n, r in s["targets"].items():
+        sl = r["extra"]["slow"]
+        lines.append(f"| {n} | {r['rps']:.0f} | {r['latency_us']['p50'] / 1e3:.2f} "
+                     f"| {r['latency_us']['p99'] / 1e3:.2f} | {r['non2xx'] + r['errors']} "
+                     f"| {r['extra']['upstream_held']} | {sl['responses_completed']} "
+                     f"| {sl['connected']} |")
+    return lines + [""]
+
+
+def _ports(s):
+    lines = ["## 4. Ports", "",
+             f"{s['requests']} requests per target over wrk -c{s['connections']} keep-alive "
+             "client connections. New upstream connections are the connections the backend "
+             "accepted (each took an ephemeral port on the proxy) or, for sluice-reverse, the "
+             "sessions that dialed in during the run. TIME_WAIT counts the sockets the run added "
+             "on each side of each hop.", "",
+             "| target | requests | new upstream conns | per request | TIME_WAIT upstream "
+             "(backend side / proxy side) | TIME_WAIT client hop (proxy side / client side) | "
+             "machine TcpActiveOpens | non-2xx + errors |", "|---|---|---|---|---|---|---|---|"]
+    for n, r in s["targets"].items():
+        lines.append(f"| {n} | {r['requests']} | {r['new_upstream_conns']} "
+                     f"| {r['new_upstream_conns'] / max(1, r['requests']):.4f} "
+                     f"| {r['tw_upstream'][0]} / {r['tw_upstream'][1]} "
+                     f"| {r['tw_client'][0]} / {r['tw_client'][1]} | {r['active_opens']} "
+                     f"| {r['non2xx'] + r['errors']} |")
+    return lines + [""]
+
+
+def _size(s, out_dir):
+    sizes = {int(k): v for k, v in s["sizes"].items()}
+    names = list(next(iter(sizes.values())))
+    lines = ["## 5. Response size", "", f"wrk -c{s['connections']}; throughput of response "
+             "bodies in MB/s (median of rounds) and proxy CPU us per request.", "",
+             "| target | " + " | ".join(_bytes(b) for b in sizes) + " |",
+             "|---|" + "---|" * len(sizes)]
+    for n in names:
+        cells = []
+        for b, runs in sizes.items():
+            rs = runs[n]
+            cu = med([cpu(r) for r in rs])
+            cells.append(f"{med([rps(r) for r in rs]) * b / 1e6:.1f} MB/s"
+                         + (f" / {cu:.1f} us" if cu is not None else ""))
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += ["", "![throughput by body size](size_mbps.png)", ""]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        ax.bar([j + i * width for j in range(len(sizes))],
+               [med([rps(r) for r in runs[n]]) * b / 1e6 for b, runs in sizes.items()],
+               width, label=n)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sizes))], [_bytes(b) for b in sizes])
+    ax.set_ylabel("MB/s")
+    ax.set_title("Throughput by response body size")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "size_mbps.png"), dpi=90)
+    plt.close(fig)
+    return lines
+
+
+def _bytes(b):
+    return f"{b // (1 << 20)} MiB" if b >= 1 << 20 else f"{b // 1024} KiB"
+
+
+def _plot(out_dir, name, title, xlabel, ylabel, series):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (xs, ys) in series.items():
+        pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label)
+    if len(xs) > 2 and max(xs) / max(min(xs), 1e-9) > 16:
+        ax.set_xscale("log", base=2)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, name), dpi=90)
+    plt.close(fig)
+
+
+def evaluate(results):
+    """The issue's targets, each as (target, what was measured, met/missed/not measured)."""
+    out = []
+
+    def verdict(ok):
+        return "met" if ok else "**missed**"
+
+    steady = results.get("steady")
+    if steady:
+        points = {int(c): runs for c, runs in steady["points"].items()}
+        head = max(points, key=lambda c: len(next(iter(points[c].values()))))
+        runs = points[head]
+        sc = steady["syscalls"]
+        have = set(runs)
+        if {"sluice-static", "nginx-keepalive"} <= have:
+            a, b = runs["sluice-static"], runs["nginx-keepalive"]
+            r = med(ratios(a, b, cpu))
+            out.append(("sluice-static CPU/req <= 0.8x nginx-keepalive",
+                        f"{r:.2f}x ({med([cpu(x) for x in a]):.1f} vs "
+                        f"{med([cpu(x) for x in b]):.1f} us)", verdict(r <= 0.8)))
+            r = med(ratios(a, b, rps))
+            out.append(("sluice-static RPS >= nginx-keepalive", f"{r:.2f}x", verdict(r >= 1.0)))
+            r = med(ratios(a, b, p99))
+            out.append(("sluice-static p99 <= nginx-keepalive", f"{r:.2f}x", verdict(r <= 1.0)))
+        if sc.get("sluice-static") is not None:
+            out.append(("sluice-static syscalls/req <= 4.5", f"{sc['sluice-static']:.2f}",
+                        verdict(sc["sluice-static"] <= 4.5)))
+        if {"sluice-static", "sluice-reverse"} <= have:
+            r = med(ratios(runs["sluice-reverse"], runs["sluice-static"], cpu))
+            out.append(("sluice-reverse CPU/req <= sluice-static", f"{r:.2f}x",
+                        verdict(r <= 1.0)))
+        if {"nginx", "sluice-reverse"} <= have:
+            r = med(ratios(runs["sluice-reverse"], runs["nginx"], rps))
+            out.append(("sluice-reverse RPS >= 3x nginx without keepalive", f"{r:.2f}x",
+                        verdict(r >= 3.0)))
+        if "sluice-reverse" in have:
+            conns = sum(x["new_upstream_conns"] for x in runs["sluice-reverse"])
+            tw = sum(sum(x["tw_upstream"]) for x in runs["sluice-reverse"])
+            out.append(("sluice-reverse: no new upstream connections, no upstream TIME_WAIT",
+                        f"{conns} new, {tw} TIME_WAIT over {len(runs['sluice-reverse'])} runs",
+                        verdict(conns == 0 and tw == 0)))
+    spike = results.get("spike")
+    if spike:
+        top = max(spike["levels"], key=float)
+        r = spike["levels"][top].get("sluice-reverse")
+        if r:
+            good = r["rps"] / spike["capacity_rps"]
+            p = r["latency_us"].get("p99", 0) / 1e6
+            inflight = r["extra"]["backend_max_in_flight"]
+            out.append((f"spike {float(top):g}x: sluice-reverse goodput >= 95% of capacity",
+                        f"{good:.1%}", verdict(good >= 0.95)))
+            out.append((f"spike {float(top):g}x: in service never above declared",
+                        f"max {inflight} of {spike['capacity']}",
+                        verdict(inflight <= spike["capacity"])))
+            out.append((f"spike {float(top):g}x: p99 of admitted <= queue_timeout",
+                        f"{p * 1e3:.0f} ms vs {spike['queue_timeout_s'] * 1e3:.0f} ms",
+                        verdict(p <= spike["queue_timeout_s"])))
+    ports = results.get("ports", {}).get("targets", {}).get("sluice-reverse")
+    if ports:
+        out.append(("ports: sluice-reverse new upstream connections and TIME_WAIT (both sides)",
+                    f"{ports['new_upstream_conns']} new, TIME_WAIT upstream "
+                    f"{ports['tw_upstream'][0]}/{ports['tw_upstream'][1]}",
+                    verdict(ports["new_upstream_conns"] == 0 and sum(ports["tw_upstream"]) == 0)))
+    return out

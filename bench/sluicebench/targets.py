@@ -1,0 +1,228 @@
+"""The targets under comparison and how each is started, all on loopback, each with a backend
+of its own (the same `bench-backend` binary for every target: it listens for the conventional
+proxies and dials in as sessions for Sluice's reverse cluster).
+
+A target's proxy runs alone on CPU 1 with one worker: NGINX `worker_processes 1`, HAProxy
+`nbthread 1`, Sluice `workers = 1`, Pingora `threads 1`. Its backend shares CPU 0 with the load.
+"""
+
+import os
+from dataclasses import dataclass
+
+from .procs import LOAD_CPU, PROXY_CPU, free_port, only_child, wait_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_bin_dir = os.path.join(ROOT, "target", "release")
+PINGORA = os.path.join(ROOT, "target", "pingora", "release", "bench-pingora")
+
+# Every target of the steady, ports and size scenarios, in report order. `sluice-static-b` is a
+# second, identical Sluice: its ratio to `sluice-static` is the session's noise floor (A/A).
+ALL = ("direct", "sluice-static", "sluice-static-b", "sluice-reverse", "nginx-keepalive",
+       "nginx", "haproxy", "pingora")
+# The spike scenario compares the proxies that can hold a service to a declared capacity.
+LIMITED = ("sluice-reverse", "nginx-keepalive", "haproxy")
+
+SERVICE = "bench"
+QUEUE_MAX = 1024  # Sluice's default queue_max, and HAProxy's maxqueue to match it
+QUEUE_TIMEOUT_S = 2  # Sluice's default queue_timeout, and HAProxy's `timeout queue`
+KEEPALIVE = 512  # NGINX's upstream `keepalive`: above every concurrency the bench runs
+
+
+@dataclass
+class Backend:
+    """What the backend does per request, and (spike) the capacity the proxy must respect."""
+
+    delay_ms: int = 0
+    body_bytes: int = 13
+    # Sessions the dial-in backend registers, and the connection limit the conventional
+    # proxies are given (None: unlimited, sessions = SESSIONS).
+    capacity: int | None = None
+
+
+SESSIONS = 512  # dial-in sessions when no capacity is declared: above every concurrency
+
+
+@dataclass
+class Target:
+    name: str
+    port: int  # where clients send requests
+    pid: int | None  # the proxy process measured (None: clients reach the backend directly)
+    upstream_port: int  # the backend's listening port, or Sluice's acceptor (reverse)
+    stats_port: int  # the backend's /stats listener
+    reverse: bool = False
+    admin_port: int | None = None  # Sluice's admin API (metrics), where there is one
+
+
+def use_bin_dir(path):
+    """Where Sluice and the bench tools are taken from (default target/release)."""
+    global _bin_dir
+    _bin_dir = path
+
+
+def binary(name):
+    return os.path.join(_bin_dir, name)
+
+
+def tools_missing(names):
+    """What the named targets need that is not on this machine, as messages."""
+    need = {binary("sluice"): "cargo build --release -p sluice-cli",
+            binary("bench-backend"): "cargo build --release -p sluice-bench"}
+    missing = [f"{path} (build: {how})" for path, how in need.items() if not os.path.exists(path)]
+    if any(n.startswith("nginx") for n in names) and not _which("nginx"):
+        missing.append("nginx (apt-get install nginx-light)")
+    if "haproxy" in names and not _which("haproxy"):
+        missing.append("haproxy (apt-get install haproxy)")
+    if "pingora" in names and not os.path.exists(PINGORA):
+        missing.append(f"{PINGORA} (build: bench/pingora/README.md)")
+    return missing
+
+
+def _which(tool):
+    return any(os.access(os.path.join(d, tool), os.X_OK)
+               for d in os.environ.get("PATH", "").split(os.pathsep))
+
+
+def start(group, tmp, name, backend):
+    """Starts target `name` and its backend in `group`; returns its `Target` once it answers."""
+    stats = free_port()
+    if name == "sluice-reverse":
+        return _sluice_reverse(group, tmp, name, backend, stats)
+    upstream = free_port()
+    _backend(group, f"{name}-backend", backend, stats, ["--listen", f"127.0.0.1:{upstream}"],
+             "listening")
+    if name == "direct":
+        return Target(name, upstream, None, upstream, stats)
+    port = free_port()
+    starter = {"sluice-static": _sluice_static, "sluice-static-b": _sluice_static,
+               "nginx": _nginx, "nginx-keepalive": _nginx, "haproxy": _haproxy,
+               "pingora": _pingora}[name]
+    pid = starter(group, tmp, name, port, upstream, backend)
+    wait_port(port)
+    return Target(name, port, pid, upstream, stats)
+
+
+def _backend(group, name, backend, stats, mode, ready):
+    cmd = [binary("bench-backend"), "--delay-ms", str(backend.delay_ms),
+           "--body-bytes", str(backend.body_bytes), "--stats", f"127.0.0.1:{stats}"] + mode
+    proc = group.start(name, cmd, LOAD_CPU, stdout_pipe=True)
+    group.expect_line(proc, ready)
+    wait_port(stats)
+
+
+def _write(tmp, name, text):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def _sluice_conf(tmp, name, port, admin, body):
+    # The admin API changes nothing on the request path (metrics are always counted); the
+    # slow-clients scenario reads its session gauges.
+    return _write(tmp, f"{name}.toml", f"""[runtime]
+workers = 1
+
+[admin]
+listen = "127.0.0.1:{admin}"
+
+[[listener]]
+name = "bench"
+listen = "127.0.0.1:{port}"
+
+[[route]]
+cluster = "{SERVICE}"
+
+{body}""")
+
+
+def _sluice_static(group, tmp, name, port, upstream, backend):
+    conf = _sluice_conf(tmp, name, port, free_port(), f"""[cluster.{SERVICE}]
+kind = "static"
+endpoints = ["127.0.0.1:{upstream}"]
+pool = {{ max_idle_per_endpoint = {KEEPALIVE} }}
+""")
+    return group.start(name, [binary("sluice"), "run", "-c", conf], PROXY_CPU).pid
+
+
+def _sluice_reverse(group, tmp, name, backend, stats):
+    port, acceptor, admin = free_port(), free_port(), free_port()
+    conf = _sluice_conf(tmp, name, port, admin, f"""[acceptor]
+listen = "127.0.0.1:{acceptor}"
+handshakes_per_second = 0
+
+[cluster.{SERVICE}]
+kind = "reverse"
+queue_max = {QUEUE_MAX}
+queue_timeout = "{QUEUE_TIMEOUT_S}s"
+""")
+    proxy = group.start(name, [binary("sluice"), "run", "-c", conf], PROXY_CPU)
+    wait_port(acceptor)
+    sessions = backend.capacity or SESSIONS
+    _backend(group, f"{name}-backend", backend, stats,
+             ["--acceptor", f"127.0.0.1:{acceptor}", "--service", SERVICE,
+              "--sessions", str(sessions)], "registered")
+    wait_port(port)
+    return Target(name, port, proxy.pid, acceptor, stats, reverse=True, admin_port=admin)
+
+
+def _nginx(group, tmp, name, port, upstream, backend):
+    if name == "nginx":  # no upstream keep-alive: NGINX's default, HTTP/1.0 and a connection each
+        pool, location = "", ""
+    else:
+        pool = f"keepalive {backend.capacity or KEEPALIVE}; keepalive_requests 1000000;"
+        location = 'proxy_http_version 1.1; proxy_set_header Connection "";'
+    limit = f" max_conns={backend.capacity}" if backend.capacity else ""
+    conf = _write(tmp, f"{name}.conf", f"""
+worker_processes 1;
+daemon off;
+master_process on;
+pid {tmp}/{name}.pid;
+error_log {tmp}/{name}.error.log crit;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/{name}-body;
+    proxy_temp_path {tmp}/{name}-proxy;
+    upstream backend {{ server 127.0.0.1:{upstream}{limit}; {pool} }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        keepalive_requests 1000000;
+        location / {{ proxy_pass http://backend; {location} }}
+    }}
+}}
+""")
+    master = group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU)
+    return only_child(master.pid)
+
+
+def _haproxy(group, tmp, name, port, upstream, backend):
+    # As HAProxy's users would hold a server to a capacity: `maxconn` per server, a bounded
+    # queue (`maxqueue`) and `timeout queue`, both matching Sluice's defaults.
+    limit = f"maxconn {backend.capacity} maxqueue {QUEUE_MAX}" if backend.capacity else ""
+    conf = _write(tmp, f"{name}.cfg", f"""
+global
+    nbthread 1
+    maxconn 8000  # HAProxy needs two descriptors per connection; the limit here is 20000
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    timeout queue {QUEUE_TIMEOUT_S}s
+    http-reuse always
+
+frontend bench
+    bind 127.0.0.1:{port}
+    default_backend backend
+
+backend backend
+    server s1 127.0.0.1:{upstream} {limit}
+""")
+    return group.start(name, ["haproxy", "-db", "-f", conf], PROXY_CPU).pid
+
+
+def _pingora(group, tmp, name, port, upstream, backend):
+    cmd = [PINGORA, "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{upstream}",
+           "--threads", "1", "--keepalive", str(KEEPALIVE)]
+    return group.start(name, cmd, PROXY_CPU).pid
