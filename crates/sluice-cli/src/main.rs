@@ -79,6 +79,12 @@ enum Command {
     Ctl(ctl::CtlArgs),
 }
 
+/// mimalloc instead of glibc's malloc: the request path allocates and frees small objects
+/// (header maps, request state, channel slots) on every request; glibc's malloc and free took
+/// about 6% of the proxy's CPU, and the switch cut CPU per request by 5% (issue 7's note).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);

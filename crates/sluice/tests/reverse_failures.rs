@@ -109,6 +109,29 @@ async fn full_queue_answers_503_with_retry_after() {
 }
 
 #[tokio::test]
+async fn a_full_queue_frees_the_places_of_waiters_whose_wait_expired() {
+    let proxy = start_proxy("queue_max = 1\nqueue_timeout = \"100ms\"", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
+    proxy.idle("default", 1).await;
+    let busy = tokio::spawn(get(proxy.http, "/wait"));
+    proxy.idle("default", 0).await;
+    // Each waits in the one place the queue has, and expires: none is refused as "queue full"
+    // by the waiter before it.
+    for _ in 0..3 {
+        let expired = get(proxy.http, "/").await;
+        assert_eq!(expired.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            expired.text().contains("queue wait expired"),
+            "{}",
+            expired.text()
+        );
+    }
+    svc.open_gate();
+    assert_eq!(busy.await.unwrap().status, StatusCode::OK);
+    proxy.stop().await;
+}
+
+#[tokio::test]
 async fn expired_queue_wait_answers_503() {
     let proxy = start_proxy("queue_timeout = \"50ms\"", DEFAULT_ROUTE).await;
     let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;

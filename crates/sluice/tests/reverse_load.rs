@@ -75,6 +75,30 @@ async fn equal_instances_share_load_within_ten_percent() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_take_turns_by_idle_sessions_and_reuse_their_last_session() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let _a = Service::start(proxy.acceptor, ServiceSpec::new("a", 8)).await;
+    let _b = Service::start(proxy.acceptor, ServiceSpec::new("b", 4)).await;
+    proxy.idle("default", 12).await;
+    let mut served = Vec::new();
+    for _ in 0..120 {
+        let res = get(proxy.http, "/session").await;
+        assert_eq!(res.status, StatusCode::OK);
+        served.push(res.text());
+    }
+    // Turns follow the idle ring, one per idle session: a with 8 gets twice b's share.
+    let a = served.iter().filter(|s| s.starts_with("a:")).count();
+    assert_eq!((a, served.len() - a), (80, 40), "{served:?}");
+    // One request at a time: each instance reuses the session it got back last, so a single
+    // session per instance carries all of its requests (warm, instead of cycling through 12).
+    let mut sessions: Vec<&String> = served.iter().collect();
+    sessions.sort();
+    sessions.dedup();
+    assert_eq!(sessions.len(), 2, "{sessions:?}");
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_under_load_loses_no_request_and_closes_every_session() {
     let proxy = start_proxy("queue_timeout = \"10s\"", DEFAULT_ROUTE).await;
     let a = Service::start(proxy.acceptor, ServiceSpec::new("a", 3)).await;

@@ -2,7 +2,8 @@
 //!
 //! Paths: `/delay/<ms>` works that long; `/wait` blocks until [`Service::open_gate`];
 //! `/big/<n>` answers n bytes; `/hang` never answers; `/close` answers with `Connection: close`; `/flaky` drops its
-//! session without answering the first time; anything else answers the instance's name.
+//! session without answering the first time; `/session` answers `<instance>:<session's port>`;
+//! anything else answers the instance's name.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -93,8 +94,9 @@ impl Service {
     fn serve(self: &Arc<Self>, stream: TcpStream) {
         let this = Arc::clone(self);
         self.live.send_modify(|n| *n += 1);
+        let port = stream.local_addr().map_or(0, |a| a.port());
         let task = tokio::spawn(async move {
-            let svc = hyper::service::service_fn(|req| Arc::clone(&this).handle(req));
+            let svc = hyper::service::service_fn(|req| Arc::clone(&this).handle(req, port));
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
@@ -145,11 +147,19 @@ impl Service {
     async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        port: u16,
     ) -> Result<Response<Full<Bytes>>, std::io::Error> {
         let s = &self.stats;
         let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         s.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        let res = self.respond(req.uri().path()).await;
+        let res = if req.uri().path() == "/session" {
+            Ok(Response::new(Full::new(Bytes::from(format!(
+                "{}:{port}",
+                self.name
+            )))))
+        } else {
+            self.respond(req.uri().path()).await
+        };
         s.in_flight.fetch_sub(1, Ordering::SeqCst);
         s.requests.fetch_add(1, Ordering::SeqCst);
         res

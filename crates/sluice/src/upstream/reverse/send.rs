@@ -22,8 +22,9 @@ pub(super) async fn send(
     req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let req = buffer::request(req, pool.opts.request_buffer).await?;
-    let replay = Replay::of(&req);
     let session = pool.lease().await?;
+    // Copied only once a session is leased: a request refused for capacity never pays for it.
+    let replay = Replay::of(&req);
     let instance = Arc::clone(&session.instance);
     let failure = match send_on(pool, session, req, replay).await {
         Ok(res) => return Ok(res),
