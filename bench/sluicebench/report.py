@@ -119,7 +119,8 @@ def _steady(s, out_dir):
             f"| {busy}/{len(rs)} flagged |")
     lines += ["", "Per-round ratios, median (min-max):", "",
               "| ratio | RPS | p99 | proxy CPU/req |", "|---|---|---|---|"]
-    pairs = [(a, b) for b in BASELINES if b in runs for a in names if a not in (b, "direct")]
+    pairs = [(a, b) for b in BASELINES if b in runs
+             for a in names if a not in (b, "direct", "sluice-static-b")]
     if "sluice-static-b" in runs:
         pairs.insert(0, ("sluice-static-b", "sluice-static"))
     if "nginx" in runs and "sluice-reverse" in runs:
@@ -127,7 +128,8 @@ def _steady(s, out_dir):
     if "sluice-static" in runs and "sluice-reverse" in runs:
         pairs.append(("sluice-reverse", "sluice-static"))
     for a, b in pairs:
-        lines.append(f"| {a} / {b}{' (A/A)' if a == 'sluice-static-b' else ''} "
+        aa = " (A/A: the noise floor)" if (a, b) == ("sluice-static-b", "sluice-static") else ""
+        lines.append(f"| {a} / {b}{aa} "
                      f"| {median_range(ratios(runs[a], runs[b], rps), 2)} "
                      f"| {median_range(ratios(runs[a], runs[b], p99), 2)} "
                      f"| {median_range(ratios(runs[a], runs[b], cpu), 2)} |")
@@ -234,7 +236,8 @@ def _ports(s):
              "accepted (each took an ephemeral port on the proxy) or, for sluice-reverse, the "
              "sessions that dialed in during the run. TIME_WAIT counts the sockets the run added "
              "on each side of each hop.", "",
-             "| target | requests | new upstream conns | per request | TIME_WAIT upstream "
+             "| target | requests | new upstream conns (ephemeral ports taken) | per request | "
+             "TIME_WAIT upstream "
              "(backend side / proxy side) | TIME_WAIT client hop (proxy side / client side) | "
              "machine TcpActiveOpens | non-2xx + errors |", "|---|---|---|---|---|---|---|---|"]
     for n, r in s["targets"].items():
@@ -336,11 +339,14 @@ def evaluate(results):
             out.append(("sluice-reverse RPS >= 3x nginx without keepalive", f"{r:.2f}x",
                         verdict(r >= 3.0)))
         if "sluice-reverse" in have:
+            # Not a verdict: wrk ends each run by closing connections with requests in flight,
+            # and a session whose request was cut off cannot be reused (HTTP/1.1 has no way to
+            # cancel), so its service re-dials. The ports scenario ends cleanly and decides.
             conns = sum(x["new_upstream_conns"] for x in runs["sluice-reverse"])
-            tw = sum(sum(x["tw_upstream"]) for x in runs["sluice-reverse"])
-            out.append(("sluice-reverse: no new upstream connections, no upstream TIME_WAIT",
-                        f"{conns} new, {tw} TIME_WAIT over {len(runs['sluice-reverse'])} runs",
-                        verdict(conns == 0 and tw == 0)))
+            reqs = sum(x["requests"] for x in runs["sluice-reverse"])
+            out.append(("steady: sluice-reverse sessions re-dialed (after wrk cut requests off "
+                        "at each run's end)",
+                        f"{conns} over {reqs} requests", "info"))
     spike = results.get("spike")
     if spike:
         top = max(spike["levels"], key=float)
