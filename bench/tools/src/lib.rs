@@ -36,6 +36,18 @@ pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     builder.enable_all().build()
 }
 
+/// The exit of every program here: an error is printed as one line with its causes (whatever
+/// `RUST_BACKTRACE` says) and exits 1.
+pub fn exit(program: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Prints `value` as one line of JSON on stdout and flushes it.
 pub fn print_json<T: serde::Serialize>(value: &T) -> std::io::Result<()> {
     say(&serde_json::to_string(value)?)

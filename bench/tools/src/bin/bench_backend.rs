@@ -52,13 +52,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    // Errors as one line, with their causes, whatever RUST_BACKTRACE says.
-    if let Err(e) = start(cli) {
-        eprintln!("bench-backend: {e:#}");
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+    sluice_bench::exit("bench-backend", start(Cli::parse()))
 }
 
 fn start(cli: Cli) -> anyhow::Result<()> {

@@ -15,13 +15,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    // Errors as one line, with their causes, whatever RUST_BACKTRACE says.
-    if let Err(e) = start(cli) {
-        eprintln!("slowclients: {e:#}");
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+    sluice_bench::exit("slowclients", start(Cli::parse()))
 }
 
 fn start(cli: Cli) -> anyhow::Result<()> {
