@@ -2,3 +2,12 @@
 
 pub mod checks;
 pub mod headers;
+
+/// How much body data hyper may hold per connection and direction: the read buffer of an
+/// upstream connection or session, and the write queue towards a client.
+///
+/// hyper's default (about 400 KiB each, which also pins the read buffers its chunks were cut
+/// from) let 500 slow readers of large responses grow the proxy to 700 MB and spend seconds
+/// copying. At 64 KiB a stream that cannot move on waits in the kernel's socket buffers
+/// instead, as it does behind HAProxy (16 KiB) and NGINX (`proxy_buffers`, 32-64 KiB).
+pub(crate) const IO_BUFFER_BYTES: usize = 64 * 1024;

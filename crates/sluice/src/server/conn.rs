@@ -17,6 +17,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, Instrument};
 
+use crate::http::IO_BUFFER_BYTES;
+
 use super::active::{ActiveRequests, Tracked, TrackedBody};
 use super::framing::{FramingGuard, FramingWatch};
 use super::io::IdleTimeout;
@@ -37,7 +39,9 @@ impl Settings {
         let mut h1 = http1::Builder::new();
         h1.timer(TokioTimer::new())
             .header_read_timeout(http.request_header_timeout)
-            .max_header_size(http.max_header_bytes);
+            .max_header_size(http.max_header_bytes)
+            // The read buffer holds a whole request head, so it grows with the header limit.
+            .max_buf_size(IO_BUFFER_BYTES.max(2 * http.max_header_bytes));
         let mut h2 = http2::Builder::new(TokioExecutor::new());
         h2.timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));

@@ -10,6 +10,7 @@ use tracing::debug;
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::http::IO_BUFFER_BYTES;
 
 /// Connects to `addr` within `timeout` and starts an HTTP/1.1 client connection on it.
 ///
@@ -27,6 +28,7 @@ pub async fn connect_http1(
     // Requests are written in one go; Nagle would only delay the head behind the body.
     stream.set_nodelay(true).map_err(ProxyError::Connect)?;
     let (sender, conn) = http1::Builder::new()
+        .max_buf_size(IO_BUFFER_BYTES)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(ProxyError::UpstreamProtocol)?;

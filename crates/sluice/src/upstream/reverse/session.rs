@@ -12,6 +12,7 @@ use super::instance::{Instance, SessionPermit};
 use super::pool::SlicePool;
 use super::stream::{ParkedIo, Parking, SessionStream};
 use crate::body::ProxyBody;
+use crate::http::IO_BUFFER_BYTES;
 
 /// One registered connection; the proxy is the HTTP client, the service the server.
 #[derive(Debug)]
@@ -45,7 +46,10 @@ pub(crate) async fn attach(
 ) -> Result<(), hyper::Error> {
     let parking = Arc::new(Parking::default());
     let io = ParkedIo::new(io, Arc::clone(&parking));
-    let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
+    let (sender, conn) = http1::Builder::new()
+        .max_buf_size(IO_BUFFER_BYTES)
+        .handshake(TokioIo::new(io))
+        .await?;
     let instance = Arc::clone(&permit.instance);
     let weak = Arc::downgrade(pool);
     let task_parking = Arc::clone(&parking);
