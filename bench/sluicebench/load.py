@@ -147,13 +147,20 @@ def wrk(target, connections, seconds=None, requests=None, path="/", measure=True
 
 def parse_wrk(name, out):
     run = Run(name)
-    run.requests = int(re.search(r"(\d+) requests in ([\d.]+)(m?s)", out).group(1))
-    took = re.search(r"requests in ([\d.]+)(ms|s|m)", out)
-    run.seconds = float(took.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0}[took.group(2)]
-    run.rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+    def find(pattern, flags=0):
+        m = re.search(pattern, out, flags)
+        if not m:
+            raise RuntimeError(f"wrk against {name}: no match for {pattern!r} in its output:\n{out}")
+        return m
+
+    took = find(r"(\d+) requests in ([\d.]+)(ms|s|m)")
+    run.requests = int(took.group(1))
+    run.seconds = float(took.group(2)) * {"ms": 1e-3, "s": 1.0, "m": 60.0}[took.group(3)]
+    run.rps = float(find(r"Requests/sec:\s+([\d.]+)").group(1))
     for pct in ("50", "90", "99"):
-        m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)", out, re.M)
-        run.latency_us[f"p{pct}"] = float(m.group(1)) * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
+        m = find(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s|m)", re.M)
+        run.latency_us[f"p{pct}"] = float(m.group(1)) * {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 6e7}[m.group(2)]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     run.non2xx = int(non2xx.group(1)) if non2xx else 0
     errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)

@@ -109,6 +109,15 @@ class ProcSample:
     rss_kib: int
 
 
+def peak_rss_kib(pid):
+    """The process's peak resident set (VmHWM) in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
 def sample_proc(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()

@@ -216,16 +216,23 @@ def _slow(s):
              f"{s['clients']} clients each fetch a {_bytes(s['body_bytes'])} body and read it at "
              f"1 KiB/s (SO_RCVBUF 4 KiB) while wrk -c{s['fast_connections']} fetches the small "
              "body. Held: at the end of the wrk run, the connections open to the backend (busy "
-             "or pooled) or, for sluice-reverse, the sessions leased.", "",
+             "or pooled) or, for sluice-reverse, the sessions leased. Start: each slow response "
+             "first flows at full speed until the socket buffers on its way are full; wrk starts "
+             "once the proxy is below 5% CPU again (at most 10 s), and the start's cost is "
+             "reported on its own.", "",
              "| target | fast RPS | fast p50 ms | fast p99 ms | fast non-2xx + errors | "
-             "upstream conns/sessions held | slow responses completed | slow clients connected |",
-             "|---|---|---|---|---|---|---|---|"]
+             "upstream conns/sessions held | slow responses completed | slow clients connected | "
+             "start: proxy CPU s | start: s | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, r in s["targets"].items():
         sl = r["extra"]["slow"]
+        st = r["extra"].get("start")  # absent in reports from before it was measured
+        start = (f"{st['proxy_cpu_s']:.2f} | {st['seconds']:.1f} | {st['peak_rss_mib']:.0f}"
+                 if st else "- | - | -")
         lines.append(f"| {n} | {r['rps']:.0f} | {r['latency_us']['p50'] / 1e3:.2f} "
                      f"| {r['latency_us']['p99'] / 1e3:.2f} | {r['non2xx'] + r['errors']} "
                      f"| {r['extra']['upstream_held']} | {sl['responses_completed']} "
-                     f"| {sl['connected']} |")
+                     f"| {sl['connected']} | {start} |")
     return lines + [""]
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 from . import load, targets
-from .procs import Group, established
+from .procs import Group, established, peak_rss_kib, sample_proc
 from .targets import Backend
 
 
@@ -52,10 +52,14 @@ PROFILES = {
 SPIKE_CAPACITY = 16
 SPIKE_DELAY_MS = 5
 SPIKE_BODY = "/"
-# What each slow client fetches: 1 MiB, more than socket buffers hold, so a proxy that streams
+# What each slow client fetches: 4 MiB, more than socket buffers hold, so a proxy that streams
 # keeps its upstream connection (or session) until the client has read nearly all of it.
 SLOW_BODY_BYTES = 4 << 20
 SLOW_FAST_CONNECTIONS = 16
+# How long the slow clients' start may take before wrk measures anyway, and how often the
+# proxy's CPU is sampled to see that it is over (below 5% busy).
+SLOW_SETTLE_MAX_S = 10.0
+SLOW_SETTLE_STEP_S = 0.5
 
 
 class Bench:
@@ -159,6 +163,27 @@ def spike(b):
     return out
 
 
+def _settle(pid):
+    """Waits until the slow clients' start is over: each response first flows at full speed
+    until the socket buffers on its way are full. Returns what that start cost the proxy (CPU
+    seconds, peak RSS) and how long it took, so that wrk then measures the slow clients' steady
+    state rather than the start."""
+    began = time.monotonic()
+    first = sample_proc(pid) if pid else None
+    time.sleep(1.0)  # the slow clients connect staggered over their first second
+    last = sample_proc(pid) if pid else None
+    while pid and time.monotonic() - began < SLOW_SETTLE_MAX_S:
+        time.sleep(SLOW_SETTLE_STEP_S)
+        now = sample_proc(pid)
+        busy = (now.cpu_s - last.cpu_s) / SLOW_SETTLE_STEP_S
+        last = now
+        if busy < 0.05:
+            break
+    return {"seconds": time.monotonic() - began,
+            "proxy_cpu_s": last.cpu_s - first.cpu_s if pid else 0.0,
+            "peak_rss_mib": peak_rss_kib(pid) / 1024 if pid else 0.0}
+
+
 def _generator_late(run):
     """The open-loop generator fell more than 10 ms behind its schedule: the offered load was
     not what the table says."""
@@ -175,20 +200,23 @@ def slow(b):
         for name in names:
             t = ts[name]
             group.check_alive()
-            slow_proc = load.slowclients(t, b.p.slow_clients, b.p.slow_seconds + 3,
+            slow_proc = load.slowclients(t, b.p.slow_clients,
+                                         SLOW_SETTLE_MAX_S + b.p.slow_seconds + 3,
                                          f"/?bytes={SLOW_BODY_BYTES}")
-            time.sleep(1.5)  # the slow clients start staggered over the first second
+            start = _settle(t.pid)
             run = load.wrk(t, SLOW_FAST_CONNECTIONS, seconds=b.p.slow_seconds)
             # Upstream capacity the slow clients hold: open connections to a listening backend
             # (busy or pooled), or leased sessions.
             held = load.leased_sessions(t) if t.reverse else established(t.upstream_port)
-            stdout, stderr = slow_proc.communicate(timeout=b.p.slow_seconds + 30)
+            slow_proc.terminate()  # it reports what it counted and exits
+            stdout, stderr = slow_proc.communicate(timeout=30)
             if slow_proc.returncode != 0:
                 raise RuntimeError(f"slowclients failed against {name}: {stderr.strip()}")
-            run.extra.update(slow=json.loads(stdout), upstream_held=held)
+            run.extra.update(slow=json.loads(stdout), upstream_held=held, start=start)
             out["targets"][name] = dataclasses.asdict(run)
             b.say(f"slow {name:16} fast p99 {run.latency_us['p99'] / 1e3:7.1f} ms  "
-                  f"{run.rps:7.0f} rps  upstream conns/sessions held {held:4}")
+                  f"{run.rps:7.0f} rps  upstream conns/sessions held {held:4}  "
+                  f"start: {start['proxy_cpu_s']:.2f} s CPU, peak RSS {start['peak_rss_mib']:.0f} MiB")
     finally:
         group.close()
     return out

@@ -2,6 +2,7 @@
 //! `--read-rate` bytes per second through a small receive buffer, and asks again, so a proxy
 //! in front of a fast backend has to hold (or buffer) every response it relays.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,9 +86,9 @@ struct Client {
     counters: Arc<Counters>,
 }
 
-/// Runs every client until the duration ends, then closes everything and reports. Fails only
-/// when the URL's host does not resolve.
-pub async fn run(config: &Config) -> io::Result<Report> {
+/// Runs every client until the duration ends or `stop` completes, whichever is first, then
+/// closes everything and reports. Fails only when the URL's host does not resolve.
+pub async fn run(config: &Config, stop: impl Future<Output = ()>) -> io::Result<Report> {
     let counters = Arc::new(Counters::default());
     let client = Arc::new(Client {
         addr: config.url.resolve().await?,
@@ -107,7 +108,12 @@ pub async fn run(config: &Config) -> io::Result<Report> {
             let _ = tokio::time::timeout_at(end, client.run()).await;
         });
     }
-    while tasks.join_next().await.is_some() {}
+    let all_ended = async { while tasks.join_next().await.is_some() {} };
+    tokio::select! {
+        () = all_ended => {}
+        () = stop => {}
+    }
+    tasks.shutdown().await;
     Ok(Report {
         clients: config.clients,
         connected: counters.connected.load(Ordering::Relaxed),
