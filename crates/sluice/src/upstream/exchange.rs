@@ -10,6 +10,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::TrySendError;
 
 use super::is_idempotent;
 use crate::body::ProxyBody;
@@ -69,24 +70,39 @@ pub(crate) async fn send(
     replay: Option<Replay>,
 ) -> Result<Response<Incoming>, Failure> {
     match tokio::time::timeout(timeout, sender.try_send_request(req)).await {
-        Ok(Ok(res)) => Ok(res),
-        Ok(Err(mut e)) => {
-            let unsent = e.take_message();
-            let error = e.into_error();
-            let stale = !error.is_user() && !error.is_parse() && !error.is_timeout();
-            let retry = unsent.or_else(|| replay.filter(|_| stale).map(Replay::into_request));
-            let error = if error.is_user() {
-                ProxyError::ClientBody(error)
-            } else {
-                ProxyError::UpstreamProtocol(error)
-            };
-            Err(Failure { error, retry })
-        }
+        Ok(answer) => answered(answer, replay),
         Err(_elapsed) => Err(Failure {
             error: ProxyError::ResponseTimeout,
             retry: None,
         }),
     }
+}
+
+/// What [`SendRequest::try_send_request`] resolves to: the response head, or the failure and
+/// the request when hyper gives it back unsent.
+pub(crate) type Answer = Result<Response<Incoming>, TrySendError<Request<ProxyBody>>>;
+
+/// The response, or the failure and what [`send`]'s rule allows to try again.
+// The failure carries the request back (it is large), as `send`'s does: the cold path.
+#[allow(clippy::result_large_err)]
+pub(crate) fn answered(
+    answer: Answer,
+    replay: Option<Replay>,
+) -> Result<Response<Incoming>, Failure> {
+    let mut e = match answer {
+        Ok(res) => return Ok(res),
+        Err(e) => e,
+    };
+    let unsent = e.take_message();
+    let error = e.into_error();
+    let stale = !error.is_user() && !error.is_parse() && !error.is_timeout();
+    let retry = unsent.or_else(|| replay.filter(|_| stale).map(Replay::into_request));
+    let error = if error.is_user() {
+        ProxyError::ClientBody(error)
+    } else {
+        ProxyError::UpstreamProtocol(error)
+    };
+    Err(Failure { error, retry })
 }
 
 /// Whether the connection may carry another request after `res`: HTTP/1.1 without

@@ -1,9 +1,13 @@
 //! The request path of a reverse slice: lease, exchange, and the one retry.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use tokio::time::Instant;
 use tracing::debug;
 
 use super::buffer;
@@ -11,7 +15,7 @@ use super::pool::SlicePool;
 use super::session::{Lease, Session};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::upstream::exchange::{self, Failure, Replay};
+use crate::upstream::exchange::{self, Answer, Failure, Replay};
 
 /// Reads a body that fits `request_buffer`, then leases a session and exchanges the request
 /// on it. A session that dies before any response byte costs the request a second session
@@ -44,15 +48,98 @@ pub(super) async fn send(
 
 async fn send_on(
     pool: &Arc<SlicePool>,
-    mut session: Session,
+    session: Session,
     req: Request<ProxyBody>,
     replay: Option<Replay>,
 ) -> Result<Response<ProxyBody>, Failure> {
-    let timeout = pool.opts.response_timeout;
-    let res = exchange::send(&mut session.sender, req, timeout, replay).await?;
+    let mut exchange = Exchange::start(pool, session, req);
+    let Ok((answer, session)) = tokio::time::timeout_at(exchange.deadline, &mut exchange).await
+    else {
+        // The request's fate is unknown: the session closes with it.
+        exchange.forget();
+        return Err(Failure {
+            error: ProxyError::ResponseTimeout,
+            retry: None,
+        });
+    };
+    let res = exchange::answered(answer, replay)?;
     finish(pool, session, res)
         .await
         .map_err(|error| Failure { error, retry: None })
+}
+
+/// Resolves to the answer and the session it came on.
+type Answering = Pin<Box<dyn Future<Output = (Answer, Session)> + Send>>;
+
+/// A request on a session, its answer still to come, while the client may still leave.
+///
+/// HTTP/1.1 cannot cancel a request, so a session whose answer goes unread is lost: its
+/// connection must close, and the service re-dials. When the client leaves before the answer
+/// (its request future is dropped, and this with it), a task of its own waits for the answer
+/// until the request's deadline, reads it off as far as `response_buffer` reaches and gives the
+/// session back. The session stays leased until then, as the service is still working on the
+/// request: capacity is never overcommitted.
+struct Exchange {
+    /// `None` once it has resolved, or was forgotten.
+    answer: Option<Answering>,
+    pool: Arc<SlicePool>,
+    deadline: Instant,
+}
+
+impl Exchange {
+    fn start(pool: &Arc<SlicePool>, mut session: Session, req: Request<ProxyBody>) -> Self {
+        let answer = session.sender.try_send_request(req);
+        Self {
+            answer: Some(Box::pin(async move { (answer.await, session) })),
+            pool: Arc::clone(pool),
+            deadline: Instant::now() + pool.opts.response_timeout,
+        }
+    }
+
+    /// Drops the exchange and its session without waiting for the answer.
+    fn forget(mut self) {
+        self.answer = None;
+    }
+}
+
+impl Future for Exchange {
+    type Output = (Answer, Session);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        // Polled again after its answer, it has nothing more to give.
+        let Some(answer) = this.answer.as_mut() else {
+            return Poll::Pending;
+        };
+        let out = ready!(answer.as_mut().poll(cx));
+        this.answer = None;
+        Poll::Ready(out)
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let Some(answer) = self.answer.take() else {
+            return;
+        };
+        // Outside a runtime (it is being dropped) the session closes with its connection.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = Arc::clone(&self.pool);
+        let deadline = self.deadline;
+        runtime.spawn(async move {
+            match tokio::time::timeout_at(deadline, answer).await {
+                // Read ahead as for a client, then dropped: the session goes back if the body
+                // ended within the buffer, and closes otherwise.
+                Ok((Ok(res), session)) => drop(finish(&pool, session, res).await),
+                Ok((Err(error), session)) => {
+                    debug!(instance = %session.instance.id(), error = %error.error(), "the request of a client that left failed");
+                }
+                Err(_elapsed) => debug!("no answer before the deadline for a client that left; its session closes"),
+            }
+        });
+    }
 }
 
 /// Reads the body ahead up to `response_buffer` and gives the session back as soon as the
