@@ -129,14 +129,20 @@ impl Drop for Exchange {
         let pool = Arc::clone(&self.pool);
         let deadline = self.deadline;
         runtime.spawn(async move {
-            match tokio::time::timeout_at(deadline, answer).await {
-                // Read ahead as for a client, then dropped: the session goes back if the body
-                // ended within the buffer, and closes otherwise.
-                Ok((Ok(res), session)) => drop(finish(&pool, session, res).await),
-                Ok((Err(error), session)) => {
-                    debug!(instance = %session.instance.id(), error = %error.error(), "the request of a client that left failed");
+            // Read ahead as for a client, then dropped: the session goes back if the body
+            // ended within the buffer, and closes otherwise.
+            let read_off = async {
+                let (answer, session) = answer.await;
+                match answer {
+                    Ok(res) => drop(finish(&pool, session, res).await),
+                    Err(e) => {
+                        debug!(instance = %session.instance.id(), error = %e.error(), "the request of a client that left failed");
+                    }
                 }
-                Err(_elapsed) => debug!("no answer before the deadline for a client that left; its session closes"),
+            };
+            // The whole exchange, body included, gets what was left of the request's time.
+            if tokio::time::timeout_at(deadline, read_off).await.is_err() {
+                debug!("the answer for a client that left did not end before the request's deadline; its session closes");
             }
         });
     }
