@@ -5,7 +5,10 @@
 mod reverse_support;
 
 use http::{Method, StatusCode};
-use reverse_support::{get, send, send_body, start_proxy, Service, ServiceSpec, DEFAULT_ROUTE};
+use reverse_support::{
+    get, send, send_body, start_proxy, Service, ServiceSpec, TestProxy, DEFAULT_ROUTE,
+};
+use sluice::ReverseCluster;
 
 #[tokio::test]
 async fn dead_idle_session_is_skipped_without_a_client_error() {
@@ -131,42 +134,43 @@ async fn a_full_queue_frees_the_places_of_waiters_whose_wait_expired() {
     proxy.stop().await;
 }
 
-/// Polls `cond` every 10 ms for up to 5 s; false if it never held.
-async fn eventually(cond: impl Fn() -> bool) -> bool {
-    for _ in 0..500 {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    false
+/// Waits until the cluster's state satisfies `done`; false if it did not within 5 s.
+async fn within_5s(proxy: &TestProxy, done: impl Fn(&ReverseCluster) -> bool) -> bool {
+    let wait = proxy.cluster.wait_until(done);
+    tokio::time::timeout(std::time::Duration::from_secs(5), wait)
+        .await
+        .is_ok()
+}
+
+/// Connects and sends a request head; the request is then in the proxy's hands.
+async fn send_head(proxy: &TestProxy, path: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+
+    let mut client = tokio::net::TcpStream::connect(proxy.http).await.unwrap();
+    let head = format!("GET {path} HTTP/1.1\r\nhost: example\r\n\r\n");
+    client.write_all(head.as_bytes()).await.unwrap();
+    client
 }
 
 /// A client that hangs up while its request waits in the queue gives its place back at once
 /// (not at `queue_timeout`), and its request never reaches a session.
 #[tokio::test]
 async fn a_client_that_hangs_up_while_queued_frees_its_place_and_its_request_is_not_sent() {
-    use tokio::io::AsyncWriteExt;
-
     let proxy = start_proxy("queue_max = 1\nqueue_timeout = \"60s\"", DEFAULT_ROUTE).await;
     let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
     proxy.idle("default", 1).await;
     let busy = tokio::spawn(get(proxy.http, "/wait"));
     proxy.idle("default", 0).await;
-    let mut leaver = tokio::net::TcpStream::connect(proxy.http).await.unwrap();
-    leaver
-        .write_all(b"GET /left HTTP/1.1\r\nhost: example\r\n\r\n")
-        .await
-        .unwrap();
-    assert!(eventually(|| proxy.cluster.queued("default") == 1).await);
+    let leaver = send_head(&proxy, "/left").await;
+    assert!(within_5s(&proxy, |c| c.queued("default") == 1).await);
     drop(leaver);
     assert!(
-        eventually(|| proxy.cluster.queued("default") == 0).await,
+        within_5s(&proxy, |c| c.queued("default") == 0).await,
         "the place of a client that hung up is still held"
     );
     // The queue's one place is free for the next client, which gets the session in turn.
     let next = tokio::spawn(get(proxy.http, "/"));
-    assert!(eventually(|| proxy.cluster.queued("default") == 1).await);
+    assert!(within_5s(&proxy, |c| c.queued("default") == 1).await);
     svc.open_gate();
     assert_eq!(busy.await.unwrap().status, StatusCode::OK);
     assert_eq!(next.await.unwrap().status, StatusCode::OK);
@@ -182,30 +186,25 @@ async fn a_client_that_hangs_up_while_queued_frees_its_place_and_its_request_is_
 /// the proxy still reads the answer off it, and leases the session again.
 #[tokio::test]
 async fn a_client_that_hangs_up_mid_request_does_not_cost_the_session() {
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let proxy = start_proxy("", DEFAULT_ROUTE).await;
     let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
     proxy.idle("default", 1).await;
-    let mut leaver = tokio::net::TcpStream::connect(proxy.http).await.unwrap();
-    leaver
-        .write_all(b"GET /wait HTTP/1.1\r\nhost: example\r\n\r\n")
-        .await
-        .unwrap();
+    let mut leaver = send_head(&proxy, "/wait").await;
     proxy.idle("default", 0).await;
-    drop(leaver);
-    // Time for the proxy to see the hang-up (it notices within a millisecond here): closing
-    // the session then is what this test catches.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert_eq!(svc.live(), 1, "the session closed when its client left");
+    // Hang up, and wait until the proxy has closed the connection in turn: by then it has
+    // given the request up (and, before the fix, the session with it).
+    leaver.shutdown().await.unwrap();
+    let _ = leaver.read_to_end(&mut Vec::new()).await;
     svc.open_gate();
     assert!(
-        eventually(|| proxy.cluster.idle_sessions("default") == 1).await,
+        within_5s(&proxy, |c| c.idle_sessions("default") == 1).await,
         "the session did not come back after the answer"
     );
     let next = get(proxy.http, "/").await;
     assert_eq!(next.status, StatusCode::OK);
-    assert_eq!(svc.live(), 1);
+    assert_eq!(svc.live(), 1, "the session closed when its client left");
     assert_eq!(svc.requests(), 2);
     proxy.stop().await;
 }

@@ -57,6 +57,17 @@ pub(crate) struct Failure {
     pub(crate) retry: Option<Request<ProxyBody>>,
 }
 
+impl Failure {
+    /// No response head within the response timeout. The request's fate is unknown, so it is
+    /// never retried, and the connection it went out on must close.
+    pub(crate) fn timed_out() -> Self {
+        Self {
+            error: ProxyError::ResponseTimeout,
+            retry: None,
+        }
+    }
+}
+
 /// Sends `req` and waits at most `timeout` for the response head.
 ///
 /// Only a connection that closed or failed before the response started may be retried: a
@@ -71,10 +82,7 @@ pub(crate) async fn send(
 ) -> Result<Response<Incoming>, Failure> {
     match tokio::time::timeout(timeout, sender.try_send_request(req)).await {
         Ok(answer) => answered(answer, replay),
-        Err(_elapsed) => Err(Failure {
-            error: ProxyError::ResponseTimeout,
-            retry: None,
-        }),
+        Err(_elapsed) => Err(Failure::timed_out()),
     }
 }
 

@@ -450,6 +450,8 @@ impl Drop for Waiter {
             Ok(session) => self.pool.checkin(session),
             Err(_) => {
                 self.pool.abandoned.fetch_add(1, Ordering::AcqRel);
+                // The queue is one shorter for its observers (`queued`, `wait_until`).
+                self.pool.changed.notify_waiters();
             }
         }
     }

@@ -55,12 +55,8 @@ async fn send_on(
     let mut exchange = Exchange::start(pool, session, req);
     let Ok((answer, session)) = tokio::time::timeout_at(exchange.deadline, &mut exchange).await
     else {
-        // The request's fate is unknown: the session closes with it.
         exchange.forget();
-        return Err(Failure {
-            error: ProxyError::ResponseTimeout,
-            retry: None,
-        });
+        return Err(Failure::timed_out());
     };
     let res = exchange::answered(answer, replay)?;
     finish(pool, session, res)
