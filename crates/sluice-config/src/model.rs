@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
+pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
 /// A whole, validated Sluice configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,6 +100,11 @@ pub struct HttpOptions {
     pub idle_timeout: Duration,
     /// Largest request head (request line + headers) accepted; larger gets 431. Default 16 KiB.
     pub max_header_bytes: usize,
+    /// Peers whose `X-Forwarded-For` and `Forwarded` chains are kept (and appended to); from
+    /// anyone else those headers are replaced by the peer's address. Default: none.
+    pub trusted_proxies: Vec<IpNet>,
+    /// How request heads are normalised before routing. Default: the safe choices.
+    pub rules: RequestRules,
 }
 
 /// One route (`[[route]]`): a match and what to do with matching requests.

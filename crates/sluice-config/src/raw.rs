@@ -52,6 +52,28 @@ pub(crate) struct RawListener {
     pub(crate) request_header_timeout: Option<Timeout>,
     pub(crate) idle_timeout: Option<Timeout>,
     pub(crate) max_header_size: Option<Spanned<Size>>,
+    #[serde(default)]
+    pub(crate) trusted_proxies: Vec<Cidr>,
+    pub(crate) escaped_slashes: Option<RawEscapedSlashes>,
+    pub(crate) underscores_in_headers: Option<RawUnderscores>,
+}
+
+/// `escaped_slashes`, as spelled in TOML.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawEscapedSlashes {
+    Reject,
+    Keep,
+    Unescape,
+}
+
+/// `underscores_in_headers`, as spelled in TOML.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawUnderscores {
+    Drop,
+    Allow,
+    Reject,
 }
 
 /// `tls = { cert, key }`; paths are relative to the config file's directory.

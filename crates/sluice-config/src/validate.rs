@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::model::{
-    AccessLog, AccessLogFormat, AccessLogTarget, Admin, Config, HandoffServer, HttpOptions,
-    Listener, Runtime, Token,
+    AccessLog, AccessLogFormat, AccessLogTarget, Admin, Config, EscapedSlashes, HandoffServer,
+    HttpOptions, Listener, RequestRules, Runtime, Token, Underscores,
 };
 use crate::raw::{
-    RawAccessLog, RawAccessLogFormat, RawAdmin, RawConfig, RawHandoff, RawListener, RawRuntime,
+    RawAccessLog, RawAccessLogFormat, RawAdmin, RawConfig, RawEscapedSlashes, RawHandoff,
+    RawListener, RawRuntime, RawUnderscores,
 };
 
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -155,7 +156,10 @@ fn listeners(
                 "listener name",
             )?;
             let addr = l.listen.get_ref().0;
-            unique(ctx, &mut addrs, &addr, l.listen.span(), "listen address")?;
+            // Port 0 asks the kernel for a free port, a different one for each listener.
+            if addr.port() != 0 {
+                unique(ctx, &mut addrs, &addr, l.listen.span(), "listen address")?;
+            }
             listener(ctx, l)
         })
         .collect()
@@ -202,6 +206,19 @@ fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
                 .map_or(DEFAULT_HEADER_TIMEOUT, |t| t.0),
             idle_timeout: raw.idle_timeout.map_or(DEFAULT_IDLE_TIMEOUT, |t| t.0),
             max_header_bytes,
+            trusted_proxies: raw.trusted_proxies.into_iter().map(|c| c.0).collect(),
+            rules: RequestRules {
+                escaped_slashes: match raw.escaped_slashes {
+                    None | Some(RawEscapedSlashes::Reject) => EscapedSlashes::Reject,
+                    Some(RawEscapedSlashes::Keep) => EscapedSlashes::Keep,
+                    Some(RawEscapedSlashes::Unescape) => EscapedSlashes::Unescape,
+                },
+                underscores_in_headers: match raw.underscores_in_headers {
+                    None | Some(RawUnderscores::Drop) => Underscores::Drop,
+                    Some(RawUnderscores::Allow) => Underscores::Allow,
+                    Some(RawUnderscores::Reject) => Underscores::Reject,
+                },
+            },
         },
     })
 }

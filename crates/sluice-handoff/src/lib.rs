@@ -36,7 +36,7 @@ pub mod message;
 pub mod socket;
 
 pub use error::Error;
-pub use listener::{AllowedUids, HandoffListener, DEFAULT_SOCKET_MODE};
+pub use listener::{remove_stale, AllowedUids, HandoffListener, DEFAULT_SOCKET_MODE};
 pub use message::{ListenAddr, Message, ParseError, Role};
 pub use socket::{Credentials, Handoff};
 

@@ -150,9 +150,9 @@ fn listen_at(path: &Path, mode: u32) -> io::Result<(OwnedFd, fs::Metadata)> {
     Ok((fd, fs::symlink_metadata(path)?))
 }
 
-/// Makes way for a new socket at `path`: nothing there is fine, a dead socket is removed, a
-/// live socket or a non-socket is refused.
-fn remove_stale(path: &Path) -> Result<(), Error> {
+/// Makes way for a new socket at `path`: nothing there is fine, a dead socket (of any type,
+/// e.g. left by a process that crashed) is removed, a live socket or a non-socket is refused.
+pub fn remove_stale(path: &Path) -> Result<(), Error> {
     let meta = match fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),

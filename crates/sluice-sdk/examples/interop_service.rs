@@ -6,8 +6,8 @@
 //! dials in (token from `SLUICE_TOKEN`) and prints `registered N`; `--listen ADDR` listens
 //! instead and prints `listening ADDR`. Each request with an `X-Request-Id` prints
 //! `start <id>` before its delay; every answer is `200` with body `<instance>\n` (this one also
-//! says in `x-in-flight` how many requests it was handling, this one included). SIGTERM drains
-//! (dialing in), prints `drained` and exits 0.
+//! says in `x-in-flight` how many requests it was handling, this one included, and echoes
+//! `x-request-id`). SIGTERM drains (dialing in), prints `drained` and exits 0.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -70,7 +70,8 @@ async fn handle(req: Request<Incoming>, a: Args) -> Result<Response<String>, Inf
 }
 
 async fn respond(req: Request<Incoming>, a: &Args) -> Result<Response<String>, Infallible> {
-    if let Some(id) = req.headers().get("x-request-id") {
+    let id = req.headers().get("x-request-id").cloned();
+    if let Some(id) = &id {
         say(&format!("start {}", String::from_utf8_lossy(id.as_bytes())));
     }
     if !a.delay.is_zero() {
@@ -80,6 +81,10 @@ async fn respond(req: Request<Incoming>, a: &Args) -> Result<Response<String>, I
     let mut res = Response::new(format!("{}\n", a.instance));
     res.headers_mut()
         .insert(header::CONTENT_TYPE, "text/plain".parse().expect("static"));
+    // Echoed, so a test can tell that every answer reached the request it belongs to.
+    if let Some(id) = id {
+        res.headers_mut().insert("x-request-id", id);
+    }
     Ok(res)
 }
 

@@ -93,25 +93,62 @@ fn open_file(path: &PathBuf) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+/// How often a failing access log (a full disk, `/dev/full`) is reported: requests go on being
+/// served, and one warning per interval says how many lines were lost.
+pub const FAILURE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
 /// The writer: one line at a time, flushed whenever the queue runs empty.
 fn write_lines(
     mut out: Box<dyn Write + Send>,
     mut rx: mpsc::Receiver<String>,
     dropped: &AtomicU64,
 ) {
+    let mut failures = FailureReport::new(FAILURE_REPORT_INTERVAL);
     while let Some(line) = rx.blocking_recv() {
-        let mut ok = writeln!(out, "{line}").is_ok();
+        let mut batch = 1;
+        let mut result = writeln!(out, "{line}");
         while let Ok(line) = rx.try_recv() {
-            ok &= writeln!(out, "{line}").is_ok();
+            batch += 1;
+            result = result.and_then(|()| writeln!(out, "{line}"));
         }
-        ok &= out.flush().is_ok();
-        if !ok {
-            warn!("the access log cannot be written");
+        if let Err(error) = result.and_then(|()| out.flush()) {
+            if let Some(lost) = failures.failed(batch, std::time::Instant::now()) {
+                warn!(lost, %error, "the access log cannot be written; lines lost since the last report");
+            }
         }
         let lost = dropped.swap(0, Ordering::Relaxed);
         if lost > 0 {
             warn!(lost, "access log lines dropped: the writer fell behind");
         }
+    }
+}
+
+/// Counts lines lost to write errors and says when to report them: at the first failure, then
+/// at most once per interval.
+#[derive(Debug)]
+struct FailureReport {
+    interval: Duration,
+    lost: u64,
+    last: Option<std::time::Instant>,
+}
+
+impl FailureReport {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            lost: 0,
+            last: None,
+        }
+    }
+
+    /// Records `lines` lost at `now`; `Some(lost since the last report)` when one is due.
+    fn failed(&mut self, lines: u64, now: std::time::Instant) -> Option<u64> {
+        self.lost += lines;
+        if self.last.is_some_and(|last| now - last < self.interval) {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.lost))
     }
 }
 
@@ -185,6 +222,21 @@ mod tests {
             elapsed: Duration::from_millis(3),
             user_agent: Some("curl/8"),
         }
+    }
+
+    #[test]
+    fn failures_are_reported_at_first_then_once_per_interval_with_the_count() {
+        let start = std::time::Instant::now();
+        let mut report = FailureReport::new(Duration::from_secs(10));
+        assert_eq!(report.failed(1, start), Some(1));
+        for i in 1..100 {
+            assert_eq!(
+                report.failed(2, start + Duration::from_millis(i * 50)),
+                None
+            );
+        }
+        assert_eq!(report.failed(1, start + Duration::from_secs(10)), Some(199));
+        assert_eq!(report.failed(1, start + Duration::from_secs(11)), None);
     }
 
     #[test]

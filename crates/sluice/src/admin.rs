@@ -157,7 +157,64 @@ pub fn router(state: Arc<AdminState>) -> Router {
                 "no such admin resource; see GET /status",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            same_origin_only,
+        ))
         .with_state(state)
+}
+
+/// Defends the API against DNS rebinding and cross-site requests from browsers: without a
+/// token (loopback only), the `Host` must be a loopback name or address, so a page whose name
+/// an attacker re-pointed at 127.0.0.1 cannot read or change anything; and a change (any
+/// method but GET and HEAD) that carries an `Origin` must come from the API's own origin.
+async fn same_origin_only(
+    State(state): State<Arc<AdminState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    if state.token.is_none() && host.is_some_and(|h| !is_loopback_host(h)) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "without [admin] token only a loopback Host (127.0.0.1, [::1], localhost) is served",
+        );
+    }
+    let changes = !matches!(*req.method(), http::Method::GET | http::Method::HEAD);
+    if let Some(origin) = req.headers().get(header::ORIGIN).filter(|_| changes) {
+        let own = host.is_some_and(|h| {
+            origin == format!("http://{h}").as_str() || origin == format!("https://{h}").as_str()
+        });
+        if !own {
+            return error(
+                StatusCode::FORBIDDEN,
+                "cross-origin change refused: Origin is not this admin API",
+            );
+        }
+    }
+    next.run(req).await
+}
+
+/// `localhost`, `127.0.0.0/8` or `[::1]`, with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            name
+        }
+        _ => host,
+    };
+    if name.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let ip = name
+        .strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .unwrap_or(name);
+    ip.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Serves the admin API on `listener` until `signal` fires.

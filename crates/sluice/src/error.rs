@@ -57,6 +57,12 @@ pub enum ProxyError {
     NotImplemented(&'static str),
 }
 
+impl From<sluice_wire::BadRequest> for ProxyError {
+    fn from(e: sluice_wire::BadRequest) -> Self {
+        Self::BadRequest(e.0)
+    }
+}
+
 impl ProxyError {
     /// The status code the client receives.
     pub fn status(&self) -> StatusCode {

@@ -130,6 +130,7 @@ impl<R: Routing> ProxyService<R> {
         matched: &mut Option<Arc<Route>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         check_request(&req)?;
+        sluice_wire::normalize::normalize_request(&mut req, client.rules)?;
         let host = request_host(&req);
         let head = RequestHead {
             method: req.method(),
@@ -226,6 +227,7 @@ fn upstream_request(
         client: client.peer,
         proto: if client.tls { "https" } else { "http" },
         host: parts.headers.get(header::HOST).cloned(),
+        trusted: client.trusted,
     };
     add_forwarding(&mut parts.headers, &fwd);
     apply_edits(&mut parts.headers, &route.request_headers);

@@ -4,6 +4,7 @@
 mod reverse_support;
 
 use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use reverse_support::get;
@@ -13,8 +14,16 @@ async fn serve(
     dir: &Path,
     format: &str,
 ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    serve_to(dir, format, "access.log").await
+}
+
+async fn serve_to(
+    dir: &Path,
+    format: &str,
+    path: &str,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let text = format!(
-        "[access_log]\nformat = \"{format}\"\npath = \"access.log\"\n\
+        "[access_log]\nformat = \"{format}\"\npath = \"{path}\"\n\
          [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
          [[route]]\nname = \"hello\"\ndirect_response = {{ status = 200, body = \"hello\\n\" }}\n"
     );
@@ -80,5 +89,60 @@ async fn common_log_format_lines() {
         "{}",
         lines[1]
     );
+    let _ = stop.send(());
+}
+
+/// Everything this test binary logs (at warn and above), for assertions on log lines.
+fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    Arc::clone(LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&logs);
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || Sink(Arc::clone(&sink)))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        logs
+    }))
+}
+
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A full disk (`/dev/full` fails every write with ENOSPC): requests are served as before,
+/// and the failure is logged once per interval with the lines lost, not once per request.
+#[tokio::test]
+async fn a_full_disk_does_not_fail_requests_and_is_reported_once_per_interval() {
+    let logs = captured_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, stop) = serve_to(dir.path(), "common", "/dev/full").await;
+    let reports = || {
+        let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        text.matches("the access log cannot be written").count()
+    };
+    for i in 0..50 {
+        assert_eq!(get(addr, &format!("/{i}")).await.text(), "hello\n");
+        // Each request's line is written (and fails) before the next is sent.
+        for _ in 0..100 {
+            if reports() > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    // 50 requests take far less than the 10 s interval: only the first failure is reported.
+    assert_eq!(reports(), 1);
     let _ = stop.send(());
 }

@@ -24,8 +24,13 @@ struct Running {
 }
 
 async fn start() -> Running {
+    start_with(&format!("token = \"{TOKEN}\"\n")).await
+}
+
+/// A proxy whose `[admin]` table has `admin_keys` besides `listen`.
+async fn start_with(admin_keys: &str) -> Running {
     let text = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\
+        "[admin]\nlisten = \"127.0.0.1:0\"\n{admin_keys}\
          [acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n\
          [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
          [[route]]\nname = \"legacy\"\npath_prefix = \"/legacy\"\ncluster = \"legacy\"\n\
@@ -57,10 +62,21 @@ async fn call(
     token: Option<&str>,
     body: &str,
 ) -> (u16, String) {
-    let mut stream = TcpStream::connect(admin).await.unwrap();
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    call_with(admin, method, path, &format!("Host: admin\r\n{auth}"), body).await
+}
+
+/// [`call`] with the `Host` and any other header lines given in `headers`.
+async fn call_with(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(admin).await.unwrap();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n{auth}\
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\n{headers}\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
@@ -307,6 +323,91 @@ async fn routes_change_at_runtime_including_client_cidr_slices() {
     ] {
         assert_eq!(json(p.admin, "POST", "/routes", bad).await.0, 400, "{bad}");
     }
+    let _ = p.stop.send(());
+}
+
+/// DNS rebinding: a page at attacker.example whose name now resolves to 127.0.0.1 sends the
+/// browser's requests with `Host: attacker.example:PORT`; a cross-site form or fetch carries
+/// its own `Origin`. Without a token (loopback only), neither may read or change anything.
+#[tokio::test]
+async fn without_a_token_only_loopback_hosts_and_same_origin_changes_are_served() {
+    let p = start_with("").await;
+    let port = p.admin.port();
+    let rule = r#"{"name": "evil", "cluster": "api"}"#;
+    let rebound = format!("Host: attacker.example:{port}\r\n");
+    assert_eq!(
+        call_with(p.admin, "POST", "/routes", &rebound, rule)
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        call_with(p.admin, "GET", "/status", &rebound, "").await.0,
+        403
+    );
+    let cross_site =
+        format!("Host: 127.0.0.1:{port}\r\nOrigin: http://attacker.example:{port}\r\n");
+    assert_eq!(
+        call_with(p.admin, "POST", "/routes", &cross_site, rule)
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        call_with(p.admin, "DELETE", "/routes/api", &cross_site, "")
+            .await
+            .0,
+        403
+    );
+    let (_, listed) = call_with(
+        p.admin,
+        "GET",
+        "/routes",
+        &format!("Host: localhost:{port}\r\n"),
+        "",
+    )
+    .await;
+    assert!(!listed.contains("evil"), "{listed}");
+    assert!(listed.contains("\"api\""), "{listed}");
+
+    // Loopback names and the API's own origin still work: curl, sluice ctl, the dashboard.
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "[::1]".to_owned(),
+    ] {
+        let h = format!("Host: {host}\r\n");
+        assert_eq!(
+            call_with(p.admin, "GET", "/status", &h, "").await.0,
+            200,
+            "{host}"
+        );
+    }
+    let own = format!("Host: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\r\n");
+    assert_eq!(
+        call_with(p.admin, "POST", "/routes", &own, rule).await.0,
+        201
+    );
+    let _ = p.stop.send(());
+}
+
+#[tokio::test]
+async fn with_a_token_any_host_is_served_but_foreign_origins_still_cannot_change_anything() {
+    let p = start().await;
+    let auth = format!("Authorization: Bearer {TOKEN}\r\n");
+    let named = format!("Host: admin.internal.example\r\n{auth}");
+    assert_eq!(
+        call_with(p.admin, "GET", "/status", &named, "").await.0,
+        200
+    );
+    let cross_site = format!("{named}Origin: https://attacker.example\r\n");
+    let rule = r#"{"name": "evil", "cluster": "api"}"#;
+    assert_eq!(
+        call_with(p.admin, "POST", "/routes", &cross_site, rule)
+            .await
+            .0,
+        403
+    );
     let _ = p.stop.send(());
 }
 

@@ -78,6 +78,32 @@ async fn without_a_successor_the_acceptor_removes_its_socket_file() {
     assert!(!dir.path().join("acceptor.sock").exists());
 }
 
+/// A crash (SIGKILL) leaves the acceptor's UNIX socket file behind: the next start replaces
+/// it, while a socket some live process listens on is never taken.
+#[tokio::test]
+async fn a_socket_file_left_by_a_crash_does_not_stop_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("acceptor.sock");
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(
+        path.exists(),
+        "a dropped listener leaves its file, as a crash does"
+    );
+    let proxy = Proxy::bind(&config(dir.path(), true)).await.unwrap();
+    let served = tokio::net::UnixStream::connect(&path).await;
+    assert!(served.is_ok(), "the new acceptor listens on the path");
+    drop(served);
+    proxy.run_until(async {}).await;
+
+    let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let refused = Proxy::bind(&config(dir.path(), true)).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("another process is listening"),
+        "{refused}"
+    );
+    drop(live);
+}
+
 #[tokio::test]
 async fn taking_over_from_nobody_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -160,8 +160,13 @@ impl TlsProxy {
 
     /// As [`start`](Self::start), with extra keys for `[cluster.billing]`.
     async fn start_with(pki: &Pki, tls: &str, extra: &str, billing: &str) -> Self {
+        let rate = if extra.contains("handshakes_per_second") {
+            ""
+        } else {
+            "handshakes_per_second = 0\n"
+        };
         let text = format!(
-            "[acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\ntls = {tls}\n{extra}\n\
+            "[acceptor]\nlisten = \"127.0.0.1:0\"\n{rate}tls = {tls}\n{extra}\n\
              [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
              [[route]]\npath_prefix = \"/billing\"\ncluster = \"billing\"\n\
              [[route]]\ncluster = \"api\"\n\
@@ -241,6 +246,29 @@ async fn raw_register(pki: &Pki, proxy: &TlsProxy, client: &Leaf, service: &str)
     let mut answer = Vec::new();
     let _ = within(tls.read_to_end(&mut answer)).await;
     String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A TLS handshake flood from one address is limited before the handshake, not after: the
+/// acceptor spends no TLS work on connections over the rate.
+#[tokio::test]
+async fn the_handshake_rate_limit_applies_before_the_tls_handshake() {
+    let pki = Pki::new();
+    let proxy = TlsProxy::start(&pki, SERVER_ONLY, "handshakes_per_second = 1").await;
+    let connector = TlsConnector::from(Arc::new(pki.client_config(None)));
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut completed = 0;
+    for _ in 0..5 {
+        let tcp = TcpStream::connect(proxy.acceptor).await.unwrap();
+        if within(connector.connect(name.clone(), tcp)).await.is_ok() {
+            completed += 1;
+        }
+    }
+    // A burst of one, refilled at one a second: five in a row cannot all get a TLS session.
+    assert!(
+        (1..5).contains(&completed),
+        "{completed} TLS handshakes completed"
+    );
+    proxy.stop().await;
 }
 
 #[tokio::test]

@@ -8,11 +8,9 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use support::{Backend, TestProxy};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use support::{exchange, read_to_close, Backend, TestProxy};
+use tokio::net::TcpListener;
 
 /// A proxy in front of `upstream`, with a 1 KiB head limit and a 200 ms head timeout.
 async fn proxy_to(upstream: SocketAddr) -> TestProxy {
@@ -39,34 +37,6 @@ async fn start() -> (Backend, TestProxy) {
     let backend = Backend::start("b").await;
     let proxy = proxy_to(backend.addr).await;
     (backend, proxy)
-}
-
-/// Writes `request`, then reads until the peer closes the connection.
-async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request).await.unwrap();
-    read_to_close(&mut stream).await
-}
-
-/// Reads until EOF (a reset also counts as closed), bounded so that a connection left open
-/// fails the test instead of hanging it.
-async fn read_to_close(stream: &mut TcpStream) -> String {
-    let mut received = Vec::new();
-    let read = async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) => return,
-                Ok(n) => received.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
-                Err(e) => panic!("read failed: {e}"),
-            }
-        }
-    };
-    let closed = tokio::time::timeout(Duration::from_secs(3), read).await;
-    let text = String::from_utf8_lossy(&received).into_owned();
-    assert!(closed.is_ok(), "connection still open; received {text:?}");
-    text
 }
 
 /// A well-formed request pipelined behind each bad one; it must never be answered.
@@ -215,12 +185,22 @@ async fn head_over_max_header_size_is_431_and_closes() {
 }
 
 #[tokio::test]
-async fn slow_head_is_closed_silently_after_request_header_timeout() {
+async fn slow_head_gets_408_after_request_header_timeout() {
     let (backend, proxy) = start().await;
     let raw = exchange(proxy.addr(), b"GET / HTTP/1.1\r\nHost: x\r\n").await;
-    // hyper sends no 408: it just closes.
-    assert_eq!(raw, "");
+    assert_closing_response(&raw, "408 Request Timeout", "request header timed out");
     assert_backend_untouched(&backend);
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_silently_after_request_header_timeout() {
+    let (backend, proxy) = start().await;
+    assert_eq!(exchange(proxy.addr(), b"").await, "");
+    // Nor is a keep-alive connection told anything when no next request begins.
+    let raw = exchange(proxy.addr(), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(raw.matches("HTTP/1.1 ").count(), 1, "{raw:?}");
+    assert!(raw.starts_with("HTTP/1.1 200 OK\r\n"), "{raw:?}");
+    assert_eq!(backend.requests(), 1);
 }
 
 #[tokio::test]
@@ -280,4 +260,67 @@ async fn requests_the_router_and_upstream_could_read_differently_are_refused() {
         assert_closing_response(&raw, status, body);
         assert_backend_untouched(&backend);
     }
+}
+
+#[tokio::test]
+async fn transfer_codings_other_than_chunked_are_501_and_chunked_twice_is_400() {
+    let cases = [
+        (
+            "gzip, chunked",
+            "501 Not Implemented",
+            "unsupported transfer coding\n",
+        ),
+        (
+            "chunked, chunked",
+            "400 Bad Request",
+            "chunked transfer coding applied twice\n",
+        ),
+    ];
+    for (coding, status, reason) in cases {
+        let (backend, proxy) = start().await;
+        let bad = format!(
+            "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: {coding}\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let raw = refused_by(proxy.addr(), &bad).await;
+        assert_closing_response(&raw, status, reason);
+        assert_eq!(backend.requests(), 0, "{coding}");
+    }
+}
+
+#[tokio::test]
+async fn a_get_with_a_chunked_body_is_forwarded_with_its_body() {
+    let (backend, proxy) = start().await;
+    let raw = exchange(
+        proxy.addr(),
+        b"GET /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+          5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 200 OK\r\n"), "{raw:?}");
+    assert!(raw.ends_with("\r\n\r\nhello"), "{raw:?}");
+    assert_eq!(backend.requests(), 1);
+}
+
+#[tokio::test]
+async fn an_upstream_response_with_length_and_chunked_is_framed_by_chunks_and_not_reused() {
+    let upstream = support::upstream::RawBackend::conflicting_framing().await;
+    let proxy = proxy_to(upstream.addr).await;
+    let request = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    let raw = exchange(
+        proxy.addr(),
+        format!("{request}{request}GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    let responses: Vec<&str> = raw.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(responses.len(), 3, "{raw:?}");
+    for response in responses {
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("200 OK\r\n"), "{raw:?}");
+        assert!(!head.contains("content-length: 50"), "{raw:?}");
+        // Chunked (or close-delimited) towards the client, carrying exactly `ok`.
+        assert!(body == "2\r\nok\r\n0\r\n\r\n" || body == "ok", "{raw:?}");
+    }
+    // Each response's connection was closed after it, never reused.
+    assert_eq!(upstream.connections(), 3);
 }

@@ -31,6 +31,8 @@ pub(super) struct Peer {
     pub(super) ip: Option<IpAddr>,
     /// The names of the client certificate under mTLS; `None` without one.
     pub(super) cert_names: Option<Vec<String>>,
+    /// Whether this connection exceeded its address's handshakes per second (429).
+    pub(super) rate_limited: bool,
 }
 
 /// Serves one service connection to its end or until it becomes a session. The hello must

@@ -117,7 +117,7 @@ impl Acceptor {
         let tcp = tcp.map_err(BindError::Bind)?;
         let unix = match (unix, &opts.unix) {
             (Some(l), _) => Some(UnixListener::from_std(l)),
-            (None, Some(path)) => Some(UnixListener::bind(path)),
+            (None, Some(path)) => Some(bind_unix(path)),
             (None, None) => None,
         };
         let unix = unix.transpose().map_err(BindError::Bind)?;
@@ -220,6 +220,13 @@ impl Acceptor {
     }
 }
 
+/// Binds the service-facing UNIX socket; a socket file a crashed process left behind is
+/// replaced, one a live process listens on is refused.
+fn bind_unix(path: &std::path::Path) -> std::io::Result<UnixListener> {
+    sluice_handoff::remove_stale(path).map_err(std::io::Error::other)?;
+    UnixListener::bind(path)
+}
+
 async fn accept_unix(l: Option<&UnixListener>) -> std::io::Result<UnixStream> {
     match l {
         Some(l) => l.accept().await.map(|(s, _)| s),
@@ -245,13 +252,23 @@ where
     S: SessionStream,
 {
     let deadline = Instant::now() + shared.opts.handshake_timeout;
+    // Counted per connection and before TLS, so a flood of TLS handshakes from one address
+    // costs the acceptor no more than the limit allows.
+    let rate_limited = ip.is_some_and(|ip| !shared.rate.allow(ip));
     let mut peer = Peer {
         ip,
         cert_names: None,
+        rate_limited,
     };
     let Some(config) = &shared.tls else {
         return handshake::handle(io, peer, shared, deadline).await;
     };
+    if rate_limited {
+        // No HTTP answer is possible before TLS: the connection closes, and the service's
+        // SDK re-dials with backoff as after any failed dial.
+        shared.count("429");
+        return debug!("handshake rate exceeded; closed before TLS");
+    }
     let Some(io) = tls::accept(config, io, deadline).await else {
         return;
     };
@@ -287,7 +304,7 @@ impl Shared {
         if self.shutdown.as_ref().is_some_and(|s| s.is_triggered()) {
             return Err(Rejection::unavailable("shutting down"));
         }
-        if peer.ip.is_some_and(|ip| !self.rate.allow(ip)) {
+        if peer.rate_limited {
             return Err(Rejection::limited(
                 "handshakes per second from this address",
             ));

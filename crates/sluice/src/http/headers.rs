@@ -118,19 +118,24 @@ pub struct Forwarding<'a> {
     pub proto: &'a str,
     /// The host the client asked for (its Host header or :authority), if any.
     pub host: Option<HeaderValue>,
+    /// Whether the client is a trusted proxy (`trusted_proxies`) whose forwarding headers are
+    /// kept.
+    pub trusted: bool,
 }
 
-/// Appends the client to `X-Forwarded-For` and `Forwarded`, and sets `X-Forwarded-Proto` and
-/// `X-Forwarded-Host` (replacing what the client sent: only the first proxy may set those).
+/// Adds the client to `X-Forwarded-For` and `Forwarded`, and sets `X-Forwarded-Proto` and
+/// `X-Forwarded-Host`. From a trusted proxy the chains it sent are kept and appended to, and
+/// its `X-Forwarded-Proto` and `-Host` are kept; from anyone else all four are replaced, so a
+/// client cannot make an upstream believe it came from another address.
 ///
 /// Runs on every proxied request, so each list header costs one allocation.
 pub fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
     let ip = fwd.client.ip();
-    let mut xff = existing_list(headers, &X_FORWARDED_FOR);
+    let mut xff = existing_list(headers, &X_FORWARDED_FOR, fwd.trusted);
     let _ = write!(xff, "{ip}");
     set_owned(headers, &X_FORWARDED_FOR, xff);
 
-    let mut forwarded = existing_list(headers, &FORWARDED);
+    let mut forwarded = existing_list(headers, &FORWARDED, fwd.trusted);
     let _ = match ip {
         IpAddr::V4(v4) => write!(forwarded, "for={v4};proto={}", fwd.proto),
         // RFC 7239 §6: IPv6 nodes are quoted and bracketed.
@@ -142,14 +147,18 @@ pub fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
     }
     set_owned(headers, &FORWARDED, forwarded);
 
-    headers.insert(
-        X_FORWARDED_PROTO.clone(),
-        HeaderValue::from_static(proto_value(fwd.proto)),
-    );
-    match &fwd.host {
-        Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host.clone()),
-        None => headers.remove(&X_FORWARDED_HOST),
-    };
+    let keep = |name: &HeaderName| fwd.trusted && headers.contains_key(name);
+    let (keep_proto, keep_host) = (keep(&X_FORWARDED_PROTO), keep(&X_FORWARDED_HOST));
+    if !keep_proto {
+        let proto = HeaderValue::from_static(proto_value(fwd.proto));
+        headers.insert(X_FORWARDED_PROTO.clone(), proto);
+    }
+    if !keep_host {
+        match &fwd.host {
+            Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host.clone()),
+            None => headers.remove(&X_FORWARDED_HOST),
+        };
+    }
 }
 
 fn proto_value(proto: &str) -> &'static str {
@@ -176,9 +185,13 @@ fn push_forwarded_value(out: &mut String, value: &str) {
     }
 }
 
-/// The values already in a comma-separated list header, joined and ready for one more item.
-fn existing_list(headers: &HeaderMap, name: &HeaderName) -> String {
+/// The values already in a comma-separated list header, joined and ready for one more item;
+/// empty unless `keep`.
+fn existing_list(headers: &HeaderMap, name: &HeaderName, keep: bool) -> String {
     let mut joined = String::with_capacity(64);
+    if !keep {
+        return joined;
+    }
     for v in headers.get_all(name).iter().filter_map(|v| v.to_str().ok()) {
         joined.push_str(v);
         joined.push_str(", ");
@@ -226,17 +239,40 @@ mod tests {
     }
 
     #[test]
-    fn forwarding_appends_to_existing_chain() {
+    fn forwarding_from_a_trusted_proxy_appends_to_its_chain() {
         let mut h = HeaderMap::new();
         h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        h.insert(header::FORWARDED, HeaderValue::from_static("for=10.0.0.1"));
+        h.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("https"));
+        let fwd = Forwarding {
+            client: "192.0.2.1:4000".parse().unwrap(),
+            proto: "http",
+            host: None,
+            trusted: true,
+        };
+        add_forwarding(&mut h, &fwd);
+        assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1, 192.0.2.1");
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=10.0.0.1, for=192.0.2.1;proto=http"
+        );
+        assert_eq!(h[&X_FORWARDED_PROTO], "https");
+    }
+
+    #[test]
+    fn forwarding_from_anyone_else_replaces_the_chain() {
+        let mut h = HeaderMap::new();
+        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("6.6.6.6"));
+        h.insert(header::FORWARDED, HeaderValue::from_static("for=6.6.6.6"));
         h.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("spoofed"));
         let fwd = Forwarding {
             client: "[2001:db8::1]:4000".parse().unwrap(),
             proto: "https",
             host: Some(HeaderValue::from_static("example.com:8443")),
+            trusted: false,
         };
         add_forwarding(&mut h, &fwd);
-        assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1, 2001:db8::1");
+        assert_eq!(h[&X_FORWARDED_FOR], "2001:db8::1");
         assert_eq!(h[&X_FORWARDED_PROTO], "https");
         assert_eq!(h[&X_FORWARDED_HOST], "example.com:8443");
         assert_eq!(

@@ -1,4 +1,5 @@
-//! HTTP rules shared by the proxy paths: request checks, hop-by-hop stripping, forwarding headers.
+//! HTTP rules shared by the proxy paths: request checks, hop-by-hop stripping, forwarding
+//! headers. Request normalisation is `sluice_wire::normalize`'s.
 
 pub mod checks;
 pub mod headers;

@@ -133,7 +133,7 @@ where
     let watch = Arc::new(FramingWatch::default());
     let io = FramingGuard::new(io, settings.http.max_header_bytes, Arc::clone(&watch));
     let svc = ConnService {
-        framing: Some(watch),
+        framing: Some(Arc::clone(&watch)),
         ..svc
     };
     let active = Arc::clone(&svc.active);
@@ -142,7 +142,17 @@ where
         .h1
         .serve_connection(TokioIo::new(io), svc)
         .with_upgrades();
-    drive(conn, signal, &active, settings).await
+    tokio::pin!(conn);
+    let result = drive(conn.as_mut(), signal, &active, settings).await;
+    // Still alive here, so the guard can answer 408 when it is dropped.
+    if let Err(e) = &result {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_timeout)
+        {
+            watch.head_timed_out();
+        }
+    }
+    result
 }
 
 async fn serve_h2<I, S: HttpService>(
@@ -156,6 +166,7 @@ where
 {
     let active = Arc::clone(&svc.active);
     let conn = settings.h2.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
     drive(conn, signal, &active, settings).await
 }
 
@@ -168,12 +179,11 @@ where
 /// first request to begin, within `request_header_timeout`, and then asks the connection to
 /// finish after it.
 async fn drive<C: Graceful>(
-    conn: C,
+    mut conn: Pin<&mut C>,
     signal: &ShutdownSignal,
     active: &ActiveRequests,
     settings: &Settings,
 ) -> Result<(), BoxError> {
-    tokio::pin!(conn);
     tokio::select! {
         res = conn.as_mut() => return res.map_err(Into::into),
         () = signal.wait() => {}

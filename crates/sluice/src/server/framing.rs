@@ -1,24 +1,19 @@
 //! [`FramingGuard`]: spots HTTP/1 requests that carry both Content-Length and
-//! Transfer-Encoding, which hyper accepts without leaving a trace.
+//! Transfer-Encoding, which hyper accepts without leaving a trace, and answers 408 to a client
+//! whose request head stopped arriving.
 //!
-//! hyper takes RFC 9112 §6.3's lenient option: it drops Content-Length, decodes the chunked
-//! body and closes the connection after the response. The request a service sees then looks
-//! like any chunked request, yet such a message is the classic request-smuggling vector and a
-//! proxy should refuse it rather than forward it. So this wrapper follows the request heads and
-//! bodies in the bytes hyper reads and records which request (by position on the connection)
-//! had both headers; the connection's service marks that request with [`AmbiguousFraming`].
-//!
-//! The scan is lenient on purpose: it must find the same message boundaries as hyper only on
-//! input hyper accepts. On anything it cannot follow (input hyper refuses and closes on, or an
-//! oversize head) it stops looking, and hyper's own handling applies.
+//! The guard runs the bytes hyper reads through `sluice_wire`'s [`Scanner`], which records
+//! which request (by position on the connection) had both headers; the connection's service
+//! marks that request with [`AmbiguousFraming`].
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 
-use tokio::io::{AsyncRead, ReadBuf};
+use sluice_wire::framing::Scanner;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Inserted into the extensions of an HTTP/1 request whose head carried both Content-Length
 /// and Transfer-Encoding. hyper removes Content-Length before the service sees the request, so
@@ -34,6 +29,8 @@ pub(super) struct FramingWatch {
     served: AtomicU64,
     /// Position of the first request with both headers; `u64::MAX` when none.
     ambiguous: AtomicU64,
+    /// Set when hyper gave up waiting for a request head (`request_header_timeout`).
+    head_timed_out: AtomicBool,
 }
 
 impl Default for FramingWatch {
@@ -41,6 +38,7 @@ impl Default for FramingWatch {
         Self {
             served: AtomicU64::new(0),
             ambiguous: AtomicU64::new(u64::MAX),
+            head_timed_out: AtomicBool::new(false),
         }
     }
 }
@@ -52,17 +50,26 @@ impl FramingWatch {
         let n = self.served.fetch_add(1, Ordering::Relaxed);
         n == self.ambiguous.load(Ordering::Relaxed)
     }
+
+    /// Records that the connection ended because its request head did not arrive in time: when
+    /// the guard is dropped it answers 408 if part of a head had come.
+    pub(super) fn head_timed_out(&self) {
+        self.head_timed_out.store(true, Ordering::Relaxed);
+    }
 }
+
+/// What a client whose request head stopped arriving gets, as NGINX and HAProxy answer it.
+const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 24\r\n\r\nrequest header timed out";
 
 /// Passes reads and writes through, scanning what the client sends.
 #[derive(Debug)]
-pub(super) struct FramingGuard<T> {
+pub(super) struct FramingGuard<T: AsyncWrite + Unpin> {
     inner: T,
     scanner: Scanner,
     watch: Arc<FramingWatch>,
 }
 
-impl<T> FramingGuard<T> {
+impl<T: AsyncWrite + Unpin> FramingGuard<T> {
     /// Wraps `inner`; heads longer than `max_head` (which hyper refuses) end the scan.
     pub(super) fn new(inner: T, max_head: usize, watch: Arc<FramingWatch>) -> Self {
         Self {
@@ -73,7 +80,7 @@ impl<T> FramingGuard<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for FramingGuard<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for FramingGuard<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -83,7 +90,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for FramingGuard<T> {
         ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
         let this = &mut *self;
         this.scanner.feed(&buf.filled()[before..]);
-        if let Some(index) = this.scanner.first_ambiguous {
+        if let Some(index) = this.scanner.first_ambiguous() {
             this.watch.ambiguous.store(index, Ordering::Relaxed);
         }
         Poll::Ready(Ok(()))
@@ -92,241 +99,27 @@ impl<T: AsyncRead + Unpin> AsyncRead for FramingGuard<T> {
 
 forward_async_write!(FramingGuard);
 
-/// How much of a chunk-size, chunk-end or trailer line is kept: enough for any valid size.
-const BODY_LINE_PREFIX: usize = 64;
-
-/// Where the scanner is in the request stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Before a request line; empty lines are skipped, as httparse does.
-    Idle,
-    /// Inside a head, after the request line.
-    Head,
-    /// A Content-Length body: bytes left.
-    Fixed(u64),
-    /// A chunk-size line.
-    ChunkSize,
-    /// Chunk data: bytes left.
-    ChunkData(u64),
-    /// The line ending after chunk data.
-    ChunkEnd,
-    /// Trailer lines after the last chunk, up to an empty line.
-    Trailers,
-    /// Lost track (input hyper refuses): stop looking.
-    Off,
-}
-
-/// Follows request heads and bodies line by line; only the current line is buffered.
-#[derive(Debug)]
-struct Scanner {
-    state: State,
-    line: Vec<u8>,
-    head_len: usize,
-    max_head: usize,
-    heads: u64,
-    content_length: Option<u64>,
-    transfer_encoding: bool,
-    first_ambiguous: Option<u64>,
-}
-
-impl Scanner {
-    fn new(max_head: usize) -> Self {
-        Self {
-            state: State::Idle,
-            line: Vec::new(),
-            head_len: 0,
-            max_head,
-            heads: 0,
-            content_length: None,
-            transfer_encoding: false,
-            first_ambiguous: None,
+/// hyper closes a connection whose head timed out without a word; a client that had begun a
+/// request is told why. hyper is done with the socket by then (the head timer only runs while
+/// no response is being written), so the answer cannot interleave with another. It is written
+/// only as far as the socket takes it without waiting: a client too slow to take 150 bytes has
+/// no claim on the proxy's time.
+impl<T: AsyncWrite + Unpin> Drop for FramingGuard<T> {
+    fn drop(&mut self) {
+        if !self.watch.head_timed_out.load(Ordering::Relaxed) || !self.scanner.mid_head() {
+            return;
         }
-    }
-
-    fn feed(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            match self.state {
-                State::Off => return,
-                State::Fixed(left) | State::ChunkData(left) => {
-                    let n = left.min(bytes.len() as u64);
-                    bytes = &bytes[usize::try_from(n).unwrap_or(bytes.len())..];
-                    self.state = match (self.state, left - n) {
-                        (State::Fixed(_), 0) => State::Idle,
-                        (State::ChunkData(_), 0) => State::ChunkEnd,
-                        (State::Fixed(_), rest) => State::Fixed(rest),
-                        (_, rest) => State::ChunkData(rest),
-                    };
-                }
-                _ => bytes = self.take_line(bytes),
-            }
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut inner = Pin::new(&mut self.inner);
+        if let Poll::Ready(Ok(_)) = inner.as_mut().poll_write(&mut cx, REQUEST_TIMEOUT) {
+            let _ = inner.poll_flush(&mut cx);
         }
-    }
-
-    /// Buffers bytes up to a line feed, handles a completed line, returns the rest.
-    fn take_line<'a>(&mut self, bytes: &'a [u8]) -> &'a [u8] {
-        let (part, rest, complete) = match bytes.iter().position(|b| *b == b'\n') {
-            Some(i) => (&bytes[..i], &bytes[i + 1..], true),
-            None => (bytes, &bytes[bytes.len()..], false),
-        };
-        let room = if matches!(self.state, State::Idle | State::Head) {
-            self.head_len += part.len() + usize::from(complete);
-            if self.head_len > self.max_head {
-                self.state = State::Off;
-                return rest;
-            }
-            part.len()
-        } else {
-            // Body lines matter only for their first bytes (a chunk size) or for being empty.
-            BODY_LINE_PREFIX.saturating_sub(self.line.len())
-        };
-        self.line.extend_from_slice(&part[..part.len().min(room)]);
-        if complete {
-            let mut line = std::mem::take(&mut self.line);
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            self.end_line(&line);
-            line.clear();
-            self.line = line;
-        }
-        rest
-    }
-
-    fn end_line(&mut self, line: &[u8]) {
-        self.state = match self.state {
-            State::Idle if line.is_empty() => {
-                self.head_len = 0;
-                State::Idle
-            }
-            State::Idle => State::Head,
-            State::Head if line.is_empty() => self.end_head(),
-            State::Head => self.header(line),
-            State::ChunkSize => chunk_size(line),
-            State::ChunkEnd => State::ChunkSize,
-            State::Trailers if line.is_empty() => State::Idle,
-            other => other,
-        };
-    }
-
-    /// Notes the framing headers; anything hyper refuses turns the scan off.
-    fn header(&mut self, line: &[u8]) -> State {
-        // obs-fold continuation lines are refused by httparse.
-        if line.starts_with(b" ") || line.starts_with(b"\t") {
-            return State::Off;
-        }
-        let Some(colon) = line.iter().position(|b| *b == b':') else {
-            return State::Off;
-        };
-        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
-        if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            self.transfer_encoding = true;
-        } else if name.eq_ignore_ascii_case(b"content-length") {
-            let parsed = std::str::from_utf8(value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<u64>().ok());
-            match (parsed, self.content_length) {
-                (Some(len), None) => self.content_length = Some(len),
-                (Some(len), Some(prev)) if len == prev => {}
-                _ => return State::Off,
-            }
-        }
-        State::Head
-    }
-
-    /// Records an ambiguous head and picks the body framing hyper will use.
-    fn end_head(&mut self) -> State {
-        let index = self.heads;
-        self.heads += 1;
-        self.head_len = 0;
-        let (length, chunked) = (self.content_length.take(), self.transfer_encoding);
-        self.transfer_encoding = false;
-        if chunked && length.is_some() && self.first_ambiguous.is_none() {
-            self.first_ambiguous = Some(index);
-        }
-        match (chunked, length) {
-            (true, _) => State::ChunkSize,
-            (false, Some(n)) if n > 0 => State::Fixed(n),
-            _ => State::Idle,
-        }
-    }
-}
-
-/// A chunk-size line: hex digits, then optional whitespace and extensions.
-fn chunk_size(line: &[u8]) -> State {
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    let size = std::str::from_utf8(&line[..digits])
-        .ok()
-        .and_then(|d| u64::from_str_radix(d, 16).ok());
-    match size {
-        None => State::Off,
-        Some(0) => State::Trailers,
-        Some(n) => State::ChunkData(n),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scan(input: &[u8], step: usize) -> Scanner {
-        let mut s = Scanner::new(1024);
-        for piece in input.chunks(step) {
-            s.feed(piece);
-        }
-        s
-    }
-
-    #[test]
-    fn finds_the_ambiguous_request_after_fixed_and_chunked_bodies() {
-        let input: &[u8] = b"\r\nPOST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello\
-            POST / HTTP/1.1\nTransfer-Encoding: chunked\n\n5;ext\r\nhello\r\n0\r\nX-T: 1\r\n\r\n\
-            POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n";
-        // Byte by byte and all at once must agree: reads split anywhere.
-        for step in [1, 7, input.len()] {
-            let s = scan(input, step);
-            assert_eq!((s.heads, s.first_ambiguous), (3, Some(2)), "step {step}");
-            assert_eq!(s.state, State::ChunkSize);
-        }
-    }
-
-    #[test]
-    fn long_chunked_bodies_and_extensions_do_not_count_as_head() {
-        let mut input = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
-        for _ in 0..200 {
-            input.extend_from_slice(
-                b"3;a-long-chunk-extension-that-is-longer-than-the-prefix-we-keep\r\nabc\r\n",
-            );
-        }
-        input.extend_from_slice(
-            b"0\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
-        );
-        let s = scan(&input, 11);
-        assert_eq!((s.heads, s.first_ambiguous), (2, Some(1)));
-    }
-
-    #[test]
-    fn body_bytes_that_look_like_headers_are_not_a_head() {
-        let body = "GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
-        let input = format!(
-            "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}GET / HTTP/1.1\r\n\r\n",
-            body.len()
-        );
-        let s = scan(input.as_bytes(), 3);
-        assert_eq!((s.heads, s.first_ambiguous), (2, None));
-    }
-
-    #[test]
-    fn stops_on_input_hyper_refuses() {
-        for input in [
-            &b"GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n"[..],
-            b"POST / HTTP/1.1\r\nContent-Length: 5, 6\r\n\r\n",
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-            &[b'a'; 2000],
-        ] {
-            assert_eq!(scan(input, 5).state, State::Off);
-        }
-    }
 
     #[test]
     fn watch_flags_only_the_recorded_position() {

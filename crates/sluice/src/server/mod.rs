@@ -18,10 +18,11 @@ pub mod tls;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_config::HttpOptions;
+use sluice_config::{HttpOptions, RequestRules};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
@@ -45,6 +46,11 @@ pub struct ClientInfo {
     pub local: SocketAddr,
     /// Whether the connection is TLS.
     pub tls: bool,
+    /// Whether the peer is one of the listener's `trusted_proxies`, whose forwarding chains
+    /// are kept. Default false.
+    pub trusted: bool,
+    /// The listener's normalisation rules.
+    pub rules: RequestRules,
 }
 
 impl Default for ClientInfo {
@@ -54,6 +60,8 @@ impl Default for ClientInfo {
             peer: unspecified,
             local: unspecified,
             tls: false,
+            trusted: false,
+            rules: RequestRules::default(),
         }
     }
 }
@@ -65,6 +73,8 @@ pub fn default_http_options() -> HttpOptions {
         request_header_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(60),
         max_header_bytes: 16 * 1024,
+        trusted_proxies: Vec::new(),
+        rules: RequestRules::default(),
     }
 }
 
@@ -166,7 +176,13 @@ impl Server {
                         // IPv4 clients of a dual-stack listener arrive as ::ffff:a.b.c.d; CIDR
                         // rules and X-Forwarded-For want the IPv4 form.
                         let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
-                        let info = ClientInfo { peer, local, tls: self.tls.is_some() };
+                        let info = ClientInfo {
+                            peer,
+                            local,
+                            tls: self.tls.is_some(),
+                            trusted: self.http.trusted_proxies.iter().any(|n| n.contains(&peer.ip())),
+                            rules: self.http.rules,
+                        };
                         let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
                         conns.spawn(conn::serve(stream, info, svc, set, sig));
                     }
@@ -180,10 +196,35 @@ impl Server {
     }
 }
 
-/// Accept fails mostly on fd exhaustion; back off briefly instead of spinning.
+/// Accept fails mostly on fd exhaustion (EMFILE, ENFILE); back off briefly instead of
+/// spinning. The pending connections wait in the kernel's backlog and are served once fds free
+/// up; the failure is logged at most once per [`ACCEPT_ERROR_REPORT`] (with how many there
+/// were), not twenty times a second.
 pub(crate) async fn accept_error(listener: &str, e: std::io::Error) {
-    warn!(listener, error = %e, "accept failed");
+    static FAILED: AtomicU64 = AtomicU64::new(0);
+    static LAST_REPORT_MS: AtomicU64 = AtomicU64::new(0);
+    let failed = FAILED.fetch_add(1, Ordering::Relaxed) + 1;
+    let now_ms = u64::try_from(report_epoch().elapsed().as_millis()).unwrap_or(u64::MAX);
+    let last = LAST_REPORT_MS.load(Ordering::Relaxed);
+    let due = last == 0 || now_ms.saturating_sub(last) >= ACCEPT_ERROR_REPORT.as_millis() as u64;
+    if due
+        && LAST_REPORT_MS
+            .compare_exchange(last, now_ms.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        FAILED.store(0, Ordering::Relaxed);
+        warn!(listener, error = %e, failed, "accept failed; retrying every 50 ms");
+    }
     tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// How often repeated accept failures are logged.
+const ACCEPT_ERROR_REPORT: Duration = Duration::from_secs(10);
+
+/// The instant accept-failure reports are timed from (the first failure).
+fn report_epoch() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
 }
 
 async fn drain(listener: &str, mut conns: JoinSet<()>, grace: Duration) {

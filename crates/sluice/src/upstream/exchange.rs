@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode, Version};
+use http::{header, Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::client::conn::TrySendError;
@@ -76,13 +76,34 @@ impl Failure {
 /// connection, so it is never reused.
 pub(crate) async fn send(
     sender: &mut SendRequest<ProxyBody>,
-    req: Request<ProxyBody>,
+    mut req: Request<ProxyBody>,
     timeout: Duration,
     replay: Option<Replay>,
 ) -> Result<Response<Incoming>, Failure> {
+    frame_unsized_body(&mut req);
     match tokio::time::timeout(timeout, sender.try_send_request(req)).await {
         Ok(answer) => answered(answer, replay),
         Err(_elapsed) => Err(Failure::timed_out()),
+    }
+}
+
+/// hyper's client sends no body at all for a GET or HEAD whose length it does not know (it
+/// assumes those never have one): a chunked or HTTP/2 length-less body would be dropped
+/// silently. Saying `Transfer-Encoding: chunked` explicitly makes hyper send it.
+pub(crate) fn frame_unsized_body(req: &mut Request<ProxyBody>) {
+    let body = req.body();
+    let unknown_length =
+        !http_body::Body::is_end_stream(body) && http_body::Body::size_hint(body).exact().is_none();
+    let headers = req.headers();
+    if unknown_length
+        && matches!(*req.method(), Method::GET | Method::HEAD)
+        && !headers.contains_key(header::CONTENT_LENGTH)
+        && !headers.contains_key(header::TRANSFER_ENCODING)
+    {
+        req.headers_mut().insert(
+            header::TRANSFER_ENCODING,
+            http::HeaderValue::from_static("chunked"),
+        );
     }
 }
 
@@ -98,7 +119,7 @@ pub(crate) fn answered(
     replay: Option<Replay>,
 ) -> Result<Response<Incoming>, Failure> {
     let mut e = match answer {
-        Ok(res) => return Ok(res),
+        Ok(res) => return Ok(framed(res)),
         Err(e) => e,
     };
     let unsent = e.take_message();
@@ -113,10 +134,30 @@ pub(crate) fn answered(
     Err(Failure { error, retry })
 }
 
+/// Marks a response that came with both `Transfer-Encoding` and `Content-Length`: its
+/// connection is out of step with at least one reader of it and is never reused.
+#[derive(Debug, Clone, Copy)]
+struct ConflictingFraming;
+
+/// RFC 9112 §6.3: a response with both `Transfer-Encoding` and `Content-Length` is framed by
+/// the former (hyper decodes it so); the latter is removed so the client is not told a length
+/// the body does not have, and the connection is closed after it (the sender may be attempting
+/// request smuggling or response splitting).
+fn framed(mut res: Response<Incoming>) -> Response<Incoming> {
+    let headers = res.headers_mut();
+    if headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.remove(header::CONTENT_LENGTH).is_some()
+    {
+        res.extensions_mut().insert(ConflictingFraming);
+    }
+    res
+}
+
 /// Whether the connection may carry another request after `res`: HTTP/1.1 without
-/// `Connection: close`, and not a 101 (the upgrade takes the socket).
+/// `Connection: close`, not a 101 (the upgrade takes the socket), and framed unambiguously.
 pub(crate) fn keeps_connection<B>(res: &Response<B>) -> bool {
     res.version() == Version::HTTP_11
         && !wants_close(res.headers())
         && res.status() != StatusCode::SWITCHING_PROTOCOLS
+        && res.extensions().get::<ConflictingFraming>().is_none()
 }

@@ -45,10 +45,20 @@ impl Upstream {
 
     /// Sends one request (already in origin form with forwarding headers) and returns the
     /// upstream's response head with its streaming body.
-    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+    ///
+    /// A request without `Host` (HTTP/1.0) gets one, since every HTTP/1.1 request must carry
+    /// it: the endpoint's address for a static cluster, the cluster's name for a reverse one
+    /// (as NGINX's `$proxy_host` is the upstream's name).
+    pub async fn send(
+        &self,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         match self {
             Self::Static(c) => c.send(req).await,
-            Self::Reverse(s) => s.send(req).await,
+            Self::Reverse(s) => {
+                default_host(&mut req, || s.name().to_owned());
+                s.send(req).await
+            }
         }
     }
 }
@@ -62,6 +72,16 @@ impl From<ReverseSlice> for Upstream {
 impl From<StaticCluster> for Upstream {
     fn from(c: StaticCluster) -> Self {
         Self::Static(c)
+    }
+}
+
+/// Sets `Host` to `authority()` when the request has none.
+pub(crate) fn default_host<B>(req: &mut Request<B>, authority: impl FnOnce() -> String) {
+    if req.headers().contains_key(http::header::HOST) {
+        return;
+    }
+    if let Ok(value) = http::HeaderValue::try_from(authority()) {
+        req.headers_mut().insert(http::header::HOST, value);
     }
 }
 

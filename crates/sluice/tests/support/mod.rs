@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sluice::{Proxy, Shutdown};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -131,6 +132,34 @@ async fn respond(name: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
         *res.body_mut() = Full::new(body);
     }
     res
+}
+
+/// Writes `request`, then reads until the peer closes the connection.
+pub async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    read_to_close(&mut stream).await
+}
+
+/// Reads until EOF (a reset also counts as closed), bounded so that a connection left open
+/// fails the test instead of hanging it.
+pub async fn read_to_close(stream: &mut TcpStream) -> String {
+    let mut received = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) => return,
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    };
+    let closed = tokio::time::timeout(Duration::from_secs(3), read).await;
+    let text = String::from_utf8_lossy(&received).into_owned();
+    assert!(closed.is_ok(), "connection still open; received {text:?}");
+    text
 }
 
 /// A proxy started from TOML text, serving until dropped or shut down.

@@ -308,6 +308,21 @@ impl RawBackend {
         .await
     }
 
+    /// Answers every request, keeping the connection open, with a response that has both
+    /// `Content-Length: 50` and a chunked body of `ok`: framing that cannot be trusted.
+    pub async fn conflicting_framing() -> Self {
+        Self::start(|stream, stats| async move {
+            let mut stream = stream;
+            let res =
+                b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\nTransfer-Encoding: chunked\r\n\r\n\
+                        2\r\nok\r\n0\r\n\r\n";
+            while read_head(&mut stream).await && stream.write_all(res).await.is_ok() {
+                stats.answered.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .await
+    }
+
     async fn start<F, Fut>(serve: F) -> Self
     where
         F: Fn(TcpStream, Arc<RawStats>) -> Fut + Send + 'static,
@@ -337,16 +352,18 @@ impl Drop for RawBackend {
     }
 }
 
-/// Reads until the end of a request head (or EOF). Test requests carry small heads.
-async fn read_head(stream: &mut TcpStream) {
+/// Reads until the end of a request head; false on EOF first. Test requests carry small
+/// heads and no bodies.
+async fn read_head(stream: &mut TcpStream) -> bool {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
         match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return false,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
+    true
 }
 
 /// Counts replies by the backend name that opens each body (`<name> <path>`).

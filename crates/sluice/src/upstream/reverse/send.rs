@@ -83,7 +83,8 @@ struct Exchange {
 }
 
 impl Exchange {
-    fn start(pool: &Arc<SlicePool>, mut session: Session, req: Request<ProxyBody>) -> Self {
+    fn start(pool: &Arc<SlicePool>, mut session: Session, mut req: Request<ProxyBody>) -> Self {
+        exchange::frame_unsized_body(&mut req);
         let answer = session.sender.try_send_request(req);
         Self {
             answer: Some(Box::pin(async move { (answer.await, session) })),

@@ -12,13 +12,14 @@ use super::pool::{Conn, ReturnOnEnd};
 use super::{acquire, connect_fresh, wrap_response, Inner, MAX_CONNECT_ATTEMPTS};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::upstream::default_host;
 use crate::upstream::exchange::{self, Replay};
 
 /// Picks an endpoint and exchanges the request with it. A failed connect ejects the endpoint
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`].
 pub(super) async fn send(
     inner: &Arc<Inner>,
-    req: Request<ProxyBody>,
+    mut req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let endpoints = inner.endpoints.load_full();
     let mut tried = Vec::new();
@@ -29,7 +30,11 @@ pub(super) async fn send(
         };
         let in_flight = endpoints[i].begin_request();
         match acquire(inner, &endpoints[i]).await {
-            Ok(conn) => return exchange(inner, conn, in_flight, req).await,
+            Ok(conn) => {
+                let addr = endpoints[i].addr();
+                default_host(&mut req, || addr.to_string());
+                return exchange(inner, conn, in_flight, req).await;
+            }
             Err(e) => {
                 tried.push(i);
                 last_error = Some(e);

@@ -1,0 +1,16 @@
+//! The parsers Sluice runs over bytes it does not control, kept free of I/O and of the engine
+//! so that each can be fuzzed alone (`fuzz/` in the repository) and read in one sitting.
+//!
+//! # Layout
+//! * [`framing`]: [`Scanner`](framing::Scanner) follows HTTP/1 request heads and bodies in a
+//!   client's byte stream and finds the request that carried both `Content-Length` and
+//!   `Transfer-Encoding` (the smuggling vector hyper accepts silently).
+//! * [`normalize`]: the path, host and header names a request is routed on, normalised so the
+//!   route is chosen on the request the upstream will see ([`RequestRules`]).
+//! * [`cert`]: the names of a client certificate (mTLS at the acceptor).
+
+pub mod cert;
+pub mod framing;
+pub mod normalize;
+
+pub use normalize::{BadRequest, EscapedSlashes, RequestRules, Underscores};

@@ -1,0 +1,29 @@
+//! The acceptor's reading of a service's first request, and an SDK's reading of the
+//! acceptor's answer: never a panic, and a registration or drain that parses encodes back to
+//! one that parses to the same thing.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use sluice_session::{parse_hello, parse_reply, Hello, Parsed};
+
+/// The acceptor's default `max_handshake_size`.
+const MAX_HEAD: usize = 8 * 1024;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = parse_reply(data);
+    let Ok(Parsed::Complete(hello, used)) = parse_hello(data, MAX_HEAD) else {
+        return;
+    };
+    assert!(used <= data.len() && used <= MAX_HEAD);
+    let encoded = match &hello {
+        Hello::Register(r) => r.encode(),
+        Hello::Drain(d) => d.encode(),
+    };
+    match parse_hello(&encoded, MAX_HEAD) {
+        Ok(Parsed::Complete(again, n)) => {
+            assert_eq!(again, hello);
+            assert_eq!(n, encoded.len());
+        }
+        other => panic!("{hello:?} encodes to {encoded:?}, which parses as {other:?}"),
+    }
+});
