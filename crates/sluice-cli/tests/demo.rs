@@ -224,7 +224,8 @@ async fn ctl_reads_and_drains_a_running_demo() {
 /// `GET /metrics` over a raw connection.
 async fn ctl_metrics(admin: SocketAddr) -> (bool, String) {
     let mut stream = TcpStream::connect(admin).await.unwrap();
-    let head = "GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n";
+    // The admin API without a token serves only loopback Host values (DNS rebinding).
+    let head = format!("GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
     stream.write_all(head.as_bytes()).await.unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
