@@ -252,3 +252,46 @@ async fn trailers_survive_a_buffered_response() {
     within("the session to be idle", proxy.idle("default", 1)).await;
     proxy.stop().await;
 }
+
+/// An HTTP/1.0 request without `Host` reaches the service as HTTP/1.1 with the cluster's name
+/// as its `Host` (every HTTP/1.1 request carries one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http10_request_without_host_reaches_the_service_with_the_cluster_name() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    serve_fn(
+        proxy.acceptor,
+        &ServiceSpec::new("a", 1),
+        |req| async move {
+            let host = req.headers().get(header::HOST).cloned();
+            let seen = host.map_or_else(|| "none".to_owned(), |h| h.to_str().unwrap().to_owned());
+            Ok(Response::new(Frames::new([Bytes::from(seen)], None)))
+        },
+    )
+    .await;
+    proxy.idle("default", 1).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.http).await.unwrap();
+    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    assert!(raw.starts_with("HTTP/1.0 200 OK\r\n"), "{raw:?}");
+    assert!(raw.ends_with("\r\n\r\napi"), "{raw:?}");
+    proxy.stop().await;
+}
+
+/// A service's response with both `Content-Length` and `Transfer-Encoding` is framed by the
+/// chunks, and its session is closed after it rather than reused out of step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_with_length_and_chunked_is_framed_by_chunks_and_retires_its_session() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+    serve_raw(proxy.acceptor, &ServiceSpec::new("a", 1), answer).await;
+    proxy.idle("default", 1).await;
+    let reply = get(proxy.http, "/").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.text(), "ok");
+    // Read whole within response_buffer, it goes out with its true length, never the 50.
+    let length = reply.headers.get(header::CONTENT_LENGTH);
+    assert!(length.is_none_or(|l| l == "2"), "{:?}", reply.headers);
+    proxy.cluster.wait_until(|c| c.sessions() == 0).await;
+    proxy.stop().await;
+}
