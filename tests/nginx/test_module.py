@@ -1,0 +1,213 @@
+"""NGINX with ngx_http_sluice_module as a consumer of `sluice acceptor` (docs/handoff.md),
+serving services written with the Go SDK: requests flow over lent sessions and a service
+never sees more at once than it declared; workers share the pool and overload waits or gets
+503 + Retry-After; drains, reloads, a killed service and a restarted acceptor cost nothing
+they should not. Every assertion is about statuses and counts, never about time."""
+
+from __future__ import annotations
+
+import json
+import signal
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+from conftest import Built, Nginx
+from harness import Load, Proc, Result, registrations, start_acceptor, start_service
+
+
+def ok(results: list[Result]) -> None:
+    failed = [r for r in results if r.status != 200]
+    assert not failed, f"{len(failed)} of {len(results)} failed: {failed[:5]}"
+
+
+def status(n: Nginx) -> dict:
+    """One worker's sluice_status (whichever worker takes the connection)."""
+    with urllib.request.urlopen(f"http://{n.addr[0]}:{n.addr[1]}/sluice", timeout=30) as res:
+        assert res.headers["Content-Type"] == "application/json"
+        return json.loads(res.read())
+
+
+def test_requests_flow_and_the_service_never_sees_more_than_it_declared(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    service = start_service(built.bins, "go", addr, "go", 4, 5)
+    procs.append(service)
+    nginx = nginx_factory(sock, workers=2, idle=4)
+    nginx.wait_connected(2)
+    load = Load(nginx.addr, 16).start()  # POSTs, 4x the service's sessions
+    load.wait_for(400)
+    results = load.stop()
+    ok(results)
+    assert {r.body for r in results} == {"go"}
+    # Sixteen clients, four sessions: requests queued in the workers, and no session ever
+    # carried two requests at once.
+    assert max(r.in_flight for r in results) <= 4
+    assert registrations([acceptor]) == 4, "no session was lost and re-dialed"
+    st = status(nginx)["upstreams"][0]
+    assert st["name"] == "interop" and st["connected"] is True
+    assert st["protocol_errors"] == 0 and st["received"] >= 1
+
+
+def test_four_workers_share_the_pool_and_overload_waits_or_gets_503(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    service = start_service(built.bins, "go", addr, "go", 4, 10)
+    procs.append(service)
+    # Four sessions, four workers with a queue of 4 each: 40 clients are 10x what the
+    # service declared and more than sessions plus queues (4 + 4 x 4) can hold.
+    nginx = nginx_factory(sock, workers=4, idle=1, queue=4, queue_timeout="5s")
+    nginx.wait_connected(4)
+    load = Load(nginx.addr, 40, method="GET").start()
+    load.wait_for(1500)
+    results = load.stop()
+    by_status = Counter(r.status for r in results)
+    assert set(by_status) <= {200, 503}, f"only 200 or 503, never 502 or a reset: {by_status}"
+    assert by_status[200] >= 100 and by_status[503] > 0, by_status
+    assert all(r.retry_after == "1" for r in results if r.status == 503)
+    assert max(r.in_flight for r in results) <= 4
+    assert registrations([acceptor]) == 4, "the workers shared the four sessions; none re-dialed"
+    # Four distinct workers were consumers of the one acceptor.
+    consumers = {line.split("#")[1].split(":")[0] for line in nginx.proc.lines
+                 if "sluice: connected to the acceptor" in line}
+    assert len(consumers) == 4
+
+
+def test_a_draining_service_leaves_without_a_failed_request(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    leaving = start_service(built.bins, "go", addr, "leaving", 4, 5)
+    staying = start_service(built.bins, "go", addr, "staying", 4, 5)
+    procs += [leaving, staying]
+    nginx = nginx_factory(sock, workers=2, idle=2)
+    nginx.wait_connected(2)
+    load = Load(nginx.addr, 8).start()  # POSTs: never retried, so any failure shows
+    load.wait_for(300)
+    leaving.signal(signal.SIGTERM)  # the SDK drains through the acceptor, then exits
+    assert leaving.wait_exit() == 0, leaving.tail()
+    assert "drained" in leaving.lines
+    load.wait_for(300)
+    results = load.stop()
+    ok(results)
+    served = Counter(r.body for r in results)
+    assert served["leaving"] > 0 and served["staying"] > 0, served
+    assert "sluice: instance \"leaving\" drains" in "\n".join(nginx.proc.lines)
+
+
+def test_reload_ten_times_under_load_fails_nothing_and_nothing_re_dials(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    service = start_service(built.bins, "go", addr, "go", 8, 2)
+    procs.append(service)
+    nginx = nginx_factory(sock, workers=2, idle=2)
+    nginx.wait_connected(2)
+    # GETs: a keep-alive connection that an old worker closes between two requests is
+    # retried once on a new one, as HTTP clients do (harness.Load counts those).
+    load = Load(nginx.addr, 6, method="GET").start()
+    load.wait_for(200)
+    for n in range(10):
+        nginx.reload()
+        nginx.wait_connected(2 * (n + 2))  # the new generation of workers is in
+        load.wait_for(100)
+    results = load.stop()
+    ok(results)
+    # Old workers RETURNed their sessions to the acceptor for the new ones: the service
+    # registered its eight once, and never had to re-dial.
+    assert registrations([acceptor]) == 8
+    assert "exited on signal" not in "\n".join(nginx.proc.lines)
+
+
+def test_a_service_killed_mid_load_fails_only_its_own_requests(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    victim = start_service(built.bins, "go", addr, "victim", 4, 20)
+    survivor = start_service(built.bins, "go", addr, "survivor", 4, 20)
+    procs += [victim, survivor]
+    nginx = nginx_factory(sock, workers=2, idle=4)
+    nginx.wait_connected(2)
+    load = Load(nginx.addr, 8).start()  # POSTs: NGINX does not retry them
+    load.wait_for(200)
+    victim.signal(signal.SIGKILL)
+    assert victim.wait_exit() == -signal.SIGKILL
+    load.wait_for(400)
+    results = load.stop()
+    failed = [r for r in results if r.status != 200]
+    # Each of the victim's four sessions can fail at most the one request it carried
+    # (in flight, or leased at the moment it died); the survivor's sessions fail none.
+    assert len(failed) <= 4, failed
+    assert all(r.status == 502 for r in failed), failed
+    # Then the survivor serves everything.
+    ok(results[-200:])
+    assert {r.body for r in results[-200:]} == {"survivor"}
+
+
+def test_the_acceptor_restarts_under_load(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    first, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(first)
+    service = start_service(built.bins, "go", addr, "go", 8, 2)
+    procs.append(service)
+    nginx = nginx_factory(sock, workers=1, idle=4)
+    nginx.wait_connected(1)
+    load = Load(nginx.addr, 2, method="GET").start()
+    load.wait_for(200)
+    first.signal(signal.SIGTERM)
+    assert first.wait_exit() == 0, first.tail()
+    load.wait_for(200)  # the sessions the worker holds keep serving without an acceptor
+    second, _ = start_acceptor(built.bins, tmp_path, sock, listen=addr)
+    procs.append(second)
+    nginx.wait_connected(2)  # the worker reconnected (with backoff) to the new acceptor
+    second.wait_line(lambda line: '"message":"session registered"' in line, "a re-dialed session")
+    load.wait_for(300)
+    ok(load.stop())
+
+
+def test_no_connect_and_no_blocking_recvmsg_in_a_worker_under_load(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    service = start_service(built.bins, "go", addr, "go", 4, 1)
+    procs.append(service)
+    nginx = nginx_factory(sock, workers=1, idle=2)
+    nginx.wait_connected(1)
+    [worker] = nginx.worker_pids()
+    trace = tmp_path / "strace.txt"
+    strace = Proc("strace", ["strace", "-f", "-qq", "-e", "trace=connect,recvmsg", "-o", str(trace),
+                             "-p", str(worker)])
+    procs.append(strace)
+    load = Load(nginx.addr, 8).start()
+    load.wait_for(100)  # strace may attach a little late: wait for load it must see
+    load.wait_for(400)
+    # RECALLs and returns make the acceptor talk to the worker: a second service adds some.
+    extra = start_service(built.bins, "go", addr, "extra", 4, 1)
+    procs.append(extra)
+    load.wait_for(300)
+    ok(load.stop())
+    strace.signal(signal.SIGINT)
+    strace.wait_exit()
+    lines = trace.read_text().splitlines()
+    assert lines, "strace saw nothing"
+    assert not [line for line in lines if "connect(" in line], "the worker called connect()"
+    recvmsgs = [line for line in lines if "recvmsg(" in line]
+    assert recvmsgs, "the worker received no handoff message (SESSION) while traced"
+    assert all("MSG_DONTWAIT" in line for line in recvmsgs), recvmsgs[:5]
