@@ -438,6 +438,17 @@ ngx_http_sluice_exit_process(ngx_cycle_t *cycle)
         if (ups[i]->out == NULL) {
             continue;
         }
+
+        /*
+         * A SESSION may be on its way (our credit was still open): read what is there and
+         * return it (release() returns everything while the worker exits), so that as few
+         * sessions as possible close with this worker and make their services re-dial.
+         */
+        if (ups[i]->handoff && ups[i]->hello) {
+            ups[i]->handoff->read->ready = 1;
+            ups[i]->handoff->read->handler(ups[i]->handoff->read);
+        }
+
         ngx_http_sluice_close_all(ups[i]);
         ngx_http_sluice_handoff_stop(ups[i]);
     }

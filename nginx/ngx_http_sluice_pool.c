@@ -86,20 +86,7 @@ ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *insta
     c = s ? ngx_get_connection(fd, ngx_cycle->log) : NULL;
 
     if (c == NULL || ngx_nonblocking(fd) == -1) {
-        ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
-                      "sluice: cannot take session %uL of \"%V\"; closing it",
-                      id, &up->name);
-        if (c) {
-            ngx_close_connection(c);
-        } else {
-            ngx_close_socket(fd);
-        }
-        ngx_free(s);
-        ngx_http_sluice_send(up, line,
-                             ngx_snprintf(line, sizeof(line), "GONE %uL", id) - line,
-                             -1);
-        up->stats.gone++;
-        return NGX_ERROR;
+        goto failed;
     }
 
     /* Sessions are TCP (or UNIX stream) sockets; requests are small and latency matters. */
@@ -119,6 +106,20 @@ ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *insta
     /* A fresh, connected socket can be written to at once. */
     c->write->ready = 1;
 
+    /*
+     * Into the event loop now, as ngx_event_connect_peer() does for a new connection: the
+     * upstream module expects a connection it gets with NGX_DONE to be registered already
+     * (a cached keepalive one is), and this session may go straight to a waiting request.
+     */
+    if (ngx_add_conn) {
+        if (ngx_add_conn(c) == NGX_ERROR) {
+            goto failed;
+        }
+
+    } else if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        goto failed;
+    }
+
     s->up = up;
     s->connection = c;
     s->id = id;
@@ -133,6 +134,22 @@ ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *insta
     ngx_http_sluice_release(s);
 
     return NGX_OK;
+
+failed:
+
+    ngx_log_error(NGX_LOG_ERR, ngx_cycle->log, 0,
+                  "sluice: cannot take session %uL of \"%V\"; closing it",
+                  id, &up->name);
+    if (c) {
+        ngx_close_connection(c);
+    } else {
+        ngx_close_socket(fd);
+    }
+    ngx_free(s);
+    ngx_http_sluice_send(up, line,
+                         ngx_snprintf(line, sizeof(line), "GONE %uL", id) - line, -1);
+    up->stats.gone++;
+    return NGX_ERROR;
 }
 
 
