@@ -34,6 +34,8 @@
 /* Reconnect backoff: 100 ms doubling to 5 s, as docs/handoff.md describes. */
 #define NGX_HTTP_SLUICE_BACKOFF_MIN  100
 #define NGX_HTTP_SLUICE_BACKOFF_MAX  5000
+/* How long an exiting worker waits for the sessions its open credit may still bring. */
+#define NGX_HTTP_SLUICE_LINGER       2000
 
 
 typedef struct ngx_http_sluice_upstream_s  ngx_http_sluice_upstream_t;
@@ -119,6 +121,8 @@ struct ngx_http_sluice_upstream_s {
     ngx_uint_t                     out_head;
     ngx_uint_t                     out_count;
     ngx_event_t                    flush;      /* keeps an exiting worker alive to flush */
+    ngx_event_t                    linger;     /* an exiting worker's last duties */
+    ngx_msec_t                     linger_until;
 
     /* sessions and requests */
     ngx_queue_t                    idle;

@@ -28,6 +28,7 @@ static void ngx_http_sluice_reconnect_handler(ngx_event_t *ev);
 static void ngx_http_sluice_read_handler(ngx_event_t *ev);
 static void ngx_http_sluice_write_handler(ngx_event_t *ev);
 static void ngx_http_sluice_flush_handler(ngx_event_t *ev);
+static void ngx_http_sluice_linger_handler(ngx_event_t *ev);
 static void ngx_http_sluice_disconnect(ngx_http_sluice_upstream_t *up,
     const char *why);
 static void ngx_http_sluice_schedule(ngx_http_sluice_upstream_t *up);
@@ -92,6 +93,12 @@ ngx_http_sluice_handoff_start(ngx_http_sluice_upstream_t *up)
     c->read->log = c->log;
     c->write->log = c->log;
     c->write->ready = 1;
+    /*
+     * Not an idle connection, but marked as one so that ngx_close_idle_connections() calls
+     * the read handler with c->close set when the worker starts to exit (reload, quit):
+     * that is where its last duties begin (ngx_http_sluice_linger_handler).
+     */
+    c->idle = 1;
 
     up->handoff = c;
     up->hello = 0;
@@ -181,6 +188,10 @@ ngx_http_sluice_disconnect(ngx_http_sluice_upstream_t *up, const char *why)
         ngx_del_timer(&up->flush);
     }
 
+    if (up->linger.timer_set) {
+        ngx_del_timer(&up->linger);
+    }
+
     if (up->handoff) {
         ngx_close_connection(up->handoff);
         up->handoff = NULL;
@@ -215,6 +226,17 @@ ngx_http_sluice_read_handler(ngx_event_t *ev)
         struct cmsghdr  cm;
         char            space[CMSG_SPACE(sizeof(int) * NGX_HTTP_SLUICE_MAX_FDS)];
     } control;
+
+    if (c->close) {
+        /* The worker exits: stay connected while there is something left to do. */
+        c->close = 0;
+        c->idle = 0;
+        up->linger.handler = ngx_http_sluice_linger_handler;
+        up->linger.data = up;
+        up->linger.log = ngx_cycle->log;
+        up->linger_until = ngx_current_msec + NGX_HTTP_SLUICE_LINGER;
+        ngx_add_timer(&up->linger, 10);
+    }
 
     for ( ;; ) {
         ngx_memzero(&msg, sizeof(struct msghdr));
@@ -671,4 +693,36 @@ ngx_http_sluice_flush_handler(ngx_event_t *ev)
     if (ngx_http_sluice_flush(up) == NGX_AGAIN) {
         ngx_add_timer(&up->flush, 1000);
     }
+}
+
+
+/*
+ * An exiting worker keeps its connection (and itself: the timer is not cancelable) while
+ * a request still holds or waits for a session -- those go back by RETURN after their
+ * responses -- and while messages wait to be sent. Its open credit may still bring
+ * sessions, which it returns at once; a session sent to a worker that has closed would be
+ * lost and its service would re-dial. The credit cannot be withdrawn, so the worker waits
+ * for it to be used up, for at most NGX_HTTP_SLUICE_LINGER ms once nothing else holds it.
+ */
+static void
+ngx_http_sluice_linger_handler(ngx_event_t *ev)
+{
+    ngx_http_sluice_upstream_t  *up = ev->data;
+
+    if (up->handoff == NULL) {
+        return;
+    }
+
+    if (up->n_leased || up->n_reserved || up->n_waiting || up->out_count) {
+        up->linger_until = ngx_current_msec + NGX_HTTP_SLUICE_LINGER;
+        ngx_add_timer(ev, 50);
+        return;
+    }
+
+    if (up->credit && (ngx_msec_int_t) (up->linger_until - ngx_current_msec) > 0) {
+        ngx_add_timer(ev, 50);
+        return;
+    }
+
+    ngx_http_sluice_disconnect(up, NULL);
 }

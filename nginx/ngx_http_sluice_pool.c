@@ -106,6 +106,11 @@ ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *insta
     /* A fresh, connected socket can be written to at once. */
     c->write->ready = 1;
 
+    /* Events may come before a request takes it (epoll reports it writable at once). */
+    c->data = s;
+    c->read->handler = ngx_http_sluice_idle_handler;
+    c->write->handler = ngx_http_sluice_dummy_handler;
+
     /*
      * Into the event loop now, as ngx_event_connect_peer() does for a new connection: the
      * upstream module expects a connection it gets with NGX_DONE to be registered already

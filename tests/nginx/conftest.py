@@ -56,6 +56,9 @@ def procs() -> Iterator[list[Proc]]:
     yield started
     for p in reversed(started):
         p.stop()
+    # Shown by pytest only when the test failed.
+    for p in started:
+        print(f"---- {p.name} (exit {p.popen.returncode})\n{p.tail(60)}")
 
 
 NGINX_CONF = """
