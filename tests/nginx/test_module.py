@@ -6,15 +6,19 @@ they should not. Every assertion is about statuses and counts, never about time.
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
+import socket
+import threading
+import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Callable
 
 from conftest import Built, Nginx
-from harness import Load, Proc, Result, registrations, start_acceptor, start_service
+from harness import WAIT, Load, Proc, Result, registrations, start_acceptor, start_service
 
 
 def ok(results: list[Result]) -> None:
@@ -211,3 +215,56 @@ def test_no_connect_and_no_blocking_recvmsg_in_a_worker_under_load(
     recvmsgs = [line for line in lines if "recvmsg(" in line]
     assert recvmsgs, "the worker received no handoff message (SESSION) while traced"
     assert all("MSG_DONTWAIT" in line for line in recvmsgs), recvmsgs[:5]
+
+
+def test_a_request_waits_at_most_queue_timeout_and_one_that_leaves_frees_its_place(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    service = start_service(built.bins, "go", addr, "go", 1, 2000)  # one session, slow answers
+    procs.append(service)
+    nginx = nginx_factory(sock, workers=1, idle=1, queue=8, queue_timeout="500ms")
+    nginx.wait_connected(1)
+
+    def until(pred: Callable[[dict], bool], what: str) -> dict:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            st = status(nginx)["upstreams"][0]
+            if pred(st):
+                return st
+            time.sleep(0.01)
+        raise AssertionError(f"sluice_status never showed {what}: {st}")
+
+    until(lambda st: st["idle"] == 1, "the session")
+    first: list[Result] = []
+    holder = threading.Thread(target=lambda: first.append(get(nginx, "first")), daemon=True)
+    holder.start()
+    service.wait_line(lambda line: line == "start first", "the first request")
+    # The only session is busy for far longer than queue_timeout: the next request waits
+    # its 500 ms in the queue, then gets 503 with Retry-After.
+    res = get(nginx, "late")
+    assert res.status == 503 and res.retry_after == "1", res
+    assert until(lambda st: st["rejected"] == 1, "one rejection")["queued"] == 0
+    # A client that leaves while queued frees its place, and its request never reaches
+    # the service.
+    with socket.create_connection(nginx.addr, timeout=WAIT) as s:
+        s.sendall(b"GET /work HTTP/1.1\r\nHost: x\r\nX-Request-Id: gone\r\n\r\n")
+        until(lambda st: st["queued"] == 1, "the request in the queue")
+    st = until(lambda st: st["queued"] == 0, "the queue empty again")
+    assert st["rejected"] == 1
+    holder.join(WAIT)
+    assert first and first[0].status == 200
+    assert get(nginx, "after").status == 200  # the session went back to the pool
+    assert "gone" not in service.started_ids()
+
+
+def get(n: Nginx, rid: str) -> Result:
+    conn = http.client.HTTPConnection(*n.addr, timeout=WAIT)
+    try:
+        conn.request("GET", "/work", headers={"X-Request-Id": rid})
+        res = conn.getresponse()
+        return Result(rid, res.status, res.read().decode(errors="replace"), 0, res.getheader("retry-after"))
+    finally:
+        conn.close()
