@@ -5,8 +5,9 @@
  * descriptors, and the worker proxies requests over them without ever calling connect().
  *
  * Layout:
- *   ngx_http_sluice_module.c   directives, the preaccess phase that reserves a session or
- *                              parks the request in the FIFO queue, the peer.get/peer.free
+ *   ngx_http_sluice_module.c   directives, the precontent phase that reads the body, then
+ *                              reserves a session or parks the request in the FIFO queue,
+ *                              the peer.get/peer.free
  *                              balancer, the sluice_status handler
  *   ngx_http_sluice_pool.c     the worker's sessions: idle pool, leases, waiters, credit
  *   ngx_http_sluice_handoff.c  the non-blocking SOCK_SEQPACKET connection to the acceptor:
@@ -69,6 +70,8 @@ typedef struct {
     ngx_http_sluice_session_t     *session;    /* reserved for this request */
     ngx_queue_t                    queue;      /* up->waiters while waiting */
     ngx_event_t                    wake;       /* queue_timeout, or posted on a grant */
+    unsigned                       reading_body:1;
+    unsigned                       admitted:1;  /* took a session or joined the queue */
     unsigned                       waiting:1;
     unsigned                       timed_out:1;
 } ngx_http_sluice_ctx_t;

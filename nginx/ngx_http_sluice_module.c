@@ -6,9 +6,10 @@
  *                       idle=8 queue=1024 queue_timeout=2s;
  *   }
  *
- * A request for such an upstream first reserves an idle session of the worker's pool in
- * the preaccess phase, or waits for one in a FIFO queue (bounded by `queue` and
- * `queue_timeout`; then 503 with Retry-After). The balancer's peer.get hands the reserved
+ * A request for such an upstream first has its body read (so that a slow upload holds no
+ * session), then reserves an idle session of the worker's pool in the precontent phase (after
+ * access checks), or waits for one in a FIFO queue (bounded by `queue` and `queue_timeout`;
+ * then 503 with Retry-After). The balancer's peer.get hands the reserved
  * session's connection to the upstream module with NGX_DONE, as the keepalive module does
  * with a cached connection: no connect(), no blocking call. peer.free gives a reusable
  * session back to the pool and reports an unusable one GONE. A session serves one request
@@ -19,7 +20,7 @@
 
 
 /* The proxy module's location configuration starts with its ngx_http_upstream_conf_t
- * (true of every NGINX release); through it the preaccess phase finds the upstream a
+ * (true of every NGINX release); through it the precontent phase finds the upstream a
  * request will go to. */
 extern ngx_module_t  ngx_http_proxy_module;
 
@@ -49,7 +50,10 @@ static ngx_int_t ngx_http_sluice_get_peer(ngx_peer_connection_t *pc, void *data)
 static void ngx_http_sluice_free_peer(ngx_peer_connection_t *pc, void *data,
     ngx_uint_t state);
 
-static ngx_int_t ngx_http_sluice_preaccess(ngx_http_request_t *r);
+static ngx_int_t ngx_http_sluice_precontent(ngx_http_request_t *r);
+static ngx_int_t ngx_http_sluice_admit(ngx_http_request_t *r,
+    ngx_http_sluice_ctx_t *ctx);
+static void ngx_http_sluice_body_read(ngx_http_request_t *r);
 static ngx_int_t ngx_http_sluice_reject(ngx_http_request_t *r,
     ngx_http_sluice_upstream_t *up);
 static void ngx_http_sluice_wake(ngx_event_t *ev);
@@ -350,12 +354,12 @@ ngx_http_sluice_postconfiguration(ngx_conf_t *cf)
 
     cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
 
-    h = ngx_array_push(&cmcf->phases[NGX_HTTP_PREACCESS_PHASE].handlers);
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_PRECONTENT_PHASE].handlers);
     if (h == NULL) {
         return NGX_ERROR;
     }
 
-    *h = ngx_http_sluice_preaccess;
+    *h = ngx_http_sluice_precontent;
 
     return NGX_OK;
 }
@@ -455,7 +459,7 @@ ngx_http_sluice_exit_process(ngx_cycle_t *cycle)
 }
 
 
-/* ---- admission: reserve a session before the upstream starts, or wait for one ------- */
+/* ---- admission: the body, then a session before the upstream starts, or a wait ------ */
 
 
 /* The sluice upstream a request's location proxies to, or NULL. */
@@ -489,9 +493,15 @@ ngx_http_sluice_upstream_of(ngx_http_request_t *r)
 }
 
 
+/*
+ * Runs (again) until the request holds a session: first the body is read in full, then an
+ * idle session is reserved or the request waits in the queue. Re-entered from
+ * ngx_http_sluice_body_read() and ngx_http_sluice_wake().
+ */
 static ngx_int_t
-ngx_http_sluice_preaccess(ngx_http_request_t *r)
+ngx_http_sluice_precontent(ngx_http_request_t *r)
 {
+    ngx_int_t                    rc;
     ngx_pool_cleanup_t          *cln;
     ngx_http_sluice_ctx_t       *ctx;
     ngx_http_sluice_upstream_t  *up;
@@ -504,11 +514,19 @@ ngx_http_sluice_preaccess(ngx_http_request_t *r)
     ctx = ngx_http_get_module_ctx(r, ngx_http_sluice_module);
 
     if (ctx) {
-        /* Resumed from the queue (ngx_http_sluice_wake), or a phase re-run. */
-        if (ctx->session || !ctx->timed_out) {
-            return ctx->waiting ? NGX_AGAIN : NGX_DECLINED;
+        if (ctx->reading_body) {
+            return NGX_DONE;
         }
-        return ngx_http_sluice_reject(r, up);
+        if (!ctx->admitted) {
+            return ngx_http_sluice_admit(r, ctx);
+        }
+        if (ctx->waiting) {
+            return NGX_AGAIN;
+        }
+        if (ctx->timed_out && ctx->session == NULL) {
+            return ngx_http_sluice_reject(r, up);
+        }
+        return NGX_DECLINED;
     }
 
     ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_sluice_ctx_t));
@@ -532,13 +550,54 @@ ngx_http_sluice_preaccess(ngx_http_request_t *r)
 
     ngx_http_set_ctx(r, ctx, ngx_http_sluice_module);
 
-    ctx->session = ngx_http_sluice_take(up);
+    if (r != r->main || r->request_body
+        || (r->headers_in.content_length_n <= 0 && !r->headers_in.chunked))
+    {
+        return ngx_http_sluice_admit(r, ctx);
+    }
+
+    /* The body first, at the client's speed; as the mirror module does it. */
+    ctx->reading_body = 1;
+
+    rc = ngx_http_read_client_request_body(r, ngx_http_sluice_body_read);
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        return rc;
+    }
+
+    ngx_http_finalize_request(r, NGX_DONE);
+    return NGX_DONE;
+}
+
+
+static void
+ngx_http_sluice_body_read(ngx_http_request_t *r)
+{
+    ngx_http_sluice_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_sluice_module);
+    if (ctx) {
+        ctx->reading_body = 0;
+    }
+
+    r->preserve_body = 1;  /* proxy_pass reads it from here */
+    r->write_event_handler = ngx_http_core_run_phases;
+    ngx_http_core_run_phases(r);
+}
+
+
+/* An idle session now, or a place in the queue, or 503. */
+static ngx_int_t
+ngx_http_sluice_admit(ngx_http_request_t *r, ngx_http_sluice_ctx_t *ctx)
+{
+    ctx->admitted = 1;
+
+    ctx->session = ngx_http_sluice_take(ctx->up);
     if (ctx->session) {
         return NGX_DECLINED;
     }
 
     if (ngx_http_sluice_enqueue(ctx) != NGX_OK) {
-        return ngx_http_sluice_reject(r, up);
+        return ngx_http_sluice_reject(r, ctx->up);
     }
 
     /* Parked: a session or the timeout wakes it; a client that leaves ends it. */

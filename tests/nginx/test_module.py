@@ -268,3 +268,26 @@ def get(n: Nginx, rid: str) -> Result:
         return Result(rid, res.status, res.read().decode(errors="replace"), 0, res.getheader("retry-after"))
     finally:
         conn.close()
+
+
+def test_a_slow_upload_holds_no_session(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    service = start_service(built.bins, "go", addr, "go", 1, 0)  # one session only
+    procs.append(service)
+    nginx = nginx_factory(sock, workers=1, idle=1)
+    nginx.wait_connected(1)
+    with socket.create_connection(nginx.addr, timeout=WAIT) as slow:
+        # Half a body: the request must not hold the only session while the rest trickles.
+        slow.sendall(b"POST /work HTTP/1.1\r\nHost: x\r\nX-Request-Id: slow\r\nContent-Length: 10\r\n\r\n12345")
+        for n in range(3):
+            assert get(nginx, f"fast-{n}").status == 200
+        st = status(nginx)["upstreams"][0]
+        assert st["reserved"] == 0 and st["queued"] == 0 and st["leased"] == 0, st
+        assert "slow" not in service.started_ids()
+        slow.sendall(b"67890")
+        assert slow.recv(4096).startswith(b"HTTP/1.1 200 ")
+    assert "slow" in service.started_ids()
