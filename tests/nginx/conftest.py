@@ -100,7 +100,8 @@ class NginxProc(Proc):
     """NGINX's master; stopping it also ends its workers (they outlive a killed master)."""
 
     def children(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-P", str(self.popen.pid)], capture_output=True, text=True).stdout
+        out = subprocess.run(["pgrep", "-P", str(self.popen.pid)], check=False, capture_output=True,
+                             text=True).stdout
         return [int(p) for p in out.split()]
 
     def stop(self) -> None:
