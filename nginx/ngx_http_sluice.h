@@ -123,7 +123,7 @@ struct ngx_http_sluice_upstream_s {
     ngx_http_sluice_msg_t         *out;        /* ring of NGX_HTTP_SLUICE_OUT_MAX */
     ngx_uint_t                     out_head;
     ngx_uint_t                     out_count;
-    ngx_event_t                    flush;      /* keeps an exiting worker alive to flush */
+    ngx_event_t                    flush;      /* retries sending what waits */
     ngx_event_t                    linger;     /* an exiting worker's last duties */
     ngx_msec_t                     linger_until;
 

@@ -585,11 +585,13 @@ ngx_http_sluice_send(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
         return NGX_ERROR;
     }
 
-    /* Not cancelable: an exiting worker stays until what it returns has been sent. */
+    /* A retry in case the write event is missed; an exiting worker is kept alive (to
+     * send what waits, for a bounded time) by the linger timer, not by this one. */
     if (!up->flush.timer_set) {
         up->flush.handler = ngx_http_sluice_flush_handler;
         up->flush.data = up;
         up->flush.log = ngx_cycle->log;
+        up->flush.cancelable = 1;
         ngx_add_timer(&up->flush, 1000);
     }
 
@@ -680,7 +682,7 @@ ngx_http_sluice_write_handler(ngx_event_t *ev)
 }
 
 
-/* A safety net for the write event, and what keeps an exiting worker alive meanwhile. */
+/* A safety net for the write event. */
 static void
 ngx_http_sluice_flush_handler(ngx_event_t *ev)
 {
@@ -713,13 +715,17 @@ ngx_http_sluice_linger_handler(ngx_event_t *ev)
         return;
     }
 
-    if (up->n_leased || up->n_reserved || up->n_waiting || up->out_count) {
+    if (up->n_leased || up->n_reserved || up->n_waiting) {
         up->linger_until = ngx_current_msec + NGX_HTTP_SLUICE_LINGER;
         ngx_add_timer(ev, 50);
         return;
     }
 
-    if (up->credit && (ngx_msec_int_t) (up->linger_until - ngx_current_msec) > 0) {
+    /* Unsent messages and open credit wait, but not forever: an acceptor that reads
+     * nothing must not keep an exiting worker alive. */
+    if ((up->credit || up->out_count)
+        && (ngx_msec_int_t) (up->linger_until - ngx_current_msec) > 0)
+    {
         ngx_add_timer(ev, 50);
         return;
     }
