@@ -70,11 +70,15 @@ def test_four_workers_share_the_pool_and_overload_waits_or_gets_503(
     nginx = nginx_factory(sock, workers=4, idle=1, queue=4, queue_timeout="5s")
     nginx.wait_connected(4)
     load = Load(nginx.addr, 40, method="GET").start()
-    load.wait_for(1500)
+    # 503s come back at once, 200s at the service's pace: run until enough of both.
+    for _ in range(500):  # at most 50 000 requests
+        if sum(r.status == 200 for r in list(load.results)) >= 200:
+            break
+        load.wait_for(100)
     results = load.stop()
     by_status = Counter(r.status for r in results)
     assert set(by_status) <= {200, 503}, f"only 200 or 503, never 502 or a reset: {by_status}"
-    assert by_status[200] >= 100 and by_status[503] > 0, by_status
+    assert by_status[200] >= 200 and by_status[503] > 0, by_status
     assert all(r.retry_after == "1" for r in results if r.status == 503)
     assert max(r.in_flight for r in results) <= 4
     assert registrations([acceptor]) == 4, "the workers shared the four sessions; none re-dialed"
