@@ -845,10 +845,14 @@ ngx_http_sluice_status_handler(ngx_http_request_t *r)
 
     len = sizeof("{\"pid\":,\"upstreams\":[]}\n") + NGX_INT_T_LEN;
     for (i = 0; i < smcf->upstreams.nelts; i++) {
-        /* Names are visible ASCII without quotes by validation, except the upstream
-         * name, which NGINX allows to be anything: escaped below. */
-        len += 512 + 2 * ups[i]->name.len + ups[i]->cluster.len + ups[i]->slice.len
-               + 20 * NGX_INT_T_LEN;
+        /* Names may hold quotes or backslashes: all three are escaped below. */
+        len += 512 + 20 * NGX_INT_T_LEN
+               + ups[i]->name.len
+               + ngx_escape_json(NULL, ups[i]->name.data, ups[i]->name.len)
+               + ups[i]->cluster.len
+               + ngx_escape_json(NULL, ups[i]->cluster.data, ups[i]->cluster.len)
+               + ups[i]->slice.len
+               + ngx_escape_json(NULL, ups[i]->slice.data, ups[i]->slice.len);
     }
 
     b = ngx_create_temp_buf(r->pool, len);
@@ -862,14 +866,18 @@ ngx_http_sluice_status_handler(ngx_http_request_t *r)
         up = ups[i];
         b->last = ngx_sprintf(b->last, "%s{\"name\":\"", i ? "," : "");
         b->last = (u_char *) ngx_escape_json(b->last, up->name.data, up->name.len);
+        b->last = ngx_cpymem(b->last, "\",\"cluster\":\"", sizeof("\",\"cluster\":\"") - 1);
+        b->last = (u_char *) ngx_escape_json(b->last, up->cluster.data, up->cluster.len);
+        b->last = ngx_cpymem(b->last, "\",\"slice\":\"", sizeof("\",\"slice\":\"") - 1);
+        b->last = (u_char *) ngx_escape_json(b->last, up->slice.data, up->slice.len);
         b->last = ngx_sprintf(b->last,
-            "\",\"cluster\":\"%V\",\"slice\":\"%V\",\"connected\":%s,"
+            "\",\"connected\":%s,"
             "\"idle\":%ui,\"reserved\":%ui,\"leased\":%ui,\"queued\":%ui,"
             "\"credit\":%ui,\"recall\":%ui,"
             "\"received\":%ui,\"returned\":%ui,\"gone\":%ui,\"served\":%ui,"
             "\"waited\":%ui,\"rejected\":%ui,\"connects\":%ui,"
             "\"protocol_errors\":%ui,\"recalled\":%ui,\"drains\":%ui}",
-            &up->cluster, &up->slice, up->hello ? "true" : "false",
+            up->hello ? "true" : "false",
             up->n_idle, up->n_reserved, up->n_leased, up->n_waiting,
             up->credit, up->recall,
             up->stats.received, up->stats.returned, up->stats.gone,
