@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from conftest import Built, Nginx
-from harness import WAIT, Load, Proc, Result, registrations, start_acceptor, start_service
+from harness import WAIT, Load, Proc, Result, registrations, start_acceptor, start_consumer, start_service
 
 
 def ok(results: list[Result]) -> None:
@@ -135,6 +135,7 @@ def test_reload_ten_times_under_load_fails_nothing_and_nothing_re_dials(
     # Old workers RETURNed their sessions to the acceptor for the new ones: the service
     # registered its eight once, and never had to re-dial.
     assert registrations([acceptor]) == 8
+    print("RECALLDBG", [st["recalled"] for st in (status(nginx)["upstreams"][0] for _ in range(6))])
     assert "exited on signal" not in "\n".join(nginx.proc.lines)
 
 
@@ -295,3 +296,32 @@ def test_a_slow_upload_holds_no_session(
         slow.sendall(b"67890")
         assert slow.recv(4096).startswith(b"HTTP/1.1 200 ")
     assert "slow" in service.started_ids()
+
+
+def test_nginx_gives_sessions_back_when_recalled_for_a_sluice_consumer(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    service = start_service(built.bins, "go", addr, "go", 8, 5)
+    procs.append(service)
+    nginx = nginx_factory(sock, workers=1, idle=8)
+    nginx.wait_connected(1)
+    deadline = time.monotonic() + WAIT
+    while status(nginx)["upstreams"][0]["idle"] < 8:  # the worker holds every session
+        assert time.monotonic() < deadline, status(nginx)
+        time.sleep(0.01)
+    # A Sluice consumer arrives with nothing: the acceptor RECALLs sessions from the worker,
+    # which returns them; they serve the other process without being re-dialed.
+    consumer, http = start_consumer(built.bins, tmp_path, sock, "sluice-consumer")
+    procs.append(consumer)
+    loads = [Load(nginx.addr, 8, method="GET").start(), Load(http, 8, method="GET").start()]
+    for load in loads:
+        load.wait_for(400)
+    results = [r for load in loads for r in load.stop()]
+    ok(results)
+    assert max(r.in_flight for r in results) <= 8
+    assert registrations([acceptor]) == 8
+    st = status(nginx)["upstreams"][0]
+    assert st["recalled"] > 0 and st["returned"] >= st["recalled"], st
