@@ -242,6 +242,7 @@ class Result:
     status: int  # 0: the connection failed
     body: str
     in_flight: int = 0  # the service's x-in-flight, where it sends one
+    retry_after: str | None = None  # the proxy's Retry-After, where it sends one
 
 
 @dataclass
@@ -294,7 +295,7 @@ class Load:
             conn.request(self.method, "/work", body=body, headers={"X-Request-Id": rid})
             res = conn.getresponse()
             result = Result(rid, res.status, res.read().decode(errors="replace").strip(),
-                            int(res.getheader("x-in-flight", "0")))
+                            int(res.getheader("x-in-flight", "0")), res.getheader("retry-after"))
             if res.getheader("connection", "").lower() == "close":
                 conn.close()
             return result

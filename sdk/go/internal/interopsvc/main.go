@@ -7,7 +7,8 @@
 // exits 0; it exits 1 if the acceptor refuses it for good (400, 401, 404). With -listen it is a
 // plain HTTP server on that address and prints "listening ADDR". Either way it answers every
 // request with 200 and "<instance>\n", after printing "start <id>" for a request that carries
-// X-Request-Id and sleeping -delay-ms.
+// X-Request-Id and sleeping -delay-ms, with x-in-flight: the requests it was handling at
+// that moment, this one included (so a test can see that it never had more than declared).
 package main
 
 import (
@@ -20,7 +21,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -63,7 +66,10 @@ func say(format string, args ...any) {
 }
 
 func handler(instance string, delay time.Duration) http.Handler {
+	var inFlight atomic.Int64
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
 		if id := r.Header.Get("X-Request-Id"); id != "" {
 			say("start %s", id)
 		}
@@ -72,6 +78,7 @@ func handler(instance string, delay time.Duration) http.Handler {
 		}
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("X-In-Flight", strconv.FormatInt(n, 10))
 		io.WriteString(w, instance+"\n")
 	})
 }
