@@ -9,43 +9,12 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
-
-import pytest
-
-from harness import WAIT, Binaries, Proc, build, start_service, start_sluice
-
-FROZEN_CONFIG = """
-[acceptor]
-listen = "127.0.0.1:0"
-handshakes_per_second = 0
-
-[[listener]]
-name = "public"
-listen = "127.0.0.1:0"
-
-[[route]]
-cluster = "interop"
-
-[cluster.interop]
-kind = "reverse"
-tokens = ["env:INTEROP_TOKEN"]
-response_timeout = "1s"
-queue_timeout = "20s"
-"""
 
 
-@pytest.fixture(scope="module")
-def bins(tmp_path_factory: pytest.TempPathFactory) -> Binaries:
-    return build(tmp_path_factory.mktemp("bin"))
+from harness import CONFIG, WAIT, Binaries, Proc, start_service, start_sluice
 
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
+# The interop configuration with a short response_timeout, so a frozen service times out soon.
+FROZEN_CONFIG = CONFIG.replace('queue_timeout = "20s"', 'response_timeout = "1s"\nqueue_timeout = "20s"')
 
 
 def request(addr: tuple[str, int], rid: str) -> tuple[int, str, str]:

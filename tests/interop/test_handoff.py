@@ -9,15 +9,12 @@ import signal
 import socket
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
 
-import pytest
 
 from harness import (
     Binaries,
     Load,
     Proc,
-    build,
     registrations,
     start_acceptor,
     start_consumer,
@@ -25,20 +22,6 @@ from harness import (
 )
 
 CAPACITY = 8
-
-
-@pytest.fixture(scope="module")
-def bins(tmp_path_factory: pytest.TempPathFactory) -> Binaries:
-    return build(tmp_path_factory.mktemp("bin"))
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    """Every process a test starts, stopped at its end."""
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def ok(results: list) -> None:

@@ -9,17 +9,11 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
 
-from harness import CONFIG, Binaries, Load, build, registrations, start_service, start_sluice
+from harness import CONFIG, Binaries, Load, registrations, start_service, start_sluice
 
 RESTARTS = 20
 SERVICES = {"rust": 8, "go": 4}  # language: sessions
-
-
-@pytest.fixture(scope="module")
-def bins(tmp_path_factory: pytest.TempPathFactory) -> Binaries:
-    return build(tmp_path_factory.mktemp("bin"))
 
 
 def test_twenty_hot_restarts_under_load_fail_nothing_and_nobody_redials(bins: Binaries, tmp_path: Path) -> None:

@@ -12,17 +12,12 @@ from typing import Iterator
 
 import pytest
 
-from harness import Binaries, Load, Proc, Sluice, build, start_service, start_sluice, terminate
+from harness import Binaries, Load, Proc, Sluice, start_service, start_sluice, terminate
 
 LANGS = ("rust", "go", "python")
 CAPACITY = 4  # sessions per instance
 DELAY_MS = 20  # work per request, so that sessions are busy when a service is drained or killed
 CLIENTS = 16  # more than the 12 sessions: the admission queue is in play
-
-
-@pytest.fixture(scope="module")
-def bins(tmp_path_factory: pytest.TempPathFactory) -> Binaries:
-    return build(tmp_path_factory.mktemp("bin"))
 
 
 @pytest.fixture

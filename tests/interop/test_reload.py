@@ -12,16 +12,10 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
 
-from harness import CONFIG, WAIT, Binaries, Load, build, registrations, start_service, start_sluice
+from harness import CONFIG, WAIT, Binaries, Load, registrations, start_service, start_sluice
 
 RELOADS = 5
-
-
-@pytest.fixture(scope="module")
-def bins(tmp_path_factory: pytest.TempPathFactory) -> Binaries:
-    return build(tmp_path_factory.mktemp("bin"))
 
 
 def admin_call(addr: str, method: str, path: str) -> tuple[int, dict]:
