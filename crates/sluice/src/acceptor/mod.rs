@@ -194,6 +194,7 @@ impl Acceptor {
         let shared = Arc::new(shared);
         let tls = shared.tls.is_some();
         info!(acceptor.addr = ?self.tcp.local_addr().ok(), acceptor.tls = tls, "acceptor running");
+        crate::server::keep_accept_reserve();
         let stop = signal.wait();
         tokio::pin!(stop);
         loop {
@@ -201,13 +202,17 @@ impl Acceptor {
                 () = &mut stop => break,
                 accepted = self.tcp.accept() => match accepted {
                     Ok((stream, peer)) => spawn_tcp(stream, peer, &shared),
-                    Err(error) => accept_error("acceptor", error).await,
+                    Err(error) => accept_error("acceptor", SockRef::from(&self.tcp), error).await,
                 },
                 accepted = accept_unix(self.unix.as_ref()) => match accepted {
                     Ok(stream) => {
                         tokio::spawn(serve(stream, None, Arc::clone(&shared)));
                     }
-                    Err(error) => accept_error("acceptor (unix)", error).await,
+                    Err(error) => {
+                        if let Some(l) = &self.unix {
+                            accept_error("acceptor (unix)", SockRef::from(l), error).await;
+                        }
+                    }
                 },
             }
         }

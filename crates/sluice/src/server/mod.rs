@@ -4,6 +4,7 @@
 //! runs several servers under one shutdown: stop accepting, let in-flight requests finish
 //! within the grace period, then close what is left.
 
+mod accept;
 mod active;
 mod conn;
 #[macro_use]
@@ -18,16 +19,17 @@ pub mod tls;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_config::{HttpOptions, RequestRules};
+use socket2::SockRef;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
+pub(crate) use self::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use self::active::{ActiveRequests, TrackedBody};
 pub use self::framing::AmbiguousFraming;
 pub use self::io::IdleTimeout;
@@ -165,6 +167,7 @@ impl Server {
             .local_addr()
             .unwrap_or_else(|_| ClientInfo::default().local);
         info!(listener = %self.name, addr = %local, tls = self.tls.is_some(), "listening");
+        keep_accept_reserve();
         let mut conns = JoinSet::new();
         let stop = signal.wait();
         tokio::pin!(stop);
@@ -186,7 +189,7 @@ impl Server {
                         let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
                         conns.spawn(conn::serve(stream, info, svc, set, sig));
                     }
-                    Err(e) => accept_error(&self.name, e).await,
+                    Err(e) => accept_error(&self.name, SockRef::from(&self.listener), e).await,
                 },
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
@@ -194,37 +197,6 @@ impl Server {
         drop(self.listener);
         drain(&self.name, conns, grace).await;
     }
-}
-
-/// Accept fails mostly on fd exhaustion (EMFILE, ENFILE); back off briefly instead of
-/// spinning. The pending connections wait in the kernel's backlog and are served once fds free
-/// up; the failure is logged at most once per [`ACCEPT_ERROR_REPORT`] (with how many there
-/// were), not twenty times a second.
-pub(crate) async fn accept_error(listener: &str, e: std::io::Error) {
-    static FAILED: AtomicU64 = AtomicU64::new(0);
-    static LAST_REPORT_MS: AtomicU64 = AtomicU64::new(0);
-    let failed = FAILED.fetch_add(1, Ordering::Relaxed) + 1;
-    let now_ms = u64::try_from(report_epoch().elapsed().as_millis()).unwrap_or(u64::MAX);
-    let last = LAST_REPORT_MS.load(Ordering::Relaxed);
-    let due = last == 0 || now_ms.saturating_sub(last) >= ACCEPT_ERROR_REPORT.as_millis() as u64;
-    if due
-        && LAST_REPORT_MS
-            .compare_exchange(last, now_ms.max(1), Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
-        FAILED.store(0, Ordering::Relaxed);
-        warn!(listener, error = %e, failed, "accept failed; retrying every 50 ms");
-    }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-}
-
-/// How often repeated accept failures are logged.
-const ACCEPT_ERROR_REPORT: Duration = Duration::from_secs(10);
-
-/// The instant accept-failure reports are timed from (the first failure).
-fn report_epoch() -> std::time::Instant {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    *START.get_or_init(std::time::Instant::now)
 }
 
 async fn drain(listener: &str, mut conns: JoinSet<()>, grace: Duration) {
