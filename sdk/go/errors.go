@@ -76,7 +76,8 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // Retryable reports whether dialing again may succeed: false for refusals with 400, 401 and
-// 404 (the configuration is wrong), true for everything else.
+// 404 (the configuration is wrong) and 410 (an operator drained the instance until
+// `sluice ctl resume`), true for everything else.
 func (e *Error) Retryable() bool {
 	return e.Kind != KindRefused || !permanent(e.Status)
 }
@@ -88,16 +89,29 @@ func hint(status int) string {
 		return "check Options.Token"
 	case 404:
 		return "check Options.Service against the proxy's reverse clusters"
+	case 410:
+		return "the instance is drained; resume it with sluice ctl resume, then call SetCapacity"
 	}
 	return "check the identity in Options"
 }
 
 func permanent(status int) bool {
-	return status == 400 || status == 401 || status == 404
+	return status == 400 || status == 401 || status == 404 || status == 410
+}
+
+// Drained reports whether the acceptor refused because an operator drained this instance
+// (410 Gone): its slots stop until it is resumed and SetCapacity restarts them.
+func (e *Error) Drained() bool {
+	return e.Kind == KindRefused && e.Status == 410
 }
 
 // IsRetryable reports whether err is an [*Error] that may succeed when tried again.
 func IsRetryable(err error) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Retryable()
+}
+
+func isDrained(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Drained()
 }

@@ -418,3 +418,65 @@ func TestInvalidOptionsAreRejectedBeforeAnyDial(t *testing.T) {
 		}
 	}
 }
+
+func TestHandlerReportsTheClientAddressTheProxySaw(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Instance: "api-1"})
+	serve(t, ln, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.RemoteAddr) })
+	s := f.session()
+
+	ask := func(header string) string {
+		req, _ := http.NewRequest("GET", "http://svc/", nil)
+		if header != "" {
+			req.Header.Set("Sluice-Client-Addr", header)
+		}
+		req.Header.Set("X-Forwarded-For", "6.6.6.6")
+		if err := req.Write(s.conn); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(s.br, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	if got := ask("[2001:db8::7]:4711"); got != "[2001:db8::7]:4711" {
+		t.Errorf("RemoteAddr %q, want the proxy's Sluice-Client-Addr", got)
+	}
+	// Without a trusted value, the session's peer (the proxy), never a client's guess.
+	proxy := s.conn.LocalAddr().String()
+	for _, header := range []string{"", "6.6.6.6"} {
+		if got := ask(header); got != proxy {
+			t.Errorf("with %q: RemoteAddr %q, want the session's peer %q", header, got, proxy)
+		}
+	}
+}
+
+// An operator's drain: the proxy closes the sessions and refuses re-dials with 410. The slots
+// stop (no retry loop), the error says so, and Shutdown still drains and returns.
+func TestADrainedInstanceStopsDialingAndShutdownStillWorks(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Capacity: 2, Instance: "api-1"})
+	serve(t, ln, hello)
+	a, b := f.session(), f.session()
+	f.setAnswer(func(int) string { return refusal(410) })
+	a.conn.Close()
+	b.conn.Close()
+	waitUntil(t, ln, "both slots stopped", func(l *Listener) bool { return l.running == 0 })
+
+	var e *Error
+	if err := ln.Status().LastError; !errors.As(err, &e) || !e.Drained() || e.Retryable() {
+		t.Fatalf("last error %v, want a permanent 410", err)
+	}
+	if n := f.registrations(); n != 4 {
+		t.Errorf("%d registrations, want 4: a 410 is not retried", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	defer cancel()
+	if err := ln.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown of a drained instance: %v", err)
+	}
+}

@@ -2,7 +2,10 @@ package sluice
 
 import "net/http"
 
-// Handler wraps h for serving on this Listener's sessions. When SetCapacity has shrunk the
+// Handler wraps h for serving on this Listener's sessions. It sets r.RemoteAddr to the
+// client's address as the proxy saw it (the Sluice-Client-Addr header the proxy sets on every
+// request and never passes through from a client); without the wrapper, or for a request
+// without a valid header, r.RemoteAddr is the session's peer, the acceptor. When SetCapacity has shrunk the
 // capacity and a retirement is owed, the wrapper answers the current request with
 // `Connection: close` — net/http then closes the session after the response, the proxy does
 // not reuse it (DESIGN.md §3 "Retire"), and its slot ends instead of re-dialing. This is
@@ -14,7 +17,14 @@ import "net/http"
 // Requests that did not arrive on a session of this Listener pass through unchanged.
 func (l *Listener) Handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c := l.sessionOf(r); c != nil && l.retires(c) {
+		c := l.sessionOf(r)
+		if c != nil {
+			// Only a session's requests come from the proxy; anyone else could set the header.
+			if addr, ok := parseClientAddr(r.Header.Values(clientAddrHeader)); ok {
+				r.RemoteAddr = addr.String()
+			}
+		}
+		if c != nil && l.retires(c) {
 			w.Header().Set("Connection", "close")
 		}
 		h.ServeHTTP(w, r)

@@ -49,11 +49,20 @@ enum CtlCommand {
     /// endpoints.
     Status,
     /// Drain an instance of a reverse cluster: it is never leased again, its idle sessions
-    /// close now and its busy ones after their responses.
+    /// close now and its busy ones after their responses, and it stays out (its SDKs are
+    /// refused with 410 and stop re-dialing) until `resume`.
     Drain {
         /// The reverse cluster.
         cluster: String,
         /// The instance id it registered with.
+        instance: String,
+    },
+    /// Let a drained instance register again (its SDKs re-dial when restarted, or when told
+    /// to, e.g. by setting their capacity again).
+    Resume {
+        /// The reverse cluster.
+        cluster: String,
+        /// The drained instance's id.
         instance: String,
     },
     /// Add or remove an endpoint of a static cluster.
@@ -152,7 +161,7 @@ fn execute(args: CtlArgs) -> anyhow::Result<()> {
     }
     let text = match args.command {
         CtlCommand::Status => status::render(&parse(reply)?, client.url()),
-        CtlCommand::Drain { .. } => drained(parse(reply)?),
+        CtlCommand::Drain { .. } | CtlCommand::Resume { .. } => drained(parse(reply)?),
         CtlCommand::Endpoints(EndpointsCommand::Add { .. }) => added(parse(reply)?),
         CtlCommand::Endpoints(EndpointsCommand::Del { .. }) => removed(parse(reply)?),
         CtlCommand::Reload => format!(
@@ -176,9 +185,13 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
     use client::segment;
     match command {
         CtlCommand::Status => client.call(Method::GET, "/status", None).await,
-        CtlCommand::Drain { cluster, instance } => {
+        CtlCommand::Drain { cluster, instance } | CtlCommand::Resume { cluster, instance } => {
+            let verb = match command {
+                CtlCommand::Resume { .. } => "resume",
+                _ => "drain",
+            };
             let path = format!(
-                "/clusters/{}/instances/{}/drain",
+                "/clusters/{}/instances/{}/{verb}",
                 segment(cluster),
                 segment(instance)
             );
@@ -276,7 +289,7 @@ fn parse<T: serde::de::DeserializeOwned>(reply: Value) -> anyhow::Result<T> {
     })
 }
 
-/// `POST .../drain`'s reply.
+/// `POST .../drain`'s and `POST .../resume`'s reply.
 #[derive(Debug, Deserialize)]
 struct Drained {
     cluster: String,
@@ -287,8 +300,10 @@ struct Drained {
 fn drained(r: Drained) -> String {
     let (instance, cluster) = (printable(&r.instance), printable(&r.cluster));
     match r.draining {
-        true => format!("draining instance {instance} of cluster {cluster}\n"),
-        false => format!("instance {instance} of cluster {cluster} is not draining\n"),
+        true => format!(
+            "draining instance {instance} of cluster {cluster}; it stays out until `sluice ctl resume {cluster} {instance}`\n"
+        ),
+        false => format!("resumed instance {instance} of cluster {cluster}: it may register again\n"),
     }
 }
 

@@ -131,6 +131,10 @@ fn route(req: &Seen) -> Response<Full<Bytes>> {
             200,
             json!({"cluster": "api", "instance": "a", "draining": true}),
         ),
+        ("POST", ["clusters", "api", "instances", "a", "resume"]) => reply(
+            200,
+            json!({"cluster": "api", "instance": "a", "draining": false}),
+        ),
         ("POST", ["clusters", c, "instances", i, "drain"]) => reply(
             404,
             json!({"error": format!("no instance `{i}` in cluster `{c}`")}),
@@ -235,12 +239,30 @@ fn drain_posts_with_the_token_from_the_environment() {
         .env("SLUICE_ADMIN_TOKEN", "s3cret")
         .args(["drain", "api", "a"]));
     assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(stdout, "draining instance a of cluster api\n");
+    assert_eq!(
+        stdout,
+        "draining instance a of cluster api; it stays out until `sluice ctl resume api a`\n"
+    );
     let seen = admin.seen();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].method, Method::POST);
     assert_eq!(seen[0].path, "/clusters/api/instances/a/drain");
     assert_eq!(seen[0].authorization.as_deref(), Some("Bearer s3cret"));
+}
+
+#[test]
+fn resume_posts_to_the_instances_resume() {
+    let admin = FakeAdmin::start(None);
+    let (code, stdout, stderr) = run(ctl().args(["--admin", &admin.url(), "resume", "api", "a"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        stdout,
+        "resumed instance a of cluster api: it may register again\n"
+    );
+    let seen = admin.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].method, Method::POST);
+    assert_eq!(seen[0].path, "/clusters/api/instances/a/resume");
 }
 
 #[test]

@@ -5,7 +5,8 @@
 //! `interop_service --acceptor ADDR --service NAME --instance ID --capacity N [--delay-ms D]`
 //! dials in (token from `SLUICE_TOKEN`) and prints `registered N`; `--listen ADDR` listens
 //! instead and prints `listening ADDR`. Each request with an `X-Request-Id` prints
-//! `start <id>` before its delay; every answer is `200` with body `<instance>\n` (this one also
+//! `start <id>` before its delay; every answer is `200` with body `<instance>\n` (`<instance>
+//! <client address>\n` for a request with `X-Echo-Client`; this one also
 //! says in `x-in-flight` how many requests it was handling, this one included). SIGTERM drains
 //! (dialing in), prints `drained` and exits 0.
 
@@ -76,8 +77,15 @@ async fn respond(req: Request<Incoming>, a: &Args) -> Result<Response<String>, I
     if !a.delay.is_zero() {
         tokio::time::sleep(a.delay).await;
     }
+    let echo = req.headers().contains_key("x-echo-client");
+    let client = req.extensions().get::<sluice_sdk::ClientAddr>().copied();
     let _ = req.into_body().collect().await;
-    let mut res = Response::new(format!("{}\n", a.instance));
+    let body = match (echo, client) {
+        (false, _) => format!("{}\n", a.instance),
+        (true, Some(client)) => format!("{} {client}\n", a.instance),
+        (true, None) => format!("{} none\n", a.instance),
+    };
+    let mut res = Response::new(body);
     res.headers_mut()
         .insert(header::CONTENT_TYPE, "text/plain".parse().expect("static"));
     Ok(res)

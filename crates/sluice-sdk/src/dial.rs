@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,17 +27,26 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 /// A registered session: the stream, with bytes read past the `101` put back in front.
 pub(crate) type SessionIo = Prefixed<Box<dyn Io>>;
 
+/// A registered session and the acceptor's address on it (`None` over a UNIX socket).
+pub(crate) struct Registered {
+    pub(crate) io: SessionIo,
+    pub(crate) peer: Option<SocketAddr>,
+}
+
 /// Dials and registers one session; `capacity` goes into `Sluice-Capacity`.
-pub(crate) async fn register(options: &Options, capacity: usize) -> Result<SessionIo, Error> {
+pub(crate) async fn register(options: &Options, capacity: usize) -> Result<Registered, Error> {
     let registration = Registration {
         identity: options.identity.clone(),
         capacity: Some(u32::try_from(capacity).unwrap_or(u32::MAX)),
     };
     within(options.handshake_timeout, async {
-        let mut io = connect(options).await?;
+        let (mut io, peer) = connect(options).await?;
         send(&mut io, &registration.encode()).await?;
         match read_reply(&mut io).await? {
-            (Reply::Switched, rest) => Ok(Prefixed::new(rest, io)),
+            (Reply::Switched, rest) => Ok(Registered {
+                io: Prefixed::new(rest, io),
+                peer,
+            }),
             (Reply::Refused(status), _) => Err(Error::Refused { status }),
             (Reply::Drained, _) => Err(unexpected("200 to a registration")),
         }
@@ -50,7 +60,7 @@ pub(crate) async fn drain(options: &Options) -> Result<(), Error> {
         identity: options.identity.clone(),
     };
     within(options.handshake_timeout, async {
-        let mut io = connect(options).await?;
+        let (mut io, _) = connect(options).await?;
         send(&mut io, &drain.encode()).await?;
         match read_reply(&mut io).await? {
             (Reply::Drained, _) => Ok(()),
@@ -70,23 +80,31 @@ async fn within<T>(
         .map_err(|_| Error::Timeout(limit))?
 }
 
-async fn connect(options: &Options) -> Result<Box<dyn Io>, Error> {
+/// Connects (and shakes TLS hands); returns the stream and its peer's address, if TCP.
+async fn connect(options: &Options) -> Result<(Box<dyn Io>, Option<SocketAddr>), Error> {
     let connect_error = |e: io::Error| Error::Connect {
         acceptor: options.acceptor.to_string(),
         source: Arc::new(e),
     };
-    let io: Box<dyn Io> = match &options.acceptor {
-        Acceptor::Tcp(addr) => Box::new(connect_tcp(addr).await.map_err(connect_error)?),
-        Acceptor::Unix(path) => Box::new(UnixStream::connect(path).await.map_err(connect_error)?),
+    let (io, peer): (Box<dyn Io>, _) = match &options.acceptor {
+        Acceptor::Tcp(addr) => {
+            let stream = connect_tcp(addr).await.map_err(connect_error)?;
+            let peer = stream.peer_addr().ok();
+            (Box::new(stream), peer)
+        }
+        Acceptor::Unix(path) => {
+            let stream = UnixStream::connect(path).await.map_err(connect_error)?;
+            (Box::new(stream), None)
+        }
     };
     let Some(tls) = &options.tls else {
-        return Ok(io);
+        return Ok((io, peer));
     };
     let tls_io = TlsConnector::from(tls.config.clone())
         .connect(tls.server_name.clone(), io)
         .await
         .map_err(|e| Error::Tls(Arc::new(e)))?;
-    Ok(Box::new(tls_io))
+    Ok((Box::new(tls_io), peer))
 }
 
 async fn connect_tcp(addr: &str) -> io::Result<TcpStream> {

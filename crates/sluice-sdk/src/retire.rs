@@ -1,8 +1,10 @@
-//! [`Retiring`]: the user's service, as hyper sees it on one session. When the session owes a
+//! [`Retiring`]: the user's service, as hyper sees it on one session. It puts the request's
+//! [`ClientAddr`] in its extensions. When the session owes a
 //! retirement, its next response carries `Connection: close`, so the proxy closes the session
 //! after that response (DESIGN.md §3, "Retire") and no request is ever lost to the shrink.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use crate::state::Shared;
+use crate::ClientAddr;
 
 /// What one session learned while serving.
 #[derive(Debug, Default)]
@@ -32,14 +35,22 @@ pub(crate) struct Retiring<S> {
     service: S,
     shared: Arc<Shared>,
     flags: Arc<SessionFlags>,
+    /// The session's peer: the client address of a request that names none.
+    peer: Option<SocketAddr>,
 }
 
 impl<S> Retiring<S> {
-    pub(crate) fn new(service: S, shared: Arc<Shared>, flags: Arc<SessionFlags>) -> Self {
+    pub(crate) fn new(
+        service: S,
+        shared: Arc<Shared>,
+        flags: Arc<SessionFlags>,
+        peer: Option<SocketAddr>,
+    ) -> Self {
         Self {
             service,
             shared,
             flags,
+            peer,
         }
     }
 }
@@ -52,7 +63,10 @@ where
     type Error = S::Error;
     type Future = RetiringFuture<S>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        if let Some(client) = ClientAddr::from_headers(req.headers(), self.peer) {
+            req.extensions_mut().insert(client);
+        }
         RetiringFuture {
             inner: self.service.clone().oneshot(req),
             shared: self.shared.clone(),

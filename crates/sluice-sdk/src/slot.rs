@@ -74,7 +74,11 @@ impl<S: SessionService> Slot<S> {
     }
 
     fn give_up(&self, e: Error) {
-        tracing::error!(error = %e, "the acceptor refused this instance; not retrying");
+        if e.is_drained() {
+            tracing::warn!(error = %e, "this instance is drained; not re-dialing until it is resumed");
+        } else {
+            tracing::error!(error = %e, "the acceptor refused this instance; not retrying");
+        }
         self.shared.slot_failed(e);
     }
 
@@ -94,15 +98,17 @@ impl<S: SessionService> Slot<S> {
 
     async fn session(&mut self) -> Result<Ended, Error> {
         let target = self.shared.counts().target;
-        let io = dial::register(&self.options, target).await?;
+        let registered = dial::register(&self.options, target).await?;
         let _registered = self.shared.registered();
         tracing::debug!("session registered");
         let flags = Arc::new(SessionFlags::default());
-        serve(
-            io,
-            Retiring::new(self.service.clone(), self.shared.clone(), flags.clone()),
-        )
-        .await;
+        let service = Retiring::new(
+            self.service.clone(),
+            self.shared.clone(),
+            flags.clone(),
+            registered.peer,
+        );
+        serve(registered.io, service).await;
         tracing::debug!("session ended");
         Ok(if flags.retired.load(Ordering::Relaxed) {
             Ended::Retired

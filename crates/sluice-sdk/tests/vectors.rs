@@ -173,3 +173,20 @@ async fn identities_are_accepted_or_refused_as_the_vectors_say() {
         }
     }
 }
+
+#[test]
+fn client_addresses_are_reported_as_the_vectors_say() {
+    use sluice_sdk::ClientAddr;
+    let v = vectors::load().unwrap();
+    assert!(v.client_addresses.len() >= 10);
+    let peer: SocketAddr = "192.0.2.1:7070".parse().unwrap();
+    for case in &v.client_addresses {
+        let mut headers = http::HeaderMap::new();
+        for value in &case.values {
+            headers.append("sluice-client-addr", value.parse().unwrap());
+        }
+        let got = ClientAddr::from_headers(&headers, Some(peer)).unwrap();
+        let expected = case.client.clone().unwrap_or_else(|| peer.to_string());
+        assert_eq!(got.to_string(), expected, "{}", case.name);
+    }
+}

@@ -90,6 +90,7 @@ async fn every_call_needs_the_token() {
         ("GET", "/status"),
         ("GET", "/metrics"),
         ("POST", "/clusters/api/instances/a/drain"),
+        ("POST", "/clusters/api/instances/a/resume"),
     ] {
         assert_eq!(call(p.admin, method, path, None, "").await.0, 401, "{path}");
         assert_eq!(
@@ -125,8 +126,15 @@ async fn status_follows_the_sessions_and_drain_empties_an_instance() {
     let (status, body) = json(p.admin, "POST", "/clusters/api/instances/a/drain", "").await;
     assert_eq!((status, body["draining"].as_bool()), (200, Some(true)));
     p.cluster.wait_until(|c| c.sessions() == 0).await;
+    // Drained, it stays listed and out until resumed; draining it again changes nothing.
     assert_eq!(
         json(p.admin, "POST", "/clusters/api/instances/a/drain", "")
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        json(p.admin, "POST", "/clusters/api/instances/zz/drain", "")
             .await
             .0,
         404
@@ -143,6 +151,49 @@ async fn status_follows_the_sessions_and_drain_empties_an_instance() {
             .0,
         409
     );
+    let _ = p.stop.send(());
+}
+
+#[tokio::test]
+async fn a_drained_instance_is_refused_with_410_until_it_is_resumed() {
+    use reverse_support::service::dial_raw;
+    let p = start().await;
+    let spec = ServiceSpec::new("a", 1);
+    let _svc = Service::start(p.acceptor, spec.clone()).await;
+    p.cluster.wait_until(|c| c.sessions() == 1).await;
+    let (status, _) = json(p.admin, "POST", "/clusters/api/instances/a/drain", "").await;
+    assert_eq!(status, 200);
+    p.cluster.wait_until(|c| c.sessions() == 0).await;
+
+    // The SDK re-dials at once with the same instance id: refused, saying why and what to do.
+    let hello = spec.registration().encode();
+    let (mut refused, status) = dial_raw(p.acceptor, &hello).await;
+    assert_eq!(status, 410);
+    let mut answer = String::new();
+    refused.read_to_string(&mut answer).await.unwrap();
+    assert!(
+        answer.contains(
+            "instance \"a\" of service \"api\" is drained; resume it with sluice ctl resume"
+        ),
+        "{answer}"
+    );
+    let (_, body) = json(p.admin, "GET", "/status", "").await;
+    let a = &body["clusters"][0]["instances"][0];
+    assert_eq!(
+        (a["id"].as_str(), a["sessions"].as_u64()),
+        (Some("a"), Some(0))
+    );
+    assert_eq!(a["draining"], true);
+    // Another instance id is not held.
+    let other = ServiceSpec::new("b", 1).registration().encode();
+    assert_eq!(dial_raw(p.acceptor, &other).await.1, 101);
+
+    let (status, body) = json(p.admin, "POST", "/clusters/api/instances/a/resume", "").await;
+    assert_eq!((status, body["draining"].as_bool()), (200, Some(false)));
+    let (_session, status) = dial_raw(p.acceptor, &hello).await;
+    assert_eq!(status, 101);
+    let (status, body) = json(p.admin, "POST", "/clusters/api/instances/a/resume", "").await;
+    assert_eq!(status, 404, "{body}");
     let _ = p.stop.send(());
 }
 

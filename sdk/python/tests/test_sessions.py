@@ -19,7 +19,7 @@ def opts(acceptor: str, **kw: Any) -> Options:
     return Options(acceptor=acceptor, service="api", instance="api-1", token="s3cret", **kw)
 
 
-def test_serves_an_asgi_app_and_reports_the_forwarded_client() -> None:
+def test_serves_an_asgi_app_and_reports_the_client_the_proxy_saw() -> None:
     seen: list[dict[str, Any]] = []
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -32,17 +32,23 @@ def test_serves_an_asgi_app_and_reports_the_forwarded_client() -> None:
         s = await acc.session()
         await sessions.wait_registered(1)
         assert s.headers["sluice-service"] == "api" and s.headers["sluice-capacity"] == "1"
-        xff = [("X-Forwarded-For", "203.0.113.7, 10.0.0.1"), ("X-Forwarded-Proto", "https")]
+        # The client chose X-Forwarded-For; the proxy vouches for Sluice-Client-Addr alone.
+        xff = [("X-Forwarded-For", "6.6.6.6, 10.0.0.1"), ("X-Forwarded-Proto", "https"),
+               ("Sluice-Client-Addr", "203.0.113.7:4711")]
         r = await s.request("GET", "/a%20b?x=1", xff)
         assert (r.status, r.body) == (200, b"hello GET /a b?x=1\n")
         r = await s.request("POST", "/again", body=b"payload")
         assert (r.status, r.body, r.closes) == (200, b"hello POST /again?\n", False)
+        peer = s.writer.get_extra_info("sockname")[:2]
         sessions.close()
+        return peer
 
-    run(main())
-    assert seen[0]["raw_path"] == b"/a%20b" and seen[0]["client"] == ("203.0.113.7", 0)
+    acceptor = run(main())
+    assert seen[0]["raw_path"] == b"/a%20b" and seen[0]["client"] == ("203.0.113.7", 4711)
+    # Without the header, the client is the session's peer (the acceptor), never a guess.
+    assert seen[1]["client"] == acceptor
     assert (seen[0]["scheme"], seen[1]["scheme"]) == ("https", "http")
-    assert (b"x-forwarded-for", b"203.0.113.7, 10.0.0.1") in seen[0]["headers"]
+    assert (b"x-forwarded-for", b"6.6.6.6, 10.0.0.1") in seen[0]["headers"]
 
 
 def test_request_body_is_streamed_to_the_app() -> None:
@@ -159,6 +165,29 @@ def test_401_stops_for_good_with_the_error_visible() -> None:
         assert isinstance(sessions.last_error, Refused) and sessions.last_error.status == 401
         assert acc.attempts == 1 and sessions.registered == 0
         sessions.close()
+
+    run(main())
+
+
+def test_a_drained_instance_stops_dialing_and_shutdown_still_works() -> None:
+    async def main() -> None:
+        acc = FakeAcceptor(close_on_drain=True)
+        sessions = await sluice_sdk.serve(hello, opts(await acc.start_tcp(), capacity=2))
+        first = [await acc.session(), await acc.session()]
+        await sessions.wait_registered(2)
+        # An operator drains the instance: the proxy closes its sessions and refuses re-dials.
+        acc.answers = [410, 410]
+        for s in first:
+            s.close()
+        shared = sessions._shared
+        await shared.wait_until(lambda: shared.counts.slots == 0)
+        err = sessions.last_error
+        assert isinstance(err, Refused) and err.status == 410 and err.drained and not err.retryable
+        with pytest.raises(Refused):
+            await sessions.wait_registered(1)
+        assert acc.attempts == 4 and sessions.registered == 0  # 410 is not retried
+        await asyncio.wait_for(sessions.shutdown(), 5)
+        assert len(acc.drains) == 1
 
     run(main())
 

@@ -4,6 +4,7 @@ the classification of the acceptor's answer. h11 encodes the requests and parses
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -15,6 +16,8 @@ SESSION_PATH = "/.sluice/v1/session"
 DRAIN_PATH = "/.sluice/v1/drain"
 UPGRADE_TOKEN = "sluice-session/1"
 MAX_REPLY_HEAD = 8192
+#: The request header with the client's address as the proxy saw it (its TCP peer).
+CLIENT_ADDR_HEADER = b"sluice-client-addr"
 
 Kind = Literal["register", "drain"]
 
@@ -118,3 +121,37 @@ def registration(identity: Identity, capacity: int | None) -> bytes:
 def drain_request(identity: Identity) -> bytes:
     """The drain request bytes."""
     return Handshake("drain", identity).request
+
+
+def parse_client_addr(value: bytes) -> tuple[str, int] | None:
+    """A ``Sluice-Client-Addr`` value as ``(host, port)``: ``ip:port`` or ``[ipv6]:port``,
+    nothing around it, no zone, a decimal port up to 65535. ``None`` for anything else: a value
+    is trusted whole or not at all."""
+    try:
+        text = value.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    host, colon, port = text.rpartition(":")
+    if not colon or not 1 <= len(port) <= 5 or not port.isdigit() or int(port) > 65535:
+        return None
+    try:
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+            if "%" in host:  # ipaddress takes a zone; the proxy never sends one
+                return None
+            ipaddress.IPv6Address(host)
+        else:
+            ipaddress.IPv4Address(host)
+    except ValueError:
+        return None
+    return (host, int(port))
+
+
+def client_address(
+    headers: list[tuple[bytes, bytes]], peer: tuple[str, int] | None
+) -> tuple[str, int] | None:
+    """The client a request names in exactly one valid ``Sluice-Client-Addr`` field, else
+    ``peer`` (the session's own peer)."""
+    values = [v for k, v in headers if k.lower() == CLIENT_ADDR_HEADER]
+    claimed = parse_client_addr(values[0]) if len(values) == 1 else None
+    return claimed if claimed is not None else peer

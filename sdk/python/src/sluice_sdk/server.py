@@ -16,6 +16,8 @@ from urllib.parse import unquote_to_bytes
 
 import h11
 
+from .protocol import client_address
+
 log = logging.getLogger("sluice_sdk")
 
 Scope = MutableMapping[str, Any]
@@ -39,7 +41,8 @@ class Hooks(Protocol):
 
 @dataclass
 class Peer:
-    """Addresses reported in the scope (``client`` from ``X-Forwarded-For`` on sessions)."""
+    """Addresses reported in the scope. On sessions (``forwarded``), ``client`` is the session's
+    peer, reported only for requests without a valid ``Sluice-Client-Addr``."""
 
     server: tuple[str, int] | None = None
     client: tuple[str, int] | None = None
@@ -275,7 +278,7 @@ def scope(request: h11.Request, peer: Peer) -> Scope:
         "query_string": query,
         "root_path": "",
         "headers": headers,
-        "client": _forwarded_for(headers) if peer.forwarded else peer.client,
+        "client": client_address(headers, peer.client) if peer.forwarded else peer.client,
         "server": peer.server,
     }
 
@@ -287,9 +290,3 @@ def _forwarded_proto(headers: list[tuple[bytes, bytes]]) -> str:
             return value.strip().lower().decode()
     return "http"
 
-
-def _forwarded_for(headers: list[tuple[bytes, bytes]]) -> tuple[str, int] | None:
-    for name, value in headers:
-        if name == b"x-forwarded-for":
-            return (value.split(b",")[0].strip().decode("latin-1"), 0)
-    return None

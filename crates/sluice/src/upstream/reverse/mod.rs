@@ -14,7 +14,7 @@ mod send;
 mod session;
 mod stream;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -48,6 +48,8 @@ pub(crate) struct ClusterInner {
     tokens: Vec<Token>,
     slices: Mutex<HashMap<String, Arc<SlicePool>>>,
     instances: Mutex<HashMap<String, Arc<Instance>>>,
+    /// Instances an operator drained: their registrations are refused (410) until resumed.
+    held: Mutex<BTreeSet<String>>,
     sessions: Limit,
     changed: Arc<Notify>,
     handover: Arc<Handover>,
@@ -77,6 +79,7 @@ impl ReverseCluster {
             tokens,
             slices: Mutex::default(),
             instances: Mutex::default(),
+            held: Mutex::default(),
             changed: Arc::new(Notify::new()),
             handover: Arc::default(),
             drains: broadcast::channel(64).0,
@@ -208,6 +211,34 @@ impl ReverseCluster {
         true
     }
 
+    /// Drains an instance as [`drain`](Self::drain) does and keeps it out: its registrations
+    /// are refused with `410 Gone` until [`resume`](Self::resume), so SDKs stop re-dialing.
+    /// An operator's drain; a service's own drain request (its shutdown) is not held. Returns
+    /// false when the instance is neither registered nor already held.
+    pub fn drain_and_hold(&self, instance: &str) -> bool {
+        let newly = locked(&self.inner.held).insert(instance.to_owned());
+        let known = self.drain(instance);
+        if newly && !known {
+            locked(&self.inner.held).remove(instance);
+        }
+        known || !newly
+    }
+
+    /// Lets a held instance register again. Returns false when it was not held. Sessions it
+    /// still has (draining) close as they would have; new ones are accepted once they have.
+    pub fn resume(&self, instance: &str) -> bool {
+        let resumed = locked(&self.inner.held).remove(instance);
+        if resumed {
+            info!(cluster = %self.inner.name, instance = %instance, "instance resumed");
+        }
+        resumed
+    }
+
+    /// The instances an operator drained and has not resumed, sorted.
+    pub fn held(&self) -> Vec<String> {
+        locked(&self.inner.held).iter().cloned().collect()
+    }
+
     /// Closes every session: idle ones now, busy ones when their responses end. The proxy
     /// calls this when it stops.
     pub fn close(&self) {
@@ -241,12 +272,16 @@ impl ReverseCluster {
     }
 
     /// Reserves a place for one more session of `instance`, within the total (`global`),
-    /// cluster and instance limits. 503 for a draining instance, 429 at a limit.
+    /// cluster and instance limits. 410 for a held instance, 503 for a draining one, 429 at
+    /// a limit.
     pub(crate) fn reserve(
         &self,
         instance: &str,
         global: &Arc<Limit>,
     ) -> Result<SessionPermit, Rejection> {
+        if locked(&self.inner.held).contains(instance) {
+            return Err(Rejection::drained(&self.inner.name, instance));
+        }
         let mut instances = locked(&self.inner.instances);
         let max = self.inner.opts.max_sessions_per_instance;
         let inst = instances
