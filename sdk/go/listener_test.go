@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func listen(t *testing.T, f *fakeAcceptor, o Options) *Listener {
@@ -85,7 +87,50 @@ func TestProxyClosingASessionDialsAReplacement(t *testing.T) {
 	}
 }
 
-func TestSetCapacityGrowsAndRetiresWithConnectionClose(t *testing.T) {
+// closedByTheService waits until the service has closed n of sessions (the fake proxy reads
+// EOF) and returns those and the rest. Nothing is sent on them meanwhile; the reads left
+// waiting on the rest are ended before it returns, so those sessions can be used again.
+func closedByTheService(t *testing.T, sessions []*fakeSession, n int) (closed, open []*fakeSession) {
+	t.Helper()
+	type peeked struct {
+		s   *fakeSession
+		err error
+	}
+	results := make(chan peeked, len(sessions))
+	for _, s := range sessions {
+		go func() {
+			_, err := s.br.Peek(1)
+			results <- peeked{s, err}
+		}()
+	}
+	deadline := time.After(testDeadline)
+	for len(closed) < n {
+		select {
+		case r := <-results:
+			if r.err != io.EOF {
+				t.Fatalf("a session carried %v before any request", r.err)
+			}
+			closed = append(closed, r.s)
+		case <-deadline:
+			t.Fatalf("only %d of %d sessions were closed", len(closed), n)
+		}
+	}
+	for _, s := range sessions {
+		if !slices.Contains(closed, s) {
+			open = append(open, s)
+			s.conn.SetReadDeadline(time.Unix(1, 0)) // ends its Peek
+		}
+	}
+	for range open {
+		<-results
+	}
+	for _, s := range open {
+		s.conn.SetReadDeadline(time.Time{})
+	}
+	return closed, open
+}
+
+func TestSetCapacityGrowsAndClosesIdleSurplusSessionsAtOnce(t *testing.T) {
 	t.Parallel()
 	f := tcpAcceptor(t)
 	ln := listen(t, f, Options{Capacity: 1})
@@ -100,16 +145,12 @@ func TestSetCapacityGrowsAndRetiresWithConnectionClose(t *testing.T) {
 		}
 		sessions = append(sessions, s)
 	}
+	waitUntil(t, ln, "3 registered", func(l *Listener) bool { return l.registered == 3 })
 
-	ln.SetCapacity(1)
-	for i, s := range sessions {
-		resp, body := s.get(t, "/")
-		if body != "hello\n" || resp.Close != (i < 2) {
-			t.Fatalf("session %d: body %q, Connection: close = %v", i, body, resp.Close)
-		}
-		if resp.Close {
-			s.conn.Close() // the proxy closes a session after Connection: close
-		}
+	ln.SetCapacity(1) // all three idle: two close at once, no request needed
+	closed, open := closedByTheService(t, sessions, 2)
+	for _, s := range closed {
+		s.conn.Close()
 	}
 	waitUntil(t, ln, "the retired slots ended", func(l *Listener) bool {
 		return l.running == 1 && l.registered == 1
@@ -118,9 +159,52 @@ func TestSetCapacityGrowsAndRetiresWithConnectionClose(t *testing.T) {
 	if n := f.registrations(); n != 3 {
 		t.Errorf("%d registrations, want 3 (retired sessions must not be re-dialed)", n)
 	}
-	if resp, _ := sessions[2].get(t, "/"); resp.Close {
-		t.Error("the remaining session was retired too")
+	if resp, body := open[0].get(t, "/"); resp.Close || body != "hello\n" {
+		t.Errorf("the remaining session: %q, Connection: close = %v", body, resp.Close)
 	}
+}
+
+// A session busy when the capacity shrinks closes right after its response: the handler had
+// started before the shrink, so its response could not carry Connection: close.
+func TestShrinkingClosesBusySurplusSessionsAfterTheirResponse(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Capacity: 3})
+	started, release := make(chan struct{}, 2), make(chan struct{})
+	serve(t, ln, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			started <- struct{}{}
+			<-release
+		}
+		hello(w, r)
+	})
+	busy, idle := []*fakeSession{f.session(), f.session()}, f.session()
+	errs := make(chan error, 2)
+	for _, s := range busy {
+		go func() {
+			resp, body, err := s.roundTrip("/slow")
+			if err == nil && (resp.StatusCode != 200 || body != "hello\n") {
+				err = fmt.Errorf("got %d %q", resp.StatusCode, body)
+			}
+			errs <- err
+		}()
+		<-started
+	}
+
+	ln.SetCapacity(1)
+	closedByTheService(t, []*fakeSession{idle}, 1) // the idle one closes at once
+	close(release)
+	for range busy {
+		if err := <-errs; err != nil {
+			t.Fatal(err) // no request is lost to the shrink
+		}
+	}
+	closed, _ := closedByTheService(t, busy, 1) // one busy session, after its response
+	closed[0].conn.Close()
+	idle.conn.Close()
+	waitUntil(t, ln, "one session left", func(l *Listener) bool {
+		return l.running == 1 && l.registered == 1
+	})
 }
 
 func TestShrinkingWhileBackingOffEndsTheSlot(t *testing.T) {

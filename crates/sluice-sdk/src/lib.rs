@@ -22,7 +22,7 @@
 //!     Ok::<_, Infallible>(http::Response::new(String::from("hello\n")))
 //! });
 //! let sessions = serve(options, service)?;
-//! sessions.set_capacity(4); // four sessions retire on their next response
+//! sessions.set_capacity(4); // four idle sessions close now (busy ones after their response)
 //! tokio::signal::ctrl_c().await.ok();
 //! sessions.shutdown().await // drain, then wait until the proxy has closed every session
 //! # }

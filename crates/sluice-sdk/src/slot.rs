@@ -108,7 +108,7 @@ impl<S: SessionService> Slot<S> {
             flags.clone(),
             registered.peer,
         );
-        serve(registered.io, service).await;
+        self.serve(registered.io, service, &flags).await;
         tracing::debug!("session ended");
         Ok(if flags.retired.load(Ordering::Relaxed) {
             Ended::Retired
@@ -118,16 +118,47 @@ impl<S: SessionService> Slot<S> {
             }
         })
     }
-}
 
-/// Serves HTTP/1.1 on a session until the proxy closes it or an upgrade takes it.
-async fn serve<S: SessionService>(io: SessionIo, service: Retiring<S>) {
-    let conn = http1::Builder::new()
-        // A session idles between requests for as long as the proxy likes.
-        .header_read_timeout(None)
-        .serve_connection(TokioIo::new(io), service)
-        .with_upgrades();
-    if let Err(e) = conn.await {
-        tracing::debug!(error = %e, "session ended with an error");
+    /// Serves HTTP/1.1 on a session until the proxy closes it or an upgrade takes it. While
+    /// it is idle, a retirement owed (a shrink) closes it at once: the proxy drops a session
+    /// it sees closed while idle. A busy one retires on its response instead ([`Retiring`]).
+    async fn serve(&mut self, io: SessionIo, service: Retiring<S>, flags: &SessionFlags) {
+        let conn = http1::Builder::new()
+            // A session idles between requests for as long as the proxy likes.
+            .header_read_timeout(None)
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
+        tokio::pin!(conn);
+        let mut counts = self.shared.subscribe_counts();
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                ended = conn.as_mut() => {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "session ended with an error");
+                    }
+                    return;
+                }
+                changed = counts.changed(), if !closing => {
+                    closing = changed.is_err() || self.retire_if_idle(flags);
+                    if closing {
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Claims an owed retirement for this session if it is idle.
+    fn retire_if_idle(&self, flags: &SessionFlags) -> bool {
+        if flags.busy.load(Ordering::SeqCst)
+            || flags.retired.load(Ordering::SeqCst)
+            || !self.shared.claim_retirement()
+        {
+            return false;
+        }
+        flags.retired.store(true, Ordering::SeqCst);
+        tracing::debug!("retiring idle session: closing it");
+        true
     }
 }

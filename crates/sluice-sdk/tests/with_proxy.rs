@@ -413,3 +413,23 @@ async fn an_operators_drain_keeps_the_instance_out_and_shutdown_still_works() {
     within(again.shutdown()).await.unwrap();
     proxy.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shrinking_closes_idle_sessions_at_once_and_the_next_burst_stays_within_it() {
+    let proxy = RunningProxy::any_port().await;
+    let (sessions, counter) = instance(proxy.acceptor, "a", 8, Duration::from_millis(20));
+    registered(&sessions, 8).await;
+    proxy.idle(8).await;
+
+    sessions.set_capacity(2);
+    // No request needed: the six idle surplus sessions close, and the proxy drops them.
+    within(proxy.cluster.wait_until(|c| c.instance_sessions("a") == 2)).await;
+    registered(&sessions, 2).await;
+    let burst: Vec<_> = (0..8).map(|_| tokio::spawn(get(proxy.http))).collect();
+    for request in burst {
+        assert_eq!(within(request).await.unwrap().0, StatusCode::OK);
+    }
+    assert!(counter.max_in_flight() <= 2, "{}", counter.max_in_flight());
+    within(sessions.shutdown()).await.unwrap();
+    proxy.stop().await;
+}

@@ -114,6 +114,19 @@ def test_a_session_closed_by_the_proxy_is_replaced() -> None:
     run(main())
 
 
+async def closed_by_the_service(live: list[Any], n: int) -> list[Any]:
+    """Waits until the service has closed ``n`` of the ``live`` fake sessions; returns them."""
+    waits = {asyncio.ensure_future(s.wait_closed()): s for s in live}
+    done: set[asyncio.Future[None]] = set()
+    while len(done) < n:
+        finished, _ = await asyncio.wait(set(waits) - done, return_when=asyncio.FIRST_COMPLETED)
+        done |= finished
+    for task in set(waits) - done:
+        task.cancel()
+    await asyncio.gather(*waits, return_exceptions=True)
+    return [waits[t] for t in done]
+
+
 def test_grow_and_shrink() -> None:
     async def main() -> None:
         acc = FakeAcceptor()
@@ -124,20 +137,43 @@ def test_grow_and_shrink() -> None:
         assert [r["sluice-capacity"] for r in acc.registrations] == ["1", "3", "3"]
         live = [await acc.session() for _ in range(3)]
 
-        sessions.set_capacity(1)
+        sessions.set_capacity(1)  # all three idle: two close at once, no request needed
         assert sessions.capacity == 1
-        answers = [await s.request() for s in live]
-        assert [r.status for r in answers] == [200, 200, 200]
-        assert [r.closes for r in answers] == [True, True, False]  # two retire, race-free
-        for s in live[:2]:
-            await s.wait_closed()
+        closed = await closed_by_the_service(live, 2)
         await sessions._shared.wait_until(lambda: sessions.registered == 1)
-        assert (await live[2].request()).closes is False  # the survivor keeps serving
+        [survivor] = [s for s in live if s not in closed]
+        assert (await survivor.request()).closes is False  # the survivor keeps serving
 
         sessions.set_capacity(2)  # exactly one new dial: the retired slots did not re-dial
         grown = await acc.session()
         assert acc.attempts == 4 and grown.headers["sluice-capacity"] == "2"
         assert (await grown.request()).status == 200
+        sessions.close()
+
+    run(main())
+
+
+def test_shrinking_closes_idle_sessions_at_once_and_retires_busy_ones_on_their_response() -> None:
+    async def main() -> None:
+        gate = Gate()
+        acc = FakeAcceptor()
+        sessions = await sluice_sdk.serve(gate, opts(await acc.start_tcp(), capacity=3))
+        live = [await acc.session() for _ in range(3)]
+        await sessions.wait_registered(3)
+        busy, idle = live[:2], live[2]
+        for s in busy:
+            await s.send_head("GET", "/busy")
+            await s.end()
+            await gate.started.get()
+
+        sessions.set_capacity(1)
+        # The idle session closes at once; the busy ones finish, and one of them retires.
+        assert await closed_by_the_service([idle], 1) == [idle]
+        gate.release.set()
+        answers = [await s.read_response() for s in busy]
+        assert [r.status for r in answers] == [200, 200]
+        assert sorted(r.closes for r in answers) == [False, True]
+        await sessions._shared.wait_until(lambda: sessions.registered == 1)
         sessions.close()
 
     run(main())

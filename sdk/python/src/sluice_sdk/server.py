@@ -65,6 +65,15 @@ class Connection:
 
     def __post_init__(self) -> None:
         self.conn = h11.Connection(h11.SERVER)
+        #: Waiting for a request of which no byte has arrived: closing now loses nothing.
+        self.idle = False
+
+    def close_idle(self) -> bool:
+        """Closes the connection if it is idle; the serve loop then ends at its EOF."""
+        if not self.idle:
+            return False
+        self.writer.close()
+        return True
 
     async def serve(self, initial: bytes = b"") -> None:
         """Runs until the connection ends; ``initial`` bytes are parsed before any read."""
@@ -89,7 +98,9 @@ class Connection:
                 raise _Gone(str(e)) from None
             if event is not h11.NEED_DATA:
                 return event
-            self.conn.receive_data(await self.reader.read(READ_SIZE))
+            data = await self.reader.read(READ_SIZE)
+            self.idle = False
+            self.conn.receive_data(data)
 
     async def write(self, event: Any) -> None:
         """Sends one h11 event."""
@@ -100,11 +111,14 @@ class Connection:
 
     async def _one_request(self) -> bool:
         """Serves one request; ``True`` if the connection can take another."""
+        self.idle = self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]
         try:
             event = await self.next_event()
         except _Gone:
             await self._bad_request()
             raise
+        finally:
+            self.idle = False
         if not isinstance(event, h11.Request):
             return False  # closed between requests (or paused after a protocol switch)
         cycle = Cycle(self, event)

@@ -93,9 +93,18 @@ class Slot:
         reader, writer, rest = await dial.register(self.options, self.shared.counts.target)
         hooks = SessionHooks(self.shared)
         peer = Peer(server=None, client=_peer(writer), forwarded=True)
-        with self.shared.session_registered():
+        conn = Connection(self.app, reader, writer, hooks, peer)
+
+        def retire_if_idle() -> bool:
+            if hooks.retired or not conn.idle or not self.shared.claim_retirement():
+                return False
+            log.debug("slot %d: retiring idle session: closing it", self.id)
+            hooks.retired = True
+            return conn.close_idle()
+
+        with self.shared.session_registered(retire_if_idle):
             log.debug("slot %d: session registered", self.id)
-            await Connection(self.app, reader, writer, hooks, peer).serve(rest)
+            await conn.serve(rest)
         log.debug("slot %d: session ended", self.id)
         return hooks
 
