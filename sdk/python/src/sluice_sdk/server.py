@@ -11,6 +11,7 @@ import asyncio
 import logging
 from asyncio import StreamReader, StreamWriter
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, Awaitable, Callable, MutableMapping, Protocol
 from urllib.parse import unquote_to_bytes
 
@@ -144,6 +145,14 @@ class Connection:
                 pass
 
 
+def _reason(status: int) -> bytes:
+    """The standard reason phrase; strict clients (h2load) reject an empty one."""
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b"Unknown"
+
+
 def _is_upgrade(request: h11.Request) -> bool:
     """Requests that would switch protocols (h11's own test: CONNECT, or an Upgrade header)."""
     return request.method == b"CONNECT" or any(k == b"upgrade" for k, _ in request.headers)
@@ -268,7 +277,7 @@ class Cycle:
             headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
             headers.append((b"connection", b"close"))
         # Built before h11 sees it: an invalid header fails here, leaving room for a 500.
-        return h11.Response(status_code=status, headers=headers)
+        return h11.Response(status_code=status, headers=headers, reason=_reason(status))
 
     async def _write(self, event: Any) -> None:
         try:
