@@ -51,6 +51,9 @@ type Error struct {
 	Kind Kind
 	// Status is the acceptor's HTTP status for KindRefused, else 0.
 	Status int
+	// Reason is the acceptor's reason for KindRefused (the first line of its answer's body,
+	// printable text only), such as `unknown service "nosuch"`; "" when it gave none.
+	Reason string
 	// Err is the underlying cause, when there is one.
 	Err error
 }
@@ -59,8 +62,10 @@ type Error struct {
 func (e *Error) Error() string {
 	msg := "sluice: " + e.Op + ": "
 	switch {
+	case e.Kind == KindRefused && e.Reason != "":
+		msg += fmt.Sprintf("the acceptor refused with status %d: %s", e.Status, e.Reason)
 	case e.Kind == KindRefused:
-		msg += fmt.Sprintf("the acceptor refused with status %d", e.Status)
+		msg += fmt.Sprintf("the acceptor refused with status %d (no reason given)", e.Status)
 	case e.Err != nil:
 		msg += e.Kind.String() + ": " + e.Err.Error()
 	default:

@@ -1,15 +1,18 @@
 package sluice
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -563,4 +566,45 @@ func TestADrainedInstanceStopsDialingAndShutdownStillWorks(t *testing.T) {
 	if err := ln.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown of a drained instance: %v", err)
 	}
+}
+
+// Without Options.Logger, a refusal still reaches the application's log (slog.Default) with
+// the acceptor's reason: a wrong token is never silent. Not parallel: it swaps slog.Default.
+func TestRefusalsAreLoggedWithTheAcceptorsReasonByDefault(t *testing.T) {
+	var logged bytes.Buffer
+	var mu sync.Mutex
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+
+	f := tcpAcceptor(t)
+	body := "missing or invalid bearer token\n"
+	f.setAnswer(func(int) string {
+		return fmt.Sprintf("HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	})
+	ln := listen(t, f, Options{})
+	waitUntil(t, ln, "the slot gave up", func(l *Listener) bool { return l.running == 0 })
+	if err := ln.Status().LastError; err == nil || !strings.Contains(err.Error(), "401: missing or invalid bearer token") {
+		t.Errorf("last error %v, want the status and the acceptor's reason", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	out := logged.String()
+	if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "missing or invalid bearer token") {
+		t.Errorf("the default log has no refusal with its reason:\n%s", out)
+	}
+	if strings.Contains(out, "level=DEBUG") || strings.Contains(out, "level=INFO") {
+		t.Errorf("the default log took records below warning:\n%s", out)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -57,6 +58,7 @@ type vectors struct {
 			Rest      string `json:"rest"`
 			Status    int    `json:"status"`
 			Retryable bool   `json:"retryable"`
+			Reason    string `json:"reason"`
 		} `json:"expect"`
 	} `json:"replies"`
 	ClientAddresses []struct {
@@ -189,6 +191,10 @@ func TestVectorsReplies(t *testing.T) {
 				t.Fatalf("unknown request %q", vec.Request)
 			}
 			checkOutcome(t, err, vec.Request, vec.Expect.Outcome, vec.Expect.Status, vec.Expect.Retryable)
+			// The acceptor's reason is shown, not just its status.
+			if vec.Expect.Reason != "" && (err == nil || !strings.Contains(err.Error(), vec.Expect.Reason)) {
+				t.Errorf("error %v does not show the acceptor's reason %q", err, vec.Expect.Reason)
+			}
 		})
 		ran++
 	}

@@ -47,7 +47,7 @@ pub(crate) async fn register(options: &Options, capacity: usize) -> Result<Regis
                 io: Prefixed::new(rest, io),
                 peer,
             }),
-            (Reply::Refused(status), _) => Err(Error::Refused { status }),
+            (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
             (Reply::Drained, _) => Err(unexpected("200 to a registration")),
         }
     })
@@ -64,7 +64,7 @@ pub(crate) async fn drain(options: &Options) -> Result<(), Error> {
         send(&mut io, &drain.encode()).await?;
         match read_reply(&mut io).await? {
             (Reply::Drained, _) => Ok(()),
-            (Reply::Refused(status), _) => Err(Error::Refused { status }),
+            (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
             (Reply::Switched, _) => Err(unexpected("101 to a drain request")),
         }
     })
@@ -137,6 +137,41 @@ async fn read_reply(io: &mut Box<dyn Io>) -> Result<(Reply, Bytes), Error> {
         if let Parsed::Complete(reply, len) = parse_reply(&buf).map_err(Error::Protocol)? {
             return Ok((reply, buf.split_off(len).freeze()));
         }
+    }
+}
+
+/// The longest reason read from a refusal's body.
+const MAX_REASON: usize = 512;
+
+/// How long to wait for a refusal's reason after its head: an acceptor sends both at once, and
+/// anything else may never end its body.
+const REASON_WAIT: Duration = Duration::from_millis(250);
+
+/// A refusal with the acceptor's reason: the first line of its body (the acceptor sends one
+/// line and closes), at most [`MAX_REASON`] bytes of printable text.
+async fn refused(io: &mut Box<dyn Io>, status: u16, rest: Bytes) -> Error {
+    let mut body = rest.to_vec();
+    let mut chunk = [0u8; MAX_REASON];
+    let read = async {
+        while body.len() < MAX_REASON && !body.contains(&b'\n') {
+            match io.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => body.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REASON_WAIT, read).await;
+    body.truncate(MAX_REASON);
+    let text = String::from_utf8_lossy(&body);
+    let line = text.lines().next().unwrap_or("").trim();
+    let reason: String = line.chars().filter(|c| !c.is_control()).collect();
+    Error::Refused {
+        status,
+        reason: if reason.is_empty() {
+            "(no reason given)".to_owned()
+        } else {
+            reason
+        },
     }
 }
 

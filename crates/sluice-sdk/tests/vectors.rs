@@ -140,11 +140,22 @@ async fn every_acceptor_answer_is_read_as_the_vectors_say() {
         };
         match (&case.expect, outcome) {
             (ReplyVerdict::Session { .. } | ReplyVerdict::Drained, Ok(())) => {}
-            (ReplyVerdict::Refused { status, retryable }, Err(e)) => {
+            (
+                ReplyVerdict::Refused {
+                    status,
+                    retryable,
+                    reason,
+                },
+                Err(e),
+            ) => {
                 assert!(
-                    matches!(e, Error::Refused { status: s } if s == *status),
+                    matches!(e, Error::Refused { status: s, .. } if s == *status),
                     "{name}: {e}"
                 );
+                // The acceptor's reason is shown, not just its status.
+                if let Some(reason) = reason {
+                    assert!(e.to_string().contains(reason.as_str()), "{name}: {e}");
+                }
                 assert_eq!(e.is_retryable(), *retryable, "{name}");
             }
             (ReplyVerdict::Error { retryable }, Err(e)) => {

@@ -186,6 +186,9 @@ pub enum ReplyVerdict {
         status: u16,
         /// Whether to re-dial.
         retryable: bool,
+        /// The acceptor's reason (its body), which the SDK's error must show.
+        #[serde(default)]
+        reason: Option<String>,
     },
     /// Not the protocol, or the connection ended early.
     Error {

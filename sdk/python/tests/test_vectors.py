@@ -100,6 +100,9 @@ def test_reply(vector: dict[str, Any]) -> None:
     assert err.value.retryable is expect["retryable"]
     if outcome == "refused":
         assert err.value.status == expect["status"]
+        # The acceptor's reason is shown, not just its status.
+        assert expect.get("reason", "") in str(err.value)
+        assert err.value.reason == expect.get("reason", "")
 
 
 @pytest.mark.parametrize("vector", section("options"))

@@ -16,6 +16,8 @@ SESSION_PATH = "/.sluice/v1/session"
 DRAIN_PATH = "/.sluice/v1/drain"
 UPGRADE_TOKEN = "sluice-session/1"
 MAX_REPLY_HEAD = 8192
+#: The longest reason read from a refusal's body.
+MAX_REASON = 512
 #: The request header with the client's address as the proxy saw it (its TCP peer).
 CLIENT_ADDR_HEADER = b"sluice-client-addr"
 
@@ -67,12 +69,15 @@ class Handshake:
         self.request = self._conn.send(_request(kind, identity, capacity))
         self.request += self._conn.send(h11.EndOfMessage())
         self._received = 0
+        self._raw = b""
 
     def feed(self, data: bytes) -> Reply | None:
         """Takes bytes read from the acceptor (``b""`` at EOF); returns the answer once its head
         is complete, ``None`` while more is needed."""
         self._conn.receive_data(data)
         self._received += len(data)
+        if len(self._raw) < MAX_REPLY_HEAD + MAX_REASON:
+            self._raw += data
         try:
             event = self._conn.next_event()
         except h11.RemoteProtocolError as e:
@@ -86,15 +91,28 @@ class Handshake:
             return self._informational(event)
         if isinstance(event, h11.Response):
             if event.status_code != 200:
-                raise Refused(event.status_code)
+                raise Refused(event.status_code, self.reason())
             if self.kind == "drain":
                 return Drained()
             raise ProtocolError("200 to a registration")
         raise ProtocolError("the acceptor closed the connection before answering")
 
+    def reason(self, more: bytes = b"") -> str:
+        """A refusal's reason: the first line of its body, read so far (plus ``more``), as
+        printable text; ``""`` while that line is not complete."""
+        self._raw += more
+        _, sep, body = self._raw.partition(b"\r\n\r\n")
+        if not sep:
+            _, _, body = self._raw.partition(b"\n\n")
+        line, newline, _ = body[:MAX_REASON].partition(b"\n")
+        if not newline and len(body) < MAX_REASON:
+            return ""
+        text = line.decode("utf-8", "replace").strip()
+        return "".join(c for c in text if c.isprintable())
+
     def _informational(self, event: h11.InformationalResponse) -> Reply:
         if event.status_code != 101:
-            raise Refused(event.status_code)
+            raise Refused(event.status_code, self.reason())
         upgrade = [v for k, v in event.headers if k == b"upgrade"]
         if self.kind != "register" or [v.lower() for v in upgrade] != [UPGRADE_TOKEN.encode()]:
             raise ProtocolError(f"101 without Upgrade: {UPGRADE_TOKEN}")
