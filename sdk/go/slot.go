@@ -65,6 +65,8 @@ func (l *Listener) serve(conn *sessionConn) (retired, served bool) {
 	}
 	l.live[conn] = struct{}{}
 	l.registered++
+	// A shrink while this session was registering: it retires at once, idle as it is.
+	l.retireIdleLocked()
 	l.notifyLocked()
 	l.mu.Unlock()
 	select {

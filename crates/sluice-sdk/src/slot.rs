@@ -130,7 +130,11 @@ impl<S: SessionService> Slot<S> {
             .with_upgrades();
         tokio::pin!(conn);
         let mut counts = self.shared.subscribe_counts();
-        let mut closing = false;
+        // A shrink while this session was registering: it retires at once, idle as it is.
+        let mut closing = self.retire_if_idle(flags);
+        if closing {
+            conn.as_mut().graceful_shutdown();
+        }
         loop {
             tokio::select! {
                 ended = conn.as_mut() => {

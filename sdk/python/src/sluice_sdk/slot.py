@@ -104,6 +104,12 @@ class Slot:
 
         with self.shared.session_registered(retire_if_idle):
             log.debug("slot %d: session registered", self.id)
+            if not rest and self.shared.claim_retirement():
+                # A shrink while this session was registering: it retires at once, unused.
+                log.debug("slot %d: retiring the new session: closing it", self.id)
+                hooks.retired = True
+                writer.close()
+                return hooks
             await conn.serve(rest)
         log.debug("slot %d: session ended", self.id)
         return hooks
