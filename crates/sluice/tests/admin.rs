@@ -30,7 +30,7 @@ async fn start() -> Running {
          [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
          [[route]]\nname = \"legacy\"\npath_prefix = \"/legacy\"\ncluster = \"legacy\"\n\
          [[route]]\nname = \"api\"\ncluster = \"api\"\n\
-         [cluster.api]\nkind = \"reverse\"\n\
+         [cluster.api]\nkind = \"reverse\"\nno_sessions_wait = \"1h\"\n\
          [cluster.legacy]\nkind = \"static\"\nendpoints = [\"127.0.0.1:9\"]\n"
     );
     let config = sluice::config::parse_str(&text, "admin.toml", Path::new(".")).unwrap();
@@ -391,7 +391,7 @@ async fn every_documented_operation_reaches_a_handler() {
 #[tokio::test]
 async fn status_shows_how_long_the_oldest_request_has_waited() {
     let p = start().await;
-    // No session: the request waits in the default slice's queue.
+    // No session yet, and `no_sessions_wait`: the request waits in the default slice's queue.
     let http = p.http;
     let waiting = tokio::spawn(async move { get(http, "/x").await });
     p.cluster.wait_until(|c| c.queued("default") == 1).await;

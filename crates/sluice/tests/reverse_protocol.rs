@@ -54,3 +54,43 @@ async fn every_request_carries_the_client_address_and_never_the_clients_own() {
     assert_eq!(body, format!("127.0.0.1:{}", me.port()));
     proxy.stop().await;
 }
+
+/// Turns a hang into a failure; no test asserts a duration.
+async fn within<T>(fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(5), fut)
+        .await
+        .expect("the request hung")
+}
+
+#[tokio::test]
+async fn a_slice_without_sessions_answers_503_at_once_not_after_the_queue_timeout() {
+    let proxy = start_proxy("queue_timeout = \"1h\"", DEFAULT_ROUTE).await;
+    let refused = within(get(proxy.http, "/")).await;
+    assert_eq!(refused.status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.text(), "no sessions registered for this service\n");
+    assert_eq!(refused.headers["retry-after"], "1");
+    assert_eq!(proxy.cluster.queued("default"), 0);
+
+    // Once a service registers, requests are served as usual.
+    let _svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
+    proxy.idle("default", 1).await;
+    assert_eq!(
+        within(get(proxy.http, "/")).await.status,
+        http::StatusCode::OK
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn no_sessions_wait_holds_requests_for_a_service_that_is_starting() {
+    let proxy = start_proxy(
+        "queue_timeout = \"1h\"\nno_sessions_wait = \"1h\"",
+        DEFAULT_ROUTE,
+    )
+    .await;
+    let waiting = tokio::spawn(get(proxy.http, "/"));
+    proxy.cluster.wait_until(|c| c.queued("default") == 1).await;
+    let _svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
+    assert_eq!(within(waiting).await.unwrap().status, http::StatusCode::OK);
+    proxy.stop().await;
+}

@@ -16,6 +16,7 @@ mod stream;
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use http::{Request, Response};
@@ -55,6 +56,10 @@ pub(crate) struct ClusterInner {
     handover: Arc<Handover>,
     drains: broadcast::Sender<String>,
     metrics: Arc<OnceLock<Arc<Metrics>>>,
+    /// Non-zero while sessions may arrive from elsewhere: a standalone acceptor lends them on
+    /// demand, or a predecessor hands them over. A slice with none here is then not a slice
+    /// without services.
+    arriving: Arc<AtomicUsize>,
 }
 
 /// A handle to one slice of a reverse cluster: what a route forwards to.
@@ -84,6 +89,7 @@ impl ReverseCluster {
             handover: Arc::default(),
             drains: broadcast::channel(64).0,
             metrics: Arc::default(),
+            arriving: Arc::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -92,7 +98,11 @@ impl ReverseCluster {
 
     /// Builds the cluster a validated config describes.
     pub fn from_config(name: &str, cfg: &sluice_config::ReverseCluster) -> Self {
-        Self::new(name, cfg.tokens.clone(), cfg.options.clone())
+        let cluster = Self::new(name, cfg.tokens.clone(), cfg.options.clone());
+        if matches!(cfg.source, sluice_config::SessionSource::Handoff { .. }) {
+            cluster.inner.arriving.fetch_add(1, Ordering::Relaxed);
+        }
+        cluster
     }
 
     /// The cluster's name.
@@ -117,6 +127,7 @@ impl ReverseCluster {
                 Arc::clone(&i.changed),
                 Arc::clone(&i.handover),
                 Arc::clone(&i.metrics),
+                Arc::clone(&i.arriving),
             ))
         });
         ReverseSlice {
@@ -321,6 +332,13 @@ impl ReverseCluster {
         session::attach(io, &pool, permit).await
     }
 
+    /// Keeps requests to slices without sessions waiting (as by `no_sessions_wait`) until the
+    /// guard drops: sessions are about to arrive (a hot restart's predecessor hands its over).
+    pub(crate) fn expect_sessions(&self) -> ExpectSessions {
+        self.inner.arriving.fetch_add(1, Ordering::Relaxed);
+        ExpectSessions(Arc::clone(&self.inner.arriving))
+    }
+
     /// Takes in a session that registered elsewhere and was handed to this process (a hot
     /// restart's predecessor, DESIGN.md §4): it counts against the same limits as one that
     /// registered here (`total` is the acceptor's), then joins `slice` as idle.
@@ -442,6 +460,16 @@ impl ReverseCluster {
         for pool in pools {
             pool.hand_over_idle();
         }
+    }
+}
+
+/// While it lives, sessions are expected to arrive; see [`ReverseCluster::expect_sessions`].
+#[derive(Debug)]
+pub(crate) struct ExpectSessions(Arc<AtomicUsize>);
+
+impl Drop for ExpectSessions {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
