@@ -34,7 +34,7 @@ fn status_json() -> Value {
             {"name": "api", "kind": "reverse", "sessions": 12,
              "slices": [{"name": "default", "idle": 3, "queued": 0},
                         {"name": "batch", "idle": 0, "queued": 17}],
-             "instances": [{"id": "a", "sessions": 8, "draining": false},
+             "instances": [{"id": "a", "sessions": 8, "upgraded": 2, "draining": false},
                            {"id": "b", "sessions": 4, "draining": true}]},
             {"name": "legacy", "kind": "static",
              "endpoints": [{"addr": "127.0.0.1:9001"}]}
@@ -205,9 +205,9 @@ fn status_shows_listeners_clusters_slices_instances_and_endpoints() {
         vec!["SLICE", "IDLE", "QUEUED"],
         vec!["default", "3", "0"],
         vec!["batch", "0", "17"],
-        vec!["INSTANCE", "SESSIONS", "DRAINING"],
-        vec!["a", "8", "no"],
-        vec!["b", "4", "yes"],
+        vec!["INSTANCE", "SESSIONS", "UPGRADED", "DRAINING"],
+        vec!["a", "8", "2", "no"],
+        vec!["b", "4", "0", "yes"],
         vec!["ENDPOINT"],
         vec!["127.0.0.1:9001"],
     ] {

@@ -261,14 +261,20 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> serde_json::Value {
     let registered = c.instances();
     let mut instances: Vec<_> = registered
         .iter()
-        .map(|i| json!({ "id": i.id(), "sessions": i.sessions(), "draining": i.is_draining() }))
+        .map(|i| {
+            json!({
+                "id": i.id(), "sessions": i.sessions(), "upgraded": i.upgraded(),
+                "draining": i.is_draining(),
+            })
+        })
         .collect();
     // A drained instance whose sessions have all closed stays listed until it is resumed.
     let gone = c
         .held()
         .into_iter()
         .filter(|h| !registered.iter().any(|i| i.id() == h));
-    instances.extend(gone.map(|id| json!({ "id": id, "sessions": 0, "draining": true })));
+    instances
+        .extend(gone.map(|id| json!({ "id": id, "sessions": 0, "upgraded": 0, "draining": true })));
     json!({
         "name": name, "kind": "reverse", "sessions": c.sessions(),
         "slices": slices, "instances": instances,

@@ -295,9 +295,10 @@ impl ReverseCluster {
         }
         let mut instances = locked(&self.inner.instances);
         let max = self.inner.opts.max_sessions_per_instance;
-        let inst = instances
-            .entry(instance.to_owned())
-            .or_insert_with(|| Arc::new(Instance::new(instance.to_owned(), max)));
+        let inst = instances.entry(instance.to_owned()).or_insert_with(|| {
+            let cluster = Arc::downgrade(&self.inner);
+            Arc::new(Instance::new(instance.to_owned(), max, cluster))
+        });
         if inst.is_draining() {
             return Err(Rejection::unavailable("instance is draining"));
         }
@@ -491,12 +492,17 @@ impl ClusterInner {
     /// A session of `instance` has closed; an instance without sessions is forgotten, so its
     /// id may register afresh (after a drain, say).
     fn release(&self, instance: &Arc<Instance>) {
+        instance.sessions.give();
+        self.sessions.give();
+        self.forget_if_gone(instance);
+    }
+
+    /// Forgets `instance` once it has neither sessions nor upgraded ones open.
+    fn forget_if_gone(&self, instance: &Arc<Instance>) {
         {
             let mut instances = locked(&self.instances);
-            instance.sessions.give();
-            self.sessions.give();
-            let last = instance.sessions() == 0;
-            if last
+            let gone = instance.sessions() == 0 && instance.upgraded() == 0;
+            if gone
                 && instances
                     .get(instance.id())
                     .is_some_and(|i| Arc::ptr_eq(i, instance))
@@ -505,6 +511,52 @@ impl ClusterInner {
             }
         }
         self.changed.notify_waiters();
+    }
+}
+
+/// Keeps a session an upgrade (WebSocket) took over listed as `upgraded` under its instance
+/// until the last clone drops: the proxy's bridge holds it while the upgraded connection is
+/// open.
+#[derive(Debug, Clone)]
+pub struct UpgradedSession {
+    _held: Arc<Upgraded>,
+}
+
+#[derive(Debug)]
+struct Upgraded(Arc<Instance>);
+
+impl UpgradedSession {
+    /// Counts an upgraded session of `instance`. Its session may already have been released
+    /// (hyper lets the connection go at the 101), and the instance forgotten with it: the
+    /// instance listed under that id now counts it, re-listed if need be.
+    pub(crate) fn new(instance: &Arc<Instance>) -> Self {
+        let listed = match instance.cluster.upgrade() {
+            Some(cluster) => {
+                let mut instances = locked(&cluster.instances);
+                let listed = instances
+                    .entry(instance.id().to_owned())
+                    .or_insert_with(|| Arc::clone(instance));
+                listed.upgraded.fetch_add(1, Ordering::AcqRel);
+                Arc::clone(listed)
+            }
+            None => {
+                instance.upgraded.fetch_add(1, Ordering::AcqRel);
+                Arc::clone(instance)
+            }
+        };
+        Self {
+            _held: Arc::new(Upgraded(listed)),
+        }
+    }
+}
+
+impl Drop for Upgraded {
+    fn drop(&mut self) {
+        let instance = &self.0;
+        instance.upgraded.fetch_sub(1, Ordering::AcqRel);
+        if let Some(cluster) = instance.cluster.upgrade() {
+            cluster.forget_if_gone(instance);
+        }
     }
 }
 

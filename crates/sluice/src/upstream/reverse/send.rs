@@ -172,7 +172,12 @@ async fn finish(
     res: Response<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let reusable = exchange::keeps_connection(&res);
-    if !reusable {
+    let mut res = res;
+    if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        // Listed as upgraded while the proxy's bridge holds this.
+        let upgraded = super::UpgradedSession::new(&session.instance);
+        res.extensions_mut().insert(upgraded);
+    } else if !reusable {
         debug!(instance = %session.instance.id(), status = res.status().as_u16(), "session retired by its response");
     }
     let lease = Lease::new(reusable.then_some(session), Arc::clone(pool));
