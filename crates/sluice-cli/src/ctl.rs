@@ -26,16 +26,20 @@ use table::printable;
     after_help = "When the admin API has a token ([admin] token), set SLUICE_ADMIN_TOKEN to it."
 )]
 pub(crate) struct CtlArgs {
-    /// Base URL of the admin API ([admin] listen), plain http only.
+    /// Base URL of the admin API ([admin] listen), plain http only. Default: the [admin] of
+    /// --config, else http://127.0.0.1:9901.
     #[arg(
         long,
         global = true,
         value_name = "URL",
         env = "SLUICE_ADMIN",
-        default_value = "http://127.0.0.1:9901",
         value_parser = AdminUrl::parse
     )]
-    admin: AdminUrl,
+    admin: Option<AdminUrl>,
+    /// The running proxy's configuration file: its [admin] listen (and token, when
+    /// SLUICE_ADMIN_TOKEN is unset) say where the admin API is.
+    #[arg(short = 'c', long = "config", global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     /// Print the server's JSON reply (pretty) instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -71,9 +75,12 @@ enum CtlCommand {
     /// Re-read the configuration file and apply it without failing a request (a hot restart
     /// of the same binary); a file that does not load changes nothing and says why.
     Reload,
-    /// List, add or remove routes while the proxy runs (e.g. a client-CIDR slicing rule).
-    #[command(subcommand)]
-    Routes(RoutesCommand),
+    /// List (the default), add or remove routes while the proxy runs (e.g. a client-CIDR
+    /// slicing rule).
+    Routes {
+        #[command(subcommand)]
+        command: Option<RoutesCommand>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -148,9 +155,18 @@ pub(crate) fn run(args: CtlArgs) -> ExitCode {
     }
 }
 
-fn execute(args: CtlArgs) -> anyhow::Result<()> {
-    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
-    let client = Client::new(args.admin, token);
+fn execute(mut args: CtlArgs) -> anyhow::Result<()> {
+    if let CtlCommand::Routes { command: None } = args.command {
+        args.command = CtlCommand::Routes {
+            command: Some(RoutesCommand::List),
+        };
+    }
+    let (admin, config_token) = admin_of(&args)?;
+    let token = std::env::var(TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or(config_token);
+    let client = Client::new(admin, token);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -168,16 +184,46 @@ fn execute(args: CtlArgs) -> anyhow::Result<()> {
             "reloaded: {}\n",
             printable(reply["message"].as_str().unwrap_or("done"))
         ),
-        CtlCommand::Routes(RoutesCommand::List) => routes_table(&reply),
-        CtlCommand::Routes(RoutesCommand::Add(r)) => {
-            format!("added route {}\n", printable(&r.name))
-        }
-        CtlCommand::Routes(RoutesCommand::Del { name }) => {
-            format!("removed route {}\n", printable(&name))
-        }
+        CtlCommand::Routes { command } => match command {
+            None | Some(RoutesCommand::List) => routes_table(&reply),
+            Some(RoutesCommand::Add(r)) => format!("added route {}\n", printable(&r.name)),
+            Some(RoutesCommand::Del { name }) => format!("removed route {}\n", printable(&name)),
+        },
     };
     print!("{text}");
     Ok(())
+}
+
+/// Where the admin API is: --admin (or SLUICE_ADMIN), else the [admin] of --config, else the
+/// default; and the token --config names, if any.
+fn admin_of(args: &CtlArgs) -> anyhow::Result<(AdminUrl, Option<String>)> {
+    if let Some(url) = &args.admin {
+        return Ok((url.clone(), None));
+    }
+    let Some(path) = &args.config else {
+        let default = AdminUrl::parse("http://127.0.0.1:9901").map_err(anyhow::Error::msg)?;
+        return Ok((default, None));
+    };
+    let config = sluice_config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let Some(admin) = config.admin else {
+        anyhow::bail!(
+            "{} has no [admin] section: the proxy serves no admin API",
+            path.display()
+        );
+    };
+    let mut addr = admin.addr;
+    if addr.ip().is_unspecified() {
+        // Listening on every address: loopback reaches it.
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let url = AdminUrl::parse(&format!("http://{addr}")).map_err(anyhow::Error::msg)?;
+    let token = admin
+        .token
+        .map(|t| String::from_utf8_lossy(&t.0).into_owned());
+    Ok((url, token))
 }
 
 /// The one request a command makes.
@@ -207,8 +253,12 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             client.call(Method::DELETE, &path, None).await
         }
         CtlCommand::Reload => client.call(Method::POST, "/reload", None).await,
-        CtlCommand::Routes(RoutesCommand::List) => client.call(Method::GET, "/routes", None).await,
-        CtlCommand::Routes(RoutesCommand::Add(r)) => {
+        CtlCommand::Routes {
+            command: None | Some(RoutesCommand::List),
+        } => client.call(Method::GET, "/routes", None).await,
+        CtlCommand::Routes {
+            command: Some(RoutesCommand::Add(r)),
+        } => {
             let mut body = json!({
                 "name": r.name, "cluster": r.cluster, "client_cidr": r.client_cidr,
                 "hosts": r.hosts, "methods": r.methods, "position": r.position,
@@ -221,7 +271,9 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             }
             client.call(Method::POST, "/routes", Some(body)).await
         }
-        CtlCommand::Routes(RoutesCommand::Del { name }) => {
+        CtlCommand::Routes {
+            command: Some(RoutesCommand::Del { name }),
+        } => {
             let path = format!("/routes/{}", segment(name));
             client.call(Method::DELETE, &path, None).await
         }

@@ -127,6 +127,10 @@ fn route(req: &Seen) -> Response<Full<Bytes>> {
     let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
     match (req.method.as_str(), segments.as_slice()) {
         ("GET", ["status"]) => reply(200, status_json()),
+        ("GET", ["routes"]) => reply(
+            200,
+            json!({"routes": [{"name": "api", "cluster": "api", "hosts": ["api.example"]}]}),
+        ),
         ("POST", ["clusters", "api", "instances", "a", "drain"]) => reply(
             200,
             json!({"cluster": "api", "instance": "a", "draining": true}),
@@ -392,4 +396,48 @@ fn https_is_a_usage_error() {
     let (code, _, stderr) = run(ctl().args(["--admin", "https://127.0.0.1:9901", "status"]));
     assert_eq!(code, Some(2));
     assert!(stderr.contains("use http://"), "{stderr}");
+}
+
+#[test]
+fn routes_without_a_subcommand_lists_them() {
+    let admin = FakeAdmin::start(None);
+    let (code, stdout, stderr) = run(ctl().args(["--admin", &admin.url(), "routes"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    let rows = rows(&stdout);
+    assert!(rows.contains(&vec!["ROUTE", "MATCH", "TARGET"]), "{stdout}");
+    assert!(
+        rows.contains(&vec!["api", "host=api.example", "api"]),
+        "{stdout}"
+    );
+    assert_eq!(admin.seen()[0].path, "/routes");
+}
+
+#[test]
+fn the_config_file_says_where_the_admin_api_is() {
+    let admin = FakeAdmin::start(Some("from-the-file"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let addr = admin.url().trim_start_matches("http://").to_owned();
+    std::fs::write(
+        &config,
+        format!(
+            "[admin]\nlisten = \"{addr}\"\ntoken = \"from-the-file\"\n\
+             [[listener]]\nname = \"p\"\nlisten = \"127.0.0.1:0\"\n\
+             [[route]]\ndirect_response = {{ status = 200 }}\n"
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = run(ctl()
+        .env_remove("SLUICE_ADMIN")
+        .env_remove("SLUICE_ADMIN_TOKEN")
+        .arg("-c")
+        .arg(&config)
+        .arg("status"));
+    assert_eq!(code, Some(0), "{stderr}");
+    let seen = admin.seen();
+    assert_eq!(seen[0].path, "/status");
+    assert_eq!(
+        seen[0].authorization.as_deref(),
+        Some("Bearer from-the-file")
+    );
 }
