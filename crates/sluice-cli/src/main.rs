@@ -185,6 +185,12 @@ fn run(
             let hook = successor.hook(proxy.upgraded());
             proxy = proxy.with_reload(hook.clone());
             tokio::spawn(reload::on_sighup(hook));
+        } else {
+            let why = match path {
+                None => "sluice runs its embedded configuration; start it with -c FILE and [runtime] upgrade_socket",
+                Some(_) => "reloading needs [runtime] upgrade_socket in the configuration (a reload is a hot restart: the successor is a child of this process)",
+            };
+            tokio::spawn(reload::explain_sighup(why));
         }
         for (name, addr) in proxy.local_addrs() {
             info!(listener = %name, %addr, "serving");

@@ -160,6 +160,30 @@ direct_response = { status = 200, body = "ok\n" }
         }
     }
 
+    /// Sends `signal` (a `kill` name such as `HUP`).
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    /// Waits for a log line containing `text`; `None` if the process exits first.
+    fn wait_log(&self, text: &str) -> Option<String> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return Some(line),
+                Ok(_) => {}
+                Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) => panic!("no log line with {text:?}"),
+            }
+        }
+    }
+
     /// Sends SIGTERM and waits for the exit, returning the log lines written meanwhile.
     fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
         let pid = self.child.id().to_string();
@@ -227,4 +251,16 @@ fn run_serves_until_sigterm_and_exits_0() {
 #[test]
 fn run_with_one_worker_serves_until_sigterm_and_exits_0() {
     serves_then_exits_0_on_sigterm(&["--workers", "1"]);
+}
+
+#[test]
+fn sighup_without_upgrade_socket_says_why_it_does_not_reload() {
+    let running = Running::start(&[]);
+    running.serving_addr();
+    running.signal("HUP");
+    let line = running.wait_log("SIGHUP").expect("sluice exited on SIGHUP");
+    assert!(line.contains("upgrade_socket"), "{line}");
+    // It goes on serving, and still stops cleanly.
+    let (status, log) = running.terminate();
+    assert_eq!(status.code(), Some(0), "{log:#?}");
 }
