@@ -264,3 +264,15 @@ fn sighup_without_upgrade_socket_says_why_it_does_not_reload() {
     let (status, log) = running.terminate();
     assert_eq!(status.code(), Some(0), "{log:#?}");
 }
+
+#[test]
+fn help_names_every_command() {
+    let out = sluice().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    let about = help.lines().next().unwrap_or("");
+    for command in ["run", "acceptor", "check", "ctl", "demo"] {
+        assert!(about.contains(command), "{about:?} does not name {command}");
+        assert!(help.contains(&format!("\n  {command} ")), "{help}");
+    }
+}

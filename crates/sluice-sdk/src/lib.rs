@@ -16,7 +16,7 @@
 //! # async fn run() -> Result<(), sluice_sdk::Error> {
 //! let mut identity = Identity::new("hello");
 //! identity.token = Some("s3cret".into());
-//! let mut options = Options::new(Acceptor::Tcp("127.0.0.1:7000".into()), identity);
+//! let mut options = Options::new(Acceptor::Tcp("127.0.0.1:7070".into()), identity);
 //! options.capacity = 8;
 //! let service = tower::service_fn(|_req: http::Request<hyper::body::Incoming>| async {
 //!     Ok::<_, Infallible>(http::Response::new(String::from("hello\n")))
