@@ -106,6 +106,11 @@ impl Running {
     /// Starts `sluice run -c <config> <extra>` on a port-0 listener with a direct-response
     /// route, logging JSON so that the bound address can be read from the log.
     fn start(extra: &[&str]) -> Self {
+        Self::start_logging("json", extra)
+    }
+
+    /// [`start`](Self::start) with `--log-format format`.
+    fn start_logging(format: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config: PathBuf = dir.path().join("sluice.toml");
         std::fs::write(
@@ -122,7 +127,7 @@ direct_response = { status = 200, body = "ok\n" }
         )
         .unwrap();
         let mut child = sluice()
-            .args(["--log-format", "json", "run", "-c"])
+            .args(["--log-format", format, "run", "-c"])
             .arg(&config)
             .args(extra)
             .stdout(Stdio::null())
@@ -275,4 +280,14 @@ fn help_names_every_command() {
         assert!(about.contains(command), "{about:?} does not name {command}");
         assert!(help.contains(&format!("\n  {command} ")), "{help}");
     }
+}
+
+#[test]
+fn text_logs_to_a_pipe_carry_no_colour_codes() {
+    let running = Running::start_logging("text", &[]);
+    let line = running.wait_log("serving").expect("sluice exited");
+    assert!(!line.contains('\x1b'), "{line:?}");
+    let (status, log) = running.terminate();
+    assert_eq!(status.code(), Some(0), "{log:#?}");
+    assert!(log.iter().all(|l| !l.contains('\x1b')), "{log:#?}");
 }

@@ -167,8 +167,9 @@ pub fn router(state: Arc<AdminState>) -> Router {
 
 /// Serves the admin API on `listener` until `signal` fires.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>, signal: ShutdownSignal) {
-    let addr = listener.local_addr().ok();
-    info!(admin.addr = ?addr, auth = state.token.is_some(), "admin API listening");
+    if let Ok(addr) = listener.local_addr() {
+        info!(admin.addr = %addr, auth = state.token.is_some(), "admin API listening");
+    }
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(signal.wait())
         .await;
