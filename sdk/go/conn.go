@@ -1,9 +1,13 @@
 package sluice
 
 import (
+	"errors"
+	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // sessionConn is a registered session as Accept returns it: the connection to the acceptor,
@@ -18,8 +22,17 @@ type sessionConn struct {
 
 	// served: the proxy sent at least one byte (a request) on this session.
 	served atomic.Bool
-	// retired: the session answered a retirement with Connection: close; do not re-dial.
+	// retired: the session answered a retirement with Connection: close, or was closed
+	// idle for one; do not re-dial.
 	retired atomic.Bool
+	// handlers counts requests of this session inside ln.Handler right now.
+	handlers atomic.Int32
+	// upgrading: a request asked for an upgrade, so the handler may have hijacked the
+	// connection; it is never closed as idle.
+	upgrading atomic.Bool
+	// closingIdle: retired while idle; net/http's next read for a request meets EOF, so the
+	// server closes the session without a response in flight.
+	closingIdle atomic.Bool
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close
@@ -31,8 +44,12 @@ func newSessionConn(l *Listener, conn net.Conn, rest []byte) *sessionConn {
 	return c
 }
 
-// Read serves the replayed bytes first, then the connection's.
+// Read serves the replayed bytes first, then the connection's. A session closed idle reads
+// EOF where net/http waits for the next request.
 func (c *sessionConn) Read(p []byte) (int, error) {
+	if c.idleClosed() {
+		return 0, io.EOF
+	}
 	c.mu.Lock()
 	if len(c.rest) > 0 {
 		n := copy(p, c.rest)
@@ -46,7 +63,35 @@ func (c *sessionConn) Read(p []byte) (int, error) {
 	if n > 0 {
 		c.served.Store(true)
 	}
+	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.idleClosed() {
+		return 0, io.EOF // the read closeIdle unblocked
+	}
 	return n, err
+}
+
+// idleClosed: retired while idle and no handler is running on it.
+func (c *sessionConn) idleClosed() bool {
+	return c.closingIdle.Load() && c.handlers.Load() == 0
+}
+
+// closableIdle: no handler runs on it and no handler may have taken it over.
+func (c *sessionConn) closableIdle() bool {
+	return c.handlers.Load() == 0 && !c.upgrading.Load() && !c.retired.Load()
+}
+
+// closeIdle retires an idle session: a read net/http is blocked in returns at once (and EOF).
+func (c *sessionConn) closeIdle() {
+	c.closingIdle.Store(true)
+	c.Conn.SetReadDeadline(time.Unix(1, 0))
+}
+
+// SetReadDeadline keeps the past deadline of a session closed idle, which net/http would
+// otherwise clear before reading the next request.
+func (c *sessionConn) SetReadDeadline(t time.Time) error {
+	if c.closingIdle.Load() {
+		return nil
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 // Close closes the session; its slot then re-dials a replacement unless stopping or retired.

@@ -1,13 +1,16 @@
 package sluice
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
+	"unicode"
 )
 
 // errClosedEarly: the acceptor hung up before its answer's head was complete.
@@ -48,8 +51,8 @@ func (d *dialer) register(ctx context.Context, capacity int) (net.Conn, []byte, 
 	case replySwitched:
 		return conn, rest, nil
 	case replyRefused:
-		conn.Close()
-		return nil, nil, &Error{Op: "register", Kind: KindRefused, Status: rep.status}
+		defer conn.Close()
+		return nil, nil, &Error{Op: "register", Kind: KindRefused, Status: rep.status, Reason: readReason(conn, rest)}
 	}
 	conn.Close()
 	return nil, nil, &Error{Op: "register", Kind: KindProtocol, Err: errors.New("200 to a registration")}
@@ -57,16 +60,16 @@ func (d *dialer) register(ctx context.Context, capacity int) (net.Conn, []byte, 
 
 // drain sends `POST /.sluice/v1/drain` for the instance on a new connection and expects 200.
 func (d *dialer) drain(ctx context.Context) error {
-	conn, rep, _, err := d.exchange(ctx, "drain", encodeDrain(d.id))
+	conn, rep, rest, err := d.exchange(ctx, "drain", encodeDrain(d.id))
 	if err != nil {
 		return err
 	}
-	conn.Close()
+	defer conn.Close()
 	switch rep.kind {
 	case replyDrained:
 		return nil
 	case replyRefused:
-		return &Error{Op: "drain", Kind: KindRefused, Status: rep.status}
+		return &Error{Op: "drain", Kind: KindRefused, Status: rep.status, Reason: readReason(conn, rest)}
 	}
 	return &Error{Op: "drain", Kind: KindProtocol, Err: errors.New("101 to a drain request")}
 }
@@ -154,4 +157,33 @@ func readReply(conn net.Conn, op string) (reply, []byte, error) {
 			return reply{}, nil, &Error{Op: op, Kind: KindIO, Err: readErr}
 		}
 	}
+}
+
+// maxReason bounds the reason read from a refusal's body.
+const maxReason = 512
+
+// reasonWait bounds the wait for a refusal's body after its head: the acceptor sends both at
+// once and closes, and anything else may never end its body.
+const reasonWait = 250 * time.Millisecond
+
+// readReason is the first line of a refusal's body (rest, then what follows on conn), as
+// printable text.
+func readReason(conn net.Conn, rest []byte) string {
+	body := append([]byte(nil), rest...)
+	conn.SetReadDeadline(time.Now().Add(reasonWait))
+	buf := make([]byte, maxReason)
+	for len(body) < maxReason && !bytes.Contains(body, []byte("\n")) {
+		n, err := conn.Read(buf)
+		body = append(body, buf[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	line, _, _ := strings.Cut(string(body[:min(len(body), maxReason)]), "\n")
+	return strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return -1
+	}, strings.TrimSpace(line))
 }

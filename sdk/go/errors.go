@@ -51,6 +51,9 @@ type Error struct {
 	Kind Kind
 	// Status is the acceptor's HTTP status for KindRefused, else 0.
 	Status int
+	// Reason is the acceptor's reason for KindRefused (the first line of its answer's body,
+	// printable text only), such as `unknown service "nosuch"`; "" when it gave none.
+	Reason string
 	// Err is the underlying cause, when there is one.
 	Err error
 }
@@ -59,8 +62,10 @@ type Error struct {
 func (e *Error) Error() string {
 	msg := "sluice: " + e.Op + ": "
 	switch {
+	case e.Kind == KindRefused && e.Reason != "":
+		msg += fmt.Sprintf("the acceptor refused with status %d: %s", e.Status, e.Reason)
 	case e.Kind == KindRefused:
-		msg += fmt.Sprintf("the acceptor refused with status %d", e.Status)
+		msg += fmt.Sprintf("the acceptor refused with status %d (no reason given)", e.Status)
 	case e.Err != nil:
 		msg += e.Kind.String() + ": " + e.Err.Error()
 	default:
@@ -76,7 +81,8 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // Retryable reports whether dialing again may succeed: false for refusals with 400, 401 and
-// 404 (the configuration is wrong), true for everything else.
+// 404 (the configuration is wrong) and 410 (an operator drained the instance until
+// `sluice ctl resume`), true for everything else.
 func (e *Error) Retryable() bool {
 	return e.Kind != KindRefused || !permanent(e.Status)
 }
@@ -88,16 +94,29 @@ func hint(status int) string {
 		return "check Options.Token"
 	case 404:
 		return "check Options.Service against the proxy's reverse clusters"
+	case 410:
+		return "the instance is drained; resume it with sluice ctl resume, then call SetCapacity"
 	}
 	return "check the identity in Options"
 }
 
 func permanent(status int) bool {
-	return status == 400 || status == 401 || status == 404
+	return status == 400 || status == 401 || status == 404 || status == 410
+}
+
+// Drained reports whether the acceptor refused because an operator drained this instance
+// (410 Gone): its slots stop until it is resumed and SetCapacity restarts them.
+func (e *Error) Drained() bool {
+	return e.Kind == KindRefused && e.Status == 410
 }
 
 // IsRetryable reports whether err is an [*Error] that may succeed when tried again.
 func IsRetryable(err error) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Retryable()
+}
+
+func isDrained(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Drained()
 }

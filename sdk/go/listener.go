@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // Listener keeps sessions registered with the acceptor and yields each as a connection from
@@ -23,6 +24,9 @@ type Listener struct {
 
 	accept chan *sessionConn
 	closed chan struct{} // Accept fails from here on; closed by closeAccept
+
+	// wrapped: Handler was called, so sessions report when a request is in a handler.
+	wrapped atomic.Bool
 
 	// drainMu serializes drain requests; drained: the proxy answered one with 200.
 	drainMu sync.Mutex
@@ -115,8 +119,11 @@ func (a acceptorAddr) String() string  { return string(a) }
 
 // SetCapacity changes how many sessions to keep registered. Growing dials new sessions at
 // once. Shrinking owes retirements: a slot that is not registered at the moment (dialing or
-// backing off) ends; a registered session ends after its next response if the handler is
-// wrapped with [Listener.Handler], and otherwise only when the proxy closes it. Setting the
+// backing off) ends; with the handler wrapped by [Listener.Handler], idle sessions close at
+// once (the proxy drops a session it sees closed while idle) and busy ones end after their
+// response, so once SetCapacity returns no more than n requests reach the handler beyond
+// those already running. Without the wrapper a registered session ends only when the proxy
+// closes it. Setting the
 // current capacity again restarts slots refused for good. Ignored after Close or Shutdown;
 // a negative n counts as 0.
 func (l *Listener) SetCapacity(n int) {
@@ -127,6 +134,7 @@ func (l *Listener) SetCapacity(n int) {
 		return
 	}
 	spawn := l.counts.resize(n)
+	l.retireIdleLocked()
 	first := l.nextSlot
 	l.nextSlot += spawn
 	l.running += spawn

@@ -1,15 +1,20 @@
 package sluice
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func listen(t *testing.T, f *fakeAcceptor, o Options) *Listener {
@@ -85,7 +90,50 @@ func TestProxyClosingASessionDialsAReplacement(t *testing.T) {
 	}
 }
 
-func TestSetCapacityGrowsAndRetiresWithConnectionClose(t *testing.T) {
+// closedByTheService waits until the service has closed n of sessions (the fake proxy reads
+// EOF) and returns those and the rest. Nothing is sent on them meanwhile; the reads left
+// waiting on the rest are ended before it returns, so those sessions can be used again.
+func closedByTheService(t *testing.T, sessions []*fakeSession, n int) (closed, open []*fakeSession) {
+	t.Helper()
+	type peeked struct {
+		s   *fakeSession
+		err error
+	}
+	results := make(chan peeked, len(sessions))
+	for _, s := range sessions {
+		go func() {
+			_, err := s.br.Peek(1)
+			results <- peeked{s, err}
+		}()
+	}
+	deadline := time.After(testDeadline)
+	for len(closed) < n {
+		select {
+		case r := <-results:
+			if r.err != io.EOF {
+				t.Fatalf("a session carried %v before any request", r.err)
+			}
+			closed = append(closed, r.s)
+		case <-deadline:
+			t.Fatalf("only %d of %d sessions were closed", len(closed), n)
+		}
+	}
+	for _, s := range sessions {
+		if !slices.Contains(closed, s) {
+			open = append(open, s)
+			s.conn.SetReadDeadline(time.Unix(1, 0)) // ends its Peek
+		}
+	}
+	for range open {
+		<-results
+	}
+	for _, s := range open {
+		s.conn.SetReadDeadline(time.Time{})
+	}
+	return closed, open
+}
+
+func TestSetCapacityGrowsAndClosesIdleSurplusSessionsAtOnce(t *testing.T) {
 	t.Parallel()
 	f := tcpAcceptor(t)
 	ln := listen(t, f, Options{Capacity: 1})
@@ -100,16 +148,12 @@ func TestSetCapacityGrowsAndRetiresWithConnectionClose(t *testing.T) {
 		}
 		sessions = append(sessions, s)
 	}
+	waitUntil(t, ln, "3 registered", func(l *Listener) bool { return l.registered == 3 })
 
-	ln.SetCapacity(1)
-	for i, s := range sessions {
-		resp, body := s.get(t, "/")
-		if body != "hello\n" || resp.Close != (i < 2) {
-			t.Fatalf("session %d: body %q, Connection: close = %v", i, body, resp.Close)
-		}
-		if resp.Close {
-			s.conn.Close() // the proxy closes a session after Connection: close
-		}
+	ln.SetCapacity(1) // all three idle: two close at once, no request needed
+	closed, open := closedByTheService(t, sessions, 2)
+	for _, s := range closed {
+		s.conn.Close()
 	}
 	waitUntil(t, ln, "the retired slots ended", func(l *Listener) bool {
 		return l.running == 1 && l.registered == 1
@@ -118,9 +162,52 @@ func TestSetCapacityGrowsAndRetiresWithConnectionClose(t *testing.T) {
 	if n := f.registrations(); n != 3 {
 		t.Errorf("%d registrations, want 3 (retired sessions must not be re-dialed)", n)
 	}
-	if resp, _ := sessions[2].get(t, "/"); resp.Close {
-		t.Error("the remaining session was retired too")
+	if resp, body := open[0].get(t, "/"); resp.Close || body != "hello\n" {
+		t.Errorf("the remaining session: %q, Connection: close = %v", body, resp.Close)
 	}
+}
+
+// A session busy when the capacity shrinks closes right after its response: the handler had
+// started before the shrink, so its response could not carry Connection: close.
+func TestShrinkingClosesBusySurplusSessionsAfterTheirResponse(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Capacity: 3})
+	started, release := make(chan struct{}, 2), make(chan struct{})
+	serve(t, ln, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			started <- struct{}{}
+			<-release
+		}
+		hello(w, r)
+	})
+	busy, idle := []*fakeSession{f.session(), f.session()}, f.session()
+	errs := make(chan error, 2)
+	for _, s := range busy {
+		go func() {
+			resp, body, err := s.roundTrip("/slow")
+			if err == nil && (resp.StatusCode != 200 || body != "hello\n") {
+				err = fmt.Errorf("got %d %q", resp.StatusCode, body)
+			}
+			errs <- err
+		}()
+		<-started
+	}
+
+	ln.SetCapacity(1)
+	closedByTheService(t, []*fakeSession{idle}, 1) // the idle one closes at once
+	close(release)
+	for range busy {
+		if err := <-errs; err != nil {
+			t.Fatal(err) // no request is lost to the shrink
+		}
+	}
+	closed, _ := closedByTheService(t, busy, 1) // one busy session, after its response
+	closed[0].conn.Close()
+	idle.conn.Close()
+	waitUntil(t, ln, "one session left", func(l *Listener) bool {
+		return l.running == 1 && l.registered == 1
+	})
 }
 
 func TestShrinkingWhileBackingOffEndsTheSlot(t *testing.T) {
@@ -417,4 +504,107 @@ func TestInvalidOptionsAreRejectedBeforeAnyDial(t *testing.T) {
 			t.Errorf("%+v: got %v, want ErrInvalidOptions", o, err)
 		}
 	}
+}
+
+func TestHandlerReportsTheClientAddressTheProxySaw(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Instance: "api-1"})
+	serve(t, ln, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.RemoteAddr) })
+	s := f.session()
+
+	ask := func(header string) string {
+		req, _ := http.NewRequest("GET", "http://svc/", nil)
+		if header != "" {
+			req.Header.Set("Sluice-Client-Addr", header)
+		}
+		req.Header.Set("X-Forwarded-For", "6.6.6.6")
+		if err := req.Write(s.conn); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(s.br, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	if got := ask("[2001:db8::7]:4711"); got != "[2001:db8::7]:4711" {
+		t.Errorf("RemoteAddr %q, want the proxy's Sluice-Client-Addr", got)
+	}
+	// Without a trusted value, the session's peer (the proxy), never a client's guess.
+	proxy := s.conn.LocalAddr().String()
+	for _, header := range []string{"", "6.6.6.6"} {
+		if got := ask(header); got != proxy {
+			t.Errorf("with %q: RemoteAddr %q, want the session's peer %q", header, got, proxy)
+		}
+	}
+}
+
+// An operator's drain: the proxy closes the sessions and refuses re-dials with 410. The slots
+// stop (no retry loop), the error says so, and Shutdown still drains and returns.
+func TestADrainedInstanceStopsDialingAndShutdownStillWorks(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	ln := listen(t, f, Options{Capacity: 2, Instance: "api-1"})
+	serve(t, ln, hello)
+	a, b := f.session(), f.session()
+	f.setAnswer(func(int) string { return refusal(410) })
+	a.conn.Close()
+	b.conn.Close()
+	waitUntil(t, ln, "both slots stopped", func(l *Listener) bool { return l.running == 0 })
+
+	var e *Error
+	if err := ln.Status().LastError; !errors.As(err, &e) || !e.Drained() || e.Retryable() {
+		t.Fatalf("last error %v, want a permanent 410", err)
+	}
+	if n := f.registrations(); n != 4 {
+		t.Errorf("%d registrations, want 4: a 410 is not retried", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	defer cancel()
+	if err := ln.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown of a drained instance: %v", err)
+	}
+}
+
+// Without Options.Logger, a refusal still reaches the application's log (slog.Default) with
+// the acceptor's reason: a wrong token is never silent. Not parallel: it swaps slog.Default.
+func TestRefusalsAreLoggedWithTheAcceptorsReasonByDefault(t *testing.T) {
+	var logged bytes.Buffer
+	var mu sync.Mutex
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logged}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+
+	f := tcpAcceptor(t)
+	body := "missing or invalid bearer token\n"
+	f.setAnswer(func(int) string {
+		return fmt.Sprintf("HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	})
+	ln := listen(t, f, Options{})
+	waitUntil(t, ln, "the slot gave up", func(l *Listener) bool { return l.running == 0 })
+	if err := ln.Status().LastError; err == nil || !strings.Contains(err.Error(), "401: missing or invalid bearer token") {
+		t.Errorf("last error %v, want the status and the acceptor's reason", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	out := logged.String()
+	if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "missing or invalid bearer token") {
+		t.Errorf("the default log has no refusal with its reason:\n%s", out)
+	}
+	if strings.Contains(out, "level=DEBUG") || strings.Contains(out, "level=INFO") {
+		t.Errorf("the default log took records below warning:\n%s", out)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -45,7 +46,9 @@ type Options struct {
 	// for the proxy to close every session, after which Close closes the rest at once;
 	// 0 means 30 s. Shutdown is bounded by its context instead.
 	DrainTimeout time.Duration
-	// Logger receives debug and warning records about dials and sessions; nil discards them.
+	// Logger receives debug and warning records about dials and sessions. nil sends warnings
+	// and errors (refusals such as a wrong token, failed dials) to slog.Default() and drops the
+	// rest.
 	Logger *slog.Logger
 }
 
@@ -113,7 +116,7 @@ func (o Options) withDefaults() Options {
 	}
 	o.Backoff = o.Backoff.withDefaults()
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.New(warnings{slog.Default().Handler()})
 	}
 	return o
 }
@@ -187,3 +190,16 @@ func (o *Options) endpoint() (network, address string, err error) {
 func invalid(why string) error {
 	return fmt.Errorf("%w: %s", ErrInvalidOptions, why)
 }
+
+// warnings passes records of level Warn and above to h: the default Logger, so that a refusal
+// is never silent while routine records stay out of the application's log.
+type warnings struct{ h slog.Handler }
+
+func (w warnings) Enabled(ctx context.Context, level slog.Level) bool {
+	return level >= slog.LevelWarn && w.h.Enabled(ctx, level)
+}
+func (w warnings) Handle(ctx context.Context, r slog.Record) error { return w.h.Handle(ctx, r) }
+func (w warnings) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return warnings{w.h.WithAttrs(attrs)}
+}
+func (w warnings) WithGroup(name string) slog.Handler { return warnings{w.h.WithGroup(name)} }

@@ -2,19 +2,36 @@ package sluice
 
 import "net/http"
 
-// Handler wraps h for serving on this Listener's sessions. When SetCapacity has shrunk the
+// Handler wraps h for serving on this Listener's sessions. It sets r.RemoteAddr to the
+// client's address as the proxy saw it (the Sluice-Client-Addr header the proxy sets on every
+// request and never passes through from a client); without the wrapper, or for a request
+// without a valid header, r.RemoteAddr is the session's peer, the acceptor. When SetCapacity has shrunk the
 // capacity and a retirement is owed, the wrapper answers the current request with
 // `Connection: close` — net/http then closes the session after the response, the proxy does
 // not reuse it (DESIGN.md §3 "Retire"), and its slot ends instead of re-dialing. This is
 // race-free: no request is lost to the shrink.
 //
-// Without Handler, shrinking takes effect only as sessions end for other reasons (the proxy
-// closes them) or at slots that are not registered at the moment.
+// With Handler, shrinking also closes idle surplus sessions at once (see SetCapacity). Without
+// it, shrinking takes effect only as sessions end for other reasons (the proxy closes them) or
+// at slots that are not registered at the moment.
 //
 // Requests that did not arrive on a session of this Listener pass through unchanged.
 func (l *Listener) Handler(h http.Handler) http.Handler {
+	l.wrapped.Store(true)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c := l.sessionOf(r); c != nil && l.retires(c) {
+		c := l.sessionOf(r)
+		if c != nil {
+			c.handlers.Add(1)
+			if r.Header.Get("Upgrade") != "" {
+				c.upgrading.Store(true)
+			}
+			defer l.handled(c)
+			// Only a session's requests come from the proxy; anyone else could set the header.
+			if addr, ok := parseClientAddr(r.Header.Values(clientAddrHeader)); ok {
+				r.RemoteAddr = addr.String()
+			}
+		}
+		if c != nil && l.retires(c) {
 			w.Header().Set("Connection", "close")
 		}
 		h.ServeHTTP(w, r)
@@ -45,4 +62,39 @@ func (l *Listener) retires(c *sessionConn) bool {
 	l.notifyLocked()
 	l.log.Debug("retiring session: answering with Connection: close")
 	return true
+}
+
+// handled: a request of c left the handler. If a retirement is still owed (the capacity
+// shrank while it ran, too late for its Connection: close), c closes once the response is out.
+func (l *Listener) handled(c *sessionConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c.handlers.Add(-1)
+	if !c.closableIdle() || !l.counts.claimRetirement() {
+		return
+	}
+	c.retired.Store(true)
+	c.closeIdle()
+	l.notifyLocked()
+	l.log.Debug("retiring session after its response: closing it")
+}
+
+// retireIdleLocked closes idle sessions while retirements are owed; l.mu must be held. Only
+// with Handler in use does the Listener know which sessions are idle.
+func (l *Listener) retireIdleLocked() {
+	if !l.wrapped.Load() {
+		return
+	}
+	for c := range l.live {
+		if l.counts.retire == 0 {
+			return
+		}
+		if !c.closableIdle() || !l.counts.claimRetirement() {
+			continue
+		}
+		c.retired.Store(true)
+		c.closeIdle()
+		l.notifyLocked()
+		l.log.Debug("retiring idle session: closing it")
+	}
 }

@@ -19,6 +19,10 @@ func (l *Listener) runSlot(id int) {
 		switch {
 		case errors.Is(err, context.Canceled):
 			return // Close
+		case err != nil && isDrained(err):
+			log.Warn("this instance is drained; not re-dialing until it is resumed", "error", err)
+			l.slotFailed(err)
+			return
 		case err != nil && !IsRetryable(err):
 			log.Error("the acceptor refused this instance; not retrying", "error", err)
 			l.slotFailed(err)
@@ -61,6 +65,8 @@ func (l *Listener) serve(conn *sessionConn) (retired, served bool) {
 	}
 	l.live[conn] = struct{}{}
 	l.registered++
+	// A shrink while this session was registering: it retires at once, idle as it is.
+	l.retireIdleLocked()
 	l.notifyLocked()
 	l.mu.Unlock()
 	select {

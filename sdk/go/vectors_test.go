@@ -3,11 +3,16 @@ package sluice
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -53,8 +58,14 @@ type vectors struct {
 			Rest      string `json:"rest"`
 			Status    int    `json:"status"`
 			Retryable bool   `json:"retryable"`
+			Reason    string `json:"reason"`
 		} `json:"expect"`
 	} `json:"replies"`
+	ClientAddresses []struct {
+		Name   string   `json:"name"`
+		Values []string `json:"values"`
+		Client *string  `json:"client"`
+	} `json:"client_addresses"`
 	Options []struct {
 		Name     string         `json:"name"`
 		Identity vectorIdentity `json:"identity"`
@@ -180,6 +191,10 @@ func TestVectorsReplies(t *testing.T) {
 				t.Fatalf("unknown request %q", vec.Request)
 			}
 			checkOutcome(t, err, vec.Request, vec.Expect.Outcome, vec.Expect.Status, vec.Expect.Retryable)
+			// The acceptor's reason is shown, not just its status.
+			if vec.Expect.Reason != "" && (err == nil || !strings.Contains(err.Error(), vec.Expect.Reason)) {
+				t.Errorf("error %v does not show the acceptor's reason %q", err, vec.Expect.Reason)
+			}
 		})
 		ran++
 	}
@@ -243,5 +258,40 @@ func readHead(br *bufio.Reader) ([]byte, error) {
 		if string(line) == "\r\n" {
 			return head, nil
 		}
+	}
+}
+
+// TestVectorsClientAddresses: r.RemoteAddr as ln.Handler sets it for a request on a session
+// with these Sluice-Client-Addr fields; without a trusted value it stays the session's peer.
+func TestVectorsClientAddresses(t *testing.T) {
+	v := loadVectors(t)
+	if len(v.ClientAddresses) < 10 {
+		t.Fatalf("only %d client address vectors", len(v.ClientAddresses))
+	}
+	const peer = "192.0.2.1:7070"
+	for _, c := range v.ClientAddresses {
+		t.Run(c.Name, func(t *testing.T) {
+			conn := &sessionConn{}
+			conn.addr = &sessionAddr{conn: conn}
+			l := &Listener{log: slog.New(slog.DiscardHandler)}
+			conn.l = l
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = peer
+			for _, value := range c.Values {
+				r.Header.Add(clientAddrHeader, value)
+			}
+			r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, net.Addr(conn.addr)))
+			var got string
+			l.Handler(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+				got = r.RemoteAddr
+			})).ServeHTTP(httptest.NewRecorder(), r)
+			want := peer
+			if c.Client != nil {
+				want = *c.Client
+			}
+			if got != want {
+				t.Errorf("RemoteAddr %q, want %q", got, want)
+			}
+		})
 	}
 }

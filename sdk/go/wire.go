@@ -3,6 +3,7 @@ package sluice
 import (
 	"bytes"
 	"errors"
+	"net/netip"
 	"strconv"
 	"strings"
 )
@@ -15,7 +16,24 @@ const (
 	maxReplyHead = 8 << 10
 	// noCapacity leaves Sluice-Capacity out of a registration.
 	noCapacity = -1
+	// clientAddrHeader carries the client's address as the proxy saw it (its TCP peer) on
+	// every request over a session; the proxy replaces any copy a client sent.
+	clientAddrHeader = "Sluice-Client-Addr"
 )
+
+// parseClientAddr is the client address that exactly one Sluice-Client-Addr field names:
+// "ip:port" or "[ipv6]:port", nothing around it, no zone. A value is trusted whole or not at
+// all: ok is false for anything else, and for several fields.
+func parseClientAddr(values []string) (addr netip.AddrPort, ok bool) {
+	if len(values) != 1 {
+		return netip.AddrPort{}, false
+	}
+	addr, err := netip.ParseAddrPort(values[0])
+	if err != nil || addr.Addr().Zone() != "" {
+		return netip.AddrPort{}, false
+	}
+	return addr, true
+}
 
 // identity is who speaks in a handshake; "" instance or token means absent.
 type identity struct {

@@ -6,6 +6,7 @@ held (502) while the rest keep succeeding."""
 from __future__ import annotations
 
 import signal
+import socket
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -94,3 +95,30 @@ def test_killed_services_fail_only_the_requests_they_held(
     assert not any(r.id in survivor_ids for r in failed), "a failed request had reached rust"
     after = results[mark:]
     assert all(r.status == 200 and r.body == "rust" for r in after), Counter((r.status, r.body) for r in after)
+
+
+def test_every_sdk_reports_the_client_address_the_proxy_saw(
+    sluice: Sluice, services: dict[str, Proc]
+) -> None:
+    """Each SDK gives its app the TCP peer Sluice saw (Sluice-Client-Addr), not an address the
+    client wrote into X-Forwarded-For or into Sluice-Client-Addr itself."""
+    seen: dict[str, str] = {}
+    for _ in range(60):  # requests rotate across the instances; 60 reach all three
+        with socket.create_connection(sluice.http) as conn:
+            me = "%s:%d" % conn.getsockname()[:2]
+            conn.sendall(
+                b"GET /client HTTP/1.1\r\nHost: interop\r\nX-Echo-Client: 1\r\n"
+                b"X-Forwarded-For: 6.6.6.6\r\nSluice-Client-Addr: 6.6.6.6:1\r\n"
+                b"Connection: close\r\n\r\n"
+            )
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        head, _, body = answer.decode().partition("\r\n\r\n")
+        assert head.startswith("HTTP/1.1 200"), answer
+        lang, _, client = body.strip().partition(" ")
+        assert client == me, f"{lang} reported {client!r}, the client was {me}"
+        seen[lang] = client
+        if len(seen) == len(LANGS):
+            break
+    assert set(seen) == set(LANGS), seen

@@ -26,16 +26,20 @@ use table::printable;
     after_help = "When the admin API has a token ([admin] token), set SLUICE_ADMIN_TOKEN to it."
 )]
 pub(crate) struct CtlArgs {
-    /// Base URL of the admin API ([admin] listen), plain http only.
+    /// Base URL of the admin API ([admin] listen), plain http only. Default: the [admin] of
+    /// --config, else http://127.0.0.1:9901.
     #[arg(
         long,
         global = true,
         value_name = "URL",
         env = "SLUICE_ADMIN",
-        default_value = "http://127.0.0.1:9901",
         value_parser = AdminUrl::parse
     )]
-    admin: AdminUrl,
+    admin: Option<AdminUrl>,
+    /// The running proxy's configuration file: its [admin] listen (and token, when
+    /// SLUICE_ADMIN_TOKEN is unset) say where the admin API is.
+    #[arg(short = 'c', long = "config", global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     /// Print the server's JSON reply (pretty) instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -49,11 +53,20 @@ enum CtlCommand {
     /// endpoints.
     Status,
     /// Drain an instance of a reverse cluster: it is never leased again, its idle sessions
-    /// close now and its busy ones after their responses.
+    /// close now and its busy ones after their responses, and it stays out (its SDKs are
+    /// refused with 410 and stop re-dialing) until `resume`.
     Drain {
         /// The reverse cluster.
         cluster: String,
         /// The instance id it registered with.
+        instance: String,
+    },
+    /// Let a drained instance register again (its SDKs re-dial when restarted, or when told
+    /// to, e.g. by setting their capacity again).
+    Resume {
+        /// The reverse cluster.
+        cluster: String,
+        /// The drained instance's id.
         instance: String,
     },
     /// Add or remove an endpoint of a static cluster.
@@ -62,9 +75,12 @@ enum CtlCommand {
     /// Re-read the configuration file and apply it without failing a request (a hot restart
     /// of the same binary); a file that does not load changes nothing and says why.
     Reload,
-    /// List, add or remove routes while the proxy runs (e.g. a client-CIDR slicing rule).
-    #[command(subcommand)]
-    Routes(RoutesCommand),
+    /// List (the default), add or remove routes while the proxy runs (e.g. a client-CIDR
+    /// slicing rule).
+    Routes {
+        #[command(subcommand)]
+        command: Option<RoutesCommand>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -139,9 +155,18 @@ pub(crate) fn run(args: CtlArgs) -> ExitCode {
     }
 }
 
-fn execute(args: CtlArgs) -> anyhow::Result<()> {
-    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
-    let client = Client::new(args.admin, token);
+fn execute(mut args: CtlArgs) -> anyhow::Result<()> {
+    if let CtlCommand::Routes { command: None } = args.command {
+        args.command = CtlCommand::Routes {
+            command: Some(RoutesCommand::List),
+        };
+    }
+    let (admin, config_token) = admin_of(&args)?;
+    let token = std::env::var(TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or(config_token);
+    let client = Client::new(admin, token);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -152,23 +177,53 @@ fn execute(args: CtlArgs) -> anyhow::Result<()> {
     }
     let text = match args.command {
         CtlCommand::Status => status::render(&parse(reply)?, client.url()),
-        CtlCommand::Drain { .. } => drained(parse(reply)?),
+        CtlCommand::Drain { .. } | CtlCommand::Resume { .. } => drained(parse(reply)?),
         CtlCommand::Endpoints(EndpointsCommand::Add { .. }) => added(parse(reply)?),
         CtlCommand::Endpoints(EndpointsCommand::Del { .. }) => removed(parse(reply)?),
         CtlCommand::Reload => format!(
             "reloaded: {}\n",
             printable(reply["message"].as_str().unwrap_or("done"))
         ),
-        CtlCommand::Routes(RoutesCommand::List) => routes_table(&reply),
-        CtlCommand::Routes(RoutesCommand::Add(r)) => {
-            format!("added route {}\n", printable(&r.name))
-        }
-        CtlCommand::Routes(RoutesCommand::Del { name }) => {
-            format!("removed route {}\n", printable(&name))
-        }
+        CtlCommand::Routes { command } => match command {
+            None | Some(RoutesCommand::List) => routes_table(&reply),
+            Some(RoutesCommand::Add(r)) => format!("added route {}\n", printable(&r.name)),
+            Some(RoutesCommand::Del { name }) => format!("removed route {}\n", printable(&name)),
+        },
     };
     print!("{text}");
     Ok(())
+}
+
+/// Where the admin API is: --admin (or SLUICE_ADMIN), else the [admin] of --config, else the
+/// default; and the token --config names, if any.
+fn admin_of(args: &CtlArgs) -> anyhow::Result<(AdminUrl, Option<String>)> {
+    if let Some(url) = &args.admin {
+        return Ok((url.clone(), None));
+    }
+    let Some(path) = &args.config else {
+        let default = AdminUrl::parse("http://127.0.0.1:9901").map_err(anyhow::Error::msg)?;
+        return Ok((default, None));
+    };
+    let config = sluice_config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let Some(admin) = config.admin else {
+        anyhow::bail!(
+            "{} has no [admin] section: the proxy serves no admin API",
+            path.display()
+        );
+    };
+    let mut addr = admin.addr;
+    if addr.ip().is_unspecified() {
+        // Listening on every address: loopback reaches it.
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let url = AdminUrl::parse(&format!("http://{addr}")).map_err(anyhow::Error::msg)?;
+    let token = admin
+        .token
+        .map(|t| String::from_utf8_lossy(&t.0).into_owned());
+    Ok((url, token))
 }
 
 /// The one request a command makes.
@@ -176,9 +231,13 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
     use client::segment;
     match command {
         CtlCommand::Status => client.call(Method::GET, "/status", None).await,
-        CtlCommand::Drain { cluster, instance } => {
+        CtlCommand::Drain { cluster, instance } | CtlCommand::Resume { cluster, instance } => {
+            let verb = match command {
+                CtlCommand::Resume { .. } => "resume",
+                _ => "drain",
+            };
             let path = format!(
-                "/clusters/{}/instances/{}/drain",
+                "/clusters/{}/instances/{}/{verb}",
                 segment(cluster),
                 segment(instance)
             );
@@ -194,8 +253,12 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             client.call(Method::DELETE, &path, None).await
         }
         CtlCommand::Reload => client.call(Method::POST, "/reload", None).await,
-        CtlCommand::Routes(RoutesCommand::List) => client.call(Method::GET, "/routes", None).await,
-        CtlCommand::Routes(RoutesCommand::Add(r)) => {
+        CtlCommand::Routes {
+            command: None | Some(RoutesCommand::List),
+        } => client.call(Method::GET, "/routes", None).await,
+        CtlCommand::Routes {
+            command: Some(RoutesCommand::Add(r)),
+        } => {
             let mut body = json!({
                 "name": r.name, "cluster": r.cluster, "client_cidr": r.client_cidr,
                 "hosts": r.hosts, "methods": r.methods, "position": r.position,
@@ -208,7 +271,9 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             }
             client.call(Method::POST, "/routes", Some(body)).await
         }
-        CtlCommand::Routes(RoutesCommand::Del { name }) => {
+        CtlCommand::Routes {
+            command: Some(RoutesCommand::Del { name }),
+        } => {
             let path = format!("/routes/{}", segment(name));
             client.call(Method::DELETE, &path, None).await
         }
@@ -276,7 +341,7 @@ fn parse<T: serde::de::DeserializeOwned>(reply: Value) -> anyhow::Result<T> {
     })
 }
 
-/// `POST .../drain`'s reply.
+/// `POST .../drain`'s and `POST .../resume`'s reply.
 #[derive(Debug, Deserialize)]
 struct Drained {
     cluster: String,
@@ -287,8 +352,10 @@ struct Drained {
 fn drained(r: Drained) -> String {
     let (instance, cluster) = (printable(&r.instance), printable(&r.cluster));
     match r.draining {
-        true => format!("draining instance {instance} of cluster {cluster}\n"),
-        false => format!("instance {instance} of cluster {cluster} is not draining\n"),
+        true => format!(
+            "draining instance {instance} of cluster {cluster}; it stays out until `sluice ctl resume {cluster} {instance}`\n"
+        ),
+        false => format!("resumed instance {instance} of cluster {cluster}: it may register again\n"),
     }
 }
 

@@ -114,8 +114,12 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: never in files or pipes, nor with NO_COLOR set.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -185,6 +189,12 @@ fn run(
             let hook = successor.hook(proxy.upgraded());
             proxy = proxy.with_reload(hook.clone());
             tokio::spawn(reload::on_sighup(hook));
+        } else {
+            let why = match path {
+                None => "sluice runs its embedded configuration; start it with -c FILE and [runtime] upgrade_socket",
+                Some(_) => "reloading needs [runtime] upgrade_socket in the configuration (a reload is a hot restart: the successor is a child of this process)",
+            };
+            tokio::spawn(reload::explain_sighup(why));
         }
         for (name, addr) in proxy.local_addrs() {
             info!(listener = %name, %addr, "serving");

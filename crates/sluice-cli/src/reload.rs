@@ -18,7 +18,7 @@ use sluice::admin::ReloadHook;
 use sluice::reload::{Applied, InPlace};
 use tokio::process::Command;
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// How long a successor may take to load its file and take over.
 const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -108,6 +108,18 @@ fn describe(a: &Applied) -> String {
         "applied in place ({}); connections and sessions carry on",
         parts.join("; ")
     )
+}
+
+/// Without a way to reload, says so on every SIGHUP (which would otherwise end the process or
+/// pass unnoticed) instead of reloading.
+pub(crate) async fn explain_sighup(why: &'static str) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        warn!(reason = why, "SIGHUP ignored: cannot reload");
+    }
 }
 
 /// Reloads on every SIGHUP, logging what happened.

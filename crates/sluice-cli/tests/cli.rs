@@ -106,6 +106,11 @@ impl Running {
     /// Starts `sluice run -c <config> <extra>` on a port-0 listener with a direct-response
     /// route, logging JSON so that the bound address can be read from the log.
     fn start(extra: &[&str]) -> Self {
+        Self::start_logging("json", extra)
+    }
+
+    /// [`start`](Self::start) with `--log-format format`.
+    fn start_logging(format: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config: PathBuf = dir.path().join("sluice.toml");
         std::fs::write(
@@ -122,7 +127,7 @@ direct_response = { status = 200, body = "ok\n" }
         )
         .unwrap();
         let mut child = sluice()
-            .args(["--log-format", "json", "run", "-c"])
+            .args(["--log-format", format, "run", "-c"])
             .arg(&config)
             .args(extra)
             .stdout(Stdio::null())
@@ -156,6 +161,30 @@ direct_response = { status = 200, body = "ok\n" }
             if line.contains(r#""message":"serving""#) {
                 let (_, rest) = line.split_once(r#""addr":""#).expect("an addr field");
                 return rest.split('"').next().unwrap().parse().unwrap();
+            }
+        }
+    }
+
+    /// Sends `signal` (a `kill` name such as `HUP`).
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    /// Waits for a log line containing `text`; `None` if the process exits first.
+    fn wait_log(&self, text: &str) -> Option<String> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return Some(line),
+                Ok(_) => {}
+                Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) => panic!("no log line with {text:?}"),
             }
         }
     }
@@ -227,4 +256,38 @@ fn run_serves_until_sigterm_and_exits_0() {
 #[test]
 fn run_with_one_worker_serves_until_sigterm_and_exits_0() {
     serves_then_exits_0_on_sigterm(&["--workers", "1"]);
+}
+
+#[test]
+fn sighup_without_upgrade_socket_says_why_it_does_not_reload() {
+    let running = Running::start(&[]);
+    running.serving_addr();
+    running.signal("HUP");
+    let line = running.wait_log("SIGHUP").expect("sluice exited on SIGHUP");
+    assert!(line.contains("upgrade_socket"), "{line}");
+    // It goes on serving, and still stops cleanly.
+    let (status, log) = running.terminate();
+    assert_eq!(status.code(), Some(0), "{log:#?}");
+}
+
+#[test]
+fn help_names_every_command() {
+    let out = sluice().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    let about = help.lines().next().unwrap_or("");
+    for command in ["run", "acceptor", "check", "ctl", "demo"] {
+        assert!(about.contains(command), "{about:?} does not name {command}");
+        assert!(help.contains(&format!("\n  {command} ")), "{help}");
+    }
+}
+
+#[test]
+fn text_logs_to_a_pipe_carry_no_colour_codes() {
+    let running = Running::start_logging("text", &[]);
+    let line = running.wait_log("serving").expect("sluice exited");
+    assert!(!line.contains('\x1b'), "{line:?}");
+    let (status, log) = running.terminate();
+    assert_eq!(status.code(), Some(0), "{log:#?}");
+    assert!(log.iter().all(|l| !l.contains('\x1b')), "{log:#?}");
 }

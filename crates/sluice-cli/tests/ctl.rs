@@ -34,7 +34,7 @@ fn status_json() -> Value {
             {"name": "api", "kind": "reverse", "sessions": 12,
              "slices": [{"name": "default", "idle": 3, "queued": 0},
                         {"name": "batch", "idle": 0, "queued": 17}],
-             "instances": [{"id": "a", "sessions": 8, "draining": false},
+             "instances": [{"id": "a", "sessions": 8, "upgraded": 2, "draining": false},
                            {"id": "b", "sessions": 4, "draining": true}]},
             {"name": "legacy", "kind": "static",
              "endpoints": [{"addr": "127.0.0.1:9001"}]}
@@ -127,9 +127,17 @@ fn route(req: &Seen) -> Response<Full<Bytes>> {
     let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
     match (req.method.as_str(), segments.as_slice()) {
         ("GET", ["status"]) => reply(200, status_json()),
+        ("GET", ["routes"]) => reply(
+            200,
+            json!({"routes": [{"name": "api", "cluster": "api", "hosts": ["api.example"]}]}),
+        ),
         ("POST", ["clusters", "api", "instances", "a", "drain"]) => reply(
             200,
             json!({"cluster": "api", "instance": "a", "draining": true}),
+        ),
+        ("POST", ["clusters", "api", "instances", "a", "resume"]) => reply(
+            200,
+            json!({"cluster": "api", "instance": "a", "draining": false}),
         ),
         ("POST", ["clusters", c, "instances", i, "drain"]) => reply(
             404,
@@ -201,9 +209,9 @@ fn status_shows_listeners_clusters_slices_instances_and_endpoints() {
         vec!["SLICE", "IDLE", "QUEUED"],
         vec!["default", "3", "0"],
         vec!["batch", "0", "17"],
-        vec!["INSTANCE", "SESSIONS", "DRAINING"],
-        vec!["a", "8", "no"],
-        vec!["b", "4", "yes"],
+        vec!["INSTANCE", "SESSIONS", "UPGRADED", "DRAINING"],
+        vec!["a", "8", "2", "no"],
+        vec!["b", "4", "0", "yes"],
         vec!["ENDPOINT"],
         vec!["127.0.0.1:9001"],
     ] {
@@ -235,12 +243,30 @@ fn drain_posts_with_the_token_from_the_environment() {
         .env("SLUICE_ADMIN_TOKEN", "s3cret")
         .args(["drain", "api", "a"]));
     assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(stdout, "draining instance a of cluster api\n");
+    assert_eq!(
+        stdout,
+        "draining instance a of cluster api; it stays out until `sluice ctl resume api a`\n"
+    );
     let seen = admin.seen();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].method, Method::POST);
     assert_eq!(seen[0].path, "/clusters/api/instances/a/drain");
     assert_eq!(seen[0].authorization.as_deref(), Some("Bearer s3cret"));
+}
+
+#[test]
+fn resume_posts_to_the_instances_resume() {
+    let admin = FakeAdmin::start(None);
+    let (code, stdout, stderr) = run(ctl().args(["--admin", &admin.url(), "resume", "api", "a"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        stdout,
+        "resumed instance a of cluster api: it may register again\n"
+    );
+    let seen = admin.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].method, Method::POST);
+    assert_eq!(seen[0].path, "/clusters/api/instances/a/resume");
 }
 
 #[test]
@@ -370,4 +396,48 @@ fn https_is_a_usage_error() {
     let (code, _, stderr) = run(ctl().args(["--admin", "https://127.0.0.1:9901", "status"]));
     assert_eq!(code, Some(2));
     assert!(stderr.contains("use http://"), "{stderr}");
+}
+
+#[test]
+fn routes_without_a_subcommand_lists_them() {
+    let admin = FakeAdmin::start(None);
+    let (code, stdout, stderr) = run(ctl().args(["--admin", &admin.url(), "routes"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    let rows = rows(&stdout);
+    assert!(rows.contains(&vec!["ROUTE", "MATCH", "TARGET"]), "{stdout}");
+    assert!(
+        rows.contains(&vec!["api", "host=api.example", "api"]),
+        "{stdout}"
+    );
+    assert_eq!(admin.seen()[0].path, "/routes");
+}
+
+#[test]
+fn the_config_file_says_where_the_admin_api_is() {
+    let admin = FakeAdmin::start(Some("from-the-file"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let addr = admin.url().trim_start_matches("http://").to_owned();
+    std::fs::write(
+        &config,
+        format!(
+            "[admin]\nlisten = \"{addr}\"\ntoken = \"from-the-file\"\n\
+             [[listener]]\nname = \"p\"\nlisten = \"127.0.0.1:0\"\n\
+             [[route]]\ndirect_response = {{ status = 200 }}\n"
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = run(ctl()
+        .env_remove("SLUICE_ADMIN")
+        .env_remove("SLUICE_ADMIN_TOKEN")
+        .arg("-c")
+        .arg(&config)
+        .arg("status"));
+    assert_eq!(code, Some(0), "{stderr}");
+    let seen = admin.seen();
+    assert_eq!(seen[0].path, "/status");
+    assert_eq!(
+        seen[0].authorization.as_deref(),
+        Some("Bearer from-the-file")
+    );
 }

@@ -497,6 +497,9 @@ pub struct ReverseOptions {
     pub queue_max: usize,
     /// How long a request may wait for a session. Default 2 s (expiry: 503).
     pub queue_timeout: Duration,
+    /// How long a request may wait while its slice has no session registered at all (services
+    /// starting), within `queue_timeout`. Default 0: 503 at once.
+    pub no_sessions_wait: Duration,
     /// Sessions one instance may register; `None` (config `0`, default) means no limit.
     pub max_sessions_per_instance: Option<usize>,
     /// Sessions the whole cluster may hold; `None` (config `0`, default) means no limit.
@@ -514,6 +517,7 @@ impl Default for ReverseOptions {
         Self {
             queue_max: 1024,
             queue_timeout: Duration::from_secs(2),
+            no_sessions_wait: Duration::ZERO,
             max_sessions_per_instance: None,
             max_sessions: None,
             response_timeout: Duration::from_secs(30),

@@ -5,8 +5,9 @@
 //! `interop_service --acceptor ADDR --service NAME --instance ID --capacity N [--delay-ms D]`
 //! dials in (token from `SLUICE_TOKEN`) and prints `registered N`; `--listen ADDR` listens
 //! instead and prints `listening ADDR`. Each request with an `X-Request-Id` prints
-//! `start <id>` before its delay; every answer is `200` with body `<instance>\n` (this one also
-//! says in `x-in-flight` how many requests it was handling, this one included, and echoes
+//! `start <id>` before its delay; every answer is `200` with body `<instance>\n` (`<instance>
+//! <client address>\n` for a request with `X-Echo-Client`; this one also says in
+//! `x-in-flight` how many requests it was handling, this one included, and echoes
 //! `x-request-id`). SIGTERM drains (dialing in), prints `drained` and exits 0.
 
 use std::convert::Infallible;
@@ -77,8 +78,15 @@ async fn respond(req: Request<Incoming>, a: &Args) -> Result<Response<String>, I
     if !a.delay.is_zero() {
         tokio::time::sleep(a.delay).await;
     }
+    let echo = req.headers().contains_key("x-echo-client");
+    let client = req.extensions().get::<sluice_sdk::ClientAddr>().copied();
     let _ = req.into_body().collect().await;
-    let mut res = Response::new(format!("{}\n", a.instance));
+    let body = match (echo, client) {
+        (false, _) => format!("{}\n", a.instance),
+        (true, Some(client)) => format!("{} {client}\n", a.instance),
+        (true, None) => format!("{} none\n", a.instance),
+    };
+    let mut res = Response::new(body);
     res.headers_mut()
         .insert(header::CONTENT_TYPE, "text/plain".parse().expect("static"));
     // Echoed, so a test can tell that every answer reached the request it belongs to.

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,18 +27,27 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 /// A registered session: the stream, with bytes read past the `101` put back in front.
 pub(crate) type SessionIo = Prefixed<Box<dyn Io>>;
 
+/// A registered session and the acceptor's address on it (`None` over a UNIX socket).
+pub(crate) struct Registered {
+    pub(crate) io: SessionIo,
+    pub(crate) peer: Option<SocketAddr>,
+}
+
 /// Dials and registers one session; `capacity` goes into `Sluice-Capacity`.
-pub(crate) async fn register(options: &Options, capacity: usize) -> Result<SessionIo, Error> {
+pub(crate) async fn register(options: &Options, capacity: usize) -> Result<Registered, Error> {
     let registration = Registration {
         identity: options.identity.clone(),
         capacity: Some(u32::try_from(capacity).unwrap_or(u32::MAX)),
     };
     within(options.handshake_timeout, async {
-        let mut io = connect(options).await?;
+        let (mut io, peer) = connect(options).await?;
         send(&mut io, &registration.encode()).await?;
         match read_reply(&mut io).await? {
-            (Reply::Switched, rest) => Ok(Prefixed::new(rest, io)),
-            (Reply::Refused(status), _) => Err(Error::Refused { status }),
+            (Reply::Switched, rest) => Ok(Registered {
+                io: Prefixed::new(rest, io),
+                peer,
+            }),
+            (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
             (Reply::Drained, _) => Err(unexpected("200 to a registration")),
         }
     })
@@ -50,11 +60,11 @@ pub(crate) async fn drain(options: &Options) -> Result<(), Error> {
         identity: options.identity.clone(),
     };
     within(options.handshake_timeout, async {
-        let mut io = connect(options).await?;
+        let (mut io, _) = connect(options).await?;
         send(&mut io, &drain.encode()).await?;
         match read_reply(&mut io).await? {
             (Reply::Drained, _) => Ok(()),
-            (Reply::Refused(status), _) => Err(Error::Refused { status }),
+            (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
             (Reply::Switched, _) => Err(unexpected("101 to a drain request")),
         }
     })
@@ -70,23 +80,31 @@ async fn within<T>(
         .map_err(|_| Error::Timeout(limit))?
 }
 
-async fn connect(options: &Options) -> Result<Box<dyn Io>, Error> {
+/// Connects (and shakes TLS hands); returns the stream and its peer's address, if TCP.
+async fn connect(options: &Options) -> Result<(Box<dyn Io>, Option<SocketAddr>), Error> {
     let connect_error = |e: io::Error| Error::Connect {
         acceptor: options.acceptor.to_string(),
         source: Arc::new(e),
     };
-    let io: Box<dyn Io> = match &options.acceptor {
-        Acceptor::Tcp(addr) => Box::new(connect_tcp(addr).await.map_err(connect_error)?),
-        Acceptor::Unix(path) => Box::new(UnixStream::connect(path).await.map_err(connect_error)?),
+    let (io, peer): (Box<dyn Io>, _) = match &options.acceptor {
+        Acceptor::Tcp(addr) => {
+            let stream = connect_tcp(addr).await.map_err(connect_error)?;
+            let peer = stream.peer_addr().ok();
+            (Box::new(stream), peer)
+        }
+        Acceptor::Unix(path) => {
+            let stream = UnixStream::connect(path).await.map_err(connect_error)?;
+            (Box::new(stream), None)
+        }
     };
     let Some(tls) = &options.tls else {
-        return Ok(io);
+        return Ok((io, peer));
     };
     let tls_io = TlsConnector::from(tls.config.clone())
         .connect(tls.server_name.clone(), io)
         .await
         .map_err(|e| Error::Tls(Arc::new(e)))?;
-    Ok(Box::new(tls_io))
+    Ok((Box::new(tls_io), peer))
 }
 
 async fn connect_tcp(addr: &str) -> io::Result<TcpStream> {
@@ -119,6 +137,41 @@ async fn read_reply(io: &mut Box<dyn Io>) -> Result<(Reply, Bytes), Error> {
         if let Parsed::Complete(reply, len) = parse_reply(&buf).map_err(Error::Protocol)? {
             return Ok((reply, buf.split_off(len).freeze()));
         }
+    }
+}
+
+/// The longest reason read from a refusal's body.
+const MAX_REASON: usize = 512;
+
+/// How long to wait for a refusal's reason after its head: an acceptor sends both at once, and
+/// anything else may never end its body.
+const REASON_WAIT: Duration = Duration::from_millis(250);
+
+/// A refusal with the acceptor's reason: the first line of its body (the acceptor sends one
+/// line and closes), at most [`MAX_REASON`] bytes of printable text.
+async fn refused(io: &mut Box<dyn Io>, status: u16, rest: Bytes) -> Error {
+    let mut body = rest.to_vec();
+    let mut chunk = [0u8; MAX_REASON];
+    let read = async {
+        while body.len() < MAX_REASON && !body.contains(&b'\n') {
+            match io.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => body.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REASON_WAIT, read).await;
+    body.truncate(MAX_REASON);
+    let text = String::from_utf8_lossy(&body);
+    let line = text.lines().next().unwrap_or("").trim();
+    let reason: String = line.chars().filter(|c| !c.is_control()).collect();
+    Error::Refused {
+        status,
+        reason: if reason.is_empty() {
+            "(no reason given)".to_owned()
+        } else {
+            reason
+        },
     }
 }
 

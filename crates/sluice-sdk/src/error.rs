@@ -31,12 +31,16 @@ pub enum Error {
     /// Connecting plus the acceptor's answer took longer than `handshake_timeout` (retried).
     #[error("the acceptor did not answer within {0:?}")]
     Timeout(Duration),
-    /// The acceptor answered with a refusal: 400, 401 and 404 are configuration errors and are
-    /// not retried; 429, 503 and anything else are.
-    #[error("the acceptor refused with status {status}")]
+    /// The acceptor answered with a refusal: 400, 401 and 404 are configuration errors and
+    /// 410 says an operator drained the instance (until `sluice ctl resume`); none of them is
+    /// retried. 429, 503 and anything else are.
+    #[error("the acceptor refused with status {status}: {reason}")]
     Refused {
         /// The HTTP status of the refusal.
         status: u16,
+        /// The acceptor's reason, as it sent it (its body; printable text only, at most a
+        /// line), e.g. `unknown service "nosuch"`; `"(no reason given)"` when it sent none.
+        reason: String,
     },
     /// The acceptor's answer is not the session protocol (upstream; retried).
     #[error("the acceptor's answer is not the session protocol: {0}")]
@@ -47,13 +51,20 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether dialing again may succeed. `false` for bad options and for 400, 401 and 404.
+    /// Whether dialing again may succeed. `false` for bad options and for 400, 401, 404 and
+    /// 410.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Config(_) | Error::NoRuntime => false,
-            Error::Refused { status } => !matches!(status, 400 | 401 | 404),
+            Error::Refused { status, .. } => !matches!(status, 400 | 401 | 404 | 410),
             _ => true,
         }
+    }
+
+    /// Whether an operator drained this instance (`410 Gone`): the sessions stop re-dialing
+    /// until the process restarts or the capacity is set again after `sluice ctl resume`.
+    pub fn is_drained(&self) -> bool {
+        matches!(self, Error::Refused { status: 410, .. })
     }
 }
 
@@ -69,11 +80,15 @@ mod tests {
 
     #[test]
     fn configuration_refusals_are_permanent_and_load_refusals_are_not() {
-        for status in [400, 401, 404] {
-            assert!(!Error::Refused { status }.is_retryable());
+        let refused = |status| Error::Refused {
+            status,
+            reason: String::new(),
+        };
+        for status in [400, 401, 404, 410] {
+            assert!(!refused(status).is_retryable());
         }
         for status in [429, 503, 502] {
-            assert!(Error::Refused { status }.is_retryable());
+            assert!(refused(status).is_retryable());
         }
         assert!(Error::Timeout(Duration::from_secs(1)).is_retryable());
         assert!(!Error::Config("x".into()).is_retryable());

@@ -4,8 +4,10 @@
 //!
 //! [`serve`] keeps [`Options::capacity`] sessions registered, re-dials a replacement whenever
 //! the proxy closes one or an upgrade (WebSocket) consumes one, backs off with jitter while the
-//! acceptor is unreachable or busy, and stops for good on 400/401/404. [`Sessions`] changes the
-//! capacity at runtime and drains gracefully.
+//! acceptor is unreachable or busy, and stops for good on 400/401/404 and on 410 (an operator
+//! drained the instance; see [`Error::is_drained`]). [`Sessions`] changes the capacity at
+//! runtime and drains gracefully. Each request carries the client's address as the proxy saw
+//! it in its extensions ([`ClientAddr`]).
 //!
 //! ```no_run
 //! use std::convert::Infallible;
@@ -14,13 +16,13 @@
 //! # async fn run() -> Result<(), sluice_sdk::Error> {
 //! let mut identity = Identity::new("hello");
 //! identity.token = Some("s3cret".into());
-//! let mut options = Options::new(Acceptor::Tcp("127.0.0.1:7000".into()), identity);
+//! let mut options = Options::new(Acceptor::Tcp("127.0.0.1:7070".into()), identity);
 //! options.capacity = 8;
 //! let service = tower::service_fn(|_req: http::Request<hyper::body::Incoming>| async {
 //!     Ok::<_, Infallible>(http::Response::new(String::from("hello\n")))
 //! });
 //! let sessions = serve(options, service)?;
-//! sessions.set_capacity(4); // four sessions retire on their next response
+//! sessions.set_capacity(4); // four idle sessions close now (busy ones after their response)
 //! tokio::signal::ctrl_c().await.ok();
 //! sessions.shutdown().await // drain, then wait until the proxy has closed every session
 //! # }
@@ -29,11 +31,13 @@
 //! # Layout
 //! * [`options`]: [`Options`], [`Acceptor`], [`TlsOptions`], [`Backoff`].
 //! * `sessions`: the [`Sessions`] handle: resize, observe, shut down.
+//! * `client`: [`ClientAddr`], the client's address in each request's extensions.
 //! * `slot`: one task per session: dial, register, serve, re-dial.
 //! * `dial`: TCP/UNIX/TLS connections and the registration and drain handshakes.
 //! * `retire`: the service wrapper that answers `Connection: close` to retire a session.
 //! * `state`: counters shared by the handle and the slots.
 
+mod client;
 mod dial;
 mod error;
 pub mod options;
@@ -47,6 +51,7 @@ use http_body::Body;
 use hyper::body::Incoming;
 use tower_service::Service;
 
+pub use client::ClientAddr;
 pub use error::Error;
 pub use options::{Acceptor, Backoff, Options, TlsOptions};
 pub use sessions::Sessions;

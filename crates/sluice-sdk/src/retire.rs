@@ -1,8 +1,10 @@
-//! [`Retiring`]: the user's service, as hyper sees it on one session. When the session owes a
+//! [`Retiring`]: the user's service, as hyper sees it on one session. It puts the request's
+//! [`ClientAddr`] in its extensions. When the session owes a
 //! retirement, its next response carries `Connection: close`, so the proxy closes the session
 //! after that response (DESIGN.md §3, "Retire") and no request is ever lost to the shrink.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,20 +12,25 @@ use std::task::{ready, Context, Poll};
 
 use http::header::{HeaderValue, CONNECTION};
 use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use tower::util::Oneshot;
 use tower::ServiceExt;
 use tower_service::Service;
 
 use crate::state::Shared;
+use crate::ClientAddr;
 
 /// What one session learned while serving.
 #[derive(Debug, Default)]
 pub(crate) struct SessionFlags {
     /// At least one response was produced.
     pub(crate) served: AtomicBool,
-    /// A response carried `Connection: close` for a retirement: do not re-dial.
+    /// A response carried `Connection: close` for a retirement, or the session was closed
+    /// idle for one: do not re-dial.
     pub(crate) retired: AtomicBool,
+    /// A request is being served: from its arrival until its response body is done.
+    pub(crate) busy: AtomicBool,
 }
 
 /// Calls a clone of the user's service per request, as `TowerToHyperService` does.
@@ -32,14 +39,22 @@ pub(crate) struct Retiring<S> {
     service: S,
     shared: Arc<Shared>,
     flags: Arc<SessionFlags>,
+    /// The session's peer: the client address of a request that names none.
+    peer: Option<SocketAddr>,
 }
 
 impl<S> Retiring<S> {
-    pub(crate) fn new(service: S, shared: Arc<Shared>, flags: Arc<SessionFlags>) -> Self {
+    pub(crate) fn new(
+        service: S,
+        shared: Arc<Shared>,
+        flags: Arc<SessionFlags>,
+        peer: Option<SocketAddr>,
+    ) -> Self {
         Self {
             service,
             shared,
             flags,
+            peer,
         }
     }
 }
@@ -48,11 +63,15 @@ impl<S, B> hyper::service::Service<Request<Incoming>> for Retiring<S>
 where
     S: Service<Request<Incoming>, Response = Response<B>> + Clone,
 {
-    type Response = Response<B>;
+    type Response = Response<Tracked<B>>;
     type Error = S::Error;
     type Future = RetiringFuture<S>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        if let Some(client) = ClientAddr::from_headers(req.headers(), self.peer) {
+            req.extensions_mut().insert(client);
+        }
+        self.flags.busy.store(true, Ordering::SeqCst);
         RetiringFuture {
             inner: self.service.clone().oneshot(req),
             shared: self.shared.clone(),
@@ -79,11 +98,21 @@ impl<S, B> Future for RetiringFuture<S>
 where
     S: Service<Request<Incoming>, Response = Response<B>>,
 {
-    type Output = Result<Response<B>, S::Error>;
+    type Output = Result<Response<Tracked<B>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let mut response = ready!(this.inner.poll(cx))?;
+        let response = match ready!(this.inner.poll(cx)) {
+            Ok(response) => response,
+            Err(e) => {
+                this.flags.busy.store(false, Ordering::SeqCst);
+                return Poll::Ready(Err(e));
+            }
+        };
+        let mut response = response.map(|body| Tracked {
+            body,
+            flags: Arc::clone(this.flags),
+        });
         this.flags.served.store(true, Ordering::Relaxed);
         // A 101 hands the connection to the upgrade; it ends the session anyway.
         if response.status() != StatusCode::SWITCHING_PROTOCOLS && retires(this.shared, this.flags)
@@ -106,4 +135,40 @@ fn retires(shared: &Shared, flags: &SessionFlags) -> bool {
         tracing::debug!("retiring session: answering with Connection: close");
     }
     claimed
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that marks its session idle again when hyper is done with it.
+    #[derive(Debug)]
+    pub(crate) struct Tracked<B> {
+        #[pin]
+        body: B,
+        flags: Arc<SessionFlags>,
+    }
+
+    impl<B> PinnedDrop for Tracked<B> {
+        fn drop(this: Pin<&mut Self>) {
+            this.flags.busy.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+impl<B: Body> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

@@ -58,8 +58,9 @@ impl Sessions {
     }
 
     /// Changes how many sessions to keep registered. Growing dials new sessions at once;
-    /// shrinking retires surplus ones: each answers its next response with `Connection: close`
-    /// (or, when not registered at the moment, simply stops dialing). Setting the current
+    /// shrinking retires surplus ones: idle sessions close at once (the proxy drops a session
+    /// it sees closed while idle), busy ones answer their response with `Connection: close`,
+    /// and slots not registered at the moment simply stop dialing. Setting the current
     /// capacity again restarts slots that were refused for good.
     pub fn set_capacity(&self, capacity: usize) {
         let spawn = self.shared.resize(capacity);

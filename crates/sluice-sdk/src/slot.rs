@@ -74,7 +74,11 @@ impl<S: SessionService> Slot<S> {
     }
 
     fn give_up(&self, e: Error) {
-        tracing::error!(error = %e, "the acceptor refused this instance; not retrying");
+        if e.is_drained() {
+            tracing::warn!(error = %e, "this instance is drained; not re-dialing until it is resumed");
+        } else {
+            tracing::error!(error = %e, "the acceptor refused this instance; not retrying");
+        }
         self.shared.slot_failed(e);
     }
 
@@ -94,15 +98,17 @@ impl<S: SessionService> Slot<S> {
 
     async fn session(&mut self) -> Result<Ended, Error> {
         let target = self.shared.counts().target;
-        let io = dial::register(&self.options, target).await?;
+        let registered = dial::register(&self.options, target).await?;
         let _registered = self.shared.registered();
         tracing::debug!("session registered");
         let flags = Arc::new(SessionFlags::default());
-        serve(
-            io,
-            Retiring::new(self.service.clone(), self.shared.clone(), flags.clone()),
-        )
-        .await;
+        let service = Retiring::new(
+            self.service.clone(),
+            self.shared.clone(),
+            flags.clone(),
+            registered.peer,
+        );
+        self.serve(registered.io, service, &flags).await;
         tracing::debug!("session ended");
         Ok(if flags.retired.load(Ordering::Relaxed) {
             Ended::Retired
@@ -112,16 +118,51 @@ impl<S: SessionService> Slot<S> {
             }
         })
     }
-}
 
-/// Serves HTTP/1.1 on a session until the proxy closes it or an upgrade takes it.
-async fn serve<S: SessionService>(io: SessionIo, service: Retiring<S>) {
-    let conn = http1::Builder::new()
-        // A session idles between requests for as long as the proxy likes.
-        .header_read_timeout(None)
-        .serve_connection(TokioIo::new(io), service)
-        .with_upgrades();
-    if let Err(e) = conn.await {
-        tracing::debug!(error = %e, "session ended with an error");
+    /// Serves HTTP/1.1 on a session until the proxy closes it or an upgrade takes it. While
+    /// it is idle, a retirement owed (a shrink) closes it at once: the proxy drops a session
+    /// it sees closed while idle. A busy one retires on its response instead ([`Retiring`]).
+    async fn serve(&mut self, io: SessionIo, service: Retiring<S>, flags: &SessionFlags) {
+        let conn = http1::Builder::new()
+            // A session idles between requests for as long as the proxy likes.
+            .header_read_timeout(None)
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
+        tokio::pin!(conn);
+        let mut counts = self.shared.subscribe_counts();
+        // A shrink while this session was registering: it retires at once, idle as it is.
+        let mut closing = self.retire_if_idle(flags);
+        if closing {
+            conn.as_mut().graceful_shutdown();
+        }
+        loop {
+            tokio::select! {
+                ended = conn.as_mut() => {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "session ended with an error");
+                    }
+                    return;
+                }
+                changed = counts.changed(), if !closing => {
+                    closing = changed.is_err() || self.retire_if_idle(flags);
+                    if closing {
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Claims an owed retirement for this session if it is idle.
+    fn retire_if_idle(&self, flags: &SessionFlags) -> bool {
+        if flags.busy.load(Ordering::SeqCst)
+            || flags.retired.load(Ordering::SeqCst)
+            || !self.shared.claim_retirement()
+        {
+            return false;
+        }
+        flags.retired.store(true, Ordering::SeqCst);
+        tracing::debug!("retiring idle session: closing it");
+        true
     }
 }

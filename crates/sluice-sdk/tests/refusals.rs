@@ -36,7 +36,10 @@ async fn unauthorized_stops_the_slot_without_retrying() {
         .await
         .unwrap();
     let error = sessions.last_error().unwrap();
-    assert!(matches!(error, Error::Refused { status: 401 }), "{error}");
+    assert!(
+        matches!(error, Error::Refused { status: 401, .. }),
+        "{error}"
+    );
     assert!(!error.is_retryable());
 
     within(sessions.shutdown()).await.unwrap();
@@ -62,6 +65,6 @@ async fn unavailable_is_retried_with_backoff_until_accepted() {
     support::registered(&sessions, 1).await;
     assert!(matches!(
         sessions.last_error(),
-        Some(Error::Refused { status: 503 })
+        Some(Error::Refused { status: 503, .. })
     ));
 }

@@ -140,11 +140,22 @@ async fn every_acceptor_answer_is_read_as_the_vectors_say() {
         };
         match (&case.expect, outcome) {
             (ReplyVerdict::Session { .. } | ReplyVerdict::Drained, Ok(())) => {}
-            (ReplyVerdict::Refused { status, retryable }, Err(e)) => {
+            (
+                ReplyVerdict::Refused {
+                    status,
+                    retryable,
+                    reason,
+                },
+                Err(e),
+            ) => {
                 assert!(
-                    matches!(e, Error::Refused { status: s } if s == *status),
+                    matches!(e, Error::Refused { status: s, .. } if s == *status),
                     "{name}: {e}"
                 );
+                // The acceptor's reason is shown, not just its status.
+                if let Some(reason) = reason {
+                    assert!(e.to_string().contains(reason.as_str()), "{name}: {e}");
+                }
                 assert_eq!(e.is_retryable(), *retryable, "{name}");
             }
             (ReplyVerdict::Error { retryable }, Err(e)) => {
@@ -171,5 +182,22 @@ async fn identities_are_accepted_or_refused_as_the_vectors_say() {
             Err(Error::Config(_)) => assert!(!case.valid, "{}: refused", case.name),
             Err(e) => panic!("{}: {e}", case.name),
         }
+    }
+}
+
+#[test]
+fn client_addresses_are_reported_as_the_vectors_say() {
+    use sluice_sdk::ClientAddr;
+    let v = vectors::load().unwrap();
+    assert!(v.client_addresses.len() >= 10);
+    let peer: SocketAddr = "192.0.2.1:7070".parse().unwrap();
+    for case in &v.client_addresses {
+        let mut headers = http::HeaderMap::new();
+        for value in &case.values {
+            headers.append("sluice-client-addr", value.parse().unwrap());
+        }
+        let got = ClientAddr::from_headers(&headers, Some(peer)).unwrap();
+        let expected = case.client.clone().unwrap_or_else(|| peer.to_string());
+        assert_eq!(got.to_string(), expected, "{}", case.name);
     }
 }

@@ -352,3 +352,84 @@ async fn a_proxy_stopped_in_process_closes_its_sessions() {
     within(task).await.unwrap();
     registered(&sessions, 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_carry_the_address_the_proxy_saw_not_one_the_client_chose() {
+    use sluice_sdk::ClientAddr;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let proxy = RunningProxy::any_port().await;
+    let mut options = Options::new(proxy.acceptor, Identity::new("api"));
+    options.capacity = 1;
+    let service = tower::service_fn(|req: Request<Incoming>| async move {
+        let client = req.extensions().get::<ClientAddr>().copied();
+        let body = client.map_or_else(|| "none".to_owned(), |c| c.to_string());
+        Ok::<_, Infallible>(Response::new(Full::<Bytes>::from(body)))
+    });
+    let sessions = serve(options, service).unwrap();
+    proxy.idle(1).await;
+
+    let mut client = TcpStream::connect(proxy.http).await.unwrap();
+    let me = client.local_addr().unwrap();
+    client
+        .write_all(
+            b"GET / HTTP/1.1\r\nHost: a\r\nSluice-Client-Addr: 6.6.6.6:1\r\n\
+              X-Forwarded-For: 6.6.6.6\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    within(client.read_to_string(&mut answer)).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with(&format!("\r\n\r\n{me}")), "{answer}");
+    within(sessions.shutdown()).await.unwrap();
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_drain_keeps_the_instance_out_and_shutdown_still_works() {
+    let proxy = RunningProxy::any_port().await;
+    let (sessions, _counter) = instance(proxy.acceptor, "a", 2, Duration::ZERO);
+    registered(&sessions, 2).await;
+    assert!(proxy.cluster.drain_and_hold("a"));
+
+    // The SDK's re-dials are refused with 410: it stops, reports it, and stays out.
+    let mut status = sessions.subscribe();
+    let status = within(status.wait_for(|s| s.registered == 0 && s.last_error.is_some()))
+        .await
+        .unwrap()
+        .clone();
+    let error = status.last_error.unwrap();
+    assert!(error.is_drained() && !error.is_retryable(), "{error}");
+    let registrations = status.registrations;
+    assert_eq!(proxy.cluster.instance_sessions("a"), 0);
+    within(sessions.shutdown()).await.unwrap();
+    assert_eq!(proxy.cluster.instance_sessions("a"), 0);
+    assert_eq!(registrations, 2, "it must not have re-registered");
+
+    // Resumed, the same instance id registers again.
+    assert!(proxy.cluster.resume("a"));
+    let (again, _counter) = instance(proxy.acceptor, "a", 1, Duration::ZERO);
+    registered(&again, 1).await;
+    within(again.shutdown()).await.unwrap();
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shrinking_closes_idle_sessions_at_once_and_the_next_burst_stays_within_it() {
+    let proxy = RunningProxy::any_port().await;
+    let (sessions, counter) = instance(proxy.acceptor, "a", 8, Duration::from_millis(20));
+    registered(&sessions, 8).await;
+    proxy.idle(8).await;
+
+    sessions.set_capacity(2);
+    // No request needed: the six idle surplus sessions close, and the proxy drops them.
+    within(proxy.cluster.wait_until(|c| c.instance_sessions("a") == 2)).await;
+    registered(&sessions, 2).await;
+    let burst: Vec<_> = (0..8).map(|_| tokio::spawn(get(proxy.http))).collect();
+    for request in burst {
+        assert_eq!(within(request).await.unwrap().0, StatusCode::OK);
+    }
+    assert!(counter.max_in_flight() <= 2, "{}", counter.max_in_flight());
+    within(sessions.shutdown()).await.unwrap();
+    proxy.stop().await;
+}

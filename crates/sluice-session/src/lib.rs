@@ -10,14 +10,17 @@
 //! * [`hello`]: what a service sends: [`Registration`] (an HTTP/1.1 Upgrade) or [`Drain`].
 //! * [`reply`]: what the acceptor answers: `101`, `200`, or a [`Rejection`] with its status.
 //! * [`stream`]: [`Prefixed`], which replays bytes read past a head.
+//! * [`client`]: `Sluice-Client-Addr`, the client's address on every request over a session.
 //! * `vectors` (feature `vectors`): the shared protocol test vectors, typed, for test suites.
 
+pub mod client;
 pub mod hello;
 pub mod reply;
 pub mod stream;
 #[cfg(feature = "vectors")]
 pub mod vectors;
 
+pub use client::{client_addr_value, parse_client_addr, HEADER_CLIENT_ADDR};
 pub use hello::{parse_hello, Drain, Hello, Identity, Registration};
 pub use reply::{parse_reply, Rejection, Reply};
 pub use stream::Prefixed;

@@ -6,7 +6,7 @@ use crate::{Parsed, UPGRADE_TOKEN};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{status} {reason}")]
 pub struct Rejection {
-    /// 400, 401, 404, 429 or 503.
+    /// 400, 401, 404, 410, 429 or 503.
     pub status: u16,
     /// A short plain-text reason.
     pub reason: String,
@@ -45,6 +45,17 @@ impl Rejection {
         }
     }
 
+    /// 410: an operator drained the instance, which stays out until it is resumed; an SDK
+    /// stops dialing for it instead of retrying.
+    pub fn drained(service: &str, instance: &str) -> Self {
+        Self {
+            status: 410,
+            reason: format!(
+                "instance {instance:?} of service {service:?} is drained; resume it with sluice ctl resume"
+            ),
+        }
+    }
+
     /// 503: the instance is draining or the proxy is shutting down.
     pub fn unavailable(reason: &str) -> Self {
         Self {
@@ -73,6 +84,7 @@ fn canonical_reason(status: u16) -> &'static str {
         400 => "Bad Request",
         401 => "Unauthorized",
         404 => "Not Found",
+        410 => "Gone",
         429 => "Too Many Requests",
         503 => "Service Unavailable",
         _ => "",

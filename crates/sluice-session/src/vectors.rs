@@ -24,6 +24,8 @@ pub struct Vectors {
     pub hellos: Vec<HelloCase>,
     /// What acceptors may answer, and what an SDK makes of it.
     pub replies: Vec<ReplyCase>,
+    /// `Sluice-Client-Addr` fields and the client address an SDK reports for them.
+    pub client_addresses: Vec<ClientAddrCase>,
     /// Identities an SDK must accept or refuse before dialing.
     pub options: Vec<OptionsCase>,
 }
@@ -184,12 +186,28 @@ pub enum ReplyVerdict {
         status: u16,
         /// Whether to re-dial.
         retryable: bool,
+        /// The acceptor's reason (its body), which the SDK's error must show.
+        #[serde(default)]
+        reason: Option<String>,
     },
     /// Not the protocol, or the connection ended early.
     Error {
         /// Whether to re-dial.
         retryable: bool,
     },
+}
+
+/// The `Sluice-Client-Addr` fields of a request and what an SDK reports as its client.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientAddrCase {
+    /// What the vector shows.
+    pub name: String,
+    /// The field values, in order (empty: no such header).
+    pub values: Vec<String>,
+    /// The client address, written as the proxy writes it; `None`: the values say nothing
+    /// an SDK may trust, so it reports the session's peer, as without the header.
+    pub client: Option<String>,
 }
 
 /// An identity an SDK must accept or refuse.

@@ -122,6 +122,7 @@ fn the_acceptor_encodes_refusals_as_the_vectors_show_them() {
         Rejection::unknown_service("nope").encode(),
         Rejection::limited("sessions of this instance").encode(),
         Rejection::unavailable("shutting down").encode(),
+        Rejection::drained("api", "api-1").encode(),
         Reply::switching_protocols(),
         Reply::drained(),
     ];
@@ -132,5 +133,19 @@ fn the_acceptor_encodes_refusals_as_the_vectors_show_them() {
             "{:?} is not among the reply vectors",
             String::from_utf8_lossy(&bytes)
         );
+    }
+}
+
+#[test]
+fn client_addresses_are_trusted_whole_or_not_at_all() {
+    let v = load();
+    assert!(v.client_addresses.len() >= 10);
+    for case in &v.client_addresses {
+        let got = match case.values.as_slice() {
+            [one] => parse_client_addr(one.as_bytes()),
+            _ => None,
+        };
+        let got = got.map(client_addr_value);
+        assert_eq!(got, case.client, "{}", case.name);
     }
 }

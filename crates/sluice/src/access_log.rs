@@ -178,7 +178,7 @@ fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
         "status": e.status,
         "bytes": e.bytes,
         "route": e.route,
-        "duration_ms": e.elapsed.as_secs_f64() * 1000.0,
+        "duration_ms": duration_ms(e.elapsed),
         "user_agent": e.user_agent,
     })
     .to_string()
@@ -204,6 +204,14 @@ fn civil(t: SystemTime) -> (i64, u32, u32, u32, u32, u32) {
     let year = yoe + era * 400 + i64::from(month <= 2);
     let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
     (year, month, day, h as u32, m as u32, s as u32)
+}
+
+/// Milliseconds with microsecond precision, as the shortest decimal that reads back to it
+/// (`5.37`, not the `5.370000000000001` that multiplying seconds by 1000 gives).
+fn duration_ms(d: Duration) -> f64 {
+    let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    // Below 2^53 microseconds (285 years) the division is exact to the last digit printed.
+    micros as f64 / 1000.0
 }
 
 #[cfg(test)]
@@ -237,6 +245,28 @@ mod tests {
         }
         assert_eq!(report.failed(1, start + Duration::from_secs(10)), Some(199));
         assert_eq!(report.failed(1, start + Duration::from_secs(11)), None);
+    }
+
+    #[test]
+    fn json_durations_are_milliseconds_without_float_noise() {
+        for (micros, printed) in [
+            (5_370, "5.37"),
+            (3_000, "3.0"),
+            (1, "0.001"),
+            (123_456, "123.456"),
+        ] {
+            let ms = duration_ms(Duration::from_micros(micros));
+            assert_eq!(serde_json::json!(ms).to_string(), printed);
+        }
+        assert_eq!(
+            serde_json::json!(duration_ms(Duration::from_nanos(5_370_123))).to_string(),
+            "5.37"
+        );
+        // 5.37 us: seconds times 1000 printed 0.005370000000000001.
+        assert_eq!(
+            serde_json::json!(duration_ms(Duration::from_nanos(5_370))).to_string(),
+            "0.005"
+        );
     }
 
     #[test]

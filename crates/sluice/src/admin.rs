@@ -6,7 +6,8 @@
 //! |---|---|
 //! | `GET /healthz` | `200 ok` while the process serves |
 //! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints |
-//! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance (as its own drain request would) |
+//! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance and keep it out: its registrations are refused (410) until resumed |
+//! | `POST /clusters/{cluster}/instances/{instance}/resume` | let a drained instance register again |
 //! | `POST /reload` | re-read the configuration file and apply it (`sluice run`: a hot restart of the same binary, so no request fails; a file that does not load is 400 with its `file:line:col` error, and nothing changes) |
 //! | `GET /routes` | the routes in match order |
 //! | `POST /routes` `{"name", "hosts", "path_prefix", "methods", "client_cidr", "cluster", "slice", "position"}` | add a route (matched first by default), e.g. a client-CIDR slicing rule |
@@ -142,6 +143,10 @@ pub fn router(state: Arc<AdminState>) -> Router {
             "/clusters/{cluster}/instances/{instance}/drain",
             post(drain),
         )
+        .route(
+            "/clusters/{cluster}/instances/{instance}/resume",
+            post(resume),
+        )
         .route("/reload", post(reload))
         .route("/openapi.json", get(openapi))
         .route("/routes", get(list_routes).post(add_route))
@@ -219,8 +224,9 @@ fn is_loopback_host(host: &str) -> bool {
 
 /// Serves the admin API on `listener` until `signal` fires.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>, signal: ShutdownSignal) {
-    let addr = listener.local_addr().ok();
-    info!(admin.addr = ?addr, auth = state.token.is_some(), "admin API listening");
+    if let Ok(addr) = listener.local_addr() {
+        info!(admin.addr = %addr, auth = state.token.is_some(), "admin API listening");
+    }
     let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(signal.wait())
         .await;
@@ -310,11 +316,23 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> serde_json::Value {
             json!({ "name": s, "idle": c.idle_sessions(&s), "queued": c.queued(&s), "oldest_wait_ms": oldest })
         })
         .collect();
-    let instances: Vec<_> = c
-        .instances()
+    let registered = c.instances();
+    let mut instances: Vec<_> = registered
         .iter()
-        .map(|i| json!({ "id": i.id(), "sessions": i.sessions(), "draining": i.is_draining() }))
+        .map(|i| {
+            json!({
+                "id": i.id(), "sessions": i.sessions(), "upgraded": i.upgraded(),
+                "draining": i.is_draining(),
+            })
+        })
         .collect();
+    // A drained instance whose sessions have all closed stays listed until it is resumed.
+    let gone = c
+        .held()
+        .into_iter()
+        .filter(|h| !registered.iter().any(|i| i.id() == h));
+    instances
+        .extend(gone.map(|id| json!({ "id": id, "sessions": 0, "upgraded": 0, "draining": true })));
     json!({
         "name": name, "kind": "reverse", "sessions": c.sessions(),
         "slices": slices, "instances": instances,
@@ -344,11 +362,26 @@ async fn drain(
     let Some(Upstream::Reverse(slice)) = state.clusters.get(&cluster) else {
         return cluster_error(&state, &cluster, "reverse");
     };
-    if !slice.cluster().drain(&instance) {
+    if !slice.cluster().drain_and_hold(&instance) {
         let reason = format!("cluster {cluster:?} has no instance {instance:?}");
         return error(StatusCode::NOT_FOUND, &reason);
     }
     Json(json!({ "cluster": cluster, "instance": instance, "draining": true })).into_response()
+}
+
+async fn resume(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    Path((cluster, instance)): Path<(String, String)>,
+) -> Response {
+    let Some(Upstream::Reverse(slice)) = state.clusters.get(&cluster) else {
+        return cluster_error(&state, &cluster, "reverse");
+    };
+    if !slice.cluster().resume(&instance) {
+        let reason = format!("instance {instance:?} of cluster {cluster:?} is not drained");
+        return error(StatusCode::NOT_FOUND, &reason);
+    }
+    Json(json!({ "cluster": cluster, "instance": instance, "draining": false })).into_response()
 }
 
 #[derive(Deserialize)]

@@ -25,6 +25,15 @@ pub enum ProxyError {
         /// The cluster's name (logged, never sent to the client).
         cluster: String,
     },
+    /// No service has a session registered for the slice (none started, all gone or drained);
+    /// answered at once, or after the cluster's `no_sessions_wait`.
+    #[error("no sessions registered for cluster {cluster} (slice {slice})")]
+    NoSessions {
+        /// The cluster's name (logged, never sent to the client).
+        cluster: String,
+        /// The slice's name (logged, never sent to the client).
+        slice: String,
+    },
     /// The cluster has no capacity for the request now (admission queue full or wait expired);
     /// the client may retry after `retry_after` seconds.
     #[error("{reason}")]
@@ -68,7 +77,9 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute => StatusCode::NOT_FOUND,
-            Self::NoEndpoint { .. } | Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Connect(_) | Self::UpstreamProtocol(_) => StatusCode::BAD_GATEWAY,
             Self::ConnectTimeout | Self::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::ClientBody(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -82,7 +93,9 @@ impl ProxyError {
             Self::NoRoute | Self::ClientBody(_) | Self::BadRequest(_) | Self::NotImplemented(_) => {
                 Origin::Client
             }
-            Self::NoEndpoint { .. } | Self::Unavailable { .. } => Origin::Internal,
+            Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
+                Origin::Internal
+            }
             Self::Connect(_)
             | Self::ConnectTimeout
             | Self::ResponseTimeout
@@ -94,6 +107,8 @@ impl ProxyError {
     pub fn retry_after(&self) -> Option<u32> {
         match self {
             Self::Unavailable { retry_after, .. } => Some(*retry_after),
+            // Services that are starting register within seconds.
+            Self::NoSessions { .. } => Some(1),
             _ => None,
         }
     }
@@ -112,6 +127,7 @@ impl ProxyError {
             Self::ClientBody(_) => "invalid request body".to_owned(),
             // The cluster's name is internal; the log has it.
             Self::NoEndpoint { .. } => "no healthy upstream".to_owned(),
+            Self::NoSessions { .. } => "no sessions registered for this service".to_owned(),
             other => other.to_string(),
         }
     }

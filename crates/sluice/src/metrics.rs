@@ -137,7 +137,7 @@ impl Metrics {
         let sessions = Family::default();
         registry.register(
             "sessions",
-            "Connected sessions, by reverse cluster, instance and state (active or draining)",
+            "Connected sessions, by reverse cluster, instance and state (active, draining, or upgraded: taken over by a WebSocket and no longer leasable)",
             sessions.clone(),
         );
         let connects = Family::default();
@@ -268,6 +268,15 @@ impl Metrics {
                 self.sessions
                     .get_or_create(&labels)
                     .set(gauge(inst.sessions()));
+                if inst.upgraded() > 0 {
+                    let upgraded = InstanceLabels {
+                        state: "upgraded".to_owned(),
+                        ..labels
+                    };
+                    self.sessions
+                        .get_or_create(&upgraded)
+                        .set(gauge(inst.upgraded()));
+                }
             }
         }
     }

@@ -339,6 +339,11 @@ pub(crate) async fn adopt_sessions(
     total: Arc<Limit>,
 ) {
     let mut adopted = 0usize;
+    // Requests that come before the sessions wait for them instead of meeting an empty slice.
+    let _expecting: Vec<_> = clusters
+        .values()
+        .map(ReverseCluster::expect_sessions)
+        .collect();
     loop {
         let (msg, fd) = match recv(&conn, &path).await {
             Ok(m) => m,

@@ -35,7 +35,7 @@ async fn start_with(admin_keys: &str) -> Running {
          [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
          [[route]]\nname = \"legacy\"\npath_prefix = \"/legacy\"\ncluster = \"legacy\"\n\
          [[route]]\nname = \"api\"\ncluster = \"api\"\n\
-         [cluster.api]\nkind = \"reverse\"\n\
+         [cluster.api]\nkind = \"reverse\"\nno_sessions_wait = \"1h\"\n\
          [cluster.legacy]\nkind = \"static\"\nendpoints = [\"127.0.0.1:9\"]\n"
     );
     let config = sluice::config::parse_str(&text, "admin.toml", Path::new(".")).unwrap();
@@ -106,6 +106,7 @@ async fn every_call_needs_the_token() {
         ("GET", "/status"),
         ("GET", "/metrics"),
         ("POST", "/clusters/api/instances/a/drain"),
+        ("POST", "/clusters/api/instances/a/resume"),
     ] {
         assert_eq!(call(p.admin, method, path, None, "").await.0, 401, "{path}");
         assert_eq!(
@@ -141,8 +142,15 @@ async fn status_follows_the_sessions_and_drain_empties_an_instance() {
     let (status, body) = json(p.admin, "POST", "/clusters/api/instances/a/drain", "").await;
     assert_eq!((status, body["draining"].as_bool()), (200, Some(true)));
     p.cluster.wait_until(|c| c.sessions() == 0).await;
+    // Drained, it stays listed and out until resumed; draining it again changes nothing.
     assert_eq!(
         json(p.admin, "POST", "/clusters/api/instances/a/drain", "")
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        json(p.admin, "POST", "/clusters/api/instances/zz/drain", "")
             .await
             .0,
         404
@@ -159,6 +167,49 @@ async fn status_follows_the_sessions_and_drain_empties_an_instance() {
             .0,
         409
     );
+    let _ = p.stop.send(());
+}
+
+#[tokio::test]
+async fn a_drained_instance_is_refused_with_410_until_it_is_resumed() {
+    use reverse_support::service::dial_raw;
+    let p = start().await;
+    let spec = ServiceSpec::new("a", 1);
+    let _svc = Service::start(p.acceptor, spec.clone()).await;
+    p.cluster.wait_until(|c| c.sessions() == 1).await;
+    let (status, _) = json(p.admin, "POST", "/clusters/api/instances/a/drain", "").await;
+    assert_eq!(status, 200);
+    p.cluster.wait_until(|c| c.sessions() == 0).await;
+
+    // The SDK re-dials at once with the same instance id: refused, saying why and what to do.
+    let hello = spec.registration().encode();
+    let (mut refused, status) = dial_raw(p.acceptor, &hello).await;
+    assert_eq!(status, 410);
+    let mut answer = String::new();
+    refused.read_to_string(&mut answer).await.unwrap();
+    assert!(
+        answer.contains(
+            "instance \"a\" of service \"api\" is drained; resume it with sluice ctl resume"
+        ),
+        "{answer}"
+    );
+    let (_, body) = json(p.admin, "GET", "/status", "").await;
+    let a = &body["clusters"][0]["instances"][0];
+    assert_eq!(
+        (a["id"].as_str(), a["sessions"].as_u64()),
+        (Some("a"), Some(0))
+    );
+    assert_eq!(a["draining"], true);
+    // Another instance id is not held.
+    let other = ServiceSpec::new("b", 1).registration().encode();
+    assert_eq!(dial_raw(p.acceptor, &other).await.1, 101);
+
+    let (status, body) = json(p.admin, "POST", "/clusters/api/instances/a/resume", "").await;
+    assert_eq!((status, body["draining"].as_bool()), (200, Some(false)));
+    let (_session, status) = dial_raw(p.acceptor, &hello).await;
+    assert_eq!(status, 101);
+    let (status, body) = json(p.admin, "POST", "/clusters/api/instances/a/resume", "").await;
+    assert_eq!(status, 404, "{body}");
     let _ = p.stop.send(());
 }
 
@@ -441,7 +492,7 @@ async fn every_documented_operation_reaches_a_handler() {
 #[tokio::test]
 async fn status_shows_how_long_the_oldest_request_has_waited() {
     let p = start().await;
-    // No session: the request waits in the default slice's queue.
+    // No session yet, and `no_sessions_wait`: the request waits in the default slice's queue.
     let http = p.http;
     let waiting = tokio::spawn(async move { get(http, "/x").await });
     p.cluster.wait_until(|c| c.queued("default") == 1).await;

@@ -295,3 +295,74 @@ async fn a_response_with_length_and_chunked_is_framed_by_chunks_and_retires_its_
     proxy.cluster.wait_until(|c| c.sessions() == 0).await;
     proxy.stop().await;
 }
+
+/// A service streams JSON lines with pauses (a generator, a long poll that answers event by
+/// event): each line reaches the client before the service sends the next one. The service
+/// waits for the client's word after each line, so a proxy that held the body back until its
+/// end (or until `response_buffer` filled) would never deliver it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_response_reaches_the_client_chunk_by_chunk() {
+    use reverse_support::custom::Channel;
+    use tokio::sync::{mpsc, Mutex};
+    let proxy = start_proxy("queue_timeout = \"10s\"", DEFAULT_ROUTE).await;
+    let (lines_tx, lines_rx) = mpsc::channel::<mpsc::Sender<Bytes>>(1);
+    let lines_tx = Arc::new(Mutex::new(Some(lines_tx)));
+    serve_fn(proxy.acceptor, &ServiceSpec::new("a", 1), move |_req| {
+        let lines_tx = Arc::clone(&lines_tx);
+        async move {
+            let (tx, rx) = mpsc::channel(1);
+            if let Some(hand) = lines_tx.lock().await.take() {
+                hand.send(tx).await.unwrap();
+            }
+            let res = Response::builder()
+                .header("content-type", "application/x-ndjson")
+                .body(Channel(rx))
+                .unwrap();
+            Ok::<_, std::io::Error>(res)
+        }
+    })
+    .await;
+    proxy.idle("default", 1).await;
+
+    let stream = tokio::net::TcpStream::connect(proxy.http).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("/events")
+        .header("host", "test")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    let pending = tokio::spawn(async move { sender.send_request(req).await.unwrap() });
+    let mut lines_rx = lines_rx;
+    let service = within("the request to reach the service", lines_rx.recv())
+        .await
+        .unwrap();
+    service.send(Bytes::from("{\"n\":1}\n")).await.unwrap();
+    let res = within("the response head", pending).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.into_body();
+    let mut received = Vec::new();
+    for n in 1..=3 {
+        // Everything of line n arrives while the service still holds the rest back.
+        let line = format!("{{\"n\":{n}}}\n");
+        while received.len() < line.len() {
+            let frame = within("the next line", body.frame())
+                .await
+                .unwrap()
+                .unwrap();
+            received.extend_from_slice(&frame.into_data().unwrap());
+        }
+        assert_eq!(String::from_utf8_lossy(&received), line);
+        received.clear();
+        if n < 3 {
+            let next = format!("{{\"n\":{}}}\n", n + 1);
+            service.send(Bytes::from(next)).await.unwrap();
+        }
+    }
+    drop(service);
+    assert!(within("the end", body.frame()).await.is_none());
+    // The session goes back once the stream has ended.
+    within("the session to be idle", proxy.idle("default", 1)).await;
+    proxy.stop().await;
+}

@@ -295,7 +295,7 @@ async fn mtls_certificate_registers_only_for_its_services() {
     let wrong = start_service(proxy.acceptor, "api", pki.client(Some(&pki.billing)));
     assert!(matches!(
         failed(&wrong).await,
-        Error::Refused { status: 401 }
+        Error::Refused { status: 401, .. }
     ));
     assert_eq!(wrong.registered(), 0);
     let answer = raw_register(&pki, &proxy, &pki.billing, "api").await;

@@ -169,6 +169,35 @@ async fn reverse_session_carries_an_upgrade_and_is_replaced() {
 }
 
 #[tokio::test]
+async fn an_instance_whose_sessions_are_all_upgraded_is_listed_as_upgraded() {
+    let proxy = reverse_support::start_proxy("", reverse_support::DEFAULT_ROUTE).await;
+    let mut identity = Identity::new("api");
+    identity.instance = Some("ws".into());
+    let mut options = Options::new(proxy.acceptor, identity);
+    options.capacity = 1;
+    let sessions = sluice_sdk::serve(options, tower::service_fn(echo)).unwrap();
+    within(proxy.idle(DEFAULT_SLICE, 1)).await;
+    let (mut stream, head) = within(switch(proxy.http)).await;
+    assert_switched(&head);
+    within(round_trips(&mut stream, 0, 1)).await;
+    // No session left (the replacement is shrunk away), one upgraded connection open: the
+    // instance is still listed, with it.
+    sessions.set_capacity(0);
+    within(proxy.cluster.wait_until(|c| c.sessions() == 0)).await;
+    let instances = proxy.cluster.instances();
+    let listed: Vec<_> = instances
+        .iter()
+        .map(|i| (i.id().to_owned(), i.sessions()))
+        .collect();
+    assert_eq!(listed, [("ws".to_owned(), 0)]);
+    assert_eq!(instances[0].upgraded(), 1);
+    within(close(stream)).await;
+    within(proxy.cluster.wait_until(|c| c.instances().is_empty())).await;
+    drop(sessions);
+    proxy.stop().await;
+}
+
+#[tokio::test]
 async fn an_upgrade_answered_200_is_an_ordinary_response() {
     let backend = echo_backend().await;
     let proxy = support::TestProxy::start(&support::static_config(&[backend], "")).await;

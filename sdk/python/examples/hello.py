@@ -2,7 +2,7 @@
 """Answers "hello" through Sluice: dials the acceptor, keeps --capacity sessions registered,
 and on SIGTERM/SIGINT drains and waits for the proxy to close every session.
 
-    SLUICE_TOKEN=s3cret python3 examples/hello.py --acceptor 127.0.0.1:7000 --service hello
+    SLUICE_TOKEN=s3cret python3 examples/hello.py --acceptor 127.0.0.1:7070 --service hello
 """
 
 import argparse
@@ -24,7 +24,7 @@ async def app(scope, receive, send):
 
 async def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--acceptor", default="127.0.0.1:7000")
+    p.add_argument("--acceptor", default="127.0.0.1:7070")
     p.add_argument("--service", default="hello")
     p.add_argument("--capacity", type=int, default=4)
     args = p.parse_args()

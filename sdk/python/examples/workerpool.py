@@ -4,7 +4,7 @@ hash), and the service keeps exactly W sessions registered, so the proxy never h
 concurrent requests than it has workers — no queue forms inside the service. SIGUSR1 adds a
 worker, SIGUSR2 removes one; each resize calls ``set_capacity`` to match.
 
-    python3 examples/workerpool.py --acceptor 127.0.0.1:7000 --service hash --workers 4
+    python3 examples/workerpool.py --acceptor 127.0.0.1:7070 --service hash --workers 4
     kill -USR1 <pid>   # 5 workers, 5 sessions
 """
 
@@ -55,7 +55,7 @@ def make_app(pool: WorkerPool):
 
 async def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--acceptor", default="127.0.0.1:7000")
+    p.add_argument("--acceptor", default="127.0.0.1:7070")
     p.add_argument("--service", default="hash")
     p.add_argument("--workers", type=int, default=4)
     args = p.parse_args()

@@ -8,7 +8,8 @@ Session mode dials in and prints ``registered N`` once N sessions are registered
 drains, waits until the proxy closed every session, prints ``drained`` and exits 0. A
 permanent refusal (400/401/404) exits 1 with a message on stderr. Listen mode serves the same
 app on a listening socket and prints ``listening HOST:PORT``. Each request with
-``x-request-id`` prints ``start <id>``, sleeps D ms, reads the body and answers ``<instance>\\n``.
+``x-request-id`` prints ``start <id>``, sleeps D ms, reads the body and answers ``<instance>\\n``
+(``<instance> <client address>\\n`` for a request with ``x-echo-client``).
 """
 
 from __future__ import annotations
@@ -30,13 +31,22 @@ def make_app(instance: str, delay_ms: int) -> Any:
     headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        echo = False
         for name, value in scope["headers"]:
             if name == b"x-request-id":
                 print(f"start {value.decode('latin-1')}", flush=True)
+            echo = echo or name == b"x-echo-client"
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
         while (await receive()).get("more_body"):
             pass
+        if echo:
+            host, port = scope["client"] or ("none", 0)
+            client = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            echoed = f"{instance} {client}\n".encode()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": echoed})
+            return
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

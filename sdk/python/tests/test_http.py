@@ -171,3 +171,29 @@ def test_shutdown_deadline_closes_the_sessions_and_says_so() -> None:
         await s.wait_closed()
 
     run(main())
+
+
+def test_responses_carry_the_standard_reason_phrase() -> None:
+    async def status(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        code = int(scope["path"].strip("/"))
+        await send({"type": "http.response.start", "status": code, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def main() -> None:
+        acc, sessions, s = await one_session(status)
+        heads = []
+        for code in (200, 404, 503, 599):
+            await s.send_head("GET", f"/{code}")
+            await s.end()
+            head = await s._event()
+            assert isinstance(head, h11.Response)
+            heads.append((head.status_code, bytes(head.reason)))
+            while not isinstance(await s._event(), h11.EndOfMessage):
+                pass
+            s.conn.start_next_cycle()
+        # h2load and other strict clients count an empty reason ("HTTP/1.1 200 ") as a failure.
+        assert heads == [(200, b"OK"), (404, b"Not Found"), (503, b"Service Unavailable"),
+                         (599, b"Unknown")]
+        sessions.close()
+
+    run(main())

@@ -19,7 +19,7 @@ def opts(acceptor: str, **kw: Any) -> Options:
     return Options(acceptor=acceptor, service="api", instance="api-1", token="s3cret", **kw)
 
 
-def test_serves_an_asgi_app_and_reports_the_forwarded_client() -> None:
+def test_serves_an_asgi_app_and_reports_the_client_the_proxy_saw() -> None:
     seen: list[dict[str, Any]] = []
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -32,17 +32,23 @@ def test_serves_an_asgi_app_and_reports_the_forwarded_client() -> None:
         s = await acc.session()
         await sessions.wait_registered(1)
         assert s.headers["sluice-service"] == "api" and s.headers["sluice-capacity"] == "1"
-        xff = [("X-Forwarded-For", "203.0.113.7, 10.0.0.1"), ("X-Forwarded-Proto", "https")]
+        # The client chose X-Forwarded-For; the proxy vouches for Sluice-Client-Addr alone.
+        xff = [("X-Forwarded-For", "6.6.6.6, 10.0.0.1"), ("X-Forwarded-Proto", "https"),
+               ("Sluice-Client-Addr", "203.0.113.7:4711")]
         r = await s.request("GET", "/a%20b?x=1", xff)
         assert (r.status, r.body) == (200, b"hello GET /a b?x=1\n")
         r = await s.request("POST", "/again", body=b"payload")
         assert (r.status, r.body, r.closes) == (200, b"hello POST /again?\n", False)
+        peer = s.writer.get_extra_info("sockname")[:2]
         sessions.close()
+        return peer
 
-    run(main())
-    assert seen[0]["raw_path"] == b"/a%20b" and seen[0]["client"] == ("203.0.113.7", 0)
+    acceptor = run(main())
+    assert seen[0]["raw_path"] == b"/a%20b" and seen[0]["client"] == ("203.0.113.7", 4711)
+    # Without the header, the client is the session's peer (the acceptor), never a guess.
+    assert seen[1]["client"] == acceptor
     assert (seen[0]["scheme"], seen[1]["scheme"]) == ("https", "http")
-    assert (b"x-forwarded-for", b"203.0.113.7, 10.0.0.1") in seen[0]["headers"]
+    assert (b"x-forwarded-for", b"6.6.6.6, 10.0.0.1") in seen[0]["headers"]
 
 
 def test_request_body_is_streamed_to_the_app() -> None:
@@ -108,6 +114,19 @@ def test_a_session_closed_by_the_proxy_is_replaced() -> None:
     run(main())
 
 
+async def closed_by_the_service(live: list[Any], n: int) -> list[Any]:
+    """Waits until the service has closed ``n`` of the ``live`` fake sessions; returns them."""
+    waits = {asyncio.ensure_future(s.wait_closed()): s for s in live}
+    done: set[asyncio.Future[None]] = set()
+    while len(done) < n:
+        finished, _ = await asyncio.wait(set(waits) - done, return_when=asyncio.FIRST_COMPLETED)
+        done |= finished
+    for task in set(waits) - done:
+        task.cancel()
+    await asyncio.gather(*waits, return_exceptions=True)
+    return [waits[t] for t in done]
+
+
 def test_grow_and_shrink() -> None:
     async def main() -> None:
         acc = FakeAcceptor()
@@ -118,20 +137,43 @@ def test_grow_and_shrink() -> None:
         assert [r["sluice-capacity"] for r in acc.registrations] == ["1", "3", "3"]
         live = [await acc.session() for _ in range(3)]
 
-        sessions.set_capacity(1)
+        sessions.set_capacity(1)  # all three idle: two close at once, no request needed
         assert sessions.capacity == 1
-        answers = [await s.request() for s in live]
-        assert [r.status for r in answers] == [200, 200, 200]
-        assert [r.closes for r in answers] == [True, True, False]  # two retire, race-free
-        for s in live[:2]:
-            await s.wait_closed()
+        closed = await closed_by_the_service(live, 2)
         await sessions._shared.wait_until(lambda: sessions.registered == 1)
-        assert (await live[2].request()).closes is False  # the survivor keeps serving
+        [survivor] = [s for s in live if s not in closed]
+        assert (await survivor.request()).closes is False  # the survivor keeps serving
 
         sessions.set_capacity(2)  # exactly one new dial: the retired slots did not re-dial
         grown = await acc.session()
         assert acc.attempts == 4 and grown.headers["sluice-capacity"] == "2"
         assert (await grown.request()).status == 200
+        sessions.close()
+
+    run(main())
+
+
+def test_shrinking_closes_idle_sessions_at_once_and_retires_busy_ones_on_their_response() -> None:
+    async def main() -> None:
+        gate = Gate()
+        acc = FakeAcceptor()
+        sessions = await sluice_sdk.serve(gate, opts(await acc.start_tcp(), capacity=3))
+        live = [await acc.session() for _ in range(3)]
+        await sessions.wait_registered(3)
+        busy, idle = live[:2], live[2]
+        for s in busy:
+            await s.send_head("GET", "/busy")
+            await s.end()
+            await gate.started.get()
+
+        sessions.set_capacity(1)
+        # The idle session closes at once; the busy ones finish, and one of them retires.
+        assert await closed_by_the_service([idle], 1) == [idle]
+        gate.release.set()
+        answers = [await s.read_response() for s in busy]
+        assert [r.status for r in answers] == [200, 200]
+        assert sorted(r.closes for r in answers) == [False, True]
+        await sessions._shared.wait_until(lambda: sessions.registered == 1)
         sessions.close()
 
     run(main())
@@ -159,6 +201,29 @@ def test_401_stops_for_good_with_the_error_visible() -> None:
         assert isinstance(sessions.last_error, Refused) and sessions.last_error.status == 401
         assert acc.attempts == 1 and sessions.registered == 0
         sessions.close()
+
+    run(main())
+
+
+def test_a_drained_instance_stops_dialing_and_shutdown_still_works() -> None:
+    async def main() -> None:
+        acc = FakeAcceptor(close_on_drain=True)
+        sessions = await sluice_sdk.serve(hello, opts(await acc.start_tcp(), capacity=2))
+        first = [await acc.session(), await acc.session()]
+        await sessions.wait_registered(2)
+        # An operator drains the instance: the proxy closes its sessions and refuses re-dials.
+        acc.answers = [410, 410]
+        for s in first:
+            s.close()
+        shared = sessions._shared
+        await shared.wait_until(lambda: shared.counts.slots == 0)
+        err = sessions.last_error
+        assert isinstance(err, Refused) and err.status == 410 and err.drained and not err.retryable
+        with pytest.raises(Refused):
+            await sessions.wait_registered(1)
+        assert acc.attempts == 4 and sessions.registered == 0  # 410 is not retried
+        await asyncio.wait_for(sessions.shutdown(), 5)
+        assert len(acc.drains) == 1
 
     run(main())
 

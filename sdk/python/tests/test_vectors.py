@@ -11,7 +11,7 @@ import pytest
 
 from fakes import run, serve_once
 from sluice_sdk import Backoff, Identity, Options, OptionsError, ProtocolError, Refused, dial
-from sluice_sdk.protocol import drain_request, registration
+from sluice_sdk.protocol import client_address, drain_request, registration
 
 VECTORS = Path(__file__).resolve().parents[3] / "protocol" / "vectors" / "session.json"
 
@@ -100,6 +100,9 @@ def test_reply(vector: dict[str, Any]) -> None:
     assert err.value.retryable is expect["retryable"]
     if outcome == "refused":
         assert err.value.status == expect["status"]
+        # The acceptor's reason is shown, not just its status.
+        assert expect.get("reason", "") in str(err.value)
+        assert err.value.reason == expect.get("reason", "")
 
 
 @pytest.mark.parametrize("vector", section("options"))
@@ -109,3 +112,12 @@ def test_options(vector: dict[str, Any]) -> None:
     else:
         with pytest.raises(OptionsError):
             options("127.0.0.1:7000", vector["identity"])
+
+
+@pytest.mark.parametrize("vector", section("client_addresses"))
+def test_client_address(vector: dict[str, Any]) -> None:
+    peer = ("192.0.2.1", 7070)
+    headers = [(b"sluice-client-addr", latin1(v)) for v in vector["values"]]
+    host, port = client_address(headers, peer)  # type: ignore[misc]
+    got = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    assert got == (vector["client"] or "192.0.2.1:7070")

@@ -60,6 +60,9 @@ struct Slice {
 struct Instance {
     id: String,
     sessions: u64,
+    /// Sessions a WebSocket took over; absent from older proxies.
+    #[serde(default)]
+    upgraded: u64,
     draining: bool,
 }
 
@@ -170,10 +173,16 @@ fn instances(instances: &[Instance], out: &mut String) {
     let mut t = Table::new(&[
         ("INSTANCE", Align::Left),
         ("SESSIONS", Align::Right),
+        ("UPGRADED", Align::Right),
         ("DRAINING", Align::Left),
     ]);
     for i in instances {
-        t.row([i.id.clone(), i.sessions.to_string(), yes_no(i.draining)]);
+        t.row([
+            i.id.clone(),
+            i.sessions.to_string(),
+            i.upgraded.to_string(),
+            yes_no(i.draining),
+        ]);
     }
     t.render("  ", out);
 }

@@ -26,6 +26,9 @@ pub(super) fn cluster(
         queue_timeout: raw
             .queue_timeout
             .map_or(d.queue_timeout, |t| t.into_inner().0),
+        no_sessions_wait: raw
+            .no_sessions_wait
+            .map_or(d.no_sessions_wait, |t| t.into_inner().0),
         max_sessions_per_instance: unlimited_if_zero(raw.max_sessions_per_instance),
         max_sessions: unlimited_if_zero(raw.max_sessions),
         response_timeout: raw.response_timeout.map_or(d.response_timeout, |t| t.0),
@@ -63,7 +66,7 @@ pub(super) fn cluster(
 const DEFAULT_HANDOFF_IDLE: usize = 4;
 
 /// The reverse-only keys that are set, with their spans.
-pub(super) fn keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 9] {
+pub(super) fn keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 10] {
     [
         ("handoff", raw.handoff.as_ref().map(Spanned::span)),
         ("handoff_idle", raw.handoff_idle.as_ref().map(Spanned::span)),
@@ -72,6 +75,10 @@ pub(super) fn keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 9
         (
             "queue_timeout",
             raw.queue_timeout.as_ref().map(Spanned::span),
+        ),
+        (
+            "no_sessions_wait",
+            raw.no_sessions_wait.as_ref().map(Spanned::span),
         ),
         (
             "max_sessions_per_instance",

@@ -82,6 +82,18 @@ impl Session {
         within(self.sender.send_request(req)).await.unwrap()
     }
 
+    /// `GET path`, or `None` when the SDK has closed the session (it may not have seen the
+    /// EOF yet: a request sent meanwhile fails).
+    pub(crate) async fn try_get(&mut self, path: &str) -> Option<StatusCode> {
+        within(self.sender.ready()).await.ok()?;
+        let req = Request::get(path)
+            .header("host", "app.example")
+            .body(Full::default())
+            .unwrap();
+        let res = within(self.sender.send_request(req)).await.ok()?;
+        Some(res.status())
+    }
+
     /// Whether the SDK has closed its end (after a `Connection: close` response).
     pub(crate) async fn wait_closed(&mut self) {
         std::future::poll_fn(|cx| match self.sender.poll_ready(cx) {

@@ -4,7 +4,8 @@
 //! Each connection sends one hello within `handshake_timeout` and `max_handshake_size`: a
 //! registration, answered `101` and handed to its cluster's slice as an idle session, or a
 //! drain request, answered `200`. Refusals carry the protocol's statuses: 400 malformed, 401
-//! bad token, 404 unknown service, 429 a limit, 503 draining or shutting down.
+//! bad token, 404 unknown service, 410 an instance an operator drained (until resumed), 429 a
+//! limit, 503 draining or shutting down.
 //!
 //! With `tls`, every acceptor socket (TCP and UNIX) speaks TLS first, within the same
 //! `handshake_timeout`. With `client_ca`, services must present a certificate the CA signed,

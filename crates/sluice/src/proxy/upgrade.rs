@@ -16,6 +16,7 @@ use tracing::{debug, warn, Instrument};
 
 use crate::body::ProxyBody;
 use crate::http::headers::{strip_hop_by_hop, strip_hop_by_hop_keep_upgrade, wants_upgrade};
+use crate::upstream::reverse::UpgradedSession;
 
 /// The client's side of a protocol switch, taken before the request is forwarded; `None`
 /// when the request does not ask for one.
@@ -35,9 +36,17 @@ pub(super) fn respond(
     match client_side {
         Some(client_side) if switched => {
             let upstream_side = hyper::upgrade::on(&mut res);
+            // A reverse session's: keeps it listed as upgraded while the bridge runs.
+            let held = res.extensions_mut().remove::<UpgradedSession>();
             strip_hop_by_hop_keep_upgrade(res.headers_mut());
             let span = tracing::debug_span!("upgrade", client.addr = %peer);
-            tokio::spawn(bridge(client_side, upstream_side).instrument(span));
+            tokio::spawn(
+                async move {
+                    bridge(client_side, upstream_side).await;
+                    drop(held);
+                }
+                .instrument(span),
+            );
             res
         }
         None if switched => unasked_switch(peer),

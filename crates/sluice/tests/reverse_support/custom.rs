@@ -75,14 +75,15 @@ pub fn lettered(n: usize, size: usize) -> Vec<Bytes> {
 }
 
 /// Registers `spec.sessions` sessions and serves each with hyper and `handler`.
-pub async fn serve_fn<F, Fut>(
+pub async fn serve_fn<F, Fut, B>(
     acceptor: SocketAddr,
     spec: &ServiceSpec,
     handler: F,
 ) -> Vec<JoinHandle<()>>
 where
     F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Response<Frames>, std::io::Error>> + Send + 'static,
+    Fut: Future<Output = Result<Response<B>, std::io::Error>> + Send + 'static,
+    B: Body<Data = Bytes, Error = Infallible> + Send + 'static,
 {
     let handler = Arc::new(handler);
     let mut tasks = Vec::new();
@@ -159,5 +160,24 @@ pub async fn send_req(addr: SocketAddr, req: Request<Frames>) -> FullReply {
         headers: parts.headers,
         body: collected.to_bytes(),
         trailers,
+    }
+}
+
+/// A chunked body whose chunks the test sends while the response is under way; it ends when
+/// the sender is dropped.
+#[derive(Debug)]
+pub struct Channel(pub tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for Channel {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
     }
 }

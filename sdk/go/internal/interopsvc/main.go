@@ -6,9 +6,10 @@
 // "registered N" once N sessions are registered, and on SIGTERM drains, prints "drained" and
 // exits 0; it exits 1 if the acceptor refuses it for good (400, 401, 404). With -listen it is a
 // plain HTTP server on that address and prints "listening ADDR". Either way it answers every
-// request with 200 and "<instance>\n", after printing "start <id>" for a request that carries
-// X-Request-Id and sleeping -delay-ms, with x-in-flight: the requests it was handling at
-// that moment, this one included (so a test can see that it never had more than declared).
+// request with 200 and "<instance>\n" ("<instance> <r.RemoteAddr>\n" when it carries
+// X-Echo-Client), after printing "start <id>" for a request that carries X-Request-Id and
+// sleeping -delay-ms, with x-in-flight: the requests it was handling at that moment, this one
+// included (so a test can see that it never had more than declared).
 package main
 
 import (
@@ -79,6 +80,10 @@ func handler(instance string, delay time.Duration) http.Handler {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/plain")
 		w.Header().Set("X-In-Flight", strconv.FormatInt(n, 10))
+		if r.Header.Get("X-Echo-Client") != "" {
+			io.WriteString(w, instance+" "+r.RemoteAddr+"\n")
+			return
+		}
 		io.WriteString(w, instance+"\n")
 	})
 }

@@ -7,7 +7,7 @@ replacement whenever the proxy closes one, backs off with jitter while the accep
 unreachable or busy, and stops a slot for good on 400/401/404. :class:`Sessions` changes the
 capacity at runtime and drains gracefully::
 
-    sessions = await sluice_sdk.serve(app, Options(acceptor="127.0.0.1:7000", service="hello"))
+    sessions = await sluice_sdk.serve(app, Options(acceptor="127.0.0.1:7070", service="hello"))
     await sessions.wait_registered()
     sessions.set_capacity(4)        # surplus sessions retire on their next response
     await sessions.shutdown()       # drain, then wait until the proxy closed every session

@@ -7,13 +7,16 @@ import asyncio
 import socket
 from asyncio import StreamReader, StreamWriter
 
-from .errors import ConnectError, HandshakeTimeout, ProtocolError, SluiceError
+from .errors import ConnectError, HandshakeTimeout, ProtocolError, Refused, SluiceError
 from .options import Options, parse_acceptor
 from .protocol import Handshake, Reply, Switched
 
 #: Seconds a session may sit silent before the kernel starts probing it.
 KEEPALIVE_IDLE = 30
 READ_SIZE = 16384
+#: Seconds to wait for a refusal's reason after its head: an acceptor sends both at once, and
+#: anything else may never end its body.
+REASON_WAIT = 0.25
 
 Stream = tuple[StreamReader, StreamWriter]
 
@@ -96,7 +99,26 @@ async def _exchange(reader: StreamReader, writer: StreamWriter, handshake: Hands
                 return reply
             if not data:
                 raise ProtocolError("the acceptor closed the connection before answering")
+    except Refused as e:
+        if e.reason:
+            raise
+        raise Refused(e.status, await _reason(reader, handshake)) from None
     except SluiceError:
         raise
     except OSError as e:
         raise ProtocolError(f"I/O error on the acceptor connection: {e}") from e
+
+
+async def _reason(reader: StreamReader, handshake: Handshake) -> str:
+    """Reads the rest of a refusal's first body line, briefly; what it says, or ``""``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + REASON_WAIT
+    data = b"x"
+    while data and (left := deadline - loop.time()) > 0:
+        try:
+            data = await asyncio.wait_for(reader.read(READ_SIZE), left)
+        except (asyncio.TimeoutError, OSError):
+            break
+        if reason := handshake.reason(data):
+            return reason
+    return handshake.reason(b"\n")  # EOF or no time left: whatever came

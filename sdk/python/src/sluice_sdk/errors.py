@@ -33,13 +33,23 @@ class HandshakeTimeout(SluiceError):
 
 
 class Refused(SluiceError):
-    """The acceptor answered a refusal. 400, 401 and 404 mean the configuration is wrong and
-    stop the slot for good; 429, 503 and any other status are retried."""
+    """The acceptor answered a refusal. 400, 401 and 404 mean the configuration is wrong, and
+    410 that an operator drained the instance (until ``sluice ctl resume``): each stops the slot
+    for good. 429, 503 and any other status are retried."""
 
-    def __init__(self, status: int) -> None:
-        super().__init__(f"the acceptor refused with status {status}")
+    def __init__(self, status: int, reason: str = "") -> None:
+        shown = reason or "(no reason given)"
+        super().__init__(f"the acceptor refused with status {status}: {shown}")
         self.status = status
-        self.retryable = status not in (400, 401, 404)
+        #: The acceptor's reason (the first line of its answer's body), e.g.
+        #: ``unknown service "nosuch"``; ``""`` when it gave none.
+        self.reason = reason
+        self.retryable = status not in (400, 401, 404, 410)
+
+    @property
+    def drained(self) -> bool:
+        """An operator drained this instance (``410 Gone``): its sessions stay out."""
+        return self.status == 410
 
 
 class ProtocolError(SluiceError):

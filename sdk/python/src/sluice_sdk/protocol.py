@@ -4,6 +4,7 @@ the classification of the acceptor's answer. h11 encodes the requests and parses
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Literal, Union
 
@@ -15,6 +16,10 @@ SESSION_PATH = "/.sluice/v1/session"
 DRAIN_PATH = "/.sluice/v1/drain"
 UPGRADE_TOKEN = "sluice-session/1"
 MAX_REPLY_HEAD = 8192
+#: The longest reason read from a refusal's body.
+MAX_REASON = 512
+#: The request header with the client's address as the proxy saw it (its TCP peer).
+CLIENT_ADDR_HEADER = b"sluice-client-addr"
 
 Kind = Literal["register", "drain"]
 
@@ -64,12 +69,15 @@ class Handshake:
         self.request = self._conn.send(_request(kind, identity, capacity))
         self.request += self._conn.send(h11.EndOfMessage())
         self._received = 0
+        self._raw = b""
 
     def feed(self, data: bytes) -> Reply | None:
         """Takes bytes read from the acceptor (``b""`` at EOF); returns the answer once its head
         is complete, ``None`` while more is needed."""
         self._conn.receive_data(data)
         self._received += len(data)
+        if len(self._raw) < MAX_REPLY_HEAD + MAX_REASON:
+            self._raw += data
         try:
             event = self._conn.next_event()
         except h11.RemoteProtocolError as e:
@@ -83,15 +91,28 @@ class Handshake:
             return self._informational(event)
         if isinstance(event, h11.Response):
             if event.status_code != 200:
-                raise Refused(event.status_code)
+                raise Refused(event.status_code, self.reason())
             if self.kind == "drain":
                 return Drained()
             raise ProtocolError("200 to a registration")
         raise ProtocolError("the acceptor closed the connection before answering")
 
+    def reason(self, more: bytes = b"") -> str:
+        """A refusal's reason: the first line of its body, read so far (plus ``more``), as
+        printable text; ``""`` while that line is not complete."""
+        self._raw += more
+        _, sep, body = self._raw.partition(b"\r\n\r\n")
+        if not sep:
+            _, _, body = self._raw.partition(b"\n\n")
+        line, newline, _ = body[:MAX_REASON].partition(b"\n")
+        if not newline and len(body) < MAX_REASON:
+            return ""
+        text = line.decode("utf-8", "replace").strip()
+        return "".join(c for c in text if c.isprintable())
+
     def _informational(self, event: h11.InformationalResponse) -> Reply:
         if event.status_code != 101:
-            raise Refused(event.status_code)
+            raise Refused(event.status_code, self.reason())
         upgrade = [v for k, v in event.headers if k == b"upgrade"]
         if self.kind != "register" or [v.lower() for v in upgrade] != [UPGRADE_TOKEN.encode()]:
             raise ProtocolError(f"101 without Upgrade: {UPGRADE_TOKEN}")
@@ -118,3 +139,37 @@ def registration(identity: Identity, capacity: int | None) -> bytes:
 def drain_request(identity: Identity) -> bytes:
     """The drain request bytes."""
     return Handshake("drain", identity).request
+
+
+def parse_client_addr(value: bytes) -> tuple[str, int] | None:
+    """A ``Sluice-Client-Addr`` value as ``(host, port)``: ``ip:port`` or ``[ipv6]:port``,
+    nothing around it, no zone, a decimal port up to 65535. ``None`` for anything else: a value
+    is trusted whole or not at all."""
+    try:
+        text = value.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    host, colon, port = text.rpartition(":")
+    if not colon or not 1 <= len(port) <= 5 or not port.isdigit() or int(port) > 65535:
+        return None
+    try:
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+            if "%" in host:  # ipaddress takes a zone; the proxy never sends one
+                return None
+            ipaddress.IPv6Address(host)
+        else:
+            ipaddress.IPv4Address(host)
+    except ValueError:
+        return None
+    return (host, int(port))
+
+
+def client_address(
+    headers: list[tuple[bytes, bytes]], peer: tuple[str, int] | None
+) -> tuple[str, int] | None:
+    """The client a request names in exactly one valid ``Sluice-Client-Addr`` field, else
+    ``peer`` (the session's own peer)."""
+    values = [v for k, v in headers if k.lower() == CLIENT_ADDR_HEADER]
+    claimed = parse_client_addr(values[0]) if len(values) == 1 else None
+    return claimed if claimed is not None else peer

@@ -11,10 +11,13 @@ import asyncio
 import logging
 from asyncio import StreamReader, StreamWriter
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, Awaitable, Callable, MutableMapping, Protocol
 from urllib.parse import unquote_to_bytes
 
 import h11
+
+from .protocol import client_address
 
 log = logging.getLogger("sluice_sdk")
 
@@ -39,7 +42,8 @@ class Hooks(Protocol):
 
 @dataclass
 class Peer:
-    """Addresses reported in the scope (``client`` from ``X-Forwarded-For`` on sessions)."""
+    """Addresses reported in the scope. On sessions (``forwarded``), ``client`` is the session's
+    peer, reported only for requests without a valid ``Sluice-Client-Addr``."""
 
     server: tuple[str, int] | None = None
     client: tuple[str, int] | None = None
@@ -62,6 +66,15 @@ class Connection:
 
     def __post_init__(self) -> None:
         self.conn = h11.Connection(h11.SERVER)
+        #: Waiting for a request of which no byte has arrived: closing now loses nothing.
+        self.idle = False
+
+    def close_idle(self) -> bool:
+        """Closes the connection if it is idle; the serve loop then ends at its EOF."""
+        if not self.idle:
+            return False
+        self.writer.close()
+        return True
 
     async def serve(self, initial: bytes = b"") -> None:
         """Runs until the connection ends; ``initial`` bytes are parsed before any read."""
@@ -86,7 +99,9 @@ class Connection:
                 raise _Gone(str(e)) from None
             if event is not h11.NEED_DATA:
                 return event
-            self.conn.receive_data(await self.reader.read(READ_SIZE))
+            data = await self.reader.read(READ_SIZE)
+            self.idle = False
+            self.conn.receive_data(data)
 
     async def write(self, event: Any) -> None:
         """Sends one h11 event."""
@@ -97,11 +112,14 @@ class Connection:
 
     async def _one_request(self) -> bool:
         """Serves one request; ``True`` if the connection can take another."""
+        self.idle = self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]
         try:
             event = await self.next_event()
         except _Gone:
             await self._bad_request()
             raise
+        finally:
+            self.idle = False
         if not isinstance(event, h11.Request):
             return False  # closed between requests (or paused after a protocol switch)
         cycle = Cycle(self, event)
@@ -125,6 +143,14 @@ class Connection:
                 await Cycle(self, None).simple(400, b"bad request\n")
             except (OSError, h11.ProtocolError):
                 pass
+
+
+def _reason(status: int) -> bytes:
+    """The standard reason phrase; strict clients (h2load) reject an empty one."""
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b"Unknown"
 
 
 def _is_upgrade(request: h11.Request) -> bool:
@@ -251,7 +277,7 @@ class Cycle:
             headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
             headers.append((b"connection", b"close"))
         # Built before h11 sees it: an invalid header fails here, leaving room for a 500.
-        return h11.Response(status_code=status, headers=headers)
+        return h11.Response(status_code=status, headers=headers, reason=_reason(status))
 
     async def _write(self, event: Any) -> None:
         try:
@@ -275,7 +301,7 @@ def scope(request: h11.Request, peer: Peer) -> Scope:
         "query_string": query,
         "root_path": "",
         "headers": headers,
-        "client": _forwarded_for(headers) if peer.forwarded else peer.client,
+        "client": client_address(headers, peer.client) if peer.forwarded else peer.client,
         "server": peer.server,
     }
 
@@ -287,9 +313,3 @@ def _forwarded_proto(headers: list[tuple[bytes, bytes]]) -> str:
             return value.strip().lower().decode()
     return "http"
 
-
-def _forwarded_for(headers: list[tuple[bytes, bytes]]) -> tuple[str, int] | None:
-    for name, value in headers:
-        if name == b"x-forwarded-for":
-            return (value.split(b",")[0].strip().decode("latin-1"), 0)
-    return None

@@ -39,12 +39,15 @@ class Sessions:
 
     def set_capacity(self, capacity: int) -> None:
         """Changes how many sessions to keep registered. Growing dials new sessions at once;
-        shrinking retires surplus ones: each answers its next response with
-        ``Connection: close`` (or, when not registered at that moment, simply stops dialing).
-        Setting the capacity again restarts slots that were refused for good."""
+        shrinking retires surplus ones: idle sessions close at once (the proxy drops a session
+        it sees closed while idle), busy ones answer their current response with
+        ``Connection: close``, and slots not registered at that moment stop dialing. So once
+        this returns, no more than ``capacity`` requests reach the app beyond those already
+        running. Setting the capacity again restarts slots that were refused for good."""
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be a non-negative integer, not {capacity!r}")
         spawn = self._shared.resize(capacity)
+        self._shared.retire_idle()
         log.info("capacity set to %d (%d new sessions)", capacity, spawn)
         for _ in range(spawn):
             slot = Slot(next(self._ids), self._shared, self._options, self._app)

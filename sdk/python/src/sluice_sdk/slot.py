@@ -72,7 +72,11 @@ class Slot:
                 return
 
     def _give_up(self, e: SluiceError) -> None:
-        log.error("slot %d: the acceptor refused this instance; not retrying: %s", self.id, e)
+        if getattr(e, "drained", False):
+            log.warning("slot %d: this instance is drained; not re-dialing until it is resumed: %s",
+                        self.id, e)
+        else:
+            log.error("slot %d: the acceptor refused this instance; not retrying: %s", self.id, e)
         self.shared.slot_failed(e)
 
     async def _wait(self, pause: float) -> bool:
@@ -88,9 +92,32 @@ class Slot:
     async def _session(self) -> SessionHooks:
         reader, writer, rest = await dial.register(self.options, self.shared.counts.target)
         hooks = SessionHooks(self.shared)
-        peer = Peer(server=None, forwarded=True)
-        with self.shared.session_registered():
+        peer = Peer(server=None, client=_peer(writer), forwarded=True)
+        conn = Connection(self.app, reader, writer, hooks, peer)
+
+        def retire_if_idle() -> bool:
+            if hooks.retired or not conn.idle or not self.shared.claim_retirement():
+                return False
+            log.debug("slot %d: retiring idle session: closing it", self.id)
+            hooks.retired = True
+            return conn.close_idle()
+
+        with self.shared.session_registered(retire_if_idle):
             log.debug("slot %d: session registered", self.id)
-            await Connection(self.app, reader, writer, hooks, peer).serve(rest)
+            if not rest and self.shared.claim_retirement():
+                # A shrink while this session was registering: it retires at once, unused.
+                log.debug("slot %d: retiring the new session: closing it", self.id)
+                hooks.retired = True
+                writer.close()
+                return hooks
+            await conn.serve(rest)
         log.debug("slot %d: session ended", self.id)
         return hooks
+
+
+def _peer(writer: asyncio.StreamWriter) -> tuple[str, int] | None:
+    """The acceptor's TCP address on a session (``None`` over a UNIX socket)."""
+    name = writer.get_extra_info("peername")
+    if isinstance(name, tuple) and len(name) >= 2:
+        return (str(name[0]), int(name[1]))
+    return None

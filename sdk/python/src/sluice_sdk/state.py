@@ -67,6 +67,16 @@ class Shared:
         #: The error that stopped a slot for good, until a resize restarts slots.
         self.failed: SluiceError | None = None
         self._changed = asyncio.get_running_loop().create_future()
+        #: Per registered session: retires it now if it is idle (claiming a retirement).
+        self._retire_if_idle: set[Callable[[], bool]] = set()
+
+    def retire_idle(self) -> None:
+        """Closes idle sessions while retirements are owed; busy ones retire on their
+        response (``Connection: close``)."""
+        for retire in list(self._retire_if_idle):
+            if self.counts.retire == 0:
+                return
+            retire()
 
     def _notify(self) -> None:
         self._changed.set_result(None)
@@ -120,12 +130,15 @@ class Shared:
         self.record(error)
 
     @contextmanager
-    def session_registered(self) -> Iterator[None]:
-        """Counts one session as registered for the duration of the block."""
+    def session_registered(self, retire_if_idle: Callable[[], bool]) -> Iterator[None]:
+        """Counts one session as registered for the duration of the block; a shrink may
+        retire it through ``retire_if_idle`` meanwhile."""
         self.registered += 1
+        self._retire_if_idle.add(retire_if_idle)
         self._notify()
         try:
             yield
         finally:
+            self._retire_if_idle.discard(retire_if_idle)
             self.registered -= 1
             self._notify()

@@ -201,6 +201,7 @@ def environ(scope: Scope, body: bytes) -> dict[str, Any]:
     }
     if scope.get("client"):
         env["REMOTE_ADDR"] = scope["client"][0]
+        env["REMOTE_PORT"] = str(scope["client"][1])
     for name, value in scope["headers"]:
         if b"_" in name:
             # "X_User" would become HTTP_X_USER, the same key as a proxy-set "X-User": drop it

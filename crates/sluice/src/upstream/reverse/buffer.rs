@@ -6,8 +6,14 @@
 //! memory (with Content-Length unless it has trailers) and its session goes back before the
 //! client has read a byte of it. A body that outgrows its buffer is sent as what was read
 //! followed by the rest, streamed; its session goes back when the rest has been read.
+//!
+//! A response is read ahead in time as well as in size: once some of its body has come, a gap
+//! of [`STREAM_GAP`] without the next chunk sends what was read and streams the rest, so a
+//! stream (chunked JSON lines, a generator, a long poll's late answer) reaches the client as
+//! the service sends it instead of in one burst at its end.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response};
@@ -18,6 +24,11 @@ use hyper::body::Incoming;
 use super::session::Lease;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+
+/// How long the read-ahead of a response waits for its next chunk before it forwards what it
+/// has: shorter than any pause a client would notice, longer than the gaps between the
+/// segments of a body a service writes at once.
+pub(super) const STREAM_GAP: Duration = Duration::from_millis(10);
 
 /// What reading a body ahead found.
 struct ReadAhead {
@@ -39,9 +50,14 @@ impl ReadAhead {
     }
 }
 
-/// Reads frames of `body` until it ends or more than `limit` bytes are in hand. A body of
-/// exactly `limit` bytes is read whole: only its end says that it fits.
-async fn read_ahead(mut body: Incoming, limit: usize) -> Result<ReadAhead, hyper::Error> {
+/// Reads frames of `body` until it ends or more than `limit` bytes are in hand, or, with a
+/// `gap`, until that long passes without a frame once some data has come. A body of exactly
+/// `limit` bytes is read whole: only its end says that it fits.
+async fn read_ahead(
+    mut body: Incoming,
+    limit: usize,
+    gap: Option<Duration>,
+) -> Result<ReadAhead, hyper::Error> {
     let mut ahead = ReadAhead {
         chunks: VecDeque::new(),
         trailers: None,
@@ -53,7 +69,16 @@ async fn read_ahead(mut body: Incoming, limit: usize) -> Result<ReadAhead, hyper
             ahead.rest = Some(body);
             return Ok(ahead);
         }
-        let Some(frame) = body.frame().await.transpose()? else {
+        let next = match gap.filter(|_| len > 0) {
+            // Dropping a pending `frame()` loses nothing: the chunk stays in the connection.
+            Some(gap) => tokio::time::timeout(gap, body.frame()).await.ok(),
+            None => Some(body.frame().await),
+        };
+        let Some(next) = next else {
+            ahead.rest = Some(body);
+            return Ok(ahead);
+        };
+        let Some(frame) = next.transpose()? else {
             break;
         };
         match frame.into_data() {
@@ -86,7 +111,7 @@ pub(super) async fn request(
         ProxyBody::Incoming { body }
             if !body.is_end_stream() && body.size_hint().lower() <= limit as u64 =>
         {
-            let ahead = read_ahead(body, limit)
+            let ahead = read_ahead(body, limit, None)
                 .await
                 .map_err(ProxyError::ClientBody)?;
             if ahead.rest.is_none() && ahead.trailers.is_none() {
@@ -112,9 +137,10 @@ fn concat(mut chunks: VecDeque<Bytes>) -> Bytes {
     Bytes::from(all)
 }
 
-/// Reads the service's body ahead, up to `limit` bytes, and gives the session back at once
-/// when the body ended within them; otherwise the session goes back when the rest has been
-/// read. Event streams are not read ahead: holding their events back would stall them.
+/// Reads the service's body ahead, up to `limit` bytes and [`STREAM_GAP`] between chunks, and
+/// gives the session back at once when the body ended within them; otherwise the session goes
+/// back when the rest has been read. Event streams are not read ahead at all: holding their
+/// events back would stall them.
 pub(super) async fn response(
     res: Response<Incoming>,
     limit: usize,
@@ -130,7 +156,7 @@ pub(super) async fn response(
             ProxyBody::Leased { body, lease },
         ));
     }
-    let ahead = read_ahead(body, limit)
+    let ahead = read_ahead(body, limit, Some(STREAM_GAP))
         .await
         .map_err(ProxyError::UpstreamProtocol)?;
     let lease = if ahead.rest.is_some() {

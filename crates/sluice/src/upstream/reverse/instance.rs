@@ -2,7 +2,7 @@
 //! session holds.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use tokio::sync::mpsc;
 
@@ -51,14 +51,24 @@ pub struct Instance {
     id: String,
     draining: AtomicBool,
     pub(super) sessions: Limit,
+    /// Sessions an upgrade (WebSocket) took over, still bridged to their clients.
+    pub(super) upgraded: AtomicUsize,
+    /// The cluster that lists it (weak: the cluster owns its instances).
+    pub(super) cluster: Weak<ClusterInner>,
 }
 
 impl Instance {
-    pub(super) fn new(id: String, max_sessions: Option<usize>) -> Self {
+    pub(super) fn new(
+        id: String,
+        max_sessions: Option<usize>,
+        cluster: Weak<ClusterInner>,
+    ) -> Self {
         Self {
             id,
             draining: AtomicBool::new(false),
             sessions: Limit::new(max_sessions),
+            upgraded: AtomicUsize::new(0),
+            cluster,
         }
     }
 
@@ -79,6 +89,13 @@ impl Instance {
     /// The sessions of this instance that are still connected.
     pub fn sessions(&self) -> usize {
         self.sessions.current()
+    }
+
+    /// Former sessions of this instance that an upgrade (WebSocket) took over and that are
+    /// still open. They no longer count as sessions (the service re-dials a replacement), but
+    /// the instance is listed while any is open.
+    pub fn upgraded(&self) -> usize {
+        self.upgraded.load(Ordering::Acquire)
     }
 }
 

@@ -14,8 +14,9 @@ mod send;
 mod session;
 mod stream;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use http::{Request, Response};
@@ -48,11 +49,17 @@ pub(crate) struct ClusterInner {
     tokens: Vec<Token>,
     slices: Mutex<HashMap<String, Arc<SlicePool>>>,
     instances: Mutex<HashMap<String, Arc<Instance>>>,
+    /// Instances an operator drained: their registrations are refused (410) until resumed.
+    held: Mutex<BTreeSet<String>>,
     sessions: Limit,
     changed: Arc<Notify>,
     handover: Arc<Handover>,
     drains: broadcast::Sender<String>,
     metrics: Arc<OnceLock<Arc<Metrics>>>,
+    /// Non-zero while sessions may arrive from elsewhere: a standalone acceptor lends them on
+    /// demand, or a predecessor hands them over. A slice with none here is then not a slice
+    /// without services.
+    arriving: Arc<AtomicUsize>,
 }
 
 /// A handle to one slice of a reverse cluster: what a route forwards to.
@@ -77,10 +84,12 @@ impl ReverseCluster {
             tokens,
             slices: Mutex::default(),
             instances: Mutex::default(),
+            held: Mutex::default(),
             changed: Arc::new(Notify::new()),
             handover: Arc::default(),
             drains: broadcast::channel(64).0,
             metrics: Arc::default(),
+            arriving: Arc::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -89,7 +98,11 @@ impl ReverseCluster {
 
     /// Builds the cluster a validated config describes.
     pub fn from_config(name: &str, cfg: &sluice_config::ReverseCluster) -> Self {
-        Self::new(name, cfg.tokens.clone(), cfg.options.clone())
+        let cluster = Self::new(name, cfg.tokens.clone(), cfg.options.clone());
+        if matches!(cfg.source, sluice_config::SessionSource::Handoff { .. }) {
+            cluster.inner.arriving.fetch_add(1, Ordering::Relaxed);
+        }
+        cluster
     }
 
     /// The cluster's name.
@@ -114,6 +127,7 @@ impl ReverseCluster {
                 Arc::clone(&i.changed),
                 Arc::clone(&i.handover),
                 Arc::clone(&i.metrics),
+                Arc::clone(&i.arriving),
             ))
         });
         ReverseSlice {
@@ -208,6 +222,34 @@ impl ReverseCluster {
         true
     }
 
+    /// Drains an instance as [`drain`](Self::drain) does and keeps it out: its registrations
+    /// are refused with `410 Gone` until [`resume`](Self::resume), so SDKs stop re-dialing.
+    /// An operator's drain; a service's own drain request (its shutdown) is not held. Returns
+    /// false when the instance is neither registered nor already held.
+    pub fn drain_and_hold(&self, instance: &str) -> bool {
+        let newly = locked(&self.inner.held).insert(instance.to_owned());
+        let known = self.drain(instance);
+        if newly && !known {
+            locked(&self.inner.held).remove(instance);
+        }
+        known || !newly
+    }
+
+    /// Lets a held instance register again. Returns false when it was not held. Sessions it
+    /// still has (draining) close as they would have; new ones are accepted once they have.
+    pub fn resume(&self, instance: &str) -> bool {
+        let resumed = locked(&self.inner.held).remove(instance);
+        if resumed {
+            info!(cluster = %self.inner.name, instance = %instance, "instance resumed");
+        }
+        resumed
+    }
+
+    /// The instances an operator drained and has not resumed, sorted.
+    pub fn held(&self) -> Vec<String> {
+        locked(&self.inner.held).iter().cloned().collect()
+    }
+
     /// Closes every session: idle ones now, busy ones when their responses end. The proxy
     /// calls this when it stops.
     pub fn close(&self) {
@@ -241,17 +283,22 @@ impl ReverseCluster {
     }
 
     /// Reserves a place for one more session of `instance`, within the total (`global`),
-    /// cluster and instance limits. 503 for a draining instance, 429 at a limit.
+    /// cluster and instance limits. 410 for a held instance, 503 for a draining one, 429 at
+    /// a limit.
     pub(crate) fn reserve(
         &self,
         instance: &str,
         global: &Arc<Limit>,
     ) -> Result<SessionPermit, Rejection> {
+        if locked(&self.inner.held).contains(instance) {
+            return Err(Rejection::drained(&self.inner.name, instance));
+        }
         let mut instances = locked(&self.inner.instances);
         let max = self.inner.opts.max_sessions_per_instance;
-        let inst = instances
-            .entry(instance.to_owned())
-            .or_insert_with(|| Arc::new(Instance::new(instance.to_owned(), max)));
+        let inst = instances.entry(instance.to_owned()).or_insert_with(|| {
+            let cluster = Arc::downgrade(&self.inner);
+            Arc::new(Instance::new(instance.to_owned(), max, cluster))
+        });
         if inst.is_draining() {
             return Err(Rejection::unavailable("instance is draining"));
         }
@@ -284,6 +331,13 @@ impl ReverseCluster {
     ) -> Result<(), hyper::Error> {
         let pool = self.slice(slice).pool;
         session::attach(io, &pool, permit).await
+    }
+
+    /// Keeps requests to slices without sessions waiting (as by `no_sessions_wait`) until the
+    /// guard drops: sessions are about to arrive (a hot restart's predecessor hands its over).
+    pub(crate) fn expect_sessions(&self) -> ExpectSessions {
+        self.inner.arriving.fetch_add(1, Ordering::Relaxed);
+        ExpectSessions(Arc::clone(&self.inner.arriving))
     }
 
     /// Takes in a session that registered elsewhere and was handed to this process (a hot
@@ -410,6 +464,16 @@ impl ReverseCluster {
     }
 }
 
+/// While it lives, sessions are expected to arrive; see [`ReverseCluster::expect_sessions`].
+#[derive(Debug)]
+pub(crate) struct ExpectSessions(Arc<AtomicUsize>);
+
+impl Drop for ExpectSessions {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Why a handed-over session could not be taken in.
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
@@ -428,12 +492,17 @@ impl ClusterInner {
     /// A session of `instance` has closed; an instance without sessions is forgotten, so its
     /// id may register afresh (after a drain, say).
     fn release(&self, instance: &Arc<Instance>) {
+        instance.sessions.give();
+        self.sessions.give();
+        self.forget_if_gone(instance);
+    }
+
+    /// Forgets `instance` once it has neither sessions nor upgraded ones open.
+    fn forget_if_gone(&self, instance: &Arc<Instance>) {
         {
             let mut instances = locked(&self.instances);
-            instance.sessions.give();
-            self.sessions.give();
-            let last = instance.sessions() == 0;
-            if last
+            let gone = instance.sessions() == 0 && instance.upgraded() == 0;
+            if gone
                 && instances
                     .get(instance.id())
                     .is_some_and(|i| Arc::ptr_eq(i, instance))
@@ -442,6 +511,52 @@ impl ClusterInner {
             }
         }
         self.changed.notify_waiters();
+    }
+}
+
+/// Keeps a session an upgrade (WebSocket) took over listed as `upgraded` under its instance
+/// until the last clone drops: the proxy's bridge holds it while the upgraded connection is
+/// open.
+#[derive(Debug, Clone)]
+pub struct UpgradedSession {
+    _held: Arc<Upgraded>,
+}
+
+#[derive(Debug)]
+struct Upgraded(Arc<Instance>);
+
+impl UpgradedSession {
+    /// Counts an upgraded session of `instance`. Its session may already have been released
+    /// (hyper lets the connection go at the 101), and the instance forgotten with it: the
+    /// instance listed under that id now counts it, re-listed if need be.
+    pub(crate) fn new(instance: &Arc<Instance>) -> Self {
+        let listed = match instance.cluster.upgrade() {
+            Some(cluster) => {
+                let mut instances = locked(&cluster.instances);
+                let listed = instances
+                    .entry(instance.id().to_owned())
+                    .or_insert_with(|| Arc::clone(instance));
+                listed.upgraded.fetch_add(1, Ordering::AcqRel);
+                Arc::clone(listed)
+            }
+            None => {
+                instance.upgraded.fetch_add(1, Ordering::AcqRel);
+                Arc::clone(instance)
+            }
+        };
+        Self {
+            _held: Arc::new(Upgraded(listed)),
+        }
+    }
+}
+
+impl Drop for Upgraded {
+    fn drop(&mut self) {
+        let instance = &self.0;
+        instance.upgraded.fetch_sub(1, Ordering::AcqRel);
+        if let Some(cluster) = instance.cluster.upgrade() {
+            cluster.forget_if_gone(instance);
+        }
     }
 }
 

@@ -9,13 +9,13 @@
 //! handed straight to the longest waiter.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use sluice_config::ReverseOptions;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::handover::{Handed, Handover};
 use super::instance::Instance;
@@ -44,6 +44,13 @@ pub struct SlicePool {
     abandoned: AtomicUsize,
     /// Where queue waits are recorded, once the proxy sets it.
     metrics: Arc<OnceLock<Arc<Metrics>>>,
+    /// Sessions attached to this slice, idle or leased.
+    registered: AtomicUsize,
+    /// Non-zero while sessions may arrive from elsewhere (lent, or handed over).
+    arriving: Arc<AtomicUsize>,
+    /// A request was refused for want of any session since the last one registered: logged
+    /// once per such stretch, not per request.
+    empty_logged: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -146,6 +153,7 @@ impl SlicePool {
         changed: Arc<Notify>,
         handover: Arc<Handover>,
         metrics: Arc<OnceLock<Arc<Metrics>>>,
+        arriving: Arc<AtomicUsize>,
     ) -> Self {
         Self {
             cluster: cluster.to_owned(),
@@ -157,6 +165,42 @@ impl SlicePool {
             owed: AtomicUsize::new(0),
             abandoned: AtomicUsize::new(0),
             metrics,
+            registered: AtomicUsize::new(0),
+            arriving,
+            empty_logged: AtomicBool::new(false),
+        }
+    }
+
+    /// A session joined this slice.
+    pub(super) fn session_attached(&self) {
+        self.registered.fetch_add(1, Ordering::AcqRel);
+        self.empty_logged.store(false, Ordering::Relaxed);
+    }
+
+    /// A session of this slice ended (closed, consumed by an upgrade, or handed over).
+    pub(super) fn session_detached(&self) {
+        self.registered.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// How long a request may wait for a session, from now: `no_sessions_wait` when the
+    /// slice has none at all (`None`: refuse at once), else `queue_timeout`.
+    fn wait_limit(&self) -> Option<std::time::Duration> {
+        let empty = self.registered.load(Ordering::Acquire) == 0
+            && self.arriving.load(Ordering::Relaxed) == 0;
+        if !empty {
+            return Some(self.opts.queue_timeout);
+        }
+        let wait = self.opts.no_sessions_wait.min(self.opts.queue_timeout);
+        (!wait.is_zero()).then_some(wait)
+    }
+
+    fn no_sessions(&self) -> ProxyError {
+        if !self.empty_logged.swap(true, Ordering::Relaxed) {
+            warn!(cluster = %self.cluster, slice = %self.slice, "no sessions registered: requests are refused with 503 until a service registers");
+        }
+        ProxyError::NoSessions {
+            cluster: self.cluster.clone(),
+            slice: self.slice.clone(),
         }
     }
 
@@ -200,17 +244,26 @@ impl SlicePool {
     /// Leases a live session exclusively: an idle one, or the next one returned or registered
     /// while this request waits in the queue (at most `queue_timeout`).
     pub(crate) async fn lease(self: &Arc<Self>) -> Result<Session, ProxyError> {
-        let deadline = Instant::now() + self.opts.queue_timeout;
+        let started = Instant::now();
         loop {
             let mut session = match self.take()? {
                 Taken::Idle(session) => session,
                 Taken::Queued(mut waiter) => {
+                    let empty = self.registered.load(Ordering::Acquire) == 0;
+                    let Some(limit) = self.wait_limit() else {
+                        return Err(self.no_sessions());
+                    };
                     let queued = Instant::now();
-                    let waited = waiter.wait(deadline).await;
+                    let waited = waiter.wait(started + limit).await;
                     if let Some(m) = self.metrics.get() {
                         m.queue_wait(&self.cluster, &self.slice, queued.elapsed());
                     }
-                    waited?
+                    match waited {
+                        Err(_) if empty && self.registered.load(Ordering::Acquire) == 0 => {
+                            return Err(self.no_sessions());
+                        }
+                        waited => waited?,
+                    }
                 }
             };
             // `ready` waits out the moment between a body's end and hyper's dispatcher being

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use http::{Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 use tracing::debug;
@@ -15,6 +15,7 @@ use super::pool::SlicePool;
 use super::session::{Lease, Session};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::server::ClientInfo;
 use crate::upstream::exchange::{self, Answer, Failure, Replay};
 
 /// Reads a body that fits `request_buffer`, then leases a session and exchanges the request
@@ -23,8 +24,9 @@ use crate::upstream::exchange::{self, Answer, Failure, Replay};
 /// body is in memory.
 pub(super) async fn send(
     pool: &Arc<SlicePool>,
-    req: Request<ProxyBody>,
+    mut req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    stamp_client_addr(&mut req);
     let req = buffer::request(req, pool.opts.request_buffer).await?;
     let session = pool.lease().await?;
     // Copied only once a session is leased: a request refused for capacity never pays for it.
@@ -44,6 +46,23 @@ pub(super) async fn send(
         send_on(pool, session, req, None).await.map_err(|f| f.error)
     })
     .await
+}
+
+/// Sets `Sluice-Client-Addr` to the client's TCP peer as the server saw it, replacing every
+/// copy a client (or a route's header edit) put there: services trust it as the client's
+/// address. A request that came without [`ClientInfo`] (a framework caller's own) carries none.
+fn stamp_client_addr(req: &mut Request<ProxyBody>) {
+    let name = HeaderName::from_static(sluice_session::HEADER_CLIENT_ADDR);
+    let peer = req.extensions().get::<ClientInfo>().map(|c| c.peer);
+    let value = peer.and_then(|p| HeaderValue::try_from(sluice_session::client_addr_value(p)).ok());
+    match value {
+        Some(value) => {
+            req.headers_mut().insert(name, value);
+        }
+        None => {
+            req.headers_mut().remove(name);
+        }
+    }
 }
 
 async fn send_on(
@@ -154,7 +173,12 @@ async fn finish(
     res: Response<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let reusable = exchange::keeps_connection(&res);
-    if !reusable {
+    let mut res = res;
+    if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        // Listed as upgraded while the proxy's bridge holds this.
+        let upgraded = super::UpgradedSession::new(&session.instance);
+        res.extensions_mut().insert(upgraded);
+    } else if !reusable {
         debug!(instance = %session.instance.id(), status = res.status().as_u16(), "session retired by its response");
     }
     let lease = Lease::new(reusable.then_some(session), Arc::clone(pool));

@@ -53,6 +53,7 @@ pub(crate) async fn attach(
     let instance = Arc::clone(&permit.instance);
     let weak = Arc::downgrade(pool);
     let task_parking = Arc::clone(&parking);
+    pool.session_attached();
     // With upgrades, a 101 hands the socket to the proxy's bridge; the session (and its
     // permit) ends there, so the service may register a replacement.
     tokio::spawn(async move {
@@ -67,6 +68,7 @@ pub(crate) async fn attach(
         let Some(pool) = weak.upgrade() else {
             return drop(permit);
         };
+        pool.session_detached();
         match parked {
             Some(io) => pool.hand_off(Handed::new(io, &pool, permit)),
             None => {
