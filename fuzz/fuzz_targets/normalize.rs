@@ -1,6 +1,10 @@
 //! Path and host normalisation on any input: never a panic; a normalised path has no `//`, no
 //! `.`/`..` segment and no escaped unreserved character, and normalising it again changes
 //! nothing; a normalised host is lowercase, has no trailing dot, and is a fixed point too.
+//!
+//! Differentially against the `http` crate, the parser hyper hands Sluice its requests with:
+//! every host Sluice accepts is an authority `http` accepts, naming the same host and port, and
+//! every normalised path is a path `http` accepts unchanged.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -19,8 +23,25 @@ fuzz_target!(|data: &[u8]| {
         let name = host.rsplit_once(':').map_or(&*host, |(n, _)| n);
         assert!(host.starts_with('[') || !name.ends_with('.'), "{host}");
         assert_eq!(normal_authority(&host).as_deref(), Ok(&*host), "{text:?}");
+        agrees_with_http(text, &host);
     }
 });
+
+/// `raw`, accepted by Sluice as `normal`, is an authority to the `http` crate too, with the
+/// same host (up to case and the trailing dot) and port.
+fn agrees_with_http(raw: &str, normal: &str) {
+    if raw.is_empty() {
+        return;
+    }
+    let theirs: http::uri::Authority = raw
+        .parse()
+        .unwrap_or_else(|e| panic!("Sluice accepts {raw:?}, http refuses it: {e}"));
+    let host = theirs.host().to_ascii_lowercase();
+    let host = host.strip_suffix('.').unwrap_or(&host);
+    let ours: http::uri::Authority = normal.parse().expect("a normal host is an authority");
+    assert_eq!(host, ours.host(), "{raw:?}");
+    assert_eq!(theirs.port_u16(), ours.port_u16(), "{raw:?}");
+}
 
 fn check_path(path: &str, rule: EscapedSlashes) {
     let Ok(normal) = normalize_path(path, rule) else {
@@ -42,4 +63,11 @@ fn check_path(path: &str, rule: EscapedSlashes) {
         );
     }
     assert_eq!(normalize_path(normal, rule), Ok(None), "{path:?} -> {normal:?}");
+    // Sluice normalises a request's path, which never holds `?` or `#`.
+    let a_path = !path.contains(['?', '#']);
+    if a_path && http::uri::PathAndQuery::try_from(path).is_ok() {
+        let theirs = http::uri::PathAndQuery::try_from(normal)
+            .unwrap_or_else(|e| panic!("http takes {path:?}, not its normal form {normal:?}: {e}"));
+        assert_eq!(theirs.path(), normal, "{path:?}");
+    }
 }
