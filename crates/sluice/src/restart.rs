@@ -332,24 +332,44 @@ impl Inherited {
 /// The new side: adopts every session the predecessor hands over into the cluster of the same
 /// name, until DONE. A session for a cluster the new configuration lacks is closed (its
 /// service re-dials and gets 404).
-pub(crate) async fn adopt_sessions(
+///
+/// Until then, requests to a slice without sessions wait for them instead of meeting an empty
+/// slice. The returned future holds that promise from the moment it is created, not from its
+/// first poll: the inherited listeners may hand this process a connection before a spawned
+/// task runs.
+pub(crate) fn adopt_sessions(
     conn: Handoff,
     path: PathBuf,
     clusters: BTreeMap<String, ReverseCluster>,
     total: Arc<Limit>,
-) {
-    let mut adopted = 0usize;
-    // Requests that come before the sessions wait for them instead of meeting an empty slice.
-    let _expecting: Vec<_> = clusters
+) -> impl Future<Output = ()> {
+    let expecting: Vec<_> = clusters
         .values()
         .map(ReverseCluster::expect_sessions)
         .collect();
+    async move {
+        let adopted = adopt_until_done(&conn, &path, &clusters, &total).await;
+        drop(expecting);
+        if let Some(adopted) = adopted {
+            info!(adopted, "adopted the predecessor's sessions");
+        }
+    }
+}
+
+/// Adopts handed sessions until DONE: how many (`None` if the hand-over ended early).
+async fn adopt_until_done(
+    conn: &Handoff,
+    path: &Path,
+    clusters: &BTreeMap<String, ReverseCluster>,
+    total: &Arc<Limit>,
+) -> Option<usize> {
+    let mut adopted = 0usize;
     loop {
-        let (msg, fd) = match recv(&conn, &path).await {
+        let (msg, fd) = match recv(conn, path).await {
             Ok(m) => m,
             Err(error) => {
                 warn!(%error, adopted, "the predecessor's hand-over ended early");
-                return;
+                return None;
             }
         };
         match (msg, fd) {
@@ -366,18 +386,17 @@ pub(crate) async fn adopt_sessions(
                     warn!(%cluster, %instance, "handed a session of an unknown cluster; closing it");
                     continue;
                 };
-                match c.adopt(&slice, &instance, fd, &total).await {
+                match c.adopt(&slice, &instance, fd, total).await {
                     Ok(()) => adopted += 1,
                     Err(error) => {
                         warn!(%cluster, %instance, %error, "cannot adopt a handed session")
                     }
                 }
             }
-            (Message::Done, _) => break,
+            (Message::Done, _) => return Some(adopted),
             (other, _) => debug!(verb = other.verb(), "ignored during the hand-over"),
         }
     }
-    info!(adopted, "adopted the predecessor's sessions");
 }
 
 // The old side's part of `Proxy::run_until`.
@@ -476,5 +495,77 @@ pub(crate) async fn finish_handover(
     }
     if let Err(e) = forwarder.await {
         tracing::warn!(error = %e, "the hand-over task failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+
+    use http::Request;
+    use sluice_config::ReverseOptions;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::body::ProxyBody;
+
+    /// The predecessor's side: hands `session` over, says DONE, and answers one request on
+    /// the service's end of it (if one comes within 10 s).
+    async fn predecessor(conn: Handoff, session: UnixStream, service: UnixStream) {
+        let handed = Message::Session {
+            id: 1,
+            cluster: "api".to_owned(),
+            slice: "default".to_owned(),
+            instance: "i-1".to_owned(),
+        };
+        conn.send(&handed, Some(session.into()))
+            .await
+            .expect("SESSION");
+        conn.send(&Message::Done, None).await.expect("DONE");
+        service.set_nonblocking(true).expect("non-blocking");
+        let mut service = tokio::net::UnixStream::from_std(service).expect("tokio stream");
+        let read_head = async {
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8];
+                service
+                    .read_exact(&mut byte)
+                    .await
+                    .expect("the request head");
+                head.push(byte[0]);
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(10), read_head)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        service.write_all(answer).await.expect("the response");
+    }
+
+    /// The inherited listeners may hand the new process a connection before its adoption task
+    /// has first run (both CI failures of 2026-11-23: `no sessions registered` 503s during hot
+    /// restarts). Such a request waits for the handed sessions.
+    #[tokio::test]
+    async fn a_request_before_the_adoption_task_runs_waits_for_the_handed_sessions() {
+        let cluster = ReverseCluster::new("api", Vec::new(), ReverseOptions::default());
+        let clusters = BTreeMap::from([("api".to_owned(), cluster.clone())]);
+        let (ours, theirs) = Handoff::pair().expect("handoff pair");
+        // Created but not yet polled, like a task spawned that has not run yet.
+        let adopting = adopt_sessions(
+            ours,
+            PathBuf::from("upgrade.sock"),
+            clusters,
+            Arc::default(),
+        );
+        let slice = cluster.slice("default");
+        let request = slice.send(Request::new(ProxyBody::empty()));
+        let (session, service) = UnixStream::pair().expect("session pair");
+        let (response, (), ()) =
+            tokio::join!(request, adopting, predecessor(theirs, session, service));
+        let response = response.expect("the handed session answers");
+        assert_eq!(response.status(), 200);
     }
 }
