@@ -107,7 +107,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         ..StaticOptions::default()
     };
     // The cluster is a handle: the route and the control service share one set of endpoints.
-    let cluster = StaticCluster::new("backends", upstreams, opts);
+    let cluster = StaticCluster::new("backends", upstreams, opts)?;
     let mut routes = RouteTable::new();
     routes.push(Matcher::any(), Route::to_upstream("all", cluster.clone()));
     let control_service = tower::service_fn(move |req: Request<Incoming>| {

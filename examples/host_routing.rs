@@ -28,9 +28,9 @@ impl Routing for ByHost {
     }
 }
 
-fn route(name: &str, upstreams: Vec<std::net::SocketAddr>) -> Arc<Route> {
-    let cluster = StaticCluster::new(name, upstreams, StaticOptions::default());
-    Route::to_upstream(name, cluster)
+fn route(name: &str, upstreams: Vec<std::net::SocketAddr>) -> std::io::Result<Arc<Route>> {
+    let cluster = StaticCluster::new(name, upstreams, StaticOptions::default())?;
+    Ok(Route::to_upstream(name, cluster))
 }
 
 #[tokio::main]
@@ -45,8 +45,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let a = upstreams_or_demo(&mut group, a, &["backend-a"]).await?;
     let b = upstreams_or_demo(&mut group, b, &["backend-b"]).await?;
     let router = ByHost {
-        a: route("a", a),
-        b: route("b", b),
+        a: route("a", a)?,
+        b: route("b", b)?,
     };
 
     let server = sluice_examples::bind("proxy", listen).await?;

@@ -45,7 +45,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         lb: LbPolicy::RoundRobin,
         ..StaticOptions::default()
     };
-    let cluster = StaticCluster::new("backends", upstreams, opts);
+    let cluster = StaticCluster::new("backends", upstreams, opts)?;
     let proxy = ProxyService::new(Always(Route::to_upstream("all", cluster)));
     // Hooks are tower layers around the proxy; add request hooks the same way.
     let service = ServiceBuilder::new()

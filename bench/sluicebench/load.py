@@ -134,7 +134,7 @@ def wrk(target, connections, seconds=None, requests=None, path="/", measure=True
         script.close()
         cmd += ["-s", script.name]
         env["BENCH_REQUESTS"] = str(requests)  # wrk -t1: one thread counts them all
-    cmd.append(f"http://127.0.0.1:{target.port}{path}")
+    cmd.append(f"{target.scheme}://127.0.0.1:{target.port}{path}")
     m = Measured(target) if measure else None
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout

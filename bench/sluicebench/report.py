@@ -9,6 +9,8 @@ import subprocess
 
 import matplotlib
 
+from . import tls as tls_module
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -66,6 +68,8 @@ def write(results, out_dir):
         lines += _ports(results["ports"])
     if "size" in results:
         lines += _size(results["size"], out_dir)
+    if "tls" in results:
+        lines += _tls(results["tls"])
     verdicts = evaluate(results)
     lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in verdicts]
@@ -285,6 +289,34 @@ def _size(s, out_dir):
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "size_mbps.png"), dpi=90)
     plt.close(fig)
+    return lines
+
+
+def _tls(s):
+    lines = ["## TLS termination", "",
+             "Each proxy terminates TLS with the same self-signed certificate in front of its own "
+             "plain keep-alive backend. `keepalive`: wrk over HTTPS, "
+             f"{tls_module.KEEPALIVE_CONNECTIONS} connections; `full` and `resumed`: "
+             f"`tlsload`, {tls_module.HANDSHAKE_CONNECTIONS} clients each opening a new "
+             "connection per request (`Connection: close`), without resumption or resuming the "
+             "session the previous connection got (the `resumed` column counts those that did). "
+             "CPU per request is the proxy's; a ratio is the median of per-round ratios "
+             f"(min-max) over {s['rounds']} round(s) to the same round's NGINX or HAProxy. "
+             "`sluice-tls-b` is an identical second Sluice (A/A).", ""]
+    for key, modes in s["keys"].items():
+        lines += [f"### {key}", "",
+                  "| mode | target | rps | CPU us/req | vs nginx-tls (CPU) | vs haproxy-tls (CPU) "
+                  "| errors | resumed |", "|---|---|---|---|---|---|---|---|"]
+        for mode, runs in modes.items():
+            for name, rs in runs.items():
+                vs = [median_range(ratios(rs, runs[base], cpu), 2)
+                      for base in ("nginx-tls", "haproxy-tls")]
+                resumed = sum(r["extra"].get("resumed", 0) for r in rs)
+                errors = sum(r["errors"] + r["non2xx"] for r in rs)
+                lines.append(f"| {mode} | {name} | {median_range([rps(r) for r in rs])} | "
+                             f"{median_range([cpu(r) for r in rs], 1)} | {vs[0]} | {vs[1]} | "
+                             f"{errors} | {resumed if mode != 'keepalive' else '-'} |")
+        lines.append("")
     return lines
 
 

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from . import load, targets
+from . import load, targets, tls
 from .procs import Group, established, peak_rss_kib, sample_proc
 from .targets import Backend
 
@@ -262,7 +262,8 @@ def size(b):
     return out
 
 
-SCENARIOS = {"steady": steady, "spike": spike, "slow": slow, "ports": ports, "size": size}
+SCENARIOS = {"steady": steady, "spike": spike, "slow": slow, "ports": ports, "size": size,
+             "tls": tls.tls}
 
 
 def write_json(path, data):

@@ -51,6 +51,7 @@ class Target:
     stats_port: int  # the backend's /stats listener
     reverse: bool = False
     admin_port: int | None = None  # Sluice's admin API (metrics), where there is one
+    scheme: str = "http"  # "https": the target terminates TLS (the tls scenario)
 
 
 def use_bin_dir(path):
@@ -66,7 +67,8 @@ def binary(name):
 def tools_missing(names):
     """What the named targets need that is not on this machine, as messages."""
     need = {binary("sluice"): "cargo build --release -p sluice-cli",
-            binary("bench-backend"): "cargo build --release -p sluice-bench"}
+            binary("bench-backend"): "cargo build --release -p sluice-bench",
+            binary("tlsload"): "cargo build --release -p sluice-bench"}
     missing = [f"{path} (build: {how})" for path, how in need.items() if not os.path.exists(path)]
     if any(n.startswith("nginx") for n in names) and not _which("nginx"):
         missing.append("nginx (apt-get install nginx-light)")

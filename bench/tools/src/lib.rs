@@ -5,6 +5,7 @@
 //! * `openloop`: an open-loop load generator (a fixed offered rate, latency from each
 //!   request's due time), where `wrk` is closed-loop.
 //! * `slowclients`: clients that read responses slowly.
+//! * `tlsload`: new TLS connections, full or resumed handshakes, one request each.
 //!
 //! Each prints JSON (or a readiness line) on stdout for the harness to parse.
 //!
@@ -12,6 +13,7 @@
 //! * [`backend`]: the request handler, its counters and the `/stats` service.
 //! * [`openloop`]: the schedule, the connection pool and the report.
 //! * [`slowclients`]: the slow readers.
+//! * [`tlsload`]: the TLS connection loop.
 //! * [`response`]: where an HTTP/1.1 response ends, for both clients.
 //! * [`target`]: parsing the `http://` URL the clients load.
 //! * [`summary`]: latency percentiles.
@@ -22,6 +24,7 @@ pub mod response;
 pub mod slowclients;
 pub mod summary;
 pub mod target;
+pub mod tlsload;
 
 /// Builds the Tokio runtime the programs run on: one thread (the harness pins it with
 /// `taskset`) unless `threads` is more than 1.

@@ -101,6 +101,10 @@ fn describe(a: &Applied) -> String {
     if !a.removed.is_empty() {
         parts.push(format!("endpoints removed: {}", a.removed.join(", ")));
     }
+    if !a.certificates.is_empty() {
+        let listeners = a.certificates.join(", ");
+        parts.push(format!("certificates replaced on {listeners}"));
+    }
     if parts.is_empty() {
         parts.push("nothing changed".to_owned());
     }

@@ -106,7 +106,7 @@ mod tests {
         assert_eq!(config.listeners[0].name, "default");
         let addr: SocketAddr = "127.0.0.1:8080".parse().unwrap();
         assert_eq!(config.listeners[0].addr, addr);
-        assert!(config.listeners[0].tls.is_none());
+        assert!(config.listeners[0].tls.is_empty());
         let Action::Direct(health) = &config.routes[0].action else {
             panic!("healthz is a direct response")
         };

@@ -58,8 +58,10 @@ pub struct Listener {
     pub name: String,
     /// The address to bind.
     pub addr: SocketAddr,
-    /// TLS termination; `None` serves plaintext (HTTP/1.1 and h2c with prior knowledge).
-    pub tls: Option<Tls>,
+    /// TLS termination: the certificates to serve, chosen by the names in each for a client's
+    /// SNI, the first for clients without SNI or with an unknown name. Empty: plaintext
+    /// (HTTP/1.1 and h2c with prior knowledge).
+    pub tls: Vec<Tls>,
     /// Protocol and limit settings.
     pub http: HttpOptions,
 }
@@ -220,6 +222,9 @@ pub struct Cluster {
 }
 
 /// The kinds of cluster.
+// Built once per configuration load and never moved on a request path: boxing the larger
+// variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClusterKind {
     /// Listening backends reached over pooled keep-alive connections.
@@ -253,6 +258,32 @@ pub struct StaticOptions {
     pub ejection: Ejection,
     /// Optional active HTTP health checks. Default none (passive ejection only).
     pub health_check: Option<HealthCheck>,
+    /// HTTPS to the endpoints (`tls = { .. }`); `None` (the default): plain HTTP.
+    pub tls: Option<UpstreamTls>,
+}
+
+/// How a static cluster speaks TLS to its endpoints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamTls {
+    /// The trust anchors endpoint certificates must chain to: PEM read from `ca`, or `None`
+    /// for the system's roots.
+    pub ca: Option<Pem>,
+    /// The name sent by SNI and checked against each endpoint's certificate; `None`: the
+    /// endpoint's IP address (checked against the certificate's IP addresses, no SNI sent).
+    pub sni: Option<String>,
+    /// A client certificate and key presented to endpoints that ask for one (mTLS).
+    pub client_cert: Option<Tls>,
+    /// `insecure_skip_verify = true`: endpoint certificates are not verified at all.
+    pub insecure_skip_verify: bool,
+}
+
+/// PEM certificates read from a file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pem {
+    /// Where they came from.
+    pub path: PathBuf,
+    /// The PEM text.
+    pub pem: Vec<u8>,
 }
 
 impl Default for StaticOptions {
@@ -264,6 +295,7 @@ impl Default for StaticOptions {
             pool: PoolOptions::default(),
             ejection: Ejection::default(),
             health_check: None,
+            tls: None,
         }
     }
 }

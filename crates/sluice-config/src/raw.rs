@@ -47,7 +47,7 @@ pub(crate) struct RawRuntime {
 pub(crate) struct RawListener {
     pub(crate) name: Spanned<String>,
     pub(crate) listen: Spanned<Addr>,
-    pub(crate) tls: Option<RawTls>,
+    pub(crate) tls: Option<Spanned<OneOrMany<RawTls>>>,
     pub(crate) http2: Option<bool>,
     pub(crate) request_header_timeout: Option<Timeout>,
     pub(crate) idle_timeout: Option<Timeout>,
@@ -76,7 +76,8 @@ pub(crate) enum RawUnderscores {
     Reject,
 }
 
-/// `tls = { cert, key }`; paths are relative to the config file's directory.
+/// `tls = { cert, key }`; paths are relative to the config file's directory. A listener takes
+/// one such table or an array of them (certificates chosen by SNI).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTls {
@@ -158,6 +159,7 @@ pub(crate) struct RawCluster {
     pub(crate) pool: Option<Spanned<RawPool>>,
     pub(crate) ejection: Option<Spanned<RawEjection>>,
     pub(crate) health_check: Option<Spanned<RawHealthCheck>>,
+    pub(crate) tls: Option<Spanned<RawUpstreamTls>>,
     // kind = "reverse"
     pub(crate) tokens: Option<Spanned<Vec<Spanned<String>>>>,
     pub(crate) queue_max: Option<Spanned<usize>>,
@@ -169,6 +171,17 @@ pub(crate) struct RawCluster {
     pub(crate) response_buffer: Option<Spanned<Size>>,
     pub(crate) handoff: Option<Spanned<String>>,
     pub(crate) handoff_idle: Option<Spanned<usize>>,
+}
+
+/// A static cluster's `tls = { ca, sni, cert, key, insecure_skip_verify }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstreamTls {
+    pub(crate) ca: Option<Spanned<String>>,
+    pub(crate) sni: Option<Spanned<String>>,
+    pub(crate) cert: Option<Spanned<String>>,
+    pub(crate) key: Option<Spanned<String>>,
+    pub(crate) insecure_skip_verify: Option<Spanned<bool>>,
 }
 
 /// `[access_log]`: one line per request.

@@ -198,7 +198,7 @@ fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
     Ok(Listener {
         name: raw.name.into_inner(),
         addr: raw.listen.into_inner().0,
-        tls: raw.tls.map(|t| tls::read(ctx, t)).transpose()?,
+        tls: tls::listener(ctx, raw.tls)?,
         http: HttpOptions {
             http2: raw.http2.unwrap_or(true),
             request_header_timeout: raw

@@ -269,7 +269,8 @@ impl<'de> Deserialize<'de> for Status {
     }
 }
 
-/// Either one value or an array of them (`host = "a"` or `host = ["a", "b"]`).
+/// Either one value or an array of them (`host = "a"` or `host = ["a", "b"]`; `tls = { .. }`
+/// or `tls = [{ .. }, { .. }]`).
 #[derive(Debug, Clone)]
 pub(crate) enum OneOrMany<T> {
     One(T),
@@ -296,7 +297,11 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for OneOrManyVisitor<T> {
     type Value = OneOrMany<T>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string or an array of strings")
+        f.write_str("one value or an array of them")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        T::deserialize(de::value::MapAccessDeserializer::new(map)).map(OneOrMany::One)
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {

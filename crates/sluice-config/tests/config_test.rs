@@ -56,7 +56,7 @@ fn full_example_reads_tls_and_secrets() {
     set_example_env();
     let config = load_file(&examples_dir().join("full.toml")).unwrap();
     assert_eq!(config.runtime.workers, Some(2));
-    let tls = config.listeners[0].tls.as_ref().unwrap();
+    let tls = &config.listeners[0].tls[0];
     assert!(tls.cert_pem.starts_with(b"Test-only"));
     assert!(!format!("{tls:?}").contains("PRIVATE KEY"));
     let canary = &config.routes[1];

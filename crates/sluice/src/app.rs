@@ -54,6 +54,15 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// A static cluster's TLS settings were refused (rustls, or no trust anchors).
+    #[error("cluster {cluster}: TLS: {source}")]
+    ClusterTls {
+        /// The cluster's name.
+        cluster: String,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
     /// The access log's file could not be opened.
     #[error("access log {target}: {source}")]
     AccessLog {
@@ -119,7 +128,7 @@ impl Proxy {
         config: &Config,
         mut inherited: Option<Inherited>,
     ) -> Result<Self, StartError> {
-        let clusters = build_clusters(config);
+        let clusters = build_clusters(config)?;
         let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
         let metrics = Arc::new(Metrics::new());
         let mut servers = Vec::with_capacity(config.listeners.len());
@@ -144,7 +153,12 @@ impl Proxy {
         let upgrade = config.runtime.upgrade_socket.as_deref();
         let upgrade = upgrade.map(UpgradeSocket::bind).transpose()?;
         let consumers = handoff_sources(config, &clusters);
-        let in_place = InPlace::new(config, Arc::clone(&routes), clusters.clone());
+        let certificates = servers
+            .iter()
+            .filter_map(|s| Some((s.name().to_owned(), Arc::clone(s.certificates()?))))
+            .collect();
+        let in_place = InPlace::new(config, Arc::clone(&routes), clusters.clone())
+            .with_certificates(certificates);
         Ok(Self {
             servers,
             service,
@@ -354,18 +368,25 @@ impl Proxy {
     }
 }
 
-fn build_clusters(config: &Config) -> BTreeMap<String, Upstream> {
+fn build_clusters(config: &Config) -> Result<BTreeMap<String, Upstream>, StartError> {
     config
         .clusters
         .iter()
         .map(|(name, c)| {
             let upstream = match &c.kind {
-                ClusterKind::Static(s) => Upstream::from(StaticCluster::from_config(name, s)),
+                ClusterKind::Static(s) => {
+                    Upstream::from(StaticCluster::from_config(name, s).map_err(|source| {
+                        StartError::ClusterTls {
+                            cluster: name.clone(),
+                            source,
+                        }
+                    })?)
+                }
                 ClusterKind::Reverse(r) => Upstream::from(
                     ReverseCluster::from_config(name, r).slice(sluice_config::DEFAULT_SLICE),
                 ),
             };
-            (name.clone(), upstream)
+            Ok((name.clone(), upstream))
         })
         .collect()
 }
@@ -492,15 +513,16 @@ async fn bind_server(
         Some(std) => TcpListener::from_std(std).map_err(bind_error)?,
         None => TcpListener::bind(l.addr).await.map_err(bind_error)?,
     };
-    let mut server = Server::from_listener(&l.name, listener, l.http.clone());
-    if let Some(t) = &l.tls {
-        let cfg = tls::server_config(t, l.http.http2).map_err(|source| StartError::Tls {
-            listener: l.name.clone(),
-            source,
-        })?;
-        server = server.with_tls(cfg);
+    let server = Server::from_listener(&l.name, listener, l.http.clone());
+    if l.tls.is_empty() {
+        return Ok(server);
     }
-    Ok(server)
+    let tls_error = |source| StartError::Tls {
+        listener: l.name.clone(),
+        source,
+    };
+    let certs = tls::Certificates::load(&l.tls).map_err(tls_error)?;
+    server.with_certificates(Arc::new(certs)).map_err(tls_error)
 }
 
 /// Binds the acceptor for the reverse clusters, if `[acceptor]` is configured.

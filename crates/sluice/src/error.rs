@@ -49,6 +49,14 @@ pub enum ProxyError {
     /// The TCP connect to an endpoint did not finish in time.
     #[error("upstream connect timed out")]
     ConnectTimeout,
+    /// The TLS handshake with an endpoint failed; `check` says which check, for the client.
+    #[error("upstream TLS handshake failed: {check} ({detail})")]
+    UpstreamTls {
+        /// Which check failed, in a few words ("certificate expired").
+        check: &'static str,
+        /// What rustls said (logged, never sent to the client).
+        detail: String,
+    },
     /// The upstream did not send a response head in time.
     #[error("upstream response timed out")]
     ResponseTimeout,
@@ -80,7 +88,9 @@ impl ProxyError {
             Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::Connect(_) | Self::UpstreamProtocol(_) => StatusCode::BAD_GATEWAY,
+            Self::Connect(_) | Self::UpstreamTls { .. } | Self::UpstreamProtocol(_) => {
+                StatusCode::BAD_GATEWAY
+            }
             Self::ConnectTimeout | Self::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::ClientBody(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
@@ -97,6 +107,7 @@ impl ProxyError {
                 Origin::Internal
             }
             Self::Connect(_)
+            | Self::UpstreamTls { .. }
             | Self::ConnectTimeout
             | Self::ResponseTimeout
             | Self::UpstreamProtocol(_) => Origin::Upstream,
@@ -123,6 +134,7 @@ impl ProxyError {
         match self {
             // Details of upstream and client errors go to the log, not to the client.
             Self::Connect(_) => "upstream connect failed".to_owned(),
+            Self::UpstreamTls { check, .. } => format!("upstream TLS handshake failed: {check}"),
             Self::UpstreamProtocol(_) => "upstream protocol error".to_owned(),
             Self::ClientBody(_) => "invalid request body".to_owned(),
             // The cluster's name is internal; the log has it.

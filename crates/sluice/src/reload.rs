@@ -1,7 +1,8 @@
 //! Reload in place: when a re-read configuration differs from the running one only in its
-//! routes and its static clusters' endpoints, the change is applied inside the running
-//! process (the route table swapped at once, endpoints added and removed), so client
-//! connections, sessions and everything else carry on. Anything else (listeners, the
+//! routes, its static clusters' endpoints and the contents of listeners' certificate files
+//! (the same paths: a renewal), the change is applied inside the running process (the route
+//! table swapped at once, endpoints added and removed, certificates swapped for new
+//! handshakes), so client connections, sessions and everything else carry on. Anything else (listeners, the
 //! acceptor, cluster settings, …) needs a new process: a hot restart (`docs/handoff.md`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -9,7 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use sluice_config::{ClusterKind, Config};
 
+use tracing::warn;
+
 use crate::router::LiveRoutes;
+use crate::server::tls::Certificates;
 use crate::upstream::Upstream;
 
 /// What a reload changed in place.
@@ -21,6 +25,8 @@ pub struct Applied {
     pub added: Vec<String>,
     /// Endpoints removed.
     pub removed: Vec<String>,
+    /// Listeners whose certificates were replaced.
+    pub certificates: Vec<String>,
 }
 
 /// The running configuration and the parts a reload may change in place.
@@ -29,6 +35,7 @@ pub struct InPlace {
     running: Arc<Mutex<Config>>,
     routes: Arc<LiveRoutes>,
     clusters: BTreeMap<String, Upstream>,
+    certificates: BTreeMap<String, Arc<Certificates>>,
 }
 
 impl InPlace {
@@ -41,16 +48,28 @@ impl InPlace {
             running: Arc::new(Mutex::new(config.clone())),
             routes,
             clusters,
+            certificates: BTreeMap::new(),
         }
     }
 
-    /// Applies `new` in place when only routes and static endpoints differ; `None` (and no
-    /// change) when something else differs and a new process must take over.
+    /// Lets reloads replace these listeners' certificates (by listener name).
+    pub(crate) fn with_certificates(
+        mut self,
+        certificates: BTreeMap<String, Arc<Certificates>>,
+    ) -> Self {
+        self.certificates = certificates;
+        self
+    }
+
+    /// Applies `new` in place when only routes, static endpoints and certificate contents
+    /// differ; `None` (and no change) when something else differs, or new certificates cannot
+    /// be loaded here, and a new process must take over.
     pub fn apply(&self, new: &Config) -> Option<Applied> {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        if !same_but_routes_and_endpoints(&running, new) {
+        if !same_but_in_place_parts(&running, new) {
             return None;
         }
+        let certificates = self.replace_certificates(&running, new)?;
         let routes = running.routes != new.routes;
         if routes {
             self.routes.replace_all(new);
@@ -59,6 +78,7 @@ impl InPlace {
             routes,
             added: Vec::new(),
             removed: Vec::new(),
+            certificates,
         };
         for (name, cluster) in &new.clusters {
             let (ClusterKind::Static(s), Some(Upstream::Static(live))) =
@@ -82,8 +102,40 @@ impl InPlace {
     }
 }
 
-/// Whether `a` and `b` differ in nothing but routes and static clusters' endpoints.
-fn same_but_routes_and_endpoints(a: &Config, b: &Config) -> bool {
+impl InPlace {
+    /// Swaps in the certificates of every listener whose files changed (the names of those
+    /// listeners); `None` if one cannot be loaded, and then nothing changed.
+    fn replace_certificates(&self, running: &Config, new: &Config) -> Option<Vec<String>> {
+        let changed: Vec<_> = new
+            .listeners
+            .iter()
+            .filter(|l| {
+                let old = running.listeners.iter().find(|o| o.name == l.name);
+                old.is_some_and(|o| o.tls != l.tls)
+            })
+            .filter_map(|l| Some((l, self.certificates.get(&l.name)?)))
+            .collect();
+        let mut loaded = Vec::with_capacity(changed.len());
+        for (listener, live) in changed {
+            match Certificates::load(&listener.tls) {
+                Ok(next) => loaded.push((listener.name.clone(), live, next)),
+                Err(error) => {
+                    warn!(listener = %listener.name, %error, "cannot load the new certificates in place");
+                    return None;
+                }
+            }
+        }
+        let names = loaded.iter().map(|(name, ..)| name.clone()).collect();
+        for (_, live, next) in loaded {
+            live.swap(next);
+        }
+        Some(names)
+    }
+}
+
+/// Whether `a` and `b` differ in nothing but routes, static clusters' endpoints and the
+/// contents of listeners' certificate files.
+fn same_but_in_place_parts(a: &Config, b: &Config) -> bool {
     let without = |c: &Config| {
         let mut c = c.clone();
         c.routes.clear();
@@ -92,6 +144,10 @@ fn same_but_routes_and_endpoints(a: &Config, b: &Config) -> bool {
             if let ClusterKind::Static(s) = &mut cluster.kind {
                 s.endpoints.clear();
             }
+        }
+        for tls in c.listeners.iter_mut().flat_map(|l| l.tls.iter_mut()) {
+            tls.cert_pem.clear();
+            tls.key_pem.clear();
         }
         c
     };

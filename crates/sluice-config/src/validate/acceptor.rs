@@ -94,7 +94,7 @@ fn tls(
     let client_auth = match raw.client_ca {
         None => None,
         Some(ca) => {
-            let (ca_path, ca_pem) = super::tls::read_ca(ctx, &ca)?;
+            let (ca_path, ca_pem) = super::tls::read_ca(ctx, &ca, "client CA")?;
             let clients = match clients {
                 Some(c) => self::clients(ctx, c, reverse)?,
                 None => BTreeMap::new(),

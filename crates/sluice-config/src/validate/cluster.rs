@@ -84,6 +84,16 @@ fn static_cluster(
             .health_check
             .map(|h| health_check(ctx, h.into_inner()))
             .transpose()?,
+        tls: raw
+            .tls
+            .map(|t| {
+                let first = raw_endpoints
+                    .get_ref()
+                    .first()
+                    .map(|e| e.get_ref().as_str());
+                super::tls::upstream(ctx, t, first)
+            })
+            .transpose()?,
     };
     Ok(StaticCluster {
         endpoints: endpoints(ctx, raw_endpoints)?,
@@ -92,7 +102,7 @@ fn static_cluster(
 }
 
 /// The static-only keys that are set, with their spans.
-pub(super) fn static_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 6] {
+pub(super) fn static_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 7] {
     [
         ("endpoints", raw.endpoints.as_ref().map(Spanned::span)),
         ("lb", raw.lb.as_ref().map(Spanned::span)),
@@ -103,6 +113,7 @@ pub(super) fn static_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usiz
         ("pool", raw.pool.as_ref().map(Spanned::span)),
         ("ejection", raw.ejection.as_ref().map(Spanned::span)),
         ("health_check", raw.health_check.as_ref().map(Spanned::span)),
+        ("tls", raw.tls.as_ref().map(Spanned::span)),
     ]
 }
 

@@ -85,6 +85,7 @@ pub struct Server {
     name: String,
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
+    certificates: Option<Arc<tls::Certificates>>,
     http: HttpOptions,
     bytes: Option<crate::metrics::ByteCounters>,
 }
@@ -116,6 +117,7 @@ impl Server {
             name: name.into(),
             listener,
             tls: None,
+            certificates: None,
             http,
             bytes: None,
         }
@@ -131,6 +133,19 @@ impl Server {
     pub fn with_tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
         self.tls = Some(TlsAcceptor::from(config));
         self
+    }
+
+    /// Terminates TLS with `certs` (chosen by SNI), offering HTTP/2 by ALPN as the listener's
+    /// settings say; [`certificates`](Self::certificates) can replace them while it serves.
+    pub fn with_certificates(mut self, certs: Arc<tls::Certificates>) -> std::io::Result<Self> {
+        let config = tls::server_config(Arc::clone(&certs), self.http.http2)?;
+        self.certificates = Some(certs);
+        Ok(self.with_tls(config))
+    }
+
+    /// The certificates set by [`with_certificates`](Self::with_certificates).
+    pub fn certificates(&self) -> Option<&Arc<tls::Certificates>> {
+        self.certificates.as_ref()
     }
 
     /// Whether the listener terminates TLS.

@@ -1,33 +1,135 @@
-//! TLS termination with rustls: certificate loading and ALPN for listeners, and the acceptor's
-//! config with optional client authentication.
+//! TLS termination with rustls: a listener's certificates (chosen by SNI, replaceable in
+//! place), ALPN and resumption, and the acceptor's config with optional client
+//! authentication.
+//!
+//! Resumption: TLS 1.3 tickets sealed with a key that rotates every 6 hours (rustls's ring
+//! `Ticketer`, which still opens tickets of the previous key), and for TLS 1.2 clients the
+//! default bounded session cache (256 sessions). Ticket keys live in the process: a hot
+//! restart's successor cannot resume its predecessor's sessions (clients do one full
+//! handshake again).
 
+use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sluice_config::{AcceptorTls, ClientAuth, Tls};
+use sluice_wire::cert::cert_names;
 
-/// Builds a rustls server config from PEM material, offering `h2` (when `http2`) and
-/// `http/1.1` by ALPN.
-pub fn server_config(tls: &Tls, http2: bool) -> io::Result<Arc<ServerConfig>> {
-    let (certs, key) = load_pair(tls)?;
+/// A listener's certificates: each serves the names it carries (DNS subject alternative names,
+/// `*.` wildcards included, or the common name without them); the first also serves clients
+/// without SNI or with a name none carries. Replaced whole by [`replace`](Self::replace):
+/// handshakes from then on get the new set, open connections carry on.
+#[derive(Debug)]
+pub struct Certificates(ArcSwap<ByName>);
+
+#[derive(Debug)]
+struct ByName {
+    default: Arc<CertifiedKey>,
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    /// `*.example.com` under `example.com`.
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+}
+
+impl Certificates {
+    /// Loads `tls` (at least one pair).
+    pub fn load(tls: &[Tls]) -> io::Result<Self> {
+        Ok(Self(ArcSwap::from_pointee(ByName::load(tls)?)))
+    }
+
+    /// Serves `tls` from the next handshake on; on an error nothing changes.
+    pub fn replace(&self, tls: &[Tls]) -> io::Result<()> {
+        self.swap(Self::load(tls)?);
+        Ok(())
+    }
+
+    /// Serves `next`'s certificates from the next handshake on.
+    pub(crate) fn swap(&self, next: Self) {
+        self.0.store(next.0.into_inner());
+    }
+}
+
+impl ByName {
+    fn load(tls: &[Tls]) -> io::Result<Self> {
+        let mut keys = tls.iter().map(|t| certified_key(t).map(Arc::new));
+        let default = keys
+            .next()
+            .ok_or_else(|| invalid("a TLS listener needs a certificate".to_owned()))??;
+        let mut by_name = Self {
+            exact: HashMap::new(),
+            wildcard: HashMap::new(),
+            default: Arc::clone(&default),
+        };
+        for key in std::iter::once(Ok(default)).chain(keys) {
+            let key = key?;
+            let names = key.end_entity_cert().map(cert_names).unwrap_or_default();
+            for name in names {
+                // The first certificate to carry a name serves it.
+                let table = match name.strip_prefix("*.") {
+                    Some(parent) => by_name.wildcard.entry(parent.to_owned()),
+                    None => by_name.exact.entry(name),
+                };
+                table.or_insert_with(|| Arc::clone(&key));
+            }
+        }
+        Ok(by_name)
+    }
+
+    fn pick(&self, sni: Option<&str>) -> Arc<CertifiedKey> {
+        let Some(name) = sni.map(|n| n.trim_end_matches('.').to_ascii_lowercase()) else {
+            return Arc::clone(&self.default);
+        };
+        let wildcard = || {
+            let (_, parent) = name.split_once('.')?;
+            self.wildcard.get(parent)
+        };
+        Arc::clone(
+            self.exact
+                .get(&name)
+                .or_else(wildcard)
+                .unwrap_or(&self.default),
+        )
+    }
+}
+
+impl ResolvesServerCert for Certificates {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.load().pick(hello.server_name()))
+    }
+}
+
+/// Builds a listener's rustls server config over `certs`, offering `h2` (when `http2`) and
+/// `http/1.1` by ALPN, with resumption by tickets.
+pub fn server_config(certs: Arc<Certificates>, http2: bool) -> io::Result<Arc<ServerConfig>> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid(e.to_string()))?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| invalid(format!("{}: {e}", tls.cert_path.display())))?;
+        .with_cert_resolver(certs);
     config.alpn_protocols = if http2 {
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
     } else {
         vec![b"http/1.1".to_vec()]
     };
+    config.ticketer = ticketer()?;
     Ok(Arc::new(config))
+}
+
+fn ticketer() -> io::Result<Arc<dyn rustls::server::ProducesTickets>> {
+    rustls::crypto::ring::Ticketer::new().map_err(|e| invalid(format!("TLS tickets: {e}")))
+}
+
+fn certified_key(tls: &Tls) -> io::Result<CertifiedKey> {
+    let (certs, key) = load_pair(tls)?;
+    CertifiedKey::from_der(certs, key, &provider())
+        .map_err(|e| invalid(format!("{}: {e}", tls.cert_path.display())))
 }
 
 /// Builds the acceptor's rustls server config. No ALPN: the session protocol is the only one
@@ -42,9 +144,10 @@ pub fn acceptor_config(tls: &AcceptorTls) -> io::Result<Arc<ServerConfig>> {
         None => builder.with_no_client_auth(),
         Some(auth) => builder.with_client_cert_verifier(client_verifier(auth)?),
     };
-    let config = builder
+    let mut config = builder
         .with_single_cert(certs, key)
         .map_err(|e| invalid(format!("{}: {e}", tls.server.cert_path.display())))?;
+    config.ticketer = ticketer()?;
     Ok(Arc::new(config))
 }
 

@@ -8,6 +8,7 @@ pub mod connect;
 pub(crate) mod exchange;
 pub mod reverse;
 pub mod static_cluster;
+pub mod tls;
 
 use http::{Request, Response};
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::{Request, Response};
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 pub use endpoint::Endpoint;
 pub use sluice_config::{Ejection, HealthCheck, LbPolicy, PoolOptions, StaticOptions};
@@ -28,6 +28,7 @@ use self::pool::{Conn, ReturnOnEnd};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::upstream::connect::connect_http1;
+use crate::upstream::tls::UpstreamTls;
 
 mod send;
 
@@ -53,16 +54,25 @@ struct Inner {
     tasks_started: AtomicBool,
     /// Where new connections are counted, once the proxy sets it.
     metrics: std::sync::OnceLock<std::sync::Arc<crate::metrics::Metrics>>,
+    /// HTTPS to the endpoints (`opts.tls`, built).
+    tls: Option<UpstreamTls>,
 }
 
 impl StaticCluster {
     /// A cluster with these endpoints. Background tasks (idle reaping, health checks) start on
-    /// first use inside a Tokio runtime.
+    /// first use inside a Tokio runtime. Fails only for `opts.tls` that rustls refuses (or no
+    /// trust anchors: no `ca` and no system roots).
     pub fn new(
         name: impl Into<String>,
         endpoints: impl IntoIterator<Item = SocketAddr>,
         opts: StaticOptions,
-    ) -> Self {
+    ) -> std::io::Result<Self> {
+        let name = name.into();
+        let tls = opts
+            .tls
+            .as_ref()
+            .map(|t| UpstreamTls::new(&name, t))
+            .transpose()?;
         let mut list: Vec<Arc<Endpoint>> = Vec::new();
         for addr in endpoints {
             if !list.iter().any(|e| e.addr() == addr) {
@@ -70,7 +80,8 @@ impl StaticCluster {
             }
         }
         let inner = Inner {
-            name: name.into(),
+            name,
+            tls,
             balancer: Balancer::new(opts.lb),
             opts: Arc::new(opts),
             endpoints: ArcSwap::from_pointee(list),
@@ -78,13 +89,13 @@ impl StaticCluster {
             tasks_started: AtomicBool::new(false),
             metrics: std::sync::OnceLock::new(),
         };
-        Self {
+        Ok(Self {
             inner: Arc::new(inner),
-        }
+        })
     }
 
     /// Builds the cluster a validated config describes.
-    pub fn from_config(name: &str, cfg: &sluice_config::StaticCluster) -> Self {
+    pub fn from_config(name: &str, cfg: &sluice_config::StaticCluster) -> std::io::Result<Self> {
         Self::new(name, cfg.endpoints.iter().copied(), cfg.options.clone())
     }
 
@@ -206,7 +217,8 @@ async fn acquire(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError>
 }
 
 async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError> {
-    let connected = connect_http1(endpoint.addr(), inner.opts.connect_timeout).await;
+    let tls = inner.tls.as_ref();
+    let connected = connect_http1(endpoint.addr(), inner.opts.connect_timeout, tls).await;
     if let Some(m) = inner.metrics.get() {
         m.upstream_connect(&inner.name, connected.is_ok());
     }
@@ -217,6 +229,10 @@ async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, Proxy
         }
         Err(e) => {
             endpoint.connect_failed(inner.now_ms(), &inner.opts);
+            if let ProxyError::UpstreamTls { .. } = e {
+                // A certificate problem is a configuration problem: worth a line each time.
+                warn!(cluster = %inner.name, upstream.addr = %endpoint.addr(), error = %e, "ejected endpoint after a failed TLS handshake");
+            }
             debug!(cluster = %inner.name, upstream.addr = %endpoint.addr(), error = %e, "ejected endpoint after connect failure");
             Err(e)
         }

@@ -14,6 +14,7 @@ use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::upstream::default_host;
 use crate::upstream::exchange::{self, Replay};
+use crate::upstream::tls::UpstreamTls;
 
 /// Picks an endpoint and exchanges the request with it. A failed connect ejects the endpoint
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`].
@@ -32,7 +33,8 @@ pub(super) async fn send(
         match acquire(inner, &endpoints[i]).await {
             Ok(conn) => {
                 let addr = endpoints[i].addr();
-                default_host(&mut req, || addr.to_string());
+                let sni = inner.tls.as_ref().and_then(UpstreamTls::sni);
+                default_host(&mut req, || sni.unwrap_or_else(|| addr.to_string()));
                 return exchange(inner, conn, in_flight, req).await;
             }
             Err(e) => {

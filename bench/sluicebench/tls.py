@@ -1,0 +1,164 @@
+"""The TLS scenario: each proxy terminates TLS with the same certificate (ECDSA P-256, then
+RSA 2048) in front of its own plain keep-alive backend, and is measured three ways, rounds
+interleaved: keep-alive HTTPS (wrk), a new connection with a full handshake per request, and a
+new connection that resumes its session per request (`tlsload`). What counts is the proxy's CPU
+per request (per handshake, for the last two), as a ratio to NGINX's in the same round.
+`sluice-tls-b` is a second, identical Sluice: the A/A pair."""
+
+import dataclasses
+import json
+import subprocess
+
+from . import load, targets
+from .procs import LOAD_CPU, PROXY_CPU, Group, free_port, only_child, sample_proc, wait_port
+from .targets import Backend, Target, binary
+
+TARGETS = ("sluice-tls", "sluice-tls-b", "nginx-tls", "haproxy-tls")
+KEYS = ("ecdsa", "rsa")
+MODES = ("keepalive", "full", "resumed")
+KEEPALIVE_CONNECTIONS = 64
+HANDSHAKE_CONNECTIONS = 16
+
+
+def _certificate(tmp, key):
+    """A self-signed `localhost` certificate of `key` type; returns (cert, key, combined) paths
+    (HAProxy wants both in one file)."""
+    cert, priv = f"{tmp}/{key}.pem", f"{tmp}/{key}.key"
+    algo = (["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"] if key == "ecdsa"
+            else ["-newkey", "rsa:2048"])
+    subprocess.run(["openssl", "req", "-x509", *algo, "-nodes", "-days", "2", "-subj",
+                    "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", priv, "-out", cert], check=True, capture_output=True)
+    combined = f"{tmp}/{key}.combined.pem"
+    with open(combined, "w") as out:
+        for path in (cert, priv):
+            with open(path) as f:
+                out.write(f.read())
+    return cert, priv, combined
+
+
+def _start(group, tmp, name, pem):
+    cert, priv, combined = pem
+    upstream, stats, port = free_port(), free_port(), free_port()
+    targets._backend(group, f"{name}-backend", Backend(), stats,
+                     ["--listen", f"127.0.0.1:{upstream}"], "listening")
+    if name.startswith("sluice"):
+        conf = targets._write(tmp, f"{name}.toml", f"""[runtime]
+workers = 1
+
+[[listener]]
+name = "bench"
+listen = "127.0.0.1:{port}"
+tls = {{ cert = "{cert}", key = "{priv}" }}
+http2 = false
+
+[[route]]
+cluster = "{targets.SERVICE}"
+
+[cluster.{targets.SERVICE}]
+kind = "static"
+endpoints = ["127.0.0.1:{upstream}"]
+pool = {{ max_idle_per_endpoint = {targets.KEEPALIVE} }}
+""")
+        pid = group.start(name, [binary("sluice"), "run", "-c", conf], PROXY_CPU).pid
+    elif name == "nginx-tls":
+        # NGINX's session cache is off by default, tickets on: the same as Sluice's.
+        conf = targets._write(tmp, f"{name}.conf", f"""
+worker_processes 1;
+daemon off;
+master_process on;
+pid {tmp}/{name}.pid;
+error_log {tmp}/{name}.error.log crit;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/{name}-body;
+    proxy_temp_path {tmp}/{name}-proxy;
+    upstream backend {{ server 127.0.0.1:{upstream}; keepalive {targets.KEEPALIVE};
+                        keepalive_requests 1000000; }}
+    server {{
+        listen 127.0.0.1:{port} ssl backlog=4096;
+        ssl_certificate {cert};
+        ssl_certificate_key {priv};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        keepalive_requests 1000000;
+        location / {{ proxy_pass http://backend; proxy_http_version 1.1;
+                      proxy_set_header Connection ""; }}
+    }}
+}}
+""")
+        pid = only_child(group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU).pid)
+    else:
+        conf = targets._write(tmp, f"{name}.cfg", f"""
+global
+    nbthread 1
+    maxconn 8000
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    http-reuse always
+
+frontend bench
+    bind 127.0.0.1:{port} ssl crt {combined}
+    default_backend backend
+
+backend backend
+    server s1 127.0.0.1:{upstream}
+""")
+        pid = group.start(name, ["haproxy", "-db", "-f", conf], PROXY_CPU).pid
+    wait_port(port)
+    return Target(name, port, pid, upstream, stats, scheme="https")
+
+
+def _handshakes(target, pem, mode, seconds):
+    """`tlsload` for `seconds`: a `Run` whose requests are the handshakes counted."""
+    cmd = ["taskset", "-c", str(LOAD_CPU), binary("tlsload"), "--addr",
+           f"127.0.0.1:{target.port}", "--ca", pem[0], "--connections",
+           str(HANDSHAKE_CONNECTIONS), "--seconds", str(seconds), "--mode", mode]
+    before = sample_proc(target.pid)
+    out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    after = sample_proc(target.pid)
+    run = load.Run(target.name)
+    run.requests = out["requests"]
+    run.seconds = out["seconds"]
+    run.rps = out["requests"] / max(out["seconds"], 1e-9)
+    run.errors = out["errors"]
+    run.cpu_us_per_req = (after.cpu_s - before.cpu_s) * 1e6 / max(out["requests"], 1)
+    run.extra["resumed"] = out["resumed"]
+    return run
+
+
+def tls(b):
+    """Per key type and mode, rounds of every target in rotated order."""
+    from .scenarios import rotated  # scenarios imports this module
+
+    out = {"keys": {}}
+    rounds = max(2, b.p.sweep_rounds * 2) if b.p.name != "smoke" else 1
+    seconds = b.p.seconds
+    for key in (KEYS if b.p.name != "smoke" else KEYS[:1]):
+        group = Group(b.work)
+        try:
+            pem = _certificate(b.work, key)
+            ts = {name: _start(group, b.work, name, pem) for name in TARGETS}
+            modes = out["keys"][key] = {mode: {name: [] for name in ts} for mode in MODES}
+            for r in range(rounds):
+                for mode in MODES:
+                    for name in rotated(ts, r):
+                        group.check_alive()
+                        t = ts[name]
+                        if mode == "keepalive":
+                            run = load.wrk(t, KEEPALIVE_CONNECTIONS, seconds=seconds)
+                        else:
+                            run = _handshakes(t, pem, mode, seconds)
+                        modes[mode][name].append(dataclasses.asdict(run))
+                        b.say(f"tls {key} {mode:9} round {r + 1}/{rounds} {name:13} "
+                              f"{run.rps:8.0f} rps  {run.cpu_us_per_req:6.1f} us CPU/req  "
+                              f"errors {run.non2xx + run.errors}"
+                              + (f"  resumed {run.extra['resumed']}" if mode != "keepalive" else ""))
+        finally:
+            group.close()
+    out["rounds"] = rounds
+    return out
