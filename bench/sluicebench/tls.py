@@ -21,24 +21,38 @@ HANDSHAKE_CONNECTIONS = 16
 
 
 def _certificate(tmp, key):
-    """A self-signed `localhost` certificate of `key` type; returns (cert, key, combined) paths
-    (HAProxy wants both in one file)."""
-    cert, priv = f"{tmp}/{key}.pem", f"{tmp}/{key}.key"
+    """A `localhost` certificate of `key` type signed by a CA of the same type; returns the
+    paths (CA, certificate, key, certificate and key in one file, as HAProxy wants them)."""
     algo = (["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"] if key == "ecdsa"
             else ["-newkey", "rsa:2048"])
-    subprocess.run(["openssl", "req", "-x509", *algo, "-nodes", "-days", "2", "-subj",
-                    "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-                    "-keyout", priv, "-out", cert], check=True, capture_output=True)
+    ca, ca_key = f"{tmp}/{key}-ca.pem", f"{tmp}/{key}-ca.key"
+    cert, priv, csr = f"{tmp}/{key}.pem", f"{tmp}/{key}.key", f"{tmp}/{key}.csr"
+    ext = _write_ext(tmp)
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    openssl("req", "-x509", *algo, "-nodes", "-days", "2", "-subj", f"/CN=bench {key} CA",
+            "-keyout", ca_key, "-out", ca)
+    openssl("req", "-new", *algo, "-nodes", "-subj", "/CN=localhost", "-keyout", priv,
+            "-out", csr)
+    openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+            "-days", "2", "-extfile", ext, "-out", cert)
     combined = f"{tmp}/{key}.combined.pem"
     with open(combined, "w") as out:
         for path in (cert, priv):
             with open(path) as f:
                 out.write(f.read())
-    return cert, priv, combined
+    return ca, cert, priv, combined
+
+
+def _write_ext(tmp):
+    return targets._write(tmp, "leaf.ext", "basicConstraints=CA:FALSE\n"
+                          "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n")
 
 
 def _start(group, tmp, name, pem):
-    cert, priv, combined = pem
+    _, cert, priv, combined = pem
     upstream, stats, port = free_port(), free_port(), free_port()
     targets._backend(group, f"{name}-backend", Backend(), stats,
                      ["--listen", f"127.0.0.1:{upstream}"], "listening")
@@ -136,7 +150,7 @@ def tls(b):
     from .scenarios import rotated  # scenarios imports this module
 
     out = {"keys": {}}
-    rounds = max(2, b.p.sweep_rounds * 2) if b.p.name != "smoke" else 1
+    rounds = max(2, b.p.headline_rounds // 2) if b.p.name != "smoke" else 1
     seconds = b.p.seconds
     for key in (KEYS if b.p.name != "smoke" else KEYS[:1]):
         group = Group(b.work)

@@ -50,7 +50,7 @@ pub struct Config {
 }
 
 /// What `tlsload` prints.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     /// Connections whose response was a 200, read to the end.
     pub requests: u64,
@@ -58,6 +58,8 @@ pub struct Report {
     pub resumed: u64,
     /// Connections that failed (connect, handshake, or not a 200).
     pub errors: u64,
+    /// What the first failure was, if any.
+    pub first_error: Option<String>,
     /// The run's length.
     pub seconds: f64,
 }
@@ -102,6 +104,7 @@ pub async fn run(cfg: &Config) -> anyhow::Result<Report> {
         report.requests += one.requests;
         report.resumed += one.resumed;
         report.errors += one.errors;
+        report.first_error = report.first_error.or(one.first_error);
     }
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
@@ -124,7 +127,10 @@ impl Client {
                     report.requests += 1;
                     report.resumed += u64::from(resumed);
                 }
-                Err(_) => report.errors += 1,
+                Err(e) => {
+                    report.errors += 1;
+                    report.first_error.get_or_insert_with(|| format!("{e:#}"));
+                }
             }
         }
         report
