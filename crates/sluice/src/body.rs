@@ -14,6 +14,128 @@ use crate::upstream::static_cluster::pool::ReturnOnEnd;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The rest of a body read ahead: streamed from the peer as the client reads it, or pumped
+/// by a task that reads it from the peer at the peer's pace into a bounded buffer.
+#[derive(Debug)]
+pub enum Rest {
+    /// Read from the peer when the client reads.
+    Incoming(Incoming),
+    /// Read from the peer by a task (see [`Pumped`]).
+    Pumped(Pumped),
+}
+
+impl Rest {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self {
+            Self::Incoming(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Self::Pumped(pumped) => pumped.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Incoming(body) => body.is_end_stream(),
+            Self::Pumped(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Incoming(body) => body.size_hint(),
+            Self::Pumped(pumped) => pumped.remaining,
+        }
+    }
+}
+
+/// Frames a task reads off the peer ahead of the client, within a budget of bytes: the task
+/// takes budget for each chunk before it passes it on, and the budget comes back as the client
+/// takes the chunk. Dropping this (the client went away) closes the budget, which stops the
+/// task.
+#[derive(Debug)]
+pub struct Pumped {
+    frames: tokio::sync::mpsc::UnboundedReceiver<Result<Frame<Bytes>, hyper::Error>>,
+    budget: std::sync::Arc<tokio::sync::Semaphore>,
+    limit: usize,
+    /// The size of what is still to come, as the peer's framing says.
+    remaining: SizeHint,
+}
+
+/// The task's side of a [`Pumped`] body.
+#[derive(Debug)]
+pub(crate) struct Pump {
+    frames: tokio::sync::mpsc::UnboundedSender<Result<Frame<Bytes>, hyper::Error>>,
+    budget: std::sync::Arc<tokio::sync::Semaphore>,
+    limit: usize,
+}
+
+/// A pump with a budget of `limit` bytes (at least one), and the body it feeds, whose size is
+/// `remaining`.
+pub(crate) fn pump(limit: usize, remaining: SizeHint) -> (Pump, Pumped) {
+    let limit = limit.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let budget = std::sync::Arc::new(tokio::sync::Semaphore::new(limit));
+    let pump = Pump {
+        frames: tx,
+        budget: std::sync::Arc::clone(&budget),
+        limit,
+    };
+    let pumped = Pumped {
+        frames: rx,
+        budget,
+        limit,
+        remaining,
+    };
+    (pump, pumped)
+}
+
+/// What a chunk costs of the budget: its length, but no more than the whole budget (a chunk
+/// larger than the budget waits until every byte before it has been taken).
+fn cost(frame: &Frame<Bytes>, limit: usize) -> u32 {
+    let len = frame.data_ref().map_or(0, Bytes::len).min(limit);
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+impl Pump {
+    /// Passes `frame` on once the budget allows; false if the client has gone.
+    pub(crate) async fn send(&self, frame: Result<Frame<Bytes>, hyper::Error>) -> bool {
+        if let Ok(frame) = &frame {
+            match self.budget.acquire_many(cost(frame, self.limit)).await {
+                Ok(permit) => permit.forget(),
+                Err(_closed) => return false,
+            }
+        }
+        self.frames.send(frame).is_ok()
+    }
+
+    /// Resolves when the client has gone.
+    pub(crate) async fn closed(&self) {
+        self.frames.closed().await;
+    }
+}
+
+impl Pumped {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = std::task::ready!(self.frames.poll_recv(cx));
+        if let Some(Ok(frame)) = &polled {
+            let len = frame.data_ref().map_or(0, Bytes::len) as u64;
+            self.budget.add_permits(cost(frame, self.limit) as usize);
+            let mut rest = SizeHint::new();
+            rest.set_lower(self.remaining.lower().saturating_sub(len));
+            if let Some(upper) = self.remaining.upper() {
+                rest.set_upper(upper.saturating_sub(len));
+            }
+            self.remaining = rest;
+        }
+        Poll::Ready(polled.map(|f| f.map_err(Into::into)))
+    }
+}
+
+impl Drop for Pumped {
+    fn drop(&mut self) {
+        self.budget.close();
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A request or response body: streamed from a peer, or a fixed buffer.
     ///
@@ -33,12 +155,12 @@ pin_project_lite::pin_project! {
         /// A fixed body (direct responses, error responses, retries of empty requests).
         Full { data: Option<Bytes> },
         /// Read ahead into memory (`request_buffer`, `response_buffer`): the chunks in `head`,
-        /// then the trailers read with them, or else the `rest` that did not fit, streamed. A
-        /// `lease` holds the session the rest comes from and gives it back when it ends.
+        /// then the trailers read with them, or else the `rest`, streamed. A `lease` holds the
+        /// session a streamed rest comes from and gives it back when it ends.
         Buffered {
             head: VecDeque<Bytes>,
             trailers: Option<HeaderMap>,
-            rest: Option<Incoming>,
+            rest: Option<Rest>,
             lease: Option<Lease>,
         },
     }
@@ -119,7 +241,7 @@ impl Body for ProxyBody {
             } => {
                 head.is_empty()
                     && trailers.is_none()
-                    && rest.as_ref().is_none_or(Body::is_end_stream)
+                    && rest.as_ref().is_none_or(Rest::is_end_stream)
             }
         }
     }
@@ -148,7 +270,7 @@ fn poll_buffered(
     cx: &mut Context<'_>,
     head: &mut VecDeque<Bytes>,
     trailers: &mut Option<HeaderMap>,
-    rest: &mut Option<Incoming>,
+    rest: &mut Option<Rest>,
     lease: &mut Option<Lease>,
 ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
     if let Some(data) = head.pop_front() {
@@ -160,7 +282,7 @@ fn poll_buffered(
     let Some(body) = rest else {
         return Poll::Ready(None);
     };
-    let polled = std::task::ready!(Pin::new(&mut *body).poll_frame(cx));
+    let polled = std::task::ready!(body.poll_frame(cx));
     let ended = match &polled {
         None => true,
         Some(Ok(frame)) => frame.is_trailers() || body.is_end_stream(),
@@ -171,12 +293,12 @@ fn poll_buffered(
             lease.finish();
         }
     }
-    Poll::Ready(polled.map(|f| f.map_err(Into::into)))
+    Poll::Ready(polled)
 }
 
 /// Exact when the whole body is in hand without trailers (so HTTP/1.1 can frame it with
 /// Content-Length); trailers need chunked framing, so then only a lower bound.
-fn buffered_hint(head: &VecDeque<Bytes>, trailers: bool, rest: Option<&Incoming>) -> SizeHint {
+fn buffered_hint(head: &VecDeque<Bytes>, trailers: bool, rest: Option<&Rest>) -> SizeHint {
     let buffered: u64 = head.iter().map(|d| d.len() as u64).sum();
     match rest {
         None if !trailers => SizeHint::with_exact(buffered),

@@ -41,7 +41,7 @@ async fn stalled_client_releases_the_session_once_the_body_is_buffered() {
     })
     .await
     .expect("the stalled client's request never reached the service");
-    proxy.idle("default", 1).await;
+    within("the session to be idle", proxy.idle("default", 1)).await;
     // The only session serves another client while the first has read nothing.
     let res = get(proxy.http, "/").await;
     assert_eq!(res.status, StatusCode::OK);
@@ -364,5 +364,52 @@ async fn a_streamed_response_reaches_the_client_chunk_by_chunk() {
     assert!(within("the end", body.frame()).await.is_none());
     // The session goes back once the stream has ended.
     within("the session to be idle", proxy.idle("default", 1)).await;
+    proxy.stop().await;
+}
+
+/// A pause in a response (the service's, or this machine's scheduler's) ends the read-ahead's
+/// wait, and what came is sent; the rest is still read off the session at the service's pace,
+/// so a client that reads nothing does not keep the session for a body that fits the buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_in_a_response_does_not_leave_its_session_to_a_stalled_client() {
+    use reverse_support::custom::Channel;
+    use tokio::sync::{mpsc, Mutex};
+    let cluster = "response_buffer = \"32MiB\"\nqueue_timeout = \"10s\"";
+    let proxy = start_proxy(cluster, DEFAULT_ROUTE).await;
+    let (senders_tx, mut senders) = mpsc::channel::<mpsc::Sender<Bytes>>(1);
+    let senders_tx = Arc::new(Mutex::new(Some(senders_tx)));
+    serve_fn(proxy.acceptor, &ServiceSpec::new("a", 1), move |_req| {
+        let senders_tx = Arc::clone(&senders_tx);
+        async move {
+            // The first request's body is fed by the test; later ones are empty.
+            let (tx, rx) = mpsc::channel(1);
+            if let Some(hand) = senders_tx.lock().await.take() {
+                hand.send(tx).await.unwrap();
+            }
+            Ok::<_, std::io::Error>(Response::new(Channel(rx)))
+        }
+    })
+    .await;
+    proxy.idle("default", 1).await;
+
+    let addr = proxy.http;
+    let stalled = tokio::spawn(async move { stalled_get(addr, "/pause").await });
+    let service = within("the request to reach the service", senders.recv())
+        .await
+        .unwrap();
+    service.send(Bytes::from_static(b"first\n")).await.unwrap();
+    // Far longer than the read-ahead waits for a next chunk.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stalled = within("the response head", stalled).await.unwrap();
+    let rest = Bytes::from(vec![b'r'; 4 << 20]);
+    service.send(rest.clone()).await.unwrap();
+    drop(service);
+
+    // The rest is in the proxy: the only session serves another client.
+    within("the session to be idle", proxy.idle("default", 1)).await;
+    assert_eq!(get(proxy.http, "/").await.status, StatusCode::OK);
+    let body = stalled.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 6 + rest.len());
+    assert!(body.starts_with(b"first\n") && body[6..] == rest[..]);
     proxy.stop().await;
 }

@@ -8,9 +8,12 @@
 //! followed by the rest, streamed; its session goes back when the rest has been read.
 //!
 //! A response is read ahead in time as well as in size: once some of its body has come, a gap
-//! of [`STREAM_GAP`] without the next chunk sends what was read and streams the rest, so a
-//! stream (chunked JSON lines, a generator, a long poll's late answer) reaches the client as
-//! the service sends it instead of in one burst at its end.
+//! of [`STREAM_GAP`] without the next chunk sends what was read, so a stream (chunked JSON
+//! lines, a generator, a long poll's late answer) reaches the client as the service sends it
+//! instead of in one burst at its end. The rest is still read off the session at the
+//! service's pace, by a task, into what is left of the buffer: a gap (a pause of the service,
+//! or of this machine's scheduler) never makes a slow client hold a session for a body that
+//! fits the buffer.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -22,7 +25,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::session::Lease;
-use crate::body::ProxyBody;
+use crate::body::{ProxyBody, Pump, Rest};
 use crate::error::ProxyError;
 
 /// How long the read-ahead of a response waits for its next chunk before it forwards what it
@@ -34,8 +37,12 @@ pub(super) const STREAM_GAP: Duration = Duration::from_millis(10);
 struct ReadAhead {
     chunks: VecDeque<Bytes>,
     trailers: Option<HeaderMap>,
-    /// The rest of the body, when it did not end within the limit.
+    /// The rest of the body, when it did not end within the limit or the gap.
     rest: Option<Incoming>,
+    /// Bytes read.
+    len: usize,
+    /// Whether reading stopped at a gap (not at the limit).
+    gap: bool,
 }
 
 impl ReadAhead {
@@ -44,7 +51,7 @@ impl ReadAhead {
         ProxyBody::Buffered {
             head: self.chunks,
             trailers: self.trailers,
-            rest: self.rest,
+            rest: self.rest.map(Rest::Incoming),
             lease,
         }
     }
@@ -62,9 +69,11 @@ async fn read_ahead(
         chunks: VecDeque::new(),
         trailers: None,
         rest: None,
+        len: 0,
+        gap: false,
     };
-    let mut len = 0usize;
     while !body.is_end_stream() {
+        let len = ahead.len;
         if len > limit {
             ahead.rest = Some(body);
             return Ok(ahead);
@@ -76,6 +85,7 @@ async fn read_ahead(
         };
         let Some(next) = next else {
             ahead.rest = Some(body);
+            ahead.gap = true;
             return Ok(ahead);
         };
         let Some(frame) = next.transpose()? else {
@@ -83,7 +93,7 @@ async fn read_ahead(
         };
         match frame.into_data() {
             Ok(data) => {
-                len = len.saturating_add(data.len());
+                ahead.len = len.saturating_add(data.len());
                 if !data.is_empty() {
                     ahead.chunks.push_back(data);
                 }
@@ -156,16 +166,58 @@ pub(super) async fn response(
             ProxyBody::Leased { body, lease },
         ));
     }
-    let ahead = read_ahead(body, limit, Some(STREAM_GAP))
+    let mut ahead = read_ahead(body, limit, Some(STREAM_GAP))
         .await
         .map_err(ProxyError::UpstreamProtocol)?;
-    let lease = if ahead.rest.is_some() {
-        Some(lease)
-    } else {
-        lease.finish();
-        None
+    let body = match ahead.rest.take() {
+        None => {
+            lease.finish();
+            ahead.into_body(None)
+        }
+        Some(rest) if ahead.gap => {
+            let (pump, pumped) = crate::body::pump(limit - ahead.len, rest.size_hint());
+            tokio::spawn(pump_rest(rest, pump, lease));
+            ProxyBody::Buffered {
+                head: ahead.chunks,
+                trailers: None,
+                rest: Some(Rest::Pumped(pumped)),
+                lease: None,
+            }
+        }
+        Some(rest) => {
+            ahead.rest = Some(rest);
+            ahead.into_body(Some(lease))
+        }
     };
-    Ok(Response::from_parts(parts, ahead.into_body(lease)))
+    Ok(Response::from_parts(parts, body))
+}
+
+/// Reads the rest of a response off its session as the service sends it, within the pump's
+/// budget, and gives the session back as soon as the last frame is read, whether or not the
+/// client has taken it yet. The session closes instead if the body fails, or the client goes
+/// away before its end.
+async fn pump_rest(mut body: Incoming, pump: Pump, mut lease: Lease) {
+    loop {
+        let frame = tokio::select! {
+            frame = body.frame() => frame,
+            () = pump.closed() => return,
+        };
+        let Some(frame) = frame else {
+            lease.finish();
+            return;
+        };
+        let ended = match &frame {
+            Ok(frame) => frame.is_trailers() || body.is_end_stream(),
+            Err(_) => false,
+        };
+        if ended {
+            lease.finish();
+        }
+        let failed = frame.is_err();
+        if !pump.send(frame).await || ended || failed {
+            return;
+        }
+    }
 }
 
 /// Whether a response is a `text/event-stream`, whose events must reach the client as sent.
