@@ -3,10 +3,13 @@ RSA 2048) in front of its own plain keep-alive backend, and is measured three wa
 interleaved: keep-alive HTTPS (wrk), a new connection with a full handshake per request, and a
 new connection that resumes its session per request (`tlsload`). What counts is the proxy's CPU
 per request (per handshake, for the last two), as a ratio to NGINX's in the same round.
-`sluice-tls-b` is a second, identical Sluice: the A/A pair."""
+`sluice-tls-b` is a second, identical Sluice: the A/A pair. `sluice-tls-aws-lc` is Sluice built
+with AWS-LC instead of ring (`CARGO_TARGET_DIR=target/awslc cargo build --release -p sluice-cli
+--features sluice/aws-lc-rs`), run when that build is there."""
 
 import dataclasses
 import json
+import os
 import subprocess
 
 from . import load, targets
@@ -14,6 +17,7 @@ from .procs import LOAD_CPU, PROXY_CPU, Group, free_port, only_child, sample_pro
 from .targets import Backend, Target, binary
 
 TARGETS = ("sluice-tls", "sluice-tls-b", "nginx-tls", "haproxy-tls")
+AWS_LC = os.path.join(targets.ROOT, "target", "awslc", "release", "sluice")
 KEYS = ("ecdsa", "rsa")
 MODES = ("keepalive", "full", "resumed")
 KEEPALIVE_CONNECTIONS = 64
@@ -74,7 +78,8 @@ kind = "static"
 endpoints = ["127.0.0.1:{upstream}"]
 pool = {{ max_idle_per_endpoint = {targets.KEEPALIVE} }}
 """)
-        pid = group.start(name, [binary("sluice"), "run", "-c", conf], PROXY_CPU).pid
+        sluice = AWS_LC if name == "sluice-tls-aws-lc" else binary("sluice")
+        pid = group.start(name, [sluice, "run", "-c", conf], PROXY_CPU).pid
     elif name == "nginx-tls":
         # NGINX's session cache is off by default, tickets on: the same as Sluice's.
         conf = targets._write(tmp, f"{name}.conf", f"""
@@ -156,7 +161,9 @@ def tls(b):
         group = Group(b.work)
         try:
             pem = _certificate(b.work, key)
-            ts = {name: _start(group, b.work, name, pem) for name in TARGETS}
+            names = TARGETS + (("sluice-tls-aws-lc",) if b.p.name != "smoke"
+                               and os.path.exists(AWS_LC) else ())
+            ts = {name: _start(group, b.work, name, pem) for name in names}
             modes = out["keys"][key] = {mode: {name: [] for name in ts} for mode in MODES}
             for r in range(rounds):
                 for mode in MODES:

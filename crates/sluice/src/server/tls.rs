@@ -123,7 +123,11 @@ pub fn server_config(certs: Arc<Certificates>, http2: bool) -> io::Result<Arc<Se
 }
 
 fn ticketer() -> io::Result<Arc<dyn rustls::server::ProducesTickets>> {
-    rustls::crypto::ring::Ticketer::new().map_err(|e| invalid(format!("TLS tickets: {e}")))
+    #[cfg(not(feature = "aws-lc-rs"))]
+    let ticketer = rustls::crypto::ring::Ticketer::new();
+    #[cfg(feature = "aws-lc-rs")]
+    let ticketer = rustls::crypto::aws_lc_rs::Ticketer::new();
+    ticketer.map_err(|e| invalid(format!("TLS tickets: {e}")))
 }
 
 fn certified_key(tls: &Tls) -> io::Result<CertifiedKey> {
@@ -173,8 +177,15 @@ fn load_pair(tls: &Tls) -> io::Result<(Vec<CertificateDer<'static>>, PrivateKeyD
     Ok((certs, key))
 }
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+/// The crypto every TLS config of Sluice uses: `ring`, or with the `aws-lc-rs` feature
+/// (`cargo build --features sluice/aws-lc-rs`), AWS-LC (the bench's `tls` scenario measures
+/// both when the second build is there).
+pub(crate) fn provider() -> Arc<CryptoProvider> {
+    #[cfg(not(feature = "aws-lc-rs"))]
+    let provider = rustls::crypto::ring::default_provider();
+    #[cfg(feature = "aws-lc-rs")]
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    Arc::new(provider)
 }
 
 fn invalid(msg: String) -> io::Error {

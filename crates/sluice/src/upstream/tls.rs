@@ -16,6 +16,7 @@ use tokio_rustls::TlsConnector;
 use tracing::warn;
 
 use crate::error::ProxyError;
+use crate::server::tls::provider;
 
 /// How a cluster's connections to its endpoints are secured.
 #[derive(Clone)]
@@ -194,10 +195,6 @@ impl ServerCertVerifier for NoVerification {
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
     }
-}
-
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 fn invalid(msg: String) -> io::Error {
