@@ -302,7 +302,7 @@ def _module(s, out_dir):
     rounds = len(points[conc[0]][names[0]])
     load = s["load_average"]
     lines = ["## 6. NGINX module (the seed paper's figures)", "",
-             f"wrk -t1 for {s['seconds']} s per run, {rounds} rounds; each round runs every "
+             f"wrk -t1 for {s['seconds']} s per run, {rounds} round{'s' if rounds > 1 else ''}; each round runs every "
              "concurrency, each concurrency every target in rotated order. `nginx`: stock NGINX "
              "without upstream keep-alive (a connection per request, the paper's baseline); "
              "`nginx-b`: an identical second one, so `nginx-b / nginx` is the noise floor (A/A) of "
