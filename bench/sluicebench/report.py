@@ -77,9 +77,15 @@ def write(results, out_dir):
     return verdicts
 
 
+def git_commit():
+    """The checkout's commit (short), or '' outside git."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False).stdout.strip()
+
+
 def _setup(results):
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True, check=False).stdout.strip()
+    # The commit that ran (results from before it was recorded: the one rendering them).
+    git = results.get("commit") or git_commit()
     return [
         f"Sluice commit `{git or '?'}`; {platform.node()}, {os.cpu_count()} CPUs, "
         f"kernel {platform.release()}. Command: `{results['command']}`.", "",
@@ -333,6 +339,11 @@ def _module(s, out_dir):
                 f"| {sum(r['non2xx'] + r['errors'] for r in rs)} | {busy}/{len(rs)} flagged |")
         lines.append("")
     lines += _module_ratios(points, names, conc)
+    if s.get("syscalls"):
+        lines += [f"Syscalls per request of the proxy worker at c={s['syscalls_c']} (a separate "
+                  "pass under `perf stat -e raw_syscalls:sys_enter`):", "",
+                  "| " + " | ".join(s["syscalls"]) + " |", "|" + "---|" * len(s["syscalls"]),
+                  "| " + " | ".join(f"{v:.2f}" for v in s["syscalls"].values()) + " |", ""]
     lines += ["![RPS vs concurrency](module_rps.png) ![time per request](module_time.png)",
               "![voluntary context switches per request](module_ctx_voluntary.png) "
               "![involuntary context switches per request](module_ctx_involuntary.png)",

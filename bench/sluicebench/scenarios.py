@@ -36,6 +36,7 @@ class Profile:
     module_concurrencies: tuple = (1, 4, 16, 64, 256)
     module_rounds: int = 4
     module_seconds: int = 2
+    module_syscalls_c: int = 16  # the concurrency of the syscall pass
 
 
 SMOKE_TARGETS = ("direct", "sluice-static", "sluice-reverse", "nginx-keepalive", "nginx",
@@ -43,7 +44,7 @@ SMOKE_TARGETS = ("direct", "sluice-static", "sluice-reverse", "nginx-keepalive",
 PROFILES = {
     "smoke": Profile("smoke", SMOKE_TARGETS, (16,), 16, 1, 1, 1, 0, (0.5, 2.0), 1.0, 20, 2,
                      2000, (1024,), 1, module_concurrencies=(4,), module_rounds=1,
-                     module_seconds=1),
+                     module_seconds=1, module_syscalls_c=4),
     "quick": Profile("quick", targets.ALL, (1, 16, 64, 256), 64, 10, 1, 2, 1,
                      (0.5, 1.0, 2.0, 5.0, 10.0), 4.0, 500, 6, 100_000,
                      (1024, 65536, 1 << 20), 1, module_rounds=4, module_seconds=2),
@@ -296,6 +297,11 @@ def nginx_module(b):
                           f"{run.ctx_voluntary_per_req:.3f} invol {run.ctx_involuntary_per_req:.3f}"
                           f"  non-2xx+errors {run.non2xx + run.errors}"
                           f"{'  LOAD CPU BUSY' if run.load_saturated else ''}")
+        c = out["syscalls_c"] = b.p.module_syscalls_c
+        out["syscalls"] = {}
+        for name, t in ts.items():
+            out["syscalls"][name] = load.syscalls_per_request(t, c, b.p.module_seconds)
+            b.say(f"syscalls c={c} {name:16} {out['syscalls'][name]:5.2f} per request")
     finally:
         out["load_average"]["end"] = os.getloadavg()
         group.close()
