@@ -42,7 +42,9 @@ class Run:
     non2xx: int = 0
     errors: int = 0
     cpu_us_per_req: float | None = None
-    ctx_per_req: float | None = None
+    ctx_per_req: float | None = None  # voluntary + involuntary
+    ctx_voluntary_per_req: float | None = None
+    ctx_involuntary_per_req: float | None = None
     rss_kib: int | None = None
     new_upstream_conns: int = 0
     active_opens: int = 0  # every connect() on the machine during the run
@@ -84,6 +86,7 @@ class Measured:
         self.target = target
         backend_stats(target, reset=True)
         self.proc = sample_proc(target.pid) if target.pid else None
+        self.helper = sample_proc(target.helper_pid) if target.helper_pid else None
         self.cpu = cpu_times(LOAD_CPU)
         self.opens = tcp_active_opens()
         self.tw_up = time_wait(target.upstream_port)
@@ -113,7 +116,13 @@ class Measured:
             n = max(run.requests, 1)
             run.cpu_us_per_req = (after.cpu_s - self.proc.cpu_s) * 1e6 / n
             run.ctx_per_req = (after.ctx_switches - self.proc.ctx_switches) / n
+            run.ctx_voluntary_per_req = (after.voluntary - self.proc.voluntary) / n
+            run.ctx_involuntary_per_req = (after.involuntary - self.proc.involuntary) / n
             run.rss_kib = after.rss_kib
+        if self.helper:
+            after = sample_proc(t.helper_pid)
+            run.extra["helper_cpu_us_per_req"] = ((after.cpu_s - self.helper.cpu_s) * 1e6
+                                                  / max(run.requests, 1))
         return run
 
 

@@ -105,8 +105,13 @@ def only_child(pid, timeout=10.0):
 @dataclass
 class ProcSample:
     cpu_s: float  # user + system, every thread
-    ctx_switches: int  # voluntary + involuntary, summed over threads
+    voluntary: int  # context switches summed over threads: waiting (epoll_wait, a lock)
+    involuntary: int  # and preempted (the scheduler took the CPU away)
     rss_kib: int
+
+    @property
+    def ctx_switches(self):
+        return self.voluntary + self.involuntary
 
 
 def peak_rss_kib(pid):
@@ -123,16 +128,18 @@ def sample_proc(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
     rss = int(fields[21]) * PAGE_KIB
-    switches = 0
+    switches = {"voluntary_ctxt_switches": 0, "nonvoluntary_ctxt_switches": 0}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/status") as f:
                 for line in f:
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        switches += int(line.split()[1])
+                    key, _, value = line.partition(":")
+                    if key in switches:
+                        switches[key] += int(value)
         except FileNotFoundError:  # a thread that just ended
             pass
-    return ProcSample(cpu, switches, rss)
+    return ProcSample(cpu, switches["voluntary_ctxt_switches"],
+                      switches["nonvoluntary_ctxt_switches"], rss)
 
 
 def cpu_times(cpu):

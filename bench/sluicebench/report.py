@@ -70,6 +70,8 @@ def write(results, out_dir):
         lines += _size(results["size"], out_dir)
     if "tls" in results:
         lines += _tls(results["tls"])
+    if "nginx-module" in results:
+        lines += _module(results["nginx-module"], out_dir)
     verdicts = evaluate(results)
     lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in verdicts]
@@ -79,9 +81,15 @@ def write(results, out_dir):
     return verdicts
 
 
+def git_commit():
+    """The checkout's commit (short), or '' outside git."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False).stdout.strip()
+
+
 def _setup(results):
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True, check=False).stdout.strip()
+    # The commit that ran (results from before it was recorded: the one rendering them).
+    git = results.get("commit") or git_commit()
     return [
         f"Sluice commit `{git or '?'}`; {platform.node()}, {os.cpu_count()} CPUs, "
         f"kernel {platform.release()}. Command: `{results['command']}`.", "",
@@ -92,7 +100,8 @@ def _setup(results):
         "each round. `sluice-static-b` is a second, identical Sluice: its ratio to "
         "`sluice-static` is this session's noise floor (A/A). A run whose load CPU was >= 95% "
         "busy is flagged: it may have measured the load generator, not the proxy. Proxy CPU per "
-        "request is the proxy's utime+stime over the run divided by the requests answered.", ""]
+        "request is the proxy's utime+stime over the run divided by the requests answered.", ""
+    ] + ([f"Note: {results['note']}", ""] if results.get("note") else [])
 
 
 def _steady(s, out_dir):
@@ -320,6 +329,97 @@ def _tls(s):
     return lines
 
 
+MODULE_BASELINE = "nginx"  # the seed paper's: stock NGINX, a connection per request
+MODULE_AA = "nginx-b"
+
+
+def _module(s, out_dir):
+    points = {int(c): runs for c, runs in s["points"].items()}
+    conc = list(points)
+    names = list(points[conc[0]])
+    rounds = len(points[conc[0]][names[0]])
+    load = s["load_average"]
+    lines = ["## 6. NGINX module (the seed paper's figures)", "",
+             f"wrk -t1 for {s['seconds']} s per run, {rounds} round{'s' if rounds > 1 else ''}; each round runs every "
+             "concurrency, each concurrency every target in rotated order. `nginx`: stock NGINX "
+             "without upstream keep-alive (a connection per request, the paper's baseline); "
+             "`nginx-b`: an identical second one, so `nginx-b / nginx` is the noise floor (A/A) of "
+             "every ratio to the baseline; `nginx-keepalive`: `keepalive 512`; `nginx-sluice`: "
+             "NGINX with ngx_http_sluice_module, `idle=512`, lent the 512 sessions that "
+             "`bench-backend` registered with a standalone `sluice acceptor` (on CPU 0 with the "
+             "load; its CPU per request is reported apart); `sluice-reverse`: Sluice's own reverse "
+             "cluster. Time per request is concurrency / RPS (the paper's mean time per request). "
+             "Context switches are the proxy worker's (`/proc/PID/task/*/status`), voluntary and "
+             "involuntary, per request. Load average (1, 5, 15 min) at the start: "
+             f"{_loadavg(load['start'])}; at the end: {_loadavg(load['end'])}.", ""]
+    for c in conc:
+        runs = points[c]
+        lines += [f"### c={c}", "",
+                  "| target | RPS | time per request us | p99 us | proxy CPU us/req | "
+                  "voluntary ctx sw/req | involuntary ctx sw/req | acceptor CPU us/req | "
+                  "non-2xx + errors | load CPU busy |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for n in names:
+            rs = runs[n]
+            busy = sum(r["load_cpu_busy"] >= 0.95 for r in rs)
+            lines.append(
+                f"| {n} | {median_range([rps(r) for r in rs])} "
+                f"| {median_range([c * 1e6 / r['rps'] if r['rps'] else None for r in rs])} "
+                f"| {median_range([p99(r) for r in rs])} | {median_range([cpu(r) for r in rs], 1)} "
+                f"| {median_range([r.get('ctx_voluntary_per_req') for r in rs], 3)} "
+                f"| {median_range([r.get('ctx_involuntary_per_req') for r in rs], 3)} "
+                f"| {median_range([r['extra'].get('helper_cpu_us_per_req') for r in rs], 1)} "
+                f"| {sum(r['non2xx'] + r['errors'] for r in rs)} | {busy}/{len(rs)} flagged |")
+        lines.append("")
+    lines += _module_ratios(points, names, conc)
+    if s.get("syscalls"):
+        lines += [f"Syscalls per request of the proxy worker at c={s['syscalls_c']} (a separate "
+                  "pass under `perf stat -e raw_syscalls:sys_enter`):", "",
+                  "| " + " | ".join(s["syscalls"]) + " |", "|" + "---|" * len(s["syscalls"]),
+                  "| " + " | ".join(f"{v:.2f}" for v in s["syscalls"].values()) + " |", ""]
+    lines += ["![RPS vs concurrency](module_rps.png) ![time per request](module_time.png)",
+              "![voluntary context switches per request](module_ctx_voluntary.png) "
+              "![involuntary context switches per request](module_ctx_involuntary.png)",
+              "![proxy CPU per request](module_cpu.png)", ""]
+
+    def series(value, skip=()):
+        return {n: (conc, [med([value(r, c) for r in points[c][n]]) for c in conc])
+                for n in names if n not in skip}
+
+    _plot(out_dir, "module_rps.png", "Requests/s vs concurrency", "concurrency", "requests/s",
+          series(lambda r, c: rps(r)))
+    _plot(out_dir, "module_time.png", "Time per request (concurrency / RPS)", "concurrency",
+          "us/request", series(lambda r, c: c * 1e6 / r["rps"] if r["rps"] else None))
+    for kind in ("voluntary", "involuntary"):
+        _plot(out_dir, f"module_ctx_{kind}.png", f"Proxy worker's {kind} context switches",
+              "concurrency", "switches/request",
+              series(lambda r, c, k=kind: r.get(f"ctx_{k}_per_req")))
+    _plot(out_dir, "module_cpu.png", "Proxy CPU time per request", "concurrency", "us/request",
+          series(lambda r, c: cpu(r)))
+    return lines
+
+
+def _module_ratios(points, names, conc):
+    """Per-round ratios at each concurrency: to the baseline, and the module to keep-alive."""
+    head = "| ratio | " + " | ".join(f"c={c}" for c in conc) + " |"
+    rule = "|---|" + "---|" * len(conc)
+    pairs = [(n, MODULE_BASELINE) for n in names if n != MODULE_BASELINE]
+    if {"nginx-sluice", "nginx-keepalive"} <= set(names):
+        pairs.append(("nginx-sluice", "nginx-keepalive"))
+    lines = []
+    for title, key in (("RPS", rps), ("proxy CPU per request", cpu)):
+        lines += [f"{title}, per-round ratios, median (min-max):", "", head, rule]
+        for a, b in pairs:
+            aa = " (A/A: the noise floor)" if a == MODULE_AA else ""
+            cells = [median_range(ratios(points[c][a], points[c][b], key), 2) for c in conc]
+            lines.append(f"| {a} / {b}{aa} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def _loadavg(values):
+    return " ".join(f"{v:.2f}" for v in values)
+
+
 def _bytes(b):
     return f"{b // (1 << 20)} MiB" if b >= 1 << 20 else f"{b // 1024} KiB"
 
@@ -345,10 +445,6 @@ def _plot(out_dir, name, title, xlabel, ylabel, series):
 def evaluate(results):
     """The issue's targets, each as (target, what was measured, met/missed/not measured)."""
     out = []
-
-    def verdict(ok):
-        return "met" if ok else "**missed**"
-
     steady = results.get("steady")
     if steady:
         points = {int(c): runs for c, runs in steady["points"].items()}
@@ -402,6 +498,7 @@ def evaluate(results):
             out.append((f"spike {float(top):g}x: p99 of admitted <= queue_timeout",
                         f"{p * 1e3:.0f} ms vs {spike['queue_timeout_s'] * 1e3:.0f} ms",
                         verdict(p <= spike["queue_timeout_s"])))
+    out += _module_verdicts(results.get("nginx-module"))
     ports = results.get("ports", {}).get("targets", {}).get("sluice-reverse")
     if ports:
         out.append(("ports: sluice-reverse new upstream connections and TIME_WAIT (both sides)",
@@ -409,3 +506,29 @@ def evaluate(results):
                     f"{ports['tw_upstream'][0]}/{ports['tw_upstream'][1]}",
                     verdict(ports["new_upstream_conns"] == 0 and sum(ports["tw_upstream"]) == 0)))
     return out
+
+
+def _module_verdicts(s):
+    """The issue's targets for the module, at each concurrency: >= 3x the RPS of stock NGINX
+    without keep-alive, and no more proxy CPU per request than stock NGINX with keep-alive."""
+    if not s:
+        return []
+    out = []
+    for c, runs in s["points"].items():
+        if "nginx-sluice" not in runs:
+            continue
+        if MODULE_BASELINE in runs:
+            r = med(ratios(runs["nginx-sluice"], runs[MODULE_BASELINE], rps))
+            aa = (f"; A/A {med(ratios(runs[MODULE_AA], runs[MODULE_BASELINE], rps)):.2f}x"
+                  if MODULE_AA in runs else "")
+            out.append((f"nginx-module c={c}: nginx-sluice RPS >= 3x nginx without keep-alive",
+                        f"{r:.2f}x{aa}", verdict(r >= 3.0)))
+        if "nginx-keepalive" in runs:
+            r = med(ratios(runs["nginx-sluice"], runs["nginx-keepalive"], cpu))
+            out.append((f"nginx-module c={c}: nginx-sluice CPU/req <= nginx-keepalive",
+                        f"{r:.2f}x", verdict(r <= 1.0)))
+    return out
+
+
+def verdict(ok):
+    return "met" if ok else "**missed**"

@@ -1,4 +1,4 @@
-"""The five scenarios. Each starts the targets it needs (fresh processes, fresh ports, so one
+"""The six scenarios. Each starts the targets it needs (fresh processes, fresh ports, so one
 scenario's TIME_WAIT sockets never count against the next), runs the load in rotated order
 round after round, and returns plain data (lists of `Run`s as dicts) for the report."""
 
@@ -31,19 +31,26 @@ class Profile:
     ports_requests: int
     sizes: tuple
     size_rounds: int
+    # nginx-module: the seed paper's concurrency sweep, all of it in every round.
+    module_targets: tuple = targets.MODULE
+    module_concurrencies: tuple = (1, 4, 16, 64, 256)
+    module_rounds: int = 4
+    module_seconds: int = 2
+    module_syscalls_c: int = 16  # the concurrency of the syscall pass
 
 
 SMOKE_TARGETS = ("direct", "sluice-static", "sluice-reverse", "nginx-keepalive", "nginx",
                  "haproxy")
 PROFILES = {
     "smoke": Profile("smoke", SMOKE_TARGETS, (16,), 16, 1, 1, 1, 0, (0.5, 2.0), 1.0, 20, 2,
-                     2000, (1024,), 1),
+                     2000, (1024,), 1, module_concurrencies=(4,), module_rounds=1,
+                     module_seconds=1, module_syscalls_c=4),
     "quick": Profile("quick", targets.ALL, (1, 16, 64, 256), 64, 10, 1, 2, 1,
                      (0.5, 1.0, 2.0, 5.0, 10.0), 4.0, 500, 6, 100_000,
-                     (1024, 65536, 1 << 20), 1),
+                     (1024, 65536, 1 << 20), 1, module_rounds=4, module_seconds=2),
     "full": Profile("full", targets.ALL, (1, 8, 16, 32, 64, 128, 256), 64, 15, 3, 3, 1,
                     (0.5, 1.0, 2.0, 5.0, 10.0), 10.0, 500, 10, 1_000_000,
-                    (1024, 65536, 1 << 20), 3),
+                    (1024, 65536, 1 << 20), 3, module_rounds=8, module_seconds=3),
 }
 
 # The spike's service: 16 sessions (or a 16-connection limit) x 5 ms per request = 3200 rps,
@@ -262,8 +269,48 @@ def size(b):
     return out
 
 
+def nginx_module(b):
+    """The seed paper's figures: RPS, time per request and the NGINX worker's context switches
+    against concurrency, stock NGINX (without and with upstream keep-alive) against NGINX with
+    ngx_http_sluice_module. Each round runs every concurrency, each concurrency every target in
+    rotated order, so that each per-round ratio compares runs seconds apart."""
+    group, ts = b.targets(b.p.module_targets, Backend())
+    conc = b.p.module_concurrencies
+    out = {"concurrencies": list(conc), "seconds": b.p.module_seconds,
+           "load_average": {"start": os.getloadavg()}, "points": {}}
+    try:
+        if b.p.warmup:  # pools filled, pages faulted in
+            for t in ts.values():
+                load.wrk(t, max(conc), seconds=b.p.warmup, measure=False)
+        for c in conc:
+            out["points"][c] = {name: [] for name in ts}
+        for r in range(b.p.module_rounds):
+            for i, c in enumerate(conc):
+                # Rotated by round and by concurrency: over rounds, each target runs at each
+                # position at every concurrency.
+                for name in rotated(ts, r + i):
+                    group.check_alive()
+                    run = load.wrk(ts[name], c, seconds=b.p.module_seconds)
+                    out["points"][c][name].append(dataclasses.asdict(run))
+                    b.say(f"nginx-module c={c} round {r + 1}/{b.p.module_rounds} {name:16} "
+                          f"{run.rps:8.0f} rps  {_cpu(run)}  ctx/req vol "
+                          f"{run.ctx_voluntary_per_req:.3f} invol {run.ctx_involuntary_per_req:.3f}"
+                          f"  non-2xx+errors {run.non2xx + run.errors}"
+                          f"{'  LOAD CPU BUSY' if run.load_saturated else ''}")
+        c = out["syscalls_c"] = b.p.module_syscalls_c
+        out["syscalls"] = {}
+        for name, t in ts.items():
+            out["syscalls"][name] = load.syscalls_per_request(t, c, b.p.module_seconds)
+            b.say(f"syscalls c={c} {name:16} {out['syscalls'][name]:5.2f} per request")
+    finally:
+        out["load_average"]["end"] = os.getloadavg()
+        group.close()
+    return out
+
+
 SCENARIOS = {"steady": steady, "spike": spike, "slow": slow, "ports": ports, "size": size,
-             "tls": tls.tls}
+             "tls": tls.tls,
+             "nginx-module": nginx_module}
 
 
 def write_json(path, data):

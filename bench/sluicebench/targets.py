@@ -14,11 +14,19 @@ from .procs import LOAD_CPU, PROXY_CPU, free_port, only_child, wait_port
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _bin_dir = os.path.join(ROOT, "target", "release")
 PINGORA = os.path.join(ROOT, "target", "pingora", "release", "bench-pingora")
+# ngx_http_sluice_module, where nginx/build.sh puts it (bench/run builds it unless --no-build).
+_module = os.environ.get("SLUICE_NGINX_MODULE",
+                         os.path.join(ROOT, "target", "nginx", "ngx_http_sluice_module.so"))
 
 # Every target of the steady, ports and size scenarios, in report order. `sluice-static-b` is a
 # second, identical Sluice: its ratio to `sluice-static` is the session's noise floor (A/A).
 ALL = ("direct", "sluice-static", "sluice-static-b", "sluice-reverse", "nginx-keepalive",
        "nginx", "haproxy", "pingora")
+# The nginx-module scenario (the seed paper's figures): stock NGINX without upstream keep-alive
+# (the paper's baseline) and `nginx-b`, an identical second one (A/A: the noise floor of every
+# ratio to the baseline); stock NGINX with keep-alive; NGINX with ngx_http_sluice_module, lent
+# sessions by a standalone `sluice acceptor` the backend dials in to; and Sluice reverse.
+MODULE = ("nginx", "nginx-b", "nginx-keepalive", "nginx-sluice", "sluice-reverse")
 # The spike scenario compares the proxies that can hold a service to a declared capacity.
 LIMITED = ("sluice-reverse", "nginx-keepalive", "haproxy")
 
@@ -52,12 +60,21 @@ class Target:
     reverse: bool = False
     admin_port: int | None = None  # Sluice's admin API (metrics), where there is one
     scheme: str = "http"  # "https": the target terminates TLS (the tls scenario)
+    # Another process on the request path whose CPU is reported apart (nginx-sluice: the
+    # standalone acceptor, which shares the load CPU).
+    helper_pid: int | None = None
 
 
 def use_bin_dir(path):
     """Where Sluice and the bench tools are taken from (default target/release)."""
     global _bin_dir
     _bin_dir = path
+
+
+def use_module(path):
+    """Where ngx_http_sluice_module.so is taken from (what nginx/build.sh printed)."""
+    global _module
+    _module = path
 
 
 def binary(name):
@@ -74,6 +91,8 @@ def tools_missing(names):
         missing.append("nginx (apt-get install nginx-light)")
     if "haproxy" in names and not _which("haproxy"):
         missing.append("haproxy (apt-get install haproxy)")
+    if "nginx-sluice" in names and not os.path.exists(_module):
+        missing.append(f"{_module} (build: nginx/build.sh; needs apt-get install nginx nginx-dev)")
     if "pingora" in names and not os.path.exists(PINGORA):
         missing.append(f"{PINGORA} (build: bench/pingora/README.md)")
     return missing
@@ -89,6 +108,8 @@ def start(group, tmp, name, backend):
     stats = free_port()
     if name == "sluice-reverse":
         return _sluice_reverse(group, tmp, name, backend, stats)
+    if name == "nginx-sluice":
+        return _nginx_sluice(group, tmp, name, backend, stats)
     upstream = free_port()
     _backend(group, f"{name}-backend", backend, stats, ["--listen", f"127.0.0.1:{upstream}"],
              "listening")
@@ -96,7 +117,7 @@ def start(group, tmp, name, backend):
         return Target(name, upstream, None, upstream, stats)
     port = free_port()
     starter = {"sluice-static": _sluice_static, "sluice-static-b": _sluice_static,
-               "nginx": _nginx, "nginx-keepalive": _nginx, "haproxy": _haproxy,
+               "nginx": _nginx, "nginx-b": _nginx, "nginx-keepalive": _nginx, "haproxy": _haproxy,
                "pingora": _pingora}[name]
     pid = starter(group, tmp, name, port, upstream, backend)
     wait_port(port)
@@ -168,13 +189,19 @@ queue_timeout = "{QUEUE_TIMEOUT_S}s"
 
 
 def _nginx(group, tmp, name, port, upstream, backend):
-    if name == "nginx":  # no upstream keep-alive: NGINX's default, HTTP/1.0 and a connection each
+    if name != "nginx-keepalive":  # NGINX's default: HTTP/1.0 and a connection per request
         pool, location = "", ""
     else:
         pool = f"keepalive {backend.capacity or KEEPALIVE}; keepalive_requests 1000000;"
         location = 'proxy_http_version 1.1; proxy_set_header Connection "";'
     limit = f" max_conns={backend.capacity}" if backend.capacity else ""
-    conf = _write(tmp, f"{name}.conf", f"""
+    conf = _nginx_conf(tmp, name, port, "", f"server 127.0.0.1:{upstream}{limit}; {pool}", location)
+    master = group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU)
+    return only_child(master.pid)
+
+
+def _nginx_conf(tmp, name, port, top, upstream, location):
+    return _write(tmp, f"{name}.conf", f"""{top}
 worker_processes 1;
 daemon off;
 master_process on;
@@ -185,7 +212,7 @@ http {{
     access_log off;
     client_body_temp_path {tmp}/{name}-body;
     proxy_temp_path {tmp}/{name}-proxy;
-    upstream backend {{ server 127.0.0.1:{upstream}{limit}; {pool} }}
+    upstream backend {{ {upstream} }}
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         keepalive_requests 1000000;
@@ -193,8 +220,40 @@ http {{
     }}
 }}
 """)
+
+
+def _nginx_sluice(group, tmp, name, backend, stats):
+    """NGINX + ngx_http_sluice_module: the backend dials in to a standalone `sluice acceptor`
+    (on the load CPU, like every backend), which lends its sessions to the NGINX worker over a
+    UNIX socket. NGINX never connects to the backend."""
+    acceptor, port, sock = free_port(), free_port(), os.path.join(tmp, f"{name}.sock")
+    conf = _write(tmp, f"{name}-acceptor.toml", f"""[acceptor]
+listen = "127.0.0.1:{acceptor}"
+handshakes_per_second = 0
+
+[handoff]
+listen = "{sock}"
+
+[cluster.{SERVICE}]
+kind = "reverse"
+""")
+    helper = group.start(f"{name}-acceptor", [binary("sluice"), "acceptor", "-c", conf], LOAD_CPU)
+    wait_port(acceptor)
+    sessions = backend.capacity or SESSIONS
+    _backend(group, f"{name}-backend", backend, stats,
+             ["--acceptor", f"127.0.0.1:{acceptor}", "--service", SERVICE,
+              "--sessions", str(sessions)], "registered")
+    # The worker keeps every session idle in its pool, as nginx-keepalive keeps `keepalive`
+    # connections; the queue is Sluice's defaults. Workers must run as the acceptor's uid.
+    conf = _nginx_conf(
+        tmp, name, port, f"load_module {_module};\n{'user root;' if os.geteuid() == 0 else ''}",
+        f"sluice_sessions unix:{sock} cluster={SERVICE} idle={sessions} queue={QUEUE_MAX} "
+        f"queue_timeout={QUEUE_TIMEOUT_S}s;",
+        'proxy_http_version 1.1; proxy_set_header Connection "";')
     master = group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU)
-    return only_child(master.pid)
+    worker = only_child(master.pid)
+    wait_port(port)
+    return Target(name, port, worker, acceptor, stats, reverse=True, helper_pid=helper.pid)
 
 
 def _haproxy(group, tmp, name, port, upstream, backend):
