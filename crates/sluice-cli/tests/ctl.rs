@@ -385,10 +385,42 @@ fn a_404_shows_the_servers_error_and_exits_1() {
     let (code, stdout, stderr) = run(ctl().args(["--admin", &admin.url(), "drain", "api", "zz"]));
     assert_eq!(code, Some(1));
     assert!(stdout.is_empty());
+    let mut lines = stderr.lines();
     assert_eq!(
-        stderr,
-        "sluice ctl: the admin API answered 404 Not Found: no instance `zz` in cluster `api`\n"
+        lines.next(),
+        Some("sluice ctl: the admin API answered 404 Not Found: no instance `zz` in cluster `api`")
     );
+    let hint = lines.next().unwrap_or_default();
+    assert!(hint.contains(&admin.url()), "{stderr}");
+    assert!(hint.contains("from --admin"), "{stderr}");
+    for way in ["--admin URL", "SLUICE_ADMIN", "-c FILE"] {
+        assert!(hint.contains(way), "{stderr}");
+    }
+}
+
+#[test]
+fn an_error_names_the_config_file_that_chose_the_admin_api() {
+    let admin = FakeAdmin::start(None);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let addr = admin.url().trim_start_matches("http://").to_owned();
+    std::fs::write(
+        &config,
+        format!(
+            "[admin]\nlisten = \"{addr}\"\n\
+             [[listener]]\nname = \"p\"\nlisten = \"127.0.0.1:0\"\n\
+             [[route]]\ndirect_response = {{ status = 200 }}\n"
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = run(ctl().arg("-c").arg(&config).args(["drain", "api", "zz"]));
+    assert_eq!(code, Some(1));
+    let expected = format!(
+        "(admin API {}, from the [admin] of {};",
+        admin.url(),
+        config.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
 }
 
 #[test]
