@@ -5,7 +5,7 @@
 //! | method and path | what |
 //! |---|---|
 //! | `GET /healthz` | `200 ok` while the process serves |
-//! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints |
+//! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints (health, ejection, load) |
 //! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance and keep it out: its registrations are refused (410) until resumed |
 //! | `POST /clusters/{cluster}/instances/{instance}/resume` | let a drained instance register again |
 //! | `POST /reload` | re-read the configuration file and apply it (`sluice run`: a hot restart of the same binary, so no request fails; a file that does not load is 400 with its `file:line:col` error, and nothing changes) |
@@ -339,13 +339,25 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> serde_json::Value {
     })
 }
 
+/// Each endpoint's health (the active check's verdict; always true without checks), its
+/// ejection (milliseconds left, failed connects in a row, ejections so far) and its load.
 fn static_status(name: &str, c: &StaticCluster) -> serde_json::Value {
     let endpoints: Vec<_> = c
         .endpoints()
         .iter()
-        .map(|e| json!({ "addr": e.addr() }))
+        .map(|e| {
+            let ejected_ms = u64::try_from(c.ejected_for(e).as_millis()).unwrap_or(u64::MAX);
+            json!({
+                "addr": e.addr(), "healthy": e.is_healthy(), "ejected_ms": ejected_ms,
+                "connect_failures": e.connect_failures(), "ejections": e.ejections(),
+                "in_flight": e.in_flight(), "idle_connections": e.idle_connections(),
+            })
+        })
         .collect();
-    json!({ "name": name, "kind": "static", "endpoints": endpoints })
+    json!({
+        "name": name, "kind": "static", "health_check": c.has_health_check(),
+        "endpoints": endpoints,
+    })
 }
 
 async fn metrics(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {

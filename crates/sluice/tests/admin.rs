@@ -258,6 +258,33 @@ async fn static_endpoints_are_added_and_removed_with_clear_errors() {
     let _ = p.stop.send(());
 }
 
+/// A static endpoint that refuses connections shows as ejected, with its failures counted.
+#[tokio::test]
+async fn status_shows_a_static_endpoints_health_and_ejection() {
+    let p = start().await;
+    let (_, body) = json(p.admin, "GET", "/status", "").await;
+    let endpoint = &body["clusters"][1]["endpoints"][0];
+    assert_eq!(endpoint["healthy"], true, "{endpoint}");
+    assert_eq!(
+        (
+            endpoint["ejections"].as_u64(),
+            endpoint["ejected_ms"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{endpoint}"
+    );
+    assert_eq!(get(p.http, "/legacy").await.status, StatusCode::BAD_GATEWAY);
+    let (_, body) = json(p.admin, "GET", "/status", "").await;
+    let legacy = &body["clusters"][1];
+    assert_eq!(legacy["health_check"], false, "{legacy}");
+    let endpoint = &legacy["endpoints"][0];
+    assert_eq!(endpoint["ejections"], 1, "{endpoint}");
+    assert_eq!(endpoint["connect_failures"], 1, "{endpoint}");
+    assert!(endpoint["ejected_ms"].as_u64().unwrap() > 0, "{endpoint}");
+    assert_eq!(endpoint["in_flight"], 0, "{endpoint}");
+    let _ = p.stop.send(());
+}
+
 /// `localhost:PORT` is accepted as the configuration accepts it: every address of the name.
 #[tokio::test]
 async fn static_endpoints_may_be_named_by_host_and_port() {

@@ -103,6 +103,19 @@ impl StaticCluster {
         self.inner.endpoints.load().as_ref().clone()
     }
 
+    /// How much longer `endpoint` sits out after failed connects (zero: it is not ejected).
+    pub fn ejected_for(&self, endpoint: &Endpoint) -> Duration {
+        let left = endpoint
+            .ejected_until_ms()
+            .saturating_sub(self.inner.now_ms());
+        Duration::from_millis(left)
+    }
+
+    /// Whether active health checks run for this cluster (else every endpoint is healthy).
+    pub fn has_health_check(&self) -> bool {
+        self.inner.opts.health_check.is_some()
+    }
+
     /// Adds an endpoint; returns false if it was already there. Takes effect for the next
     /// request; requests in flight are not affected.
     pub fn add_endpoint(&self, addr: SocketAddr) -> bool {
