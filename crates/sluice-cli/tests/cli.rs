@@ -217,15 +217,17 @@ impl Drop for Running {
     }
 }
 
-/// One HTTP/1.1 request over a plain socket; returns the raw response.
+/// One HTTP/1.1 GET over a plain socket; returns the raw response.
 fn http_get(addr: SocketAddr, path: &str) -> String {
+    exchange(addr, &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n"))
+}
+
+/// Sends `head` (request line and headers, without the blank line) with `Connection: close`
+/// and returns the raw response.
+fn exchange(addr: SocketAddr, head: &str) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    write!(stream, "{head}Connection: close\r\n\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     response
@@ -325,18 +327,10 @@ fn each_listener_is_logged_once_at_startup() {
     assert_eq!(about_it.len(), 1, "{about_it:#?}");
 }
 
-/// `POST /reload` on the admin API (no token: loopback) as a raw HTTP/1.1 exchange.
+/// `POST /reload` on the admin API (no token: loopback).
 fn post_reload(admin: SocketAddr) -> String {
-    let mut stream = TcpStream::connect(admin).unwrap();
-    stream.set_read_timeout(Some(PATIENCE)).unwrap();
-    write!(
-        stream,
-        "POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
+    let head = "POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n";
+    exchange(admin, head)
 }
 
 #[test]
