@@ -166,6 +166,14 @@ def test_dashboard_shows_live_numbers(demo, tmp_path: Path):
         assert first.number("requests-total") > 0
         assert first.number("latency-ms") > 0 and first.number("latency-p99") > 0
         assert int(first.attrs_of["rps-chart"]["data-points"]) >= 2
+        # Each chart has a time axis: server seconds before the newest poll, "now" at the right.
+        for chart in ("rps", "latency", "queue"):
+            assert first.attrs_of[f"{chart}-axis"].get("data-window-seconds") == "60", chart
+            labels = first.text(f"{chart}-axis")
+            assert labels.startswith("−60 s") and labels.endswith("now"), labels
+            assert "−30 s" in labels, labels
+        # The demo has no static cluster, and the endpoints table says so.
+        assert "no static clusters" in first.text("endpoints-table")
         # No request failed, and the error table says so.
         assert "no 5xx responses" in first.text("errors-table")
 
@@ -202,7 +210,7 @@ def guarded(sluice_bin: Path, tmp_path: Path):
 
             host, port = field("listening", "addr").rsplit(":", 1)
             admin = field("admin API listening", "admin.addr").removeprefix("Some(").removesuffix(")")
-            yield (host, int(port)), admin
+            yield (host, int(port)), admin, "%s:%d" % refusing.getsockname()
         finally:
             proc.stop()
 
@@ -228,7 +236,7 @@ endpoints = ["{endpoint}"]
 
 def test_dashboard_asks_for_the_admin_token(guarded, tmp_path: Path):
     """Behind a token the page says how to give it one, and polls once it has it."""
-    _, admin = guarded
+    _, admin, _ = guarded
     url = f"http://{admin}/ui"
     refused = live_dump(tmp_path, url, None, lambda d: d.attrs_of["notice"].get("hidden") is None)
     assert "This admin API needs a token: open /ui#token=" in refused.text("notice")
@@ -239,12 +247,14 @@ def test_dashboard_asks_for_the_admin_token(guarded, tmp_path: Path):
 
     allowed = live_dump(tmp_path, f"{url}#token={ADMIN_TOKEN}", None, lambda d: (d.number("updated") or 0) >= 1)
     assert allowed.attrs_of["notice"].get("hidden") is not None, allowed.text("notice")
-    assert "nowhere (1 endpoint)" in allowed.text("static-clusters")
+    endpoints = [(a, cells) for a, cells in allowed.rows["endpoints-table"] if "data-endpoint" in a]
+    assert [(a["data-cluster"], a["data-endpoint"]) for a, _ in endpoints] == [("nowhere", guarded[2])]
 
 
 def test_dashboard_lists_server_errors(guarded, tmp_path: Path):
-    """Requests the proxy answers with 502/503 (its only endpoint refuses) show in the table."""
-    proxy, admin = guarded
+    """Requests the proxy answers with 502/503 (its only endpoint refuses) show in the table,
+    and the endpoint shows its ejections."""
+    proxy, admin, endpoint = guarded
     load = Load(proxy, clients=1, method="GET").start()
     try:
         load.wait_for(5)
@@ -257,6 +267,13 @@ def test_dashboard_lists_server_errors(guarded, tmp_path: Path):
         for route, status, _last, recent, total in ([c.strip() for c in r] for r in rows):
             assert route == "broken" and status in {"502", "503"}, (route, status)
             assert 0 < int(recent) <= int(total)
+        [(attrs, cells)] = [(a, c) for a, c in dom.rows["endpoints-table"] if "data-endpoint" in a]
+        assert (attrs["data-cluster"], attrs["data-endpoint"]) == ("nowhere", endpoint)
+        # Refused connects eject it; between backoffs it is tried (and refused) again.
+        assert int(attrs["data-ejections"]) >= 1, cells
+        assert attrs["data-state"] in {"ejected", "up"}, attrs
+        if attrs["data-state"] == "ejected":
+            assert cells[2].startswith("ejected ") and cells[2].endswith(" s"), cells
     finally:
         results = load.stop()
     assert results and all(r.status in {502, 503} for r in results), {r.status for r in results}

@@ -51,6 +51,33 @@ def test_two_consumers_share_one_pool_and_a_session_serves_one_request_at_a_time
     assert registrations([acceptor]) == CAPACITY, "no session needed re-dialing"
 
 
+def test_idle_sessions_move_to_the_consumer_whose_requests_wait(
+    bins: Binaries, tmp_path: Path, procs: list[Proc]
+) -> None:
+    """Load on one of two consumers: the other's idle sessions are recalled and lent to it,
+    beyond an even split (issue 13: it used only its share while the other held idle ones)."""
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(bins, tmp_path, sock)
+    a, a_http = start_consumer(bins, tmp_path, sock, "consumer-a")
+    b, b_http = start_consumer(bins, tmp_path, sock, "consumer-b")
+    sessions = 6
+    service = start_service(bins, "rust", addr, "rust", sessions, 300)
+    procs += [acceptor, a, b, service]
+    # Consumer b holds its idle sessions (it served one request), and then stays quiet.
+    quiet = Load(b_http, 1, method="GET").start()
+    quiet.wait_for(1)
+    ok(quiet.stop())
+    busy = Load(a_http, 2 * sessions, method="GET").start()
+    busy.wait_for(60)
+    results = busy.stop()
+    ok(results)
+    # Each consumer keeps handoff_idle = 2 idle: an even split would cap a at 3 (and the
+    # share rule before demand lending at 4). By demand, a holds all but one of them.
+    most = max(r.in_flight for r in results)
+    assert most >= sessions - 1, f"consumer a had at most {most} requests in flight"
+    assert most <= sessions
+
+
 def test_a_consumer_crash_loses_only_what_it_held(bins: Binaries, tmp_path: Path, procs: list[Proc]) -> None:
     sock = tmp_path / "handoff.sock"
     acceptor, addr = start_acceptor(bins, tmp_path, sock)

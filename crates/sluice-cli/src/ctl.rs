@@ -144,29 +144,50 @@ enum EndpointsCommand {
     },
 }
 
-/// Runs one `sluice ctl` command; errors go to stderr as `sluice ctl: ...` with exit code 1.
-pub(crate) fn run(args: CtlArgs) -> ExitCode {
-    match execute(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("sluice ctl: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn execute(mut args: CtlArgs) -> anyhow::Result<()> {
+/// Runs one `sluice ctl` command; errors go to stderr as `sluice ctl: ...` with exit code 1,
+/// followed, once the admin API was chosen, by which one it was and how to choose another.
+pub(crate) fn run(mut args: CtlArgs) -> ExitCode {
     if let CtlCommand::Routes { command: None } = args.command {
         args.command = CtlCommand::Routes {
             command: Some(RoutesCommand::List),
         };
     }
-    let (admin, config_token) = admin_of(&args)?;
+    let admin = match admin_of(&args) {
+        Ok(admin) => admin,
+        Err(e) => {
+            eprintln!("sluice ctl: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let url = admin.url.clone();
+    let source = admin.source.clone();
+    match execute(args, admin) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice ctl: {e:#}");
+            eprintln!(
+                "sluice ctl: (admin API {url}, {source}; to use another, pass --admin URL, set SLUICE_ADMIN or pass -c FILE with its [admin])"
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The admin API a command talks to, and what chose it.
+struct Admin {
+    url: AdminUrl,
+    /// `--admin or SLUICE_ADMIN`, `[admin] of FILE` or `the default`.
+    source: String,
+    /// The token of the `[admin]` in --config, if any.
+    token: Option<String>,
+}
+
+fn execute(args: CtlArgs, admin: Admin) -> anyhow::Result<()> {
     let token = std::env::var(TOKEN_ENV)
         .ok()
         .filter(|t| !t.is_empty())
-        .or(config_token);
-    let client = Client::new(admin, token);
+        .or(admin.token);
+    let client = Client::new(admin.url, token);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -196,13 +217,25 @@ fn execute(mut args: CtlArgs) -> anyhow::Result<()> {
 
 /// Where the admin API is: --admin (or SLUICE_ADMIN), else the [admin] of --config, else the
 /// default; and the token --config names, if any.
-fn admin_of(args: &CtlArgs) -> anyhow::Result<(AdminUrl, Option<String>)> {
+fn admin_of(args: &CtlArgs) -> anyhow::Result<Admin> {
     if let Some(url) = &args.admin {
-        return Ok((url.clone(), None));
+        let source = match std::env::var_os("SLUICE_ADMIN") {
+            Some(_) => "from --admin or SLUICE_ADMIN",
+            None => "from --admin",
+        };
+        return Ok(Admin {
+            url: url.clone(),
+            source: source.to_owned(),
+            token: None,
+        });
     }
     let Some(path) = &args.config else {
-        let default = AdminUrl::parse("http://127.0.0.1:9901").map_err(anyhow::Error::msg)?;
-        return Ok((default, None));
+        let url = AdminUrl::parse("http://127.0.0.1:9901").map_err(anyhow::Error::msg)?;
+        return Ok(Admin {
+            url,
+            source: "the default".to_owned(),
+            token: None,
+        });
     };
     let config = sluice_config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     let Some(admin) = config.admin else {
@@ -223,7 +256,11 @@ fn admin_of(args: &CtlArgs) -> anyhow::Result<(AdminUrl, Option<String>)> {
     let token = admin
         .token
         .map(|t| String::from_utf8_lossy(&t.0).into_owned());
-    Ok((url, token))
+    Ok(Admin {
+        url,
+        source: format!("from the [admin] of {}", path.display()),
+        token,
+    })
 }
 
 /// The one request a command makes.
@@ -364,11 +401,17 @@ fn drained(r: Drained) -> String {
 struct Added {
     cluster: String,
     addr: String,
+    /// The addresses a `host:port` resolved to (older servers do not say).
+    #[serde(default)]
+    addrs: Vec<String>,
     added: bool,
 }
 
 fn added(r: Added) -> String {
-    let (addr, cluster) = (printable(&r.addr), printable(&r.cluster));
+    let (mut addr, cluster) = (printable(&r.addr), printable(&r.cluster));
+    if !r.addrs.is_empty() && r.addrs != [r.addr.as_str()] {
+        addr = format!("{addr} ({})", printable(&r.addrs.join(", ")));
+    }
     match r.added {
         true => format!("added endpoint {addr} to cluster {cluster}\n"),
         false => format!("endpoint {addr} was already in cluster {cluster}: nothing changed\n"),

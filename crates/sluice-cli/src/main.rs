@@ -196,9 +196,6 @@ fn run(
             };
             tokio::spawn(reload::explain_sighup(why));
         }
-        for (name, addr) in proxy.local_addrs() {
-            info!(listener = %name, %addr, "serving");
-        }
         info!(source = %config.source, "sluice started; SIGTERM or SIGINT drains and exits");
         proxy.run_until(stop).await;
         info!("sluice stopped");

@@ -35,10 +35,20 @@ pub(crate) struct Successor {
 
 impl Successor {
     /// The reload hook: resolves once a successor has taken over (`upgraded` turns true).
+    /// Every reload, by SIGHUP or `POST /reload`, leaves a line saying what it did.
     pub(crate) fn hook(self, upgraded: watch::Receiver<bool>) -> ReloadHook {
         ReloadHook::new(move || {
             let (this, upgraded) = (self.clone(), upgraded.clone());
-            Box::pin(async move { this.start(upgraded).await })
+            Box::pin(async move {
+                let outcome = this.start(upgraded).await;
+                match &outcome {
+                    Ok(done) => info!(%done, "reloaded"),
+                    Err(reason) => {
+                        error!(%reason, "reload refused; the running configuration goes on")
+                    }
+                }
+                outcome
+            })
         })
     }
 
@@ -126,7 +136,7 @@ pub(crate) async fn explain_sighup(why: &'static str) {
     }
 }
 
-/// Reloads on every SIGHUP, logging what happened.
+/// Reloads on every SIGHUP.
 pub(crate) async fn on_sighup(hook: ReloadHook) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut hup) = signal(SignalKind::hangup()) else {
@@ -134,9 +144,7 @@ pub(crate) async fn on_sighup(hook: ReloadHook) {
     };
     while hup.recv().await.is_some() {
         info!("SIGHUP: reloading");
-        match hook.run().await {
-            Ok(done) => info!(%done, "reloaded"),
-            Err(reason) => error!(%reason, "reload refused; the running configuration goes on"),
-        }
+        // The hook logs the outcome.
+        let _ = hook.run().await;
     }
 }

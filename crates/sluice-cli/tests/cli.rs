@@ -94,12 +94,23 @@ fn run_with_a_missing_file_exits_1_naming_it() {
     );
 }
 
+/// A port-0 listener with a direct-response route.
+const MINIMAL_CONFIG: &str = r#"
+[[listener]]
+name = "cli-test"
+listen = "127.0.0.1:0"
+
+[[route]]
+path_prefix = "/healthz"
+direct_response = { status = 200, body = "ok\n" }
+"#;
+
 /// A `sluice run` child; killed if the test ends before it exits on its own.
 struct Running {
     child: Child,
     /// Lines of its JSON log (stderr), until it exits.
     log: Receiver<String>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Running {
@@ -111,21 +122,15 @@ impl Running {
 
     /// [`start`](Self::start) with `--log-format format`.
     fn start_logging(format: &str, extra: &[&str]) -> Self {
+        Self::start_with(format, MINIMAL_CONFIG, extra)
+    }
+
+    /// `sluice --log-format format run -c <config> <extra>`, with `config` written to a
+    /// temporary directory (its `sluice.toml`).
+    fn start_with(format: &str, config_text: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config: PathBuf = dir.path().join("sluice.toml");
-        std::fs::write(
-            &config,
-            r#"
-[[listener]]
-name = "cli-test"
-listen = "127.0.0.1:0"
-
-[[route]]
-path_prefix = "/healthz"
-direct_response = { status = 200, body = "ok\n" }
-"#,
-        )
-        .unwrap();
+        std::fs::write(&config, config_text).unwrap();
         let mut child = sluice()
             .args(["--log-format", format, "run", "-c"])
             .arg(&config)
@@ -141,15 +146,10 @@ direct_response = { status = 200, body = "ok\n" }
                 let _ = tx.send(line);
             }
         });
-        Self {
-            child,
-            log,
-            _dir: dir,
-        }
+        Self { child, log, dir }
     }
 
-    /// Waits for the `serving` log line and returns the address it reports; the listener is
-    /// bound by then.
+    /// Waits for the listener's `listening` log line and returns the address it reports.
     fn serving_addr(&self) -> SocketAddr {
         let deadline = Instant::now() + PATIENCE;
         loop {
@@ -157,10 +157,9 @@ direct_response = { status = 200, body = "ok\n" }
             let line = self
                 .log
                 .recv_timeout(left)
-                .expect("sluice did not log `serving`");
-            if line.contains(r#""message":"serving""#) {
-                let (_, rest) = line.split_once(r#""addr":""#).expect("an addr field");
-                return rest.split('"').next().unwrap().parse().unwrap();
+                .expect("sluice did not log `listening`");
+            if let Some(addr) = listening_addr(&line) {
+                return addr;
             }
         }
     }
@@ -218,15 +217,17 @@ impl Drop for Running {
     }
 }
 
-/// One HTTP/1.1 request over a plain socket; returns the raw response.
+/// One HTTP/1.1 GET over a plain socket; returns the raw response.
 fn http_get(addr: SocketAddr, path: &str) -> String {
+    exchange(addr, &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n"))
+}
+
+/// Sends `head` (request line and headers, without the blank line) with `Connection: close`
+/// and returns the raw response.
+fn exchange(addr: SocketAddr, head: &str) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(PATIENCE)).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    write!(stream, "{head}Connection: close\r\n\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     response
@@ -285,9 +286,78 @@ fn help_names_every_command() {
 #[test]
 fn text_logs_to_a_pipe_carry_no_colour_codes() {
     let running = Running::start_logging("text", &[]);
-    let line = running.wait_log("serving").expect("sluice exited");
+    let line = running.wait_log("listening").expect("sluice exited");
     assert!(!line.contains('\x1b'), "{line:?}");
     let (status, log) = running.terminate();
     assert_eq!(status.code(), Some(0), "{log:#?}");
     assert!(log.iter().all(|l| !l.contains('\x1b')), "{log:#?}");
+}
+
+/// The listener's address in its `listening` line (JSON log).
+fn listening_addr(line: &str) -> Option<SocketAddr> {
+    if !line.contains(r#""message":"listening""#) {
+        return None;
+    }
+    let (_, rest) = line.split_once(r#""addr":""#)?;
+    rest.split('"').next()?.parse().ok()
+}
+
+#[test]
+fn each_listener_is_logged_once_at_startup() {
+    let running = Running::start(&[]);
+    let mut lines: Vec<String> = Vec::new();
+    let mut addr = None;
+    while addr.is_none() || !lines.iter().any(|l| l.contains("sluice started")) {
+        let line = running
+            .log
+            .recv_timeout(PATIENCE)
+            .expect("sluice did not start");
+        addr = addr.or(listening_addr(&line));
+        lines.push(line);
+    }
+    let addr = addr.unwrap();
+    assert!(http_get(addr, "/healthz").starts_with("HTTP/1.1 200"));
+    let (status, rest) = running.terminate();
+    assert_eq!(status.code(), Some(0), "{rest:#?}");
+    lines.extend(rest);
+    let about_it: Vec<_> = lines
+        .iter()
+        .filter(|l| l.contains(&addr.to_string()))
+        .collect();
+    assert_eq!(about_it.len(), 1, "{about_it:#?}");
+}
+
+/// `POST /reload` on the admin API (no token: loopback).
+fn post_reload(admin: SocketAddr) -> String {
+    let head = "POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n";
+    exchange(admin, head)
+}
+
+#[test]
+fn a_reload_in_place_through_the_admin_api_is_logged_with_what_changed() {
+    let config = |body: &str| {
+        format!(
+            "[runtime]\nupgrade_socket = \"upgrade.sock\"\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n\
+             [[listener]]\nname = \"cli-test\"\nlisten = \"127.0.0.1:0\"\n\
+             [[route]]\ndirect_response = {{ status = 200, body = \"{body}\" }}\n"
+        )
+    };
+    let running = Running::start_with("json", &config("one"), &[]);
+    let line = running
+        .wait_log("admin API listening")
+        .expect("sluice exited");
+    let (_, rest) = line
+        .split_once(r#""admin.addr":""#)
+        .expect("an admin.addr field");
+    let admin: SocketAddr = rest.split('"').next().unwrap().parse().unwrap();
+    std::fs::write(running.dir.path().join("sluice.toml"), config("two")).unwrap();
+    let response = post_reload(admin);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let line = running
+        .wait_log(r#""message":"reloaded""#)
+        .expect("sluice exited");
+    assert!(line.contains("applied in place (routes replaced"), "{line}");
+    let (status, log) = running.terminate();
+    assert_eq!(status.code(), Some(0), "{log:#?}");
 }

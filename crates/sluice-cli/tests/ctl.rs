@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 
@@ -385,10 +386,49 @@ fn a_404_shows_the_servers_error_and_exits_1() {
     let (code, stdout, stderr) = run(ctl().args(["--admin", &admin.url(), "drain", "api", "zz"]));
     assert_eq!(code, Some(1));
     assert!(stdout.is_empty());
+    let mut lines = stderr.lines();
     assert_eq!(
-        stderr,
-        "sluice ctl: the admin API answered 404 Not Found: no instance `zz` in cluster `api`\n"
+        lines.next(),
+        Some("sluice ctl: the admin API answered 404 Not Found: no instance `zz` in cluster `api`")
     );
+    let hint = lines.next().unwrap_or_default();
+    assert!(hint.contains(&admin.url()), "{stderr}");
+    assert!(hint.contains("from --admin"), "{stderr}");
+    for way in ["--admin URL", "SLUICE_ADMIN", "-c FILE"] {
+        assert!(hint.contains(way), "{stderr}");
+    }
+}
+
+/// A proxy's config file in `dir` whose `[admin]` is `admin`, with `admin_keys` besides
+/// `listen`.
+fn config_naming(admin: &FakeAdmin, admin_keys: &str, dir: &std::path::Path) -> PathBuf {
+    let config = dir.join("sluice.toml");
+    let addr = admin.url().trim_start_matches("http://").to_owned();
+    std::fs::write(
+        &config,
+        format!(
+            "[admin]\nlisten = \"{addr}\"\n{admin_keys}\
+             [[listener]]\nname = \"p\"\nlisten = \"127.0.0.1:0\"\n\
+             [[route]]\ndirect_response = {{ status = 200 }}\n"
+        ),
+    )
+    .unwrap();
+    config
+}
+
+#[test]
+fn an_error_names_the_config_file_that_chose_the_admin_api() {
+    let admin = FakeAdmin::start(None);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_naming(&admin, "", dir.path());
+    let (code, _, stderr) = run(ctl().arg("-c").arg(&config).args(["drain", "api", "zz"]));
+    assert_eq!(code, Some(1));
+    let expected = format!(
+        "(admin API {}, from the [admin] of {};",
+        admin.url(),
+        config.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
 }
 
 #[test]
@@ -416,17 +456,7 @@ fn routes_without_a_subcommand_lists_them() {
 fn the_config_file_says_where_the_admin_api_is() {
     let admin = FakeAdmin::start(Some("from-the-file"));
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sluice.toml");
-    let addr = admin.url().trim_start_matches("http://").to_owned();
-    std::fs::write(
-        &config,
-        format!(
-            "[admin]\nlisten = \"{addr}\"\ntoken = \"from-the-file\"\n\
-             [[listener]]\nname = \"p\"\nlisten = \"127.0.0.1:0\"\n\
-             [[route]]\ndirect_response = {{ status = 200 }}\n"
-        ),
-    )
-    .unwrap();
+    let config = config_naming(&admin, "token = \"from-the-file\"\n", dir.path());
     let (code, _, stderr) = run(ctl()
         .env_remove("SLUICE_ADMIN")
         .env_remove("SLUICE_ADMIN_TOKEN")

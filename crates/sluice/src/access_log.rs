@@ -17,6 +17,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use crate::log_limit::Tally;
+
 pub use sluice_config::{AccessLogFormat, AccessLogTarget};
 
 /// Lines that may wait for the writer before new ones are dropped.
@@ -95,7 +97,7 @@ fn open_file(path: &PathBuf) -> std::io::Result<std::fs::File> {
 
 /// How often a failing access log (a full disk, `/dev/full`) is reported: requests go on being
 /// served, and one warning per interval says how many lines were lost.
-pub const FAILURE_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+pub const FAILURE_REPORT_INTERVAL: Duration = crate::log_limit::REPORT_INTERVAL;
 
 /// The writer: one line at a time, flushed whenever the queue runs empty.
 fn write_lines(
@@ -103,7 +105,7 @@ fn write_lines(
     mut rx: mpsc::Receiver<String>,
     dropped: &AtomicU64,
 ) {
-    let mut failures = FailureReport::new(FAILURE_REPORT_INTERVAL);
+    let mut failures = Tally::new(FAILURE_REPORT_INTERVAL);
     while let Some(line) = rx.blocking_recv() {
         let mut batch = 1;
         let mut result = writeln!(out, "{line}");
@@ -112,7 +114,7 @@ fn write_lines(
             result = result.and_then(|()| writeln!(out, "{line}"));
         }
         if let Err(error) = result.and_then(|()| out.flush()) {
-            if let Some(lost) = failures.failed(batch, std::time::Instant::now()) {
+            if let Some(lost) = failures.record(batch, std::time::Instant::now()) {
                 warn!(lost, %error, "the access log cannot be written; lines lost since the last report");
             }
         }
@@ -120,35 +122,6 @@ fn write_lines(
         if lost > 0 {
             warn!(lost, "access log lines dropped: the writer fell behind");
         }
-    }
-}
-
-/// Counts lines lost to write errors and says when to report them: at the first failure, then
-/// at most once per interval.
-#[derive(Debug)]
-struct FailureReport {
-    interval: Duration,
-    lost: u64,
-    last: Option<std::time::Instant>,
-}
-
-impl FailureReport {
-    fn new(interval: Duration) -> Self {
-        Self {
-            interval,
-            lost: 0,
-            last: None,
-        }
-    }
-
-    /// Records `lines` lost at `now`; `Some(lost since the last report)` when one is due.
-    fn failed(&mut self, lines: u64, now: std::time::Instant) -> Option<u64> {
-        self.lost += lines;
-        if self.last.is_some_and(|last| now - last < self.interval) {
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.lost))
     }
 }
 
@@ -161,7 +134,7 @@ fn common(e: &Entry<'_>, now: SystemTime) -> String {
         "{} - - [{d:02}/{month}/{y}:{h:02}:{mi:02}:{s:02} +0000] \"{} {} {:?}\" {} {bytes}",
         e.client.ip(),
         e.method,
-        e.uri,
+        request_target(e.uri),
         e.version,
         e.status
     )
@@ -173,7 +146,7 @@ fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
         "time": format!("{y}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z"),
         "client": e.client.ip().to_string(),
         "method": e.method.as_str(),
-        "target": e.uri.to_string(),
+        "target": request_target(e.uri),
         "protocol": format!("{:?}", e.version),
         "status": e.status,
         "bytes": e.bytes,
@@ -182,6 +155,17 @@ fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
         "user_agent": e.user_agent,
     })
     .to_string()
+}
+
+/// The target as an HTTP/1.1 client sends it, as NGINX's `$request` shows it: origin form
+/// (`/path?query`), whatever the protocol (HTTP/2's `:authority` is not part of it); a
+/// CONNECT's authority as it is.
+fn request_target(uri: &Uri) -> &str {
+    match (uri.path_and_query(), uri.authority()) {
+        (Some(pq), _) => pq.as_str(),
+        (None, Some(authority)) => authority.as_str(),
+        (None, None) => "/",
+    }
 }
 
 const MONTHS: [&str; 12] = [
@@ -233,21 +217,6 @@ mod tests {
     }
 
     #[test]
-    fn failures_are_reported_at_first_then_once_per_interval_with_the_count() {
-        let start = std::time::Instant::now();
-        let mut report = FailureReport::new(Duration::from_secs(10));
-        assert_eq!(report.failed(1, start), Some(1));
-        for i in 1..100 {
-            assert_eq!(
-                report.failed(2, start + Duration::from_millis(i * 50)),
-                None
-            );
-        }
-        assert_eq!(report.failed(1, start + Duration::from_secs(10)), Some(199));
-        assert_eq!(report.failed(1, start + Duration::from_secs(11)), None);
-    }
-
-    #[test]
     fn json_durations_are_milliseconds_without_float_noise() {
         for (micros, printed) in [
             (5_370, "5.37"),
@@ -275,6 +244,24 @@ mod tests {
         assert_eq!(at(0), (1970, 1, 1, 0, 0, 0));
         assert_eq!(at(951_782_400), (2000, 2, 29, 0, 0, 0));
         assert_eq!(at(1_795_424_400), (2026, 11, 23, 9, 0, 0));
+    }
+
+    #[test]
+    fn http2_targets_are_written_in_origin_form() {
+        let m = Method::GET;
+        let u = Uri::from_static("https://api.example.com/hello?x=1");
+        let mut e = entry(&m, &u);
+        e.version = Version::HTTP_2;
+        let at = UNIX_EPOCH + Duration::from_secs(1_795_424_400);
+        assert!(
+            common(&e, at).contains("\"GET /hello?x=1 HTTP/2.0\""),
+            "{}",
+            common(&e, at)
+        );
+        let v: serde_json::Value = serde_json::from_str(&json_line(&e, at)).unwrap_or_default();
+        assert_eq!(v["target"], "/hello?x=1");
+        let (m, u) = (Method::CONNECT, Uri::from_static("example.com:443"));
+        assert!(common(&entry(&m, &u), at).contains("\"CONNECT example.com:443 HTTP/1.1\""));
     }
 
     #[test]

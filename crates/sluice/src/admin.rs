@@ -5,15 +5,15 @@
 //! | method and path | what |
 //! |---|---|
 //! | `GET /healthz` | `200 ok` while the process serves |
-//! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints |
+//! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints (health, ejection, load) |
 //! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance and keep it out: its registrations are refused (410) until resumed |
 //! | `POST /clusters/{cluster}/instances/{instance}/resume` | let a drained instance register again |
 //! | `POST /reload` | re-read the configuration file and apply it (`sluice run`: a hot restart of the same binary, so no request fails; a file that does not load is 400 with its `file:line:col` error, and nothing changes) |
 //! | `GET /routes` | the routes in match order |
 //! | `POST /routes` `{"name", "hosts", "path_prefix", "methods", "client_cidr", "cluster", "slice", "position"}` | add a route (matched first by default), e.g. a client-CIDR slicing rule |
 //! | `DELETE /routes/{name}` | remove a route |
-//! | `POST /clusters/{cluster}/endpoints` `{"addr": "ip:port"}` | add an endpoint to a static cluster |
-//! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one |
+//! | `POST /clusters/{cluster}/endpoints` `{"addr": "host:port"}` | add an endpoint to a static cluster (a name: each of its addresses, resolved now, as the configuration does) |
+//! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one (a name: each of its addresses) |
 //! | `GET /metrics` | Prometheus text format ([`Metrics`]) |
 //! | `GET /openapi.json` | this API as OpenAPI 3 (`docs/admin-openapi.json`) |
 //! | `GET /ui` | a live dashboard page that polls `/status` and `/metrics` (served without the token; it takes one from `#token=`) |
@@ -339,13 +339,25 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> serde_json::Value {
     })
 }
 
+/// Each endpoint's health (the active check's verdict; always true without checks), its
+/// ejection (milliseconds left, failed connects in a row, ejections so far) and its load.
 fn static_status(name: &str, c: &StaticCluster) -> serde_json::Value {
     let endpoints: Vec<_> = c
         .endpoints()
         .iter()
-        .map(|e| json!({ "addr": e.addr() }))
+        .map(|e| {
+            let ejected_ms = u64::try_from(c.ejected_for(e).as_millis()).unwrap_or(u64::MAX);
+            json!({
+                "addr": e.addr(), "healthy": e.is_healthy(), "ejected_ms": ejected_ms,
+                "connect_failures": e.connect_failures(), "ejections": e.ejections(),
+                "in_flight": e.in_flight(), "idle_connections": e.idle_connections(),
+            })
+        })
         .collect();
-    json!({ "name": name, "kind": "static", "endpoints": endpoints })
+    json!({
+        "name": name, "kind": "static", "health_check": c.has_health_check(),
+        "endpoints": endpoints,
+    })
 }
 
 async fn metrics(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
@@ -401,19 +413,20 @@ async fn add_endpoint(
     let Ok(Json(body)) = body else {
         return error(
             StatusCode::BAD_REQUEST,
-            "expected a JSON body {\"addr\": \"ip:port\"}",
+            "expected a JSON body {\"addr\": \"host:port\"}",
         );
     };
-    let Ok(addr) = body.addr.parse::<SocketAddr>() else {
-        return error(StatusCode::BAD_REQUEST, "addr must be ip:port");
+    let addrs = match resolve(&body.addr).await {
+        Ok(addrs) => addrs,
+        Err(reason) => return error(StatusCode::BAD_REQUEST, &reason),
     };
-    let added = c.add_endpoint(addr);
+    let added = addrs.iter().fold(false, |any, a| c.add_endpoint(*a) | any);
     let status = if added {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    let body = json!({ "cluster": cluster, "addr": addr, "added": added });
+    let body = json!({ "cluster": cluster, "addr": body.addr, "addrs": addrs, "added": added });
     (status, Json(body)).into_response()
 }
 
@@ -425,14 +438,31 @@ async fn remove_endpoint(
     let Some(Upstream::Static(c)) = state.clusters.get(&cluster) else {
         return cluster_error(&state, &cluster, "static");
     };
-    let Ok(addr) = addr.parse::<SocketAddr>() else {
-        return error(StatusCode::BAD_REQUEST, "addr must be ip:port");
+    let addrs = match resolve(&addr).await {
+        Ok(addrs) => addrs,
+        Err(reason) => return error(StatusCode::BAD_REQUEST, &reason),
     };
-    if !c.remove_endpoint(addr) {
+    let removed = addrs
+        .iter()
+        .fold(false, |any, a| c.remove_endpoint(*a) | any);
+    if !removed {
         let reason = format!("cluster {cluster:?} has no endpoint {addr}");
         return error(StatusCode::NOT_FOUND, &reason);
     }
-    Json(json!({ "cluster": cluster, "addr": addr, "removed": true })).into_response()
+    Json(json!({ "cluster": cluster, "addr": addr, "addrs": addrs, "removed": true }))
+        .into_response()
+}
+
+/// An endpoint as the configuration takes it: `IP:port`, or `host:port` resolved now (every
+/// address of the name), off the async threads since the system resolver blocks.
+async fn resolve(text: &str) -> Result<Vec<SocketAddr>, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(vec![addr]);
+    }
+    let text = text.to_owned();
+    tokio::task::spawn_blocking(move || sluice_config::resolve_endpoint(&text))
+        .await
+        .map_err(|e| format!("resolving the endpoint failed: {e}"))?
 }
 
 /// 404 for an unknown cluster, 409 for one of the other kind.

@@ -31,6 +31,7 @@
 //! - [`handoff`]: sessions lent across processes: the standalone acceptor (`sluice acceptor`)
 //!   and the consumer side of a reverse cluster with `handoff = "PATH"`.
 //! - [`metrics`]: Prometheus metrics of requests, handshakes, sessions and queues.
+//! - `log_limit`: reports of events that could flood the log, once per interval with a count.
 //! - [`http`]: request checks and header rules shared by the proxy paths.
 //! - [`body`]: the single body type that flows through the proxy.
 //! - [`error`]: typed failures and the status each maps to.
@@ -46,6 +47,7 @@ pub mod body;
 pub mod error;
 pub mod handoff;
 pub mod http;
+mod log_limit;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;

@@ -29,6 +29,7 @@ use crate::http::headers::{
 use crate::metrics::Metrics;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
 use crate::server::ClientInfo;
+use crate::upstream::Upstream;
 
 /// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
 ///
@@ -97,7 +98,7 @@ impl<R: Routing> ProxyService<R> {
         let res = match self.dispatch(req, &client, &mut matched).await {
             Ok(res) => res,
             Err(e) => {
-                log_failure(&e, &client);
+                log_failure(&e, &client, matched.as_deref());
                 error_response(&e, http1)
             }
         };
@@ -248,15 +249,26 @@ fn direct_response(direct: &Direct) -> Response<ProxyBody> {
     res
 }
 
-/// Upstream failures are what an operator must see at the default level; client mistakes
-/// and capacity refusals are routine and stay at debug.
-fn log_failure(e: &ProxyError, client: &ClientInfo) {
+/// Upstream failures are what an operator must see at the default level, with the cluster
+/// (a static cluster logs them itself, naming the endpoint too); client mistakes and capacity
+/// refusals are routine and stay at debug.
+fn log_failure(e: &ProxyError, client: &ClientInfo, route: Option<&Route>) {
     let status = e.status().as_u16();
-    match e.origin() {
-        Origin::Upstream => {
+    let upstream = route.and_then(|r| match &r.target {
+        Target::Upstream(u) => Some(u),
+        Target::Direct(_) => None,
+    });
+    match (e.origin(), upstream) {
+        (Origin::Upstream, Some(Upstream::Static(_))) => {
+            debug!(client.addr = %client.peer, error = %e, status, "upstream failed")
+        }
+        (Origin::Upstream, Some(Upstream::Reverse(s))) => {
+            warn!(client.addr = %client.peer, cluster = %s.name(), slice = %s.slice(), error = %e, status, "upstream failed")
+        }
+        (Origin::Upstream, None) => {
             warn!(client.addr = %client.peer, error = %e, status, "upstream failed")
         }
-        Origin::Client | Origin::Internal => {
+        (Origin::Client | Origin::Internal, _) => {
             debug!(client.addr = %client.peer, error = %e, status, "request refused")
         }
     }

@@ -1,12 +1,13 @@
 //! The access log: one line per answered request, in the chosen format, in the chosen file.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod log_capture;
 mod reverse_support;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use log_capture::captured_logs;
 use reverse_support::get;
 use sluice::Proxy;
 
@@ -90,35 +91,6 @@ async fn common_log_format_lines() {
         lines[1]
     );
     let _ = stop.send(());
-}
-
-/// Everything this test binary logs (at warn and above), for assertions on log lines.
-fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    Arc::clone(LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&logs);
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .with_writer(move || Sink(Arc::clone(&sink)))
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).unwrap();
-        logs
-    }))
-}
-
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// A full disk (`/dev/full` fails every write with ENOSPC): requests are served as before,

@@ -219,7 +219,15 @@ async fn static_endpoints_are_added_and_removed_with_clear_errors() {
     let add = |body: &'static str| json(p.admin, "POST", "/clusters/legacy/endpoints", body);
     assert_eq!(add(r#"{"addr": "127.0.0.1:9002"}"#).await.0, 201);
     assert_eq!(add(r#"{"addr": "127.0.0.1:9002"}"#).await.0, 200);
-    assert_eq!(add(r#"{"addr": "not an address"}"#).await.0, 400);
+    let (status, refused) = add(r#"{"addr": "not an address"}"#).await;
+    assert_eq!(status, 400);
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("host:port"),
+        "{refused}"
+    );
     assert_eq!(add("not json").await.0, 400);
     let (_, status) = json(p.admin, "GET", "/status", "").await;
     assert_eq!(
@@ -246,6 +254,70 @@ async fn static_endpoints_are_added_and_removed_with_clear_errors() {
         .await
         .0,
         409
+    );
+    let _ = p.stop.send(());
+}
+
+/// A static endpoint that refuses connections shows as ejected, with its failures counted.
+#[tokio::test]
+async fn status_shows_a_static_endpoints_health_and_ejection() {
+    let p = start().await;
+    let (_, body) = json(p.admin, "GET", "/status", "").await;
+    let endpoint = &body["clusters"][1]["endpoints"][0];
+    assert_eq!(endpoint["healthy"], true, "{endpoint}");
+    assert_eq!(
+        (
+            endpoint["ejections"].as_u64(),
+            endpoint["ejected_ms"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{endpoint}"
+    );
+    assert_eq!(get(p.http, "/legacy").await.status, StatusCode::BAD_GATEWAY);
+    let (_, body) = json(p.admin, "GET", "/status", "").await;
+    let legacy = &body["clusters"][1];
+    assert_eq!(legacy["health_check"], false, "{legacy}");
+    let endpoint = &legacy["endpoints"][0];
+    assert_eq!(endpoint["ejections"], 1, "{endpoint}");
+    assert_eq!(endpoint["connect_failures"], 1, "{endpoint}");
+    assert!(endpoint["ejected_ms"].as_u64().unwrap() > 0, "{endpoint}");
+    assert_eq!(endpoint["in_flight"], 0, "{endpoint}");
+    let _ = p.stop.send(());
+}
+
+/// `localhost:PORT` is accepted as the configuration accepts it: every address of the name.
+#[tokio::test]
+async fn static_endpoints_may_be_named_by_host_and_port() {
+    let p = start().await;
+    let (status, added) = json(
+        p.admin,
+        "POST",
+        "/clusters/legacy/endpoints",
+        r#"{"addr": "localhost:19004"}"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{added}");
+    assert_eq!(added["addr"], "localhost:19004");
+    let (_, status) = json(p.admin, "GET", "/status", "").await;
+    let listed: Vec<_> = status["clusters"][1]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["addr"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(listed.contains(&"127.0.0.1:19004".to_owned()), "{listed:?}");
+    let (status, removed) = json(
+        p.admin,
+        "DELETE",
+        "/clusters/legacy/endpoints/localhost:19004",
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{removed}");
+    let (_, status) = json(p.admin, "GET", "/status", "").await;
+    assert_eq!(
+        status["clusters"][1]["endpoints"].as_array().unwrap().len(),
+        1
     );
     let _ = p.stop.send(());
 }

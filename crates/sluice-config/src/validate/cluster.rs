@@ -1,7 +1,7 @@
 //! `[cluster.<name>]` tables: defaults, endpoint resolution and the cross-field checks.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::time::Duration;
 
@@ -141,27 +141,7 @@ fn endpoints(
 }
 
 fn resolve(ctx: Ctx<'_>, endpoint: &Spanned<String>) -> Result<Vec<SocketAddr>, ConfigError> {
-    let text = endpoint.get_ref();
-    if let Ok(addr) = text.parse::<SocketAddr>() {
-        return Ok(vec![addr]);
-    }
-    let fail = |why: String| {
-        ctx.err(
-            endpoint.span(),
-            format!("cannot resolve endpoint `{text}`: {why}"),
-        )
-    };
-    if !text.contains(':') {
-        return Err(fail("expected \"host:port\" or \"IP:port\"".into()));
-    }
-    let addrs: Vec<_> = text
-        .to_socket_addrs()
-        .map_err(|e| fail(e.to_string()))?
-        .collect();
-    if addrs.is_empty() {
-        return Err(fail("the name has no addresses".into()));
-    }
-    Ok(addrs)
+    crate::resolve_endpoint(endpoint.get_ref()).map_err(|why| ctx.err(endpoint.span(), why))
 }
 
 fn lb(raw: Option<RawLb>) -> LbPolicy {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sluice_session::{parse_hello, Drain, Hello, Parsed, Registration, Rejection, Reply};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::Shared;
 use crate::upstream::reverse::{SessionPermit, SessionStream};
@@ -44,14 +44,14 @@ where
     let read = read_hello(&mut io, shared.opts.max_handshake_size);
     let hello = match tokio::time::timeout_at(deadline, read).await {
         Ok(Ok(hello)) => hello,
-        Ok(Err(ReadError::Rejected(r))) => return reject(io, &r, &shared).await,
+        Ok(Err(ReadError::Rejected(r))) => return reject(io, &r, &peer, &shared).await,
         Ok(Err(error)) => {
             shared.count("closed");
             return debug!(%error, "handshake failed");
         }
         Err(_elapsed) => {
             let r = Rejection::bad_request("handshake timed out");
-            return reject(io, &r, &shared).await;
+            return reject(io, &r, &peer, &shared).await;
         }
     };
     let (outcome, counted) = match hello {
@@ -69,7 +69,7 @@ where
                 debug!(cluster = %cluster.name(), %error, "session could not start");
             }
         }
-        Err(r) => reject(io, &r, &shared).await,
+        Err(r) => reject(io, &r, &peer, &shared).await,
     }
 }
 
@@ -124,6 +124,23 @@ fn instance_id(given: Option<&str>, peer: Option<IpAddr>) -> String {
     }
 }
 
+/// A refused registration leaves a line: at warn when the service is misconfigured (unknown
+/// service, wrong token or certificate), else at info. A service re-dials when refused, so
+/// each status is logged once per interval, with how many since its last line.
+fn log_refusal(r: &Rejection, peer: &Peer, shared: &Shared) {
+    let Some(refused) = shared.refusals.record(r.status) else {
+        return;
+    };
+    let addr = peer
+        .ip
+        .map_or_else(|| "unix".to_owned(), |ip| ip.to_string());
+    if matches!(r.status, 401 | 403 | 404) {
+        warn!(status = r.status, reason = %r.reason, service.addr = %addr, refused, "service registration refused");
+    } else {
+        info!(status = r.status, reason = %r.reason, service.addr = %addr, refused, "service registration refused");
+    }
+}
+
 /// Reads until one whole hello has arrived. Bytes after it are refused: the service must wait
 /// for the answer before speaking, so anything more is a protocol error.
 async fn read_hello<T: AsyncRead + Unpin>(io: &mut T, max: usize) -> Result<Hello, ReadError> {
@@ -147,9 +164,9 @@ async fn read_hello<T: AsyncRead + Unpin>(io: &mut T, max: usize) -> Result<Hell
 }
 
 /// Answers a refusal and closes.
-async fn reject<T: AsyncWrite + Unpin>(mut io: T, r: &Rejection, shared: &Shared) {
+async fn reject<T: AsyncWrite + Unpin>(mut io: T, r: &Rejection, peer: &Peer, shared: &Shared) {
     shared.count(&r.status.to_string());
-    debug!(status = r.status, reason = %r.reason, "handshake refused");
+    log_refusal(r, peer, shared);
     let _ = io.write_all(&r.encode()).await;
     let _ = io.shutdown().await;
 }

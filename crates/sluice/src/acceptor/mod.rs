@@ -33,6 +33,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use self::handshake::Peer;
 use self::rate::RateLimiter;
+use crate::log_limit::TallyByKind;
 use crate::metrics::Metrics;
 use crate::restart::{self, HandedListener};
 use crate::server::{accept_error, ShutdownSignal};
@@ -89,6 +90,8 @@ struct Shared {
     tls: Option<Arc<ServerConfig>>,
     /// Where handshake outcomes are counted; `None`: nowhere.
     metrics: Option<Arc<Metrics>>,
+    /// Refused handshakes by status, logged once per interval each.
+    refusals: TallyByKind<u16>,
 }
 
 impl Acceptor {
@@ -137,6 +140,7 @@ impl Acceptor {
             shutdown: None,
             tls,
             metrics: None,
+            refusals: TallyByKind::new(),
         };
         Ok(Self {
             tcp,

@@ -356,39 +356,27 @@ async fn pump(shared: Arc<Shared>) {
     }
 }
 
-/// When a consumer wants sessions of `key` and holds fewer than its fair share (the lent
-/// sessions divided among the consumers that hold or want some), asks those above it to give
-/// the difference back; at most one recall is pending per consumer and slice.
+/// When a consumer wants sessions of `key` and holds fewer than its share ([`surplus`]), asks
+/// those above theirs to give the difference back; at most one recall is pending per consumer
+/// and slice.
 fn recalls(st: &mut State, key: &SliceKey) -> Vec<(Arc<Handoff>, Message)> {
     let mut lent: BTreeMap<u64, usize> = BTreeMap::new();
     for out in st.out.values().filter(|o| &o.slice == key) {
         *lent.entry(out.consumer).or_default() += 1;
     }
-    let wanting: Vec<u64> = st
+    let wanted: BTreeMap<u64, usize> = st
         .consumers
         .iter()
-        .filter(|(_, p)| p.credit.get(key).is_some_and(|n| *n > 0))
-        .map(|(id, _)| *id)
+        .filter_map(|(id, p)| Some((*id, *p.credit.get(key)? as usize)))
+        .filter(|(_, n)| *n > 0)
         .collect();
-    let total: usize = lent.values().sum();
-    let sharing = st
-        .consumers
-        .keys()
-        .filter(|id| lent.contains_key(id) || wanting.contains(id))
-        .count();
-    if total == 0 || sharing < 2 {
-        return Vec::new();
-    }
-    let fair = total / sharing;
-    let lent_to = |id: &u64| lent.get(id).copied().unwrap_or(0);
-    if !wanting.iter().any(|id| lent_to(id) < fair.max(1)) {
-        return Vec::new();
-    }
     let mut sends = Vec::new();
-    for (id, peer) in &mut st.consumers {
-        let over = lent_to(id).saturating_sub(fair.max(1));
+    for (id, over) in surplus(&lent, &wanted) {
+        let Some(peer) = st.consumers.get_mut(&id) else {
+            continue;
+        };
         let pending = peer.recalled.entry(key.clone()).or_default();
-        if over == 0 || *pending > 0 {
+        if *pending > 0 {
             continue;
         }
         *pending = over;
@@ -400,6 +388,33 @@ fn recalls(st: &mut State, key: &SliceKey) -> Vec<(Arc<Handoff>, Message)> {
         sends.push((Arc::clone(&peer.conn), msg));
     }
     sends
+}
+
+/// How many of a slice's lent sessions each consumer should give back, given what each holds
+/// (`lent`) and what each still asks for (`wanted`, its open credit). Sessions are shared by
+/// demand, not evenly: a consumer's share of the lent sessions is in proportion to what it
+/// holds plus what it asks for (at least one), so the idle sessions of a quiet consumer move
+/// to one whose requests wait. With the pool empty, a consumer that wants sessions and holds
+/// fewer than its share gets the excess of those above theirs.
+fn surplus(lent: &BTreeMap<u64, usize>, wanted: &BTreeMap<u64, usize>) -> BTreeMap<u64, usize> {
+    let total: usize = lent.values().sum();
+    let mut sharing: Vec<u64> = lent.keys().chain(wanted.keys()).copied().collect();
+    sharing.sort_unstable();
+    sharing.dedup();
+    if total == 0 || sharing.len() < 2 {
+        return BTreeMap::new();
+    }
+    let get = |m: &BTreeMap<u64, usize>, id: &u64| m.get(id).copied().unwrap_or(0);
+    let demand = |id: &u64| get(lent, id) + get(wanted, id);
+    let all: usize = sharing.iter().map(demand).sum();
+    let share = |id: &u64| (total * demand(id) / all.max(1)).max(1);
+    if !wanted.keys().any(|id| get(lent, id) < share(id)) {
+        return BTreeMap::new();
+    }
+    lent.iter()
+        .map(|(id, n)| (*id, n.saturating_sub(share(id))))
+        .filter(|(_, over)| *over > 0)
+        .collect()
 }
 
 /// Wakes the pump whenever a cluster's sessions change, and tells every consumer about
@@ -557,4 +572,43 @@ async fn send_session(
     }
     // The permit is released outside the lock.
     drop(forgotten);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(u64, usize)]) -> BTreeMap<u64, usize> {
+        pairs.iter().copied().collect()
+    }
+
+    /// Issue 13's case: six sessions, three at each of two consumers; consumer 1 has requests
+    /// queued (it asks for many more), consumer 2 is idle (it asks only to top up its idle
+    /// reserve). The idle sessions must move to where the requests wait.
+    #[test]
+    fn idle_sessions_move_to_the_consumer_whose_requests_wait() {
+        let over = surplus(&map(&[(1, 3), (2, 3)]), &map(&[(1, 13), (2, 1)]));
+        assert_eq!(over, map(&[(2, 2)]));
+    }
+
+    /// Both loaded alike: nobody gives anything back, so sessions do not bounce.
+    #[test]
+    fn equal_demand_keeps_an_even_split() {
+        let over = surplus(&map(&[(1, 3), (2, 3)]), &map(&[(1, 8), (2, 8)]));
+        assert!(over.is_empty(), "{over:?}");
+    }
+
+    /// A consumer that holds nothing and wants some gets a share from the one that holds all.
+    #[test]
+    fn a_newcomer_gets_a_share() {
+        let over = surplus(&map(&[(1, 6)]), &map(&[(2, 4)]));
+        assert_eq!(over, map(&[(1, 3)]));
+    }
+
+    /// Once the loaded consumer holds its share, no further recall: the split is stable.
+    #[test]
+    fn the_split_by_demand_is_stable() {
+        let over = surplus(&map(&[(1, 5), (2, 1)]), &map(&[(1, 10), (2, 3)]));
+        assert!(over.is_empty(), "{over:?}");
+    }
 }

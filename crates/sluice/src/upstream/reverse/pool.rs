@@ -21,6 +21,7 @@ use super::handover::{Handed, Handover};
 use super::instance::Instance;
 use super::session::Session;
 use crate::error::ProxyError;
+use crate::log_limit::SharedTally;
 use crate::metrics::Metrics;
 
 /// Seconds a client is told to wait when a slice has no capacity.
@@ -51,6 +52,8 @@ pub struct SlicePool {
     /// A request was refused for want of any session since the last one registered: logged
     /// once per such stretch, not per request.
     empty_logged: AtomicBool,
+    /// 503s for want of capacity (queue full, wait expired), logged once per interval.
+    refusals: SharedTally,
 }
 
 #[derive(Debug, Default)]
@@ -168,6 +171,7 @@ impl SlicePool {
             registered: AtomicUsize::new(0),
             arriving,
             empty_logged: AtomicBool::new(false),
+            refusals: SharedTally::new(),
         }
     }
 
@@ -202,6 +206,15 @@ impl SlicePool {
             cluster: self.cluster.clone(),
             slice: self.slice.clone(),
         }
+    }
+
+    /// A 503 for want of capacity. Under overload there is one per request, so the log says
+    /// so once per interval, with how many since the last line.
+    fn refuse(&self, reason: &'static str) -> ProxyError {
+        if let Some(refused) = self.refusals.record() {
+            warn!(cluster = %self.cluster, slice = %self.slice, refused, reason, "requests refused with 503 for want of capacity (count since the last such line)");
+        }
+        unavailable(reason)
     }
 
     /// The slice's name.
@@ -294,8 +307,7 @@ impl SlicePool {
                 st.waiters.retain(|(_, w)| !w.is_closed());
             }
             if st.waiters.len() >= self.opts.queue_max {
-                debug!(cluster = %self.cluster, slice = %self.slice, "admission queue full");
-                return Err(unavailable("no capacity: admission queue full"));
+                return Err(self.refuse("no capacity: admission queue full"));
             }
         }
         let (tx, rx) = oneshot::channel();
@@ -482,10 +494,10 @@ impl Waiter {
             }
             Err(_elapsed) => {
                 self.rx.close();
-                let session = self.rx.try_recv().map_err(|_| {
-                    debug!(cluster = %self.pool.cluster, slice = %self.pool.slice, "admission queue wait expired");
-                    unavailable("no capacity: queue wait expired")
-                })?;
+                let session = self
+                    .rx
+                    .try_recv()
+                    .map_err(|_| self.pool.refuse("no capacity: queue wait expired"))?;
                 self.settled = true;
                 Ok(session)
             }

@@ -20,6 +20,8 @@ pub struct Endpoint {
     ejected_until_ms: AtomicU64,
     /// Consecutive connect failures; the ejection backoff doubles with each.
     connect_failures: AtomicU32,
+    /// Ejections since the endpoint was added.
+    ejections: AtomicU64,
     /// The active health check's verdict (true when no check is configured).
     healthy: AtomicBool,
     /// Set when the endpoint was removed from its cluster: nothing new is sent to it.
@@ -35,6 +37,7 @@ impl Endpoint {
             in_flight: AtomicUsize::new(0),
             ejected_until_ms: AtomicU64::new(0),
             connect_failures: AtomicU32::new(0),
+            ejections: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             removed: AtomicBool::new(false),
             idle: Mutex::new(VecDeque::new()),
@@ -54,6 +57,21 @@ impl Endpoint {
     /// Whether the active health check currently considers the endpoint healthy.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Connect failures in a row (0 after a connect succeeds).
+    pub fn connect_failures(&self) -> u32 {
+        self.connect_failures.load(Ordering::Relaxed)
+    }
+
+    /// How many times a failed connect ejected the endpoint since it was added.
+    pub fn ejections(&self) -> u64 {
+        self.ejections.load(Ordering::Relaxed)
+    }
+
+    /// Cluster-epoch milliseconds until which the endpoint is ejected (past: it is not).
+    pub(crate) fn ejected_until_ms(&self) -> u64 {
+        self.ejected_until_ms.load(Ordering::Relaxed)
     }
 
     /// Idle pooled connections right now.
@@ -84,6 +102,7 @@ impl Endpoint {
         let backoff = base.saturating_mul(1 << failures).min(max);
         self.ejected_until_ms
             .store(now_ms + backoff, Ordering::Relaxed);
+        self.ejections.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn connect_succeeded(&self) {

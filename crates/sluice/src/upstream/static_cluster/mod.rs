@@ -18,7 +18,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::{Request, Response};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::debug;
 
 pub use endpoint::Endpoint;
 pub use sluice_config::{Ejection, HealthCheck, LbPolicy, PoolOptions, StaticOptions};
@@ -112,6 +112,19 @@ impl StaticCluster {
     /// The current endpoints.
     pub fn endpoints(&self) -> Vec<Arc<Endpoint>> {
         self.inner.endpoints.load().as_ref().clone()
+    }
+
+    /// How much longer `endpoint` sits out after failed connects (zero: it is not ejected).
+    pub fn ejected_for(&self, endpoint: &Endpoint) -> Duration {
+        let left = endpoint
+            .ejected_until_ms()
+            .saturating_sub(self.inner.now_ms());
+        Duration::from_millis(left)
+    }
+
+    /// Whether active health checks run for this cluster (else every endpoint is healthy).
+    pub fn has_health_check(&self) -> bool {
+        self.inner.opts.health_check.is_some()
     }
 
     /// Adds an endpoint; returns false if it was already there. Takes effect for the next
@@ -229,10 +242,6 @@ async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, Proxy
         }
         Err(e) => {
             endpoint.connect_failed(inner.now_ms(), &inner.opts);
-            if let ProxyError::UpstreamTls { .. } = e {
-                // A certificate problem is a configuration problem: worth a line each time.
-                warn!(cluster = %inner.name, upstream.addr = %endpoint.addr(), error = %e, "ejected endpoint after a failed TLS handshake");
-            }
             debug!(cluster = %inner.name, upstream.addr = %endpoint.addr(), error = %e, "ejected endpoint after connect failure");
             Err(e)
         }

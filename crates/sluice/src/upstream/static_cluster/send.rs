@@ -1,11 +1,12 @@
 //! The request path of a static cluster: pick, acquire, exchange, and the two retries.
 //! The exchange itself, and its retry rule, are [`crate::upstream::exchange`]'s.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::endpoint::InFlight;
 use super::pool::{Conn, ReturnOnEnd};
@@ -30,22 +31,35 @@ pub(super) async fn send(
             break;
         };
         let in_flight = endpoints[i].begin_request();
+        let addr = endpoints[i].addr();
         match acquire(inner, &endpoints[i]).await {
             Ok(conn) => {
-                let addr = endpoints[i].addr();
                 let sni = inner.tls.as_ref().and_then(UpstreamTls::sni);
                 default_host(&mut req, || sni.unwrap_or_else(|| addr.to_string()));
-                return exchange(inner, conn, in_flight, req).await;
+                let result = exchange(inner, conn, in_flight, req).await;
+                return result.inspect_err(|e| log_failure(inner, addr, e));
             }
             Err(e) => {
                 tried.push(i);
-                last_error = Some(e);
+                last_error = Some((addr, e));
             }
         }
     }
-    Err(last_error.unwrap_or_else(|| ProxyError::NoEndpoint {
-        cluster: inner.name.clone(),
-    }))
+    match last_error {
+        Some((addr, e)) => {
+            log_failure(inner, addr, &e);
+            Err(e)
+        }
+        None => Err(ProxyError::NoEndpoint {
+            cluster: inner.name.clone(),
+        }),
+    }
+}
+
+/// The line an operator needs for a 502 or 504: which cluster, which endpoint, what failed.
+fn log_failure(inner: &Inner, addr: SocketAddr, e: &ProxyError) {
+    let status = e.status().as_u16();
+    warn!(cluster = %inner.name, upstream.addr = %addr, error = %e, status, "upstream failed");
 }
 
 /// Sends on `conn`; on a reused connection that fails before any response byte (the stale

@@ -1,0 +1,165 @@
+//! `examples/configs/full.toml` names every key the configuration accepts, and loads.
+//!
+//! The keys are the configuration model's own: for each table, a document with an unknown key
+//! in it is refused (the model is strict), and the refusal lists the keys that table accepts.
+//! A key added to the model but not to full.toml fails this test.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+fn full_toml() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs/full.toml")
+}
+
+/// Every table with fixed keys, as a dotted path (`cluster` for any `[cluster.<name>]`), and a
+/// document that puts an unknown key first in it.
+const TABLES: &[(&str, &str)] = &[
+    ("", "zz_probe = 1"),
+    ("runtime", "[runtime]\nzz_probe = 1"),
+    ("acceptor", "[acceptor]\nzz_probe = 1"),
+    ("acceptor.tls", "[acceptor]\ntls = { zz_probe = 1 }"),
+    ("handoff", "[handoff]\nzz_probe = 1"),
+    ("admin", "[admin]\nzz_probe = 1"),
+    ("access_log", "[access_log]\nzz_probe = 1"),
+    ("listener", "[[listener]]\nzz_probe = 1"),
+    ("listener.tls", "[[listener]]\ntls = { zz_probe = 1 }"),
+    ("route", "[[route]]\nzz_probe = 1"),
+    (
+        "route.direct_response",
+        "[[route]]\ndirect_response = { zz_probe = 1 }",
+    ),
+    (
+        "route.request_headers",
+        "[[route]]\nrequest_headers = { zz_probe = 1 }",
+    ),
+    (
+        "route.response_headers",
+        "[[route]]\nresponse_headers = { zz_probe = 1 }",
+    ),
+    ("cluster", "[cluster.c]\nzz_probe = 1"),
+    ("cluster.pool", "[cluster.c]\npool = { zz_probe = 1 }"),
+    (
+        "cluster.ejection",
+        "[cluster.c]\nejection = { zz_probe = 1 }",
+    ),
+    (
+        "cluster.health_check",
+        "[cluster.c]\nhealth_check = { zz_probe = 1 }",
+    ),
+    ("cluster.tls", "[cluster.c]\ntls = { zz_probe = 1 }"),
+];
+
+/// The keys `table` accepts, from the model's refusal of an unknown one: "unknown field
+/// `zz_probe`, expected one of `a`, `b`" (or "expected `a` or `b`").
+fn accepted_keys(table: &str, probe: &str) -> Vec<String> {
+    let err = sluice_config::parse_str(probe, "probe.toml", Path::new("."))
+        .err()
+        .unwrap_or_else(|| panic!("[{table}] took an unknown key"))
+        .to_string();
+    let (_, expected) = err
+        .split_once("unknown field `zz_probe`, expected ")
+        .unwrap_or_else(|| panic!("[{table}]: not an unknown-key error: {err}"));
+    let expected = expected.split(';').next().unwrap_or_default();
+    let keys: Vec<String> = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    assert!(!keys.is_empty(), "[{table}]: no keys in {err}");
+    keys
+}
+
+/// The table a header line opens (commented out or not), as a dotted path with cluster names
+/// dropped: `[[listener]]` → `listener`, `# [cluster.api.pool]` → `cluster.pool`.
+fn header_path(line: &str) -> Option<String> {
+    let line = line.trim_start_matches('#').trim();
+    let inner = line.strip_prefix('[')?.split(']').next()?;
+    let inner = inner.trim_start_matches('[');
+    let mut parts: Vec<&str> = inner.split('.').collect();
+    if parts.first() == Some(&"cluster") && parts.len() >= 2 {
+        parts.remove(1);
+    }
+    Some(parts.join("."))
+}
+
+/// full.toml split by table: (path, text), the text before the first header under "".
+fn sections(text: &str) -> Vec<(String, String)> {
+    let mut out = vec![(String::new(), String::new())];
+    for line in text.lines() {
+        match header_path(line) {
+            Some(path) => out.push((path, String::new())),
+            None => {
+                let last = out.last_mut().unwrap();
+                last.1.push_str(line);
+                last.1.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Whether `text` assigns `key` (`key = ...`, maybe commented out or inside `{ }`).
+fn assigns(text: &str, key: &str) -> bool {
+    text.match_indices(key).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + key.len()..].trim_start();
+        before.is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == '"'))
+            && after.starts_with('=')
+    })
+}
+
+#[test]
+fn full_toml_names_every_key_the_model_accepts() {
+    let text = std::fs::read_to_string(full_toml()).unwrap();
+    let sections = sections(&text);
+    let mut missing = Vec::new();
+    for (table, probe) in TABLES {
+        for key in accepted_keys(table, probe) {
+            let found = if table.is_empty() {
+                sections
+                    .iter()
+                    .any(|(path, _)| path.split('.').next() == Some(&key))
+            } else {
+                // A key shows in its table's section, or inline in an enclosing one, or as
+                // a table of its own (`[acceptor.clients]`).
+                let own = format!("{table}.{key}");
+                sections.iter().any(|(path, body)| {
+                    *path == own
+                        || (table == path || table.starts_with(&format!("{path}.")))
+                            && assigns(body, &key)
+                })
+            };
+            if !found {
+                missing.push(format!("[{table}] {key}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "full.toml does not show: {missing:?}");
+}
+
+#[test]
+fn the_key_check_sees_a_key_full_toml_lacks() {
+    let text = "[cluster.c]\nkind = \"static\"\n";
+    let sections = sections(text);
+    assert!(sections
+        .iter()
+        .any(|(p, b)| p == "cluster" && assigns(b, "kind")));
+    assert!(!sections
+        .iter()
+        .any(|(p, b)| p == "cluster" && assigns(b, "queue_max")));
+    assert!(!assigns("max_queue_max = 1", "queue_max"));
+}
+
+#[test]
+fn full_toml_loads() {
+    std::env::set_var("SLUICE_EXAMPLE_AUTH", "Bearer example");
+    std::env::set_var("SLUICE_EXAMPLE_API_TOKEN", "example-api-token");
+    std::env::set_var("SLUICE_EXAMPLE_ADMIN_TOKEN", "example-admin-token");
+    let config = sluice_config::load_file(&full_toml()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(config.acceptor.is_some());
+    assert!(matches!(
+        config.clusters["jobs"].kind,
+        sluice_config::ClusterKind::Reverse(_)
+    ));
+}

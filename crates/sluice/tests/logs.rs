@@ -1,0 +1,81 @@
+//! The lines an operator needs: refused registrations, refused requests (rate-limited, with a
+//! count) and upstream failures naming their cluster and endpoint.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod log_capture;
+mod reverse_support;
+mod support;
+
+use http::StatusCode;
+use log_capture::{captured_logs, lines_with};
+use reverse_support::service::dial;
+use reverse_support::{get, start_proxy, Service, ServiceSpec, DEFAULT_ROUTE};
+use support::upstream::RefusingPort;
+use support::{static_config, TestProxy};
+
+#[tokio::test]
+async fn a_refused_registration_leaves_a_line_with_its_status_and_reason() {
+    let logs = captured_logs();
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let mut spec = ServiceSpec::new("a", 1);
+    spec.service = "nosuch".into();
+    for _ in 0..20 {
+        let (_, status) = dial(proxy.acceptor, &spec.registration()).await;
+        assert_eq!(status, 404);
+    }
+    let lines = lines_with(&logs, "service registration refused");
+    // A service re-dials when refused: one line per interval, not one per attempt.
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    assert!(lines[0].contains("status=404"), "{}", lines[0]);
+    assert!(
+        lines[0].contains(r#"unknown service "nosuch""#),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("service.addr=127.0.0.1"), "{}", lines[0]);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn admission_queue_503s_leave_one_line_per_interval_with_the_slice() {
+    let logs = captured_logs();
+    let proxy = start_proxy("queue_timeout = \"20ms\"", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
+    proxy.idle("default", 1).await;
+    let busy = tokio::spawn(get(proxy.http, "/wait"));
+    proxy.idle("default", 0).await;
+    for _ in 0..5 {
+        let refused = get(proxy.http, "/").await;
+        assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let lines = lines_with(&logs, "for want of capacity");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    for field in [
+        "cluster=api",
+        "slice=default",
+        "refused=1",
+        "queue wait expired",
+    ] {
+        assert!(lines[0].contains(field), "{field}: {}", lines[0]);
+    }
+    svc.open_gate();
+    assert_eq!(busy.await.unwrap().status, StatusCode::OK);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_static_upstream_failure_names_the_cluster_and_the_endpoint() {
+    let logs = captured_logs();
+    let refusing = RefusingPort::new();
+    let proxy = TestProxy::start(&static_config(&[refusing.addr], "")).await;
+    let reply = support::get(&support::client(), &proxy.url("/")).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    let lines = lines_with(&logs, "upstream failed");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let endpoint = format!("upstream.addr={}", refusing.addr);
+    for field in ["WARN", "cluster=backend", &endpoint, "status=502"] {
+        assert!(lines[0].contains(field), "{field}: {}", lines[0]);
+    }
+    proxy.shutdown();
+}
