@@ -81,7 +81,7 @@ pool = {{ max_idle_per_endpoint = {targets.KEEPALIVE} }}
         sluice = AWS_LC if name == "sluice-tls-aws-lc" else binary("sluice")
         pid = group.start(name, [sluice, "run", "-c", conf], PROXY_CPU).pid
     elif name == "nginx-tls":
-        # NGINX's session cache is off by default, tickets on: the same as Sluice's.
+        # NGINX's defaults: tickets on (as Sluice's), no shared session cache.
         conf = targets._write(tmp, f"{name}.conf", f"""
 worker_processes 1;
 daemon off;

@@ -35,7 +35,7 @@ pub struct Config {
     /// The name to send by SNI and verify.
     #[arg(long, default_value = "localhost")]
     pub name: String,
-    /// The PEM certificate to trust (the proxy's, self-signed).
+    /// The PEM CA certificate to trust (the one that signed the proxy's).
     #[arg(long)]
     pub ca: std::path::PathBuf,
     /// Clients connecting at once.

@@ -2,8 +2,9 @@
 //! routes, its static clusters' endpoints and the contents of listeners' certificate files
 //! (the same paths: a renewal), the change is applied inside the running process (the route
 //! table swapped at once, endpoints added and removed, certificates swapped for new
-//! handshakes), so client connections, sessions and everything else carry on. Anything else (listeners, the
-//! acceptor, cluster settings, …) needs a new process: a hot restart (`docs/handoff.md`).
+//! handshakes), so client connections, sessions and everything else carry on. Anything else
+//! (listeners, the acceptor, cluster settings, …) needs a new process: a hot restart
+//! (`docs/handoff.md`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -104,19 +105,16 @@ impl InPlace {
 
 impl InPlace {
     /// Swaps in the certificates of every listener whose files changed (the names of those
-    /// listeners); `None` if one cannot be loaded, and then nothing changed.
+    /// listeners); `None` if one cannot be loaded here (or has no live certificates to
+    /// replace), and then nothing changed.
     fn replace_certificates(&self, running: &Config, new: &Config) -> Option<Vec<String>> {
-        let changed: Vec<_> = new
-            .listeners
-            .iter()
-            .filter(|l| {
-                let old = running.listeners.iter().find(|o| o.name == l.name);
-                old.is_some_and(|o| o.tls != l.tls)
-            })
-            .filter_map(|l| Some((l, self.certificates.get(&l.name)?)))
-            .collect();
-        let mut loaded = Vec::with_capacity(changed.len());
-        for (listener, live) in changed {
+        let changed = new.listeners.iter().filter(|l| {
+            let old = running.listeners.iter().find(|o| o.name == l.name);
+            old.is_some_and(|o| o.tls != l.tls)
+        });
+        let mut loaded = Vec::new();
+        for listener in changed {
+            let live = self.certificates.get(&listener.name)?;
             match Certificates::load(&listener.tls) {
                 Ok(next) => loaded.push((listener.name.clone(), live, next)),
                 Err(error) => {

@@ -2,9 +2,9 @@
 //! place), ALPN and resumption, and the acceptor's config with optional client
 //! authentication.
 //!
-//! Resumption: TLS 1.3 tickets sealed with a key that rotates every 6 hours (rustls's ring
-//! `Ticketer`, which still opens tickets of the previous key), and for TLS 1.2 clients the
-//! default bounded session cache (256 sessions). Ticket keys live in the process: a hot
+//! Resumption: tickets sealed with a key that rotates every 6 hours (rustls's `Ticketer`, which
+//! still opens tickets of the previous key), for TLS 1.3 and for TLS 1.2 clients that ask for
+//! them; other TLS 1.2 clients use the default bounded session cache (256 sessions). Ticket keys live in the process: a hot
 //! restart's successor cannot resume its predecessor's sessions (clients do one full
 //! handshake again).
 

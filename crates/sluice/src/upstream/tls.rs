@@ -1,5 +1,8 @@
-//! HTTPS to static endpoints: one rustls client config per cluster, so that its session cache
-//! (256 sessions, TLS 1.3 tickets included) resumes handshakes with every endpoint of it.
+//! HTTPS to static endpoints: one rustls client config per cluster, whose session cache (256
+//! server names, TLS 1.3 tickets included) resumes handshakes across connections. The cache is
+//! keyed by server name: endpoints verified under one `sni` share its entries, so a ticket one
+//! endpoint issued may be offered to another, which (unless they share ticket keys) answers
+//! with a full handshake.
 
 use std::io;
 use std::net::SocketAddr;
