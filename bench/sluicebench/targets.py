@@ -200,7 +200,10 @@ def _nginx(group, tmp, name, port, upstream, backend):
     return only_child(master.pid)
 
 
-def _nginx_conf(tmp, name, port, top, upstream, location):
+def _nginx_conf(tmp, name, port, top, upstream, location, tls=None):
+    """An NGINX config with one worker; `tls` = (cert, key) makes the listener HTTPS."""
+    ssl = (f" ssl backlog=4096;\n        ssl_certificate {tls[0]};\n        ssl_certificate_key "
+           f"{tls[1]};\n        ssl_protocols TLSv1.2 TLSv1.3;" if tls else " backlog=4096;")
     return _write(tmp, f"{name}.conf", f"""{top}
 worker_processes 1;
 daemon off;
@@ -214,7 +217,7 @@ http {{
     proxy_temp_path {tmp}/{name}-proxy;
     upstream backend {{ {upstream} }}
     server {{
-        listen 127.0.0.1:{port} backlog=4096;
+        listen 127.0.0.1:{port}{ssl}
         keepalive_requests 1000000;
         location / {{ proxy_pass http://backend; {location} }}
     }}

@@ -82,30 +82,11 @@ pool = {{ max_idle_per_endpoint = {targets.KEEPALIVE} }}
         pid = group.start(name, [sluice, "run", "-c", conf], PROXY_CPU).pid
     elif name == "nginx-tls":
         # NGINX's defaults: tickets on (as Sluice's), no shared session cache.
-        conf = targets._write(tmp, f"{name}.conf", f"""
-worker_processes 1;
-daemon off;
-master_process on;
-pid {tmp}/{name}.pid;
-error_log {tmp}/{name}.error.log crit;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/{name}-body;
-    proxy_temp_path {tmp}/{name}-proxy;
-    upstream backend {{ server 127.0.0.1:{upstream}; keepalive {targets.KEEPALIVE};
-                        keepalive_requests 1000000; }}
-    server {{
-        listen 127.0.0.1:{port} ssl backlog=4096;
-        ssl_certificate {cert};
-        ssl_certificate_key {priv};
-        ssl_protocols TLSv1.2 TLSv1.3;
-        keepalive_requests 1000000;
-        location / {{ proxy_pass http://backend; proxy_http_version 1.1;
-                      proxy_set_header Connection ""; }}
-    }}
-}}
-""")
+        upstream_block = (f"server 127.0.0.1:{upstream}; keepalive {targets.KEEPALIVE}; "
+                          "keepalive_requests 1000000;")
+        location = 'proxy_http_version 1.1; proxy_set_header Connection "";'
+        conf = targets._nginx_conf(tmp, name, port, "", upstream_block, location,
+                                   tls=(cert, priv))
         pid = only_child(group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU).pid)
     else:
         conf = targets._write(tmp, f"{name}.cfg", f"""

@@ -46,7 +46,8 @@ pub struct Config {
     pub rcvbuf: u32,
 }
 
-fn positive(s: &str) -> Result<f64, String> {
+/// A positive, finite number of seconds (clap's value parser).
+pub(crate) fn positive(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
         _ => Err(format!("{s:?} is not a positive number")),

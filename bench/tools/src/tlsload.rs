@@ -39,10 +39,10 @@ pub struct Config {
     #[arg(long)]
     pub ca: std::path::PathBuf,
     /// Clients connecting at once.
-    #[arg(long, default_value_t = 16)]
-    pub connections: usize,
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub connections: u32,
     /// How long to run, in seconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::slowclients::positive)]
     pub seconds: f64,
     /// Full or resumed handshakes.
     #[arg(long, value_enum, default_value_t = Mode::Full)]

@@ -168,7 +168,10 @@ fn client_verifier(auth: &ClientAuth) -> io::Result<Arc<dyn ClientCertVerifier>>
         .map_err(|e| bad_ca(&e))
 }
 
-fn load_pair(tls: &Tls) -> io::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+/// A PEM certificate chain and key, parsed (their match is rustls's, or the config's, check).
+pub(crate) fn load_pair(
+    tls: &Tls,
+) -> io::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
     let certs = CertificateDer::pem_slice_iter(&tls.cert_pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid(format!("{}: {e}", tls.cert_path.display())))?;

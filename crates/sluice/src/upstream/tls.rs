@@ -12,14 +12,14 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tracing::warn;
 
 use crate::error::ProxyError;
-use crate::server::tls::provider;
+use crate::server::tls::{load_pair, provider};
 
 /// How a cluster's connections to its endpoints are secured.
 #[derive(Clone)]
@@ -54,11 +54,7 @@ impl UpstreamTls {
         let mut config = match &cfg.client_cert {
             None => builder.with_no_client_auth(),
             Some(pair) => {
-                let certs = CertificateDer::pem_slice_iter(&pair.cert_pem)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| invalid(format!("{}: {e}", pair.cert_path.display())))?;
-                let key = PrivateKeyDer::from_pem_slice(&pair.key_pem)
-                    .map_err(|_| invalid(format!("{}: no private key", pair.key_path.display())))?;
+                let (certs, key) = load_pair(pair)?;
                 builder
                     .with_client_auth_cert(certs, key)
                     .map_err(|e| invalid(format!("{}: {e}", pair.cert_path.display())))?

@@ -34,8 +34,8 @@ pub(super) async fn send(
         let addr = endpoints[i].addr();
         match acquire(inner, &endpoints[i]).await {
             Ok(conn) => {
-                let sni = inner.tls.as_ref().and_then(UpstreamTls::sni);
-                default_host(&mut req, || sni.unwrap_or_else(|| addr.to_string()));
+                let sni = || inner.tls.as_ref().and_then(UpstreamTls::sni);
+                default_host(&mut req, || sni().unwrap_or_else(|| addr.to_string()));
                 let result = exchange(inner, conn, in_flight, req).await;
                 return result.inspect_err(|e| log_failure(inner, addr, e));
             }
