@@ -2,7 +2,7 @@
 //! each other, their JSON read back.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -85,8 +85,9 @@ fn the_query_sets_the_body_size_and_garbage_is_a_400() {
 
 #[test]
 fn a_closed_port_gives_connect_errors() {
+    let (_held, addr) = closed_port();
     let report = openloop(
-        &format!("http://{}/", closed_port()),
+        &format!("http://{addr}/"),
         &["--rate", "100", "--duration", "0.5"],
     );
     assert_eq!(report["sent"], 50, "{report}");
@@ -289,7 +290,18 @@ fn json(out: &Output) -> Value {
 }
 
 /// An address nothing listens on: a port the OS just handed out and took back.
-fn closed_port() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binds");
-    listener.local_addr().expect("bound").to_string()
+/// A port that refuses connections for as long as the returned socket lives: bound, never
+/// listening. A listener bound and dropped would free its port, which a parallel test could take,
+/// or the kernel could pick as a connection's own source port (a TCP self-connect).
+fn closed_port() -> (socket2::Socket, String) {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("a socket");
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    socket.bind(&any.into()).expect("binds");
+    let addr = socket
+        .local_addr()
+        .expect("bound")
+        .as_socket()
+        .expect("an IP address");
+    (socket, addr.to_string())
 }
