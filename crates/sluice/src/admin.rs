@@ -120,16 +120,6 @@ impl AdminState {
         self.routes = Some(routes);
         self
     }
-
-    fn reverse(&self) -> BTreeMap<String, ReverseCluster> {
-        self.clusters
-            .iter()
-            .filter_map(|(name, u)| match u {
-                Upstream::Reverse(s) => Some((name.clone(), s.cluster().clone())),
-                Upstream::Static(_) => None,
-            })
-            .collect()
-    }
 }
 
 /// The admin API's routes over `state`.
@@ -361,7 +351,7 @@ fn static_status(name: &str, c: &StaticCluster) -> serde_json::Value {
 }
 
 async fn metrics(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
-    let body = state.metrics.render(&state.reverse());
+    let body = state.metrics.render();
     let content_type = "text/plain; version=0.0.4; charset=utf-8";
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }

@@ -22,7 +22,8 @@ use crate::reload::InPlace;
 use crate::restart::{self, Inherited, RestartError, UpgradeSocket};
 use crate::router::{Direct, LiveRoutes, Matcher, Route, RouteTable, Target};
 use crate::server::{tls, Group, Server};
-use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
+use crate::upstream::reverse::{ReverseMetrics, SessionGauges};
+use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 
 /// Why a configuration could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -128,9 +129,14 @@ impl Proxy {
         config: &Config,
         mut inherited: Option<Inherited>,
     ) -> Result<Self, StartError> {
-        let clusters = build_clusters(config)?;
+        let mut metrics = Metrics::new();
+        let reverse_metrics = ReverseMetrics::register(metrics.registry());
+        let static_metrics = StaticMetrics::register(metrics.registry());
+        let clusters = build_clusters(config, &reverse_metrics, &static_metrics)?;
+        let gauges = SessionGauges::new(reverse_clusters(&clusters).collect());
+        metrics.registry().register_collector(Box::new(gauges));
+        let metrics = Arc::new(metrics);
         let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
-        let metrics = Arc::new(Metrics::new());
         let mut servers = Vec::with_capacity(config.listeners.len());
         for l in &config.listeners {
             let handed = inherited
@@ -141,13 +147,7 @@ impl Proxy {
         }
         let service = proxy_service(config, &routes, &metrics)?;
         let acceptor = bind_acceptor(config, &clusters, inherited.as_mut()).await?;
-        let acceptor = acceptor.map(|a| a.with_metrics(Arc::clone(&metrics)));
-        for upstream in clusters.values() {
-            match upstream {
-                Upstream::Reverse(s) => s.cluster().set_metrics(Arc::clone(&metrics)),
-                Upstream::Static(c) => c.set_metrics(Arc::clone(&metrics)),
-            }
-        }
+        let acceptor = acceptor.map(|a| a.with_metrics(reverse_metrics));
         let admin = bind_admin(config, inherited.as_mut()).await?;
         // After the listeners: a predecessor still holds the path until it has handed them.
         let upgrade = config.runtime.upgrade_socket.as_deref();
@@ -368,27 +368,41 @@ impl Proxy {
     }
 }
 
-fn build_clusters(config: &Config) -> Result<BTreeMap<String, Upstream>, StartError> {
+fn build_clusters(
+    config: &Config,
+    reverse: &ReverseMetrics,
+    statics: &StaticMetrics,
+) -> Result<BTreeMap<String, Upstream>, StartError> {
     config
         .clusters
         .iter()
         .map(|(name, c)| {
             let upstream = match &c.kind {
                 ClusterKind::Static(s) => {
-                    Upstream::from(StaticCluster::from_config(name, s).map_err(|source| {
-                        StartError::ClusterTls {
-                            cluster: name.clone(),
-                            source,
-                        }
+                    let cluster = StaticCluster::from_config(name, s, statics);
+                    Upstream::from(cluster.map_err(|source| StartError::ClusterTls {
+                        cluster: name.clone(),
+                        source,
                     })?)
                 }
                 ClusterKind::Reverse(r) => Upstream::from(
-                    ReverseCluster::from_config(name, r).slice(sluice_config::DEFAULT_SLICE),
+                    ReverseCluster::from_config(name, r, reverse)
+                        .slice(sluice_config::DEFAULT_SLICE),
                 ),
             };
             Ok((name.clone(), upstream))
         })
         .collect()
+}
+
+/// The reverse clusters among `clusters`.
+fn reverse_clusters(
+    clusters: &BTreeMap<String, Upstream>,
+) -> impl Iterator<Item = ReverseCluster> + '_ {
+    clusters.values().filter_map(|u| match u {
+        Upstream::Reverse(s) => Some(s.cluster().clone()),
+        Upstream::Static(_) => None,
+    })
 }
 
 /// Compiles the configured routes, in file order, against the built clusters.

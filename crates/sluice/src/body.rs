@@ -9,10 +9,17 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::upstream::reverse::Lease;
-use crate::upstream::static_cluster::pool::ReturnOnEnd;
-
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a body streamed off an upstream connection (a pooled connection, a leased session)
+/// holds on to: the connection goes back where it came from once the body has been read to
+/// the end, and is let go when the body is dropped before that. `upstream` implements it; a
+/// body knows nothing of pools.
+pub trait Release: Send + Sync + std::fmt::Debug {
+    /// The body has been read to its end: the connection may carry another request. Called
+    /// at most once; a release dropped without it lets the connection go.
+    fn finish(&mut self);
+}
 
 /// The rest of a body read ahead: streamed from the peer as the client reads it, or pumped
 /// by a task that reads it from the peer at the peer's pace into a bounded buffer.
@@ -146,22 +153,19 @@ pin_project_lite::pin_project! {
     pub enum ProxyBody {
         /// Streamed from a client or an upstream connection.
         Incoming { #[pin] body: Incoming },
-        /// Streamed from a pooled upstream connection, which goes back to its pool when the
-        /// body has been read to the end.
-        Pooled { #[pin] body: Incoming, ret: ReturnOnEnd },
-        /// Streamed from a leased reverse session, which goes back to its slice when the body
-        /// has been read to the end.
-        Leased { #[pin] body: Incoming, lease: Lease },
+        /// Streamed from an upstream connection that goes back to its pool (or a session to
+        /// its slice) when the body has been read to the end.
+        Guarded { #[pin] body: Incoming, release: Box<dyn Release> },
         /// A fixed body (direct responses, error responses, retries of empty requests).
         Full { data: Option<Bytes> },
         /// Read ahead into memory (`request_buffer`, `response_buffer`): the chunks in `head`,
-        /// then the trailers read with them, or else the `rest`, streamed. A `lease` holds the
-        /// session a streamed rest comes from and gives it back when it ends.
+        /// then the trailers read with them, or else the `rest`, streamed. A `release` holds
+        /// the connection a streamed rest comes from and gives it back when it ends.
         Buffered {
             head: VecDeque<Bytes>,
             trailers: Option<HeaderMap>,
             rest: Option<Rest>,
-            lease: Option<Lease>,
+            release: Option<Box<dyn Release>>,
         },
     }
 }
@@ -177,6 +181,18 @@ impl ProxyBody {
         let data: Bytes = data.into();
         Self::Full {
             data: (!data.is_empty()).then_some(data),
+        }
+    }
+
+    /// `body`, streamed, with the connection it comes from given back by `release` when it
+    /// has been read to the end (at once if it already has).
+    pub fn guarded(body: Incoming, mut release: impl Release + 'static) -> Self {
+        if body.is_end_stream() {
+            release.finish();
+        }
+        Self::Guarded {
+            body,
+            release: Box::new(release),
         }
     }
 }
@@ -197,22 +213,13 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
             ProxyBodyProj::Incoming { body } => body.poll_frame(cx).map_err(Into::into),
-            ProxyBodyProj::Pooled { mut body, ret } => {
+            ProxyBodyProj::Guarded { mut body, release } => {
                 let polled = std::task::ready!(body.as_mut().poll_frame(cx));
                 // The server side may stop polling once `is_end_stream` is true, so the
                 // connection goes back as soon as the last frame has been read.
                 match &polled {
-                    None => ret.finish(),
-                    Some(Ok(_)) if body.is_end_stream() => ret.finish(),
-                    Some(_) => {}
-                }
-                Poll::Ready(polled.map(|f| f.map_err(Into::into)))
-            }
-            ProxyBodyProj::Leased { mut body, lease } => {
-                let polled = std::task::ready!(body.as_mut().poll_frame(cx));
-                match &polled {
-                    None => lease.finish(),
-                    Some(Ok(_)) if body.is_end_stream() => lease.finish(),
+                    None => release.finish(),
+                    Some(Ok(_)) if body.is_end_stream() => release.finish(),
                     Some(_) => {}
                 }
                 Poll::Ready(polled.map(|f| f.map_err(Into::into)))
@@ -222,16 +229,14 @@ impl Body for ProxyBody {
                 head,
                 trailers,
                 rest,
-                lease,
-            } => poll_buffered(cx, head, trailers, rest, lease),
+                release,
+            } => poll_buffered(cx, head, trailers, rest, release),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Self::Incoming { body } | Self::Pooled { body, .. } | Self::Leased { body, .. } => {
-                body.is_end_stream()
-            }
+            Self::Incoming { body } | Self::Guarded { body, .. } => body.is_end_stream(),
             Self::Full { data } => data.is_none(),
             Self::Buffered {
                 head,
@@ -248,9 +253,7 @@ impl Body for ProxyBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Self::Incoming { body } | Self::Pooled { body, .. } | Self::Leased { body, .. } => {
-                body.size_hint()
-            }
+            Self::Incoming { body } | Self::Guarded { body, .. } => body.size_hint(),
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
@@ -264,14 +267,14 @@ impl Body for ProxyBody {
     }
 }
 
-/// Yields the buffered chunks, then the trailers or the rest of the stream; the lease goes
-/// back once the rest has been read to the end, as for [`ProxyBody::Leased`].
+/// Yields the buffered chunks, then the trailers or the rest of the stream; the connection
+/// goes back once the rest has been read to the end, as for [`ProxyBody::Guarded`].
 fn poll_buffered(
     cx: &mut Context<'_>,
     head: &mut VecDeque<Bytes>,
     trailers: &mut Option<HeaderMap>,
     rest: &mut Option<Rest>,
-    lease: &mut Option<Lease>,
+    release: &mut Option<Box<dyn Release>>,
 ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
     if let Some(data) = head.pop_front() {
         return Poll::Ready(Some(Ok(Frame::data(data))));
@@ -289,8 +292,8 @@ fn poll_buffered(
         Some(Err(_)) => false,
     };
     if ended {
-        if let Some(lease) = lease {
-            lease.finish();
+        if let Some(release) = release {
+            release.finish();
         }
     }
     Poll::Ready(polled)

@@ -34,10 +34,9 @@ use tracing::{debug, info, warn, Instrument};
 use self::handshake::Peer;
 use self::rate::RateLimiter;
 use crate::log_limit::TallyByKind;
-use crate::metrics::Metrics;
 use crate::restart::{self, HandedListener};
 use crate::server::{accept_error, ShutdownSignal};
-use crate::upstream::reverse::{Limit, SessionStream};
+use crate::upstream::reverse::{Limit, ReverseMetrics, SessionStream};
 use crate::upstream::ReverseCluster;
 
 pub use sluice_config::Acceptor as AcceptorOptions;
@@ -89,7 +88,7 @@ struct Shared {
     /// TLS for every connection; `None` is plaintext.
     tls: Option<Arc<ServerConfig>>,
     /// Where handshake outcomes are counted; `None`: nowhere.
-    metrics: Option<Arc<Metrics>>,
+    metrics: ReverseMetrics,
     /// Refused handshakes by status, logged once per interval each.
     refusals: TallyByKind<u16>,
 }
@@ -139,7 +138,7 @@ impl Acceptor {
             clusters,
             shutdown: None,
             tls,
-            metrics: None,
+            metrics: ReverseMetrics::default(),
             refusals: TallyByKind::new(),
         };
         Ok(Self {
@@ -151,8 +150,8 @@ impl Acceptor {
     }
 
     /// Counts every handshake's outcome in `metrics`; by default nothing is counted.
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.shared.metrics = Some(metrics);
+    pub fn with_metrics(mut self, metrics: ReverseMetrics) -> Self {
+        self.shared.metrics = metrics;
         self
     }
 
@@ -298,9 +297,7 @@ fn warn_plaintext_tokens(addr: SocketAddr, clusters: &HashMap<String, ReverseClu
 impl Shared {
     /// Counts one handshake outcome: `registered`, `drained`, `closed` or a refusal status.
     fn count(&self, result: &str) {
-        if let Some(m) = &self.metrics {
-            m.handshake(result);
-        }
+        self.metrics.handshake(result);
     }
 
     /// The checks common to registering and draining: shutdown (503), handshake rate (429),

@@ -110,7 +110,10 @@ impl StandaloneAcceptor {
             .iter()
             .filter_map(|(name, c)| match &c.kind {
                 sluice_config::ClusterKind::Reverse(r) if r.source == SessionSource::Acceptor => {
-                    Some((name.clone(), ReverseCluster::from_config(name, r)))
+                    Some((
+                        name.clone(),
+                        ReverseCluster::from_config(name, r, &Default::default()),
+                    ))
                 }
                 _ => None,
             })

@@ -15,7 +15,7 @@ use http::{Request, Response};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 pub use reverse::{ReverseCluster, ReverseSlice};
-pub use static_cluster::{StaticCluster, StaticOptions};
+pub use static_cluster::{StaticCluster, StaticMetrics, StaticOptions};
 
 /// A cluster a route can forward to. Cloning is cheap (a reference count).
 #[derive(Debug, Clone)]

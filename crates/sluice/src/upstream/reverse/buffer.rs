@@ -25,7 +25,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::session::Lease;
-use crate::body::{ProxyBody, Pump, Rest};
+use crate::body::{ProxyBody, Pump, Release, Rest};
 use crate::error::ProxyError;
 
 /// How long the read-ahead of a response waits for its next chunk before it forwards what it
@@ -52,7 +52,7 @@ impl ReadAhead {
             head: self.chunks,
             trailers: self.trailers,
             rest: self.rest.map(Rest::Incoming),
-            lease,
+            release: lease.map(|l| Box::new(l) as Box<dyn Release>),
         }
     }
 }
@@ -158,13 +158,7 @@ pub(super) async fn response(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (parts, body) = res.into_parts();
     if body.is_end_stream() || is_event_stream(&parts.headers) {
-        if body.is_end_stream() {
-            lease.finish();
-        }
-        return Ok(Response::from_parts(
-            parts,
-            ProxyBody::Leased { body, lease },
-        ));
+        return Ok(Response::from_parts(parts, ProxyBody::guarded(body, lease)));
     }
     let mut ahead = read_ahead(body, limit, Some(STREAM_GAP))
         .await
@@ -181,7 +175,7 @@ pub(super) async fn response(
                 head: ahead.chunks,
                 trailers: None,
                 rest: Some(Rest::Pumped(pumped)),
-                lease: None,
+                release: None,
             }
         }
         Some(rest) => {

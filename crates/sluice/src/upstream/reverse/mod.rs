@@ -9,6 +9,7 @@
 mod buffer;
 mod handover;
 mod instance;
+pub mod metrics;
 mod pool;
 mod send;
 mod session;
@@ -17,7 +18,7 @@ mod stream;
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use http::{Request, Response};
 use sluice_config::{ReverseOptions, Token};
@@ -29,12 +30,12 @@ pub use self::handover::HandedSession;
 use self::handover::Handover;
 pub use self::instance::{Instance, Limit};
 pub(crate) use self::instance::{Lent, SessionPermit};
+pub use self::metrics::{ReverseMetrics, SessionGauges};
 pub use self::pool::SlicePool;
 pub use self::session::Lease;
 pub use self::stream::SessionStream;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::metrics::Metrics;
 
 /// A handle to a reverse cluster. Clones share it.
 #[derive(Debug, Clone)]
@@ -55,7 +56,7 @@ pub(crate) struct ClusterInner {
     changed: Arc<Notify>,
     handover: Arc<Handover>,
     drains: broadcast::Sender<String>,
-    metrics: Arc<OnceLock<Arc<Metrics>>>,
+    metrics: ReverseMetrics,
     /// Non-zero while sessions may arrive from elsewhere: a standalone acceptor lends them on
     /// demand, or a predecessor hands them over. A slice with none here is then not a slice
     /// without services.
@@ -77,6 +78,16 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl ReverseCluster {
     /// A cluster that accepts registrations bearing any of `tokens` (empty: no auth).
     pub fn new(name: impl Into<String>, tokens: Vec<Token>, opts: ReverseOptions) -> Self {
+        Self::counted(name, tokens, opts, &ReverseMetrics::default())
+    }
+
+    /// As [`new`](Self::new), recording admission-queue waits in `metrics`.
+    pub fn counted(
+        name: impl Into<String>,
+        tokens: Vec<Token>,
+        opts: ReverseOptions,
+        metrics: &ReverseMetrics,
+    ) -> Self {
         let inner = ClusterInner {
             name: name.into(),
             sessions: Limit::new(opts.max_sessions),
@@ -88,7 +99,7 @@ impl ReverseCluster {
             changed: Arc::new(Notify::new()),
             handover: Arc::default(),
             drains: broadcast::channel(64).0,
-            metrics: Arc::default(),
+            metrics: metrics.clone(),
             arriving: Arc::default(),
         };
         Self {
@@ -96,9 +107,13 @@ impl ReverseCluster {
         }
     }
 
-    /// Builds the cluster a validated config describes.
-    pub fn from_config(name: &str, cfg: &sluice_config::ReverseCluster) -> Self {
-        let cluster = Self::new(name, cfg.tokens.clone(), cfg.options.clone());
+    /// Builds the cluster a validated config describes, recording in `metrics`.
+    pub fn from_config(
+        name: &str,
+        cfg: &sluice_config::ReverseCluster,
+        metrics: &ReverseMetrics,
+    ) -> Self {
+        let cluster = Self::counted(name, cfg.tokens.clone(), cfg.options.clone(), metrics);
         if matches!(cfg.source, sluice_config::SessionSource::Handoff { .. }) {
             cluster.inner.arriving.fetch_add(1, Ordering::Relaxed);
         }
@@ -108,11 +123,6 @@ impl ReverseCluster {
     /// The cluster's name.
     pub fn name(&self) -> &str {
         &self.inner.name
-    }
-
-    /// Records admission-queue waits in `metrics` (the first call wins; by default none).
-    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
-        let _ = self.inner.metrics.set(metrics);
     }
 
     /// The handle to one slice, created empty on first use.
@@ -126,7 +136,7 @@ impl ReverseCluster {
                 Arc::clone(&i.opts),
                 Arc::clone(&i.changed),
                 Arc::clone(&i.handover),
-                Arc::clone(&i.metrics),
+                i.metrics.clone(),
                 Arc::clone(&i.arriving),
             ))
         });

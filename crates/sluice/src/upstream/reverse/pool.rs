@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use sluice_config::ReverseOptions;
 use tokio::sync::{oneshot, Notify};
@@ -19,10 +19,10 @@ use tracing::{debug, warn};
 
 use super::handover::{Handed, Handover};
 use super::instance::Instance;
+use super::metrics::ReverseMetrics;
 use super::session::Session;
 use crate::error::ProxyError;
 use crate::log_limit::SharedTally;
-use crate::metrics::Metrics;
 
 /// Seconds a client is told to wait when a slice has no capacity.
 const RETRY_AFTER_SECS: u32 = 1;
@@ -44,7 +44,7 @@ pub struct SlicePool {
     /// Waiters that gave up (expired or cancelled) since the queue was last purged of them.
     abandoned: AtomicUsize,
     /// Where queue waits are recorded, once the proxy sets it.
-    metrics: Arc<OnceLock<Arc<Metrics>>>,
+    metrics: ReverseMetrics,
     /// Sessions attached to this slice, idle or leased.
     registered: AtomicUsize,
     /// Non-zero while sessions may arrive from elsewhere (lent, or handed over).
@@ -155,7 +155,7 @@ impl SlicePool {
         opts: Arc<ReverseOptions>,
         changed: Arc<Notify>,
         handover: Arc<Handover>,
-        metrics: Arc<OnceLock<Arc<Metrics>>>,
+        metrics: ReverseMetrics,
         arriving: Arc<AtomicUsize>,
     ) -> Self {
         Self {
@@ -268,9 +268,9 @@ impl SlicePool {
                     };
                     let queued = Instant::now();
                     let waited = waiter.wait(started + limit).await;
-                    if let Some(m) = self.metrics.get() {
-                        m.queue_wait(&self.cluster, &self.slice, queued.elapsed());
-                    }
+                    let waited_for = queued.elapsed();
+                    self.metrics
+                        .queue_wait(&self.cluster, &self.slice, waited_for);
                     match waited {
                         Err(_) if empty && self.registered.load(Ordering::Acquire) == 0 => {
                             return Err(self.no_sessions());

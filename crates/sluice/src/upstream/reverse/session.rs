@@ -11,7 +11,7 @@ use super::handover::Handed;
 use super::instance::{Instance, SessionPermit};
 use super::pool::SlicePool;
 use super::stream::{ParkedIo, Parking, SessionStream};
-use crate::body::ProxyBody;
+use crate::body::{ProxyBody, Release};
 use crate::http::IO_BUFFER_BYTES;
 
 /// One registered connection; the proxy is the HTTP client, the service the server.
@@ -104,9 +104,11 @@ impl Lease {
     pub(crate) fn new(session: Option<Session>, pool: Arc<SlicePool>) -> Self {
         Self { session, pool }
     }
+}
 
+impl Release for Lease {
     /// The response has ended cleanly: the session may carry another request.
-    pub(crate) fn finish(&mut self) {
+    fn finish(&mut self) {
         if let Some(session) = self.session.take() {
             self.pool.checkin(session);
         }

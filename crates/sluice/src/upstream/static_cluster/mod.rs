@@ -8,6 +8,7 @@
 mod endpoint;
 mod health;
 mod lb;
+mod metrics;
 pub(crate) mod pool;
 
 use std::net::SocketAddr;
@@ -21,9 +22,11 @@ use tokio::time::Instant;
 use tracing::debug;
 
 pub use endpoint::Endpoint;
+pub use metrics::StaticMetrics;
 pub use sluice_config::{Ejection, HealthCheck, LbPolicy, PoolOptions, StaticOptions};
 
 use self::lb::Balancer;
+use self::metrics::ConnectCounters;
 use self::pool::{Conn, ReturnOnEnd};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
@@ -52,8 +55,8 @@ struct Inner {
     epoch: Instant,
     /// Whether the idle reaper and health checks run (they start inside a Tokio runtime).
     tasks_started: AtomicBool,
-    /// Where new connections are counted, once the proxy sets it.
-    metrics: std::sync::OnceLock<std::sync::Arc<crate::metrics::Metrics>>,
+    /// Where new connections are counted.
+    connects: ConnectCounters,
     /// HTTPS to the endpoints (`opts.tls`, built).
     tls: Option<UpstreamTls>,
 }
@@ -66,6 +69,30 @@ impl StaticCluster {
         name: impl Into<String>,
         endpoints: impl IntoIterator<Item = SocketAddr>,
         opts: StaticOptions,
+    ) -> std::io::Result<Self> {
+        Self::counted(name, endpoints, opts, &StaticMetrics::default())
+    }
+
+    /// Builds the cluster a validated config describes, counting its connects in `metrics`.
+    pub fn from_config(
+        name: &str,
+        cfg: &sluice_config::StaticCluster,
+        metrics: &StaticMetrics,
+    ) -> std::io::Result<Self> {
+        Self::counted(
+            name,
+            cfg.endpoints.iter().copied(),
+            cfg.options.clone(),
+            metrics,
+        )
+    }
+
+    /// As [`new`](Self::new), counting new connections in `metrics`.
+    pub fn counted(
+        name: impl Into<String>,
+        endpoints: impl IntoIterator<Item = SocketAddr>,
+        opts: StaticOptions,
+        metrics: &StaticMetrics,
     ) -> std::io::Result<Self> {
         let name = name.into();
         let tls = opts
@@ -80,28 +107,18 @@ impl StaticCluster {
             }
         }
         let inner = Inner {
-            name,
             tls,
             balancer: Balancer::new(opts.lb),
             opts: Arc::new(opts),
             endpoints: ArcSwap::from_pointee(list),
             epoch: Instant::now(),
             tasks_started: AtomicBool::new(false),
-            metrics: std::sync::OnceLock::new(),
+            connects: metrics.cluster(&name),
+            name,
         };
         Ok(Self {
             inner: Arc::new(inner),
         })
-    }
-
-    /// Builds the cluster a validated config describes.
-    pub fn from_config(name: &str, cfg: &sluice_config::StaticCluster) -> std::io::Result<Self> {
-        Self::new(name, cfg.endpoints.iter().copied(), cfg.options.clone())
-    }
-
-    /// Counts new connections in `metrics` (the first call wins; by default none).
-    pub fn set_metrics(&self, metrics: std::sync::Arc<crate::metrics::Metrics>) {
-        let _ = self.inner.metrics.set(metrics);
     }
 
     /// The cluster's name.
@@ -232,9 +249,7 @@ async fn acquire(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError>
 async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError> {
     let tls = inner.tls.as_ref();
     let connected = connect_http1(endpoint.addr(), inner.opts.connect_timeout, tls).await;
-    if let Some(m) = inner.metrics.get() {
-        m.upstream_connect(&inner.name, connected.is_ok());
-    }
+    inner.connects.count(connected.is_ok());
     match connected {
         Ok(sender) => {
             endpoint.connect_succeeded();
@@ -250,11 +265,5 @@ async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, Proxy
 
 fn wrap_response(res: Response<hyper::body::Incoming>, ret: ReturnOnEnd) -> Response<ProxyBody> {
     let (parts, body) = res.into_parts();
-    let mut body = ProxyBody::Pooled { body, ret };
-    if let ProxyBody::Pooled { body: b, ret } = &mut body {
-        if http_body::Body::is_end_stream(b) {
-            ret.finish();
-        }
-    }
-    Response::from_parts(parts, body)
+    Response::from_parts(parts, ProxyBody::guarded(body, ret))
 }

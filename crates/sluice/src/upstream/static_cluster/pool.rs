@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::endpoint::InFlight;
 use super::StaticOptions;
-use crate::body::ProxyBody;
+use crate::body::{ProxyBody, Release};
 
 /// An HTTP/1.1 client connection and how many requests it has carried.
 #[derive(Debug)]
@@ -44,7 +44,7 @@ pub(crate) struct IdleConn {
 /// A body dropped before its end drops the connection instead, because HTTP/1.1 cannot reuse a
 /// connection with an unread response on it.
 #[derive(Debug)]
-pub struct ReturnOnEnd {
+pub(crate) struct ReturnOnEnd {
     conn: Option<Conn>,
     opts: Arc<StaticOptions>,
     in_flight: InFlight,
@@ -58,9 +58,11 @@ impl ReturnOnEnd {
             in_flight,
         }
     }
+}
 
+impl Release for ReturnOnEnd {
     /// The response has ended cleanly: the connection may carry another request.
-    pub(crate) fn finish(&mut self) {
+    fn finish(&mut self) {
         if let Some(conn) = self.conn.take() {
             self.in_flight.endpoint().checkin(conn, &self.opts);
         }
