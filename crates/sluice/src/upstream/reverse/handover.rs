@@ -13,7 +13,6 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::instance::SessionPermit;
-use super::pool::SlicePool;
 use super::stream::SessionStream;
 
 /// A session's socket on its way to another process.
@@ -41,11 +40,16 @@ pub(crate) struct Handed {
 }
 
 impl Handed {
-    pub(crate) fn new(io: Box<dyn SessionStream>, pool: &SlicePool, permit: SessionPermit) -> Self {
+    pub(crate) fn new(
+        io: Box<dyn SessionStream>,
+        cluster: &str,
+        slice: &str,
+        permit: SessionPermit,
+    ) -> Self {
         Self {
             io,
-            cluster: pool.cluster().to_owned(),
-            slice: pool.slice().to_owned(),
+            cluster: cluster.to_owned(),
+            slice: slice.to_owned(),
             permit,
         }
     }

@@ -1,12 +1,17 @@
-//! Instances (one service process, many sessions), session limits and the permit a live
-//! session holds.
+//! Instances (one service process, many sessions): a cluster's registry of them, session
+//! limits, and the permit a live session holds.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use tokio::sync::mpsc;
+use sluice_session::Rejection;
+use tokio::sync::{mpsc, Notify};
 
-use super::ClusterInner;
+pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its map consistent, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A counter with an optional ceiling: sessions in total, per cluster, per instance.
 #[derive(Debug, Default)]
@@ -53,22 +58,18 @@ pub struct Instance {
     pub(super) sessions: Limit,
     /// Sessions an upgrade (WebSocket) took over, still bridged to their clients.
     pub(super) upgraded: AtomicUsize,
-    /// The cluster that lists it (weak: the cluster owns its instances).
-    pub(super) cluster: Weak<ClusterInner>,
+    /// The registry that lists it (weak: the registry owns its instances).
+    listed_in: Weak<Instances>,
 }
 
 impl Instance {
-    pub(super) fn new(
-        id: String,
-        max_sessions: Option<usize>,
-        cluster: Weak<ClusterInner>,
-    ) -> Self {
+    fn new(id: String, max_sessions: Option<usize>, listed_in: Weak<Instances>) -> Self {
         Self {
             id,
             draining: AtomicBool::new(false),
             sessions: Limit::new(max_sessions),
             upgraded: AtomicUsize::new(0),
-            cluster,
+            listed_in,
         }
     }
 
@@ -99,12 +100,140 @@ impl Instance {
     }
 }
 
+/// A cluster's instances: who is registered, who an operator holds out, and the cluster's
+/// session limit. Whoever changes them wakes `changed`.
+#[derive(Debug)]
+pub(crate) struct Instances {
+    cluster: String,
+    listed: Mutex<HashMap<String, Arc<Instance>>>,
+    /// Instances an operator drained: their registrations are refused (410) until resumed.
+    held: Mutex<BTreeSet<String>>,
+    sessions: Limit,
+    per_instance: Option<usize>,
+    changed: Arc<Notify>,
+}
+
+impl Instances {
+    /// No instances yet, for `cluster`, whose sessions in all are limited to `max` and per
+    /// instance to `per_instance`.
+    pub(super) fn new(
+        cluster: &str,
+        max: Option<usize>,
+        per_instance: Option<usize>,
+        changed: Arc<Notify>,
+    ) -> Self {
+        Self {
+            cluster: cluster.to_owned(),
+            listed: Mutex::default(),
+            held: Mutex::default(),
+            sessions: Limit::new(max),
+            per_instance,
+            changed,
+        }
+    }
+
+    /// Connected sessions of all instances.
+    pub(super) fn sessions(&self) -> usize {
+        self.sessions.current()
+    }
+
+    /// The instance with this id, if it has sessions.
+    pub(super) fn get(&self, id: &str) -> Option<Arc<Instance>> {
+        locked(&self.listed).get(id).cloned()
+    }
+
+    /// Every listed instance, sorted by id.
+    pub(super) fn sorted(&self) -> Vec<Arc<Instance>> {
+        let mut all: Vec<_> = locked(&self.listed).values().cloned().collect();
+        all.sort_by(|a, b| a.id().cmp(b.id()));
+        all
+    }
+
+    /// Holds `id` out (its registrations are refused); false if it already was.
+    pub(super) fn hold(&self, id: &str) -> bool {
+        locked(&self.held).insert(id.to_owned())
+    }
+
+    /// Lets a held `id` register again; false if it was not held.
+    pub(super) fn unhold(&self, id: &str) -> bool {
+        locked(&self.held).remove(id)
+    }
+
+    /// The held ids, sorted.
+    pub(super) fn held(&self) -> Vec<String> {
+        locked(&self.held).iter().cloned().collect()
+    }
+
+    /// Reserves a place for one more session of `instance`, within the total (`global`),
+    /// cluster and instance limits. 410 for a held instance, 503 for a draining one, 429 at
+    /// a limit.
+    pub(super) fn reserve(
+        self: &Arc<Self>,
+        instance: &str,
+        global: &Arc<Limit>,
+    ) -> Result<SessionPermit, Rejection> {
+        if locked(&self.held).contains(instance) {
+            return Err(Rejection::drained(&self.cluster, instance));
+        }
+        let mut listed = locked(&self.listed);
+        let inst = listed.entry(instance.to_owned()).or_insert_with(|| {
+            let id = instance.to_owned();
+            Arc::new(Instance::new(id, self.per_instance, Arc::downgrade(self)))
+        });
+        if inst.is_draining() {
+            return Err(Rejection::unavailable("instance is draining"));
+        }
+        if !global.try_take() {
+            return Err(Rejection::limited("sessions in total"));
+        }
+        if !self.sessions.try_take() {
+            global.give();
+            return Err(Rejection::limited("sessions of this cluster"));
+        }
+        if !inst.sessions.try_take() {
+            global.give();
+            self.sessions.give();
+            return Err(Rejection::limited("sessions of this instance"));
+        }
+        Ok(SessionPermit {
+            global: Arc::clone(global),
+            instances: Arc::clone(self),
+            instance: Arc::clone(inst),
+            lent: None,
+        })
+    }
+
+    /// A session of `instance` has closed; an instance without sessions is forgotten, so its
+    /// id may register afresh (after a drain, say).
+    fn release(&self, instance: &Arc<Instance>) {
+        instance.sessions.give();
+        self.sessions.give();
+        self.forget_if_gone(instance);
+    }
+
+    /// Forgets `instance` once it has neither sessions nor upgraded ones open.
+    fn forget_if_gone(&self, instance: &Arc<Instance>) {
+        {
+            let mut listed = locked(&self.listed);
+            let gone = instance.sessions() == 0 && instance.upgraded() == 0;
+            if gone
+                && listed
+                    .get(instance.id())
+                    .is_some_and(|i| Arc::ptr_eq(i, instance))
+            {
+                listed.remove(instance.id());
+            }
+        }
+        self.changed.notify_waiters();
+    }
+}
+
 /// Held by a session's connection task: gives back the session's place in every limit when
 /// the connection ends, and forgets an instance whose last session is gone.
 #[derive(Debug)]
 pub(crate) struct SessionPermit {
-    pub(super) global: Arc<Limit>,
-    pub(super) cluster: Arc<ClusterInner>,
+    global: Arc<Limit>,
+    instances: Arc<Instances>,
     pub(super) instance: Arc<Instance>,
     /// A session a standalone acceptor lent this process: its id is reported `GONE` when the
     /// session ends here (not when it is returned).
@@ -137,6 +266,52 @@ impl Drop for SessionPermit {
             let _ = lent.gone.send(lent.id);
         }
         self.global.give();
-        self.cluster.release(&self.instance);
+        self.instances.release(&self.instance);
+    }
+}
+
+/// Keeps a session an upgrade (WebSocket) took over listed as `upgraded` under its instance
+/// until the last clone drops: the proxy's bridge holds it while the upgraded connection is
+/// open.
+#[derive(Debug, Clone)]
+pub struct UpgradedSession {
+    _held: Arc<Upgraded>,
+}
+
+#[derive(Debug)]
+struct Upgraded(Arc<Instance>);
+
+impl UpgradedSession {
+    /// Counts an upgraded session of `instance`. Its session may already have been released
+    /// (hyper lets the connection go at the 101), and the instance forgotten with it: the
+    /// instance listed under that id now counts it, re-listed if need be.
+    pub(crate) fn new(instance: &Arc<Instance>) -> Self {
+        let listed = match instance.listed_in.upgrade() {
+            Some(instances) => {
+                let mut listed = locked(&instances.listed);
+                let listed = listed
+                    .entry(instance.id().to_owned())
+                    .or_insert_with(|| Arc::clone(instance));
+                listed.upgraded.fetch_add(1, Ordering::AcqRel);
+                Arc::clone(listed)
+            }
+            None => {
+                instance.upgraded.fetch_add(1, Ordering::AcqRel);
+                Arc::clone(instance)
+            }
+        };
+        Self {
+            _held: Arc::new(Upgraded(listed)),
+        }
+    }
+}
+
+impl Drop for Upgraded {
+    fn drop(&mut self) {
+        let instance = &self.0;
+        instance.upgraded.fetch_sub(1, Ordering::AcqRel);
+        if let Some(instances) = instance.listed_in.upgrade() {
+            instances.forget_if_gone(instance);
+        }
     }
 }

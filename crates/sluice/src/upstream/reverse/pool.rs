@@ -18,9 +18,10 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::handover::{Handed, Handover};
-use super::instance::Instance;
+use super::instance::{Instance, SessionPermit};
 use super::metrics::ReverseMetrics;
 use super::session::Session;
+use super::stream::SessionStream;
 use crate::error::ProxyError;
 use crate::log_limit::SharedTally;
 
@@ -422,7 +423,8 @@ impl SlicePool {
     }
 
     /// Passes a parked session's socket to the hand-over's receiver.
-    pub(crate) fn hand_off(&self, handed: Handed) {
+    pub(crate) fn hand_off(&self, io: Box<dyn SessionStream>, permit: SessionPermit) {
+        let handed = Handed::new(io, &self.cluster, &self.slice, permit);
         self.handover.send(handed);
     }
 

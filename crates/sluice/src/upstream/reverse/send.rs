@@ -11,8 +11,9 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::buffer;
+use super::lease::Lease;
 use super::pool::SlicePool;
-use super::session::{Lease, Session};
+use super::session::Session;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::server::ClientInfo;

@@ -1,4 +1,5 @@
-//! One endpoint of a static cluster: its address, load, ejection state and idle connections.
+//! One endpoint of a static cluster: its address, load, ejection state and idle connections,
+//! and the connection's return to them when a response ends.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -9,6 +10,7 @@ use tokio::time::Instant;
 
 use super::pool::{Conn, IdleConn};
 use super::StaticOptions;
+use crate::body::Release;
 
 /// A listening backend of a static cluster.
 #[derive(Debug)]
@@ -194,5 +196,36 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Travels with a response body: returns the connection to its endpoint's pool when the body
+/// has been read to the end, and releases the endpoint's in-flight count when dropped.
+///
+/// A body dropped before its end drops the connection instead, because HTTP/1.1 cannot reuse a
+/// connection with an unread response on it.
+#[derive(Debug)]
+pub(crate) struct ReturnOnEnd {
+    conn: Option<Conn>,
+    opts: Arc<StaticOptions>,
+    in_flight: InFlight,
+}
+
+impl ReturnOnEnd {
+    pub(crate) fn new(conn: Option<Conn>, opts: Arc<StaticOptions>, in_flight: InFlight) -> Self {
+        Self {
+            conn,
+            opts,
+            in_flight,
+        }
+    }
+}
+
+impl Release for ReturnOnEnd {
+    /// The response has ended cleanly: the connection may carry another request.
+    fn finish(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.in_flight.endpoint().checkin(conn, &self.opts);
+        }
     }
 }

@@ -9,7 +9,7 @@ mod endpoint;
 mod health;
 mod lb;
 mod metrics;
-pub(crate) mod pool;
+mod pool;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,9 +25,10 @@ pub use endpoint::Endpoint;
 pub use metrics::StaticMetrics;
 pub use sluice_config::{Ejection, HealthCheck, LbPolicy, PoolOptions, StaticOptions};
 
+use self::endpoint::ReturnOnEnd;
 use self::lb::Balancer;
 use self::metrics::ConnectCounters;
-use self::pool::{Conn, ReturnOnEnd};
+use self::pool::Conn;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::upstream::connect::connect_http1;

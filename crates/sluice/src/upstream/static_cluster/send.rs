@@ -9,7 +9,8 @@ use hyper::body::Incoming;
 use tracing::{debug, warn};
 
 use super::endpoint::InFlight;
-use super::pool::{Conn, ReturnOnEnd};
+use super::endpoint::ReturnOnEnd;
+use super::pool::Conn;
 use super::{acquire, connect_fresh, wrap_response, Inner, MAX_CONNECT_ATTEMPTS};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;

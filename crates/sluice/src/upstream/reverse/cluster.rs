@@ -1,0 +1,494 @@
+//! [`ReverseCluster`]: a cluster's slices and instances, and its roles towards the acceptor,
+//! the admin API, a hot restart and a standalone acceptor; [`ReverseSlice`]: what a route
+//! forwards to.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response};
+use sluice_config::{ReverseOptions, Token};
+use sluice_session::Rejection;
+use tokio::sync::{broadcast, mpsc, Notify};
+use tracing::info;
+
+use super::handover::HandedSession;
+use super::handover::Handover;
+use super::instance::{locked, Instance, Instances, Lent, Limit, SessionPermit};
+use super::metrics::ReverseMetrics;
+use super::pool::SlicePool;
+use super::stream::{self, SessionStream};
+use super::{lease, send};
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+
+/// A handle to a reverse cluster. Clones share it.
+#[derive(Debug, Clone)]
+pub struct ReverseCluster {
+    inner: Arc<ClusterInner>,
+}
+
+#[derive(Debug)]
+struct ClusterInner {
+    name: String,
+    opts: Arc<ReverseOptions>,
+    tokens: Vec<Token>,
+    slices: Mutex<HashMap<String, Arc<SlicePool>>>,
+    instances: Arc<Instances>,
+    changed: Arc<Notify>,
+    handover: Arc<Handover>,
+    drains: broadcast::Sender<String>,
+    metrics: ReverseMetrics,
+    /// Non-zero while sessions may arrive from elsewhere: a standalone acceptor lends them on
+    /// demand, or a predecessor hands them over. A slice with none here is then not a slice
+    /// without services.
+    arriving: Arc<AtomicUsize>,
+}
+
+/// A handle to one slice of a reverse cluster: what a route forwards to.
+#[derive(Debug, Clone)]
+pub struct ReverseSlice {
+    cluster: ReverseCluster,
+    pool: Arc<SlicePool>,
+}
+
+impl ReverseCluster {
+    /// A cluster that accepts registrations bearing any of `tokens` (empty: no auth).
+    pub fn new(name: impl Into<String>, tokens: Vec<Token>, opts: ReverseOptions) -> Self {
+        Self::counted(name, tokens, opts, &ReverseMetrics::default())
+    }
+
+    /// As [`new`](Self::new), recording admission-queue waits in `metrics`.
+    pub fn counted(
+        name: impl Into<String>,
+        tokens: Vec<Token>,
+        opts: ReverseOptions,
+        metrics: &ReverseMetrics,
+    ) -> Self {
+        let name = name.into();
+        let changed = Arc::new(Notify::new());
+        let (max, per_instance) = (opts.max_sessions, opts.max_sessions_per_instance);
+        let instances = Instances::new(&name, max, per_instance, Arc::clone(&changed));
+        let inner = ClusterInner {
+            name,
+            opts: Arc::new(opts),
+            tokens,
+            slices: Mutex::default(),
+            instances: Arc::new(instances),
+            changed,
+            handover: Arc::default(),
+            drains: broadcast::channel(64).0,
+            metrics: metrics.clone(),
+            arriving: Arc::default(),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Builds the cluster a validated config describes, recording in `metrics`.
+    pub fn from_config(
+        name: &str,
+        cfg: &sluice_config::ReverseCluster,
+        metrics: &ReverseMetrics,
+    ) -> Self {
+        let cluster = Self::counted(name, cfg.tokens.clone(), cfg.options.clone(), metrics);
+        if matches!(cfg.source, sluice_config::SessionSource::Handoff { .. }) {
+            cluster.inner.arriving.fetch_add(1, Ordering::Relaxed);
+        }
+        cluster
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The handle to one slice, created empty on first use.
+    pub fn slice(&self, slice: &str) -> ReverseSlice {
+        let mut slices = locked(&self.inner.slices);
+        let pool = slices.entry(slice.to_owned()).or_insert_with(|| {
+            let i = &self.inner;
+            Arc::new(SlicePool::new(
+                &i.name,
+                slice,
+                Arc::clone(&i.opts),
+                Arc::clone(&i.changed),
+                Arc::clone(&i.handover),
+                i.metrics.clone(),
+                Arc::clone(&i.arriving),
+            ))
+        });
+        ReverseSlice {
+            cluster: self.clone(),
+            pool: Arc::clone(pool),
+        }
+    }
+
+    /// The slices that exist (registered for, or routed to), sorted.
+    pub fn slice_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = locked(&self.inner.slices).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// The instances with sessions, sorted by id.
+    pub fn instances(&self) -> Vec<Arc<Instance>> {
+        self.inner.instances.sorted()
+    }
+
+    /// Idle sessions in `slice` (0 for a slice nobody registered for).
+    pub fn idle_sessions(&self, slice: &str) -> usize {
+        locked(&self.inner.slices)
+            .get(slice)
+            .map_or(0, |p| p.idle())
+    }
+
+    /// How long the longest request waiting in `slice`'s queue has waited.
+    pub fn oldest_wait(&self, slice: &str) -> std::time::Duration {
+        locked(&self.inner.slices)
+            .get(slice)
+            .map_or(std::time::Duration::ZERO, |p| p.oldest_wait())
+    }
+
+    /// Requests waiting in `slice`'s admission queue.
+    pub fn queued(&self, slice: &str) -> usize {
+        locked(&self.inner.slices)
+            .get(slice)
+            .map_or(0, |p| p.queued())
+    }
+
+    /// Connected sessions across all slices and instances.
+    pub fn sessions(&self) -> usize {
+        self.inner.instances.sessions()
+    }
+
+    /// How many more sessions the cluster's `max_sessions` allows (`usize::MAX`: no limit).
+    pub fn room(&self) -> usize {
+        self.inner
+            .opts
+            .max_sessions
+            .map_or(usize::MAX, |max| max.saturating_sub(self.sessions()))
+    }
+
+    /// Connected sessions of one instance.
+    pub fn instance_sessions(&self, instance: &str) -> usize {
+        self.inner
+            .instances
+            .get(instance)
+            .map_or(0, |i| i.sessions())
+    }
+
+    /// Waits until `done` holds; it is re-checked whenever sessions come, go or return.
+    pub async fn wait_until(&self, done: impl Fn(&Self) -> bool) {
+        loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if done(self) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Drains an instance: it is never leased again, its idle sessions close now and its
+    /// busy ones after their responses. Returns false when no such instance is registered.
+    pub fn drain(&self, instance: &str) -> bool {
+        let Some(inst) = self.inner.instances.get(instance) else {
+            // Lent sessions of it may be out at consumers: they hear of it all the same.
+            let _ = self.inner.drains.send(instance.to_owned());
+            return false;
+        };
+        inst.start_draining();
+        info!(cluster = %self.inner.name, instance = %instance, sessions = inst.sessions(), "draining instance");
+        let _ = self.inner.drains.send(instance.to_owned());
+        let pools: Vec<_> = locked(&self.inner.slices).values().cloned().collect();
+        for pool in pools {
+            pool.evict(&inst);
+        }
+        true
+    }
+
+    /// Drains an instance as [`drain`](Self::drain) does and keeps it out: its registrations
+    /// are refused with `410 Gone` until [`resume`](Self::resume), so SDKs stop re-dialing.
+    /// An operator's drain; a service's own drain request (its shutdown) is not held. Returns
+    /// false when the instance is neither registered nor already held.
+    pub fn drain_and_hold(&self, instance: &str) -> bool {
+        let newly = self.inner.instances.hold(instance);
+        let known = self.drain(instance);
+        if newly && !known {
+            self.inner.instances.unhold(instance);
+        }
+        known || !newly
+    }
+
+    /// Lets a held instance register again. Returns false when it was not held. Sessions it
+    /// still has (draining) close as they would have; new ones are accepted once they have.
+    pub fn resume(&self, instance: &str) -> bool {
+        let resumed = self.inner.instances.unhold(instance);
+        if resumed {
+            info!(cluster = %self.inner.name, instance = %instance, "instance resumed");
+        }
+        resumed
+    }
+
+    /// The instances an operator drained and has not resumed, sorted.
+    pub fn held(&self) -> Vec<String> {
+        self.inner.instances.held()
+    }
+
+    /// Closes every session: idle ones now, busy ones when their responses end. The proxy
+    /// calls this when it stops.
+    pub fn close(&self) {
+        for inst in &self.inner.instances.sorted() {
+            inst.start_draining();
+        }
+        let pools: Vec<_> = locked(&self.inner.slices).values().cloned().collect();
+        for pool in pools {
+            pool.evict_all();
+        }
+    }
+
+    /// Whether registering needs a bearer token.
+    pub fn has_tokens(&self) -> bool {
+        !self.inner.tokens.is_empty()
+    }
+
+    /// Whether `token` opens this cluster. Every configured token is compared in full, so
+    /// the time taken does not say which one (or how much of one) matched.
+    pub fn authorize(&self, token: Option<&str>) -> bool {
+        if self.inner.tokens.is_empty() {
+            return true;
+        }
+        let given = token.unwrap_or("").as_bytes();
+        let mut ok = false;
+        for t in &self.inner.tokens {
+            ok |= ct_eq(&t.0, given);
+        }
+        ok && token.is_some()
+    }
+
+    /// Reserves a place for one more session of `instance`, within the total (`global`),
+    /// cluster and instance limits. 410 for a held instance, 503 for a draining one, 429 at
+    /// a limit.
+    pub(crate) fn reserve(
+        &self,
+        instance: &str,
+        global: &Arc<Limit>,
+    ) -> Result<SessionPermit, Rejection> {
+        self.inner.instances.reserve(instance, global)
+    }
+
+    /// Makes `io` (already answered `101`) an idle session of `slice`.
+    pub(crate) async fn attach(
+        &self,
+        slice: &str,
+        io: Box<dyn SessionStream>,
+        permit: SessionPermit,
+    ) -> Result<(), hyper::Error> {
+        let pool = self.slice(slice).pool;
+        lease::attach(io, &pool, permit).await
+    }
+
+    /// Keeps requests to slices without sessions waiting (as by `no_sessions_wait`) until the
+    /// guard drops: sessions are about to arrive (a hot restart's predecessor hands its over).
+    pub(crate) fn expect_sessions(&self) -> ExpectSessions {
+        self.inner.arriving.fetch_add(1, Ordering::Relaxed);
+        ExpectSessions(Arc::clone(&self.inner.arriving))
+    }
+
+    /// Takes in a session that registered elsewhere and was handed to this process (a hot
+    /// restart's predecessor, DESIGN.md §4): it counts against the same limits as one that
+    /// registered here (`total` is the acceptor's), then joins `slice` as idle.
+    pub async fn adopt(
+        &self,
+        slice: &str,
+        instance: &str,
+        fd: OwnedFd,
+        total: &Arc<Limit>,
+    ) -> Result<(), AdoptError> {
+        let permit = self.reserve(instance, total).map_err(AdoptError::Refused)?;
+        let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
+        self.attach(slice, io, permit)
+            .await
+            .map_err(AdoptError::Http)
+    }
+
+    /// Takes in a session a standalone acceptor lent this process (a consumer): when it ends
+    /// here, `lent.gone` reports its id. Counted against this cluster's limits only.
+    pub(crate) async fn adopt_lent(
+        &self,
+        slice: &str,
+        instance: &str,
+        fd: OwnedFd,
+        lent: Lent,
+    ) -> Result<(), AdoptError> {
+        let unlimited = Arc::new(Limit::new(None));
+        let mut permit = match self.reserve(instance, &unlimited) {
+            Ok(permit) => permit,
+            Err(rejection) => {
+                // No permit carries the id: report it here, or the lender would count the
+                // session (its limits, its `out` entry) until this consumer disconnects.
+                let _ = lent.gone.send(lent.id);
+                return Err(AdoptError::Refused(rejection));
+            }
+        };
+        permit.lent = Some(lent);
+        let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
+        self.attach(slice, io, permit)
+            .await
+            .map_err(AdoptError::Http)
+    }
+
+    /// Puts a session that came back (a consumer's `RETURN`) into `slice` again, with the
+    /// permit it kept while it was away.
+    pub(crate) async fn reattach(
+        &self,
+        slice: &str,
+        fd: OwnedFd,
+        permit: SessionPermit,
+    ) -> Result<(), AdoptError> {
+        let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
+        self.attach(slice, io, permit)
+            .await
+            .map_err(AdoptError::Http)
+    }
+
+    /// Lets idle sessions leave only when [`hand_over_some`](Self::hand_over_some) asks,
+    /// each to `to` with its permit (a standalone acceptor lending them, a consumer returning
+    /// them). `lost`, if given, hears the (cluster, slice) of each session let go that will
+    /// never reach `to` (its connection ended first, or it cannot move).
+    pub(crate) fn start_pull(
+        &self,
+        to: mpsc::UnboundedSender<HandedSession>,
+        lost: Option<mpsc::UnboundedSender<(String, String)>>,
+    ) {
+        self.inner.handover.start_pull(to, lost);
+        for pool in locked(&self.inner.slices).values() {
+            pool.forgive();
+        }
+    }
+
+    /// The lender wants `n` sessions of `slice` back (`RECALL`): idle ones go now, the rest
+    /// as their responses end, ahead of requests waiting here.
+    pub(crate) fn recall(&self, slice: &str, n: usize) {
+        if let Some(pool) = locked(&self.inner.slices).get(slice).cloned() {
+            pool.recall(n);
+        }
+    }
+
+    /// Hands up to `n` idle sessions of `slice` over (see [`start_pull`](Self::start_pull));
+    /// returns how many left.
+    pub(crate) fn hand_over_some(&self, slice: &str, n: usize) -> usize {
+        let pool = locked(&self.inner.slices).get(slice).cloned();
+        pool.map_or(0, |p| p.hand_over_some(n))
+    }
+
+    /// Resolves at the next change of sessions, idle rings or queues.
+    pub(crate) async fn changed(&self) {
+        self.inner.changed.notified().await;
+    }
+
+    /// The instance ids drained from now on, as they are drained.
+    pub fn subscribe_drains(&self) -> broadcast::Receiver<String> {
+        self.inner.drains.subscribe()
+    }
+
+    /// Starts handing idle sessions to `to` (each as it becomes idle while nobody here waits
+    /// for one); with `keep_one`, every slice keeps its last idle session until
+    /// [`finish_handover`](Self::finish_handover).
+    pub fn start_handover(&self, to: mpsc::UnboundedSender<HandedSession>, keep_one: bool) {
+        self.inner.handover.start(to, keep_one);
+        self.hand_over_idle();
+    }
+
+    /// Hands over every idle session, the kept ones included.
+    pub fn finish_handover(&self) {
+        self.inner.handover.keep_none();
+        self.hand_over_idle();
+    }
+
+    /// Ends the hand-over: sessions that become idle from now on stay in this process.
+    pub fn stop_handover(&self) {
+        self.inner.handover.stop();
+    }
+
+    fn hand_over_idle(&self) {
+        let pools: Vec<_> = locked(&self.inner.slices).values().cloned().collect();
+        for pool in pools {
+            pool.hand_over_idle();
+        }
+    }
+}
+
+/// While it lives, sessions are expected to arrive; see [`ReverseCluster::expect_sessions`].
+#[derive(Debug)]
+pub(crate) struct ExpectSessions(Arc<AtomicUsize>);
+
+impl Drop for ExpectSessions {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why a handed-over session could not be taken in.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// A session limit, or the instance drains.
+    #[error("refused: {0}")]
+    Refused(Rejection),
+    /// The descriptor is not a usable stream socket.
+    #[error("not a stream socket: {0}")]
+    Socket(#[source] std::io::Error),
+    /// hyper could not start a client connection on it.
+    #[error("HTTP/1.1 client: {0}")]
+    Http(#[source] hyper::Error),
+}
+
+impl ReverseSlice {
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        self.cluster.name()
+    }
+
+    /// The slice's name.
+    pub fn slice(&self) -> &str {
+        self.pool.slice()
+    }
+
+    /// The cluster this slice belongs to.
+    pub fn cluster(&self) -> &ReverseCluster {
+        &self.cluster
+    }
+
+    /// Leases a session of this slice and sends the request on it.
+    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+        send::send(&self.pool, req).await
+    }
+}
+
+/// Compares two byte strings in time that depends only on the longer length.
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let len = a.len().max(b.len());
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..len {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ct_eq;
+
+    #[test]
+    fn ct_eq_compares_whole_strings() {
+        assert!(ct_eq(b"secret", b"secret"));
+        assert!(!ct_eq(b"secret", b"secreT"));
+        assert!(!ct_eq(b"secret", b"secret2"));
+        assert!(!ct_eq(b"", b"x"));
+        assert!(ct_eq(b"", b""));
+    }
+}
