@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 use crate::proxy::ProxyService;
 use crate::reload::InPlace;
 use crate::restart::{self, Inherited, RestartError, UpgradeSocket};
-use crate::router::{Direct, LiveRoutes, Matcher, Route, RouteTable, Target};
+use crate::router::LiveRoutes;
 use crate::server::{tls, Group, Server};
 use crate::upstream::reverse::{ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
@@ -403,38 +403,6 @@ fn reverse_clusters(
         Upstream::Reverse(s) => Some(s.cluster().clone()),
         Upstream::Static(_) => None,
     })
-}
-
-/// Compiles the configured routes, in file order, against the built clusters.
-pub fn build_routes(config: &Config, clusters: &BTreeMap<String, Upstream>) -> RouteTable {
-    let mut table = RouteTable::new();
-    for r in &config.routes {
-        let target = match &r.action {
-            // Validation guarantees the cluster exists; a missing one would be a bug upstream
-            // of here, and answering 404 for that route is the least surprising outcome.
-            Action::Proxy { cluster } => match clusters.get(cluster) {
-                // A reverse route is bound to its slice here, so requests need no lookup.
-                Some(Upstream::Reverse(s)) => {
-                    Target::Upstream(Upstream::Reverse(s.cluster().slice(&r.slice)))
-                }
-                Some(u) => Target::Upstream(u.clone()),
-                None => continue,
-            },
-            Action::Direct(d) => Target::Direct(Direct {
-                status: d.status,
-                headers: d.headers.clone(),
-                body: d.body.clone().into(),
-            }),
-        };
-        let route = Route {
-            name: r.name.clone(),
-            target,
-            request_headers: r.request_headers.clone(),
-            response_headers: r.response_headers.clone(),
-        };
-        table.push(Matcher::from(&r.matcher), Arc::new(route));
-    }
-    table
 }
 
 /// The reverse clusters that draw on a standalone acceptor, grouped by its socket, each with

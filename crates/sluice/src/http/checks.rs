@@ -3,8 +3,8 @@
 
 use http::{header, Method, Request, Version};
 
+use super::AmbiguousFraming;
 use crate::error::ProxyError;
-use crate::server::AmbiguousFraming;
 
 /// Refuses requests that could be read differently by the router and by the upstream.
 pub fn check_request<B>(req: &Request<B>) -> Result<(), ProxyError> {

@@ -12,3 +12,10 @@ pub mod headers;
 /// copying. At 64 KiB a stream that cannot move on waits in the kernel's socket buffers
 /// instead, as it does behind HAProxy (16 KiB) and NGINX (`proxy_buffers`, 32-64 KiB).
 pub(crate) const IO_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Inserted by the server's framing guard into the extensions of an HTTP/1 request whose
+/// head carried both Content-Length and Transfer-Encoding. hyper removes Content-Length before
+/// the service sees the request, so this marker is the only evidence left;
+/// [`check_request`](checks::check_request) refuses it (400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmbiguousFraming;

@@ -9,7 +9,9 @@ use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 use sluice_config::HostMatch;
 
-use super::{Matcher, RequestHead, Route, Routing, Target};
+use super::matcher::Matcher;
+use super::route::{RequestHead, Route, Routing, Target};
+use super::table::RouteTable;
 use crate::upstream::Upstream;
 
 /// A route as the admin API shows and takes it: match conditions and a cluster.
@@ -87,7 +89,7 @@ impl LiveRoutes {
         config: &sluice_config::Config,
         clusters: &BTreeMap<String, Upstream>,
     ) -> Self {
-        let table = crate::app::build_routes(config, clusters);
+        let table = RouteTable::from_config(config, clusters);
         let entries = config
             .routes
             .iter()

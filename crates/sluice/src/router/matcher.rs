@@ -4,7 +4,7 @@ use http::{HeaderName, HeaderValue, Method};
 use ipnet::IpNet;
 use sluice_config::{HostMatch, Match};
 
-use super::RequestHead;
+use super::route::RequestHead;
 
 /// A compiled route condition; every non-empty part must hold.
 #[derive(Debug, Clone, Default)]

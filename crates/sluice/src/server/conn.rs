@@ -23,7 +23,8 @@ use super::active::{ActiveRequests, Tracked, TrackedBody};
 use super::framing::{FramingGuard, FramingWatch};
 use super::io::IdleTimeout;
 use super::prefixed::sniff_h2;
-use super::{BoxError, ClientInfo, HttpService, ShutdownSignal};
+use super::service::{BoxError, HttpService};
+use super::{ClientInfo, ShutdownSignal};
 
 /// Per-listener protocol builders, shared by its connections.
 pub(super) struct Settings {

@@ -15,11 +15,7 @@ use std::task::{ready, Context, Poll, Waker};
 use sluice_wire::framing::Scanner;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Inserted into the extensions of an HTTP/1 request whose head carried both Content-Length
-/// and Transfer-Encoding. hyper removes Content-Length before the service sees the request, so
-/// this marker is the only evidence left; [`ProxyService`](crate::ProxyService) answers 400.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AmbiguousFraming;
+pub use crate::http::AmbiguousFraming;
 
 /// Shared by a connection's [`FramingGuard`] and its service. Both run in the connection's
 /// task (hyper calls the service from there), so relaxed ordering suffices.

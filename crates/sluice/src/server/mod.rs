@@ -36,8 +36,6 @@ pub use self::io::IdleTimeout;
 pub use self::service::HttpService;
 pub use self::shutdown::{os_signal, Shutdown, ShutdownSignal};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 /// What the proxy knows about a request's connection; inserted into every request's
 /// extensions by the server.
 #[derive(Debug, Clone, Copy)]

@@ -10,7 +10,8 @@ use tower::util::Oneshot;
 use tower::ServiceExt;
 use tower_service::Service;
 
-use super::BoxError;
+/// Any error a connection or a body may end with.
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A tower service a [`Server`](super::Server) can run: it takes hyper's requests, never
 /// fails (errors are responses), and can be cloned per connection and sent across threads.

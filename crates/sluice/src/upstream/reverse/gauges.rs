@@ -17,7 +17,8 @@ struct InstanceLabels {
 }
 
 /// The gauges of idle sessions, queued requests and connected sessions of `clusters`, read
-/// from them on every scrape (register with [`Registry::register_collector`]).
+/// from them on every scrape (register with
+/// [`Registry::register_collector`](prometheus_client::registry::Registry::register_collector)).
 #[derive(Debug)]
 pub struct SessionGauges {
     clusters: Vec<ReverseCluster>,

@@ -1,0 +1,106 @@
+//! What a router sees of a request ([`RequestHead`]), what it decides ([`Route`],
+//! [`Target`]), and the trait a router implements ([`Routing`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use sluice_config::HeaderEdits;
+
+use crate::upstream::Upstream;
+
+/// What the router sees of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The request target as received.
+    pub uri: &'a Uri,
+    /// The request headers.
+    pub headers: &'a HeaderMap,
+    /// The host the client asked for, lowercase and without port (Host or :authority).
+    pub host: Option<&'a str>,
+    /// The client's address.
+    pub client: SocketAddr,
+}
+
+/// Chooses the route of each request. `None` answers 404.
+pub trait Routing: Send + Sync + 'static {
+    /// Returns the route for this request, or `None` when nothing matches.
+    fn route(&self, head: &RequestHead<'_>) -> Option<Arc<Route>>;
+}
+
+impl<R: Routing + ?Sized> Routing for Arc<R> {
+    fn route(&self, head: &RequestHead<'_>) -> Option<Arc<Route>> {
+        (**self).route(head)
+    }
+}
+
+/// Where a route sends requests and which headers it edits.
+#[derive(Debug)]
+pub struct Route {
+    /// Name for logs.
+    pub name: String,
+    /// Proxy or answer directly.
+    pub target: Target,
+    /// Edits of the forwarded request's headers.
+    pub request_headers: HeaderEdits,
+    /// Edits of the response's headers (also applied to direct responses).
+    pub response_headers: HeaderEdits,
+}
+
+impl Route {
+    /// A route that forwards to `upstream`, without header edits.
+    pub fn to_upstream(name: impl Into<String>, upstream: impl Into<Upstream>) -> Arc<Self> {
+        Arc::new(Self::new(name, Target::Upstream(upstream.into())))
+    }
+
+    /// A route that answers `status` with a plain-text `body`.
+    pub fn direct(
+        name: impl Into<String>,
+        status: StatusCode,
+        body: impl Into<Bytes>,
+    ) -> Arc<Self> {
+        let headers = vec![(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain"),
+        )];
+        let target = Target::Direct(Direct {
+            status,
+            headers,
+            body: body.into(),
+        });
+        Arc::new(Self::new(name, target))
+    }
+
+    /// A route with this target and no header edits.
+    pub fn new(name: impl Into<String>, target: Target) -> Self {
+        Self {
+            name: name.into(),
+            target,
+            request_headers: HeaderEdits::default(),
+            response_headers: HeaderEdits::default(),
+        }
+    }
+}
+
+/// What a route does with a request.
+#[derive(Debug)]
+pub enum Target {
+    /// Forward to this cluster.
+    Upstream(Upstream),
+    /// Answer with a fixed response.
+    Direct(Direct),
+}
+
+/// A fixed response (Envoy's direct_response, NGINX's `return`).
+#[derive(Debug, Clone)]
+pub struct Direct {
+    /// The status code.
+    pub status: StatusCode,
+    /// Response headers.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The body; `Bytes` so each response shares it instead of copying.
+    pub body: Bytes,
+}

@@ -1,0 +1,84 @@
+//! [`RouteTable`]: configured routes, evaluated in order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sluice_config::{Action, Config};
+
+use super::matcher::Matcher;
+use super::route::{Direct, RequestHead, Route, Routing, Target};
+use crate::upstream::Upstream;
+
+/// Configured routes evaluated in order; the first whose matcher accepts the request wins.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    routes: Vec<(Matcher, Arc<Route>)>,
+}
+
+impl RouteTable {
+    /// Compiles the configured routes, in file order, against the built clusters.
+    pub fn from_config(config: &Config, clusters: &BTreeMap<String, Upstream>) -> Self {
+        let mut table = Self::new();
+        for r in &config.routes {
+            let target = match &r.action {
+                // Validation guarantees the cluster exists; a missing one would be a bug upstream
+                // of here, and answering 404 for that route is the least surprising outcome.
+                Action::Proxy { cluster } => match clusters.get(cluster) {
+                    // A reverse route is bound to its slice here, so requests need no lookup.
+                    Some(Upstream::Reverse(s)) => {
+                        Target::Upstream(Upstream::Reverse(s.cluster().slice(&r.slice)))
+                    }
+                    Some(u) => Target::Upstream(u.clone()),
+                    None => continue,
+                },
+                Action::Direct(d) => Target::Direct(Direct {
+                    status: d.status,
+                    headers: d.headers.clone(),
+                    body: d.body.clone().into(),
+                }),
+            };
+            let route = Route {
+                name: r.name.clone(),
+                target,
+                request_headers: r.request_headers.clone(),
+                response_headers: r.response_headers.clone(),
+            };
+            table.push(Matcher::from(&r.matcher), Arc::new(route));
+        }
+        table
+    }
+
+    /// An empty table (every request gets 404).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a route, matched after those already added.
+    pub fn push(&mut self, matcher: Matcher, route: Arc<Route>) {
+        self.routes.push((matcher, route));
+    }
+
+    /// The routes in order, each with its matcher.
+    pub fn into_entries(self) -> Vec<(Matcher, Arc<Route>)> {
+        self.routes
+    }
+
+    /// The number of routes.
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// Whether there are no routes.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+}
+
+impl Routing for RouteTable {
+    fn route(&self, head: &RequestHead<'_>) -> Option<Arc<Route>> {
+        self.routes
+            .iter()
+            .find(|(m, _)| m.matches(head))
+            .map(|(_, r)| Arc::clone(r))
+    }
+}
