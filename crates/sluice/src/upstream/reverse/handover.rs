@@ -6,7 +6,6 @@
 //! still reach this process while its client connections drain.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use tokio::sync::mpsc;
@@ -55,72 +54,97 @@ impl Handed {
     }
 }
 
-/// Where a cluster's sessions go while it hands over; inactive by default.
+/// Where a session that becomes idle goes.
+#[derive(Debug, Default)]
+enum Destination {
+    /// It stays in this process's slice.
+    #[default]
+    Local,
+    /// A hot restart: every session that becomes idle while nobody here waits for one leaves
+    /// for `to`, except, with `keep_one`, each slice's last idle session.
+    Handover {
+        to: mpsc::UnboundedSender<HandedSession>,
+        keep_one: bool,
+    },
+    /// Lending (a standalone acceptor) or returning (a consumer): sessions leave for `to` only
+    /// when [`SlicePool::hand_over_some`](super::SlicePool::hand_over_some) takes them.
+    /// `lost`, if given, hears (cluster, slice) of each session let go that never reaches `to`
+    /// (its connection ended first, or it cannot move), so that a lender counting sessions on
+    /// their way stays exact.
+    Lend {
+        to: mpsc::UnboundedSender<HandedSession>,
+        lost: Option<mpsc::UnboundedSender<(String, String)>>,
+    },
+}
+
+/// Where a cluster's idle sessions go; [`Destination::Local`] by default.
 #[derive(Debug, Default)]
 pub(crate) struct Handover {
-    to: Mutex<Option<mpsc::UnboundedSender<HandedSession>>>,
-    /// Told (cluster, slice) of each session let go that will never reach `to` (it ended
-    /// first, or cannot move), so that a lender counting sessions on their way stays exact.
-    lost: Mutex<Option<mpsc::UnboundedSender<(String, String)>>>,
-    /// Every session that becomes idle leaves (a hot restart), rather than only those asked
-    /// for (a standalone acceptor or a consumer).
-    auto: AtomicBool,
-    keep_one: AtomicBool,
+    destination: Mutex<Destination>,
 }
 
 impl Handover {
-    pub(crate) fn start(&self, to: mpsc::UnboundedSender<HandedSession>, keep_one: bool) {
-        self.keep_one.store(keep_one, Ordering::Release);
-        self.auto.store(true, Ordering::Release);
-        *self.to.lock().unwrap_or_else(|p| p.into_inner()) = Some(to);
+    fn destination(&self) -> std::sync::MutexGuard<'_, Destination> {
+        self.destination.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sessions leave only when [`SlicePool::hand_over_some`] takes them.
-    /// `lost`, if given, hears of each session let go that never reaches `to`.
+    /// Starts a hot restart's hand-over to `to`.
+    pub(crate) fn start(&self, to: mpsc::UnboundedSender<HandedSession>, keep_one: bool) {
+        *self.destination() = Destination::Handover { to, keep_one };
+    }
+
+    /// Starts lending (or returning) to `to`; `lost`, if given, hears of each session let go
+    /// that never reaches `to`.
     pub(crate) fn start_pull(
         &self,
         to: mpsc::UnboundedSender<HandedSession>,
         lost: Option<mpsc::UnboundedSender<(String, String)>>,
     ) {
-        self.auto.store(false, Ordering::Release);
-        *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = lost;
-        *self.to.lock().unwrap_or_else(|p| p.into_inner()) = Some(to);
+        *self.destination() = Destination::Lend { to, lost };
     }
 
     /// Ends the hand-over: later idle sessions stay, and the receiver sees the end once
     /// every sender is gone.
     pub(crate) fn stop(&self) {
-        self.to.lock().unwrap_or_else(|p| p.into_inner()).take();
-        self.lost.lock().unwrap_or_else(|p| p.into_inner()).take();
+        *self.destination() = Destination::Local;
     }
 
     /// A session of (`cluster`, `slice`) was let go but will not be handed over.
     pub(crate) fn lost(&self, cluster: &str, slice: &str) {
-        let lost = self.lost.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(lost) = lost.as_ref() {
+        if let Destination::Lend {
+            lost: Some(lost), ..
+        } = &*self.destination()
+        {
             let _ = lost.send((cluster.to_owned(), slice.to_owned()));
         }
     }
 
+    /// A hot restart's hand-over keeps no idle session back any more.
     pub(crate) fn keep_none(&self) {
-        self.keep_one.store(false, Ordering::Release);
+        if let Destination::Handover { keep_one, .. } = &mut *self.destination() {
+            *keep_one = false;
+        }
     }
 
     /// Whether a session returning to a slice with `idle` idle sessions and no waiter leaves.
     pub(crate) fn takes(&self, idle: usize) -> bool {
-        self.auto.load(Ordering::Acquire)
-            && self.active()
-            && !(idle == 0 && self.keep_one.load(Ordering::Acquire))
+        match &*self.destination() {
+            Destination::Handover { keep_one, .. } => !(idle == 0 && *keep_one),
+            Destination::Local | Destination::Lend { .. } => false,
+        }
     }
 
     /// How many idle sessions a slice keeps while handing over.
     pub(crate) fn keeps(&self) -> usize {
-        usize::from(self.keep_one.load(Ordering::Acquire))
+        match &*self.destination() {
+            Destination::Handover { keep_one, .. } => usize::from(*keep_one),
+            Destination::Local | Destination::Lend { .. } => 0,
+        }
     }
 
     /// Whether sessions may leave at all.
     pub(crate) fn active(&self) -> bool {
-        self.to.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+        !matches!(&*self.destination(), Destination::Local)
     }
 
     /// Sends a parked session on; one that cannot move (TLS) or has nowhere to go closes.
@@ -143,10 +167,12 @@ impl Handover {
             fd,
             permit,
         };
-        let to = self.to.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(to) = to.as_ref() {
+        match &*self.destination() {
             // A closed receiver drops the socket, which closes it: the service re-dials.
-            let _ = to.send(session);
+            Destination::Handover { to, .. } | Destination::Lend { to, .. } => {
+                let _ = to.send(session);
+            }
+            Destination::Local => {}
         }
     }
 }
