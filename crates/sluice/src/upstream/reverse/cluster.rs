@@ -463,6 +463,12 @@ impl ReverseSlice {
         &self.cluster
     }
 
+    /// The slice's pool.
+    #[cfg(test)]
+    pub(super) fn pool(&self) -> &Arc<SlicePool> {
+        &self.pool
+    }
+
     /// Leases a session of this slice and sends the request on it.
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
         send::send(&self.pool, req).await

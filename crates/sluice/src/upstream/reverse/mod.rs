@@ -17,6 +17,8 @@ mod pool;
 mod send;
 mod session;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use self::cluster::ct_eq;
 pub use self::cluster::{AdoptError, ReverseCluster, ReverseSlice};

@@ -37,6 +37,12 @@ impl Session {
         !self.sender.is_closed() && !self.instance.is_draining()
     }
 
+    /// Which session this is (its connection's identity), for tests.
+    #[cfg(test)]
+    pub(super) fn id(&self) -> usize {
+        Arc::as_ptr(&self.parking) as usize
+    }
+
     /// Lets go of an idle session so that its socket moves to another process: hyper ends the
     /// connection without closing the socket, and the session's task hands it over. False
     /// when the connection had already ended: nothing will be handed over.

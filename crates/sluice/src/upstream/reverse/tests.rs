@@ -1,0 +1,197 @@
+//! Unit tests where the engine's concurrency is: the idle ring's turns, the admission queue
+//! (a waiter dropped as it is handed a session, a full queue purged of waiters that gave up),
+//! and recall accounting. Real sessions over UNIX socket pairs; Tokio's paused clock for the
+//! timers.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_config::ReverseOptions;
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::pool::SlicePool;
+use super::session::Session;
+use super::{HandedSession, Limit, ReverseCluster, ReverseSlice};
+use crate::error::ProxyError;
+
+/// A cluster with one slice and the service ends of its sessions (kept open, so the sessions
+/// stay usable).
+struct Bed {
+    cluster: ReverseCluster,
+    slice: ReverseSlice,
+    total: Arc<Limit>,
+    services: Vec<UnixStream>,
+}
+
+impl Bed {
+    fn new(opts: ReverseOptions) -> Self {
+        let cluster = ReverseCluster::new("api", Vec::new(), opts);
+        let slice = cluster.slice("default");
+        Self {
+            cluster,
+            slice,
+            total: Arc::new(Limit::new(None)),
+            services: Vec::new(),
+        }
+    }
+
+    fn pool(&self) -> &Arc<SlicePool> {
+        self.slice.pool()
+    }
+
+    /// Registers one session of `instance`.
+    async fn register(&mut self, instance: &str) {
+        let (proxy_end, service_end) = UnixStream::pair().unwrap();
+        let permit = self.cluster.reserve(instance, &self.total).unwrap();
+        let io = Box::new(proxy_end);
+        self.cluster.attach("default", io, permit).await.unwrap();
+        self.services.push(service_end);
+    }
+
+    async fn lease(&self) -> Session {
+        self.pool().lease().await.unwrap()
+    }
+
+    /// A request waiting in the queue (its task polled until it is in).
+    async fn waiter(&self) -> JoinHandle<Result<Session, ProxyError>> {
+        let before = self.pool().queued();
+        let pool = Arc::clone(self.pool());
+        let task = tokio::spawn(async move { pool.lease().await });
+        while self.pool().queued() == before && !task.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        task
+    }
+}
+
+fn opts(queue_max: usize) -> ReverseOptions {
+    ReverseOptions {
+        queue_max,
+        queue_timeout: Duration::from_secs(10),
+        ..ReverseOptions::default()
+    }
+}
+
+/// The next session handed over; fails after a while (of the paused clock) without one.
+async fn next(handed: &mut mpsc::UnboundedReceiver<HandedSession>) -> HandedSession {
+    let next = tokio::time::timeout(Duration::from_secs(5), handed.recv()).await;
+    next.expect("a session handed over")
+        .expect("the hand-over open")
+}
+
+fn instance(session: &Session) -> &str {
+    session.instance.id()
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_sessions_take_turns_by_instance_and_the_last_returned_goes_first() {
+    let mut bed = Bed::new(opts(8));
+    for id in ["a", "a", "b"] {
+        bed.register(id).await;
+    }
+    // Turns in registration order: a, a, b.
+    let (first, second, third) = (bed.lease().await, bed.lease().await, bed.lease().await);
+    let order: Vec<&str> = [&first, &second, &third].map(instance).to_vec();
+    assert_eq!(order, ["a", "a", "b"]);
+    // Returned a, b, a: the turns follow the returns.
+    let (first_id, second_id) = (first.id(), second.id());
+    bed.pool().checkin(first);
+    bed.pool().checkin(third);
+    bed.pool().checkin(second);
+    let again = [bed.lease().await, bed.lease().await, bed.lease().await];
+    assert_eq!(again.each_ref().map(instance), ["a", "b", "a"]);
+    // Within a's turns, the session returned last went out first.
+    assert_eq!(again[0].id(), second_id);
+    assert_eq!(again[2].id(), first_id);
+    assert_eq!(bed.pool().idle(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_handed_to_a_waiter_that_just_gave_up_goes_to_the_next_one() {
+    let mut bed = Bed::new(opts(8));
+    bed.register("a").await;
+    let session = bed.lease().await;
+    let gives_up = bed.waiter().await;
+    let waits = bed.waiter().await;
+    assert_eq!(bed.pool().queued(), 2);
+    // The first waiter is handed the session and dropped before it runs again.
+    bed.pool().checkin(session);
+    gives_up.abort();
+    assert!(gives_up.await.unwrap_err().is_cancelled());
+    let got = tokio::time::timeout(Duration::from_secs(5), waits).await;
+    let got = got
+        .expect("the session reached the next waiter")
+        .unwrap()
+        .unwrap();
+    assert_eq!(instance(&got), "a");
+    assert_eq!((bed.pool().idle(), bed.pool().queued()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_is_purged_of_waiters_that_gave_up() {
+    let mut bed = Bed::new(opts(2));
+    bed.register("a").await;
+    let _busy = bed.lease().await;
+    let waiting = [bed.waiter().await, bed.waiter().await];
+    // Full of live waiters: the next request is refused.
+    let refused = bed.pool().lease().await.unwrap_err();
+    assert!(
+        matches!(refused, ProxyError::Unavailable { reason, .. } if reason.contains("queue full")),
+        "{refused:?}"
+    );
+    for task in &waiting {
+        task.abort();
+    }
+    for task in waiting {
+        assert!(task.await.unwrap_err().is_cancelled());
+    }
+    // Both gave up: the queue is purged and the next request waits instead.
+    let waits = bed.waiter().await;
+    assert_eq!(bed.pool().queued(), 1, "{:?}", waits.is_finished());
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let expired = waits.await.unwrap().unwrap_err();
+    assert!(
+        matches!(&expired, ProxyError::Unavailable { reason, .. } if reason.contains("expired")),
+        "{expired:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn recalled_sessions_leave_as_they_are_returned_and_no_more() {
+    let mut bed = Bed::new(opts(8));
+    let (to, mut handed) = mpsc::unbounded_channel();
+    bed.cluster.start_pull(to, None);
+    bed.register("a").await;
+    bed.register("a").await;
+    let busy = [bed.lease().await, bed.lease().await];
+    // Three recalled, none idle: all three are owed.
+    bed.cluster.recall("default", 3);
+    for session in busy {
+        bed.pool().checkin(session);
+    }
+    for _ in 0..2 {
+        let session = next(&mut handed).await;
+        assert_eq!(
+            (session.slice.as_str(), session.instance.as_str()),
+            ("default", "a")
+        );
+    }
+    // The third owed one is the next session that joins; the one after stays.
+    bed.register("b").await;
+    assert_eq!(next(&mut handed).await.instance, "b");
+    bed.register("c").await;
+    assert_eq!(bed.pool().idle(), 1);
+    // Recalled with one idle: that one leaves now, and only the rest is owed.
+    bed.cluster.recall("default", 2);
+    assert_eq!(next(&mut handed).await.instance, "c");
+    bed.register("d").await;
+    assert_eq!(next(&mut handed).await.instance, "d");
+    bed.register("e").await;
+    assert_eq!(bed.pool().idle(), 1);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(handed.try_recv().is_err(), "more left than were recalled");
+}
