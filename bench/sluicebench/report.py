@@ -133,15 +133,18 @@ def _steady(s, out_dir):
     lines += ["", "Per-round ratios, median (min-max):", "",
               "| ratio | RPS | p99 | proxy CPU/req |", "|---|---|---|---|"]
     pairs = [(a, b) for b in BASELINES if b in runs
-             for a in names if a not in (b, "direct", "sluice-static-b")]
+             for a in names if a not in (b, "direct", "sluice-static-b", "sluice-reverse-b")]
     if "sluice-static-b" in runs:
         pairs.insert(0, ("sluice-static-b", "sluice-static"))
+    if "sluice-reverse-b" in runs and "sluice-reverse" in runs:
+        pairs.insert(1, ("sluice-reverse-b", "sluice-reverse"))
     if "nginx" in runs and "sluice-reverse" in runs:
         pairs.append(("sluice-reverse", "nginx"))
     if "sluice-static" in runs and "sluice-reverse" in runs:
         pairs.append(("sluice-reverse", "sluice-static"))
     for a, b in pairs:
-        aa = " (A/A: the noise floor)" if (a, b) == ("sluice-static-b", "sluice-static") else ""
+        second = a in ("sluice-static-b", "sluice-reverse-b")
+        aa = " (A/A: the noise floor; A/B when SLUICE_B was set, see the note)" if second else ""
         lines.append(f"| {a} / {b}{aa} "
                      f"| {median_range(ratios(runs[a], runs[b], rps), 2)} "
                      f"| {median_range(ratios(runs[a], runs[b], p99), 2)} "

@@ -199,7 +199,8 @@ def _generator_late(run):
 
 def slow(b):
     """Slow readers (1 KiB/s) hold responses while fast wrk clients measure what is left."""
-    names = [n for n in b.p.targets if n not in ("direct", "sluice-static-b", "nginx")]
+    names = [n for n in b.p.targets
+             if n not in ("direct", "sluice-static-b", "sluice-reverse-b", "nginx")]
     group, ts = b.targets(names, Backend())
     out = {"clients": b.p.slow_clients, "body_bytes": SLOW_BODY_BYTES,
            "fast_connections": SLOW_FAST_CONNECTIONS, "targets": {}}

@@ -22,6 +22,11 @@ _module = os.environ.get("SLUICE_NGINX_MODULE",
 # second, identical Sluice: its ratio to `sluice-static` is the session's noise floor (A/A).
 ALL = ("direct", "sluice-static", "sluice-static-b", "sluice-reverse", "nginx-keepalive",
        "nginx", "haproxy", "pingora")
+# Second Sluices, not run unless asked for (--targets): `sluice-reverse-b` is to
+# `sluice-reverse` what `sluice-static-b` is to `sluice-static`. With SLUICE_B set to another
+# sluice binary, both `-b` targets run it instead: an A/B of two builds in the same rounds.
+SECOND = ("sluice-reverse-b",)
+_second_bin = os.environ.get("SLUICE_B")
 # The nginx-module scenario (the seed paper's figures): stock NGINX without upstream keep-alive
 # (the paper's baseline) and `nginx-b`, an identical second one (A/A: the noise floor of every
 # ratio to the baseline); stock NGINX with keep-alive; NGINX with ngx_http_sluice_module, lent
@@ -81,6 +86,13 @@ def binary(name):
     return os.path.join(_bin_dir, name)
 
 
+def _sluice(target):
+    """The sluice binary target `target` runs: SLUICE_B's for the `-b` ones, when it is set."""
+    if target.endswith("-b") and _second_bin:
+        return _second_bin
+    return binary("sluice")
+
+
 def tools_missing(names):
     """What the named targets need that is not on this machine, as messages."""
     need = {binary("sluice"): "cargo build --release -p sluice-cli",
@@ -106,7 +118,7 @@ def _which(tool):
 def start(group, tmp, name, backend):
     """Starts target `name` and its backend in `group`; returns its `Target` once it answers."""
     stats = free_port()
-    if name == "sluice-reverse":
+    if name in ("sluice-reverse", "sluice-reverse-b"):
         return _sluice_reverse(group, tmp, name, backend, stats)
     if name == "nginx-sluice":
         return _nginx_sluice(group, tmp, name, backend, stats)
@@ -164,7 +176,7 @@ kind = "static"
 endpoints = ["127.0.0.1:{upstream}"]
 pool = {{ max_idle_per_endpoint = {KEEPALIVE} }}
 """)
-    return group.start(name, [binary("sluice"), "run", "-c", conf], PROXY_CPU).pid
+    return group.start(name, [_sluice(name), "run", "-c", conf], PROXY_CPU).pid
 
 
 def _sluice_reverse(group, tmp, name, backend, stats):
@@ -178,7 +190,7 @@ kind = "reverse"
 queue_max = {QUEUE_MAX}
 queue_timeout = "{QUEUE_TIMEOUT_S}s"
 """)
-    proxy = group.start(name, [binary("sluice"), "run", "-c", conf], PROXY_CPU)
+    proxy = group.start(name, [_sluice(name), "run", "-c", conf], PROXY_CPU)
     wait_port(acceptor)
     sessions = backend.capacity or SESSIONS
     _backend(group, f"{name}-backend", backend, stats,
