@@ -56,11 +56,11 @@ pub struct ReverseSlice {
 impl ReverseCluster {
     /// A cluster that accepts registrations bearing any of `tokens` (empty: no auth).
     pub fn new(name: impl Into<String>, tokens: Vec<Token>, opts: ReverseOptions) -> Self {
-        Self::counted(name, tokens, opts, &ReverseMetrics::default())
+        Self::with_metrics(name, tokens, opts, &ReverseMetrics::default())
     }
 
     /// As [`new`](Self::new), recording admission-queue waits in `metrics`.
-    pub fn counted(
+    pub fn with_metrics(
         name: impl Into<String>,
         tokens: Vec<Token>,
         opts: ReverseOptions,
@@ -93,7 +93,7 @@ impl ReverseCluster {
         cfg: &sluice_config::ReverseCluster,
         metrics: &ReverseMetrics,
     ) -> Self {
-        let cluster = Self::counted(name, cfg.tokens.clone(), cfg.options.clone(), metrics);
+        let cluster = Self::with_metrics(name, cfg.tokens.clone(), cfg.options.clone(), metrics);
         if matches!(cfg.source, sluice_config::SessionSource::Handoff { .. }) {
             cluster.inner.arriving.fetch_add(1, Ordering::Relaxed);
         }

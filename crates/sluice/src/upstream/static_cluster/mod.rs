@@ -71,7 +71,7 @@ impl StaticCluster {
         endpoints: impl IntoIterator<Item = SocketAddr>,
         opts: StaticOptions,
     ) -> std::io::Result<Self> {
-        Self::counted(name, endpoints, opts, &StaticMetrics::default())
+        Self::with_metrics(name, endpoints, opts, &StaticMetrics::default())
     }
 
     /// Builds the cluster a validated config describes, counting its connects in `metrics`.
@@ -80,7 +80,7 @@ impl StaticCluster {
         cfg: &sluice_config::StaticCluster,
         metrics: &StaticMetrics,
     ) -> std::io::Result<Self> {
-        Self::counted(
+        Self::with_metrics(
             name,
             cfg.endpoints.iter().copied(),
             cfg.options.clone(),
@@ -89,7 +89,7 @@ impl StaticCluster {
     }
 
     /// As [`new`](Self::new), counting new connections in `metrics`.
-    pub fn counted(
+    pub fn with_metrics(
         name: impl Into<String>,
         endpoints: impl IntoIterator<Item = SocketAddr>,
         opts: StaticOptions,
