@@ -119,7 +119,7 @@ async fn backends(names: &[&str]) -> Vec<SocketAddr> {
         let addr = sluice_examples::demo_backend(&mut group, name).await;
         addrs.push(addr.expect("bind a backend"));
     }
-    tokio::spawn(group.run_until(std::future::pending()));
+    tokio::spawn(group.run_until(std::future::pending::<()>()));
     addrs
 }
 

@@ -10,22 +10,21 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use http::{header, Request, Response};
+use http::Request;
 use hyper::body::Incoming;
 use sluice::server::os_signal;
 use sluice::{Proxy, ReverseCluster};
 use sluice_sdk::{Identity, Options, Sessions};
 use tokio::sync::oneshot;
 
+use crate::demo_service::{Instance, WORK};
+
 /// The reverse cluster the demo services register for.
 pub(crate) const CLUSTER: &str = "demo";
-/// Simulated work per request.
-pub(crate) const WORK: Duration = Duration::from_millis(20);
 /// The admission queue: requests that may wait for a session, and for how long.
 const QUEUE_MAX: usize = 256;
 const QUEUE_TIMEOUT: &str = "1s";
@@ -55,76 +54,6 @@ pub(crate) struct DemoArgs {
     /// Length of each load step, in seconds.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=600))]
     step_seconds: u64,
-}
-
-/// One demo service instance and what it counts.
-#[derive(Debug)]
-pub(crate) struct Instance {
-    /// The instance id, also the name it answers with.
-    pub(crate) name: &'static str,
-    /// The sessions it keeps registered: its declared concurrency.
-    pub(crate) sessions: usize,
-    in_flight: AtomicUsize,
-    max_in_flight: AtomicUsize,
-    served: AtomicU64,
-}
-
-impl Instance {
-    fn new(name: &'static str, sessions: usize) -> Arc<Self> {
-        Arc::new(Self {
-            name,
-            sessions,
-            in_flight: AtomicUsize::new(0),
-            max_in_flight: AtomicUsize::new(0),
-            served: AtomicU64::new(0),
-        })
-    }
-
-    /// The most requests it worked on at once since the last call; resets the count.
-    pub(crate) fn take_max_in_flight(&self) -> usize {
-        let current = self.in_flight.load(Ordering::SeqCst);
-        self.max_in_flight.swap(current, Ordering::SeqCst)
-    }
-
-    /// Requests answered so far.
-    pub(crate) fn served(&self) -> u64 {
-        self.served.load(Ordering::Relaxed)
-    }
-
-    /// Simulates the work and says who did it and how busy it was.
-    async fn handle(self: Arc<Self>) -> Response<String> {
-        let _busy = Busy::enter(&self);
-        let now = self.in_flight.load(Ordering::SeqCst);
-        tokio::time::sleep(WORK).await;
-        self.served.fetch_add(1, Ordering::Relaxed);
-        let body = format!(
-            "hello from {} (in flight {now}/{})\n",
-            self.name, self.sessions
-        );
-        let mut response = Response::new(body);
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static("text/plain"),
-        );
-        response
-    }
-}
-
-/// Counts one request in flight for as long as it lives, even if the request is cancelled.
-struct Busy<'a>(&'a Instance);
-
-impl<'a> Busy<'a> {
-    fn enter(instance: &'a Instance) -> Self {
-        let now = instance.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        instance.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        Self(instance)
-    }
-}
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// Runs the demo on its own runtime until a signal (or, with `--load`, until the load is done).

@@ -22,7 +22,7 @@ use sluice::ReverseCluster;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::demo::{Instance, WORK};
+use crate::demo_service::{Instance, WORK};
 
 /// The steps: label and multiple of the declared capacity.
 const STEPS: [(&str, f64); 5] = [

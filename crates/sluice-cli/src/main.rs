@@ -5,6 +5,7 @@
 
 mod ctl;
 mod demo;
+mod demo_service;
 mod load;
 mod reload;
 

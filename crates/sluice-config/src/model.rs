@@ -522,6 +522,25 @@ impl fmt::Debug for Token {
     }
 }
 
+impl Token {
+    /// Whether `given` is this token, in time that depends only on the longer length (so a
+    /// guess learns nothing from how long the comparison took).
+    pub fn matches(&self, given: &[u8]) -> bool {
+        let len = self.0.len().max(given.len());
+        let mut diff = u8::from(self.0.len() != given.len());
+        for i in 0..len {
+            diff |= self.0.get(i).copied().unwrap_or(0) ^ given.get(i).copied().unwrap_or(0);
+        }
+        diff == 0
+    }
+
+    /// Whether `given` is one of `tokens`. Every token is compared in full, so the time taken
+    /// does not say which one (or how much of one) matched; no tokens match nothing.
+    pub fn any_matches(tokens: &[Token], given: &[u8]) -> bool {
+        tokens.iter().fold(false, |ok, t| ok | t.matches(given))
+    }
+}
+
 /// The settings of a reverse cluster. `Default` gives the documented defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReverseOptions {
@@ -556,5 +575,30 @@ impl Default for ReverseOptions {
             request_buffer: 64 * 1024,
             response_buffer: 64 * 1024,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+
+    #[test]
+    fn a_token_matches_only_the_whole_string() {
+        let secret = Token(b"secret".to_vec());
+        assert!(secret.matches(b"secret"));
+        assert!(!secret.matches(b"secreT"));
+        assert!(!secret.matches(b"secret2"));
+        assert!(!secret.matches(b"secre"));
+        assert!(!Token(Vec::new()).matches(b"x"));
+        assert!(Token(Vec::new()).matches(b""));
+    }
+
+    #[test]
+    fn any_of_several_tokens_matches() {
+        let tokens = [Token(b"old".to_vec()), Token(b"new".to_vec())];
+        assert!(Token::any_matches(&tokens, b"old"));
+        assert!(Token::any_matches(&tokens, b"new"));
+        assert!(!Token::any_matches(&tokens, b"other"));
+        assert!(!Token::any_matches(&[], b""));
     }
 }

@@ -3,6 +3,7 @@
 
 mod acceptor;
 mod cluster;
+mod kind_keys;
 mod reverse;
 mod route;
 mod secret;

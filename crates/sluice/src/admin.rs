@@ -249,7 +249,7 @@ impl FromRequestParts<Arc<AdminState>> for Authorized {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if crate::upstream::reverse::ct_eq(&token.0, given.as_bytes()) {
+        if token.matches(given.as_bytes()) {
             Ok(Authorized)
         } else {
             Err(error(

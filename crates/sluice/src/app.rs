@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_config::{Action, ClusterKind, Config, SessionSource, Token};
-use sluice_handoff::{Handoff, ListenAddr};
+use sluice_handoff::Handoff;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -19,9 +19,10 @@ use crate::handoff;
 use crate::metrics::Metrics;
 use crate::proxy::ProxyService;
 use crate::reload::InPlace;
-use crate::restart::{self, Inherited, RestartError, UpgradeSocket};
+use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, UpgradeSocket};
 use crate::router::LiveRoutes;
 use crate::server::{tls, Group, Server};
+use crate::sockets::{self, Sockets};
 use crate::upstream::reverse::{ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 
@@ -101,6 +102,8 @@ pub struct Proxy {
     grace: Duration,
     /// Where a successor may ask to take over (hot restart).
     upgrade: Option<UpgradeSocket>,
+    /// Every listening socket, for that successor.
+    sockets: Sockets,
     /// The predecessor's connection, on which its idle sessions arrive (hot restart).
     predecessor: Option<(Handoff, PathBuf)>,
     /// Reverse clusters fed by a standalone acceptor, by its handoff socket.
@@ -127,8 +130,12 @@ impl Proxy {
     /// and the predecessor's idle sessions are adopted once the proxy runs.
     pub async fn bind_inheriting(
         config: &Config,
-        mut inherited: Option<Inherited>,
+        inherited: Option<Inherited>,
     ) -> Result<Self, StartError> {
+        let (mut sockets, predecessor) = match inherited.map(Inherited::into_parts) {
+            Some((sockets, feed)) => (sockets, Some(feed)),
+            None => (Sockets::default(), None),
+        };
         let mut metrics = Metrics::new();
         let reverse_metrics = ReverseMetrics::register(metrics.registry());
         let static_metrics = StaticMetrics::register(metrics.registry());
@@ -139,16 +146,14 @@ impl Proxy {
         let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
         let mut servers = Vec::with_capacity(config.listeners.len());
         for l in &config.listeners {
-            let handed = inherited
-                .as_mut()
-                .and_then(|i| i.tcp(&restart::listener_key(&l.name), l.addr));
-            let server = bind_server(l, handed).await?;
+            let server = bind_server(l, &mut sockets).await?;
             servers.push(server.with_byte_counters(metrics.client_bytes(&l.name)));
         }
         let service = proxy_service(config, &routes, &metrics)?;
-        let acceptor = bind_acceptor(config, &clusters, inherited.as_mut()).await?;
+        let acceptor = bind_acceptor(config, &clusters, &mut sockets).await?;
         let acceptor = acceptor.map(|a| a.with_metrics(reverse_metrics));
-        let admin = bind_admin(config, inherited.as_mut()).await?;
+        let admin = bind_admin(config, &mut sockets).await?;
+        sockets.close_unused();
         // After the listeners: a predecessor still holds the path until it has handed them.
         let upgrade = config.runtime.upgrade_socket.as_deref();
         let upgrade = upgrade.map(UpgradeSocket::bind).transpose()?;
@@ -168,7 +173,8 @@ impl Proxy {
             acceptor,
             grace: config.runtime.shutdown_grace,
             upgrade,
-            predecessor: inherited.as_mut().and_then(Inherited::session_feed),
+            sockets,
+            predecessor,
             consumers,
             metrics,
             admin,
@@ -251,9 +257,14 @@ impl Proxy {
                 .map_or_else(Arc::default, Acceptor::total);
             tokio::spawn(restart::adopt_sessions(conn, path, reverse.clone(), total));
         }
+        // Without an upgrade socket the duplicates go now: they would keep the listening
+        // sockets open (connections queued, never accepted) while the servers drain.
         let fds = match self.upgrade.is_some() {
             true => self.listener_fds(),
-            false => (Vec::new(), None),
+            false => {
+                drop(std::mem::take(&mut self.sockets));
+                ListenerFds::default()
+            }
         };
         let admin = self
             .admin
@@ -267,15 +278,14 @@ impl Proxy {
             group.add(server, self.service.clone(), self.grace);
         }
         let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));
-        let mut handover = None;
-        group
+        let stopped = group
             .run_until(restart::stop_or_upgrade(
                 trigger,
                 self.upgrade,
                 fds,
                 &reverse,
                 self.grace,
-                (&mut handover, &self.upgraded),
+                &self.upgraded,
             ))
             .await;
         if let Some(task) = acceptor {
@@ -283,8 +293,8 @@ impl Proxy {
                 tracing::warn!(error = %e, "the acceptor task failed");
             }
         }
-        if let Some(forwarder) = handover {
-            restart::finish_handover(&reverse, forwarder).await;
+        if let Stopped::Upgraded(handover) = stopped {
+            restart::finish_handover(&reverse, handover).await;
         }
         // Sessions would otherwise outlive the proxy in a process that goes on (an embedding
         // program, `sluice demo`): their connection tasks keep the cluster alive. Closing them
@@ -323,48 +333,13 @@ impl Proxy {
             .collect()
     }
 
-    /// Duplicates of every listening socket, named for the hand-over; one that cannot be
-    /// duplicated is left out (the successor binds it afresh) with a warning.
-    fn listener_fds(&self) -> restart::ListenerFds {
-        let mut fds = Vec::new();
-        for server in &self.servers {
-            let fd = server
-                .local_addr()
-                .and_then(|addr| Ok((addr, server.listener_fd()?)));
-            match fd {
-                Ok((addr, fd)) => fds.push((
-                    restart::listener_key(server.name()),
-                    ListenAddr::Inet(addr),
-                    fd,
-                )),
-                Err(error) => {
-                    tracing::warn!(listener = %server.name(), %error, "cannot duplicate the listening socket")
-                }
-            }
+    /// Every listening socket, named for the hand-over, and the acceptor's switch to mark its
+    /// sockets taken.
+    fn listener_fds(&mut self) -> ListenerFds {
+        ListenerFds {
+            sockets: std::mem::take(&mut self.sockets).export(),
+            acceptor: self.acceptor.as_ref().map(Acceptor::handed_over),
         }
-        if let Some((listener, _)) = &self.admin {
-            let fd = socket2::SockRef::from(listener).try_clone();
-            match (listener.local_addr(), fd) {
-                (Ok(addr), Ok(fd)) => fds.push((
-                    restart::ADMIN_KEY.to_owned(),
-                    ListenAddr::Inet(addr),
-                    fd.into(),
-                )),
-                (Err(error), _) | (_, Err(error)) => {
-                    tracing::warn!(%error, "cannot duplicate the admin socket")
-                }
-            }
-        }
-        let mut handed = None;
-        match self.acceptor.as_ref().map(Acceptor::listener_fds) {
-            Some(Ok((acceptor, flag))) => {
-                fds.extend(acceptor);
-                handed = Some(flag);
-            }
-            Some(Err(error)) => tracing::warn!(%error, "cannot duplicate the acceptor's sockets"),
-            None => {}
-        }
-        (fds, handed)
     }
 }
 
@@ -463,16 +438,13 @@ fn proxy_service(
 /// over; returns it with the token.
 async fn bind_admin(
     config: &Config,
-    inherited: Option<&mut Inherited>,
+    sockets: &mut Sockets,
 ) -> Result<Option<(TcpListener, Option<Token>)>, StartError> {
     let Some(admin) = &config.admin else {
         return Ok(None);
     };
     let addr = admin.addr;
-    let bound = match inherited.and_then(|i| i.tcp(restart::ADMIN_KEY, addr)) {
-        Some(std) => TcpListener::from_std(std),
-        None => TcpListener::bind(addr).await,
-    };
+    let bound = sockets.tcp(sockets::ADMIN_KEY, addr).await;
     let listener = bound.map_err(|source| StartError::Bind {
         listener: "admin".to_owned(),
         addr,
@@ -484,17 +456,15 @@ async fn bind_admin(
 /// Binds one listener, or takes over the socket a predecessor handed over for it.
 async fn bind_server(
     l: &sluice_config::Listener,
-    handed: Option<std::net::TcpListener>,
+    sockets: &mut Sockets,
 ) -> Result<Server, StartError> {
-    let bind_error = |source| StartError::Bind {
+    let key = sockets::listener_key(&l.name);
+    let bound = sockets.tcp(&key, l.addr).await;
+    let listener = bound.map_err(|source| StartError::Bind {
         listener: l.name.clone(),
         addr: l.addr,
         source,
-    };
-    let listener = match handed {
-        Some(std) => TcpListener::from_std(std).map_err(bind_error)?,
-        None => TcpListener::bind(l.addr).await.map_err(bind_error)?,
-    };
+    })?;
     let server = Server::from_listener(&l.name, listener, l.http.clone());
     if l.tls.is_empty() {
         return Ok(server);
@@ -511,20 +481,20 @@ async fn bind_server(
 async fn bind_acceptor(
     config: &Config,
     clusters: &BTreeMap<String, Upstream>,
-    inherited: Option<&mut Inherited>,
+    sockets: &mut Sockets,
 ) -> Result<Option<Acceptor>, StartError> {
     let Some(opts) = &config.acceptor else {
         return Ok(None);
     };
-    let (tcp, unix) = match inherited {
-        Some(i) => (
-            i.tcp(restart::ACCEPTOR_KEY, opts.addr),
-            opts.unix
-                .as_deref()
-                .and_then(|p| i.unix(restart::ACCEPTOR_UNIX_KEY, p)),
-        ),
-        None => (None, None),
-    };
+    let tls = Acceptor::tls_config(opts).map_err(|e| acceptor_error(opts, e))?;
+    let tcp = sockets.tcp(sockets::ACCEPTOR_KEY, opts.addr).await;
+    let tcp = tcp.map_err(|e| acceptor_error(opts, BindError::Bind(e)))?;
+    let unix = opts
+        .unix
+        .as_deref()
+        .map(|path| sockets.unix(sockets::ACCEPTOR_UNIX_KEY, path));
+    let unix = unix.transpose();
+    let unix = unix.map_err(|e| acceptor_error(opts, BindError::Bind(e)))?;
     // Clusters fed over a handoff socket take no registrations here.
     let local = |name: &String| {
         config.clusters.get(name).is_some_and(
@@ -535,14 +505,17 @@ async fn bind_acceptor(
         Upstream::Reverse(s) if local(name) => Some(s.cluster().clone()),
         _ => None,
     });
-    Acceptor::bind_inheriting(opts, reverse, tcp, unix)
-        .await
-        .map(Some)
-        .map_err(|e| match e {
-            BindError::Bind(source) => StartError::Acceptor {
-                addr: opts.addr,
-                source,
-            },
-            BindError::Tls(source) => StartError::AcceptorTls { source },
-        })
+    Ok(Some(Acceptor::from_listeners(
+        opts, reverse, tls, tcp, unix,
+    )))
+}
+
+fn acceptor_error(opts: &sluice_config::Acceptor, e: BindError) -> StartError {
+    match e {
+        BindError::Bind(source) => StartError::Acceptor {
+            addr: opts.addr,
+            source,
+        },
+        BindError::Tls(source) => StartError::AcceptorTls { source },
+    }
 }

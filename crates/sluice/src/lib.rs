@@ -20,6 +20,8 @@
 //!   changed.
 //! - [`restart`]: hot restart: a successor takes the listening sockets and idle sessions over
 //!   the upgrade socket (`sluice-handoff` messages and fd passing).
+//! - `sockets`: the table of listening sockets (bound, or inherited from a predecessor) that a
+//!   hot restart hands on.
 //! - [`router`]: matching requests to routes (host, path prefix, method, headers, client CIDR).
 //! - [`proxy`]: the tower `Service` that applies a route: forwarding headers, hop-by-hop
 //!   stripping, header edits, direct responses, error statuses, and HTTP/1.1 Upgrade
@@ -54,6 +56,7 @@ pub mod reload;
 pub mod restart;
 pub mod router;
 pub mod server;
+mod sockets;
 pub mod upstream;
 
 pub use app::{Proxy, StartError};

@@ -16,14 +16,11 @@
 //! [`Inherited`] (takes the listeners) and the adoption of the sessions that follow.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sluice_handoff::{
-    AllowedUids, Handoff, HandoffListener, ListenAddr, Message, Role, PROTOCOL_VERSION,
-};
+use sluice_handoff::{AllowedUids, Handoff, HandoffListener, Message, Role, PROTOCOL_VERSION};
 use std::future::Future;
 use std::time::Duration;
 
@@ -33,23 +30,9 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::acceptor::HandedOver;
-
+use crate::sockets::{HandedListener, Sockets};
 use crate::upstream::reverse::{HandedSession, Limit};
 use crate::upstream::ReverseCluster;
-
-/// A listening socket for a successor: its name in the hand-over, its address, the socket.
-pub type HandedListener = (String, ListenAddr, OwnedFd);
-
-/// The name a listener's socket travels under: `listener:<name>`.
-pub(crate) fn listener_key(name: &str) -> String {
-    format!("listener:{name}")
-}
-
-/// The acceptor's TCP socket travels as `acceptor`, its UNIX socket as `acceptor-unix`.
-pub(crate) const ACCEPTOR_KEY: &str = "acceptor";
-pub(crate) const ACCEPTOR_UNIX_KEY: &str = "acceptor-unix";
-/// The admin API's socket travels as `admin`.
-pub(crate) const ADMIN_KEY: &str = "admin";
 
 /// Why a hot restart could not go ahead.
 #[derive(Debug, thiserror::Error)]
@@ -191,7 +174,7 @@ pub(crate) async fn send_listeners(
     path: &Path,
     listeners: Vec<HandedListener>,
 ) -> Result<(), RestartError> {
-    for (name, addr, fd) in listeners {
+    for HandedListener { name, addr, fd } in listeners {
         debug!(%name, %addr, "handing over a listener");
         send(conn, path, &Message::Listener { name, addr }, Some(fd)).await?;
     }
@@ -238,8 +221,8 @@ pub(crate) async fn forward_sessions(
 #[derive(Debug)]
 pub struct Inherited {
     path: PathBuf,
-    listeners: HashMap<String, (ListenAddr, OwnedFd)>,
-    conn: Option<Handoff>,
+    listeners: Sockets,
+    conn: Handoff,
 }
 
 impl Inherited {
@@ -278,54 +261,15 @@ impl Inherited {
         );
         Ok(Self {
             path: path.to_owned(),
-            listeners,
-            conn: Some(conn),
+            listeners: Sockets::inheriting(listeners),
+            conn,
         })
     }
 
-    /// The TCP socket handed over under `key` if it listens where `want` says (an unspecified
-    /// port in `want` accepts any port on the same IP).
-    pub(crate) fn tcp(&mut self, key: &str, want: SocketAddr) -> Option<std::net::TcpListener> {
-        let matches = |have: &SocketAddr| {
-            have.ip() == want.ip() && (want.port() == 0 || have.port() == want.port())
-        };
-        match self.listeners.get(key) {
-            Some((ListenAddr::Inet(have), _)) if matches(have) => {}
-            _ => return None,
-        }
-        let (_, fd) = self.listeners.remove(key)?;
-        let listener = std::net::TcpListener::from(fd);
-        listener.set_nonblocking(true).ok()?;
-        Some(listener)
-    }
-
-    /// The UNIX socket handed over under `key` if it is at `want`.
-    pub(crate) fn unix(
-        &mut self,
-        key: &str,
-        want: &Path,
-    ) -> Option<std::os::unix::net::UnixListener> {
-        match self.listeners.get(key) {
-            Some((ListenAddr::Unix(have), _)) if have == want => {}
-            _ => return None,
-        }
-        let (_, fd) = self.listeners.remove(key)?;
-        let listener = std::os::unix::net::UnixListener::from(fd);
-        listener.set_nonblocking(true).ok()?;
-        Some(listener)
-    }
-
-    /// Takes the connection on which the predecessor's sessions arrive.
-    pub(crate) fn session_feed(&mut self) -> Option<(Handoff, PathBuf)> {
-        let conn = self.conn.take()?;
-        if !self.listeners.is_empty() {
-            let unused: Vec<_> = self.listeners.keys().collect();
-            info!(
-                ?unused,
-                "listeners of the old configuration not in the new one are closed"
-            );
-        }
-        Some((conn, self.path.clone()))
+    /// The listening sockets, to bind through, and the connection on which the predecessor's
+    /// sessions arrive.
+    pub(crate) fn into_parts(self) -> (Sockets, (Handoff, PathBuf)) {
+        (self.listeners, (self.conn, self.path))
     }
 }
 
@@ -406,37 +350,55 @@ async fn adopt_until_done(
 const MOVE_TIME: Duration = Duration::from_secs(1);
 
 /// The task that forwards sessions to a successor, and when the grace period ends.
-pub(crate) type Handover = (JoinHandle<()>, Instant);
+#[derive(Debug)]
+pub(crate) struct Handover {
+    forwarder: JoinHandle<()>,
+    deadline: Instant,
+}
 
 /// Duplicates of the listening sockets, and the acceptor's switch to mark them taken.
-pub(crate) type ListenerFds = (Vec<HandedListener>, Option<HandedOver>);
+#[derive(Debug, Default)]
+pub(crate) struct ListenerFds {
+    /// Every listening socket, named for the hand-over.
+    pub(crate) sockets: Vec<HandedListener>,
+    /// The acceptor's switch, when there is an acceptor.
+    pub(crate) acceptor: Option<HandedOver>,
+}
+
+/// How [`stop_or_upgrade`] ended.
+#[derive(Debug)]
+pub(crate) enum Stopped {
+    /// The trigger resolved: a plain shutdown.
+    Triggered,
+    /// A successor has the listening sockets; the idle sessions are moving to it.
+    Upgraded(Handover),
+}
 
 /// Resolves when `trigger` does, or once a successor has taken the listening sockets (then
-/// every reverse cluster starts handing its idle sessions over; `handover` gets the task that
-/// forwards them).
+/// every reverse cluster starts handing its idle sessions over, and the task that forwards
+/// them comes back in [`Stopped::Upgraded`]).
 pub(crate) async fn stop_or_upgrade(
     trigger: impl Future<Output = ()>,
     upgrade: Option<UpgradeSocket>,
-    (fds, acceptor_handed): ListenerFds,
+    fds: ListenerFds,
     reverse: &BTreeMap<String, ReverseCluster>,
     grace: Duration,
-    (handover, upgraded): (&mut Option<Handover>, &watch::Sender<bool>),
-) {
+    upgraded: &watch::Sender<bool>,
+) -> Stopped {
     let Some(socket) = upgrade else {
-        return trigger.await;
+        trigger.await;
+        return Stopped::Triggered;
     };
     tokio::pin!(trigger);
     let path = socket.path().to_owned();
     let conn = loop {
         let conn = tokio::select! {
-            () = &mut trigger => return,
+            () = &mut trigger => return Stopped::Triggered,
             conn = socket.successor() => conn,
         };
         // Copies: if this successor fails, the next one gets the sockets all the same.
-        let copies = fds
-            .iter()
-            .map(|(name, addr, fd)| Ok((name.clone(), addr.clone(), fd.try_clone()?)));
-        let copies: std::io::Result<Vec<_>> = copies.collect();
+        let copies: std::io::Result<Vec<_>> =
+            fds.sockets.iter().map(HandedListener::try_clone).collect();
         let sent = match copies {
             Ok(copies) => send_listeners(&conn, &path, copies)
                 .await
@@ -455,9 +417,10 @@ pub(crate) async fn stop_or_upgrade(
     if let Err(error) = send_ready(&conn, &path).await {
         // It has our sockets but may never serve: keep serving (no more upgrades, though).
         tracing::error!(%error, "hot restart failed at READY; serving on without an upgrade socket");
-        return trigger.await;
+        trigger.await;
+        return Stopped::Triggered;
     }
-    if let Some(flag) = acceptor_handed {
+    if let Some(flag) = fds.acceptor {
         flag.set();
     }
     upgraded.send_replace(true);
@@ -467,8 +430,11 @@ pub(crate) async fn stop_or_upgrade(
         cluster.start_handover(tx.clone(), true);
     }
     let forwarder = tokio::spawn(forward_sessions(conn, path, rx));
-    *handover = Some((forwarder, Instant::now() + grace));
     tracing::info!("a successor took the listening sockets; draining and handing sessions over");
+    Stopped::Upgraded(Handover {
+        forwarder,
+        deadline: Instant::now() + grace,
+    })
 }
 
 /// After the drain: hands over the rest, waits until every session has left (by `deadline`,
@@ -476,7 +442,10 @@ pub(crate) async fn stop_or_upgrade(
 /// idle sessions to move), and lets the forwarder say DONE.
 pub(crate) async fn finish_handover(
     reverse: &BTreeMap<String, ReverseCluster>,
-    (forwarder, deadline): (JoinHandle<()>, Instant),
+    Handover {
+        forwarder,
+        deadline,
+    }: Handover,
 ) {
     for cluster in reverse.values() {
         cluster.finish_handover();

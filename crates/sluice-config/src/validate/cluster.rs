@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::kind_keys::{refuse_foreign, reverse_keys};
 use super::{reverse, Ctx};
 use crate::error::ConfigError;
 use crate::model::{
@@ -39,21 +40,6 @@ pub(super) fn clusters(
         .collect()
 }
 
-/// Refuses the first key in `keys` that is set, as not applying to `kind`.
-pub(super) fn refuse_foreign(
-    ctx: Ctx<'_>,
-    kind: &str,
-    keys: &[(&str, Option<Range<usize>>)],
-) -> Result<(), ConfigError> {
-    match keys.iter().find_map(|(k, span)| Some((k, span.clone()?))) {
-        Some((key, span)) => Err(ctx.err(
-            span,
-            format!("`{key}` does not apply to a cluster of kind = \"{kind}\""),
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Unset keys take [`StaticOptions::default`]'s values.
 fn static_cluster(
     ctx: Ctx<'_>,
@@ -61,7 +47,7 @@ fn static_cluster(
     name: &str,
     raw: RawCluster,
 ) -> Result<StaticCluster, ConfigError> {
-    refuse_foreign(ctx, "static", &reverse::keys(&raw))?;
+    refuse_foreign(ctx, "static", &reverse_keys(&raw))?;
     let Some(raw_endpoints) = &raw.endpoints else {
         let msg = format!("static cluster `{name}` needs `endpoints = [\"host:port\", ...]`");
         return Err(ctx.err(name_span, msg));
@@ -99,22 +85,6 @@ fn static_cluster(
         endpoints: endpoints(ctx, raw_endpoints)?,
         options,
     })
-}
-
-/// The static-only keys that are set, with their spans.
-pub(super) fn static_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 7] {
-    [
-        ("endpoints", raw.endpoints.as_ref().map(Spanned::span)),
-        ("lb", raw.lb.as_ref().map(Spanned::span)),
-        (
-            "connect_timeout",
-            raw.connect_timeout.as_ref().map(Spanned::span),
-        ),
-        ("pool", raw.pool.as_ref().map(Spanned::span)),
-        ("ejection", raw.ejection.as_ref().map(Spanned::span)),
-        ("health_check", raw.health_check.as_ref().map(Spanned::span)),
-        ("tls", raw.tls.as_ref().map(Spanned::span)),
-    ]
 }
 
 /// Resolves every endpoint now: a name that resolves to several addresses becomes several

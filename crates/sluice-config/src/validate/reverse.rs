@@ -1,10 +1,8 @@
 //! `kind = "reverse"` clusters: tokens, queue, limits and buffers.
 
-use std::ops::Range;
-
 use toml::Spanned;
 
-use super::cluster::{refuse_foreign, static_keys};
+use super::kind_keys::{refuse_foreign, static_keys};
 use super::{secret, Ctx};
 use crate::error::ConfigError;
 use crate::model::{ReverseCluster, ReverseOptions, SessionSource, Token};
@@ -64,37 +62,6 @@ pub(super) fn cluster(
 
 /// Idle sessions a consumer keeps per slice unless `handoff_idle` says otherwise.
 const DEFAULT_HANDOFF_IDLE: usize = 4;
-
-/// The reverse-only keys that are set, with their spans.
-pub(super) fn keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 10] {
-    [
-        ("handoff", raw.handoff.as_ref().map(Spanned::span)),
-        ("handoff_idle", raw.handoff_idle.as_ref().map(Spanned::span)),
-        ("tokens", raw.tokens.as_ref().map(Spanned::span)),
-        ("queue_max", raw.queue_max.as_ref().map(Spanned::span)),
-        (
-            "queue_timeout",
-            raw.queue_timeout.as_ref().map(Spanned::span),
-        ),
-        (
-            "no_sessions_wait",
-            raw.no_sessions_wait.as_ref().map(Spanned::span),
-        ),
-        (
-            "max_sessions_per_instance",
-            raw.max_sessions_per_instance.as_ref().map(Spanned::span),
-        ),
-        ("max_sessions", raw.max_sessions.as_ref().map(Spanned::span)),
-        (
-            "request_buffer",
-            raw.request_buffer.as_ref().map(Spanned::span),
-        ),
-        (
-            "response_buffer",
-            raw.response_buffer.as_ref().map(Spanned::span),
-        ),
-    ]
-}
 
 fn unlimited_if_zero(raw: Option<Spanned<usize>>) -> Option<usize> {
     raw.map(Spanned::into_inner).filter(|&n| n > 0)

@@ -9,7 +9,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::Shared;
+use super::shared::{Peer, Shared};
 use crate::upstream::reverse::{SessionPermit, SessionStream};
 use crate::upstream::ReverseCluster;
 
@@ -22,17 +22,6 @@ enum ReadError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Rejected(Rejection),
-}
-
-/// Who is at the other end of a service connection.
-#[derive(Debug, Default)]
-pub(super) struct Peer {
-    /// The source address; `None` over a UNIX socket.
-    pub(super) ip: Option<IpAddr>,
-    /// The names of the client certificate under mTLS; `None` without one.
-    pub(super) cert_names: Option<Vec<String>>,
-    /// Whether this connection exceeded its address's handshakes per second (429).
-    pub(super) rate_limited: bool,
 }
 
 /// Serves one service connection to its end or until it becomes a session. The hello must

@@ -14,28 +14,26 @@
 
 mod handshake;
 mod rate;
+mod shared;
 mod tls;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rustls::ServerConfig;
-use sluice_config::ServiceGrant;
-use sluice_handoff::ListenAddr;
-use sluice_session::Rejection;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::time::Instant;
 use tracing::{debug, info, warn, Instrument};
 
-use self::handshake::Peer;
 use self::rate::RateLimiter;
+use self::shared::{Peer, Shared};
 use crate::log_limit::TallyByKind;
-use crate::restart::{self, HandedListener};
 use crate::server::{accept_error, ShutdownSignal};
+use crate::sockets::{self, Sockets};
 use crate::upstream::reverse::{Limit, ReverseMetrics, SessionStream};
 use crate::upstream::ReverseCluster;
 
@@ -76,23 +74,6 @@ pub struct Acceptor {
     handed_over: Arc<AtomicBool>,
 }
 
-/// What every handshake consults.
-#[derive(Debug)]
-struct Shared {
-    opts: AcceptorOptions,
-    clusters: HashMap<String, ReverseCluster>,
-    /// Sessions across every cluster.
-    total: Arc<Limit>,
-    rate: RateLimiter,
-    shutdown: Option<ShutdownSignal>,
-    /// TLS for every connection; `None` is plaintext.
-    tls: Option<Arc<ServerConfig>>,
-    /// Where handshake outcomes are counted; `None`: nowhere.
-    metrics: ReverseMetrics,
-    /// Refused handshakes by status, logged once per interval each.
-    refusals: TallyByKind<u16>,
-}
-
 impl Acceptor {
     /// Builds the TLS config (if `opts.tls` is set), then binds the TCP address (and the UNIX
     /// socket, if configured) for these clusters.
@@ -100,30 +81,36 @@ impl Acceptor {
         opts: &AcceptorOptions,
         clusters: impl IntoIterator<Item = ReverseCluster>,
     ) -> Result<Self, BindError> {
-        Self::bind_inheriting(opts, clusters, None, None).await
+        let tls = Self::tls_config(opts)?;
+        let mut sockets = Sockets::default();
+        let tcp = sockets.tcp(sockets::ACCEPTOR_KEY, opts.addr).await;
+        let tcp = tcp.map_err(BindError::Bind)?;
+        let unix = opts
+            .unix
+            .as_deref()
+            .map(|path| sockets.unix(sockets::ACCEPTOR_UNIX_KEY, path));
+        let unix = unix.transpose().map_err(BindError::Bind)?;
+        Ok(Self::from_listeners(opts, clusters, tls, tcp, unix))
     }
 
-    /// The same as [`bind`](Self::bind), but listening on sockets a predecessor handed over
-    /// (hot restart) where they are given.
-    pub async fn bind_inheriting(
+    /// The TLS config of every acceptor connection (`opts.tls`); `None` is plaintext.
+    pub(crate) fn tls_config(
+        opts: &AcceptorOptions,
+    ) -> Result<Option<Arc<ServerConfig>>, BindError> {
+        let tls = opts.tls.as_ref().map(crate::server::tls::acceptor_config);
+        tls.transpose().map_err(BindError::Tls)
+    }
+
+    /// The same as [`bind`](Self::bind), on sockets already bound (or handed over by a
+    /// predecessor in a hot restart): `unix` listens at `opts.unix`, `tls` comes from
+    /// [`tls_config`](Self::tls_config).
+    pub(crate) fn from_listeners(
         opts: &AcceptorOptions,
         clusters: impl IntoIterator<Item = ReverseCluster>,
-        tcp: Option<std::net::TcpListener>,
-        unix: Option<std::os::unix::net::UnixListener>,
-    ) -> Result<Self, BindError> {
-        let tls = opts.tls.as_ref().map(crate::server::tls::acceptor_config);
-        let tls = tls.transpose().map_err(BindError::Tls)?;
-        let tcp = match tcp {
-            Some(l) => TcpListener::from_std(l),
-            None => TcpListener::bind(opts.addr).await,
-        };
-        let tcp = tcp.map_err(BindError::Bind)?;
-        let unix = match (unix, &opts.unix) {
-            (Some(l), _) => Some(UnixListener::from_std(l)),
-            (None, Some(path)) => Some(bind_unix(path)),
-            (None, None) => None,
-        };
-        let unix = unix.transpose().map_err(BindError::Bind)?;
+        tls: Option<Arc<ServerConfig>>,
+        tcp: TcpListener,
+        unix: Option<UnixListener>,
+    ) -> Self {
         let clusters: HashMap<_, _> = clusters
             .into_iter()
             .map(|c| (c.name().to_owned(), c))
@@ -141,12 +128,12 @@ impl Acceptor {
             metrics: ReverseMetrics::default(),
             refusals: TallyByKind::new(),
         };
-        Ok(Self {
+        Self {
             tcp,
             unix,
             shared,
             handed_over: Arc::default(),
-        })
+        }
     }
 
     /// Counts every handshake's outcome in `metrics`; by default nothing is counted.
@@ -161,23 +148,10 @@ impl Acceptor {
         Arc::clone(&self.shared.total)
     }
 
-    /// Duplicates of the listening sockets for a successor (hot restart), named as the
-    /// hand-over names them, and the switch that, once the successor has them, leaves the
+    /// The switch that, once a successor has the listening sockets (hot restart), leaves the
     /// UNIX socket's file in place when this acceptor stops (it belongs to the successor).
-    pub fn listener_fds(&self) -> std::io::Result<(Vec<HandedListener>, HandedOver)> {
-        let mut fds = vec![(
-            restart::ACCEPTOR_KEY.to_owned(),
-            ListenAddr::Inet(self.tcp.local_addr()?),
-            SockRef::from(&self.tcp).try_clone()?.into(),
-        )];
-        if let (Some(l), Some(path)) = (&self.unix, &self.shared.opts.unix) {
-            fds.push((
-                restart::ACCEPTOR_UNIX_KEY.to_owned(),
-                ListenAddr::Unix(path.clone()),
-                SockRef::from(l).try_clone()?.into(),
-            ));
-        }
-        Ok((fds, HandedOver(Arc::clone(&self.handed_over))))
+    pub fn handed_over(&self) -> HandedOver {
+        HandedOver(Arc::clone(&self.handed_over))
     }
 
     /// The bound TCP address.
@@ -227,13 +201,6 @@ impl Acceptor {
         }
         info!("acceptor stopped");
     }
-}
-
-/// Binds the service-facing UNIX socket; a socket file a crashed process left behind is
-/// replaced, one a live process listens on is refused.
-fn bind_unix(path: &std::path::Path) -> std::io::Result<UnixListener> {
-    sluice_handoff::remove_stale(path).map_err(std::io::Error::other)?;
-    UnixListener::bind(path)
 }
 
 async fn accept_unix(l: Option<&UnixListener>) -> std::io::Result<UnixStream> {
@@ -291,47 +258,5 @@ fn warn_plaintext_tokens(addr: SocketAddr, clusters: &HashMap<String, ReverseClu
     }
     for c in clusters.values().filter(|c| c.has_tokens()) {
         warn!(acceptor.addr = %addr, cluster = %c.name(), "bearer tokens will cross a non-loopback acceptor without TLS");
-    }
-}
-
-impl Shared {
-    /// Counts one handshake outcome: `registered`, `drained`, `closed` or a refusal status.
-    fn count(&self, result: &str) {
-        self.metrics.handshake(result);
-    }
-
-    /// The checks common to registering and draining: shutdown (503), handshake rate (429),
-    /// service (404), client certificate (401), token (401).
-    fn admit(
-        &self,
-        service: &str,
-        token: Option<&str>,
-        peer: &Peer,
-    ) -> Result<ReverseCluster, Rejection> {
-        if self.shutdown.as_ref().is_some_and(|s| s.is_triggered()) {
-            return Err(Rejection::unavailable("shutting down"));
-        }
-        if peer.rate_limited {
-            return Err(Rejection::limited(
-                "handshakes per second from this address",
-            ));
-        }
-        let cluster = self
-            .clusters
-            .get(service)
-            .ok_or_else(|| Rejection::unknown_service(service))?;
-        if let Some(grants) = self.client_grants() {
-            tls::authorize(grants, peer.cert_names.as_deref(), service)?;
-        }
-        if !cluster.authorize(token) {
-            return Err(Rejection::unauthorized());
-        }
-        Ok(cluster.clone())
-    }
-
-    /// `[acceptor.clients]`, when mTLS is on.
-    fn client_grants(&self) -> Option<&BTreeMap<String, ServiceGrant>> {
-        let auth = self.opts.tls.as_ref()?.client_auth.as_ref()?;
-        Some(&auth.clients)
     }
 }

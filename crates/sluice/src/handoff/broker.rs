@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
+use super::error::{LinkError, PeerError};
 use crate::acceptor::{Acceptor, BindError};
 use crate::server::{Shutdown, ShutdownSignal};
 use crate::upstream::reverse::{HandedSession, SessionPermit};
@@ -228,10 +229,10 @@ async fn serve(conn: Arc<Handoff>, shared: Arc<Shared>) {
     let error = loop {
         let (msg, fd) = match conn.recv().await {
             Ok(m) => m,
-            Err(e) => break e.to_string(),
+            Err(e) => break LinkError::from(e),
         };
         if let Err(e) = handle(&shared, id, msg, fd).await {
-            break e;
+            break e.into();
         }
     };
     let held = forget(&shared, id);
@@ -244,11 +245,11 @@ async fn handle(
     consumer: u64,
     msg: Message,
     fd: Option<OwnedFd>,
-) -> Result<(), String> {
+) -> Result<(), PeerError> {
     match (msg, fd) {
         (Message::Credit { cluster, slice, n }, None) => {
             if !shared.clusters.contains_key(&cluster) {
-                return Err(format!("credit for unknown cluster {cluster:?}"));
+                return Err(PeerError::UnknownCluster(cluster));
             }
             let mut st = shared.state();
             if let Some(peer) = st.consumers.get_mut(&consumer) {
@@ -274,12 +275,15 @@ async fn handle(
             }
             Ok(())
         }
-        (other, _) => Err(format!("unexpected {} from a consumer", other.verb())),
+        (other, _) => Err(PeerError::Unexpected {
+            verb: other.verb(),
+            from: "a consumer",
+        }),
     }
 }
 
 /// Removes a lent session that `consumer` reports on; another consumer's id is an error.
-fn take_out(shared: &Shared, consumer: u64, id: u64) -> Result<Out, String> {
+fn take_out(shared: &Shared, consumer: u64, id: u64) -> Result<Out, PeerError> {
     let mut st = shared.state();
     match st.out.remove(&id) {
         Some(out) if out.consumer == consumer => {
@@ -292,9 +296,9 @@ fn take_out(shared: &Shared, consumer: u64, id: u64) -> Result<Out, String> {
         }
         Some(out) => {
             st.out.insert(id, out);
-            Err(format!("session {id} was lent to another consumer"))
+            Err(PeerError::LentElsewhere(id))
         }
-        None => Err(format!("no session {id} is lent to this consumer")),
+        None => Err(PeerError::NotLent(id)),
     }
 }
 

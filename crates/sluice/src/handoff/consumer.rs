@@ -24,6 +24,7 @@ use tracing::{debug, info, warn};
 /// How long a slice's idle surplus must last before it goes back to the acceptor.
 const SURPLUS_FOR: Duration = Duration::from_secs(1);
 
+use super::error::{LinkError, PeerError};
 use crate::upstream::reverse::{HandedSession, Lent};
 use crate::upstream::ReverseCluster;
 
@@ -68,11 +69,11 @@ struct Link<'a> {
 }
 
 /// One connection's life; returns why it ended.
-async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> String {
+async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> LinkError {
     match conn.hello(Role::Consumer).await {
         Ok(Role::Acceptor) => {}
-        Ok(role) => return format!("the peer is a {role}, not an acceptor"),
-        Err(e) => return e.to_string(),
+        Ok(role) => return PeerError::NotAnAcceptor(role).into(),
+        Err(e) => return e.into(),
     }
     let (back_tx, mut back) = mpsc::unbounded_channel();
     let (gone_tx, mut gone) = mpsc::unbounded_channel();
@@ -102,7 +103,7 @@ async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> String {
         let step = tokio::select! {
             received = conn.recv() => match received {
                 Ok((msg, fd)) => link.on_message(msg, fd).await,
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.into()),
             },
             Some(handed) = back.recv() => link.give_back(handed).await,
             Some(id) = gone.recv() => link.send(&Message::Gone { id }, None).await,
@@ -117,8 +118,8 @@ async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> String {
 }
 
 impl Link<'_> {
-    async fn send(&self, msg: &Message, fd: Option<OwnedFd>) -> Result<(), String> {
-        self.conn.send(msg, fd).await.map_err(|e| e.to_string())
+    async fn send(&self, msg: &Message, fd: Option<OwnedFd>) -> Result<(), LinkError> {
+        Ok(self.conn.send(msg, fd).await?)
     }
 
     fn cluster(&self, name: &str) -> Option<&ReverseCluster> {
@@ -129,7 +130,7 @@ impl Link<'_> {
     }
 
     /// Asks for the credit each slice lacks, and hands surplus idle sessions back.
-    async fn balance(&mut self) -> Result<(), String> {
+    async fn balance(&mut self) -> Result<(), LinkError> {
         for s in self.sources {
             for slice in &s.slices {
                 let (idle, queued) = (s.cluster.idle_sessions(slice), s.cluster.queued(slice));
@@ -163,7 +164,7 @@ impl Link<'_> {
         Ok(())
     }
 
-    async fn on_message(&mut self, msg: Message, fd: Option<OwnedFd>) -> Result<(), String> {
+    async fn on_message(&mut self, msg: Message, fd: Option<OwnedFd>) -> Result<(), LinkError> {
         match (msg, fd) {
             (
                 Message::Session {
@@ -191,7 +192,11 @@ impl Link<'_> {
                 }
                 Ok(())
             }
-            (other, _) => Err(format!("unexpected {} from the acceptor", other.verb())),
+            (other, _) => Err(PeerError::Unexpected {
+                verb: other.verb(),
+                from: "the acceptor",
+            }
+            .into()),
         }
     }
 
@@ -202,7 +207,7 @@ impl Link<'_> {
         slice: &str,
         instance: &str,
         fd: OwnedFd,
-    ) -> Result<(), String> {
+    ) -> Result<(), LinkError> {
         let Some(c) = self.cluster(cluster) else {
             warn!(%cluster, "lent a session of a cluster this process does not have");
             return self.send(&Message::Gone { id }, None).await;
@@ -220,7 +225,7 @@ impl Link<'_> {
 
     /// Returns a surplus idle session to the acceptor that lent it; one lent over an earlier
     /// connection (the acceptor restarted since) stays here instead.
-    async fn give_back(&self, handed: HandedSession) -> Result<(), String> {
+    async fn give_back(&self, handed: HandedSession) -> Result<(), LinkError> {
         let HandedSession {
             cluster,
             slice,

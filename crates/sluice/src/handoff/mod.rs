@@ -8,9 +8,11 @@
 //!   socket, credit bookkeeping, lending, `RETURN`/`GONE`, `DRAIN` to consumers.
 //! * `consumer`: a Sluice's side: credit ahead of demand, adopt lent sessions, report
 //!   `GONE`, return surplus idle sessions, reconnect with backoff.
+//! * `error`: why a link to a peer ended: the peer misbehaved, or the socket failed.
 
 mod broker;
 mod consumer;
+mod error;
 
 pub use broker::{BrokerError, StandaloneAcceptor};
 pub(crate) use consumer::{consume, Source};

@@ -161,14 +161,6 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// A duplicate of the listening socket, for a successor process to accept on (hot
-    /// restart); this server keeps accepting on its own copy until it shuts down.
-    pub fn listener_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
-        socket2::SockRef::from(&self.listener)
-            .try_clone()
-            .map(Into::into)
-    }
-
     /// Serves `service` until `signal` fires, then stops accepting, lets open connections
     /// finish their in-flight requests for up to `grace`, and closes the rest.
     pub async fn serve<S: HttpService>(self, service: S, signal: ShutdownSignal, grace: Duration) {
@@ -269,15 +261,16 @@ impl Group {
     }
 
     /// Runs every server until `trigger` resolves, then shuts them all down gracefully and
-    /// returns when the last one has drained.
-    pub async fn run_until(self, trigger: impl Future<Output = ()>) {
+    /// returns what `trigger` resolved to when the last one has drained.
+    pub async fn run_until<T>(self, trigger: impl Future<Output = T>) -> T {
         let handles: Vec<_> = self.servers.into_iter().map(tokio::spawn).collect();
-        trigger.await;
+        let stopped = trigger.await;
         self.shutdown.trigger();
         for handle in handles {
             if let Err(e) = handle.await {
                 warn!(error = %e, "a server task failed");
             }
         }
+        stopped
     }
 }

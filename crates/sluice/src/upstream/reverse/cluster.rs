@@ -263,11 +263,7 @@ impl ReverseCluster {
             return true;
         }
         let given = token.unwrap_or("").as_bytes();
-        let mut ok = false;
-        for t in &self.inner.tokens {
-            ok |= ct_eq(&t.0, given);
-        }
-        ok && token.is_some()
+        Token::any_matches(&self.inner.tokens, given) && token.is_some()
     }
 
     /// Reserves a place for one more session of `instance`, within the total (`global`),
@@ -472,29 +468,5 @@ impl ReverseSlice {
     /// Leases a session of this slice and sends the request on it.
     pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
         send::send(&self.pool, req).await
-    }
-}
-
-/// Compares two byte strings in time that depends only on the longer length.
-pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    let len = a.len().max(b.len());
-    let mut diff = u8::from(a.len() != b.len());
-    for i in 0..len {
-        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
-    }
-    diff == 0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ct_eq;
-
-    #[test]
-    fn ct_eq_compares_whole_strings() {
-        assert!(ct_eq(b"secret", b"secret"));
-        assert!(!ct_eq(b"secret", b"secreT"));
-        assert!(!ct_eq(b"secret", b"secret2"));
-        assert!(!ct_eq(b"", b"x"));
-        assert!(ct_eq(b"", b""));
     }
 }

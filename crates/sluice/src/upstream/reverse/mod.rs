@@ -20,7 +20,6 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use self::cluster::ct_eq;
 pub use self::cluster::{AdoptError, ReverseCluster, ReverseSlice};
 pub use self::gauges::SessionGauges;
 pub use self::handover::HandedSession;

@@ -1,0 +1,87 @@
+//! What every handshake consults ([`Shared`]: options, clusters, limits, TLS, counters) and
+//! who it comes from ([`Peer`]), with the checks common to registering and draining.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use rustls::ServerConfig;
+use sluice_config::ServiceGrant;
+use sluice_session::Rejection;
+
+use super::rate::RateLimiter;
+use super::{tls, AcceptorOptions};
+use crate::log_limit::TallyByKind;
+use crate::server::ShutdownSignal;
+use crate::upstream::reverse::{Limit, ReverseMetrics};
+use crate::upstream::ReverseCluster;
+
+/// Who is at the other end of a service connection.
+#[derive(Debug, Default)]
+pub(super) struct Peer {
+    /// The source address; `None` over a UNIX socket.
+    pub(super) ip: Option<IpAddr>,
+    /// The names of the client certificate under mTLS; `None` without one.
+    pub(super) cert_names: Option<Vec<String>>,
+    /// Whether this connection exceeded its address's handshakes per second (429).
+    pub(super) rate_limited: bool,
+}
+
+/// What every handshake consults.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) opts: AcceptorOptions,
+    pub(super) clusters: HashMap<String, ReverseCluster>,
+    /// Sessions across every cluster.
+    pub(super) total: Arc<Limit>,
+    pub(super) rate: RateLimiter,
+    pub(super) shutdown: Option<ShutdownSignal>,
+    /// TLS for every connection; `None` is plaintext.
+    pub(super) tls: Option<Arc<ServerConfig>>,
+    /// Where handshake outcomes are counted; `None`: nowhere.
+    pub(super) metrics: ReverseMetrics,
+    /// Refused handshakes by status, logged once per interval each.
+    pub(super) refusals: TallyByKind<u16>,
+}
+
+impl Shared {
+    /// Counts one handshake outcome: `registered`, `drained`, `closed` or a refusal status.
+    pub(super) fn count(&self, result: &str) {
+        self.metrics.handshake(result);
+    }
+
+    /// The checks common to registering and draining: shutdown (503), handshake rate (429),
+    /// service (404), client certificate (401), token (401).
+    pub(super) fn admit(
+        &self,
+        service: &str,
+        token: Option<&str>,
+        peer: &Peer,
+    ) -> Result<ReverseCluster, Rejection> {
+        if self.shutdown.as_ref().is_some_and(|s| s.is_triggered()) {
+            return Err(Rejection::unavailable("shutting down"));
+        }
+        if peer.rate_limited {
+            return Err(Rejection::limited(
+                "handshakes per second from this address",
+            ));
+        }
+        let cluster = self
+            .clusters
+            .get(service)
+            .ok_or_else(|| Rejection::unknown_service(service))?;
+        if let Some(grants) = self.client_grants() {
+            tls::authorize(grants, peer.cert_names.as_deref(), service)?;
+        }
+        if !cluster.authorize(token) {
+            return Err(Rejection::unauthorized());
+        }
+        Ok(cluster.clone())
+    }
+
+    /// `[acceptor.clients]`, when mTLS is on.
+    fn client_grants(&self) -> Option<&BTreeMap<String, ServiceGrant>> {
+        let auth = self.opts.tls.as_ref()?.client_auth.as_ref()?;
+        Some(&auth.clients)
+    }
+}
