@@ -14,7 +14,9 @@
 //! * `raw` — the serde mirror of the file; `values` — its self-checking scalar types.
 //! * `validate` — raw → model (`cluster`, `route`, `secret`, `tls` submodules).
 //! * `error` — [`ConfigError`] and span → line:col.
+//! * [`admin`] — the admin API's replies, shared by the proxy and `sluice ctl`.
 
+pub mod admin;
 mod error;
 pub mod model;
 mod raw;

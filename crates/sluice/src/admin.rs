@@ -32,8 +32,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
+use sluice_config::admin::{
+    AcceptorStatus, ClusterStatus, EndpointStatus, InstanceDrain, InstanceStatus, ListenerStatus,
+    SliceStatus, Status,
+};
 use sluice_config::Token;
 use tokio::net::TcpListener;
 use tracing::info;
@@ -95,7 +99,11 @@ impl AdminState {
     ) -> Self {
         let listeners = listeners
             .into_iter()
-            .map(|(name, addr, tls)| ListenerStatus { name, addr, tls })
+            .map(|(name, addr, tls)| ListenerStatus {
+                name,
+                addr: addr.to_string(),
+                tls,
+            })
             .collect();
         Self {
             started: Instant::now(),
@@ -260,23 +268,6 @@ impl FromRequestParts<Arc<AdminState>> for Authorized {
     }
 }
 
-#[derive(Debug, Serialize)]
-struct ListenerStatus {
-    name: String,
-    addr: SocketAddr,
-    tls: bool,
-}
-
-#[derive(Serialize)]
-struct Status<'a> {
-    version: &'static str,
-    pid: u32,
-    uptime_seconds: f64,
-    listeners: &'a [ListenerStatus],
-    acceptor: Option<serde_json::Value>,
-    clusters: Vec<serde_json::Value>,
-}
-
 async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
     let clusters = state
         .clusters
@@ -287,33 +278,37 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
         })
         .collect();
     Json(Status {
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
         pid: std::process::id(),
         uptime_seconds: state.started.elapsed().as_secs_f64(),
-        listeners: &state.listeners,
-        acceptor: state.acceptor.map(|addr| json!({ "addr": addr })),
+        listeners: state.listeners.clone(),
+        acceptor: state.acceptor.map(|addr| AcceptorStatus {
+            addr: addr.to_string(),
+        }),
         clusters,
     })
     .into_response()
 }
 
-fn reverse_status(name: &str, c: &ReverseCluster) -> serde_json::Value {
-    let slices: Vec<_> = c
+fn reverse_status(name: &str, c: &ReverseCluster) -> ClusterStatus {
+    let slices = c
         .slice_names()
         .into_iter()
-        .map(|s| {
-            let oldest = u64::try_from(c.oldest_wait(&s).as_millis()).unwrap_or(u64::MAX);
-            json!({ "name": s, "idle": c.idle_sessions(&s), "queued": c.queued(&s), "oldest_wait_ms": oldest })
+        .map(|s| SliceStatus {
+            idle: count(c.idle_sessions(&s)),
+            oldest_wait_ms: u64::try_from(c.oldest_wait(&s).as_millis()).unwrap_or(u64::MAX),
+            queued: count(c.queued(&s)),
+            name: s,
         })
         .collect();
     let registered = c.instances();
     let mut instances: Vec<_> = registered
         .iter()
-        .map(|i| {
-            json!({
-                "id": i.id(), "sessions": i.sessions(), "upgraded": i.upgraded(),
-                "draining": i.is_draining(),
-            })
+        .map(|i| InstanceStatus {
+            draining: i.is_draining(),
+            id: i.id().to_owned(),
+            sessions: count(i.sessions()),
+            upgraded: count(i.upgraded()),
         })
         .collect();
     // A drained instance whose sessions have all closed stays listed until it is resumed.
@@ -321,33 +316,36 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> serde_json::Value {
         .held()
         .into_iter()
         .filter(|h| !registered.iter().any(|i| i.id() == h));
-    instances
-        .extend(gone.map(|id| json!({ "id": id, "sessions": 0, "upgraded": 0, "draining": true })));
-    json!({
-        "name": name, "kind": "reverse", "sessions": c.sessions(),
-        "slices": slices, "instances": instances,
-    })
+    instances.extend(gone.map(|id| InstanceStatus {
+        draining: true,
+        id,
+        sessions: 0,
+        upgraded: 0,
+    }));
+    ClusterStatus::reverse(name, count(c.sessions()), slices, instances)
 }
 
 /// Each endpoint's health (the active check's verdict; always true without checks), its
 /// ejection (milliseconds left, failed connects in a row, ejections so far) and its load.
-fn static_status(name: &str, c: &StaticCluster) -> serde_json::Value {
-    let endpoints: Vec<_> = c
+fn static_status(name: &str, c: &StaticCluster) -> ClusterStatus {
+    let endpoints = c
         .endpoints()
         .iter()
-        .map(|e| {
-            let ejected_ms = u64::try_from(c.ejected_for(e).as_millis()).unwrap_or(u64::MAX);
-            json!({
-                "addr": e.addr(), "healthy": e.is_healthy(), "ejected_ms": ejected_ms,
-                "connect_failures": e.connect_failures(), "ejections": e.ejections(),
-                "in_flight": e.in_flight(), "idle_connections": e.idle_connections(),
-            })
+        .map(|e| EndpointStatus {
+            addr: e.addr().to_string(),
+            connect_failures: u64::from(e.connect_failures()),
+            ejected_ms: u64::try_from(c.ejected_for(e).as_millis()).unwrap_or(u64::MAX),
+            ejections: e.ejections(),
+            healthy: e.is_healthy(),
+            idle_connections: count(e.idle_connections()),
+            in_flight: count(e.in_flight()),
         })
         .collect();
-    json!({
-        "name": name, "kind": "static", "health_check": c.has_health_check(),
-        "endpoints": endpoints,
-    })
+    ClusterStatus::static_cluster(name, c.has_health_check(), endpoints)
+}
+
+fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 async fn metrics(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
@@ -368,7 +366,12 @@ async fn drain(
         let reason = format!("cluster {cluster:?} has no instance {instance:?}");
         return error(StatusCode::NOT_FOUND, &reason);
     }
-    Json(json!({ "cluster": cluster, "instance": instance, "draining": true })).into_response()
+    Json(InstanceDrain {
+        cluster,
+        draining: true,
+        instance,
+    })
+    .into_response()
 }
 
 async fn resume(
@@ -383,7 +386,12 @@ async fn resume(
         let reason = format!("instance {instance:?} of cluster {cluster:?} is not drained");
         return error(StatusCode::NOT_FOUND, &reason);
     }
-    Json(json!({ "cluster": cluster, "instance": instance, "draining": false })).into_response()
+    Json(InstanceDrain {
+        cluster,
+        draining: false,
+        instance,
+    })
+    .into_response()
 }
 
 #[derive(Deserialize)]

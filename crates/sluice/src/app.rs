@@ -278,16 +278,19 @@ impl Proxy {
             group.add(server, self.service.clone(), self.grace);
         }
         let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));
-        let stopped = group
-            .run_until(restart::stop_or_upgrade(
+        let mut stopped = Stopped::Triggered;
+        let stop = async {
+            stopped = restart::stop_or_upgrade(
                 trigger,
                 self.upgrade,
                 fds,
                 &reverse,
                 self.grace,
                 &self.upgraded,
-            ))
+            )
             .await;
+        };
+        group.run_until(stop).await;
         if let Some(task) = acceptor {
             if let Err(e) = task.await {
                 tracing::warn!(error = %e, "the acceptor task failed");

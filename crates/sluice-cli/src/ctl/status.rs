@@ -1,75 +1,17 @@
 //! `sluice ctl status`: the reply of `GET /status`, rendered as tables.
 //!
-//! Fields the server adds later are ignored; lists it leaves out read as empty.
+//! The reply's types are `sluice_config::admin`'s, the ones the proxy writes. Fields the server
+//! adds later are ignored; lists it leaves out read as empty.
 
 use std::fmt::Write as _;
 
-use serde::Deserialize;
+use sluice_config::admin::{
+    ClusterStatus as Cluster, EndpointStatus as Endpoint, InstanceStatus as Instance,
+    ListenerStatus as Listener, SliceStatus as Slice, Status,
+};
 
 use super::client::AdminUrl;
 use super::table::{printable, Align, Table};
-
-/// `GET /status`'s reply.
-#[derive(Debug, Deserialize)]
-pub(crate) struct Status {
-    version: String,
-    uptime_seconds: f64,
-    #[serde(default)]
-    listeners: Vec<Listener>,
-    #[serde(default)]
-    acceptor: Option<Acceptor>,
-    #[serde(default)]
-    clusters: Vec<Cluster>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Listener {
-    name: String,
-    addr: String,
-    #[serde(default)]
-    tls: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct Acceptor {
-    addr: String,
-}
-
-/// A cluster of either kind: a reverse one has slices and instances, a static one endpoints.
-#[derive(Debug, Deserialize)]
-struct Cluster {
-    name: String,
-    kind: String,
-    sessions: Option<u64>,
-    #[serde(default)]
-    slices: Vec<Slice>,
-    #[serde(default)]
-    instances: Vec<Instance>,
-    #[serde(default)]
-    endpoints: Vec<Endpoint>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Slice {
-    name: String,
-    idle: u64,
-    queued: u64,
-}
-
-#[derive(Debug, Deserialize)]
-struct Instance {
-    id: String,
-    sessions: u64,
-    /// Sessions a WebSocket took over; absent from older proxies.
-    #[serde(default)]
-    upgraded: u64,
-    draining: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct Endpoint {
-    addr: String,
-}
 
 /// The whole status as text: a summary line, listeners, acceptor, clusters, then each
 /// cluster's detail.
@@ -138,14 +80,19 @@ fn detail(c: &Cluster, out: &mut String) {
     );
     let reverse = c.kind == "reverse";
     let known = reverse || c.kind == "static";
-    if reverse || (!known && !c.slices.is_empty()) {
-        slices(&c.slices, out);
+    let (slice_list, instance_list, endpoint_list) = (
+        c.slices.as_deref().unwrap_or_default(),
+        c.instances.as_deref().unwrap_or_default(),
+        c.endpoints.as_deref().unwrap_or_default(),
+    );
+    if reverse || (!known && !slice_list.is_empty()) {
+        slices(slice_list, out);
     }
-    if reverse || (!known && !c.instances.is_empty()) {
-        instances(&c.instances, out);
+    if reverse || (!known && !instance_list.is_empty()) {
+        instances(instance_list, out);
     }
-    if c.kind == "static" || (!known && !c.endpoints.is_empty()) {
-        endpoints(&c.endpoints, out);
+    if c.kind == "static" || (!known && !endpoint_list.is_empty()) {
+        endpoints(endpoint_list, out);
     }
 }
 

@@ -7,7 +7,7 @@
 //! session limits count it until the consumer reports it `GONE`, returns it (`RETURN`, back
 //! to the pool), or dies (its sessions died with it: the services re-dial).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -18,6 +18,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
 use super::error::{LinkError, PeerError};
+use super::ledger::{Ledger, SliceKey};
 use crate::acceptor::{Acceptor, BindError};
 use crate::server::{Shutdown, ShutdownSignal};
 use crate::upstream::reverse::{HandedSession, SessionPermit};
@@ -46,35 +47,12 @@ pub struct StandaloneAcceptor {
     clusters: BTreeMap<String, ReverseCluster>,
 }
 
-/// A (cluster, slice) pair.
-type SliceKey = (String, String);
-
 #[derive(Debug, Default)]
 struct State {
-    consumers: BTreeMap<u64, Peer>,
-    /// Lent sessions by id.
-    out: HashMap<u64, Out>,
-    /// Sessions asked of a pool and not yet arrived, per slice.
-    in_transit: HashMap<SliceKey, usize>,
-    next_consumer: u64,
-    next_session: u64,
-    /// Where the round robin over consumers resumes.
-    cursor: u64,
-}
-
-#[derive(Debug)]
-struct Peer {
-    conn: Arc<Handoff>,
-    credit: HashMap<SliceKey, u32>,
-    /// Sessions asked back (`RECALL`) and not yet returned or gone, per slice.
-    recalled: HashMap<SliceKey, usize>,
-}
-
-#[derive(Debug)]
-struct Out {
-    consumer: u64,
-    slice: SliceKey,
-    permit: SessionPermit,
+    /// Credit, loans and recalls; a loan holds the session's permit.
+    ledger: Ledger<SessionPermit>,
+    /// Each consumer's connection, by its id in the ledger.
+    conns: BTreeMap<u64, Arc<Handoff>>,
 }
 
 struct Shared {
@@ -215,14 +193,8 @@ async fn serve(conn: Arc<Handoff>, shared: Arc<Shared>) {
     }
     let id = {
         let mut st = shared.state();
-        st.next_consumer += 1;
-        let id = st.next_consumer;
-        let peer = Peer {
-            conn: Arc::clone(&conn),
-            credit: HashMap::new(),
-            recalled: HashMap::new(),
-        };
-        st.consumers.insert(id, peer);
+        let id = st.ledger.join();
+        st.conns.insert(id, Arc::clone(&conn));
         id
     };
     info!(consumer = id, "consumer connected");
@@ -251,25 +223,22 @@ async fn handle(
             if !shared.clusters.contains_key(&cluster) {
                 return Err(PeerError::UnknownCluster(cluster));
             }
-            let mut st = shared.state();
-            if let Some(peer) = st.consumers.get_mut(&consumer) {
-                let c = peer.credit.entry((cluster, slice)).or_default();
-                *c = c.saturating_add(n);
-            }
-            drop(st);
+            shared.state().ledger.credit(consumer, (cluster, slice), n);
             shared.wake.notify_one();
             Ok(())
         }
         (Message::Gone { id }, None) => {
-            take_out(shared, consumer, id)?;
+            // The permit is released outside the lock.
+            let settled = shared.state().ledger.settle(consumer, id)?;
+            drop(settled);
             shared.wake.notify_one();
             Ok(())
         }
         (Message::Return { id }, Some(fd)) => {
-            let out = take_out(shared, consumer, id)?;
-            let (cluster, slice) = out.slice;
+            let settled = shared.state().ledger.settle(consumer, id);
+            let ((cluster, slice), permit) = settled?;
             if let Some(c) = shared.clusters.get(&cluster) {
-                if let Err(error) = c.reattach(&slice, fd, out.permit).await {
+                if let Err(error) = c.reattach(&slice, fd, permit).await {
                     debug!(%cluster, %error, "a returned session could not rejoin its pool");
                 }
             }
@@ -282,38 +251,12 @@ async fn handle(
     }
 }
 
-/// Removes a lent session that `consumer` reports on; another consumer's id is an error.
-fn take_out(shared: &Shared, consumer: u64, id: u64) -> Result<Out, PeerError> {
-    let mut st = shared.state();
-    match st.out.remove(&id) {
-        Some(out) if out.consumer == consumer => {
-            if let Some(peer) = st.consumers.get_mut(&consumer) {
-                if let Some(pending) = peer.recalled.get_mut(&out.slice) {
-                    *pending = pending.saturating_sub(1);
-                }
-            }
-            Ok(out)
-        }
-        Some(out) => {
-            st.out.insert(id, out);
-            Err(PeerError::LentElsewhere(id))
-        }
-        None => Err(PeerError::NotLent(id)),
-    }
-}
-
 /// Forgets a consumer and everything lent to it; returns how many sessions it held.
 fn forget(shared: &Shared, consumer: u64) -> usize {
-    let permits: Vec<Out> = {
+    let permits = {
         let mut st = shared.state();
-        st.consumers.remove(&consumer);
-        let ids: Vec<u64> = st
-            .out
-            .iter()
-            .filter(|(_, o)| o.consumer == consumer)
-            .map(|(id, _)| *id)
-            .collect();
-        ids.iter().filter_map(|id| st.out.remove(id)).collect()
+        st.conns.remove(&consumer);
+        st.ledger.leave(consumer)
     };
     permits.len()
 }
@@ -322,37 +265,18 @@ fn forget(shared: &Shared, consumer: u64) -> usize {
 /// already on their way), whenever credit or sessions change.
 async fn pump(shared: Arc<Shared>) {
     loop {
-        let wanted: Vec<(SliceKey, usize)> = {
-            let st = shared.state();
-            let mut credit: HashMap<&SliceKey, usize> = HashMap::new();
-            for peer in st.consumers.values() {
-                for (key, n) in &peer.credit {
-                    *credit.entry(key).or_default() += *n as usize;
-                }
-            }
-            credit
-                .into_iter()
-                .map(|(key, n)| {
-                    let moving = st.in_transit.get(key).copied().unwrap_or(0);
-                    (key.clone(), n.saturating_sub(moving))
-                })
-                .filter(|(_, n)| *n > 0)
-                .collect()
-        };
+        let wanted = shared.state().ledger.wanted();
         for ((cluster, slice), n) in wanted {
             let Some(c) = shared.clusters.get(&cluster) else {
                 continue;
             };
             // Counted before they leave: `lend` may see them arrive before this returns.
             let key = (cluster, slice);
-            *shared.state().in_transit.entry(key.clone()).or_default() += n;
+            shared.state().ledger.asked(&key, n);
             let got = c.hand_over_some(&key.1, n);
-            if let Some(moving) = shared.state().in_transit.get_mut(&key) {
-                *moving = moving.saturating_sub(n - got);
-            }
+            shared.state().ledger.not_coming(&key, n - got);
             if got < n {
-                let sends = recalls(&mut shared.state(), &key);
-                for (conn, msg) in sends {
+                for (conn, msg) in recalls(&shared, &key) {
                     if let Err(error) = conn.send(&msg, None).await {
                         debug!(%error, "a consumer missed a RECALL");
                     }
@@ -363,64 +287,19 @@ async fn pump(shared: Arc<Shared>) {
     }
 }
 
-/// When a consumer wants sessions of `key` and holds fewer than its share ([`surplus`]), asks
-/// those above theirs to give the difference back; at most one recall is pending per consumer
-/// and slice.
-fn recalls(st: &mut State, key: &SliceKey) -> Vec<(Arc<Handoff>, Message)> {
-    let mut lent: BTreeMap<u64, usize> = BTreeMap::new();
-    for out in st.out.values().filter(|o| &o.slice == key) {
-        *lent.entry(out.consumer).or_default() += 1;
-    }
-    let wanted: BTreeMap<u64, usize> = st
-        .consumers
-        .iter()
-        .filter_map(|(id, p)| Some((*id, *p.credit.get(key)? as usize)))
-        .filter(|(_, n)| *n > 0)
-        .collect();
-    let mut sends = Vec::new();
-    for (id, over) in surplus(&lent, &wanted) {
-        let Some(peer) = st.consumers.get_mut(&id) else {
-            continue;
-        };
-        let pending = peer.recalled.entry(key.clone()).or_default();
-        if *pending > 0 {
-            continue;
-        }
-        *pending = over;
-        let msg = Message::Recall {
-            cluster: key.0.clone(),
-            slice: key.1.clone(),
-            n: u32::try_from(over).unwrap_or(u32::MAX),
-        };
-        sends.push((Arc::clone(&peer.conn), msg));
-    }
-    sends
-}
-
-/// How many of a slice's lent sessions each consumer should give back, given what each holds
-/// (`lent`) and what each still asks for (`wanted`, its open credit). Sessions are shared by
-/// demand, not evenly: a consumer's share of the lent sessions is in proportion to what it
-/// holds plus what it asks for (at least one), so the idle sessions of a quiet consumer move
-/// to one whose requests wait. With the pool empty, a consumer that wants sessions and holds
-/// fewer than its share gets the excess of those above theirs.
-fn surplus(lent: &BTreeMap<u64, usize>, wanted: &BTreeMap<u64, usize>) -> BTreeMap<u64, usize> {
-    let total: usize = lent.values().sum();
-    let mut sharing: Vec<u64> = lent.keys().chain(wanted.keys()).copied().collect();
-    sharing.sort_unstable();
-    sharing.dedup();
-    if total == 0 || sharing.len() < 2 {
-        return BTreeMap::new();
-    }
-    let get = |m: &BTreeMap<u64, usize>, id: &u64| m.get(id).copied().unwrap_or(0);
-    let demand = |id: &u64| get(lent, id) + get(wanted, id);
-    let all: usize = sharing.iter().map(demand).sum();
-    let share = |id: &u64| (total * demand(id) / all.max(1)).max(1);
-    if !wanted.keys().any(|id| get(lent, id) < share(id)) {
-        return BTreeMap::new();
-    }
-    lent.iter()
-        .map(|(id, n)| (*id, n.saturating_sub(share(id))))
-        .filter(|(_, over)| *over > 0)
+/// The RECALLs the ledger says are due for `key`, with the connections to send them on.
+fn recalls(shared: &Shared, key: &SliceKey) -> Vec<(Arc<Handoff>, Message)> {
+    let mut st = shared.state();
+    let due = st.ledger.recalls(key);
+    due.into_iter()
+        .filter_map(|(consumer, n)| {
+            let msg = Message::Recall {
+                cluster: key.0.clone(),
+                slice: key.1.clone(),
+                n,
+            };
+            Some((Arc::clone(st.conns.get(&consumer)?), msg))
+        })
         .collect()
 }
 
@@ -441,10 +320,7 @@ async fn watch(shared: Arc<Shared>, cluster: ReverseCluster) {
 }
 
 async fn tell_all(shared: &Shared, msg: &Message) {
-    let conns: Vec<Arc<Handoff>> = {
-        let st = shared.state();
-        st.consumers.values().map(|p| Arc::clone(&p.conn)).collect()
-    };
+    let conns: Vec<Arc<Handoff>> = shared.state().conns.values().cloned().collect();
     for conn in conns {
         if let Err(error) = conn.send(msg, None).await {
             debug!(%error, "a consumer missed {}", msg.verb());
@@ -464,7 +340,7 @@ async fn lend(
         let handed = tokio::select! {
             Some(handed) = rx.recv() => handed,
             Some(key) = lost.recv() => {
-                arrived(&mut shared.state(), &key);
+                shared.state().ledger.arrived(&key);
                 shared.wake.notify_one();
                 continue;
             }
@@ -473,8 +349,11 @@ async fn lend(
         let key = (handed.cluster.clone(), handed.slice.clone());
         let picked = {
             let mut st = shared.state();
-            arrived(&mut st, &key);
-            pick(&mut st, &key)
+            st.ledger.arrived(&key);
+            let picked = st.ledger.pick(&key);
+            picked.and_then(|(consumer, id)| {
+                Some((consumer, id, Arc::clone(st.conns.get(&consumer)?)))
+            })
         };
         match picked {
             Some((consumer, id, conn)) => send_session(&shared, handed, consumer, id, conn).await,
@@ -492,34 +371,6 @@ async fn lend(
             }
         }
     }
-}
-
-/// One session asked of `key`'s pool is no longer on its way.
-fn arrived(st: &mut State, key: &SliceKey) {
-    if let Some(n) = st.in_transit.get_mut(key) {
-        *n = n.saturating_sub(1);
-    }
-}
-
-/// The next consumer (round robin) with credit for `key`: takes one credit and an id.
-fn pick(st: &mut State, key: &SliceKey) -> Option<(u64, u64, Arc<Handoff>)> {
-    let cursor = st.cursor;
-    let ids: Vec<u64> = st
-        .consumers
-        .range(cursor + 1..)
-        .chain(st.consumers.range(..=cursor))
-        .filter(|(_, p)| p.credit.get(key).is_some_and(|n| *n > 0))
-        .map(|(id, _)| *id)
-        .collect();
-    let consumer = *ids.first()?;
-    let peer = st.consumers.get_mut(&consumer)?;
-    if let Some(n) = peer.credit.get_mut(key) {
-        *n -= 1;
-    }
-    let conn = Arc::clone(&peer.conn);
-    st.cursor = consumer;
-    st.next_session += 1;
-    Some((consumer, st.next_session, conn))
 }
 
 async fn send_session(
@@ -542,25 +393,13 @@ async fn send_session(
         slice: slice.clone(),
         instance,
     };
-    let out = Out {
-        consumer,
-        slice: (cluster.clone(), slice.clone()),
-        permit,
-    };
     // Recorded first: the consumer may answer GONE before `send` returns here. A consumer
     // forgotten since it was picked gets nothing (nobody would ever release the entry).
-    let not_lent = {
-        let mut st = shared.state();
-        if st.consumers.contains_key(&consumer) {
-            st.out.insert(id, out);
-            None
-        } else {
-            Some(out)
-        }
-    };
-    if let Some(out) = not_lent {
+    let key = (cluster.clone(), slice.clone());
+    let lent = shared.state().ledger.lend(id, consumer, key, permit);
+    if let Err(permit) = lent {
         if let Some(c) = shared.clusters.get(&cluster) {
-            let _ = c.reattach(&slice, fd, out.permit).await;
+            let _ = c.reattach(&slice, fd, permit).await;
         }
         return;
     }
@@ -569,8 +408,8 @@ async fn send_session(
         let mut st = shared.state();
         match &sent {
             // Forgotten while the send ran: its sessions went with it, as for the others.
-            Ok(()) if st.consumers.contains_key(&consumer) => None,
-            _ => st.out.remove(&id),
+            Ok(()) if st.ledger.is_member(consumer) => None,
+            _ => st.ledger.unlend(id),
         }
     };
     if let Err(error) = sent {
@@ -579,43 +418,4 @@ async fn send_session(
     }
     // The permit is released outside the lock.
     drop(forgotten);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn map(pairs: &[(u64, usize)]) -> BTreeMap<u64, usize> {
-        pairs.iter().copied().collect()
-    }
-
-    /// Issue 13's case: six sessions, three at each of two consumers; consumer 1 has requests
-    /// queued (it asks for many more), consumer 2 is idle (it asks only to top up its idle
-    /// reserve). The idle sessions must move to where the requests wait.
-    #[test]
-    fn idle_sessions_move_to_the_consumer_whose_requests_wait() {
-        let over = surplus(&map(&[(1, 3), (2, 3)]), &map(&[(1, 13), (2, 1)]));
-        assert_eq!(over, map(&[(2, 2)]));
-    }
-
-    /// Both loaded alike: nobody gives anything back, so sessions do not bounce.
-    #[test]
-    fn equal_demand_keeps_an_even_split() {
-        let over = surplus(&map(&[(1, 3), (2, 3)]), &map(&[(1, 8), (2, 8)]));
-        assert!(over.is_empty(), "{over:?}");
-    }
-
-    /// A consumer that holds nothing and wants some gets a share from the one that holds all.
-    #[test]
-    fn a_newcomer_gets_a_share() {
-        let over = surplus(&map(&[(1, 6)]), &map(&[(2, 4)]));
-        assert_eq!(over, map(&[(1, 3)]));
-    }
-
-    /// Once the loaded consumer holds its share, no further recall: the split is stable.
-    #[test]
-    fn the_split_by_demand_is_stable() {
-        let over = surplus(&map(&[(1, 5), (2, 1)]), &map(&[(1, 10), (2, 3)]));
-        assert!(over.is_empty(), "{over:?}");
-    }
 }

@@ -8,11 +8,14 @@
 //!   socket, credit bookkeeping, lending, `RETURN`/`GONE`, `DRAIN` to consumers.
 //! * `consumer`: a Sluice's side: credit ahead of demand, adopt lent sessions, report
 //!   `GONE`, return surplus idle sessions, reconnect with backoff.
+//! * `ledger`: the broker's accounts (credit, loans, recalls, sessions on their way),
+//!   without sockets, so the lending rules are tested alone.
 //! * `error`: why a link to a peer ended: the peer misbehaved, or the socket failed.
 
 mod broker;
 mod consumer;
 mod error;
+mod ledger;
 
 pub use broker::{BrokerError, StandaloneAcceptor};
 pub(crate) use consumer::{consume, Source};

@@ -261,16 +261,15 @@ impl Group {
     }
 
     /// Runs every server until `trigger` resolves, then shuts them all down gracefully and
-    /// returns what `trigger` resolved to when the last one has drained.
-    pub async fn run_until<T>(self, trigger: impl Future<Output = T>) -> T {
+    /// returns when the last one has drained.
+    pub async fn run_until(self, trigger: impl Future<Output = ()>) {
         let handles: Vec<_> = self.servers.into_iter().map(tokio::spawn).collect();
-        let stopped = trigger.await;
+        trigger.await;
         self.shutdown.trigger();
         for handle in handles {
             if let Err(e) = handle.await {
                 warn!(error = %e, "a server task failed");
             }
         }
-        stopped
     }
 }

@@ -1,0 +1,239 @@
+//! The admin API's replies (`GET /status` and the drain/resume answers), as the proxy writes
+//! them and `sluice ctl` reads them: one set of serde types for both sides.
+//!
+//! They live here because both crates already depend on `sluice-config` and it knows nothing
+//! of the proxy's internals: `sluice ctl` reads them without reaching into the engine, and the
+//! proxy fills them from its clusters. Reading is lenient the way a newer server needs: fields
+//! a later proxy adds are ignored, and fields an older one lacks read as empty or zero.
+//! Fields are declared in the order the JSON carries them (alphabetical where the proxy used
+//! to build objects with `json!`), so the bytes on the wire do not change.
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /status`: the process, its listeners, its acceptor and every cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// The proxy's version (`CARGO_PKG_VERSION`).
+    pub version: String,
+    /// The proxy's process id.
+    #[serde(default)]
+    pub pid: u32,
+    /// Seconds since the proxy started.
+    pub uptime_seconds: f64,
+    /// The client listeners.
+    #[serde(default)]
+    pub listeners: Vec<ListenerStatus>,
+    /// The acceptor, when reverse clusters are configured (`null` otherwise).
+    #[serde(default)]
+    pub acceptor: Option<AcceptorStatus>,
+    /// Every cluster, by name.
+    #[serde(default)]
+    pub clusters: Vec<ClusterStatus>,
+}
+
+/// A client listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListenerStatus {
+    /// Its configured name.
+    pub name: String,
+    /// The bound address.
+    pub addr: String,
+    /// Whether it terminates TLS.
+    #[serde(default)]
+    pub tls: bool,
+}
+
+/// The acceptor's bound TCP address.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AcceptorStatus {
+    /// The bound address.
+    pub addr: String,
+}
+
+/// One cluster. A reverse one has `sessions`, `slices` and `instances`; a static one
+/// `health_check` and `endpoints`. The kind stays a string, so a `sluice ctl` shows clusters
+/// of kinds it does not know with whatever lists they carry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// A static cluster's endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Vec<EndpointStatus>>,
+    /// Whether a static cluster runs active health checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<bool>,
+    /// A reverse cluster's instances (drained ones stay listed until resumed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instances: Option<Vec<InstanceStatus>>,
+    /// `reverse` or `static`.
+    pub kind: String,
+    /// The cluster's name.
+    pub name: String,
+    /// A reverse cluster's registered sessions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<u64>,
+    /// A reverse cluster's slices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slices: Option<Vec<SliceStatus>>,
+}
+
+impl ClusterStatus {
+    /// A reverse cluster's status.
+    pub fn reverse(
+        name: &str,
+        sessions: u64,
+        slices: Vec<SliceStatus>,
+        instances: Vec<InstanceStatus>,
+    ) -> Self {
+        Self {
+            endpoints: None,
+            health_check: None,
+            instances: Some(instances),
+            kind: "reverse".to_owned(),
+            name: name.to_owned(),
+            sessions: Some(sessions),
+            slices: Some(slices),
+        }
+    }
+
+    /// A static cluster's status.
+    pub fn static_cluster(name: &str, health_check: bool, endpoints: Vec<EndpointStatus>) -> Self {
+        Self {
+            endpoints: Some(endpoints),
+            health_check: Some(health_check),
+            instances: None,
+            kind: "static".to_owned(),
+            name: name.to_owned(),
+            sessions: None,
+            slices: None,
+        }
+    }
+}
+
+/// A reverse cluster's slice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SliceStatus {
+    /// Idle sessions.
+    pub idle: u64,
+    /// The slice's name.
+    pub name: String,
+    /// How long the oldest queued request has waited, in milliseconds (0: none waits).
+    #[serde(default)]
+    pub oldest_wait_ms: u64,
+    /// Requests waiting in the admission queue.
+    pub queued: u64,
+}
+
+/// A reverse cluster's instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceStatus {
+    /// Whether it is draining (or drained and held until resumed).
+    pub draining: bool,
+    /// The instance id.
+    pub id: String,
+    /// Its registered sessions.
+    pub sessions: u64,
+    /// Sessions a WebSocket (an HTTP Upgrade) took over; absent from older proxies.
+    #[serde(default)]
+    pub upgraded: u64,
+}
+
+/// A static cluster's endpoint: health, ejection and load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointStatus {
+    /// The endpoint's address.
+    pub addr: String,
+    /// Failed connects in a row.
+    #[serde(default)]
+    pub connect_failures: u64,
+    /// Milliseconds left of its ejection (0: not ejected).
+    #[serde(default)]
+    pub ejected_ms: u64,
+    /// Ejections so far.
+    #[serde(default)]
+    pub ejections: u64,
+    /// The active check's verdict; always true without checks.
+    #[serde(default)]
+    pub healthy: bool,
+    /// Idle pooled connections.
+    #[serde(default)]
+    pub idle_connections: u64,
+    /// Requests in flight.
+    #[serde(default)]
+    pub in_flight: u64,
+}
+
+/// The answer to draining or resuming an instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceDrain {
+    /// The cluster's name.
+    pub cluster: String,
+    /// `true` after a drain, `false` after a resume.
+    pub draining: bool,
+    /// The instance id.
+    pub instance: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes the proxy wrote when it built these objects with `json!` (keys sorted), so
+    /// dashboards and scripts that read them see no change.
+    #[test]
+    fn clusters_serialize_as_before() {
+        let reverse = ClusterStatus::reverse(
+            "api",
+            2,
+            vec![SliceStatus {
+                idle: 1,
+                name: "default".to_owned(),
+                oldest_wait_ms: 0,
+                queued: 0,
+            }],
+            vec![InstanceStatus {
+                draining: false,
+                id: "i-1".to_owned(),
+                sessions: 2,
+                upgraded: 0,
+            }],
+        );
+        let reverse = serde_json::to_string(&reverse).expect("serialize");
+        assert_eq!(
+            reverse,
+            r#"{"instances":[{"draining":false,"id":"i-1","sessions":2,"upgraded":0}],"kind":"reverse","name":"api","sessions":2,"slices":[{"idle":1,"name":"default","oldest_wait_ms":0,"queued":0}]}"#
+        );
+        let endpoint = EndpointStatus {
+            addr: "127.0.0.1:9001".to_owned(),
+            connect_failures: 0,
+            ejected_ms: 0,
+            ejections: 0,
+            healthy: true,
+            idle_connections: 1,
+            in_flight: 0,
+        };
+        let fixed = ClusterStatus::static_cluster("legacy", false, vec![endpoint]);
+        let fixed = serde_json::to_string(&fixed).expect("serialize");
+        assert_eq!(
+            fixed,
+            r#"{"endpoints":[{"addr":"127.0.0.1:9001","connect_failures":0,"ejected_ms":0,"ejections":0,"healthy":true,"idle_connections":1,"in_flight":0}],"health_check":false,"kind":"static","name":"legacy"}"#
+        );
+    }
+
+    /// `sluice ctl` reads an older proxy's reply (no `pid`, `upgraded`, `oldest_wait_ms`, no
+    /// lists) and a newer one's (fields and kinds it does not know).
+    #[test]
+    fn replies_from_other_versions_parse() {
+        let older = r#"{"version":"0.1.0","uptime_seconds":1.5,"acceptor":null,
+            "clusters":[{"name":"api","kind":"reverse","sessions":1,
+            "slices":[{"name":"default","idle":1,"queued":0}],
+            "instances":[{"id":"i-1","sessions":1,"draining":false}]}]}"#;
+        let status: Status = serde_json::from_str(older).expect("an older reply");
+        assert_eq!(status.clusters[0].sessions, Some(1));
+        assert!(status.listeners.is_empty());
+        let newer = r#"{"version":"9.0.0","pid":7,"uptime_seconds":1.0,"listeners":[],
+            "clusters":[{"name":"q","kind":"queue","depth":3}],"later":true}"#;
+        let status: Status = serde_json::from_str(newer).expect("a newer reply");
+        assert_eq!(status.clusters[0].kind, "queue");
+        assert_eq!(status.clusters[0].slices, None);
+    }
+}
