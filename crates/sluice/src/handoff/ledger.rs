@@ -146,16 +146,43 @@ impl<T> Ledger<T> {
         self.not_coming(key, 1);
     }
 
-    /// The next consumer (round robin) with credit for `key`: takes one of its credits and
-    /// returns it with a new session id.
+    /// The consumer with credit for `key` that is furthest below its share of the slice's
+    /// lent sessions (see [`surplus`]; round robin among equals): takes one of its credits and
+    /// returns it with a new session id. By share, not in turn: a quiet consumer that gave a
+    /// session back on `RECALL` asks at once to top its idle sessions up again, and in turn it
+    /// would get that very session back, never the consumer whose requests wait.
     pub(crate) fn pick(&mut self, key: &SliceKey) -> Option<(u64, u64)> {
+        let (lent, wanted) = self.holdings(key);
+        let demand =
+            |id: &u64| lent.get(id).copied().unwrap_or(0) + wanted.get(id).copied().unwrap_or(0);
+        let all = wanted
+            .keys()
+            .chain(lent.keys())
+            .collect::<std::collections::BTreeSet<_>>();
+        let all: usize = all.into_iter().map(demand).sum();
+        // With the session being placed, `total` are lent; share × all = total × demand.
+        let total = lent.values().sum::<usize>() + 1;
+        let below = |id: &u64| {
+            let held = lent.get(id).copied().unwrap_or(0);
+            (total * demand(id)) as i128 - (held * all) as i128
+        };
         let cursor = self.cursor;
-        let consumer = self
+        let mut best: Option<(u64, i128)> = None;
+        for id in self
             .consumers
             .range(cursor + 1..)
             .chain(self.consumers.range(..=cursor))
-            .find(|(_, a)| a.credit.get(key).is_some_and(|n| *n > 0))
-            .map(|(id, _)| *id)?;
+        {
+            let id = *id.0;
+            if wanted.get(&id).copied().unwrap_or(0) == 0 {
+                continue;
+            }
+            let deficit = below(&id);
+            if best.is_none_or(|(_, most)| deficit > most) {
+                best = Some((id, deficit));
+            }
+        }
+        let (consumer, _) = best?;
         let account = self.consumers.get_mut(&consumer)?;
         if let Some(n) = account.credit.get_mut(key) {
             *n -= 1;
@@ -163,6 +190,21 @@ impl<T> Ledger<T> {
         self.cursor = consumer;
         self.next_session += 1;
         Some((consumer, self.next_session))
+    }
+
+    /// Per consumer: how many sessions of `key` it holds, and its open credit for `key`.
+    fn holdings(&self, key: &SliceKey) -> (BTreeMap<u64, usize>, BTreeMap<u64, usize>) {
+        let mut lent: BTreeMap<u64, usize> = BTreeMap::new();
+        for out in self.out.values().filter(|o| &o.slice == key) {
+            *lent.entry(out.consumer).or_default() += 1;
+        }
+        let wanted: BTreeMap<u64, usize> = self
+            .consumers
+            .iter()
+            .filter_map(|(id, a)| Some((*id, *a.credit.get(key)? as usize)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        (lent, wanted)
     }
 
     /// Records session `id` as lent to `consumer`; a consumer gone since it was picked gets
@@ -195,16 +237,7 @@ impl<T> Ledger<T> {
     /// how many each consumer above its share should give back (`RECALL`); at most one recall
     /// is pending per consumer and slice.
     pub(crate) fn recalls(&mut self, key: &SliceKey) -> Vec<(u64, u32)> {
-        let mut lent: BTreeMap<u64, usize> = BTreeMap::new();
-        for out in self.out.values().filter(|o| &o.slice == key) {
-            *lent.entry(out.consumer).or_default() += 1;
-        }
-        let wanted: BTreeMap<u64, usize> = self
-            .consumers
-            .iter()
-            .filter_map(|(id, a)| Some((*id, *a.credit.get(key)? as usize)))
-            .filter(|(_, n)| *n > 0)
-            .collect();
+        let (lent, wanted) = self.holdings(key);
         let mut recalls = Vec::new();
         for (id, over) in surplus(&lent, &wanted) {
             let Some(account) = self.consumers.get_mut(&id) else {
@@ -228,6 +261,24 @@ impl<T> Ledger<T> {
 /// to one whose requests wait. With the pool empty, a consumer that wants sessions and holds
 /// fewer than its share gets the excess of those above theirs.
 fn surplus(lent: &BTreeMap<u64, usize>, wanted: &BTreeMap<u64, usize>) -> BTreeMap<u64, usize> {
+    let share = shares(lent, wanted);
+    let get = |m: &BTreeMap<u64, usize>, id: &u64| m.get(id).copied().unwrap_or(0);
+    if !wanted.keys().any(|id| get(lent, id) < get(&share, id)) {
+        return BTreeMap::new();
+    }
+    lent.iter()
+        .map(|(id, n)| (*id, n.saturating_sub(get(&share, id))))
+        .filter(|(_, over)| *over > 0)
+        .collect()
+}
+
+/// Each consumer's share of the slice's lent sessions, in proportion to its demand (what it
+/// holds plus what it asks for), at least one; none with fewer than two consumers sharing.
+/// The shares add up to the sessions lent: each gets the whole part of its proportion, and
+/// the sessions left over go to the largest fractions (ties: the larger demand, then the
+/// older consumer). Rounding every share down instead left a consumer at 4 of a proportion
+/// of 4.8 with nobody above theirs: the quiet consumer kept its idle sessions for good.
+fn shares(lent: &BTreeMap<u64, usize>, wanted: &BTreeMap<u64, usize>) -> BTreeMap<u64, usize> {
     let total: usize = lent.values().sum();
     let mut sharing: Vec<u64> = lent.keys().chain(wanted.keys()).copied().collect();
     sharing.sort_unstable();
@@ -237,15 +288,28 @@ fn surplus(lent: &BTreeMap<u64, usize>, wanted: &BTreeMap<u64, usize>) -> BTreeM
     }
     let get = |m: &BTreeMap<u64, usize>, id: &u64| m.get(id).copied().unwrap_or(0);
     let demand = |id: &u64| get(lent, id) + get(wanted, id);
-    let all: usize = sharing.iter().map(demand).sum();
-    let share = |id: &u64| (total * demand(id) / all.max(1)).max(1);
-    if !wanted.keys().any(|id| get(lent, id) < share(id)) {
-        return BTreeMap::new();
+    let all: usize = sharing.iter().map(demand).sum::<usize>().max(1);
+    let mut share: BTreeMap<u64, usize> = sharing
+        .iter()
+        .map(|id| (*id, total * demand(id) / all))
+        .collect();
+    let mut by_fraction = sharing.clone();
+    by_fraction.sort_by_key(|id| {
+        let fraction = total * demand(id) % all;
+        (
+            std::cmp::Reverse(fraction),
+            std::cmp::Reverse(demand(id)),
+            *id,
+        )
+    });
+    let left = total.saturating_sub(share.values().sum());
+    for id in by_fraction.iter().take(left) {
+        *share.entry(*id).or_default() += 1;
     }
-    lent.iter()
-        .map(|(id, n)| (*id, n.saturating_sub(share(id))))
-        .filter(|(_, over)| *over > 0)
-        .collect()
+    for n in share.values_mut() {
+        *n = (*n).max(1);
+    }
+    share
 }
 
 #[cfg(test)]
@@ -275,8 +339,21 @@ mod tests {
     /// A consumer that holds nothing and wants some gets a share from the one that holds all.
     #[test]
     fn a_newcomer_gets_a_share() {
+        // Demand 6 and 4 of 6 sessions: shares 3.6 and 2.4 are 4 and 2 (they add up to 6;
+        // rounding both down recalled 3, one more than the newcomer's share).
         let over = surplus(&map(&[(1, 6)]), &map(&[(2, 4)]));
-        assert_eq!(over, map(&[(1, 3)]));
+        assert_eq!(over, map(&[(1, 2)]));
+    }
+
+    /// Issue 14's two-consumer test (tests/handoff.rs): 4 held and 4 asked for against 2
+    /// held idle. Proportions 4.8 and 1.2: the busy consumer is one short, the quiet one gives
+    /// one back, and after the move (5 and 1, each topping up) nothing moves again.
+    #[test]
+    fn a_fraction_short_is_short() {
+        let over = surplus(&map(&[(1, 4), (2, 2)]), &map(&[(1, 4)]));
+        assert_eq!(over, map(&[(2, 1)]));
+        let after = surplus(&map(&[(1, 5), (2, 1)]), &map(&[(1, 3), (2, 1)]));
+        assert!(after.is_empty(), "{after:?}");
     }
 
     /// Once the loaded consumer holds its share, no further recall: the split is stable.
@@ -380,9 +457,10 @@ mod tests {
             recalls: &[],
         };
         let mut ledger = ledger_for(&case);
-        assert_eq!(ledger.recalls(&key()), [(1, 3)]);
+        // Shares 4 and 2 of 6 (a_newcomer_gets_a_share).
+        assert_eq!(ledger.recalls(&key()), [(1, 2)]);
         assert!(ledger.recalls(&key()).is_empty(), "still pending");
-        for id in 1..=3 {
+        for id in 1..=2 {
             ledger.settle(1, id).expect("lent to consumer 1");
         }
         // Consumer 2 still holds none (the returned ones have not reached it yet).
@@ -398,6 +476,30 @@ mod tests {
         let picked: Vec<_> = std::iter::from_fn(|| ledger.pick(&key())).collect();
         assert_eq!(picked, [(a, 1), (c, 2), (a, 3)]);
         assert!(!picked.iter().any(|(to, _)| *to == b), "b has no credit");
+    }
+
+    /// The integration test's case (tests/handoff.rs): consumer a has all its sessions busy
+    /// and requests queued, b gave one of its two idle sessions back on `RECALL` and asks at
+    /// once to top up again. The returned session goes to a, though it is b's turn.
+    #[test]
+    fn a_session_goes_to_the_consumer_furthest_below_its_share() {
+        let mut ledger: Ledger<()> = Ledger::default();
+        let (a, b) = (ledger.join(), ledger.join());
+        for id in 1..=4 {
+            ledger.lend(id, a, key(), ()).expect("a member");
+        }
+        ledger.lend(5, b, key(), ()).expect("a member");
+        ledger.credit(a, key(), 4);
+        ledger.credit(b, key(), 1);
+        ledger.cursor = a;
+        assert_eq!(ledger.pick(&key()), Some((a, 1)));
+        // Equally far below their shares, they take turns again.
+        let mut even: Ledger<()> = Ledger::default();
+        let (c, d) = (even.join(), even.join());
+        even.credit(c, key(), 1);
+        even.credit(d, key(), 1);
+        even.cursor = c;
+        assert_eq!(even.pick(&key()), Some((d, 1)));
     }
 
     #[test]
