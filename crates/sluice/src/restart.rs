@@ -198,8 +198,8 @@ pub(crate) async fn forward_sessions(
     while let Some(s) = sessions.recv().await {
         let msg = Message::Session {
             id: sent,
-            cluster: s.cluster,
-            slice: s.slice,
+            cluster: s.slice.cluster,
+            slice: s.slice.slice,
             instance: s.instance,
         };
         if let Err(error) = send(&conn, &path, &msg, Some(s.fd)).await {

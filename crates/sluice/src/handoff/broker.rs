@@ -18,10 +18,10 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
 use super::error::{LinkError, PeerError};
-use super::ledger::{Ledger, SliceKey};
+use super::ledger::Ledger;
 use crate::acceptor::{Acceptor, BindError};
 use crate::server::{Shutdown, ShutdownSignal};
-use crate::upstream::reverse::{HandedSession, SessionPermit};
+use crate::upstream::reverse::{HandedSession, SessionPermit, SliceId};
 use crate::upstream::ReverseCluster;
 
 /// Why a standalone acceptor could not start.
@@ -223,7 +223,10 @@ async fn handle(
             if !shared.clusters.contains_key(&cluster) {
                 return Err(PeerError::UnknownCluster(cluster));
             }
-            shared.state().ledger.credit(consumer, (cluster, slice), n);
+            shared
+                .state()
+                .ledger
+                .credit(consumer, SliceId::new(cluster, slice), n);
             shared.wake.notify_one();
             Ok(())
         }
@@ -236,10 +239,10 @@ async fn handle(
         }
         (Message::Return { id }, Some(fd)) => {
             let settled = shared.state().ledger.settle(consumer, id);
-            let ((cluster, slice), permit) = settled?;
-            if let Some(c) = shared.clusters.get(&cluster) {
-                if let Err(error) = c.reattach(&slice, fd, permit).await {
-                    debug!(%cluster, %error, "a returned session could not rejoin its pool");
+            let (slice, permit) = settled?;
+            if let Some(c) = shared.clusters.get(&slice.cluster) {
+                if let Err(error) = c.reattach(&slice.slice, fd, permit).await {
+                    debug!(%slice, %error, "a returned session could not rejoin its pool");
                 }
             }
             Ok(())
@@ -266,14 +269,13 @@ fn forget(shared: &Shared, consumer: u64) -> usize {
 async fn pump(shared: Arc<Shared>) {
     loop {
         let wanted = shared.state().ledger.wanted();
-        for ((cluster, slice), n) in wanted {
-            let Some(c) = shared.clusters.get(&cluster) else {
+        for (key, n) in wanted {
+            let Some(c) = shared.clusters.get(&key.cluster) else {
                 continue;
             };
             // Counted before they leave: `lend` may see them arrive before this returns.
-            let key = (cluster, slice);
             shared.state().ledger.asked(&key, n);
-            let got = c.hand_over_some(&key.1, n);
+            let got = c.hand_over_some(&key.slice, n);
             shared.state().ledger.not_coming(&key, n - got);
             if got < n {
                 for (conn, msg) in recalls(&shared, &key) {
@@ -288,14 +290,14 @@ async fn pump(shared: Arc<Shared>) {
 }
 
 /// The RECALLs the ledger says are due for `key`, with the connections to send them on.
-fn recalls(shared: &Shared, key: &SliceKey) -> Vec<(Arc<Handoff>, Message)> {
+fn recalls(shared: &Shared, key: &SliceId) -> Vec<(Arc<Handoff>, Message)> {
     let mut st = shared.state();
     let due = st.ledger.recalls(key);
     due.into_iter()
         .filter_map(|(consumer, n)| {
             let msg = Message::Recall {
-                cluster: key.0.clone(),
-                slice: key.1.clone(),
+                cluster: key.cluster.clone(),
+                slice: key.slice.clone(),
                 n,
             };
             Some((Arc::clone(st.conns.get(&consumer)?), msg))
@@ -334,7 +336,7 @@ async fn tell_all(shared: &Shared, msg: &Message) {
 async fn lend(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<HandedSession>,
-    mut lost: mpsc::UnboundedReceiver<SliceKey>,
+    mut lost: mpsc::UnboundedReceiver<SliceId>,
 ) {
     loop {
         let handed = tokio::select! {
@@ -346,7 +348,7 @@ async fn lend(
             }
             else => return,
         };
-        let key = (handed.cluster.clone(), handed.slice.clone());
+        let key = handed.slice.clone();
         let picked = {
             let mut st = shared.state();
             st.ledger.arrived(&key);
@@ -359,14 +361,10 @@ async fn lend(
             Some((consumer, id, conn)) => send_session(&shared, handed, consumer, id, conn).await,
             None => {
                 let HandedSession {
-                    cluster,
-                    slice,
-                    fd,
-                    permit,
-                    ..
+                    slice, fd, permit, ..
                 } = handed;
-                if let Some(c) = shared.clusters.get(&cluster) {
-                    let _ = c.reattach(&slice, fd, permit).await;
+                if let Some(c) = shared.clusters.get(&slice.cluster) {
+                    let _ = c.reattach(&slice.slice, fd, permit).await;
                 }
             }
         }
@@ -381,7 +379,6 @@ async fn send_session(
     conn: Arc<Handoff>,
 ) {
     let HandedSession {
-        cluster,
         slice,
         instance,
         fd,
@@ -389,17 +386,19 @@ async fn send_session(
     } = handed;
     let msg = Message::Session {
         id,
-        cluster: cluster.clone(),
-        slice: slice.clone(),
+        cluster: slice.cluster.clone(),
+        slice: slice.slice.clone(),
         instance,
     };
     // Recorded first: the consumer may answer GONE before `send` returns here. A consumer
     // forgotten since it was picked gets nothing (nobody would ever release the entry).
-    let key = (cluster.clone(), slice.clone());
-    let lent = shared.state().ledger.lend(id, consumer, key, permit);
+    let lent = shared
+        .state()
+        .ledger
+        .lend(id, consumer, slice.clone(), permit);
     if let Err(permit) = lent {
-        if let Some(c) = shared.clusters.get(&cluster) {
-            let _ = c.reattach(&slice, fd, permit).await;
+        if let Some(c) = shared.clusters.get(&slice.cluster) {
+            let _ = c.reattach(&slice.slice, fd, permit).await;
         }
         return;
     }

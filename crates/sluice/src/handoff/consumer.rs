@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 const SURPLUS_FOR: Duration = Duration::from_secs(1);
 
 use super::error::{LinkError, PeerError};
-use crate::upstream::reverse::{HandedSession, Lent};
+use crate::upstream::reverse::{HandedSession, Lent, SliceId};
 use crate::upstream::ReverseCluster;
 
 /// One reverse cluster fed by a handoff socket, and the slices its routes use.
@@ -62,9 +62,9 @@ struct Link<'a> {
     conn: Arc<Handoff>,
     sources: &'a [Source],
     /// Credit asked for and not yet filled, per (cluster, slice).
-    asked: HashMap<(String, String), usize>,
+    asked: HashMap<SliceId, usize>,
     /// Since when each slice has had idle sessions to spare (and nothing waiting).
-    surplus: HashMap<(String, String), Instant>,
+    surplus: HashMap<SliceId, Instant>,
     gone: mpsc::UnboundedSender<u64>,
 }
 
@@ -134,7 +134,7 @@ impl Link<'_> {
         for s in self.sources {
             for slice in &s.slices {
                 let (idle, queued) = (s.cluster.idle_sessions(slice), s.cluster.queued(slice));
-                let key = (s.cluster.name().to_owned(), slice.clone());
+                let key = SliceId::new(s.cluster.name(), slice.as_str());
                 let asked = self.asked.get(&key).copied().unwrap_or(0);
                 // Never more than the cluster's own `max_sessions` leaves room for: what it
                 // could not adopt would only go back as GONE (and its service re-dial).
@@ -143,8 +143,8 @@ impl Link<'_> {
                 if idle + asked < want {
                     let n = u32::try_from(want - idle - asked).unwrap_or(u32::MAX);
                     let msg = Message::Credit {
-                        cluster: key.0.clone(),
-                        slice: key.1.clone(),
+                        cluster: key.cluster.clone(),
+                        slice: key.slice.clone(),
                         n,
                     };
                     self.send(&msg, None).await?;
@@ -175,7 +175,10 @@ impl Link<'_> {
                 },
                 Some(fd),
             ) => {
-                if let Some(n) = self.asked.get_mut(&(cluster.clone(), slice.clone())) {
+                if let Some(n) = self
+                    .asked
+                    .get_mut(&SliceId::new(cluster.as_str(), slice.as_str()))
+                {
                     *n = n.saturating_sub(1);
                 }
                 self.adopt(id, &cluster, &slice, &instance, fd).await
@@ -227,7 +230,6 @@ impl Link<'_> {
     /// connection (the acceptor restarted since) stays here instead.
     async fn give_back(&self, handed: HandedSession) -> Result<(), LinkError> {
         let HandedSession {
-            cluster,
             slice,
             fd,
             mut permit,
@@ -240,8 +242,8 @@ impl Link<'_> {
             }
             earlier => {
                 permit.restore_lent(earlier);
-                if let Some(c) = self.cluster(&cluster) {
-                    let _ = c.reattach(&slice, fd, permit).await;
+                if let Some(c) = self.cluster(&slice.cluster) {
+                    let _ = c.reattach(&slice.slice, fd, permit).await;
                 }
                 Ok(())
             }

@@ -7,8 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::error::PeerError;
 
-/// A (cluster, slice) pair.
-pub(crate) type SliceKey = (String, String);
+use crate::upstream::reverse::SliceId;
 
 /// The accounts; `T` is what a lent session holds here until it comes back or is gone (its
 /// permit, which keeps it counted against the session limits).
@@ -18,7 +17,7 @@ pub(crate) struct Ledger<T> {
     /// Lent sessions by id.
     out: HashMap<u64, Loan<T>>,
     /// Sessions asked of a pool and not yet arrived, per slice.
-    in_transit: HashMap<SliceKey, usize>,
+    in_transit: HashMap<SliceId, usize>,
     next_consumer: u64,
     next_session: u64,
     /// Where the round robin over consumers resumes.
@@ -27,15 +26,15 @@ pub(crate) struct Ledger<T> {
 
 #[derive(Debug, Default)]
 struct Account {
-    credit: HashMap<SliceKey, u32>,
+    credit: HashMap<SliceId, u32>,
     /// Sessions asked back (`RECALL`) and not yet returned or gone, per slice.
-    recalled: HashMap<SliceKey, usize>,
+    recalled: HashMap<SliceId, usize>,
 }
 
 #[derive(Debug)]
 struct Loan<T> {
     consumer: u64,
-    slice: SliceKey,
+    slice: SliceId,
     held: T,
 }
 
@@ -82,7 +81,7 @@ impl<T> Ledger<T> {
     }
 
     /// `CREDIT`: `consumer` may receive `n` more sessions of `key`.
-    pub(crate) fn credit(&mut self, consumer: u64, key: SliceKey, n: u32) {
+    pub(crate) fn credit(&mut self, consumer: u64, key: SliceId, n: u32) {
         if let Some(account) = self.consumers.get_mut(&consumer) {
             let c = account.credit.entry(key).or_default();
             *c = c.saturating_add(n);
@@ -91,7 +90,7 @@ impl<T> Ledger<T> {
 
     /// `RETURN` or `GONE` of session `id`: no longer lent (nor owed, if it was recalled).
     /// Another consumer's session, or one nobody holds, is the peer's error.
-    pub(crate) fn settle(&mut self, consumer: u64, id: u64) -> Result<(SliceKey, T), PeerError> {
+    pub(crate) fn settle(&mut self, consumer: u64, id: u64) -> Result<(SliceId, T), PeerError> {
         match self.out.remove(&id) {
             Some(out) if out.consumer == consumer => {
                 if let Some(account) = self.consumers.get_mut(&consumer) {
@@ -111,8 +110,8 @@ impl<T> Ledger<T> {
 
     /// What each slice's pool should be asked for: the consumers' open credit, less the
     /// sessions already on their way.
-    pub(crate) fn wanted(&self) -> Vec<(SliceKey, usize)> {
-        let mut credit: HashMap<&SliceKey, usize> = HashMap::new();
+    pub(crate) fn wanted(&self) -> Vec<(SliceId, usize)> {
+        let mut credit: HashMap<&SliceId, usize> = HashMap::new();
         for account in self.consumers.values() {
             for (key, n) in &account.credit {
                 *credit.entry(key).or_default() += *n as usize;
@@ -130,19 +129,19 @@ impl<T> Ledger<T> {
 
     /// `n` sessions of `key` were asked of its pool (counted before they leave: one may
     /// arrive before the pool call returns).
-    pub(crate) fn asked(&mut self, key: &SliceKey, n: usize) {
+    pub(crate) fn asked(&mut self, key: &SliceId, n: usize) {
         *self.in_transit.entry(key.clone()).or_default() += n;
     }
 
     /// Of the sessions asked of `key`'s pool, `n` will not come (it had fewer idle).
-    pub(crate) fn not_coming(&mut self, key: &SliceKey, n: usize) {
+    pub(crate) fn not_coming(&mut self, key: &SliceId, n: usize) {
         if let Some(moving) = self.in_transit.get_mut(key) {
             *moving = moving.saturating_sub(n);
         }
     }
 
     /// One session asked of `key`'s pool arrived (or closed on the way).
-    pub(crate) fn arrived(&mut self, key: &SliceKey) {
+    pub(crate) fn arrived(&mut self, key: &SliceId) {
         self.not_coming(key, 1);
     }
 
@@ -151,7 +150,7 @@ impl<T> Ledger<T> {
     /// returns it with a new session id. By share, not in turn: a quiet consumer that gave a
     /// session back on `RECALL` asks at once to top its idle sessions up again, and in turn it
     /// would get that very session back, never the consumer whose requests wait.
-    pub(crate) fn pick(&mut self, key: &SliceKey) -> Option<(u64, u64)> {
+    pub(crate) fn pick(&mut self, key: &SliceId) -> Option<(u64, u64)> {
         let (lent, wanted) = self.holdings(key);
         let demand =
             |id: &u64| lent.get(id).copied().unwrap_or(0) + wanted.get(id).copied().unwrap_or(0);
@@ -193,7 +192,7 @@ impl<T> Ledger<T> {
     }
 
     /// Per consumer: how many sessions of `key` it holds, and its open credit for `key`.
-    fn holdings(&self, key: &SliceKey) -> (BTreeMap<u64, usize>, BTreeMap<u64, usize>) {
+    fn holdings(&self, key: &SliceId) -> (BTreeMap<u64, usize>, BTreeMap<u64, usize>) {
         let mut lent: BTreeMap<u64, usize> = BTreeMap::new();
         for out in self.out.values().filter(|o| &o.slice == key) {
             *lent.entry(out.consumer).or_default() += 1;
@@ -213,7 +212,7 @@ impl<T> Ledger<T> {
         &mut self,
         id: u64,
         consumer: u64,
-        slice: SliceKey,
+        slice: SliceId,
         held: T,
     ) -> Result<(), T> {
         if !self.is_member(consumer) {
@@ -236,7 +235,7 @@ impl<T> Ledger<T> {
     /// When a consumer wants sessions of `key` and holds fewer than its share ([`surplus`]),
     /// how many each consumer above its share should give back (`RECALL`); at most one recall
     /// is pending per consumer and slice.
-    pub(crate) fn recalls(&mut self, key: &SliceKey) -> Vec<(u64, u32)> {
+    pub(crate) fn recalls(&mut self, key: &SliceId) -> Vec<(u64, u32)> {
         let (lent, wanted) = self.holdings(key);
         let mut recalls = Vec::new();
         for (id, over) in surplus(&lent, &wanted) {
@@ -363,8 +362,8 @@ mod tests {
         assert!(over.is_empty(), "{over:?}");
     }
 
-    fn key() -> SliceKey {
-        ("api".to_owned(), "default".to_owned())
+    fn key() -> SliceId {
+        SliceId::new("api", "default")
     }
 
     /// One table row: consumers join, each is lent `held` sessions of the slice and then has

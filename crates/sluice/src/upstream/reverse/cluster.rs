@@ -18,6 +18,7 @@ use super::handover::Handover;
 use super::instance::{locked, Instance, Instances, Lent, Limit, SessionPermit};
 use super::metrics::ReverseMetrics;
 use super::pool::SlicePool;
+use super::slice_id::SliceId;
 use super::stream::{self, SessionStream};
 use super::{lease, send};
 use crate::body::ProxyBody;
@@ -354,12 +355,12 @@ impl ReverseCluster {
 
     /// Lets idle sessions leave only when [`hand_over_some`](Self::hand_over_some) asks,
     /// each to `to` with its permit (a standalone acceptor lending them, a consumer returning
-    /// them). `lost`, if given, hears the (cluster, slice) of each session let go that will
+    /// them). `lost`, if given, hears the slice of each session let go that will
     /// never reach `to` (its connection ended first, or it cannot move).
     pub(crate) fn start_pull(
         &self,
         to: mpsc::UnboundedSender<HandedSession>,
-        lost: Option<mpsc::UnboundedSender<(String, String)>>,
+        lost: Option<mpsc::UnboundedSender<SliceId>>,
     ) {
         self.inner.handover.start_pull(to, lost);
         for pool in locked(&self.inner.slices).values() {

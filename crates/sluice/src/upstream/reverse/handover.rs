@@ -12,15 +12,14 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::instance::SessionPermit;
+use super::slice_id::SliceId;
 use super::stream::SessionStream;
 
 /// A session's socket on its way to another process.
 #[derive(Debug)]
 pub struct HandedSession {
-    /// The reverse cluster.
-    pub cluster: String,
-    /// The slice.
-    pub slice: String,
+    /// The reverse cluster and slice.
+    pub slice: SliceId,
     /// The instance id.
     pub instance: String,
     /// The connected socket.
@@ -33,24 +32,13 @@ pub struct HandedSession {
 /// A parked stream and its names, before its socket is taken out.
 pub(crate) struct Handed {
     io: Box<dyn SessionStream>,
-    cluster: String,
-    slice: String,
+    slice: SliceId,
     permit: SessionPermit,
 }
 
 impl Handed {
-    pub(crate) fn new(
-        io: Box<dyn SessionStream>,
-        cluster: &str,
-        slice: &str,
-        permit: SessionPermit,
-    ) -> Self {
-        Self {
-            io,
-            cluster: cluster.to_owned(),
-            slice: slice.to_owned(),
-            permit,
-        }
+    pub(crate) fn new(io: Box<dyn SessionStream>, slice: SliceId, permit: SessionPermit) -> Self {
+        Self { io, slice, permit }
     }
 }
 
@@ -68,12 +56,12 @@ enum Destination {
     },
     /// Lending (a standalone acceptor) or returning (a consumer): sessions leave for `to` only
     /// when [`SlicePool::hand_over_some`](super::SlicePool::hand_over_some) takes them.
-    /// `lost`, if given, hears (cluster, slice) of each session let go that never reaches `to`
+    /// `lost`, if given, hears the slice of each session let go that never reaches `to`
     /// (its connection ended first, or it cannot move), so that a lender counting sessions on
     /// their way stays exact.
     Lend {
         to: mpsc::UnboundedSender<HandedSession>,
-        lost: Option<mpsc::UnboundedSender<(String, String)>>,
+        lost: Option<mpsc::UnboundedSender<SliceId>>,
     },
 }
 
@@ -98,7 +86,7 @@ impl Handover {
     pub(crate) fn start_pull(
         &self,
         to: mpsc::UnboundedSender<HandedSession>,
-        lost: Option<mpsc::UnboundedSender<(String, String)>>,
+        lost: Option<mpsc::UnboundedSender<SliceId>>,
     ) {
         *self.destination() = Destination::Lend { to, lost };
     }
@@ -109,13 +97,13 @@ impl Handover {
         *self.destination() = Destination::Local;
     }
 
-    /// A session of (`cluster`, `slice`) was let go but will not be handed over.
-    pub(crate) fn lost(&self, cluster: &str, slice: &str) {
+    /// A session of `slice` was let go but will not be handed over.
+    pub(crate) fn lost(&self, slice: &SliceId) {
         if let Destination::Lend {
             lost: Some(lost), ..
         } = &*self.destination()
         {
-            let _ = lost.send((cluster.to_owned(), slice.to_owned()));
+            let _ = lost.send(slice.clone());
         }
     }
 
@@ -149,19 +137,13 @@ impl Handover {
 
     /// Sends a parked session on; one that cannot move (TLS) or has nowhere to go closes.
     pub(crate) fn send(&self, handed: Handed) {
-        let Handed {
-            io,
-            cluster,
-            slice,
-            permit,
-        } = handed;
+        let Handed { io, slice, permit } = handed;
         let instance = permit.instance.id().to_owned();
         let Some(fd) = io.into_fd() else {
-            debug!(%cluster, %instance, "session cannot move to another process; closing it");
-            return self.lost(&cluster, &slice);
+            debug!(cluster = %slice.cluster, %instance, "session cannot move to another process; closing it");
+            return self.lost(&slice);
         };
         let session = HandedSession {
-            cluster,
             slice,
             instance,
             fd,

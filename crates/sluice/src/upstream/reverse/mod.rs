@@ -16,6 +16,7 @@ pub mod metrics;
 mod pool;
 mod send;
 mod session;
+mod slice_id;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -28,4 +29,5 @@ pub(crate) use self::instance::{Lent, SessionPermit};
 pub use self::lease::Lease;
 pub use self::metrics::ReverseMetrics;
 pub use self::pool::SlicePool;
+pub use self::slice_id::SliceId;
 pub use self::stream::SessionStream;

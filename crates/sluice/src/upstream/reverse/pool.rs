@@ -21,6 +21,7 @@ use super::handover::{Handed, Handover};
 use super::instance::{Instance, SessionPermit};
 use super::metrics::ReverseMetrics;
 use super::session::Session;
+use super::slice_id::SliceId;
 use super::stream::SessionStream;
 use crate::error::ProxyError;
 use crate::log_limit::SharedTally;
@@ -31,8 +32,7 @@ const RETRY_AFTER_SECS: u32 = 1;
 /// The sessions and waiters of one slice.
 #[derive(Debug)]
 pub struct SlicePool {
-    cluster: String,
-    slice: String,
+    id: SliceId,
     pub(super) opts: Arc<ReverseOptions>,
     state: Mutex<State>,
     /// Wakes observers whenever the idle ring or a session count changes.
@@ -160,8 +160,7 @@ impl SlicePool {
         arriving: Arc<AtomicUsize>,
     ) -> Self {
         Self {
-            cluster: cluster.to_owned(),
-            slice: slice.to_owned(),
+            id: SliceId::new(cluster, slice),
             opts,
             state: Mutex::default(),
             changed,
@@ -201,11 +200,11 @@ impl SlicePool {
 
     fn no_sessions(&self) -> ProxyError {
         if !self.empty_logged.swap(true, Ordering::Relaxed) {
-            warn!(cluster = %self.cluster, slice = %self.slice, "no sessions registered: requests are refused with 503 until a service registers");
+            warn!(cluster = %self.id.cluster, slice = %self.id.slice, "no sessions registered: requests are refused with 503 until a service registers");
         }
         ProxyError::NoSessions {
-            cluster: self.cluster.clone(),
-            slice: self.slice.clone(),
+            cluster: self.id.cluster.clone(),
+            slice: self.id.slice.clone(),
         }
     }
 
@@ -213,19 +212,19 @@ impl SlicePool {
     /// so once per interval, with how many since the last line.
     fn refuse(&self, reason: &'static str) -> ProxyError {
         if let Some(refused) = self.refusals.record() {
-            warn!(cluster = %self.cluster, slice = %self.slice, refused, reason, "requests refused with 503 for want of capacity (count since the last such line)");
+            warn!(cluster = %self.id.cluster, slice = %self.id.slice, refused, reason, "requests refused with 503 for want of capacity (count since the last such line)");
         }
         unavailable(reason)
     }
 
     /// The slice's name.
     pub fn slice(&self) -> &str {
-        &self.slice
+        &self.id.slice
     }
 
     /// The cluster's name.
     pub fn cluster(&self) -> &str {
-        &self.cluster
+        &self.id.cluster
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -271,7 +270,7 @@ impl SlicePool {
                     let waited = waiter.wait(started + limit).await;
                     let waited_for = queued.elapsed();
                     self.metrics
-                        .queue_wait(&self.cluster, &self.slice, waited_for);
+                        .queue_wait(&self.id.cluster, &self.id.slice, waited_for);
                     match waited {
                         Err(_) if empty && self.registered.load(Ordering::Acquire) == 0 => {
                             return Err(self.no_sessions());
@@ -288,7 +287,7 @@ impl SlicePool {
             if matches!(ready.await, Ok(Ok(()))) && session.usable() {
                 return Ok(session);
             }
-            debug!(cluster = %self.cluster, slice = %self.slice, instance = %session.instance.id(), "discarded a dead idle session");
+            debug!(cluster = %self.id.cluster, slice = %self.id.slice, instance = %session.instance.id(), "discarded a dead idle session");
         }
     }
 
@@ -424,13 +423,13 @@ impl SlicePool {
 
     /// Passes a parked session's socket to the hand-over's receiver.
     pub(crate) fn hand_off(&self, io: Box<dyn SessionStream>, permit: SessionPermit) {
-        let handed = Handed::new(io, &self.cluster, &self.slice, permit);
+        let handed = Handed::new(io, self.id.clone(), permit);
         self.handover.send(handed);
     }
 
     /// A session let go for the hand-over ended before it could be parked.
     pub(crate) fn hand_off_lost(&self) {
-        self.handover.lost(&self.cluster, &self.slice);
+        self.handover.lost(&self.id);
     }
 
     /// Lets go of a session for the hand-over (see [`Session::hand_over`]).

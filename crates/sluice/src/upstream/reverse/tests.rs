@@ -176,7 +176,7 @@ async fn recalled_sessions_leave_as_they_are_returned_and_no_more() {
     for _ in 0..2 {
         let session = next(&mut handed).await;
         assert_eq!(
-            (session.slice.as_str(), session.instance.as_str()),
+            (session.slice.slice.as_str(), session.instance.as_str()),
             ("default", "a")
         );
     }
