@@ -21,20 +21,29 @@ const MAX_CONGESTION_NAME: usize = 15;
 const MAX_POOL: usize = 4096;
 
 /// Validates every `[[relay]]`: unique names and listen addresses, then each one.
-pub(super) fn relays(
-    ctx: Ctx<'_>,
-    raw: Vec<Spanned<RawRelay>>,
-) -> Result<Vec<Relay>, ConfigError> {
+pub(super) fn relays(ctx: Ctx<'_>, raw: Vec<Spanned<RawRelay>>) -> Result<Vec<Relay>, ConfigError> {
     let mut names = HashMap::new();
     let mut addrs = HashMap::new();
     raw.into_iter()
         .map(|r| {
             let span = r.span();
             let r = r.into_inner();
-            unique(ctx, &mut names, r.name.get_ref(), r.name.span(), "relay name")?;
+            unique(
+                ctx,
+                &mut names,
+                r.name.get_ref(),
+                r.name.span(),
+                "relay name",
+            )?;
             let addr = r.listen.get_ref().0;
             if addr.port() != 0 {
-                unique(ctx, &mut addrs, &addr, r.listen.span(), "relay listen address")?;
+                unique(
+                    ctx,
+                    &mut addrs,
+                    &addr,
+                    r.listen.span(),
+                    "relay listen address",
+                )?;
             }
             relay(ctx, span, r)
         })
@@ -59,8 +68,18 @@ fn relay(ctx: Ctx<'_>, span: Range<usize>, raw: RawRelay) -> Result<Relay, Confi
 
 /// An entry relay: `to` is required; `target` and `token` come together.
 fn forward(ctx: Ctx<'_>, span: Range<usize>, raw: &RawRelay) -> Result<Forward, ConfigError> {
-    refuse(ctx, raw.tokens.as_ref().map(Spanned::span), "tokens", "a tunnel end")?;
-    refuse(ctx, raw.allow.as_ref().map(Spanned::span), "allow", "a tunnel end")?;
+    refuse(
+        ctx,
+        raw.tokens.as_ref().map(Spanned::span),
+        "tokens",
+        "a tunnel end",
+    )?;
+    refuse(
+        ctx,
+        raw.allow.as_ref().map(Spanned::span),
+        "allow",
+        "a tunnel end",
+    )?;
     let name = raw.name.get_ref();
     let Some(to) = &raw.to else {
         let msg = format!("relay `{name}` needs `to` (its next hop), or `tunnel = true`");
@@ -101,7 +120,10 @@ fn tunnel_end(ctx: Ctx<'_>, raw: &RawRelay) -> Result<TunnelEnd, ConfigError> {
         ("target", raw.target.as_ref().map(Spanned::span)),
         ("token", raw.token.as_ref().map(Spanned::span)),
         ("pool", raw.pool.as_ref().map(Spanned::span)),
-        ("early_connect", raw.early_connect.as_ref().map(Spanned::span)),
+        (
+            "early_connect",
+            raw.early_connect.as_ref().map(Spanned::span),
+        ),
     ];
     for (key, span) in refused {
         refuse(ctx, span, key, "an entry relay")?;
@@ -184,20 +206,23 @@ fn options(ctx: Ctx<'_>, raw: &RawRelay) -> Result<RelayOptions, ConfigError> {
     let socket_buffer = match &raw.socket_buffer {
         None => None,
         Some(s) if SOCKET_BUFFER_RANGE.contains(&s.get_ref().0) => Some(s.get_ref().0),
-        Some(s) => {
-            return Err(ctx.err(s.span(), "socket_buffer must be between 4KiB and 256MiB"))
-        }
+        Some(s) => return Err(ctx.err(s.span(), "socket_buffer must be between 4KiB and 256MiB")),
     };
     let congestion = match &raw.congestion {
         None => None,
         Some(c) if valid_congestion(c.get_ref()) => Some(c.get_ref().clone()),
         Some(c) => {
-            let msg = format!("invalid congestion control `{}`; expected a kernel name like \"bbr\" or \"reno\"", c.get_ref());
+            let msg = format!(
+                "invalid congestion control `{}`; expected a kernel name like \"bbr\" or \"reno\"",
+                c.get_ref()
+            );
             return Err(ctx.err(c.span(), msg));
         }
     };
     Ok(RelayOptions {
-        connect_timeout: raw.connect_timeout.map_or(defaults.connect_timeout, |t| t.0),
+        connect_timeout: raw
+            .connect_timeout
+            .map_or(defaults.connect_timeout, |t| t.0),
         idle_timeout: raw.idle_timeout.map_or(defaults.idle_timeout, |t| t.0),
         max_connections,
         nodelay: raw.nodelay.unwrap_or(defaults.nodelay),
@@ -229,7 +254,13 @@ mod tests {
         assert!(!one.allows("10.3.0.3:80".parse().expect("addr")));
         let v6 = parse_allowed("[2001:db8::/32]:443").expect("v6");
         assert!(v6.allows("[2001:db8::1]:443".parse().expect("addr")));
-        for bad in ["10.3.0.0/24", "10.3.0.0/24:0", "2001:db8::/32:443", "x:1", "10.0.0.0/33:1"] {
+        for bad in [
+            "10.3.0.0/24",
+            "10.3.0.0/24:0",
+            "2001:db8::/32:443",
+            "x:1",
+            "10.0.0.0/33:1",
+        ] {
             assert!(parse_allowed(bad).is_err(), "{bad}");
         }
     }
