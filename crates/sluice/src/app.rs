@@ -75,6 +75,17 @@ pub enum StartError {
     /// The upgrade socket (`[runtime] upgrade_socket`) could not be bound.
     #[error(transparent)]
     Upgrade(#[from] RestartError),
+    /// A relay's listener (or its socket options) could not be set up.
+    #[error("relay {relay}: cannot bind {addr}: {source}")]
+    Relay {
+        /// The relay's name.
+        relay: String,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A listener's certificate or key was rejected by rustls.
     #[error("listener {listener}: TLS: {source}")]
     Tls {
@@ -112,6 +123,8 @@ pub struct Proxy {
     reload: Option<ReloadHook>,
     /// Becomes `true` once a successor has the listening sockets (hot restart).
     upgraded: watch::Sender<bool>,
+    /// Split-TCP relays (`[[relay]]`), bound.
+    relays: Vec<sluice_relay::Relay>,
 }
 
 impl Proxy {
@@ -139,6 +152,7 @@ impl Proxy {
             let server = bind_server(l, handed).await?;
             servers.push(server.with_byte_counters(metrics.client_bytes(&l.name)));
         }
+        let relays = bind_relays(config, inherited.as_mut())?;
         let service = proxy_service(config, &routes, &metrics)?;
         let acceptor = bind_acceptor(config, &clusters, inherited.as_mut()).await?;
         let acceptor = acceptor.map(|a| a.with_metrics(Arc::clone(&metrics)));
@@ -174,6 +188,7 @@ impl Proxy {
             admin,
             reload: None,
             upgraded: watch::channel(false).0,
+            relays,
         })
     }
 
@@ -182,6 +197,14 @@ impl Proxy {
         self.servers
             .iter()
             .filter_map(|s| Some((s.name().to_owned(), s.local_addr().ok()?)))
+            .collect()
+    }
+
+    /// Each relay's name, address, counters and pool control.
+    pub fn relays(&self) -> Vec<sluice_relay::RelayHandle> {
+        self.relays
+            .iter()
+            .map(sluice_relay::Relay::handle)
             .collect()
     }
 
@@ -267,6 +290,9 @@ impl Proxy {
             group.add(server, self.service.clone(), self.grace);
         }
         let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));
+        for relay in std::mem::take(&mut self.relays) {
+            tokio::spawn(relay.run(group.signal().wait()));
+        }
         let mut handover = None;
         group
             .run_until(restart::stop_or_upgrade(
@@ -339,6 +365,18 @@ impl Proxy {
                 )),
                 Err(error) => {
                     tracing::warn!(listener = %server.name(), %error, "cannot duplicate the listening socket")
+                }
+            }
+        }
+        for relay in &self.relays {
+            let fd = socket2::SockRef::from(relay.listener()).try_clone();
+            match (relay.local_addr(), fd) {
+                (Ok(addr), Ok(fd)) => {
+                    let key = restart::relay_key(&relay.handle().name);
+                    fds.push((key, ListenAddr::Inet(addr), fd.into()));
+                }
+                (Err(error), _) | (_, Err(error)) => {
+                    tracing::warn!(%error, "cannot duplicate a relay's socket")
                 }
             }
         }
@@ -475,6 +513,31 @@ fn proxy_service(
             source,
         })?;
     Ok(service.with_access_log(opened))
+}
+
+/// Binds every `[[relay]]`, or takes over the sockets a predecessor handed over.
+fn bind_relays(
+    config: &Config,
+    mut inherited: Option<&mut Inherited>,
+) -> Result<Vec<sluice_relay::Relay>, StartError> {
+    config
+        .relays
+        .iter()
+        .map(|r| {
+            let handed = inherited
+                .as_mut()
+                .and_then(|i| i.tcp(&restart::relay_key(&r.name), r.addr));
+            let relay = match handed.map(TcpListener::from_std) {
+                Some(listener) => listener.and_then(|l| sluice_relay::Relay::from_listener(r, l)),
+                None => sluice_relay::Relay::bind(r),
+            };
+            relay.map_err(|source| StartError::Relay {
+                relay: r.name.clone(),
+                addr: r.addr,
+                source,
+            })
+        })
+        .collect()
 }
 
 /// Binds the admin API's listener (`[admin]`), or takes over the one a predecessor handed

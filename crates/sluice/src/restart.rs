@@ -45,6 +45,11 @@ pub(crate) fn listener_key(name: &str) -> String {
     format!("listener:{name}")
 }
 
+/// A relay's listening socket travels as `relay:<name>`.
+pub(crate) fn relay_key(name: &str) -> String {
+    format!("relay:{name}")
+}
+
 /// The acceptor's TCP socket travels as `acceptor`, its UNIX socket as `acceptor-unix`.
 pub(crate) const ACCEPTOR_KEY: &str = "acceptor";
 pub(crate) const ACCEPTOR_UNIX_KEY: &str = "acceptor-unix";
