@@ -54,6 +54,7 @@ pub struct AdminState {
     token: Option<Token>,
     routes: Option<Arc<LiveRoutes>>,
     reload: Option<ReloadHook>,
+    relays: Vec<sluice_relay::RelayHandle>,
 }
 
 /// What `POST /reload` runs: `Ok` with what happened, or `Err` with why the configuration
@@ -106,7 +107,14 @@ impl AdminState {
             token,
             routes: None,
             reload: None,
+            relays: Vec::new(),
         }
+    }
+
+    /// Shows these relays in `/status` and `/metrics`.
+    pub fn with_relays(mut self, relays: Vec<sluice_relay::RelayHandle>) -> Self {
+        self.relays = relays;
+        self
     }
 
     /// Lets `POST /reload` run `hook`; without it, `/reload` answers 409.
@@ -285,6 +293,8 @@ struct Status<'a> {
     listeners: &'a [ListenerStatus],
     acceptor: Option<serde_json::Value>,
     clusters: Vec<serde_json::Value>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    relays: Vec<serde_json::Value>,
 }
 
 async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
@@ -303,6 +313,7 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
         listeners: &state.listeners,
         acceptor: state.acceptor.map(|addr| json!({ "addr": addr })),
         clusters,
+        relays: state.relays.iter().map(relay_status).collect(),
     })
     .into_response()
 }
@@ -360,8 +371,111 @@ fn static_status(name: &str, c: &StaticCluster) -> serde_json::Value {
     })
 }
 
+/// One relay in `/status`: its counters (`connect_ms_avg`: the mean connect to the next hop).
+fn relay_status(r: &sluice_relay::RelayHandle) -> serde_json::Value {
+    let s = r.stats.snapshot();
+    let avg_ms = (s.connect_micros as f64 / 1e3) / (s.connects.max(1) as f64);
+    json!({
+        "name": r.name, "addr": r.addr, "active": s.active, "accepted": s.accepted,
+        "refused": s.refused, "pool_idle": s.pool_idle, "pool_misses": s.pool_misses,
+        "pool_dead": s.pool_dead, "early_connects": s.early, "bytes_up": s.bytes_up,
+        "bytes_down": s.bytes_down, "connects": s.connects, "connect_ms_avg": avg_ms,
+    })
+}
+
+/// The relays' counters in Prometheus text format, one family per counter.
+fn relay_metrics(relays: &[sluice_relay::RelayHandle]) -> String {
+    use std::fmt::Write;
+    let families: [(&str, &str, &str, fn(&sluice_relay::Snapshot) -> u64); 11] = [
+        (
+            "sluice_relay_connections",
+            "counter",
+            "Client connections accepted.",
+            |s| s.accepted,
+        ),
+        (
+            "sluice_relay_active",
+            "gauge",
+            "Connections being relayed.",
+            |s| s.active,
+        ),
+        (
+            "sluice_relay_refused",
+            "counter",
+            "Connections refused (preamble, allow, next hop).",
+            |s| s.refused,
+        ),
+        (
+            "sluice_relay_pool_idle",
+            "gauge",
+            "Ready connections in the pool.",
+            |s| s.pool_idle,
+        ),
+        (
+            "sluice_relay_pool_misses",
+            "counter",
+            "Clients that found the pool empty.",
+            |s| s.pool_misses,
+        ),
+        (
+            "sluice_relay_pool_dead",
+            "counter",
+            "Pooled connections found closed by the peer.",
+            |s| s.pool_dead,
+        ),
+        (
+            "sluice_relay_early_connects",
+            "counter",
+            "Next-hop connects started on a SYN.",
+            |s| s.early,
+        ),
+        (
+            "sluice_relay_bytes_up",
+            "counter",
+            "Bytes from clients to the next hop.",
+            |s| s.bytes_up,
+        ),
+        (
+            "sluice_relay_bytes_down",
+            "counter",
+            "Bytes from the next hop to clients.",
+            |s| s.bytes_down,
+        ),
+        (
+            "sluice_relay_connects",
+            "counter",
+            "Connects to the next hop (or target) completed.",
+            |s| s.connects,
+        ),
+        (
+            "sluice_relay_connect_microseconds",
+            "counter",
+            "Total time of those connects.",
+            |s| s.connect_micros,
+        ),
+    ];
+    let snapshots: Vec<_> = relays
+        .iter()
+        .map(|r| (&r.name, r.stats.snapshot()))
+        .collect();
+    let mut out = String::new();
+    for (name, kind, help, read) in families {
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (relay, s) in &snapshots {
+            let _ = writeln!(out, "{name}{suffix}{{relay=\"{relay}\"}} {}", read(s));
+        }
+    }
+    out
+}
+
 async fn metrics(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
-    let body = state.metrics.render(&state.reverse());
+    let mut body = state.metrics.render(&state.reverse());
+    if !state.relays.is_empty() {
+        // Before the OpenMetrics terminator, which must stay last.
+        let at = body.rfind("# EOF").unwrap_or(body.len());
+        body.insert_str(at, &relay_metrics(&state.relays));
+    }
     let content_type = "text/plain; version=0.0.4; charset=utf-8";
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }

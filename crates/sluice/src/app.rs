@@ -337,6 +337,7 @@ impl Proxy {
         )
         .with_routes(Arc::clone(&self.routes))
         .with_reload(self.reload.clone())
+        .with_relays(self.relays())
     }
 
     fn reverse_clusters(&self) -> BTreeMap<String, ReverseCluster> {
