@@ -383,10 +383,18 @@ fn relay_status(r: &sluice_relay::RelayHandle) -> serde_json::Value {
     })
 }
 
+/// A metric family of relay counters: name, type, help, and how to read it from a snapshot.
+type RelayFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&sluice_relay::Snapshot) -> u64,
+);
+
 /// The relays' counters in Prometheus text format, one family per counter.
 fn relay_metrics(relays: &[sluice_relay::RelayHandle]) -> String {
     use std::fmt::Write;
-    let families: [(&str, &str, &str, fn(&sluice_relay::Snapshot) -> u64); 11] = [
+    let families: [RelayFamily; 11] = [
         (
             "sluice_relay_connections",
             "counter",

@@ -4,7 +4,8 @@
 //! sluice-wan serve ADDR              sized responses (inside the server namespace)
 //! sluice-wan fetch ADDR SIZE         prints "<ttfb ms> <total ms>"
 //! sluice-wan relay CONFIG            the [[relay]]s of CONFIG
-//! sluice-wan bench LOSS ROUNDS       the relay benchmark over a fresh bed (needs root)
+//! sluice-wan bench LOSS ROUNDS [MAX_SIZE]   the relay benchmark over a fresh bed (needs root)
+//! sluice-wan cpu GB                  relay CPU seconds per GB, splice and copy, on loopback
 //! ```
 
 use std::io::{BufRead, BufReader};
@@ -24,7 +25,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{ttfb:.1} {total:.1}");
         }
         "relay" => programs::relay(Path::new(arg(1)?))?,
-        "bench" => bench(arg(1)?.parse()?, arg(2)?.parse()?)?,
+        "bench" => bench(
+            arg(1)?.parse()?,
+            arg(2)?.parse()?,
+            arg(3).unwrap_or("10000000").parse()?,
+        )?,
+        "cpu" => cpu(arg(1)?.parse()?)?,
         other => return Err(format!("unknown command {other}").into()),
     }
     Ok(())
@@ -56,7 +62,7 @@ const SIZES: &[(&str, u64)] = &[
     ("10MB", 10_000_000),
 ];
 
-fn bench(loss: f64, rounds: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn bench(loss: f64, rounds: usize, max_size: u64) -> Result<(), Box<dyn std::error::Error>> {
     let me = std::env::current_exe()?;
     let me = me.to_str().ok_or("exe path")?;
     let mut bed = Bed::new(legs(loss))?;
@@ -73,7 +79,7 @@ fn bench(loss: f64, rounds: usize) -> Result<(), Box<dyn std::error::Error>> {
             start_relays(&mut bed, me, &dir, name, keys)?;
             "10.1.0.2:7000"
         };
-        for (label, size) in SIZES {
+        for (label, size) in SIZES.iter().filter(|(_, s)| *s <= max_size) {
             let mut ttfbs = Vec::new();
             let mut totals = Vec::new();
             for _ in 0..rounds {
@@ -143,4 +149,74 @@ fn wait_ready(child: &mut std::process::Child) -> Result<(), Box<dyn std::error:
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Pushes `gb` GB through a plain relay (its own process) on loopback, with splice and with
+/// copy, and prints the relay process's CPU seconds per GB for each.
+fn cpu(gb: u64) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::{Read, Write};
+    let me = std::env::current_exe()?;
+    let dir = std::env::temp_dir().join(format!("sluice-wan-cpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    println!("| forwarding | relay CPU s per GB | GB moved |");
+    println!("|---|---|---|");
+    for splice in [true, false] {
+        let sink = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let sink_addr = sink.local_addr()?;
+        let drain = std::thread::spawn(move || -> std::io::Result<u64> {
+            let (mut conn, _) = sink.accept()?;
+            let mut buf = vec![0u8; 1 << 20];
+            let mut total = 0u64;
+            loop {
+                match conn.read(&mut buf)? {
+                    0 => return Ok(total),
+                    n => total += n as u64,
+                }
+            }
+        });
+        // A free port for the relay: bind, note, release (loopback only, this process's run).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let path = dir.join(format!("cpu-{splice}.toml"));
+        std::fs::write(
+            &path,
+            format!("[[relay]]\nname = \"cpu\"\nlisten = \"127.0.0.1:{port}\"\nto = \"{sink_addr}\"\nsplice = {splice}\n"),
+        )?;
+        let mut child = std::process::Command::new(&me)
+            .arg("relay")
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        wait_ready(&mut child)?;
+        let before = cpu_seconds(child.id())?;
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..gb * 1024 {
+            conn.write_all(&chunk)?;
+        }
+        conn.shutdown(std::net::Shutdown::Write)?;
+        let moved = drain.join().map_err(|_| "sink panicked")??;
+        let used = cpu_seconds(child.id())? - before;
+        let _ = child.kill();
+        let _ = child.wait();
+        let gbs = moved as f64 / f64::from(1u32 << 30);
+        let name = if splice {
+            "splice(2)"
+        } else {
+            "copy (64 KiB buffer)"
+        };
+        println!("| {name} | {:.3} | {gbs:.1} |", used / gbs);
+    }
+    Ok(())
+}
+
+/// User + system CPU seconds of process `pid` (/proc/PID/stat, clock ticks of 100 Hz).
+fn cpu_seconds(pid: u32) -> Result<f64, Box<dyn std::error::Error>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_comm = stat.rsplit_once(')').ok_or("bad stat")?.1;
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    let utime: f64 = fields.get(11).ok_or("no utime")?.parse()?;
+    let stime: f64 = fields.get(12).ok_or("no stime")?.parse()?;
+    Ok((utime + stime) / 100.0)
 }
