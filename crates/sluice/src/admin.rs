@@ -15,6 +15,7 @@
 //! | `POST /clusters/{cluster}/endpoints` `{"addr": "host:port"}` | add an endpoint to a static cluster (a name: each of its addresses, resolved now, as the configuration does) |
 //! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one (a name: each of its addresses) |
 //! | `GET /metrics` | Prometheus text format ([`Metrics`]) |
+//! | `POST /relays/{name}/pool` | `{"size": N}`: a relay's pool size, at runtime |
 //! | `GET /openapi.json` | this API as OpenAPI 3 (`docs/admin-openapi.json`) |
 //! | `GET /ui` | a live dashboard page that polls `/status` and `/metrics` (served without the token; it takes one from `#token=`) |
 //!
@@ -160,6 +161,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/routes", get(list_routes).post(add_route))
         .route("/routes/{name}", delete(remove_route))
         .route("/clusters/{cluster}/endpoints", post(add_endpoint))
+        .route("/relays/{name}/pool", post(set_relay_pool))
         .route(
             "/clusters/{cluster}/endpoints/{addr}",
             delete(remove_endpoint),
@@ -521,6 +523,35 @@ async fn resume(
 #[derive(Deserialize)]
 struct EndpointBody {
     addr: String,
+}
+
+/// `POST /relays/{name}/pool`'s body.
+#[derive(Debug, serde::Deserialize)]
+struct PoolBody {
+    size: usize,
+}
+
+/// Changes a relay's pool size at runtime (a relay configured with `pool > 0`).
+async fn set_relay_pool(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    body: Result<Json<PoolBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Some(relay) = state.relays.iter().find(|r| r.name == name) else {
+        return error(StatusCode::NOT_FOUND, &format!("no relay named {name:?}"));
+    };
+    let Ok(Json(body)) = body else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "expected a JSON body {\"size\": N}",
+        );
+    };
+    if body.size > 4096 || !relay.set_pool(body.size) {
+        let reason = format!("relay {name:?} has no pool (configure `pool`), or size > 4096");
+        return error(StatusCode::CONFLICT, &reason);
+    }
+    Json(json!({ "relay": name, "pool": body.size })).into_response()
 }
 
 async fn add_endpoint(
