@@ -29,6 +29,8 @@ pub(crate) struct Early {
     pending: Mutex<HashMap<SocketAddr, Pending>>,
     /// Unclaimed entries (a handshake that never completed) are dropped after this.
     expire: Duration,
+    /// The listening port, checked again on each packet.
+    port: u16,
 }
 
 #[derive(Debug)]
@@ -54,10 +56,14 @@ impl Early {
         )?;
         socket.attach_filter(&syn_filter(ip, listen.port()))?;
         socket.set_nonblocking(true)?;
+        // Packets queued between socket() and the filter passed no filter: drop them.
+        let mut scratch = [std::mem::MaybeUninit::<u8>::uninit(); 64];
+        while socket.recv(&mut scratch).is_ok() {}
         Ok(Self {
             socket: tokio::net::UdpSocket::from_std(std::os::fd::OwnedFd::from(socket).into())?,
             pending: Mutex::new(HashMap::new()),
             expire,
+            port: listen.port(),
         })
     }
 
@@ -83,7 +89,7 @@ impl Early {
                     return;
                 }
             };
-            if let Some(client) = syn_source(&packet[..n.min(packet.len())]) {
+            if let Some(client) = syn_source(&packet[..n.min(packet.len())], self.port) {
                 self.start(client, &connector, pool.clone());
             }
         }
@@ -110,13 +116,23 @@ impl Early {
     }
 }
 
-/// The client address of an IPv4 TCP segment (the filter passed only SYNs to us).
-fn syn_source(packet: &[u8]) -> Option<SocketAddr> {
+/// The client address of an IPv4 TCP SYN to `port`; `None` for anything else (the filter
+/// should have passed only such SYNs; this checks again).
+fn syn_source(packet: &[u8], port: u16) -> Option<SocketAddr> {
     let ihl = usize::from(packet.first()? & 0x0f) * 4;
+    if packet.first()? >> 4 != 4 || *packet.get(9)? != 6 {
+        return None;
+    }
     let src: [u8; 4] = packet.get(12..16)?.try_into().ok()?;
-    let port = packet.get(ihl..ihl + 2)?;
-    let port = u16::from_be_bytes([port[0], port[1]]);
-    Some(SocketAddr::new(Ipv4Addr::from(src).into(), port))
+    let tcp = packet.get(ihl..ihl + 14)?;
+    let (sport, dport) = (
+        u16::from_be_bytes([tcp[0], tcp[1]]),
+        u16::from_be_bytes([tcp[2], tcp[3]]),
+    );
+    if dport != port || tcp[13] & 0x12 != 0x02 {
+        return None;
+    }
+    Some(SocketAddr::new(Ipv4Addr::from(src).into(), sport))
 }
 
 /// One classic BPF instruction before its jump offsets are known: conditional jumps either
@@ -186,13 +202,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_client_address_comes_from_the_ip_and_tcp_headers() {
+    fn only_a_syn_to_the_port_names_a_client() {
         let mut packet = [0u8; 40];
         packet[0] = 0x45;
+        packet[9] = 6;
         packet[12..16].copy_from_slice(&[10, 1, 0, 1]);
         packet[20..22].copy_from_slice(&40000u16.to_be_bytes());
-        let addr = syn_source(&packet).expect("a TCP segment");
+        packet[22..24].copy_from_slice(&7000u16.to_be_bytes());
+        packet[33] = 0x02; // SYN
+        let addr = syn_source(&packet, 7000).expect("a SYN");
         assert_eq!(addr, "10.1.0.1:40000".parse().expect("addr"));
-        assert_eq!(syn_source(&packet[..21]), None);
+        assert_eq!(syn_source(&packet, 7001), None, "another port");
+        assert_eq!(syn_source(&packet[..21], 7000), None, "truncated");
+        packet[33] = 0x12; // SYN-ACK
+        assert_eq!(syn_source(&packet, 7000), None, "not a client's SYN");
     }
 }

@@ -225,10 +225,10 @@ impl Handler {
                 pool,
                 early,
             } => {
-                self.forward(client, peer, connector, pool.as_deref(), early.as_deref())
+                self.forward(&client, peer, connector, pool.as_deref(), early.as_deref())
                     .await
             }
-            Role::Tunnel(end) => tunnel::serve(client, end, &self.opts, &self.stats)
+            Role::Tunnel(end) => tunnel::serve(&client, end, &self.opts, &self.stats)
                 .await
                 .map_err(|e| {
                     if !matches!(e, tunnel::Refused::Io(_)) {
@@ -242,11 +242,12 @@ impl Handler {
             tracing::debug!(%error, "relayed connection ended");
         }
         self.stats.active.fetch_sub(1, Relaxed);
+        drop(client);
     }
 
     async fn forward(
         &self,
-        client: TcpStream,
+        client: &TcpStream,
         peer: SocketAddr,
         connector: &Connector,
         pool: Option<&Pool>,
@@ -265,7 +266,7 @@ impl Handler {
             tracing::info!(to = %connector.to, %error, "next hop unreachable");
         })?;
         forward::relay(
-            &client,
+            client,
             &upstream,
             mode(&self.opts),
             self.opts.idle_timeout,

@@ -31,9 +31,10 @@ pub(crate) enum Refused {
     Io(#[from] io::Error),
 }
 
-/// Serves one connection to a tunnel end.
+/// Serves one connection to a tunnel end. The caller closes `peer` after counting the
+/// outcome, so a peer that sees the close can also see the count.
 pub(crate) async fn serve(
-    peer: TcpStream,
+    peer: &TcpStream,
     end: &TunnelEnd,
     opts: &RelayOptions,
     stats: &Stats,
@@ -42,11 +43,11 @@ pub(crate) async fn serve(
     // The hello comes at once (a pool sends it on connect); the target when a client arrives.
     let used = within(
         opts.connect_timeout,
-        read_hello(&peer, &mut buf, &end.tokens),
+        read_hello(peer, &mut buf, &end.tokens),
     )
     .await?;
     buf.drain(..used);
-    let (target, used) = within(opts.idle_timeout, read_target(&peer, &mut buf)).await?;
+    let (target, used) = within(opts.idle_timeout, read_target(peer, &mut buf)).await?;
     buf.drain(..used);
     if !end.allow.iter().any(|a| a.allows(target)) {
         return Err(Refused::Target(target));
@@ -58,7 +59,7 @@ pub(crate) async fn serve(
     write_all(&upstream, &buf).await?;
     stats.bytes_up.fetch_add(buf.len() as u64, Relaxed);
     let mode = crate::mode(opts);
-    forward::relay(&peer, &upstream, mode, opts.idle_timeout, stats).await?;
+    forward::relay(peer, &upstream, mode, opts.idle_timeout, stats).await?;
     Ok(())
 }
 
