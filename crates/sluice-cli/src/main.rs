@@ -131,8 +131,12 @@ fn init_logging(format: LogFormat) {
 fn check(path: &std::path::Path) -> ExitCode {
     match config::load_file(path) {
         Ok(c) => {
+            let relays = match c.relays.len() {
+                0 => String::new(),
+                n => format!(", {n} relays"),
+            };
             println!(
-                "{}: ok ({} listeners, {} routes, {} clusters)",
+                "{}: ok ({} listeners, {} routes, {} clusters{relays})",
                 path.display(),
                 c.listeners.len(),
                 c.routes.len(),
@@ -164,7 +168,8 @@ fn run(
     log_format: LogFormat,
 ) -> anyhow::Result<()> {
     let config = load(path.clone())?;
-    if config.listeners.is_empty() {
+    // A file with only [[relay]]s is served here too.
+    if config.listeners.is_empty() && config.relays.is_empty() {
         anyhow::bail!(
             "{} has no [[listener]]: it is a standalone acceptor's file; run it with `sluice acceptor -c FILE`",
             config.source

@@ -49,6 +49,22 @@ fn check_accepts_the_static_example() {
 }
 
 #[test]
+fn check_accepts_a_file_of_relays_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    let relay = "[[relay]]\nname = \"edge\"\nlisten = \"127.0.0.1:0\"\nto = \"127.0.0.1:1\"\n";
+    std::fs::write(&path, relay).unwrap();
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let expected = "ok (0 listeners, 0 routes, 0 clusters, 1 relays)\n";
+    assert!(
+        text(&out.stdout).ends_with(expected),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
 fn check_points_at_the_bad_value_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");

@@ -29,6 +29,40 @@ pub struct Status {
     /// Every cluster, by name.
     #[serde(default)]
     pub clusters: Vec<ClusterStatus>,
+    /// Every `[[relay]]` (absent when there is none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relays: Vec<RelayStatus>,
+}
+
+/// A `[[relay]]` and its counters since it started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RelayStatus {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Connections being relayed now.
+    pub active: u64,
+    /// The bound address.
+    pub addr: String,
+    /// Bytes from the next hop to clients.
+    pub bytes_down: u64,
+    /// Bytes from clients to the next hop.
+    pub bytes_up: u64,
+    /// The mean time to connect to the next hop, in milliseconds.
+    pub connect_ms_avg: f64,
+    /// Connections made to the next hop.
+    pub connects: u64,
+    /// Connections to the next hop started on a client's SYN.
+    pub early_connects: u64,
+    /// Its configured name.
+    pub name: String,
+    /// Pooled connections found closed before use.
+    pub pool_dead: u64,
+    /// Pooled connections ready now.
+    pub pool_idle: u64,
+    /// Clients that found the pool empty.
+    pub pool_misses: u64,
+    /// Connections refused (limit, tunnel authentication, target not allowed).
+    pub refused: u64,
 }
 
 /// A client listener.

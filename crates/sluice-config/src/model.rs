@@ -14,6 +14,9 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
+mod relay;
+pub use relay::*;
+
 /// A whole, validated Sluice configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -36,6 +39,8 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// Upstream clusters by name.
     pub clusters: BTreeMap<String, Cluster>,
+    /// Split-TCP relays (`[[relay]]`), in file order.
+    pub relays: Vec<Relay>,
 }
 
 /// Process-wide settings (`[runtime]`).

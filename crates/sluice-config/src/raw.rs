@@ -30,6 +30,35 @@ pub(crate) struct RawConfig {
     pub(crate) route: Vec<Spanned<RawRoute>>,
     #[serde(default)]
     pub(crate) cluster: BTreeMap<Spanned<String>, RawCluster>,
+    #[serde(default)]
+    pub(crate) relay: Vec<Spanned<RawRelay>>,
+}
+
+/// `[[relay]]`: a split-TCP relay (an entry relay with `to`, or a tunnel end with `tunnel`).
+/// Keys of the other role are refused by `validate`, which is why they keep their spans.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRelay {
+    pub(crate) name: Spanned<String>,
+    pub(crate) listen: Spanned<Addr>,
+    // the entry relay
+    pub(crate) to: Option<Spanned<Addr>>,
+    pub(crate) target: Option<Spanned<Addr>>,
+    pub(crate) token: Option<Spanned<String>>,
+    pub(crate) pool: Option<Spanned<usize>>,
+    pub(crate) early_connect: Option<Spanned<bool>>,
+    // the tunnel end
+    pub(crate) tunnel: Option<Spanned<bool>>,
+    pub(crate) tokens: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(crate) allow: Option<Spanned<Vec<Spanned<String>>>>,
+    // both
+    pub(crate) connect_timeout: Option<Timeout>,
+    pub(crate) idle_timeout: Option<Timeout>,
+    pub(crate) max_connections: Option<Spanned<usize>>,
+    pub(crate) nodelay: Option<bool>,
+    pub(crate) congestion: Option<Spanned<String>>,
+    pub(crate) socket_buffer: Option<Spanned<Size>>,
+    pub(crate) splice: Option<bool>,
 }
 
 /// `[runtime]`.

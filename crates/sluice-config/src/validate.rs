@@ -4,6 +4,7 @@
 mod acceptor;
 mod cluster;
 mod kind_keys;
+mod relay;
 mod reverse;
 mod route;
 mod secret;
@@ -59,8 +60,10 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
     let handoff = raw.handoff.map(|h| handoff(ctx, h.into_inner()));
     let admin = raw.admin.map(|a| admin(ctx, a)).transpose()?;
     let access_log = raw.access_log.map(|a| access_log(ctx, a));
-    // A standalone acceptor's file (`[handoff]`) needs no listener.
-    let listeners = listeners(ctx, raw.listener, handoff.is_some())?;
+    // A standalone acceptor's file (`[handoff]`) needs no listener, nor does a relay's.
+    let no_listener_needed = handoff.is_some() || !raw.relay.is_empty();
+    let listeners = listeners(ctx, raw.listener, no_listener_needed)?;
+    let relays = relay::relays(ctx, raw.relay)?;
     let acceptor = acceptor::acceptor(ctx, raw.acceptor, &raw.cluster)?;
     let clusters = cluster::clusters(ctx, raw.cluster)?;
     // Taken out before the routes are built so their spans survive for `acceptor::slices`.
@@ -81,6 +84,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         listeners,
         routes,
         clusters,
+        relays,
     })
 }
 
@@ -137,9 +141,9 @@ fn handoff(ctx: Ctx<'_>, raw: RawHandoff) -> HandoffServer {
 fn listeners(
     ctx: Ctx<'_>,
     raw: Vec<RawListener>,
-    standalone_acceptor: bool,
+    none_needed: bool,
 ) -> Result<Vec<Listener>, ConfigError> {
-    if raw.is_empty() && !standalone_acceptor {
+    if raw.is_empty() && !none_needed {
         return Err(ConfigError::new(
             ctx.origin,
             "no listener: add at least one [[listener]] with `name` and `listen`",
@@ -167,7 +171,7 @@ fn listeners(
 }
 
 /// Records `key`, or fails if an earlier entry already used it.
-fn unique<K>(
+pub(crate) fn unique<K>(
     ctx: Ctx<'_>,
     seen: &mut HashMap<K, usize>,
     key: &K,

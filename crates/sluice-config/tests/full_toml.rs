@@ -47,6 +47,7 @@ const TABLES: &[(&str, &str)] = &[
         "[cluster.c]\nhealth_check = { zz_probe = 1 }",
     ),
     ("cluster.tls", "[cluster.c]\ntls = { zz_probe = 1 }"),
+    ("relay", "[[relay]]\nzz_probe = 1"),
 ];
 
 /// The keys `table` accepts, from the model's refusal of an unknown one: "unknown field
@@ -162,4 +163,24 @@ fn full_toml_loads() {
         config.clusters["jobs"].kind,
         sluice_config::ClusterKind::Reverse(_)
     ));
+    let [edge, core] = &config.relays[..] else {
+        panic!("two relays: {:?}", config.relays)
+    };
+    let sluice_config::RelayRole::Forward(edge) = &edge.role else {
+        panic!("edge forwards")
+    };
+    assert_eq!(edge.pool, 16);
+    assert_eq!(edge.tunnel.as_ref().unwrap().token.0, b"example-api-token");
+    let sluice_config::RelayRole::Tunnel(core) = &core.role else {
+        panic!("core is a tunnel end")
+    };
+    assert!(core.allow[1].allows("[::1]:8000".parse().unwrap()));
+}
+
+#[test]
+fn a_relay_needs_no_http_listener() {
+    let text = "[[relay]]\nname = \"r\"\nlisten = \"127.0.0.1:0\"\nto = \"127.0.0.1:1\"\n";
+    let config = sluice_config::parse_str(text, "t", Path::new(".")).unwrap();
+    assert!(config.listeners.is_empty());
+    assert_eq!(config.relays[0].options.idle_timeout.as_secs(), 300);
 }

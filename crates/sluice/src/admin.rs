@@ -15,6 +15,7 @@
 //! | `POST /clusters/{cluster}/endpoints` `{"addr": "host:port"}` | add an endpoint to a static cluster (a name: each of its addresses, resolved now, as the configuration does) |
 //! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one (a name: each of its addresses) |
 //! | `GET /metrics` | Prometheus text format ([`Metrics`]) |
+//! | `POST /relays/{name}/pool` | `{"size": N}`: a relay's pool size, at runtime |
 //! | `GET /openapi.json` | this API as OpenAPI 3 (`docs/admin-openapi.json`) |
 //! | `GET /ui` | a live dashboard page that polls `/status` and `/metrics` (served without the token; it takes one from `#token=`) |
 //!
@@ -36,7 +37,7 @@ use serde::Deserialize;
 use serde_json::json;
 use sluice_config::admin::{
     AcceptorStatus, ClusterStatus, EndpointStatus, InstanceDrain, InstanceStatus, ListenerStatus,
-    SliceStatus, Status,
+    RelayStatus, SliceStatus, Status,
 };
 use sluice_config::Token;
 use tokio::net::TcpListener;
@@ -58,6 +59,7 @@ pub struct AdminState {
     token: Option<Token>,
     routes: Option<Arc<LiveRoutes>>,
     reload: Option<ReloadHook>,
+    relays: Vec<sluice_relay::RelayHandle>,
 }
 
 /// What `POST /reload` runs: `Ok` with what happened, or `Err` with why the configuration
@@ -114,7 +116,14 @@ impl AdminState {
             token,
             routes: None,
             reload: None,
+            relays: Vec::new(),
         }
+    }
+
+    /// Shows these relays in `/status` and `/metrics`.
+    pub fn with_relays(mut self, relays: Vec<sluice_relay::RelayHandle>) -> Self {
+        self.relays = relays;
+        self
     }
 
     /// Lets `POST /reload` run `hook`; without it, `/reload` answers 409.
@@ -150,6 +159,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/routes", get(list_routes).post(add_route))
         .route("/routes/{name}", delete(remove_route))
         .route("/clusters/{cluster}/endpoints", post(add_endpoint))
+        .route("/relays/{name}/pool", post(set_relay_pool))
         .route(
             "/clusters/{cluster}/endpoints/{addr}",
             delete(remove_endpoint),
@@ -286,6 +296,7 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
             addr: addr.to_string(),
         }),
         clusters,
+        relays: state.relays.iter().map(relay_status).collect(),
     })
     .into_response()
 }
@@ -348,8 +359,127 @@ fn count(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
+/// One relay in `/status`: its counters (`connect_ms_avg`: the mean connect to the next hop).
+fn relay_status(r: &sluice_relay::RelayHandle) -> RelayStatus {
+    let s = r.stats.snapshot();
+    RelayStatus {
+        name: r.name.clone(),
+        addr: r.addr.to_string(),
+        active: s.active,
+        accepted: s.accepted,
+        refused: s.refused,
+        pool_idle: s.pool_idle,
+        pool_misses: s.pool_misses,
+        pool_dead: s.pool_dead,
+        early_connects: s.early,
+        bytes_up: s.bytes_up,
+        bytes_down: s.bytes_down,
+        connects: s.connects,
+        connect_ms_avg: (s.connect_micros as f64 / 1e3) / (s.connects.max(1) as f64),
+    }
+}
+
+/// A metric family of relay counters: name, type, help, and how to read it from a snapshot.
+type RelayFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&sluice_relay::Snapshot) -> u64,
+);
+
+/// The relays' counters in Prometheus text format, one family per counter.
+fn relay_metrics(relays: &[sluice_relay::RelayHandle]) -> String {
+    use std::fmt::Write;
+    let families: [RelayFamily; 11] = [
+        (
+            "sluice_relay_connections",
+            "counter",
+            "Client connections accepted.",
+            |s| s.accepted,
+        ),
+        (
+            "sluice_relay_active",
+            "gauge",
+            "Connections being relayed.",
+            |s| s.active,
+        ),
+        (
+            "sluice_relay_refused",
+            "counter",
+            "Connections refused (preamble, allow, next hop).",
+            |s| s.refused,
+        ),
+        (
+            "sluice_relay_pool_idle",
+            "gauge",
+            "Ready connections in the pool.",
+            |s| s.pool_idle,
+        ),
+        (
+            "sluice_relay_pool_misses",
+            "counter",
+            "Clients that found the pool empty.",
+            |s| s.pool_misses,
+        ),
+        (
+            "sluice_relay_pool_dead",
+            "counter",
+            "Pooled connections found closed by the peer.",
+            |s| s.pool_dead,
+        ),
+        (
+            "sluice_relay_early_connects",
+            "counter",
+            "Next-hop connects started on a SYN.",
+            |s| s.early,
+        ),
+        (
+            "sluice_relay_bytes_up",
+            "counter",
+            "Bytes from clients to the next hop.",
+            |s| s.bytes_up,
+        ),
+        (
+            "sluice_relay_bytes_down",
+            "counter",
+            "Bytes from the next hop to clients.",
+            |s| s.bytes_down,
+        ),
+        (
+            "sluice_relay_connects",
+            "counter",
+            "Connects to the next hop (or target) completed.",
+            |s| s.connects,
+        ),
+        (
+            "sluice_relay_connect_microseconds",
+            "counter",
+            "Total time of those connects.",
+            |s| s.connect_micros,
+        ),
+    ];
+    let snapshots: Vec<_> = relays
+        .iter()
+        .map(|r| (&r.name, r.stats.snapshot()))
+        .collect();
+    let mut out = String::new();
+    for (name, kind, help, read) in families {
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (relay, s) in &snapshots {
+            let _ = writeln!(out, "{name}{suffix}{{relay=\"{relay}\"}} {}", read(s));
+        }
+    }
+    out
+}
+
 async fn metrics(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
-    let body = state.metrics.render();
+    let mut body = state.metrics.render();
+    if !state.relays.is_empty() {
+        // Before the OpenMetrics terminator, which must stay last.
+        let at = body.rfind("# EOF").unwrap_or(body.len());
+        body.insert_str(at, &relay_metrics(&state.relays));
+    }
     let content_type = "text/plain; version=0.0.4; charset=utf-8";
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
@@ -397,6 +527,35 @@ async fn resume(
 #[derive(Deserialize)]
 struct EndpointBody {
     addr: String,
+}
+
+/// `POST /relays/{name}/pool`'s body.
+#[derive(Debug, serde::Deserialize)]
+struct PoolBody {
+    size: usize,
+}
+
+/// Changes a relay's pool size at runtime (a relay configured with `pool > 0`).
+async fn set_relay_pool(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    body: Result<Json<PoolBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Some(relay) = state.relays.iter().find(|r| r.name == name) else {
+        return error(StatusCode::NOT_FOUND, &format!("no relay named {name:?}"));
+    };
+    let Ok(Json(body)) = body else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "expected a JSON body {\"size\": N}",
+        );
+    };
+    if body.size > 4096 || !relay.set_pool(body.size) {
+        let reason = format!("relay {name:?} has no pool (configure `pool`), or size > 4096");
+        return error(StatusCode::CONFLICT, &reason);
+    }
+    Json(json!({ "relay": name, "pool": body.size })).into_response()
 }
 
 async fn add_endpoint(

@@ -77,6 +77,17 @@ pub enum StartError {
     /// The upgrade socket (`[runtime] upgrade_socket`) could not be bound.
     #[error(transparent)]
     Upgrade(#[from] RestartError),
+    /// A relay's listener (or its socket options) could not be set up.
+    #[error("relay {relay}: cannot bind {addr}: {source}")]
+    Relay {
+        /// The relay's name.
+        relay: String,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A listener's certificate or key was rejected by rustls.
     #[error("listener {listener}: TLS: {source}")]
     Tls {
@@ -116,6 +127,8 @@ pub struct Proxy {
     reload: Option<ReloadHook>,
     /// Becomes `true` once a successor has the listening sockets (hot restart).
     upgraded: watch::Sender<bool>,
+    /// Split-TCP relays (`[[relay]]`), bound.
+    relays: Vec<sluice_relay::Relay>,
 }
 
 impl Proxy {
@@ -149,6 +162,7 @@ impl Proxy {
             let server = bind_server(l, &mut sockets).await?;
             servers.push(server.with_byte_counters(metrics.client_bytes(&l.name)));
         }
+        let relays = bind_relays(config, &mut sockets)?;
         let service = proxy_service(config, &routes, &metrics)?;
         let acceptor = bind_acceptor(config, &clusters, &mut sockets).await?;
         let acceptor = acceptor.map(|a| a.with_metrics(reverse_metrics));
@@ -180,6 +194,7 @@ impl Proxy {
             admin,
             reload: None,
             upgraded: watch::channel(false).0,
+            relays,
         })
     }
 
@@ -188,6 +203,14 @@ impl Proxy {
         self.servers
             .iter()
             .filter_map(|s| Some((s.name().to_owned(), s.local_addr().ok()?)))
+            .collect()
+    }
+
+    /// Each relay's name, address, counters and pool control.
+    pub fn relays(&self) -> Vec<sluice_relay::RelayHandle> {
+        self.relays
+            .iter()
+            .map(sluice_relay::Relay::handle)
             .collect()
     }
 
@@ -278,6 +301,9 @@ impl Proxy {
             group.add(server, self.service.clone(), self.grace);
         }
         let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));
+        for relay in std::mem::take(&mut self.relays) {
+            tokio::spawn(relay.run(group.signal().wait()));
+        }
         let mut stopped = Stopped::Triggered;
         let stop = async {
             stopped = restart::stop_or_upgrade(
@@ -324,6 +350,7 @@ impl Proxy {
         )
         .with_routes(Arc::clone(&self.routes))
         .with_reload(self.reload.clone())
+        .with_relays(self.relays())
     }
 
     fn reverse_clusters(&self) -> BTreeMap<String, ReverseCluster> {
@@ -435,6 +462,27 @@ fn proxy_service(
             source,
         })?;
     Ok(service.with_access_log(opened))
+}
+
+/// Binds every `[[relay]]`, or takes over the sockets a predecessor handed over.
+fn bind_relays(
+    config: &Config,
+    sockets: &mut Sockets,
+) -> Result<Vec<sluice_relay::Relay>, StartError> {
+    config
+        .relays
+        .iter()
+        .map(|r| {
+            let key = sockets::relay_key(&r.name);
+            let listener = sockets.tcp_or(&key, r.addr, || sluice_relay::Relay::listen(r));
+            let relay = listener.and_then(|l| sluice_relay::Relay::from_listener(r, l));
+            relay.map_err(|source| StartError::Relay {
+                relay: r.name.clone(),
+                addr: r.addr,
+                source,
+            })
+        })
+        .collect()
 }
 
 /// Binds the admin API's listener (`[admin]`), or takes over the one a predecessor handed

@@ -18,6 +18,11 @@ pub(crate) fn listener_key(name: &str) -> String {
     format!("listener:{name}")
 }
 
+/// A relay's listening socket travels as `relay:<name>`.
+pub(crate) fn relay_key(name: &str) -> String {
+    format!("relay:{name}")
+}
+
 /// The acceptor's TCP socket travels as `acceptor`.
 pub(crate) const ACCEPTOR_KEY: &str = "acceptor";
 /// The acceptor's UNIX socket travels as `acceptor-unix`.
@@ -74,6 +79,23 @@ impl Sockets {
         let listener = match self.take_tcp(key, addr) {
             Some(std) => TcpListener::from_std(std)?,
             None => TcpListener::bind(addr).await?,
+        };
+        let bound = listener.local_addr().map(ListenAddr::Inet);
+        self.remember(key, bound, SockRef::from(&listener));
+        Ok(listener)
+    }
+
+    /// As [`tcp`](Self::tcp), with `bind` making the socket when none was handed over (a
+    /// listener whose options are set before `listen`, as a relay's).
+    pub(crate) fn tcp_or(
+        &mut self,
+        key: &str,
+        addr: SocketAddr,
+        bind: impl FnOnce() -> std::io::Result<TcpListener>,
+    ) -> std::io::Result<TcpListener> {
+        let listener = match self.take_tcp(key, addr) {
+            Some(std) => TcpListener::from_std(std)?,
+            None => bind()?,
         };
         let bound = listener.local_addr().map(ListenAddr::Inet);
         self.remember(key, bound, SockRef::from(&listener));

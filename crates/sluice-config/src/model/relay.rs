@@ -1,0 +1,119 @@
+//! `[[relay]]`: the validated split-TCP relays (DESIGN.md §7).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::Token;
+
+/// One relay (`[[relay]]`): where it listens, what it is, and its socket settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Relay {
+    /// Unique name, used in logs and metrics.
+    pub name: String,
+    /// The address clients (or the previous relay) connect to.
+    pub addr: SocketAddr,
+    /// An entry relay forwarding to a next hop, or a tunnel end.
+    pub role: RelayRole,
+    /// Timeouts, limits and socket tuning.
+    pub options: RelayOptions,
+}
+
+/// What a relay does with an accepted connection.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RelayRole {
+    /// Forwards to `to`, naming a target to a tunnel end there when `tunnel` is set.
+    Forward(Forward),
+    /// A tunnel end (`tunnel = true`): authenticates the preamble and connects to the target
+    /// it names, if `allow` lets it.
+    Tunnel(TunnelEnd),
+}
+
+/// An entry (or middle) relay: `to`, `target`, `token`, `pool`, `early_connect`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forward {
+    /// The next hop.
+    pub to: SocketAddr,
+    /// The target to name to the tunnel end at `to`, with the token that authenticates this
+    /// relay; `None`: a plain TCP forwarder to `to`.
+    pub tunnel: Option<TunnelTarget>,
+    /// Connections to `to` kept established (and authenticated) ahead of clients. Default 0.
+    pub pool: usize,
+    /// Starts the next leg when a client's SYN is seen rather than when `accept` returns.
+    /// Default false; needs CAP_NET_RAW (without it, the relay logs once and connects on
+    /// accept).
+    pub early_connect: bool,
+}
+
+/// The target an entry relay names to a tunnel end, and its credentials.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TunnelTarget {
+    /// The address the tunnel end is asked to connect to.
+    pub target: SocketAddr,
+    /// The token the tunnel end checks (already resolved from `env:`/`file:`).
+    pub token: Token,
+}
+
+/// A tunnel end: `tokens` and `allow`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TunnelEnd {
+    /// Any one of these authenticates a peer relay.
+    pub tokens: Vec<Token>,
+    /// The only targets it connects to.
+    pub allow: Vec<AllowedTarget>,
+}
+
+/// One `allow` entry: a network and a port (`"10.3.0.0/24:8000"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllowedTarget {
+    /// The addresses allowed.
+    pub net: IpNet,
+    /// The one port allowed on them.
+    pub port: u16,
+}
+
+impl AllowedTarget {
+    /// Whether `addr` is inside this entry.
+    pub fn allows(&self, addr: SocketAddr) -> bool {
+        addr.port() == self.port && self.net.contains(&addr.ip())
+    }
+}
+
+/// A relay's timeouts, limits and socket settings. `Default` gives the documented defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelayOptions {
+    /// How long a connect to the next hop (or target) may take, and how long a tunnel end
+    /// waits for a preamble's token. Default 5 s.
+    pub connect_timeout: Duration,
+    /// How long a relayed connection (or a pooled one at the tunnel end) may stay without a
+    /// byte in either direction. Default 5 min.
+    pub idle_timeout: Duration,
+    /// Client connections relayed at once; more wait in the kernel's accept queue. Default
+    /// 10 000.
+    pub max_connections: usize,
+    /// `TCP_NODELAY` on both sockets. Default true.
+    pub nodelay: bool,
+    /// `TCP_CONGESTION` for the sockets towards the next hop (`"bbr"`, `"reno"`, …); `None`
+    /// (the default): the namespace's default.
+    pub congestion: Option<String>,
+    /// `SO_SNDBUF`/`SO_RCVBUF` of both sockets; `None` (the default): the kernel autotunes.
+    pub socket_buffer: Option<usize>,
+    /// Forwards with `splice(2)` through a pipe (Linux), falling back to a copy through a
+    /// 64 KiB buffer where splice fails. Default true.
+    pub splice: bool,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(300),
+            max_connections: 10_000,
+            nodelay: true,
+            congestion: None,
+            socket_buffer: None,
+            splice: true,
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Sluice's split-TCP relay (DESIGN.md §7, after KTCP): a chain of relays splits a long TCP
+//! path into short legs, so each leg's losses are repaired over its own short round trip.
+//!
+//! An *entry relay* accepts clients and forwards their bytes to its next hop `to`, either as a
+//! plain TCP forwarder or, with `target`, through a *tunnel end* that it tells where to connect
+//! in a small authenticated preamble. Latency is removed step by step, each switchable so it can
+//! be measured: one task per connection; a pool of connections to `to` established and
+//! authenticated before clients arrive; early connect on the client's SYN; tuned sockets
+//! (`TCP_NODELAY`, `TCP_CONGESTION`, buffers); `splice(2)` instead of copies.
+//!
+//! # Layout
+//! * [`preamble`] — the tunnel preamble's wire format and its never-panicking parsers.
+//! * `upstream` — connects to the next hop and speaks the preamble; `pool` — the ready
+//!   connections and their refill; `early` — SYNs seen through a packet socket.
+//! * `tunnel` — the tunnel end: authenticate, check `allow`, connect.
+//! * `forward` — both directions, splice or copy, half-close, idle timeout.
+//! * `tune` — socket options; [`stats`] — the counters behind `/status` and `/metrics`.
+
+mod early;
+mod forward;
+mod pool;
+pub mod preamble;
+pub mod stats;
+mod tune;
+mod tunnel;
+mod upstream;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use sluice_config::{RelayOptions, RelayRole, TunnelEnd};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+
+use crate::early::Early;
+use crate::pool::Pool;
+pub use crate::stats::{Snapshot, Stats};
+use crate::upstream::Connector;
+
+/// A relay with its listener bound, ready to [`run`](Relay::run).
+#[derive(Debug)]
+pub struct Relay {
+    name: String,
+    listener: TcpListener,
+    handler: Arc<Handler>,
+    handle: RelayHandle,
+}
+
+/// What the rest of the process may see and change of a running relay: its counters and its
+/// pool size. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RelayHandle {
+    /// The relay's name.
+    pub name: String,
+    /// Its bound address.
+    pub addr: SocketAddr,
+    /// Its counters.
+    pub stats: Arc<Stats>,
+    pool: Option<Arc<Pool>>,
+    early: bool,
+}
+
+impl RelayHandle {
+    /// Changes the pool's size (an entry relay configured with `pool > 0`); `false` if it has
+    /// no pool.
+    pub fn set_pool(&self, size: usize) -> bool {
+        self.pool.as_ref().map(|p| p.resize(size)).is_some()
+    }
+
+    /// Whether early connect is on (configured, and the packet socket could be opened).
+    pub fn early_connect(&self) -> bool {
+        self.early
+    }
+}
+
+#[derive(Debug)]
+struct Handler {
+    role: Role,
+    opts: RelayOptions,
+    stats: Arc<Stats>,
+}
+
+#[derive(Debug)]
+enum Role {
+    Forward {
+        connector: Arc<Connector>,
+        pool: Option<Arc<Pool>>,
+        early: Option<Arc<Early>>,
+    },
+    Tunnel(TunnelEnd),
+}
+
+impl Relay {
+    /// Binds the relay's listener (and, with `early_connect`, its packet socket: without
+    /// CAP_NET_RAW that logs a warning and the relay connects on accept). Must be called inside
+    /// a Tokio runtime.
+    pub fn bind(config: &sluice_config::Relay) -> io::Result<Self> {
+        Self::from_listener(config, Self::listen(config)?)
+    }
+
+    /// The relay's listening socket alone, with its socket options set before `listen` (for a
+    /// caller that keeps a table of its sockets, then [`from_listener`](Self::from_listener)).
+    pub fn listen(config: &sluice_config::Relay) -> io::Result<TcpListener> {
+        tune::listen(config.addr, &config.options)
+    }
+
+    /// The same as [`bind`](Self::bind) on a listener bound elsewhere (a hot restart's
+    /// inherited socket).
+    pub fn from_listener(config: &sluice_config::Relay, listener: TcpListener) -> io::Result<Self> {
+        let addr = listener.local_addr()?;
+        let stats = Arc::new(Stats::default());
+        let opts = config.options.clone();
+        let (role, pool, early) = match &config.role {
+            RelayRole::Tunnel(end) => (Role::Tunnel(end.clone()), None, false),
+            RelayRole::Forward(f) => {
+                let connector = Arc::new(Connector::new(f, &opts, Arc::clone(&stats)));
+                let pool =
+                    (f.pool > 0).then(|| Arc::new(Pool::new(f.pool, Arc::clone(&connector))));
+                let early = f
+                    .early_connect
+                    .then(|| open_early(&config.name, addr, &opts));
+                let early = early.flatten().map(Arc::new);
+                let on = early.is_some();
+                (
+                    Role::Forward {
+                        connector,
+                        pool: pool.clone(),
+                        early,
+                    },
+                    pool,
+                    on,
+                )
+            }
+        };
+        let handler = Arc::new(Handler {
+            role,
+            opts,
+            stats: Arc::clone(&stats),
+        });
+        let handle = RelayHandle {
+            name: config.name.clone(),
+            addr,
+            stats,
+            pool,
+            early,
+        };
+        Ok(Self {
+            name: config.name.clone(),
+            listener,
+            handler,
+            handle,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The relay's counters and pool control.
+    pub fn handle(&self) -> RelayHandle {
+        self.handle.clone()
+    }
+
+    /// The listening socket, for a hot restart's hand-over.
+    pub fn listener(&self) -> &TcpListener {
+        &self.listener
+    }
+
+    /// Accepts and relays until `shutdown` resolves. Connections under way then go on until
+    /// they end (or hit `idle_timeout`); the pool and early-connect tasks stop with the runtime.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        if let Role::Forward {
+            connector,
+            pool,
+            early,
+        } = &self.handler.role
+        {
+            if let Some(pool) = pool {
+                tokio::spawn(Arc::clone(pool).run());
+            }
+            if let Some(early) = early {
+                tokio::spawn(Arc::clone(early).run(Arc::clone(connector), pool.clone()));
+            }
+        }
+        let limit = Arc::new(Semaphore::new(self.handler.opts.max_connections));
+        tokio::pin!(shutdown);
+        loop {
+            // Beyond the limit, clients wait in the kernel's accept queue.
+            let Ok(permit) = Arc::clone(&limit).acquire_owned().await else {
+                return;
+            };
+            let accepted = tokio::select! {
+                () = &mut shutdown => return,
+                accepted = self.listener.accept() => accepted,
+            };
+            let (client, peer) = match accepted {
+                Ok(a) => a,
+                Err(error) => {
+                    tracing::warn!(relay = %self.name, %error, "accept failed");
+                    continue;
+                }
+            };
+            let handler = Arc::clone(&self.handler);
+            let span = tracing::debug_span!("relay", relay = %self.name, client.addr = %peer);
+            tokio::spawn(
+                async move {
+                    handler.serve(client, peer).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+        }
+    }
+}
+
+impl Handler {
+    async fn serve(&self, client: TcpStream, peer: SocketAddr) {
+        self.stats.accepted.fetch_add(1, Relaxed);
+        self.stats.active.fetch_add(1, Relaxed);
+        if let Err(error) = tune::accepted(&client, &self.opts) {
+            tracing::debug!(%error, "socket options on the client socket");
+        }
+        let result = match &self.role {
+            Role::Forward {
+                connector,
+                pool,
+                early,
+            } => {
+                self.forward(&client, peer, connector, pool.as_deref(), early.as_deref())
+                    .await
+            }
+            Role::Tunnel(end) => tunnel::serve(&client, end, &self.opts, &self.stats)
+                .await
+                .map_err(|e| {
+                    if !matches!(e, tunnel::Refused::Io(_)) {
+                        self.stats.refused.fetch_add(1, Relaxed);
+                        tracing::info!(error = %e, "tunnel connection refused");
+                    }
+                    io::Error::other(e.to_string())
+                }),
+        };
+        if let Err(error) = result {
+            tracing::debug!(%error, "relayed connection ended");
+        }
+        self.stats.active.fetch_sub(1, Relaxed);
+        drop(client);
+    }
+
+    async fn forward(
+        &self,
+        client: &TcpStream,
+        peer: SocketAddr,
+        connector: &Connector,
+        pool: Option<&Pool>,
+        early: Option<&Early>,
+    ) -> io::Result<()> {
+        let claimed = match early {
+            Some(early) => early.claim(peer).await,
+            None => None,
+        };
+        let upstream = match claimed {
+            Some(conn) => conn,
+            None => connector.for_client(pool.and_then(Pool::take)).await,
+        };
+        let upstream = upstream.inspect_err(|error| {
+            self.stats.refused.fetch_add(1, Relaxed);
+            tracing::info!(to = %connector.to, %error, "next hop unreachable");
+        })?;
+        forward::relay(
+            client,
+            &upstream,
+            mode(&self.opts),
+            self.opts.idle_timeout,
+            &self.stats,
+        )
+        .await
+    }
+}
+
+/// Opens the early-connect packet socket, or says why not and returns `None`.
+fn open_early(name: &str, addr: SocketAddr, opts: &RelayOptions) -> Option<Early> {
+    match Early::open(addr, opts.connect_timeout * 2) {
+        Ok(early) => Some(early),
+        Err(error) => {
+            tracing::warn!(relay = %name, %error, "early_connect is off: cannot watch for SYNs (needs CAP_NET_RAW and an IPv4 listener); connecting on accept");
+            None
+        }
+    }
+}
+
+/// Splice or copy, as configured.
+fn mode(opts: &RelayOptions) -> forward::Mode {
+    match opts.splice {
+        true => forward::Mode::Splice,
+        false => forward::Mode::Copy,
+    }
+}

@@ -1,0 +1,76 @@
+//! Per-relay counters, read by the admin API's `/status` and `/metrics`.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// What one relay has done since it started. Every field only grows, except the gauges
+/// `active` and `pool_idle`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Client connections accepted.
+    pub accepted: AtomicU64,
+    /// Connections being relayed now.
+    pub active: AtomicU64,
+    /// Connections refused: a tunnel preamble malformed, unauthenticated or naming a target
+    /// not allowed, or the next hop unreachable.
+    pub refused: AtomicU64,
+    /// Established connections to the next hop waiting in the pool now.
+    pub pool_idle: AtomicU64,
+    /// Clients that found the pool empty and waited for a connect.
+    pub pool_misses: AtomicU64,
+    /// Pooled connections found closed by the peer (and discarded) before use.
+    pub pool_dead: AtomicU64,
+    /// Connections started on a client's SYN (early connect).
+    pub early: AtomicU64,
+    /// Bytes from clients towards the next hop.
+    pub bytes_up: AtomicU64,
+    /// Bytes from the next hop back to clients.
+    pub bytes_down: AtomicU64,
+    /// Connects to the next hop (or target) completed, and their total time in microseconds.
+    pub connects: AtomicU64,
+    /// The sum of connect times, microseconds.
+    pub connect_micros: AtomicU64,
+}
+
+impl Stats {
+    /// Counts one completed connect that took `took`.
+    pub(crate) fn connected(&self, took: Duration) {
+        self.connects.fetch_add(1, Relaxed);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.connect_micros.fetch_add(micros, Relaxed);
+    }
+
+    /// A snapshot of every counter, for rendering.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            accepted: self.accepted.load(Relaxed),
+            active: self.active.load(Relaxed),
+            refused: self.refused.load(Relaxed),
+            pool_idle: self.pool_idle.load(Relaxed),
+            pool_misses: self.pool_misses.load(Relaxed),
+            pool_dead: self.pool_dead.load(Relaxed),
+            early: self.early.load(Relaxed),
+            bytes_up: self.bytes_up.load(Relaxed),
+            bytes_down: self.bytes_down.load(Relaxed),
+            connects: self.connects.load(Relaxed),
+            connect_micros: self.connect_micros.load(Relaxed),
+        }
+    }
+}
+
+/// The counters of [`Stats`] at one moment.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub accepted: u64,
+    pub active: u64,
+    pub refused: u64,
+    pub pool_idle: u64,
+    pub pool_misses: u64,
+    pub pool_dead: u64,
+    pub early: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub connects: u64,
+    pub connect_micros: u64,
+}

@@ -1,0 +1,140 @@
+//! The tunnel end: reads the preamble, checks the token in constant time and the target
+//! against `allow`, then connects and relays. Anything else is refused and closed.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use sluice_config::{RelayOptions, Token, TunnelEnd};
+use subtle::ConstantTimeEq;
+use tokio::net::TcpStream;
+
+use crate::forward::{self, write_all};
+use crate::preamble::{self, PreambleError};
+use crate::stats::Stats;
+
+/// Why a tunnel connection was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    /// The bytes are not a preamble.
+    #[error("malformed preamble: {0}")]
+    Malformed(#[from] PreambleError),
+    /// The token matches none configured.
+    #[error("unknown token")]
+    Token,
+    /// The target is not in `allow`.
+    #[error("target {0} is not allowed")]
+    Target(SocketAddr),
+    /// The peer closed, timed out or failed before a whole preamble.
+    #[error("preamble: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Serves one connection to a tunnel end. The caller closes `peer` after counting the
+/// outcome, so a peer that sees the close can also see the count.
+pub(crate) async fn serve(
+    peer: &TcpStream,
+    end: &TunnelEnd,
+    opts: &RelayOptions,
+    stats: &Stats,
+) -> Result<(), Refused> {
+    let mut buf = Vec::with_capacity(preamble::MAX_HELLO + preamble::MAX_TARGET);
+    // The hello comes at once (a pool sends it on connect); the target when a client arrives.
+    let used = within(
+        opts.connect_timeout,
+        read_hello(peer, &mut buf, &end.tokens),
+    )
+    .await?;
+    buf.drain(..used);
+    let (target, used) = within(opts.idle_timeout, read_target(peer, &mut buf)).await?;
+    buf.drain(..used);
+    if !end.allow.iter().any(|a| a.allows(target)) {
+        return Err(Refused::Target(target));
+    }
+    let start = Instant::now();
+    let upstream = crate::tune::connect(target, opts).await?;
+    stats.connected(start.elapsed());
+    // Bytes the client sent behind the preamble.
+    write_all(&upstream, &buf).await?;
+    stats.bytes_up.fetch_add(buf.len() as u64, Relaxed);
+    let mode = crate::mode(opts);
+    forward::relay(peer, &upstream, mode, opts.idle_timeout, stats).await?;
+    Ok(())
+}
+
+async fn within<T>(
+    limit: std::time::Duration,
+    f: impl std::future::Future<Output = Result<T, Refused>>,
+) -> Result<T, Refused> {
+    tokio::time::timeout(limit, f)
+        .await
+        .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut).into()))
+}
+
+async fn read_hello(
+    peer: &TcpStream,
+    buf: &mut Vec<u8>,
+    tokens: &[Token],
+) -> Result<usize, Refused> {
+    loop {
+        if let Some((hello, used)) = preamble::parse_hello(buf)? {
+            return match known(hello.token, tokens) {
+                true => Ok(used),
+                false => Err(Refused::Token),
+            };
+        }
+        read_more(peer, buf, preamble::MAX_HELLO).await?;
+    }
+}
+
+async fn read_target(peer: &TcpStream, buf: &mut Vec<u8>) -> Result<(SocketAddr, usize), Refused> {
+    loop {
+        if let Some(found) = preamble::parse_target(buf)? {
+            return Ok(found);
+        }
+        read_more(peer, buf, preamble::MAX_TARGET).await?;
+    }
+}
+
+/// Reads at most what is missing of a preamble part of at most `limit` bytes, so client bytes
+/// behind it stay in the socket (they are spliced) unless they came in the same segment.
+async fn read_more(peer: &TcpStream, buf: &mut Vec<u8>, limit: usize) -> io::Result<()> {
+    let mut chunk = [0u8; preamble::MAX_HELLO + preamble::MAX_TARGET];
+    let want = limit.saturating_sub(buf.len()).max(1);
+    loop {
+        peer.readable().await?;
+        match peer.try_read(&mut chunk[..want]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether `token` equals one of `tokens`, comparing every one in constant time (no early
+/// exit, so the timing tells nothing about which byte differed).
+fn known(token: &[u8], tokens: &[Token]) -> bool {
+    tokens
+        .iter()
+        .fold(subtle::Choice::from(0), |found, t| found | t.0.ct_eq(token))
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_exactly() {
+        let tokens = [Token(b"alpha".to_vec()), Token(b"beta".to_vec())];
+        assert!(known(b"beta", &tokens));
+        assert!(!known(b"bet", &tokens));
+        assert!(!known(b"betaa", &tokens));
+        assert!(!known(b"", &tokens));
+    }
+}

@@ -1,0 +1,209 @@
+//! End-to-end relays on loopback: plain forwarding, half-close, the tunnel's authentication and
+//! `allow` list, pool refill after the peer closes pooled connections, and early connect with
+//! and without CAP_NET_RAW.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_relay::{Relay, RelayHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A backend that answers each connection, after the client's EOF, with `got <n>` and closes.
+/// Connections it accepts are counted; the first `close_first` are closed at once.
+async fn spawn_backend(close_first: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            if count.fetch_add(1, SeqCst) < close_first {
+                continue; // dropped: closed
+            }
+            tokio::spawn(async move {
+                let mut all = Vec::new();
+                conn.read_to_end(&mut all).await.unwrap();
+                let reply = format!("got {}", all.len());
+                conn.write_all(reply.as_bytes()).await.unwrap();
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// Starts the relays in `toml` (addresses `127.0.0.1:0` where unknown); returns their handles.
+fn start(toml: &str) -> Vec<RelayHandle> {
+    let config = sluice_config::parse_str(toml, "test.toml", Path::new(".")).unwrap();
+    config
+        .relays
+        .iter()
+        .map(|r| {
+            let relay = Relay::bind(r).unwrap();
+            let handle = relay.handle();
+            tokio::spawn(relay.run(std::future::pending()));
+            handle
+        })
+        .collect()
+}
+
+/// Sends `payload`, half-closes, and returns everything read until the peer's EOF.
+async fn exchange(addr: SocketAddr, payload: &[u8]) -> String {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    // The write may fail when a relay refuses: what was read tells.
+    let _ = conn.write_all(payload).await;
+    let _ = conn.shutdown().await;
+    let mut reply = Vec::new();
+    let _ = conn.read_to_end(&mut reply).await;
+    String::from_utf8(reply).unwrap()
+}
+
+fn plain(to: SocketAddr, extra: &str) -> String {
+    format!("[[relay]]\nname = \"edge\"\nlisten = \"127.0.0.1:0\"\nto = \"{to}\"\n{extra}\n")
+}
+
+fn tunnel_end(allow: SocketAddr) -> String {
+    format!(
+        "[[relay]]\nname = \"core\"\nlisten = \"127.0.0.1:0\"\ntunnel = true\n\
+         tokens = [\"right-token\"]\nallow = [\"{}/32:{}\"]\n",
+        allow.ip(),
+        allow.port()
+    )
+}
+
+fn entry(core: SocketAddr, target: SocketAddr, token: &str, extra: &str) -> String {
+    format!(
+        "[[relay]]\nname = \"edge\"\nlisten = \"127.0.0.1:0\"\nto = \"{core}\"\n\
+         target = \"{target}\"\ntoken = \"{token}\"\n{extra}\n"
+    )
+}
+
+/// Polls `cond` until it holds (a background task's progress), failing after 10 s.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+#[tokio::test]
+async fn plain_forwarding_carries_a_megabyte_each_way_of_a_half_close() {
+    let (backend, _) = spawn_backend(0).await;
+    let payload = vec![7u8; 1 << 20];
+    for extra in ["splice = true", "splice = false"] {
+        let relay = &start(&plain(backend, extra))[0];
+        // The reply only comes after the backend saw the client's FIN through the relay.
+        assert_eq!(
+            exchange(relay.addr, &payload).await,
+            "got 1048576",
+            "{extra}"
+        );
+        let stats = relay.stats.snapshot();
+        assert_eq!((stats.bytes_up, stats.bytes_down), (1 << 20, 11), "{extra}");
+    }
+}
+
+#[tokio::test]
+async fn a_tunnel_relays_with_the_right_token_to_an_allowed_target() {
+    let (backend, accepted) = spawn_backend(0).await;
+    let core = start(&tunnel_end(backend))[0].addr;
+    let edge = &start(&entry(core, backend, "right-token", ""))[0];
+    assert_eq!(exchange(edge.addr, b"hello").await, "got 5");
+    assert_eq!(accepted.load(SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_tunnel_refuses_no_token_a_wrong_token_and_a_target_not_allowed() {
+    let (backend, accepted) = spawn_backend(0).await;
+    let (elsewhere, elsewhere_accepted) = spawn_backend(0).await;
+    let core = &start(&tunnel_end(backend))[0];
+    // No preamble at all: bytes a client would send straight to the tunnel end.
+    assert_eq!(exchange(core.addr, b"GET / HTTP/1.1\r\n\r\n").await, "");
+    let wrong = &start(&entry(core.addr, backend, "wrong-token", ""))[0];
+    assert_eq!(exchange(wrong.addr, b"hello").await, "");
+    let not_allowed = &start(&entry(core.addr, elsewhere, "right-token", ""))[0];
+    assert_eq!(exchange(not_allowed.addr, b"hello").await, "");
+    assert_eq!(accepted.load(SeqCst), 0);
+    assert_eq!(elsewhere_accepted.load(SeqCst), 0);
+    assert_eq!(core.stats.snapshot().refused, 3);
+}
+
+#[tokio::test]
+async fn the_pool_replaces_connections_the_peer_closed() {
+    // The backend closes the first two connections: the ones the pool opened first.
+    let (backend, accepted) = spawn_backend(2).await;
+    let relay = &start(&plain(backend, "pool = 2"))[0];
+    eventually("the dead pooled connections are replaced", || {
+        let s = relay.stats.snapshot();
+        s.pool_dead >= 2 && s.pool_idle == 2
+    })
+    .await;
+    assert_eq!(exchange(relay.addr, b"pooled").await, "got 6");
+    let stats = relay.stats.snapshot();
+    assert_eq!(
+        stats.pool_misses, 0,
+        "the client took a live pooled connection"
+    );
+    assert!(accepted.load(SeqCst) >= 4);
+}
+
+#[tokio::test]
+async fn a_pooled_tunnel_is_authenticated_before_the_client_comes() {
+    let (backend, _) = spawn_backend(0).await;
+    let core = &start(&tunnel_end(backend))[0];
+    let edge = &start(&entry(core.addr, backend, "right-token", "pool = 3"))[0];
+    eventually("the pool is full", || edge.stats.snapshot().pool_idle == 3).await;
+    assert_eq!(exchange(edge.addr, b"hi").await, "got 2");
+    assert_eq!(edge.stats.snapshot().pool_misses, 0);
+    // A pool with a wrong token is closed by the tunnel end, seen dead, and never used.
+    let wrong = &start(&entry(core.addr, backend, "wrong-token", "pool = 1"))[0];
+    eventually("the refused pooled connection is seen dead", || {
+        wrong.stats.snapshot().pool_dead >= 1
+    })
+    .await;
+}
+
+/// Whether this thread may open packet sockets.
+fn has_net_raw() -> bool {
+    let caps = rustix::thread::capabilities(None).unwrap();
+    caps.effective
+        .contains(rustix::thread::CapabilitySet::NET_RAW)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn early_connect_falls_back_to_connect_on_accept_without_cap_net_raw() {
+    // Capabilities are per thread; this runtime runs on this test's thread only.
+    let mut caps = rustix::thread::capabilities(None).unwrap();
+    caps.effective
+        .remove(rustix::thread::CapabilitySet::NET_RAW);
+    rustix::thread::set_capabilities(None, caps).unwrap();
+    assert!(!has_net_raw());
+    let (backend, _) = spawn_backend(0).await;
+    let relay = &start(&plain(backend, "early_connect = true"))[0];
+    assert!(!relay.early_connect());
+    assert_eq!(exchange(relay.addr, b"fallback").await, "got 8");
+    assert_eq!(relay.stats.snapshot().early, 0);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn early_connect_starts_the_next_leg_on_the_syn_with_cap_net_raw() {
+    if !has_net_raw() {
+        eprintln!("skipped: needs CAP_NET_RAW (root); CI runs as root");
+        return;
+    }
+    let (backend, _) = spawn_backend(0).await;
+    let relay = &start(&plain(backend, "early_connect = true"))[0];
+    assert!(relay.early_connect());
+    assert_eq!(exchange(relay.addr, b"early").await, "got 5");
+    let stats = relay.stats.snapshot();
+    assert_eq!(stats.early, 1, "one next-leg connect started on the SYN");
+    assert_eq!(stats.connects, 1, "and it was the one used");
+}

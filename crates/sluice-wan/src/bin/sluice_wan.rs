@@ -1,0 +1,222 @@
+//! `sluice-wan`: the WAN test bed's programs, and its benchmark.
+//!
+//! ```text
+//! sluice-wan serve ADDR              sized responses (inside the server namespace)
+//! sluice-wan fetch ADDR SIZE         prints "<ttfb ms> <total ms>"
+//! sluice-wan relay CONFIG            the [[relay]]s of CONFIG
+//! sluice-wan bench LOSS ROUNDS [MAX_SIZE]   the relay benchmark over a fresh bed (needs root)
+//! sluice-wan cpu GB                  relay CPU seconds per GB, splice and copy, on loopback
+//! ```
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::time::Duration;
+
+use sluice_wan::bed::{Bed, Leg};
+use sluice_wan::programs;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| args.get(i).map(String::as_str).ok_or("missing argument");
+    match arg(0)? {
+        "serve" => programs::serve(arg(1)?.parse()?)?,
+        "fetch" => {
+            let (ttfb, total) = programs::fetch(arg(1)?.parse()?, arg(2)?.parse()?)?;
+            println!("{ttfb:.1} {total:.1}");
+        }
+        "relay" => programs::relay(Path::new(arg(1)?))?,
+        "bench" => bench(
+            arg(1)?.parse()?,
+            arg(2)?.parse()?,
+            arg(3).unwrap_or("10000000").parse()?,
+        )?,
+        "cpu" => cpu(arg(1)?.parse()?)?,
+        other => return Err(format!("unknown command {other}").into()),
+    }
+    Ok(())
+}
+
+/// The issue's legs: 30 / 200 / 25 ms RTT, 100 Mbit/s, `loss` on the long leg.
+pub fn legs(loss: f64) -> [Leg; 3] {
+    let leg = |ms, loss| Leg {
+        rtt: Duration::from_millis(ms),
+        rate_bps: 100_000_000,
+        loss,
+    };
+    [leg(30, 0.0), leg(200, loss), leg(25, 0.0)]
+}
+
+/// The variants, each adding one step to the previous: (name, entry relay keys, tunnel keys).
+const VARIANTS: &[(&str, &str)] = &[
+    ("naive", "splice = false\n"),
+    ("+pool", "splice = false\npool = 8\n"),
+    ("+early", "splice = false\npool = 8\nearly_connect = true\n"),
+    ("+tuning", "splice = false\npool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\n"),
+    ("+splice", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\n"),
+];
+
+const SIZES: &[(&str, u64)] = &[
+    ("10KB", 10_000),
+    ("100KB", 100_000),
+    ("1MB", 1_000_000),
+    ("10MB", 10_000_000),
+];
+
+fn bench(loss: f64, rounds: usize, max_size: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let me = std::env::current_exe()?;
+    let me = me.to_str().ok_or("exe path")?;
+    let mut bed = Bed::new(legs(loss))?;
+    let dir = std::env::temp_dir().join(format!("sluice-wan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    wait_ready(bed.spawn(3, &[me, "serve", "10.3.0.2:8000"])?)?;
+    let rtt = 255.0;
+    println!("| variant | size | TTFB ms (median of {rounds}) | TTFB / RTT | total ms (median) |");
+    println!("|---|---|---|---|---|");
+    for (name, keys) in std::iter::once(&("direct", "")).chain(VARIANTS) {
+        let addr = if *name == "direct" {
+            "10.3.0.2:8000"
+        } else {
+            start_relays(&mut bed, me, &dir, name, keys)?;
+            "10.1.0.2:7000"
+        };
+        for (label, size) in SIZES.iter().filter(|(_, s)| *s <= max_size) {
+            let mut ttfbs = Vec::new();
+            let mut totals = Vec::new();
+            for _ in 0..rounds {
+                // Let the pool refill between fetches, as between independent clients.
+                std::thread::sleep(Duration::from_millis(300));
+                let out = bed.run(0, &[me, "fetch", addr, &size.to_string()])?;
+                let mut it = out.split_whitespace().map(str::parse::<f64>);
+                ttfbs.push(it.next().ok_or("no ttfb")??);
+                totals.push(it.next().ok_or("no total")??);
+            }
+            let (t, total) = (median(&mut ttfbs), median(&mut totals));
+            println!(
+                "| {name} | {label} | {t:.0} | {:.2} | {total:.0} |",
+                t / rtt
+            );
+        }
+        if *name != "direct" {
+            bed.stop_all();
+            wait_ready(bed.spawn(3, &[me, "serve", "10.3.0.2:8000"])?)?;
+        }
+    }
+    Ok(())
+}
+
+fn start_relays(
+    bed: &mut Bed,
+    me: &str,
+    dir: &Path,
+    name: &str,
+    keys: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let tuning: String = keys
+        .lines()
+        .filter(|l| !l.starts_with("pool") && !l.starts_with("early"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let core = format!(
+        "[[relay]]\nname = \"core\"\nlisten = \"10.2.0.2:7100\"\ntunnel = true\ntokens = [\"bench-token\"]\nallow = [\"10.3.0.2:8000\"]\n{tuning}"
+    );
+    let edge = format!(
+        "[[relay]]\nname = \"edge\"\nlisten = \"10.1.0.2:7000\"\nto = \"10.2.0.2:7100\"\ntarget = \"10.3.0.2:8000\"\ntoken = \"bench-token\"\n{keys}"
+    );
+    let slug: String = name.chars().filter(char::is_ascii_alphanumeric).collect();
+    let (core_path, edge_path) = (
+        dir.join(format!("{slug}-core.toml")),
+        dir.join(format!("{slug}-edge.toml")),
+    );
+    std::fs::write(&core_path, core)?;
+    std::fs::write(&edge_path, edge)?;
+    wait_ready(bed.spawn(2, &[me, "relay", core_path.to_str().ok_or("path")?])?)?;
+    wait_ready(bed.spawn(1, &[me, "relay", edge_path.to_str().ok_or("path")?])?)?;
+    // The pool fills over the long leg: one RTT and a little.
+    std::thread::sleep(Duration::from_millis(600));
+    Ok(())
+}
+
+fn wait_ready(child: &mut std::process::Child) -> Result<(), Box<dyn std::error::Error>> {
+    let out = child.stdout.take().ok_or("no stdout")?;
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line)?;
+    match line.trim() {
+        "ready" => Ok(()),
+        other => Err(format!("program did not start: {other:?}").into()),
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Pushes `gb` GB through a plain relay (its own process) on loopback, with splice and with
+/// copy, and prints the relay process's CPU seconds per GB for each.
+fn cpu(gb: u64) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::{Read, Write};
+    let me = std::env::current_exe()?;
+    let dir = std::env::temp_dir().join(format!("sluice-wan-cpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    println!("| forwarding | relay CPU s per GB | GB moved |");
+    println!("|---|---|---|");
+    for splice in [true, false] {
+        let sink = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let sink_addr = sink.local_addr()?;
+        let drain = std::thread::spawn(move || -> std::io::Result<u64> {
+            let (mut conn, _) = sink.accept()?;
+            let mut buf = vec![0u8; 1 << 20];
+            let mut total = 0u64;
+            loop {
+                match conn.read(&mut buf)? {
+                    0 => return Ok(total),
+                    n => total += n as u64,
+                }
+            }
+        });
+        // A free port for the relay: bind, note, release (loopback only, this process's run).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let path = dir.join(format!("cpu-{splice}.toml"));
+        std::fs::write(
+            &path,
+            format!("[[relay]]\nname = \"cpu\"\nlisten = \"127.0.0.1:{port}\"\nto = \"{sink_addr}\"\nsplice = {splice}\n"),
+        )?;
+        let mut child = std::process::Command::new(&me)
+            .arg("relay")
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        wait_ready(&mut child)?;
+        let before = cpu_seconds(child.id())?;
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..gb * 1024 {
+            conn.write_all(&chunk)?;
+        }
+        conn.shutdown(std::net::Shutdown::Write)?;
+        let moved = drain.join().map_err(|_| "sink panicked")??;
+        let used = cpu_seconds(child.id())? - before;
+        let _ = child.kill();
+        let _ = child.wait();
+        let gbs = moved as f64 / f64::from(1u32 << 30);
+        let name = if splice {
+            "splice(2)"
+        } else {
+            "copy (64 KiB buffer)"
+        };
+        println!("| {name} | {:.3} | {gbs:.1} |", used / gbs);
+    }
+    Ok(())
+}
+
+/// User + system CPU seconds of process `pid` (/proc/PID/stat, clock ticks of 100 Hz).
+fn cpu_seconds(pid: u32) -> Result<f64, Box<dyn std::error::Error>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_comm = stat.rsplit_once(')').ok_or("bad stat")?.1;
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    let utime: f64 = fields.get(11).ok_or("no utime")?.parse()?;
+    let stime: f64 = fields.get(12).ok_or("no stime")?.parse()?;
+    Ok((utime + stime) / 100.0)
+}
