@@ -3,8 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::message::ParseError;
-use crate::MAX_MESSAGE;
+use crate::message::{ParseError, MAX_MESSAGE};
 
 /// A failure of a handoff socket or listener.
 ///

@@ -37,12 +37,5 @@ pub mod socket;
 
 pub use error::Error;
 pub use listener::{remove_stale, AllowedUids, HandoffListener, DEFAULT_SOCKET_MODE};
-pub use message::{ListenAddr, Message, ParseError, Role};
+pub use message::{ListenAddr, Message, ParseError, Role, MAX_MESSAGE, MAX_WORD, PROTOCOL_VERSION};
 pub use socket::{Credentials, Handoff};
-
-/// The protocol version this crate speaks in `HELLO`.
-pub const PROTOCOL_VERSION: u32 = 1;
-/// The longest message line, in bytes (a trailing `\n` not counted).
-pub const MAX_MESSAGE: usize = 512;
-/// The longest name (cluster, slice, instance, listener name or address), in bytes.
-pub const MAX_WORD: usize = 128;

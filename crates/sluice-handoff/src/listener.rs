@@ -13,8 +13,9 @@ use rustix::net::{
 use tokio::io::Interest;
 use tokio::net::UnixDatagram;
 
+use crate::error::Error;
 use crate::socket::register;
-use crate::{Credentials, Error, Handoff};
+use crate::socket::{Credentials, Handoff};
 
 /// The mode of the socket file unless the caller asks for another: owner only.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;

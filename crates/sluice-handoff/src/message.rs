@@ -4,7 +4,12 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::{MAX_MESSAGE, MAX_WORD};
+/// The protocol version this crate speaks in `HELLO`.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The longest message line, in bytes (a trailing `\n` not counted).
+pub const MAX_MESSAGE: usize = 512;
+/// The longest name (cluster, slice, instance, listener name or address), in bytes.
+pub const MAX_WORD: usize = 128;
 
 /// What a peer says it is in its `HELLO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -13,7 +13,8 @@ use rustix::net::{
 use tokio::io::Interest;
 use tokio::net::UnixDatagram;
 
-use crate::{Error, Message, Role, MAX_MESSAGE, PROTOCOL_VERSION};
+use crate::error::Error;
+use crate::message::{Message, Role, MAX_MESSAGE, PROTOCOL_VERSION};
 
 /// How many fds a received datagram may bring before the kernel reports `MSG_CTRUNC`: more
 /// than one is already an error, but room for a few lets us say how many arrived.

@@ -42,48 +42,18 @@ mod dial;
 mod error;
 pub mod options;
 mod retire;
+mod service;
 mod sessions;
 mod slot;
 mod state;
 
-use http::{Request, Response};
-use http_body::Body;
-use hyper::body::Incoming;
-use tower_service::Service;
-
 pub use client::ClientAddr;
 pub use error::Error;
 pub use options::{Acceptor, Backoff, Options, TlsOptions};
+pub use service::{BoxError, SessionService};
 pub use sessions::Sessions;
 pub use sluice_session::Identity;
 pub use state::Status;
-
-/// The error type services and bodies may return, as hyper accepts it.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A tower service the SDK can run on sessions: it takes hyper's requests, its errors and
-/// response bodies are ones hyper accepts, and it can be cloned per session and moved across
-/// tasks. Implemented for every such service; there is nothing to implement.
-pub trait SessionService:
-    Service<Request<Incoming>, Response = Response<Self::Body>, Error: Into<BoxError>, Future: Send>
-    + Clone
-    + Send
-    + 'static
-{
-    /// The response body.
-    type Body: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
-}
-
-impl<S, B> SessionService for S
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error: Into<BoxError>, Future: Send>
-        + Clone
-        + Send
-        + 'static,
-    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
-{
-    type Body = B;
-}
 
 /// Starts keeping `options.capacity` sessions registered, each serving HTTP/1.1 (with upgrades)
 /// with a clone of `service`. Returns at once; sessions register in the background (watch

@@ -2,11 +2,11 @@
 
 use std::fmt::Write as _;
 
-use crate::reply::Rejection;
-use crate::{
+use crate::protocol::{
     Parsed, DEFAULT_SLICE, DRAIN_PATH, HEADER_CAPACITY, HEADER_INSTANCE, HEADER_SERVICE,
     HEADER_SLICE, MAX_HEADERS, SESSION_PATH, UPGRADE_TOKEN,
 };
+use crate::reply::Rejection;
 
 /// Who is speaking: the cluster, slice and instance, and the credential.
 #[derive(Clone, PartialEq, Eq)]
@@ -225,7 +225,7 @@ impl<'a> Head<'a> {
         Ok(Identity {
             service: service.to_owned(),
             slice: nonempty(self.slice)
-                .unwrap_or(crate::DEFAULT_SLICE)
+                .unwrap_or(crate::protocol::DEFAULT_SLICE)
                 .to_owned(),
             instance: nonempty(self.instance).map(str::to_owned),
             token,

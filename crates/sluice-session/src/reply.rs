@@ -1,6 +1,6 @@
 //! What the acceptor answers, and the statuses of its refusals.
 
-use crate::{Parsed, UPGRADE_TOKEN};
+use crate::protocol::{Parsed, DEFAULT_MAX_HEAD, UPGRADE_TOKEN};
 
 /// A refusal: the status and the short reason sent as the body before the connection closes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -114,15 +114,15 @@ impl Reply {
     }
 }
 
-/// Parses the head of an acceptor's answer, at most [`DEFAULT_MAX_HEAD`](crate::DEFAULT_MAX_HEAD)
+/// Parses the head of an acceptor's answer, at most [`DEFAULT_MAX_HEAD`]
 /// bytes. A `101` must name the session protocol in `Upgrade`; anything that is not HTTP/1.1
 /// is an error.
 pub fn parse_reply(buf: &[u8]) -> Result<Parsed<Reply>, Rejection> {
     let mut headers = [httparse::EMPTY_HEADER; 16];
     let mut res = httparse::Response::new(&mut headers);
     let len = match res.parse(buf) {
-        Ok(httparse::Status::Complete(len)) if len <= crate::DEFAULT_MAX_HEAD => len,
-        Ok(httparse::Status::Partial) if buf.len() <= crate::DEFAULT_MAX_HEAD => {
+        Ok(httparse::Status::Complete(len)) if len <= DEFAULT_MAX_HEAD => len,
+        Ok(httparse::Status::Partial) if buf.len() <= DEFAULT_MAX_HEAD => {
             return Ok(Parsed::Partial)
         }
         Ok(_) => return Err(Rejection::bad_request("acceptor reply head too large")),

@@ -52,7 +52,7 @@ pub(crate) async fn consume(path: PathBuf, sources: Vec<Source>) {
                 debug!(path = %path.display(), %error, attempt, "acceptor unreachable");
             }
         }
-        tokio::time::sleep(super::backoff(attempt)).await;
+        tokio::time::sleep(backoff(attempt)).await;
         attempt = attempt.saturating_add(1);
     }
 }
@@ -249,4 +249,10 @@ impl Link<'_> {
             }
         }
     }
+}
+
+/// Delays between attempts to reach the acceptor: 100 ms doubling to 5 s.
+fn backoff(attempt: u32) -> std::time::Duration {
+    let ms = 100u64.saturating_mul(1 << attempt.min(6)).min(5_000);
+    std::time::Duration::from_millis(ms)
 }

@@ -19,9 +19,3 @@ mod ledger;
 
 pub use broker::{BrokerError, StandaloneAcceptor};
 pub(crate) use consumer::{consume, Source};
-
-/// Delays between attempts to reach the acceptor: 100 ms doubling to 5 s.
-pub(crate) fn backoff(attempt: u32) -> std::time::Duration {
-    let ms = 100u64.saturating_mul(1 << attempt.min(6)).min(5_000);
-    std::time::Duration::from_millis(ms)
-}

@@ -12,7 +12,6 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::client::conn::TrySendError;
 
-use super::is_idempotent;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::http::headers::wants_close;
@@ -160,4 +159,14 @@ pub(crate) fn keeps_connection<B>(res: &Response<B>) -> bool {
         && !wants_close(res.headers())
         && res.status() != StatusCode::SWITCHING_PROTOCOLS
         && res.extensions().get::<ConflictingFraming>().is_none()
+}
+
+/// Whether a method is idempotent (RFC 9110 §9.2.2), so a request that never got a response
+/// byte may be sent again.
+pub fn is_idempotent(method: &http::Method) -> bool {
+    use http::Method;
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
 }

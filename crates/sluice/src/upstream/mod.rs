@@ -14,6 +14,7 @@ use http::{Request, Response};
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+pub use exchange::is_idempotent;
 pub use reverse::{ReverseCluster, ReverseSlice};
 pub use static_cluster::{StaticCluster, StaticMetrics, StaticOptions};
 
@@ -84,14 +85,4 @@ pub(crate) fn default_host<B>(req: &mut Request<B>, authority: impl FnOnce() -> 
     if let Ok(value) = http::HeaderValue::try_from(authority()) {
         req.headers_mut().insert(http::header::HOST, value);
     }
-}
-
-/// Whether a method is idempotent (RFC 9110 §9.2.2), so a request that never got a response
-/// byte may be sent again.
-pub fn is_idempotent(method: &http::Method) -> bool {
-    use http::Method;
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    )
 }
