@@ -46,6 +46,11 @@ pub(crate) async fn consume(path: PathBuf, sources: Vec<Source>) {
                 attempt = 0;
                 info!(path = %path.display(), "connected to the acceptor");
                 let error = serve(Arc::new(conn), &sources).await;
+                // Nothing leaves for a link that is gone: sessions the acceptor recalled stay
+                // here rather than close on their way to it (the next link forgives the debt).
+                for s in &sources {
+                    s.cluster.stop_handover();
+                }
                 warn!(path = %path.display(), %error, "lost the acceptor; sessions here keep serving");
             }
             Err(error) => {

@@ -195,3 +195,21 @@ async fn recalled_sessions_leave_as_they_are_returned_and_no_more() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(handed.try_recv().is_err(), "more left than were recalled");
 }
+
+/// A consumer that lost its acceptor stops the pull (handoff/consumer.rs): a recalled session
+/// that comes back then stays, instead of leaving for a link that is gone (and closing).
+#[tokio::test(start_paused = true)]
+async fn nothing_owed_leaves_once_the_pull_stops() {
+    let mut bed = Bed::new(opts(8));
+    let (to, handed) = mpsc::unbounded_channel();
+    bed.cluster.start_pull(to, None);
+    bed.register("a").await;
+    let busy = bed.lease().await;
+    bed.cluster.recall("default", 1);
+    drop(handed);
+    bed.cluster.stop_handover();
+    bed.pool().checkin(busy);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(bed.pool().idle(), 1, "the recalled session stayed");
+    assert_eq!(bed.lease().await.instance.id(), "a");
+}
