@@ -22,7 +22,8 @@ fn config(dir: &Path, unix: bool) -> sluice::config::Config {
         "[runtime]\nupgrade_socket = \"upgrade.sock\"\nshutdown_grace = \"5s\"\n\
          [acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n{unix}\
          [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
-         [[route]]\ncluster = \"api\"\n[cluster.api]\nkind = \"reverse\"\n"
+         [[route]]\ncluster = \"api\"\n[cluster.api]\nkind = \"reverse\"\n\
+         [[relay]]\nname = \"edge\"\nlisten = \"127.0.0.1:0\"\nto = \"127.0.0.1:9\"\n"
     );
     sluice::config::parse_str(&text, &dir.join("test.toml").display().to_string(), dir).unwrap()
 }
@@ -33,6 +34,7 @@ async fn a_successor_takes_the_sockets_and_the_sessions() {
     let cfg = config(dir.path(), true);
     let old = Proxy::bind(&cfg).await.unwrap();
     let (http, acceptor) = (old.local_addrs()[0].1, old.acceptor_addr().unwrap());
+    let relay = old.relays()[0].addr;
     let old_cluster = old.reverse_cluster("api").unwrap().clone();
     let old_run = tokio::spawn(old.run_until(std::future::pending()));
     let svc = Service::start(acceptor, ServiceSpec::new("a", 3)).await;
@@ -47,6 +49,11 @@ async fn a_successor_takes_the_sockets_and_the_sessions() {
     let new = Proxy::bind_inheriting(&cfg, Some(inherited)).await.unwrap();
     assert_eq!(new.local_addrs()[0].1, http, "the same listening socket");
     assert_eq!(new.acceptor_addr().unwrap(), acceptor);
+    assert_eq!(
+        new.relays()[0].addr,
+        relay,
+        "the relay's listening socket too"
+    );
     let new_cluster = new.reverse_cluster("api").unwrap().clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let new_run = tokio::spawn(new.run_until(async move {
