@@ -13,8 +13,7 @@ use sluice_session::Rejection;
 use tokio::sync::{broadcast, mpsc, Notify};
 use tracing::info;
 
-use super::handover::HandedSession;
-use super::handover::Handover;
+use super::handover::{HandedSession, Handover};
 use super::instance::{locked, Instance, Instances, Lent, Limit, SessionPermit};
 use super::metrics::ReverseMetrics;
 use super::pool::SlicePool;
