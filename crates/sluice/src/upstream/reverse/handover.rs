@@ -6,6 +6,7 @@
 //! still reach this process while its client connections drain.
 
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use tokio::sync::mpsc;
@@ -66,9 +67,21 @@ enum Destination {
 }
 
 /// Where a cluster's idle sessions go; [`Destination::Local`] by default.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Handover {
     destination: Mutex<Destination>,
+    /// Whether the destination is [`Destination::Local`], readable without the lock: every
+    /// returned session asks, and almost always the answer is that it stays.
+    local: AtomicBool,
+}
+
+impl Default for Handover {
+    fn default() -> Self {
+        Self {
+            destination: Mutex::default(),
+            local: AtomicBool::new(true),
+        }
+    }
 }
 
 impl Handover {
@@ -76,9 +89,16 @@ impl Handover {
         self.destination.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn set(&self, destination: Destination) {
+        let mut current = self.destination();
+        self.local
+            .store(matches!(destination, Destination::Local), Ordering::Release);
+        *current = destination;
+    }
+
     /// Starts a hot restart's hand-over to `to`.
     pub(crate) fn start(&self, to: mpsc::UnboundedSender<HandedSession>, keep_one: bool) {
-        *self.destination() = Destination::Handover { to, keep_one };
+        self.set(Destination::Handover { to, keep_one });
     }
 
     /// Starts lending (or returning) to `to`; `lost`, if given, hears of each session let go
@@ -88,13 +108,13 @@ impl Handover {
         to: mpsc::UnboundedSender<HandedSession>,
         lost: Option<mpsc::UnboundedSender<SliceId>>,
     ) {
-        *self.destination() = Destination::Lend { to, lost };
+        self.set(Destination::Lend { to, lost });
     }
 
     /// Ends the hand-over: later idle sessions stay, and the receiver sees the end once
     /// every sender is gone.
     pub(crate) fn stop(&self) {
-        *self.destination() = Destination::Local;
+        self.set(Destination::Local);
     }
 
     /// A session of `slice` was let go but will not be handed over.
@@ -116,6 +136,9 @@ impl Handover {
 
     /// Whether a session returning to a slice with `idle` idle sessions and no waiter leaves.
     pub(crate) fn takes(&self, idle: usize) -> bool {
+        if !self.active() {
+            return false;
+        }
         match &*self.destination() {
             Destination::Handover { keep_one, .. } => !(idle == 0 && *keep_one),
             Destination::Local | Destination::Lend { .. } => false,
@@ -132,7 +155,7 @@ impl Handover {
 
     /// Whether sessions may leave at all.
     pub(crate) fn active(&self) -> bool {
-        !matches!(&*self.destination(), Destination::Local)
+        !self.local.load(Ordering::Acquire)
     }
 
     /// Sends a parked session on; one that cannot move (TLS) or has nowhere to go closes.
