@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::log_limit::Tally;
+use sluice_net::log_limit::Tally;
 
 pub use sluice_config::{AccessLogFormat, AccessLogTarget};
 
@@ -97,7 +97,7 @@ fn open_file(path: &PathBuf) -> std::io::Result<std::fs::File> {
 
 /// How often a failing access log (a full disk, `/dev/full`) is reported: requests go on being
 /// served, and one warning per interval says how many lines were lost.
-pub const FAILURE_REPORT_INTERVAL: Duration = crate::log_limit::REPORT_INTERVAL;
+pub const FAILURE_REPORT_INTERVAL: Duration = sluice_net::log_limit::REPORT_INTERVAL;
 
 /// The writer: one line at a time, flushed whenever the queue runs empty.
 fn write_lines(

@@ -22,7 +22,7 @@ use crate::reload::InPlace;
 use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, UpgradeSocket};
 use crate::router::LiveRoutes;
 use crate::server::{tls, Group, Server};
-use crate::sockets::{self, Sockets};
+use sluice_net::sockets::{self, Sockets};
 use crate::upstream::reverse::{ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 

@@ -49,14 +49,12 @@ pub mod body;
 pub mod error;
 pub mod handoff;
 pub mod http;
-mod log_limit;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
 pub mod restart;
 pub mod router;
 pub mod server;
-mod sockets;
 pub mod upstream;
 
 pub use app::{Proxy, StartError};

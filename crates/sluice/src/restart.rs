@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::acceptor::HandedOver;
-use crate::sockets::{HandedListener, Sockets};
+use sluice_net::sockets::{HandedListener, Sockets};
 use crate::upstream::reverse::{HandedSession, Limit};
 use crate::upstream::ReverseCluster;
 

@@ -31,9 +31,9 @@ use tracing::{debug, info, warn, Instrument};
 
 use self::rate::RateLimiter;
 use self::shared::{Peer, Shared};
-use crate::log_limit::TallyByKind;
+use sluice_net::log_limit::TallyByKind;
 use crate::server::{accept_error, ShutdownSignal};
-use crate::sockets::{self, Sockets};
+use sluice_net::sockets::{self, Sockets};
 use crate::upstream::reverse::{Limit, ReverseMetrics, SessionStream};
 use crate::upstream::ReverseCluster;
 

@@ -11,7 +11,7 @@ use sluice_session::Rejection;
 
 use super::rate::RateLimiter;
 use super::{tls, AcceptorOptions};
-use crate::log_limit::TallyByKind;
+use sluice_net::log_limit::TallyByKind;
 use crate::server::ShutdownSignal;
 use crate::upstream::reverse::{Limit, ReverseMetrics};
 use crate::upstream::ReverseCluster;

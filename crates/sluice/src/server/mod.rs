@@ -4,7 +4,6 @@
 //! runs several servers under one shutdown: stop accepting, let in-flight requests finish
 //! within the grace period, then close what is left.
 
-mod accept;
 mod active;
 mod conn;
 #[macro_use]
@@ -13,7 +12,6 @@ mod framing;
 mod io;
 mod prefixed;
 mod service;
-mod shutdown;
 pub mod tls;
 
 use std::future::Future;
@@ -29,12 +27,12 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-pub(crate) use self::accept::{accept_error, keep_reserve as keep_accept_reserve};
+pub(crate) use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use self::active::{ActiveRequests, TrackedBody};
 pub use self::framing::AmbiguousFraming;
 pub use self::io::IdleTimeout;
 pub use self::service::HttpService;
-pub use self::shutdown::{os_signal, Shutdown, ShutdownSignal};
+pub use sluice_net::shutdown::{os_signal, Shutdown, ShutdownSignal};
 
 /// What the proxy knows about a request's connection; inserted into every request's
 /// extensions by the server.

@@ -1,6 +1,6 @@
 //! TLS termination with rustls: a listener's certificates (chosen by SNI, replaceable in
-//! place), ALPN and resumption, and the acceptor's config with optional client
-//! authentication.
+//! place), ALPN and resumption. The acceptor's config and the crypto provider are
+//! `sluice_net::tls`'s.
 //!
 //! Resumption: tickets sealed with a key that rotates every 6 hours (rustls's `Ticketer`, which
 //! still opens tickets of the previous key), for TLS 1.3 and for TLS 1.2 clients that ask for
@@ -13,14 +13,13 @@ use std::io;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use rustls::crypto::CryptoProvider;
-use rustls::server::danger::ClientCertVerifier;
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use rustls::{RootCertStore, ServerConfig};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use sluice_config::{AcceptorTls, ClientAuth, Tls};
+use rustls::ServerConfig;
+use sluice_config::Tls;
+pub use sluice_net::tls::acceptor_config;
+use sluice_net::tls::{load_pair, provider};
+use sluice_net::tls::{invalid, ticketer};
 use sluice_wire::cert::cert_names;
 
 /// A listener's certificates: each serves the names it carries (DNS subject alternative names,
@@ -122,75 +121,9 @@ pub fn server_config(certs: Arc<Certificates>, http2: bool) -> io::Result<Arc<Se
     Ok(Arc::new(config))
 }
 
-fn ticketer() -> io::Result<Arc<dyn rustls::server::ProducesTickets>> {
-    #[cfg(not(feature = "aws-lc-rs"))]
-    let ticketer = rustls::crypto::ring::Ticketer::new();
-    #[cfg(feature = "aws-lc-rs")]
-    let ticketer = rustls::crypto::aws_lc_rs::Ticketer::new();
-    ticketer.map_err(|e| invalid(format!("TLS tickets: {e}")))
-}
-
 fn certified_key(tls: &Tls) -> io::Result<CertifiedKey> {
     let (certs, key) = load_pair(tls)?;
     CertifiedKey::from_der(certs, key, &provider())
         .map_err(|e| invalid(format!("{}: {e}", tls.cert_path.display())))
 }
 
-/// Builds the acceptor's rustls server config. No ALPN: the session protocol is the only one
-/// spoken there. With `client_auth`, every client must present a certificate that chains to
-/// its CA, or the TLS handshake fails.
-pub fn acceptor_config(tls: &AcceptorTls) -> io::Result<Arc<ServerConfig>> {
-    let (certs, key) = load_pair(&tls.server)?;
-    let builder = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| invalid(e.to_string()))?;
-    let builder = match &tls.client_auth {
-        None => builder.with_no_client_auth(),
-        Some(auth) => builder.with_client_cert_verifier(client_verifier(auth)?),
-    };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| invalid(format!("{}: {e}", tls.server.cert_path.display())))?;
-    config.ticketer = ticketer()?;
-    Ok(Arc::new(config))
-}
-
-/// Requires a client certificate signed by one of `auth`'s CA certificates.
-fn client_verifier(auth: &ClientAuth) -> io::Result<Arc<dyn ClientCertVerifier>> {
-    let bad_ca = |e: &dyn std::fmt::Display| invalid(format!("{}: {e}", auth.ca_path.display()));
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&auth.ca_pem) {
-        let cert = cert.map_err(|e| bad_ca(&e))?;
-        roots.add(cert).map_err(|e| bad_ca(&e))?;
-    }
-    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-        .build()
-        .map_err(|e| bad_ca(&e))
-}
-
-/// A PEM certificate chain and key, parsed (their match is rustls's, or the config's, check).
-pub(crate) fn load_pair(
-    tls: &Tls,
-) -> io::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
-    let certs = CertificateDer::pem_slice_iter(&tls.cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(format!("{}: {e}", tls.cert_path.display())))?;
-    let key = PrivateKeyDer::from_pem_slice(&tls.key_pem)
-        .map_err(|e| invalid(format!("{}: {e}", tls.key_path.display())))?;
-    Ok((certs, key))
-}
-
-/// The crypto every TLS config of Sluice uses: `ring`, or with the `aws-lc-rs` feature
-/// (`cargo build --features sluice/aws-lc-rs`), AWS-LC (the bench's `tls` scenario measures
-/// both when the second build is there).
-pub(crate) fn provider() -> Arc<CryptoProvider> {
-    #[cfg(not(feature = "aws-lc-rs"))]
-    let provider = rustls::crypto::ring::default_provider();
-    #[cfg(feature = "aws-lc-rs")]
-    let provider = rustls::crypto::aws_lc_rs::default_provider();
-    Arc::new(provider)
-}
-
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, msg)
-}

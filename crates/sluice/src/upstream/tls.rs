@@ -19,7 +19,7 @@ use tokio_rustls::TlsConnector;
 use tracing::warn;
 
 use crate::error::ProxyError;
-use crate::server::tls::{load_pair, provider};
+use sluice_net::tls::{load_pair, provider};
 
 /// How a cluster's connections to its endpoints are secured.
 #[derive(Clone)]

@@ -24,7 +24,7 @@ use super::session::Session;
 use super::slice_id::SliceId;
 use super::stream::SessionStream;
 use crate::error::ProxyError;
-use crate::log_limit::SharedTally;
+use sluice_net::log_limit::SharedTally;
 
 /// Seconds a client is told to wait when a slice has no capacity.
 const RETRY_AFTER_SECS: u32 = 1;

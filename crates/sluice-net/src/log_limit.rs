@@ -8,18 +8,18 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How often a repeated event is reported by default.
-pub(crate) const REPORT_INTERVAL: Duration = Duration::from_secs(10);
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Events since the last report, and when that was.
 #[derive(Debug)]
-pub(crate) struct Tally {
+pub struct Tally {
     interval: Duration,
     count: u64,
     last: Option<Instant>,
 }
 
 impl Tally {
-    pub(crate) fn new(interval: Duration) -> Self {
+    pub fn new(interval: Duration) -> Self {
         Self {
             interval,
             count: 0,
@@ -28,7 +28,7 @@ impl Tally {
     }
 
     /// Records `n` events at `now`; `Some(events since the last report)` when one is due.
-    pub(crate) fn record(&mut self, n: u64, now: Instant) -> Option<u64> {
+    pub fn record(&mut self, n: u64, now: Instant) -> Option<u64> {
         self.count += n;
         if self.last.is_some_and(|last| now - last < self.interval) {
             return None;
@@ -40,16 +40,16 @@ impl Tally {
 
 /// A [`Tally`] shared by the tasks that see the events.
 #[derive(Debug)]
-pub(crate) struct SharedTally(Mutex<Tally>);
+pub struct SharedTally(Mutex<Tally>);
 
 impl SharedTally {
     /// Reports at most once per [`REPORT_INTERVAL`].
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self(Mutex::new(Tally::new(REPORT_INTERVAL)))
     }
 
     /// Records one event now; `Some(events since the last report)` when one is due.
-    pub(crate) fn record(&self) -> Option<u64> {
+    pub fn record(&self) -> Option<u64> {
         // The count stays consistent across a panic elsewhere: a poisoned lock is usable.
         let mut tally = self.0.lock().unwrap_or_else(|p| p.into_inner());
         tally.record(1, Instant::now())
@@ -65,17 +65,17 @@ impl Default for SharedTally {
 /// One [`Tally`] per kind of event (a refusal's status), so that one kind's flood does not
 /// hide the first of another.
 #[derive(Debug)]
-pub(crate) struct TallyByKind<K>(Mutex<HashMap<K, Tally>>);
+pub struct TallyByKind<K>(Mutex<HashMap<K, Tally>>);
 
 impl<K: Hash + Eq> TallyByKind<K> {
     /// Reports each kind at most once per [`REPORT_INTERVAL`].
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self(Mutex::new(HashMap::new()))
     }
 
     /// Records one event of `kind` now; `Some(events of that kind since its last report)`
     /// when one is due.
-    pub(crate) fn record(&self, kind: K) -> Option<u64> {
+    pub fn record(&self, kind: K) -> Option<u64> {
         let mut tallies = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let tally = tallies
             .entry(kind)

@@ -28,7 +28,7 @@ static RESERVE: Mutex<Option<File>> = Mutex::new(None);
 
 /// Takes the spare descriptor if it is not held yet; every accept loop calls this as it starts,
 /// while descriptors are still to be had.
-pub(crate) fn keep_reserve() {
+pub fn keep_reserve() {
     let mut reserve = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
     if reserve.is_none() {
         *reserve = File::open("/dev/null").ok();
@@ -37,7 +37,7 @@ pub(crate) fn keep_reserve() {
 
 /// Handles a failed accept on `listener` (its name for the log): sheds the backlog when out of
 /// descriptors, logs at most once per [`REPORT_EVERY`], and waits [`BACKOFF`].
-pub(crate) async fn accept_error(name: &str, listener: SockRef<'_>, e: io::Error) {
+pub async fn accept_error(name: &str, listener: SockRef<'_>, e: io::Error) {
     let shed = if is_out_of_descriptors(&e) {
         shed_backlog(listener)
     } else {

@@ -14,36 +14,36 @@ use tokio::net::{TcpListener, UnixListener};
 use tracing::{info, warn};
 
 /// The name a listener's socket travels under: `listener:<name>`.
-pub(crate) fn listener_key(name: &str) -> String {
+pub fn listener_key(name: &str) -> String {
     format!("listener:{name}")
 }
 
 /// A relay's listening socket travels as `relay:<name>`.
-pub(crate) fn relay_key(name: &str) -> String {
+pub fn relay_key(name: &str) -> String {
     format!("relay:{name}")
 }
 
 /// The acceptor's TCP socket travels as `acceptor`.
-pub(crate) const ACCEPTOR_KEY: &str = "acceptor";
+pub const ACCEPTOR_KEY: &str = "acceptor";
 /// The acceptor's UNIX socket travels as `acceptor-unix`.
-pub(crate) const ACCEPTOR_UNIX_KEY: &str = "acceptor-unix";
+pub const ACCEPTOR_UNIX_KEY: &str = "acceptor-unix";
 /// The admin API's socket travels as `admin`.
-pub(crate) const ADMIN_KEY: &str = "admin";
+pub const ADMIN_KEY: &str = "admin";
 
 /// A listening socket for a successor: its name in the hand-over, its address, the socket.
 #[derive(Debug)]
-pub(crate) struct HandedListener {
+pub struct HandedListener {
     /// The key it was bound under (`listener:<name>`, `acceptor`, …).
-    pub(crate) name: String,
+    pub name: String,
     /// Where it listens.
-    pub(crate) addr: ListenAddr,
+    pub addr: ListenAddr,
     /// The socket.
-    pub(crate) fd: OwnedFd,
+    pub fd: OwnedFd,
 }
 
 impl HandedListener {
     /// Another descriptor of the same socket.
-    pub(crate) fn try_clone(&self) -> std::io::Result<Self> {
+    pub fn try_clone(&self) -> std::io::Result<Self> {
         Ok(Self {
             name: self.name.clone(),
             addr: self.addr.clone(),
@@ -55,14 +55,14 @@ impl HandedListener {
 /// The listening sockets of one process: those a predecessor handed over and not yet taken,
 /// and those taken or bound since (duplicates, for [`export`](Self::export)).
 #[derive(Debug, Default)]
-pub(crate) struct Sockets {
+pub struct Sockets {
     inherited: HashMap<String, (ListenAddr, OwnedFd)>,
     bound: Vec<HandedListener>,
 }
 
 impl Sockets {
     /// A table that hands out `inherited` before binding anything.
-    pub(crate) fn inheriting(inherited: HashMap<String, (ListenAddr, OwnedFd)>) -> Self {
+    pub fn inheriting(inherited: HashMap<String, (ListenAddr, OwnedFd)>) -> Self {
         Self {
             inherited,
             bound: Vec::new(),
@@ -71,7 +71,7 @@ impl Sockets {
 
     /// The TCP socket handed over under `key` if it listens where `addr` says (an unspecified
     /// port in `addr` accepts any port on the same IP); otherwise a socket bound to `addr`.
-    pub(crate) async fn tcp(
+    pub async fn tcp(
         &mut self,
         key: &str,
         addr: SocketAddr,
@@ -87,7 +87,7 @@ impl Sockets {
 
     /// As [`tcp`](Self::tcp), with `bind` making the socket when none was handed over (a
     /// listener whose options are set before `listen`, as a relay's).
-    pub(crate) fn tcp_or(
+    pub fn tcp_or(
         &mut self,
         key: &str,
         addr: SocketAddr,
@@ -105,7 +105,7 @@ impl Sockets {
     /// The UNIX socket handed over under `key` if it is at `path`; otherwise one bound there
     /// (a socket file a crashed process left behind is replaced, one a live process listens on
     /// is refused).
-    pub(crate) fn unix(&mut self, key: &str, path: &Path) -> std::io::Result<UnixListener> {
+    pub fn unix(&mut self, key: &str, path: &Path) -> std::io::Result<UnixListener> {
         let listener = match self.take_unix(key, path) {
             Some(std) => UnixListener::from_std(std)?,
             None => bind_unix(path)?,
@@ -117,7 +117,7 @@ impl Sockets {
 
     /// Closes the handed-over sockets that nothing took (listeners of the old configuration
     /// missing from the new one).
-    pub(crate) fn close_unused(&mut self) {
+    pub fn close_unused(&mut self) {
         if self.inherited.is_empty() {
             return;
         }
@@ -130,7 +130,7 @@ impl Sockets {
     }
 
     /// Every socket taken or bound, for a successor.
-    pub(crate) fn export(self) -> Vec<HandedListener> {
+    pub fn export(self) -> Vec<HandedListener> {
         self.bound
     }
 

@@ -1,0 +1,21 @@
+//! What every Sluice process needs of its sockets alike, whether it proxies HTTP
+//! (`sluice`), lends sessions (`sluice-reverse`) or both: below the protocols, above the
+//! kernel.
+//!
+//! # Layout
+//! * [`sockets`]: [`Sockets`](sockets::Sockets), every listening socket by the name it
+//!   travels under in a hot restart: taken from a predecessor, or bound and remembered.
+//! * [`accept`]: what an accept loop does when `accept` fails (out of descriptors: shed the
+//!   backlog, back off, say so once in a while).
+//! * [`shutdown`]: one trigger, many listeners of it; SIGINT and SIGTERM.
+//! * [`tls`]: the crypto provider, ticket keys, PEM chains and keys, the acceptor's config.
+//! * [`log_limit`]: events that could flood the log, reported once per interval with a count.
+
+pub mod accept;
+pub mod log_limit;
+pub mod shutdown;
+pub mod sockets;
+pub mod tls;
+
+pub use shutdown::{os_signal, Shutdown, ShutdownSignal};
+pub use sockets::Sockets;
