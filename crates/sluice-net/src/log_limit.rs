@@ -84,6 +84,12 @@ impl<K: Hash + Eq> TallyByKind<K> {
     }
 }
 
+impl<K: Hash + Eq> Default for TallyByKind<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,11 +71,7 @@ impl Sockets {
 
     /// The TCP socket handed over under `key` if it listens where `addr` says (an unspecified
     /// port in `addr` accepts any port on the same IP); otherwise a socket bound to `addr`.
-    pub async fn tcp(
-        &mut self,
-        key: &str,
-        addr: SocketAddr,
-    ) -> std::io::Result<TcpListener> {
+    pub async fn tcp(&mut self, key: &str, addr: SocketAddr) -> std::io::Result<TcpListener> {
         let listener = match self.take_tcp(key, addr) {
             Some(std) => TcpListener::from_std(std)?,
             None => TcpListener::bind(addr).await?,

@@ -55,9 +55,7 @@ fn client_verifier(auth: &ClientAuth) -> io::Result<Arc<dyn ClientCertVerifier>>
 }
 
 /// A PEM certificate chain and key, parsed (their match is rustls's, or the config's, check).
-pub fn load_pair(
-    tls: &Tls,
-) -> io::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+pub fn load_pair(tls: &Tls) -> io::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
     let certs = CertificateDer::pem_slice_iter(&tls.cert_pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid(format!("{}: {e}", tls.cert_path.display())))?;

@@ -12,19 +12,19 @@ use sluice_handoff::Handoff;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::acceptor::{Acceptor, BindError};
 use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState, ReloadHook};
-use crate::handoff;
 use crate::metrics::Metrics;
 use crate::proxy::ProxyService;
 use crate::reload::InPlace;
 use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, UpgradeSocket};
 use crate::router::LiveRoutes;
 use crate::server::{tls, Group, Server};
-use sluice_net::sockets::{self, Sockets};
+use crate::upstream::reverse::{Acceptor, HandoffSource};
 use crate::upstream::reverse::{ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
+use sluice_net::sockets::{self, Sockets};
+use sluice_reverse::acceptor::BindError;
 
 /// Why a configuration could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -118,7 +118,7 @@ pub struct Proxy {
     /// The predecessor's connection, on which its idle sessions arrive (hot restart).
     predecessor: Option<(Handoff, PathBuf)>,
     /// Reverse clusters fed by a standalone acceptor, by its handoff socket.
-    consumers: BTreeMap<PathBuf, Vec<handoff::Source>>,
+    consumers: BTreeMap<PathBuf, Vec<HandoffSource>>,
     /// Requests, handshakes, sessions and queues, for `/metrics`.
     metrics: Arc<Metrics>,
     /// The admin API's listener and token (`[admin]`).
@@ -271,7 +271,7 @@ impl Proxy {
         }
         let reverse = self.reverse_clusters();
         for (path, sources) in std::mem::take(&mut self.consumers) {
-            tokio::spawn(handoff::consume(path, sources));
+            tokio::spawn(sluice_reverse::handoff::consume(path, sources));
         }
         if let Some((conn, path)) = self.predecessor.take() {
             let total = self
@@ -415,8 +415,8 @@ fn reverse_clusters(
 fn handoff_sources(
     config: &Config,
     clusters: &BTreeMap<String, Upstream>,
-) -> BTreeMap<PathBuf, Vec<handoff::Source>> {
-    let mut by_path: BTreeMap<PathBuf, Vec<handoff::Source>> = BTreeMap::new();
+) -> BTreeMap<PathBuf, Vec<HandoffSource>> {
+    let mut by_path: BTreeMap<PathBuf, Vec<HandoffSource>> = BTreeMap::new();
     for (name, c) in &config.clusters {
         let ClusterKind::Reverse(r) = &c.kind else {
             continue;
@@ -437,7 +437,7 @@ fn handoff_sources(
         by_path
             .entry(path.clone())
             .or_default()
-            .push(handoff::Source {
+            .push(HandoffSource {
                 cluster: slice.cluster().clone(),
                 slices,
                 idle: *idle,

@@ -8,8 +8,6 @@
 //!
 //! # Layout
 //!
-//! - [`acceptor`]: the service-facing listener of reverse clusters: TLS and mTLS (certificate
-//!   names mapped to services), registration handshakes, tokens, session limits, drain requests.
 //! - [`access_log`]: one line per request (Common Log Format or JSON) to stdout or a file.
 //! - [`admin`]: the admin API (status, drain, endpoints, `/metrics`) for `sluice ctl`.
 //! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
@@ -20,34 +18,32 @@
 //!   changed.
 //! - [`restart`]: hot restart: a successor takes the listening sockets and idle sessions over
 //!   the upgrade socket (`sluice-handoff` messages and fd passing).
-//! - `sockets`: the table of listening sockets (bound, or inherited from a predecessor) that a
-//!   hot restart hands on.
 //! - [`router`]: matching requests to routes (host, path prefix, method, headers, client CIDR).
 //! - [`proxy`]: the tower `Service` that applies a route: forwarding headers, hop-by-hop
 //!   stripping, header edits, direct responses, error statuses, and HTTP/1.1 Upgrade
 //!   (WebSocket) bridging.
 //! - [`upstream`]: clusters. [`upstream::static_cluster`] holds endpoints, keep-alive pools,
 //!   load balancing, passive ejection and active health checks;
-//!   [`upstream::reverse`] leases sessions that services registered, with a per-slice
-//!   admission queue and request/response buffering so slow clients do not hold sessions.
-//! - [`handoff`]: sessions lent across processes: the standalone acceptor (`sluice acceptor`)
-//!   and the consumer side of a reverse cluster with `handoff = "PATH"`.
+//!   [`upstream::reverse`] is the HTTP half of reverse clusters: the HTTP/1.1 client on
+//!   registered sessions, the exchange on a leased one, and request/response buffering so
+//!   slow clients do not hold sessions.
 //! - [`metrics`]: Prometheus metrics of requests, handshakes, sessions and queues.
-//! - `log_limit`: reports of events that could flood the log, once per interval with a count.
 //! - [`http`]: request checks and header rules shared by the proxy paths.
 //! - [`body`]: the single body type that flows through the proxy.
 //! - [`error`]: typed failures and the status each maps to.
 //!
-//! Configuration parsing lives in the `sluice-config` crate, the session protocol codec in
-//! `sluice-session`, the fd-passing handoff protocol in `sluice-handoff`, the service SDK in `sluice-sdk`; the `sluice` binary is in `sluice-cli`.
+//! The reverse-session engine (the acceptor, slice pools and admission queues, leases,
+//! hand-over, the standalone acceptor and its consumers) is the `sluice-reverse` crate, which
+//! speaks no HTTP; the socket table, accept loops, shutdown signals, TLS configs and log tallies
+//! both share are `sluice-net`. Configuration parsing lives in the `sluice-config` crate, the
+//! session protocol codec in `sluice-session`, the fd-passing handoff protocol in
+//! `sluice-handoff`, the service SDK in `sluice-sdk`; the `sluice` binary is in `sluice-cli`.
 
-pub mod acceptor;
 pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod body;
 pub mod error;
-pub mod handoff;
 pub mod http;
 pub mod metrics;
 pub mod proxy;
@@ -65,4 +61,5 @@ pub use router::{Matcher, RequestHead, Route, RouteTable, Routing, Target};
 pub use server::{ClientInfo, Group, Server, Shutdown, ShutdownSignal};
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;
+pub use upstream::reverse::StandaloneAcceptor;
 pub use upstream::{ReverseCluster, ReverseSlice, StaticCluster, StaticOptions, Upstream};

@@ -29,10 +29,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::acceptor::HandedOver;
-use sluice_net::sockets::{HandedListener, Sockets};
 use crate::upstream::reverse::{HandedSession, Limit};
 use crate::upstream::ReverseCluster;
+use sluice_net::sockets::{HandedListener, Sockets};
+use sluice_reverse::acceptor::HandedOver;
 
 /// Why a hot restart could not go ahead.
 #[derive(Debug, thiserror::Error)]
@@ -530,7 +530,7 @@ mod tests {
             Arc::default(),
         );
         let slice = cluster.slice("default");
-        let request = slice.send(Request::new(ProxyBody::empty()));
+        let request = crate::upstream::reverse::send(&slice, Request::new(ProxyBody::empty()));
         let (session, service) = UnixStream::pair().expect("session pair");
         let (response, (), ()) =
             tokio::join!(request, adopting, predecessor(theirs, session, service));

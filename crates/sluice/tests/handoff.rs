@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use reverse_support::{get, Service, ServiceSpec};
-use sluice::handoff::StandaloneAcceptor;
+use sluice::StandaloneAcceptor;
 use sluice::{Proxy, ReverseCluster};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

@@ -27,11 +27,11 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-pub(crate) use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use self::active::{ActiveRequests, TrackedBody};
 pub use self::framing::AmbiguousFraming;
 pub use self::io::IdleTimeout;
 pub use self::service::HttpService;
+pub(crate) use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use sluice_net::shutdown::{os_signal, Shutdown, ShutdownSignal};
 
 /// What the proxy knows about a request's connection; inserted into every request's

@@ -18,8 +18,8 @@ use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use sluice_config::Tls;
 pub use sluice_net::tls::acceptor_config;
-use sluice_net::tls::{load_pair, provider};
 use sluice_net::tls::{invalid, ticketer};
+use sluice_net::tls::{load_pair, provider};
 use sluice_wire::cert::cert_names;
 
 /// A listener's certificates: each serves the names it carries (DNS subject alternative names,
@@ -126,4 +126,3 @@ fn certified_key(tls: &Tls) -> io::Result<CertifiedKey> {
     CertifiedKey::from_der(certs, key, &provider())
         .map_err(|e| invalid(format!("{}: {e}", tls.cert_path.display())))
 }
-

@@ -59,7 +59,7 @@ impl Upstream {
             Self::Static(c) => c.send(req).await,
             Self::Reverse(s) => {
                 default_host(&mut req, || s.name().to_owned());
-                s.send(req).await
+                reverse::send(s, req).await
             }
         }
     }

@@ -24,7 +24,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::lease::Lease;
+use super::http1::Lease;
 use crate::body::{ProxyBody, Pump, Release, Rest};
 use crate::error::ProxyError;
 

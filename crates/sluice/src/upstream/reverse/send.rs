@@ -11,9 +11,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::buffer;
-use super::lease::Lease;
-use super::pool::SlicePool;
-use super::session::Session;
+use super::http1::{Lease, ReverseSlice, Session, SlicePool};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::server::ClientInfo;
@@ -23,16 +21,17 @@ use crate::upstream::exchange::{self, Answer, Failure, Replay};
 /// on it. A session that dies before any response byte costs the request a second session
 /// when the request can be replayed: hyper gave it back unsent, or it is idempotent and its
 /// body is in memory.
-pub(super) async fn send(
-    pool: &Arc<SlicePool>,
+pub async fn send(
+    slice: &ReverseSlice,
     mut req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let pool = slice.pool();
     stamp_client_addr(&mut req);
-    let req = buffer::request(req, pool.opts.request_buffer).await?;
+    let req = buffer::request(req, pool.options().request_buffer).await?;
     let session = pool.lease().await?;
     // Copied only once a session is leased: a request refused for capacity never pays for it.
     let replay = Replay::of(&req);
-    let instance = Arc::clone(&session.instance);
+    let instance = Arc::clone(session.instance());
     let failure = match send_on(pool, session, req, replay).await {
         Ok(res) => return Ok(res),
         Err(failure) => failure,
@@ -105,11 +104,11 @@ struct Exchange {
 impl Exchange {
     fn start(pool: &Arc<SlicePool>, mut session: Session, mut req: Request<ProxyBody>) -> Self {
         exchange::frame_unsized_body(&mut req);
-        let answer = session.sender.try_send_request(req);
+        let answer = session.client().try_send_request(req);
         Self {
             answer: Some(Box::pin(async move { (answer.await, session) })),
             pool: Arc::clone(pool),
-            deadline: Instant::now() + pool.opts.response_timeout,
+            deadline: Instant::now() + pool.options().response_timeout,
         }
     }
 
@@ -153,7 +152,7 @@ impl Drop for Exchange {
                 match answer {
                     Ok(res) => drop(finish(&pool, session, res).await),
                     Err(e) => {
-                        debug!(instance = %session.instance.id(), error = %e.error(), "the request of a client that left failed");
+                        debug!(instance = %session.instance().id(), error = %e.error(), "the request of a client that left failed");
                     }
                 }
             };
@@ -177,11 +176,11 @@ async fn finish(
     let mut res = res;
     if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         // Listed as upgraded while the proxy's bridge holds this.
-        let upgraded = super::UpgradedSession::new(&session.instance);
+        let upgraded = sluice_reverse::UpgradedSession::new(session.instance());
         res.extensions_mut().insert(upgraded);
     } else if !reusable {
-        debug!(instance = %session.instance.id(), status = res.status().as_u16(), "session retired by its response");
+        debug!(instance = %session.instance().id(), status = res.status().as_u16(), "session retired by its response");
     }
     let lease = Lease::new(reusable.then_some(session), Arc::clone(pool));
-    buffer::response(res, pool.opts.response_buffer, lease).await
+    buffer::response(res, pool.options().response_buffer, lease).await
 }

@@ -20,9 +20,10 @@ use tracing::{debug, info, warn, Instrument};
 use super::error::{LinkError, PeerError};
 use super::ledger::Ledger;
 use crate::acceptor::{Acceptor, BindError};
-use crate::server::{Shutdown, ShutdownSignal};
-use crate::upstream::reverse::{HandedSession, SessionPermit, SliceId};
-use crate::upstream::ReverseCluster;
+use crate::Protocol;
+use crate::ReverseCluster;
+use crate::{HandedSession, SessionPermit, SliceId};
+use sluice_net::{Shutdown, ShutdownSignal};
 
 /// Why a standalone acceptor could not start.
 #[derive(Debug, thiserror::Error)]
@@ -40,11 +41,11 @@ pub enum BrokerError {
 
 /// `sluice acceptor`: the acceptor and the handoff socket, without client listeners.
 #[derive(Debug)]
-pub struct StandaloneAcceptor {
-    acceptor: Acceptor,
+pub struct StandaloneAcceptor<P: Protocol> {
+    acceptor: Acceptor<P>,
     listener: HandoffListener,
     allowed: AllowedUids,
-    clusters: BTreeMap<String, ReverseCluster>,
+    clusters: BTreeMap<String, ReverseCluster<P>>,
 }
 
 #[derive(Debug, Default)]
@@ -55,20 +56,20 @@ struct State {
     conns: BTreeMap<u64, Arc<Handoff>>,
 }
 
-struct Shared {
+struct Shared<P: Protocol> {
     state: Mutex<State>,
-    clusters: BTreeMap<String, ReverseCluster>,
+    clusters: BTreeMap<String, ReverseCluster<P>>,
     /// Wakes the pump: credit arrived, or sessions came or went.
     wake: Notify,
 }
 
-impl Shared {
+impl<P: Protocol> Shared<P> {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-impl StandaloneAcceptor {
+impl<P: Protocol> StandaloneAcceptor<P> {
     /// Binds the acceptor (`[acceptor]`) for the reverse clusters that draw on it and the
     /// handoff socket (`[handoff]`).
     pub async fn bind(config: &Config) -> Result<Self, BrokerError> {
@@ -84,7 +85,7 @@ impl StandaloneAcceptor {
                 config.source
             )));
         }
-        let clusters: BTreeMap<String, ReverseCluster> = config
+        let clusters: BTreeMap<String, ReverseCluster<P>> = config
             .clusters
             .iter()
             .filter_map(|(name, c)| match &c.kind {
@@ -157,10 +158,10 @@ impl StandaloneAcceptor {
 }
 
 /// Accepts consumers until shutdown; peers of uids not allowed are refused.
-async fn accept(
+async fn accept<P: Protocol>(
     listener: HandoffListener,
     allowed: AllowedUids,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<P>>,
     signal: ShutdownSignal,
 ) {
     info!(path = %listener.path().display(), "handoff socket listening");
@@ -185,7 +186,7 @@ async fn accept(
 
 /// One consumer: its greeting, then CREDIT, RETURN and GONE until it goes away. Whatever it
 /// still held is then forgotten (its permits released: those sessions died with it).
-async fn serve(conn: Arc<Handoff>, shared: Arc<Shared>) {
+async fn serve<P: Protocol>(conn: Arc<Handoff>, shared: Arc<Shared<P>>) {
     match conn.hello(Role::Acceptor).await {
         Ok(Role::Consumer) => {}
         Ok(role) => return warn!(%role, "handoff peer is not a consumer"),
@@ -212,8 +213,8 @@ async fn serve(conn: Arc<Handoff>, shared: Arc<Shared>) {
     shared.wake.notify_one();
 }
 
-async fn handle(
-    shared: &Shared,
+async fn handle<P: Protocol>(
+    shared: &Shared<P>,
     consumer: u64,
     msg: Message,
     fd: Option<OwnedFd>,
@@ -255,7 +256,7 @@ async fn handle(
 }
 
 /// Forgets a consumer and everything lent to it; returns how many sessions it held.
-fn forget(shared: &Shared, consumer: u64) -> usize {
+fn forget<P: Protocol>(shared: &Shared<P>, consumer: u64) -> usize {
     let permits = {
         let mut st = shared.state();
         st.conns.remove(&consumer);
@@ -266,7 +267,7 @@ fn forget(shared: &Shared, consumer: u64) -> usize {
 
 /// Asks each slice's pool for as many idle sessions as consumers have credit for (less those
 /// already on their way), whenever credit or sessions change.
-async fn pump(shared: Arc<Shared>) {
+async fn pump<P: Protocol>(shared: Arc<Shared<P>>) {
     loop {
         let wanted = shared.state().ledger.wanted();
         for (key, n) in wanted {
@@ -290,7 +291,7 @@ async fn pump(shared: Arc<Shared>) {
 }
 
 /// The RECALLs the ledger says are due for `key`, with the connections to send them on.
-fn recalls(shared: &Shared, key: &SliceId) -> Vec<(Arc<Handoff>, Message)> {
+fn recalls<P: Protocol>(shared: &Shared<P>, key: &SliceId) -> Vec<(Arc<Handoff>, Message)> {
     let mut st = shared.state();
     let due = st.ledger.recalls(key);
     due.into_iter()
@@ -307,7 +308,7 @@ fn recalls(shared: &Shared, key: &SliceId) -> Vec<(Arc<Handoff>, Message)> {
 
 /// Wakes the pump whenever a cluster's sessions change, and tells every consumer about
 /// drained instances.
-async fn watch(shared: Arc<Shared>, cluster: ReverseCluster) {
+async fn watch<P: Protocol>(shared: Arc<Shared<P>>, cluster: ReverseCluster<P>) {
     let mut drains = cluster.subscribe_drains();
     loop {
         tokio::select! {
@@ -321,7 +322,7 @@ async fn watch(shared: Arc<Shared>, cluster: ReverseCluster) {
     }
 }
 
-async fn tell_all(shared: &Shared, msg: &Message) {
+async fn tell_all<P: Protocol>(shared: &Shared<P>, msg: &Message) {
     let conns: Vec<Arc<Handoff>> = shared.state().conns.values().cloned().collect();
     for conn in conns {
         if let Err(error) = conn.send(msg, None).await {
@@ -333,8 +334,8 @@ async fn tell_all(shared: &Shared, msg: &Message) {
 /// Lends each session the pools hand over to the next consumer with credit for its slice;
 /// with nobody left wanting it, it goes back to its pool.
 /// A session asked of a pool that will not arrive (it closed first) is no longer in transit.
-async fn lend(
-    shared: Arc<Shared>,
+async fn lend<P: Protocol>(
+    shared: Arc<Shared<P>>,
     mut rx: mpsc::UnboundedReceiver<HandedSession>,
     mut lost: mpsc::UnboundedReceiver<SliceId>,
 ) {
@@ -371,8 +372,8 @@ async fn lend(
     }
 }
 
-async fn send_session(
-    shared: &Shared,
+async fn send_session<P: Protocol>(
+    shared: &Shared<P>,
     handed: HandedSession,
     consumer: u64,
     id: u64,

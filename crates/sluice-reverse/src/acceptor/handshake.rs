@@ -10,8 +10,9 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::shared::{Peer, Shared};
-use crate::upstream::reverse::{SessionPermit, SessionStream};
-use crate::upstream::ReverseCluster;
+use crate::Protocol;
+use crate::ReverseCluster;
+use crate::{SessionPermit, SessionStream};
 
 /// Why no hello could be read.
 #[derive(Debug, thiserror::Error)]
@@ -26,8 +27,12 @@ enum ReadError {
 
 /// Serves one service connection to its end or until it becomes a session. The hello must
 /// have arrived by `deadline`.
-pub(super) async fn handle<T>(mut io: T, peer: Peer, shared: Arc<Shared>, deadline: Instant)
-where
+pub(super) async fn handle<P: Protocol, T>(
+    mut io: T,
+    peer: Peer,
+    shared: Arc<Shared<P>>,
+    deadline: Instant,
+) where
     T: SessionStream,
 {
     let read = read_hello(&mut io, shared.opts.max_handshake_size);
@@ -62,15 +67,15 @@ where
     }
 }
 
-type Admitted = (ReverseCluster, String, SessionPermit);
+type Admitted<P> = (ReverseCluster<P>, String, SessionPermit);
 
 /// Checks a registration and answers `101`; the caller attaches the stream.
-async fn register<T: AsyncWrite + Unpin>(
+async fn register<P: Protocol, T: AsyncWrite + Unpin>(
     io: &mut T,
     reg: &Registration,
     peer: &Peer,
-    shared: &Shared,
-) -> Result<Option<Admitted>, Rejection> {
+    shared: &Shared<P>,
+) -> Result<Option<Admitted<P>>, Rejection> {
     let id = &reg.identity;
     let cluster = shared.admit(&id.service, id.token.as_deref(), peer)?;
     let instance = instance_id(id.instance.as_deref(), peer.ip);
@@ -88,12 +93,12 @@ async fn register<T: AsyncWrite + Unpin>(
     Ok(Some((cluster, id.slice.clone(), permit)))
 }
 
-async fn drain<T: AsyncWrite + Unpin>(
+async fn drain<P: Protocol, T: AsyncWrite + Unpin>(
     io: &mut T,
     drain: &Drain,
     peer: &Peer,
-    shared: &Shared,
-) -> Result<Option<Admitted>, Rejection> {
+    shared: &Shared<P>,
+) -> Result<Option<Admitted<P>>, Rejection> {
     let id = &drain.identity;
     let cluster = shared.admit(&id.service, id.token.as_deref(), peer)?;
     let instance = instance_id(id.instance.as_deref(), peer.ip);
@@ -116,7 +121,7 @@ fn instance_id(given: Option<&str>, peer: Option<IpAddr>) -> String {
 /// A refused registration leaves a line: at warn when the service is misconfigured (unknown
 /// service, wrong token or certificate), else at info. A service re-dials when refused, so
 /// each status is logged once per interval, with how many since its last line.
-fn log_refusal(r: &Rejection, peer: &Peer, shared: &Shared) {
+fn log_refusal<P: Protocol>(r: &Rejection, peer: &Peer, shared: &Shared<P>) {
     let Some(refused) = shared.refusals.record(r.status) else {
         return;
     };
@@ -153,7 +158,12 @@ async fn read_hello<T: AsyncRead + Unpin>(io: &mut T, max: usize) -> Result<Hell
 }
 
 /// Answers a refusal and closes.
-async fn reject<T: AsyncWrite + Unpin>(mut io: T, r: &Rejection, peer: &Peer, shared: &Shared) {
+async fn reject<P: Protocol, T: AsyncWrite + Unpin>(
+    mut io: T,
+    r: &Rejection,
+    peer: &Peer,
+    shared: &Shared<P>,
+) {
     shared.count(&r.status.to_string());
     log_refusal(r, peer, shared);
     let _ = io.write_all(&r.encode()).await;

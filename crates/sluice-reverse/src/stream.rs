@@ -119,9 +119,17 @@ impl Parking {
 
 /// The stream as hyper sees it: everything passes through, except that a wanted stream is
 /// neither shut down nor closed but parked.
-pub(crate) struct ParkedIo {
+pub struct ParkedIo {
     io: Option<Box<dyn SessionStream>>,
     parking: Arc<Parking>,
+}
+
+impl std::fmt::Debug for ParkedIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParkedIo")
+            .field("parking", &self.parking)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ParkedIo {

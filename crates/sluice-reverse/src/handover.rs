@@ -12,9 +12,9 @@ use std::sync::Mutex;
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use super::instance::SessionPermit;
-use super::slice_id::SliceId;
-use super::stream::SessionStream;
+use crate::instance::SessionPermit;
+use crate::slice_id::SliceId;
+use crate::stream::SessionStream;
 
 /// A session's socket on its way to another process.
 #[derive(Debug)]
@@ -56,7 +56,7 @@ enum Destination {
         keep_one: bool,
     },
     /// Lending (a standalone acceptor) or returning (a consumer): sessions leave for `to` only
-    /// when [`SlicePool::hand_over_some`](super::SlicePool::hand_over_some) takes them.
+    /// when [`SlicePool::hand_over_some`](crate::SlicePool::hand_over_some) takes them.
     /// `lost`, if given, hears the slice of each session let go that never reaches `to`
     /// (its connection ended first, or it cannot move), so that a lender counting sessions on
     /// their way stays exact.

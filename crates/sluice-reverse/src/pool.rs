@@ -17,24 +17,22 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::handover::{Handed, Handover};
-use super::instance::{Instance, SessionPermit};
-use super::metrics::ReverseMetrics;
-use super::session::Session;
-use super::slice_id::SliceId;
-use super::stream::SessionStream;
-use crate::error::ProxyError;
+use crate::error::LeaseError;
+use crate::handover::{Handed, Handover};
+use crate::instance::{Instance, SessionPermit};
+use crate::metrics::ReverseMetrics;
+use crate::protocol::Protocol;
+use crate::session::Session;
+use crate::slice_id::SliceId;
+use crate::stream::SessionStream;
 use sluice_net::log_limit::SharedTally;
-
-/// Seconds a client is told to wait when a slice has no capacity.
-const RETRY_AFTER_SECS: u32 = 1;
 
 /// The sessions and waiters of one slice.
 #[derive(Debug)]
-pub struct SlicePool {
+pub struct SlicePool<P: Protocol> {
     id: SliceId,
-    pub(super) opts: Arc<ReverseOptions>,
-    state: Mutex<State>,
+    pub(crate) opts: Arc<ReverseOptions>,
+    state: Mutex<State<P>>,
     /// Wakes observers whenever the idle ring or a session count changes.
     changed: Arc<Notify>,
     /// Where idle sessions go while the cluster hands over to another process.
@@ -57,11 +55,20 @@ pub struct SlicePool {
     refusals: SharedTally,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    idle: Idle,
+#[derive(Debug)]
+struct State<P: Protocol> {
+    idle: Idle<P>,
     /// Each waiter's channel, and since when it waits.
-    waiters: VecDeque<(Instant, oneshot::Sender<Session>)>,
+    waiters: VecDeque<(Instant, oneshot::Sender<Session<P>>)>,
+}
+
+impl<P: Protocol> Default for State<P> {
+    fn default() -> Self {
+        Self {
+            idle: Idle::default(),
+            waiters: VecDeque::new(),
+        }
+    }
 }
 
 /// The idle sessions of a slice.
@@ -71,31 +78,40 @@ struct State {
 /// the one returned last. Cycling through every session made each request touch a cold
 /// connection's buffers and task: with one service of 512 sessions at 64 concurrent requests,
 /// this order took the proxy from 31.8 to 25.1 us of CPU per request (issue 7's note).
-#[derive(Debug, Default)]
-struct Idle {
+#[derive(Debug)]
+struct Idle<P: Protocol> {
     /// The instance (the address of its `Arc`) of each idle session, in return order.
     turns: VecDeque<usize>,
     /// Each instance's idle sessions, the one returned last at the end.
-    stacks: HashMap<usize, Vec<Session>>,
+    stacks: HashMap<usize, Vec<Session<P>>>,
 }
 
-impl Idle {
-    fn key(session: &Session) -> usize {
-        Arc::as_ptr(&session.instance) as usize
+impl<P: Protocol> Default for Idle<P> {
+    fn default() -> Self {
+        Self {
+            turns: VecDeque::new(),
+            stacks: HashMap::new(),
+        }
+    }
+}
+
+impl<P: Protocol> Idle<P> {
+    fn key(session: &Session<P>) -> usize {
+        Arc::as_ptr(session.instance()) as usize
     }
 
     fn len(&self) -> usize {
         self.turns.len()
     }
 
-    fn push(&mut self, session: Session) {
+    fn push(&mut self, session: Session<P>) {
         let key = Self::key(&session);
         self.turns.push_back(key);
         self.stacks.entry(key).or_default().push(session);
     }
 
     /// The session whose turn it is.
-    fn pop(&mut self) -> Option<Session> {
+    fn pop(&mut self) -> Option<Session<P>> {
         // Every turn has its session (push, pop and remove_where keep them paired); a turn
         // without one would only be skipped.
         while let Some(key) = self.turns.pop_front() {
@@ -114,12 +130,12 @@ impl Idle {
     }
 
     /// The next `n` sessions in turn.
-    fn take(&mut self, n: usize) -> Vec<Session> {
+    fn take(&mut self, n: usize) -> Vec<Session<P>> {
         std::iter::from_fn(|| self.pop()).take(n).collect()
     }
 
     /// Removes and returns the sessions `remove` picks; the others keep their turns.
-    fn remove_where(&mut self, remove: impl Fn(&Session) -> bool) -> Vec<Session> {
+    fn remove_where(&mut self, remove: impl Fn(&Session<P>) -> bool) -> Vec<Session<P>> {
         let mut gone = Vec::new();
         for stack in self.stacks.values_mut() {
             let (out, kept): (Vec<_>, Vec<_>) = stack.drain(..).partition(|s| remove(s));
@@ -144,13 +160,13 @@ impl Idle {
 }
 
 /// What a lease attempt found: an idle session, or a place in the queue.
-enum Taken {
-    Idle(Session),
-    Queued(Waiter),
+enum Taken<P: Protocol> {
+    Idle(Session<P>),
+    Queued(Waiter<P>),
 }
 
-impl SlicePool {
-    pub(super) fn new(
+impl<P: Protocol> SlicePool<P> {
+    pub(crate) fn new(
         cluster: &str,
         slice: &str,
         opts: Arc<ReverseOptions>,
@@ -176,13 +192,13 @@ impl SlicePool {
     }
 
     /// A session joined this slice.
-    pub(super) fn session_attached(&self) {
+    pub(crate) fn session_attached(&self) {
         self.registered.fetch_add(1, Ordering::AcqRel);
         self.empty_logged.store(false, Ordering::Relaxed);
     }
 
     /// A session of this slice ended (closed, consumed by an upgrade, or handed over).
-    pub(super) fn session_detached(&self) {
+    pub(crate) fn session_detached(&self) {
         self.registered.fetch_sub(1, Ordering::AcqRel);
     }
 
@@ -198,11 +214,11 @@ impl SlicePool {
         (!wait.is_zero()).then_some(wait)
     }
 
-    fn no_sessions(&self) -> ProxyError {
+    fn no_sessions(&self) -> LeaseError {
         if !self.empty_logged.swap(true, Ordering::Relaxed) {
             warn!(cluster = %self.id.cluster, slice = %self.id.slice, "no sessions registered: requests are refused with 503 until a service registers");
         }
-        ProxyError::NoSessions {
+        LeaseError::NoSessions {
             cluster: self.id.cluster.clone(),
             slice: self.id.slice.clone(),
         }
@@ -210,11 +226,11 @@ impl SlicePool {
 
     /// A 503 for want of capacity. Under overload there is one per request, so the log says
     /// so once per interval, with how many since the last line.
-    fn refuse(&self, reason: &'static str) -> ProxyError {
+    fn refuse(&self, reason: &'static str) -> LeaseError {
         if let Some(refused) = self.refusals.record() {
             warn!(cluster = %self.id.cluster, slice = %self.id.slice, refused, reason, "requests refused with 503 for want of capacity (count since the last such line)");
         }
-        unavailable(reason)
+        LeaseError::unavailable(reason)
     }
 
     /// The slice's name.
@@ -227,7 +243,12 @@ impl SlicePool {
         &self.id.cluster
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    /// The cluster's options: queue, timeouts, buffers.
+    pub fn options(&self) -> &ReverseOptions {
+        &self.opts
+    }
+
+    fn state(&self) -> MutexGuard<'_, State<P>> {
         // A panic while holding the lock leaves the ring consistent (no invariant spans two
         // fields), so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -256,7 +277,7 @@ impl SlicePool {
 
     /// Leases a live session exclusively: an idle one, or the next one returned or registered
     /// while this request waits in the queue (at most `queue_timeout`).
-    pub(crate) async fn lease(self: &Arc<Self>) -> Result<Session, ProxyError> {
+    pub async fn lease(self: &Arc<Self>) -> Result<Session<P>, LeaseError> {
         let started = Instant::now();
         loop {
             let mut session = match self.take()? {
@@ -283,15 +304,15 @@ impl SlicePool {
             // idle again, and fails for a session the service closed meanwhile. It is bounded:
             // a session still busy writing a slow upload the service answered early would
             // otherwise hold this request; such a session is closed (its SDK re-dials).
-            let ready = tokio::time::timeout(self.opts.queue_timeout, session.sender.ready());
-            if matches!(ready.await, Ok(Ok(()))) && session.usable() {
+            let ready = tokio::time::timeout(self.opts.queue_timeout, session.ready());
+            if matches!(ready.await, Ok(true)) && session.usable() {
                 return Ok(session);
             }
-            debug!(cluster = %self.id.cluster, slice = %self.id.slice, instance = %session.instance.id(), "discarded a dead idle session");
+            debug!(cluster = %self.id.cluster, slice = %self.id.slice, instance = %session.instance().id(), "discarded a dead idle session");
         }
     }
 
-    fn take(self: &Arc<Self>) -> Result<Taken, ProxyError> {
+    fn take(self: &Arc<Self>) -> Result<Taken<P>, LeaseError> {
         let mut st = self.state();
         while let Some(session) = st.idle.pop() {
             if session.usable() {
@@ -324,7 +345,7 @@ impl SlicePool {
     /// Returns a session: to the longest waiter if there is one, else to the ring's tail (or,
     /// while the cluster hands over, to the next process). Dead sessions and those of
     /// draining instances are dropped (which closes them).
-    pub(crate) fn checkin(&self, mut session: Session) {
+    pub(crate) fn checkin(&self, mut session: Session<P>) {
         if session.usable() && self.take_owed() {
             self.let_go(session);
             self.changed.notify_waiters();
@@ -354,7 +375,7 @@ impl SlicePool {
     /// Hands over the idle sessions beyond what the hand-over keeps, unless a request waits
     /// here (it gets the next one returned instead).
     pub(crate) fn hand_over_idle(&self) {
-        let handed: Vec<Session> = {
+        let handed: Vec<Session<P>> = {
             let mut st = self.state();
             if !self.handover.active() || st.waiters.iter().any(|(_, w)| !w.is_closed()) {
                 return;
@@ -370,7 +391,7 @@ impl SlicePool {
 
     /// The lender wants `n` sessions back: idle ones leave now, the rest as they are returned.
     pub(crate) fn recall(&self, n: usize) {
-        let handed: Vec<Session> = {
+        let handed: Vec<Session<P>> = {
             let mut st = self.state();
             drop(st.idle.remove_where(|s| !s.usable()));
             let now = n.min(st.idle.len());
@@ -398,7 +419,7 @@ impl SlicePool {
 
     /// Hands over up to `n` idle sessions when nobody here waits for one; returns how many.
     pub(crate) fn hand_over_some(&self, n: usize) -> usize {
-        let handed: Vec<Session> = {
+        let handed: Vec<Session<P>> = {
             let mut st = self.state();
             if !self.handover.active() || st.waiters.iter().any(|(_, w)| !w.is_closed()) {
                 return 0;
@@ -433,7 +454,7 @@ impl SlicePool {
     }
 
     /// Lets go of a session for the hand-over (see [`Session::hand_over`]).
-    fn let_go(&self, session: Session) {
+    fn let_go(&self, session: Session<P>) {
         if !session.hand_over() {
             self.hand_off_lost();
         }
@@ -450,12 +471,12 @@ impl SlicePool {
 
     /// Drops idle sessions whose connection has ended.
     pub(crate) fn purge_closed(&self) {
-        self.remove_idle(|s| s.sender.is_closed());
+        self.remove_idle(|s| s.is_closed());
     }
 
     /// Closes the idle sessions of a draining instance.
     pub(crate) fn evict(&self, instance: &Arc<Instance>) {
-        self.remove_idle(|s| Arc::ptr_eq(&s.instance, instance));
+        self.remove_idle(|s| Arc::ptr_eq(s.instance(), instance));
     }
 
     /// Closes every idle session.
@@ -463,7 +484,7 @@ impl SlicePool {
         self.remove_idle(|_| true);
     }
 
-    fn remove_idle(&self, remove: impl Fn(&Session) -> bool) {
+    fn remove_idle(&self, remove: impl Fn(&Session<P>) -> bool) {
         let removed = self.state().idle.remove_where(remove);
         // Dropped outside the lock: each drop closes a connection.
         drop(removed);
@@ -475,15 +496,15 @@ impl SlicePool {
 /// gave up at that very moment), it gives the session back instead of losing it; dropped
 /// without one (expired, or the client went away), it counts as abandoned so that a full
 /// queue is purged of it.
-struct Waiter {
-    rx: oneshot::Receiver<Session>,
-    pool: Arc<SlicePool>,
+struct Waiter<P: Protocol> {
+    rx: oneshot::Receiver<Session<P>>,
+    pool: Arc<SlicePool<P>>,
     /// It got its session, or the slice closed: its queue entry is gone already.
     settled: bool,
 }
 
-impl Waiter {
-    async fn wait(&mut self, deadline: Instant) -> Result<Session, ProxyError> {
+impl<P: Protocol> Waiter<P> {
+    async fn wait(&mut self, deadline: Instant) -> Result<Session<P>, LeaseError> {
         match tokio::time::timeout_at(deadline, &mut self.rx).await {
             Ok(Ok(session)) => {
                 self.settled = true;
@@ -491,7 +512,7 @@ impl Waiter {
             }
             Ok(Err(_)) => {
                 self.settled = true;
-                Err(unavailable("no capacity: slice closed"))
+                Err(LeaseError::unavailable("no capacity: slice closed"))
             }
             Err(_elapsed) => {
                 self.rx.close();
@@ -506,7 +527,7 @@ impl Waiter {
     }
 }
 
-impl Drop for Waiter {
+impl<P: Protocol> Drop for Waiter<P> {
     fn drop(&mut self) {
         if self.settled {
             return;
@@ -520,12 +541,5 @@ impl Drop for Waiter {
                 self.pool.changed.notify_waiters();
             }
         }
-    }
-}
-
-fn unavailable(reason: &'static str) -> ProxyError {
-    ProxyError::Unavailable {
-        reason,
-        retry_after: RETRY_AFTER_SECS,
     }
 }

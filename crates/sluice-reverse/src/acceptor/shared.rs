@@ -11,10 +11,11 @@ use sluice_session::Rejection;
 
 use super::rate::RateLimiter;
 use super::{tls, AcceptorOptions};
+use crate::Protocol;
+use crate::ReverseCluster;
+use crate::{Limit, ReverseMetrics};
 use sluice_net::log_limit::TallyByKind;
-use crate::server::ShutdownSignal;
-use crate::upstream::reverse::{Limit, ReverseMetrics};
-use crate::upstream::ReverseCluster;
+use sluice_net::ShutdownSignal;
 
 /// Who is at the other end of a service connection.
 #[derive(Debug, Default)]
@@ -29,9 +30,9 @@ pub(super) struct Peer {
 
 /// What every handshake consults.
 #[derive(Debug)]
-pub(super) struct Shared {
+pub(super) struct Shared<P: Protocol> {
     pub(super) opts: AcceptorOptions,
-    pub(super) clusters: HashMap<String, ReverseCluster>,
+    pub(super) clusters: HashMap<String, ReverseCluster<P>>,
     /// Sessions across every cluster.
     pub(super) total: Arc<Limit>,
     pub(super) rate: RateLimiter,
@@ -44,7 +45,7 @@ pub(super) struct Shared {
     pub(super) refusals: TallyByKind<u16>,
 }
 
-impl Shared {
+impl<P: Protocol> Shared<P> {
     /// Counts one handshake outcome: `registered`, `drained`, `closed` or a refusal status.
     pub(super) fn count(&self, result: &str) {
         self.metrics.handshake(result);
@@ -57,7 +58,7 @@ impl Shared {
         service: &str,
         token: Option<&str>,
         peer: &Peer,
-    ) -> Result<ReverseCluster, Rejection> {
+    ) -> Result<ReverseCluster<P>, Rejection> {
         if self.shutdown.as_ref().is_some_and(|s| s.is_triggered()) {
             return Err(Rejection::unavailable("shutting down"));
         }

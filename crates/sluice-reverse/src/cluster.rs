@@ -7,34 +7,41 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use http::{Request, Response};
 use sluice_config::{ReverseOptions, Token};
 use sluice_session::Rejection;
 use tokio::sync::{broadcast, mpsc, Notify};
 use tracing::info;
 
-use super::handover::{HandedSession, Handover};
-use super::instance::{locked, Instance, Instances, Lent, Limit, SessionPermit};
-use super::metrics::ReverseMetrics;
-use super::pool::SlicePool;
-use super::slice_id::SliceId;
-use super::stream::{self, SessionStream};
-use super::{lease, send};
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
+use crate::error::AdoptError;
+use crate::handover::{HandedSession, Handover};
+use crate::instance::{locked, Instance, Instances, Lent, Limit, SessionPermit};
+use crate::lease;
+use crate::metrics::ReverseMetrics;
+use crate::pool::SlicePool;
+use crate::protocol::Protocol;
+use crate::slice_id::SliceId;
+use crate::stream::{self, SessionStream};
 
-/// A handle to a reverse cluster. Clones share it.
-#[derive(Debug, Clone)]
-pub struct ReverseCluster {
-    inner: Arc<ClusterInner>,
+/// A handle to a reverse cluster whose sessions speak `P`. Clones share it.
+#[derive(Debug)]
+pub struct ReverseCluster<P: Protocol> {
+    inner: Arc<ClusterInner<P>>,
+}
+
+impl<P: Protocol> Clone for ReverseCluster<P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
 }
 
 #[derive(Debug)]
-struct ClusterInner {
+struct ClusterInner<P: Protocol> {
     name: String,
     opts: Arc<ReverseOptions>,
     tokens: Vec<Token>,
-    slices: Mutex<HashMap<String, Arc<SlicePool>>>,
+    slices: Mutex<HashMap<String, Arc<SlicePool<P>>>>,
     instances: Arc<Instances>,
     changed: Arc<Notify>,
     handover: Arc<Handover>,
@@ -47,13 +54,22 @@ struct ClusterInner {
 }
 
 /// A handle to one slice of a reverse cluster: what a route forwards to.
-#[derive(Debug, Clone)]
-pub struct ReverseSlice {
-    cluster: ReverseCluster,
-    pool: Arc<SlicePool>,
+#[derive(Debug)]
+pub struct ReverseSlice<P: Protocol> {
+    cluster: ReverseCluster<P>,
+    pool: Arc<SlicePool<P>>,
 }
 
-impl ReverseCluster {
+impl<P: Protocol> Clone for ReverseSlice<P> {
+    fn clone(&self) -> Self {
+        Self {
+            cluster: self.cluster.clone(),
+            pool: Arc::clone(&self.pool),
+        }
+    }
+}
+
+impl<P: Protocol> ReverseCluster<P> {
     /// A cluster that accepts registrations bearing any of `tokens` (empty: no auth).
     pub fn new(name: impl Into<String>, tokens: Vec<Token>, opts: ReverseOptions) -> Self {
         Self::with_metrics(name, tokens, opts, &ReverseMetrics::default())
@@ -106,7 +122,7 @@ impl ReverseCluster {
     }
 
     /// The handle to one slice, created empty on first use.
-    pub fn slice(&self, slice: &str) -> ReverseSlice {
+    pub fn slice(&self, slice: &str) -> ReverseSlice<P> {
         let mut slices = locked(&self.inner.slices);
         let pool = slices.entry(slice.to_owned()).or_insert_with(|| {
             let i = &self.inner;
@@ -269,28 +285,24 @@ impl ReverseCluster {
     /// Reserves a place for one more session of `instance`, within the total (`global`),
     /// cluster and instance limits. 410 for a held instance, 503 for a draining one, 429 at
     /// a limit.
-    pub(crate) fn reserve(
-        &self,
-        instance: &str,
-        global: &Arc<Limit>,
-    ) -> Result<SessionPermit, Rejection> {
+    pub fn reserve(&self, instance: &str, global: &Arc<Limit>) -> Result<SessionPermit, Rejection> {
         self.inner.instances.reserve(instance, global)
     }
 
     /// Makes `io` (already answered `101`) an idle session of `slice`.
-    pub(crate) async fn attach(
+    pub async fn attach(
         &self,
         slice: &str,
         io: Box<dyn SessionStream>,
         permit: SessionPermit,
-    ) -> Result<(), hyper::Error> {
+    ) -> Result<(), P::Error> {
         let pool = self.slice(slice).pool;
         lease::attach(io, &pool, permit).await
     }
 
     /// Keeps requests to slices without sessions waiting (as by `no_sessions_wait`) until the
     /// guard drops: sessions are about to arrive (a hot restart's predecessor hands its over).
-    pub(crate) fn expect_sessions(&self) -> ExpectSessions {
+    pub fn expect_sessions(&self) -> ExpectSessions {
         self.inner.arriving.fetch_add(1, Ordering::Relaxed);
         ExpectSessions(Arc::clone(&self.inner.arriving))
     }
@@ -309,7 +321,7 @@ impl ReverseCluster {
         let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
         self.attach(slice, io, permit)
             .await
-            .map_err(AdoptError::Http)
+            .map_err(|e| AdoptError::Client(Box::new(e)))
     }
 
     /// Takes in a session a standalone acceptor lent this process (a consumer): when it ends
@@ -335,7 +347,7 @@ impl ReverseCluster {
         let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
         self.attach(slice, io, permit)
             .await
-            .map_err(AdoptError::Http)
+            .map_err(|e| AdoptError::Client(Box::new(e)))
     }
 
     /// Puts a session that came back (a consumer's `RETURN`) into `slice` again, with the
@@ -349,7 +361,7 @@ impl ReverseCluster {
         let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
         self.attach(slice, io, permit)
             .await
-            .map_err(AdoptError::Http)
+            .map_err(|e| AdoptError::Client(Box::new(e)))
     }
 
     /// Lets idle sessions leave only when [`hand_over_some`](Self::hand_over_some) asks,
@@ -421,7 +433,7 @@ impl ReverseCluster {
 
 /// While it lives, sessions are expected to arrive; see [`ReverseCluster::expect_sessions`].
 #[derive(Debug)]
-pub(crate) struct ExpectSessions(Arc<AtomicUsize>);
+pub struct ExpectSessions(Arc<AtomicUsize>);
 
 impl Drop for ExpectSessions {
     fn drop(&mut self) {
@@ -429,21 +441,7 @@ impl Drop for ExpectSessions {
     }
 }
 
-/// Why a handed-over session could not be taken in.
-#[derive(Debug, thiserror::Error)]
-pub enum AdoptError {
-    /// A session limit, or the instance drains.
-    #[error("refused: {0}")]
-    Refused(Rejection),
-    /// The descriptor is not a usable stream socket.
-    #[error("not a stream socket: {0}")]
-    Socket(#[source] std::io::Error),
-    /// hyper could not start a client connection on it.
-    #[error("HTTP/1.1 client: {0}")]
-    Http(#[source] hyper::Error),
-}
-
-impl ReverseSlice {
+impl<P: Protocol> ReverseSlice<P> {
     /// The cluster's name.
     pub fn name(&self) -> &str {
         self.cluster.name()
@@ -455,18 +453,12 @@ impl ReverseSlice {
     }
 
     /// The cluster this slice belongs to.
-    pub fn cluster(&self) -> &ReverseCluster {
+    pub fn cluster(&self) -> &ReverseCluster<P> {
         &self.cluster
     }
 
-    /// The slice's pool.
-    #[cfg(test)]
-    pub(super) fn pool(&self) -> &Arc<SlicePool> {
+    /// The slice's pool, to lease sessions from.
+    pub fn pool(&self) -> &Arc<SlicePool<P>> {
         &self.pool
-    }
-
-    /// Leases a session of this slice and sends the request on it.
-    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
-        send::send(&self.pool, req).await
     }
 }

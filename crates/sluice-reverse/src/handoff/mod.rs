@@ -18,4 +18,4 @@ mod error;
 mod ledger;
 
 pub use broker::{BrokerError, StandaloneAcceptor};
-pub(crate) use consumer::{consume, Source};
+pub use consumer::{consume, Source};

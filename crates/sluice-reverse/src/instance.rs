@@ -231,7 +231,7 @@ impl Instances {
 /// Held by a session's connection task: gives back the session's place in every limit when
 /// the connection ends, and forgets an instance whose last session is gone.
 #[derive(Debug)]
-pub(crate) struct SessionPermit {
+pub struct SessionPermit {
     global: Arc<Limit>,
     instances: Arc<Instances>,
     pub(super) instance: Arc<Instance>,
@@ -285,7 +285,7 @@ impl UpgradedSession {
     /// Counts an upgraded session of `instance`. Its session may already have been released
     /// (hyper lets the connection go at the 101), and the instance forgotten with it: the
     /// instance listed under that id now counts it, re-listed if need be.
-    pub(crate) fn new(instance: &Arc<Instance>) -> Self {
+    pub fn new(instance: &Arc<Instance>) -> Self {
         let listed = match instance.listed_in.upgrade() {
             Some(instances) => {
                 let mut listed = locked(&instances.listed);

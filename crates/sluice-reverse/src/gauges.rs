@@ -6,8 +6,9 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::metrics::SliceLabels;
-use super::ReverseCluster;
+use crate::metrics::SliceLabels;
+use crate::Protocol;
+use crate::ReverseCluster;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InstanceLabels {
@@ -20,19 +21,19 @@ struct InstanceLabels {
 /// from them on every scrape (register with
 /// [`Registry::register_collector`](prometheus_client::registry::Registry::register_collector)).
 #[derive(Debug)]
-pub struct SessionGauges {
-    clusters: Vec<ReverseCluster>,
+pub struct SessionGauges<P: Protocol> {
+    clusters: Vec<ReverseCluster<P>>,
 }
 
-impl SessionGauges {
+impl<P: Protocol> SessionGauges<P> {
     /// Gauges over these clusters, reported in name order.
-    pub fn new(mut clusters: Vec<ReverseCluster>) -> Self {
+    pub fn new(mut clusters: Vec<ReverseCluster<P>>) -> Self {
         clusters.sort_by(|a, b| a.name().cmp(b.name()));
         Self { clusters }
     }
 }
 
-impl Collector for SessionGauges {
+impl<P: Protocol> Collector for SessionGauges<P> {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let idle = Family::<SliceLabels, Gauge>::default();
         let queued = Family::<SliceLabels, Gauge>::default();
@@ -66,8 +67,8 @@ impl Collector for SessionGauges {
 }
 
 /// One cluster's slices and instances, as gauges.
-fn read(
-    cluster: &ReverseCluster,
+fn read<P: Protocol>(
+    cluster: &ReverseCluster<P>,
     idle: &Family<SliceLabels, Gauge>,
     queued: &Family<SliceLabels, Gauge>,
     sessions: &Family<InstanceLabels, Gauge>,

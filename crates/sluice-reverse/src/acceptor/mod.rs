@@ -31,11 +31,13 @@ use tracing::{debug, info, warn, Instrument};
 
 use self::rate::RateLimiter;
 use self::shared::{Peer, Shared};
+use crate::Protocol;
+use crate::ReverseCluster;
+use crate::{Limit, ReverseMetrics, SessionStream};
+use sluice_net::accept::accept_error;
 use sluice_net::log_limit::TallyByKind;
-use crate::server::{accept_error, ShutdownSignal};
 use sluice_net::sockets::{self, Sockets};
-use crate::upstream::reverse::{Limit, ReverseMetrics, SessionStream};
-use crate::upstream::ReverseCluster;
+use sluice_net::ShutdownSignal;
 
 pub use sluice_config::Acceptor as AcceptorOptions;
 
@@ -66,20 +68,20 @@ impl HandedOver {
 
 /// A bound acceptor, ready to run.
 #[derive(Debug)]
-pub struct Acceptor {
+pub struct Acceptor<P: Protocol> {
     tcp: TcpListener,
     unix: Option<UnixListener>,
-    shared: Shared,
+    shared: Shared<P>,
     /// The listening sockets went to a successor: leave the UNIX socket file alone.
     handed_over: Arc<AtomicBool>,
 }
 
-impl Acceptor {
+impl<P: Protocol> Acceptor<P> {
     /// Builds the TLS config (if `opts.tls` is set), then binds the TCP address (and the UNIX
     /// socket, if configured) for these clusters.
     pub async fn bind(
         opts: &AcceptorOptions,
-        clusters: impl IntoIterator<Item = ReverseCluster>,
+        clusters: impl IntoIterator<Item = ReverseCluster<P>>,
     ) -> Result<Self, BindError> {
         let tls = Self::tls_config(opts)?;
         let mut sockets = Sockets::default();
@@ -94,19 +96,17 @@ impl Acceptor {
     }
 
     /// The TLS config of every acceptor connection (`opts.tls`); `None` is plaintext.
-    pub(crate) fn tls_config(
-        opts: &AcceptorOptions,
-    ) -> Result<Option<Arc<ServerConfig>>, BindError> {
-        let tls = opts.tls.as_ref().map(crate::server::tls::acceptor_config);
+    pub fn tls_config(opts: &AcceptorOptions) -> Result<Option<Arc<ServerConfig>>, BindError> {
+        let tls = opts.tls.as_ref().map(sluice_net::tls::acceptor_config);
         tls.transpose().map_err(BindError::Tls)
     }
 
     /// The same as [`bind`](Self::bind), on sockets already bound (or handed over by a
     /// predecessor in a hot restart): `unix` listens at `opts.unix`, `tls` comes from
     /// [`tls_config`](Self::tls_config).
-    pub(crate) fn from_listeners(
+    pub fn from_listeners(
         opts: &AcceptorOptions,
-        clusters: impl IntoIterator<Item = ReverseCluster>,
+        clusters: impl IntoIterator<Item = ReverseCluster<P>>,
         tls: Option<Arc<ServerConfig>>,
         tcp: TcpListener,
         unix: Option<UnixListener>,
@@ -172,7 +172,7 @@ impl Acceptor {
         let shared = Arc::new(shared);
         let tls = shared.tls.is_some();
         info!(acceptor.addr = ?self.tcp.local_addr().ok(), acceptor.tls = tls, "acceptor running");
-        crate::server::keep_accept_reserve();
+        sluice_net::accept::keep_reserve();
         let stop = signal.wait();
         tokio::pin!(stop);
         loop {
@@ -211,7 +211,7 @@ async fn accept_unix(l: Option<&UnixListener>) -> std::io::Result<UnixStream> {
 }
 
 /// Sessions idle for long stretches; keepalive finds a peer that vanished without a FIN.
-fn spawn_tcp(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
+fn spawn_tcp<P: Protocol>(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared<P>>) {
     let sock = SockRef::from(&stream);
     let keepalive = TcpKeepalive::new().with_time(KEEPALIVE_IDLE);
     if let Err(error) = sock.set_tcp_keepalive(&keepalive) {
@@ -223,7 +223,7 @@ fn spawn_tcp(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
 }
 
 /// Runs TLS first when configured, then the registration handshake; one deadline covers both.
-async fn serve<S>(io: S, ip: Option<IpAddr>, shared: Arc<Shared>)
+async fn serve<P: Protocol, S>(io: S, ip: Option<IpAddr>, shared: Arc<Shared<P>>)
 where
     S: SessionStream,
 {
@@ -252,7 +252,10 @@ where
     handshake::handle(io, peer, shared, deadline).await;
 }
 
-fn warn_plaintext_tokens(addr: SocketAddr, clusters: &HashMap<String, ReverseCluster>) {
+fn warn_plaintext_tokens<P: Protocol>(
+    addr: SocketAddr,
+    clusters: &HashMap<String, ReverseCluster<P>>,
+) {
     if addr.ip().is_loopback() {
         return;
     }

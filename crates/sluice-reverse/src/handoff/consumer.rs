@@ -25,20 +25,21 @@ use tracing::{debug, info, warn};
 const SURPLUS_FOR: Duration = Duration::from_secs(1);
 
 use super::error::{LinkError, PeerError};
-use crate::upstream::reverse::{HandedSession, Lent, SliceId};
-use crate::upstream::ReverseCluster;
+use crate::Protocol;
+use crate::ReverseCluster;
+use crate::{HandedSession, Lent, SliceId};
 
 /// One reverse cluster fed by a handoff socket, and the slices its routes use.
 #[derive(Debug, Clone)]
-pub(crate) struct Source {
-    pub(crate) cluster: ReverseCluster,
-    pub(crate) slices: Vec<String>,
+pub struct Source<P: Protocol> {
+    pub cluster: ReverseCluster<P>,
+    pub slices: Vec<String>,
     /// Idle sessions to keep per slice.
-    pub(crate) idle: usize,
+    pub idle: usize,
 }
 
 /// Keeps the clusters fed from the acceptor at `path` for as long as the process runs.
-pub(crate) async fn consume(path: PathBuf, sources: Vec<Source>) {
+pub async fn consume<P: Protocol>(path: PathBuf, sources: Vec<Source<P>>) {
     let mut attempt = 0u32;
     loop {
         match Handoff::connect(&path).await {
@@ -63,9 +64,9 @@ pub(crate) async fn consume(path: PathBuf, sources: Vec<Source>) {
 }
 
 /// What one connection to the acceptor tracks.
-struct Link<'a> {
+struct Link<'a, P: Protocol> {
     conn: Arc<Handoff>,
-    sources: &'a [Source],
+    sources: &'a [Source<P>],
     /// Credit asked for and not yet filled, per (cluster, slice).
     asked: HashMap<SliceId, usize>,
     /// Since when each slice has had idle sessions to spare (and nothing waiting).
@@ -74,7 +75,7 @@ struct Link<'a> {
 }
 
 /// One connection's life; returns why it ended.
-async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> LinkError {
+async fn serve<P: Protocol>(conn: Arc<Handoff>, sources: &[Source<P>]) -> LinkError {
     match conn.hello(Role::Consumer).await {
         Ok(Role::Acceptor) => {}
         Ok(role) => return PeerError::NotAnAcceptor(role).into(),
@@ -122,12 +123,12 @@ async fn serve(conn: Arc<Handoff>, sources: &[Source]) -> LinkError {
     }
 }
 
-impl Link<'_> {
+impl<P: Protocol> Link<'_, P> {
     async fn send(&self, msg: &Message, fd: Option<OwnedFd>) -> Result<(), LinkError> {
         Ok(self.conn.send(msg, fd).await?)
     }
 
-    fn cluster(&self, name: &str) -> Option<&ReverseCluster> {
+    fn cluster(&self, name: &str) -> Option<&ReverseCluster<P>> {
         self.sources
             .iter()
             .map(|s| &s.cluster)

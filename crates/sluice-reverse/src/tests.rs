@@ -13,10 +13,45 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::pool::SlicePool;
-use super::session::Session;
-use super::{HandedSession, Limit, ReverseCluster, ReverseSlice};
-use crate::error::ProxyError;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+
+use crate::{HandedSession, LeaseError, Limit, ParkedIo, Protocol};
+
+/// Sessions as the proxy speaks to them: hyper's HTTP/1.1 client (whose readiness and
+/// end the pool relies on), with bodies the tests never send.
+#[derive(Debug)]
+struct H1;
+
+impl Protocol for H1 {
+    type Client = http1::SendRequest<Empty<Bytes>>;
+    type Connection = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
+    type Error = hyper::Error;
+
+    async fn handshake(io: ParkedIo) -> Result<(Self::Client, Self::Connection), hyper::Error> {
+        let (sender, conn) = http1::handshake(TokioIo::new(io)).await?;
+        Ok((sender, Box::pin(conn.with_upgrades())))
+    }
+
+    fn is_closed(client: &Self::Client) -> bool {
+        client.is_closed()
+    }
+
+    fn poll_ready(client: &mut Self::Client, cx: &mut Context<'_>) -> Poll<bool> {
+        client.poll_ready(cx).map(|ready| ready.is_ok())
+    }
+}
+
+type ReverseCluster = crate::ReverseCluster<H1>;
+type ReverseSlice = crate::ReverseSlice<H1>;
+type SlicePool = crate::SlicePool<H1>;
+type Session = crate::Session<H1>;
 
 /// A cluster with one slice and the service ends of its sessions (kept open, so the sessions
 /// stay usable).
@@ -57,7 +92,7 @@ impl Bed {
     }
 
     /// A request waiting in the queue (its task polled until it is in).
-    async fn waiter(&self) -> JoinHandle<Result<Session, ProxyError>> {
+    async fn waiter(&self) -> JoinHandle<Result<Session, LeaseError>> {
         let before = self.pool().queued();
         let pool = Arc::clone(self.pool());
         let task = tokio::spawn(async move { pool.lease().await });
@@ -84,7 +119,7 @@ async fn next(handed: &mut mpsc::UnboundedReceiver<HandedSession>) -> HandedSess
 }
 
 fn instance(session: &Session) -> &str {
-    session.instance.id()
+    session.instance().id()
 }
 
 #[tokio::test(start_paused = true)]
@@ -140,7 +175,7 @@ async fn a_full_queue_is_purged_of_waiters_that_gave_up() {
     // Full of live waiters: the next request is refused.
     let refused = bed.pool().lease().await.unwrap_err();
     assert!(
-        matches!(refused, ProxyError::Unavailable { reason, .. } if reason.contains("queue full")),
+        matches!(refused, LeaseError::Unavailable { reason, .. } if reason.contains("queue full")),
         "{refused:?}"
     );
     for task in &waiting {
@@ -155,7 +190,7 @@ async fn a_full_queue_is_purged_of_waiters_that_gave_up() {
     tokio::time::sleep(Duration::from_secs(11)).await;
     let expired = waits.await.unwrap().unwrap_err();
     assert!(
-        matches!(&expired, ProxyError::Unavailable { reason, .. } if reason.contains("expired")),
+        matches!(&expired, LeaseError::Unavailable { reason, .. } if reason.contains("expired")),
         "{expired:?}"
     );
 }
@@ -211,5 +246,5 @@ async fn nothing_owed_leaves_once_the_pull_stops() {
     bed.pool().checkin(busy);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(bed.pool().idle(), 1, "the recalled session stayed");
-    assert_eq!(bed.lease().await.instance.id(), "a");
+    assert_eq!(bed.lease().await.instance().id(), "a");
 }

@@ -1,33 +1,27 @@
-//! A session's way into its slice and back: [`attach`] starts the HTTP/1.1 client on a
-//! registered stream and adds it as idle; the [`Lease`] a response body carries gives it back
-//! when the response ends.
+//! A session's way into its slice and back: [`attach`] starts the protocol's client on a
+//! registered stream and adds it as idle; the [`Lease`] a response carries gives it back when
+//! the response ends.
 
 use std::sync::Arc;
 
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use tracing::debug;
 
-use super::instance::SessionPermit;
-use super::pool::SlicePool;
-use super::session::Session;
-use super::stream::{ParkedIo, Parking, SessionStream};
-use crate::body::Release;
-use crate::http::IO_BUFFER_BYTES;
+use crate::instance::SessionPermit;
+use crate::pool::SlicePool;
+use crate::protocol::Protocol;
+use crate::session::Session;
+use crate::stream::{ParkedIo, Parking, SessionStream};
 
-/// Starts the HTTP/1.1 client on `io` and adds the session to `pool` as idle. The connection
-/// runs in its own task, which holds `permit` until the socket is closed or handed over.
-pub(crate) async fn attach(
+/// Starts the client on `io` and adds the session to `pool` as idle. The connection runs in
+/// its own task, which holds `permit` until the socket is closed or handed over.
+pub(crate) async fn attach<P: Protocol>(
     io: Box<dyn SessionStream>,
-    pool: &Arc<SlicePool>,
+    pool: &Arc<SlicePool<P>>,
     permit: SessionPermit,
-) -> Result<(), hyper::Error> {
+) -> Result<(), P::Error> {
     let parking = Arc::new(Parking::default());
     let io = ParkedIo::new(io, Arc::clone(&parking));
-    let (sender, conn) = http1::Builder::new()
-        .max_buf_size(IO_BUFFER_BYTES)
-        .handshake(TokioIo::new(io))
-        .await?;
+    let (client, conn) = P::handshake(io).await?;
     let instance = Arc::clone(&permit.instance);
     let weak = Arc::downgrade(pool);
     let task_parking = Arc::clone(&parking);
@@ -35,7 +29,7 @@ pub(crate) async fn attach(
     // With upgrades, a 101 hands the socket to the proxy's bridge; the session (and its
     // permit) ends there, so the service may register a replacement.
     tokio::spawn(async move {
-        let ended = conn.with_upgrades().await;
+        let ended = conn.await;
         if let Err(error) = &ended {
             debug!(instance = %permit.instance.id(), %error, "session ended with an error");
         }
@@ -61,28 +55,28 @@ pub(crate) async fn attach(
         }
         pool.purge_closed();
     });
-    pool.checkin(Session::new(sender, instance, parking));
+    pool.checkin(Session::new(client, instance, parking));
     Ok(())
 }
 
-/// Travels with a response body: gives the session back to its slice when the body has been
-/// read to the end. Dropped before the end, it drops the session instead, because HTTP/1.1
-/// cannot reuse a connection with an unread response on it.
+/// Travels with a response: gives the session back to its slice when the response has been
+/// read to the end ([`finish`](Self::finish)). Dropped before that, it drops the session
+/// instead, because HTTP/1.1 cannot reuse a connection with an unread response on it.
 #[derive(Debug)]
-pub struct Lease {
-    session: Option<Session>,
-    pool: Arc<SlicePool>,
+pub struct Lease<P: Protocol> {
+    session: Option<Session<P>>,
+    pool: Arc<SlicePool<P>>,
 }
 
-impl Lease {
-    pub(crate) fn new(session: Option<Session>, pool: Arc<SlicePool>) -> Self {
+impl<P: Protocol> Lease<P> {
+    /// A lease of `session` (`None`: a session that may not carry another request) from
+    /// `pool`.
+    pub fn new(session: Option<Session<P>>, pool: Arc<SlicePool<P>>) -> Self {
         Self { session, pool }
     }
-}
 
-impl Release for Lease {
     /// The response has ended cleanly: the session may carry another request.
-    fn finish(&mut self) {
+    pub fn finish(&mut self) {
         if let Some(session) = self.session.take() {
             self.pool.checkin(session);
         }

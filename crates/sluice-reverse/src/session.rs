@@ -1,0 +1,73 @@
+//! A session: a protocol client over a stream a service registered.
+
+use std::sync::Arc;
+
+use crate::instance::Instance;
+use crate::protocol::Protocol;
+use crate::stream::Parking;
+
+/// One registered connection; the proxy is the client, the service the server.
+pub struct Session<P: Protocol> {
+    client: P::Client,
+    instance: Arc<Instance>,
+    parking: Arc<Parking>,
+}
+
+impl<P: Protocol> std::fmt::Debug for Session<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("client", &self.client)
+            .field("instance", &self.instance.id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Protocol> Session<P> {
+    /// A session of `instance` over `client`, whose socket `parking` can let go.
+    pub(crate) fn new(client: P::Client, instance: Arc<Instance>, parking: Arc<Parking>) -> Self {
+        Self {
+            client,
+            instance,
+            parking,
+        }
+    }
+
+    /// The client to send a request with.
+    pub fn client(&mut self) -> &mut P::Client {
+        &mut self.client
+    }
+
+    /// The instance that registered it.
+    pub fn instance(&self) -> &Arc<Instance> {
+        &self.instance
+    }
+
+    /// Whether the connection has ended.
+    pub(crate) fn is_closed(&self) -> bool {
+        P::is_closed(&self.client)
+    }
+
+    /// Whether the session may be leased: connected, and its instance is not draining.
+    pub(crate) fn usable(&self) -> bool {
+        !self.is_closed() && !self.instance.is_draining()
+    }
+
+    /// Waits until the client can take a request; false when the connection ended.
+    pub(crate) async fn ready(&mut self) -> bool {
+        std::future::poll_fn(|cx| P::poll_ready(&mut self.client, cx)).await
+    }
+
+    /// Which session this is (its connection's identity), for tests.
+    #[cfg(test)]
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.parking) as usize
+    }
+
+    /// Lets go of an idle session so that its socket moves to another process: the client
+    /// ends the connection without closing the socket, and the session's task hands it over.
+    /// False when the connection had already ended: nothing will be handed over.
+    #[must_use = "a session that cannot be handed over is lost to the hand-over"]
+    pub(crate) fn hand_over(self) -> bool {
+        self.parking.want()
+    }
+}

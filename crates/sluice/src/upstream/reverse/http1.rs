@@ -1,0 +1,82 @@
+//! [`Http1`]: how the proxy's HTTP/1.1 client starts on a registered session, and the
+//! engine's types as the proxy uses them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use sluice_reverse::ParkedIo;
+
+use crate::body::{ProxyBody, Release};
+use crate::error::ProxyError;
+use crate::http::IO_BUFFER_BYTES;
+use sluice_reverse::LeaseError;
+
+/// A reverse cluster whose sessions the proxy speaks HTTP/1.1 on.
+pub type ReverseCluster = sluice_reverse::ReverseCluster<Http1>;
+/// One slice of a [`ReverseCluster`]: what a route forwards to.
+pub type ReverseSlice = sluice_reverse::ReverseSlice<Http1>;
+/// One slice's idle sessions and admission queue.
+pub type SlicePool = sluice_reverse::SlicePool<Http1>;
+/// A leased session.
+pub type Session = sluice_reverse::Session<Http1>;
+/// Gives a session back when the response it carries has been read to the end.
+pub type Lease = sluice_reverse::Lease<Http1>;
+/// The service-facing listener.
+pub type Acceptor = sluice_reverse::acceptor::Acceptor<Http1>;
+/// The standalone acceptor (`sluice acceptor`): the acceptor plus the handoff socket.
+pub type StandaloneAcceptor = sluice_reverse::handoff::StandaloneAcceptor<Http1>;
+/// A reverse cluster fed by a standalone acceptor.
+pub type HandoffSource = sluice_reverse::handoff::Source<Http1>;
+
+/// The proxy's side of a session: hyper's HTTP/1.1 client, with upgrades (a `101` hands the
+/// socket to the proxy's WebSocket bridge).
+#[derive(Debug, Clone, Copy)]
+pub struct Http1;
+
+impl sluice_reverse::Protocol for Http1 {
+    type Client = http1::SendRequest<ProxyBody>;
+    /// Boxed once per session: hyper does not name its upgradeable connection.
+    type Connection = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
+    type Error = hyper::Error;
+
+    async fn handshake(io: ParkedIo) -> Result<(Self::Client, Self::Connection), hyper::Error> {
+        let (sender, conn) = http1::Builder::new()
+            .max_buf_size(IO_BUFFER_BYTES)
+            .handshake(TokioIo::new(io))
+            .await?;
+        Ok((sender, Box::pin(conn.with_upgrades())))
+    }
+
+    fn is_closed(client: &Self::Client) -> bool {
+        client.is_closed()
+    }
+
+    fn poll_ready(client: &mut Self::Client, cx: &mut Context<'_>) -> Poll<bool> {
+        client.poll_ready(cx).map(|ready| ready.is_ok())
+    }
+}
+
+impl Release for Lease {
+    /// The response has ended cleanly: the session may carry another request.
+    fn finish(&mut self) {
+        sluice_reverse::Lease::finish(self);
+    }
+}
+
+impl From<LeaseError> for ProxyError {
+    fn from(e: LeaseError) -> Self {
+        match e {
+            LeaseError::NoSessions { cluster, slice } => Self::NoSessions { cluster, slice },
+            LeaseError::Unavailable {
+                reason,
+                retry_after,
+            } => Self::Unavailable {
+                reason,
+                retry_after,
+            },
+        }
+    }
+}
