@@ -222,14 +222,14 @@ fn acceptor(path: PathBuf) -> anyhow::Result<()> {
 }
 
 /// Connects to the running Sluice's upgrade socket and takes its listening sockets.
-async fn take_over(config: &Config) -> anyhow::Result<sluice::restart::Inherited> {
+async fn take_over(config: &Config) -> anyhow::Result<sluice::Inherited> {
     let Some(path) = &config.runtime.upgrade_socket else {
         anyhow::bail!(
             "--upgrade needs `upgrade_socket` under [runtime] in {} (the running Sluice must have it too)",
             config.source
         );
     };
-    let inherited = sluice::restart::Inherited::take_over(path)
+    let inherited = sluice::Inherited::take_over(path)
         .await
         .with_context(|| {
             format!(

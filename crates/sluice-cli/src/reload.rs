@@ -14,8 +14,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use sluice::admin::ReloadHook;
-use sluice::reload::{Applied, InPlace};
+use sluice::{Applied, InPlace, ReloadHook};
 use tokio::process::Command;
 use tokio::sync::watch;
 use tracing::{error, info, warn};

@@ -36,7 +36,7 @@ pub fn keep_reserve() {
 }
 
 /// Handles a failed accept on `listener` (its name for the log): sheds the backlog when out of
-/// descriptors, logs at most once per [`REPORT_EVERY`], and waits [`BACKOFF`].
+/// descriptors, logs at most once per 10 s, and waits 50 ms.
 pub async fn accept_error(name: &str, listener: SockRef<'_>, e: io::Error) {
     let shed = if is_out_of_descriptors(&e) {
         shed_backlog(listener)

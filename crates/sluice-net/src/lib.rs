@@ -3,7 +3,7 @@
 //! kernel.
 //!
 //! # Layout
-//! * [`sockets`]: [`Sockets`](sockets::Sockets), every listening socket by the name it
+//! * [`sockets`]: [`Sockets`], every listening socket by the name it
 //!   travels under in a hot restart: taken from a predecessor, or bound and remembered.
 //! * [`accept`]: what an accept loop does when `accept` fails (out of descriptors: shed the
 //!   backlog, back off, say so once in a while).

@@ -14,7 +14,7 @@
 //! * `cluster`: [`ReverseCluster`] (slices, instances, and its roles towards the acceptor, the
 //!   admin API, a hot restart and a standalone acceptor) and [`ReverseSlice`].
 //! * `pool`: [`SlicePool`], one slice's idle ring and admission queue.
-//! * `instance`: [`Instances`](instance) — registered instances, their limits, operator holds.
+//! * `instance`: `Instances` — registered instances, their limits, operator holds.
 //! * `lease`: a session's way in (attached as idle) and out ([`Lease`]).
 //! * `session`, `stream`: a session, and the stream under it that can be parked and passed to
 //!   another process.

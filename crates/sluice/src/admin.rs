@@ -50,7 +50,7 @@ use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
 
 /// What the admin API reads and changes.
 #[derive(Debug)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     started: Instant,
     listeners: Vec<ListenerStatus>,
     acceptor: Option<SocketAddr>,
@@ -92,7 +92,7 @@ impl std::fmt::Debug for ReloadHook {
 impl AdminState {
     /// The state of a proxy with these listeners (name, address, TLS), acceptor and
     /// clusters; requests need `token` when one is given.
-    pub fn new(
+    pub(crate) fn new(
         listeners: Vec<(String, SocketAddr, bool)>,
         acceptor: Option<SocketAddr>,
         clusters: BTreeMap<String, Upstream>,
@@ -121,26 +121,26 @@ impl AdminState {
     }
 
     /// Shows these relays in `/status` and `/metrics`.
-    pub fn with_relays(mut self, relays: Vec<sluice_relay::RelayHandle>) -> Self {
+    pub(crate) fn with_relays(mut self, relays: Vec<sluice_relay::RelayHandle>) -> Self {
         self.relays = relays;
         self
     }
 
     /// Lets `POST /reload` run `hook`; without it, `/reload` answers 409.
-    pub fn with_reload(mut self, hook: Option<ReloadHook>) -> Self {
+    pub(crate) fn with_reload(mut self, hook: Option<ReloadHook>) -> Self {
         self.reload = hook;
         self
     }
 
     /// Lets `/routes` list and change these routes; without it, `/routes` answers 404.
-    pub fn with_routes(mut self, routes: Arc<LiveRoutes>) -> Self {
+    pub(crate) fn with_routes(mut self, routes: Arc<LiveRoutes>) -> Self {
         self.routes = Some(routes);
         self
     }
 }
 
 /// The admin API's routes over `state`.
-pub fn router(state: Arc<AdminState>) -> Router {
+pub(crate) fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/status", get(status))
@@ -231,7 +231,7 @@ fn is_loopback_host(host: &str) -> bool {
 }
 
 /// Serves the admin API on `listener` until `signal` fires.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>, signal: ShutdownSignal) {
+pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>, signal: ShutdownSignal) {
     if let Ok(addr) = listener.local_addr() {
         info!(admin.addr = %addr, auth = state.token.is_some(), "admin API listening");
     }

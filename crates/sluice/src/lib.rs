@@ -9,14 +9,14 @@
 //! # Layout
 //!
 //! - [`access_log`]: one line per request (Common Log Format or JSON) to stdout or a file.
-//! - [`admin`]: the admin API (status, drain, endpoints, `/metrics`) for `sluice ctl`.
+//! - `admin`: the admin API (status, drain, endpoints, `/metrics`) for `sluice ctl`.
 //! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
 //! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
 //!   timeouts, the HTTP/1 request-smuggling guard (`Content-Length` with `Transfer-Encoding`),
 //!   graceful shutdown.
-//! - [`reload`]: applying a re-read configuration in place when only routes and endpoints
+//! - `reload`: applying a re-read configuration in place when only routes and endpoints
 //!   changed.
-//! - [`restart`]: hot restart: a successor takes the listening sockets and idle sessions over
+//! - `restart`: hot restart: a successor takes the listening sockets and idle sessions over
 //!   the upgrade socket (`sluice-handoff` messages and fd passing).
 //! - [`router`]: matching requests to routes (host, path prefix, method, headers, client CIDR).
 //! - [`proxy`]: the tower `Service` that applies a route: forwarding headers, hop-by-hop
@@ -40,23 +40,26 @@
 //! `sluice-handoff`, the service SDK in `sluice-sdk`; the `sluice` binary is in `sluice-cli`.
 
 pub mod access_log;
-pub mod admin;
+pub(crate) mod admin;
 pub mod app;
 pub mod body;
 pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod proxy;
-pub mod reload;
-pub mod restart;
+pub(crate) mod reload;
+pub(crate) mod restart;
 pub mod router;
 pub mod server;
 pub mod upstream;
 
+pub use admin::{ReloadFuture, ReloadHook};
 pub use app::{Proxy, StartError};
 pub use body::ProxyBody;
 pub use error::ProxyError;
 pub use proxy::ProxyService;
+pub use reload::{Applied, InPlace};
+pub use restart::{Inherited, RestartError};
 pub use router::{Matcher, RequestHead, Route, RouteTable, Routing, Target};
 pub use server::{ClientInfo, Group, Server, Shutdown, ShutdownSignal};
 pub use sluice_config as config;

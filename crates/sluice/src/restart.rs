@@ -60,14 +60,14 @@ pub enum RestartError {
 
 /// Where a running Sluice waits for its successor (`[runtime] upgrade_socket`).
 #[derive(Debug)]
-pub struct UpgradeSocket {
+pub(crate) struct UpgradeSocket {
     listener: HandoffListener,
     path: PathBuf,
 }
 
 impl UpgradeSocket {
     /// Binds the socket (mode 0600: only this user's processes may take over).
-    pub fn bind(path: &Path) -> Result<Self, RestartError> {
+    pub(crate) fn bind(path: &Path) -> Result<Self, RestartError> {
         let listener =
             HandoffListener::bind(path, 0o600).map_err(|source| RestartError::Handoff {
                 path: path.to_owned(),
@@ -80,7 +80,7 @@ impl UpgradeSocket {
     }
 
     /// The socket's path.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 

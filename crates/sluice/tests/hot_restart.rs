@@ -9,7 +9,7 @@ use std::path::Path;
 
 use http::StatusCode;
 use reverse_support::{get, Service, ServiceSpec};
-use sluice::restart::Inherited;
+use sluice::Inherited;
 use sluice::Proxy;
 
 fn config(dir: &Path, unix: bool) -> sluice::config::Config {

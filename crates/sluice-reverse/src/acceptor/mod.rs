@@ -165,7 +165,7 @@ impl<P: Protocol> Acceptor<P> {
     }
 
     /// Accepts service connections until `signal` fires. Handshakes still in progress then
-    /// answer 503; registered sessions are closed by [`Proxy::run_until`](crate::Proxy::run_until) when it ends.
+    /// answer 503; registered sessions are closed by whoever owns their clusters ([`ReverseCluster::close`](crate::ReverseCluster::close)), as `sluice::Proxy::run_until` does when it ends.
     pub async fn run(self, signal: ShutdownSignal) {
         let mut shared = self.shared;
         shared.shutdown = Some(signal.clone());
