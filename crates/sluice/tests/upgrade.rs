@@ -266,3 +266,42 @@ async fn a_101_nobody_asked_for_is_a_bad_gateway() {
     let reply = within(support::get(&support::client(), &proxy.url("/plain"))).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
 }
+
+/// A shutdown drains an upgraded connection like an open HTTP one: it keeps carrying bytes
+/// after the trigger, the proxy waits for it, and finishes once it closes.
+#[tokio::test]
+async fn a_shutdown_lets_an_upgraded_connection_finish_within_the_grace() {
+    let backend = echo_backend().await;
+    let proxy = support::TestProxy::start(&support::static_config(&[backend], "")).await;
+    let (mut stream, head) = within(switch(proxy.addr())).await;
+    assert_switched(&head);
+    within(round_trips(&mut stream, 0, 3)).await;
+    proxy.shutdown();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !proxy.task.is_finished(),
+        "the proxy stopped with an upgraded connection open"
+    );
+    within(round_trips(&mut stream, 3, 6)).await;
+    within(close(stream)).await;
+    within(proxy.task).await.unwrap();
+}
+
+/// When the grace ends, an upgraded connection still open is closed, as any other is.
+#[tokio::test]
+async fn an_upgraded_connection_still_open_when_the_grace_ends_is_closed() {
+    let backend = echo_backend().await;
+    let config = support::static_config(&[backend], "").replace("\"5s\"", "\"500ms\"");
+    let proxy = support::TestProxy::start(&config).await;
+    let (mut stream, head) = within(switch(proxy.addr())).await;
+    assert_switched(&head);
+    within(round_trips(&mut stream, 0, 3)).await;
+    proxy.shutdown();
+    within(proxy.task).await.unwrap();
+    let mut rest = Vec::new();
+    let read = within(stream.read_to_end(&mut rest)).await;
+    assert!(
+        read.is_err() || rest.is_empty(),
+        "the bridge still ran after the proxy stopped: read {read:?}, {rest:?}"
+    );
+}

@@ -2,7 +2,9 @@
 //!
 //! An upgrade request keeps `Upgrade` and `Connection: upgrade` on its way upstream. When the
 //! upstream answers 101, hyper hands over both sockets (the client's and the upstream's
-//! `OnUpgrade`) and a task copies bytes between them until either side closes. The upstream
+//! `OnUpgrade`) and a bridge copies bytes between them until either side closes; the client's
+//! connection task runs it ([`UpgradeCarrier`]), so a shutdown drains it within the grace
+//! period and closes it when the grace ends. The upstream
 //! connection or reverse session that carried the switch is consumed: the static pool and the
 //! reverse slice never take it back after a 101.
 
@@ -16,12 +18,24 @@ use tracing::{debug, warn, Instrument};
 
 use crate::body::ProxyBody;
 use crate::http::headers::{strip_hop_by_hop, strip_hop_by_hop_keep_upgrade, wants_upgrade};
+use crate::server::UpgradeCarrier;
 use crate::upstream::reverse::UpgradedSession;
+
+/// The client's side of a protocol switch, and the connection task that will carry it.
+pub(super) struct ClientSide {
+    on: OnUpgrade,
+    carrier: Option<UpgradeCarrier>,
+}
 
 /// The client's side of a protocol switch, taken before the request is forwarded; `None`
 /// when the request does not ask for one.
-pub(super) fn requested(req: &mut Request<Incoming>) -> Option<OnUpgrade> {
-    wants_upgrade(req.version(), req.headers()).then(|| hyper::upgrade::on(req))
+pub(super) fn requested(req: &mut Request<Incoming>) -> Option<ClientSide> {
+    if !wants_upgrade(req.version(), req.headers()) {
+        return None;
+    }
+    let carrier = req.extensions_mut().remove::<UpgradeCarrier>();
+    let on = hyper::upgrade::on(req);
+    Some(ClientSide { on, carrier })
 }
 
 /// Prepares the upstream's response for the client. A 101 to a requested switch keeps its
@@ -29,7 +43,7 @@ pub(super) fn requested(req: &mut Request<Incoming>) -> Option<OnUpgrade> {
 /// client's connection stays HTTP). A 101 nobody asked for becomes a 502.
 pub(super) fn respond(
     mut res: Response<ProxyBody>,
-    client_side: Option<OnUpgrade>,
+    client_side: Option<ClientSide>,
     peer: SocketAddr,
 ) -> Response<ProxyBody> {
     let switched = res.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -40,13 +54,12 @@ pub(super) fn respond(
             let held = res.extensions_mut().remove::<UpgradedSession>();
             strip_hop_by_hop_keep_upgrade(res.headers_mut());
             let span = tracing::debug_span!("upgrade", client.addr = %peer);
-            tokio::spawn(
-                async move {
-                    bridge(client_side, upstream_side).await;
-                    drop(held);
-                }
-                .instrument(span),
-            );
+            let carrier = client_side.carrier;
+            let bridged = async move {
+                bridge(client_side.on, upstream_side).await;
+                drop(held);
+            };
+            UpgradeCarrier::carry(carrier.as_ref(), bridged.instrument(span));
             res
         }
         None if switched => unasked_switch(peer),

@@ -17,9 +17,11 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, Instrument};
 
+use crate::http::headers::wants_upgrade;
 use crate::http::IO_BUFFER_BYTES;
 
 use super::active::{ActiveRequests, Tracked, TrackedBody};
+use super::carrier::UpgradeCarrier;
 use super::framing::{FramingGuard, FramingWatch};
 use super::io::IdleTimeout;
 use super::prefixed::sniff_h2;
@@ -76,6 +78,7 @@ pub(super) async fn serve<S: HttpService>(
             info,
             framing: None,
             active,
+            carrier: UpgradeCarrier::default(),
         };
         let result = match settings.tls.clone() {
             Some(acceptor) => serve_tls(io, acceptor, svc, &settings, &signal).await,
@@ -138,6 +141,7 @@ where
         ..svc
     };
     let active = Arc::clone(&svc.active);
+    let carrier = svc.carrier.clone();
     // Upgrades (WebSocket) hand the connection to the proxy's bridge after the 101.
     let conn = settings
         .h1
@@ -152,6 +156,10 @@ where
         {
             watch.head_timed_out();
         }
+    }
+    // A protocol switch: its bridge is this connection now, drained and cut like one.
+    if let Some(bridge) = carrier.take() {
+        bridge.await;
     }
     result
 }
@@ -236,14 +244,16 @@ where
     }
 }
 
-/// Adapts a tower service to hyper for one connection, tagging requests with [`ClientInfo`]
-/// and, on HTTP/1, with [`AmbiguousFraming`](super::AmbiguousFraming) when the guard saw it.
+/// Adapts a tower service to hyper for one connection, tagging requests with [`ClientInfo`],
+/// on HTTP/1 with [`AmbiguousFraming`](super::AmbiguousFraming) when the guard saw it, and
+/// those that ask to switch protocols with the connection's [`UpgradeCarrier`].
 #[derive(Clone)]
 struct ConnService<S> {
     service: S,
     info: ClientInfo,
     framing: Option<Arc<FramingWatch>>,
     active: Arc<ActiveRequests>,
+    carrier: UpgradeCarrier,
 }
 
 impl<S: HttpService> hyper::service::Service<Request<Incoming>> for ConnService<S> {
@@ -255,6 +265,9 @@ impl<S: HttpService> hyper::service::Service<Request<Incoming>> for ConnService<
         req.extensions_mut().insert(self.info);
         if self.framing.as_ref().is_some_and(|f| f.next_is_ambiguous()) {
             req.extensions_mut().insert(super::AmbiguousFraming);
+        }
+        if wants_upgrade(req.version(), req.headers()) {
+            req.extensions_mut().insert(self.carrier.clone());
         }
         Tracked::new(self.service.clone().serve(req), self.active.begin())
     }

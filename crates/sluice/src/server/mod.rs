@@ -5,6 +5,7 @@
 //! within the grace period, then close what is left.
 
 mod active;
+mod carrier;
 mod conn;
 #[macro_use]
 mod forward;
@@ -28,6 +29,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 pub use self::active::{ActiveRequests, TrackedBody};
+pub use self::carrier::UpgradeCarrier;
 pub use self::framing::AmbiguousFraming;
 pub use self::io::IdleTimeout;
 pub use self::service::HttpService;
