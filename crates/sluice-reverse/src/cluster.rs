@@ -387,6 +387,15 @@ impl<P: Protocol> ReverseCluster<P> {
         }
     }
 
+    /// The lender wants every session back (this process stops): idle ones go now, the rest
+    /// as their responses end.
+    pub(crate) fn recall_all(&self) {
+        let pools: Vec<_> = locked(&self.inner.slices).values().cloned().collect();
+        for pool in pools {
+            pool.recall(pool.registered());
+        }
+    }
+
     /// Hands up to `n` idle sessions of `slice` over (see [`start_pull`](Self::start_pull));
     /// returns how many left.
     pub(crate) fn hand_over_some(&self, slice: &str, n: usize) -> usize {

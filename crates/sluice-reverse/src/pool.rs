@@ -202,6 +202,11 @@ impl<P: Protocol> SlicePool<P> {
         self.registered.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Sessions attached to this slice, idle or leased.
+    pub(crate) fn registered(&self) -> usize {
+        self.registered.load(Ordering::Acquire)
+    }
+
     /// How long a request may wait for a session, from now: `no_sessions_wait` when the
     /// slice has none at all (`None`: refuse at once), else `queue_timeout`.
     fn wait_limit(&self) -> Option<std::time::Duration> {

@@ -19,7 +19,7 @@ use crate::proxy::ProxyService;
 use crate::reload::InPlace;
 use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, UpgradeSocket};
 use crate::router::LiveRoutes;
-use crate::server::{tls, Group, Server};
+use crate::server::{tls, Group, Server, Shutdown};
 use crate::upstream::reverse::{Acceptor, HandoffSource};
 use crate::upstream::reverse::{ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
@@ -270,9 +270,16 @@ impl Proxy {
             upstream.start();
         }
         let reverse = self.reverse_clusters();
-        for (path, sources) in std::mem::take(&mut self.consumers) {
-            tokio::spawn(sluice_reverse::handoff::consume(path, sources));
-        }
+        // Consumers give their sessions back once the servers have drained (not in a hot
+        // restart: the successor takes the idle sessions then).
+        let consumers_stop = Shutdown::new();
+        let consumers: Vec<_> = std::mem::take(&mut self.consumers)
+            .into_iter()
+            .map(|(path, sources)| {
+                let stop = consumers_stop.signal();
+                tokio::spawn(sluice_reverse::handoff::consume(path, sources, stop))
+            })
+            .collect();
         if let Some((conn, path)) = self.predecessor.take() {
             let total = self
                 .acceptor
@@ -322,8 +329,15 @@ impl Proxy {
                 tracing::warn!(error = %e, "the acceptor task failed");
             }
         }
-        if let Stopped::Upgraded(handover) = stopped {
-            restart::finish_handover(&reverse, handover).await;
+        match stopped {
+            Stopped::Upgraded(handover) => restart::finish_handover(&reverse, handover).await,
+            Stopped::Triggered => {
+                consumers_stop.trigger();
+                let returned = futures_util::future::join_all(consumers);
+                if tokio::time::timeout(self.grace, returned).await.is_err() {
+                    tracing::warn!("sessions still lent to this process after the grace period; they close with it");
+                }
+            }
         }
         // Sessions would otherwise outlive the proxy in a process that goes on (an embedding
         // program, `sluice demo`): their connection tasks keep the cluster alive. Closing them

@@ -147,3 +147,36 @@ async fn two_consumers_share_one_pool_and_idle_sessions_move_to_demand() {
         running.stop().await;
     }
 }
+
+/// A consumer that stops gives its sessions back to the acceptor (`RETURN`) instead of closing
+/// them: the service keeps every connection, and the next consumer is served with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_stops_returns_its_sessions_to_the_acceptor() {
+    const SESSIONS: usize = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("handoff.sock");
+    let (acceptor, standalone) = standalone(&socket).await;
+    let (a_http, a, a_run) = consumer(&socket).await;
+    let service = Service::start(acceptor, ServiceSpec::new("svc", SESSIONS)).await;
+    eventually("the consumer holds sessions", || a.sessions() > 0).await;
+    assert_eq!(get(a_http, "/").await.status, 200);
+    let held = a.sessions();
+    tokio::time::timeout(Duration::from_secs(20), a_run.stop())
+        .await
+        .expect("the consumer stopped");
+    assert_eq!(a.sessions(), 0, "sessions left in the stopped consumer");
+    // A session closed by the consumer would show at the service a moment later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        service.live(),
+        SESSIONS,
+        "the stopped consumer closed sessions ({held} were lent to it)"
+    );
+    let (b_http, b, b_run) = consumer(&socket).await;
+    eventually("the next consumer holds sessions", || b.sessions() > 0).await;
+    assert_eq!(get(b_http, "/").await.status, 200);
+    assert_eq!(service.live(), SESSIONS);
+    for running in [b_run, standalone] {
+        running.stop().await;
+    }
+}

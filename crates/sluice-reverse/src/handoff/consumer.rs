@@ -8,6 +8,12 @@
 //! waiting: under load, sessions are idle for a moment between requests, and returning them
 //! then would cost a handoff per request. When the acceptor goes away, the sessions already
 //! here keep serving; the consumer reconnects with backoff and asks again.
+//!
+//! When the process stops (`stop` fires, once its requests have drained), it asks for nothing
+//! more, returns every session it holds (`RETURN`, idle ones at once, the rest as their
+//! responses end) and sends back any lent on the way until its open credit is used up (at
+//! most [`OPEN_CREDIT_WAIT`]), so its services keep their connections and re-dial nothing: the
+//! acceptor lends them to the next consumer.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -16,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_handoff::{Handoff, Message, Role};
+use sluice_net::ShutdownSignal;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -23,6 +30,10 @@ use tracing::{debug, info, warn};
 
 /// How long a slice's idle surplus must last before it goes back to the acceptor.
 const SURPLUS_FOR: Duration = Duration::from_secs(1);
+/// How long a stopping consumer waits for sessions lent against credit it asked for earlier
+/// (credit cannot be withdrawn; what arrives goes straight back), as the NGINX module's
+/// exiting workers do.
+const OPEN_CREDIT_WAIT: Duration = Duration::from_secs(2);
 
 use super::error::{LinkError, PeerError};
 use crate::Protocol;
@@ -38,15 +49,19 @@ pub struct Source<P: Protocol> {
     pub idle: usize,
 }
 
-/// Keeps the clusters fed from the acceptor at `path` for as long as the process runs.
-pub async fn consume<P: Protocol>(path: PathBuf, sources: Vec<Source<P>>) {
+/// Keeps the clusters fed from the acceptor at `path` until `stop` fires, then gives their
+/// sessions back to it and returns (at once when it is unreachable).
+pub async fn consume<P: Protocol>(path: PathBuf, sources: Vec<Source<P>>, stop: ShutdownSignal) {
     let mut attempt = 0u32;
-    loop {
+    while !stop.is_triggered() {
         match Handoff::connect(&path).await {
             Ok(conn) => {
                 attempt = 0;
                 info!(path = %path.display(), "connected to the acceptor");
-                let error = serve(Arc::new(conn), &sources).await;
+                let Err(error) = serve(Arc::new(conn), &sources, &stop).await else {
+                    info!(path = %path.display(), "returned every session to the acceptor");
+                    return;
+                };
                 // Nothing leaves for a link that is gone: sessions the acceptor recalled stay
                 // here rather than close on their way to it (the next link forgives the debt).
                 for s in &sources {
@@ -58,7 +73,10 @@ pub async fn consume<P: Protocol>(path: PathBuf, sources: Vec<Source<P>>) {
                 debug!(path = %path.display(), %error, attempt, "acceptor unreachable");
             }
         }
-        tokio::time::sleep(backoff(attempt)).await;
+        tokio::select! {
+            () = tokio::time::sleep(backoff(attempt)) => {}
+            () = stop.wait() => {}
+        }
         attempt = attempt.saturating_add(1);
     }
 }
@@ -72,14 +90,21 @@ struct Link<'a, P: Protocol> {
     /// Since when each slice has had idle sessions to spare (and nothing waiting).
     surplus: HashMap<SliceId, Instant>,
     gone: mpsc::UnboundedSender<u64>,
+    /// Since when the process stops: every session goes back, none is asked for.
+    stopping: Option<Instant>,
 }
 
-/// One connection's life; returns why it ended.
-async fn serve<P: Protocol>(conn: Arc<Handoff>, sources: &[Source<P>]) -> LinkError {
+/// One connection's life: `Ok` once it gave every session back after `stop`, else why it
+/// ended.
+async fn serve<P: Protocol>(
+    conn: Arc<Handoff>,
+    sources: &[Source<P>],
+    stop: &ShutdownSignal,
+) -> Result<(), LinkError> {
     match conn.hello(Role::Consumer).await {
         Ok(Role::Acceptor) => {}
-        Ok(role) => return PeerError::NotAnAcceptor(role).into(),
-        Err(e) => return e.into(),
+        Ok(role) => return Err(PeerError::NotAnAcceptor(role).into()),
+        Err(e) => return Err(e.into()),
     }
     let (back_tx, mut back) = mpsc::unbounded_channel();
     let (gone_tx, mut gone) = mpsc::unbounded_channel();
@@ -101,11 +126,13 @@ async fn serve<P: Protocol>(conn: Arc<Handoff>, sources: &[Source<P>]) -> LinkEr
         asked: HashMap::new(),
         surplus: HashMap::new(),
         gone: gone_tx,
+        stopping: None,
     };
     loop {
-        if let Err(e) = link.balance().await {
-            return e;
+        if link.done_stopping() {
+            return Ok(());
         }
+        link.balance().await?;
         let step = tokio::select! {
             received = conn.recv() => match received {
                 Ok((msg, fd)) => link.on_message(msg, fd).await,
@@ -116,10 +143,13 @@ async fn serve<P: Protocol>(conn: Arc<Handoff>, sources: &[Source<P>]) -> LinkEr
             () = wake.notified() => Ok(()),
             // A surplus is only returned once it has lasted: look again then.
             () = tokio::time::sleep(SURPLUS_FOR), if !link.surplus.is_empty() => Ok(()),
+            () = stop.wait(), if link.stopping.is_none() => {
+                link.stop();
+                Ok(())
+            }
+            () = tokio::time::sleep(OPEN_CREDIT_WAIT), if link.stopping.is_some() => Ok(()),
         };
-        if let Err(e) = step {
-            return e;
-        }
+        step?;
     }
 }
 
@@ -135,8 +165,30 @@ impl<P: Protocol> Link<'_, P> {
             .find(|c| c.name() == name)
     }
 
+    /// The process stops: from now on every session goes back as soon as it is idle.
+    fn stop(&mut self) {
+        self.stopping = Some(Instant::now());
+        self.surplus.clear();
+        for s in self.sources {
+            s.cluster.recall_all();
+        }
+    }
+
+    /// Stopping, with every session given back and no credit open (or none filled in time).
+    fn done_stopping(&self) -> bool {
+        let Some(since) = self.stopping else {
+            return false;
+        };
+        let credit_open = self.asked.values().any(|&n| n > 0);
+        self.sources.iter().all(|s| s.cluster.sessions() == 0)
+            && (!credit_open || since.elapsed() >= OPEN_CREDIT_WAIT)
+    }
+
     /// Asks for the credit each slice lacks, and hands surplus idle sessions back.
     async fn balance(&mut self) -> Result<(), LinkError> {
+        if self.stopping.is_some() {
+            return Ok(());
+        }
         for s in self.sources {
             for slice in &s.slices {
                 let (idle, queued) = (s.cluster.idle_sessions(slice), s.cluster.queued(slice));
@@ -186,6 +238,10 @@ impl<P: Protocol> Link<'_, P> {
                     .get_mut(&SliceId::new(cluster.as_str(), slice.as_str()))
                 {
                     *n = n.saturating_sub(1);
+                }
+                if self.stopping.is_some() {
+                    // Lent as this process stops: straight back, never adopted.
+                    return self.send(&Message::Return { id }, Some(fd)).await;
                 }
                 self.adopt(id, &cluster, &slice, &instance, fd).await
             }
