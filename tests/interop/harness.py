@@ -151,7 +151,7 @@ def start_sluice(bins: Binaries, tmp: Path, config_text: str = CONFIG, upgrade: 
         name,
         argv + (["--upgrade"] if upgrade else []),
         # Debug for the acceptor: it logs every registration, which is how re-dials are counted.
-        env={"INTEROP_TOKEN": TOKEN, "RUST_LOG": "info,sluice::acceptor=debug"},
+        env={"INTEROP_TOKEN": TOKEN, "RUST_LOG": "info,sluice_reverse::acceptor=debug"},
     )
 
     def field_of(message: str, key: str) -> str:
@@ -200,7 +200,7 @@ def start_acceptor(bins: Binaries, tmp: Path, socket: Path, listen: str = "127.0
     proc = Proc(
         "acceptor",
         [str(bins.sluice), "acceptor", "-c", str(config), "--log-format", "json"],
-        env={"INTEROP_TOKEN": TOKEN, "RUST_LOG": "info,sluice::acceptor=debug"},
+        env={"INTEROP_TOKEN": TOKEN, "RUST_LOG": "info,sluice_reverse::acceptor=debug"},
     )
     line = proc.wait_line(lambda l: '"message":"acceptor running"' in l, "the acceptor running")
     addr = json.loads(line)["fields"]["acceptor.addr"].removeprefix("Some(").removesuffix(")")
