@@ -30,10 +30,12 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sluice_config::{RelayOptions, RelayRole, TunnelEnd};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::early::Early;
@@ -171,9 +173,11 @@ impl Relay {
         &self.listener
     }
 
-    /// Accepts and relays until `shutdown` resolves. Connections under way then go on until
-    /// they end (or hit `idle_timeout`); the pool and early-connect tasks stop with the runtime.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+    /// Accepts and relays until `shutdown` resolves; then stops accepting (and refilling its
+    /// pool), lets the connections under way finish within `grace` (as the proxy's listeners
+    /// do), closes the rest, and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>, grace: Duration) {
+        let mut helpers = JoinSet::new();
         if let Role::Forward {
             connector,
             pool,
@@ -181,23 +185,29 @@ impl Relay {
         } = &self.handler.role
         {
             if let Some(pool) = pool {
-                tokio::spawn(Arc::clone(pool).run());
+                helpers.spawn(Arc::clone(pool).run());
             }
             if let Some(early) = early {
-                tokio::spawn(Arc::clone(early).run(Arc::clone(connector), pool.clone()));
+                helpers.spawn(Arc::clone(early).run(Arc::clone(connector), pool.clone()));
             }
         }
         let limit = Arc::new(Semaphore::new(self.handler.opts.max_connections));
+        let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
         loop {
             // Beyond the limit, clients wait in the kernel's accept queue.
-            let Ok(permit) = Arc::clone(&limit).acquire_owned().await else {
-                return;
+            let permit = tokio::select! {
+                () = &mut shutdown => break,
+                permit = Arc::clone(&limit).acquire_owned() => permit,
+            };
+            let Ok(permit) = permit else {
+                break;
             };
             let accepted = tokio::select! {
-                () = &mut shutdown => return,
+                () = &mut shutdown => break,
                 accepted = self.listener.accept() => accepted,
             };
+            while conns.try_join_next().is_some() {}
             let (client, peer) = match accepted {
                 Ok(a) => a,
                 Err(error) => {
@@ -207,13 +217,22 @@ impl Relay {
             };
             let handler = Arc::clone(&self.handler);
             let span = tracing::debug_span!("relay", relay = %self.name, client.addr = %peer);
-            tokio::spawn(
+            conns.spawn(
                 async move {
                     handler.serve(client, peer).await;
                     drop(permit);
                 }
                 .instrument(span),
             );
+        }
+        drop(self.listener);
+        helpers.shutdown().await;
+        let open = conns.len();
+        tracing::info!(relay = %self.name, open, ?grace, "relay stopped accepting; draining connections");
+        let all_done = async { while conns.join_next().await.is_some() {} };
+        if tokio::time::timeout(grace, all_done).await.is_err() {
+            tracing::warn!(relay = %self.name, left = conns.len(), "grace period over; closing remaining relayed connections");
+            conns.shutdown().await;
         }
     }
 }

@@ -46,7 +46,7 @@ fn start(toml: &str) -> Vec<RelayHandle> {
         .map(|r| {
             let relay = Relay::bind(r).unwrap();
             let handle = relay.handle();
-            tokio::spawn(relay.run(std::future::pending()));
+            tokio::spawn(relay.run(std::future::pending(), Duration::ZERO));
             handle
         })
         .collect()
@@ -206,4 +206,79 @@ async fn early_connect_starts_the_next_leg_on_the_syn_with_cap_net_raw() {
     let stats = relay.stats.snapshot();
     assert_eq!(stats.early, 1, "one next-leg connect started on the SYN");
     assert_eq!(stats.connects, 1, "and it was the one used");
+}
+
+/// Binds the one relay in `toml` and runs it until the returned sender fires (or drops).
+fn start_stoppable(
+    toml: &str,
+    grace: Duration,
+) -> (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let config = sluice_config::parse_str(toml, "test.toml", Path::new(".")).unwrap();
+    let relay = Relay::bind(&config.relays[0]).unwrap();
+    let addr = relay.handle().addr;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    (addr, stop, tokio::spawn(relay.run(shutdown, grace)))
+}
+
+/// A relay that stops refuses new connections but lets those under way finish within the
+/// grace, and returns once they have.
+#[tokio::test]
+async fn a_stopping_relay_drains_its_connections_within_the_grace() {
+    let (backend, accepted) = spawn_backend(0).await;
+    let (addr, stop, task) = start_stoppable(&plain(backend, ""), Duration::from_secs(10));
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"hello").await.unwrap();
+    eventually("the relay reached the backend", || {
+        accepted.load(SeqCst) == 1
+    })
+    .await;
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !task.is_finished(),
+        "the relay stopped with a connection under way"
+    );
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "a stopped relay accepted a new connection"
+    );
+    conn.write_all(b" world").await.unwrap();
+    conn.shutdown().await.unwrap();
+    let mut reply = Vec::new();
+    conn.read_to_end(&mut reply).await.unwrap();
+    assert_eq!(reply, b"got 11");
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the relay returned once its connection ended")
+        .unwrap();
+}
+
+/// A connection still open when the grace ends is closed, and the relay returns.
+#[tokio::test]
+async fn a_relayed_connection_still_open_when_the_grace_ends_is_closed() {
+    let (backend, accepted) = spawn_backend(0).await;
+    let (addr, stop, task) = start_stoppable(&plain(backend, ""), Duration::from_millis(300));
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"hello").await.unwrap();
+    eventually("the relay reached the backend", || {
+        accepted.load(SeqCst) == 1
+    })
+    .await;
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the relay returned after the grace")
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest))
+        .await
+        .expect("the relayed connection was closed");
+    assert!(read.is_err() || rest.is_empty(), "{read:?} {rest:?}");
 }

@@ -70,7 +70,7 @@ pub fn relay(path: &std::path::Path) -> io::Result<()> {
         io::stdout().flush()?;
         let tasks: Vec<_> = relays
             .into_iter()
-            .map(|r| tokio::spawn(r.run(std::future::pending())))
+            .map(|r| tokio::spawn(r.run(std::future::pending(), std::time::Duration::ZERO)))
             .collect();
         for t in tasks {
             let _ = t.await;
@@ -103,7 +103,8 @@ pub fn relay_in(ns: &str, relay: sluice_config::Relay) -> io::Result<sluice_rela
             match sluice_relay::Relay::bind(&relay) {
                 Ok(r) => {
                     let _ = tx.send(Ok(r.handle()));
-                    r.run(std::future::pending()).await;
+                    r.run(std::future::pending(), std::time::Duration::ZERO)
+                        .await;
                 }
                 Err(e) => drop(tx.send(Err(e))),
             }

@@ -308,9 +308,10 @@ impl Proxy {
             group.add(server, self.service.clone(), self.grace);
         }
         let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));
-        for relay in std::mem::take(&mut self.relays) {
-            tokio::spawn(relay.run(group.signal().wait()));
-        }
+        let relays: Vec<_> = std::mem::take(&mut self.relays)
+            .into_iter()
+            .map(|relay| tokio::spawn(relay.run(group.signal().wait(), self.grace)))
+            .collect();
         let mut stopped = Stopped::Triggered;
         let stop = async {
             stopped = restart::stop_or_upgrade(
@@ -324,6 +325,8 @@ impl Proxy {
             .await;
         };
         group.run_until(stop).await;
+        // Relays drain within the same grace, from the same signal.
+        futures_util::future::join_all(relays).await;
         if let Some(task) = acceptor {
             if let Err(e) = task.await {
                 tracing::warn!(error = %e, "the acceptor task failed");
