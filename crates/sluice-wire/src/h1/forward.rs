@@ -1,8 +1,10 @@
-//! [`write_head`]: the head a proxy sends upstream for a request it took, written by copying
-//! the client's field lines with the proxy's edits applied instead of rebuilding a header map:
-//! hop-by-hop fields removed, the forwarding fields (`X-Forwarded-For`, `Forwarded`,
-//! `X-Forwarded-Proto`, `X-Forwarded-Host`) added by Sluice's rules, a route's removals and
-//! sets applied last.
+//! The heads a proxy writes, by copying the sender's field lines with the proxy's edits
+//! applied instead of rebuilding a header map: [`write_head`] for a request it sends upstream
+//! (hop-by-hop fields removed, the forwarding fields `X-Forwarded-For`, `Forwarded`,
+//! `X-Forwarded-Proto` and `X-Forwarded-Host` added by Sluice's rules, a route's removals and
+//! sets applied last), [`write_response_head`] for the upstream's response it sends the client
+//! (hop-by-hop fields removed, the route's edits, framing and `Date` as hyper's server writes
+//! them).
 
 use std::io::Write as _;
 use std::net::IpAddr;
@@ -10,6 +12,7 @@ use std::net::IpAddr;
 use http::{HeaderName, HeaderValue};
 
 use super::request::{BodyFraming, Field, RequestHead, Role};
+use super::response::{ResponseBody, ResponseHead};
 
 /// What the proxy knows of the client side, and the route's edits.
 #[derive(Debug, Clone, Copy)]
@@ -137,6 +140,84 @@ fn chain(buf: &[u8], head: &RequestHead, fwd: &Forward<'_>, role: Role, out: &mu
             out.extend_from_slice(b", ");
         }
     }
+}
+
+/// How the proxy answers the client with an upstream's response.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    /// Whether the request was `HEAD` (the response's `Content-Length` stays as it is).
+    pub head_request: bool,
+    /// Whether the client connection closes after this response (`Connection: close`).
+    pub close: bool,
+    /// The current date in HTTP form, sent when the upstream sent none.
+    pub date: &'a [u8],
+    /// Fields the route removes from responses.
+    pub remove: &'a [HeaderName],
+    /// Fields the route sets on responses.
+    pub set: &'a [(HeaderName, HeaderValue)],
+}
+
+impl Answer<'_> {
+    fn edits(&self, name: &[u8]) -> bool {
+        let named = |n: &HeaderName| n.as_str().as_bytes().eq_ignore_ascii_case(name);
+        self.remove.iter().any(named) || self.set.iter().any(|(n, _)| named(n))
+    }
+}
+
+/// Appends to `out` the head to send the client for `head`, parsed from `buf`; the body that
+/// follows is framed by `Content-Length` as the upstream framed it, else chunked, except in an
+/// HTTP/1.0 answer, which ends when the client connection closes
+/// ([`ResponseHead::ends_with_close`]).
+pub fn write_response_head(
+    buf: &[u8],
+    head: &ResponseHead,
+    answer: &Answer<'_>,
+    out: &mut Vec<u8>,
+) {
+    // hyper's server keeps the upstream's version, so an HTTP/1.0 answer stays one.
+    let version = if head.http11 { "1.1" } else { "1.0" };
+    let _ = write!(out, "HTTP/{version} {:03} ", head.status);
+    out.extend_from_slice(&buf[head.reason.clone()]);
+    out.extend_from_slice(b"\r\n");
+    let mut date = answer.set.iter().any(|(n, _)| n == http::header::DATE);
+    let mut lengths = 0;
+    for field in &head.fields {
+        let name = &buf[field.name.clone()];
+        let copy = match field.role {
+            Role::Plain => true,
+            Role::ContentLength => {
+                lengths += 1;
+                answer.head_request
+                    || (lengths == 1 && matches!(head.body, ResponseBody::Length(_)))
+            }
+            _ => false,
+        };
+        if copy && !answer.edits(name) {
+            date |= name.eq_ignore_ascii_case(b"date");
+            line(out, name, &buf[field.value.clone()]);
+        }
+    }
+    for (name, value) in answer.set {
+        line(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    let bodiless = matches!(head.status, 100..=199 | 204 | 304);
+    match head.body {
+        _ if answer.head_request || bodiless => {}
+        ResponseBody::None => out.extend_from_slice(b"content-length: 0\r\n"),
+        ResponseBody::Chunked | ResponseBody::UntilClose if head.http11 => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        // HTTP/1.0 has no chunks: the body ends when the client connection closes.
+        ResponseBody::Chunked | ResponseBody::UntilClose => {}
+        ResponseBody::Length(_) => {}
+    }
+    if !date {
+        line(out, b"date", answer.date);
+    }
+    if answer.close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// A `Forwarded` value: a token as it is, anything else (a port's `:`) quoted.

@@ -353,8 +353,12 @@ fn mark_listed(buf: &[u8], fields: &mut [Field], listed: &[Range<usize>]) {
     }
 }
 
-/// Where `part`, a slice of `buf`, lies in it.
-fn offset(buf: &[u8], part: &[u8]) -> Range<usize> {
+/// Where `part`, a slice of `buf`, lies in it. An empty part may not point into `buf` at all
+/// (`httparse` can return a static `""`), so it gets an empty range.
+pub(super) fn offset(buf: &[u8], part: &[u8]) -> Range<usize> {
+    if part.is_empty() {
+        return 0..0;
+    }
     let start = part.as_ptr() as usize - buf.as_ptr() as usize;
     start..start + part.len()
 }
