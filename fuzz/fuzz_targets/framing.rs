@@ -129,8 +129,8 @@ fuzz_target!(|data: &[u8]| {
     }
     // hyper answered only what it served (a refused head gets an answer of its own), and
     // kept the connection open throughout.
-    let kept_open = heads.len() == served.len()
-        && !heads.iter().any(|h| h.contains("\r\nconnection: close"));
+    let kept_open =
+        heads.len() == served.len() && !heads.iter().any(|h| h.contains("\r\nconnection: close"));
     if clean && kept_open && served.iter().all(|r| !r.asks_close && r.body_ok) {
         assert_eq!(scanner.heads(), served.len() as u64, "{served:?}");
     }

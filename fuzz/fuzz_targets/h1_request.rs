@@ -9,6 +9,9 @@
 //!   the body as the request did.
 #![no_main]
 
+#[path = "common.rs"]
+mod common;
+
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -19,7 +22,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use libfuzzer_sys::fuzz_target;
-use sluice_wire::h1::{self, BodyFraming, Chunked, Forward, Parsed, RequestHead};
+use sluice_wire::h1::{self, BodyFraming, Forward, Parsed, RequestHead};
 use sluice_wire::RequestRules;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -90,20 +93,6 @@ async fn hyper_serves(data: &[u8]) -> Option<Served> {
     first
 }
 
-/// The fast path's fields in hyper's form: lowercase names, sorted by name.
-fn fields(data: &[u8], head: &RequestHead) -> Vec<(String, Vec<u8>)> {
-    let mut fields: Vec<(String, Vec<u8>)> = head
-        .fields
-        .iter()
-        .map(|f| {
-            let name = String::from_utf8_lossy(&data[f.name.clone()]).to_ascii_lowercase();
-            (name, data[f.value.clone()].to_vec())
-        })
-        .collect();
-    fields.sort_by(|a, b| a.0.cmp(&b.0));
-    fields
-}
-
 /// The body after the head by the fast path's framing: `Some(Ok)` read whole, `Some(Err)`
 /// refused, `None` when the data ends first.
 fn body(rest: &[u8], framing: BodyFraming) -> Option<Result<Vec<u8>, ()>> {
@@ -113,20 +102,7 @@ fn body(rest: &[u8], framing: BodyFraming) -> Option<Result<Vec<u8>, ()>> {
             let n = usize::try_from(n).ok()?;
             rest.get(..n).map(|b| Ok(b.to_vec()))
         }
-        BodyFraming::Chunked => {
-            let (mut chunked, mut out, mut at) = (Chunked::new(MAX_HEAD), Vec::new(), 0);
-            while !chunked.is_done() {
-                let Ok(p) = chunked.feed(&rest[at..]) else {
-                    return Some(Err(()));
-                };
-                if p.consumed == 0 {
-                    return None;
-                }
-                out.extend_from_slice(&rest[at..][p.data]);
-                at += p.consumed;
-            }
-            Some(Ok(out))
-        }
+        BodyFraming::Chunked => common::dechunk(rest, MAX_HEAD),
     }
 }
 
@@ -146,12 +122,25 @@ fn check_written(data: &[u8], head: &RequestHead) {
     let parsed = req.parse(&out).expect("the written head parses");
     assert_eq!(parsed, httparse::Status::Complete(out.len()));
     let has = |n: &str| req.headers.iter().any(|h| h.name.eq_ignore_ascii_case(n));
-    for hop in ["connection", "keep-alive", "proxy-connection", "te", "upgrade"] {
-        assert!(!has(hop), "{hop} forwarded: {:?}", String::from_utf8_lossy(&out));
+    for hop in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "upgrade",
+    ] {
+        assert!(
+            !has(hop),
+            "{hop} forwarded: {:?}",
+            String::from_utf8_lossy(&out)
+        );
     }
     assert_eq!(has("transfer-encoding"), head.body == BodyFraming::Chunked);
     if let BodyFraming::Length(n) = head.body {
-        let length = req.headers.iter().find(|h| h.name.eq_ignore_ascii_case("content-length"));
+        let length = req
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("content-length"));
         let length = length.and_then(|h| std::str::from_utf8(h.value).ok()?.parse().ok());
         assert_eq!(length, Some(n));
     }
@@ -165,7 +154,7 @@ fuzz_target!(|data: &[u8]| {
     let served = served.expect("hyper serves what the fast path takes");
     assert_eq!(served.method.as_bytes(), head.method(data));
     assert_eq!(served.target.as_bytes(), head.target(data));
-    assert_eq!(served.fields, fields(data, &head));
+    assert_eq!(served.fields, common::fields(data, &head.fields));
     check_written(data, &head);
     let mut req = Request::builder()
         .method(served.method.as_str())

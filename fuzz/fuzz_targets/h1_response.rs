@@ -9,6 +9,9 @@
 //!   chunked decoder refused it, hyper's failed too.
 #![no_main]
 
+#[path = "common.rs"]
+mod common;
+
 use std::sync::OnceLock;
 
 use bytes::Bytes;
@@ -16,7 +19,7 @@ use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use libfuzzer_sys::fuzz_target;
-use sluice_wire::h1::{self, Chunked, ParsedResponse, ResponseBody, ResponseHead};
+use sluice_wire::h1::{self, ParsedResponse, ResponseBody};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// hyper's client buffer limit in Sluice, which bounds a response head.
@@ -84,20 +87,6 @@ async fn hyper_reads(method: &str, answer: &[u8]) -> Hyper {
     result
 }
 
-/// The fast path's fields in hyper's form (every field, dropped or hop-by-hop ones too).
-fn fields(data: &[u8], head: &ResponseHead) -> Vec<(String, Vec<u8>)> {
-    let mut fields: Vec<(String, Vec<u8>)> = head
-        .fields
-        .iter()
-        .map(|f| {
-            let name = String::from_utf8_lossy(&data[f.name.clone()]).to_ascii_lowercase();
-            (name, data[f.value.clone()].to_vec())
-        })
-        .collect();
-    fields.sort_by(|a, b| a.0.cmp(&b.0));
-    fields
-}
-
 /// The body by the fast path's framing: `Some(Ok)` whole, `Some(Err)` refused, `None` when the
 /// data ends first.
 fn body(rest: &[u8], framing: ResponseBody) -> Option<Result<Vec<u8>, ()>> {
@@ -105,20 +94,7 @@ fn body(rest: &[u8], framing: ResponseBody) -> Option<Result<Vec<u8>, ()>> {
         ResponseBody::None => Some(Ok(Vec::new())),
         ResponseBody::UntilClose => Some(Ok(rest.to_vec())),
         ResponseBody::Length(n) => rest.get(..usize::try_from(n).ok()?).map(|b| Ok(b.to_vec())),
-        ResponseBody::Chunked => {
-            let (mut chunked, mut out, mut at) = (Chunked::new(MAX_HEAD), Vec::new(), 0);
-            while !chunked.is_done() {
-                let Ok(p) = chunked.feed(&rest[at..]) else {
-                    return Some(Err(()));
-                };
-                if p.consumed == 0 {
-                    return None;
-                }
-                out.extend_from_slice(&rest[at..][p.data]);
-                at += p.consumed;
-            }
-            Some(Ok(out))
-        }
+        ResponseBody::Chunked => common::dechunk(rest, MAX_HEAD),
     }
 }
 
@@ -141,7 +117,7 @@ fuzz_target!(|data: &[u8]| {
         }
         (ParsedResponse::Head(head), Hyper::Response(status, hyper_fields, hyper_body)) => {
             assert_eq!(head.status, status);
-            assert_eq!(fields(answer, &head), hyper_fields);
+            assert_eq!(common::fields(answer, &head.fields), hyper_fields);
             match body(&answer[head.len..], head.body) {
                 Some(Ok(bytes)) => assert_eq!(hyper_body, Some(bytes)),
                 Some(Err(())) => assert_eq!(hyper_body, None),

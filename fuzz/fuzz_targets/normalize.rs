@@ -15,7 +15,11 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    for rule in [EscapedSlashes::Reject, EscapedSlashes::Keep, EscapedSlashes::Unescape] {
+    for rule in [
+        EscapedSlashes::Reject,
+        EscapedSlashes::Keep,
+        EscapedSlashes::Unescape,
+    ] {
         check_path(&format!("/{text}"), rule);
     }
     if let Ok(host) = normal_authority(text) {
@@ -62,7 +66,11 @@ fn check_path(path: &str, rule: EscapedSlashes) {
             "{path:?} -> {normal:?}"
         );
     }
-    assert_eq!(normalize_path(normal, rule), Ok(None), "{path:?} -> {normal:?}");
+    assert_eq!(
+        normalize_path(normal, rule),
+        Ok(None),
+        "{path:?} -> {normal:?}"
+    );
     // Sluice normalises a request's path, which never holds `?` or `#`.
     let a_path = !path.contains(['?', '#']);
     if a_path && http::uri::PathAndQuery::try_from(path).is_ok() {
