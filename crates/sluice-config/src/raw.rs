@@ -78,6 +78,7 @@ pub(crate) struct RawListener {
     pub(crate) listen: Spanned<Addr>,
     pub(crate) tls: Option<Spanned<OneOrMany<RawTls>>>,
     pub(crate) http2: Option<bool>,
+    pub(crate) fast_path: Option<bool>,
     pub(crate) request_header_timeout: Option<Timeout>,
     pub(crate) idle_timeout: Option<Timeout>,
     pub(crate) max_header_size: Option<Spanned<Size>>,

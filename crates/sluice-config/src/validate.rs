@@ -206,6 +206,7 @@ fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
         tls: tls::listener(ctx, raw.tls)?,
         http: HttpOptions {
             http2: raw.http2.unwrap_or(true),
+            fast_path: raw.fast_path.unwrap_or(true),
             request_header_timeout: raw
                 .request_header_timeout
                 .map_or(DEFAULT_HEADER_TIMEOUT, |t| t.0),

@@ -304,7 +304,9 @@ impl Proxy {
         if let Some((listener, state)) = admin {
             tokio::spawn(admin::serve(listener, Arc::new(state), group.signal()));
         }
+        let fast = self.service.fast_path();
         for server in self.servers {
+            let server = server.with_fast_path(fast.clone());
             group.add(server, self.service.clone(), self.grace);
         }
         let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));

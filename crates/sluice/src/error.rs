@@ -63,6 +63,10 @@ pub enum ProxyError {
     /// The upstream broke the protocol or closed the connection early.
     #[error("upstream protocol error: {0}")]
     UpstreamProtocol(#[source] hyper::Error),
+    /// The upstream's response could not be read (the fast path's parser, which refuses what
+    /// hyper's client refuses): a malformed head or framing, or a connection closed early.
+    #[error("upstream protocol error: {0}")]
+    UpstreamInvalid(&'static str),
     /// The client's request body failed (bad framing, reset) while being forwarded.
     #[error("invalid request body: {0}")]
     ClientBody(#[source] hyper::Error),
@@ -88,9 +92,10 @@ impl ProxyError {
             Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::Connect(_) | Self::UpstreamTls { .. } | Self::UpstreamProtocol(_) => {
-                StatusCode::BAD_GATEWAY
-            }
+            Self::Connect(_)
+            | Self::UpstreamTls { .. }
+            | Self::UpstreamProtocol(_)
+            | Self::UpstreamInvalid(_) => StatusCode::BAD_GATEWAY,
             Self::ConnectTimeout | Self::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::ClientBody(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
@@ -110,7 +115,8 @@ impl ProxyError {
             | Self::UpstreamTls { .. }
             | Self::ConnectTimeout
             | Self::ResponseTimeout
-            | Self::UpstreamProtocol(_) => Origin::Upstream,
+            | Self::UpstreamProtocol(_)
+            | Self::UpstreamInvalid(_) => Origin::Upstream,
         }
     }
 
@@ -135,7 +141,9 @@ impl ProxyError {
             // Details of upstream and client errors go to the log, not to the client.
             Self::Connect(_) => "upstream connect failed".to_owned(),
             Self::UpstreamTls { check, .. } => format!("upstream TLS handshake failed: {check}"),
-            Self::UpstreamProtocol(_) => "upstream protocol error".to_owned(),
+            Self::UpstreamProtocol(_) | Self::UpstreamInvalid(_) => {
+                "upstream protocol error".to_owned()
+            }
             Self::ClientBody(_) => "invalid request body".to_owned(),
             // The cluster's name is internal; the log has it.
             Self::NoEndpoint { .. } => "no healthy upstream".to_owned(),

@@ -26,6 +26,11 @@ struct RouteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandOffLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ListenerLabels {
     listener: String,
 }
@@ -43,6 +48,8 @@ pub struct Metrics {
     duration: Histograms<RouteLabels>,
     bytes_in: Family<ListenerLabels, Counter>,
     bytes_out: Family<ListenerLabels, Counter>,
+    fast_path: Counter,
+    handoffs: Family<HandOffLabels, Counter>,
 }
 
 /// The byte counters of one listener's client connections: (received, sent).
@@ -88,12 +95,26 @@ impl Metrics {
             "Bytes written to clients, by listener (TLS records included)",
             bytes_out.clone(),
         );
+        let fast_path = Counter::default();
+        registry.register(
+            "http1_fast_path_requests",
+            "Plain HTTP/1.1 requests served by the fast path",
+            fast_path.clone(),
+        );
+        let handoffs = Family::default();
+        registry.register(
+            "http1_fast_path_handoffs",
+            "Plain HTTP/1.1 connections the fast path handed to hyper, by why it left their next request",
+            handoffs.clone(),
+        );
         Self {
             registry,
             requests,
             duration,
             bytes_in,
             bytes_out,
+            fast_path,
+            handoffs,
         }
     }
 
@@ -116,6 +137,16 @@ impl Metrics {
         self.duration
             .get_or_create(&route)
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a request the HTTP/1 fast path took.
+    pub fn fast_path_request(&self) {
+        self.fast_path.inc();
+    }
+
+    /// Counts a connection the HTTP/1 fast path handed to hyper, and why.
+    pub fn fast_path_handoff(&self, reason: &'static str) {
+        self.handoffs.get_or_create(&HandOffLabels { reason }).inc();
     }
 
     /// The byte counters a listener's connections add to.

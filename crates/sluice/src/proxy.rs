@@ -3,6 +3,7 @@
 //! Hooks are tower `Layer`s around it; the [`server`](crate::server) runs it on connections.
 //! HTTP/1.1 upgrades (WebSocket) are bridged by the `upgrade` submodule.
 
+pub mod fast;
 mod upgrade;
 
 use std::borrow::Cow;
@@ -77,6 +78,16 @@ impl<R: Routing> ProxyService<R> {
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
+    }
+
+    /// The HTTP/1 fast path sharing this proxy's router, metrics and access log, for a
+    /// [`Server`](crate::server::Server) to serve plain HTTP/1.1 requests with.
+    pub fn fast_path(&self) -> fast::FastPath {
+        fast::FastPath::new(
+            Arc::clone(&self.router) as Arc<dyn Routing>,
+            self.metrics.clone(),
+            self.access_log.clone(),
+        )
     }
 
     /// Handles one request; failures become short plain-text error responses.
@@ -187,7 +198,7 @@ fn request_host(req: &Request<Incoming>) -> Option<Cow<'_, str>> {
     })
 }
 
-fn strip_port(host: &str) -> &str {
+pub(crate) fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
         return host.split_inclusive(']').next().unwrap_or(host);
     }

@@ -55,6 +55,23 @@ pub enum Defer {
     Underscore,
 }
 
+impl Defer {
+    /// A short name for metrics and logs (`too_large`, `framing`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::TooLarge => "too_large",
+            Self::Version => "version",
+            Self::TargetForm => "target_form",
+            Self::Target => "target",
+            Self::Host => "host",
+            Self::Framing => "framing",
+            Self::Negotiation => "negotiation",
+            Self::Underscore => "underscore",
+        }
+    }
+}
+
 /// How a request's body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyFraming {

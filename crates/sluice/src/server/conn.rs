@@ -19,9 +19,12 @@ use tracing::{debug, Instrument};
 
 use crate::http::headers::wants_upgrade;
 use crate::http::IO_BUFFER_BYTES;
+use crate::proxy::fast::FastPath;
+use sluice_session::Prefixed;
 
 use super::active::{ActiveRequests, Tracked, TrackedBody};
 use super::carrier::UpgradeCarrier;
+use super::fast::Left;
 use super::framing::{FramingGuard, FramingWatch};
 use super::io::IdleTimeout;
 use super::prefixed::sniff_h2;
@@ -35,6 +38,8 @@ pub(super) struct Settings {
     http: HttpOptions,
     tls: Option<TlsAcceptor>,
     pub(super) bytes: Option<crate::metrics::ByteCounters>,
+    /// Serves plain HTTP/1.1 requests before hyper does, when set.
+    pub(super) fast: Option<FastPath>,
 }
 
 impl Settings {
@@ -54,7 +59,18 @@ impl Settings {
             http: http.clone(),
             tls,
             bytes: None,
+            fast: None,
         }
+    }
+
+    /// The longest request head the listener takes.
+    pub(super) fn max_head(&self) -> usize {
+        self.http.max_header_bytes
+    }
+
+    /// How long a request head may take to arrive.
+    pub(super) fn header_timeout(&self) -> std::time::Duration {
+        self.http.request_header_timeout
     }
 }
 
@@ -99,12 +115,31 @@ async fn serve_plain<S: HttpService>(
     signal: &ShutdownSignal,
 ) -> Result<(), BoxError> {
     if !settings.http.http2 {
-        return serve_h1(io, svc, settings, signal).await;
+        return serve_plain_h1(io, svc, settings, signal).await;
     }
     let sniffed = tokio::time::timeout(settings.http.request_header_timeout, sniff_h2(io)).await;
     match sniffed.map_err(|_| "timed out waiting for the first request")?? {
         (true, io) => serve_h2(io, svc, settings, signal).await,
-        (false, io) => serve_h1(io, svc, settings, signal).await,
+        (false, io) => serve_plain_h1(io, svc, settings, signal).await,
+    }
+}
+
+/// Plain HTTP/1.1: the fast path first when the listener has one, hyper for what it leaves.
+async fn serve_plain_h1<I, S: HttpService>(
+    mut io: I,
+    svc: ConnService<S>,
+    settings: &Settings,
+    signal: &ShutdownSignal,
+) -> Result<(), BoxError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Some(fast) = &settings.fast else {
+        return serve_h1(io, svc, settings, signal).await;
+    };
+    match super::fast::serve(&mut io, fast, &svc.info, settings, signal, &svc.active).await {
+        Left::Done => Ok(()),
+        Left::HandOff(buf) => serve_h1(Prefixed::new(buf, io), svc, settings, signal).await,
     }
 }
 

@@ -7,6 +7,7 @@
 mod active;
 mod carrier;
 mod conn;
+mod fast;
 #[macro_use]
 mod forward;
 mod framing;
@@ -70,6 +71,7 @@ impl Default for ClientInfo {
 pub fn default_http_options() -> HttpOptions {
     HttpOptions {
         http2: true,
+        fast_path: true,
         request_header_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(60),
         max_header_bytes: 16 * 1024,
@@ -86,6 +88,7 @@ pub struct Server {
     certificates: Option<Arc<tls::Certificates>>,
     http: HttpOptions,
     bytes: Option<crate::metrics::ByteCounters>,
+    fast: Option<crate::proxy::fast::FastPath>,
 }
 
 impl std::fmt::Debug for Server {
@@ -118,7 +121,18 @@ impl Server {
             certificates: None,
             http,
             bytes: None,
+            fast: None,
         }
+    }
+
+    /// Serves plain HTTP/1.1 requests with `fast` (from
+    /// [`ProxyService::fast_path`](crate::ProxyService::fast_path)) and hands hyper only what it
+    /// leaves, when the listener's `fast_path` is on; the service given to
+    /// [`serve`](Self::serve) must be that proxy (layers around it would be bypassed). TLS
+    /// connections and HTTP/2 are always hyper's. By default a server has no fast path.
+    pub fn with_fast_path(mut self, fast: crate::proxy::fast::FastPath) -> Self {
+        self.fast = Some(fast);
+        self
     }
 
     /// Counts the bytes its connections receive and send (by default nothing is counted).
@@ -166,6 +180,10 @@ impl Server {
     pub async fn serve<S: HttpService>(self, service: S, signal: ShutdownSignal, grace: Duration) {
         let mut settings = conn::Settings::new(&self.http, self.tls.clone());
         settings.bytes = self.bytes.clone();
+        settings.fast = self
+            .fast
+            .clone()
+            .filter(|_| fast_path_on(&self.http) && self.tls.is_none());
         let settings = Arc::new(settings);
         let local = self
             .listener
@@ -201,6 +219,16 @@ impl Server {
         }
         drop(self.listener);
         drain(&self.name, conns, grace).await;
+    }
+}
+
+/// The listener's `fast_path`, unless `SLUICE_FAST_PATH` is `0` or `1`: the test command runs
+/// the proxy's suites both ways with it.
+fn fast_path_on(http: &HttpOptions) -> bool {
+    match std::env::var("SLUICE_FAST_PATH").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => http.fast_path,
     }
 }
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use super::pool::{Conn, IdleConn};
+use super::raw::IdleRaw;
 use super::StaticOptions;
 use crate::body::Release;
 
@@ -30,6 +31,8 @@ pub struct Endpoint {
     removed: AtomicBool,
     /// Idle keep-alive connections, most recently used at the back.
     idle: Mutex<VecDeque<IdleConn>>,
+    /// Idle keep-alive connections of the HTTP/1 fast path (plain sockets), likewise.
+    raw_idle: Mutex<VecDeque<IdleRaw>>,
 }
 
 impl Endpoint {
@@ -43,6 +46,7 @@ impl Endpoint {
             healthy: AtomicBool::new(true),
             removed: AtomicBool::new(false),
             idle: Mutex::new(VecDeque::new()),
+            raw_idle: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -78,7 +82,7 @@ impl Endpoint {
 
     /// Idle pooled connections right now.
     pub fn idle_connections(&self) -> usize {
-        self.lock_idle().len()
+        self.lock_idle().len() + self.lock_raw_idle().len()
     }
 
     /// Whether load balancing may pick this endpoint at `now_ms` (cluster epoch milliseconds).
@@ -125,6 +129,7 @@ impl Endpoint {
     pub(crate) fn remove(&self) {
         self.removed.store(true, Ordering::Relaxed);
         self.lock_idle().clear();
+        self.lock_raw_idle().clear();
     }
 
     /// Takes the most recently used idle connection that is still open and not expired.
@@ -168,6 +173,15 @@ impl Endpoint {
         }) {
             idle.pop_front();
         }
+        drop(idle);
+        super::raw::reap(&mut self.lock_raw_idle(), opts);
+    }
+
+    /// The fast path's idle connections.
+    pub(super) fn lock_raw_idle(&self) -> MutexGuard<'_, VecDeque<IdleRaw>> {
+        self.raw_idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn lock_idle(&self) -> MutexGuard<'_, VecDeque<IdleConn>> {

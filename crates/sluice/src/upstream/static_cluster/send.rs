@@ -58,7 +58,7 @@ pub(super) async fn send(
 }
 
 /// The line an operator needs for a 502 or 504: which cluster, which endpoint, what failed.
-fn log_failure(inner: &Inner, addr: SocketAddr, e: &ProxyError) {
+pub(super) fn log_failure(inner: &Inner, addr: SocketAddr, e: &ProxyError) {
     let status = e.status().as_u16();
     warn!(cluster = %inner.name, upstream.addr = %addr, error = %e, status, "upstream failed");
 }

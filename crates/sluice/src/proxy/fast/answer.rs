@@ -1,0 +1,62 @@
+//! What the fast path writes itself: error responses (the same status, fields and body as the
+//! hyper path's), chunk framing, and the `Date` value, formatted once a second per thread.
+
+use std::cell::RefCell;
+use std::io::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::ProxyError;
+
+/// The response the client gets for `e`; `close` adds `Connection: close`, and the answer to
+/// a `HEAD` request has no body (its length stays).
+pub(super) fn error(e: &ProxyError, close: bool, head_request: bool) -> Vec<u8> {
+    let reason = e.reason();
+    let status = e.status();
+    let mut out = Vec::with_capacity(160 + reason.len());
+    let _ = write!(
+        out,
+        "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\n",
+        status.as_str(),
+        status.canonical_reason().unwrap_or("")
+    );
+    if let Some(secs) = e.retry_after() {
+        let _ = write!(out, "retry-after: {secs}\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    let _ = write!(
+        out,
+        "content-length: {}\r\ndate: {}\r\n\r\n",
+        reason.len() + 1,
+        date()
+    );
+    if !head_request {
+        out.extend_from_slice(reason.as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+/// Appends `data` as one chunk.
+pub(super) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
+    let _ = write!(out, "{:x}\r\n", data.len());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The current date in HTTP form (RFC 9110 §5.6.7), formatted at most once a second.
+pub(super) fn date() -> String {
+    thread_local! {
+        static CACHED: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHED.with(|cached| {
+        let mut cached = cached.borrow_mut();
+        if cached.0 != secs {
+            *cached = (secs, httpdate::fmt_http_date(now));
+        }
+        cached.1.clone()
+    })
+}

@@ -1,0 +1,221 @@
+//! [`FastPath`]: HTTP/1.1 requests to static clusters served without hyper, header maps or a
+//! task per exchange: the client connection's task routes the request, writes its head
+//! upstream by copying the client's field lines with the proxy's edits
+//! (`sluice_wire::h1::write_head`), relays the body, reads the response head with
+//! `sluice_wire::h1::parse_response` and relays the response the same way, on a pooled plain
+//! TCP connection it drives itself.
+//!
+//! It takes only what it serves exactly as the hyper path does (the differential tests over
+//! `crates/sluice-wire/corpus/` hold it to that): a request the parser takes
+//! (`h1::Parsed::Take`) with no chunked body, routed to a static cluster without TLS by a route
+//! whose edits leave the framing fields alone. Anything else is handed back, unread, to hyper
+//! ([`Served::HandOff`]), which serves the connection from that request on.
+
+mod answer;
+mod relay;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
+use sluice_config::HeaderEdits;
+use sluice_wire::h1::{BodyFraming, RequestHead};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tracing::debug;
+
+use crate::access_log::{self, AccessLog};
+use crate::metrics::Metrics;
+use crate::router::{Route, Routing, Target};
+use crate::server::{ClientInfo, ShutdownSignal};
+use crate::upstream::{StaticCluster, Upstream};
+
+pub(crate) use self::relay::Exchange;
+
+/// The fast path of a [`ProxyService`](super::ProxyService): its router, metrics and access
+/// log, shared. Cloning is cheap.
+#[derive(Clone)]
+pub struct FastPath {
+    router: Arc<dyn Routing>,
+    metrics: Option<Arc<Metrics>>,
+    access_log: Option<AccessLog>,
+}
+
+impl std::fmt::Debug for FastPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastPath").finish_non_exhaustive()
+    }
+}
+
+/// What became of a request the fast path was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Served {
+    /// Answered; the connection may carry another request.
+    KeepAlive,
+    /// Answered (or the client went away); the connection closes.
+    Close,
+    /// Not for the fast path (and why): nothing was read or written, hyper serves it.
+    HandOff(&'static str),
+}
+
+/// A request the fast path took, with what routing and logging need.
+pub(crate) struct Request<'a> {
+    /// The client's bytes, starting with the head.
+    pub(crate) buf: &'a [u8],
+    /// The parsed head.
+    pub(crate) head: &'a RequestHead,
+    /// The connection's client.
+    pub(crate) client: &'a ClientInfo,
+    /// The server's shutdown: once triggered, responses close their connection.
+    pub(crate) shutdown: &'a ShutdownSignal,
+}
+
+impl FastPath {
+    pub(super) fn new(
+        router: Arc<dyn Routing>,
+        metrics: Option<Arc<Metrics>>,
+        access_log: Option<AccessLog>,
+    ) -> Self {
+        Self {
+            router,
+            metrics,
+            access_log,
+        }
+    }
+
+    /// Serves `req` over `client`; returns how many bytes of `req.buf` it used (head and body)
+    /// and what follows.
+    pub(crate) async fn serve<C>(&self, client: &mut C, req: Request<'_>) -> (usize, Served)
+    where
+        C: AsyncRead + AsyncWrite + Unpin,
+    {
+        let started = Instant::now();
+        let Some(parts) = Parts::of(&req) else {
+            return (0, self.hand_off("body"));
+        };
+        let Some((route, cluster)) = self.route(&parts, &req) else {
+            return (0, self.hand_off("route"));
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics.fast_path_request();
+        }
+        let exchange = Exchange::new(&req, &route, &parts.method);
+        let outcome = exchange.run(client, cluster).await;
+        self.account(&parts, &req, &route, &outcome, started);
+        (outcome.used, outcome.served)
+    }
+
+    /// Leaves a request to hyper, counting why: `body` (chunked or not all here), `route`
+    /// (somewhere the fast path does not go), or the parser's reason.
+    pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
+        if let Some(metrics) = &self.metrics {
+            metrics.fast_path_handoff(reason);
+        }
+        Served::HandOff(reason)
+    }
+
+    /// The route, when it leads to a cluster the fast path reaches with edits it can apply.
+    fn route(&self, parts: &Parts, req: &Request<'_>) -> Option<(Arc<Route>, StaticCluster)> {
+        let host = std::str::from_utf8(&req.buf[req.head.host.clone()]).ok()?;
+        let head = crate::router::RequestHead {
+            method: &parts.method,
+            uri: &parts.uri,
+            headers: &parts.headers,
+            host: Some(super::strip_port(host)),
+            client: req.client.peer,
+        };
+        let route = self.router.route(&head)?;
+        let cluster = match &route.target {
+            Target::Upstream(Upstream::Static(c)) if c.is_plain() => c.clone(),
+            _ => return None,
+        };
+        let framing_edited =
+            edits_framing(&route.request_headers) || edits_framing(&route.response_headers);
+        (!framing_edited).then_some((route, cluster))
+    }
+
+    /// Counts the request and logs it, as the hyper path does.
+    fn account(
+        &self,
+        parts: &Parts,
+        req: &Request<'_>,
+        route: &Route,
+        outcome: &relay::Outcome,
+        started: Instant,
+    ) {
+        if let Some(e) = &outcome.error {
+            debug!(client.addr = %req.client.peer, error = %e, status = outcome.status, "upstream failed");
+        }
+        let elapsed = outcome.head_at.unwrap_or(started).duration_since(started);
+        if let Some(metrics) = &self.metrics {
+            metrics.request(&route.name, outcome.status, elapsed);
+        }
+        if let Some(log) = &self.access_log {
+            let ua = parts.headers.get(http::header::USER_AGENT);
+            log.record(&access_log::Entry {
+                client: req.client.peer,
+                method: &parts.method,
+                uri: &parts.uri,
+                version: Version::HTTP_11,
+                status: outcome.status,
+                bytes: outcome.length,
+                route: &route.name,
+                elapsed,
+                user_agent: ua.and_then(|v| v.to_str().ok()),
+            });
+        }
+    }
+}
+
+/// The request's method, target and fields as the router reads them.
+struct Parts {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl Parts {
+    /// `None` for a request whose body is chunked or not all in the buffer yet (hyper relays
+    /// those, reading the upstream's answer while it sends).
+    fn of(req: &Request<'_>) -> Option<Self> {
+        let (buf, head) = (req.buf, req.head);
+        let whole = match head.body {
+            BodyFraming::None => true,
+            BodyFraming::Length(n) => n <= (buf.len() - head.len) as u64,
+            BodyFraming::Chunked => false,
+        };
+        if !whole {
+            return None;
+        }
+        let method = Method::from_bytes(head.method(buf)).ok()?;
+        let uri = Uri::try_from(head.target(buf)).ok()?;
+        let mut headers = HeaderMap::with_capacity(head.fields.len());
+        for field in &head.fields {
+            let name = HeaderName::from_bytes(&buf[field.name.clone()]).ok()?;
+            let value = HeaderValue::from_bytes(&buf[field.value.clone()]).ok()?;
+            headers.append(name, value);
+        }
+        Some(Self {
+            method,
+            uri,
+            headers,
+        })
+    }
+}
+
+/// Whether a route's edits touch the fields that frame a message or its connection, which
+/// the fast path writes itself.
+fn edits_framing(edits: &HeaderEdits) -> bool {
+    use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE, TRANSFER_ENCODING, UPGRADE};
+    let framing = |n: &HeaderName| {
+        [
+            CONNECTION,
+            CONTENT_LENGTH,
+            HOST,
+            TE,
+            TRANSFER_ENCODING,
+            UPGRADE,
+        ]
+        .contains(n)
+    };
+    edits.remove.iter().any(framing) || edits.set.iter().any(|(n, _)| framing(n))
+}

@@ -1,0 +1,123 @@
+//! A plain HTTP/1.1 connection served by the proxy's [`FastPath`] for as long as it takes the
+//! requests, then by hyper from the first one it leaves: a head that does not arrive whole in
+//! the bytes read so far (slow or large heads, and with them the header timeout and its 408),
+//! a request the parser defers, or one routed where the fast path does not go. The hand-over
+//! happens at a request boundary with nothing of that request consumed.
+
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use sluice_wire::h1::{self, Parsed};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+
+use crate::http::IO_BUFFER_BYTES;
+use crate::proxy::fast::{FastPath, Request, Served};
+
+use super::active::ActiveRequests;
+use super::conn::Settings;
+use super::{ClientInfo, ShutdownSignal};
+
+/// What the fast path left of a connection.
+pub(super) enum Left {
+    /// Nothing: the connection is done.
+    Done,
+    /// hyper serves the rest, starting with these bytes.
+    HandOff(Vec<u8>),
+}
+
+/// Serves requests on `io` until the connection ends or a request is handed over.
+pub(super) async fn serve<I>(
+    io: &mut I,
+    fast: &FastPath,
+    info: &ClientInfo,
+    settings: &Settings,
+    signal: &ShutdownSignal,
+    active: &Arc<ActiveRequests>,
+) -> Left
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut buf = Vec::with_capacity(IO_BUFFER_BYTES);
+    loop {
+        if buf.is_empty() && !next_bytes(io, &mut buf, settings, signal, active).await {
+            return Left::Done;
+        }
+        let head = match parse(io, &mut buf, settings, info).await {
+            Parsed::Take(head) => head,
+            Parsed::Defer(why) => {
+                fast.hand_off(why.as_str());
+                return Left::HandOff(buf);
+            }
+            Parsed::Partial => {
+                fast.hand_off("partial_head");
+                return Left::HandOff(buf);
+            }
+        };
+        let _active = active.begin();
+        let req = Request {
+            buf: &buf,
+            head: &head,
+            client: info,
+            shutdown: signal,
+        };
+        match fast.serve(io, req).await {
+            (_, Served::HandOff(_)) => return Left::HandOff(buf),
+            (_, Served::Close) => return Left::Done,
+            (used, Served::KeepAlive) => {
+                buf.drain(..used);
+            }
+        }
+    }
+}
+
+/// Parses the head at the start of `buf`, reading on while more bytes are already there (the
+/// rest of a head split across reads: after the HTTP/2 sniff, for one); a head that would need
+/// a wait is left to hyper, whose header timeout covers it.
+async fn parse<I>(io: &mut I, buf: &mut Vec<u8>, settings: &Settings, info: &ClientInfo) -> Parsed
+where
+    I: AsyncRead + Unpin,
+{
+    loop {
+        let parsed = h1::parse_request(buf, settings.max_head(), info.rules);
+        if parsed != Parsed::Partial || buf.len() == buf.capacity() {
+            return parsed;
+        }
+        match io.read_buf(buf).now_or_never() {
+            Some(Ok(n)) if n > 0 => {}
+            _ => return parsed,
+        }
+    }
+}
+
+/// Waits for the next request's first bytes; false when the connection should end instead
+/// (closed, failed, no request begun within the header timeout, or a shutdown). A shutdown that comes before the
+/// connection's first request still lets that request arrive, within the header timeout: it
+/// may have been sent a moment before the listener stopped accepting.
+async fn next_bytes<I>(
+    io: &mut I,
+    buf: &mut Vec<u8>,
+    settings: &Settings,
+    signal: &ShutdownSignal,
+    active: &ActiveRequests,
+) -> bool
+where
+    I: AsyncRead + Unpin,
+{
+    // hyper's header timer runs from the moment it waits for a head, on a new connection and
+    // between requests alike: a client that does not begin one within it is closed silently.
+    let read = tokio::select! {
+        read = io.read_buf(buf) => read,
+        () = tokio::time::sleep(settings.header_timeout()) => return false,
+        () = signal.wait() => {
+            if active.started() {
+                return false;
+            }
+            let first = tokio::time::timeout(settings.header_timeout(), io.read_buf(buf));
+            match first.await {
+                Ok(read) => read,
+                Err(_elapsed) => return false,
+            }
+        }
+    };
+    matches!(read, Ok(n) if n > 0)
+}

@@ -1,0 +1,199 @@
+//! The fast path's side of a static cluster: plain TCP connections it drives itself, leased
+//! by the same load balancing, in-flight counts, connect ejection and pool limits as hyper's
+//! connections, and pooled apart from them (each kind is only ever reused by its own path).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::endpoint::{Endpoint, InFlight};
+use super::{Inner, StaticCluster, StaticOptions, MAX_CONNECT_ATTEMPTS};
+use crate::error::ProxyError;
+
+/// An idle fast-path connection and when it became idle.
+#[derive(Debug)]
+pub(crate) struct IdleRaw {
+    conn: RawConn,
+    since: Instant,
+}
+
+/// A connection to an endpoint and how many requests it has carried.
+#[derive(Debug)]
+pub(crate) struct RawConn {
+    /// The socket.
+    pub(crate) stream: TcpStream,
+    /// Requests it has carried before the current one.
+    pub(crate) served: u64,
+}
+
+/// A connection leased for one request; [`release`](Self::release) gives it back.
+#[derive(Debug)]
+pub(crate) struct RawLease {
+    /// The connection.
+    pub(crate) conn: RawConn,
+    in_flight: InFlight,
+    inner: Arc<Inner>,
+}
+
+impl RawLease {
+    /// Logs a failure of the exchange on this lease, naming the cluster and the endpoint.
+    pub(crate) fn log_failure(&self, e: &ProxyError) {
+        super::send::log_failure(&self.inner, self.in_flight.endpoint().addr(), e);
+    }
+
+    /// Whether the connection carried a request before (and so may have gone stale).
+    pub(crate) fn is_reused(&self) -> bool {
+        self.conn.served > 0
+    }
+
+    /// The response timeout of the cluster.
+    pub(crate) fn response_timeout(&self) -> std::time::Duration {
+        self.inner.opts.response_timeout
+    }
+
+    /// Replaces the connection with a fresh one to the same endpoint (after a reused one went
+    /// stale before answering).
+    pub(crate) async fn reconnect(&mut self) -> Result<(), ProxyError> {
+        let endpoint = Arc::clone(self.in_flight.endpoint());
+        self.conn = connect(&self.inner, &endpoint).await?;
+        Ok(())
+    }
+
+    /// Ends the lease after a response: the connection goes back to the pool when `reusable`
+    /// and under the per-connection request limit, else it closes.
+    pub(crate) fn release(self, reusable: bool) {
+        let mut conn = self.conn;
+        conn.served += 1;
+        let opts = &self.inner.opts;
+        let limit = opts.pool.max_requests_per_connection.unwrap_or(u64::MAX);
+        if reusable && conn.served < limit {
+            checkin(self.in_flight.endpoint(), conn, opts);
+        }
+    }
+}
+
+impl StaticCluster {
+    /// Whether the fast path can reach this cluster (plain TCP: it does not speak TLS).
+    pub(crate) fn is_plain(&self) -> bool {
+        self.inner.tls.is_none()
+    }
+
+    /// Leases a connection for one request: an endpoint picked by the load-balancing policy,
+    /// its most recently used idle fast-path connection or a new one. A failed connect ejects
+    /// the endpoint and moves on to another, as [`send`](Self::send) does.
+    pub(crate) async fn lease_raw(&self) -> Result<RawLease, ProxyError> {
+        self.start_tasks();
+        let inner = &self.inner;
+        let endpoints = inner.endpoints.load_full();
+        let mut tried = Vec::new();
+        let mut last_error = None;
+        for _ in 0..MAX_CONNECT_ATTEMPTS {
+            let Some(i) = inner.balancer.pick(&endpoints, inner.now_ms(), &tried) else {
+                break;
+            };
+            let in_flight = endpoints[i].begin_request();
+            let conn = match checkout(&endpoints[i], &inner.opts) {
+                Some(conn) => Ok(conn),
+                None => connect(inner, &endpoints[i]).await,
+            };
+            match conn {
+                Ok(conn) => {
+                    let inner = Arc::clone(inner);
+                    return Ok(RawLease {
+                        conn,
+                        in_flight,
+                        inner,
+                    });
+                }
+                Err(e) => {
+                    tried.push(i);
+                    last_error = Some((endpoints[i].addr(), e));
+                }
+            }
+        }
+        match last_error {
+            Some((addr, e)) => {
+                super::send::log_failure(inner, addr, &e);
+                Err(e)
+            }
+            None => Err(ProxyError::NoEndpoint {
+                cluster: inner.name.clone(),
+            }),
+        }
+    }
+}
+
+/// Connects within the connect timeout, ejecting the endpoint when that fails.
+async fn connect(inner: &Inner, endpoint: &Endpoint) -> Result<RawConn, ProxyError> {
+    let connect = TcpStream::connect(endpoint.addr());
+    let connected = match tokio::time::timeout(inner.opts.connect_timeout, connect).await {
+        Err(_elapsed) => Err(ProxyError::ConnectTimeout),
+        Ok(Err(e)) => Err(ProxyError::Connect(e)),
+        Ok(Ok(stream)) => Ok(stream),
+    };
+    inner.connects.count(connected.is_ok());
+    match connected {
+        Ok(stream) => {
+            endpoint.connect_succeeded();
+            // Heads go out in one write; Nagle would only delay them.
+            let _ = stream.set_nodelay(true);
+            Ok(RawConn { stream, served: 0 })
+        }
+        Err(e) => {
+            endpoint.connect_failed(inner.now_ms(), &inner.opts);
+            warn_connect(inner, endpoint, &e);
+            Err(e)
+        }
+    }
+}
+
+fn warn_connect(inner: &Inner, endpoint: &Endpoint, e: &ProxyError) {
+    debug!(cluster = %inner.name, upstream.addr = %endpoint.addr(), error = %e, "ejected endpoint after connect failure");
+}
+
+/// The most recently used idle connection that is open, quiet and not expired.
+fn checkout(endpoint: &Endpoint, opts: &StaticOptions) -> Option<RawConn> {
+    let now = Instant::now();
+    let mut idle = endpoint.lock_raw_idle();
+    while let Some(entry) = idle.pop_back() {
+        if now.duration_since(entry.since) < opts.pool.idle_timeout && is_quiet(&entry.conn) {
+            return Some(entry.conn);
+        }
+    }
+    None
+}
+
+/// An idle keep-alive connection has nothing to read: bytes or an end of stream mean the
+/// upstream closed it (or broke the protocol), and it must not carry a request.
+fn is_quiet(conn: &RawConn) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(conn.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+fn checkin(endpoint: &Endpoint, conn: RawConn, opts: &StaticOptions) {
+    let max_idle = opts.pool.max_idle_per_endpoint;
+    if max_idle == 0 {
+        return;
+    }
+    let mut idle = endpoint.lock_raw_idle();
+    // Checked under the lock: `remove` clears the list under it, so nothing lands after.
+    if endpoint.is_removed() {
+        return;
+    }
+    if idle.len() >= max_idle {
+        idle.pop_front();
+    }
+    idle.push_back(IdleRaw {
+        conn,
+        since: Instant::now(),
+    });
+}
+
+/// Drops idle connections past the idle timeout or closed by the upstream.
+pub(super) fn reap(idle: &mut VecDeque<IdleRaw>, opts: &StaticOptions) {
+    let now = Instant::now();
+    idle.retain(|e| now.duration_since(e.since) < opts.pool.idle_timeout && is_quiet(&e.conn));
+}

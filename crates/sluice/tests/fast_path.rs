@@ -1,0 +1,143 @@
+//! The HTTP/1 fast path on a real listener: which requests it serves, how a connection moves to
+//! hyper at the first request it leaves (answers still in order, nothing lost), and the
+//! listener's `fast_path = false`. What it sends and answers is held to the hyper path's by
+//! `h1_differential.rs` and `h1_responses.rs`; here the counters say which path served.
+//!
+//! The test command runs this crate's tests a second time with `SLUICE_FAST_PATH=0` (every
+//! listener's fast path off); these tests then expect hyper to have served everything.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sluice::metrics::Metrics;
+use sluice::Proxy;
+use support::{read_to_close, Backend};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// A proxy in front of `backend` with the listener's `fast_path` as `fast_path` says; its
+/// address and metrics.
+async fn proxy(backend: &Backend, fast_path: bool) -> (std::net::SocketAddr, Arc<Metrics>) {
+    let text = format!(
+        "[[listener]]\nname = \"plain\"\nlisten = \"127.0.0.1:0\"\nfast_path = {fast_path}\n\
+         [[route]]\nname = \"all\"\ncluster = \"backend\"\n\
+         [cluster.backend]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+        backend.addr
+    );
+    let config = sluice::config::parse_str(&text, "fast.toml", Path::new(".")).unwrap();
+    let proxy = Proxy::bind(&config).await.unwrap();
+    let (addr, metrics) = (proxy.local_addrs()[0].1, Arc::clone(proxy.metrics()));
+    tokio::spawn(proxy.run_until(std::future::pending()));
+    (addr, metrics)
+}
+
+/// Whether the fast path is on for a listener that asks for it (the test command's second run
+/// turns it off everywhere).
+fn fast_path_on() -> bool {
+    std::env::var("SLUICE_FAST_PATH").as_deref() != Ok("0")
+}
+
+/// Sends `requests` on one connection, then reads until the proxy closes it.
+async fn pipeline(addr: std::net::SocketAddr, requests: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(requests.as_bytes()).await.unwrap();
+    read_to_close(&mut stream).await
+}
+
+/// The value of a metric line that starts with `series` (0 when there is none).
+fn counter(metrics: &Metrics, series: &str) -> u64 {
+    let text = metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The bodies of the responses in `raw`, in order (each answer of the backend is `b <path>`).
+fn bodies(raw: &str) -> Vec<&str> {
+    raw.split("HTTP/1.1 ")
+        .skip(1)
+        .map(|r| r.split_once("\r\n\r\n").map_or("", |(_, body)| body))
+        .collect()
+}
+
+#[tokio::test]
+async fn plain_requests_to_a_static_cluster_take_the_fast_path() {
+    let backend = Backend::start("b").await;
+    let (addr, metrics) = proxy(&backend, true).await;
+    let raw = pipeline(
+        addr,
+        "GET /one HTTP/1.1\r\nHost: x\r\n\r\n\
+         POST /two HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
+         GET /three HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(bodies(&raw), ["b /one", "b /two", "b /three"], "{raw:?}");
+    assert_eq!(backend.requests(), 3);
+    let taken = if fast_path_on() { 3 } else { 0 };
+    assert_eq!(
+        counter(&metrics, "sluice_http1_fast_path_requests_total"),
+        taken
+    );
+    assert!(!metrics
+        .render()
+        .contains("sluice_http1_fast_path_handoffs_total{"));
+}
+
+#[tokio::test]
+async fn a_connection_moves_to_hyper_at_the_first_request_the_fast_path_leaves() {
+    let backend = Backend::start("b").await;
+    let (addr, metrics) = proxy(&backend, true).await;
+    // The chunked body is hyper's to relay; the request after it stays with hyper.
+    let raw = pipeline(
+        addr,
+        "GET /one HTTP/1.1\r\nHost: x\r\n\r\n\
+         POST /two HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n\
+         GET /three HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(bodies(&raw), ["b /one", "b /two", "b /three"], "{raw:?}");
+    let (taken, handed) = if fast_path_on() { (1, 1) } else { (0, 0) };
+    assert_eq!(
+        counter(&metrics, "sluice_http1_fast_path_requests_total"),
+        taken
+    );
+    let reason = "sluice_http1_fast_path_handoffs_total{reason=\"body\"}";
+    assert_eq!(counter(&metrics, reason), handed);
+}
+
+#[tokio::test]
+async fn a_request_the_parser_defers_is_counted_with_its_reason() {
+    let backend = Backend::start("b").await;
+    let (addr, metrics) = proxy(&backend, true).await;
+    let raw = pipeline(
+        addr,
+        "POST /wait HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\
+         Connection: close\r\n\r\nok",
+    )
+    .await;
+    assert!(raw.ends_with("b /wait"), "{raw:?}");
+    let handed = u64::from(fast_path_on());
+    let reason = "sluice_http1_fast_path_handoffs_total{reason=\"negotiation\"}";
+    assert_eq!(counter(&metrics, reason), handed);
+}
+
+#[tokio::test]
+async fn a_listener_with_the_fast_path_off_leaves_everything_to_hyper() {
+    let backend = Backend::start("b").await;
+    let (addr, metrics) = proxy(&backend, false).await;
+    let raw = pipeline(
+        addr,
+        "GET /one HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(bodies(&raw), ["b /one"], "{raw:?}");
+    let forced = std::env::var("SLUICE_FAST_PATH").as_deref() == Ok("1");
+    let taken = u64::from(forced);
+    assert_eq!(
+        counter(&metrics, "sluice_http1_fast_path_requests_total"),
+        taken
+    );
+}
