@@ -62,16 +62,6 @@ impl Settings {
             fast: None,
         }
     }
-
-    /// The longest request head the listener takes.
-    pub(super) fn max_head(&self) -> usize {
-        self.http.max_header_bytes
-    }
-
-    /// How long a request head may take to arrive.
-    pub(super) fn header_timeout(&self) -> std::time::Duration {
-        self.http.request_header_timeout
-    }
 }
 
 /// Serves one accepted connection until it closes or the shutdown (then graceful) completes.
@@ -137,7 +127,16 @@ where
     let Some(fast) = &settings.fast else {
         return serve_h1(io, svc, settings, signal).await;
     };
-    match super::fast::serve(&mut io, fast, &svc.info, settings, signal, &svc.active).await {
+    match super::fast::serve(
+        &mut io,
+        fast,
+        &svc.info,
+        &settings.http,
+        signal,
+        &svc.active,
+    )
+    .await
+    {
         Left::Done => Ok(()),
         Left::HandOff(buf) => serve_h1(Prefixed::new(buf, io), svc, settings, signal).await,
     }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use futures_util::FutureExt;
+use sluice_config::HttpOptions;
 use sluice_wire::h1::{self, Parsed};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
@@ -14,7 +15,6 @@ use crate::http::IO_BUFFER_BYTES;
 use crate::proxy::fast::{FastPath, Request, Served};
 
 use super::active::ActiveRequests;
-use super::conn::Settings;
 use super::{ClientInfo, ShutdownSignal};
 
 /// What the fast path left of a connection.
@@ -30,7 +30,7 @@ pub(super) async fn serve<I>(
     io: &mut I,
     fast: &FastPath,
     info: &ClientInfo,
-    settings: &Settings,
+    http: &HttpOptions,
     signal: &ShutdownSignal,
     active: &Arc<ActiveRequests>,
 ) -> Left
@@ -39,10 +39,10 @@ where
 {
     let mut buf = Vec::with_capacity(IO_BUFFER_BYTES);
     loop {
-        if buf.is_empty() && !next_bytes(io, &mut buf, settings, signal, active).await {
+        if buf.is_empty() && !next_bytes(io, &mut buf, http, signal, active).await {
             return Left::Done;
         }
-        let head = match parse(io, &mut buf, settings, info).await {
+        let head = match parse(io, &mut buf, http, info).await {
             Parsed::Take(head) => head,
             Parsed::Defer(why) => {
                 fast.hand_off(why.as_str());
@@ -73,12 +73,12 @@ where
 /// Parses the head at the start of `buf`, reading on while more bytes are already there (the
 /// rest of a head split across reads: after the HTTP/2 sniff, for one); a head that would need
 /// a wait is left to hyper, whose header timeout covers it.
-async fn parse<I>(io: &mut I, buf: &mut Vec<u8>, settings: &Settings, info: &ClientInfo) -> Parsed
+async fn parse<I>(io: &mut I, buf: &mut Vec<u8>, http: &HttpOptions, info: &ClientInfo) -> Parsed
 where
     I: AsyncRead + Unpin,
 {
     loop {
-        let parsed = h1::parse_request(buf, settings.max_head(), info.rules);
+        let parsed = h1::parse_request(buf, http.max_header_bytes, info.rules);
         if parsed != Parsed::Partial || buf.len() == buf.capacity() {
             return parsed;
         }
@@ -96,7 +96,7 @@ where
 async fn next_bytes<I>(
     io: &mut I,
     buf: &mut Vec<u8>,
-    settings: &Settings,
+    http: &HttpOptions,
     signal: &ShutdownSignal,
     active: &ActiveRequests,
 ) -> bool
@@ -107,12 +107,12 @@ where
     // between requests alike: a client that does not begin one within it is closed silently.
     let read = tokio::select! {
         read = io.read_buf(buf) => read,
-        () = tokio::time::sleep(settings.header_timeout()) => return false,
+        () = tokio::time::sleep(http.request_header_timeout) => return false,
         () = signal.wait() => {
             if active.started() {
                 return false;
             }
-            let first = tokio::time::timeout(settings.header_timeout(), io.read_buf(buf));
+            let first = tokio::time::timeout(http.request_header_timeout, io.read_buf(buf));
             match first.await {
                 Ok(read) => read,
                 Err(_elapsed) => return false,

@@ -6,6 +6,7 @@
 
 mod active;
 mod carrier;
+mod client;
 mod conn;
 mod fast;
 #[macro_use]
@@ -31,41 +32,12 @@ use tracing::{debug, info, warn};
 
 pub use self::active::{ActiveRequests, TrackedBody};
 pub use self::carrier::UpgradeCarrier;
+pub use self::client::ClientInfo;
 pub use self::framing::AmbiguousFraming;
 pub use self::io::IdleTimeout;
 pub use self::service::HttpService;
 pub(crate) use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use sluice_net::shutdown::{os_signal, Shutdown, ShutdownSignal};
-
-/// What the proxy knows about a request's connection; inserted into every request's
-/// extensions by the server.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientInfo {
-    /// The client's address.
-    pub peer: SocketAddr,
-    /// The local address the client connected to.
-    pub local: SocketAddr,
-    /// Whether the connection is TLS.
-    pub tls: bool,
-    /// Whether the peer is one of the listener's `trusted_proxies`, whose forwarding chains
-    /// are kept. Default false.
-    pub trusted: bool,
-    /// The listener's normalisation rules.
-    pub rules: RequestRules,
-}
-
-impl Default for ClientInfo {
-    fn default() -> Self {
-        let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
-        Self {
-            peer: unspecified,
-            local: unspecified,
-            tls: false,
-            trusted: false,
-            rules: RequestRules::default(),
-        }
-    }
-}
 
 /// Default HTTP settings, the same as the config file's defaults.
 pub fn default_http_options() -> HttpOptions {

@@ -13,23 +13,24 @@
 
 mod answer;
 mod relay;
+mod request;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use sluice_config::HeaderEdits;
-use sluice_wire::h1::{BodyFraming, RequestHead};
+use sluice_wire::h1::BodyFraming;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
 use crate::access_log::{self, AccessLog};
 use crate::metrics::Metrics;
 use crate::router::{Route, Routing, Target};
-use crate::server::{ClientInfo, ShutdownSignal};
 use crate::upstream::{StaticCluster, Upstream};
 
 pub(crate) use self::relay::Exchange;
+pub(crate) use self::request::{Request, Served};
 
 /// The fast path of a [`ProxyService`](super::ProxyService): its router, metrics and access
 /// log, shared. Cloning is cheap.
@@ -44,29 +45,6 @@ impl std::fmt::Debug for FastPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FastPath").finish_non_exhaustive()
     }
-}
-
-/// What became of a request the fast path was given.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Served {
-    /// Answered; the connection may carry another request.
-    KeepAlive,
-    /// Answered (or the client went away); the connection closes.
-    Close,
-    /// Not for the fast path (and why): nothing was read or written, hyper serves it.
-    HandOff(&'static str),
-}
-
-/// A request the fast path took, with what routing and logging need.
-pub(crate) struct Request<'a> {
-    /// The client's bytes, starting with the head.
-    pub(crate) buf: &'a [u8],
-    /// The parsed head.
-    pub(crate) head: &'a RequestHead,
-    /// The connection's client.
-    pub(crate) client: &'a ClientInfo,
-    /// The server's shutdown: once triggered, responses close their connection.
-    pub(crate) shutdown: &'a ShutdownSignal,
 }
 
 impl FastPath {

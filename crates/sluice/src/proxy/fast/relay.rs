@@ -11,11 +11,11 @@ use sluice_wire::h1::{self, Answer, BodyFraming, Chunked, Forward, ParsedRespons
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::answer::{self, date};
-use super::{Request, Served};
+use super::request::{Request, Served};
 use crate::error::ProxyError;
 use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
-use crate::upstream::static_cluster::RawLease;
+use crate::upstream::static_cluster::raw::RawLease;
 use crate::upstream::{is_idempotent, StaticCluster};
 
 /// What an exchange came to, for the connection and for metrics and logs.

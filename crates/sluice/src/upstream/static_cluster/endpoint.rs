@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use super::pool::{Conn, IdleConn};
-use super::raw::IdleRaw;
+use super::pool::{reap_raw, Conn, IdleConn, IdleRaw};
 use super::StaticOptions;
 use crate::body::Release;
 
@@ -174,7 +173,7 @@ impl Endpoint {
             idle.pop_front();
         }
         drop(idle);
-        super::raw::reap(&mut self.lock_raw_idle(), opts);
+        reap_raw(&mut self.lock_raw_idle(), opts);
     }
 
     /// The fast path's idle connections.

@@ -10,7 +10,7 @@ mod health;
 mod lb;
 mod metrics;
 mod pool;
-mod raw;
+pub(crate) mod raw;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +24,6 @@ use tracing::debug;
 
 pub use endpoint::Endpoint;
 pub use metrics::StaticMetrics;
-pub(crate) use raw::RawLease;
 pub use sluice_config::{Ejection, HealthCheck, LbPolicy, PoolOptions, StaticOptions};
 
 use self::endpoint::ReturnOnEnd;

@@ -1,8 +1,12 @@
 //! Pooled keep-alive connections.
 
 use hyper::client::conn::http1::SendRequest;
+use std::collections::VecDeque;
+
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::StaticOptions;
 use crate::body::ProxyBody;
 
 /// An HTTP/1.1 client connection and how many requests it has carried.
@@ -32,4 +36,47 @@ impl Conn {
 pub(crate) struct IdleConn {
     pub(crate) conn: Conn,
     pub(crate) since: Instant,
+}
+
+/// An idle fast-path connection and when it became idle.
+#[derive(Debug)]
+pub(crate) struct IdleRaw {
+    pub(crate) conn: RawConn,
+    since: Instant,
+}
+
+impl IdleRaw {
+    pub(crate) fn new(conn: RawConn) -> Self {
+        Self {
+            conn,
+            since: Instant::now(),
+        }
+    }
+
+    /// How long it has been idle.
+    pub(crate) fn idle_for(&self, now: Instant) -> std::time::Duration {
+        now.duration_since(self.since)
+    }
+}
+
+/// A connection to an endpoint and how many requests it has carried.
+#[derive(Debug)]
+pub(crate) struct RawConn {
+    /// The socket.
+    pub(crate) stream: TcpStream,
+    /// Requests it has carried before the current one.
+    pub(crate) served: u64,
+}
+
+/// An idle keep-alive connection has nothing to read: bytes or an end of stream mean the
+/// upstream closed it (or broke the protocol), and it must not carry a request.
+pub(crate) fn is_quiet(conn: &RawConn) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(conn.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// Drops idle connections past the idle timeout or closed by the upstream.
+pub(crate) fn reap_raw(idle: &mut VecDeque<IdleRaw>, opts: &StaticOptions) {
+    let now = Instant::now();
+    idle.retain(|e| e.idle_for(now) < opts.pool.idle_timeout && is_quiet(&e.conn));
 }

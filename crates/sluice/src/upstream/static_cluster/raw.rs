@@ -2,7 +2,6 @@
 //! by the same load balancing, in-flight counts, connect ejection and pool limits as hyper's
 //! connections, and pooled apart from them (each kind is only ever reused by its own path).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
@@ -10,24 +9,9 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::endpoint::{Endpoint, InFlight};
+use super::pool::{is_quiet, IdleRaw, RawConn};
 use super::{Inner, StaticCluster, StaticOptions, MAX_CONNECT_ATTEMPTS};
 use crate::error::ProxyError;
-
-/// An idle fast-path connection and when it became idle.
-#[derive(Debug)]
-pub(crate) struct IdleRaw {
-    conn: RawConn,
-    since: Instant,
-}
-
-/// A connection to an endpoint and how many requests it has carried.
-#[derive(Debug)]
-pub(crate) struct RawConn {
-    /// The socket.
-    pub(crate) stream: TcpStream,
-    /// Requests it has carried before the current one.
-    pub(crate) served: u64,
-}
 
 /// A connection leased for one request; [`release`](Self::release) gives it back.
 #[derive(Debug)]
@@ -159,18 +143,11 @@ fn checkout(endpoint: &Endpoint, opts: &StaticOptions) -> Option<RawConn> {
     let now = Instant::now();
     let mut idle = endpoint.lock_raw_idle();
     while let Some(entry) = idle.pop_back() {
-        if now.duration_since(entry.since) < opts.pool.idle_timeout && is_quiet(&entry.conn) {
+        if entry.idle_for(now) < opts.pool.idle_timeout && is_quiet(&entry.conn) {
             return Some(entry.conn);
         }
     }
     None
-}
-
-/// An idle keep-alive connection has nothing to read: bytes or an end of stream mean the
-/// upstream closed it (or broke the protocol), and it must not carry a request.
-fn is_quiet(conn: &RawConn) -> bool {
-    let mut probe = [0u8; 1];
-    matches!(conn.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 fn checkin(endpoint: &Endpoint, conn: RawConn, opts: &StaticOptions) {
@@ -186,14 +163,5 @@ fn checkin(endpoint: &Endpoint, conn: RawConn, opts: &StaticOptions) {
     if idle.len() >= max_idle {
         idle.pop_front();
     }
-    idle.push_back(IdleRaw {
-        conn,
-        since: Instant::now(),
-    });
-}
-
-/// Drops idle connections past the idle timeout or closed by the upstream.
-pub(super) fn reap(idle: &mut VecDeque<IdleRaw>, opts: &StaticOptions) {
-    let now = Instant::now();
-    idle.retain(|e| now.duration_since(e.since) < opts.pool.idle_timeout && is_quiet(&e.conn));
+    idle.push_back(IdleRaw::new(conn));
 }
