@@ -60,13 +60,21 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// The bytes of the client's buffer the request occupies (head and body).
+    /// The bytes of the client's buffer the request occupies (head and body; the fast path
+    /// takes only requests whose body is all there).
     fn len(&self) -> usize {
         let head = self.req.head;
-        match head.body {
-            BodyFraming::Length(n) => head.len + usize::try_from(n).unwrap_or(usize::MAX),
-            _ => head.len,
-        }
+        let body = match head.body {
+            BodyFraming::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            _ => 0,
+        };
+        head.len.saturating_add(body).min(self.req.buf.len())
+    }
+
+    /// Whether the request may go out again after a reused connection failed before any
+    /// response byte: idempotent and without a body, the hyper path's rule.
+    fn replayable(&self) -> bool {
+        self.idempotent && self.len() == self.req.head.len
     }
 
     /// Runs the exchange to its end.
@@ -85,9 +93,9 @@ impl<'a> Exchange<'a> {
         let head = loop {
             match self.attempt(&mut lease, &out, &mut ubuf).await {
                 Ok(head) => break head,
-                // A reused connection that failed before any response byte was stale: an
-                // idempotent request goes out once more, on a fresh one.
-                Err(Failed::Stale(_)) if !retried && lease.is_reused() && self.idempotent => {
+                // A reused connection that failed before any response byte was stale: a
+                // replayable request goes out once more, on a fresh one.
+                Err(Failed::Stale(_)) if !retried && lease.is_reused() && self.replayable() => {
                     retried = true;
                     if let Err(e) = lease.reconnect().await {
                         lease.log_failure(&e);
