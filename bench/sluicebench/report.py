@@ -70,6 +70,8 @@ def write(results, out_dir):
         lines += _size(results["size"], out_dir)
     if "tls" in results:
         lines += _tls(results["tls"])
+    if "h2" in results:
+        lines += _h2(results["h2"])
     if "nginx-module" in results:
         lines += _module(results["nginx-module"], out_dir)
     verdicts = evaluate(results)
@@ -330,6 +332,40 @@ def _tls(s):
                              f"{errors} | {resumed if mode != 'keepalive' else '-'} |")
         lines.append("")
     return lines
+
+
+def _h2(s):
+    runs = s["targets"]
+    lines = ["## HTTP/2", "",
+             "Each proxy terminates TLS (ECDSA P-256) offering h2 by ALPN and forwards over "
+             "HTTP/1.1 keep-alive to its own plain backend. Load: `h2load -c "
+             f"{s['connections']} -m {s['streams']}` for {s['seconds']} s after a "
+             f"{s['warmup_s']} s warm-up, {s['rounds']} round(s), targets rotated. rps and "
+             "latency (h2load's time per request, mean and max) are over the measured seconds; "
+             "CPU per request is the proxy's CPU over the whole run divided by the requests its "
+             "backend served in it. A ratio is the median of per-round ratios (min-max) to the "
+             "same round's NGINX or HAProxy. New upstream conns: those the backend accepted in a run; "
+             "up to connections x streams per run even with keep-alive, as h2load's stop cuts "
+             "off the streams in flight and an HTTP/1.1 connection with a request cut off is "
+             "closed. `sluice-h2-b` is an identical second Sluice (A/A).",
+             "", "| target | rps | CPU us/req | vs nginx-h2 (CPU) | vs haproxy-h2 (CPU) "
+             "| mean ms | max ms | new upstream conns | errors | load CPU busy |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, rs in runs.items():
+        vs = [median_range(ratios(rs, runs[base], cpu), 2) if base in runs else "-"
+              for base in ("nginx-h2", "haproxy-h2")]
+        busy = sum(r["load_cpu_busy"] >= 0.95 for r in rs)
+        lines.append(f"| {name} | {median_range([rps(r) for r in rs])} | "
+                     f"{median_range([cpu(r) for r in rs], 1)} | {vs[0]} | {vs[1]} | "
+                     f"{median_range([r['latency_us']['mean'] / 1e3 for r in rs], 1)} | "
+                     f"{median_range([r['latency_us']['max'] / 1e3 for r in rs], 1)} | "
+                     f"{median_range([r['new_upstream_conns'] for r in rs])} | "
+                     f"{sum(r['errors'] + r['non2xx'] for r in rs)} | {busy}/{len(rs)} flagged |")
+    if {"sluice-h2", "sluice-h2-b"} <= set(runs):
+        a, b = runs["sluice-h2-b"], runs["sluice-h2"]
+        lines += ["", f"A/A, sluice-h2-b / sluice-h2: rps {median_range(ratios(a, b, rps), 2)}, "
+                  f"CPU/req {median_range(ratios(a, b, cpu), 2)}."]
+    return lines + [""]
 
 
 MODULE_BASELINE = "nginx"  # the seed paper's: stock NGINX, a connection per request

@@ -1,4 +1,4 @@
-"""The six scenarios. Each starts the targets it needs (fresh processes, fresh ports, so one
+"""The scenarios. Each starts the targets it needs (fresh processes, fresh ports, so one
 scenario's TIME_WAIT sockets never count against the next), runs the load in rotated order
 round after round, and returns plain data (lists of `Run`s as dicts) for the report."""
 
@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from . import load, targets, tls
+from . import h2, load, targets, tls
 from .procs import Group, established, peak_rss_kib, sample_proc
 from .targets import Backend
 
@@ -310,7 +310,7 @@ def nginx_module(b):
 
 
 SCENARIOS = {"steady": steady, "spike": spike, "slow": slow, "ports": ports, "size": size,
-             "tls": tls.tls,
+             "tls": tls.tls, "h2": h2.h2,
              "nginx-module": nginx_module}
 
 

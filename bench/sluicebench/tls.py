@@ -55,20 +55,30 @@ def _write_ext(tmp):
                           "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n")
 
 
-def _start(group, tmp, name, pem):
-    _, cert, priv, combined = pem
+def _start(group, tmp, name, pem, h2=False):
+    """Starts proxy `name` (`sluice-*`, `nginx-*` or `haproxy-*`) terminating TLS with `pem`
+    in front of a plain keep-alive backend of its own; `h2` offers HTTP/2 by ALPN (the h2
+    scenario), else HTTP/1.1 only."""
     upstream, stats, port = free_port(), free_port(), free_port()
     targets._backend(group, f"{name}-backend", Backend(), stats,
                      ["--listen", f"127.0.0.1:{upstream}"], "listening")
-    if name.startswith("sluice"):
-        conf = targets._write(tmp, f"{name}.toml", f"""[runtime]
+    starter = (_sluice if name.startswith("sluice") else
+               _nginx if name.startswith("nginx") else _haproxy)
+    pid = starter(group, tmp, name, pem, port, upstream, h2)
+    wait_port(port)
+    return Target(name, port, pid, upstream, stats, scheme="https")
+
+
+def _sluice(group, tmp, name, pem, port, upstream, h2):
+    _, cert, priv, _ = pem
+    conf = targets._write(tmp, f"{name}.toml", f"""[runtime]
 workers = 1
 
 [[listener]]
 name = "bench"
 listen = "127.0.0.1:{port}"
 tls = {{ cert = "{cert}", key = "{priv}" }}
-http2 = false
+http2 = {"true" if h2 else "false"}
 
 [[route]]
 cluster = "{targets.SERVICE}"
@@ -78,18 +88,24 @@ kind = "static"
 endpoints = ["127.0.0.1:{upstream}"]
 pool = {{ max_idle_per_endpoint = {targets.KEEPALIVE} }}
 """)
-        sluice = AWS_LC if name == "sluice-tls-aws-lc" else binary("sluice")
-        pid = group.start(name, [sluice, "run", "-c", conf], PROXY_CPU).pid
-    elif name == "nginx-tls":
-        # NGINX's defaults: tickets on (as Sluice's), no shared session cache.
-        upstream_block = (f"server 127.0.0.1:{upstream}; keepalive {targets.KEEPALIVE}; "
-                          "keepalive_requests 1000000;")
-        location = 'proxy_http_version 1.1; proxy_set_header Connection "";'
-        conf = targets._nginx_conf(tmp, name, port, "", upstream_block, location,
-                                   tls=(cert, priv))
-        pid = only_child(group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU).pid)
-    else:
-        conf = targets._write(tmp, f"{name}.cfg", f"""
+    sluice = AWS_LC if name == "sluice-tls-aws-lc" else binary("sluice")
+    return group.start(name, [sluice, "run", "-c", conf], PROXY_CPU).pid
+
+
+def _nginx(group, tmp, name, pem, port, upstream, h2):
+    # NGINX's defaults: tickets on (as Sluice's), no shared session cache.
+    _, cert, priv, _ = pem
+    upstream_block = (f"server 127.0.0.1:{upstream}; keepalive {targets.KEEPALIVE}; "
+                      "keepalive_requests 1000000;")
+    location = 'proxy_http_version 1.1; proxy_set_header Connection "";'
+    conf = targets._nginx_conf(tmp, name, port, "", upstream_block, location,
+                               tls=(cert, priv), http2=h2)
+    return only_child(group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU).pid)
+
+
+def _haproxy(group, tmp, name, pem, port, upstream, h2):
+    alpn = " alpn h2,http/1.1" if h2 else ""
+    conf = targets._write(tmp, f"{name}.cfg", f"""
 global
     nbthread 1
     maxconn 8000
@@ -102,15 +118,13 @@ defaults
     http-reuse always
 
 frontend bench
-    bind 127.0.0.1:{port} ssl crt {combined}
+    bind 127.0.0.1:{port} ssl crt {pem[3]}{alpn}
     default_backend backend
 
 backend backend
     server s1 127.0.0.1:{upstream}
 """)
-        pid = group.start(name, ["haproxy", "-db", "-f", conf], PROXY_CPU).pid
-    wait_port(port)
-    return Target(name, port, pid, upstream, stats, scheme="https")
+    return group.start(name, ["haproxy", "-db", "-f", conf], PROXY_CPU).pid
 
 
 def _handshakes(target, pem, mode, seconds):
