@@ -42,6 +42,12 @@ impl ActiveRequests {
         }
     }
 
+    /// The fast path handed the connection to hyper with a request it read but did not serve:
+    /// until hyper begins that request, a shutdown must wait for it as for a first request.
+    pub(super) fn handed_over(&self) {
+        self.started.store(false, Ordering::Release);
+    }
+
     /// Counts one request until the returned guard is dropped.
     pub(super) fn begin(self: &Arc<Self>) -> ActiveGuard {
         self.count.fetch_add(1, Ordering::Relaxed);

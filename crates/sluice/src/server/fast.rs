@@ -46,14 +46,16 @@ where
             Parsed::Take(head) => head,
             Parsed::Defer(why) => {
                 fast.hand_off(why.as_str());
+                active.handed_over();
                 return Left::HandOff(buf);
             }
             Parsed::Partial => {
                 fast.hand_off("partial_head");
+                active.handed_over();
                 return Left::HandOff(buf);
             }
         };
-        let _active = active.begin();
+        let guard = active.begin();
         let req = Request {
             buf: &buf,
             head: &head,
@@ -61,7 +63,11 @@ where
             shutdown: signal,
         };
         match fast.serve(io, req).await {
-            (_, Served::HandOff(_)) => return Left::HandOff(buf),
+            (_, Served::HandOff(_)) => {
+                drop(guard);
+                active.handed_over();
+                return Left::HandOff(buf);
+            }
             (_, Served::Close) => return Left::Done,
             (used, Served::KeepAlive) => {
                 buf.drain(..used);
@@ -110,7 +116,9 @@ where
         () = tokio::time::sleep(http.request_header_timeout) => return false,
         () = signal.wait() => {
             if active.started() {
-                return false;
+                // A request already in the socket is served (and the connection closed after
+                // it); only an idle one closes at once.
+                return matches!(io.read_buf(buf).now_or_never(), Some(Ok(n)) if n > 0);
             }
             let first = tokio::time::timeout(http.request_header_timeout, io.read_buf(buf));
             match first.await {
