@@ -7,8 +7,9 @@
 //!
 //! It takes only what it serves exactly as the hyper path does (the differential tests over
 //! `crates/sluice-wire/corpus/` hold it to that): a request the parser takes
-//! (`h1::Parsed::Take`) with no chunked body, routed to a static cluster without TLS by a route
-//! whose edits leave the framing fields alone. Anything else is handed back, unread, to hyper
+//! (`h1::Parsed::Take`) whose body, if any, has a `Content-Length` and has been read whole,
+//! routed to a static cluster without TLS by a route whose edits leave the framing fields
+//! alone. Anything else is handed back, unread, to hyper
 //! ([`Served::HandOff`]), which serves the connection from that request on.
 
 mod answer;
