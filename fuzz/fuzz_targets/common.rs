@@ -1,7 +1,19 @@
-//! What the HTTP/1 fuzz targets (`h1_request`, `h1_response`) share: the fast path's fields and
-//! chunked bodies in the form hyper gives them.
+//! What the HTTP/1 fuzz targets (`h1_request`, `h1_response`) share: a runtime for hyper, and
+//! the fast path's fields and chunked bodies in the form hyper gives them.
+
+use std::sync::OnceLock;
 
 use sluice_wire::h1::{Chunked, Field};
+
+/// One single-threaded runtime per fuzzing process, for the hyper side of the comparisons.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+    })
+}
 
 /// Fields in hyper's form: lowercase names, sorted by name (values in order within a name).
 pub fn fields(data: &[u8], fields: &[Field]) -> Vec<(String, Vec<u8>)> {

@@ -14,7 +14,7 @@ mod common;
 
 use std::convert::Infallible;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -37,15 +37,6 @@ struct Served {
     fields: Vec<(String, Vec<u8>)>,
     /// The body, or `None` when reading it failed.
     body: Option<Vec<u8>>,
-}
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("a runtime")
-    })
 }
 
 /// Serves `data` with hyper on an in-memory connection; the first request it served.
@@ -150,7 +141,7 @@ fuzz_target!(|data: &[u8]| {
     let Parsed::Take(head) = h1::parse_request(data, MAX_HEAD, RequestRules::default()) else {
         return;
     };
-    let served = runtime().block_on(hyper_serves(data));
+    let served = common::runtime().block_on(hyper_serves(data));
     let served = served.expect("hyper serves what the fast path takes");
     assert_eq!(served.method.as_bytes(), head.method(data));
     assert_eq!(served.target.as_bytes(), head.target(data));

@@ -12,8 +12,6 @@
 #[path = "common.rs"]
 mod common;
 
-use std::sync::OnceLock;
-
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Empty};
@@ -32,15 +30,6 @@ enum Hyper {
     Failed,
     /// A response: status, fields (sorted by name), body (`None` when reading it failed).
     Response(u16, Vec<(String, Vec<u8>)>, Option<Vec<u8>>),
-}
-
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("a runtime")
-    })
 }
 
 async fn hyper_reads(method: &str, answer: &[u8]) -> Hyper {
@@ -104,7 +93,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let head_request = pick % 2 == 1;
     let method = if head_request { "HEAD" } else { "GET" };
-    let hyper = runtime().block_on(hyper_reads(method, answer));
+    let hyper = common::runtime().block_on(hyper_reads(method, answer));
     match (h1::parse_response(answer, head_request, MAX_HEAD), hyper) {
         (ParsedResponse::Partial, _) => {}
         (ParsedResponse::Invalid(_), Hyper::Failed) => {}

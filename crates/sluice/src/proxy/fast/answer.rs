@@ -3,6 +3,7 @@
 
 use std::cell::RefCell;
 use std::io::Write as _;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::ProxyError;
@@ -45,18 +46,19 @@ pub(super) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// The current date in HTTP form (RFC 9110 §5.6.7), formatted at most once a second.
-pub(super) fn date() -> String {
+/// The current date in HTTP form (RFC 9110 §5.6.7), formatted at most once a second per
+/// thread; shared, so a response costs a reference count, not a string.
+pub(super) fn date() -> Arc<str> {
     thread_local! {
-        static CACHED: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+        static CACHED: RefCell<(u64, Arc<str>)> = RefCell::new((u64::MAX, Arc::from("")));
     }
     let now = SystemTime::now();
     let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     CACHED.with(|cached| {
         let mut cached = cached.borrow_mut();
         if cached.0 != secs {
-            *cached = (secs, httpdate::fmt_http_date(now));
+            *cached = (secs, Arc::from(httpdate::fmt_http_date(now)));
         }
-        cached.1.clone()
+        Arc::clone(&cached.1)
     })
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use super::pool::{reap_raw, Conn, IdleConn, IdleRaw};
+use super::pool::{reap_raw, Conn, IdleConn, IdleRaw, RawConn};
 use super::StaticOptions;
 use crate::body::Release;
 
@@ -145,22 +145,30 @@ impl Endpoint {
 
     /// Puts a finished connection back, evicting the oldest idle one when full.
     pub(crate) fn checkin(&self, conn: Conn, opts: &StaticOptions) {
-        let max_idle = opts.pool.max_idle_per_endpoint;
-        if max_idle == 0 || conn.is_closed() {
+        if conn.is_closed() {
             return;
         }
-        let mut idle = self.lock_idle();
-        // Checked under the lock: `remove` clears the list under it, so nothing lands after.
-        if self.is_removed() {
-            return;
-        }
-        if idle.len() >= max_idle {
-            idle.pop_front();
-        }
-        idle.push_back(IdleConn {
+        let entry = IdleConn {
             conn,
             since: Instant::now(),
-        });
+        };
+        park(
+            self,
+            self.lock_idle(),
+            entry,
+            opts.pool.max_idle_per_endpoint,
+        );
+    }
+
+    /// Puts a finished fast-path connection back, as [`checkin`](Self::checkin) does.
+    pub(crate) fn checkin_raw(&self, conn: RawConn, opts: &StaticOptions) {
+        let entry = IdleRaw::new(conn);
+        park(
+            self,
+            self.lock_raw_idle(),
+            entry,
+            opts.pool.max_idle_per_endpoint,
+        );
     }
 
     /// Closes idle connections that have been idle for the pool's idle timeout.
@@ -189,6 +197,19 @@ impl Endpoint {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Adds `entry` to the locked idle list `idle`, evicting the oldest when it holds `max`.
+/// Removal is checked under the lock: `remove` clears the lists under it, so nothing lands
+/// after.
+fn park<T>(endpoint: &Endpoint, mut idle: MutexGuard<'_, VecDeque<T>>, entry: T, max: usize) {
+    if max == 0 || endpoint.is_removed() {
+        return;
+    }
+    if idle.len() >= max {
+        idle.pop_front();
+    }
+    idle.push_back(entry);
 }
 
 /// A duration in whole milliseconds, saturating (a backoff of centuries is "forever").

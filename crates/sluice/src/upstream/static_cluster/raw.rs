@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::endpoint::{Endpoint, InFlight};
-use super::pool::{is_quiet, IdleRaw, RawConn};
+use super::pool::{is_quiet, RawConn};
 use super::{Inner, StaticCluster, StaticOptions, MAX_CONNECT_ATTEMPTS};
 use crate::error::ProxyError;
 
@@ -54,7 +54,7 @@ impl RawLease {
         let opts = &self.inner.opts;
         let limit = opts.pool.max_requests_per_connection.unwrap_or(u64::MAX);
         if reusable && conn.served < limit {
-            checkin(self.in_flight.endpoint(), conn, opts);
+            self.in_flight.endpoint().checkin_raw(conn, opts);
         }
     }
 }
@@ -128,14 +128,10 @@ async fn connect(inner: &Inner, endpoint: &Endpoint) -> Result<RawConn, ProxyErr
         }
         Err(e) => {
             endpoint.connect_failed(inner.now_ms(), &inner.opts);
-            warn_connect(inner, endpoint, &e);
+            debug!(cluster = %inner.name, upstream.addr = %endpoint.addr(), error = %e, "ejected endpoint after connect failure");
             Err(e)
         }
     }
-}
-
-fn warn_connect(inner: &Inner, endpoint: &Endpoint, e: &ProxyError) {
-    debug!(cluster = %inner.name, upstream.addr = %endpoint.addr(), error = %e, "ejected endpoint after connect failure");
 }
 
 /// The most recently used idle connection that is open, quiet and not expired.
@@ -148,20 +144,4 @@ fn checkout(endpoint: &Endpoint, opts: &StaticOptions) -> Option<RawConn> {
         }
     }
     None
-}
-
-fn checkin(endpoint: &Endpoint, conn: RawConn, opts: &StaticOptions) {
-    let max_idle = opts.pool.max_idle_per_endpoint;
-    if max_idle == 0 {
-        return;
-    }
-    let mut idle = endpoint.lock_raw_idle();
-    // Checked under the lock: `remove` clears the list under it, so nothing lands after.
-    if endpoint.is_removed() {
-        return;
-    }
-    if idle.len() >= max_idle {
-        idle.pop_front();
-    }
-    idle.push_back(IdleRaw::new(conn));
 }
