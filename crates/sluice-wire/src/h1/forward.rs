@@ -28,13 +28,24 @@ pub struct Forward<'a> {
     pub remove: &'a [HeaderName],
     /// Fields the route sets, replacing the client's.
     pub set: &'a [(HeaderName, HeaderValue)],
+    /// A field the proxy sets last, over the client's and the route's (a reverse session's
+    /// `Sluice-Client-Addr`): its lowercase name and its value.
+    pub stamp: Option<(&'a str, &'a [u8])>,
 }
 
 impl Forward<'_> {
-    /// Whether a route edit names `name` (so the client's field is not forwarded).
+    /// Whether a route edit or the stamp names `name` (so the client's field is not
+    /// forwarded).
     fn edits(&self, name: &[u8]) -> bool {
         let named = |n: &HeaderName| n.as_str().as_bytes().eq_ignore_ascii_case(name);
-        self.remove.iter().any(named) || self.set.iter().any(|(n, _)| named(n))
+        self.remove.iter().any(named)
+            || self.set.iter().any(|(n, _)| named(n))
+            || self.stamped(name)
+    }
+
+    fn stamped(&self, name: &[u8]) -> bool {
+        self.stamp
+            .is_some_and(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
     }
 
     fn proto(&self) -> &'static str {
@@ -62,7 +73,12 @@ pub fn write_head(buf: &[u8], head: &RequestHead, fwd: &Forward<'_>, out: &mut V
     }
     write_forwarding(buf, head, fwd, &kept, out);
     for (name, value) in fwd.set {
-        line(out, name.as_str().as_bytes(), value.as_bytes());
+        if !fwd.stamped(name.as_str().as_bytes()) {
+            line(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+    if let Some((name, value)) = fwd.stamp {
+        line(out, name.as_bytes(), value);
     }
     if head.body == BodyFraming::Chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");

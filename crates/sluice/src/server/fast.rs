@@ -17,6 +17,10 @@ use crate::proxy::fast::{FastPath, Request, Served};
 use super::active::ActiveRequests;
 use super::{ClientInfo, ShutdownSignal};
 
+/// How much a client may pipeline while its request waits before the proxy stops reading it
+/// (and with that, stops noticing a hang-up until the answer).
+const PIPELINED_BYTES: usize = 8 * 1024;
+
 /// What the fast path left of a connection.
 pub(super) enum Left {
     /// Nothing: the connection is done.
@@ -38,6 +42,8 @@ where
     I: AsyncRead + AsyncWrite + Unpin,
 {
     let mut buf = Vec::with_capacity(IO_BUFFER_BYTES);
+    // What the client pipelines while a request waits (the fast path watches it for a hang-up).
+    let mut extra = Vec::with_capacity(PIPELINED_BYTES);
     loop {
         if buf.is_empty() && !next_bytes(io, &mut buf, http, signal, active).await {
             return Left::Done;
@@ -62,15 +68,18 @@ where
             client: info,
             shutdown: signal,
         };
-        match fast.serve(io, req).await {
+        let served = fast.serve(io, req, &mut extra).await;
+        match served {
             (_, Served::HandOff(_)) => {
                 drop(guard);
                 active.handed_over();
+                buf.append(&mut extra);
                 return Left::HandOff(buf);
             }
             (_, Served::Close) => return Left::Done,
             (used, Served::KeepAlive) => {
                 buf.drain(..used);
+                buf.append(&mut extra);
             }
         }
     }

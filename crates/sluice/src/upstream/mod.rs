@@ -6,6 +6,7 @@
 
 pub mod connect;
 pub(crate) mod exchange;
+pub(crate) mod leased;
 pub mod reverse;
 pub mod static_cluster;
 pub mod tls;

@@ -24,6 +24,7 @@ pub struct TestProxy {
     pub http: SocketAddr,
     pub acceptor: SocketAddr,
     pub cluster: ReverseCluster,
+    pub metrics: std::sync::Arc<sluice::metrics::Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -40,6 +41,7 @@ pub async fn start_proxy(cluster: &str, routes: &str) -> TestProxy {
     let http = proxy.local_addrs()[0].1;
     let acceptor = proxy.acceptor_addr().unwrap();
     let cluster = proxy.reverse_cluster("api").unwrap().clone();
+    let metrics = std::sync::Arc::clone(proxy.metrics());
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(proxy.run_until(async move {
         let _ = stopped.await;
@@ -48,6 +50,7 @@ pub async fn start_proxy(cluster: &str, routes: &str) -> TestProxy {
         http,
         acceptor,
         cluster,
+        metrics,
         stop: Some(stop),
         task,
     }

@@ -1,18 +1,22 @@
-//! [`FastPath`]: HTTP/1.1 requests to static clusters served without hyper, header maps or a
-//! task per exchange: the client connection's task routes the request, writes its head
-//! upstream by copying the client's field lines with the proxy's edits
-//! (`sluice_wire::h1::write_head`), relays the body, reads the response head with
+//! [`FastPath`]: HTTP/1.1 requests to static clusters and reverse slices served without
+//! hyper, header maps or a task per exchange: the client connection's task routes the
+//! request, writes its head upstream by copying the client's field lines with the proxy's
+//! edits (`sluice_wire::h1::write_head`), relays the body, reads the response head with
 //! `sluice_wire::h1::parse_response` and relays the response the same way, on a pooled plain
-//! TCP connection it drives itself.
+//! TCP connection or a leased session's socket, which it drives itself
+//! (`upstream::leased::Leased`). A session's response is read ahead up to its cluster's
+//! `response_buffer` before the client gets it, as on the hyper path, so a slow client does
+//! not hold the session.
 //!
 //! It takes only what it serves exactly as the hyper path does (the differential tests over
 //! `crates/sluice-wire/corpus/` hold it to that): a request the parser takes
 //! (`h1::Parsed::Take`) whose body, if any, has a `Content-Length` and has been read whole,
-//! routed to a static cluster without TLS by a route whose edits leave the framing fields
-//! alone. Anything else is handed back, unread, to hyper
+//! routed to a static cluster without TLS or to a reverse slice by a route whose edits leave
+//! the framing fields alone. Anything else is handed back, unread, to hyper
 //! ([`Served::HandOff`]), which serves the connection from that request on.
 
 mod answer;
+mod body;
 mod relay;
 mod request;
 
@@ -28,7 +32,8 @@ use tracing::debug;
 use crate::access_log::{self, AccessLog};
 use crate::metrics::Metrics;
 use crate::router::{Route, Routing, Target};
-use crate::upstream::{StaticCluster, Upstream};
+use crate::upstream::reverse::raw::SessionLease;
+use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
 
 pub(crate) use self::relay::Exchange;
 pub(crate) use self::request::{Request, Served};
@@ -62,28 +67,50 @@ impl FastPath {
     }
 
     /// Serves `req` over `client`; returns how many bytes of `req.buf` it used (head and body)
-    /// and what follows.
-    pub(crate) async fn serve<C>(&self, client: &mut C, req: Request<'_>) -> (usize, Served)
+    /// and what follows. Bytes the client pipelines while the request waits are appended to
+    /// `extra` (up to its capacity).
+    pub(crate) async fn serve<C>(
+        &self,
+        client: &mut C,
+        req: Request<'_>,
+        extra: &mut Vec<u8>,
+    ) -> (usize, Served)
     where
         C: AsyncRead + AsyncWrite + Unpin,
     {
         let started = Instant::now();
-        let Some(parts) = Parts::of(&req) else {
-            return (0, self.hand_off("body"));
+        let parts = match Parts::of(&req) {
+            Ok(parts) => parts,
+            Err(reason) => return (0, self.hand_off(reason)),
         };
-        let Some((route, cluster)) = self.route(&parts, &req) else {
+        let Some((route, dest)) = self.route(&parts, &req) else {
             return (0, self.hand_off("route"));
         };
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_request();
         }
         let exchange = Exchange::new(&req, &route, &parts.method);
-        let outcome = exchange.run(client, cluster).await;
-        self.account(&parts, &req, &route, &outcome, started);
+        let outcome: relay::Outcome = match dest {
+            Dest::Static(cluster) => exchange.run(client, extra, cluster.lease_raw(), None).await,
+            Dest::Reverse(slice) => {
+                // As the hyper path stamps it: the client's TCP peer, over any copy the
+                // client or the route put there.
+                let addr = sluice_session::client_addr_value(req.client.peer);
+                let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr.as_bytes()));
+                let lease = SessionLease::lease(&slice);
+                exchange.run(client, extra, lease, stamp).await
+            }
+        };
+        // A request whose client hung up before its answer is neither counted nor logged, as
+        // on the hyper path, which drops it.
+        if outcome.status != 0 {
+            self.account(&parts, &req, &route, &outcome, started);
+        }
         (outcome.used, outcome.served)
     }
 
-    /// Leaves a request to hyper, counting why: `body` (chunked or not all here), `route`
+    /// Leaves a request to hyper, counting why: `body` (chunked or not all here), `trailers`
+    /// (the client accepts them), `head` (not a valid method, target or field), `route`
     /// (somewhere the fast path does not go), or the parser's reason.
     pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
         if let Some(metrics) = &self.metrics {
@@ -92,8 +119,8 @@ impl FastPath {
         Served::HandOff(reason)
     }
 
-    /// The route, when it leads to a cluster the fast path reaches with edits it can apply.
-    fn route(&self, parts: &Parts, req: &Request<'_>) -> Option<(Arc<Route>, StaticCluster)> {
+    /// The route, when it leads to an upstream the fast path reaches with edits it can apply.
+    fn route(&self, parts: &Parts, req: &Request<'_>) -> Option<(Arc<Route>, Dest)> {
         let host = std::str::from_utf8(&req.buf[req.head.host.clone()]).ok()?;
         let head = crate::router::RequestHead {
             method: &parts.method,
@@ -103,13 +130,14 @@ impl FastPath {
             client: req.client.peer,
         };
         let route = self.router.route(&head)?;
-        let cluster = match &route.target {
-            Target::Upstream(Upstream::Static(c)) if c.is_plain() => c.clone(),
+        let dest = match &route.target {
+            Target::Upstream(Upstream::Static(c)) if c.is_plain() => Dest::Static(c.clone()),
+            Target::Upstream(Upstream::Reverse(s)) => Dest::Reverse(s.clone()),
             _ => return None,
         };
         let framing_edited =
             edits_framing(&route.request_headers) || edits_framing(&route.response_headers);
-        (!framing_edited).then_some((route, cluster))
+        (!framing_edited).then_some((route, dest))
     }
 
     /// Counts the request and logs it, as the hyper path does.
@@ -145,6 +173,14 @@ impl FastPath {
     }
 }
 
+/// Where the fast path sends a request.
+enum Dest {
+    /// A static cluster without TLS: a pooled plain TCP connection.
+    Static(StaticCluster),
+    /// A reverse slice: a leased session's socket.
+    Reverse(ReverseSlice),
+}
+
 /// The request's method, target and fields as the router reads them.
 struct Parts {
     method: Method,
@@ -153,9 +189,11 @@ struct Parts {
 }
 
 impl Parts {
-    /// `None` for a request whose body is chunked or not all in the buffer yet (hyper relays
-    /// those, reading the upstream's answer while it sends).
-    fn of(req: &Request<'_>) -> Option<Self> {
+    /// Refused (with the reason) for a request whose body is chunked or not all in the buffer
+    /// yet (hyper relays those, reading the upstream's answer while it sends), and for one that
+    /// accepts trailers (`TE: trailers`), which hyper's server forwards and the fast path does
+    /// not.
+    fn of(req: &Request<'_>) -> Result<Self, &'static str> {
         let (buf, head) = (req.buf, req.head);
         let whole = match head.body {
             BodyFraming::None => true,
@@ -163,22 +201,35 @@ impl Parts {
             BodyFraming::Chunked => false,
         };
         if !whole {
-            return None;
+            return Err("body");
         }
-        let method = Method::from_bytes(head.method(buf)).ok()?;
-        let uri = Uri::try_from(head.target(buf)).ok()?;
+        let invalid = "head";
+        let method = Method::from_bytes(head.method(buf)).map_err(|_| invalid)?;
+        let uri = Uri::try_from(head.target(buf)).map_err(|_| invalid)?;
         let mut headers = HeaderMap::with_capacity(head.fields.len());
         for field in &head.fields {
-            let name = HeaderName::from_bytes(&buf[field.name.clone()]).ok()?;
-            let value = HeaderValue::from_bytes(&buf[field.value.clone()]).ok()?;
+            let name = HeaderName::from_bytes(&buf[field.name.clone()]).map_err(|_| invalid)?;
+            let value = HeaderValue::from_bytes(&buf[field.value.clone()]).map_err(|_| invalid)?;
             headers.append(name, value);
         }
-        Some(Self {
+        if accepts_trailers(&headers) {
+            return Err("trailers");
+        }
+        Ok(Self {
             method,
             uri,
             headers,
         })
     }
+}
+
+/// Whether the client accepts trailer fields (`TE: trailers`, RFC 9110 §10.1.4).
+fn accepts_trailers(headers: &HeaderMap) -> bool {
+    headers.get_all(http::header::TE).iter().any(|v| {
+        v.as_bytes()
+            .split(|b| *b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+    })
 }
 
 /// Whether a route's edits touch the fields that frame a message or its connection, which

@@ -3,20 +3,22 @@
 //! when a reused one turns out stale), the response relayed to the client by its framing.
 //! Buffers are bounded: 64 KiB per direction.
 
+use std::future::Future;
 use std::io;
 use std::time::Instant;
 
 use http::Method;
-use sluice_wire::h1::{self, Answer, BodyFraming, Chunked, Forward, ParsedResponse, ResponseBody};
+use sluice_wire::h1::{self, Answer, BodyFraming, Forward, ParsedResponse, ResponseBody};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::answer::{self, date};
+use super::body::{self, Sink};
 use super::request::{Request, Served};
 use crate::error::ProxyError;
 use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
-use crate::upstream::static_cluster::raw::RawLease;
-use crate::upstream::{is_idempotent, StaticCluster};
+use crate::upstream::is_idempotent;
+use crate::upstream::leased::Leased;
 
 /// What an exchange came to, for the connection and for metrics and logs.
 #[derive(Debug)]
@@ -24,7 +26,8 @@ pub(crate) struct Outcome {
     /// Bytes of the caller's buffer used (head and the body bytes it held).
     pub(crate) used: usize,
     pub(crate) served: Served,
-    /// The status the client was sent (or would have been).
+    /// The status the client was sent (or would have been); 0 when it hung up before its
+    /// answer.
     pub(crate) status: u16,
     /// The response body's length when known.
     pub(crate) length: Option<u64>,
@@ -72,32 +75,66 @@ impl<'a> Exchange<'a> {
     }
 
     /// Whether the request may go out again after a reused connection failed before any
-    /// response byte: idempotent and without a body, the hyper path's rule.
-    fn replayable(&self) -> bool {
-        self.idempotent && self.len() == self.req.head.len
+    /// response byte: idempotent, and without a body unless the upstream's hyper path would
+    /// have its body in memory too (a session's, read ahead) — the hyper path's rule.
+    fn replayable<L: Leased>(&self, lease: &L) -> bool {
+        self.idempotent && (self.len() == self.req.head.len || lease.replays_bodies())
     }
 
-    /// Runs the exchange to its end.
-    pub(crate) async fn run<C>(&self, client: &mut C, cluster: StaticCluster) -> Outcome
+    /// Runs the exchange to its end on what `lease` leases (`stamp`: a field the proxy sets
+    /// last, as a reverse slice's `Sluice-Client-Addr`). While the request waits for a lease
+    /// or for its answer, the client is watched: bytes it pipelines are kept in `extra`, and
+    /// if it hangs up the request is given up (a place in a queue freed at once; an answer
+    /// already asked for read off by a task of its own, so that the connection or session
+    /// goes back).
+    pub(crate) async fn run<C, L>(
+        &self,
+        client: &mut C,
+        extra: &mut Vec<u8>,
+        lease: impl Future<Output = Result<L, ProxyError>>,
+        stamp: Option<(&str, &[u8])>,
+    ) -> Outcome
     where
         C: AsyncRead + AsyncWrite + Unpin,
+        L: Leased + 'static,
     {
         let used = self.len();
-        let mut lease = match cluster.lease_raw().await {
+        let leased = tokio::select! {
+            leased = lease => leased,
+            () = client_gone(client, extra) => return self.abandoned(used),
+        };
+        let mut lease = match leased {
             Ok(lease) => lease,
             Err(e) => return self.refuse(client, e, used).await,
         };
-        let out = self.upstream_request();
+        let out = self.upstream_request(stamp);
         let mut ubuf = Vec::with_capacity(IO_BUFFER_BYTES);
         let mut retried = false;
         let head = loop {
-            match self.attempt(&mut lease, &out, &mut ubuf).await {
+            let deadline = tokio::time::Instant::now() + lease.response_timeout();
+            let attempt = match self.send(&mut lease, &out, deadline).await {
+                Ok(()) => {
+                    ubuf.clear();
+                    let head_request = self.head_request;
+                    tokio::select! {
+                        head = read_head_by(lease.io(), &mut ubuf, head_request, deadline) => head,
+                        () = client_gone(client, extra) => {
+                            read_off(lease, ubuf, head_request, deadline);
+                            return self.abandoned(used);
+                        }
+                    }
+                }
+                Err(failed) => Err(failed),
+            };
+            match attempt {
                 Ok(head) => break head,
                 // A reused connection that failed before any response byte was stale: a
                 // replayable request goes out once more, on a fresh one.
-                Err(Failed::Stale(_)) if !retried && lease.is_reused() && self.replayable() => {
+                Err(Failed::Stale(_))
+                    if !retried && lease.may_be_stale() && self.replayable(&lease) =>
+                {
                     retried = true;
-                    if let Err(e) = lease.reconnect().await {
+                    if let Err(e) = lease.renew().await {
                         lease.log_failure(&e);
                         return self.refuse(client, e, used).await;
                     }
@@ -112,7 +149,7 @@ impl<'a> Exchange<'a> {
     }
 
     /// The request to send upstream: its head with the proxy's edits, then its body.
-    fn upstream_request(&self) -> Vec<u8> {
+    fn upstream_request(&self, stamp: Option<(&str, &[u8])>) -> Vec<u8> {
         let (buf, head) = (self.req.buf, self.req.head);
         let forward = Forward {
             client: self.req.client.peer.ip(),
@@ -120,6 +157,7 @@ impl<'a> Exchange<'a> {
             trusted: self.req.client.trusted,
             remove: &self.route.request_headers.remove,
             set: &self.route.request_headers.set,
+            stamp,
         };
         let mut out = Vec::with_capacity(self.len() + 256);
         h1::write_head(buf, head, &forward, &mut out);
@@ -127,28 +165,33 @@ impl<'a> Exchange<'a> {
         out
     }
 
-    /// Sends the request and reads the response head into `ubuf`, all within the cluster's
-    /// response timeout (as hyper's client path times a request from sending to its head).
-    async fn attempt(
+    /// Sends the request, by `deadline` (the response timeout runs from the request's first
+    /// byte to its response head, as hyper's client path times it).
+    async fn send<L: Leased>(
         &self,
-        lease: &mut RawLease,
+        lease: &mut L,
         out: &[u8],
-        ubuf: &mut Vec<u8>,
-    ) -> Result<h1::ResponseHead, Failed> {
-        let timeout = lease.response_timeout();
-        let head_request = self.head_request;
-        let stream = &mut lease.conn.stream;
-        let exchange = async move {
-            if stream.write_all(out).await.is_err() {
-                return Err(Failed::Stale(ProxyError::UpstreamInvalid(
-                    "connection failed",
-                )));
-            }
-            read_head(stream, ubuf, head_request).await
-        };
-        match tokio::time::timeout(timeout, exchange).await {
-            Ok(result) => result,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), Failed> {
+        match tokio::time::timeout_at(deadline, lease.io().write_all(out)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Failed::Stale(ProxyError::UpstreamInvalid(
+                "connection failed",
+            ))),
             Err(_elapsed) => Err(Failed::Error(ProxyError::ResponseTimeout)),
+        }
+    }
+
+    /// The outcome of a request whose client hung up before its answer: nothing more is sent
+    /// on the connection, which closes.
+    fn abandoned(&self, used: usize) -> Outcome {
+        Outcome {
+            used,
+            served: Served::Close,
+            status: 0,
+            length: None,
+            head_at: None,
+            error: None,
         }
     }
 
@@ -179,17 +222,19 @@ impl<'a> Exchange<'a> {
         !self.req.head.keep_alive || self.req.shutdown.is_triggered()
     }
 
-    /// Relays the response whose head is in `ubuf`, then gives the connection back.
-    async fn respond<C>(
+    /// Relays the response whose head is in `ubuf`, gives the lease back as soon as the body
+    /// has been read off it, then sends the client what is left.
+    async fn respond<C, L>(
         &self,
         client: &mut C,
-        mut lease: RawLease,
+        mut lease: L,
         ubuf: &[u8],
         head: h1::ResponseHead,
         used: usize,
     ) -> Outcome
     where
         C: AsyncWrite + Unpin,
+        L: Leased,
     {
         let head_at = Some(Instant::now());
         let close = self.closes() || head.ends_with_close();
@@ -203,8 +248,15 @@ impl<'a> Exchange<'a> {
         };
         let mut out = Vec::with_capacity(head.len + 64);
         h1::write_response_head(ubuf, &head, &answer, &mut out);
+        // Events must reach the client as the service sends them: never read ahead.
+        let ahead = if body::is_event_stream(ubuf, &head) {
+            0
+        } else {
+            lease.read_ahead()
+        };
+        let mut sink = Sink::new(client, out, &head, self.head_request, ahead);
         let early = &ubuf[head.len..];
-        let relayed = relay_body(&mut lease, client, &head, early, out).await;
+        let relayed = body::relay(lease.io(), &mut sink, &head, early).await;
         let length = match head.body {
             ResponseBody::Length(n) => Some(n),
             ResponseBody::None => Some(0),
@@ -213,13 +265,29 @@ impl<'a> Exchange<'a> {
         let served = match relayed {
             Ok(clean) => {
                 lease.release(clean && head.reusable);
-                if close {
-                    Served::Close
-                } else {
-                    Served::KeepAlive
+                match sink.send().await {
+                    Ok(()) if !close => Served::KeepAlive,
+                    _ => Served::Close,
                 }
             }
-            Err(_) => Served::Close,
+            // A body that failed while it was read ahead, before the client got any of it, is
+            // answered 502, as the hyper path answers it.
+            Err(e) if !sink.wrote && ahead > 0 => {
+                drop(sink);
+                let why = if e.kind() == io::ErrorKind::UnexpectedEof {
+                    "closed during the response body"
+                } else {
+                    "invalid response body"
+                };
+                let e = ProxyError::UpstreamInvalid(why);
+                lease.log_failure(&e);
+                drop(lease);
+                return self.refuse(client, e, used).await;
+            }
+            Err(_) => {
+                sink.fail().await;
+                Served::Close
+            }
         };
         Outcome {
             used,
@@ -232,6 +300,64 @@ impl<'a> Exchange<'a> {
     }
 }
 
+/// [`read_head`] by `deadline` (a `ResponseTimeout` after it).
+async fn read_head_by<U>(
+    upstream: &mut U,
+    ubuf: &mut Vec<u8>,
+    head_request: bool,
+    deadline: tokio::time::Instant,
+) -> Result<h1::ResponseHead, Failed>
+where
+    U: AsyncRead + Unpin,
+{
+    match tokio::time::timeout_at(deadline, read_head(upstream, ubuf, head_request)).await {
+        Ok(head) => head,
+        Err(_elapsed) => Err(Failed::Error(ProxyError::ResponseTimeout)),
+    }
+}
+
+/// Resolves when the client hangs up (or its connection fails) while its request is in the
+/// proxy's hands; what it pipelines meanwhile is kept in `extra`, and once that is full the
+/// client is no longer watched.
+async fn client_gone<C>(client: &mut C, extra: &mut Vec<u8>)
+where
+    C: AsyncRead + Unpin,
+{
+    while extra.len() < extra.capacity() {
+        match client.read_buf(extra).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+    std::future::pending().await
+}
+
+/// The answer to a request whose client hung up, read off its connection or session by a
+/// task of its own (by the request's deadline), so that it goes back to its pool as if the
+/// client had read it, as the hyper path does. `ubuf` holds what had come of the head.
+fn read_off<L: Leased + 'static>(
+    mut lease: L,
+    mut ubuf: Vec<u8>,
+    head_request: bool,
+    deadline: tokio::time::Instant,
+) {
+    tokio::spawn(async move {
+        let read = async {
+            let head = read_head(lease.io(), &mut ubuf, head_request).await.ok()?;
+            let mut discard = tokio::io::sink();
+            let mut sink = Sink::new(&mut discard, Vec::new(), &head, head_request, 0);
+            let early = &ubuf[head.len..];
+            let clean = body::relay(lease.io(), &mut sink, &head, early)
+                .await
+                .ok()?;
+            Some(clean && head.reusable)
+        };
+        if let Ok(Some(reusable)) = tokio::time::timeout_at(deadline, read).await {
+            lease.release(reusable);
+        }
+    });
+}
+
 /// Reads until a whole response head is in `ubuf` (informational responses skipped).
 async fn read_head<U>(
     upstream: &mut U,
@@ -241,7 +367,6 @@ async fn read_head<U>(
 where
     U: AsyncRead + Unpin,
 {
-    ubuf.clear();
     loop {
         if ubuf.len() == ubuf.capacity() {
             return Err(Failed::Error(ProxyError::UpstreamInvalid(
@@ -273,170 +398,5 @@ where
                 return Err(Failed::Error(ProxyError::UpstreamInvalid(why)))
             }
         }
-    }
-}
-
-/// Sends `out` (the response head) and the body: what `early` holds first, then what the
-/// upstream sends, by the response's framing. `Ok(true)` when the body ended cleanly with
-/// nothing after it (the upstream connection may carry another request).
-async fn relay_body<C>(
-    lease: &mut RawLease,
-    client: &mut C,
-    head: &h1::ResponseHead,
-    early: &[u8],
-    mut out: Vec<u8>,
-) -> io::Result<bool>
-where
-    C: AsyncWrite + Unpin,
-{
-    let upstream = &mut lease.conn.stream;
-    match head.body {
-        ResponseBody::None => {
-            client.write_all(&out).await?;
-            Ok(early.is_empty())
-        }
-        ResponseBody::Length(n) => {
-            let n = usize::try_from(n).unwrap_or(usize::MAX);
-            let now = n.min(early.len());
-            out.extend_from_slice(&early[..now]);
-            let mut rest = (n - now) as u64;
-            if now > 0 || rest == 0 {
-                client.write_all(&out).await?;
-                out.clear();
-            }
-            relay_exact(upstream, client, &mut rest, out).await?;
-            Ok(early.len() <= n)
-        }
-        ResponseBody::Chunked => relay_chunked(upstream, client, early, out).await,
-        ResponseBody::UntilClose => {
-            relay_until_close(upstream, client, early, out, head.http11).await?;
-            Ok(false)
-        }
-    }
-}
-
-/// Sends `pending` (a head still unsent, or nothing) with the first of the `rest` bytes the
-/// upstream sends, then copies the others: as hyper's server, which writes a head with its
-/// body's first bytes, so an upstream that fails before any leaves no half answer.
-async fn relay_exact<U, C>(
-    upstream: &mut U,
-    client: &mut C,
-    rest: &mut u64,
-    mut pending: Vec<u8>,
-) -> io::Result<()>
-where
-    U: AsyncRead + Unpin,
-    C: AsyncWrite + Unpin,
-{
-    let mut chunk = vec![0u8; IO_BUFFER_BYTES.min(usize::try_from(*rest).unwrap_or(usize::MAX))];
-    while *rest > 0 {
-        let want = chunk
-            .len()
-            .min(usize::try_from(*rest).unwrap_or(usize::MAX));
-        let n = upstream.read(&mut chunk[..want]).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        if pending.is_empty() {
-            client.write_all(&chunk[..n]).await?;
-        } else {
-            pending.extend_from_slice(&chunk[..n]);
-            client.write_all(&pending).await?;
-            pending = Vec::new();
-        }
-        *rest -= n as u64;
-    }
-    Ok(())
-}
-
-/// Decodes the upstream's chunked body and sends it on re-chunked (extensions and trailer
-/// fields dropped, as hyper's server drops them).
-async fn relay_chunked<U, C>(
-    upstream: &mut U,
-    client: &mut C,
-    early: &[u8],
-    mut out: Vec<u8>,
-) -> io::Result<bool>
-where
-    U: AsyncRead + Unpin,
-    C: AsyncWrite + Unpin,
-{
-    let mut decoder = Chunked::new(IO_BUFFER_BYTES);
-    let mut input = early.to_vec();
-    let mut chunk = vec![0u8; IO_BUFFER_BYTES];
-    // As hyper's server: the head goes out with the first data, so a body refused before any
-    // leaves the client without an answer rather than with a head and nothing after it.
-    let mut sent_data = false;
-    loop {
-        let mut at = 0;
-        while at < input.len() && !decoder.is_done() {
-            let progress = match decoder.feed(&input[at..]) {
-                Ok(progress) => progress,
-                Err(e) => {
-                    if sent_data {
-                        client.write_all(&out).await?;
-                    }
-                    return Err(io::Error::other(e));
-                }
-            };
-            let data = &input[at..][progress.data];
-            if !data.is_empty() {
-                answer::chunk(&mut out, data);
-                sent_data = true;
-            }
-            at += progress.consumed;
-        }
-        if decoder.is_done() {
-            out.extend_from_slice(b"0\r\n\r\n");
-            client.write_all(&out).await?;
-            return Ok(at == input.len());
-        }
-        if sent_data {
-            client.write_all(&out).await?;
-            out.clear();
-        }
-        let n = upstream.read(&mut chunk).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        input.clear();
-        input.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// Sends everything until the upstream closes: chunked to an HTTP/1.1 answer, as it comes to
-/// an HTTP/1.0 one (whose end is the client connection's).
-async fn relay_until_close<U, C>(
-    upstream: &mut U,
-    client: &mut C,
-    early: &[u8],
-    mut out: Vec<u8>,
-    chunked: bool,
-) -> io::Result<()>
-where
-    U: AsyncRead + Unpin,
-    C: AsyncWrite + Unpin,
-{
-    let mut chunk = vec![0u8; IO_BUFFER_BYTES];
-    let mut piece = early.to_vec();
-    loop {
-        if !piece.is_empty() {
-            if chunked {
-                answer::chunk(&mut out, &piece);
-            } else {
-                out.extend_from_slice(&piece);
-            }
-        }
-        client.write_all(&out).await?;
-        out.clear();
-        let n = upstream.read(&mut chunk).await?;
-        if n == 0 {
-            if chunked {
-                client.write_all(b"0\r\n\r\n").await?;
-            }
-            return Ok(());
-        }
-        piece.clear();
-        piece.extend_from_slice(&chunk[..n]);
     }
 }

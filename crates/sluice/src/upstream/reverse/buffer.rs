@@ -31,7 +31,7 @@ use crate::error::ProxyError;
 /// How long the read-ahead of a response waits for its next chunk before it forwards what it
 /// has: shorter than any pause a client would notice, longer than the gaps between the
 /// segments of a body a service writes at once.
-pub(super) const STREAM_GAP: Duration = Duration::from_millis(10);
+pub(crate) const STREAM_GAP: Duration = Duration::from_millis(10);
 
 /// What reading a body ahead found.
 struct ReadAhead {

@@ -1,18 +1,13 @@
-//! [`Http1`]: how the proxy's HTTP/1.1 client starts on a registered session, and the
+//! [`Http1`]: how the proxy's end of a session starts on a registered stream, and the
 //! engine's types as the proxy uses them.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
-use sluice_reverse::ParkedIo;
+use sluice_reverse::{LeaseError, ParkedIo};
 
-use crate::body::{ProxyBody, Release};
+use super::link::{Link, Watch};
+use crate::body::Release;
 use crate::error::ProxyError;
-use crate::http::IO_BUFFER_BYTES;
-use sluice_reverse::LeaseError;
 
 /// A reverse cluster whose sessions the proxy speaks HTTP/1.1 on.
 pub type ReverseCluster = sluice_reverse::ReverseCluster<Http1>;
@@ -31,31 +26,27 @@ pub type StandaloneAcceptor = sluice_reverse::handoff::StandaloneAcceptor<Http1>
 /// A reverse cluster fed by a standalone acceptor.
 pub type HandoffSource = sluice_reverse::handoff::Source<Http1>;
 
-/// The proxy's side of a session: hyper's HTTP/1.1 client, with upgrades (a `101` hands the
+/// The proxy's side of a session: a [`Link`], over which the fast path exchanges requests
+/// itself and hyper's HTTP/1.1 client serves the rest (with upgrades: a `101` hands the
 /// socket to the proxy's WebSocket bridge).
 #[derive(Debug, Clone, Copy)]
 pub struct Http1;
 
 impl sluice_reverse::Protocol for Http1 {
-    type Client = http1::SendRequest<ProxyBody>;
-    /// Boxed once per session: hyper does not name its upgradeable connection.
-    type Connection = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
-    type Error = hyper::Error;
+    type Client = Link;
+    type Connection = Watch;
+    type Error = std::io::Error;
 
-    async fn handshake(io: ParkedIo) -> Result<(Self::Client, Self::Connection), hyper::Error> {
-        let (sender, conn) = http1::Builder::new()
-            .max_buf_size(IO_BUFFER_BYTES)
-            .handshake(TokioIo::new(io))
-            .await?;
-        Ok((sender, Box::pin(conn.with_upgrades())))
+    async fn handshake(io: ParkedIo) -> Result<(Link, Watch), std::io::Error> {
+        Ok(Link::new(io))
     }
 
-    fn is_closed(client: &Self::Client) -> bool {
+    fn is_closed(client: &Link) -> bool {
         client.is_closed()
     }
 
-    fn poll_ready(client: &mut Self::Client, cx: &mut Context<'_>) -> Poll<bool> {
-        client.poll_ready(cx).map(|ready| ready.is_ok())
+    fn poll_ready(client: &mut Link, cx: &mut Context<'_>) -> Poll<bool> {
+        client.poll_ready(cx)
     }
 }
 

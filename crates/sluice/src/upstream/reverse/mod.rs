@@ -9,13 +9,17 @@
 
 mod buffer;
 mod http1;
+mod link;
+pub(crate) mod raw;
 mod send;
 
 pub use self::http1::{
     Acceptor, HandoffSource, Http1, Lease, ReverseCluster, ReverseSlice, Session, SlicePool,
     StandaloneAcceptor,
 };
+pub use self::link::{Link, SessionIo};
 pub use self::send::send;
+pub(crate) use buffer::STREAM_GAP;
 pub use sluice_reverse::metrics;
 pub use sluice_reverse::{
     AdoptError, HandedSession, Instance, LeaseError, Limit, ReverseMetrics, SessionGauges,

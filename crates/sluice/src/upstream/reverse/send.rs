@@ -67,11 +67,22 @@ fn stamp_client_addr(req: &mut Request<ProxyBody>) {
 
 async fn send_on(
     pool: &Arc<SlicePool>,
-    session: Session,
-    req: Request<ProxyBody>,
+    mut session: Session,
+    mut req: Request<ProxyBody>,
     replay: Option<Replay>,
 ) -> Result<Response<ProxyBody>, Failure> {
-    let mut exchange = Exchange::start(pool, session, req);
+    exchange::frame_unsized_body(&mut req);
+    let upgrade = req.headers().contains_key(http::header::UPGRADE);
+    let Some(sender) = session.client().hyper(upgrade).await else {
+        // The session ended as it was leased: nothing went out, so the request may go again.
+        let error = ProxyError::UpstreamInvalid("session closed");
+        return Err(Failure {
+            error,
+            retry: Some(req),
+        });
+    };
+    let answer = sender.try_send_request(req);
+    let mut exchange = Exchange::start(pool, session, answer);
     let Ok((answer, session)) = tokio::time::timeout_at(exchange.deadline, &mut exchange).await
     else {
         exchange.forget();
@@ -102,9 +113,11 @@ struct Exchange {
 }
 
 impl Exchange {
-    fn start(pool: &Arc<SlicePool>, mut session: Session, mut req: Request<ProxyBody>) -> Self {
-        exchange::frame_unsized_body(&mut req);
-        let answer = session.client().try_send_request(req);
+    fn start(
+        pool: &Arc<SlicePool>,
+        session: Session,
+        answer: impl Future<Output = Answer> + Send + 'static,
+    ) -> Self {
         Self {
             answer: Some(Box::pin(async move { (answer.await, session) })),
             pool: Arc::clone(pool),
@@ -169,10 +182,12 @@ impl Drop for Exchange {
 /// carry another request: `Connection: close` retires it; an upgrade consumes it.
 async fn finish(
     pool: &Arc<SlicePool>,
-    session: Session,
+    mut session: Session,
     res: Response<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let reusable = exchange::keeps_connection(&res);
+    // A session hyper started on for an upgrade it did not get stays with hyper's connection,
+    // which closes it (the service re-dials).
+    let reusable = exchange::keeps_connection(&res) && !session.client().is_upgrade();
     let mut res = res;
     if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         // Listed as upgraded while the proxy's bridge holds this.

@@ -12,43 +12,50 @@ use super::endpoint::{Endpoint, InFlight};
 use super::pool::{is_quiet, RawConn};
 use super::{Inner, StaticCluster, StaticOptions, MAX_CONNECT_ATTEMPTS};
 use crate::error::ProxyError;
+use crate::upstream::leased::Leased;
 
-/// A connection leased for one request; [`release`](Self::release) gives it back.
+/// A connection leased for one request; [`Leased::release`] gives it back.
 #[derive(Debug)]
 pub(crate) struct RawLease {
     /// The connection.
-    pub(crate) conn: RawConn,
+    conn: RawConn,
     in_flight: InFlight,
     inner: Arc<Inner>,
 }
 
-impl RawLease {
-    /// Logs a failure of the exchange on this lease, naming the cluster and the endpoint.
-    pub(crate) fn log_failure(&self, e: &ProxyError) {
-        super::send::log_failure(&self.inner, self.in_flight.endpoint().addr(), e);
+impl Leased for RawLease {
+    type Io = TcpStream;
+
+    fn io(&mut self) -> &mut TcpStream {
+        &mut self.conn.stream
     }
 
-    /// Whether the connection carried a request before (and so may have gone stale).
-    pub(crate) fn is_reused(&self) -> bool {
-        self.conn.served > 0
-    }
-
-    /// The response timeout of the cluster.
-    pub(crate) fn response_timeout(&self) -> std::time::Duration {
+    fn response_timeout(&self) -> std::time::Duration {
         self.inner.opts.response_timeout
     }
 
-    /// Replaces the connection with a fresh one to the same endpoint (after a reused one went
-    /// stale before answering).
-    pub(crate) async fn reconnect(&mut self) -> Result<(), ProxyError> {
+    fn may_be_stale(&self) -> bool {
+        self.conn.served > 0
+    }
+
+    /// A fresh connection to the same endpoint.
+    async fn renew(&mut self) -> Result<(), ProxyError> {
         let endpoint = Arc::clone(self.in_flight.endpoint());
         self.conn = connect(&self.inner, &endpoint).await?;
         Ok(())
     }
 
-    /// Ends the lease after a response: the connection goes back to the pool when `reusable`
-    /// and under the per-connection request limit, else it closes.
-    pub(crate) fn release(self, reusable: bool) {
+    fn replays_bodies(&self) -> bool {
+        false
+    }
+
+    fn read_ahead(&self) -> usize {
+        0
+    }
+
+    /// Back to the pool when `reusable` and under the per-connection request limit, else
+    /// closed.
+    fn release(self, reusable: bool) {
         let mut conn = self.conn;
         conn.served += 1;
         let opts = &self.inner.opts;
@@ -56,6 +63,10 @@ impl RawLease {
         if reusable && conn.served < limit {
             self.in_flight.endpoint().checkin_raw(conn, opts);
         }
+    }
+
+    fn log_failure(&self, e: &ProxyError) {
+        super::send::log_failure(&self.inner, self.in_flight.endpoint().addr(), e);
     }
 }
 

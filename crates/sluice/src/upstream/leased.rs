@@ -1,0 +1,45 @@
+//! [`Leased`]: what the fast path (`proxy::fast`) exchanges a request on — a static cluster's
+//! pooled connection or a reverse slice's session — and how each is given back.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::error::ProxyError;
+
+/// A connection or session leased for one request.
+pub(crate) trait Leased: Send + Sized {
+    /// The byte stream the request goes out on.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send;
+
+    /// The stream.
+    fn io(&mut self) -> &mut Self::Io;
+
+    /// How long the upstream has from the request's first byte to its response head.
+    fn response_timeout(&self) -> Duration;
+
+    /// Whether it carried requests before, so that a failure before any response byte may
+    /// mean it had gone stale (closed by the upstream while idle).
+    fn may_be_stale(&self) -> bool;
+
+    /// Whether a request with a body may go out again after a stale failure: the upstream's
+    /// hyper path has such bodies in memory (a session's request body is read ahead), so it
+    /// replays them.
+    fn replays_bodies(&self) -> bool;
+
+    /// Replaces a stale connection or session with another of the same upstream.
+    fn renew(&mut self) -> impl Future<Output = Result<(), ProxyError>> + Send;
+
+    /// How many bytes of a response to read before the client gets any: a session is freed as
+    /// soon as its response has been read off it, so a slow client does not hold it (its
+    /// cluster's `response_buffer`); a static connection's response is relayed as it comes
+    /// (0).
+    fn read_ahead(&self) -> usize;
+
+    /// Ends the lease after the response has been read off: back to its pool when `reusable`.
+    fn release(self, reusable: bool);
+
+    /// Logs a failure of the exchange, naming where it went.
+    fn log_failure(&self, e: &ProxyError);
+}

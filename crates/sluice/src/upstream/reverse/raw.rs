@@ -1,0 +1,91 @@
+//! The fast path's side of a reverse slice: a session leased with its socket in hand
+//! ([`SessionLease`]), given back raw when its response has been read off.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::debug;
+
+use super::http1::{Lease, ReverseSlice, Session, SlicePool};
+use super::link::SessionIo;
+use crate::error::ProxyError;
+use crate::upstream::leased::Leased;
+
+/// How many sessions a lease may find ended as it takes their socket before it gives up
+/// (each one ended between the slice's liveness check and the take: a rare race).
+const MAX_ENDED: usize = 4;
+
+/// A session leased for one request of the fast path, and its socket.
+#[derive(Debug)]
+pub(crate) struct SessionLease {
+    session: Session,
+    io: SessionIo,
+    pool: Arc<SlicePool>,
+}
+
+impl SessionLease {
+    /// Leases a session of `slice` (waiting in its admission queue as the hyper path does) and
+    /// takes its socket; hyper's client, if it had the session, lets go of it first.
+    pub(crate) async fn lease(slice: &ReverseSlice) -> Result<Self, ProxyError> {
+        Self::lease_from(slice.pool()).await
+    }
+
+    async fn lease_from(pool: &Arc<SlicePool>) -> Result<Self, ProxyError> {
+        for _ in 0..MAX_ENDED {
+            let mut session = pool.lease().await?;
+            if let Some(io) = session.client().take_io().await {
+                let pool = Arc::clone(pool);
+                return Ok(Self { session, io, pool });
+            }
+            debug!(instance = %session.instance().id(), "a leased session had ended; leasing another");
+        }
+        Err(ProxyError::UpstreamInvalid("session closed"))
+    }
+}
+
+impl Leased for SessionLease {
+    type Io = SessionIo;
+
+    fn io(&mut self) -> &mut SessionIo {
+        &mut self.io
+    }
+
+    fn response_timeout(&self) -> Duration {
+        self.pool.options().response_timeout
+    }
+
+    fn may_be_stale(&self) -> bool {
+        true
+    }
+
+    /// Another session of the slice (this one closes).
+    async fn renew(&mut self) -> Result<(), ProxyError> {
+        *self = Self::lease_from(&self.pool).await?;
+        Ok(())
+    }
+
+    fn replays_bodies(&self) -> bool {
+        true
+    }
+
+    fn read_ahead(&self) -> usize {
+        self.pool.options().response_buffer
+    }
+
+    /// Back to the slice, raw, when `reusable` and the service is quiet on it; else closed.
+    fn release(self, reusable: bool) {
+        let Self {
+            mut session,
+            io,
+            pool,
+        } = self;
+        if reusable && session.client().put_io(io) {
+            Lease::new(Some(session), pool).finish();
+        }
+    }
+
+    fn log_failure(&self, e: &ProxyError) {
+        let (cluster, slice) = (self.pool.cluster(), self.pool.slice());
+        debug!(cluster, slice, instance = %self.session.instance().id(), error = %e, "session failed");
+    }
+}
