@@ -71,20 +71,15 @@ async fn one_session_serves_both_paths_in_turn_without_reconnecting() {
     proxy.stop().await;
 }
 
-/// A service that closes a session idle after a fast-path request frees the session's place at
-/// once, with no request needed to find out: the service may register a replacement within its
-/// limit, and the slice's counts are true.
-#[tokio::test]
-async fn an_idle_session_closed_by_its_service_is_noticed_without_a_request() {
+/// A service that closes an idle session frees the session's place at once, with no request
+/// needed to find out (the service may register a replacement within its limit, and the
+/// slice's counts are true), whichever path served the session's last request.
+async fn idle_close_is_noticed_after(request: &str) {
     let proxy = start_proxy("", DEFAULT_ROUTE).await;
     let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 2)).await;
     proxy.idle("default", 2).await;
     for _ in 0..4 {
-        let raw = exchange(
-            proxy.http,
-            "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        )
-        .await;
+        let raw = exchange(proxy.http, request).await;
         assert!(raw.starts_with("HTTP/1.1 200"), "{raw:?}");
     }
     proxy.idle("default", 2).await;
@@ -100,6 +95,19 @@ async fn an_idle_session_closed_by_its_service_is_noticed_without_a_request() {
         .await
         .expect("the closed sessions still count");
     proxy.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_session_closed_by_its_service_is_noticed_after_fast_path_requests() {
+    idle_close_is_noticed_after("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
+}
+
+#[tokio::test]
+async fn an_idle_session_closed_by_its_service_is_noticed_after_hyper_requests() {
+    // A chunked upload is hyper's on either path.
+    let chunked = "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+                   Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    idle_close_is_noticed_after(chunked).await;
 }
 
 /// The service learns the client's address from `Sluice-Client-Addr`, set by the proxy over

@@ -100,6 +100,7 @@ impl<'a> Exchange<'a> {
     {
         let used = self.len();
         let leased = tokio::select! {
+            biased;
             leased = lease => leased,
             () = client_gone(client, extra) => return self.abandoned(used),
         };
@@ -117,6 +118,7 @@ impl<'a> Exchange<'a> {
                     ubuf.clear();
                     let head_request = self.head_request;
                     tokio::select! {
+                        biased;
                         head = read_head_by(lease.io(), &mut ubuf, head_request, deadline) => head,
                         () = client_gone(client, extra) => {
                             read_off(lease, ubuf, head_request, deadline);

@@ -123,6 +123,10 @@ struct Shared {
     done: AtomicBool,
     /// It ended badly (closed by the service, a protocol error): not to be handed over.
     failed: AtomicBool,
+    /// The link let go of hyper's client (to take the socket back, or because the session is
+    /// being dropped or handed over): hyper's connection ending is expected. Unset, the
+    /// connection ended on its own (the service closed the session) and its socket is done.
+    reclaimed: AtomicBool,
 }
 
 /// The socket of an idle raw session, and the session task that watches it.
@@ -244,6 +248,8 @@ struct Hyper {
 
 impl Drop for Link {
     fn drop(&mut self) {
+        // hyper's connection, if it has the socket, ends as the client drops: expected.
+        self.shared.reclaimed.store(true, Ordering::Release);
         // Dropped outside the lock: dropping the socket takes it.
         let io = self.shared.take();
         drop(io);
@@ -298,6 +304,7 @@ impl Link {
     pub(crate) async fn take_io(&mut self) -> Option<SessionIo> {
         match self.hyper.take() {
             Some(Hyper { sender, back, .. }) => {
+                self.shared.reclaimed.store(true, Ordering::Release);
                 drop(sender);
                 back.await.ok().flatten()
             }
@@ -374,9 +381,17 @@ impl Link {
                 drop(tx);
             });
         } else {
+            self.shared.reclaimed.store(false, Ordering::Release);
             tokio::spawn(async move {
-                let io = match conn.without_shutdown().await {
-                    Ok(parts) if parts.read_buf.is_empty() => Some(parts.io.into_inner()),
+                let ended = conn.without_shutdown().await;
+                let asked = shared.reclaimed.load(Ordering::Acquire);
+                let io = match ended {
+                    Ok(parts) if asked && parts.read_buf.is_empty() => Some(parts.io.into_inner()),
+                    Ok(_) if !asked => {
+                        debug!("an idle session was closed by its service");
+                        shared.fail();
+                        None
+                    }
                     Ok(_) => {
                         debug!("a session sent more than its last response; closed");
                         shared.fail();
