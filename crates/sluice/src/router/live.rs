@@ -81,6 +81,13 @@ impl Routing for LiveRoutes {
             .find(|e| e.matcher.matches(head))
             .map(|e| Arc::clone(&e.route))
     }
+
+    fn reads_headers(&self) -> bool {
+        self.current
+            .load()
+            .iter()
+            .any(|e| e.matcher.reads_headers())
+    }
 }
 
 impl LiveRoutes {

@@ -56,6 +56,11 @@ impl Matcher {
         self
     }
 
+    /// Whether a condition is on the request's headers.
+    pub fn reads_headers(&self) -> bool {
+        !self.headers.is_empty()
+    }
+
     /// Whether the request satisfies every condition.
     pub fn matches(&self, head: &RequestHead<'_>) -> bool {
         self.host_ok(head.host)

@@ -29,11 +29,22 @@ pub struct RequestHead<'a> {
 pub trait Routing: Send + Sync + 'static {
     /// Returns the route for this request, or `None` when nothing matches.
     fn route(&self, head: &RequestHead<'_>) -> Option<Arc<Route>>;
+
+    /// Whether [`route`](Self::route) reads the request's headers now. When it does not, the
+    /// HTTP/1 fast path passes an empty map instead of building one per request. The default
+    /// says it does.
+    fn reads_headers(&self) -> bool {
+        true
+    }
 }
 
 impl<R: Routing + ?Sized> Routing for Arc<R> {
     fn route(&self, head: &RequestHead<'_>) -> Option<Arc<Route>> {
         (**self).route(head)
+    }
+
+    fn reads_headers(&self) -> bool {
+        (**self).reads_headers()
     }
 }
 

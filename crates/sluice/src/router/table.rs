@@ -81,4 +81,8 @@ impl Routing for RouteTable {
             .find(|(m, _)| m.matches(head))
             .map(|(_, r)| Arc::clone(r))
     }
+
+    fn reads_headers(&self) -> bool {
+        self.routes.iter().any(|(m, _)| m.reads_headers())
+    }
 }

@@ -12,14 +12,10 @@ use sluice_wire::h1::{self, Parsed};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 use crate::http::IO_BUFFER_BYTES;
-use crate::proxy::fast::{FastPath, Request, Served};
+use crate::proxy::fast::{FastPath, Request, Scratch, Served};
 
 use super::active::ActiveRequests;
 use super::{ClientInfo, ShutdownSignal};
-
-/// How much a client may pipeline while its request waits before the proxy stops reading it
-/// (and with that, stops noticing a hang-up until the answer).
-const PIPELINED_BYTES: usize = 8 * 1024;
 
 /// What the fast path left of a connection.
 pub(super) enum Left {
@@ -42,8 +38,7 @@ where
     I: AsyncRead + AsyncWrite + Unpin,
 {
     let mut buf = Vec::with_capacity(IO_BUFFER_BYTES);
-    // What the client pipelines while a request waits (the fast path watches it for a hang-up).
-    let mut extra = Vec::with_capacity(PIPELINED_BYTES);
+    let mut scratch = Scratch::default();
     loop {
         if buf.is_empty() && !next_bytes(io, &mut buf, http, signal, active).await {
             return Left::Done;
@@ -68,18 +63,20 @@ where
             client: info,
             shutdown: signal,
         };
-        let served = fast.serve(io, req, &mut extra).await;
+        scratch.prepare();
+        let served = fast.serve(io, req, &mut scratch).await;
+        scratch.trim();
         match served {
             (_, Served::HandOff(_)) => {
                 drop(guard);
                 active.handed_over();
-                buf.append(&mut extra);
+                buf.append(&mut scratch.pipelined);
                 return Left::HandOff(buf);
             }
             (_, Served::Close) => return Left::Done,
             (used, Served::KeepAlive) => {
                 buf.drain(..used);
-                buf.append(&mut extra);
+                buf.append(&mut scratch.pipelined);
             }
         }
     }

@@ -19,18 +19,19 @@ use super::answer;
 use crate::http::IO_BUFFER_BYTES;
 use crate::upstream::reverse::STREAM_GAP;
 
-/// The client's side of a response relay: the head, the body bytes not sent yet, and when to
-/// send them. The head goes out with the body's first bytes, as hyper's server sends it.
+/// The client's side of a response relay: the head and the body bytes not sent yet, in one
+/// buffer, and when to send them. The head goes out with the body's first bytes, as hyper's
+/// server sends it.
 pub(super) struct Sink<'c, C> {
     client: &'c mut C,
-    /// The response head, until it is sent.
-    head: Vec<u8>,
-    /// Body bytes to send; those before `sent` have been.
+    /// The head (while unsent, its first `head` bytes), then body bytes; those before `sent`
+    /// have been sent.
     out: Vec<u8>,
+    head: usize,
     sent: usize,
     /// Whether body bytes (or the body's end) are in, not only the head.
     data: bool,
-    /// How much may wait in `out` (the read-ahead budget; 0: nothing waits).
+    /// How much body may wait in `out` (the read-ahead budget; 0: nothing waits).
     ahead: usize,
     /// The read-ahead is on: nothing has been sent yet.
     gathering: bool,
@@ -42,11 +43,11 @@ pub(super) struct Sink<'c, C> {
 }
 
 impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
-    /// A sink for the response whose head is `head` (written for `framing`), reading ahead
-    /// `ahead` bytes.
+    /// A sink for the response whose head (written for `framing`) is all of `out`, reading
+    /// ahead `ahead` bytes.
     pub(super) fn new(
         client: &'c mut C,
-        head: Vec<u8>,
+        out: Vec<u8>,
         framing: &h1::ResponseHead,
         head_request: bool,
         ahead: usize,
@@ -57,8 +58,8 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         );
         Self {
             client,
-            head,
-            out: Vec::new(),
+            head: out.len(),
+            out,
             sent: 0,
             data: false,
             ahead,
@@ -68,8 +69,20 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         }
     }
 
+    /// The buffer, emptied, for the next response.
+    pub(super) fn into_buffer(mut self) -> Vec<u8> {
+        self.out.clear();
+        self.out
+    }
+
+    /// Bytes not sent yet, the head included.
     fn pending(&self) -> usize {
         self.out.len() - self.sent
+    }
+
+    /// Body bytes waiting.
+    fn body_pending(&self) -> usize {
+        self.out.len() - self.sent.max(self.head)
     }
 
     /// Adds body data, framed as the response goes out.
@@ -99,15 +112,17 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
     /// read-ahead sends it.
     fn set_length(&mut self) {
         use std::io::Write as _;
-        let Some(without_end) = self.head.len().checked_sub(2) else {
+        let Some(fields_end) = self.head.checked_sub(2) else {
             return;
         };
         let framing = b"transfer-encoding: chunked\r\n";
-        if let Some(at) = find(&self.head[..without_end], framing) {
-            self.head.drain(at..at + framing.len());
-        }
-        self.head.truncate(self.head.len() - 2);
-        let _ = write!(self.head, "content-length: {}\r\n\r\n", self.out.len());
+        let Some(at) = find(&self.out[..fields_end], framing) else {
+            return;
+        };
+        let mut length = Vec::with_capacity(framing.len());
+        let _ = write!(length, "content-length: {}\r\n", self.out.len() - self.head);
+        self.head = self.head - framing.len() + length.len();
+        self.out.splice(at..at + framing.len(), length);
         self.chunks = false;
     }
 
@@ -117,15 +132,15 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
             return;
         }
         self.gathering = false;
-        if self.chunks && !self.out.is_empty() {
-            let gathered = std::mem::take(&mut self.out);
+        if self.chunks && self.out.len() > self.head {
+            let gathered = self.out.split_off(self.head);
             answer::chunk(&mut self.out, &gathered);
         }
     }
 
     /// Sends what waits once it outgrows the budget (the read-ahead then ends).
     async fn pass(&mut self) -> io::Result<()> {
-        if self.data && self.pending() > self.ahead {
+        if self.data && self.body_pending() > self.ahead {
             self.stop_gathering();
             self.send().await?;
         }
@@ -135,7 +150,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
     /// Body data straight from the upstream's read: written from `bytes` when nothing waits
     /// and nothing may, else through `out`.
     async fn forward(&mut self, bytes: &[u8]) -> io::Result<()> {
-        if self.ahead == 0 && self.head.is_empty() && self.pending() == 0 && !self.chunks {
+        if self.ahead == 0 && self.pending() == 0 && !self.chunks {
             self.wrote = true;
             return self.client.write_all(bytes).await;
         }
@@ -143,33 +158,15 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         self.pass().await
     }
 
-    /// Sends the head, even before any of the body (a body of unknown length streamed).
-    async fn send_head(&mut self) -> io::Result<()> {
-        if self.head.is_empty() {
-            return Ok(());
-        }
-        self.wrote = true;
-        self.client.write_all(&self.head).await?;
-        self.head.clear();
-        Ok(())
-    }
-
-    /// Sends everything not sent yet (the head only along with body data or its end).
+    /// Sends everything not sent yet (a head alone only for a bodiless response, or one whose
+    /// body streams with no end in sight).
     pub(super) async fn send(&mut self) -> io::Result<()> {
-        if !self.data && self.pending() == 0 {
-            // A bodiless response: the head alone.
-            return self.send_head().await;
-        }
-        if !self.head.is_empty() {
-            let mut all = std::mem::take(&mut self.head);
-            all.extend_from_slice(&self.out[self.sent..]);
-            self.wrote = true;
-            self.client.write_all(&all).await?;
-        } else if self.pending() > 0 {
+        if self.pending() > 0 {
             self.wrote = true;
             self.client.write_all(&self.out[self.sent..]).await?;
         }
         self.out.clear();
+        self.head = 0;
         self.sent = 0;
         Ok(())
     }
@@ -198,7 +195,8 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         if self.gathering || !self.data {
             return upstream.read(buf).await;
         }
-        if !self.head.is_empty() {
+        if self.sent < self.head {
+            // The head goes out with what was gathered, at once.
             self.send().await?;
         }
         while self.pending() > 0 {
@@ -362,6 +360,7 @@ where
 {
     sink.data(early);
     if sink.ahead == 0 {
+        // Streamed: the head goes out now, with or without data.
         sink.send().await?;
     } else {
         sink.pass().await?;

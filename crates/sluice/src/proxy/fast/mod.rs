@@ -36,7 +36,7 @@ use crate::upstream::reverse::raw::SessionLease;
 use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
 
 pub(crate) use self::relay::Exchange;
-pub(crate) use self::request::{Request, Served};
+pub(crate) use self::request::{Request, Scratch, Served};
 
 /// The fast path of a [`ProxyService`](super::ProxyService): its router, metrics and access
 /// log, shared. Cloning is cheap.
@@ -67,19 +67,19 @@ impl FastPath {
     }
 
     /// Serves `req` over `client`; returns how many bytes of `req.buf` it used (head and body)
-    /// and what follows. Bytes the client pipelines while the request waits are appended to
-    /// `extra` (up to its capacity).
+    /// and what follows. Bytes the client pipelines while the request waits are kept in
+    /// `scratch.pipelined`.
     pub(crate) async fn serve<C>(
         &self,
         client: &mut C,
         req: Request<'_>,
-        extra: &mut Vec<u8>,
+        scratch: &mut Scratch,
     ) -> (usize, Served)
     where
         C: AsyncRead + AsyncWrite + Unpin,
     {
         let started = Instant::now();
-        let parts = match Parts::of(&req) {
+        let parts = match Parts::of(&req, self.router.reads_headers()) {
             Ok(parts) => parts,
             Err(reason) => return (0, self.hand_off(reason)),
         };
@@ -91,14 +91,18 @@ impl FastPath {
         }
         let exchange = Exchange::new(&req, &route, &parts.method);
         let outcome: relay::Outcome = match dest {
-            Dest::Static(cluster) => exchange.run(client, extra, cluster.lease_raw(), None).await,
+            Dest::Static(cluster) => {
+                exchange
+                    .run(client, scratch, cluster.lease_raw(), None)
+                    .await
+            }
             Dest::Reverse(slice) => {
                 // As the hyper path stamps it: the client's TCP peer, over any copy the
                 // client or the route put there.
                 let addr = sluice_session::client_addr_value(req.client.peer);
                 let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr.as_bytes()));
                 let lease = SessionLease::lease(&slice);
-                exchange.run(client, extra, lease, stamp).await
+                exchange.run(client, scratch, lease, stamp).await
             }
         };
         // A request whose client hung up before its answer is neither counted nor logged, as
@@ -157,7 +161,7 @@ impl FastPath {
             metrics.request(&route.name, outcome.status, elapsed);
         }
         if let Some(log) = &self.access_log {
-            let ua = parts.headers.get(http::header::USER_AGENT);
+            let ua = field(req, b"user-agent");
             log.record(&access_log::Entry {
                 client: req.client.peer,
                 method: &parts.method,
@@ -167,7 +171,10 @@ impl FastPath {
                 bytes: outcome.length,
                 route: &route.name,
                 elapsed,
-                user_agent: ua.and_then(|v| v.to_str().ok()),
+                // As `HeaderValue::to_str`: visible ASCII only.
+                user_agent: ua
+                    .filter(|v| v.iter().all(|b| (32..127).contains(b) || *b == b'\t'))
+                    .and_then(|v| std::str::from_utf8(v).ok()),
             });
         }
     }
@@ -192,8 +199,8 @@ impl Parts {
     /// Refused (with the reason) for a request whose body is chunked or not all in the buffer
     /// yet (hyper relays those, reading the upstream's answer while it sends), and for one that
     /// accepts trailers (`TE: trailers`), which hyper's server forwards and the fast path does
-    /// not.
-    fn of(req: &Request<'_>) -> Result<Self, &'static str> {
+    /// not. The header map is built only for a router that reads it.
+    fn of(req: &Request<'_>, with_headers: bool) -> Result<Self, &'static str> {
         let (buf, head) = (req.buf, req.head);
         let whole = match head.body {
             BodyFraming::None => true,
@@ -203,17 +210,21 @@ impl Parts {
         if !whole {
             return Err("body");
         }
+        if accepts_trailers(req) {
+            return Err("trailers");
+        }
         let invalid = "head";
         let method = Method::from_bytes(head.method(buf)).map_err(|_| invalid)?;
         let uri = Uri::try_from(head.target(buf)).map_err(|_| invalid)?;
-        let mut headers = HeaderMap::with_capacity(head.fields.len());
-        for field in &head.fields {
-            let name = HeaderName::from_bytes(&buf[field.name.clone()]).map_err(|_| invalid)?;
-            let value = HeaderValue::from_bytes(&buf[field.value.clone()]).map_err(|_| invalid)?;
-            headers.append(name, value);
-        }
-        if accepts_trailers(&headers) {
-            return Err("trailers");
+        let mut headers = HeaderMap::new();
+        if with_headers {
+            headers.reserve(head.fields.len());
+            for field in &head.fields {
+                let name = HeaderName::from_bytes(&buf[field.name.clone()]).map_err(|_| invalid)?;
+                let value =
+                    HeaderValue::from_bytes(&buf[field.value.clone()]).map_err(|_| invalid)?;
+                headers.append(name, value);
+            }
         }
         Ok(Self {
             method,
@@ -223,11 +234,27 @@ impl Parts {
     }
 }
 
+/// The value of the request's first field named `name`.
+fn field<'b>(req: &Request<'b>, name: &[u8]) -> Option<&'b [u8]> {
+    let buf = req.buf;
+    let field = req
+        .head
+        .fields
+        .iter()
+        .find(|f| buf[f.name.clone()].eq_ignore_ascii_case(name));
+    field.map(|f| &buf[f.value.clone()])
+}
+
 /// Whether the client accepts trailer fields (`TE: trailers`, RFC 9110 §10.1.4).
-fn accepts_trailers(headers: &HeaderMap) -> bool {
-    headers.get_all(http::header::TE).iter().any(|v| {
-        v.as_bytes()
-            .split(|b| *b == b',')
+fn accepts_trailers(req: &Request<'_>) -> bool {
+    let buf = req.buf;
+    let te = req
+        .head
+        .fields
+        .iter()
+        .filter(|f| buf[f.name.clone()].eq_ignore_ascii_case(b"te"));
+    te.map(|f| &buf[f.value.clone()]).any(|v| {
+        v.split(|b| *b == b',')
             .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
     })
 }

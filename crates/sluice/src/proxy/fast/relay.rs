@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::answer::{self, date};
 use super::body::{self, Sink};
-use super::request::{Request, Served};
+use super::request::{Request, Scratch, Served};
 use crate::error::ProxyError;
 use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
@@ -83,14 +83,14 @@ impl<'a> Exchange<'a> {
 
     /// Runs the exchange to its end on what `lease` leases (`stamp`: a field the proxy sets
     /// last, as a reverse slice's `Sluice-Client-Addr`). While the request waits for a lease
-    /// or for its answer, the client is watched: bytes it pipelines are kept in `extra`, and
+    /// or for its answer, the client is watched: bytes it pipelines are kept in `scratch`, and
     /// if it hangs up the request is given up (a place in a queue freed at once; an answer
     /// already asked for read off by a task of its own, so that the connection or session
     /// goes back).
     pub(crate) async fn run<C, L>(
         &self,
         client: &mut C,
-        extra: &mut Vec<u8>,
+        scratch: &mut Scratch,
         lease: impl Future<Output = Result<L, ProxyError>>,
         stamp: Option<(&str, &[u8])>,
     ) -> Outcome
@@ -102,26 +102,26 @@ impl<'a> Exchange<'a> {
         let leased = tokio::select! {
             biased;
             leased = lease => leased,
-            () = client_gone(client, extra) => return self.abandoned(used),
+            () = client_gone(client, &mut scratch.pipelined) => return self.abandoned(used),
         };
         let mut lease = match leased {
             Ok(lease) => lease,
             Err(e) => return self.refuse(client, e, used).await,
         };
-        let out = self.upstream_request(stamp);
-        let mut ubuf = Vec::with_capacity(IO_BUFFER_BYTES);
+        self.upstream_request(stamp, &mut scratch.request);
+        let (out, ubuf) = (&scratch.request, &mut scratch.response);
         let mut retried = false;
         let head = loop {
             let deadline = tokio::time::Instant::now() + lease.response_timeout();
-            let attempt = match self.send(&mut lease, &out, deadline).await {
+            let attempt = match self.send(&mut lease, out, deadline).await {
                 Ok(()) => {
                     ubuf.clear();
                     let head_request = self.head_request;
                     tokio::select! {
                         biased;
-                        head = read_head_by(lease.io(), &mut ubuf, head_request, deadline) => head,
-                        () = client_gone(client, extra) => {
-                            read_off(lease, ubuf, head_request, deadline);
+                        head = read_head_by(lease.io(), ubuf, head_request, deadline) => head,
+                        () = client_gone(client, &mut scratch.pipelined) => {
+                            read_off(lease, std::mem::take(ubuf), head_request, deadline);
                             return self.abandoned(used);
                         }
                     }
@@ -147,11 +147,15 @@ impl<'a> Exchange<'a> {
                 }
             }
         };
-        self.respond(client, lease, &ubuf, head, used).await
+        let answer = std::mem::take(&mut scratch.answer);
+        let (outcome, answer) = self.respond(client, lease, ubuf, head, answer, used).await;
+        scratch.answer = answer;
+        outcome
     }
 
-    /// The request to send upstream: its head with the proxy's edits, then its body.
-    fn upstream_request(&self, stamp: Option<(&str, &[u8])>) -> Vec<u8> {
+    /// The request to send upstream, into `out`: its head with the proxy's edits, then its
+    /// body.
+    fn upstream_request(&self, stamp: Option<(&str, &[u8])>, out: &mut Vec<u8>) {
         let (buf, head) = (self.req.buf, self.req.head);
         let forward = Forward {
             client: self.req.client.peer.ip(),
@@ -161,10 +165,9 @@ impl<'a> Exchange<'a> {
             set: &self.route.request_headers.set,
             stamp,
         };
-        let mut out = Vec::with_capacity(self.len() + 256);
-        h1::write_head(buf, head, &forward, &mut out);
+        out.clear();
+        h1::write_head(buf, head, &forward, out);
         out.extend_from_slice(&buf[head.len..self.len()]);
-        out
     }
 
     /// Sends the request, by `deadline` (the response timeout runs from the request's first
@@ -225,15 +228,17 @@ impl<'a> Exchange<'a> {
     }
 
     /// Relays the response whose head is in `ubuf`, gives the lease back as soon as the body
-    /// has been read off it, then sends the client what is left.
+    /// has been read off it, then sends the client what is left. `out` is the buffer the
+    /// answer is put together in, given back emptied.
     async fn respond<C, L>(
         &self,
         client: &mut C,
         mut lease: L,
         ubuf: &[u8],
         head: h1::ResponseHead,
+        mut out: Vec<u8>,
         used: usize,
-    ) -> Outcome
+    ) -> (Outcome, Vec<u8>)
     where
         C: AsyncWrite + Unpin,
         L: Leased,
@@ -248,7 +253,7 @@ impl<'a> Exchange<'a> {
             remove: &self.route.response_headers.remove,
             set: &self.route.response_headers.set,
         };
-        let mut out = Vec::with_capacity(head.len + 64);
+        out.clear();
         h1::write_response_head(ubuf, &head, &answer, &mut out);
         // Events must reach the client as the service sends them: never read ahead.
         let ahead = if body::is_event_stream(ubuf, &head) {
@@ -272,10 +277,14 @@ impl<'a> Exchange<'a> {
                     _ => Served::Close,
                 }
             }
+            Err(_) if sink.wrote || ahead == 0 => {
+                sink.fail().await;
+                Served::Close
+            }
             // A body that failed while it was read ahead, before the client got any of it, is
             // answered 502, as the hyper path answers it.
-            Err(e) if !sink.wrote && ahead > 0 => {
-                drop(sink);
+            Err(e) => {
+                let out = sink.into_buffer();
                 let why = if e.kind() == io::ErrorKind::UnexpectedEof {
                     "closed during the response body"
                 } else {
@@ -284,21 +293,18 @@ impl<'a> Exchange<'a> {
                 let e = ProxyError::UpstreamInvalid(why);
                 lease.log_failure(&e);
                 drop(lease);
-                return self.refuse(client, e, used).await;
-            }
-            Err(_) => {
-                sink.fail().await;
-                Served::Close
+                return (self.refuse(client, e, used).await, out);
             }
         };
-        Outcome {
+        let outcome = Outcome {
             used,
             served,
             status: head.status,
             length,
             head_at,
             error: None,
-        }
+        };
+        (outcome, sink.into_buffer())
     }
 }
 
@@ -371,9 +377,14 @@ where
 {
     loop {
         if ubuf.len() == ubuf.capacity() {
-            return Err(Failed::Error(ProxyError::UpstreamInvalid(
-                "response head too large",
-            )));
+            // Grown as needed (most heads fit the first 4 KiB), up to hyper's limit.
+            let room = IO_BUFFER_BYTES.saturating_sub(ubuf.capacity());
+            if room == 0 {
+                return Err(Failed::Error(ProxyError::UpstreamInvalid(
+                    "response head too large",
+                )));
+            }
+            ubuf.reserve_exact(ubuf.capacity().max(4096).min(room));
         }
         match upstream.read_buf(ubuf).await {
             Ok(0) if ubuf.is_empty() => {

@@ -1,8 +1,10 @@
-//! What the server hands the fast path ([`Request`]) and what it gets back ([`Served`]).
+//! What the server hands the fast path ([`Request`], and a connection's [`Scratch`]) and what
+//! it gets back ([`Served`]).
 
 use sluice_net::shutdown::ShutdownSignal;
 use sluice_wire::h1::RequestHead;
 
+use crate::http::IO_BUFFER_BYTES;
 use crate::server::ClientInfo;
 
 /// What became of a request the fast path was given.
@@ -26,4 +28,39 @@ pub(crate) struct Request<'a> {
     pub(crate) client: &'a ClientInfo,
     /// The server's shutdown: once triggered, responses close their connection.
     pub(crate) shutdown: &'a ShutdownSignal,
+}
+
+/// Buffers a client connection keeps for its fast-path requests, so that a request allocates
+/// none of them. Each stays within what one request needs (64 KiB and some); one that grew
+/// past that (a session's long read-ahead) is let go after its request.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    /// Bytes the client pipelines while a request waits (up to [`PIPELINED_BYTES`]).
+    pub(crate) pipelined: Vec<u8>,
+    /// The request as it goes upstream.
+    pub(super) request: Vec<u8>,
+    /// The response head as read, and what came with it.
+    pub(super) response: Vec<u8>,
+    /// The answer to the client as it is put together.
+    pub(super) answer: Vec<u8>,
+}
+
+/// How much a client may pipeline while its request waits before the proxy stops reading it
+/// (and with that, stops noticing a hang-up until the answer).
+const PIPELINED_BYTES: usize = 8 * 1024;
+
+impl Scratch {
+    /// Ready for a request: room to keep what the client pipelines.
+    pub(crate) fn prepare(&mut self) {
+        self.pipelined.reserve(PIPELINED_BYTES);
+    }
+
+    /// After a request: buffers that grew past what one request needs are let go.
+    pub(crate) fn trim(&mut self) {
+        for buf in [&mut self.request, &mut self.response, &mut self.answer] {
+            if buf.capacity() > 2 * IO_BUFFER_BYTES {
+                *buf = Vec::new();
+            }
+        }
+    }
 }
