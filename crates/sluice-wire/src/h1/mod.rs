@@ -19,4 +19,4 @@ pub use forward::{write_head, write_response_head, Answer, Forward};
 pub use request::{
     parse_request, BodyFraming, Defer, Field, Parsed, RequestHead, Role, MAX_HEADERS,
 };
-pub use response::{parse_response, ParsedResponse, ResponseBody, ResponseHead};
+pub use response::{parse_response, ParsedResponse, ResponseBody, ResponseHead, UNASKED_SWITCH};

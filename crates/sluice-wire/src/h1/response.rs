@@ -14,6 +14,10 @@ use std::ops::Range;
 
 use super::request::{offset, Field, Role, MAX_HEADERS};
 
+/// Why a `101` is refused: the fast path never asks to switch protocols (it leaves upgrades to
+/// hyper), so one is always unasked.
+pub const UNASKED_SWITCH: &str = "upstream switched protocols unasked";
+
 /// What [`parse_response`] made of the start of a buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParsedResponse {
@@ -88,7 +92,7 @@ pub fn parse_response(buf: &[u8], head_request: bool, max_head: usize) -> Parsed
             // Three digits, but `http::StatusCode` (and so hyper) starts at 100.
             0..=99 => return ParsedResponse::Invalid("invalid status code"),
             // The fast path never asks to switch protocols (it leaves upgrades to hyper).
-            101 => return ParsedResponse::Invalid("upstream switched protocols unasked"),
+            101 => return ParsedResponse::Invalid(UNASKED_SWITCH),
             100..=199 => {
                 at += len;
                 continue;

@@ -295,3 +295,4 @@ pub async fn h2_send(
 
 /// Static-cluster helpers: observed backends, raw-TCP backends, refusing ports, waiting.
 pub mod upstream;
+pub mod wire;

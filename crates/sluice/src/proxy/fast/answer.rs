@@ -1,25 +1,36 @@
 //! What the fast path writes itself: error responses (the same status, fields and body as the
 //! hyper path's), chunk framing, and the `Date` value, formatted once a second per thread.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use sluice_wire::h1;
 
 use crate::error::ProxyError;
 
 /// The response the client gets for `e`; `close` adds `Connection: close`, and the answer to
 /// a `HEAD` request has no body (its length stays).
 pub(super) fn error(e: &ProxyError, close: bool, head_request: bool) -> Vec<u8> {
-    let reason = e.reason();
+    // An unasked `101` is answered as the hyper path answers it (`proxy::upgrade`): with its
+    // own text, and no content type.
+    let (reason, typed) = match e {
+        ProxyError::UpstreamInvalid(why) if *why == h1::UNASKED_SWITCH => (Cow::from(*why), false),
+        _ => (Cow::from(e.reason()), true),
+    };
     let status = e.status();
     let mut out = Vec::with_capacity(160 + reason.len());
     let _ = write!(
         out,
-        "HTTP/1.1 {} {}\r\ncontent-type: text/plain; charset=utf-8\r\n",
+        "HTTP/1.1 {} {}\r\n",
         status.as_str(),
         status.canonical_reason().unwrap_or("")
     );
+    if typed {
+        out.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
+    }
     if let Some(secs) = e.retry_after() {
         let _ = write!(out, "retry-after: {secs}\r\n");
     }

@@ -38,6 +38,9 @@ pub(super) struct Sink<'c, C> {
     /// The body goes out chunked. While gathered its data is kept unframed, to go out with
     /// `Content-Length` if it ends in time, or as one chunk if not.
     chunks: bool,
+    /// The body's length is not in its head (chunked, or until the upstream closes): read
+    /// whole ahead, it goes out with `Content-Length`.
+    length_unknown: bool,
     /// Whether anything reached the client.
     pub(super) wrote: bool,
 }
@@ -65,6 +68,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
             ahead,
             gathering: ahead > 0,
             chunks: chunked && framing.http11 && !head_request,
+            length_unknown: chunked && !head_request,
             wrote: false,
         }
     }
@@ -98,31 +102,34 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         self.data = true;
     }
 
-    /// The body has ended.
-    fn end(&mut self) {
-        if self.chunks && self.gathering {
+    /// The body has ended (`trailers`: with trailer fields, which the client does not get).
+    fn end(&mut self, trailers: bool) {
+        if self.gathering && self.length_unknown && !trailers {
             self.set_length();
         } else if self.chunks {
+            // As the hyper path's read-ahead: a body with trailers stays chunked.
+            self.stop_gathering();
             self.out.extend_from_slice(b"0\r\n\r\n");
         }
         self.data = true;
     }
 
-    /// A chunked body read whole goes out with its length instead, as the hyper path's
-    /// read-ahead sends it.
+    /// A body of unknown length read whole goes out with its length instead, as the hyper
+    /// path's read-ahead sends it.
     fn set_length(&mut self) {
         use std::io::Write as _;
         let Some(fields_end) = self.head.checked_sub(2) else {
             return;
         };
-        let framing = b"transfer-encoding: chunked\r\n";
-        let Some(at) = find(&self.out[..fields_end], framing) else {
-            return;
-        };
-        let mut length = Vec::with_capacity(framing.len());
+        let mut length = Vec::with_capacity(32);
         let _ = write!(length, "content-length: {}\r\n", self.out.len() - self.head);
-        self.head = self.head - framing.len() + length.len();
-        self.out.splice(at..at + framing.len(), length);
+        let framing = b"transfer-encoding: chunked\r\n";
+        let replaced = match find(&self.out[..fields_end], framing) {
+            Some(at) => at..at + framing.len(),
+            None => fields_end..fields_end,
+        };
+        self.head = self.head - replaced.len() + length.len();
+        self.out.splice(replaced, length);
         self.chunks = false;
     }
 
@@ -342,7 +349,7 @@ where
     if !decoder.is_done() {
         return Ok(None);
     }
-    sink.end();
+    sink.end(!decoder.trailers().is_empty());
     Ok(Some(input.len() - at))
 }
 
@@ -369,7 +376,7 @@ where
     loop {
         let n = sink.read(upstream, &mut chunk).await?;
         if n == 0 {
-            sink.end();
+            sink.end(false);
             return Ok(());
         }
         sink.data(&chunk[..n]);
