@@ -11,6 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 
 use sluice_config::ReverseOptions;
 use tokio::sync::{oneshot, Notify};
@@ -283,7 +284,8 @@ impl<P: Protocol> SlicePool<P> {
     /// Leases a live session exclusively: an idle one, or the next one returned or registered
     /// while this request waits in the queue (at most `queue_timeout`).
     pub async fn lease(self: &Arc<Self>) -> Result<Session<P>, LeaseError> {
-        let started = Instant::now();
+        // Read only once the request has to wait: a lease of an idle session reads no clock.
+        let mut started = None;
         loop {
             let mut session = match self.take()? {
                 Taken::Idle(session) => session,
@@ -293,6 +295,7 @@ impl<P: Protocol> SlicePool<P> {
                         return Err(self.no_sessions());
                     };
                     let queued = Instant::now();
+                    let started = *started.get_or_insert(queued);
                     let waited = waiter.wait(started + limit).await;
                     let waited_for = queued.elapsed();
                     self.metrics
@@ -309,8 +312,14 @@ impl<P: Protocol> SlicePool<P> {
             // idle again, and fails for a session the service closed meanwhile. It is bounded:
             // a session still busy writing a slow upload the service answered early would
             // otherwise hold this request; such a session is closed (its SDK re-dials).
-            let ready = tokio::time::timeout(self.opts.queue_timeout, session.ready());
-            if matches!(ready.await, Ok(true)) && session.usable() {
+            let ready = match session.ready_now() {
+                Poll::Ready(ready) => ready,
+                Poll::Pending => {
+                    let ready = tokio::time::timeout(self.opts.queue_timeout, session.ready());
+                    matches!(ready.await, Ok(true))
+                }
+            };
+            if ready && session.usable() {
                 return Ok(session);
             }
             debug!(cluster = %self.id.cluster, slice = %self.id.slice, instance = %session.instance().id(), "discarded a dead idle session");

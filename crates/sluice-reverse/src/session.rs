@@ -1,6 +1,7 @@
 //! A session: a protocol client over a stream a service registered.
 
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 use crate::instance::Instance;
 use crate::protocol::Protocol;
@@ -55,6 +56,12 @@ impl<P: Protocol> Session<P> {
     /// Waits until the client can take a request; false when the connection ended.
     pub(crate) async fn ready(&mut self) -> bool {
         std::future::poll_fn(|cx| P::poll_ready(&mut self.client, cx)).await
+    }
+
+    /// Whether the client can take a request now (`Pending`: not yet; [`ready`](Self::ready)
+    /// waits). Polled with a waker that nobody waits on.
+    pub(crate) fn ready_now(&mut self) -> std::task::Poll<bool> {
+        P::poll_ready(&mut self.client, &mut Context::from_waker(Waker::noop()))
     }
 
     /// Which session this is (its connection's identity), for tests.

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::io::Write as _;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_wire::h1;
 
@@ -57,18 +57,28 @@ pub(super) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// The current date in HTTP form (RFC 9110 §5.6.7), formatted at most once a second per
-/// thread; shared, so a response costs a reference count, not a string.
+/// The current date in HTTP form (RFC 9110 §5.6.7).
 pub(super) fn date() -> Arc<str> {
+    date_at(Instant::now())
+}
+
+/// The date in HTTP form at `now` (a clock reading the caller already has), formatted at most
+/// once a second per thread and read off the wall clock only then; shared, so a response costs
+/// a reference count, not a string.
+pub(super) fn date_at(now: Instant) -> Arc<str> {
     thread_local! {
-        static CACHED: RefCell<(u64, Arc<str>)> = RefCell::new((u64::MAX, Arc::from("")));
+        /// The date, and until when it holds.
+        static CACHED: RefCell<(Option<Instant>, Arc<str>)> = RefCell::new((None, Arc::from("")));
     }
-    let now = SystemTime::now();
-    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     CACHED.with(|cached| {
         let mut cached = cached.borrow_mut();
-        if cached.0 != secs {
-            *cached = (secs, Arc::from(httpdate::fmt_http_date(now)));
+        if cached.0.is_none_or(|until| now >= until) {
+            let wall = SystemTime::now();
+            let into = wall
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let left = Duration::from_nanos(1_000_000_000 - u64::from(into));
+            *cached = (Some(now + left), Arc::from(httpdate::fmt_http_date(wall)));
         }
         Arc::clone(&cached.1)
     })

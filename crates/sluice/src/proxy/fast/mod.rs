@@ -21,7 +21,7 @@ mod relay;
 mod request;
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use sluice_config::HeaderEdits;
@@ -89,12 +89,11 @@ impl FastPath {
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_request();
         }
-        let exchange = Exchange::new(&req, &route, &parts.method);
+        let exchange = Exchange::new(&req, &route, &parts.method, started);
         let outcome: relay::Outcome = match dest {
             Dest::Static(cluster) => {
-                exchange
-                    .run(client, scratch, cluster.lease_raw(), None)
-                    .await
+                let lease = cluster.lease_raw(started);
+                exchange.run(client, scratch, lease, None).await
             }
             Dest::Reverse(slice) => {
                 // As the hyper path stamps it: the client's TCP peer, over any copy the

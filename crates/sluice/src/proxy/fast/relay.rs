@@ -5,13 +5,14 @@
 
 use std::future::Future;
 use std::io;
-use std::time::Instant;
+use std::pin::Pin;
 
 use http::Method;
 use sluice_wire::h1::{self, Answer, BodyFraming, Forward, ParsedResponse, ResponseBody};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::{Instant, Sleep};
 
-use super::answer::{self, date};
+use super::answer::{self, date_at};
 use super::body::{self, Sink};
 use super::request::{Request, Scratch, Served};
 use crate::error::ProxyError;
@@ -51,15 +52,23 @@ pub(crate) struct Exchange<'a> {
     route: &'a Route,
     head_request: bool,
     idempotent: bool,
+    /// When the request was taken: the clock reading its timeouts start from.
+    started: Instant,
 }
 
 impl<'a> Exchange<'a> {
-    pub(crate) fn new(req: &'a Request<'a>, route: &'a Route, method: &Method) -> Self {
+    pub(crate) fn new(
+        req: &'a Request<'a>,
+        route: &'a Route,
+        method: &Method,
+        started: Instant,
+    ) -> Self {
         Self {
             req,
             route,
             head_request: method == Method::HEAD,
             idempotent: is_idempotent(method),
+            started,
         }
     }
 
@@ -99,34 +108,54 @@ impl<'a> Exchange<'a> {
         L: Leased + 'static,
     {
         let used = self.len();
+        let Scratch {
+            pipelined,
+            request,
+            response: ubuf,
+            answer,
+            timer,
+        } = scratch;
         let leased = tokio::select! {
             biased;
             leased = lease => leased,
-            () = client_gone(client, &mut scratch.pipelined) => return self.abandoned(used),
+            () = client_gone(client, pipelined) => return self.abandoned(used),
         };
         let mut lease = match leased {
             Ok(lease) => lease,
             Err(e) => return self.refuse(client, e, used).await,
         };
-        self.upstream_request(stamp, &mut scratch.request);
-        let (out, ubuf) = (&scratch.request, &mut scratch.response);
+        self.upstream_request(stamp, request);
         let mut retried = false;
+        // The first attempt's time runs from when the request was taken (a clock read saved).
+        let mut from = self.started;
         let head = loop {
-            let deadline = tokio::time::Instant::now() + lease.response_timeout();
-            let attempt = match self.send(&mut lease, out, deadline).await {
+            let deadline = from + lease.response_timeout();
+            let mut timer = request_timer(timer, deadline);
+            let head_request = self.head_request;
+            let sent = tokio::select! {
+                biased;
+                sent = lease.io().write_all(request) => sent,
+                () = timer.as_mut() => Err(io::ErrorKind::TimedOut.into()),
+            };
+            let attempt = match sent {
                 Ok(()) => {
                     ubuf.clear();
-                    let head_request = self.head_request;
                     tokio::select! {
                         biased;
-                        head = read_head_by(lease.io(), ubuf, head_request, deadline) => head,
-                        () = client_gone(client, &mut scratch.pipelined) => {
+                        head = read_head(lease.io(), ubuf, head_request) => head,
+                        () = timer.as_mut() => Err(Failed::Error(ProxyError::ResponseTimeout)),
+                        () = client_gone(client, pipelined) => {
                             read_off(lease, std::mem::take(ubuf), head_request, deadline);
                             return self.abandoned(used);
                         }
                     }
                 }
-                Err(failed) => Err(failed),
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    Err(Failed::Error(ProxyError::ResponseTimeout))
+                }
+                Err(_) => Err(Failed::Stale(ProxyError::UpstreamInvalid(
+                    "connection failed",
+                ))),
             };
             match attempt {
                 Ok(head) => break head,
@@ -136,6 +165,7 @@ impl<'a> Exchange<'a> {
                     if !retried && lease.may_be_stale() && self.replayable(&lease) =>
                 {
                     retried = true;
+                    from = Instant::now();
                     if let Err(e) = lease.renew().await {
                         lease.log_failure(&e);
                         return self.refuse(client, e, used).await;
@@ -147,9 +177,9 @@ impl<'a> Exchange<'a> {
                 }
             }
         };
-        let answer = std::mem::take(&mut scratch.answer);
-        let (outcome, answer) = self.respond(client, lease, ubuf, head, answer, used).await;
-        scratch.answer = answer;
+        let out = std::mem::take(answer);
+        let (outcome, out) = self.respond(client, lease, ubuf, head, out, used).await;
+        *answer = out;
         outcome
     }
 
@@ -168,23 +198,6 @@ impl<'a> Exchange<'a> {
         out.clear();
         h1::write_head(buf, head, &forward, out);
         out.extend_from_slice(&buf[head.len..self.len()]);
-    }
-
-    /// Sends the request, by `deadline` (the response timeout runs from the request's first
-    /// byte to its response head, as hyper's client path times it).
-    async fn send<L: Leased>(
-        &self,
-        lease: &mut L,
-        out: &[u8],
-        deadline: tokio::time::Instant,
-    ) -> Result<(), Failed> {
-        match tokio::time::timeout_at(deadline, lease.io().write_all(out)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(Failed::Stale(ProxyError::UpstreamInvalid(
-                "connection failed",
-            ))),
-            Err(_elapsed) => Err(Failed::Error(ProxyError::ResponseTimeout)),
-        }
     }
 
     /// The outcome of a request whose client hung up before its answer: nothing more is sent
@@ -243,9 +256,10 @@ impl<'a> Exchange<'a> {
         C: AsyncWrite + Unpin,
         L: Leased,
     {
-        let head_at = Some(Instant::now());
+        let now = Instant::now();
+        let head_at = Some(now);
         let close = self.closes() || head.ends_with_close();
-        let date = date();
+        let date = date_at(now.into_std());
         let answer = Answer {
             head_request: self.head_request,
             close,
@@ -308,20 +322,13 @@ impl<'a> Exchange<'a> {
     }
 }
 
-/// [`read_head`] by `deadline` (a `ResponseTimeout` after it).
-async fn read_head_by<U>(
-    upstream: &mut U,
-    ubuf: &mut Vec<u8>,
-    head_request: bool,
-    deadline: tokio::time::Instant,
-) -> Result<h1::ResponseHead, Failed>
-where
-    U: AsyncRead + Unpin,
-{
-    match tokio::time::timeout_at(deadline, read_head(upstream, ubuf, head_request)).await {
-        Ok(head) => head,
-        Err(_elapsed) => Err(Failed::Error(ProxyError::ResponseTimeout)),
-    }
+/// The connection's response timer, set to `deadline`. One timer serves all of a
+/// connection's requests: moving it later is a store, where a timer per request would be
+/// entered into and taken out of Tokio's timer wheel every time.
+fn request_timer(timer: &mut Option<Pin<Box<Sleep>>>, deadline: Instant) -> Pin<&mut Sleep> {
+    let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+    timer.as_mut().reset(deadline);
+    timer.as_mut()
 }
 
 /// Resolves when the client hangs up (or its connection fails) while its request is in the
@@ -347,7 +354,7 @@ fn read_off<L: Leased + 'static>(
     mut lease: L,
     mut ubuf: Vec<u8>,
     head_request: bool,
-    deadline: tokio::time::Instant,
+    deadline: Instant,
 ) {
     tokio::spawn(async move {
         let read = async {

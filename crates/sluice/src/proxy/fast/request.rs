@@ -1,8 +1,11 @@
 //! What the server hands the fast path ([`Request`], and a connection's [`Scratch`]) and what
 //! it gets back ([`Served`]).
 
+use std::pin::Pin;
+
 use sluice_net::shutdown::ShutdownSignal;
 use sluice_wire::h1::RequestHead;
+use tokio::time::Sleep;
 
 use crate::http::IO_BUFFER_BYTES;
 use crate::server::ClientInfo;
@@ -43,6 +46,8 @@ pub(crate) struct Scratch {
     pub(super) response: Vec<u8>,
     /// The answer to the client as it is put together.
     pub(super) answer: Vec<u8>,
+    /// The response timer, moved for each request.
+    pub(super) timer: Option<Pin<Box<Sleep>>>,
 }
 
 /// How much a client may pipeline while its request waits before the proxy stops reading it

@@ -209,6 +209,11 @@ impl Inner {
     fn now_ms(&self) -> u64 {
         endpoint::millis(self.epoch.elapsed())
     }
+
+    /// `at` in cluster epoch milliseconds (a clock reading the caller already has).
+    fn ms_at(&self, at: Instant) -> u64 {
+        endpoint::millis(at.saturating_duration_since(self.epoch))
+    }
 }
 
 /// Closes idle connections past the idle timeout, so that idle sockets do not linger until the

@@ -78,19 +78,20 @@ impl StaticCluster {
 
     /// Leases a connection for one request: an endpoint picked by the load-balancing policy,
     /// its most recently used idle fast-path connection or a new one. A failed connect ejects
-    /// the endpoint and moves on to another, as [`send`](Self::send) does.
-    pub(crate) async fn lease_raw(&self) -> Result<RawLease, ProxyError> {
+    /// the endpoint and moves on to another, as [`send`](Self::send) does. `now` is the
+    /// request's clock reading (ejections and idle expiry are judged by it).
+    pub(crate) async fn lease_raw(&self, now: Instant) -> Result<RawLease, ProxyError> {
         self.start_tasks();
         let inner = &self.inner;
         let endpoints = inner.endpoints.load_full();
         let mut tried = Vec::new();
         let mut last_error = None;
         for _ in 0..MAX_CONNECT_ATTEMPTS {
-            let Some(i) = inner.balancer.pick(&endpoints, inner.now_ms(), &tried) else {
+            let Some(i) = inner.balancer.pick(&endpoints, inner.ms_at(now), &tried) else {
                 break;
             };
             let in_flight = endpoints[i].begin_request();
-            let conn = match checkout(&endpoints[i], &inner.opts) {
+            let conn = match checkout(&endpoints[i], &inner.opts, now) {
                 Some(conn) => Ok(conn),
                 None => connect(inner, &endpoints[i]).await,
             };
@@ -145,9 +146,8 @@ async fn connect(inner: &Inner, endpoint: &Endpoint) -> Result<RawConn, ProxyErr
     }
 }
 
-/// The most recently used idle connection that is open, quiet and not expired.
-fn checkout(endpoint: &Endpoint, opts: &StaticOptions) -> Option<RawConn> {
-    let now = Instant::now();
+/// The most recently used idle connection that is open, quiet and not expired at `now`.
+fn checkout(endpoint: &Endpoint, opts: &StaticOptions, now: Instant) -> Option<RawConn> {
     let mut idle = endpoint.lock_raw_idle();
     while let Some(entry) = idle.pop_back() {
         if entry.idle_for(now) < opts.pool.idle_timeout && is_quiet(&entry.conn) {
