@@ -37,6 +37,14 @@ pub(crate) struct Outcome {
     pub(crate) error: Option<ProxyError>,
 }
 
+/// What one attempt at a response head came to.
+enum Attempt {
+    Head(h1::ResponseHead),
+    Failed(Failed),
+    /// The client hung up while the answer was awaited.
+    ClientGone,
+}
+
 /// How an attempt to get a response head failed.
 enum Failed {
     /// The connection closed or failed before any response byte: a reused one was stale.
@@ -130,38 +138,17 @@ impl<'a> Exchange<'a> {
         let mut from = self.started;
         let head = loop {
             let deadline = from + lease.response_timeout();
-            let mut timer = request_timer(timer, deadline);
-            let head_request = self.head_request;
-            let sent = tokio::select! {
-                biased;
-                sent = lease.io().write_all(request) => sent,
-                () = timer.as_mut() => Err(io::ErrorKind::TimedOut.into()),
-            };
-            let attempt = match sent {
-                Ok(()) => {
-                    ubuf.clear();
-                    tokio::select! {
-                        biased;
-                        head = read_head(lease.io(), ubuf, head_request) => head,
-                        () = timer.as_mut() => Err(Failed::Error(ProxyError::ResponseTimeout)),
-                        () = client_gone(client, pipelined) => {
-                            read_off(lease, std::mem::take(ubuf), head_request, deadline);
-                            return self.abandoned(used);
-                        }
-                    }
+            let timer = request_timer(timer, deadline);
+            let attempt = self.attempt(client, &mut lease, request, ubuf, pipelined, timer);
+            match attempt.await {
+                Attempt::Head(head) => break head,
+                Attempt::ClientGone => {
+                    read_off(lease, std::mem::take(ubuf), self.head_request, deadline);
+                    return self.abandoned(used);
                 }
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    Err(Failed::Error(ProxyError::ResponseTimeout))
-                }
-                Err(_) => Err(Failed::Stale(ProxyError::UpstreamInvalid(
-                    "connection failed",
-                ))),
-            };
-            match attempt {
-                Ok(head) => break head,
                 // A reused connection that failed before any response byte was stale: a
                 // replayable request goes out once more, on a fresh one.
-                Err(Failed::Stale(_))
+                Attempt::Failed(Failed::Stale(_))
                     if !retried && lease.may_be_stale() && self.replayable(&lease) =>
                 {
                     retried = true;
@@ -171,7 +158,7 @@ impl<'a> Exchange<'a> {
                         return self.refuse(client, e, used).await;
                     }
                 }
-                Err(Failed::Stale(e) | Failed::Error(e)) => {
+                Attempt::Failed(Failed::Stale(e) | Failed::Error(e)) => {
                     lease.log_failure(&e);
                     return self.refuse(client, e, used).await;
                 }
@@ -181,6 +168,42 @@ impl<'a> Exchange<'a> {
         let (outcome, out) = self.respond(client, lease, ubuf, head, out, used).await;
         *answer = out;
         outcome
+    }
+
+    /// Sends `request` and reads the response head into `ubuf`, both before `timer` fires,
+    /// watching the client meanwhile (what it pipelines goes to `pipelined`).
+    async fn attempt<C, L>(
+        &self,
+        client: &mut C,
+        lease: &mut L,
+        request: &[u8],
+        ubuf: &mut Vec<u8>,
+        pipelined: &mut Vec<u8>,
+        mut timer: Pin<&mut Sleep>,
+    ) -> Attempt
+    where
+        C: AsyncRead + Unpin,
+        L: Leased,
+    {
+        let sent = tokio::select! {
+            biased;
+            sent = lease.io().write_all(request) => sent,
+            () = timer.as_mut() => return Attempt::Failed(Failed::Error(ProxyError::ResponseTimeout)),
+        };
+        if sent.is_err() {
+            let e = ProxyError::UpstreamInvalid("connection failed");
+            return Attempt::Failed(Failed::Stale(e));
+        }
+        ubuf.clear();
+        tokio::select! {
+            biased;
+            head = read_head(lease.io(), ubuf, self.head_request) => match head {
+                Ok(head) => Attempt::Head(head),
+                Err(failed) => Attempt::Failed(failed),
+            },
+            () = timer => Attempt::Failed(Failed::Error(ProxyError::ResponseTimeout)),
+            () = client_gone(client, pipelined) => Attempt::ClientGone,
+        }
     }
 
     /// The request to send upstream, into `out`: its head with the proxy's edits, then its
