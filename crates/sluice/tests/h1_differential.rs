@@ -22,6 +22,7 @@ use http::{HeaderName, HeaderValue};
 use serde::Deserialize;
 use sluice_wire::h1::{self, BodyFraming, Chunked, Forward, Parsed};
 use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
+use support::wire::{assert_none_differ, Seen};
 use support::{read_to_close, TestProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -67,16 +68,6 @@ impl Case {
         let byte = |c: char| u8::try_from(u32::from(c)).expect("corpus chars are bytes");
         self.bytes.chars().map(byte).collect()
     }
-}
-
-/// A request as the upstream saw it (or the fast path would send it), in comparable form.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Seen {
-    method: String,
-    target: String,
-    /// Lowercase names, sorted by name, values in their order within a name.
-    fields: Vec<(String, Vec<u8>)>,
-    body: Vec<u8>,
 }
 
 /// Reads one request head from `bytes` (well-formed: written by hyper's client or by
@@ -374,13 +365,7 @@ async fn the_fast_path_forwards_what_the_proxy_forwards() {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} runs differ:\n{}",
-        failures.len(),
-        2 * cases.len(),
-        failures.join("\n")
-    );
+    assert_none_differ(&failures, 2 * cases.len());
     assert!(taken >= 2 * 40, "the fast path took only {taken} runs");
 }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use serde::Deserialize;
 use sluice_wire::h1::{self, Answer, Chunked, ParsedResponse, ResponseBody};
-use support::wire::{read_response, Got};
+use support::wire::{assert_none_differ, read_response, Got};
 use support::TestProxy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -191,13 +191,7 @@ async fn the_fast_path_answers_what_the_proxy_answers() {
             failures.push(format!("{}: {why}", case.name));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases differ:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    assert_none_differ(&failures, cases.len());
 }
 
 /// Runs case `i` through the proxy and the fast path; says how they differ.

@@ -26,7 +26,7 @@ use reverse_support::service::dial;
 use reverse_support::ServiceSpec;
 use serde::Deserialize;
 use sluice::ReverseCluster;
-use support::wire::{read_response, Got};
+use support::wire::{assert_none_differ, read_response, Got, Seen};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -131,17 +131,6 @@ async fn exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
     received
 }
 
-/// A request as the service received it, in comparable form.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Seen {
-    method: String,
-    target: String,
-    /// Lowercase names, sorted, values in order within a name; the client address checked
-    /// and replaced by a placeholder (each connection has its own port).
-    fields: Vec<(String, Vec<u8>)>,
-    body: Vec<u8>,
-}
-
 /// A service whose sessions record every request and answer `200 ok`.
 #[derive(Clone, Default)]
 struct Recorder {
@@ -193,6 +182,8 @@ impl Recorder {
 
 /// One whole request at the start of `bytes` (well-formed: written by one of the paths), and
 /// how many bytes it took.
+/// `Sluice-Client-Addr` is checked to be the client's and replaced by a placeholder (each
+/// connection has its own port).
 fn read_request(bytes: &[u8]) -> Option<(Seen, usize)> {
     let mut storage = [httparse::EMPTY_HEADER; 128];
     let mut req = httparse::Request::new(&mut storage);
@@ -293,6 +284,11 @@ fn statuses(mut bytes: &[u8]) -> Vec<u16> {
     }
 }
 
+/// What the two listeners got for a case, when it differs.
+fn differ<T: std::fmt::Debug + PartialEq>(case: &str, got: &[T]) -> Option<String> {
+    (got[0] != got[1]).then(|| format!("{case}:\n  fast  {:?}\n  hyper {:?}", got[0], got[1]))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_reach_a_service_alike_on_both_paths() {
     let cases: Vec<Case> = serde_json::from_str(REQUESTS).expect("the corpus parses");
@@ -315,20 +311,9 @@ async fn requests_reach_a_service_alike_on_both_paths() {
                 .until(&back, |c| c.idle_sessions("default") == 2)
                 .await;
         }
-        if got[0] != got[1] {
-            failures.push(format!(
-                "{}:\n  fast  {:?}\n  hyper {:?}",
-                case.name, got[0], got[1]
-            ));
-        }
+        failures.extend(differ(&case.name, &got));
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases differ:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    assert_none_differ(&failures, cases.len());
 }
 
 /// Registers a session that answers one request with `answer`, then closes.
@@ -370,18 +355,7 @@ async fn responses_reach_the_client_alike_on_both_paths() {
             let answer = exchange(addr, request.as_bytes()).await;
             got.push(read_response(&answer, method == "HEAD"));
         }
-        if got[0] != got[1] {
-            failures.push(format!(
-                "{}:\n  fast  {:?}\n  hyper {:?}",
-                case.name, got[0], got[1]
-            ));
-        }
+        failures.extend(differ(&case.name, &got));
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} cases differ:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    assert_none_differ(&failures, cases.len());
 }

@@ -33,9 +33,9 @@ pub(crate) trait Leased: Send + Sized {
 
     /// How many bytes of a response to read before the client gets any: a session is freed as
     /// soon as its response has been read off it, so a slow client does not hold it (its
-    /// cluster's `response_buffer`); a static connection's response is relayed as it comes
-    /// (0).
-    fn read_ahead(&self) -> usize;
+    /// cluster's `response_buffer`); a static connection's response streams as it comes
+    /// (`None`).
+    fn read_ahead(&self) -> Option<usize>;
 
     /// Ends the lease after the response has been read off: back to its pool when `reusable`.
     fn release(self, reusable: bool);

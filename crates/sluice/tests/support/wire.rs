@@ -1,4 +1,4 @@
-//! HTTP/1 responses as a client reads them, in a form two paths' answers can be compared in.
+//! HTTP/1 requests and responses in a form in which two paths' can be compared.
 
 /// A response as the client got it (or the fast path would send it), in comparable form.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,4 +76,24 @@ pub fn dechunk(bytes: &[u8]) -> Option<Vec<u8>> {
         body.extend_from_slice(bytes.get(at..at + size)?);
         at += size + 2;
     }
+}
+
+/// A request as an upstream saw it (or the fast path would send it), in comparable form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub method: String,
+    pub target: String,
+    /// Lowercase names, sorted by name, values in their order within a name.
+    pub fields: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+/// Fails, listing them, when any of `of` runs is in `failures`.
+pub fn assert_none_differ(failures: &[String], of: usize) {
+    assert!(
+        failures.is_empty(),
+        "{} of {of} runs differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -21,7 +21,8 @@ use crate::upstream::reverse::STREAM_GAP;
 
 /// The client's side of a response relay: the head and the body bytes not sent yet, in one
 /// buffer, and when to send them. The head goes out with the body's first bytes, as hyper's
-/// server sends it.
+/// server sends it. The upstream is read into a second buffer while the client takes what
+/// waits in the first, so neither side waits for the other within the budget.
 pub(super) struct Sink<'c, C> {
     client: &'c mut C,
     /// The head (while unsent, its first `head` bytes), then body bytes; those before `sent`
@@ -29,10 +30,12 @@ pub(super) struct Sink<'c, C> {
     out: Vec<u8>,
     head: usize,
     sent: usize,
+    /// What the upstream's last read brought.
+    spare: Vec<u8>,
     /// Whether body bytes (or the body's end) are in, not only the head.
     data: bool,
-    /// How much body may wait in `out` (the read-ahead budget; 0: nothing waits).
-    ahead: usize,
+    /// How much body may wait in `out` before the client must take it first.
+    budget: usize,
     /// The read-ahead is on: nothing has been sent yet.
     gathering: bool,
     /// The body goes out chunked. While gathered its data is kept unframed, to go out with
@@ -46,16 +49,17 @@ pub(super) struct Sink<'c, C> {
 }
 
 impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
-    /// A sink for the response whose head (written for `framing`) is all of `out`, reading
-    /// ahead `ahead` bytes.
+    /// A sink for the response whose head (written for `framing`) is all of `out`; `spare`
+    /// takes the upstream's reads. With `read_ahead`, the response is gathered up to that
+    /// many bytes before the client gets any; without, it streams.
     pub(super) fn new(
         client: &'c mut C,
-        out: Vec<u8>,
+        (out, spare): (Vec<u8>, Vec<u8>),
         framing: &h1::ResponseHead,
         head_request: bool,
-        ahead: usize,
+        read_ahead: Option<usize>,
     ) -> Self {
-        let chunked = matches!(
+        let unknown = matches!(
             framing.body,
             ResponseBody::Chunked | ResponseBody::UntilClose
         );
@@ -64,19 +68,21 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
             head: out.len(),
             out,
             sent: 0,
+            spare,
             data: false,
-            ahead,
-            gathering: ahead > 0,
-            chunks: chunked && framing.http11 && !head_request,
-            length_unknown: chunked && !head_request,
+            budget: read_ahead.unwrap_or(IO_BUFFER_BYTES),
+            gathering: read_ahead.is_some(),
+            chunks: unknown && framing.http11 && !head_request,
+            length_unknown: unknown && !head_request,
             wrote: false,
         }
     }
 
-    /// The buffer, emptied, for the next response.
-    pub(super) fn into_buffer(mut self) -> Vec<u8> {
+    /// The buffers, emptied, for the next response.
+    pub(super) fn into_buffers(mut self) -> (Vec<u8>, Vec<u8>) {
         self.out.clear();
-        self.out
+        self.spare.clear();
+        (self.out, self.spare)
     }
 
     /// Bytes not sent yet, the head included.
@@ -100,6 +106,23 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
             self.out.extend_from_slice(bytes);
         }
         self.data = true;
+    }
+
+    /// Adds what the last read brought as body data as it is (a body of known length, or
+    /// one that ends with the connection): when nothing waits, by taking the read's buffer
+    /// for `out` instead of copying it.
+    fn data_read(&mut self) {
+        if self.pending() == 0 && !self.chunks && !self.spare.is_empty() {
+            std::mem::swap(&mut self.out, &mut self.spare);
+            self.spare.clear();
+            self.head = 0;
+            self.sent = 0;
+            self.data = true;
+        } else {
+            let read = std::mem::take(&mut self.spare);
+            self.data(&read);
+            self.spare = read;
+        }
     }
 
     /// The body has ended (`trailers`: with trailer fields, which the client does not get).
@@ -145,24 +168,13 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         }
     }
 
-    /// Sends what waits once it outgrows the budget (the read-ahead then ends).
+    /// Sends what waits once it outgrows the budget (a read-ahead then ends).
     async fn pass(&mut self) -> io::Result<()> {
-        if self.data && self.body_pending() > self.ahead {
+        if self.data && self.body_pending() > self.budget {
             self.stop_gathering();
             self.send().await?;
         }
         Ok(())
-    }
-
-    /// Body data straight from the upstream's read: written from `bytes` when nothing waits
-    /// and nothing may, else through `out`.
-    async fn forward(&mut self, bytes: &[u8]) -> io::Result<()> {
-        if self.ahead == 0 && self.pending() == 0 && !self.chunks {
-            self.wrote = true;
-            return self.client.write_all(bytes).await;
-        }
-        self.data(bytes);
-        self.pass().await
     }
 
     /// Sends everything not sent yet (a head alone only for a bodiless response, or one whose
@@ -186,29 +198,36 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         }
     }
 
-    /// Reads more of the body into `buf`. While gathering, once some body has come, a pause
-    /// of [`STREAM_GAP`] ends the read-ahead. After it, what waits goes to the client while
-    /// the upstream is read, so the upstream is read at its own pace within the budget.
-    async fn read<U>(&mut self, upstream: &mut U, buf: &mut [u8]) -> io::Result<usize>
+    /// Reads up to `want` more bytes of the body into `spare`; 0 at its end. While gathering,
+    /// once some body has come, a pause of [`STREAM_GAP`] ends the read-ahead. Streaming, what
+    /// waits goes to the client while the upstream is read.
+    async fn read<U>(&mut self, upstream: &mut U, want: usize) -> io::Result<usize>
     where
         U: AsyncRead + Unpin,
     {
+        self.spare.clear();
+        let want = want.min(IO_BUFFER_BYTES);
+        if self.spare.capacity() < want {
+            self.spare.reserve_exact(want);
+        }
+        let mut upstream = upstream.take(want as u64);
         if self.gathering && self.data {
-            if let Ok(read) = tokio::time::timeout(STREAM_GAP, upstream.read(buf)).await {
+            let read = upstream.read_buf(&mut self.spare);
+            if let Ok(read) = tokio::time::timeout(STREAM_GAP, read).await {
                 return read;
             }
             self.stop_gathering();
         }
         if self.gathering || !self.data {
-            return upstream.read(buf).await;
+            return upstream.read_buf(&mut self.spare).await;
         }
         if self.sent < self.head {
-            // The head goes out with what was gathered, at once.
+            // The head goes out with what waits, at once.
             self.send().await?;
         }
         while self.pending() > 0 {
             tokio::select! {
-                read = upstream.read(buf) => return read,
+                read = upstream.read_buf(&mut self.spare) => return read,
                 wrote = self.client.write(&self.out[self.sent..]) => {
                     let n = wrote?;
                     if n == 0 {
@@ -221,7 +240,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         }
         self.out.clear();
         self.sent = 0;
-        upstream.read(buf).await
+        upstream.read_buf(&mut self.spare).await
     }
 }
 
@@ -264,7 +283,17 @@ where
             let now = n.min(early.len());
             sink.data(&early[..now]);
             sink.pass().await?;
-            relay_exact(upstream, sink, (n - now) as u64).await?;
+            let mut rest = (n - now) as u64;
+            while rest > 0 {
+                let want = usize::try_from(rest).unwrap_or(usize::MAX);
+                let read = sink.read(upstream, want).await?;
+                if read == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                sink.data_read();
+                sink.pass().await?;
+                rest -= read as u64;
+            }
             Ok(early.len() <= n)
         }
         ResponseBody::Chunked => relay_chunked(upstream, sink, early).await,
@@ -273,32 +302,6 @@ where
             Ok(false)
         }
     }
-}
-
-/// Relays the `rest` bytes of a body of known length.
-async fn relay_exact<U, C>(
-    upstream: &mut U,
-    sink: &mut Sink<'_, C>,
-    mut rest: u64,
-) -> io::Result<()>
-where
-    U: AsyncRead + Unpin,
-    C: AsyncWrite + Unpin,
-{
-    if rest == 0 {
-        return Ok(());
-    }
-    let mut chunk = vec![0u8; IO_BUFFER_BYTES.min(usize::try_from(rest).unwrap_or(usize::MAX))];
-    while rest > 0 {
-        let want = chunk.len().min(usize::try_from(rest).unwrap_or(usize::MAX));
-        let n = sink.read(upstream, &mut chunk[..want]).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        sink.forward(&chunk[..n]).await?;
-        rest -= n as u64;
-    }
-    Ok(())
 }
 
 /// Decodes the upstream's chunked body and relays its data (extensions and trailer fields
@@ -317,13 +320,14 @@ where
         return Ok(after == 0);
     }
     sink.pass().await?;
-    let mut chunk = vec![0u8; IO_BUFFER_BYTES];
     loop {
-        let n = sink.read(upstream, &mut chunk).await?;
-        if n == 0 {
+        if sink.read(upstream, IO_BUFFER_BYTES).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        if let Some(after) = decode(&mut decoder, sink, &chunk[..n])? {
+        let read = std::mem::take(&mut sink.spare);
+        let decoded = decode(&mut decoder, sink, &read);
+        sink.spare = read;
+        if let Some(after) = decoded? {
             return Ok(after == 0);
         }
         sink.pass().await?;
@@ -366,20 +370,18 @@ where
     C: AsyncWrite + Unpin,
 {
     sink.data(early);
-    if sink.ahead == 0 {
+    if sink.gathering {
+        sink.pass().await?;
+    } else {
         // Streamed: the head goes out now, with or without data.
         sink.send().await?;
-    } else {
-        sink.pass().await?;
     }
-    let mut chunk = vec![0u8; IO_BUFFER_BYTES];
     loop {
-        let n = sink.read(upstream, &mut chunk).await?;
-        if n == 0 {
+        if sink.read(upstream, IO_BUFFER_BYTES).await? == 0 {
             sink.end(false);
             return Ok(());
         }
-        sink.data(&chunk[..n]);
+        sink.data_read();
         sink.pass().await?;
     }
 }

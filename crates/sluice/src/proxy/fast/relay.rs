@@ -121,6 +121,7 @@ impl<'a> Exchange<'a> {
             request,
             response: ubuf,
             answer,
+            spare,
             timer,
         } = scratch;
         let leased = tokio::select! {
@@ -164,9 +165,9 @@ impl<'a> Exchange<'a> {
                 }
             }
         };
-        let out = std::mem::take(answer);
-        let (outcome, out) = self.respond(client, lease, ubuf, head, out, used).await;
-        *answer = out;
+        let bufs = (std::mem::take(answer), std::mem::take(spare));
+        let (outcome, bufs) = self.respond(client, lease, ubuf, head, bufs, used).await;
+        (*answer, *spare) = bufs;
         outcome
     }
 
@@ -264,17 +265,17 @@ impl<'a> Exchange<'a> {
     }
 
     /// Relays the response whose head is in `ubuf`, gives the lease back as soon as the body
-    /// has been read off it, then sends the client what is left. `out` is the buffer the
-    /// answer is put together in, given back emptied.
+    /// has been read off it, then sends the client what is left. `bufs` are the buffers the
+    /// answer is put together in and the upstream read into, given back emptied.
     async fn respond<C, L>(
         &self,
         client: &mut C,
         mut lease: L,
         ubuf: &[u8],
         head: h1::ResponseHead,
-        mut out: Vec<u8>,
+        (mut out, spare): (Vec<u8>, Vec<u8>),
         used: usize,
-    ) -> (Outcome, Vec<u8>)
+    ) -> (Outcome, (Vec<u8>, Vec<u8>))
     where
         C: AsyncWrite + Unpin,
         L: Leased,
@@ -294,11 +295,11 @@ impl<'a> Exchange<'a> {
         h1::write_response_head(ubuf, &head, &answer, &mut out);
         // Events must reach the client as the service sends them: never read ahead.
         let ahead = if body::is_event_stream(ubuf, &head) {
-            0
+            None
         } else {
             lease.read_ahead()
         };
-        let mut sink = Sink::new(client, out, &head, self.head_request, ahead);
+        let mut sink = Sink::new(client, (out, spare), &head, self.head_request, ahead);
         let early = &ubuf[head.len..];
         let relayed = body::relay(lease.io(), &mut sink, &head, early).await;
         let length = match head.body {
@@ -314,14 +315,14 @@ impl<'a> Exchange<'a> {
                     _ => Served::Close,
                 }
             }
-            Err(_) if sink.wrote || ahead == 0 => {
+            Err(_) if sink.wrote || ahead.is_none() => {
                 sink.fail().await;
                 Served::Close
             }
             // A body that failed while it was read ahead, before the client got any of it, is
             // answered 502, as the hyper path answers it.
             Err(e) => {
-                let out = sink.into_buffer();
+                let bufs = sink.into_buffers();
                 let why = if e.kind() == io::ErrorKind::UnexpectedEof {
                     "closed during the response body"
                 } else {
@@ -330,7 +331,7 @@ impl<'a> Exchange<'a> {
                 let e = ProxyError::UpstreamInvalid(why);
                 lease.log_failure(&e);
                 drop(lease);
-                return (self.refuse(client, e, used).await, out);
+                return (self.refuse(client, e, used).await, bufs);
             }
         };
         let outcome = Outcome {
@@ -341,7 +342,7 @@ impl<'a> Exchange<'a> {
             head_at,
             error: None,
         };
-        (outcome, sink.into_buffer())
+        (outcome, sink.into_buffers())
     }
 }
 
@@ -383,7 +384,8 @@ fn read_off<L: Leased + 'static>(
         let read = async {
             let head = read_head(lease.io(), &mut ubuf, head_request).await.ok()?;
             let mut discard = tokio::io::sink();
-            let mut sink = Sink::new(&mut discard, Vec::new(), &head, head_request, 0);
+            let bufs = (Vec::new(), Vec::new());
+            let mut sink = Sink::new(&mut discard, bufs, &head, head_request, None);
             let early = &ubuf[head.len..];
             let clean = body::relay(lease.io(), &mut sink, &head, early)
                 .await

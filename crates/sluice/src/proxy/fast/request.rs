@@ -46,6 +46,8 @@ pub(crate) struct Scratch {
     pub(super) response: Vec<u8>,
     /// The answer to the client as it is put together.
     pub(super) answer: Vec<u8>,
+    /// The upstream's reads of a body, while the client takes the answer.
+    pub(super) spare: Vec<u8>,
     /// The response timer, moved for each request.
     pub(super) timer: Option<Pin<Box<Sleep>>>,
 }
@@ -62,7 +64,12 @@ impl Scratch {
 
     /// After a request: buffers that grew past what one request needs are let go.
     pub(crate) fn trim(&mut self) {
-        for buf in [&mut self.request, &mut self.response, &mut self.answer] {
+        for buf in [
+            &mut self.request,
+            &mut self.response,
+            &mut self.answer,
+            &mut self.spare,
+        ] {
             if buf.capacity() > 2 * IO_BUFFER_BYTES {
                 *buf = Vec::new();
             }

@@ -68,8 +68,8 @@ impl Leased for SessionLease {
         true
     }
 
-    fn read_ahead(&self) -> usize {
-        self.pool.options().response_buffer
+    fn read_ahead(&self) -> Option<usize> {
+        Some(self.pool.options().response_buffer)
     }
 
     /// Back to the slice, raw, when `reusable` and the service is quiet on it; else closed.

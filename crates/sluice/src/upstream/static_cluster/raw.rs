@@ -49,8 +49,8 @@ impl Leased for RawLease {
         false
     }
 
-    fn read_ahead(&self) -> usize {
-        0
+    fn read_ahead(&self) -> Option<usize> {
+        None
     }
 
     /// Back to the pool when `reusable` and under the per-connection request limit, else
