@@ -34,7 +34,8 @@ pub(super) struct Sink<'c, C> {
     spare: Vec<u8>,
     /// Whether body bytes (or the body's end) are in, not only the head.
     data: bool,
-    /// How much body may wait in `out` before the client must take it first.
+    /// How much body may wait in `out` before the client must take it first (0: none; each
+    /// read goes out before the next). Reads stop at it, and `out` grows no further.
     budget: usize,
     /// The read-ahead is on: nothing has been sent yet.
     gathering: bool,
@@ -70,7 +71,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
             sent: 0,
             spare,
             data: false,
-            budget: read_ahead.unwrap_or(IO_BUFFER_BYTES),
+            budget: read_ahead.unwrap_or(0),
             gathering: read_ahead.is_some(),
             chunks: unknown && framing.http11 && !head_request,
             length_unknown: unknown && !head_request,
@@ -95,11 +96,25 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         self.out.len() - self.sent.max(self.head)
     }
 
+    /// Makes room in `out` for `n` more bytes: doubling, but not past the head, the budget
+    /// and these bytes (a slow client's connection holds no more than that).
+    fn grow(&mut self, n: usize) {
+        let needed = self.out.len() + n;
+        if needed <= self.out.capacity() {
+            return;
+        }
+        let cap = (self.head + self.budget + n).max(needed);
+        let target = (self.out.capacity() * 2).clamp(needed, cap);
+        self.out.reserve_exact(target - self.out.len());
+    }
+
     /// Adds body data, framed as the response goes out.
     fn data(&mut self, bytes: &[u8]) {
         if bytes.is_empty() {
             return;
         }
+        // A chunk's size line and CRLFs come to at most 20 bytes.
+        self.grow(bytes.len() + 20);
         if self.chunks && !self.gathering {
             answer::chunk(&mut self.out, bytes);
         } else {
@@ -168,9 +183,16 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         }
     }
 
-    /// Sends what waits once it outgrows the budget (a read-ahead then ends).
+    /// Sends what waits once it fills the budget; a read-ahead ends once it outgrows it (a
+    /// body of exactly the budget is read whole: only its end says that it fits).
     async fn pass(&mut self) -> io::Result<()> {
-        if self.data && self.body_pending() > self.budget {
+        let pending = self.body_pending();
+        let full = if self.gathering {
+            pending > self.budget
+        } else {
+            pending >= self.budget.max(1)
+        };
+        if self.data && full {
             self.stop_gathering();
             self.send().await?;
         }
@@ -206,7 +228,13 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         U: AsyncRead + Unpin,
     {
         self.spare.clear();
-        let want = want.min(IO_BUFFER_BYTES);
+        // No more than the budget has room for (`pass` has sent what filled it).
+        let room = match self.budget {
+            0 => IO_BUFFER_BYTES,
+            budget => (budget + usize::from(self.gathering)).saturating_sub(self.body_pending()),
+        };
+        let room = room.max(1);
+        let want = want.min(IO_BUFFER_BYTES).min(room);
         if self.spare.capacity() < want {
             self.spare.reserve_exact(want);
         }
