@@ -220,6 +220,51 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         }
     }
 
+    /// Reads up to `want` more bytes of a body that goes out as it is (not chunked) and adds
+    /// them; 0 at its end. When nothing has to go to the client meanwhile they are read
+    /// straight into `out`, so a connection whose client is slow holds one buffer, not two.
+    async fn read_raw<U>(&mut self, upstream: &mut U, want: usize) -> io::Result<usize>
+    where
+        U: AsyncRead + Unpin,
+    {
+        let drains = !self.gathering && self.data && self.pending() > 0;
+        if self.chunks || drains {
+            let read = self.read(upstream, want).await?;
+            self.data_read();
+            return Ok(read);
+        }
+        let want = self.room(want);
+        self.grow(want);
+        let mut limited = (&mut *upstream).take(want as u64);
+        let read = if self.gathering && self.data {
+            let read = limited.read_buf(&mut self.out);
+            match tokio::time::timeout(STREAM_GAP, read).await {
+                Ok(read) => read?,
+                Err(_gap) => {
+                    // The read-ahead ends: what was gathered goes out while the rest is read.
+                    self.stop_gathering();
+                    let read = self.read(upstream, want).await?;
+                    self.data_read();
+                    return Ok(read);
+                }
+            }
+        } else {
+            limited.read_buf(&mut self.out).await?
+        };
+        self.data |= read > 0;
+        Ok(read)
+    }
+
+    /// At most `want` bytes, and no more than the budget has room for (`pass` has sent what
+    /// filled it; gathering, one more byte tells a body that outgrows it).
+    fn room(&self, want: usize) -> usize {
+        let room = match self.budget {
+            0 => IO_BUFFER_BYTES,
+            budget => (budget + usize::from(self.gathering)).saturating_sub(self.body_pending()),
+        };
+        want.min(IO_BUFFER_BYTES).min(room.max(1))
+    }
+
     /// Reads up to `want` more bytes of the body into `spare`; 0 at its end. While gathering,
     /// once some body has come, a pause of [`STREAM_GAP`] ends the read-ahead. Streaming, what
     /// waits goes to the client while the upstream is read.
@@ -228,13 +273,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         U: AsyncRead + Unpin,
     {
         self.spare.clear();
-        // No more than the budget has room for (`pass` has sent what filled it).
-        let room = match self.budget {
-            0 => IO_BUFFER_BYTES,
-            budget => (budget + usize::from(self.gathering)).saturating_sub(self.body_pending()),
-        };
-        let room = room.max(1);
-        let want = want.min(IO_BUFFER_BYTES).min(room);
+        let want = self.room(want);
         if self.spare.capacity() < want {
             self.spare.reserve_exact(want);
         }
@@ -314,11 +353,10 @@ where
             let mut rest = (n - now) as u64;
             while rest > 0 {
                 let want = usize::try_from(rest).unwrap_or(usize::MAX);
-                let read = sink.read(upstream, want).await?;
+                let read = sink.read_raw(upstream, want).await?;
                 if read == 0 {
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
-                sink.data_read();
                 sink.pass().await?;
                 rest -= read as u64;
             }
@@ -405,11 +443,10 @@ where
         sink.send().await?;
     }
     loop {
-        if sink.read(upstream, IO_BUFFER_BYTES).await? == 0 {
+        if sink.read_raw(upstream, IO_BUFFER_BYTES).await? == 0 {
             sink.end(false);
             return Ok(());
         }
-        sink.data_read();
         sink.pass().await?;
     }
 }
