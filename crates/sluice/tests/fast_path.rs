@@ -141,3 +141,25 @@ async fn a_listener_with_the_fast_path_off_leaves_everything_to_hyper() {
         taken
     );
 }
+
+/// A client that accepts trailers (`TE: trailers`) gets them from hyper's server, which
+/// forwards an upstream's trailer fields; the fast path drops them, so it leaves such a request
+/// to hyper.
+#[tokio::test]
+async fn a_request_that_accepts_trailers_is_left_to_hyper() {
+    let backend = Backend::start("b").await;
+    let (addr, metrics) = proxy(&backend, true).await;
+    let raw = pipeline(
+        addr,
+        "GET /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(bodies(&raw), ["b /t"], "{raw:?}");
+    let handed = u64::from(fast_path_on());
+    let reason = "sluice_http1_fast_path_handoffs_total{reason=\"trailers\"}";
+    assert_eq!(counter(&metrics, reason), handed);
+    assert_eq!(
+        counter(&metrics, "sluice_http1_fast_path_requests_total"),
+        0
+    );
+}

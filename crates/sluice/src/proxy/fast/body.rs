@@ -21,8 +21,9 @@ use crate::upstream::reverse::STREAM_GAP;
 
 /// The client's side of a response relay: the head and the body bytes not sent yet, in one
 /// buffer, and when to send them. The head goes out with the body's first bytes, as hyper's
-/// server sends it. The upstream is read into a second buffer while the client takes what
-/// waits in the first, so neither side waits for the other within the budget.
+/// server sends it. With a budget (a session's, after its read-ahead), the upstream is read
+/// into a second buffer while the client takes what waits in the first; without one (a static
+/// connection's), each read goes out before the next.
 pub(super) struct Sink<'c, C> {
     client: &'c mut C,
     /// The head (while unsent, its first `head` bytes), then body bytes; those before `sent`
@@ -123,9 +124,8 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         self.data = true;
     }
 
-    /// Adds what the last read brought as body data as it is (a body of known length, or
-    /// one that ends with the connection): when nothing waits, by taking the read's buffer
-    /// for `out` instead of copying it.
+    /// Adds what the last read brought as body data: when nothing waits and it goes out as it
+    /// is, by taking the read's buffer for `out` instead of copying it.
     fn data_read(&mut self) {
         if self.pending() == 0 && !self.chunks && !self.spare.is_empty() {
             std::mem::swap(&mut self.out, &mut self.spare);
