@@ -90,7 +90,7 @@ impl FastPath {
             metrics.fast_path_request();
         }
         let exchange = Exchange::new(&req, &route, &parts.method, started);
-        let outcome: relay::Outcome = match dest {
+        let outcome = match dest {
             Dest::Static(cluster) => {
                 let lease = cluster.lease_raw(started);
                 exchange.run(client, scratch, lease, None).await
