@@ -86,7 +86,10 @@ class Measured:
         self.target = target
         backend_stats(target, reset=True)
         self.proc = sample_proc(target.pid) if target.pid else None
-        self.helper = sample_proc(target.helper_pid) if target.helper_pid else None
+        # The other processes on the request path, each reported apart: key -> (pid, sample).
+        self.others = {key: (pid, sample_proc(pid)) for key, pid in
+                       (("helper_cpu_us_per_req", target.helper_pid),
+                        ("backend_cpu_us_per_req", target.backend_pid)) if pid}
         self.cpu = cpu_times(LOAD_CPU)
         self.opens = tcp_active_opens()
         self.tw_up = time_wait(target.upstream_port)
@@ -119,10 +122,9 @@ class Measured:
             run.ctx_voluntary_per_req = (after.voluntary - self.proc.voluntary) / n
             run.ctx_involuntary_per_req = (after.involuntary - self.proc.involuntary) / n
             run.rss_kib = after.rss_kib
-        if self.helper:
-            after = sample_proc(t.helper_pid)
-            run.extra["helper_cpu_us_per_req"] = ((after.cpu_s - self.helper.cpu_s) * 1e6
-                                                  / max(run.requests, 1))
+        for key, (pid, before) in self.others.items():
+            run.extra[key] = ((sample_proc(pid).cpu_s - before.cpu_s) * 1e6
+                              / max(run.requests, 1))
         return run
 
 

@@ -115,8 +115,9 @@ def _steady(s, out_dir):
     lines = ["## 1. Steady (closed loop, wrk -t1)", "",
              f"### Headline: c={head}, {rounds} rounds", "",
              "| target | RPS | p50 us | p90 us | p99 us | proxy CPU us/req | ctx sw/req | "
-             "syscalls/req | RSS MiB | new upstream conns/req | non-2xx + errors | load CPU busy |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "syscalls/req | RSS MiB | new upstream conns/req | non-2xx + errors | load CPU busy "
+             "| backend CPU us/req |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in names:
         rs = runs[n]
         sc = s["syscalls"].get(n)
@@ -131,8 +132,12 @@ def _steady(s, out_dir):
             f"| {f'{sc:.2f}' if sc is not None else '-'} "
             f"| {median_range([r['rss_kib'] / 1024 if r['rss_kib'] else None for r in rs], 1)} "
             f"| {conns:.4f} | {sum(r['non2xx'] + r['errors'] for r in rs)} "
-            f"| {busy}/{len(rs)} flagged |")
-    lines += ["", "Per-round ratios, median (min-max):", "",
+            f"| {busy}/{len(rs)} flagged "
+            f"| {median_range([r['extra'].get('backend_cpu_us_per_req') for r in rs], 1)} |")
+    lines += ["", "The backend shares the load CPU with wrk: in rounds where that CPU is flagged "
+              "busy, a backend that costs more per request (sluice-reverse's dials in through the "
+              "Rust SDK, the others listen) caps the target's RPS below what the proxy could "
+              "serve.", "", "Per-round ratios, median (min-max):", "",
               "| ratio | RPS | p99 | proxy CPU/req |", "|---|---|---|---|"]
     pairs = [(a, b) for b in BASELINES if b in runs
              for a in names if a not in (b, "direct", "sluice-static-b", "sluice-reverse-b")]
@@ -316,20 +321,24 @@ def _tls(s):
              "session the previous connection got (the `resumed` column counts those that did). "
              "CPU per request is the proxy's; a ratio is the median of per-round ratios "
              f"(min-max) over {s['rounds']} round(s) to the same round's NGINX or HAProxy. "
-             "`sluice-tls-b` is an identical second Sluice (A/A).", ""]
+             "`sluice-tls-b` is an identical second Sluice (A/A; with SLUICE_B set, that "
+             "binary: an A/B), and its column is its ratio to `sluice-tls`.", ""]
     for key, modes in s["keys"].items():
         lines += [f"### {key}", "",
                   "| mode | target | rps | CPU us/req | vs nginx-tls (CPU) | vs haproxy-tls (CPU) "
-                  "| errors | resumed |", "|---|---|---|---|---|---|---|---|"]
+                  "| vs sluice-tls (CPU) | errors | resumed |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for mode, runs in modes.items():
             for name, rs in runs.items():
-                vs = [median_range(ratios(rs, runs[base], cpu), 2)
+                vs = [median_range(ratios(rs, runs[base], cpu), 2) if base in runs else "-"
                       for base in ("nginx-tls", "haproxy-tls")]
+                second = (median_range(ratios(rs, runs["sluice-tls"], cpu), 2)
+                          if name == "sluice-tls-b" and "sluice-tls" in runs else "-")
                 resumed = sum(r["extra"].get("resumed", 0) for r in rs)
                 errors = sum(r["errors"] + r["non2xx"] for r in rs)
                 lines.append(f"| {mode} | {name} | {median_range([rps(r) for r in rs])} | "
                              f"{median_range([cpu(r) for r in rs], 1)} | {vs[0]} | {vs[1]} | "
-                             f"{errors} | {resumed if mode != 'keepalive' else '-'} |")
+                             f"{second} | {errors} | {resumed if mode != 'keepalive' else '-'} |")
         lines.append("")
     return lines
 

@@ -68,6 +68,9 @@ class Target:
     # Another process on the request path whose CPU is reported apart (nginx-sluice: the
     # standalone acceptor, which shares the load CPU).
     helper_pid: int | None = None
+    # The backend, which shares the load CPU with wrk: when that CPU is saturated, a backend
+    # that costs more per request (the SDK's sessions against a plain listener) lowers RPS.
+    backend_pid: int | None = None
 
 
 def use_bin_dir(path):
@@ -123,25 +126,27 @@ def start(group, tmp, name, backend):
     if name == "nginx-sluice":
         return _nginx_sluice(group, tmp, name, backend, stats)
     upstream = free_port()
-    _backend(group, f"{name}-backend", backend, stats, ["--listen", f"127.0.0.1:{upstream}"],
-             "listening")
+    served = _backend(group, f"{name}-backend", backend, stats,
+                      ["--listen", f"127.0.0.1:{upstream}"], "listening")
     if name == "direct":
-        return Target(name, upstream, None, upstream, stats)
+        return Target(name, upstream, None, upstream, stats, backend_pid=served)
     port = free_port()
     starter = {"sluice-static": _sluice_static, "sluice-static-b": _sluice_static,
                "nginx": _nginx, "nginx-b": _nginx, "nginx-keepalive": _nginx, "haproxy": _haproxy,
                "pingora": _pingora}[name]
     pid = starter(group, tmp, name, port, upstream, backend)
     wait_port(port)
-    return Target(name, port, pid, upstream, stats)
+    return Target(name, port, pid, upstream, stats, backend_pid=served)
 
 
 def _backend(group, name, backend, stats, mode, ready):
+    """Starts the backend and waits for `ready` on its stdout; returns its pid."""
     cmd = [binary("bench-backend"), "--delay-ms", str(backend.delay_ms),
            "--body-bytes", str(backend.body_bytes), "--stats", f"127.0.0.1:{stats}"] + mode
     proc = group.start(name, cmd, LOAD_CPU, stdout_pipe=True)
     group.expect_line(proc, ready)
     wait_port(stats)
+    return proc.pid
 
 
 def _write(tmp, name, text):
@@ -193,11 +198,12 @@ queue_timeout = "{QUEUE_TIMEOUT_S}s"
     proxy = group.start(name, [_sluice(name), "run", "-c", conf], PROXY_CPU)
     wait_port(acceptor)
     sessions = backend.capacity or SESSIONS
-    _backend(group, f"{name}-backend", backend, stats,
-             ["--acceptor", f"127.0.0.1:{acceptor}", "--service", SERVICE,
-              "--sessions", str(sessions)], "registered")
+    served = _backend(group, f"{name}-backend", backend, stats,
+                      ["--acceptor", f"127.0.0.1:{acceptor}", "--service", SERVICE,
+                       "--sessions", str(sessions)], "registered")
     wait_port(port)
-    return Target(name, port, proxy.pid, acceptor, stats, reverse=True, admin_port=admin)
+    return Target(name, port, proxy.pid, acceptor, stats, reverse=True, admin_port=admin,
+                  backend_pid=served)
 
 
 def _nginx(group, tmp, name, port, upstream, backend):
@@ -258,9 +264,9 @@ kind = "reverse"
     helper = group.start(f"{name}-acceptor", [binary("sluice"), "acceptor", "-c", conf], LOAD_CPU)
     wait_port(acceptor)
     sessions = backend.capacity or SESSIONS
-    _backend(group, f"{name}-backend", backend, stats,
-             ["--acceptor", f"127.0.0.1:{acceptor}", "--service", SERVICE,
-              "--sessions", str(sessions)], "registered")
+    served = _backend(group, f"{name}-backend", backend, stats,
+                      ["--acceptor", f"127.0.0.1:{acceptor}", "--service", SERVICE,
+                       "--sessions", str(sessions)], "registered")
     # The worker keeps every session idle in its pool, as nginx-keepalive keeps `keepalive`
     # connections; the queue is Sluice's defaults. Workers must run as the acceptor's uid.
     conf = _nginx_conf(
@@ -271,7 +277,8 @@ kind = "reverse"
     master = group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU)
     worker = only_child(master.pid)
     wait_port(port)
-    return Target(name, port, worker, acceptor, stats, reverse=True, helper_pid=helper.pid)
+    return Target(name, port, worker, acceptor, stats, reverse=True, helper_pid=helper.pid,
+                  backend_pid=served)
 
 
 def _haproxy(group, tmp, name, port, upstream, backend):

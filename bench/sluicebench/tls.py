@@ -3,7 +3,8 @@ RSA 2048) in front of its own plain keep-alive backend, and is measured three wa
 interleaved: keep-alive HTTPS (wrk), a new connection with a full handshake per request, and a
 new connection that resumes its session per request (`tlsload`). What counts is the proxy's CPU
 per request (per handshake, for the last two), as a ratio to NGINX's in the same round.
-`sluice-tls-b` is a second, identical Sluice: the A/A pair. `sluice-tls-aws-lc` is Sluice built
+`sluice-tls-b` is a second, identical Sluice: the A/A pair (with SLUICE_B set, that binary: an
+A/B). `sluice-tls-aws-lc` is Sluice built
 with AWS-LC instead of ring (`CARGO_TARGET_DIR=target/awslc cargo build --release -p sluice-cli
 --features sluice/aws-lc-rs`), run when that build is there."""
 
@@ -88,7 +89,7 @@ kind = "static"
 endpoints = ["127.0.0.1:{upstream}"]
 pool = {{ max_idle_per_endpoint = {targets.KEEPALIVE} }}
 """)
-    sluice = AWS_LC if name == "sluice-tls-aws-lc" else binary("sluice")
+    sluice = AWS_LC if name == "sluice-tls-aws-lc" else targets._sluice(name)
     return group.start(name, [sluice, "run", "-c", conf], PROXY_CPU).pid
 
 

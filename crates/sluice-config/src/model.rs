@@ -101,8 +101,9 @@ impl fmt::Debug for Tls {
 pub struct HttpOptions {
     /// Accept HTTP/2 (h2c prior knowledge on plaintext, ALPN `h2` on TLS). Default true.
     pub http2: bool,
-    /// Serve plain HTTP/1.1 requests to static clusters on the fast path (no header maps, no
-    /// task per exchange), leaving everything else to hyper. Default true.
+    /// Serve HTTP/1.1 requests (plain or over TLS) to static clusters and reverse slices on the
+    /// fast path (no header maps, no task per exchange), leaving everything else to hyper.
+    /// Default true.
     pub fast_path: bool,
     /// Time allowed for a client to send a request's headers. Default 10 s. On HTTP/1.1 the
     /// timer also runs while a keep-alive connection waits for its next request.

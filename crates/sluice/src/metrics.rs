@@ -98,13 +98,13 @@ impl Metrics {
         let fast_path = Counter::default();
         registry.register(
             "http1_fast_path_requests",
-            "Plain HTTP/1.1 requests served by the fast path",
+            "HTTP/1.1 requests (plain or over TLS) served by the fast path",
             fast_path.clone(),
         );
         let handoffs = Family::default();
         registry.register(
             "http1_fast_path_handoffs",
-            "Plain HTTP/1.1 connections the fast path handed to hyper, by why it left their next request",
+            "HTTP/1.1 connections the fast path handed to hyper, by why it left their next request",
             handoffs.clone(),
         );
         Self {

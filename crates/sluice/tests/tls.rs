@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -25,6 +26,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, HandshakeKind};
 use sluice::{Proxy, Shutdown};
 use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -104,6 +106,17 @@ impl Ca {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.der.clone()).unwrap();
         roots
+    }
+
+    /// An HTTP/1.1 client's TLS config (a session cache of its own) that trusts this CA.
+    fn client(&self) -> Arc<rustls::ClientConfig> {
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(self.roots())
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(config)
     }
 }
 
@@ -457,17 +470,59 @@ async fn a_returning_client_resumes_its_tls_session() {
     let ca = Ca::new("listener CA");
     ca.server("a.test").write(dir.path(), "a");
     let (proxy, _backend) = tls_listener(dir.path(), r#"{ cert = "a.pem", key = "a.key" }"#).await;
-    let mut config = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(ca.roots())
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let config = Arc::new(config);
+    let config = ca.client();
     let first = tls_get(proxy.addr(), &config, "/").await;
     assert_eq!(first, (StatusCode::OK, Some(HandshakeKind::Full)));
     let second = tls_get(proxy.addr(), &config, "/").await;
     assert_eq!(second, (StatusCode::OK, Some(HandshakeKind::Resumed)));
+}
+
+/// HTTP/1.1 over TLS takes the fast path as plain HTTP/1.1 does (unless the test command's
+/// second run turned it off), and a connection the proxy ends gets TLS's `close_notify` first:
+/// a client reading to the close sees a clean end, not a truncation.
+#[tokio::test]
+async fn https_requests_take_the_fast_path_and_end_with_close_notify() {
+    let dir = TempDir::new().unwrap();
+    let ca = Ca::new("listener CA");
+    ca.server("a.test").write(dir.path(), "a");
+    let (proxy, backend) = tls_listener(dir.path(), r#"{ cert = "a.pem", key = "a.key" }"#).await;
+    let tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    let name = ServerName::try_from("a.test").unwrap();
+    let mut tls = TlsConnector::from(ca.client())
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    tls.write_all(
+        b"GET /one HTTP/1.1\r\nHost: a.test\r\n\r\n\
+          GET /two HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    read.expect("the proxy closed the connection")
+        .unwrap_or_else(|e| panic!("not a clean TLS close ({e}); received {text:?}"));
+    let bodies: Vec<&str> = text
+        .split("HTTP/1.1 200 OK")
+        .skip(1)
+        .map(|r| r.split_once("\r\n\r\n").map_or("", |(_, body)| body))
+        .collect();
+    assert_eq!(bodies, ["plain /one", "plain /two"], "{text:?}");
+    assert_eq!(backend.requests(), 2);
+    let fast = std::env::var("SLUICE_FAST_PATH").as_deref() != Ok("0");
+    let served = proxy
+        .metrics
+        .render()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("sluice_http1_fast_path_requests_total")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert_eq!(served, if fast { 2 } else { 0 });
 }
 
 /// The Let's Encrypt renewal: the same paths, new contents, a reload. New handshakes get the
@@ -492,14 +547,8 @@ async fn a_reload_swaps_renewed_certificates_in_place_and_open_connections_carry
     tokio::spawn(proxy.run_until(async move { signal.wait().await }));
 
     // A keep-alive connection opened under the old certificate.
-    let mut client_config = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(ca.roots())
-        .with_no_client_auth();
-    client_config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let tls = TlsConnector::from(Arc::new(client_config))
+    let tls = TlsConnector::from(ca.client())
         .connect(ServerName::try_from("a.test").unwrap(), tcp)
         .await
         .unwrap();
@@ -543,22 +592,13 @@ async fn a_client_resumes_after_more_clients_than_a_session_cache_holds() {
     let ca = Ca::new("listener CA");
     ca.server("a.test").write(dir.path(), "a");
     let (proxy, _backend) = tls_listener(dir.path(), r#"{ cert = "a.pem", key = "a.key" }"#).await;
-    let config = |ca: &Ca| {
-        let mut config = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(ca.roots())
-            .with_no_client_auth();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Arc::new(config)
-    };
-    let first = config(&ca);
+    let first = ca.client();
     assert_eq!(
         tls_get(proxy.addr(), &first, "/").await.1,
         Some(HandshakeKind::Full)
     );
     for _ in 0..300 {
-        tls_get(proxy.addr(), &config(&ca), "/").await;
+        tls_get(proxy.addr(), &ca.client(), "/").await;
     }
     assert_eq!(
         tls_get(proxy.addr(), &first, "/").await.1,

@@ -12,7 +12,7 @@ use hyper::rt::bounds::Http2ServerConnExec;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use sluice_config::HttpOptions;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, Instrument};
@@ -38,7 +38,7 @@ pub(super) struct Settings {
     http: HttpOptions,
     tls: Option<TlsAcceptor>,
     pub(super) bytes: Option<crate::metrics::ByteCounters>,
-    /// Serves plain HTTP/1.1 requests before hyper does, when set.
+    /// Serves HTTP/1.1 requests (plain or over TLS) before hyper does, when set.
     pub(super) fast: Option<FastPath>,
 }
 
@@ -114,7 +114,8 @@ async fn serve_plain<S: HttpService>(
     }
 }
 
-/// Plain HTTP/1.1: the fast path first when the listener has one, hyper for what it leaves.
+/// HTTP/1.1, plain or over TLS: the fast path first when the listener has one, hyper for what
+/// it leaves.
 async fn serve_plain_h1<I, S: HttpService>(
     mut io: I,
     svc: ConnService<S>,
@@ -137,7 +138,12 @@ where
     )
     .await
     {
-        Left::Done => Ok(()),
+        Left::Done => {
+            // As hyper ends a connection: a TLS stream sends its close_notify, so that a body
+            // delimited by the close is not taken for a truncated one.
+            let _ = io.shutdown().await;
+            Ok(())
+        }
         Left::HandOff(buf) => serve_h1(Prefixed::new(buf, io), svc, settings, signal).await,
     }
 }
@@ -155,7 +161,7 @@ async fn serve_tls<S: HttpService>(
     if h2 {
         serve_h2(tls, svc, settings, signal).await
     } else {
-        serve_h1(tls, svc, settings, signal).await
+        serve_plain_h1(tls, svc, settings, signal).await
     }
 }
 

@@ -97,11 +97,11 @@ impl Server {
         }
     }
 
-    /// Serves plain HTTP/1.1 requests with `fast` (from
+    /// Serves HTTP/1.1 requests, plain or over TLS, with `fast` (from
     /// [`ProxyService::fast_path`](crate::ProxyService::fast_path)) and hands hyper only what it
     /// leaves, when the listener's `fast_path` is on; the service given to
-    /// [`serve`](Self::serve) must be that proxy (layers around it would be bypassed). TLS
-    /// connections and HTTP/2 are always hyper's. By default a server has no fast path.
+    /// [`serve`](Self::serve) must be that proxy (layers around it would be bypassed). HTTP/2
+    /// is always hyper's. By default a server has no fast path.
     pub fn with_fast_path(mut self, fast: crate::proxy::fast::FastPath) -> Self {
         self.fast = Some(fast);
         self
@@ -152,10 +152,7 @@ impl Server {
     pub async fn serve<S: HttpService>(self, service: S, signal: ShutdownSignal, grace: Duration) {
         let mut settings = conn::Settings::new(&self.http, self.tls.clone());
         settings.bytes = self.bytes.clone();
-        settings.fast = self
-            .fast
-            .clone()
-            .filter(|_| fast_path_on(&self.http) && self.tls.is_none());
+        settings.fast = self.fast.clone().filter(|_| fast_path_on(&self.http));
         let settings = Arc::new(settings);
         let local = self
             .listener

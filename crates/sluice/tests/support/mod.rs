@@ -166,6 +166,7 @@ pub async fn read_to_close(stream: &mut TcpStream) -> String {
 pub struct TestProxy {
     pub addrs: Vec<(String, SocketAddr)>,
     pub proxy_clusters: Vec<(String, sluice::Upstream)>,
+    pub metrics: std::sync::Arc<sluice::metrics::Metrics>,
     shutdown: Shutdown,
     pub task: JoinHandle<()>,
 }
@@ -182,12 +183,14 @@ impl TestProxy {
             .keys()
             .map(|k| (k.clone(), proxy.cluster(k).unwrap().clone()))
             .collect();
+        let metrics = std::sync::Arc::clone(proxy.metrics());
         let shutdown = Shutdown::new();
         let signal = shutdown.signal();
         let task = tokio::spawn(proxy.run_until(async move { signal.wait().await }));
         Self {
             addrs,
             proxy_clusters,
+            metrics,
             shutdown,
             task,
         }

@@ -205,6 +205,8 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         if self.pending() > 0 {
             self.wrote = true;
             self.client.write_all(&self.out[self.sent..]).await?;
+            // A TLS stream may keep the last records: they go out now, not with the next write.
+            self.client.flush().await?;
         }
         self.out.clear();
         self.head = 0;
@@ -307,7 +309,18 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         }
         self.out.clear();
         self.sent = 0;
-        upstream.read_buf(&mut self.spare).await
+        // What a TLS stream still holds goes out while the upstream is read (a TCP stream's
+        // flush is done at once).
+        let mut flushed = false;
+        loop {
+            tokio::select! {
+                read = upstream.read_buf(&mut self.spare) => return read,
+                done = self.client.flush(), if !flushed => {
+                    done?;
+                    flushed = true;
+                }
+            }
+        }
     }
 }
 

@@ -244,7 +244,11 @@ impl<'a> Exchange<'a> {
     {
         let close = e.closes_connection() || self.closes();
         let bytes = answer::error(&e, close, self.head_request);
-        let served = match client.write_all(&bytes).await {
+        let written = async {
+            client.write_all(&bytes).await?;
+            client.flush().await
+        };
+        let served = match written.await {
             Ok(()) if !close => Served::KeepAlive,
             _ => Served::Close,
         };

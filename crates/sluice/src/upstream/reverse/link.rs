@@ -1,7 +1,7 @@
 //! [`Link`]: the proxy's end of one session, driven two ways.
 //!
 //! The fast path (`proxy::fast`) writes requests on the session's socket and reads the answers
-//! itself; hyper's HTTP/1.1 client serves what the fast path leaves (HTTP/2 and TLS clients,
+//! itself; hyper's HTTP/1.1 client serves what the fast path leaves (HTTP/2 clients,
 //! streamed uploads, upgrades). A session is *raw* while the fast path has it or while it is
 //! idle after the fast path used it, and *hyper* from the first request hyper sends on it until
 //! the fast path takes it back: hyper's connection then ends without a shutdown and gives the
@@ -317,11 +317,9 @@ impl Link {
     /// service has closed it or sent more than it was asked for.
     pub(crate) fn put_io(&mut self, mut io: SessionIo) -> bool {
         let mut slot = self.shared.slot();
-        let watcher = slot
-            .watcher
-            .clone()
-            .unwrap_or_else(|| Waker::noop().clone());
-        if io.quiet(&mut Context::from_waker(&watcher)) {
+        // Borrowed, not cloned: the socket's registration clones it only when it changed.
+        let watcher = slot.watcher.as_ref().unwrap_or(Waker::noop());
+        if io.quiet(&mut Context::from_waker(watcher)) {
             slot.io = Some(io);
             return true;
         }
