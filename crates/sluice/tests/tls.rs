@@ -478,8 +478,9 @@ async fn a_returning_client_resumes_its_tls_session() {
 }
 
 /// HTTP/1.1 over TLS takes the fast path as plain HTTP/1.1 does (unless the test command's
-/// second run turned it off), and a connection the proxy ends gets TLS's `close_notify` first:
-/// a client reading to the close sees a clean end, not a truncation.
+/// second run turned it off), the upstream is told the client came over TLS, and a connection
+/// the proxy ends gets TLS's `close_notify` first: a client reading to the close sees a clean
+/// end, not a truncation.
 #[tokio::test]
 async fn https_requests_take_the_fast_path_and_end_with_close_notify() {
     let dir = TempDir::new().unwrap();
@@ -493,7 +494,7 @@ async fn https_requests_take_the_fast_path_and_end_with_close_notify() {
         .await
         .unwrap();
     tls.write_all(
-        b"GET /one HTTP/1.1\r\nHost: a.test\r\n\r\n\
+        b"GET /headers HTTP/1.1\r\nHost: a.test\r\n\r\n\
           GET /two HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
     )
     .await
@@ -508,7 +509,13 @@ async fn https_requests_take_the_fast_path_and_end_with_close_notify() {
         .skip(1)
         .map(|r| r.split_once("\r\n\r\n").map_or("", |(_, body)| body))
         .collect();
-    assert_eq!(bodies, ["plain /one", "plain /two"], "{text:?}");
+    assert_eq!(bodies.len(), 2, "{text:?}");
+    assert!(
+        bodies[0].contains("x-forwarded-proto: https\n"),
+        "{:?}",
+        bodies[0]
+    );
+    assert_eq!(bodies[1], "plain /two");
     assert_eq!(backend.requests(), 2);
     let fast = std::env::var("SLUICE_FAST_PATH").as_deref() != Ok("0");
     let served = proxy

@@ -105,18 +105,18 @@ async fn serve_plain<S: HttpService>(
     signal: &ShutdownSignal,
 ) -> Result<(), BoxError> {
     if !settings.http.http2 {
-        return serve_plain_h1(io, svc, settings, signal).await;
+        return serve_fast_h1(io, svc, settings, signal).await;
     }
     let sniffed = tokio::time::timeout(settings.http.request_header_timeout, sniff_h2(io)).await;
     match sniffed.map_err(|_| "timed out waiting for the first request")?? {
         (true, io) => serve_h2(io, svc, settings, signal).await,
-        (false, io) => serve_plain_h1(io, svc, settings, signal).await,
+        (false, io) => serve_fast_h1(io, svc, settings, signal).await,
     }
 }
 
 /// HTTP/1.1, plain or over TLS: the fast path first when the listener has one, hyper for what
 /// it leaves.
-async fn serve_plain_h1<I, S: HttpService>(
+async fn serve_fast_h1<I, S: HttpService>(
     mut io: I,
     svc: ConnService<S>,
     settings: &Settings,
@@ -161,7 +161,7 @@ async fn serve_tls<S: HttpService>(
     if h2 {
         serve_h2(tls, svc, settings, signal).await
     } else {
-        serve_plain_h1(tls, svc, settings, signal).await
+        serve_fast_h1(tls, svc, settings, signal).await
     }
 }
 

@@ -1,8 +1,8 @@
-//! An HTTP/1.1 connection (plain, or over TLS) served by the proxy's [`FastPath`] for as long as it takes the
-//! requests, then by hyper from the first one it leaves: a head that does not arrive whole in
-//! the bytes read so far (slow or large heads, and with them the header timeout and its 408),
-//! a request the parser defers, or one routed where the fast path does not go. The hand-over
-//! happens at a request boundary with nothing of that request consumed.
+//! An HTTP/1.1 connection (plain, or over TLS) served by the proxy's [`FastPath`] for as long
+//! as it takes the requests, then by hyper from the first one it leaves: a head that does not
+//! arrive whole in the bytes read so far (slow or large heads, and with them the header timeout
+//! and its 408), a request the parser defers, or one routed where the fast path does not go.
+//! The hand-over happens at a request boundary with nothing of that request consumed.
 
 use std::sync::Arc;
 
