@@ -10,6 +10,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::upstream::reverse::metrics::{latency, Histograms};
@@ -50,6 +51,41 @@ pub struct Metrics {
     bytes_out: Family<ListenerLabels, Counter>,
     fast_path: Counter,
     handoffs: Family<HandOffLabels, Counter>,
+}
+
+/// One route's request counters (by status) and duration histogram, as handles that share
+/// the registered series: what [`Metrics::request_cached`] keeps per connection.
+#[derive(Debug)]
+pub(crate) struct RouteCounters {
+    route: String,
+    duration: Histogram,
+    /// The statuses seen so far, a few at most (see [`STATUSES_KEPT`]).
+    by_status: Vec<(u16, Counter)>,
+}
+
+/// How many statuses' counters a connection keeps for its route: a route answers with a few.
+const STATUSES_KEPT: usize = 4;
+
+impl RouteCounters {
+    /// The counter of `status` on this route, looked up in `metrics` the first time.
+    fn counter(&mut self, metrics: &Metrics, status: u16) -> &Counter {
+        let at = match self.by_status.iter().position(|(s, _)| *s == status) {
+            Some(at) => at,
+            None => {
+                if self.by_status.len() == STATUSES_KEPT {
+                    self.by_status.remove(0);
+                }
+                let labels = RequestLabels {
+                    route: self.route.clone(),
+                    status,
+                };
+                let counter = metrics.requests.get_or_create(&labels).clone();
+                self.by_status.push((status, counter));
+                self.by_status.len() - 1
+            }
+        };
+        &self.by_status[at].1
+    }
 }
 
 /// The byte counters of one listener's client connections: (received, sent).
@@ -139,6 +175,33 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
+    /// Counts one answered request as [`request`](Self::request) does, through `cached`: the
+    /// handles of the route a connection counted last, looked up again only when its route
+    /// changes. A connection's requests then build no labels and take no family lock.
+    pub(crate) fn request_cached(
+        &self,
+        cached: &mut Option<RouteCounters>,
+        route: &str,
+        status: u16,
+        elapsed: Duration,
+    ) {
+        let counters = match cached {
+            Some(c) if c.route == route => c,
+            _ => cached.insert(RouteCounters {
+                route: route.to_owned(),
+                duration: self
+                    .duration
+                    .get_or_create(&RouteLabels {
+                        route: route.to_owned(),
+                    })
+                    .clone(),
+                by_status: Vec::new(),
+            }),
+        };
+        counters.counter(self, status).inc();
+        counters.duration.observe(elapsed.as_secs_f64());
+    }
+
     /// Counts a request the HTTP/1 fast path took.
     pub fn fast_path_request(&self) {
         self.fast_path.inc();
@@ -166,5 +229,37 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection's cached counters count exactly what a lookup per request counts: across
+    /// route changes, and with more statuses on one route than the connection keeps.
+    #[test]
+    fn cached_route_counters_count_as_lookups_do() {
+        let (looked_up, cached) = (Metrics::new(), Metrics::new());
+        let mut kept = None;
+        let statuses = [200, 404, 200, 500, 503, 502, 301, 200, 404, 200];
+        let requests = statuses
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (["a", "b", "a"][i % 3], *s));
+        for (i, (route, status)) in requests.enumerate() {
+            let elapsed = Duration::from_millis(i as u64);
+            looked_up.request(route, status, elapsed);
+            cached.request_cached(&mut kept, route, status, elapsed);
+        }
+        // The same samples; the families' hash maps may list them in another order.
+        let sorted = |m: &Metrics| {
+            let text = m.render();
+            let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            lines.sort();
+            lines
+        };
+        assert_eq!(sorted(&cached), sorted(&looked_up));
+        assert!(cached.render().contains("route=\"b\",status=\"404\""));
     }
 }

@@ -322,6 +322,74 @@ async fn static_endpoints_may_be_named_by_host_and_port() {
     let _ = p.stop.send(());
 }
 
+/// The requests of one keep-alive connection are counted by the route and status each of them
+/// had, also when the connection moves between routes and statuses (the fast path keeps the
+/// last route's counters per connection).
+#[tokio::test]
+async fn metrics_count_each_request_of_a_connection_by_its_route_and_status() {
+    let p = start().await;
+    let _svc = Service::start(p.acceptor, ServiceSpec::new("a", 2)).await;
+    p.cluster
+        .wait_until(|c| c.idle_sessions("default") == 2)
+        .await;
+    let paths = ["/x", "/legacy", "/y", "/legacy/a", "/z", "/w"];
+    let mut pipelined = String::new();
+    for (i, path) in paths.iter().enumerate() {
+        let close = if i + 1 == paths.len() {
+            "Connection: close\r\n"
+        } else {
+            ""
+        };
+        pipelined.push_str(&format!(
+            "GET {path} HTTP/1.1\r\nHost: a.test\r\n{close}\r\n"
+        ));
+    }
+    let mut conn = TcpStream::connect(p.http).await.unwrap();
+    conn.write_all(pipelined.as_bytes()).await.unwrap();
+    let mut answers = String::new();
+    conn.read_to_string(&mut answers).await.unwrap();
+    let statuses: Vec<&str> = answers
+        .split("HTTP/1.1 ")
+        .skip(1)
+        .map(|a| &a[..3])
+        .collect();
+    assert_eq!(statuses.len(), paths.len(), "{answers}");
+    // The dead endpoint answers 502, then 503 once it is ejected: a connection whose requests
+    // move between two routes and three statuses.
+    assert!(statuses[1] == "502" && statuses[0] == "200", "{answers}");
+    let (_, text) = call(p.admin, "GET", "/metrics", Some(TOKEN), "").await;
+    let samples = parse(&text);
+    let value = |name: &str| samples.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    let route = |path: &str| {
+        if path.starts_with("/legacy") {
+            "legacy"
+        } else {
+            "api"
+        }
+    };
+    for (path, status) in paths.iter().zip(&statuses) {
+        let seen = paths
+            .iter()
+            .zip(&statuses)
+            .filter(|(p, s)| route(p) == route(path) && s == &status)
+            .count();
+        let name = format!(
+            "sluice_requests_total{{route=\"{}\",status=\"{status}\"}}",
+            route(path)
+        );
+        assert_eq!(value(&name), Some(seen as f64), "{name}");
+    }
+    assert_eq!(
+        value("sluice_request_duration_seconds_count{route=\"api\"}"),
+        Some(4.0)
+    );
+    assert_eq!(
+        value("sluice_request_duration_seconds_count{route=\"legacy\"}"),
+        Some(2.0)
+    );
+    let _ = p.stop.send(());
+}
+
 #[tokio::test]
 async fn metrics_count_requests_handshakes_and_sessions() {
     let p = start().await;

@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
 use crate::access_log::{self, AccessLog};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RouteCounters};
 use crate::router::{Route, Routing, Target};
 use crate::upstream::reverse::raw::SessionLease;
 use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
@@ -98,16 +98,25 @@ impl FastPath {
             Dest::Reverse(slice) => {
                 // As the hyper path stamps it: the client's TCP peer, over any copy the
                 // client or the route put there.
-                let addr = sluice_session::client_addr_value(req.client.peer);
-                let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr.as_bytes()));
+                let addr = scratch.take_client_addr(req.client.peer);
+                let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr.1.as_bytes()));
                 let lease = SessionLease::lease(&slice);
-                exchange.run(client, scratch, lease, stamp).await
+                let outcome = exchange.run(client, scratch, lease, stamp).await;
+                scratch.keep_client_addr(addr);
+                outcome
             }
         };
         // A request whose client hung up before its answer is neither counted nor logged, as
         // on the hyper path, which drops it.
         if outcome.status != 0 {
-            self.account(&parts, &req, &route, &outcome, started);
+            self.account(
+                &parts,
+                &req,
+                &route,
+                &outcome,
+                started,
+                &mut scratch.counted,
+            );
         }
         (outcome.used, outcome.served)
     }
@@ -151,13 +160,14 @@ impl FastPath {
         route: &Route,
         outcome: &relay::Outcome,
         started: Instant,
+        counted: &mut Option<RouteCounters>,
     ) {
         if let Some(e) = &outcome.error {
             debug!(client.addr = %req.client.peer, error = %e, status = outcome.status, "upstream failed");
         }
         let elapsed = outcome.head_at.unwrap_or(started).duration_since(started);
         if let Some(metrics) = &self.metrics {
-            metrics.request(&route.name, outcome.status, elapsed);
+            metrics.request_cached(counted, &route.name, outcome.status, elapsed);
         }
         if let Some(log) = &self.access_log {
             let ua = field(req, b"user-agent");

@@ -123,6 +123,7 @@ impl<'a> Exchange<'a> {
             answer,
             spare,
             timer,
+            ..
         } = scratch;
         let leased = tokio::select! {
             biased;

@@ -1,6 +1,7 @@
 //! What the server hands the fast path ([`Request`], and a connection's [`Scratch`]) and what
 //! it gets back ([`Served`]).
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 
 use sluice_net::shutdown::ShutdownSignal;
@@ -8,6 +9,7 @@ use sluice_wire::h1::RequestHead;
 use tokio::time::Sleep;
 
 use crate::http::IO_BUFFER_BYTES;
+use crate::metrics::RouteCounters;
 use crate::server::ClientInfo;
 
 /// What became of a request the fast path was given.
@@ -50,6 +52,10 @@ pub(crate) struct Scratch {
     pub(super) spare: Vec<u8>,
     /// The response timer, moved for each request.
     pub(super) timer: Option<Pin<Box<Sleep>>>,
+    /// The metrics of the route the connection's last request took.
+    pub(super) counted: Option<RouteCounters>,
+    /// The client's address as a session's `Sluice-Client-Addr` carries it, formatted once.
+    pub(super) client_addr: Option<(SocketAddr, String)>,
 }
 
 /// How much a client may pipeline while its request waits before the proxy stops reading it
@@ -60,6 +66,20 @@ impl Scratch {
     /// Ready for a request: room to keep what the client pipelines.
     pub(crate) fn prepare(&mut self) {
         self.pipelined.reserve(PIPELINED_BYTES);
+    }
+
+    /// `peer` as `Sluice-Client-Addr` carries it, from the connection's copy when there is
+    /// one; give it back with [`keep_client_addr`](Self::keep_client_addr).
+    pub(super) fn take_client_addr(&mut self, peer: SocketAddr) -> (SocketAddr, String) {
+        match self.client_addr.take() {
+            Some((kept, value)) if kept == peer => (kept, value),
+            _ => (peer, sluice_session::client_addr_value(peer)),
+        }
+    }
+
+    /// Keeps the formatted client address for the connection's next request.
+    pub(super) fn keep_client_addr(&mut self, addr: (SocketAddr, String)) {
+        self.client_addr = Some(addr);
     }
 
     /// After a request: buffers that grew past what one request needs are let go.
