@@ -8,19 +8,26 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use support::{exchange, read_to_close, Backend, TestProxy};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 /// A proxy in front of `upstream`, with a 1 KiB head limit and a 200 ms head timeout.
 async fn proxy_to(upstream: SocketAddr) -> TestProxy {
+    proxy_with_header_timeout(upstream, "200ms").await
+}
+
+/// A proxy in front of `upstream`, with a 1 KiB head limit and the head timeout `timeout`.
+async fn proxy_with_header_timeout(upstream: SocketAddr, timeout: &str) -> TestProxy {
     let toml = format!(
         r#"
 [[listener]]
 name = "test"
 listen = "127.0.0.1:0"
 max_header_size = "1KiB"
-request_header_timeout = "200ms"
+request_header_timeout = "{timeout}"
 
 [[route]]
 cluster = "backend"
@@ -201,6 +208,36 @@ async fn a_connection_that_sends_nothing_is_closed_silently_after_request_header
     assert_eq!(raw.matches("HTTP/1.1 ").count(), 1, "{raw:?}");
     assert!(raw.starts_with("HTTP/1.1 200 OK\r\n"), "{raw:?}");
     assert_eq!(backend.requests(), 1);
+}
+
+/// The head timer starts again at each wait for a next request: a keep-alive client whose
+/// requests come half a timeout apart is served for as long as it keeps sending them.
+#[tokio::test]
+async fn the_header_timeout_runs_from_each_wait_for_a_next_request() {
+    let backend = Backend::start("b").await;
+    let proxy = proxy_with_header_timeout(backend.addr, "1s").await;
+    let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    let mut answers = 0;
+    for i in 0..3 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = [0u8; 4096];
+        let n = conn.read(&mut answer).await.unwrap();
+        let text = String::from_utf8_lossy(&answer[..n]);
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK\r\n"),
+            "request {i}: {text:?}"
+        );
+        answers += 1;
+    }
+    assert_eq!(answers, 3);
+    assert_eq!(backend.requests(), 3);
+    // And after the last answer, the timer still closes the idle connection.
+    assert_eq!(read_to_close(&mut conn).await, "");
 }
 
 #[tokio::test]

@@ -4,15 +4,18 @@
 //! and its 408), a request the parser defers, or one routed where the fast path does not go.
 //! The hand-over happens at a request boundary with nothing of that request consumed.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::FutureExt;
 use sluice_config::HttpOptions;
-use sluice_wire::h1::{self, Parsed};
+use sluice_wire::h1::{self, ClientIp, Parsed};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::time::{Instant, Sleep};
 
 use crate::http::IO_BUFFER_BYTES;
-use crate::proxy::fast::{FastPath, Request, Scratch, Served};
+use crate::proxy::fast::{timer_at, FastPath, Request, Scratch, Served};
 
 use super::active::ActiveRequests;
 use super::{ClientInfo, ShutdownSignal};
@@ -39,8 +42,12 @@ where
 {
     let mut buf = Vec::with_capacity(IO_BUFFER_BYTES);
     let mut scratch = Scratch::default();
+    let mut header_timer = None;
+    let client_ip = ClientIp::new(info.peer.ip());
     loop {
-        if buf.is_empty() && !next_bytes(io, &mut buf, http, signal, active).await {
+        let ended = buf.is_empty()
+            && !next_bytes(io, &mut buf, http, signal, active, &mut header_timer).await;
+        if ended {
             return Left::Done;
         }
         let head = match parse(io, &mut buf, http, info).await {
@@ -61,6 +68,7 @@ where
             buf: &buf,
             head: &head,
             client: info,
+            client_ip: &client_ip,
             shutdown: signal,
         };
         scratch.prepare();
@@ -111,15 +119,22 @@ async fn next_bytes<I>(
     http: &HttpOptions,
     signal: &ShutdownSignal,
     active: &ActiveRequests,
+    timer: &mut Option<Pin<Box<Sleep>>>,
 ) -> bool
 where
     I: AsyncRead + Unpin,
 {
     // hyper's header timer runs from the moment it waits for a head, on a new connection and
     // between requests alike: a client that does not begin one within it is closed silently.
+    // The connection's one timer is moved for each wait (a far deadline for a timeout of
+    // centuries, as `tokio::time::sleep` has).
+    let now = Instant::now();
+    let deadline = now
+        .checked_add(http.request_header_timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
     let read = tokio::select! {
         read = io.read_buf(buf) => read,
-        () = tokio::time::sleep(http.request_header_timeout) => return false,
+        () = timer_at(timer, deadline) => return false,
         () = signal.wait() => {
             if active.started() {
                 // A request already in the socket is served (and the connection closed after

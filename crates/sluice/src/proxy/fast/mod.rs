@@ -36,7 +36,7 @@ use crate::upstream::reverse::raw::SessionLease;
 use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
 
 pub(crate) use self::relay::Exchange;
-pub(crate) use self::request::{Request, Scratch, Served};
+pub(crate) use self::request::{timer_at, Request, Scratch, Served};
 
 /// The fast path of a [`ProxyService`](super::ProxyService): its router, metrics and access
 /// log, shared. Cloning is cheap.

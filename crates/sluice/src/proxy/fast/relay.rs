@@ -14,7 +14,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::answer::{self, date_at};
 use super::body::{self, Sink};
-use super::request::{Request, Scratch, Served};
+use super::request::{timer_at, Request, Scratch, Served};
 use crate::error::ProxyError;
 use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
@@ -140,7 +140,7 @@ impl<'a> Exchange<'a> {
         let mut from = self.started;
         let head = loop {
             let deadline = from + lease.response_timeout();
-            let timer = request_timer(timer, deadline);
+            let timer = timer_at(timer, deadline);
             let attempt = self.attempt(client, &mut lease, request, ubuf, pipelined, timer);
             match attempt.await {
                 Attempt::Head(head) => break head,
@@ -213,7 +213,7 @@ impl<'a> Exchange<'a> {
     fn upstream_request(&self, stamp: Option<(&str, &[u8])>, out: &mut Vec<u8>) {
         let (buf, head) = (self.req.buf, self.req.head);
         let forward = Forward {
-            client: self.req.client.peer.ip(),
+            client: self.req.client_ip,
             tls: self.req.client.tls,
             trusted: self.req.client.trusted,
             remove: &self.route.request_headers.remove,
@@ -349,15 +349,6 @@ impl<'a> Exchange<'a> {
         };
         (outcome, sink.into_buffers())
     }
-}
-
-/// The connection's response timer, set to `deadline`. One timer serves all of a
-/// connection's requests: moving it later is a store, where a timer per request would be
-/// entered into and taken out of Tokio's timer wheel every time.
-fn request_timer(timer: &mut Option<Pin<Box<Sleep>>>, deadline: Instant) -> Pin<&mut Sleep> {
-    let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-    timer.as_mut().reset(deadline);
-    timer.as_mut()
 }
 
 /// Resolves when the client hangs up (or its connection fails) while its request is in the

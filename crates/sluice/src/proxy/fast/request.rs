@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 
 use sluice_net::shutdown::ShutdownSignal;
-use sluice_wire::h1::RequestHead;
-use tokio::time::Sleep;
+use sluice_wire::h1::{ClientIp, RequestHead};
+use tokio::time::{Instant, Sleep};
 
 use crate::http::IO_BUFFER_BYTES;
 use crate::metrics::RouteCounters;
@@ -31,6 +31,8 @@ pub(crate) struct Request<'a> {
     pub(crate) head: &'a RequestHead,
     /// The connection's client.
     pub(crate) client: &'a ClientInfo,
+    /// The client's address as the forwarding fields name it (formatted once per connection).
+    pub(crate) client_ip: &'a ClientIp,
     /// The server's shutdown: once triggered, responses close their connection.
     pub(crate) shutdown: &'a ShutdownSignal,
 }
@@ -95,4 +97,13 @@ impl Scratch {
             }
         }
     }
+}
+
+/// A connection's timer (its response timer, its header timer), set to `deadline`. One timer
+/// serves all of a connection's requests: moving it later is a store, where a timer per
+/// request would be entered into and taken out of Tokio's timer wheel every time.
+pub(crate) fn timer_at(timer: &mut Option<Pin<Box<Sleep>>>, deadline: Instant) -> Pin<&mut Sleep> {
+    let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+    timer.as_mut().reset(deadline);
+    timer.as_mut()
 }
