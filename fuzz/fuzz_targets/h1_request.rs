@@ -22,7 +22,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use libfuzzer_sys::fuzz_target;
-use sluice_wire::h1::{self, BodyFraming, Forward, Parsed, RequestHead};
+use sluice_wire::h1::{self, BodyFraming, ClientIp, Forward, Parsed, RequestHead};
 use sluice_wire::RequestRules;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -99,8 +99,9 @@ fn body(rest: &[u8], framing: BodyFraming) -> Option<Result<Vec<u8>, ()>> {
 
 /// The upstream head parses, has no hop-by-hop field, and frames the body as the request.
 fn check_written(data: &[u8], head: &RequestHead) {
+    let client = ClientIp::new(IpAddr::from([192, 0, 2, 1]));
     let fwd = Forward {
-        client: IpAddr::from([192, 0, 2, 1]),
+        client: &client,
         tls: false,
         trusted: true,
         remove: &[],

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use http::{HeaderName, HeaderValue};
 use serde::Deserialize;
-use sluice_wire::h1::{self, BodyFraming, Chunked, Forward, Parsed};
+use sluice_wire::h1::{self, BodyFraming, Chunked, ClientIp, Forward, Parsed};
 use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 use support::wire::{assert_none_differ, Seen};
 use support::{read_to_close, TestProxy};
@@ -348,10 +348,11 @@ async fn the_fast_path_forwards_what_the_proxy_forwards() {
     let remove = [HeaderName::from_static("x-remove-me")];
     let mut failures = Vec::new();
     let mut taken = 0;
+    let client = ClientIp::new(IpAddr::from([127, 0, 0, 1]));
     for case in &cases {
         for listener in &listeners {
             let fwd = Forward {
-                client: IpAddr::from([127, 0, 0, 1]),
+                client: &client,
                 tls: false,
                 trusted: listener.trusted,
                 remove: &remove,

@@ -14,11 +14,34 @@ use http::{HeaderName, HeaderValue};
 use super::request::{BodyFraming, Field, RequestHead, Role};
 use super::response::{ResponseBody, ResponseHead};
 
+/// A client's address and its text as the forwarding fields carry it, formatted once: all of
+/// a connection's requests come from one address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIp {
+    ip: IpAddr,
+    text: String,
+}
+
+impl ClientIp {
+    /// `ip` and its text (`192.0.2.1`, `2001:db8::1`).
+    pub fn new(ip: IpAddr) -> Self {
+        Self {
+            ip,
+            text: ip.to_string(),
+        }
+    }
+
+    /// The address.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+}
+
 /// What the proxy knows of the client side, and the route's edits.
 #[derive(Debug, Clone, Copy)]
 pub struct Forward<'a> {
     /// The client's address.
-    pub client: IpAddr,
+    pub client: &'a ClientIp,
     /// Whether the client connected over TLS (`X-Forwarded-Proto: https`).
     pub tls: bool,
     /// Whether the client is a trusted proxy, whose forwarding fields are kept and appended to;
@@ -116,21 +139,25 @@ fn write_forwarding(
     kept: &Kept,
     out: &mut Vec<u8>,
 ) {
-    let ip = fwd.client;
+    let ip = fwd.client.text.as_bytes();
     if !fwd.edits(b"x-forwarded-for") {
         out.extend_from_slice(b"x-forwarded-for: ");
         chain(buf, head, fwd, Role::ForwardedFor, out);
-        let _ = write!(out, "{ip}\r\n");
+        out.extend_from_slice(ip);
+        out.extend_from_slice(b"\r\n");
     }
     let host = &buf[head.host.clone()];
     if !fwd.edits(b"forwarded") {
         out.extend_from_slice(b"forwarded: ");
         chain(buf, head, fwd, Role::Forwarded, out);
-        let _ = match ip {
-            IpAddr::V4(v4) => write!(out, "for={v4};proto={}", fwd.proto()),
-            // RFC 7239 §6: IPv6 nodes are quoted and bracketed.
-            IpAddr::V6(v6) => write!(out, "for=\"[{v6}]\";proto={}", fwd.proto()),
+        // RFC 7239 §6: IPv6 nodes are quoted and bracketed.
+        let (open, close): (&[u8], &[u8]) = match fwd.client.ip {
+            IpAddr::V4(_) => (b"for=", b""),
+            IpAddr::V6(_) => (b"for=\"[", b"]\""),
         };
+        for part in [open, ip, close, b";proto=", fwd.proto().as_bytes()] {
+            out.extend_from_slice(part);
+        }
         out.extend_from_slice(b";host=");
         forwarded_value(host, out);
         out.extend_from_slice(b"\r\n");
@@ -255,4 +282,48 @@ fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::h1::{parse_request, Parsed};
+    use crate::RequestRules;
+
+    /// The forwarding fields name the client as the hyper path's writer does, for an IPv4
+    /// client and an IPv6 one (quoted and bracketed in `Forwarded`, RFC 7239 §6).
+    #[test]
+    fn forwarding_fields_name_a_v4_or_v6_client() {
+        let buf = b"GET / HTTP/1.1\r\nHost: example.com:8443\r\n\r\n";
+        let Parsed::Take(head) = parse_request(buf, 8192, RequestRules::default()) else {
+            panic!("the fast path takes a plain GET");
+        };
+        let cases = [
+            (
+                IpAddr::from([192, 0, 2, 1]),
+                "x-forwarded-for: 192.0.2.1\r\n\
+                 forwarded: for=192.0.2.1;proto=https;host=\"example.com:8443\"\r\n",
+            ),
+            (
+                IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]),
+                "x-forwarded-for: 2001:db8::1\r\n\
+                 forwarded: for=\"[2001:db8::1]\";proto=https;host=\"example.com:8443\"\r\n",
+            ),
+        ];
+        for (ip, fields) in cases {
+            let client = ClientIp::new(ip);
+            let fwd = Forward {
+                client: &client,
+                tls: true,
+                trusted: false,
+                remove: &[],
+                set: &[],
+                stamp: None,
+            };
+            let mut out = Vec::new();
+            write_head(buf, &head, &fwd, &mut out);
+            let text = String::from_utf8_lossy(&out);
+            assert!(text.contains(fields), "{ip}: {text}");
+        }
+    }
 }

@@ -15,7 +15,7 @@ mod request;
 mod response;
 
 pub use chunked::{ChunkError, Chunked, Progress};
-pub use forward::{write_head, write_response_head, Answer, Forward};
+pub use forward::{write_head, write_response_head, Answer, ClientIp, Forward};
 pub use request::{
     parse_request, BodyFraming, Defer, Field, Parsed, RequestHead, Role, MAX_HEADERS,
 };
