@@ -127,6 +127,8 @@ pub struct RequestHead {
     pub method: Range<usize>,
     /// The target (origin form, already normal).
     pub target: Range<usize>,
+    /// The target as `http::Uri` parsed it (the parser checks it so; the router reads it).
+    pub uri: http::Uri,
     /// The fields, in order.
     pub fields: Vec<Field>,
     /// The one `Host` value.
@@ -185,7 +187,7 @@ fn head(
     if method == "CONNECT" || !target.starts_with('/') {
         return Err(Defer::TargetForm);
     }
-    check_target(target, rules)?;
+    let uri = check_target(target, rules)?;
     let mut fields = Vec::with_capacity(req.headers.len());
     let mut seen = Seen::default();
     for h in req.headers.iter() {
@@ -204,6 +206,7 @@ fn head(
         len,
         method: offset(buf, method.as_bytes()),
         target: offset(buf, target.as_bytes()),
+        uri,
         host: fields[host].value.clone(),
         fields,
         body,
@@ -212,14 +215,14 @@ fn head(
 }
 
 /// The target must be one `http::Uri` takes whole (hyper parses it so; it would drop a
-/// fragment, for one) with a path normalisation leaves alone.
-fn check_target(target: &str, rules: RequestRules) -> Result<(), Defer> {
+/// fragment, for one) with a path normalisation leaves alone; it is returned as parsed.
+fn check_target(target: &str, rules: RequestRules) -> Result<http::Uri, Defer> {
     let uri = http::Uri::try_from(target).map_err(|_| Defer::Target)?;
     let whole = uri
         .path_and_query()
         .is_some_and(|p| p.as_str().len() == target.len());
     match normalize_path(uri.path(), rules.escaped_slashes) {
-        Ok(None) if whole => Ok(()),
+        Ok(None) if whole => Ok(uri),
         _ => Err(Defer::Target),
     }
 }

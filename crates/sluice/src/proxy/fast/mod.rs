@@ -132,11 +132,11 @@ impl FastPath {
     }
 
     /// The route, when it leads to an upstream the fast path reaches with edits it can apply.
-    fn route(&self, parts: &Parts, req: &Request<'_>) -> Option<(Arc<Route>, Dest)> {
+    fn route(&self, parts: &Parts<'_>, req: &Request<'_>) -> Option<(Arc<Route>, Dest)> {
         let host = std::str::from_utf8(&req.buf[req.head.host.clone()]).ok()?;
         let head = crate::router::RequestHead {
             method: &parts.method,
-            uri: &parts.uri,
+            uri: parts.uri,
             headers: &parts.headers,
             host: Some(super::strip_port(host)),
             client: req.client.peer,
@@ -155,7 +155,7 @@ impl FastPath {
     /// Counts the request and logs it, as the hyper path does.
     fn account(
         &self,
-        parts: &Parts,
+        parts: &Parts<'_>,
         req: &Request<'_>,
         route: &Route,
         outcome: &relay::Outcome,
@@ -174,7 +174,7 @@ impl FastPath {
             log.record(&access_log::Entry {
                 client: req.client.peer,
                 method: &parts.method,
-                uri: &parts.uri,
+                uri: parts.uri,
                 version: Version::HTTP_11,
                 status: outcome.status,
                 bytes: outcome.length,
@@ -198,18 +198,19 @@ enum Dest {
 }
 
 /// The request's method, target and fields as the router reads them.
-struct Parts {
+struct Parts<'a> {
     method: Method,
-    uri: Uri,
+    /// As the parser parsed it.
+    uri: &'a Uri,
     headers: HeaderMap,
 }
 
-impl Parts {
+impl<'a> Parts<'a> {
     /// Refused (with the reason) for a request whose body is chunked or not all in the buffer
     /// yet (hyper relays those, reading the upstream's answer while it sends), and for one that
     /// accepts trailers (`TE: trailers`), which hyper's server forwards and the fast path does
     /// not. The header map is built only for a router that reads it.
-    fn of(req: &Request<'_>, with_headers: bool) -> Result<Self, &'static str> {
+    fn of(req: &Request<'a>, with_headers: bool) -> Result<Self, &'static str> {
         let (buf, head) = (req.buf, req.head);
         let whole = match head.body {
             BodyFraming::None => true,
@@ -224,7 +225,7 @@ impl Parts {
         }
         let invalid = "head";
         let method = Method::from_bytes(head.method(buf)).map_err(|_| invalid)?;
-        let uri = Uri::try_from(head.target(buf)).map_err(|_| invalid)?;
+        let uri = &head.uri;
         let mut headers = HeaderMap::new();
         if with_headers {
             headers.reserve(head.fields.len());
