@@ -27,6 +27,16 @@ async fn start() -> Running {
     start_with(&format!("token = \"{TOKEN}\"\n")).await
 }
 
+/// A proxy as [`start`] makes it, with a service of two sessions registered and idle.
+async fn start_serving() -> (Running, std::sync::Arc<Service>) {
+    let p = start().await;
+    let svc = Service::start(p.acceptor, ServiceSpec::new("a", 2)).await;
+    p.cluster
+        .wait_until(|c| c.idle_sessions("default") == 2)
+        .await;
+    (p, svc)
+}
+
 /// A proxy whose `[admin]` table has `admin_keys` besides `listen`.
 async fn start_with(admin_keys: &str) -> Running {
     let text = format!(
@@ -120,11 +130,7 @@ async fn every_call_needs_the_token() {
 
 #[tokio::test]
 async fn status_follows_the_sessions_and_drain_empties_an_instance() {
-    let p = start().await;
-    let _svc = Service::start(p.acceptor, ServiceSpec::new("a", 2)).await;
-    p.cluster
-        .wait_until(|c| c.idle_sessions("default") == 2)
-        .await;
+    let (p, _svc) = start_serving().await;
     let (status, body) = json(p.admin, "GET", "/status", "").await;
     assert_eq!(status, 200);
     assert_eq!(body["listeners"][0]["addr"], p.http.to_string());
@@ -327,11 +333,7 @@ async fn static_endpoints_may_be_named_by_host_and_port() {
 /// last route's counters per connection).
 #[tokio::test]
 async fn metrics_count_each_request_of_a_connection_by_its_route_and_status() {
-    let p = start().await;
-    let _svc = Service::start(p.acceptor, ServiceSpec::new("a", 2)).await;
-    p.cluster
-        .wait_until(|c| c.idle_sessions("default") == 2)
-        .await;
+    let (p, _svc) = start_serving().await;
     let paths = ["/x", "/legacy", "/y", "/legacy/a", "/z", "/w"];
     let mut pipelined = String::new();
     for (i, path) in paths.iter().enumerate() {
@@ -392,11 +394,7 @@ async fn metrics_count_each_request_of_a_connection_by_its_route_and_status() {
 
 #[tokio::test]
 async fn metrics_count_requests_handshakes_and_sessions() {
-    let p = start().await;
-    let _svc = Service::start(p.acceptor, ServiceSpec::new("a", 2)).await;
-    p.cluster
-        .wait_until(|c| c.idle_sessions("default") == 2)
-        .await;
+    let (p, _svc) = start_serving().await;
     assert_eq!(get(p.http, "/x").await.status, StatusCode::OK);
     assert_eq!(get(p.http, "/y").await.status, StatusCode::OK);
     assert_eq!(get(p.http, "/legacy").await.status, StatusCode::BAD_GATEWAY);
