@@ -43,7 +43,9 @@ where
     let mut buf = Vec::with_capacity(IO_BUFFER_BYTES);
     let mut scratch = Scratch::default();
     let mut header_timer = None;
+    // The client's address as the upstream is told it, formatted once for all its requests.
     let client_ip = ClientIp::new(info.peer.ip());
+    let client_addr = sluice_session::client_addr_value(info.peer);
     loop {
         let ended = buf.is_empty()
             && !next_bytes(io, &mut buf, http, signal, active, &mut header_timer).await;
@@ -69,6 +71,7 @@ where
             head: &head,
             client: info,
             client_ip: &client_ip,
+            client_addr: &client_addr,
             shutdown: signal,
         };
         scratch.prepare();

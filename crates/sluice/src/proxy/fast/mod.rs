@@ -98,12 +98,10 @@ impl FastPath {
             Dest::Reverse(slice) => {
                 // As the hyper path stamps it: the client's TCP peer, over any copy the
                 // client or the route put there.
-                let addr = scratch.take_client_addr(req.client.peer);
-                let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr.1.as_bytes()));
+                let addr = req.client_addr.as_bytes();
+                let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr));
                 let lease = SessionLease::lease(&slice);
-                let outcome = exchange.run(client, scratch, lease, stamp).await;
-                scratch.keep_client_addr(addr);
-                outcome
+                exchange.run(client, scratch, lease, stamp).await
             }
         };
         // A request whose client hung up before its answer is neither counted nor logged, as

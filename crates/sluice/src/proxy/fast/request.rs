@@ -1,7 +1,6 @@
 //! What the server hands the fast path ([`Request`], and a connection's [`Scratch`]) and what
 //! it gets back ([`Served`]).
 
-use std::net::SocketAddr;
 use std::pin::Pin;
 
 use sluice_net::shutdown::ShutdownSignal;
@@ -33,6 +32,8 @@ pub(crate) struct Request<'a> {
     pub(crate) client: &'a ClientInfo,
     /// The client's address as the forwarding fields name it (formatted once per connection).
     pub(crate) client_ip: &'a ClientIp,
+    /// The client's address as a session's `Sluice-Client-Addr` carries it (likewise).
+    pub(crate) client_addr: &'a str,
     /// The server's shutdown: once triggered, responses close their connection.
     pub(crate) shutdown: &'a ShutdownSignal,
 }
@@ -56,8 +57,6 @@ pub(crate) struct Scratch {
     pub(super) timer: Option<Pin<Box<Sleep>>>,
     /// The metrics of the route the connection's last request took.
     pub(super) counted: Option<RouteCounters>,
-    /// The client's address as a session's `Sluice-Client-Addr` carries it, formatted once.
-    pub(super) client_addr: Option<(SocketAddr, String)>,
 }
 
 /// How much a client may pipeline while its request waits before the proxy stops reading it
@@ -68,20 +67,6 @@ impl Scratch {
     /// Ready for a request: room to keep what the client pipelines.
     pub(crate) fn prepare(&mut self) {
         self.pipelined.reserve(PIPELINED_BYTES);
-    }
-
-    /// `peer` as `Sluice-Client-Addr` carries it, from the connection's copy when there is
-    /// one; give it back with [`keep_client_addr`](Self::keep_client_addr).
-    pub(super) fn take_client_addr(&mut self, peer: SocketAddr) -> (SocketAddr, String) {
-        match self.client_addr.take() {
-            Some((kept, value)) if kept == peer => (kept, value),
-            _ => (peer, sluice_session::client_addr_value(peer)),
-        }
-    }
-
-    /// Keeps the formatted client address for the connection's next request.
-    pub(super) fn keep_client_addr(&mut self, addr: (SocketAddr, String)) {
-        self.client_addr = Some(addr);
     }
 
     /// After a request: buffers that grew past what one request needs are let go.
