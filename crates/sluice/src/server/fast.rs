@@ -6,7 +6,6 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::FutureExt;
 use sluice_config::HttpOptions;
@@ -18,6 +17,7 @@ use crate::http::IO_BUFFER_BYTES;
 use crate::proxy::fast::{timer_at, FastPath, Request, Scratch, Served};
 
 use super::active::ActiveRequests;
+use super::io::deadline;
 use super::{ClientInfo, ShutdownSignal};
 
 /// What the fast path left of a connection.
@@ -129,12 +129,8 @@ where
 {
     // hyper's header timer runs from the moment it waits for a head, on a new connection and
     // between requests alike: a client that does not begin one within it is closed silently.
-    // The connection's one timer is moved for each wait (a far deadline for a timeout of
-    // centuries, as `tokio::time::sleep` has).
-    let now = Instant::now();
-    let deadline = now
-        .checked_add(http.request_header_timeout)
-        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
+    // The connection's one timer is moved for each wait.
+    let deadline = deadline(Instant::now(), http.request_header_timeout);
     let read = tokio::select! {
         read = io.read_buf(buf) => read,
         () = timer_at(timer, deadline) => return false,
