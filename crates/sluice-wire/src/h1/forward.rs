@@ -30,11 +30,6 @@ impl ClientIp {
             text: ip.to_string(),
         }
     }
-
-    /// The address.
-    pub fn ip(&self) -> IpAddr {
-        self.ip
-    }
 }
 
 /// What the proxy knows of the client side, and the route's edits.
