@@ -185,7 +185,13 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
 
     /// Sends what waits once it fills the budget; a read-ahead ends once it outgrows it (a
     /// body of exactly the budget is read whole: only its end says that it fits).
-    async fn pass(&mut self) -> io::Result<()> {
+    ///
+    /// After a send with `more` of the body to come, the task yields to the worker's other
+    /// connections, so that each moves a buffer's worth in turn, as hyper's two tasks per
+    /// exchange do. A large body sent in one burst (read, send, read, send, ... on one pair of
+    /// sockets) costs the proxy and its peers more kernel time per byte: 1 MiB bodies took
+    /// 1.1–1.2× the CPU per MiB at 0.87× the MB/s that way.
+    async fn pass(&mut self, more: bool) -> io::Result<()> {
         let pending = self.body_pending();
         let full = if self.gathering {
             pending > self.budget
@@ -195,6 +201,9 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         if self.data && full {
             self.stop_gathering();
             self.send().await?;
+            if more {
+                tokio::task::yield_now().await;
+            }
         }
         Ok(())
     }
@@ -362,16 +371,16 @@ where
             let n = usize::try_from(n).unwrap_or(usize::MAX);
             let now = n.min(early.len());
             sink.data(&early[..now]);
-            sink.pass().await?;
             let mut rest = (n - now) as u64;
+            sink.pass(rest > 0).await?;
             while rest > 0 {
                 let want = usize::try_from(rest).unwrap_or(usize::MAX);
                 let read = sink.read_raw(upstream, want).await?;
                 if read == 0 {
                     return Err(io::ErrorKind::UnexpectedEof.into());
                 }
-                sink.pass().await?;
                 rest -= read as u64;
+                sink.pass(rest > 0).await?;
             }
             Ok(early.len() <= n)
         }
@@ -398,7 +407,7 @@ where
     if let Some(after) = decode(&mut decoder, sink, early)? {
         return Ok(after == 0);
     }
-    sink.pass().await?;
+    sink.pass(true).await?;
     loop {
         if sink.read(upstream, IO_BUFFER_BYTES).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
@@ -409,7 +418,7 @@ where
         if let Some(after) = decoded? {
             return Ok(after == 0);
         }
-        sink.pass().await?;
+        sink.pass(true).await?;
     }
 }
 
@@ -450,7 +459,7 @@ where
 {
     sink.data(early);
     if sink.gathering {
-        sink.pass().await?;
+        sink.pass(true).await?;
     } else {
         // Streamed: the head goes out now, with or without data.
         sink.send().await?;
@@ -460,6 +469,101 @@ where
             sink.end(false);
             return Ok(());
         }
-        sink.pass().await?;
+        sink.pass(true).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::io::Cursor;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+
+    use sluice_wire::h1::ParsedResponse;
+
+    use super::*;
+
+    /// A client that always takes all it is given, and notes in a log shared by all clients
+    /// which connection each write came from.
+    struct Noted {
+        conn: u8,
+        log: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl AsyncWrite for Noted {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.log.lock().unwrap().push(self.conn);
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Relays a body of `len` bytes from an upstream whose bytes are all there (read ahead
+    /// that far first, if `read_ahead`).
+    async fn relay_body(
+        conn: u8,
+        len: usize,
+        read_ahead: Option<usize>,
+        log: Arc<Mutex<Vec<u8>>>,
+    ) -> bool {
+        let text = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+        let ParsedResponse::Head(head) = h1::parse_response(text.as_bytes(), false, 1 << 16) else {
+            panic!("the test's head does not parse");
+        };
+        let mut upstream = Cursor::new(vec![b'x'; len]);
+        let mut client = Noted { conn, log };
+        let bufs = (b"head".to_vec(), Vec::new());
+        let mut sink = Sink::new(&mut client, bufs, &head, false, read_ahead);
+        let clean = relay(&mut upstream, &mut sink, &head, &[]).await.unwrap();
+        sink.send().await.unwrap();
+        clean
+    }
+
+    /// Two connections' bodies relayed on one worker: the writes each made, in order.
+    async fn two_bodies(len: usize, read_ahead: Option<usize>) -> Vec<u8> {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let first = tokio::spawn(relay_body(1, len, read_ahead, Arc::clone(&log)));
+        let second = tokio::spawn(relay_body(2, len, read_ahead, Arc::clone(&log)));
+        assert!(first.await.unwrap() && second.await.unwrap());
+        let log = log.lock().unwrap().clone();
+        let last_of_first = log.iter().rposition(|c| *c == 1).unwrap();
+        let first_of_second = log.iter().position(|c| *c == 2).unwrap();
+        assert!(
+            first_of_second < last_of_first,
+            "the first body went out whole before the second began: {log:?}"
+        );
+        log
+    }
+
+    /// On one worker, two connections streaming large bodies whose bytes are all there take
+    /// turns: neither body goes out whole while the other waits.
+    #[tokio::test(flavor = "current_thread")]
+    async fn streamed_bodies_of_two_connections_go_out_in_turn() {
+        let log = two_bodies(4 * IO_BUFFER_BYTES, None).await;
+        assert_eq!(
+            log.len(),
+            2 * 4,
+            "four buffers each, the head with the first: {log:?}"
+        );
+    }
+
+    /// So do two sessions' bodies once they outgrow their read-ahead.
+    #[tokio::test(flavor = "current_thread")]
+    async fn bodies_past_the_read_ahead_go_out_in_turn() {
+        two_bodies(4 * IO_BUFFER_BYTES, Some(IO_BUFFER_BYTES)).await;
     }
 }
