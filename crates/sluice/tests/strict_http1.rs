@@ -10,6 +10,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use support::upstream::within;
 use support::wire::{read_response, Got};
 use support::{exchange, read_to_close, Backend, TestProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,7 +23,12 @@ async fn proxy_to(upstream: SocketAddr) -> TestProxy {
 
 /// A proxy in front of `upstream`, with a 1 KiB head limit and the head timeout `timeout`.
 async fn proxy_with_header_timeout(upstream: SocketAddr, timeout: &str) -> TestProxy {
-    let toml = format!(
+    TestProxy::start(&config_with_header_timeout(upstream, timeout)).await
+}
+
+/// [`proxy_with_header_timeout`]'s configuration.
+fn config_with_header_timeout(upstream: SocketAddr, timeout: &str) -> String {
+    format!(
         r#"
 [[listener]]
 name = "test"
@@ -37,8 +43,7 @@ cluster = "backend"
 kind = "static"
 endpoints = ["{upstream}"]
 "#
-    );
-    TestProxy::start(&toml).await
+    )
 }
 
 async fn start() -> (Backend, TestProxy) {
@@ -232,6 +237,30 @@ async fn the_header_timeout_runs_from_each_wait_for_a_next_request() {
     assert_eq!(backend.requests(), 4);
     // And after the last answer, the timer still closes the idle connection.
     assert_eq!(read_to_close(&mut conn).await, "");
+}
+
+/// A keep-alive connection idle between requests closes as soon as the proxy shuts down,
+/// however many requests it carried before (on the fast path, one wait for the shutdown serves
+/// all of a connection's waits for a request). Neither the grace nor the head timeout would
+/// close it within the test's hang guard.
+#[tokio::test]
+async fn a_shutdown_closes_a_connection_idle_after_its_requests() {
+    let backend = Backend::start("b").await;
+    let toml = config_with_header_timeout(backend.addr, "1h");
+    let toml = format!("[runtime]\nshutdown_grace = \"1h\"\n{toml}");
+    let proxy = TestProxy::start(&toml).await;
+    let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    for i in 0..3 {
+        conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = next_response(&mut conn).await;
+        assert_eq!(got.status, 200, "request {i}: {got:?}");
+    }
+    proxy.shutdown();
+    let rest = within("the idle connection's close", read_to_close(&mut conn)).await;
+    assert_eq!(rest, "", "nothing more is sent on the idle connection");
+    within("the proxy's end", proxy.task).await.unwrap();
 }
 
 /// Reads one whole response from `conn` (status 0 if it closes first).

@@ -4,9 +4,11 @@
 //! and its 408), a request the parser defers, or one routed where the fast path does not go.
 //! The hand-over happens at a request boundary with nothing of that request consumed.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use futures_util::future::FusedFuture;
 use futures_util::FutureExt;
 use sluice_config::HttpOptions;
 use sluice_wire::h1::{self, ClientIp, Parsed};
@@ -46,9 +48,13 @@ where
     // The client's address as the upstream is told it, formatted once for all its requests.
     let client_ip = ClientIp::new(info.peer.ip());
     let client_addr = sluice_session::client_addr_value(info.peer);
+    // One wait for the shutdown serves every wait for a request, as one timer does: a wait
+    // made per request cost a registration with the signal and its removal each time.
+    let shutdown = signal.wait().fuse();
+    tokio::pin!(shutdown);
     loop {
-        let ended = buf.is_empty()
-            && !next_bytes(io, &mut buf, http, signal, active, &mut header_timer).await;
+        let waits = (signal, shutdown.as_mut(), &mut header_timer);
+        let ended = buf.is_empty() && !next_bytes(io, &mut buf, http, waits, active).await;
         if ended {
             return Left::Done;
         }
@@ -116,36 +122,52 @@ where
 /// (closed, failed, no request begun within the header timeout, or a shutdown). A shutdown that comes before the
 /// connection's first request still lets that request arrive, within the header timeout: it
 /// may have been sent a moment before the listener stopped accepting.
-async fn next_bytes<I>(
+///
+/// `waits`: the shutdown signal, the connection's wait for it (polled until it resolves, never
+/// after), and its header timer.
+async fn next_bytes<I, S>(
     io: &mut I,
     buf: &mut Vec<u8>,
     http: &HttpOptions,
-    signal: &ShutdownSignal,
+    (signal, shutdown, timer): (&ShutdownSignal, Pin<&mut S>, &mut Option<Pin<Box<Sleep>>>),
     active: &ActiveRequests,
-    timer: &mut Option<Pin<Box<Sleep>>>,
+) -> bool
+where
+    I: AsyncRead + Unpin,
+    S: Future<Output = ()> + FusedFuture,
+{
+    if signal.is_triggered() || shutdown.is_terminated() {
+        return after_shutdown(io, buf, http, active).await;
+    }
+    // hyper's header timer runs from the moment it waits for a head, on a new connection and
+    // between requests alike: a client that does not begin one within it is closed silently.
+    // The connection's one timer is moved for each wait. The socket is polled first: when the
+    // request is there, the timer and the shutdown are not polled at all.
+    let deadline = deadline(Instant::now(), http.request_header_timeout);
+    let read = tokio::select! {
+        biased;
+        read = io.read_buf(buf) => read,
+        () = timer_at(timer, deadline) => return false,
+        () = shutdown => return after_shutdown(io, buf, http, active).await,
+    };
+    matches!(read, Ok(n) if n > 0)
+}
+
+/// [`next_bytes`] once the shutdown has come.
+async fn after_shutdown<I>(
+    io: &mut I,
+    buf: &mut Vec<u8>,
+    http: &HttpOptions,
+    active: &ActiveRequests,
 ) -> bool
 where
     I: AsyncRead + Unpin,
 {
-    // hyper's header timer runs from the moment it waits for a head, on a new connection and
-    // between requests alike: a client that does not begin one within it is closed silently.
-    // The connection's one timer is moved for each wait.
-    let deadline = deadline(Instant::now(), http.request_header_timeout);
-    let read = tokio::select! {
-        read = io.read_buf(buf) => read,
-        () = timer_at(timer, deadline) => return false,
-        () = signal.wait() => {
-            if active.started() {
-                // A request already in the socket is served (and the connection closed after
-                // it); only an idle one closes at once.
-                return matches!(io.read_buf(buf).now_or_never(), Some(Ok(n)) if n > 0);
-            }
-            let first = tokio::time::timeout(http.request_header_timeout, io.read_buf(buf));
-            match first.await {
-                Ok(read) => read,
-                Err(_elapsed) => return false,
-            }
-        }
-    };
-    matches!(read, Ok(n) if n > 0)
+    if active.started() {
+        // A request already in the socket is served (and the connection closed after it);
+        // only an idle one closes at once.
+        return matches!(io.read_buf(buf).now_or_never(), Some(Ok(n)) if n > 0);
+    }
+    let first = tokio::time::timeout(http.request_header_timeout, io.read_buf(buf));
+    matches!(first.await, Ok(Ok(n)) if n > 0)
 }
