@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use sluice_config::{ReverseOptions, Token};
 use sluice_session::Rejection;
-use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::sync::{broadcast, mpsc};
 use tracing::info;
 
+use crate::changes::Changes;
 use crate::error::AdoptError;
 use crate::handover::{HandedSession, Handover};
 use crate::instance::{locked, Instance, Instances, Lent, Limit, SessionPermit};
@@ -43,7 +44,7 @@ struct ClusterInner<P: Protocol> {
     tokens: Vec<Token>,
     slices: Mutex<HashMap<String, Arc<SlicePool<P>>>>,
     instances: Arc<Instances>,
-    changed: Arc<Notify>,
+    changed: Arc<Changes>,
     handover: Arc<Handover>,
     drains: broadcast::Sender<String>,
     metrics: ReverseMetrics,
@@ -83,7 +84,7 @@ impl<P: Protocol> ReverseCluster<P> {
         metrics: &ReverseMetrics,
     ) -> Self {
         let name = name.into();
-        let changed = Arc::new(Notify::new());
+        let changed = Arc::new(Changes::default());
         let (max, per_instance) = (opts.max_sessions, opts.max_sessions_per_instance);
         let instances = Instances::new(&name, max, per_instance, Arc::clone(&changed));
         let inner = ClusterInner {
@@ -198,15 +199,7 @@ impl<P: Protocol> ReverseCluster<P> {
 
     /// Waits until `done` holds; it is re-checked whenever sessions come, go or return.
     pub async fn wait_until(&self, done: impl Fn(&Self) -> bool) {
-        loop {
-            let changed = self.inner.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if done(self) {
-                return;
-            }
-            changed.await;
-        }
+        self.inner.changed.wait_until(|| done(self)).await;
     }
 
     /// Drains an instance: it is never leased again, its idle sessions close now and its
@@ -405,7 +398,7 @@ impl<P: Protocol> ReverseCluster<P> {
 
     /// Resolves at the next change of sessions, idle rings or queues.
     pub(crate) async fn changed(&self) {
-        self.inner.changed.notified().await;
+        self.inner.changed.next().await;
     }
 
     /// The instance ids drained from now on, as they are drained.

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use sluice_session::Rejection;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
+
+use crate::changes::Changes;
 
 pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves its map consistent, so a poisoned lock is still usable.
@@ -110,7 +112,7 @@ pub(crate) struct Instances {
     held: Mutex<BTreeSet<String>>,
     sessions: Limit,
     per_instance: Option<usize>,
-    changed: Arc<Notify>,
+    changed: Arc<Changes>,
 }
 
 impl Instances {
@@ -120,7 +122,7 @@ impl Instances {
         cluster: &str,
         max: Option<usize>,
         per_instance: Option<usize>,
-        changed: Arc<Notify>,
+        changed: Arc<Changes>,
     ) -> Self {
         Self {
             cluster: cluster.to_owned(),
@@ -224,7 +226,7 @@ impl Instances {
                 listed.remove(instance.id());
             }
         }
-        self.changed.notify_waiters();
+        self.changed.notify();
     }
 }
 

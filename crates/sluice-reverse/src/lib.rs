@@ -26,6 +26,7 @@
 //! * `error`: [`LeaseError`], [`AdoptError`].
 
 pub mod acceptor;
+mod changes;
 mod cluster;
 mod error;
 mod gauges;

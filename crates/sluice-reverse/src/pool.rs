@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 
 use sluice_config::ReverseOptions;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::changes::Changes;
 use crate::error::LeaseError;
 use crate::handover::{Handed, Handover};
 use crate::instance::{Instance, SessionPermit};
@@ -35,7 +36,7 @@ pub struct SlicePool<P: Protocol> {
     pub(crate) opts: Arc<ReverseOptions>,
     state: Mutex<State<P>>,
     /// Wakes observers whenever the idle ring or a session count changes.
-    changed: Arc<Notify>,
+    changed: Arc<Changes>,
     /// Where idle sessions go while the cluster hands over to another process.
     handover: Arc<Handover>,
     /// Sessions the lender recalled (`RECALL`): each leaves when it is next returned, before
@@ -171,7 +172,7 @@ impl<P: Protocol> SlicePool<P> {
         cluster: &str,
         slice: &str,
         opts: Arc<ReverseOptions>,
-        changed: Arc<Notify>,
+        changed: Arc<Changes>,
         handover: Arc<Handover>,
         metrics: ReverseMetrics,
         arriving: Arc<AtomicUsize>,
@@ -331,7 +332,7 @@ impl<P: Protocol> SlicePool<P> {
         while let Some(session) = st.idle.pop() {
             if session.usable() {
                 drop(st);
-                self.changed.notify_waiters();
+                self.changed.notify();
                 return Ok(Taken::Idle(session));
             }
         }
@@ -348,7 +349,7 @@ impl<P: Protocol> SlicePool<P> {
         let (tx, rx) = oneshot::channel();
         st.waiters.push_back((Instant::now(), tx));
         drop(st);
-        self.changed.notify_waiters();
+        self.changed.notify();
         Ok(Taken::Queued(Waiter {
             rx,
             pool: Arc::clone(self),
@@ -362,7 +363,7 @@ impl<P: Protocol> SlicePool<P> {
     pub(crate) fn checkin(&self, mut session: Session<P>) {
         if session.usable() && self.take_owed() {
             self.let_go(session);
-            self.changed.notify_waiters();
+            self.changed.notify();
             return;
         }
         if session.usable() {
@@ -383,7 +384,7 @@ impl<P: Protocol> SlicePool<P> {
                 }
             }
         }
-        self.changed.notify_waiters();
+        self.changed.notify();
     }
 
     /// Hands over the idle sessions beyond what the hand-over keeps, unless a request waits
@@ -400,7 +401,7 @@ impl<P: Protocol> SlicePool<P> {
         for session in handed {
             self.let_go(session);
         }
-        self.changed.notify_waiters();
+        self.changed.notify();
     }
 
     /// The lender wants `n` sessions back: idle ones leave now, the rest as they are returned.
@@ -415,7 +416,7 @@ impl<P: Protocol> SlicePool<P> {
         for session in handed {
             self.let_go(session);
         }
-        self.changed.notify_waiters();
+        self.changed.notify();
     }
 
     /// Forgets recalls (the lender they were owed to is gone).
@@ -451,7 +452,7 @@ impl<P: Protocol> SlicePool<P> {
         // Only a real change wakes observers: a standalone acceptor's pump calls this on
         // every change, and must not wake itself for nothing.
         if count > 0 {
-            self.changed.notify_waiters();
+            self.changed.notify();
         }
         count
     }
@@ -502,7 +503,7 @@ impl<P: Protocol> SlicePool<P> {
         let removed = self.state().idle.remove_where(remove);
         // Dropped outside the lock: each drop closes a connection.
         drop(removed);
-        self.changed.notify_waiters();
+        self.changed.notify();
     }
 }
 
@@ -552,7 +553,7 @@ impl<P: Protocol> Drop for Waiter<P> {
             Err(_) => {
                 self.pool.abandoned.fetch_add(1, Ordering::AcqRel);
                 // The queue is one shorter for its observers (`queued`, `wait_until`).
-                self.pool.changed.notify_waiters();
+                self.pool.changed.notify();
             }
         }
     }
