@@ -4,7 +4,8 @@
 //! Every session leased and returned changes an idle ring, so the proxy signals a change twice
 //! per request; a `Notify` takes its waiter list's lock for each signal even with nobody on the
 //! list. Waits here are counted instead (a drain waiting for its sessions, a handoff pump), and
-//! a change with none counted skips the `Notify`.
+//! a change with none counted skips the `Notify`. Where a handoff runs, its pumps wait all the
+//! time, and each change still signals.
 
 use std::sync::atomic::{fence, AtomicUsize, Ordering};
 
@@ -72,11 +73,20 @@ impl Changes {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use std::future::Future;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
+    use std::task::Poll;
     use std::time::Duration;
 
     use super::*;
+
+    /// Waits until a wait is counted (the task making it has run up to its `Notify`).
+    async fn counted(changes: &Changes, n: usize) {
+        while changes.waiting.load(Ordering::Relaxed) != n {
+            tokio::task::yield_now().await;
+        }
+    }
 
     #[tokio::test]
     async fn a_wait_sees_a_change_signalled_while_it_waits() {
@@ -88,10 +98,7 @@ mod tests {
                 changes.wait_until(|| flag.load(Ordering::Relaxed)).await;
             })
         };
-        // The wait is counted, then parked on the Notify.
-        while changes.waiting.load(Ordering::Relaxed) == 0 {
-            tokio::task::yield_now().await;
-        }
+        counted(&changes, 1).await;
         flag.store(true, Ordering::Relaxed);
         changes.notify();
         tokio::time::timeout(Duration::from_secs(5), waiter)
@@ -106,27 +113,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn next_resolves_at_the_next_change_and_uncounts_when_dropped() {
+    async fn next_resolves_at_the_next_change() {
         let changes = Arc::new(Changes::default());
         let next = {
             let changes = Arc::clone(&changes);
             tokio::spawn(async move { changes.next().await })
         };
-        while changes.waiting.load(Ordering::Relaxed) == 0 {
-            tokio::task::yield_now().await;
-        }
+        counted(&changes, 1).await;
         changes.notify();
         tokio::time::timeout(Duration::from_secs(5), next)
             .await
             .expect("next missed the change")
             .unwrap();
         assert_eq!(changes.waiting.load(Ordering::Relaxed), 0);
-        let dropped = changes.next();
-        drop(dropped);
-        assert_eq!(
-            changes.waiting.load(Ordering::Relaxed),
-            0,
-            "a wait never polled is not counted"
-        );
+    }
+
+    /// A wait given up while pending (a `select!` taking another branch) is no longer counted,
+    /// so changes after it skip the `Notify` again.
+    #[tokio::test]
+    async fn a_wait_dropped_while_pending_is_no_longer_counted() {
+        let changes = Changes::default();
+        let mut next = Box::pin(changes.next());
+        let polled = std::future::poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx).is_pending()));
+        assert!(polled.await, "nothing changed yet");
+        assert_eq!(changes.waiting.load(Ordering::Relaxed), 1);
+        drop(next);
+        assert_eq!(changes.waiting.load(Ordering::Relaxed), 0);
     }
 }

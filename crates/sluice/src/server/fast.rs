@@ -53,7 +53,7 @@ where
     let shutdown = signal.wait().fuse();
     tokio::pin!(shutdown);
     loop {
-        let waits = (signal, shutdown.as_mut(), &mut header_timer);
+        let waits = (shutdown.as_mut(), &mut header_timer);
         let ended = buf.is_empty() && !next_bytes(io, &mut buf, http, waits, active).await;
         if ended {
             return Left::Done;
@@ -123,20 +123,20 @@ where
 /// connection's first request still lets that request arrive, within the header timeout: it
 /// may have been sent a moment before the listener stopped accepting.
 ///
-/// `waits`: the shutdown signal, the connection's wait for it (polled until it resolves, never
-/// after), and its header timer.
+/// `waits`: the connection's wait for the shutdown (polled until it resolves, never after) and
+/// its header timer.
 async fn next_bytes<I, S>(
     io: &mut I,
     buf: &mut Vec<u8>,
     http: &HttpOptions,
-    (signal, shutdown, timer): (&ShutdownSignal, Pin<&mut S>, &mut Option<Pin<Box<Sleep>>>),
+    (shutdown, timer): (Pin<&mut S>, &mut Option<Pin<Box<Sleep>>>),
     active: &ActiveRequests,
 ) -> bool
 where
     I: AsyncRead + Unpin,
     S: Future<Output = ()> + FusedFuture,
 {
-    if signal.is_triggered() || shutdown.is_terminated() {
+    if shutdown.is_terminated() {
         return after_shutdown(io, buf, http, active).await;
     }
     // hyper's header timer runs from the moment it waits for a head, on a new connection and

@@ -299,13 +299,15 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         if self.gathering || !self.data {
             return upstream.read_buf(&mut self.spare).await;
         }
+        let sends = self.pending() > 0;
         if self.sent < self.head {
             // The head goes out with what waits, at once.
             self.send().await?;
         }
         while self.pending() > 0 {
             tokio::select! {
-                read = upstream.read_buf(&mut self.spare) => return read,
+                // The client first: the upstream is read while the client cannot take more.
+                biased;
                 wrote = self.client.write(&self.out[self.sent..]) => {
                     let n = wrote?;
                     if n == 0 {
@@ -314,10 +316,17 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
                     self.wrote = true;
                     self.sent += n;
                 }
+                read = upstream.read_buf(&mut self.spare) => return read,
             }
         }
         self.out.clear();
         self.sent = 0;
+        if sends {
+            // What waited has gone out: the worker's other connections take their turn before
+            // this one reads on, as after a send in `pass` (a budget above one buffer sends
+            // most of a body from here).
+            tokio::task::yield_now().await;
+        }
         // What a TLS stream still holds goes out while the upstream is read (a TCP stream's
         // flush is done at once).
         let mut flushed = false;
@@ -565,5 +574,20 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn bodies_past_the_read_ahead_go_out_in_turn() {
         two_bodies(4 * IO_BUFFER_BYTES, Some(IO_BUFFER_BYTES)).await;
+    }
+
+    /// Past a read-ahead of several buffers, most of a long body goes out from the read loop
+    /// rather than from `pass`: there too, each buffer sent gives the other connection its
+    /// turn, while both are sending.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_long_body_past_a_large_read_ahead_goes_out_in_turn() {
+        let log = two_bodies(12 * IO_BUFFER_BYTES, Some(4 * IO_BUFFER_BYTES)).await;
+        let last = |conn| log.iter().rposition(|c| *c == conn).unwrap();
+        let both_sending = &log[..=last(1).min(last(2))];
+        let longest = both_sending.chunk_by(|a, b| a == b).map(<[u8]>::len).max();
+        assert!(
+            longest <= Some(2),
+            "one connection sent {longest:?} buffers in a row: {log:?}"
+        );
     }
 }
