@@ -1,6 +1,9 @@
 //! Path and host normalisation on any input: never a panic; a normalised path has no `//`, no
-//! `.`/`..` segment and no escaped unreserved character, and normalising it again changes
-//! nothing; a normalised host is lowercase, has no trailing dot, and is a fixed point too.
+//! `.`/`..` segment — also none once a segment's `;` parameters are removed, as Tomcat, Jetty
+//! and Spring remove them, and no segment that is empty without them — no escaped unreserved
+//! character, no raw `\` unless the rule keeps escaped slashes, and normalising it again
+//! changes nothing; the path routes match (`match_path`) has no `;` and the same segments; a
+//! normalised host is lowercase, has no trailing dot, and is a fixed point too.
 //!
 //! Differentially against the `http` crate, the parser hyper hands Sluice its requests with:
 //! every host Sluice accepts is an authority `http` accepts, naming the same host and port, and
@@ -8,7 +11,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_wire::normalize::{normal_authority, normalize_path};
+use sluice_wire::normalize::{match_path, normal_authority, normalize_path};
 use sluice_wire::EscapedSlashes;
 
 fuzz_target!(|data: &[u8]| {
@@ -56,6 +59,24 @@ fn check_path(path: &str, rule: EscapedSlashes) {
     assert!(
         !normal.split('/').any(|s| s == "." || s == ".."),
         "{path:?} -> {normal:?}"
+    );
+    for segment in normal.split('/') {
+        if let Some((bare, _)) = segment.split_once(';') {
+            assert!(
+                !bare.is_empty() && bare != "." && bare != "..",
+                "{path:?} -> {normal:?}"
+            );
+        }
+    }
+    if rule != EscapedSlashes::Keep {
+        assert!(!normal.contains('\\'), "{path:?} -> {normal:?}");
+    }
+    let matched = match_path(normal);
+    assert!(!matched.contains(';'), "{normal:?} -> {matched:?}");
+    assert_eq!(
+        matched.split('/').count(),
+        normal.split('/').count(),
+        "{normal:?} -> {matched:?}"
     );
     let bytes = normal.as_bytes();
     for (i, _) in normal.match_indices('%') {

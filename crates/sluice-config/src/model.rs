@@ -108,6 +108,11 @@ pub struct HttpOptions {
     /// Time allowed for a client to send a request's headers. Default 10 s. On HTTP/1.1 the
     /// timer also runs while a keep-alive connection waits for its next request.
     pub request_header_timeout: Duration,
+    /// The longest wait for the next bytes of a request body (NGINX's `client_body_timeout`):
+    /// while it is read into `request_buffer` and while it streams to an upstream. Past it the
+    /// client gets 408 and the connection closes. Default 20 s, under a cluster's default
+    /// `response_timeout`, so a stalled upload is the client's 408 and not the upstream's 504.
+    pub client_body_timeout: Duration,
     /// A connection on which no byte moves in either direction for this long is closed.
     /// Default 60 s.
     pub idle_timeout: Duration,
@@ -145,6 +150,9 @@ pub struct Match {
     pub hosts: Vec<HostMatch>,
     /// Path prefix (`None`: any path). Matches whole segments is NOT implied: `/api` matches `/apix`.
     pub path_prefix: Option<String>,
+    /// Compare `path_prefix` without regard to ASCII case (`case_insensitive = true`; default
+    /// false), for upstreams that serve `/ADMIN` as `/admin`.
+    pub case_insensitive: bool,
     /// Any of these methods (empty: any method).
     pub methods: Vec<Method>,
     /// All of these headers with exactly these values.

@@ -80,6 +80,7 @@ pub(crate) struct RawListener {
     pub(crate) http2: Option<bool>,
     pub(crate) fast_path: Option<bool>,
     pub(crate) request_header_timeout: Option<Timeout>,
+    pub(crate) client_body_timeout: Option<Timeout>,
     pub(crate) idle_timeout: Option<Timeout>,
     pub(crate) max_header_size: Option<Spanned<Size>>,
     #[serde(default)]
@@ -122,6 +123,8 @@ pub(crate) struct RawRoute {
     pub(crate) name: Option<String>,
     pub(crate) host: Option<Spanned<OneOrMany<String>>>,
     pub(crate) path_prefix: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) case_insensitive: bool,
     #[serde(default)]
     pub(crate) methods: Vec<MethodValue>,
     #[serde(default)]

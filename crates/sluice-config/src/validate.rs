@@ -27,6 +27,7 @@ use crate::raw::{
 
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(20);
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_MAX_HEADER: usize = 16 * 1024;
 /// Below 1 KiB ordinary browsers' requests would get 431; above 1 MiB is a memory hazard.
@@ -210,6 +211,9 @@ fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
             request_header_timeout: raw
                 .request_header_timeout
                 .map_or(DEFAULT_HEADER_TIMEOUT, |t| t.0),
+            client_body_timeout: raw
+                .client_body_timeout
+                .map_or(DEFAULT_BODY_TIMEOUT, |t| t.0),
             idle_timeout: raw.idle_timeout.map_or(DEFAULT_IDLE_TIMEOUT, |t| t.0),
             max_header_bytes,
             trusted_proxies: raw.trusted_proxies.into_iter().map(|c| c.0).collect(),

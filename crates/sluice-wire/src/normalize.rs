@@ -91,7 +91,8 @@ const BAD_PATH: BadRequest = BadRequest("invalid request path");
 /// when the path is already normal.
 pub fn normalize_path(path: &str, escaped: EscapedSlashes) -> Result<Option<String>, BadRequest> {
     let bytes = path.as_bytes();
-    let needs_work = bytes.contains(&b'%') || bytes.windows(2).any(|w| w == b"//");
+    let needs_work =
+        bytes.contains(&b'%') || bytes.contains(&b'\\') || bytes.windows(2).any(|w| w == b"//");
     if !needs_work {
         return refuse_dot_segments(path).map(|()| None);
     }
@@ -106,6 +107,9 @@ pub fn normalize_path(path: &str, escaped: EscapedSlashes) -> Result<Option<Stri
                 escape_at(bytes, i).ok_or(BadRequest("invalid percent-encoding in the path"))?;
             push_escape(&mut out, value, escaped)?;
             i += 3;
+        } else if b == b'\\' {
+            push_backslash(&mut out, escaped)?;
+            i += 1;
         } else {
             push_path_byte(&mut out, b);
             i += 1;
@@ -141,6 +145,17 @@ fn push_escape(out: &mut Vec<u8>, value: u8, escaped: EscapedSlashes) -> Result<
     Ok(())
 }
 
+/// A raw `\` is what IIS and Windows file servers read as `/`, so it gets what `%5C` gets:
+/// 400 by default, kept as sent, or a `/`.
+fn push_backslash(out: &mut Vec<u8>, escaped: EscapedSlashes) -> Result<(), BadRequest> {
+    match escaped {
+        EscapedSlashes::Reject => return Err(BadRequest("backslash in the path")),
+        EscapedSlashes::Keep => out.push(b'\\'),
+        EscapedSlashes::Unescape => push_path_byte(out, b'/'),
+    }
+    Ok(())
+}
+
 /// Appends one path byte, merging a `/` into a `/` before it.
 fn push_path_byte(out: &mut Vec<u8>, b: u8) {
     if b == b'/' && out.last() == Some(&b'/') {
@@ -157,14 +172,39 @@ fn is_unreserved(b: u8) -> bool {
 /// `.` and `..` segments: upstreams resolve them, so `/public/../admin` would match a
 /// `/public/` route and reach `/admin`. They are refused rather than resolved: no browser sends
 /// them, and a request that carries one is probing.
+///
+/// Tomcat, Jetty and Spring remove a segment's `;` parameters before they resolve it, so
+/// `/public/..;/admin` is `/admin` to them, and `/;x=y/admin` is `//admin`: a segment that is
+/// `.`, `..` or empty once its parameters are removed is refused too.
 fn refuse_dot_segments(path: &str) -> Result<(), BadRequest> {
-    if path
+    let dot = |s: &str| s == "." || s == "..";
+    let bad = path
         .split('/')
-        .any(|segment| segment == "." || segment == "..")
-    {
+        .any(|segment| match segment.split_once(';') {
+            None => dot(segment),
+            Some((bare, _)) => bare.is_empty() || dot(bare),
+        });
+    if bad {
         return Err(BadRequest("dot-segments in the path"));
     }
     Ok(())
+}
+
+/// The path routes match: `path` with each segment's `;` parameters removed, as Tomcat,
+/// Jetty and Spring read it, so that `/internal;jsessionid=1/x` meets a `/internal/` rule.
+/// The upstream still gets the path as sent. Borrowed when the path has no `;`.
+pub fn match_path(path: &str) -> Cow<'_, str> {
+    if !path.contains(';') {
+        return Cow::Borrowed(path);
+    }
+    let mut out = String::with_capacity(path.len());
+    for (i, segment) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(segment.split_once(';').map_or(segment, |(bare, _)| bare));
+    }
+    Cow::Owned(out)
 }
 
 /// Validates the host the request names (`:authority`, the absolute-form target's authority,
@@ -347,6 +387,50 @@ mod tests {
         ] {
             assert!(path(good, EscapedSlashes::Reject).is_ok(), "{good}");
         }
+    }
+
+    #[test]
+    fn segments_that_are_dot_or_empty_without_their_parameters_are_refused() {
+        for bad in [
+            "/x/..;/admin",
+            "/..;/admin",
+            "/x/%2e%2e;/admin",
+            "/;/admin",
+            "/.;/admin",
+            "/;x=y/admin",
+            "/a/..;jsessionid=1",
+            "/a/.%2E;x/b",
+        ] {
+            assert_eq!(path(bad, EscapedSlashes::Reject), Err(400), "{bad}");
+        }
+        for good in [
+            "/a;x=1/b",
+            "/internal;/x",
+            "/a/b;v=2",
+            "/a/...;x",
+            "/.hidden;x",
+        ] {
+            assert!(path(good, EscapedSlashes::Reject).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn routes_match_paths_without_their_parameters() {
+        assert_eq!(match_path("/internal;/x"), "/internal/x");
+        assert_eq!(match_path("/a;jsessionid=1/b;v=2"), "/a/b");
+        assert_eq!(match_path("/plain/path"), "/plain/path");
+        assert!(matches!(match_path("/plain"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_raw_backslash_is_an_encoded_slash() {
+        assert_eq!(path("/\\admin", EscapedSlashes::Reject), Err(400));
+        assert_eq!(path("/a\\b", EscapedSlashes::Unescape).unwrap(), "/a/b");
+        assert_eq!(
+            path("/\\admin", EscapedSlashes::Unescape).unwrap(),
+            "/admin"
+        );
+        assert_eq!(path("/a\\b", EscapedSlashes::Keep).unwrap(), "/a\\b");
     }
 
     #[test]

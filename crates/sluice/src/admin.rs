@@ -186,6 +186,9 @@ async fn same_origin_only(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if let Err(why) = one_reading(&req) {
+        return error(StatusCode::BAD_REQUEST, why);
+    }
     let host = req
         .headers()
         .get(header::HOST)
@@ -209,6 +212,24 @@ async fn same_origin_only(
         }
     }
     next.run(req).await
+}
+
+/// The Host and Origin rules above judge one value each, so a request must give exactly one
+/// `Host`, at most one `Origin`, and an origin-form target (an absolute-form target names a
+/// host of its own). Browsers send nothing else; anything else is refused before the rules,
+/// so they have no edge to slip past.
+fn one_reading(req: &axum::extract::Request) -> Result<(), &'static str> {
+    let count = |name| req.headers().get_all(name).iter().count();
+    if count(header::HOST) != 1 {
+        return Err("exactly one Host header is required");
+    }
+    if count(header::ORIGIN) > 1 {
+        return Err("more than one Origin header");
+    }
+    if req.uri().authority().is_some() || !req.uri().path().starts_with('/') {
+        return Err("the admin API takes origin-form targets only (GET /status)");
+    }
+    Ok(())
 }
 
 /// `localhost`, `127.0.0.0/8` or `[::1]`, with or without a port.

@@ -1,8 +1,10 @@
 //! [`ProxyBody`]: the one body type that flows through the proxy, without boxing.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -27,6 +29,8 @@ pub trait Release: Send + Sync + std::fmt::Debug {
 pub enum Rest {
     /// Read from the peer when the client reads.
     Incoming(Incoming),
+    /// Read from the client, under its body timeout.
+    Client(ClientBody),
     /// Read from the peer by a task (see [`Pumped`]).
     Pumped(Pumped),
 }
@@ -35,6 +39,7 @@ impl Rest {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self {
             Self::Incoming(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Self::Client(body) => Pin::new(body).poll_frame(cx),
             Self::Pumped(pumped) => pumped.poll_frame(cx),
         }
     }
@@ -42,6 +47,7 @@ impl Rest {
     fn is_end_stream(&self) -> bool {
         match self {
             Self::Incoming(body) => body.is_end_stream(),
+            Self::Client(body) => body.is_end_stream(),
             Self::Pumped(_) => false,
         }
     }
@@ -49,8 +55,95 @@ impl Rest {
     fn size_hint(&self) -> SizeHint {
         match self {
             Self::Incoming(body) => body.size_hint(),
+            Self::Client(body) => body.size_hint(),
             Self::Pumped(pumped) => pumped.remaining,
         }
+    }
+}
+
+impl From<Incoming> for Rest {
+    fn from(body: Incoming) -> Self {
+        Self::Incoming(body)
+    }
+}
+
+impl From<ClientBody> for Rest {
+    fn from(body: ClientBody) -> Self {
+        Self::Client(body)
+    }
+}
+
+/// A client's request body under the listener's `client_body_timeout` (NGINX's): it fails with
+/// [`BodyTimedOut`] when it is polled and nothing more has come for that long. The timer runs
+/// only while a read waits (from the first such wait after each frame), and is allocated only
+/// for a body that makes a read wait at all.
+#[derive(Debug)]
+pub struct ClientBody {
+    body: Incoming,
+    timeout: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether the timer runs: a read has waited since the last frame.
+    armed: bool,
+}
+
+/// A client's request body stopped arriving for longer than `client_body_timeout`.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the client sent no more of the request body within {0:?}")]
+pub struct BodyTimedOut(pub Duration);
+
+impl ClientBody {
+    /// `body`, failing when `timeout` passes between two of its frames.
+    pub fn new(body: Incoming, timeout: Duration) -> Self {
+        Self {
+            body,
+            timeout,
+            timer: None,
+            armed: false,
+        }
+    }
+
+    fn arm(&mut self) {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().reset(deadline),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
+        self.armed = true;
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            this.armed = false;
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        if !this.armed {
+            this.arm();
+        }
+        let expired = this
+            .timer
+            .as_mut()
+            .is_some_and(|timer| timer.as_mut().poll(cx).is_ready());
+        if expired {
+            return Poll::Ready(Some(Err(BodyTimedOut(this.timeout).into())));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -153,6 +246,8 @@ pin_project_lite::pin_project! {
     pub enum ProxyBody {
         /// Streamed from a client or an upstream connection.
         Incoming { #[pin] body: Incoming },
+        /// Streamed from a client, under its `client_body_timeout`.
+        Client { #[pin] body: ClientBody },
         /// Streamed from an upstream connection that goes back to its pool (or a session to
         /// its slice) when the body has been read to the end.
         Guarded { #[pin] body: Incoming, release: Box<dyn Release> },
@@ -181,6 +276,17 @@ impl ProxyBody {
         let data: Bytes = data.into();
         Self::Full {
             data: (!data.is_empty()).then_some(data),
+        }
+    }
+
+    /// A client's request body: `body` under `timeout` between its frames ([`ClientBody`]);
+    /// a body that has already ended is taken as it is.
+    pub fn from_client(body: Incoming, timeout: Duration) -> Self {
+        if body.is_end_stream() {
+            return Self::Incoming { body };
+        }
+        Self::Client {
+            body: ClientBody::new(body, timeout),
         }
     }
 
@@ -213,6 +319,7 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project() {
             ProxyBodyProj::Incoming { body } => body.poll_frame(cx).map_err(Into::into),
+            ProxyBodyProj::Client { body } => body.poll_frame(cx),
             ProxyBodyProj::Guarded { mut body, release } => {
                 let polled = std::task::ready!(body.as_mut().poll_frame(cx));
                 // The server side may stop polling once `is_end_stream` is true, so the
@@ -237,6 +344,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.is_end_stream(),
+            Self::Client { body } => body.is_end_stream(),
             Self::Full { data } => data.is_none(),
             Self::Buffered {
                 head,
@@ -254,6 +362,7 @@ impl Body for ProxyBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.size_hint(),
+            Self::Client { body } => body.size_hint(),
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -69,7 +69,11 @@ pub enum ProxyError {
     UpstreamInvalid(&'static str),
     /// The client's request body failed (bad framing, reset) while being forwarded.
     #[error("invalid request body: {0}")]
-    ClientBody(#[source] hyper::Error),
+    ClientBody(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The client stopped sending its request body for longer than the listener's
+    /// `client_body_timeout`.
+    #[error("{0}")]
+    ClientBodyTimeout(crate::body::BodyTimedOut),
     /// The request is malformed in a way hyper let through but a proxy must refuse.
     #[error("{0}")]
     BadRequest(&'static str),
@@ -85,6 +89,19 @@ impl From<sluice_wire::BadRequest> for ProxyError {
 }
 
 impl ProxyError {
+    /// A failure of the client's request body, found on its own or in what an upstream
+    /// connection that was sending it reported: its timeout, or anything else it broke.
+    pub fn client_body(error: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+        while let Some(e) = cause {
+            if let Some(timed_out) = e.downcast_ref::<crate::body::BodyTimedOut>() {
+                return Self::ClientBodyTimeout(*timed_out);
+            }
+            cause = e.source();
+        }
+        Self::ClientBody(error)
+    }
+
     /// The status code the client receives.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -98,6 +115,7 @@ impl ProxyError {
             | Self::UpstreamInvalid(_) => StatusCode::BAD_GATEWAY,
             Self::ConnectTimeout | Self::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::ClientBody(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::ClientBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
@@ -105,9 +123,11 @@ impl ProxyError {
     /// Who caused this failure.
     pub fn origin(&self) -> Origin {
         match self {
-            Self::NoRoute | Self::ClientBody(_) | Self::BadRequest(_) | Self::NotImplemented(_) => {
-                Origin::Client
-            }
+            Self::NoRoute
+            | Self::ClientBody(_)
+            | Self::ClientBodyTimeout(_)
+            | Self::BadRequest(_)
+            | Self::NotImplemented(_) => Origin::Client,
             Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
                 Origin::Internal
             }
@@ -145,6 +165,7 @@ impl ProxyError {
                 "upstream protocol error".to_owned()
             }
             Self::ClientBody(_) => "invalid request body".to_owned(),
+            Self::ClientBodyTimeout(_) => "request body timed out".to_owned(),
             // The cluster's name is internal; the log has it.
             Self::NoEndpoint { .. } => "no healthy upstream".to_owned(),
             Self::NoSessions { .. } => "no sessions registered for this service".to_owned(),

@@ -144,16 +144,18 @@ impl<R: Routing> ProxyService<R> {
         check_request(&req)?;
         sluice_wire::normalize::normalize_request(&mut req, client.rules)?;
         let host = request_host(&req);
+        let path = sluice_wire::normalize::match_path(req.uri().path());
         let head = RequestHead {
             method: req.method(),
             uri: req.uri(),
+            path: &path,
             headers: req.headers(),
             host: host.as_deref(),
             client: client.peer,
         };
         let route = self.router.route(&head).ok_or(ProxyError::NoRoute)?;
         *matched = Some(Arc::clone(&route));
-        drop(host);
+        drop((host, path));
         let mut res = match &route.target {
             Target::Direct(direct) => direct_response(direct),
             Target::Upstream(upstream) => {
@@ -248,7 +250,7 @@ fn upstream_request(
         parts.uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
     }
     parts.version = Version::HTTP_11;
-    Request::from_parts(parts, ProxyBody::from(body))
+    Request::from_parts(parts, ProxyBody::from_client(body, client.body_timeout))
 }
 
 fn direct_response(direct: &Direct) -> Response<ProxyBody> {

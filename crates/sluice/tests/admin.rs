@@ -580,6 +580,34 @@ async fn without_a_token_only_loopback_hosts_and_same_origin_changes_are_served(
     let _ = p.stop.send(());
 }
 
+/// Issue 29's probe: the rules judged the first of several `Host`/`Origin` fields, and let a
+/// request without `Host` or in absolute form through. Each is 400 now, token or not.
+#[tokio::test]
+async fn requests_the_host_and_origin_rules_cannot_judge_are_400() {
+    let p = start_with("").await;
+    let port = p.admin.port();
+    let rule = r#"{"name": "evil", "cluster": "api"}"#;
+    let two_hosts = format!("Host: 127.0.0.1:{port}\r\nHost: attacker.example\r\n");
+    let two_origins = format!(
+        "Host: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\r\nOrigin: http://attacker.example\r\n"
+    );
+    for (method, path, headers) in [
+        ("GET", "/status", two_hosts.as_str()),
+        ("POST", "/routes", two_origins.as_str()),
+        ("GET", "/status", ""),
+        ("POST", "/routes", ""),
+    ] {
+        let (status, body) = call_with(p.admin, method, path, headers, rule).await;
+        assert_eq!(status, 400, "{method} {path} {headers:?}: {body}");
+    }
+    let absolute = format!("http://127.0.0.1:{port}/status");
+    let host = format!("Host: 127.0.0.1:{port}\r\n");
+    assert_eq!(call_with(p.admin, "GET", &absolute, &host, "").await.0, 400);
+    let (_, listed) = call_with(p.admin, "GET", "/routes", &host, "").await;
+    assert!(!listed.contains("evil"), "{listed}");
+    let _ = p.stop.send(());
+}
+
 #[tokio::test]
 async fn with_a_token_any_host_is_served_but_foreign_origins_still_cannot_change_anything() {
     let p = start().await;

@@ -46,6 +46,20 @@ host = ["secret.example", "*.internal.example"]
 direct_response = {{ status = 403, body = "secret is closed" }}
 
 [[route]]
+path_prefix = "/internal/"
+client_cidr = ["10.0.0.0/8"]
+cluster = "backend"
+
+[[route]]
+path_prefix = "/internal/"
+direct_response = {{ status = 403, body = "internal only" }}
+
+[[route]]
+path_prefix = "/private/"
+case_insensitive = true
+direct_response = {{ status = 403, body = "private" }}
+
+[[route]]
 cluster = "backend"
 
 [cluster.backend]
@@ -98,6 +112,91 @@ async fn encoded_and_doubled_slash_paths_cannot_bypass_a_path_route() {
     assert_eq!(backend.requests(), 0);
 }
 
+/// Issue 29's probe: Tomcat, Jetty and Spring read `..;` as `..` and drop `;params`, IIS
+/// reads `\` as `/`; each of these reached the catch-all backend before.
+const PARAMETER_BYPASSES: [&str; 7] = [
+    "/x/..;/admin",
+    "/..;/admin",
+    "/x/%2e%2e;/admin",
+    "/;/admin",
+    "/.;/admin",
+    "/;x=y/admin",
+    "/\\admin",
+];
+
+#[tokio::test]
+async fn path_parameters_and_backslashes_cannot_bypass_a_path_route() {
+    let (backend, proxy) = start().await;
+    let strict = listener(&proxy, "strict");
+    for target in PARAMETER_BYPASSES {
+        assert_eq!(get(strict, target, "x").await.0, 400, "{target}");
+    }
+    // Routes match the path without its parameters: `/internal;/x` is `/internal/x`.
+    for target in [
+        "/internal;/x",
+        "/internal;jsessionid=1/x",
+        "/internal/x;v=1",
+    ] {
+        assert_eq!(
+            get(strict, target, "x").await,
+            (403, "internal only".into()),
+            "{target}"
+        );
+    }
+    // Unescaped, a backslash is a slash, and routed like one.
+    assert_eq!(
+        get(listener(&proxy, "lenient"), "/\\admin", "x").await.0,
+        403
+    );
+    assert_eq!(backend.requests(), 0);
+    // Parameters that change nothing pass, as sent.
+    let (status, body) = get(strict, "/a;v=1/b", "x").await;
+    assert_eq!((status, body.as_str()), (200, "b /a;v=1/b"));
+}
+
+#[tokio::test]
+async fn a_case_insensitive_route_matches_any_case() {
+    let (backend, proxy) = start().await;
+    let strict = listener(&proxy, "strict");
+    for target in ["/PRIVATE/x", "/Private/", "/pRiVaTe/a;b"] {
+        assert_eq!(get(strict, target, "x").await.0, 403, "{target}");
+    }
+    assert_eq!(backend.requests(), 0);
+    // Prefixes are case-sensitive unless the route says otherwise.
+    assert_eq!(get(strict, "/ADMIN", "x").await.0, 200);
+}
+
+#[tokio::test]
+async fn authority_form_and_foreign_schemes_are_400() {
+    let (backend, proxy) = start().await;
+    let strict = listener(&proxy, "strict");
+    assert_eq!(get(strict, "admin", "admin").await.0, 400);
+    assert_eq!(get(strict, "foo://secret.example/", "x").await.0, 400);
+    assert_eq!(backend.requests(), 0);
+    assert_eq!(get(strict, "http://x/a", "x").await.0, 200);
+}
+
+#[tokio::test]
+async fn a_clients_sluice_client_addr_never_reaches_a_static_upstream() {
+    let (_backend, proxy) = start().await;
+    let head = "GET /headers HTTP/1.1\r\nHost: x\r\nSluice-Client-Addr: 6.6.6.6:666\r\n";
+    for name in ["strict", "behind-lb"] {
+        let (status, body) = http1(listener(&proxy, name), head).await;
+        assert_eq!(status, 200);
+        assert!(
+            !body.to_ascii_lowercase().contains("sluice-client-addr"),
+            "{name}: {body:?}"
+        );
+    }
+    let mut h2 = h2_connect(listener(&proxy, "strict")).await;
+    let req = Request::get("http://x/headers")
+        .header("sluice-client-addr", "6.6.6.6:666")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let reply = h2_send(&mut h2, req).await;
+    assert!(!reply.body.contains("6.6.6.6"), "{reply:?}");
+}
+
 #[tokio::test]
 async fn the_upstream_gets_the_path_that_was_routed() {
     let (_backend, proxy) = start().await;
@@ -125,6 +224,15 @@ async fn http2_paths_and_authorities_are_normalised_too() {
         let req = Request::get(uri).body(Full::<Bytes>::default()).unwrap();
         assert_eq!(h2_send(&mut h2, req).await.status, status, "{uri}");
     }
+    for path in PARAMETER_BYPASSES {
+        let req = Request::get(format!("http://x{path}")).body(Full::<Bytes>::default());
+        let Ok(req) = req else { continue }; // `http` refuses a raw `\` itself
+        assert_eq!(h2_send(&mut h2, req).await.status, 400, "{path}");
+    }
+    let req = Request::get("http://x/internal;/x")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    assert_eq!(h2_send(&mut h2, req).await.status, 403);
     assert_eq!(backend.requests(), 0);
 }
 

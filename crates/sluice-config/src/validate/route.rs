@@ -103,6 +103,7 @@ fn matcher(ctx: Ctx<'_>, raw: RawRoute) -> Result<Match, ConfigError> {
             .map(|h| host(ctx, h))
             .collect::<Result<_, _>>()?,
         path_prefix: raw.path_prefix.map(Spanned::into_inner),
+        case_insensitive: raw.case_insensitive,
         methods: raw.methods.into_iter().map(|m| m.0).collect(),
         headers: raw.headers.0.into_iter().map(|(n, v)| (n.0, v.0)).collect(),
         client_cidrs: OneOrMany::into_items(raw.client_cidr)

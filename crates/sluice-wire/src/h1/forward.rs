@@ -118,7 +118,11 @@ fn copy_field(buf: &[u8], field: &Field, fwd: &Forward<'_>, out: &mut Vec<u8>) {
     let forward = match field.role {
         Role::Plain | Role::Host | Role::ContentLength => true,
         Role::ForwardedProto | Role::ForwardedHost => fwd.trusted,
-        Role::ForwardedFor | Role::Forwarded | Role::HopByHop | Role::Dropped => false,
+        Role::ForwardedFor
+        | Role::Forwarded
+        | Role::HopByHop
+        | Role::Dropped
+        | Role::ClientAddr => false,
     };
     if forward && !fwd.edits(name) {
         line(out, name, &buf[field.value.clone()]);

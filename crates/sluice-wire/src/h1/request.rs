@@ -105,6 +105,9 @@ pub enum Role {
     ForwardedHost,
     /// A name with `_`, dropped (`underscores_in_headers = "drop"`).
     Dropped,
+    /// `Sluice-Client-Addr`: Sluice's alone to set (on requests over a session), so a client's
+    /// copy is never forwarded.
+    ClientAddr,
 }
 
 /// One header field: where its name and value are in the buffer, and its role.
@@ -243,6 +246,7 @@ fn role(name: &str, underscores: Underscores) -> Result<Role, Defer> {
         6 if is("expect") => return Err(Defer::Negotiation),
         15 if is("x-forwarded-for") => Role::ForwardedFor,
         9 if is("forwarded") => Role::Forwarded,
+        18 if is("sluice-client-addr") => Role::ClientAddr,
         _ if name.contains('_') => match underscores {
             Underscores::Allow => Role::Plain,
             Underscores::Drop => Role::Dropped,

@@ -19,7 +19,27 @@ pub fn check_request<B>(req: &Request<B>) -> Result<(), ProxyError> {
             "asterisk-form target is only for OPTIONS",
         ));
     }
-    Ok(())
+    check_target_form(req.uri())
+}
+
+/// RFC 9112 §3.2.3: the authority-form (`GET admin HTTP/1.1`) is only for CONNECT; and an
+/// absolute-form target names `http` or `https`, the schemes an HTTP proxy serves (RFC 9110
+/// §4.2). Routing and forwarding would agree on either, but a request that sends one is not
+/// HTTP a server should guess at.
+fn check_target_form(uri: &http::Uri) -> Result<(), ProxyError> {
+    match uri.scheme_str() {
+        None if uri.authority().is_some() => Err(ProxyError::BadRequest(
+            "authority-form target is only for CONNECT",
+        )),
+        Some(scheme)
+            if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") =>
+        {
+            Err(ProxyError::BadRequest(
+                "absolute-form target with a scheme other than http or https",
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Both Content-Length and Transfer-Encoding is the classic request-smuggling vector
@@ -125,6 +145,21 @@ mod tests {
         };
         assert_eq!(star(Method::GET), Err(400));
         assert_eq!(star(Method::OPTIONS), Ok(()));
+    }
+
+    #[test]
+    fn authority_form_and_other_schemes_are_refused() {
+        let target = |uri: &str| {
+            let req = Request::get(uri).header("host", "a").body(()).unwrap();
+            check_request(&req).map_err(|e| e.status().as_u16())
+        };
+        assert_eq!(target("admin"), Err(400));
+        assert_eq!(target("admin:80"), Err(400));
+        assert_eq!(target("foo://secret.example/"), Err(400));
+        assert_eq!(target("ftp://a/"), Err(400));
+        assert_eq!(target("http://a/x"), Ok(()));
+        assert_eq!(target("HTTPS://a/x"), Ok(()));
+        assert_eq!(target("/x"), Ok(()));
     }
 
     #[test]

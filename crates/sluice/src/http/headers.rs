@@ -126,10 +126,13 @@ pub struct Forwarding<'a> {
 /// Adds the client to `X-Forwarded-For` and `Forwarded`, and sets `X-Forwarded-Proto` and
 /// `X-Forwarded-Host`. From a trusted proxy the chains it sent are kept and appended to, and
 /// its `X-Forwarded-Proto` and `-Host` are kept; from anyone else all four are replaced, so a
-/// client cannot make an upstream believe it came from another address.
+/// client cannot make an upstream believe it came from another address. `Sluice-Client-Addr`
+/// is Sluice's alone (sessions trust it as the client's address): a client's copy never
+/// passes, to any upstream, trusted or not.
 ///
 /// Runs on every proxied request, so each list header costs one allocation.
 pub fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
+    headers.remove(sluice_session::HEADER_CLIENT_ADDR);
     let ip = fwd.client.ip();
     let mut xff = existing_list(headers, &X_FORWARDED_FOR, fwd.trusted);
     let _ = write!(xff, "{ip}");

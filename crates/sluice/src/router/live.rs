@@ -26,6 +26,9 @@ pub struct RouteSpec {
     /// Path prefix (absent: any path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
+    /// Compare the path prefix without regard to ASCII case.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub case_insensitive: bool,
     /// Any of these methods (empty: any).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
@@ -188,6 +191,7 @@ impl LiveRoutes {
         let matcher = Matcher::from(&sluice_config::Match {
             hosts: parse_all(&spec.hosts, HostMatch::parse)?,
             path_prefix: path(spec.path_prefix.as_deref())?,
+            case_insensitive: spec.case_insensitive,
             methods: parse_all(&spec.methods, sluice_config::parse_method)?,
             headers: Vec::new(),
             client_cidrs: parse_all(&spec.client_cidr, sluice_config::parse_cidr)?,
@@ -253,6 +257,7 @@ fn spec_of(r: &sluice_config::Route) -> RouteSpec {
         name: r.name.clone(),
         hosts,
         path_prefix: m.path_prefix.clone(),
+        case_insensitive: m.case_insensitive,
         methods: m.methods.iter().map(ToString::to_string).collect(),
         client_cidr: m.client_cidrs.iter().map(ToString::to_string).collect(),
         slice: (r.slice != sluice_config::DEFAULT_SLICE).then(|| r.slice.clone()),

@@ -11,6 +11,7 @@ use super::route::RequestHead;
 pub struct Matcher {
     hosts: Vec<HostMatch>,
     path_prefix: Option<String>,
+    case_insensitive: bool,
     methods: Vec<Method>,
     headers: Vec<(HeaderName, HeaderValue)>,
     client_cidrs: Vec<IpNet>,
@@ -35,6 +36,13 @@ impl Matcher {
     /// Only request paths starting with `prefix`.
     pub fn path_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.path_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Compare the path prefix without regard to ASCII case (default: case-sensitive), for
+    /// upstreams that serve `/ADMIN` as `/admin` (IIS, case-insensitive file systems).
+    pub fn case_insensitive(mut self) -> Self {
+        self.case_insensitive = true;
         self
     }
 
@@ -67,7 +75,7 @@ impl Matcher {
             && self
                 .path_prefix
                 .as_deref()
-                .is_none_or(|p| head.uri.path().starts_with(p))
+                .is_none_or(|p| self.prefix_of(p, head.path))
             && (self.methods.is_empty() || self.methods.contains(head.method))
             && self
                 .headers
@@ -78,6 +86,14 @@ impl Matcher {
                     .client_cidrs
                     .iter()
                     .any(|net| net.contains(&head.client.ip())))
+    }
+
+    fn prefix_of(&self, prefix: &str, path: &str) -> bool {
+        if !self.case_insensitive {
+            return path.starts_with(prefix);
+        }
+        let n = prefix.len();
+        path.len() >= n && path.as_bytes()[..n].eq_ignore_ascii_case(prefix.as_bytes())
     }
 
     fn host_ok(&self, host: Option<&str>) -> bool {
@@ -97,6 +113,7 @@ impl From<&Match> for Matcher {
         Self {
             hosts: m.hosts.clone(),
             path_prefix: m.path_prefix.clone(),
+            case_insensitive: m.case_insensitive,
             methods: m.methods.clone(),
             headers: m.headers.clone(),
             client_cidrs: m.client_cidrs.clone(),
@@ -120,6 +137,7 @@ mod tests {
         RequestHead {
             method: &Method::GET,
             uri,
+            path: uri.path(),
             headers,
             host,
             client: client.parse().unwrap(),
@@ -154,5 +172,29 @@ mod tests {
         let other = Uri::from_static("/apx");
         assert!(!m.matches(&head(&other, &h, None, "192.168.0.77:5000")));
         assert!(!m.matches(&head(&uri, &HeaderMap::new(), None, "192.168.0.77:5000")));
+    }
+
+    #[test]
+    fn prefixes_match_the_path_without_parameters_and_case_when_asked() {
+        let internal = Matcher::any().path_prefix("/internal/");
+        let h = HeaderMap::new();
+        let uri = Uri::from_static("/internal;x=1/a");
+        let stripped = sluice_wire::normalize::match_path(uri.path());
+        let with_path = |path| RequestHead {
+            path,
+            ..head(&uri, &h, None, "127.0.0.1:1")
+        };
+        assert!(internal.matches(&with_path(&stripped)));
+        let admin = Uri::from_static("/ADMIN/x");
+        assert!(!Matcher::any().path_prefix("/admin").matches(&head(
+            &admin,
+            &h,
+            None,
+            "127.0.0.1:1"
+        )));
+        let insensitive = Matcher::any().path_prefix("/admin").case_insensitive();
+        assert!(insensitive.matches(&head(&admin, &h, None, "127.0.0.1:1")));
+        let short = Uri::from_static("/ad");
+        assert!(!insensitive.matches(&head(&short, &h, None, "127.0.0.1:1")));
     }
 }

@@ -15,8 +15,12 @@ use crate::upstream::Upstream;
 pub struct RequestHead<'a> {
     /// The method.
     pub method: &'a Method,
-    /// The request target as received.
+    /// The request target, normalised (see `sluice_wire::normalize`).
     pub uri: &'a Uri,
+    /// The path routes match: the target's path with each segment's `;` parameters removed
+    /// ([`sluice_wire::normalize::match_path`]), as Tomcat, Jetty and Spring read it, so that
+    /// `/internal;x/a` meets a rule on `/internal/`. The upstream gets the target as it is.
+    pub path: &'a str,
     /// The request headers.
     pub headers: &'a HeaderMap,
     /// The host the client asked for, lowercase and without port (Host or :authority).

@@ -1,6 +1,7 @@
 //! [`ClientInfo`]: what the proxy knows about a request's connection.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use sluice_config::RequestRules;
 
@@ -19,6 +20,8 @@ pub struct ClientInfo {
     pub trusted: bool,
     /// The listener's normalisation rules.
     pub rules: RequestRules,
+    /// The listener's `client_body_timeout`: the longest wait for more of a request body.
+    pub body_timeout: Duration,
 }
 
 impl Default for ClientInfo {
@@ -30,6 +33,7 @@ impl Default for ClientInfo {
             tls: false,
             trusted: false,
             rules: RequestRules::default(),
+            body_timeout: Duration::from_secs(20),
         }
     }
 }

@@ -216,7 +216,14 @@ where
     let active = Arc::clone(&svc.active);
     let conn = settings.h2.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
-    drive(conn, signal, &active, settings).await
+    // hyper's HTTP/2 server has no header timer: a client that sends the preface alone, or
+    // HEADERS without END_HEADERS, would hold the connection for `idle_timeout`. Its first
+    // complete request must begin within `request_header_timeout`, as on HTTP/1.1.
+    let first = tokio::time::timeout(settings.http.request_header_timeout, active.first_request());
+    tokio::select! {
+        res = drive(conn, signal, &active, settings) => res,
+        Err(_) = first => Err("no complete request within request_header_timeout".into()),
+    }
 }
 
 /// Runs a connection to its end; on shutdown asks it to finish gracefully (HTTP/1.1: close

@@ -45,6 +45,7 @@ pub fn default_http_options() -> HttpOptions {
         http2: true,
         fast_path: true,
         request_header_timeout: Duration::from_secs(10),
+        client_body_timeout: Duration::from_secs(20),
         idle_timeout: Duration::from_secs(60),
         max_header_bytes: 16 * 1024,
         trusted_proxies: Vec::new(),
@@ -177,6 +178,7 @@ impl Server {
                             tls: self.tls.is_some(),
                             trusted: self.http.trusted_proxies.iter().any(|n| n.contains(&peer.ip())),
                             rules: self.http.rules,
+                            body_timeout: self.http.client_body_timeout,
                         };
                         let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
                         conns.spawn(conn::serve(stream, info, svc, set, sig));

@@ -126,7 +126,7 @@ pub(crate) fn answered(
     let stale = !error.is_user() && !error.is_parse() && !error.is_timeout();
     let retry = unsent.or_else(|| replay.filter(|_| stale).map(Replay::into_request));
     let error = if error.is_user() {
-        ProxyError::ClientBody(error)
+        ProxyError::client_body(error.into())
     } else {
         ProxyError::UpstreamProtocol(error)
     };

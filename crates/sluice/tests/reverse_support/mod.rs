@@ -31,9 +31,14 @@ pub struct TestProxy {
 
 /// Starts a proxy; `cluster` holds extra keys of `[cluster.api]`, `routes` the `[[route]]`s.
 pub async fn start_proxy(cluster: &str, routes: &str) -> TestProxy {
+    start_proxy_with("", cluster, routes).await
+}
+
+/// [`start_proxy`] with extra keys of the `[[listener]]`.
+pub async fn start_proxy_with(listener: &str, cluster: &str, routes: &str) -> TestProxy {
     let text = format!(
         "[acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n\
-         [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
+         [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n{listener}\n\
          {routes}\n[cluster.api]\nkind = \"reverse\"\n{cluster}\n"
     );
     let config = sluice::config::parse_str(&text, "test.toml", Path::new(".")).unwrap();

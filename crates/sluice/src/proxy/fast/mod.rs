@@ -132,9 +132,11 @@ impl FastPath {
     /// The route, when it leads to an upstream the fast path reaches with edits it can apply.
     fn route(&self, parts: &Parts<'_>, req: &Request<'_>) -> Option<(Arc<Route>, Dest)> {
         let host = std::str::from_utf8(&req.buf[req.head.host.clone()]).ok()?;
+        let path = sluice_wire::normalize::match_path(parts.uri.path());
         let head = crate::router::RequestHead {
             method: &parts.method,
             uri: parts.uri,
+            path: &path,
             headers: &parts.headers,
             host: Some(super::strip_port(host)),
             client: req.client.peer,

@@ -34,24 +34,24 @@ use crate::error::ProxyError;
 pub(crate) const STREAM_GAP: Duration = Duration::from_millis(10);
 
 /// What reading a body ahead found.
-struct ReadAhead {
+struct ReadAhead<B> {
     chunks: VecDeque<Bytes>,
     trailers: Option<HeaderMap>,
     /// The rest of the body, when it did not end within the limit or the gap.
-    rest: Option<Incoming>,
+    rest: Option<B>,
     /// Bytes read.
     len: usize,
     /// Whether reading stopped at a gap (not at the limit).
     gap: bool,
 }
 
-impl ReadAhead {
+impl<B: Into<Rest>> ReadAhead<B> {
     /// The body to forward: what was read, then the trailers or the rest.
     fn into_body(self, lease: Option<Lease>) -> ProxyBody {
         ProxyBody::Buffered {
             head: self.chunks,
             trailers: self.trailers,
-            rest: self.rest.map(Rest::Incoming),
+            rest: self.rest.map(Into::into),
             release: lease.map(|l| Box::new(l) as Box<dyn Release>),
         }
     }
@@ -60,11 +60,11 @@ impl ReadAhead {
 /// Reads frames of `body` until it ends or more than `limit` bytes are in hand, or, with a
 /// `gap`, until that long passes without a frame once some data has come. A body of exactly
 /// `limit` bytes is read whole: only its end says that it fits.
-async fn read_ahead(
-    mut body: Incoming,
+async fn read_ahead<B: Body<Data = Bytes> + Unpin>(
+    mut body: B,
     limit: usize,
     gap: Option<Duration>,
-) -> Result<ReadAhead, hyper::Error> {
+) -> Result<ReadAhead<B>, B::Error> {
     let mut ahead = ReadAhead {
         chunks: VecDeque::new(),
         trailers: None,
@@ -111,28 +111,41 @@ async fn read_ahead(
 /// Reads the client's body ahead when it may fit `limit`: one of unknown length (chunked) or
 /// of a known length that fits. A body that ends within the limit without trailers is sent
 /// with Content-Length and may be replayed; one that outgrows it is sent as what was read,
-/// then the rest. A known length over the limit streams as it comes.
+/// then the rest. A known length over the limit streams as it comes. A client that stops
+/// sending for its `client_body_timeout` gets 408 (no session was leased for it).
 pub(super) async fn request(
     req: Request<ProxyBody>,
     limit: usize,
 ) -> Result<Request<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
     let body = match body {
-        ProxyBody::Incoming { body }
-            if !body.is_end_stream() && body.size_hint().lower() <= limit as u64 =>
-        {
-            let ahead = read_ahead(body, limit, None)
-                .await
-                .map_err(ProxyError::ClientBody)?;
-            if ahead.rest.is_none() && ahead.trailers.is_none() {
-                ProxyBody::full(concat(ahead.chunks))
-            } else {
-                ahead.into_body(None)
-            }
-        }
+        ProxyBody::Client { body } if fits(&body, limit) => read_request(body, limit).await?,
+        ProxyBody::Incoming { body } if fits(&body, limit) => read_request(body, limit).await?,
         other => other,
     };
     Ok(Request::from_parts(parts, body))
+}
+
+/// Whether a request body is worth reading ahead: more is to come, and its length may fit.
+fn fits(body: &impl Body, limit: usize) -> bool {
+    !body.is_end_stream() && body.size_hint().lower() <= limit as u64
+}
+
+/// Reads a request body ahead into `limit`: whole (sent with Content-Length, replayable), or
+/// what fit followed by the rest.
+async fn read_request<B>(body: B, limit: usize) -> Result<ProxyBody, ProxyError>
+where
+    B: Body<Data = Bytes> + Unpin + Into<Rest>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let ahead = read_ahead(body, limit, None)
+        .await
+        .map_err(|e| ProxyError::client_body(e.into()))?;
+    Ok(if ahead.rest.is_none() && ahead.trailers.is_none() {
+        ProxyBody::full(concat(ahead.chunks))
+    } else {
+        ahead.into_body(None)
+    })
 }
 
 /// One buffer for the chunks (copied only when there are several).
