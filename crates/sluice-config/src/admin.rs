@@ -18,6 +18,10 @@ pub struct Status {
     /// The proxy's process id.
     #[serde(default)]
     pub pid: u32,
+    /// `starting`, `ready`, `draining` (an operator's `POST /drain`: `/ready` fails) or
+    /// `stopping`; absent from older proxies.
+    #[serde(default)]
+    pub node: String,
     /// Seconds since the proxy started.
     pub uptime_seconds: f64,
     /// The client listeners.
@@ -146,8 +150,15 @@ impl ClusterStatus {
 /// A reverse cluster's slice.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SliceStatus {
+    /// How many more sessions this node asks its services for (on their control links, as
+    /// demand): the requests waiting here; 0 when what it holds serves what comes.
+    #[serde(default)]
+    pub asks_for: u64,
     /// Idle sessions.
     pub idle: u64,
+    /// Requests in flight on its sessions; absent from older proxies.
+    #[serde(default)]
+    pub in_flight: u64,
     /// The slice's name.
     pub name: String,
     /// How long the oldest queued request has waited, in milliseconds (0: none waits).
@@ -155,15 +166,28 @@ pub struct SliceStatus {
     pub oldest_wait_ms: u64,
     /// Requests waiting in the admission queue.
     pub queued: u64,
+    /// Sessions registered in the slice, idle or busy; absent from older proxies.
+    #[serde(default)]
+    pub sessions: u64,
+    /// Why it asks for what it asks for, in a few words.
+    #[serde(default)]
+    pub why: String,
 }
 
 /// A reverse cluster's instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstanceStatus {
+    /// The capacity it declared on its control link (many nodes), across every node; absent
+    /// without a link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared: Option<u64>,
     /// Whether it is draining (or drained and held until resumed).
     pub draining: bool,
     /// The instance id.
     pub id: String,
+    /// Sessions it asked to retire here that close when their requests end.
+    #[serde(default)]
+    pub retiring: u64,
     /// Its registered sessions.
     pub sessions: u64,
     /// Sessions a WebSocket (an HTTP Upgrade) took over; absent from older proxies.
@@ -219,14 +243,20 @@ mod tests {
             "api",
             2,
             vec![SliceStatus {
+                asks_for: 0,
                 idle: 1,
+                in_flight: 1,
                 name: "default".to_owned(),
                 oldest_wait_ms: 0,
                 queued: 0,
+                sessions: 2,
+                why: String::new(),
             }],
             vec![InstanceStatus {
+                declared: None,
                 draining: false,
                 id: "i-1".to_owned(),
+                retiring: 0,
                 sessions: 2,
                 upgraded: 0,
             }],
@@ -234,7 +264,7 @@ mod tests {
         let reverse = serde_json::to_string(&reverse).expect("serialize");
         assert_eq!(
             reverse,
-            r#"{"instances":[{"draining":false,"id":"i-1","sessions":2,"upgraded":0}],"kind":"reverse","name":"api","sessions":2,"slices":[{"idle":1,"name":"default","oldest_wait_ms":0,"queued":0}]}"#
+            r#"{"instances":[{"draining":false,"id":"i-1","retiring":0,"sessions":2,"upgraded":0}],"kind":"reverse","name":"api","sessions":2,"slices":[{"asks_for":0,"idle":1,"in_flight":1,"name":"default","oldest_wait_ms":0,"queued":0,"sessions":2,"why":""}]}"#
         );
         let endpoint = EndpointStatus {
             addr: "127.0.0.1:9001".to_owned(),

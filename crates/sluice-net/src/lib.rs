@@ -10,12 +10,15 @@
 //! * [`shutdown`]: one trigger, many listeners of it; SIGINT and SIGTERM.
 //! * [`tls`]: the crypto provider, ticket keys, PEM chains and keys, the acceptor's config.
 //! * [`log_limit`]: events that could flood the log, reported once per interval with a count.
+//! * [`readiness`]: [`Readiness`], whether the node takes traffic (starting, ready, draining).
 
 pub mod accept;
 pub mod log_limit;
+pub mod readiness;
 pub mod shutdown;
 pub mod sockets;
 pub mod tls;
 
+pub use readiness::{NodeState, Readiness};
 pub use shutdown::{os_signal, Shutdown, ShutdownSignal};
 pub use sockets::Sockets;

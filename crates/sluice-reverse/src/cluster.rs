@@ -52,6 +52,8 @@ struct ClusterInner<P: Protocol> {
     /// demand, or a predecessor hands them over. A slice with none here is then not a slice
     /// without services.
     arriving: Arc<AtomicUsize>,
+    /// The services' control links open here.
+    links: Arc<crate::links::Links>,
 }
 
 /// A handle to one slice of a reverse cluster: what a route forwards to.
@@ -98,6 +100,7 @@ impl<P: Protocol> ReverseCluster<P> {
             drains: broadcast::channel(64).0,
             metrics: metrics.clone(),
             arriving: Arc::default(),
+            links: Arc::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -231,6 +234,34 @@ impl<P: Protocol> ReverseCluster<P> {
             self.inner.instances.unhold(instance);
         }
         known || !newly
+    }
+
+    /// Its service asked for `n` sessions of `instance` fewer in `slice` (`RETIRE` on a
+    /// control link): idle ones close now, the rest as they come back. Returns how many closed
+    /// now.
+    pub fn retire(&self, slice: &str, instance: &str, n: usize) -> usize {
+        let Some(inst) = self.inner.instances.get(instance) else {
+            return 0;
+        };
+        let closed = self.slice(slice).pool.retire_idle(&inst, n);
+        inst.owe_retirements(n - closed);
+        info!(cluster = %self.inner.name, slice, instance, asked = n, closed_now = closed, "service retires sessions here");
+        closed
+    }
+
+    /// What a control link reports of `slice` here.
+    pub fn load(&self, slice: &str) -> crate::pool::Load {
+        self.slice(slice).pool.load()
+    }
+
+    /// Whether an operator holds `instance` out (its registrations get `410`).
+    pub fn is_held(&self, instance: &str) -> bool {
+        self.inner.instances.is_held(instance)
+    }
+
+    /// The control links of this cluster's services (many nodes).
+    pub fn links(&self) -> &Arc<crate::links::Links> {
+        &self.inner.links
     }
 
     /// Lets a held instance register again. Returns false when it was not held. Sessions it

@@ -60,6 +60,9 @@ pub struct Instance {
     pub(super) sessions: Limit,
     /// Sessions an upgrade (WebSocket) took over, still bridged to their clients.
     pub(super) upgraded: AtomicUsize,
+    /// Sessions its service asked to retire (`RETIRE` on a control link) that were busy then:
+    /// each closes when it is next returned.
+    retiring: AtomicUsize,
     /// The registry that lists it (weak: the registry owns its instances).
     listed_in: Weak<Instances>,
 }
@@ -71,6 +74,7 @@ impl Instance {
             draining: AtomicBool::new(false),
             sessions: Limit::new(max_sessions),
             upgraded: AtomicUsize::new(0),
+            retiring: AtomicUsize::new(0),
             listed_in,
         }
     }
@@ -92,6 +96,25 @@ impl Instance {
     /// The sessions of this instance that are still connected.
     pub fn sessions(&self) -> usize {
         self.sessions.current()
+    }
+
+    /// Sessions its service asked to retire that close as they come back (busy when asked).
+    pub fn retiring(&self) -> usize {
+        self.retiring.load(Ordering::Acquire)
+    }
+
+    /// `n` more sessions close as they come back.
+    pub(crate) fn owe_retirements(&self, n: usize) {
+        self.retiring.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Claims one owed retirement for a session that came back; false when none is owed.
+    pub(crate) fn take_retirement(&self) -> bool {
+        self.retiring.load(Ordering::Relaxed) > 0
+            && self
+                .retiring
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
     }
 
     /// Former sessions of this instance that an upgrade (WebSocket) took over and that are
@@ -164,6 +187,11 @@ impl Instances {
     /// The held ids, sorted.
     pub(super) fn held(&self) -> Vec<String> {
         locked(&self.held).iter().cloned().collect()
+    }
+
+    /// Whether an operator holds `id` out.
+    pub(super) fn is_held(&self, id: &str) -> bool {
+        locked(&self.held).contains(id)
     }
 
     /// Reserves a place for one more session of `instance`, within the total (`global`),

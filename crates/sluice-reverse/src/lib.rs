@@ -16,6 +16,8 @@
 //! * `pool`: [`SlicePool`], one slice's idle ring and admission queue.
 //! * `instance`: `Instances` — registered instances, their limits, operator holds.
 //! * `lease`: a session's way in (attached as idle) and out ([`Lease`]).
+//! * [`links`]: the control links services hold open here (many nodes): who, which slice,
+//!   what capacity they declared.
 //! * `session`, `stream`: a session, and the stream under it that can be parked and passed to
 //!   another process.
 //! * `handover`: where an idle session goes (stays, hands over to a successor, is lent).
@@ -34,6 +36,7 @@ pub mod handoff;
 mod handover;
 mod instance;
 mod lease;
+pub mod links;
 pub mod metrics;
 mod pool;
 mod protocol;
@@ -51,7 +54,7 @@ pub(crate) use self::instance::Lent;
 pub use self::instance::{Instance, Limit, SessionPermit, UpgradedSession};
 pub use self::lease::Lease;
 pub use self::metrics::ReverseMetrics;
-pub use self::pool::SlicePool;
+pub use self::pool::{Load, SlicePool};
 pub use self::protocol::Protocol;
 pub use self::session::Session;
 pub use self::slice_id::SliceId;

@@ -55,6 +55,9 @@ pub struct SlicePool<P: Protocol> {
     empty_logged: AtomicBool,
     /// 503s for want of capacity (queue full, wait expired), logged once per interval.
     refusals: SharedTally,
+    /// Requests refused for want of capacity (no sessions, queue full, wait expired), ever:
+    /// control links report the difference between two readings.
+    refused: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -190,6 +193,7 @@ impl<P: Protocol> SlicePool<P> {
             arriving,
             empty_logged: AtomicBool::new(false),
             refusals: SharedTally::new(),
+            refused: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -222,6 +226,7 @@ impl<P: Protocol> SlicePool<P> {
     }
 
     fn no_sessions(&self) -> LeaseError {
+        self.refused.fetch_add(1, Ordering::Relaxed);
         if !self.empty_logged.swap(true, Ordering::Relaxed) {
             warn!(cluster = %self.id.cluster, slice = %self.id.slice, "no sessions registered: requests are refused with 503 until a service registers");
         }
@@ -234,6 +239,7 @@ impl<P: Protocol> SlicePool<P> {
     /// A 503 for want of capacity. Under overload there is one per request, so the log says
     /// so once per interval, with how many since the last line.
     fn refuse(&self, reason: &'static str) -> LeaseError {
+        self.refused.fetch_add(1, Ordering::Relaxed);
         if let Some(refused) = self.refusals.record() {
             warn!(cluster = %self.id.cluster, slice = %self.id.slice, refused, reason, "requests refused with 503 for want of capacity (count since the last such line)");
         }
@@ -264,6 +270,39 @@ impl<P: Protocol> SlicePool<P> {
     /// Idle sessions in the ring (some may have died since they were returned).
     pub fn idle(&self) -> usize {
         self.state().idle.len()
+    }
+
+    /// What a control link reports of this slice here ([`Load`]), read under one lock.
+    pub fn load(&self) -> Load {
+        let (idle, queued) = {
+            let st = self.state();
+            let queued = st.waiters.iter().filter(|(_, w)| !w.is_closed()).count();
+            (st.idle.len(), queued)
+        };
+        let sessions = self.registered();
+        Load {
+            in_flight: sessions.saturating_sub(idle),
+            queued,
+            refused: self.refused.load(Ordering::Relaxed),
+            sessions,
+        }
+    }
+
+    /// Closes up to `n` idle sessions of `instance` now; returns how many.
+    pub(crate) fn retire_idle(&self, instance: &Arc<Instance>, n: usize) -> usize {
+        let left = std::cell::Cell::new(n);
+        let removed = self.state().idle.remove_where(|s| {
+            let take = left.get() > 0 && Arc::ptr_eq(s.instance(), instance);
+            if take {
+                left.set(left.get() - 1);
+            }
+            take
+        });
+        let closed = removed.len();
+        // Dropped outside the lock: each drop closes a connection.
+        drop(removed);
+        self.changed.notify();
+        closed
     }
 
     /// Requests waiting for a session.
@@ -361,6 +400,12 @@ impl<P: Protocol> SlicePool<P> {
     /// while the cluster hands over, to the next process). Dead sessions and those of
     /// draining instances are dropped (which closes them).
     pub(crate) fn checkin(&self, mut session: Session<P>) {
+        if session.instance().take_retirement() {
+            // Its service asked for one session fewer while this one was busy.
+            drop(session);
+            self.changed.notify();
+            return;
+        }
         if session.usable() && self.take_owed() {
             self.let_go(session);
             self.changed.notify();
@@ -505,6 +550,19 @@ impl<P: Protocol> SlicePool<P> {
         drop(removed);
         self.changed.notify();
     }
+}
+
+/// One slice's load here, as a control link reports it (`DEMAND`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Sessions leased (requests in flight on them).
+    pub in_flight: usize,
+    /// Requests waiting in the admission queue.
+    pub queued: usize,
+    /// Requests refused for want of capacity since the pool began (a running count).
+    pub refused: u64,
+    /// Sessions attached, idle or leased.
+    pub sessions: usize,
 }
 
 /// A place in the admission queue. Dropped with a session already handed to it (the request

@@ -49,6 +49,7 @@ pub(crate) async fn register(options: &Options, capacity: usize) -> Result<Regis
             }),
             (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
             (Reply::Drained, _) => Err(unexpected("200 to a registration")),
+            (Reply::Control, _) => Err(unexpected("a control link's 101 to a registration")),
         }
     })
     .await
@@ -65,7 +66,7 @@ pub(crate) async fn drain(options: &Options) -> Result<(), Error> {
         match read_reply(&mut io).await? {
             (Reply::Drained, _) => Ok(()),
             (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
-            (Reply::Switched, _) => Err(unexpected("101 to a drain request")),
+            (Reply::Switched | Reply::Control, _) => Err(unexpected("101 to a drain request")),
         }
     })
     .await

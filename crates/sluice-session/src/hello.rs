@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use crate::protocol::{
-    Parsed, DEFAULT_SLICE, DRAIN_PATH, HEADER_CAPACITY, HEADER_INSTANCE, HEADER_SERVICE,
-    HEADER_SLICE, MAX_HEADERS, SESSION_PATH, UPGRADE_TOKEN,
+    Parsed, CONTROL_PATH, CONTROL_TOKEN, DEFAULT_SLICE, DRAIN_PATH, HEADER_CAPACITY,
+    HEADER_INSTANCE, HEADER_SERVICE, HEADER_SLICE, MAX_HEADERS, SESSION_PATH, UPGRADE_TOKEN,
 };
 use crate::reply::Rejection;
 
@@ -67,13 +67,24 @@ pub enum Hello {
     Register(Registration),
     /// Drain an instance.
     Drain(Drain),
+    /// Open a control link (many nodes): the instance's demand reports and retirements.
+    Control(Registration),
 }
 
 impl Registration {
     /// The request bytes, ready to write.
     pub fn encode(&self) -> Vec<u8> {
+        self.upgrade_request(SESSION_PATH, UPGRADE_TOKEN)
+    }
+
+    /// The same identity's control link request (`GET /.sluice/v1/control`).
+    pub fn encode_control(&self) -> Vec<u8> {
+        self.upgrade_request(CONTROL_PATH, CONTROL_TOKEN)
+    }
+
+    fn upgrade_request(&self, path: &str, token: &str) -> Vec<u8> {
         let mut out = format!(
-            "GET {SESSION_PATH} HTTP/1.1\r\nHost: sluice\r\nConnection: Upgrade\r\nUpgrade: {UPGRADE_TOKEN}\r\n"
+            "GET {path} HTTP/1.1\r\nHost: sluice\r\nConnection: Upgrade\r\nUpgrade: {token}\r\n"
         );
         identity_headers(&mut out, &self.identity);
         if let Some(n) = self.capacity {
@@ -128,7 +139,8 @@ pub fn parse_hello(buf: &[u8], max_head: usize) -> Result<Parsed<Hello>, Rejecti
     }
     let head = Head::read(req.headers)?;
     let hello = match (req.method, req.path) {
-        (Some("GET"), Some(SESSION_PATH)) => Hello::Register(registration(&head)?),
+        (Some("GET"), Some(SESSION_PATH)) => Hello::Register(registration(&head, UPGRADE_TOKEN)?),
+        (Some("GET"), Some(CONTROL_PATH)) => Hello::Control(registration(&head, CONTROL_TOKEN)?),
         (Some("POST"), Some(DRAIN_PATH)) => Hello::Drain(Drain {
             identity: head.identity()?,
         }),
@@ -141,18 +153,20 @@ pub fn parse_hello(buf: &[u8], max_head: usize) -> Result<Parsed<Hello>, Rejecti
     Ok(Parsed::Complete(hello, len))
 }
 
-fn registration(head: &Head<'_>) -> Result<Registration, Rejection> {
+fn registration(head: &Head<'_>, token: &str) -> Result<Registration, Rejection> {
     if !head.connection_upgrade {
         return Err(Rejection::bad_request("missing Connection: Upgrade"));
     }
     match head.upgrade {
-        Some(t) if t.eq_ignore_ascii_case(UPGRADE_TOKEN) => {}
+        Some(t) if t.eq_ignore_ascii_case(token) => {}
         Some(_) => {
-            return Err(Rejection::bad_request(
-                "unsupported Upgrade: expected sluice-session/1",
-            ))
+            let why = format!("unsupported Upgrade: expected {token}");
+            return Err(Rejection::bad_request(&why));
         }
-        None => return Err(Rejection::bad_request("missing Upgrade: sluice-session/1")),
+        None => {
+            let why = format!("missing Upgrade: {token}");
+            return Err(Rejection::bad_request(&why));
+        }
     }
     let capacity = match head.capacity {
         None => None,

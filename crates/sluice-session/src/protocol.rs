@@ -7,6 +7,10 @@ pub const SESSION_PATH: &str = "/.sluice/v1/session";
 pub const DRAIN_PATH: &str = "/.sluice/v1/drain";
 /// The `Upgrade` protocol token of a session.
 pub const UPGRADE_TOKEN: &str = "sluice-session/1";
+/// The path of a control link's request (many nodes: `protocol/README.md`).
+pub const CONTROL_PATH: &str = "/.sluice/v1/control";
+/// The `Upgrade` protocol token of a control link.
+pub const CONTROL_TOKEN: &str = "sluice-control/1";
 /// Header naming the cluster a session serves (required).
 pub const HEADER_SERVICE: &str = "sluice-service";
 /// Header naming the slice (optional, default [`DEFAULT_SLICE`]).

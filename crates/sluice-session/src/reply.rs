@@ -1,6 +1,6 @@
 //! What the acceptor answers, and the statuses of its refusals.
 
-use crate::protocol::{Parsed, DEFAULT_MAX_HEAD, UPGRADE_TOKEN};
+use crate::protocol::{Parsed, CONTROL_TOKEN, DEFAULT_MAX_HEAD, UPGRADE_TOKEN};
 
 /// A refusal: the status and the short reason sent as the body before the connection closes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,8 +94,10 @@ fn canonical_reason(status: u16) -> &'static str {
 /// An acceptor's answer, as the service sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// `101`: the connection is now a session.
+    /// `101` with `Upgrade: sluice-session/1`: the connection is now a session.
     Switched,
+    /// `101` with `Upgrade: sluice-control/1`: the connection is now a control link.
+    Control,
     /// `200`: the drain was accepted.
     Drained,
     /// Anything else: refused (the body's reason is not read here).
@@ -106,6 +108,11 @@ impl Reply {
     /// The `101` answer to a registration.
     pub fn switching_protocols() -> Vec<u8> {
         format!("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {UPGRADE_TOKEN}\r\n\r\n").into_bytes()
+    }
+
+    /// The `101` answer to a control link's request.
+    pub fn control_switching() -> Vec<u8> {
+        format!("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {CONTROL_TOKEN}\r\n\r\n").into_bytes()
     }
 
     /// The `200` answer to a drain request.
@@ -136,9 +143,10 @@ pub fn parse_reply(buf: &[u8]) -> Result<Parsed<Reply>, Rejection> {
                 .find(|h| h.name.eq_ignore_ascii_case("upgrade"));
             match upgrade.map(|h| h.value) {
                 Some(v) if v.eq_ignore_ascii_case(UPGRADE_TOKEN.as_bytes()) => Reply::Switched,
+                Some(v) if v.eq_ignore_ascii_case(CONTROL_TOKEN.as_bytes()) => Reply::Control,
                 _ => {
                     return Err(Rejection::bad_request(
-                        "101 without Upgrade: sluice-session/1",
+                        "101 without Upgrade: sluice-session/1 or sluice-control/1",
                     ))
                 }
             }

@@ -28,6 +28,103 @@ pub struct Vectors {
     pub client_addresses: Vec<ClientAddrCase>,
     /// Identities an SDK must accept or refuse before dialing.
     pub options: Vec<OptionsCase>,
+    /// Control link requests: identity ⇄ bytes.
+    pub controls: Vec<Request>,
+    /// What acceptors may answer to a control request.
+    pub control_replies: Vec<ControlReplyCase>,
+    /// Control link lines and their readings.
+    pub control_lines: Vec<ControlLineCase>,
+    /// Capacity splits across nodes.
+    pub splits: Vec<SplitCase>,
+    /// Acceptor addresses and what they name.
+    pub addresses: Vec<AddressCase>,
+}
+
+/// An acceptor's answer to a control request and what an SDK makes of it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlReplyCase {
+    /// What the vector shows.
+    pub name: String,
+    /// The answer's bytes.
+    pub bytes: Bytes,
+    /// The SDK's verdict.
+    pub expect: ControlReplyVerdict,
+}
+
+/// What an SDK concludes from an answer to a control request.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ControlReplyVerdict {
+    /// The link is up; `rest` holds its first lines.
+    Control {
+        /// Bytes read past the head.
+        rest: Bytes,
+    },
+    /// A `400`: the acceptor has no control links.
+    Unsupported,
+    /// A refusal.
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// Whether to dial the link again.
+        retryable: bool,
+    },
+    /// Not the protocol.
+    Error {
+        /// Whether to dial the link again.
+        retryable: bool,
+    },
+}
+
+/// A control line and its reading.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlLineCase {
+    /// `"node"` or `"service"`: who sends it.
+    pub from: String,
+    /// The line without its `\n`.
+    pub line: String,
+    /// The reading: an object, or the string `"invalid"`.
+    pub parse: serde_json::Value,
+}
+
+/// One split of capacity across nodes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitCase {
+    /// What the vector shows.
+    pub name: String,
+    /// The declared capacity.
+    pub capacity: usize,
+    /// The nodes, in order.
+    pub nodes: Vec<SplitNode>,
+    /// The sessions each should hold.
+    pub targets: Vec<usize>,
+}
+
+/// A node as a split sees it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitNode {
+    /// Link up and not draining.
+    pub live: bool,
+    /// Smoothed demand.
+    pub demand: f64,
+    /// Sessions held, less those asked to retire.
+    pub held: usize,
+}
+
+/// An acceptor address and what it names.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddressCase {
+    /// What the vector shows.
+    pub name: String,
+    /// The address as written.
+    pub address: String,
+    /// `{"single"}`, `{"dns": {"name", "port"}}`, `{"list"}`, or `"invalid"`.
+    pub expect: serde_json::Value,
 }
 
 /// The acceptor the wire statuses assume.

@@ -149,3 +149,120 @@ fn client_addresses_are_trusted_whole_or_not_at_all() {
         assert_eq!(got, case.client, "{}", case.name);
     }
 }
+
+#[test]
+fn control_requests_encode_to_the_vector_bytes_and_parse_back() {
+    let v = load();
+    assert!(!v.controls.is_empty());
+    for case in &v.controls {
+        let reg = Registration {
+            identity: identity(&case.identity),
+            capacity: case.capacity,
+        };
+        assert_eq!(reg.encode_control(), case.bytes.0, "{}", case.name);
+        let parsed = parse_hello(&case.bytes.0, v.acceptor.max_handshake_size).unwrap();
+        let expected = Parsed::Complete(Hello::Control(reg), case.bytes.0.len());
+        assert_eq!(parsed, expected, "{}", case.name);
+    }
+}
+
+#[test]
+fn control_lines_read_as_the_vectors_say() {
+    use sluice_session::control::{Demand, NodeLine, ServiceLine};
+    let v = load();
+    assert!(v.control_lines.len() >= 10);
+    for case in &v.control_lines {
+        let expected = &case.parse;
+        let line = &case.line;
+        let got = match case.from.as_str() {
+            "node" => match NodeLine::parse(line) {
+                Ok(NodeLine::Demand(Demand {
+                    in_flight,
+                    queued,
+                    refused,
+                    sessions,
+                })) => {
+                    serde_json::json!({"demand": {"in_flight": in_flight, "queued": queued, "refused": refused, "sessions": sessions}})
+                }
+                Ok(NodeLine::Draining) => serde_json::json!({"draining": true}),
+                Err(_) => serde_json::json!("invalid"),
+            },
+            "service" => match ServiceLine::parse(line) {
+                Ok(ServiceLine::Retire(n)) => serde_json::json!({ "retire": n }),
+                Ok(ServiceLine::Capacity(n)) => serde_json::json!({ "capacity": n }),
+                Err(_) => serde_json::json!("invalid"),
+            },
+            other => panic!("unknown sender {other}"),
+        };
+        assert_eq!(&got, expected, "{line:?}");
+        if got != "invalid" {
+            let again = match case.from.as_str() {
+                "node" => NodeLine::parse(line).unwrap().to_string(),
+                _ => ServiceLine::parse(line).unwrap().to_string(),
+            };
+            assert_eq!(&again, line, "re-encoded");
+        }
+    }
+}
+
+#[test]
+fn splits_give_the_vector_targets() {
+    use sluice_session::split::{targets, NodeView};
+    let v = load();
+    assert!(v.splits.len() >= 10);
+    for case in &v.splits {
+        let nodes: Vec<NodeView> = case
+            .nodes
+            .iter()
+            .map(|n| NodeView {
+                live: n.live,
+                demand: n.demand,
+                held: n.held,
+            })
+            .collect();
+        assert_eq!(
+            targets(case.capacity, &nodes),
+            case.targets,
+            "{}",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn addresses_name_what_the_vectors_say() {
+    let v = load();
+    assert!(!v.addresses.is_empty());
+    for case in &v.addresses {
+        let got = match Address::parse(&case.address) {
+            Ok(Address::Single(a)) => serde_json::json!({ "single": a }),
+            Ok(Address::Dns { name, port }) => {
+                serde_json::json!({"dns": {"name": name, "port": port}})
+            }
+            Ok(Address::List(all)) => serde_json::json!({ "list": all }),
+            Err(_) => serde_json::json!("invalid"),
+        };
+        assert_eq!(got, case.expect, "{}", case.name);
+    }
+}
+
+#[test]
+fn control_replies_read_as_the_vectors_say() {
+    use sluice_session::vectors::ControlReplyVerdict as V;
+    let v = load();
+    for case in &v.control_replies {
+        let got = parse_reply(&case.bytes.0);
+        let name = &case.name;
+        match (&case.expect, got) {
+            (V::Control { rest }, Ok(Parsed::Complete(Reply::Control, len))) => {
+                assert_eq!(&case.bytes.0[len..], &rest.0[..], "{name}");
+            }
+            (V::Unsupported, Ok(Parsed::Complete(Reply::Refused(400), _))) => {}
+            (V::Refused { status, .. }, Ok(Parsed::Complete(Reply::Refused(s), _))) => {
+                assert_eq!(*status, s, "{name}");
+            }
+            (V::Error { .. }, Ok(Parsed::Complete(Reply::Switched, _)) | Err(_)) => {}
+            (expected, got) => panic!("{name}: expected {expected:?}, got {got:?}"),
+        }
+    }
+}

@@ -5,6 +5,8 @@
 //! | method and path | what |
 //! |---|---|
 //! | `GET /healthz` | `200 ok` while the process serves |
+//! | `GET /ready` | `200 ready` while the node takes traffic; `503` with `starting`, `draining` or `stopping` (for L4 balancers and Kubernetes readiness; no token needed) |
+//! | `POST /drain` | drain the node: `/ready` turns 503 for good; requests and sessions carry on (a `preStop` before SIGTERM) |
 //! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints (health, ejection, load) |
 //! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance and keep it out: its registrations are refused (410) until resumed |
 //! | `POST /clusters/{cluster}/instances/{instance}/resume` | let a drained instance register again |
@@ -58,6 +60,8 @@ pub(crate) struct AdminState {
     metrics: Arc<Metrics>,
     token: Option<Token>,
     routes: Option<Arc<LiveRoutes>>,
+    /// Whether the node takes traffic (`/ready`, `POST /drain`).
+    readiness: sluice_net::Readiness,
     reload: Option<ReloadHook>,
     relays: Vec<sluice_relay::RelayHandle>,
 }
@@ -115,6 +119,7 @@ impl AdminState {
             metrics,
             token,
             routes: None,
+            readiness: sluice_net::Readiness::default(),
             reload: None,
             relays: Vec::new(),
         }
@@ -123,6 +128,12 @@ impl AdminState {
     /// Shows these relays in `/status` and `/metrics`.
     pub(crate) fn with_relays(mut self, relays: Vec<sluice_relay::RelayHandle>) -> Self {
         self.relays = relays;
+        self
+    }
+
+    /// Answers `/ready` by `readiness`, and lets `POST /drain` drain the node.
+    pub(crate) fn with_readiness(mut self, readiness: sluice_net::Readiness) -> Self {
+        self.readiness = readiness;
         self
     }
 
@@ -143,6 +154,8 @@ impl AdminState {
 pub(crate) fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/ready", get(ready))
+        .route("/drain", post(drain_node))
         .route("/status", get(status))
         .route("/metrics", get(metrics))
         .route("/ui", get(dashboard))
@@ -311,6 +324,7 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
     Json(Status {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         pid: std::process::id(),
+        node: state.readiness.state().as_str().to_owned(),
         uptime_seconds: state.started.elapsed().as_secs_f64(),
         listeners: state.listeners.clone(),
         acceptor: state.acceptor.map(|addr| AcceptorStatus {
@@ -326,19 +340,23 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> ClusterStatus {
     let slices = c
         .slice_names()
         .into_iter()
-        .map(|s| SliceStatus {
-            idle: count(c.idle_sessions(&s)),
-            oldest_wait_ms: u64::try_from(c.oldest_wait(&s).as_millis()).unwrap_or(u64::MAX),
-            queued: count(c.queued(&s)),
-            name: s,
-        })
+        .map(|s| slice_status(c, s))
         .collect();
     let registered = c.instances();
+    let links = c.links().list();
+    let declared = |id: &str| {
+        links
+            .iter()
+            .find(|l| l.instance == id)
+            .map(|l| l.capacity())
+    };
     let mut instances: Vec<_> = registered
         .iter()
         .map(|i| InstanceStatus {
+            declared: declared(i.id()),
             draining: i.is_draining(),
             id: i.id().to_owned(),
+            retiring: count(i.retiring()),
             sessions: count(i.sessions()),
             upgraded: count(i.upgraded()),
         })
@@ -349,12 +367,58 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> ClusterStatus {
         .into_iter()
         .filter(|h| !registered.iter().any(|i| i.id() == h));
     instances.extend(gone.map(|id| InstanceStatus {
+        declared: None,
         draining: true,
         id,
+        retiring: 0,
         sessions: 0,
         upgraded: 0,
     }));
     ClusterStatus::reverse(name, count(c.sessions()), slices, instances)
+}
+
+/// `200 ready` while the node serves; `503` and its state while it starts, drains or stops,
+/// so that an L4 balancer or Kubernetes stops sending it clients. Served without the token,
+/// as `/healthz` is: probes carry none.
+async fn ready(State(state): State<Arc<AdminState>>) -> Response {
+    let node = state.readiness.state();
+    let status = match state.readiness.is_ready() {
+        true => StatusCode::OK,
+        false => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (status, format!("{}\n", node.as_str())).into_response()
+}
+
+/// Drains the node: `/ready` turns 503 for good, so balancers stop sending clients; requests
+/// and sessions carry on (a Kubernetes `preStop`, before the SIGTERM that stops it).
+async fn drain_node(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
+    state.readiness.drain();
+    info!("node drained by the admin API: /ready answers 503");
+    Json(json!({ "node": state.readiness.state().as_str() })).into_response()
+}
+
+/// A slice's load here, and what this node asks its services for on their control links.
+fn slice_status(c: &ReverseCluster, name: String) -> SliceStatus {
+    let load = c.load(&name);
+    let (asks_for, why) = match (load.queued, load.sessions) {
+        (0, 0) => (0, "no requests and no sessions".to_owned()),
+        (0, _) => (0, "its sessions serve what comes".to_owned()),
+        (q, 0) => (
+            count(q),
+            format!("{q} requests wait and no session is registered"),
+        ),
+        (q, _) => (count(q), format!("{q} requests wait for a session")),
+    };
+    SliceStatus {
+        asks_for,
+        idle: count(c.idle_sessions(&name)),
+        in_flight: count(load.in_flight),
+        oldest_wait_ms: u64::try_from(c.oldest_wait(&name).as_millis()).unwrap_or(u64::MAX),
+        queued: count(load.queued),
+        sessions: count(load.sessions),
+        why,
+        name,
+    }
 }
 
 /// Each endpoint's health (the active check's verdict; always true without checks), its

@@ -129,6 +129,8 @@ pub struct Proxy {
     upgraded: watch::Sender<bool>,
     /// Split-TCP relays (`[[relay]]`), bound.
     relays: Vec<sluice_relay::Relay>,
+    /// Whether the node takes traffic: `/ready`, and `DRAINING` on control links.
+    readiness: sluice_net::Readiness,
 }
 
 impl Proxy {
@@ -165,7 +167,8 @@ impl Proxy {
         let relays = bind_relays(config, &mut sockets)?;
         let service = proxy_service(config, &routes, &metrics)?;
         let acceptor = bind_acceptor(config, &clusters, &mut sockets).await?;
-        let acceptor = acceptor.map(|a| a.with_metrics(reverse_metrics));
+        let readiness = sluice_net::Readiness::default();
+        let acceptor = acceptor.map(|a| a.with_metrics(reverse_metrics).with_readiness(&readiness));
         let admin = bind_admin(config, &mut sockets).await?;
         sockets.close_unused();
         // After the listeners: a predecessor still holds the path until it has handed them.
@@ -195,6 +198,7 @@ impl Proxy {
             reload: None,
             upgraded: watch::channel(false).0,
             relays,
+            readiness,
         })
     }
 
@@ -315,6 +319,14 @@ impl Proxy {
             .map(|relay| tokio::spawn(relay.run(group.signal().wait(), self.grace)))
             .collect();
         let mut stopped = Stopped::Triggered;
+        self.readiness.ready();
+        let readiness = self.readiness.clone();
+        // A real stop (not a hot restart, where the sessions stay) tells the services to move
+        // their sessions elsewhere.
+        let trigger = async move {
+            trigger.await;
+            readiness.stop();
+        };
         let stop = async {
             stopped = restart::stop_or_upgrade(
                 trigger,
@@ -370,6 +382,7 @@ impl Proxy {
         .with_routes(Arc::clone(&self.routes))
         .with_reload(self.reload.clone())
         .with_relays(self.relays())
+        .with_readiness(self.readiness.clone())
     }
 
     fn reverse_clusters(&self) -> BTreeMap<String, ReverseCluster> {

@@ -580,6 +580,29 @@ async fn without_a_token_only_loopback_hosts_and_same_origin_changes_are_served(
     let _ = p.stop.send(());
 }
 
+/// `/ready` is what an L4 balancer or Kubernetes probes: 200 while the node serves, 503 once
+/// its operator drains it (a `preStop`), with no token needed; `/status` says which.
+#[tokio::test]
+async fn ready_turns_503_when_the_node_is_drained() {
+    let p = start().await;
+    assert_eq!(
+        call(p.admin, "GET", "/ready", None, "").await,
+        (200, "ready\n".into())
+    );
+    assert_eq!(call(p.admin, "POST", "/drain", None, "").await.0, 401);
+    let (status, body) = json(p.admin, "POST", "/drain", "").await;
+    assert_eq!((status, body["node"].as_str()), (200, Some("draining")));
+    assert_eq!(
+        call(p.admin, "GET", "/ready", None, "").await,
+        (503, "draining\n".into())
+    );
+    let (_, status) = json(p.admin, "GET", "/status", "").await;
+    assert_eq!(status["node"], "draining");
+    // Draining is for good: the node still serves what comes, but never turns ready again.
+    assert_eq!(call(p.admin, "GET", "/healthz", None, "").await.0, 200);
+    let _ = p.stop.send(());
+}
+
 /// Issue 29's probe: the rules judged the first of several `Host`/`Origin` fields, and let a
 /// request without `Host` or in absolute form through. Each is 400 now, token or not.
 #[tokio::test]

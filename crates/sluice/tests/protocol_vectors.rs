@@ -43,7 +43,7 @@ async fn every_hello_gets_the_vector_status() {
 #[tokio::test]
 async fn the_sdk_requests_get_the_vector_status() {
     let v = vectors::load().unwrap();
-    for case in v.registrations.iter().chain(&v.drains) {
+    for case in v.registrations.iter().chain(&v.drains).chain(&v.controls) {
         assert_eq!(
             answer(&v, &case.bytes.0).await,
             case.status,

@@ -49,6 +49,7 @@ pub(super) async fn handle<P: Protocol, T>(
         }
     };
     let (outcome, counted) = match hello {
+        Hello::Control(reg) => return control(io, reg, &peer, &shared).await,
         Hello::Register(reg) => (register(&mut io, &reg, &peer, &shared).await, "registered"),
         Hello::Drain(drain) => (
             self::drain(&mut io, &drain, &peer, &shared).await,
@@ -91,6 +92,39 @@ async fn register<P: Protocol, T: AsyncWrite + Unpin>(
     }
     debug!(cluster = %id.service, slice = %id.slice, instance = %instance, "session registered");
     Ok(Some((cluster, id.slice.clone(), permit)))
+}
+
+/// Checks a control link's request as a registration's (no session is reserved), answers
+/// `101`, and serves the link.
+async fn control<P: Protocol, T: SessionStream>(
+    mut io: T,
+    reg: Registration,
+    peer: &Peer,
+    shared: &Shared<P>,
+) {
+    let id = &reg.identity;
+    let admitted = shared
+        .admit(&id.service, id.token.as_deref(), peer)
+        .and_then(|cluster| {
+            let instance = instance_id(id.instance.as_deref(), peer.ip);
+            if cluster.is_held(&instance) {
+                return Err(Rejection::drained(&id.service, &instance));
+            }
+            Ok((cluster, instance))
+        });
+    let (cluster, instance) = match admitted {
+        Ok(admitted) => admitted,
+        Err(r) => return reject(io, &r, peer, shared).await,
+    };
+    let answer = async {
+        io.write_all(&Reply::control_switching()).await?;
+        io.flush().await
+    };
+    if let Err(error) = answer.await {
+        return debug!(%error, "service went away before its 101");
+    }
+    shared.count("control");
+    super::control::serve(io, cluster, reg, instance, shared.node.clone()).await;
 }
 
 async fn drain<P: Protocol, T: AsyncWrite + Unpin>(

@@ -2,8 +2,9 @@
 //! (DESIGN.md §3).
 //!
 //! Each connection sends one hello within `handshake_timeout` and `max_handshake_size`: a
-//! registration, answered `101` and handed to its cluster's slice as an idle session, or a
-//! drain request, answered `200`. Refusals carry the protocol's statuses: 400 malformed, 401
+//! registration, answered `101` and handed to its cluster's slice as an idle session; a
+//! drain request, answered `200`; or a control link (many nodes), answered `101` and served
+//! by `control`: demand reports out, retirements in. Refusals carry the protocol's statuses: 400 malformed, 401
 //! bad token, 404 unknown service, 410 an instance an operator drained (until resumed), 429 a
 //! limit, 503 draining or shutting down.
 //!
@@ -12,6 +13,7 @@
 //! and `[acceptor.clients]` decides which services each certificate name may register for
 //! (401 otherwise); bearer tokens, when configured, are checked on top.
 
+mod control;
 mod handshake;
 mod rate;
 mod shared;
@@ -127,6 +129,7 @@ impl<P: Protocol> Acceptor<P> {
             tls,
             metrics: ReverseMetrics::default(),
             refusals: TallyByKind::new(),
+            node: None,
         };
         Self {
             tcp,
@@ -139,6 +142,13 @@ impl<P: Protocol> Acceptor<P> {
     /// Counts every handshake's outcome in `metrics`; by default nothing is counted.
     pub fn with_metrics(mut self, metrics: ReverseMetrics) -> Self {
         self.shared.metrics = metrics;
+        self
+    }
+
+    /// Tells the services' control links when this node stops (`DRAINING`), so they move
+    /// their sessions elsewhere; by default a node never says so.
+    pub fn with_readiness(mut self, readiness: &sluice_net::Readiness) -> Self {
+        self.shared.node = Some(readiness.subscribe());
         self
     }
 

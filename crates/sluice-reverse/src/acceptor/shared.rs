@@ -43,6 +43,8 @@ pub(super) struct Shared<P: Protocol> {
     pub(super) metrics: ReverseMetrics,
     /// Refused handshakes by status, logged once per interval each.
     pub(super) refusals: TallyByKind<u16>,
+    /// The node's state, which control links report (`DRAINING`); `None`: never draining.
+    pub(super) node: Option<tokio::sync::watch::Receiver<sluice_net::NodeState>>,
 }
 
 impl<P: Protocol> Shared<P> {

@@ -217,6 +217,11 @@ async fn connection(mut io: Box<dyn Io>, policy: Policy, events: mpsc::Unbounded
             let _ = io.shutdown().await;
         }
         Hello::Register(registration) => session(io, registration, events).await,
+        // The fake is one node: it has no control links, as an older acceptor.
+        Hello::Control(_) => {
+            let refusal = sluice_session::Rejection::bad_request("no control links here");
+            let _ = io.write_all(&refusal.encode()).await;
+        }
     }
 }
 

@@ -204,7 +204,7 @@ pub async fn dial_raw(acceptor: SocketAddr, bytes: &[u8]) -> (TcpStream, u16) {
         buf.push(chunk[0]);
         if let Parsed::Complete(reply, _) = parse_reply(&buf).unwrap() {
             let status = match reply {
-                Reply::Switched => 101,
+                Reply::Switched | Reply::Control => 101,
                 Reply::Drained => 200,
                 Reply::Refused(code) => code,
             };

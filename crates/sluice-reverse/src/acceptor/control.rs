@@ -1,0 +1,197 @@
+//! A service's control link (many nodes, `protocol/README.md`): this node reports its demand
+//! for the service's slice (`DEMAND`, every 100 ms while it changes and every second anyway,
+//! `DRAINING` once the node drains) and retires the instance's sessions when asked (`RETIRE`).
+
+use sluice_net::NodeState;
+use sluice_session::control::{
+    Demand, LineReader, NodeLine, ReadLineError, ServiceLine, HEARTBEAT, REPORT_INTERVAL,
+};
+use sluice_session::Registration;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use crate::{Protocol, ReverseCluster, SessionStream};
+
+/// Why a link ended.
+#[derive(Debug, thiserror::Error)]
+enum LinkEnd {
+    #[error("{0}")]
+    Read(#[from] ReadLineError),
+    #[error("link I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Invalid(#[from] sluice_session::control::InvalidLine),
+}
+
+/// Serves one link (already answered `101`) until either side ends it.
+pub(super) async fn serve<P: Protocol, T: SessionStream>(
+    io: T,
+    cluster: ReverseCluster<P>,
+    reg: Registration,
+    instance: String,
+    node: Option<watch::Receiver<NodeState>>,
+) {
+    let slice = reg.identity.slice.clone();
+    let capacity = u64::from(reg.capacity.unwrap_or(0));
+    let entry = cluster.links().open(&instance, &slice, capacity);
+    info!(cluster = %cluster.name(), %slice, %instance, capacity, "control link open");
+    let link = Link {
+        cluster: &cluster,
+        slice: &slice,
+        instance: &instance,
+        info: &entry.info,
+    };
+    let ended = link.run(io, node).await;
+    info!(cluster = %cluster.name(), %slice, %instance, reason = %ended, "control link closed");
+}
+
+struct Link<'a, P: Protocol> {
+    cluster: &'a ReverseCluster<P>,
+    slice: &'a str,
+    instance: &'a str,
+    info: &'a crate::links::LinkInfo,
+}
+
+impl<P: Protocol> Link<'_, P> {
+    async fn run<T: SessionStream>(
+        &self,
+        io: T,
+        mut node: Option<watch::Receiver<NodeState>>,
+    ) -> LinkEnd {
+        let (read, mut write) = tokio::io::split(io);
+        let mut lines = LineReader::new(read, b"");
+        let mut reporter = Reporter::new(self.cluster.load(self.slice).refused);
+        let mut tick = tokio::time::interval(REPORT_INTERVAL);
+        let mut stopping = node
+            .as_ref()
+            .is_some_and(|n| *n.borrow() == NodeState::Stopping);
+        let mut said_draining = false;
+        loop {
+            tokio::select! {
+                read = lines.next_line() => {
+                    let heard = read.map_err(LinkEnd::from).and_then(|line| self.heard(&line));
+                    if let Err(end) = heard {
+                        return end;
+                    }
+                }
+                _ = tick.tick() => {
+                    let out = match (stopping, said_draining) {
+                        (true, false) => Some(NodeLine::Draining),
+                        (true, true) => None,
+                        (false, _) => reporter.next(self.cluster.load(self.slice)),
+                    };
+                    said_draining |= stopping;
+                    if let Some(out) = out {
+                        if let Err(e) = write.write_all(&out.encode()).await {
+                            return e.into();
+                        }
+                    }
+                }
+                state = next_state(&mut node), if !stopping => {
+                    stopping = state == NodeState::Stopping;
+                    tick.reset_immediately();
+                }
+            }
+        }
+    }
+
+    /// Acts on one line from the service.
+    fn heard(&self, line: &str) -> Result<(), LinkEnd> {
+        match ServiceLine::parse(line)? {
+            ServiceLine::Retire(n) => {
+                let n = usize::try_from(n).unwrap_or(usize::MAX);
+                self.info.count_retired(n as u64);
+                self.cluster.retire(self.slice, self.instance, n);
+            }
+            ServiceLine::Capacity(n) => {
+                debug!(instance = %self.instance, capacity = n, "declared capacity");
+                self.info.set_capacity(n);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The node's next state. A node whose state has gone (its process is ending) is stopping.
+async fn next_state(node: &mut Option<watch::Receiver<NodeState>>) -> NodeState {
+    let Some(rx) = node else {
+        return std::future::pending().await;
+    };
+    match rx.changed().await {
+        Ok(()) => *rx.borrow_and_update(),
+        Err(_) => {
+            *node = None;
+            NodeState::Stopping
+        }
+    }
+}
+
+/// Decides when a `DEMAND` goes out: when what it says changed (at most every tick), and at
+/// least every [`HEARTBEAT`].
+struct Reporter {
+    last: Option<Demand>,
+    sent_at: Instant,
+    /// The pool's running count of refusals at the last report.
+    refused_at: u64,
+}
+
+impl Reporter {
+    fn new(refused: u64) -> Self {
+        Self {
+            last: None,
+            sent_at: Instant::now(),
+            refused_at: refused,
+        }
+    }
+
+    fn next(&mut self, load: crate::Load) -> Option<NodeLine> {
+        let demand = Demand {
+            in_flight: load.in_flight as u64,
+            queued: load.queued as u64,
+            refused: load.refused.saturating_sub(self.refused_at),
+            sessions: load.sessions as u64,
+        };
+        let due = self.last != Some(demand) || self.sent_at.elapsed() >= HEARTBEAT;
+        if !due {
+            return None;
+        }
+        self.refused_at = load.refused;
+        self.last = Some(demand);
+        self.sent_at = Instant::now();
+        Some(NodeLine::Demand(demand))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(in_flight: usize, refused: u64) -> crate::Load {
+        crate::Load {
+            in_flight,
+            queued: 0,
+            refused,
+            sessions: 4,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_changes_at_once_and_the_same_only_as_a_heartbeat() {
+        let mut r = Reporter::new(0);
+        assert!(r.next(load(1, 0)).is_some(), "the first report");
+        assert!(r.next(load(1, 0)).is_none(), "nothing changed");
+        let Some(NodeLine::Demand(d)) = r.next(load(1, 5)) else {
+            panic!("refusals are a change");
+        };
+        assert_eq!(d.refused, 5);
+        let Some(NodeLine::Demand(d)) = r.next(load(1, 5)) else {
+            panic!("the refusal count went back to 0: a change");
+        };
+        assert_eq!(d.refused, 0);
+        assert!(r.next(load(1, 5)).is_none());
+        tokio::time::advance(HEARTBEAT).await;
+        assert!(r.next(load(1, 5)).is_some(), "the heartbeat");
+    }
+}

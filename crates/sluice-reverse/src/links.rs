@@ -1,0 +1,88 @@
+//! [`Links`]: the control links a cluster's services hold open to this node (many nodes,
+//! `protocol/README.md`), and what each says: the instance, its slice, the capacity it
+//! declared. `/status` lists them; the acceptor's link tasks keep them current.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::instance::locked;
+
+/// The open control links of one cluster.
+#[derive(Debug, Default)]
+pub struct Links {
+    open: Mutex<BTreeMap<u64, Arc<LinkInfo>>>,
+    next: AtomicU64,
+}
+
+/// One open control link.
+#[derive(Debug)]
+pub struct LinkInfo {
+    /// The instance that opened it.
+    pub instance: String,
+    /// Its slice.
+    pub slice: String,
+    /// The capacity it declared last (`Sluice-Capacity`, then `CAPACITY`).
+    capacity: AtomicU64,
+    /// Sessions it asked to retire here, in all.
+    retired: AtomicU64,
+}
+
+impl LinkInfo {
+    /// The capacity the instance declared last.
+    pub fn capacity(&self) -> u64 {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// Sessions the instance asked to retire here since the link opened.
+    pub fn retired(&self) -> u64 {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_capacity(&self, n: u64) {
+        self.capacity.store(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_retired(&self, n: u64) {
+        self.retired.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A link's place in [`Links`]; dropping it removes the link.
+#[derive(Debug)]
+pub struct LinkEntry {
+    id: u64,
+    links: Arc<Links>,
+    /// What the link said.
+    pub info: Arc<LinkInfo>,
+}
+
+impl Drop for LinkEntry {
+    fn drop(&mut self) {
+        locked(&self.links.open).remove(&self.id);
+    }
+}
+
+impl Links {
+    /// Lists a link that just opened; it stays listed while the entry lives.
+    pub fn open(self: &Arc<Self>, instance: &str, slice: &str, capacity: u64) -> LinkEntry {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let info = Arc::new(LinkInfo {
+            instance: instance.to_owned(),
+            slice: slice.to_owned(),
+            capacity: AtomicU64::new(capacity),
+            retired: AtomicU64::new(0),
+        });
+        locked(&self.open).insert(id, Arc::clone(&info));
+        LinkEntry {
+            id,
+            links: Arc::clone(self),
+            info,
+        }
+    }
+
+    /// The open links, oldest first.
+    pub fn list(&self) -> Vec<Arc<LinkInfo>> {
+        locked(&self.open).values().cloned().collect()
+    }
+}
