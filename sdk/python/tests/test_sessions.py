@@ -28,7 +28,7 @@ def test_serves_an_asgi_app_and_reports_the_client_the_proxy_saw() -> None:
 
     async def main() -> None:
         acc = FakeAcceptor()
-        sessions = await sluice_sdk.serve(app, opts(await acc.start_tcp()))
+        sessions = await sluice_sdk.serve(app, opts(await acc.start_tcp()), lifespan="off")
         s = await acc.session()
         await sessions.wait_registered(1)
         assert s.headers["sluice-service"] == "api" and s.headers["sluice-capacity"] == "1"

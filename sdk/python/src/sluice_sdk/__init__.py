@@ -21,6 +21,8 @@ Layout:
 * ``slot``: one task per session: dial, register, serve, re-dial, retire.
 * ``state``: counters shared by the handle and the slots.
 * ``sessions``: the :class:`Sessions` handle and :func:`serve`.
+* ``lifespan``: the ASGI lifespan protocol (startup before the first dial, shutdown after the
+  drain).
 * ``listen``: :func:`serve_tcp`, the same server on a listening socket.
 * ``wsgi``: :class:`WsgiApp`, a WSGI adapter.
 """
@@ -28,6 +30,7 @@ Layout:
 from .errors import (
     ConnectError,
     HandshakeTimeout,
+    LifespanError,
     OptionsError,
     ProtocolError,
     Refused,
@@ -44,6 +47,7 @@ __all__ = [
     "ConnectError",
     "HandshakeTimeout",
     "Identity",
+    "LifespanError",
     "Options",
     "OptionsError",
     "ProtocolError",

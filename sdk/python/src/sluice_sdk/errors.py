@@ -54,3 +54,10 @@ class Refused(SluiceError):
 
 class ProtocolError(SluiceError):
     """The acceptor's answer is not the session protocol, or it closed early (upstream; retried)."""
+
+
+class LifespanError(SluiceError):
+    """The application's ASGI lifespan startup failed (``lifespan.startup.failed``), or it does
+    not support the protocol where it must (``lifespan="on"``): the service cannot start."""
+
+    retryable = False

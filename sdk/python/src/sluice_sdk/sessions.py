@@ -8,6 +8,7 @@ import logging
 
 from . import dial
 from .errors import SluiceError
+from .lifespan import Lifespan
 from .options import Options
 from .server import ASGIApp
 from .slot import Slot
@@ -22,8 +23,9 @@ class Sessions:
     Create it with :func:`serve`. All methods must be called on the event loop that created it.
     """
 
-    def __init__(self, app: ASGIApp, options: Options) -> None:
-        self._app = app
+    def __init__(self, app: ASGIApp, options: Options, lifespan: Lifespan | None = None) -> None:
+        self._lifespan = lifespan if lifespan is not None else Lifespan(app, "off")
+        self._app = self._lifespan.app
         self._options = options
         self._shared = Shared()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -88,38 +90,64 @@ class Sessions:
         """Leaves gracefully (DESIGN.md §3 "Drain"): stops re-dialing, sends
         ``POST /.sluice/v1/drain`` for this instance on a new connection, and once the proxy
         answers ``200`` waits until the proxy has closed every session (in-flight requests
-        finish first). A failed drain request raises at once (re-dialing stays off). After
-        ``timeout`` seconds (default: none) closes the rest abruptly and raises
+        finish first), then runs the application's lifespan shutdown. A failed drain request
+        raises at once (re-dialing stays off; :meth:`aclose` ends the rest). After ``timeout``
+        seconds (default: none) closes the rest abruptly, runs the lifespan shutdown and raises
         :class:`asyncio.TimeoutError`."""
         self._shared.stop()
         log.info("draining %s", self._options.service)
         await dial.drain(self._options)
-        tasks = set(self._tasks)
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=timeout)
-            if pending:
-                self.close()
-                # Awaited so that every session is closed (its writer too) when this raises.
-                await asyncio.gather(*pending, return_exceptions=True)
-                raise asyncio.TimeoutError(
-                    f"{len(pending)} sessions were still open {timeout:g}s after the drain; "
-                    "they were closed: raise the timeout if requests take longer"
-                )
+        pending = await self._wait_sessions(timeout)
+        await self._lifespan.shutdown()
+        if pending:
+            raise asyncio.TimeoutError(
+                f"{pending} sessions were still open {timeout:g}s after the drain; "
+                "they were closed: raise the timeout if requests take longer"
+            )
         log.info("drained %s", self._options.service)
+
+    async def _wait_sessions(self, timeout: float | None) -> int:
+        """Waits for every session to end; after ``timeout`` closes the rest. Returns how many
+        had to be closed."""
+        tasks = set(self._tasks)
+        if not tasks:
+            return 0
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        if pending:
+            self._cancel_sessions()
+            # Awaited so that every session is closed (its writer too) when this returns.
+            await asyncio.gather(*pending, return_exceptions=True)
+        return len(pending)
 
     async def drain(self, timeout: float | None = None) -> None:
         """The same as :meth:`shutdown`, named after the protocol step."""
         await self.shutdown(timeout)
 
     def close(self) -> None:
-        """Stops at once: no more dials, every session closed, in-flight requests cut off."""
+        """Stops at once: no more dials, every session closed, in-flight requests cut off, no
+        lifespan shutdown (:meth:`aclose` runs it)."""
+        self._cancel_sessions()
+        self._lifespan.close()
+
+    async def aclose(self) -> None:
+        """Stops at once as :meth:`close` does, waits until every session is closed, then runs
+        the application's lifespan shutdown: the way out when the drain request failed."""
+        await self._wait_sessions(0)
+        await self._lifespan.shutdown()
+
+    def _cancel_sessions(self) -> None:
         self._shared.stop()
         for task in list(self._tasks):
             task.cancel()
 
 
-async def serve(app: ASGIApp, options: Options) -> Sessions:
-    """Starts keeping ``options.capacity`` sessions registered, each serving HTTP/1.1 with the
-    ASGI application ``app``. Returns at once; sessions register in the background (see
-    :meth:`Sessions.wait_registered`)."""
-    return Sessions(app, options)
+async def serve(app: ASGIApp, options: Options, *, lifespan: str = "auto") -> Sessions:
+    """Runs the application's ASGI lifespan startup (``lifespan``: ``"auto"``, the default,
+    runs it if the application supports it; ``"on"``: it must; ``"off"``: never), then starts
+    keeping ``options.capacity`` sessions registered, each serving HTTP/1.1 (and WebSocket)
+    with ``app``. Returns once the startup is done; sessions register in the background (see
+    :meth:`Sessions.wait_registered`). A failed startup raises :class:`LifespanError` before
+    any dial."""
+    span = Lifespan(app, lifespan)
+    await span.startup()
+    return Sessions(app, options, span)
