@@ -10,6 +10,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import h11
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Message,
+    Ping,
+    Pong,
+    RejectConnection,
+    RejectData,
+    Request,
+    TextMessage,
+)
 
 SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: sluice-session/1\r\n\r\n"
 DRAINED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\ndraining\n"
@@ -48,6 +61,8 @@ class FakeSession:
     writer: asyncio.StreamWriter
     headers: dict[str, str]
     conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    #: A WebSocket took it over: the proxy's drain leaves it open, as the proxy's bridge does.
+    upgraded: bool = False
 
     async def send_head(self, method: str = "GET", target: str = "/", headers: list[tuple[str, str]] | None = None) -> None:
         hdrs = [("Host", "app.example")] + (headers or [])
@@ -97,12 +112,99 @@ class FakeSession:
     def close(self) -> None:
         self.writer.close()
 
+    async def websocket(self, target: str = "/ws", subprotocols: list[str] | None = None,
+                        headers: list[tuple[str, str]] | None = None) -> FakeWebSocket:
+        """Sends a WebSocket upgrade request on this session (as the proxy forwards a client's);
+        the answer is in the returned client's ``accepted`` or ``rejected``."""
+        self.upgraded = True
+        ws = FakeWebSocket(self.reader, self.writer)
+        extra = [(k.encode(), v.encode()) for k, v in headers or []]
+        await ws.write(ws.ws.send(Request(host="app.example", target=target,
+                                          subprotocols=subprotocols or [], extra_headers=extra)))
+        await ws.handshake()
+        return ws
+
+
+@dataclass
+class Rejection:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+
+
+class FakeWebSocket:
+    """The client's end of a WebSocket, spoken with wsproto over a fake session."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.accepted: AcceptConnection | None = None
+        self.rejected: Rejection | None = None
+        self.pongs: list[bytes] = []
+        self._events: list[Any] = []
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def _next(self) -> Any:
+        while not self._events:
+            data = await self.reader.read(65536)
+            self.ws.receive_data(data or None)
+            self._events.extend(self.ws.events())
+        return self._events.pop(0)
+
+    async def handshake(self) -> None:
+        event = await self._next()
+        if isinstance(event, AcceptConnection):
+            self.accepted = event
+            return
+        assert isinstance(event, RejectConnection), event
+        self.rejected = Rejection(event.status_code,
+                                  {k.decode().lower(): v.decode() for k, v in event.headers})
+        finished = not event.has_body
+        while not finished:
+            data = await self._next()
+            assert isinstance(data, RejectData), data
+            self.rejected.body += data.data
+            finished = data.body_finished
+
+    async def send(self, data: str | bytes, finished: bool = True) -> None:
+        await self.write(self.ws.send(Message(data=data, message_finished=finished)))
+
+    async def ping(self, payload: bytes) -> None:
+        await self.write(self.ws.send(Ping(payload=payload)))
+
+    async def receive(self) -> str | bytes | CloseConnection:
+        """The next whole message, or the server's close (answered)."""
+        parts: list[Any] = []
+        while True:
+            event = await self._next()
+            if isinstance(event, Pong):
+                self.pongs.append(bytes(event.payload))
+            elif isinstance(event, CloseConnection):
+                if self.ws.state.name == "REMOTE_CLOSING":
+                    await self.write(self.ws.send(event.response()))
+                return event
+            elif isinstance(event, (TextMessage, BytesMessage)):
+                parts.append(event.data)
+                if event.message_finished:
+                    return "".join(parts) if isinstance(event, TextMessage) else b"".join(parts)
+
+    async def close(self, code: int = 1000, reason: str = "") -> CloseConnection:
+        """Closes and returns the server's answering close."""
+        await self.write(self.ws.send(CloseConnection(code=code, reason=reason)))
+        while not isinstance(event := await self._next(), CloseConnection):
+            pass
+        return event
+
 
 class FakeAcceptor:
     """Registers sessions into ``sessions``; ``answers`` are statuses used for the first
     registrations (then 101); a drain answers 200 and sets ``drained``, and later registrations
     get 503, as from the real acceptor. With ``close_on_drain`` the drain also closes every
-    session (right for tests with no request in flight)."""
+    session not taken over by a WebSocket (right for tests with no request in flight)."""
 
     def __init__(self, answers: list[int] | None = None, close_on_drain: bool = False) -> None:
         self.answers = list(answers or [])
@@ -141,7 +243,8 @@ class FakeAcceptor:
             writer.close()
             if self.close_on_drain:
                 for session in self.opened:
-                    session.close()
+                    if not session.upgraded:
+                        session.close()
             self.drained.set()
             return
         self.attempts += 1

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
+from wsproto.events import CloseConnection
 
 import sluice_sdk
 from fakes import FakeAcceptor, run
@@ -47,5 +48,30 @@ def test_fastapi_lifespan_state_reaches_requests() -> None:
         assert (r.status, r.body) == (200, b'{"greeting":"hello","pool":"pool-1"}')
         await sessions.shutdown()
         assert events == ["startup", "shutdown"]
+
+    run(main())
+
+
+def test_fastapi_websocket_endpoint_and_an_unknown_path() -> None:
+    app = FastAPI()
+
+    @app.websocket("/ws/{name}")
+    async def greet(ws: WebSocket, name: str) -> None:
+        await ws.accept()
+        await ws.send_text(f"hello {name}, you said {await ws.receive_text()}")
+        await ws.close()
+
+    async def main() -> None:
+        acc = FakeAcceptor()
+        sessions = await sluice_sdk.serve(app, opts(await acc.start_tcp()))
+        ws = await (await acc.session()).websocket("/ws/ada")
+        await ws.send("hi")
+        assert await ws.receive() == "hello ada, you said hi"
+        closed = await ws.receive()
+        assert isinstance(closed, CloseConnection) and closed.code == 1000
+        # No such route: Starlette closes before accepting, which is a 403.
+        ws = await (await acc.session()).websocket("/nowhere")
+        assert ws.rejected is not None and ws.rejected.status == 403
+        sessions.close()
 
     run(main())

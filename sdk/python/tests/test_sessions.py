@@ -282,8 +282,8 @@ def test_app_errors_and_upgrades() -> None:
         s = await acc.session()
         assert (await s.request("GET", "/raise")).status == 500
         assert (await s.request("GET", "/switch")).status == 500
-        ws = [("Connection", "Upgrade"), ("Upgrade", "websocket")]
-        assert (await s.request("GET", "/ws", ws)).status == 501
+        h2c = [("Connection", "Upgrade"), ("Upgrade", "h2c")]
+        assert (await s.request("GET", "/h2c", h2c)).status == 501  # only WebSocket upgrades
         assert (await s.request("GET", "/ok")).status == 200  # the same session, still good
         assert acc.attempts == 1
         sessions.close()

@@ -17,7 +17,9 @@ Layout:
 * ``options``: :class:`Options`, :class:`Backoff`, validation.
 * ``protocol``: the registration and drain requests and the acceptor's answers (sans I/O).
 * ``dial``: TCP/UNIX/TLS connections and the handshakes.
+* ``asgi``: ASGI types and the ``http`` and ``websocket`` scopes of a request.
 * ``server``: one HTTP/1.1 connection (h11) running an ASGI application.
+* ``websocket``: a WebSocket upgrade on that connection (wsproto).
 * ``slot``: one task per session: dial, register, serve, re-dial, retire.
 * ``state``: counters shared by the handle and the slots.
 * ``sessions``: the :class:`Sessions` handle and :func:`serve`.
@@ -40,6 +42,7 @@ from .listen import TcpServer, serve_tcp
 from .options import Backoff, Options
 from .protocol import Identity
 from .sessions import Sessions, serve
+from .websocket import WebSocketClosed
 from .wsgi import WsgiApp
 
 __all__ = [
@@ -55,6 +58,7 @@ __all__ = [
     "Sessions",
     "SluiceError",
     "TcpServer",
+    "WebSocketClosed",
     "WsgiApp",
     "serve",
     "serve_tcp",

@@ -37,6 +37,7 @@ class Lifespan:
         self._answer: asyncio.Future[Message] | None = None
         self._expected: tuple[str, ...] = ()
         self._error: Exception | None = None
+        self._closed = False
         self.running = False
         """The startup completed and the shutdown has not begun."""
 
@@ -83,6 +84,7 @@ class Lifespan:
     def close(self) -> None:
         """Stops the lifespan task at once, without a shutdown."""
         self.running = False
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
 
@@ -103,7 +105,9 @@ class Lifespan:
             await self._app(scope, self._inbox.get, self._send)
         except Exception as e:
             self._error = e
-            if self.running or self.mode == "on":
+            if self._closed:
+                log.debug("the application's lifespan ended at the close", exc_info=True)
+            elif self.running or self.mode == "on":
                 log.error("the application's lifespan failed", exc_info=True)
             else:
                 # What uvicorn's "auto" does: an app without lifespan support runs without it.
@@ -112,6 +116,8 @@ class Lifespan:
 
     async def _send(self, message: Message) -> None:
         kind = message["type"]
+        if self._closed:
+            return  # cancelled: Starlette, for one, reports it as a failed shutdown
         if self._answer is None or self._answer.done() or kind not in self._expected:
             raise RuntimeError(f"unexpected ASGI lifespan message {kind!r}")
         self._answer.set_result(message)

@@ -94,10 +94,13 @@ class Sessions:
         raises at once (re-dialing stays off; :meth:`aclose` ends the rest). After ``timeout``
         seconds (default: none) closes the rest abruptly, runs the lifespan shutdown and raises
         :class:`asyncio.TimeoutError`."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         self._shared.stop()
         log.info("draining %s", self._options.service)
         await dial.drain(self._options)
-        pending = await self._wait_sessions(timeout)
+        pending = await self._wait_sessions(deadline)
+        pending += await self._close_websockets(deadline)
         await self._lifespan.shutdown()
         if pending:
             raise asyncio.TimeoutError(
@@ -106,18 +109,17 @@ class Sessions:
             )
         log.info("drained %s", self._options.service)
 
-    async def _wait_sessions(self, timeout: float | None) -> int:
-        """Waits for every session to end; after ``timeout`` closes the rest. Returns how many
-        had to be closed."""
-        tasks = set(self._tasks)
-        if not tasks:
-            return 0
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        if pending:
-            self._cancel_sessions()
-            # Awaited so that every session is closed (its writer too) when this returns.
-            await asyncio.gather(*pending, return_exceptions=True)
-        return len(pending)
+    async def _wait_sessions(self, deadline: float | None) -> int:
+        """Waits for every session to end; at ``deadline`` (loop time) closes the rest. Returns
+        how many had to be closed."""
+        return await _wait_or_cancel(set(self._tasks), deadline)
+
+    async def _close_websockets(self, deadline: float | None) -> int:
+        """Closes the WebSockets that consumed sessions (1012: the service is restarting) and
+        waits until their applications return; at ``deadline`` cancels the rest."""
+        for websocket in list(self._shared.upgraded.values()):
+            websocket.shutdown()
+        return await _wait_or_cancel(set(self._shared.upgraded), deadline)
 
     async def drain(self, timeout: float | None = None) -> None:
         """The same as :meth:`shutdown`, named after the protocol step."""
@@ -132,13 +134,27 @@ class Sessions:
     async def aclose(self) -> None:
         """Stops at once as :meth:`close` does, waits until every session is closed, then runs
         the application's lifespan shutdown: the way out when the drain request failed."""
-        await self._wait_sessions(0)
+        self._cancel_sessions()
+        await asyncio.gather(*self._tasks, *self._shared.upgraded, return_exceptions=True)
         await self._lifespan.shutdown()
 
     def _cancel_sessions(self) -> None:
         self._shared.stop()
-        for task in list(self._tasks):
+        for task in [*self._tasks, *self._shared.upgraded]:
             task.cancel()
+
+
+async def _wait_or_cancel(tasks: set[asyncio.Task[None]], deadline: float | None) -> int:
+    """Waits for ``tasks``; at ``deadline`` (loop time) cancels the rest and returns how many."""
+    if not tasks:
+        return 0
+    timeout = None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0)
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    # Awaited so that every session is closed (its writer too) when this returns.
+    await asyncio.gather(*pending, return_exceptions=True)
+    return len(pending)
 
 
 async def serve(app: ASGIApp, options: Options, *, lifespan: str = "auto") -> Sessions:

@@ -12,6 +12,7 @@ from .errors import SluiceError
 from .options import Options
 from .server import ASGIApp, Connection, Peer
 from .state import Shared
+from .websocket import WebSocket
 
 log = logging.getLogger("sluice_sdk")
 
@@ -33,6 +34,13 @@ class SessionHooks:
             log.debug("retiring session: answering with Connection: close")
             self.retired = True
         return self.retired
+
+    def upgraded(self, websocket: WebSocket) -> bool:
+        """An accepted WebSocket consumed the session: it runs on its own, and the slot dials
+        a replacement at once (the proxy lists the session as upgraded, not as capacity)."""
+        self.served = True
+        self.shared.adopt(websocket)
+        return True
 
 
 @dataclass

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .errors import SluiceError
+from .websocket import WebSocket
 
 
 @dataclass
@@ -69,6 +70,14 @@ class Shared:
         self._changed = asyncio.get_running_loop().create_future()
         #: Per registered session: retires it now if it is idle (claiming a retirement).
         self._retire_if_idle: set[Callable[[], bool]] = set()
+        #: WebSockets that consumed a session, each running in a task of its own.
+        self.upgraded: dict[asyncio.Task[None], WebSocket] = {}
+
+    def adopt(self, websocket: WebSocket) -> None:
+        """Runs an accepted WebSocket in a task of its own until it ends."""
+        task = asyncio.ensure_future(websocket.run())
+        self.upgraded[task] = websocket
+        task.add_done_callback(lambda t: self.upgraded.pop(t, None))
 
     def retire_idle(self) -> None:
         """Closes idle sessions while retirements are owed; busy ones retire on their
