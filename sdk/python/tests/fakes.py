@@ -26,7 +26,7 @@ from wsproto.events import (
 
 SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: sluice-session/1\r\n\r\n"
 DRAINED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\ndraining\n"
-REASONS = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests", 503: "Service Unavailable"}
+REASONS = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 410: "Gone", 429: "Too Many Requests", 503: "Service Unavailable"}
 
 
 def run(coro: Coroutine[Any, Any, Any], limit: float = 10.0) -> Any:
@@ -208,11 +208,17 @@ class FakeAcceptor:
 
     def __init__(self, answers: list[int] | None = None, close_on_drain: bool = False) -> None:
         self.answers = list(answers or [])
+        #: When set, the status every registration gets (after ``answers``), e.g. 410 while
+        #: an operator holds the instance drained.
+        self.refuse_all: int | None = None
         self.close_on_drain = close_on_drain
         self.opened: list[FakeSession] = []
         self.sessions: asyncio.Queue[FakeSession] = asyncio.Queue()
         self.registrations: list[dict[str, str]] = []
         self.attempts = 0
+        #: The loop's time at each registration attempt.
+        self.attempt_times: list[float] = []
+        self._attempted = asyncio.Condition()
         self.drains: list[dict[str, str]] = []
         self.drained = asyncio.Event()
         self.server: asyncio.Server | None = None
@@ -229,6 +235,16 @@ class FakeAcceptor:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+
+    async def restart_tcp(self, addr: str) -> None:
+        """Listens again on ``addr`` (after :meth:`close`), as a restarted proxy does."""
+        host, port = addr.rsplit(":", 1)
+        self.server = await asyncio.start_server(self._handle, host, int(port))
+
+    async def wait_attempts(self, n: int) -> None:
+        """Returns once ``n`` registrations were attempted in all."""
+        async with self._attempted:
+            await self._attempted.wait_for(lambda: self.attempts >= n)
 
     async def session(self) -> FakeSession:
         return await self.sessions.get()
@@ -248,9 +264,12 @@ class FakeAcceptor:
             self.drained.set()
             return
         self.attempts += 1
-        status = self.answers.pop(0) if self.answers else 101
+        self.attempt_times.append(asyncio.get_running_loop().time())
+        status = self.answers.pop(0) if self.answers else self.refuse_all or 101
         if self.drained.is_set():
             status = 503
+        async with self._attempted:
+            self._attempted.notify_all()
         if status != 101:
             writer.write(refusal(status))
             writer.close()

@@ -4,7 +4,8 @@ The service opens connections to the proxy's acceptor and registers each as a se
 (DESIGN.md §3), so the proxy never connects to it and each session is one unit of declared
 concurrency. :func:`serve` keeps ``Options.capacity`` sessions registered, re-dials a
 replacement whenever the proxy closes one, backs off with jitter while the acceptor is
-unreachable or busy, and stops a slot for good on 400/401/404. :class:`Sessions` changes the
+unreachable or busy, stops the slots for good on 400/401/404, and probes slowly while an
+operator holds the instance drained (410). :class:`Sessions` changes the
 capacity at runtime and drains gracefully::
 
     sessions = await sluice_sdk.serve(app, Options(acceptor="127.0.0.1:7070", service="hello"))
@@ -22,6 +23,7 @@ Layout:
 * ``websocket``: a WebSocket upgrade on that connection (wsproto).
 * ``slot``: one task per session: dial, register, serve, re-dial, retire.
 * ``state``: counters shared by the handle and the slots.
+* ``report``: what an instance logs (once per outage, refusal, drain hold, capacity change).
 * ``sessions``: the :class:`Sessions` handle and :func:`serve`.
 * ``lifespan``: the ASGI lifespan protocol (startup before the first dial, shutdown after the
   drain).

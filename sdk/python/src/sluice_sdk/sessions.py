@@ -10,6 +10,7 @@ from . import dial
 from .errors import SluiceError
 from .lifespan import Lifespan
 from .options import Options
+from .report import Report
 from .server import ASGIApp
 from .slot import Slot
 from .state import Shared
@@ -27,7 +28,7 @@ class Sessions:
         self._lifespan = lifespan if lifespan is not None else Lifespan(app, "off")
         self._app = self._lifespan.app
         self._options = options
-        self._shared = Shared()
+        self._shared = Shared(Report(options.acceptor))
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count()
         self.set_capacity(options.capacity)
@@ -45,12 +46,12 @@ class Sessions:
         it sees closed while idle), busy ones answer their current response with
         ``Connection: close``, and slots not registered at that moment stop dialing. So once
         this returns, no more than ``capacity`` requests reach the app beyond those already
-        running. Setting the capacity again restarts slots that were refused for good."""
+        running. Setting the capacity again restarts slots that were refused for good, and
+        dials at once while the instance is held drained."""
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be a non-negative integer, not {capacity!r}")
         spawn = self._shared.resize(capacity)
         self._shared.retire_idle()
-        log.info("capacity set to %d (%d new sessions)", capacity, spawn)
         for _ in range(spawn):
             slot = Slot(next(self._ids), self._shared, self._options, self._app)
             task = asyncio.ensure_future(slot.run())
@@ -75,13 +76,16 @@ class Sessions:
 
     async def wait_registered(self, n: int | None = None, timeout: float | None = None) -> None:
         """Returns once at least ``n`` (default: the capacity) sessions are registered. Raises
-        the error of a slot refused for good (e.g. :class:`Refused` 401), and
+        the error of a slot refused for good (e.g. :class:`Refused` 401) or, while an operator
+        holds the instance drained, its ``410``; and
         :class:`asyncio.TimeoutError` after ``timeout`` seconds if given."""
         want = self.capacity if n is None else n
 
         def ready() -> bool:
             if self._shared.failed is not None:
                 raise self._shared.failed
+            if self._shared.held is not None:
+                raise self._shared.held
             return self._shared.registered >= want
 
         await asyncio.wait_for(self._shared.wait_until(ready), timeout)
