@@ -4,12 +4,16 @@ acts as the proxy on each session — an h11 client writing requests and reading
 from __future__ import annotations
 
 import asyncio
+import shutil
 import ssl
+import subprocess
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import h11
+import pytest
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import (
     AcceptConnection,
@@ -26,7 +30,8 @@ from wsproto.events import (
 
 SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: sluice-session/1\r\n\r\n"
 DRAINED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\ndraining\n"
-REASONS = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 410: "Gone", 429: "Too Many Requests", 503: "Service Unavailable"}
+REASONS = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 410: "Gone",
+           429: "Too Many Requests", 503: "Service Unavailable"}
 
 
 def run(coro: Coroutine[Any, Any, Any], limit: float = 10.0) -> Any:
@@ -228,6 +233,10 @@ class FakeAcceptor:
         host, port = self.server.sockets[0].getsockname()[:2]
         return f"{host}:{port}"
 
+    async def start_sock(self, sock: Any) -> None:
+        """Listens on an already bound socket (until now, dials to it were refused)."""
+        self.server = await asyncio.start_server(self._handle, sock=sock)
+
     async def start_unix(self, path: str) -> str:
         self.server = await asyncio.start_unix_server(self._handle, path)
         return f"unix:{path}"
@@ -295,3 +304,16 @@ async def serve_once(data: bytes, handler: Callable[[bytes], None] | None = None
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     host, port = server.sockets[0].getsockname()[:2]
     return server, f"{host}:{port}"
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    return cert, key

@@ -142,7 +142,7 @@ def test_a_proxy_restart_is_two_lines_whatever_the_capacity(
 
     run(main())
     [warning] = lines(caplog, logging.WARNING)
-    assert "cannot connect to the acceptor" in warning
+    assert "cannot register with the acceptor 127.0.0.1:" in warning and "cannot connect" in warning
     assert len(lines(caplog, logging.INFO, "again after")) == 1
 
 

@@ -35,7 +35,7 @@ def test_a_drained_instance_comes_back_after_resume(
     caplog.set_level(logging.INFO, "sluice_sdk")
     proxy = start_sluice(Binaries(sluice_bin, [], [], []), tmp_path,
                          CONFIG + '\n[admin]\nlisten = "127.0.0.1:0"\n')
-    line = proxy.proc.wait_line(lambda l: '"admin API listening"' in l, "the admin API")
+    line = proxy.proc.wait_line(lambda text: '"admin API listening"' in text, "the admin API")
     addr = json.loads(line)["fields"]["admin.addr"]
     instance = "/clusters/interop/instances/py-drained"
 

@@ -29,6 +29,7 @@ Layout:
   drain).
 * ``listen``: :func:`serve_tcp`, the same server on a listening socket.
 * ``wsgi``: :class:`WsgiApp`, a WSGI adapter.
+* ``runner``: :func:`run` and ``python -m sluice_sdk MODULE:APP ...`` (uvicorn-style).
 """
 
 from .errors import (
@@ -43,6 +44,7 @@ from .errors import (
 from .listen import TcpServer, serve_tcp
 from .options import Backoff, Options
 from .protocol import Identity
+from .runner import run
 from .sessions import Sessions, serve
 from .websocket import WebSocketClosed
 from .wsgi import WsgiApp
@@ -62,6 +64,7 @@ __all__ = [
     "TcpServer",
     "WebSocketClosed",
     "WsgiApp",
+    "run",
     "serve",
     "serve_tcp",
 ]

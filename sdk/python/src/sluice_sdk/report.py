@@ -10,7 +10,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from .errors import SluiceError
+from .errors import ConnectError, SluiceError
 
 log = logging.getLogger("sluice_sdk")
 
@@ -45,8 +45,9 @@ class Report:
             self._outage.failed += 1
             return
         self._outage = _Outage(self._now())
+        reason = f"cannot connect: {error.__cause__}" if isinstance(error, ConnectError) else error
         log.warning("cannot register with the acceptor %s: %s; re-dialing with backoff "
-                    "(logged once per outage)", self.acceptor, error)
+                    "(one line per outage)", self.acceptor, reason)
 
     def registered(self) -> None:
         """A session registered: ends an outage (one info line) or a drain hold."""

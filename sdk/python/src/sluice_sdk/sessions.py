@@ -90,6 +90,14 @@ class Sessions:
 
         await asyncio.wait_for(self._shared.wait_until(ready), timeout)
 
+    async def wait_refused(self) -> SluiceError:
+        """Returns the refusal (400, 401 or 404) once every slot has stopped for good, so that
+        nothing registers until the capacity is set again; waits as long as any slot lives."""
+        shared = self._shared
+        await shared.wait_until(lambda: shared.failed is not None and shared.counts.slots == 0)
+        assert shared.failed is not None
+        return shared.failed
+
     async def shutdown(self, timeout: float | None = None) -> None:
         """Leaves gracefully (DESIGN.md §3 "Drain"): stops re-dialing, sends
         ``POST /.sluice/v1/drain`` for this instance on a new connection, and once the proxy
