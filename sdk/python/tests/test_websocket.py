@@ -230,3 +230,39 @@ def test_the_app_may_send_without_receiving() -> None:
         sessions.close()
 
     run(main())
+
+
+def test_a_listening_server_serves_websockets_too() -> None:
+    from websockets.asyncio.client import connect
+
+    async def main() -> None:
+        echo = Echo()
+        server = await sluice_sdk.serve_tcp(echo)
+        host, port = server.address
+        async with connect(f"ws://{host}:{port}/direct", proxy=None) as ws:
+            await ws.send("hi")
+            assert await ws.recv() == "hi"
+        assert (await echo.ended.get())["code"] == 1000
+        server.close()
+        await server.wait_closed()
+
+    run(main())
+
+
+def test_a_ping_after_the_apps_close_does_not_stop_the_reader() -> None:
+    async def main() -> None:
+        acc = FakeAcceptor()
+        echo = Echo()
+        sessions = await sluice_sdk.serve(echo, opts(await acc.start_tcp()))
+        ws = await (await acc.session()).websocket()
+        await ws.send("close")
+        closing = await ws.reader.read(65536)  # the app's close, not yet seen by the client
+        await ws.ping(b"late")  # so the client still pings, after the service's close
+        ws.ws.receive_data(closing)
+        ws._events.extend(ws.ws.events())
+        closed = await ws.receive()  # the close, answered: the app hears of it
+        assert isinstance(closed, CloseConnection) and closed.code == 4000
+        assert (await echo.ended.get())["code"] == 4000
+        sessions.close()
+
+    run(main())

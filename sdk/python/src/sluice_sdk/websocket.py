@@ -184,7 +184,11 @@ class WebSocket:
         data = data if data is not None else message.get("text")
         if data is None:
             raise RuntimeError("websocket.send without bytes or text")
-        await self._write(self.ws.send(WsMessage(data=data)))
+        try:
+            frame = self.ws.send(WsMessage(data=data))
+        except LocalProtocolError:  # the peer's close came in first
+            raise WebSocketClosed("the WebSocket is closed") from None
+        await self._write(frame)
         if self._closed:
             raise WebSocketClosed("the WebSocket is closed")
 
@@ -268,7 +272,7 @@ class WebSocket:
                 return False
             if event.message_finished:
                 await self._inbox.put(message.take())
-        elif isinstance(event, Ping):
+        elif isinstance(event, Ping) and self.ws.state is ConnectionState.OPEN:
             await self._write(self.ws.send(event.response()))
         elif isinstance(event, CloseConnection):
             if self.ws.state in (ConnectionState.REMOTE_CLOSING, ConnectionState.OPEN):
