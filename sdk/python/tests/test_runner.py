@@ -5,6 +5,7 @@ command line's errors are clear; an unreachable acceptor is retried."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import ssl
@@ -63,7 +64,8 @@ class Runner:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "sluice_sdk", *args, "--app-dir", str(tmp),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin", **(env or {})})
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")},
+                 **(env or {})})
         return cls(proc)
 
     async def _read(self, stream: asyncio.StreamReader | None) -> None:
