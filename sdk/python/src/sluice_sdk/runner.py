@@ -162,8 +162,10 @@ def as_asgi(app: Any, interface: str) -> ASGIApp:
 
 
 def _is_asgi(app: Any) -> bool:
-    call = getattr(type(app), "__call__", None)
-    return inspect.iscoroutinefunction(app) or inspect.iscoroutinefunction(call)
+    """A coroutine function, or an object whose class's ``__call__`` is one (FastAPI)."""
+    if inspect.iscoroutinefunction(app):
+        return True
+    return callable(app) and inspect.iscoroutinefunction(type(app).__call__)
 
 
 def secret(value: str) -> str:
