@@ -4,16 +4,34 @@ acts as the proxy on each session — an h11 client writing requests and reading
 from __future__ import annotations
 
 import asyncio
+import shutil
 import ssl
+import subprocess
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import h11
+import pytest
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Message,
+    Ping,
+    Pong,
+    RejectConnection,
+    RejectData,
+    Request,
+    TextMessage,
+)
 
 SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: sluice-session/1\r\n\r\n"
 DRAINED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\ndraining\n"
-REASONS = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests", 503: "Service Unavailable"}
+REASONS = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 410: "Gone",
+           429: "Too Many Requests", 503: "Service Unavailable"}
 
 
 def run(coro: Coroutine[Any, Any, Any], limit: float = 10.0) -> Any:
@@ -48,6 +66,8 @@ class FakeSession:
     writer: asyncio.StreamWriter
     headers: dict[str, str]
     conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+    #: A WebSocket took it over: the proxy's drain leaves it open, as the proxy's bridge does.
+    upgraded: bool = False
 
     async def send_head(self, method: str = "GET", target: str = "/", headers: list[tuple[str, str]] | None = None) -> None:
         hdrs = [("Host", "app.example")] + (headers or [])
@@ -97,20 +117,113 @@ class FakeSession:
     def close(self) -> None:
         self.writer.close()
 
+    async def websocket(self, target: str = "/ws", subprotocols: list[str] | None = None,
+                        headers: list[tuple[str, str]] | None = None) -> FakeWebSocket:
+        """Sends a WebSocket upgrade request on this session (as the proxy forwards a client's);
+        the answer is in the returned client's ``accepted`` or ``rejected``."""
+        self.upgraded = True
+        ws = FakeWebSocket(self.reader, self.writer)
+        extra = [(k.encode(), v.encode()) for k, v in headers or []]
+        await ws.write(ws.ws.send(Request(host="app.example", target=target,
+                                          subprotocols=subprotocols or [], extra_headers=extra)))
+        await ws.handshake()
+        return ws
+
+
+@dataclass
+class Rejection:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+
+
+class FakeWebSocket:
+    """The client's end of a WebSocket, spoken with wsproto over a fake session."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.accepted: AcceptConnection | None = None
+        self.rejected: Rejection | None = None
+        self.pongs: list[bytes] = []
+        self._events: list[Any] = []
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def _next(self) -> Any:
+        while not self._events:
+            data = await self.reader.read(65536)
+            self.ws.receive_data(data or None)
+            self._events.extend(self.ws.events())
+        return self._events.pop(0)
+
+    async def handshake(self) -> None:
+        event = await self._next()
+        if isinstance(event, AcceptConnection):
+            self.accepted = event
+            return
+        assert isinstance(event, RejectConnection), event
+        self.rejected = Rejection(event.status_code,
+                                  {k.decode().lower(): v.decode() for k, v in event.headers})
+        finished = not event.has_body
+        while not finished:
+            data = await self._next()
+            assert isinstance(data, RejectData), data
+            self.rejected.body += data.data
+            finished = data.body_finished
+
+    async def send(self, data: str | bytes, finished: bool = True) -> None:
+        await self.write(self.ws.send(Message(data=data, message_finished=finished)))
+
+    async def ping(self, payload: bytes) -> None:
+        await self.write(self.ws.send(Ping(payload=payload)))
+
+    async def receive(self) -> str | bytes | CloseConnection:
+        """The next whole message, or the server's close (answered)."""
+        parts: list[Any] = []
+        while True:
+            event = await self._next()
+            if isinstance(event, Pong):
+                self.pongs.append(bytes(event.payload))
+            elif isinstance(event, CloseConnection):
+                if self.ws.state.name == "REMOTE_CLOSING":
+                    await self.write(self.ws.send(event.response()))
+                return event
+            elif isinstance(event, (TextMessage, BytesMessage)):
+                parts.append(event.data)
+                if event.message_finished:
+                    return "".join(parts) if isinstance(event, TextMessage) else b"".join(parts)
+
+    async def close(self, code: int = 1000, reason: str = "") -> CloseConnection:
+        """Closes and returns the server's answering close."""
+        await self.write(self.ws.send(CloseConnection(code=code, reason=reason)))
+        while not isinstance(event := await self._next(), CloseConnection):
+            pass
+        return event
+
 
 class FakeAcceptor:
     """Registers sessions into ``sessions``; ``answers`` are statuses used for the first
     registrations (then 101); a drain answers 200 and sets ``drained``, and later registrations
     get 503, as from the real acceptor. With ``close_on_drain`` the drain also closes every
-    session (right for tests with no request in flight)."""
+    session not taken over by a WebSocket (right for tests with no request in flight)."""
 
     def __init__(self, answers: list[int] | None = None, close_on_drain: bool = False) -> None:
         self.answers = list(answers or [])
+        #: When set, the status every registration gets (after ``answers``), e.g. 410 while
+        #: an operator holds the instance drained.
+        self.refuse_all: int | None = None
         self.close_on_drain = close_on_drain
         self.opened: list[FakeSession] = []
         self.sessions: asyncio.Queue[FakeSession] = asyncio.Queue()
         self.registrations: list[dict[str, str]] = []
         self.attempts = 0
+        #: The loop's time at each registration attempt.
+        self.attempt_times: list[float] = []
+        self._attempted = asyncio.Condition()
         self.drains: list[dict[str, str]] = []
         self.drained = asyncio.Event()
         self.server: asyncio.Server | None = None
@@ -120,6 +233,10 @@ class FakeAcceptor:
         host, port = self.server.sockets[0].getsockname()[:2]
         return f"{host}:{port}"
 
+    async def start_sock(self, sock: Any) -> None:
+        """Listens on an already bound socket (until now, dials to it were refused)."""
+        self.server = await asyncio.start_server(self._handle, sock=sock)
+
     async def start_unix(self, path: str) -> str:
         self.server = await asyncio.start_unix_server(self._handle, path)
         return f"unix:{path}"
@@ -127,6 +244,16 @@ class FakeAcceptor:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+
+    async def restart_tcp(self, addr: str) -> None:
+        """Listens again on ``addr`` (after :meth:`close`), as a restarted proxy does."""
+        host, port = addr.rsplit(":", 1)
+        self.server = await asyncio.start_server(self._handle, host, int(port))
+
+    async def wait_attempts(self, n: int) -> None:
+        """Returns once ``n`` registrations were attempted in all."""
+        async with self._attempted:
+            await self._attempted.wait_for(lambda: self.attempts >= n)
 
     async def session(self) -> FakeSession:
         return await self.sessions.get()
@@ -141,13 +268,17 @@ class FakeAcceptor:
             writer.close()
             if self.close_on_drain:
                 for session in self.opened:
-                    session.close()
+                    if not session.upgraded:
+                        session.close()
             self.drained.set()
             return
         self.attempts += 1
-        status = self.answers.pop(0) if self.answers else 101
+        self.attempt_times.append(asyncio.get_running_loop().time())
+        status = self.answers.pop(0) if self.answers else self.refuse_all or 101
         if self.drained.is_set():
             status = 503
+        async with self._attempted:
+            self._attempted.notify_all()
         if status != 101:
             writer.write(refusal(status))
             writer.close()
@@ -173,3 +304,16 @@ async def serve_once(data: bytes, handler: Callable[[bytes], None] | None = None
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     host, port = server.sockets[0].getsockname()[:2]
     return server, f"{host}:{port}"
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    return cert, key

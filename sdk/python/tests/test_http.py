@@ -197,3 +197,28 @@ def test_responses_carry_the_standard_reason_phrase() -> None:
         sessions.close()
 
     run(main())
+
+
+def test_wsgi_content_length_only_for_requests_with_a_body() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.append(dict(environ))
+        start_response("200 OK", [])
+        return [environ["wsgi.input"].read()]
+
+    async def main() -> None:
+        acc, sessions, s = await one_session(WsgiApp(wsgi))
+        assert (await s.request("GET", "/")).status == 200
+        assert (await s.request("POST", "/", body=b"data")).body == b"data"
+        await s.send_head("PUT", "/", [("Transfer-Encoding", "chunked")])
+        for part in (b"chunk", b"ed"):
+            await s.send_data(part)
+        await s.end()
+        assert (await s.read_response()).body == b"chunked"
+        sessions.close()
+
+    run(main())
+    # A body-less GET has no Content-Length (Flask's request.content_length is None, as under
+    # gunicorn); a body read whole is announced with its length, chunked or not.
+    assert [e.get("CONTENT_LENGTH") for e in seen] == [None, "4", "7"]

@@ -28,7 +28,7 @@ def test_serves_an_asgi_app_and_reports_the_client_the_proxy_saw() -> None:
 
     async def main() -> None:
         acc = FakeAcceptor()
-        sessions = await sluice_sdk.serve(app, opts(await acc.start_tcp()))
+        sessions = await sluice_sdk.serve(app, opts(await acc.start_tcp()), lifespan="off")
         s = await acc.session()
         await sessions.wait_registered(1)
         assert s.headers["sluice-service"] == "api" and s.headers["sluice-capacity"] == "1"
@@ -205,29 +205,6 @@ def test_401_stops_for_good_with_the_error_visible() -> None:
     run(main())
 
 
-def test_a_drained_instance_stops_dialing_and_shutdown_still_works() -> None:
-    async def main() -> None:
-        acc = FakeAcceptor(close_on_drain=True)
-        sessions = await sluice_sdk.serve(hello, opts(await acc.start_tcp(), capacity=2))
-        first = [await acc.session(), await acc.session()]
-        await sessions.wait_registered(2)
-        # An operator drains the instance: the proxy closes its sessions and refuses re-dials.
-        acc.answers = [410, 410]
-        for s in first:
-            s.close()
-        shared = sessions._shared
-        await shared.wait_until(lambda: shared.counts.slots == 0)
-        err = sessions.last_error
-        assert isinstance(err, Refused) and err.status == 410 and err.drained and not err.retryable
-        with pytest.raises(Refused):
-            await sessions.wait_registered(1)
-        assert acc.attempts == 4 and sessions.registered == 0  # 410 is not retried
-        await asyncio.wait_for(sessions.shutdown(), 5)
-        assert len(acc.drains) == 1
-
-    run(main())
-
-
 def test_503_is_retried() -> None:
     async def main() -> None:
         acc = FakeAcceptor(answers=[503, 429])
@@ -282,8 +259,8 @@ def test_app_errors_and_upgrades() -> None:
         s = await acc.session()
         assert (await s.request("GET", "/raise")).status == 500
         assert (await s.request("GET", "/switch")).status == 500
-        ws = [("Connection", "Upgrade"), ("Upgrade", "websocket")]
-        assert (await s.request("GET", "/ws", ws)).status == 501
+        h2c = [("Connection", "Upgrade"), ("Upgrade", "h2c")]
+        assert (await s.request("GET", "/h2c", h2c)).status == 501  # only WebSocket upgrades
         assert (await s.request("GET", "/ok")).status == 200  # the same session, still good
         assert acc.attempts == 1
         sessions.close()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import ssl
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +12,8 @@ import pytest
 
 import sluice_sdk
 from apps import hello
-from fakes import FakeAcceptor, run
+from fakes import FakeAcceptor, run, self_signed
 from sluice_sdk import Backoff, Options, OptionsError, WsgiApp
-
-
-def self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )
-    return cert, key
 
 
 def test_tls_acceptor(tmp_path: Path) -> None:

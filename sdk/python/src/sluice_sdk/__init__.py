@@ -4,7 +4,8 @@ The service opens connections to the proxy's acceptor and registers each as a se
 (DESIGN.md §3), so the proxy never connects to it and each session is one unit of declared
 concurrency. :func:`serve` keeps ``Options.capacity`` sessions registered, re-dials a
 replacement whenever the proxy closes one, backs off with jitter while the acceptor is
-unreachable or busy, and stops a slot for good on 400/401/404. :class:`Sessions` changes the
+unreachable or busy, stops the slots for good on 400/401/404, and probes slowly while an
+operator holds the instance drained (410). :class:`Sessions` changes the
 capacity at runtime and drains gracefully::
 
     sessions = await sluice_sdk.serve(app, Options(acceptor="127.0.0.1:7070", service="hello"))
@@ -17,17 +18,24 @@ Layout:
 * ``options``: :class:`Options`, :class:`Backoff`, validation.
 * ``protocol``: the registration and drain requests and the acceptor's answers (sans I/O).
 * ``dial``: TCP/UNIX/TLS connections and the handshakes.
+* ``asgi``: ASGI types and the ``http`` and ``websocket`` scopes of a request.
 * ``server``: one HTTP/1.1 connection (h11) running an ASGI application.
+* ``websocket``: a WebSocket upgrade on that connection (wsproto).
 * ``slot``: one task per session: dial, register, serve, re-dial, retire.
 * ``state``: counters shared by the handle and the slots.
+* ``report``: what an instance logs (once per outage, refusal, drain hold, capacity change).
 * ``sessions``: the :class:`Sessions` handle and :func:`serve`.
+* ``lifespan``: the ASGI lifespan protocol (startup before the first dial, shutdown after the
+  drain).
 * ``listen``: :func:`serve_tcp`, the same server on a listening socket.
 * ``wsgi``: :class:`WsgiApp`, a WSGI adapter.
+* ``runner``: :func:`run` and ``python -m sluice_sdk MODULE:APP ...`` (uvicorn-style).
 """
 
 from .errors import (
     ConnectError,
     HandshakeTimeout,
+    LifespanError,
     OptionsError,
     ProtocolError,
     Refused,
@@ -36,7 +44,9 @@ from .errors import (
 from .listen import TcpServer, serve_tcp
 from .options import Backoff, Options
 from .protocol import Identity
+from .runner import run
 from .sessions import Sessions, serve
+from .websocket import WebSocketClosed
 from .wsgi import WsgiApp
 
 __all__ = [
@@ -44,6 +54,7 @@ __all__ = [
     "ConnectError",
     "HandshakeTimeout",
     "Identity",
+    "LifespanError",
     "Options",
     "OptionsError",
     "ProtocolError",
@@ -51,7 +62,9 @@ __all__ = [
     "Sessions",
     "SluiceError",
     "TcpServer",
+    "WebSocketClosed",
     "WsgiApp",
+    "run",
     "serve",
     "serve_tcp",
 ]

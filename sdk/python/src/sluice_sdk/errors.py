@@ -33,9 +33,10 @@ class HandshakeTimeout(SluiceError):
 
 
 class Refused(SluiceError):
-    """The acceptor answered a refusal. 400, 401 and 404 mean the configuration is wrong, and
-    410 that an operator drained the instance (until ``sluice ctl resume``): each stops the slot
-    for good. 429, 503 and any other status are retried."""
+    """The acceptor answered a refusal. 400, 401 and 404 mean the configuration is wrong: they
+    stop the slots for good. 410 means an operator drained the instance (until ``sluice ctl
+    resume``): the slots stop and one slow probe registers again once it is resumed. 429, 503
+    and any other status are retried."""
 
     def __init__(self, status: int, reason: str = "") -> None:
         shown = reason or "(no reason given)"
@@ -54,3 +55,10 @@ class Refused(SluiceError):
 
 class ProtocolError(SluiceError):
     """The acceptor's answer is not the session protocol, or it closed early (upstream; retried)."""
+
+
+class LifespanError(SluiceError):
+    """The application's ASGI lifespan startup failed (``lifespan.startup.failed``), or it does
+    not support the protocol where it must (``lifespan="on"``): the service cannot start."""
+
+    retryable = False

@@ -39,7 +39,9 @@ class Options:
     ``instance=None`` lets the acceptor use the peer's IP address; ``token=None`` sends no
     ``Authorization``. ``ssl`` (default ``None``: plaintext) turns on TLS to the acceptor,
     verifying ``server_hostname`` (default: the acceptor's host). ``handshake_timeout`` (default
-    5 s) bounds connecting plus the acceptor's answer, together. Invalid options raise
+    5 s) bounds connecting plus the acceptor's answer, together. While an operator holds the
+    instance drained (``410``), one registration probes every ``drained_probe`` seconds
+    (default 30) so that ``sluice ctl resume`` brings it back. Invalid options raise
     :class:`OptionsError`.
     """
 
@@ -53,6 +55,7 @@ class Options:
     server_hostname: str | None = None
     backoff: Backoff = field(default_factory=Backoff)
     handshake_timeout: float = 5.0
+    drained_probe: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.service:
@@ -76,6 +79,8 @@ class Options:
             raise OptionsError("backoff.jitter must be within 0.0..1.0")
         if not self.handshake_timeout > 0:
             raise OptionsError("handshake_timeout must be positive")
+        if not self.drained_probe > 0:
+            raise OptionsError("drained_probe must be positive (seconds between probes)")
 
     @property
     def identity(self) -> Identity:

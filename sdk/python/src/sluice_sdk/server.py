@@ -1,8 +1,10 @@
 """One HTTP/1.1 server connection (h11) running an ASGI 3 application, one request at a time.
 
-Used for sessions (where the proxy is the client) and for plain listening sockets alike.
-Upgrade requests are answered ``501`` without calling the application: a session is a unit of
-request concurrency, and handing it to a WebSocket would silently take that unit away.
+Used for sessions (where the proxy is the client) and for plain listening sockets alike. A
+WebSocket upgrade goes to the application as a ``websocket`` scope (``websocket``); once it is
+accepted the connection is the WebSocket's, which the caller may run elsewhere (a session's
+slot dials a replacement meanwhile). Other upgrades (``CONNECT``, ``h2c``, ...) are answered
+``501`` without calling the application.
 """
 
 from __future__ import annotations
@@ -12,20 +14,16 @@ import logging
 from asyncio import StreamReader, StreamWriter
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Awaitable, Callable, MutableMapping, Protocol
-from urllib.parse import unquote_to_bytes
+from typing import Any, Protocol
 
 import h11
 
-from .protocol import client_address
+from .asgi import ASGIApp, Message, Peer, Receive, Scope, Send, scope, websocket_scope
+from .websocket import WebSocket
+
+__all__ = ["ASGIApp", "Connection", "Hooks", "Message", "Peer", "Receive", "Scope", "Send"]
 
 log = logging.getLogger("sluice_sdk")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 READ_SIZE = 65536
 #: Bytes read ahead of the current request (pipelining) before reading pauses until its response
@@ -34,20 +32,15 @@ MAX_READ_AHEAD = 65536
 
 
 class Hooks(Protocol):
-    """What the caller learns about responses; a session uses it to retire."""
+    """What the caller learns about responses; a session uses it to retire and to hand an
+    upgraded connection on."""
 
     def response_starting(self) -> bool:
         """Called before each response head; ``True`` adds ``Connection: close``."""
 
-
-@dataclass
-class Peer:
-    """Addresses reported in the scope. On sessions (``forwarded``), ``client`` is the session's
-    peer, reported only for requests without a valid ``Sluice-Client-Addr``."""
-
-    server: tuple[str, int] | None = None
-    client: tuple[str, int] | None = None
-    forwarded: bool = False
+    def upgraded(self, websocket: WebSocket) -> bool:
+        """The connection became an accepted ``websocket``: ``True`` if the caller runs it
+        (``websocket.run()``) from now on, so the connection's own loop ends at once."""
 
 
 class _Gone(Exception):
@@ -68,6 +61,8 @@ class Connection:
         self.conn = h11.Connection(h11.SERVER)
         #: Waiting for a request of which no byte has arrived: closing now loses nothing.
         self.idle = False
+        #: The stream went to an upgraded WebSocket that someone else runs: not ours to close.
+        self.detached = False
 
     def close_idle(self) -> bool:
         """Closes the connection if it is idle; the serve loop then ends at its EOF."""
@@ -88,7 +83,8 @@ class Connection:
         except (OSError, h11.ProtocolError) as e:
             log.debug("connection ended: %s", e)
         finally:
-            self.writer.close()
+            if not self.detached:
+                self.writer.close()
 
     async def next_event(self) -> Any:
         """The next h11 event, reading as needed; raises :class:`_Gone` on a broken peer."""
@@ -122,12 +118,30 @@ class Connection:
             self.idle = False
         if not isinstance(event, h11.Request):
             return False  # closed between requests (or paused after a protocol switch)
+        if _is_websocket(event):
+            await self._websocket(event)
+            return False  # the connection was the WebSocket's, or it declined the upgrade
         cycle = Cycle(self, event)
         if _is_upgrade(event):
-            await cycle.simple(501, b"upgrades are not supported on this connection\n")
+            await cycle.simple(501, b"only WebSocket upgrades are supported on this connection\n")
         else:
             await cycle.run()
         return await self._finish_request(cycle)
+
+    async def _websocket(self, request: h11.Request) -> None:
+        """Runs a WebSocket upgrade: until the application declines it, or for its whole life
+        unless the hooks take the accepted WebSocket on."""
+        trailing, _ = self.conn.trailing_data
+        ws = WebSocket(self.app, self.reader, self.writer, request,
+                       websocket_scope(request, self.peer, []), bytes(trailing))
+        if not await ws.handshake():
+            if self.hooks is not None:
+                self.hooks.response_starting()  # an answer, and the session's last
+            return
+        if self.hooks is not None and self.hooks.upgraded(ws):
+            self.detached = True
+            return
+        await ws.run()
 
     async def _finish_request(self, cycle: Cycle) -> bool:
         if cycle.gone or self.conn.our_state is not h11.DONE:
@@ -151,6 +165,12 @@ def _reason(status: int) -> bytes:
         return HTTPStatus(status).phrase.encode()
     except ValueError:
         return b"Unknown"
+
+
+def _is_websocket(request: h11.Request) -> bool:
+    """A GET asking to upgrade to ``websocket`` (wsproto checks the rest of the handshake)."""
+    return request.method == b"GET" and any(
+        k == b"upgrade" and v.strip().lower() == b"websocket" for k, v in request.headers)
 
 
 def _is_upgrade(request: h11.Request) -> bool:
@@ -284,32 +304,3 @@ class Cycle:
             await self.c.write(event)
         except OSError:
             self._disconnected()
-
-
-def scope(request: h11.Request, peer: Peer) -> Scope:
-    """The ASGI HTTP scope of ``request``."""
-    raw_path, _, query = bytes(request.target).partition(b"?")
-    headers = [(bytes(k), bytes(v)) for k, v in request.headers]
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": request.http_version.decode(),
-        "method": request.method.decode("ascii"),
-        "scheme": _forwarded_proto(headers) if peer.forwarded else "http",
-        "path": unquote_to_bytes(raw_path).decode("utf-8", "surrogateescape"),
-        "raw_path": raw_path,
-        "query_string": query,
-        "root_path": "",
-        "headers": headers,
-        "client": client_address(headers, peer.client) if peer.forwarded else peer.client,
-        "server": peer.server,
-    }
-
-
-def _forwarded_proto(headers: list[tuple[bytes, bytes]]) -> str:
-    """The client's scheme as the proxy reports it (DESIGN.md §3), so apps build right URLs."""
-    for name, value in headers:
-        if name == b"x-forwarded-proto" and value.strip().lower() in (b"http", b"https"):
-            return value.strip().lower().decode()
-    return "http"
-

@@ -12,6 +12,7 @@ from .errors import SluiceError
 from .options import Options
 from .server import ASGIApp, Connection, Peer
 from .state import Shared
+from .websocket import WebSocket
 
 log = logging.getLogger("sluice_sdk")
 
@@ -34,6 +35,13 @@ class SessionHooks:
             self.retired = True
         return self.retired
 
+    def upgraded(self, websocket: WebSocket) -> bool:
+        """An accepted WebSocket consumed the session: it runs on its own, and the slot dials
+        a replacement at once (the proxy lists the session as upgraded, not as capacity)."""
+        self.served = True
+        self.shared.adopt(websocket)
+        return True
+
 
 @dataclass
 class Slot:
@@ -48,14 +56,19 @@ class Slot:
         """Dials until retired, stopped or refused for good."""
         failures = 0
         while not self.shared.should_end():
+            if self.shared.held is not None and not await self._await_probe():
+                return
+            epoch = self.shared.report.epoch
             try:
                 hooks = await self._session()
             except SluiceError as e:
+                if getattr(e, "drained", False):
+                    self.shared.hold(e, self.options.drained_probe)
+                    continue
                 if not e.retryable:
-                    return self._give_up(e)
+                    return self.shared.slot_failed(e)
                 if not self.shared.counts.stopping:
-                    log.warning("slot %d: dial failed (attempt %d): %s", self.id, failures, e)
-                    self.shared.record(e)
+                    self.shared.dial_failed(e, epoch)
                 pause: float | None = self.options.backoff.delay(failures)
                 failures += 1
             except Exception:  # a bug, not the network: keep the slot alive, but say so
@@ -71,13 +84,18 @@ class Slot:
             if pause is not None and await self._wait(pause):
                 return
 
-    def _give_up(self, e: SluiceError) -> None:
-        if getattr(e, "drained", False):
-            log.warning("slot %d: this instance is drained; not re-dialing until it is resumed: %s",
-                        self.id, e)
-        else:
-            log.error("slot %d: the acceptor refused this instance; not retrying: %s", self.id, e)
-        self.shared.slot_failed(e)
+    async def _await_probe(self) -> bool:
+        """While the instance is drained: waits until this slot dials the instance's one probe
+        (every ``drained_probe``) or the hold ends; ``False`` if the slot should end."""
+        loop = asyncio.get_running_loop()
+        while self.shared.held is not None:
+            if self.shared.should_end():
+                return False
+            if self.shared.claim_probe(self.options.drained_probe):
+                log.debug("slot %d: probing whether the instance was resumed", self.id)
+                return True
+            await self.shared.changed(timeout=self.shared.next_probe - loop.time())
+        return True
 
     async def _wait(self, pause: float) -> bool:
         """Sleeps ``pause`` seconds; returns ``True`` early if the slot should end meanwhile."""

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .errors import SluiceError
+from .report import Report
+from .websocket import WebSocket
 
 
 @dataclass
@@ -60,15 +62,28 @@ class Shared:
     """Counts plus what the application observes (registered sessions, last error), with a
     change notification for waiters."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: Report | None = None) -> None:
         self.counts = Counts()
+        self.report = report if report is not None else Report("(unknown)")
         self.registered = 0
         self.last_error: SluiceError | None = None
         #: The error that stopped a slot for good, until a resize restarts slots.
         self.failed: SluiceError | None = None
+        #: The ``410`` of an operator's drain, until a registration succeeds or a resize: the
+        #: slots wait, and one of them probes at ``next_probe`` (loop time).
+        self.held: SluiceError | None = None
+        self.next_probe = 0.0
         self._changed = asyncio.get_running_loop().create_future()
         #: Per registered session: retires it now if it is idle (claiming a retirement).
         self._retire_if_idle: set[Callable[[], bool]] = set()
+        #: WebSockets that consumed a session, each running in a task of its own.
+        self.upgraded: dict[asyncio.Task[None], WebSocket] = {}
+
+    def adopt(self, websocket: WebSocket) -> None:
+        """Runs an accepted WebSocket in a task of its own until it ends."""
+        task = asyncio.ensure_future(websocket.run())
+        self.upgraded[task] = websocket
+        task.add_done_callback(lambda t: self.upgraded.pop(t, None))
 
     def retire_idle(self) -> None:
         """Closes idle sessions while retirements are owed; busy ones retire on their
@@ -96,9 +111,14 @@ class Shared:
         """Sets the target unless stopping; returns how many slots to spawn."""
         if self.counts.stopping:
             return 0
+        old = self.counts.target
         spawn = self.counts.resize(target)
+        self.report.capacity(old, target)
         if spawn:
             self.failed = None
+        if self.held is not None:
+            self.held = None  # "setting the capacity again dials at once"
+            self.report.unheld()
         self._notify()
         return spawn
 
@@ -124,16 +144,42 @@ class Shared:
         self._notify()
 
     def slot_failed(self, error: SluiceError) -> None:
-        """A slot was refused for good."""
+        """A slot was refused for good (one line for the instance, not one per slot)."""
+        if self.failed is None:
+            self.report.refused(error)
         self.failed = error
         self.counts.slot_failed()
         self.record(error)
+
+    def dial_failed(self, error: SluiceError, epoch: int) -> None:
+        """A dial begun at the report's ``epoch`` failed and will be retried."""
+        self.report.dial_failed(error, epoch)
+        self.record(error)
+
+    def hold(self, error: SluiceError, probe_every: float) -> None:
+        """The instance is drained (``410``): the slots wait, and the first probe dials
+        ``probe_every`` seconds from now. Silent while already held (a probe's ``410``)."""
+        if self.held is None:
+            self.held = error
+            self.next_probe = asyncio.get_running_loop().time() + probe_every
+            self.report.held(error, probe_every)
+        self.record(error)
+
+    def claim_probe(self, probe_every: float) -> bool:
+        """Whether the calling slot dials the probe now; the next is ``probe_every`` later."""
+        now = asyncio.get_running_loop().time()
+        if now < self.next_probe:
+            return False
+        self.next_probe = now + probe_every
+        return True
 
     @contextmanager
     def session_registered(self, retire_if_idle: Callable[[], bool]) -> Iterator[None]:
         """Counts one session as registered for the duration of the block; a shrink may
         retire it through ``retire_if_idle`` meanwhile."""
         self.registered += 1
+        self.held = None  # a probe came through: the instance was resumed
+        self.report.registered()
         self._retire_if_idle.add(retire_if_idle)
         self._notify()
         try:

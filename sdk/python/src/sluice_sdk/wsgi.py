@@ -197,8 +197,11 @@ def environ(scope: Scope, body: bytes) -> dict[str, Any]:
         "wsgi.multiprocess": False,
         "wsgi.run_once": False,
         "wsgi.input_terminated": True,
-        "CONTENT_LENGTH": str(len(body)),
     }
+    if body or _has_body(scope["headers"]):
+        # Only a request that has a body says how long it is: a GET must not grow a
+        # ``Content-Length: 0`` on its way to the application.
+        env["CONTENT_LENGTH"] = str(len(body))
     if scope.get("client"):
         env["REMOTE_ADDR"] = scope["client"][0]
         env["REMOTE_PORT"] = str(scope["client"][1])
@@ -215,3 +218,8 @@ def environ(scope: Scope, body: bytes) -> dict[str, Any]:
             text = value.decode("latin-1")
             env[key] = f"{env[key]},{text}" if key in env else text
     return env
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the request was framed with a body (RFC 9112 §6.1), however short."""
+    return any(name in (b"content-length", b"transfer-encoding") for name, _ in headers)
