@@ -61,8 +61,9 @@ enum CtlCommand {
         /// The instance id it registered with.
         instance: String,
     },
-    /// Let a drained instance register again (its SDKs re-dial when restarted, or when told
-    /// to, e.g. by setting their capacity again).
+    /// Let a drained instance register again: its SDKs probe once every 30 s while drained
+    /// (`drained_probe`), so they come back by themselves within that, or at once when
+    /// restarted.
     Resume {
         /// The reverse cluster.
         cluster: String,
@@ -72,6 +73,10 @@ enum CtlCommand {
     /// Add or remove an endpoint of a static cluster.
     #[command(subcommand)]
     Endpoints(EndpointsCommand),
+    /// Drain this node: its `/ready` answers 503 for good, so load balancers and Kubernetes
+    /// stop sending it clients; requests and sessions carry on until it is stopped (SIGTERM).
+    /// A Kubernetes `preStop`.
+    DrainNode,
     /// Re-read the configuration file and apply it without failing a request (a hot restart
     /// of the same binary); a file that does not load changes nothing and says why.
     Reload,
@@ -205,6 +210,10 @@ fn execute(args: CtlArgs, admin: Admin) -> anyhow::Result<()> {
             "reloaded: {}\n",
             printable(reply["message"].as_str().unwrap_or("done"))
         ),
+        CtlCommand::DrainNode => format!(
+            "node {}: /ready answers 503 so balancers stop sending clients; stop it (SIGTERM) when they have\n",
+            printable(reply["node"].as_str().unwrap_or("draining"))
+        ),
         CtlCommand::Routes { command } => match command {
             None | Some(RoutesCommand::List) => routes_table(&reply),
             Some(RoutesCommand::Add(r)) => format!("added route {}\n", printable(&r.name)),
@@ -290,6 +299,7 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             client.call(Method::DELETE, &path, None).await
         }
         CtlCommand::Reload => client.call(Method::POST, "/reload", None).await,
+        CtlCommand::DrainNode => client.call(Method::POST, "/drain", None).await,
         CtlCommand::Routes {
             command: None | Some(RoutesCommand::List),
         } => client.call(Method::GET, "/routes", None).await,
@@ -392,7 +402,7 @@ fn drained(r: Drained) -> String {
         true => format!(
             "draining instance {instance} of cluster {cluster}; it stays out until `sluice ctl resume {cluster} {instance}`\n"
         ),
-        false => format!("resumed instance {instance} of cluster {cluster}: it may register again\n"),
+        false => format!("resumed instance {instance} of cluster {cluster}: its SDKs register again at their next probe (within 30 s by default), or at once when restarted\n"),
     }
 }
 

@@ -28,18 +28,28 @@ struct Seen {
 
 fn status_json() -> Value {
     json!({
-        "version": "0.1.0", "uptime_seconds": 12.5,
+        "version": "0.1.0", "uptime_seconds": 12.5, "node": "draining",
         "listeners": [{"name": "public", "addr": "127.0.0.1:8080", "tls": false}],
         "acceptor": {"addr": "127.0.0.1:7070"},
         "clusters": [
             {"name": "api", "kind": "reverse", "sessions": 12,
              "slices": [{"name": "default", "idle": 3, "queued": 0},
-                        {"name": "batch", "idle": 0, "queued": 17}],
-             "instances": [{"id": "a", "sessions": 8, "upgraded": 2, "draining": false},
+                        {"name": "batch", "idle": 0, "queued": 17, "sessions": 4,
+                         "in_flight": 4, "oldest_wait_ms": 250, "asks_for": 17,
+                         "why": "17 requests wait for a session"}],
+             "instances": [{"id": "a", "sessions": 8, "upgraded": 2, "draining": false,
+                            "declared": 16, "retiring": 1},
                            {"id": "b", "sessions": 4, "draining": true}]},
             {"name": "legacy", "kind": "static",
-             "endpoints": [{"addr": "127.0.0.1:9001"}]}
-        ]
+             "endpoints": [{"addr": "127.0.0.1:9001", "healthy": true, "in_flight": 2,
+                            "idle_connections": 5},
+                           {"addr": "127.0.0.1:9002", "healthy": false, "ejected_ms": 800,
+                            "ejections": 3, "connect_failures": 4}]}
+        ],
+        "relays": [{"name": "edge", "addr": "127.0.0.1:7000", "accepted": 10, "active": 1,
+                    "bytes_down": 2048, "bytes_up": 512, "connect_ms_avg": 1.25, "connects": 10,
+                    "early_connects": 0, "pool_dead": 0, "pool_idle": 4, "pool_misses": 2,
+                    "refused": 3}]
     })
 }
 
@@ -128,6 +138,7 @@ fn route(req: &Seen) -> Response<Full<Bytes>> {
     let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
     match (req.method.as_str(), segments.as_slice()) {
         ("GET", ["status"]) => reply(200, status_json()),
+        ("POST", ["drain"]) => reply(200, json!({"node": "draining"})),
         ("GET", ["routes"]) => reply(
             200,
             json!({"routes": [{"name": "api", "cluster": "api", "hosts": ["api.example"]}]}),
@@ -207,14 +218,49 @@ fn status_shows_listeners_clusters_slices_instances_and_endpoints() {
         vec!["acceptor:", "127.0.0.1:7070"],
         vec!["api", "reverse", "12"],
         vec!["legacy", "static", "-"],
-        vec!["SLICE", "IDLE", "QUEUED"],
-        vec!["default", "3", "0"],
-        vec!["batch", "0", "17"],
-        vec!["INSTANCE", "SESSIONS", "UPGRADED", "DRAINING"],
-        vec!["a", "8", "2", "no"],
-        vec!["b", "4", "0", "yes"],
-        vec!["ENDPOINT"],
-        vec!["127.0.0.1:9001"],
+        vec![
+            "SLICE",
+            "SESSIONS",
+            "IDLE",
+            "IN-FLIGHT",
+            "QUEUED",
+            "OLDEST-WAIT",
+            "ASKS-FOR",
+            "WHY",
+        ],
+        vec!["default", "0", "3", "0", "0", "0ms", "0"],
+        vec![
+            "batch", "4", "0", "4", "17", "250ms", "17", "17", "requests", "wait", "for", "a",
+            "session",
+        ],
+        vec![
+            "INSTANCE", "SESSIONS", "DECLARED", "RETIRING", "UPGRADED", "DRAINING",
+        ],
+        vec!["a", "8", "16", "1", "2", "no"],
+        vec!["b", "4", "-", "0", "0", "yes"],
+        vec![
+            "ENDPOINT",
+            "HEALTHY",
+            "EJECTED",
+            "EJECTIONS",
+            "CONNECT-FAILS",
+            "IN-FLIGHT",
+            "IDLE-CONNS",
+        ],
+        vec!["127.0.0.1:9001", "yes", "no", "0", "0", "2", "5"],
+        vec!["127.0.0.1:9002", "no", "800ms", "3", "4", "0", "0"],
+        vec![
+            "edge",
+            "127.0.0.1:7000",
+            "1",
+            "10",
+            "3",
+            "4",
+            "2",
+            "1.2",
+            "512",
+            "2048",
+        ],
     ] {
         assert!(rows.contains(&expected), "no row {expected:?} in\n{stdout}");
     }
@@ -225,6 +271,22 @@ fn status_shows_listeners_clusters_slices_instances_and_endpoints() {
         ("GET", "/status")
     );
     assert_eq!(seen[0].authorization, None);
+}
+
+#[test]
+fn drain_node_posts_to_drain_and_says_what_follows() {
+    let admin = FakeAdmin::start(None);
+    let (code, stdout, stderr) = run(ctl().args(["--admin", &admin.url(), "drain-node"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.starts_with("node draining: /ready answers 503"),
+        "{stdout}"
+    );
+    let seen = admin.seen();
+    assert_eq!(
+        (seen[0].method.as_str(), seen[0].path.as_str()),
+        ("POST", "/drain")
+    );
 }
 
 #[test]
@@ -262,7 +324,7 @@ fn resume_posts_to_the_instances_resume() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         stdout,
-        "resumed instance a of cluster api: it may register again\n"
+        "resumed instance a of cluster api: its SDKs register again at their next probe (within 30 s by default), or at once when restarted\n"
     );
     let seen = admin.seen();
     assert_eq!(seen.len(), 1);

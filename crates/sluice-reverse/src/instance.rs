@@ -252,6 +252,7 @@ impl Instances {
                     .is_some_and(|i| Arc::ptr_eq(i, instance))
             {
                 listed.remove(instance.id());
+                tracing::info!(cluster = %self.cluster, instance = %instance.id(), "instance has no sessions left");
             }
         }
         self.changed.notify();

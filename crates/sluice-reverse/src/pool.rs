@@ -203,9 +203,27 @@ impl<P: Protocol> SlicePool<P> {
         self.empty_logged.store(false, Ordering::Relaxed);
     }
 
-    /// A session of this slice ended (closed, consumed by an upgrade, or handed over).
+    /// A session of this slice ended (closed, consumed by an upgrade, or handed over). When
+    /// it was the last one and none can arrive from elsewhere, the requests waiting for one
+    /// are answered at once instead of at their queue timeout (unless `no_sessions_wait`
+    /// lets them wait for services to come back).
     pub(crate) fn session_detached(&self) {
-        self.registered.fetch_sub(1, Ordering::AcqRel);
+        let left = self.registered.fetch_sub(1, Ordering::AcqRel) - 1;
+        let waits = !self.opts.no_sessions_wait.is_zero();
+        if left == 0 && !waits && self.arriving.load(Ordering::Relaxed) == 0 {
+            self.fail_waiters();
+        }
+    }
+
+    /// Ends every waiter: each finds its channel closed and the slice empty.
+    fn fail_waiters(&self) {
+        let waiters = std::mem::take(&mut self.state().waiters);
+        let waiting = waiters.iter().filter(|(_, w)| !w.is_closed()).count();
+        if waiting > 0 {
+            warn!(cluster = %self.id.cluster, slice = %self.id.slice, waiting, "the slice's last session closed: its waiting requests are answered 503 at once");
+        }
+        drop(waiters);
+        self.changed.notify();
     }
 
     /// Sessions attached to this slice, idle or leased.
@@ -341,7 +359,9 @@ impl<P: Protocol> SlicePool<P> {
                     self.metrics
                         .queue_wait(&self.id.cluster, &self.id.slice, waited_for);
                     match waited {
-                        Err(_) if empty && self.registered.load(Ordering::Acquire) == 0 => {
+                        Err(LeaseError::Unavailable { .. })
+                            if empty && self.registered.load(Ordering::Acquire) == 0 =>
+                        {
                             return Err(self.no_sessions());
                         }
                         waited => waited?,
@@ -585,7 +605,10 @@ impl<P: Protocol> Waiter<P> {
             }
             Ok(Err(_)) => {
                 self.settled = true;
-                Err(LeaseError::unavailable("no capacity: slice closed"))
+                Err(match self.pool.registered() {
+                    0 => self.pool.no_sessions(),
+                    _ => LeaseError::unavailable("no capacity: slice closed"),
+                })
             }
             Err(_elapsed) => {
                 self.rx.close();

@@ -71,11 +71,72 @@ async fn a_static_upstream_failure_names_the_cluster_and_the_endpoint() {
     let proxy = TestProxy::start(&static_config(&[refusing.addr], "")).await;
     let reply = support::get(&support::client(), &proxy.url("/")).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
-    let lines = lines_with(&logs, "upstream failed");
-    assert_eq!(lines.len(), 1, "{lines:#?}");
     let endpoint = format!("upstream.addr={}", refusing.addr);
+    // Other tests here log upstream failures of their own: this one's name its endpoint.
+    let lines: Vec<_> = lines_with(&logs, "upstream failed")
+        .into_iter()
+        .filter(|l| l.contains(&endpoint))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
     for field in ["WARN", "cluster=backend", &endpoint, "status=502"] {
         assert!(lines[0].contains(field), "{field}: {}", lines[0]);
     }
     proxy.shutdown();
+}
+
+/// Issue 28, item 7: a service that goes away mid-load. The requests waiting for its sessions
+/// are answered at once (not at the queue timeout, 30 s here) with the reason that no session
+/// is registered; the request in flight on it gets 502, logged with its instance; and the
+/// instance losing its last session is logged.
+#[tokio::test]
+async fn a_service_that_goes_away_fails_its_queue_at_once_and_says_so() {
+    let logs = captured_logs();
+    let proxy = start_proxy("queue_timeout = \"30s\"", DEFAULT_ROUTE).await;
+    let mut spec = ServiceSpec::new("going-away", 1);
+    spec.service = "api".into();
+    let svc = Service::start(proxy.acceptor, spec).await;
+    proxy.idle("default", 1).await;
+    let addr = proxy.http;
+    let in_flight = tokio::spawn(async move {
+        reverse_support::send_body(addr, http::Method::POST, "/wait", "payload").await
+    });
+    proxy
+        .cluster
+        .wait_until(|c| c.idle_sessions("default") == 0)
+        .await;
+    let queued: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(async move { get(addr, "/x").await }))
+        .collect();
+    proxy.cluster.wait_until(|c| c.queued("default") == 3).await;
+    svc.kill();
+    let guard = std::time::Duration::from_secs(10);
+    for q in queued {
+        let reply = tokio::time::timeout(guard, q)
+            .await
+            .expect("still queued")
+            .unwrap();
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            reply.text().contains("no sessions registered"),
+            "{}",
+            reply.text()
+        );
+    }
+    let posted = tokio::time::timeout(guard, in_flight)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(posted.status, StatusCode::BAD_GATEWAY);
+    let failed = lines_with(&logs, "upstream failed");
+    assert!(
+        failed
+            .iter()
+            .any(|l| l.contains("WARN") && l.contains("cluster=") && l.contains("api")),
+        "{failed:#?}"
+    );
+    let gone = lines_with(&logs, "instance has no sessions left");
+    assert!(gone.iter().any(|l| l.contains("going-away")), "{gone:#?}");
+    let answered = lines_with(&logs, "waiting requests are answered 503 at once");
+    assert!(!answered.is_empty());
+    proxy.stop().await;
 }

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use sluice_config::admin::{
     ClusterStatus as Cluster, EndpointStatus as Endpoint, InstanceStatus as Instance,
-    ListenerStatus as Listener, SliceStatus as Slice, Status,
+    ListenerStatus as Listener, RelayStatus as Relay, SliceStatus as Slice, Status,
 };
 
 use super::client::AdminUrl;
@@ -16,8 +16,12 @@ use super::table::{printable, Align, Table};
 /// The whole status as text: a summary line, listeners, acceptor, clusters, then each
 /// cluster's detail.
 pub(crate) fn render(status: &Status, url: &AdminUrl) -> String {
+    let node = match status.node.as_str() {
+        "" => String::new(),
+        state => format!(", {}", printable(state)),
+    };
     let mut out = format!(
-        "sluice {} at {url}, up {}\n",
+        "sluice {} at {url}, up {}{node}\n",
         printable(&status.version),
         uptime(status.uptime_seconds)
     );
@@ -31,7 +35,42 @@ pub(crate) fn render(status: &Status, url: &AdminUrl) -> String {
     for cluster in &status.clusters {
         detail(cluster, &mut out);
     }
+    relays(&status.relays, &mut out);
     out
+}
+
+fn relays(relays: &[Relay], out: &mut String) {
+    if relays.is_empty() {
+        return;
+    }
+    out.push('\n');
+    let mut t = Table::new(&[
+        ("RELAY", Align::Left),
+        ("ADDR", Align::Left),
+        ("ACTIVE", Align::Right),
+        ("ACCEPTED", Align::Right),
+        ("REFUSED", Align::Right),
+        ("POOL-IDLE", Align::Right),
+        ("POOL-MISSES", Align::Right),
+        ("CONNECT-MS", Align::Right),
+        ("BYTES-UP", Align::Right),
+        ("BYTES-DOWN", Align::Right),
+    ]);
+    for r in relays {
+        t.row([
+            r.name.clone(),
+            r.addr.clone(),
+            r.active.to_string(),
+            r.accepted.to_string(),
+            r.refused.to_string(),
+            r.pool_idle.to_string(),
+            r.pool_misses.to_string(),
+            format!("{:.1}", r.connect_ms_avg),
+            r.bytes_up.to_string(),
+            r.bytes_down.to_string(),
+        ]);
+    }
+    t.render("", out);
 }
 
 fn listeners(listeners: &[Listener], out: &mut String) {
@@ -103,11 +142,25 @@ fn slices(slices: &[Slice], out: &mut String) {
     }
     let mut t = Table::new(&[
         ("SLICE", Align::Left),
+        ("SESSIONS", Align::Right),
         ("IDLE", Align::Right),
+        ("IN-FLIGHT", Align::Right),
         ("QUEUED", Align::Right),
+        ("OLDEST-WAIT", Align::Right),
+        ("ASKS-FOR", Align::Right),
+        ("WHY", Align::Left),
     ]);
     for s in slices {
-        t.row([s.name.clone(), s.idle.to_string(), s.queued.to_string()]);
+        t.row([
+            s.name.clone(),
+            s.sessions.to_string(),
+            s.idle.to_string(),
+            s.in_flight.to_string(),
+            s.queued.to_string(),
+            format!("{}ms", s.oldest_wait_ms),
+            s.asks_for.to_string(),
+            s.why.clone(),
+        ]);
     }
     t.render("  ", out);
 }
@@ -120,6 +173,8 @@ fn instances(instances: &[Instance], out: &mut String) {
     let mut t = Table::new(&[
         ("INSTANCE", Align::Left),
         ("SESSIONS", Align::Right),
+        ("DECLARED", Align::Right),
+        ("RETIRING", Align::Right),
         ("UPGRADED", Align::Right),
         ("DRAINING", Align::Left),
     ]);
@@ -127,6 +182,8 @@ fn instances(instances: &[Instance], out: &mut String) {
         t.row([
             i.id.clone(),
             i.sessions.to_string(),
+            i.declared.map_or("-".into(), |n| n.to_string()),
+            i.retiring.to_string(),
             i.upgraded.to_string(),
             yes_no(i.draining),
         ]);
@@ -139,9 +196,29 @@ fn endpoints(endpoints: &[Endpoint], out: &mut String) {
         out.push_str("  no endpoints\n");
         return;
     }
-    let mut t = Table::new(&[("ENDPOINT", Align::Left)]);
+    let mut t = Table::new(&[
+        ("ENDPOINT", Align::Left),
+        ("HEALTHY", Align::Left),
+        ("EJECTED", Align::Right),
+        ("EJECTIONS", Align::Right),
+        ("CONNECT-FAILS", Align::Right),
+        ("IN-FLIGHT", Align::Right),
+        ("IDLE-CONNS", Align::Right),
+    ]);
     for e in endpoints {
-        t.row([e.addr.clone()]);
+        let ejected = match e.ejected_ms {
+            0 => "no".to_owned(),
+            ms => format!("{ms}ms"),
+        };
+        t.row([
+            e.addr.clone(),
+            yes_no(e.healthy),
+            ejected,
+            e.ejections.to_string(),
+            e.connect_failures.to_string(),
+            e.in_flight.to_string(),
+            e.idle_connections.to_string(),
+        ]);
     }
     t.render("  ", out);
 }

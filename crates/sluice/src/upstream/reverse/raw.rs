@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::http1::{Lease, ReverseSlice, Session, SlicePool};
 use super::link::SessionIo;
@@ -84,8 +84,10 @@ impl Leased for SessionLease {
         }
     }
 
+    /// As the hyper path logs a failed exchange over a session: at warn, with the instance.
     fn log_failure(&self, e: &ProxyError) {
         let (cluster, slice) = (self.pool.cluster(), self.pool.slice());
-        debug!(cluster, slice, instance = %self.session.instance().id(), error = %e, "session failed");
+        let status = e.status().as_u16();
+        warn!(cluster, slice, instance = %self.session.instance().id(), error = %e, status, "upstream failed");
     }
 }
