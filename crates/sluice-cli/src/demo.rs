@@ -50,7 +50,7 @@ pub(crate) struct DemoArgs {
     /// Run a built-in open-loop load from 0.5x to 10x the declared capacity, print a table
     /// per step, then exit.
     #[arg(long)]
-    load: bool,
+    pub(crate) load: bool,
     /// Length of each load step, in seconds.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=600))]
     step_seconds: u64,
@@ -103,7 +103,9 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     tokio::pin!(stop);
     let config = sluice::config::parse_str(&config_text(&args), "<demo>", Path::new("."))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let proxy = Proxy::bind(&config).await?;
+    let proxy = Proxy::bind(&config)
+        .await
+        .map_err(|e| in_use_hint(e.into()))?;
     let (listen, acceptor) = addresses(&proxy)?;
     let admin = proxy.admin_addr();
     let cluster = proxy
@@ -137,6 +139,20 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         println!("{} answered {} requests", i.name, i.served());
     }
     outcome
+}
+
+/// A port in use most likely belongs to a demo already running: say how to run another.
+fn in_use_hint(e: anyhow::Error) -> anyhow::Error {
+    let in_use = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+    });
+    match in_use {
+        true => e.context(
+            "is a demo already running? Stop it, or give this one free ports: --listen 127.0.0.1:0 --acceptor 127.0.0.1:0 --admin 127.0.0.1:0",
+        ),
+        false => e,
+    }
 }
 
 fn addresses(proxy: &Proxy) -> anyhow::Result<(SocketAddr, SocketAddr)> {
@@ -224,7 +240,13 @@ fn print_banner(listen: SocketAddr, admin: Option<SocketAddr>, instances: &[Arc<
     println!("Try:");
     println!("  curl -i http://{listen}/");
     println!("  for i in $(seq 20); do curl -s http://{listen}/ & done; wait");
-    println!("  sluice demo --load      # open-loop load from 0.5x to 10x capacity");
+    println!(
+        "  sluice demo --load --listen 127.0.0.1:0 --acceptor 127.0.0.1:0 --admin 127.0.0.1:0"
+    );
+    println!("                          # a second demo on free ports under an open-loop load,");
+    println!(
+        "                          # 0.5x to 10x capacity (stop this one to use the defaults)"
+    );
     if let Some(admin) = admin {
         println!("  sluice ctl --admin http://{admin} status    # sessions, queues; curl http://{admin}/metrics");
     }

@@ -88,7 +88,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // Under `demo --load` the overload steps refuse requests on purpose: their warnings would
+    // land in the table. RUST_LOG still decides when it is set.
+    let default_filter = match &cli.command {
+        Command::Demo(args) if args.load => "error",
+        _ => "info",
+    };
+    init_logging(cli.log_format, default_filter);
     match cli.command {
         Command::Check { config } => check(&config),
         Command::Run {
@@ -106,15 +112,32 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sluice: {e:#}");
+            eprintln!("sluice: {}", chain(&e));
             ExitCode::FAILURE
         }
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// The error and its causes, each once: a cause whose text its effect already shows (errors
+/// that print their source, as `thiserror`'s `{source}` does) is not repeated.
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     // Colour only for a person at a terminal: never in files or pipes, nor with NO_COLOR set.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -131,23 +154,35 @@ fn init_logging(format: LogFormat) {
 fn check(path: &std::path::Path) -> ExitCode {
     match config::load_file(path) {
         Ok(c) => {
-            let relays = match c.relays.len() {
-                0 => String::new(),
-                n => format!(", {n} relays"),
-            };
-            println!(
-                "{}: ok ({} listeners, {} routes, {} clusters{relays})",
-                path.display(),
-                c.listeners.len(),
-                c.routes.len(),
-                c.clusters.len()
-            );
+            let mut counts = vec![
+                plural(c.listeners.len(), "listener"),
+                plural(c.routes.len(), "route"),
+                plural(c.clusters.len(), "cluster"),
+            ];
+            if !c.relays.is_empty() {
+                counts.push(plural(c.relays.len(), "relay"));
+            }
+            println!("{}: ok ({})", path.display(), counts.join(", "));
+            if c.routes.is_empty() && !c.listeners.is_empty() {
+                eprintln!(
+                    "{}: warning: no [[route]]: every request to its listeners is answered 404",
+                    path.display()
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("{e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// `1 route`, `2 routes`.
+fn plural(n: usize, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
     }
 }
 

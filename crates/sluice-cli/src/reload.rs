@@ -60,6 +60,11 @@ impl Successor {
         if let Some(applied) = self.in_place.apply(&new) {
             return Ok(describe(&applied));
         }
+        let changed = match self.in_place.differences(&new) {
+            d if d.is_empty() => "nothing but what a new process applies".to_owned(),
+            d => d.join(", "),
+        };
+        info!(%changed, "reloading with a new process (hot restart)");
         let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
         let mut cmd = Command::new(&exe);
         cmd.args(["--log-format", self.log_format, "run", "--upgrade", "-c"])
@@ -89,7 +94,7 @@ impl Successor {
                 "the new process ({pid}) exited before taking over ({}); see its log",
                 status.map_or_else(|e| e.to_string(), |s| s.to_string())
             )),
-            () = taken_over => Ok(format!("process {pid} took over; this one drains and exits")),
+            () = taken_over => Ok(format!("process {pid} took over ({changed}); this one drains and exits")),
             () = tokio::time::sleep(TAKE_OVER_TIMEOUT) => {
                 let _ = child.kill().await;
                 Err(format!("the new process ({pid}) did not take over within {TAKE_OVER_TIMEOUT:?}; stopped it"))

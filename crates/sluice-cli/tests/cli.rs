@@ -41,10 +41,7 @@ fn check_accepts_the_static_example() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout),
-        format!(
-            "{}: ok (1 listeners, 2 routes, 1 clusters)\n",
-            path.display()
-        )
+        format!("{}: ok (1 listener, 2 routes, 1 cluster)\n", path.display())
     );
 }
 
@@ -56,11 +53,41 @@ fn check_accepts_a_file_of_relays_alone() {
     std::fs::write(&path, relay).unwrap();
     let out = check(&path);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let expected = "ok (0 listeners, 0 routes, 0 clusters, 1 relays)\n";
+    let expected = "ok (0 listeners, 0 routes, 0 clusters, 1 relay)\n";
     assert!(
         text(&out.stdout).ends_with(expected),
         "{}",
         text(&out.stdout)
+    );
+}
+
+/// Issue 28, item 16: a file with listeners and no route answers everything 404; `check`
+/// says so (and still passes), and a value of the wrong type names its key.
+#[test]
+fn check_warns_of_no_routes_and_names_a_mistyped_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.toml");
+    std::fs::write(
+        &path,
+        "[[listener]]\nname = \"x\"\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let out = check(&path);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("warning: no [[route]]"),
+        "{}",
+        text(&out.stderr)
+    );
+    let typed = dir.path().join("typed.toml");
+    let bad = "[[listener]]\nname = \"x\"\nlisten = \"127.0.0.1:0\"\nhttp2 = \"yes\"\n";
+    std::fs::write(&typed, bad).unwrap();
+    let out = check(&typed);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains(":4:9: `http2`: invalid type"),
+        "{}",
+        text(&out.stderr)
     );
 }
 

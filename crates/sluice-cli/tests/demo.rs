@@ -16,7 +16,22 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 const LOAD_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn demo(extra: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    demo_logging(extra, Some("warn"), Stdio::inherit())
+}
+
+/// [`demo`] with `RUST_LOG` set to `log` (`None`: unset, the demo's own default) and stderr
+/// going to `stderr`.
+fn demo_logging(
+    extra: &[&str],
+    log: Option<&str>,
+    stderr: Stdio,
+) -> (Child, Lines<BufReader<ChildStdout>>) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    match log {
+        Some(level) => command.env("RUST_LOG", level),
+        None => command.env_remove("RUST_LOG"),
+    };
+    let mut child = command
         .args([
             "demo",
             "--listen",
@@ -27,9 +42,8 @@ fn demo(extra: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
             "127.0.0.1:0",
         ])
         .args(extra)
-        .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -119,7 +133,16 @@ fn parse_row(line: &str) -> Option<(String, Vec<(usize, usize)>)> {
 
 #[tokio::test]
 async fn load_prints_five_steps_and_never_exceeds_declared_sessions() {
-    let (mut child, mut lines) = demo(&["--load", "--step-seconds", "1"]);
+    // The default logging (no RUST_LOG): the 503s the overload steps cause must not write
+    // warnings into the table (issue 28, item 12).
+    let (mut child, mut lines) =
+        demo_logging(&["--load", "--step-seconds", "1"], None, Stdio::piped());
+    let mut stderr = child.stderr.take().unwrap();
+    let logged = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text).await;
+        text
+    });
     let mut rows = Vec::new();
     let read = async {
         while let Some(line) = lines.next_line().await.unwrap() {
@@ -134,6 +157,11 @@ async fn load_prints_five_steps_and_never_exceeds_declared_sessions() {
         .expect("demo did not exit after the load")
         .unwrap();
     assert!(status.success(), "demo --load exited with {status}");
+    let logged = logged.await.unwrap();
+    assert!(
+        !logged.contains("WARN"),
+        "warnings among the table:\n{logged}"
+    );
     let labels: Vec<_> = rows.iter().map(|(l, _)| l.as_str()).collect();
     assert_eq!(labels, ["0.5x", "1x", "2x", "5x", "10x"]);
     for (label, in_flight) in &rows {
@@ -230,4 +258,33 @@ async fn ctl_metrics(admin: SocketAddr) -> (bool, String) {
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
     (response.starts_with("HTTP/1.1 200"), response)
+}
+
+/// Issue 28, item 12: a second demo on the default ports says what is wrong once and how to
+/// run it beside the first.
+#[tokio::test]
+async fn a_port_in_use_is_named_once_with_the_way_out() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "demo",
+            "--listen",
+            &addr,
+            "--acceptor",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("Address already in use").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("--listen 127.0.0.1:0"), "{stderr}");
 }

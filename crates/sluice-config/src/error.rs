@@ -104,6 +104,13 @@ pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
 
 /// serde's "unknown field `x`" does not say in which table; the nearest `[header]` above does.
 fn add_table_context(text: &str, offset: usize, message: String) -> String {
+    if message.starts_with("invalid type") || message.starts_with("invalid value") {
+        // toml names the key only in its multi-line Display; the value's span says which.
+        return match key_of_value(text, offset) {
+            Some(key) => format!("`{key}`: {message}"),
+            None => message,
+        };
+    }
     if !message.starts_with("unknown field") {
         return message;
     }
@@ -111,6 +118,20 @@ fn add_table_context(text: &str, offset: usize, message: String) -> String {
         Some(header) => format!("{message} (in {header})"),
         None => format!("{message} (at the top level)"),
     }
+}
+
+/// The key whose value starts at `offset`: the name before the last `=` on that line before
+/// it (`http2 = "yes"`, `tls = { cert = 1 }`).
+fn key_of_value(text: &str, offset: usize) -> Option<&str> {
+    let before = text.get(..offset.min(text.len()))?;
+    let line = &before[before.rfind('\n').map_or(0, |i| i + 1)..];
+    let (key, _) = line.rsplit_once('=')?;
+    let key = key.trim_end();
+    let start = key
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"')))
+        .map_or(0, |i| i + 1);
+    let key = key[start..].trim_matches('"');
+    (!key.is_empty()).then_some(key)
 }
 
 /// The last table header (`[x]` or `[[x]]`) that starts a line before `offset`.
@@ -127,7 +148,18 @@ fn enclosing_table(text: &str, offset: usize) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_wrong_type_names_its_key() {
+        let text = "[[listener]]\nhttp2 = \"yes\"\ntls = { cert = 1 }\n";
+        let at = |needle: &str| text.find(needle).unwrap();
+        assert_eq!(key_of_value(text, at("\"yes")), Some("http2"));
+        assert_eq!(key_of_value(text, at("1 }")), Some("cert"));
+        let message = add_table_context(text, at("\"yes"), "invalid type: string".into());
+        assert_eq!(message, "`http2`: invalid type: string");
+    }
 
     #[test]
     fn offsets_become_one_based_line_and_column() {

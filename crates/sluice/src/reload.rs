@@ -104,6 +104,14 @@ impl InPlace {
 }
 
 impl InPlace {
+    /// What `new` changes against the running configuration, section by section, for a
+    /// reload that takes a new process to say why it does: `listener public changed`,
+    /// `cluster api added`, `[acceptor] changed`, … Empty when nothing differs.
+    pub fn differences(&self, new: &Config) -> Vec<String> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        differences(&running, new)
+    }
+
     /// Swaps in the certificates of every listener whose files changed (the names of those
     /// listeners); `None` if one cannot be loaded here (or has no live certificates to
     /// replace), and then nothing changed.
@@ -150,4 +158,109 @@ fn same_but_in_place_parts(a: &Config, b: &Config) -> bool {
         c
     };
     without(a) == without(b)
+}
+
+/// Each section of `b` that differs from `a`, named.
+fn differences(a: &Config, b: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut section = |name: &str, differ: bool| {
+        if differ {
+            out.push(format!("{name} changed"));
+        }
+    };
+    section("[runtime]", a.runtime != b.runtime);
+    section("[acceptor]", a.acceptor != b.acceptor);
+    section("[handoff]", a.handoff != b.handoff);
+    section("[admin]", a.admin != b.admin);
+    section("[access_log]", a.access_log != b.access_log);
+    section("routes", a.routes != b.routes);
+    let listeners = |c: &Config| -> BTreeMap<String, sluice_config::Listener> {
+        c.listeners
+            .iter()
+            .map(|l| (l.name.clone(), l.clone()))
+            .collect()
+    };
+    let relays = |c: &Config| -> BTreeMap<String, sluice_config::Relay> {
+        c.relays
+            .iter()
+            .map(|r| (r.name.clone(), r.clone()))
+            .collect()
+    };
+    named("listener", &listeners(a), &listeners(b), &mut out);
+    named("cluster", &a.clusters, &b.clusters, &mut out);
+    named("relay", &relays(a), &relays(b), &mut out);
+    out
+}
+
+/// `<kind> <name> added`, `removed` or `changed`, for every name whose entry differs.
+fn named<T: PartialEq>(
+    kind: &str,
+    a: &BTreeMap<String, T>,
+    b: &BTreeMap<String, T>,
+    out: &mut Vec<String>,
+) {
+    for (name, new) in b {
+        match a.get(name) {
+            None => out.push(format!("{kind} {name} added")),
+            Some(old) if old != new => out.push(format!("{kind} {name} changed")),
+            Some(_) => {}
+        }
+    }
+    out.extend(
+        a.keys()
+            .filter(|n| !b.contains_key(*n))
+            .map(|n| format!("{kind} {n} removed")),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        sluice_config::parse_str(text, "t.toml", std::path::Path::new(".")).unwrap()
+    }
+
+    /// Issue 28, item 13: a reload that needs a new process says what changed.
+    #[test]
+    fn differences_name_each_changed_section() {
+        let base = r#"
+[[listener]]
+name = "public"
+listen = "127.0.0.1:8080"
+[[route]]
+cluster = "a"
+[cluster.a]
+kind = "static"
+endpoints = ["127.0.0.1:9001"]
+"#;
+        let changed = r#"
+[runtime]
+shutdown_grace = "5s"
+[[listener]]
+name = "public"
+listen = "127.0.0.1:8081"
+[[listener]]
+name = "internal"
+listen = "127.0.0.1:8082"
+[[route]]
+cluster = "b"
+[cluster.b]
+kind = "static"
+endpoints = ["127.0.0.1:9001"]
+"#;
+        assert!(differences(&config(base), &config(base)).is_empty());
+        assert_eq!(
+            differences(&config(base), &config(changed)),
+            [
+                "[runtime] changed",
+                "routes changed",
+                "listener internal added",
+                "listener public changed",
+                "cluster b added",
+                "cluster a removed",
+            ]
+        );
+    }
 }
