@@ -500,6 +500,9 @@ pub struct AccessLog {
 pub enum AccessLogFormat {
     /// The Common Log Format (NGINX's and Apache's `common`).
     Common,
+    /// The Combined Log Format: Common plus `Referer` and `User-Agent` (NGINX's default
+    /// `combined`).
+    Combined,
     /// One JSON object per line.
     Json,
 }

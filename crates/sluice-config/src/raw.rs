@@ -230,6 +230,7 @@ pub(crate) struct RawAccessLog {
 #[serde(rename_all = "snake_case")]
 pub(crate) enum RawAccessLogFormat {
     Common,
+    Combined,
     Json,
 }
 

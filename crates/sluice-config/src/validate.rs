@@ -123,6 +123,7 @@ fn admin(ctx: Ctx<'_>, raw: toml::Spanned<RawAdmin>) -> Result<Admin, ConfigErro
 fn access_log(ctx: Ctx<'_>, raw: RawAccessLog) -> AccessLog {
     let format = match raw.format {
         None | Some(RawAccessLogFormat::Common) => AccessLogFormat::Common,
+        Some(RawAccessLogFormat::Combined) => AccessLogFormat::Combined,
         Some(RawAccessLogFormat::Json) => AccessLogFormat::Json,
     };
     let target = match raw.path.as_deref() {

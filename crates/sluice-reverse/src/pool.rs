@@ -342,8 +342,16 @@ impl<P: Protocol> SlicePool<P> {
     /// Leases a live session exclusively: an idle one, or the next one returned or registered
     /// while this request waits in the queue (at most `queue_timeout`).
     pub async fn lease(self: &Arc<Self>) -> Result<Session<P>, LeaseError> {
+        self.lease_waited().await.map(|(session, _)| session)
+    }
+
+    /// [`lease`](Self::lease), and how long the request waited in the queue (zero when a
+    /// session was idle: such a lease reads no clock).
+    pub async fn lease_waited(
+        self: &Arc<Self>,
+    ) -> Result<(Session<P>, std::time::Duration), LeaseError> {
         // Read only once the request has to wait: a lease of an idle session reads no clock.
-        let mut started = None;
+        let mut started: Option<Instant> = None;
         loop {
             let mut session = match self.take()? {
                 Taken::Idle(session) => session,
@@ -380,7 +388,8 @@ impl<P: Protocol> SlicePool<P> {
                 }
             };
             if ready && session.usable() {
-                return Ok(session);
+                let waited = started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
+                return Ok((session, waited));
             }
             debug!(cluster = %self.id.cluster, slice = %self.id.slice, instance = %session.instance().id(), "discarded a dead idle session");
         }

@@ -1,5 +1,10 @@
-//! [`AccessLog`]: one line per answered request, in the Common Log Format or as JSON, to
-//! stdout or a file (`[access_log]`; off by default).
+//! [`AccessLog`]: one line per answered request, in the Common or Combined Log Format or as
+//! JSON, to stdout or a file (`[access_log]`; off by default).
+//!
+//! A line is written when the response's body has ended (or the client went away), so its
+//! duration and bytes mean what NGINX's `$request_time` and `$body_bytes_sent` mean: from the
+//! request to the last byte, and the body bytes that went out (Sluice's own error answers
+//! included).
 //!
 //! Requests only queue their line; one background task writes, so a slow disk never holds a
 //! request. If the writer falls more than [`BACKLOG`] lines behind, lines are dropped and
@@ -37,14 +42,22 @@ pub struct Entry<'a> {
     pub version: Version,
     /// The response status.
     pub status: u16,
-    /// The response body's length when known (`Content-Length`), else `None` (`-`).
-    pub bytes: Option<u64>,
+    /// The response body's bytes sent to the client (NGINX's `$body_bytes_sent`).
+    pub bytes: u64,
+    /// Whether the whole body went out (false: the client went away, or the body failed).
+    pub complete: bool,
+    /// The request body's length, when its framing said it.
+    pub request_bytes: Option<u64>,
     /// The route that matched (`-`: none).
     pub route: &'a str,
-    /// Time to the response head.
+    /// From the request to the response body's end (NGINX's `$request_time`).
     pub elapsed: Duration,
+    /// Who served it upstream: a static endpoint, or a session's instance and its wait.
+    pub upstream: &'a crate::upstream::ServedBy,
     /// The `User-Agent`, if any.
     pub user_agent: Option<&'a str>,
+    /// The `Referer`, if any.
+    pub referer: Option<&'a str>,
 }
 
 /// The access log's sender side; cheap to clone.
@@ -80,6 +93,7 @@ impl AccessLog {
     pub fn record(&self, entry: &Entry<'_>) {
         let line = match self.format {
             AccessLogFormat::Common => common(entry, SystemTime::now()),
+            AccessLogFormat::Combined => combined(entry, SystemTime::now()),
             AccessLogFormat::Json => json_line(entry, SystemTime::now()),
         };
         if self.lines.try_send(line).is_err() {
@@ -129,15 +143,31 @@ fn write_lines(
 fn common(e: &Entry<'_>, now: SystemTime) -> String {
     let (y, mo, d, h, mi, s) = civil(now);
     let month = MONTHS[(mo - 1) as usize];
-    let bytes = e.bytes.map_or_else(|| "-".to_owned(), |b| b.to_string());
     format!(
-        "{} - - [{d:02}/{month}/{y}:{h:02}:{mi:02}:{s:02} +0000] \"{} {} {:?}\" {} {bytes}",
+        "{} - - [{d:02}/{month}/{y}:{h:02}:{mi:02}:{s:02} +0000] \"{} {} {:?}\" {} {}",
         e.client.ip(),
         e.method,
         request_target(e.uri),
         e.version,
-        e.status
+        e.status,
+        e.bytes
     )
+}
+
+/// Common, then `"referer" "user agent"` (`"-"` for either absent), as NGINX's `combined`.
+fn combined(e: &Entry<'_>, now: SystemTime) -> String {
+    let quoted = |v: Option<&str>| v.map_or_else(|| "-".to_owned(), escape_quoted);
+    format!(
+        "{} \"{}\" \"{}\"",
+        common(e, now),
+        quoted(e.referer),
+        quoted(e.user_agent)
+    )
+}
+
+/// A header value inside `"…"`: quotes and backslashes escaped, as NGINX escapes them.
+fn escape_quoted(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
 fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
@@ -150,9 +180,15 @@ fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
         "protocol": format!("{:?}", e.version),
         "status": e.status,
         "bytes": e.bytes,
+        "complete": e.complete,
+        "request_bytes": e.request_bytes,
         "route": e.route,
         "duration_ms": duration_ms(e.elapsed),
+        "upstream_addr": e.upstream.endpoint.map(|a| a.to_string()),
+        "instance": e.upstream.instance.as_ref().map(|i| i.id()),
+        "queue_ms": e.upstream.queued.map(duration_ms),
         "user_agent": e.user_agent,
+        "referer": e.referer,
     })
     .to_string()
 }
@@ -202,6 +238,12 @@ fn duration_ms(d: Duration) -> f64 {
 mod tests {
     use super::*;
 
+    static NOBODY: crate::upstream::ServedBy = crate::upstream::ServedBy {
+        endpoint: None,
+        instance: None,
+        queued: None,
+    };
+
     fn entry<'a>(method: &'a Method, uri: &'a Uri) -> Entry<'a> {
         Entry {
             client: "192.0.2.7:5555".parse().unwrap_or_else(|_| unreachable!()),
@@ -209,11 +251,27 @@ mod tests {
             uri,
             version: Version::HTTP_11,
             status: 200,
-            bytes: Some(6),
+            bytes: 6,
+            complete: true,
+            request_bytes: Some(0),
             route: "api",
             elapsed: Duration::from_millis(3),
+            upstream: &NOBODY,
             user_agent: Some("curl/8"),
+            referer: None,
         }
+    }
+
+    #[test]
+    fn combined_lines_quote_referer_and_agent() {
+        let (m, u) = (Method::GET, Uri::from_static("/a"));
+        let at = UNIX_EPOCH + Duration::from_secs(1_795_424_400);
+        let mut e = entry(&m, &u);
+        e.user_agent = Some("a \"quoted\" agent");
+        assert_eq!(
+            combined(&e, at),
+            "192.0.2.7 - - [23/Nov/2026:09:00:00 +0000] \"GET /a HTTP/1.1\" 200 6 \"-\" \"a \\\"quoted\\\" agent\""
+        );
     }
 
     #[test]

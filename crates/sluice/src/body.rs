@@ -262,6 +262,39 @@ pin_project_lite::pin_project! {
             rest: Option<Rest>,
             release: Option<Box<dyn Release>>,
         },
+        /// A body whose end (or drop, the client gone) is reported with the bytes that went
+        /// out: the access log's line is written then.
+        Reported { body: Pin<Box<ProxyBody>>, report: Report },
+    }
+}
+
+/// What is told when a [`ProxyBody::Reported`] body ends: its data bytes, and whether it
+/// ended whole (false: dropped early, or failed).
+pub type OnEnd = Box<dyn FnOnce(u64, bool) + Send + Sync>;
+
+/// Counts a body's bytes and reports them once, at its end or its drop.
+pub struct Report {
+    sent: u64,
+    on_end: Option<OnEnd>,
+}
+
+impl std::fmt::Debug for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Report").field("sent", &self.sent).finish()
+    }
+}
+
+impl Report {
+    fn end(&mut self, complete: bool) {
+        if let Some(on_end) = self.on_end.take() {
+            on_end(self.sent, complete);
+        }
+    }
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        self.end(false);
     }
 }
 
@@ -276,6 +309,22 @@ impl ProxyBody {
         let data: Bytes = data.into();
         Self::Full {
             data: (!data.is_empty()).then_some(data),
+        }
+    }
+
+    /// `self`, reporting to `on_end` when it has ended or is dropped (at once for a body that
+    /// has no data to come).
+    pub fn reported(self, on_end: OnEnd) -> Self {
+        if self.is_end_stream() {
+            on_end(0, true);
+            return self;
+        }
+        Self::Reported {
+            body: Box::pin(self),
+            report: Report {
+                sent: 0,
+                on_end: Some(on_end),
+            },
         }
     }
 
@@ -338,6 +387,20 @@ impl Body for ProxyBody {
                 rest,
                 release,
             } => poll_buffered(cx, head, trailers, rest, release),
+            ProxyBodyProj::Reported { body, report } => {
+                let polled = std::task::ready!(body.as_mut().poll_frame(cx));
+                match &polled {
+                    Some(Ok(frame)) => {
+                        report.sent += frame.data_ref().map_or(0, |d| d.len() as u64);
+                        if body.is_end_stream() {
+                            report.end(true);
+                        }
+                    }
+                    Some(Err(_)) => report.end(false),
+                    None => report.end(true),
+                }
+                Poll::Ready(polled)
+            }
         }
     }
 
@@ -345,6 +408,7 @@ impl Body for ProxyBody {
         match self {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.is_end_stream(),
             Self::Client { body } => body.is_end_stream(),
+            Self::Reported { body, .. } => body.is_end_stream(),
             Self::Full { data } => data.is_none(),
             Self::Buffered {
                 head,
@@ -363,6 +427,7 @@ impl Body for ProxyBody {
         match self {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.size_hint(),
             Self::Client { body } => body.size_hint(),
+            Self::Reported { body, .. } => body.size_hint(),
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

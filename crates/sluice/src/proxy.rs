@@ -30,7 +30,7 @@ use crate::http::headers::{
 use crate::metrics::Metrics;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
 use crate::server::ClientInfo;
-use crate::upstream::Upstream;
+use crate::upstream::{ServedBy, Upstream, WantsServedBy};
 
 /// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
 ///
@@ -91,13 +91,12 @@ impl<R: Routing> ProxyService<R> {
     }
 
     /// Handles one request; failures become short plain-text error responses.
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+    pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
         // Kept only when a log wants them: the request itself moves on.
-        let logged = self.access_log.as_ref().map(|_| {
-            let ua = req.headers().get(header::USER_AGENT);
-            let ua = ua.and_then(|v| v.to_str().ok()).map(str::to_owned);
-            (req.method().clone(), req.uri().clone(), req.version(), ua)
+        let logged = self.access_log.as_ref().map(|log| {
+            req.extensions_mut().insert(WantsServedBy);
+            Logged::of(&req, log.clone(), started)
         });
         let client = req
             .extensions()
@@ -119,20 +118,10 @@ impl<R: Routing> ProxyService<R> {
         if let Some(metrics) = &self.metrics {
             metrics.request(route, res.status().as_u16(), started.elapsed());
         }
-        if let (Some(log), Some((method, uri, version, ua))) = (&self.access_log, &logged) {
-            log.record(&access_log::Entry {
-                client: client.peer,
-                method,
-                uri,
-                version: *version,
-                status: res.status().as_u16(),
-                bytes: http_body::Body::size_hint(res.body()).exact(),
-                route,
-                elapsed: started.elapsed(),
-                user_agent: ua.as_deref(),
-            });
+        match logged {
+            Some(logged) => logged.at_end(res, client.peer, matched),
+            None => res,
         }
-        res
     }
 
     async fn dispatch(
@@ -251,6 +240,71 @@ fn upstream_request(
     }
     parts.version = Version::HTTP_11;
     Request::from_parts(parts, ProxyBody::from_client(body, client.body_timeout))
+}
+
+/// What the access log keeps of a request until its response body has ended.
+struct Logged {
+    log: AccessLog,
+    method: http::Method,
+    uri: Uri,
+    version: Version,
+    user_agent: Option<String>,
+    referer: Option<String>,
+    request_bytes: Option<u64>,
+    started: Instant,
+}
+
+impl Logged {
+    fn of(req: &Request<Incoming>, log: AccessLog, started: Instant) -> Self {
+        let text = |name| {
+            let v = req.headers().get(name)?;
+            v.to_str().ok().map(str::to_owned)
+        };
+        Self {
+            log,
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            user_agent: text(header::USER_AGENT),
+            referer: text(header::REFERER),
+            request_bytes: http_body::Body::size_hint(req.body()).exact(),
+            started,
+        }
+    }
+
+    /// `res`, whose body writes the line when it ends (NGINX's `$request_time` and
+    /// `$body_bytes_sent`), or when it is dropped early.
+    fn at_end(
+        self,
+        mut res: Response<ProxyBody>,
+        client: std::net::SocketAddr,
+        route: Option<Arc<Route>>,
+    ) -> Response<ProxyBody> {
+        let status = res.status().as_u16();
+        let upstream = res
+            .extensions_mut()
+            .remove::<ServedBy>()
+            .unwrap_or_default();
+        let (parts, body) = res.into_parts();
+        let body = body.reported(Box::new(move |bytes, complete| {
+            self.log.record(&access_log::Entry {
+                client,
+                method: &self.method,
+                uri: &self.uri,
+                version: self.version,
+                status,
+                bytes,
+                complete,
+                request_bytes: self.request_bytes,
+                route: route.as_ref().map_or("-", |r| r.name.as_str()),
+                elapsed: self.started.elapsed(),
+                upstream: &upstream,
+                user_agent: self.user_agent.as_deref(),
+                referer: self.referer.as_deref(),
+            });
+        }));
+        Response::from_parts(parts, body)
+    }
 }
 
 fn direct_response(direct: &Direct) -> Response<ProxyBody> {

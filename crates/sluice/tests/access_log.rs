@@ -118,3 +118,86 @@ async fn a_full_disk_does_not_fail_requests_and_is_reported_once_per_interval() 
     assert_eq!(reports(), 1);
     let _ = stop.send(());
 }
+
+/// Issue 28, item 10: a line is written when the body ends, so a streamed response's
+/// `duration_ms` covers the stream ($request_time) and `bytes` counts what was sent
+/// ($body_bytes_sent), for streams and for Sluice's own 503s alike; it names the instance
+/// that served it and how long the request waited for a session.
+#[tokio::test]
+async fn lines_are_written_at_the_bodys_end_with_upstream_and_queue_wait() {
+    use bytes::Bytes;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    use reverse_support::custom::serve_fn;
+    use reverse_support::ServiceSpec;
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = "[access_log]\nformat = \"json\"\npath = \"access.log\"\n\
+         [acceptor]\nlisten = \"127.0.0.1:0\"\n\
+         [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\nname = \"empty\"\npath_prefix = \"/empty\"\ncluster = \"nobody\"\n\
+         [[route]]\nname = \"api\"\ncluster = \"api\"\n\
+         [cluster.api]\nkind = \"reverse\"\nqueue_timeout = \"10s\"\n\
+         [cluster.nobody]\nkind = \"reverse\"\n";
+    let config = sluice::config::parse_str(
+        text,
+        &dir.path().join("t.toml").display().to_string(),
+        dir.path(),
+    )
+    .unwrap();
+    let proxy = Proxy::bind(&config).await.unwrap();
+    let addr = proxy.local_addrs()[0].1;
+    let acceptor = proxy.acceptor_addr().unwrap();
+    let cluster = proxy.reverse_cluster("api").unwrap().clone();
+    tokio::spawn(proxy.run_until(std::future::pending()));
+    // One session: three chunks of 100 bytes, 150 ms apart.
+    let _svc = serve_fn(acceptor, &ServiceSpec::new("streamer", 1), |_req| async {
+        let (tx, rx) =
+            tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(4);
+        tokio::spawn(async move {
+            for i in 0..3u8 {
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+                let _ = tx
+                    .send(Ok(Frame::data(Bytes::from(vec![b'a' + i; 100]))))
+                    .await;
+            }
+        });
+        let mut rx = rx;
+        let body = StreamBody::new(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+        Ok(http::Response::new(body))
+    })
+    .await;
+    cluster
+        .wait_until(|c| c.idle_sessions("default") == 1)
+        .await;
+    // Two at once on one session: the second waits for the first's whole stream.
+    let (a, b) = tokio::join!(get(addr, "/s1"), get(addr, "/s2"));
+    assert_eq!((a.body.len(), b.body.len()), (300, 300));
+    let refused = get(addr, "/empty").await;
+    assert_eq!(refused.status, 503);
+    let lines = lines(&dir.path().join("access.log"), 3).await;
+    let parsed: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let by_target = |t: &str| parsed.iter().find(|v| v["target"] == t).unwrap().clone();
+    for t in ["/s1", "/s2"] {
+        let v = by_target(t);
+        assert_eq!(v["bytes"], 300, "{v}");
+        assert_eq!(v["complete"], true, "{v}");
+        assert_eq!(v["instance"], "streamer", "{v}");
+        // The stream alone takes 300 ms: a line written at the head said ~0.
+        assert!(v["duration_ms"].as_f64().unwrap() >= 300.0, "{v}");
+    }
+    let waited = ["/s1", "/s2"].map(|t| by_target(t)["queue_ms"].as_f64().unwrap());
+    assert!(
+        waited.iter().any(|w| *w >= 250.0),
+        "one waited for the other's stream: {waited:?}"
+    );
+    let empty = by_target("/empty");
+    assert_eq!(empty["status"], 503);
+    assert_eq!(empty["bytes"], refused.body.len() as u64, "{empty}");
+    assert_eq!(empty["request_bytes"], 0);
+}

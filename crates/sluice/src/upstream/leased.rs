@@ -42,4 +42,7 @@ pub(crate) trait Leased: Send + Sized {
 
     /// Logs a failure of the exchange, naming where it went.
     fn log_failure(&self, e: &ProxyError);
+
+    /// Who serves the request, for the access log.
+    fn served_by(&self) -> crate::upstream::ServedBy;
 }

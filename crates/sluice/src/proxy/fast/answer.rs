@@ -11,9 +11,9 @@ use sluice_wire::h1;
 
 use crate::error::ProxyError;
 
-/// The response the client gets for `e`; `close` adds `Connection: close`, and the answer to
-/// a `HEAD` request has no body (its length stays).
-pub(super) fn error(e: &ProxyError, close: bool, head_request: bool) -> Vec<u8> {
+/// The response the client gets for `e`, and its body's length (0 for `HEAD`); `close` adds
+/// `Connection: close`, and the answer to a `HEAD` request has no body (its length stays).
+pub(super) fn error(e: &ProxyError, close: bool, head_request: bool) -> (Vec<u8>, u64) {
     // An unasked `101` is answered as the hyper path answers it (`proxy::upgrade`): with its
     // own text, and no content type.
     let (reason, typed) = match e {
@@ -43,11 +43,12 @@ pub(super) fn error(e: &ProxyError, close: bool, head_request: bool) -> Vec<u8> 
         reason.len() + 1,
         date()
     );
-    if !head_request {
-        out.extend_from_slice(reason.as_bytes());
-        out.push(b'\n');
+    if head_request {
+        return (out, 0);
     }
-    out
+    out.extend_from_slice(reason.as_bytes());
+    out.push(b'\n');
+    (out, reason.len() as u64 + 1)
 }
 
 /// Appends `data` as one chunk.

@@ -48,6 +48,8 @@ pub(super) struct Sink<'c, C> {
     length_unknown: bool,
     /// Whether anything reached the client.
     pub(super) wrote: bool,
+    /// The body's data bytes (not its chunk framing) taken in to go out.
+    payload: u64,
 }
 
 impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
@@ -77,6 +79,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
             chunks: unknown && framing.http11 && !head_request,
             length_unknown: unknown && !head_request,
             wrote: false,
+            payload: 0,
         }
     }
 
@@ -95,6 +98,17 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
     /// Body bytes waiting.
     fn body_pending(&self) -> usize {
         self.out.len() - self.sent.max(self.head)
+    }
+
+    /// The body's data bytes that reached the client, NGINX's `$body_bytes_sent` as the hyper
+    /// path counts it (without chunk framing): all of them once the body went out whole;
+    /// for a body cut short, less what still waited (its framing counted as data).
+    pub(super) fn data_sent(&self, complete: bool) -> u64 {
+        if complete {
+            return self.payload;
+        }
+        let unsent = self.out.len() - self.sent.max(self.head.min(self.out.len()));
+        self.payload.saturating_sub(unsent as u64)
     }
 
     /// Makes room in `out` for `n` more bytes: doubling, but not past the head, the budget
@@ -116,6 +130,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         }
         // A chunk's size line and CRLFs come to at most 20 bytes.
         self.grow(bytes.len() + 20);
+        self.payload += bytes.len() as u64;
         if self.chunks && !self.gathering {
             answer::chunk(&mut self.out, bytes);
         } else {
@@ -128,6 +143,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
     /// is, by taking the read's buffer for `out` instead of copying it.
     fn data_read(&mut self) {
         if self.pending() == 0 && !self.chunks && !self.spare.is_empty() {
+            self.payload += self.spare.len() as u64;
             std::mem::swap(&mut self.out, &mut self.spare);
             self.spare.clear();
             self.head = 0;
@@ -262,6 +278,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         } else {
             limited.read_buf(&mut self.out).await?
         };
+        self.payload += read as u64;
         self.data |= read > 0;
         Ok(read)
     }

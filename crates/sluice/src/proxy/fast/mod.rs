@@ -170,20 +170,32 @@ impl FastPath {
             metrics.request_cached(counted, &route.name, outcome.status, elapsed);
         }
         if let Some(log) = &self.access_log {
-            let ua = field(req, b"user-agent");
+            // As `HeaderValue::to_str`: visible ASCII only.
+            let text = |name: &[u8]| {
+                field(req, name)
+                    .filter(|v| v.iter().all(|b| (32..127).contains(b) || *b == b'\t'))
+                    .and_then(|v| std::str::from_utf8(v).ok())
+            };
+            let request_bytes = match req.head.body {
+                BodyFraming::None => Some(0),
+                BodyFraming::Length(n) => Some(n),
+                BodyFraming::Chunked => None,
+            };
             log.record(&access_log::Entry {
                 client: req.client.peer,
                 method: &parts.method,
                 uri: parts.uri,
                 version: Version::HTTP_11,
                 status: outcome.status,
-                bytes: outcome.length,
+                bytes: outcome.sent,
+                complete: outcome.complete,
+                request_bytes,
                 route: &route.name,
-                elapsed,
-                // As `HeaderValue::to_str`: visible ASCII only.
-                user_agent: ua
-                    .filter(|v| v.iter().all(|b| (32..127).contains(b) || *b == b'\t'))
-                    .and_then(|v| std::str::from_utf8(v).ok()),
+                // The body has gone out by now: `$request_time`.
+                elapsed: started.elapsed(),
+                upstream: &outcome.by,
+                user_agent: text(b"user-agent"),
+                referer: text(b"referer"),
             });
         }
     }

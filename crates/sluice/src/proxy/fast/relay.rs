@@ -8,7 +8,7 @@ use std::io;
 use std::pin::Pin;
 
 use http::Method;
-use sluice_wire::h1::{self, Answer, BodyFraming, Forward, ParsedResponse, ResponseBody};
+use sluice_wire::h1::{self, Answer, BodyFraming, Forward, ParsedResponse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
 
@@ -20,6 +20,7 @@ use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
 use crate::upstream::is_idempotent;
 use crate::upstream::leased::Leased;
+use crate::upstream::ServedBy;
 
 /// What an exchange came to, for the connection and for metrics and logs.
 #[derive(Debug)]
@@ -30,8 +31,12 @@ pub(crate) struct Outcome {
     /// The status the client was sent (or would have been); 0 when it hung up before its
     /// answer.
     pub(crate) status: u16,
-    /// The response body's length when known.
-    pub(crate) length: Option<u64>,
+    /// The response body's bytes that reached the client (`$body_bytes_sent`).
+    pub(crate) sent: u64,
+    /// Whether the whole body went out.
+    pub(crate) complete: bool,
+    /// Who served it upstream (the access log's).
+    pub(crate) by: ServedBy,
     /// When the response head was ready.
     pub(crate) head_at: Option<Instant>,
     pub(crate) error: Option<ProxyError>,
@@ -232,7 +237,9 @@ impl<'a> Exchange<'a> {
             used,
             served: Served::Close,
             status: 0,
-            length: None,
+            sent: 0,
+            complete: false,
+            by: ServedBy::default(),
             head_at: None,
             error: None,
         }
@@ -244,20 +251,23 @@ impl<'a> Exchange<'a> {
         C: AsyncWrite + Unpin,
     {
         let close = e.closes_connection() || self.closes();
-        let bytes = answer::error(&e, close, self.head_request);
+        let (bytes, body) = answer::error(&e, close, self.head_request);
         let written = async {
             client.write_all(&bytes).await?;
             client.flush().await
         };
-        let served = match written.await {
-            Ok(()) if !close => Served::KeepAlive,
-            _ => Served::Close,
+        let (served, complete) = match written.await {
+            Ok(()) if !close => (Served::KeepAlive, true),
+            Ok(()) => (Served::Close, true),
+            Err(_) => (Served::Close, false),
         };
         Outcome {
             used,
             served,
             status: e.status().as_u16(),
-            length: None,
+            sent: if complete { body } else { 0 },
+            complete,
+            by: ServedBy::default(),
             head_at: Some(Instant::now()),
             error: Some(e),
         }
@@ -307,22 +317,19 @@ impl<'a> Exchange<'a> {
         let mut sink = Sink::new(client, (out, spare), &head, self.head_request, ahead);
         let early = &ubuf[head.len..];
         let relayed = body::relay(lease.io(), &mut sink, &head, early).await;
-        let length = match head.body {
-            ResponseBody::Length(n) => Some(n),
-            ResponseBody::None => Some(0),
-            _ => None,
-        };
-        let served = match relayed {
+        let by = lease.served_by();
+        let (served, complete) = match relayed {
             Ok(clean) => {
                 lease.release(clean && head.reusable);
                 match sink.send().await {
-                    Ok(()) if !close => Served::KeepAlive,
-                    _ => Served::Close,
+                    Ok(()) if !close => (Served::KeepAlive, true),
+                    Ok(()) => (Served::Close, true),
+                    Err(_) => (Served::Close, false),
                 }
             }
             Err(_) if sink.wrote || ahead.is_none() => {
                 sink.fail().await;
-                Served::Close
+                (Served::Close, false)
             }
             // A body that failed while it was read ahead, before the client got any of it, is
             // answered 502, as the hyper path answers it.
@@ -343,7 +350,9 @@ impl<'a> Exchange<'a> {
             used,
             served,
             status: head.status,
-            length,
+            sent: sink.data_sent(complete),
+            complete,
+            by,
             head_at,
             error: None,
         };

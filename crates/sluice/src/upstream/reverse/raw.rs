@@ -21,6 +21,8 @@ pub(crate) struct SessionLease {
     session: Session,
     io: SessionIo,
     pool: Arc<SlicePool>,
+    /// How long the request waited for it in the slice's queue.
+    queued: Duration,
 }
 
 impl SessionLease {
@@ -31,11 +33,18 @@ impl SessionLease {
     }
 
     async fn lease_from(pool: &Arc<SlicePool>) -> Result<Self, ProxyError> {
+        let mut queued = Duration::ZERO;
         for _ in 0..MAX_ENDED {
-            let mut session = pool.lease().await?;
+            let (mut session, waited) = pool.lease_waited().await?;
+            queued += waited;
             if let Some(io) = session.client().take_io().await {
                 let pool = Arc::clone(pool);
-                return Ok(Self { session, io, pool });
+                return Ok(Self {
+                    session,
+                    io,
+                    pool,
+                    queued,
+                });
             }
             debug!(instance = %session.instance().id(), "a leased session had ended; leasing another");
         }
@@ -78,9 +87,18 @@ impl Leased for SessionLease {
             mut session,
             io,
             pool,
+            ..
         } = self;
         if reusable && session.client().put_io(io) {
             Lease::new(Some(session), pool).finish();
+        }
+    }
+
+    fn served_by(&self) -> crate::upstream::ServedBy {
+        crate::upstream::ServedBy {
+            instance: Some(Arc::clone(self.session.instance())),
+            queued: Some(self.queued),
+            ..Default::default()
         }
     }
 

@@ -16,6 +16,7 @@ use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::server::ClientInfo;
 use crate::upstream::exchange::{self, Answer, Failure, Replay};
+use crate::upstream::{note_served_by, ServedBy, WantsServedBy};
 
 /// Reads a body that fits `request_buffer`, then leases a session and exchanges the request
 /// on it. A session that dies before any response byte costs the request a second session
@@ -27,13 +28,21 @@ pub async fn send(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let pool = slice.pool();
     stamp_client_addr(&mut req);
+    let wants = req.extensions().get::<WantsServedBy>().is_some();
     let req = buffer::request(req, pool.options().request_buffer).await?;
-    let session = pool.lease().await?;
+    let (session, queued) = pool.lease_waited().await?;
     // Copied only once a session is leased: a request refused for capacity never pays for it.
     let replay = Replay::of(&req);
     let instance = Arc::clone(session.instance());
     let failure = match send_on(pool, session, req, replay).await {
-        Ok(res) => return Ok(res),
+        Ok(mut res) => {
+            note_served_by(wants, &mut res, || ServedBy {
+                instance: Some(instance),
+                queued: Some(queued),
+                ..ServedBy::default()
+            });
+            return Ok(res);
+        }
         Err(failure) => failure,
     };
     let Some(req) = failure.retry else {
@@ -41,9 +50,18 @@ pub async fn send(
     };
     debug!(instance = %instance.id(), error = %failure.error, "session failed before the response; retrying on another");
     // Boxed: the retry is rare, and inline its state would double every request's future.
-    Box::pin(async {
-        let session = pool.lease().await?;
-        send_on(pool, session, req, None).await.map_err(|f| f.error)
+    Box::pin(async move {
+        let (session, waited) = pool.lease_waited().await?;
+        let instance = Arc::clone(session.instance());
+        let mut res = send_on(pool, session, req, None)
+            .await
+            .map_err(|f| f.error)?;
+        note_served_by(wants, &mut res, || ServedBy {
+            instance: Some(instance),
+            queued: Some(queued + waited),
+            ..ServedBy::default()
+        });
+        Ok(res)
     })
     .await
 }

@@ -68,6 +68,13 @@ impl Leased for RawLease {
     fn log_failure(&self, e: &ProxyError) {
         super::send::log_failure(&self.inner, self.in_flight.endpoint().addr(), e);
     }
+
+    fn served_by(&self) -> crate::upstream::ServedBy {
+        crate::upstream::ServedBy {
+            endpoint: Some(self.in_flight.endpoint().addr()),
+            ..Default::default()
+        }
+    }
 }
 
 impl StaticCluster {

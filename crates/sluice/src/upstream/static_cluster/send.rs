@@ -14,9 +14,9 @@ use super::pool::Conn;
 use super::{acquire, connect_fresh, wrap_response, Inner, MAX_CONNECT_ATTEMPTS};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::upstream::default_host;
 use crate::upstream::exchange::{self, Replay};
 use crate::upstream::tls::UpstreamTls;
+use crate::upstream::{default_host, note_served_by, ServedBy, WantsServedBy};
 
 /// Picks an endpoint and exchanges the request with it. A failed connect ejects the endpoint
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`].
@@ -37,7 +37,14 @@ pub(super) async fn send(
             Ok(conn) => {
                 let sni = || inner.tls.as_ref().and_then(UpstreamTls::sni);
                 default_host(&mut req, || sni().unwrap_or_else(|| addr.to_string()));
-                let result = exchange(inner, conn, in_flight, req).await;
+                let wants = req.extensions().get::<WantsServedBy>().is_some();
+                let mut result = exchange(inner, conn, in_flight, req).await;
+                if let Ok(res) = &mut result {
+                    note_served_by(wants, res, || ServedBy {
+                        endpoint: Some(addr),
+                        ..ServedBy::default()
+                    });
+                }
                 return result.inspect_err(|e| log_failure(inner, addr, e));
             }
             Err(e) => {
