@@ -49,6 +49,7 @@ pub(crate) async fn serve(
     buf.drain(..used);
     let (target, used) = within(opts.idle_timeout, read_target(peer, &mut buf)).await?;
     buf.drain(..used);
+    let target = canonical(target);
     if !end.allow.iter().any(|a| a.allows(target)) {
         return Err(Refused::Target(target));
     }
@@ -116,6 +117,13 @@ async fn read_more(peer: &TcpStream, buf: &mut Vec<u8>, limit: usize) -> io::Res
     }
 }
 
+/// `target` with an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) made the IPv4 address it
+/// names: matched against `allow` and connected to as IPv4, so an IPv6 range cannot reach
+/// IPv4 services.
+fn canonical(target: SocketAddr) -> SocketAddr {
+    SocketAddr::new(target.ip().to_canonical(), target.port())
+}
+
 /// Whether `token` equals one of `tokens`, comparing every one in constant time (no early
 /// exit, so the timing tells nothing about which byte differed).
 fn known(token: &[u8], tokens: &[Token]) -> bool {
@@ -136,5 +144,13 @@ mod tests {
         assert!(!known(b"bet", &tokens));
         assert!(!known(b"betaa", &tokens));
         assert!(!known(b"", &tokens));
+    }
+
+    #[test]
+    fn an_ipv4_mapped_target_becomes_ipv4() {
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:80".parse().expect("addr");
+        assert_eq!(canonical(mapped), "127.0.0.1:80".parse().expect("addr"));
+        let v6: SocketAddr = "[2001:db8::1]:80".parse().expect("addr");
+        assert_eq!(canonical(v6), v6);
     }
 }

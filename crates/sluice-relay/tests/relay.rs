@@ -68,11 +68,14 @@ fn plain(to: SocketAddr, extra: &str) -> String {
 }
 
 fn tunnel_end(allow: SocketAddr) -> String {
+    tunnel_allowing(&format!("{}/32:{}", allow.ip(), allow.port()), "")
+}
+
+/// A tunnel end with one `allow` entry and `extra` keys.
+fn tunnel_allowing(allow: &str, extra: &str) -> String {
     format!(
         "[[relay]]\nname = \"core\"\nlisten = \"127.0.0.1:0\"\ntunnel = true\n\
-         tokens = [\"right-token\"]\nallow = [\"{}/32:{}\"]\n",
-        allow.ip(),
-        allow.port()
+         tokens = [\"right-token\"]\nallow = [\"{allow}\"]\n{extra}\n"
     )
 }
 
@@ -134,6 +137,28 @@ async fn a_tunnel_refuses_no_token_a_wrong_token_and_a_target_not_allowed() {
     assert_eq!(accepted.load(SeqCst), 0);
     assert_eq!(elsewhere_accepted.load(SeqCst), 0);
     assert_eq!(core.stats.snapshot().refused, 3);
+}
+
+/// A target `::ffff:127.0.0.1` is 127.0.0.1: an IPv6 `allow` range does not reach it, the
+/// IPv4 entry for it does (and the tunnel end connects to it as IPv4).
+#[tokio::test]
+async fn an_ipv4_mapped_target_is_matched_and_connected_as_ipv4() {
+    let (backend, accepted) = spawn_backend(0).await;
+    let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", backend.port())
+        .parse()
+        .unwrap();
+    let any_v6 = &start(&tunnel_allowing(&format!("[::/0]:{}", backend.port()), ""))[0];
+    let edge = &start(&entry(any_v6.addr, mapped, "right-token", ""))[0];
+    assert_eq!(exchange(edge.addr, b"hello").await, "");
+    assert_eq!(
+        accepted.load(SeqCst),
+        0,
+        "an IPv6 range reached an IPv4 service"
+    );
+    assert_eq!(any_v6.stats.snapshot().refused, 1);
+    let v4 = &start(&tunnel_end(backend))[0];
+    let edge = &start(&entry(v4.addr, mapped, "right-token", ""))[0];
+    assert_eq!(exchange(edge.addr, b"hello").await, "got 5");
 }
 
 #[tokio::test]

@@ -74,9 +74,11 @@ pub struct AllowedTarget {
 }
 
 impl AllowedTarget {
-    /// Whether `addr` is inside this entry.
+    /// Whether `addr` is inside this entry. An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is
+    /// matched as the IPv4 address it names, so an IPv6 range never lets one reach an IPv4
+    /// service that no IPv4 entry allows.
     pub fn allows(&self, addr: SocketAddr) -> bool {
-        addr.port() == self.port && self.net.contains(&addr.ip())
+        addr.port() == self.port && self.net.contains(&addr.ip().to_canonical())
     }
 }
 

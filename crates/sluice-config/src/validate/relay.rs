@@ -264,4 +264,17 @@ mod tests {
             assert!(parse_allowed(bad).is_err(), "{bad}");
         }
     }
+
+    #[test]
+    fn an_ipv4_mapped_target_is_matched_as_ipv4() {
+        let mapped = "[::ffff:127.0.0.1]:18721".parse().expect("addr");
+        let any_v6 = parse_allowed("[::/0]:18721").expect("v6");
+        assert!(
+            !any_v6.allows(mapped),
+            "an IPv6 range reached an IPv4 target"
+        );
+        let v4 = parse_allowed("127.0.0.1:18721").expect("v4");
+        assert!(v4.allows(mapped), "the IPv4 entry for the same address");
+        assert!(any_v6.allows("[::1]:18721".parse().expect("addr")));
+    }
 }
