@@ -96,6 +96,18 @@ enum Role {
     Tunnel(TunnelEnd),
 }
 
+impl Role {
+    /// What the relay is, for its log lines: `entry` (names a target to a tunnel end),
+    /// `forwarder` (plain TCP) or `tunnel` (a tunnel end).
+    fn kind(&self) -> &'static str {
+        match self {
+            Role::Forward { connector, .. } if connector.names_target() => "entry",
+            Role::Forward { .. } => "forwarder",
+            Role::Tunnel(_) => "tunnel",
+        }
+    }
+}
+
 impl Relay {
     /// Binds the relay's listener (and, with `early_connect`, its packet socket: without
     /// CAP_NET_RAW that logs a warning and the relay connects on accept). Must be called inside
@@ -177,6 +189,8 @@ impl Relay {
     /// pool), lets the connections under way finish within `grace` (as the proxy's listeners
     /// do), closes the rest, and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>, grace: Duration) {
+        let (addr, mode) = (self.handle.addr, self.handler.role.kind());
+        tracing::info!(relay = %self.name, %addr, mode, "relay listening");
         let mut helpers = JoinSet::new();
         if let Role::Forward {
             connector,

@@ -3,6 +3,8 @@
 //! and without CAP_NET_RAW.
 #![allow(clippy::unwrap_used)]
 
+mod capture;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -95,6 +97,30 @@ async fn eventually(what: &str, cond: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("never happened: {what}");
+}
+
+/// Each relay says where it listens and what it is, as the HTTP listeners do.
+#[tokio::test(flavor = "current_thread")]
+async fn each_relay_logs_where_it_listens_and_what_it_is() {
+    let logs = capture::Logs::start();
+    let (backend, _) = spawn_backend(0).await;
+    let core = start(&tunnel_end(backend))[0].addr;
+    let edge = start(&entry(core, backend, "right-token", ""))[0].addr;
+    let forwarder = start(&plain(backend, ""))[0].addr;
+    let relays = [(core, "tunnel"), (edge, "entry"), (forwarder, "forwarder")];
+    let line = |addr: SocketAddr, mode: &str| {
+        let (addr, mode) = (format!("addr={addr}"), format!("mode=\"{mode}\""));
+        logs.lines_with(&["INFO", "relay listening", &addr, &mode])
+    };
+    eventually("every relay logged its listening line", || {
+        relays
+            .iter()
+            .all(|&(addr, mode)| !line(addr, mode).is_empty())
+    })
+    .await;
+    for (addr, mode) in relays {
+        assert_eq!(line(addr, mode).len(), 1, "{mode} at {addr}");
+    }
 }
 
 #[tokio::test]
