@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use sluice_config::{RelayOptions, RelayRole, TunnelEnd};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -84,6 +84,10 @@ struct Handler {
     role: Role,
     opts: RelayOptions,
     stats: Arc<Stats>,
+    /// `max_connections`: connections relayed at once (at a tunnel end, authenticated ones).
+    relayed: Arc<Semaphore>,
+    /// A tunnel end's `max_unauthenticated`: connections still waiting for their token.
+    unauthenticated: Option<Arc<Semaphore>>,
 }
 
 #[derive(Debug)]
@@ -150,10 +154,16 @@ impl Relay {
                 )
             }
         };
+        let unauthenticated = match &role {
+            Role::Tunnel(end) => Some(Arc::new(Semaphore::new(end.max_unauthenticated))),
+            Role::Forward { .. } => None,
+        };
         let handler = Arc::new(Handler {
             role,
+            relayed: Arc::new(Semaphore::new(opts.max_connections)),
             opts,
             stats: Arc::clone(&stats),
+            unauthenticated,
         });
         let handle = RelayHandle {
             name: config.name.clone(),
@@ -205,7 +215,9 @@ impl Relay {
                 helpers.spawn(Arc::clone(early).run(Arc::clone(connector), pool.clone()));
             }
         }
-        let limit = Arc::new(Semaphore::new(self.handler.opts.max_connections));
+        // A tunnel end accepts under its bound on unauthenticated connections; each moves to
+        // `max_connections` once its token is checked.
+        let limit = Arc::clone(self.handler.accept_limit());
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -231,13 +243,7 @@ impl Relay {
             };
             let handler = Arc::clone(&self.handler);
             let span = tracing::debug_span!("relay", relay = %self.name, client.addr = %peer);
-            conns.spawn(
-                async move {
-                    handler.serve(client, peer).await;
-                    drop(permit);
-                }
-                .instrument(span),
-            );
+            conns.spawn(handler.serve(client, peer, permit).instrument(span));
         }
         drop(self.listener);
         helpers.shutdown().await;
@@ -252,7 +258,19 @@ impl Relay {
 }
 
 impl Handler {
-    async fn serve(&self, client: TcpStream, peer: SocketAddr) {
+    /// The limit a new connection is accepted under.
+    fn accept_limit(&self) -> &Arc<Semaphore> {
+        self.unauthenticated.as_ref().unwrap_or(&self.relayed)
+    }
+
+    /// Serves one accepted connection, holding `permit` (of [`Handler::accept_limit`]) while
+    /// it counts.
+    async fn serve(
+        self: Arc<Self>,
+        client: TcpStream,
+        peer: SocketAddr,
+        permit: OwnedSemaphorePermit,
+    ) {
         self.stats.accepted.fetch_add(1, Relaxed);
         self.stats.active.fetch_add(1, Relaxed);
         if let Err(error) = tune::accepted(&client, &self.opts) {
@@ -264,24 +282,39 @@ impl Handler {
                 pool,
                 early,
             } => {
+                let _permit = permit;
                 self.forward(&client, peer, connector, pool.as_deref(), early.as_deref())
                     .await
             }
-            Role::Tunnel(end) => tunnel::serve(&client, end, &self.opts, &self.stats)
-                .await
-                .map_err(|e| {
-                    if !matches!(e, tunnel::Refused::Io(_)) {
-                        self.stats.refused.fetch_add(1, Relaxed);
-                        tracing::info!(error = %e, "tunnel connection refused");
-                    }
-                    io::Error::other(e.to_string())
-                }),
+            Role::Tunnel(end) => self.tunnel(&client, end, permit).await,
         };
         if let Err(error) = result {
             tracing::debug!(%error, "relayed connection ended");
         }
         self.stats.active.fetch_sub(1, Relaxed);
         drop(client);
+    }
+
+    /// A tunnel end's connection: `unauthenticated` is its permit until its token is checked.
+    async fn tunnel(
+        &self,
+        client: &TcpStream,
+        end: &TunnelEnd,
+        unauthenticated: OwnedSemaphorePermit,
+    ) -> io::Result<()> {
+        let admission = tunnel::Admission {
+            unauthenticated,
+            relayed: &self.relayed,
+        };
+        tunnel::serve(client, end, &self.opts, &self.stats, admission)
+            .await
+            .map_err(|e| {
+                if !matches!(e, tunnel::Refused::Io(_)) {
+                    self.stats.refused.fetch_add(1, Relaxed);
+                    tracing::info!(error = %e, "tunnel connection refused");
+                }
+                io::Error::other(e.to_string())
+            })
     }
 
     async fn forward(

@@ -4,11 +4,13 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_config::{RelayOptions, Token, TunnelEnd};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::forward::{self, write_all};
 use crate::preamble::{self, PreambleError};
@@ -31,6 +33,26 @@ pub(crate) enum Refused {
     Io(#[from] io::Error),
 }
 
+/// Where a connection counts: under `max_unauthenticated` until its token is checked, then
+/// under `max_connections`.
+#[derive(Debug)]
+pub(crate) struct Admission<'a> {
+    /// The connection's permit while it is not authenticated.
+    pub(crate) unauthenticated: OwnedSemaphorePermit,
+    /// `max_connections`, for authenticated connections.
+    pub(crate) relayed: &'a Arc<Semaphore>,
+}
+
+impl Admission<'_> {
+    /// Moves an authenticated connection to `max_connections` (waiting for a slot, while it
+    /// still holds its unauthenticated one, so accepting stops when both are full).
+    async fn authenticated(self) -> io::Result<OwnedSemaphorePermit> {
+        let slot = Arc::clone(self.relayed).acquire_owned().await;
+        drop(self.unauthenticated);
+        slot.map_err(|_| io::Error::other("the relay stopped"))
+    }
+}
+
 /// Serves one connection to a tunnel end. The caller closes `peer` after counting the
 /// outcome, so a peer that sees the close can also see the count.
 pub(crate) async fn serve(
@@ -38,15 +60,18 @@ pub(crate) async fn serve(
     end: &TunnelEnd,
     opts: &RelayOptions,
     stats: &Stats,
+    admission: Admission<'_>,
 ) -> Result<(), Refused> {
     let mut buf = Vec::with_capacity(preamble::MAX_HELLO + preamble::MAX_TARGET);
-    // The hello comes at once (a pool sends it on connect); the target when a client arrives.
+    // The hello comes at once (a pool sends it on connect), so a peer that has not sent it
+    // within `preamble_timeout` is closed; the target comes when a client arrives.
     let used = within(
-        opts.connect_timeout,
+        end.preamble_timeout,
         read_hello(peer, &mut buf, &end.tokens),
     )
     .await?;
     buf.drain(..used);
+    let _slot = admission.authenticated().await?;
     let (target, used) = within(opts.idle_timeout, read_target(peer, &mut buf)).await?;
     buf.drain(..used);
     let target = canonical(target);

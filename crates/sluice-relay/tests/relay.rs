@@ -222,6 +222,78 @@ async fn a_pooled_tunnel_is_authenticated_before_the_client_comes() {
     .await;
 }
 
+/// Silent connections to a tunnel end do not count towards `max_connections`: with 8 of them
+/// open and a limit of 2, an authenticated client is relayed at once. (Before, each held a
+/// slot for the preamble's whole wait, here an hour.)
+#[tokio::test]
+async fn silent_connections_do_not_hold_a_tunnel_ends_slots() {
+    let (backend, _) = spawn_backend(0).await;
+    let allow = format!("{}/32:{}", backend.ip(), backend.port());
+    let slow = "max_connections = 2\nconnect_timeout = \"1h\"\npreamble_timeout = \"1m\"";
+    let core = &start(&tunnel_allowing(&allow, slow))[0];
+    let mut silent = Vec::new();
+    for _ in 0..8 {
+        silent.push(TcpStream::connect(core.addr).await.unwrap());
+    }
+    let edge = &start(&entry(core.addr, backend, "right-token", ""))[0];
+    let reply = tokio::time::timeout(Duration::from_secs(10), exchange(edge.addr, b"hello"))
+        .await
+        .expect("the authenticated client waited behind silent connections");
+    assert_eq!(reply, "got 5");
+    assert_eq!(
+        core.stats.snapshot().active,
+        8,
+        "the silent ones are still open"
+    );
+}
+
+/// A connection that sends no token within `preamble_timeout` is closed, however long the
+/// other timeouts are.
+#[tokio::test]
+async fn a_silent_connection_is_closed_after_the_preamble_timeout() {
+    let (backend, _) = spawn_backend(0).await;
+    let allow = format!("{}/32:{}", backend.ip(), backend.port());
+    let short = "connect_timeout = \"1h\"\nidle_timeout = \"1h\"\npreamble_timeout = \"50ms\"";
+    let core = &start(&tunnel_allowing(&allow, short))[0];
+    let mut silent = TcpStream::connect(core.addr).await.unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut rest))
+        .await
+        .expect("the silent connection was closed");
+    assert!(read.is_err() || rest.is_empty(), "{read:?} {rest:?}");
+    eventually("the tunnel end let it go", || {
+        core.stats.snapshot().active == 0
+    })
+    .await;
+}
+
+/// `max_unauthenticated` bounds the connections waiting for their token: beyond it, new ones
+/// wait in the accept queue (holding no descriptor of the relay's) until one leaves.
+#[tokio::test]
+async fn unauthenticated_connections_are_bounded_on_their_own() {
+    let (backend, _) = spawn_backend(0).await;
+    let allow = format!("{}/32:{}", backend.ip(), backend.port());
+    let bound = "max_unauthenticated = 2\npreamble_timeout = \"1m\"";
+    let core = &start(&tunnel_allowing(&allow, bound))[0];
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(TcpStream::connect(core.addr).await.unwrap());
+    }
+    eventually("two are accepted", || core.stats.snapshot().accepted == 2).await;
+    // Not a readiness wait: the third must stay unaccepted however long this takes.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        core.stats.snapshot().accepted,
+        2,
+        "beyond max_unauthenticated"
+    );
+    drop(silent.remove(0));
+    eventually("the third is accepted once one leaves", || {
+        core.stats.snapshot().accepted == 3
+    })
+    .await;
+}
+
 /// Whether this thread may open packet sockets.
 fn has_net_raw() -> bool {
     let caps = rustix::thread::capabilities(None).unwrap();
