@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_config::{RelayOptions, RelayRole, TunnelEnd};
+use sluice_net::log_limit::TallyByKind;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -81,6 +82,8 @@ impl RelayHandle {
 
 #[derive(Debug)]
 struct Handler {
+    /// The relay's name, for its log lines.
+    name: String,
     role: Role,
     opts: RelayOptions,
     stats: Arc<Stats>,
@@ -88,6 +91,8 @@ struct Handler {
     relayed: Arc<Semaphore>,
     /// A tunnel end's `max_unauthenticated`: connections still waiting for their token.
     unauthenticated: Option<Arc<Semaphore>>,
+    /// A tunnel end's refusals by kind, logged once per interval each.
+    refusals: TallyByKind<&'static str>,
 }
 
 #[derive(Debug)]
@@ -159,11 +164,13 @@ impl Relay {
             Role::Forward { .. } => None,
         };
         let handler = Arc::new(Handler {
+            name: config.name.clone(),
             role,
             relayed: Arc::new(Semaphore::new(opts.max_connections)),
             opts,
             stats: Arc::clone(&stats),
             unauthenticated,
+            refusals: TallyByKind::new(),
         });
         let handle = RelayHandle {
             name: config.name.clone(),
@@ -209,7 +216,8 @@ impl Relay {
         } = &self.handler.role
         {
             if let Some(pool) = pool {
-                helpers.spawn(Arc::clone(pool).run());
+                let span = tracing::info_span!("pool", relay = %self.name);
+                helpers.spawn(Arc::clone(pool).run().instrument(span));
             }
             if let Some(early) = early {
                 helpers.spawn(Arc::clone(early).run(Arc::clone(connector), pool.clone()));
@@ -286,7 +294,7 @@ impl Handler {
                 self.forward(&client, peer, connector, pool.as_deref(), early.as_deref())
                     .await
             }
-            Role::Tunnel(end) => self.tunnel(&client, end, permit).await,
+            Role::Tunnel(end) => self.tunnel(&client, peer, end, permit).await,
         };
         if let Err(error) = result {
             tracing::debug!(%error, "relayed connection ended");
@@ -299,6 +307,7 @@ impl Handler {
     async fn tunnel(
         &self,
         client: &TcpStream,
+        peer: SocketAddr,
         end: &TunnelEnd,
         unauthenticated: OwnedSemaphorePermit,
     ) -> io::Result<()> {
@@ -309,12 +318,29 @@ impl Handler {
         tunnel::serve(client, end, &self.opts, &self.stats, admission)
             .await
             .map_err(|e| {
-                if !matches!(e, tunnel::Refused::Io(_)) {
+                if let Some(kind) = e.refusal() {
                     self.stats.refused.fetch_add(1, Relaxed);
-                    tracing::info!(error = %e, "tunnel connection refused");
+                    self.log_refusal(kind, &e, peer);
                 }
                 io::Error::other(e.to_string())
             })
+    }
+
+    /// A refusal leaves a line, once per interval for each kind, with how many since its
+    /// last: at warn for a wrong token or target (a peer relay misconfigured, or someone
+    /// guessing), at info for bytes that are no preamble at all (scanners).
+    fn log_refusal(&self, kind: &'static str, e: &tunnel::Refused, peer: SocketAddr) {
+        let Some(refused) = self.refusals.record(kind) else {
+            return;
+        };
+        match e {
+            tunnel::Refused::Malformed(_) => {
+                tracing::info!(relay = %self.name, error = %e, peer.addr = %peer, refused, "tunnel connections refused (count since the last such line)");
+            }
+            _ => {
+                tracing::warn!(relay = %self.name, error = %e, peer.addr = %peer, refused, "tunnel connections refused (count since the last such line)");
+            }
+        }
     }
 
     async fn forward(

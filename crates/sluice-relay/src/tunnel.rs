@@ -33,6 +33,19 @@ pub(crate) enum Refused {
     Io(#[from] io::Error),
 }
 
+impl Refused {
+    /// The kind of refusal, for counting and rate-limited logs; `None` for a peer that went
+    /// away or timed out before a whole preamble (not a refusal).
+    pub(crate) fn refusal(&self) -> Option<&'static str> {
+        match self {
+            Refused::Malformed(_) => Some("malformed"),
+            Refused::Token => Some("token"),
+            Refused::Target(_) => Some("target"),
+            Refused::Io(_) => None,
+        }
+    }
+}
+
 /// Where a connection counts: under `max_unauthenticated` until its token is checked, then
 /// under `max_connections`.
 #[derive(Debug)]

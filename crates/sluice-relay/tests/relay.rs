@@ -222,6 +222,101 @@ async fn a_pooled_tunnel_is_authenticated_before_the_client_comes() {
     .await;
 }
 
+/// A next hop that closes every connection at once, as a tunnel end refusing a token does;
+/// `too_many` fires when more than `limit` have come.
+async fn refusing_hop(limit: usize) -> (SocketAddr, tokio::sync::oneshot::Receiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (too_many, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        for _ in 0..=limit {
+            drop(listener.accept().await.unwrap());
+        }
+        let _ = too_many.send(());
+    });
+    (addr, rx)
+}
+
+/// A pool whose connections are closed right after the preamble dials less and less often:
+/// nine refills of two in two minutes (after 0.5 s, 1 s, 2 s, ... up to 30 s between them),
+/// where it used to redial at once, for ever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_pool_whose_connections_are_refused_backs_off() {
+    let (hop, too_many) = refusing_hop(24).await;
+    let target = "127.0.0.1:9".parse().unwrap();
+    let _edge = start(&entry(hop, target, "wrong-token", "pool = 2"));
+    tokio::select! {
+        () = tokio::time::sleep(Duration::from_secs(120)) => {}
+        _ = too_many => panic!("more than 24 dials in two minutes"),
+    }
+}
+
+/// Once pooled connections work again, the backoff is forgotten: a connection taken is
+/// replaced at once, not after the wait the refused ones had built up.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_pool_that_works_again_refills_at_once() {
+    // The first eight connections (four refills of two) are closed at once.
+    let (backend, accepted) = spawn_backend(8).await;
+    let relay = &start(&plain(backend, "pool = 2"))[0];
+    // A minute of paused time: the refused refills are over, the fifth one stays.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(accepted.load(SeqCst), 10);
+    assert_eq!(relay.stats.snapshot().pool_idle, 2);
+    assert_eq!(exchange(relay.addr, b"pooled").await, "got 6");
+    let refilled = eventually("the taken one is replaced", || {
+        relay.stats.snapshot().pool_idle == 2
+    });
+    tokio::time::timeout(Duration::from_millis(400), refilled)
+        .await
+        .expect("the refill waited out an old backoff");
+}
+
+/// The entry relay says why its pool keeps emptying.
+#[tokio::test(flavor = "current_thread")]
+async fn an_entry_relay_warns_when_its_pooled_connections_are_refused() {
+    let logs = capture::Logs::start();
+    let (backend, _) = spawn_backend(0).await;
+    let core = &start(&tunnel_end(backend))[0];
+    let _edge = start(&entry(core.addr, backend, "wrong-token", "pool = 1"));
+    let to = format!("to={}", core.addr);
+    let warned = || {
+        logs.lines_with(&[
+            "WARN",
+            "closed right after the preamble",
+            "wrong token",
+            &to,
+        ])
+    };
+    eventually("the entry relay warned", || !warned().is_empty()).await;
+    assert!(warned()[0].contains("relay=edge"), "{:?}", warned());
+}
+
+/// A tunnel end logs its refusals once per interval for each kind, with a count, not one line
+/// per refused connection.
+#[tokio::test(flavor = "current_thread")]
+async fn a_tunnel_end_logs_repeated_refusals_once_with_a_count() {
+    let logs = capture::Logs::start();
+    let (backend, _) = spawn_backend(0).await;
+    let core = &start(&tunnel_end(backend))[0];
+    let wrong = &start(&entry(core.addr, backend, "wrong-token", ""))[0];
+    for _ in 0..5 {
+        assert_eq!(exchange(wrong.addr, b"hello").await, "");
+    }
+    assert_eq!(core.stats.snapshot().refused, 5);
+    let lines = logs.lines_with(&["tunnel connections refused"]);
+    assert!(!lines.is_empty() && lines.len() < 5, "{lines:?}");
+    let first = &lines[0];
+    for part in [
+        "WARN",
+        "relay=core",
+        "unknown token",
+        "refused=1",
+        "peer.addr=127.0.0.1:",
+    ] {
+        assert!(first.contains(part), "{part} in {first}");
+    }
+}
+
 /// Silent connections to a tunnel end do not count towards `max_connections`: with 8 of them
 /// open and a limit of 2, an authenticated client is relayed at once. (Before, each held a
 /// slot for the preamble's whole wait, here an hour.)
