@@ -11,8 +11,9 @@
 //! # Layout
 //! * [`preamble`] — the tunnel preamble's wire format and its never-panicking parsers.
 //! * `upstream` — connects to the next hop and speaks the preamble; `pool` — the ready
-//!   connections and their refill; `early` — SYNs seen through a packet socket.
-//! * `tunnel` — the tunnel end: authenticate, check `allow`, connect.
+//!   connections and their refill, backing off while the next hop refuses them; `early` —
+//!   SYNs seen through a packet socket.
+//! * `tunnel` — the tunnel end: authenticate within a deadline, check `allow`, connect.
 //! * `forward` — both directions, splice or copy, half-close, idle timeout.
 //! * `tune` — socket options; [`stats`] — the counters behind `/status` and `/metrics`.
 
