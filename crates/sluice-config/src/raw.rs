@@ -51,6 +51,8 @@ pub(crate) struct RawRelay {
     pub(crate) tunnel: Option<Spanned<bool>>,
     pub(crate) tokens: Option<Spanned<Vec<Spanned<String>>>>,
     pub(crate) allow: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(crate) preamble_timeout: Option<Spanned<Timeout>>,
+    pub(crate) max_unauthenticated: Option<Spanned<usize>>,
     // both
     pub(crate) connect_timeout: Option<Timeout>,
     pub(crate) idle_timeout: Option<Timeout>,

@@ -175,6 +175,8 @@ fn full_toml_loads() {
         panic!("core is a tunnel end")
     };
     assert!(core.allow[1].allows("[::1]:8000".parse().unwrap()));
+    assert_eq!(core.preamble_timeout, std::time::Duration::from_secs(2));
+    assert_eq!(core.max_unauthenticated, 1024);
 }
 
 #[test]

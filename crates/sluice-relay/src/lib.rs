@@ -11,8 +11,9 @@
 //! # Layout
 //! * [`preamble`] — the tunnel preamble's wire format and its never-panicking parsers.
 //! * `upstream` — connects to the next hop and speaks the preamble; `pool` — the ready
-//!   connections and their refill; `early` — SYNs seen through a packet socket.
-//! * `tunnel` — the tunnel end: authenticate, check `allow`, connect.
+//!   connections and their refill, backing off while the next hop refuses them; `early` —
+//!   SYNs seen through a packet socket.
+//! * `tunnel` — the tunnel end: authenticate within a deadline, check `allow`, connect.
 //! * `forward` — both directions, splice or copy, half-close, idle timeout.
 //! * `tune` — socket options; [`stats`] — the counters behind `/status` and `/metrics`.
 
@@ -33,8 +34,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_config::{RelayOptions, RelayRole, TunnelEnd};
+use sluice_net::log_limit::TallyByKind;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -81,9 +83,17 @@ impl RelayHandle {
 
 #[derive(Debug)]
 struct Handler {
+    /// The relay's name, for its log lines.
+    name: String,
     role: Role,
     opts: RelayOptions,
     stats: Arc<Stats>,
+    /// `max_connections`: connections relayed at once (at a tunnel end, authenticated ones).
+    relayed: Arc<Semaphore>,
+    /// A tunnel end's `max_unauthenticated`: connections still waiting for their token.
+    unauthenticated: Option<Arc<Semaphore>>,
+    /// A tunnel end's refusals by kind, logged once per interval each.
+    refusals: TallyByKind<&'static str>,
 }
 
 #[derive(Debug)]
@@ -94,6 +104,18 @@ enum Role {
         early: Option<Arc<Early>>,
     },
     Tunnel(TunnelEnd),
+}
+
+impl Role {
+    /// What the relay is, for its log lines: `entry` (names a target to a tunnel end),
+    /// `forwarder` (plain TCP) or `tunnel` (a tunnel end).
+    fn kind(&self) -> &'static str {
+        match self {
+            Role::Forward { connector, .. } if connector.names_target() => "entry",
+            Role::Forward { .. } => "forwarder",
+            Role::Tunnel(_) => "tunnel",
+        }
+    }
 }
 
 impl Relay {
@@ -138,10 +160,18 @@ impl Relay {
                 )
             }
         };
+        let unauthenticated = match &role {
+            Role::Tunnel(end) => Some(Arc::new(Semaphore::new(end.max_unauthenticated))),
+            Role::Forward { .. } => None,
+        };
         let handler = Arc::new(Handler {
+            name: config.name.clone(),
             role,
+            relayed: Arc::new(Semaphore::new(opts.max_connections)),
             opts,
             stats: Arc::clone(&stats),
+            unauthenticated,
+            refusals: TallyByKind::new(),
         });
         let handle = RelayHandle {
             name: config.name.clone(),
@@ -177,6 +207,8 @@ impl Relay {
     /// pool), lets the connections under way finish within `grace` (as the proxy's listeners
     /// do), closes the rest, and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>, grace: Duration) {
+        let (addr, mode) = (self.handle.addr, self.handler.role.kind());
+        tracing::info!(relay = %self.name, %addr, mode, "relay listening");
         let mut helpers = JoinSet::new();
         if let Role::Forward {
             connector,
@@ -185,13 +217,16 @@ impl Relay {
         } = &self.handler.role
         {
             if let Some(pool) = pool {
-                helpers.spawn(Arc::clone(pool).run());
+                let span = tracing::info_span!("pool", relay = %self.name);
+                helpers.spawn(Arc::clone(pool).run().instrument(span));
             }
             if let Some(early) = early {
                 helpers.spawn(Arc::clone(early).run(Arc::clone(connector), pool.clone()));
             }
         }
-        let limit = Arc::new(Semaphore::new(self.handler.opts.max_connections));
+        // A tunnel end accepts under its bound on unauthenticated connections; each moves to
+        // `max_connections` once its token is checked.
+        let limit = Arc::clone(self.handler.accept_limit());
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -217,13 +252,7 @@ impl Relay {
             };
             let handler = Arc::clone(&self.handler);
             let span = tracing::debug_span!("relay", relay = %self.name, client.addr = %peer);
-            conns.spawn(
-                async move {
-                    handler.serve(client, peer).await;
-                    drop(permit);
-                }
-                .instrument(span),
-            );
+            conns.spawn(handler.serve(client, peer, permit).instrument(span));
         }
         drop(self.listener);
         helpers.shutdown().await;
@@ -238,7 +267,19 @@ impl Relay {
 }
 
 impl Handler {
-    async fn serve(&self, client: TcpStream, peer: SocketAddr) {
+    /// The limit a new connection is accepted under.
+    fn accept_limit(&self) -> &Arc<Semaphore> {
+        self.unauthenticated.as_ref().unwrap_or(&self.relayed)
+    }
+
+    /// Serves one accepted connection, holding `permit` (of [`Handler::accept_limit`]) while
+    /// it counts.
+    async fn serve(
+        self: Arc<Self>,
+        client: TcpStream,
+        peer: SocketAddr,
+        permit: OwnedSemaphorePermit,
+    ) {
         self.stats.accepted.fetch_add(1, Relaxed);
         self.stats.active.fetch_add(1, Relaxed);
         if let Err(error) = tune::accepted(&client, &self.opts) {
@@ -250,24 +291,57 @@ impl Handler {
                 pool,
                 early,
             } => {
+                let _permit = permit;
                 self.forward(&client, peer, connector, pool.as_deref(), early.as_deref())
                     .await
             }
-            Role::Tunnel(end) => tunnel::serve(&client, end, &self.opts, &self.stats)
-                .await
-                .map_err(|e| {
-                    if !matches!(e, tunnel::Refused::Io(_)) {
-                        self.stats.refused.fetch_add(1, Relaxed);
-                        tracing::info!(error = %e, "tunnel connection refused");
-                    }
-                    io::Error::other(e.to_string())
-                }),
+            Role::Tunnel(end) => self.tunnel(&client, peer, end, permit).await,
         };
         if let Err(error) = result {
             tracing::debug!(%error, "relayed connection ended");
         }
         self.stats.active.fetch_sub(1, Relaxed);
         drop(client);
+    }
+
+    /// A tunnel end's connection: `unauthenticated` is its permit until its token is checked.
+    async fn tunnel(
+        &self,
+        client: &TcpStream,
+        peer: SocketAddr,
+        end: &TunnelEnd,
+        unauthenticated: OwnedSemaphorePermit,
+    ) -> io::Result<()> {
+        let admission = tunnel::Admission {
+            unauthenticated,
+            relayed: &self.relayed,
+        };
+        tunnel::serve(client, end, &self.opts, &self.stats, admission)
+            .await
+            .map_err(|e| {
+                if let Some(kind) = e.refusal() {
+                    self.stats.refused.fetch_add(1, Relaxed);
+                    self.log_refusal(kind, &e, peer);
+                }
+                io::Error::other(e.to_string())
+            })
+    }
+
+    /// A refusal leaves a line, once per interval for each kind, with how many since its
+    /// last: at warn for a wrong token or target (a peer relay misconfigured, or someone
+    /// guessing), at info for bytes that are no preamble at all (scanners).
+    fn log_refusal(&self, kind: &'static str, e: &tunnel::Refused, peer: SocketAddr) {
+        let Some(refused) = self.refusals.record(kind) else {
+            return;
+        };
+        match e {
+            tunnel::Refused::Malformed(_) => {
+                tracing::info!(relay = %self.name, error = %e, peer.addr = %peer, refused, "tunnel connections refused (count since the last such line)");
+            }
+            _ => {
+                tracing::warn!(relay = %self.name, error = %e, peer.addr = %peer, refused, "tunnel connections refused (count since the last such line)");
+            }
+        }
     }
 
     async fn forward(

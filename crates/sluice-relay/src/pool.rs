@@ -1,31 +1,54 @@
 //! Established (and, towards a tunnel end, authenticated) connections to the next hop, kept
 //! ready for clients and refilled in the background between two watermarks.
+//!
+//! A next hop that closes pooled connections right after they are made (a tunnel end that
+//! refuses this relay's token) or that cannot be reached is dialled less and less often: each
+//! refill after one that failed waits twice as long, up to [`MAX_BACKOFF`], until one works.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustix::net::RecvFlags;
+use sluice_net::log_limit::{Tally, REPORT_INTERVAL};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::upstream::Connector;
 
 /// How often idle connections are checked for a peer that closed them, so the pool refills
 /// before a client finds them dead.
 const SWEEP: Duration = Duration::from_secs(1);
-/// The wait after a failed connect before the refill tries again.
+/// The wait before a refill after one that failed; it doubles with each failed one in a row.
 const RETRY: Duration = Duration::from_millis(500);
+/// The longest wait between refills while they fail.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A pooled connection the peer closed younger than this was refused (a tunnel end closes a
+/// wrong token at once), not closed for being idle. Above [`SWEEP`], so the sweep after the
+/// one that first saw it alive still counts it young.
+const YOUNG: Duration = Duration::from_secs(3);
 
 /// A pool of ready connections to one next hop.
 #[derive(Debug)]
 pub(crate) struct Pool {
-    idle: Mutex<VecDeque<TcpStream>>,
+    idle: Mutex<VecDeque<Idle>>,
     /// The high watermark: the refill stops here. Changeable at runtime.
     size: AtomicUsize,
     wake: Notify,
     connector: Arc<Connector>,
+    /// Connections found closed younger than [`YOUNG`] since the last refill.
+    refused: AtomicU64,
+    /// When to warn about them next.
+    warned: Mutex<Tally>,
+}
+
+/// A pooled connection and when it was ready.
+#[derive(Debug)]
+struct Idle {
+    conn: TcpStream,
+    since: Instant,
 }
 
 impl Pool {
@@ -36,6 +59,8 @@ impl Pool {
             size: AtomicUsize::new(size),
             wake: Notify::new(),
             connector,
+            refused: AtomicU64::new(0),
+            warned: Mutex::new(Tally::new(REPORT_INTERVAL)),
         }
     }
 
@@ -48,18 +73,19 @@ impl Pool {
     /// A live pooled connection, or `None` (a miss). Connections the peer closed (or sent
     /// bytes on, which a pooled connection never gets) are discarded on the way.
     pub(crate) fn take(&self) -> Option<TcpStream> {
-        let stats = &self.connector.stats;
+        let mut dead = Vec::new();
         let found = loop {
-            let Some(conn) = self.lock().pop_front() else {
+            let Some(idle) = self.lock().pop_front() else {
                 break None;
             };
-            if alive(&conn) {
-                break Some(conn);
+            if alive(&idle.conn) {
+                break Some(idle.conn);
             }
-            stats.pool_dead.fetch_add(1, Relaxed);
+            dead.push(idle);
         };
+        self.discard(&dead);
         if found.is_none() {
-            stats.pool_misses.fetch_add(1, Relaxed);
+            self.connector.stats.pool_misses.fetch_add(1, Relaxed);
         }
         self.publish();
         self.wake.notify_one();
@@ -69,11 +95,20 @@ impl Pool {
     /// Keeps the pool between its watermarks until the process ends: refills (several connects
     /// at once) when it falls below the low one, sweeps dead connections every second.
     pub(crate) async fn run(self: Arc<Self>) {
+        let mut backoff = Backoff::default();
+        let mut connects_failed = false;
         loop {
             self.sweep();
             let (have, size) = (self.lock().len(), self.size.load(Relaxed));
             if have < low_watermark(size) || (have == 0 && size > 0) {
-                self.refill(size - have).await;
+                // The last refill failed if a connect failed or its connections were refused.
+                let refused = self.refused.swap(0, Relaxed) > 0;
+                let wait = backoff.next(connects_failed || refused);
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                let missing = self.size.load(Relaxed).saturating_sub(self.lock().len());
+                connects_failed = self.refill(missing).await;
                 continue;
             }
             self.lock().truncate(size);
@@ -82,8 +117,8 @@ impl Pool {
         }
     }
 
-    /// Connects `missing` connections in parallel; on failure waits a little.
-    async fn refill(&self, missing: usize) {
+    /// Connects `missing` connections in parallel; whether any failed.
+    async fn refill(&self, missing: usize) -> bool {
         let mut connects = tokio::task::JoinSet::new();
         for _ in 0..missing {
             let connector = Arc::clone(&self.connector);
@@ -92,7 +127,10 @@ impl Pool {
         let mut failed = false;
         while let Some(done) = connects.join_next().await {
             match done {
-                Ok(Ok(conn)) => self.lock().push_back(conn),
+                Ok(Ok(conn)) => self.lock().push_back(Idle {
+                    conn,
+                    since: Instant::now(),
+                }),
                 Ok(Err(error)) => {
                     failed = true;
                     tracing::debug!(%error, to = %self.connector.to, "pool connect failed");
@@ -101,22 +139,54 @@ impl Pool {
             }
             self.publish();
         }
-        if failed {
-            tokio::time::sleep(RETRY).await;
+        failed
+    }
+
+    /// Discards the idle connections the peer closed.
+    fn sweep(&self) {
+        let mut idle = self.lock();
+        let (live, dead): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut *idle)
+            .into_iter()
+            .partition(|i| alive(&i.conn));
+        *idle = live;
+        drop(idle);
+        self.discard(&Vec::from(dead));
+        self.publish();
+    }
+
+    /// Counts connections found closed by the peer; those closed young were refused: counted
+    /// for the refill's backoff, and reported once in a while.
+    fn discard(&self, dead: &[Idle]) {
+        let stats = &self.connector.stats;
+        stats.pool_dead.fetch_add(dead.len() as u64, Relaxed);
+        let young = dead.iter().filter(|i| i.since.elapsed() < YOUNG).count() as u64;
+        if young == 0 {
+            return;
+        }
+        self.refused.fetch_add(young, Relaxed);
+        let now = std::time::Instant::now();
+        let report = self
+            .warned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(young, now);
+        if let Some(closed) = report {
+            self.warn_refused(closed);
         }
     }
 
-    fn sweep(&self) {
-        let mut idle = self.lock();
-        let before = idle.len();
-        idle.retain(alive);
-        let dead = before - idle.len();
-        drop(idle);
-        self.connector
-            .stats
-            .pool_dead
-            .fetch_add(dead as u64, Relaxed);
-        self.publish();
+    /// Says that `closed` pooled connections were refused since the last such line: without
+    /// it, clients of a relay with a wrong token get empty replies and nothing says why.
+    fn warn_refused(&self, closed: u64) {
+        let to = self.connector.to;
+        match self.connector.names_target() {
+            true => {
+                tracing::warn!(%to, closed, "pooled connections to the tunnel end closed right after the preamble: wrong token? (the tunnel end logs why it refuses); refilling less often")
+            }
+            false => {
+                tracing::warn!(%to, closed, "pooled connections closed by the next hop right after connecting; refilling less often")
+            }
+        }
     }
 
     fn publish(&self) {
@@ -124,9 +194,29 @@ impl Pool {
         self.connector.stats.pool_idle.store(n, Relaxed);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<TcpStream>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
         // A panic while holding the lock leaves a valid deque behind.
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The wait before a refill: none after one that worked, else [`RETRY`] doubled for each
+/// failed one in a row, at most [`MAX_BACKOFF`].
+#[derive(Debug, Default)]
+struct Backoff {
+    failed: u32,
+}
+
+impl Backoff {
+    /// The wait before the next refill, given whether the last one failed.
+    fn next(&mut self, failed: bool) -> Duration {
+        if !failed {
+            self.failed = 0;
+            return Duration::ZERO;
+        }
+        let doublings = self.failed.min(16);
+        self.failed = self.failed.saturating_add(1);
+        RETRY.saturating_mul(1 << doublings).min(MAX_BACKOFF)
     }
 }
 
@@ -153,5 +243,19 @@ mod tests {
         assert_eq!(low_watermark(1), 1);
         assert_eq!(low_watermark(4), 3);
         assert_eq!(low_watermark(16), 12);
+    }
+
+    #[test]
+    fn failed_refills_back_off_exponentially_to_a_cap_and_a_good_one_resets() {
+        let mut backoff = Backoff::default();
+        let waits: Vec<u64> = (0..9)
+            .map(|_| backoff.next(true).as_millis() as u64)
+            .collect();
+        assert_eq!(
+            waits,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
+        assert_eq!(backoff.next(false), Duration::ZERO);
+        assert_eq!(backoff.next(true), RETRY);
     }
 }

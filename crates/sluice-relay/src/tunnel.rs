@@ -4,11 +4,13 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_config::{RelayOptions, Token, TunnelEnd};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::forward::{self, write_all};
 use crate::preamble::{self, PreambleError};
@@ -31,6 +33,39 @@ pub(crate) enum Refused {
     Io(#[from] io::Error),
 }
 
+impl Refused {
+    /// The kind of refusal, for counting and rate-limited logs; `None` for a peer that went
+    /// away or timed out before a whole preamble (not a refusal).
+    pub(crate) fn refusal(&self) -> Option<&'static str> {
+        match self {
+            Refused::Malformed(_) => Some("malformed"),
+            Refused::Token => Some("token"),
+            Refused::Target(_) => Some("target"),
+            Refused::Io(_) => None,
+        }
+    }
+}
+
+/// Where a connection counts: under `max_unauthenticated` until its token is checked, then
+/// under `max_connections`.
+#[derive(Debug)]
+pub(crate) struct Admission<'a> {
+    /// The connection's permit while it is not authenticated.
+    pub(crate) unauthenticated: OwnedSemaphorePermit,
+    /// `max_connections`, for authenticated connections.
+    pub(crate) relayed: &'a Arc<Semaphore>,
+}
+
+impl Admission<'_> {
+    /// Moves an authenticated connection to `max_connections` (waiting for a slot, while it
+    /// still holds its unauthenticated one, so accepting stops when both are full).
+    async fn authenticated(self) -> io::Result<OwnedSemaphorePermit> {
+        let slot = Arc::clone(self.relayed).acquire_owned().await;
+        drop(self.unauthenticated);
+        slot.map_err(|_| io::Error::other("the relay stopped"))
+    }
+}
+
 /// Serves one connection to a tunnel end. The caller closes `peer` after counting the
 /// outcome, so a peer that sees the close can also see the count.
 pub(crate) async fn serve(
@@ -38,17 +73,21 @@ pub(crate) async fn serve(
     end: &TunnelEnd,
     opts: &RelayOptions,
     stats: &Stats,
+    admission: Admission<'_>,
 ) -> Result<(), Refused> {
     let mut buf = Vec::with_capacity(preamble::MAX_HELLO + preamble::MAX_TARGET);
-    // The hello comes at once (a pool sends it on connect); the target when a client arrives.
+    // The hello comes at once (a pool sends it on connect), so a peer that has not sent it
+    // within `preamble_timeout` is closed; the target comes when a client arrives.
     let used = within(
-        opts.connect_timeout,
+        end.preamble_timeout,
         read_hello(peer, &mut buf, &end.tokens),
     )
     .await?;
     buf.drain(..used);
+    let _slot = admission.authenticated().await?;
     let (target, used) = within(opts.idle_timeout, read_target(peer, &mut buf)).await?;
     buf.drain(..used);
+    let target = canonical(target);
     if !end.allow.iter().any(|a| a.allows(target)) {
         return Err(Refused::Target(target));
     }
@@ -116,6 +155,13 @@ async fn read_more(peer: &TcpStream, buf: &mut Vec<u8>, limit: usize) -> io::Res
     }
 }
 
+/// `target` with an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) made the IPv4 address it
+/// names: matched against `allow` and connected to as IPv4, so an IPv6 range cannot reach
+/// IPv4 services.
+fn canonical(target: SocketAddr) -> SocketAddr {
+    SocketAddr::new(target.ip().to_canonical(), target.port())
+}
+
 /// Whether `token` equals one of `tokens`, comparing every one in constant time (no early
 /// exit, so the timing tells nothing about which byte differed).
 fn known(token: &[u8], tokens: &[Token]) -> bool {
@@ -136,5 +182,13 @@ mod tests {
         assert!(!known(b"bet", &tokens));
         assert!(!known(b"betaa", &tokens));
         assert!(!known(b"", &tokens));
+    }
+
+    #[test]
+    fn an_ipv4_mapped_target_becomes_ipv4() {
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:80".parse().expect("addr");
+        assert_eq!(canonical(mapped), "127.0.0.1:80".parse().expect("addr"));
+        let v6: SocketAddr = "[2001:db8::1]:80".parse().expect("addr");
+        assert_eq!(canonical(v6), v6);
     }
 }

@@ -42,6 +42,11 @@ impl Connector {
         }
     }
 
+    /// Whether this connector names a target to a tunnel end (else: a plain forwarder).
+    pub(crate) fn names_target(&self) -> bool {
+        !self.hello.is_empty()
+    }
+
     /// A connection for the pool: connected, and authenticated by the hello.
     pub(crate) async fn pooled(&self) -> io::Result<TcpStream> {
         let conn = self.connect().await?;

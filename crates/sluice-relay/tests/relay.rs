@@ -3,6 +3,8 @@
 //! and without CAP_NET_RAW.
 #![allow(clippy::unwrap_used)]
 
+mod capture;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -68,11 +70,14 @@ fn plain(to: SocketAddr, extra: &str) -> String {
 }
 
 fn tunnel_end(allow: SocketAddr) -> String {
+    tunnel_allowing(&format!("{}/32:{}", allow.ip(), allow.port()), "")
+}
+
+/// A tunnel end with one `allow` entry and `extra` keys.
+fn tunnel_allowing(allow: &str, extra: &str) -> String {
     format!(
         "[[relay]]\nname = \"core\"\nlisten = \"127.0.0.1:0\"\ntunnel = true\n\
-         tokens = [\"right-token\"]\nallow = [\"{}/32:{}\"]\n",
-        allow.ip(),
-        allow.port()
+         tokens = [\"right-token\"]\nallow = [\"{allow}\"]\n{extra}\n"
     )
 }
 
@@ -92,6 +97,30 @@ async fn eventually(what: &str, cond: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("never happened: {what}");
+}
+
+/// Each relay says where it listens and what it is, as the HTTP listeners do.
+#[tokio::test(flavor = "current_thread")]
+async fn each_relay_logs_where_it_listens_and_what_it_is() {
+    let logs = capture::Logs::start();
+    let (backend, _) = spawn_backend(0).await;
+    let core = start(&tunnel_end(backend))[0].addr;
+    let edge = start(&entry(core, backend, "right-token", ""))[0].addr;
+    let forwarder = start(&plain(backend, ""))[0].addr;
+    let relays = [(core, "tunnel"), (edge, "entry"), (forwarder, "forwarder")];
+    let line = |addr: SocketAddr, mode: &str| {
+        let (addr, mode) = (format!("addr={addr}"), format!("mode=\"{mode}\""));
+        logs.lines_with(&["INFO", "relay listening", &addr, &mode])
+    };
+    eventually("every relay logged its listening line", || {
+        relays
+            .iter()
+            .all(|&(addr, mode)| !line(addr, mode).is_empty())
+    })
+    .await;
+    for (addr, mode) in relays {
+        assert_eq!(line(addr, mode).len(), 1, "{mode} at {addr}");
+    }
 }
 
 #[tokio::test]
@@ -136,6 +165,28 @@ async fn a_tunnel_refuses_no_token_a_wrong_token_and_a_target_not_allowed() {
     assert_eq!(core.stats.snapshot().refused, 3);
 }
 
+/// A target `::ffff:127.0.0.1` is 127.0.0.1: an IPv6 `allow` range does not reach it, the
+/// IPv4 entry for it does (and the tunnel end connects to it as IPv4).
+#[tokio::test]
+async fn an_ipv4_mapped_target_is_matched_and_connected_as_ipv4() {
+    let (backend, accepted) = spawn_backend(0).await;
+    let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", backend.port())
+        .parse()
+        .unwrap();
+    let any_v6 = &start(&tunnel_allowing(&format!("[::/0]:{}", backend.port()), ""))[0];
+    let edge = &start(&entry(any_v6.addr, mapped, "right-token", ""))[0];
+    assert_eq!(exchange(edge.addr, b"hello").await, "");
+    assert_eq!(
+        accepted.load(SeqCst),
+        0,
+        "an IPv6 range reached an IPv4 service"
+    );
+    assert_eq!(any_v6.stats.snapshot().refused, 1);
+    let v4 = &start(&tunnel_end(backend))[0];
+    let edge = &start(&entry(v4.addr, mapped, "right-token", ""))[0];
+    assert_eq!(exchange(edge.addr, b"hello").await, "got 5");
+}
+
 #[tokio::test]
 async fn the_pool_replaces_connections_the_peer_closed() {
     // The backend closes the first two connections: the ones the pool opened first.
@@ -167,6 +218,173 @@ async fn a_pooled_tunnel_is_authenticated_before_the_client_comes() {
     let wrong = &start(&entry(core.addr, backend, "wrong-token", "pool = 1"))[0];
     eventually("the refused pooled connection is seen dead", || {
         wrong.stats.snapshot().pool_dead >= 1
+    })
+    .await;
+}
+
+/// A next hop that closes every connection at once, as a tunnel end refusing a token does;
+/// `too_many` fires when more than `limit` have come.
+async fn refusing_hop(limit: usize) -> (SocketAddr, tokio::sync::oneshot::Receiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (too_many, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        for _ in 0..=limit {
+            drop(listener.accept().await.unwrap());
+        }
+        let _ = too_many.send(());
+    });
+    (addr, rx)
+}
+
+/// A pool whose connections are closed right after the preamble dials less and less often:
+/// nine refills of two in two minutes (after 0.5 s, 1 s, 2 s, ... up to 30 s between them),
+/// where it used to redial at once, for ever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_pool_whose_connections_are_refused_backs_off() {
+    let (hop, too_many) = refusing_hop(24).await;
+    let target = "127.0.0.1:9".parse().unwrap();
+    let _edge = start(&entry(hop, target, "wrong-token", "pool = 2"));
+    tokio::select! {
+        () = tokio::time::sleep(Duration::from_secs(120)) => {}
+        _ = too_many => panic!("more than 24 dials in two minutes"),
+    }
+}
+
+/// Once pooled connections work again, the backoff is forgotten: a connection taken is
+/// replaced at once, not after the wait the refused ones had built up.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_pool_that_works_again_refills_at_once() {
+    // The first eight connections (four refills of two) are closed at once.
+    let (backend, accepted) = spawn_backend(8).await;
+    let relay = &start(&plain(backend, "pool = 2"))[0];
+    // A minute of paused time: the refused refills are over, the fifth one stays.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(accepted.load(SeqCst), 10);
+    assert_eq!(relay.stats.snapshot().pool_idle, 2);
+    assert_eq!(exchange(relay.addr, b"pooled").await, "got 6");
+    let refilled = eventually("the taken one is replaced", || {
+        relay.stats.snapshot().pool_idle == 2
+    });
+    tokio::time::timeout(Duration::from_millis(400), refilled)
+        .await
+        .expect("the refill waited out an old backoff");
+}
+
+/// The entry relay says why its pool keeps emptying.
+#[tokio::test(flavor = "current_thread")]
+async fn an_entry_relay_warns_when_its_pooled_connections_are_refused() {
+    let logs = capture::Logs::start();
+    let (backend, _) = spawn_backend(0).await;
+    let core = &start(&tunnel_end(backend))[0];
+    let _edge = start(&entry(core.addr, backend, "wrong-token", "pool = 1"));
+    let to = format!("to={}", core.addr);
+    let warned = || {
+        logs.lines_with(&[
+            "WARN",
+            "closed right after the preamble",
+            "wrong token",
+            &to,
+        ])
+    };
+    eventually("the entry relay warned", || !warned().is_empty()).await;
+    assert!(warned()[0].contains("relay=edge"), "{:?}", warned());
+}
+
+/// A tunnel end logs its refusals once per interval for each kind, with a count, not one line
+/// per refused connection.
+#[tokio::test(flavor = "current_thread")]
+async fn a_tunnel_end_logs_repeated_refusals_once_with_a_count() {
+    let logs = capture::Logs::start();
+    let (backend, _) = spawn_backend(0).await;
+    let core = &start(&tunnel_end(backend))[0];
+    let wrong = &start(&entry(core.addr, backend, "wrong-token", ""))[0];
+    for _ in 0..5 {
+        assert_eq!(exchange(wrong.addr, b"hello").await, "");
+    }
+    assert_eq!(core.stats.snapshot().refused, 5);
+    let lines = logs.lines_with(&["tunnel connections refused"]);
+    assert!(!lines.is_empty() && lines.len() < 5, "{lines:?}");
+    let first = &lines[0];
+    for part in [
+        "WARN",
+        "relay=core",
+        "unknown token",
+        "refused=1",
+        "peer.addr=127.0.0.1:",
+    ] {
+        assert!(first.contains(part), "{part} in {first}");
+    }
+}
+
+/// Silent connections to a tunnel end do not count towards `max_connections`: with 8 of them
+/// open and a limit of 2, an authenticated client is relayed at once. (Before, each held a
+/// slot for the preamble's whole wait, here an hour.)
+#[tokio::test]
+async fn silent_connections_do_not_hold_a_tunnel_ends_slots() {
+    let (backend, _) = spawn_backend(0).await;
+    let allow = format!("{}/32:{}", backend.ip(), backend.port());
+    let slow = "max_connections = 2\nconnect_timeout = \"1h\"\npreamble_timeout = \"1m\"";
+    let core = &start(&tunnel_allowing(&allow, slow))[0];
+    let mut silent = Vec::new();
+    for _ in 0..8 {
+        silent.push(TcpStream::connect(core.addr).await.unwrap());
+    }
+    let edge = &start(&entry(core.addr, backend, "right-token", ""))[0];
+    let reply = tokio::time::timeout(Duration::from_secs(10), exchange(edge.addr, b"hello"))
+        .await
+        .expect("the authenticated client waited behind silent connections");
+    assert_eq!(reply, "got 5");
+    assert_eq!(
+        core.stats.snapshot().active,
+        8,
+        "the silent ones are still open"
+    );
+}
+
+/// A connection that sends no token within `preamble_timeout` is closed, however long the
+/// other timeouts are.
+#[tokio::test]
+async fn a_silent_connection_is_closed_after_the_preamble_timeout() {
+    let (backend, _) = spawn_backend(0).await;
+    let allow = format!("{}/32:{}", backend.ip(), backend.port());
+    let short = "connect_timeout = \"1h\"\nidle_timeout = \"1h\"\npreamble_timeout = \"50ms\"";
+    let core = &start(&tunnel_allowing(&allow, short))[0];
+    let mut silent = TcpStream::connect(core.addr).await.unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut rest))
+        .await
+        .expect("the silent connection was closed");
+    assert!(read.is_err() || rest.is_empty(), "{read:?} {rest:?}");
+    eventually("the tunnel end let it go", || {
+        core.stats.snapshot().active == 0
+    })
+    .await;
+}
+
+/// `max_unauthenticated` bounds the connections waiting for their token: beyond it, new ones
+/// wait in the accept queue (holding no descriptor of the relay's) until one leaves.
+#[tokio::test]
+async fn unauthenticated_connections_are_bounded_on_their_own() {
+    let (backend, _) = spawn_backend(0).await;
+    let allow = format!("{}/32:{}", backend.ip(), backend.port());
+    let bound = "max_unauthenticated = 2\npreamble_timeout = \"1m\"";
+    let core = &start(&tunnel_allowing(&allow, bound))[0];
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(TcpStream::connect(core.addr).await.unwrap());
+    }
+    eventually("two are accepted", || core.stats.snapshot().accepted == 2).await;
+    // Not a readiness wait: the third must stay unaccepted however long this takes.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        core.stats.snapshot().accepted,
+        2,
+        "beyond max_unauthenticated"
+    );
+    drop(silent.remove(0));
+    eventually("the third is accepted once one leaves", || {
+        core.stats.snapshot().accepted == 3
     })
     .await;
 }

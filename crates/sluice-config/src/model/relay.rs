@@ -55,13 +55,27 @@ pub struct TunnelTarget {
     pub token: Token,
 }
 
-/// A tunnel end: `tokens` and `allow`.
+/// A tunnel end: `tokens`, `allow`, and the bounds on peers not yet authenticated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TunnelEnd {
     /// Any one of these authenticates a peer relay.
     pub tokens: Vec<Token>,
     /// The only targets it connects to.
     pub allow: Vec<AllowedTarget>,
+    /// How long a new connection may take to present its token (an entry relay sends it as
+    /// soon as it connects); then it is closed. Default 2 s.
+    pub preamble_timeout: Duration,
+    /// Connections still waiting for their token, at once; more wait in the kernel's accept
+    /// queue. They do not count towards `max_connections`, so silent peers cannot delay
+    /// authenticated ones. Default 1024.
+    pub max_unauthenticated: usize,
+}
+
+impl TunnelEnd {
+    /// The default `preamble_timeout`.
+    pub const DEFAULT_PREAMBLE_TIMEOUT: Duration = Duration::from_secs(2);
+    /// The default `max_unauthenticated`.
+    pub const DEFAULT_MAX_UNAUTHENTICATED: usize = 1024;
 }
 
 /// One `allow` entry: a network and a port (`"10.3.0.0/24:8000"`).
@@ -74,23 +88,24 @@ pub struct AllowedTarget {
 }
 
 impl AllowedTarget {
-    /// Whether `addr` is inside this entry.
+    /// Whether `addr` is inside this entry. An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is
+    /// matched as the IPv4 address it names, so an IPv6 range never lets one reach an IPv4
+    /// service that no IPv4 entry allows.
     pub fn allows(&self, addr: SocketAddr) -> bool {
-        addr.port() == self.port && self.net.contains(&addr.ip())
+        addr.port() == self.port && self.net.contains(&addr.ip().to_canonical())
     }
 }
 
 /// A relay's timeouts, limits and socket settings. `Default` gives the documented defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RelayOptions {
-    /// How long a connect to the next hop (or target) may take, and how long a tunnel end
-    /// waits for a preamble's token. Default 5 s.
+    /// How long a connect to the next hop (or target) may take. Default 5 s.
     pub connect_timeout: Duration,
     /// How long a relayed connection (or a pooled one at the tunnel end) may stay without a
     /// byte in either direction. Default 5 min.
     pub idle_timeout: Duration,
-    /// Client connections relayed at once; more wait in the kernel's accept queue. Default
-    /// 10 000.
+    /// Client connections relayed at once (at a tunnel end: authenticated ones); more wait
+    /// in the kernel's accept queue. Default 10 000.
     pub max_connections: usize,
     /// `TCP_NODELAY` on both sockets. Default true.
     pub nodelay: bool,

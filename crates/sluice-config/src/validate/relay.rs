@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Duration;
 
 use toml::Spanned;
 
@@ -19,6 +20,9 @@ const SOCKET_BUFFER_RANGE: std::ops::RangeInclusive<usize> = 4096..=256 << 20;
 const MAX_CONGESTION_NAME: usize = 15;
 /// A pool this large would be a connection flood towards the next hop.
 const MAX_POOL: usize = 4096;
+/// A pre-auth deadline longer than this would let silent peers hold connections for long;
+/// an entry relay sends its token as soon as it connects.
+const MAX_PREAMBLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Validates every `[[relay]]`: unique names and listen addresses, then each one.
 pub(super) fn relays(ctx: Ctx<'_>, raw: Vec<Spanned<RawRelay>>) -> Result<Vec<Relay>, ConfigError> {
@@ -68,18 +72,21 @@ fn relay(ctx: Ctx<'_>, span: Range<usize>, raw: RawRelay) -> Result<Relay, Confi
 
 /// An entry relay: `to` is required; `target` and `token` come together.
 fn forward(ctx: Ctx<'_>, span: Range<usize>, raw: &RawRelay) -> Result<Forward, ConfigError> {
-    refuse(
-        ctx,
-        raw.tokens.as_ref().map(Spanned::span),
-        "tokens",
-        "a tunnel end",
-    )?;
-    refuse(
-        ctx,
-        raw.allow.as_ref().map(Spanned::span),
-        "allow",
-        "a tunnel end",
-    )?;
+    let refused = [
+        ("tokens", raw.tokens.as_ref().map(Spanned::span)),
+        ("allow", raw.allow.as_ref().map(Spanned::span)),
+        (
+            "preamble_timeout",
+            raw.preamble_timeout.as_ref().map(Spanned::span),
+        ),
+        (
+            "max_unauthenticated",
+            raw.max_unauthenticated.as_ref().map(Spanned::span),
+        ),
+    ];
+    for (key, span) in refused {
+        refuse(ctx, span, key, "a tunnel end")?;
+    }
     let name = raw.name.get_ref();
     let Some(to) = &raw.to else {
         let msg = format!("relay `{name}` needs `to` (its next hop), or `tunnel = true`");
@@ -153,7 +160,30 @@ fn tunnel_end(ctx: Ctx<'_>, raw: &RawRelay) -> Result<TunnelEnd, ConfigError> {
             .iter()
             .map(|a| parse_allowed(a.get_ref()).map_err(|msg| ctx.err(a.span(), msg)))
             .collect::<Result<_, _>>()?,
+        preamble_timeout: preamble_timeout(ctx, raw)?,
+        max_unauthenticated: max_unauthenticated(ctx, raw)?,
     })
+}
+
+/// `preamble_timeout`: above zero (checked while parsing) and at most a minute.
+fn preamble_timeout(ctx: Ctx<'_>, raw: &RawRelay) -> Result<Duration, ConfigError> {
+    match &raw.preamble_timeout {
+        None => Ok(TunnelEnd::DEFAULT_PREAMBLE_TIMEOUT),
+        Some(t) if t.get_ref().0 <= MAX_PREAMBLE_TIMEOUT => Ok(t.get_ref().0),
+        Some(t) => {
+            let msg = "preamble_timeout must be at most 1m (an entry relay sends its token as soon as it connects)";
+            Err(ctx.err(t.span(), msg))
+        }
+    }
+}
+
+/// `max_unauthenticated`: at least 1.
+fn max_unauthenticated(ctx: Ctx<'_>, raw: &RawRelay) -> Result<usize, ConfigError> {
+    match &raw.max_unauthenticated {
+        None => Ok(TunnelEnd::DEFAULT_MAX_UNAUTHENTICATED),
+        Some(n) if *n.get_ref() > 0 => Ok(*n.get_ref()),
+        Some(n) => Err(ctx.err(n.span(), "max_unauthenticated must be at least 1")),
+    }
 }
 
 /// An error at `span`, if present: `key` belongs to the other role.
@@ -263,5 +293,18 @@ mod tests {
         ] {
             assert!(parse_allowed(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_ipv4_mapped_target_is_matched_as_ipv4() {
+        let mapped = "[::ffff:127.0.0.1]:18721".parse().expect("addr");
+        let any_v6 = parse_allowed("[::/0]:18721").expect("v6");
+        assert!(
+            !any_v6.allows(mapped),
+            "an IPv6 range reached an IPv4 target"
+        );
+        let v4 = parse_allowed("127.0.0.1:18721").expect("v4");
+        assert!(v4.allows(mapped), "the IPv4 entry for the same address");
+        assert!(any_v6.allows("[::1]:18721".parse().expect("addr")));
     }
 }
