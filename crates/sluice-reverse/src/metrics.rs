@@ -14,6 +14,13 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    cluster: String,
+    slice: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct SliceLabels {
     pub(super) cluster: String,
     pub(super) slice: String,
@@ -33,6 +40,7 @@ pub fn latency() -> Histogram {
 pub struct ReverseMetrics {
     handshakes: Family<ResultLabels, Counter>,
     queue_wait: Histograms<SliceLabels>,
+    refused: Family<RefusedLabels, Counter>,
 }
 
 impl Default for ReverseMetrics {
@@ -40,6 +48,7 @@ impl Default for ReverseMetrics {
         Self {
             handshakes: Family::default(),
             queue_wait: Family::new_with_constructor(latency),
+            refused: Family::default(),
         }
     }
 }
@@ -58,7 +67,22 @@ impl ReverseMetrics {
             "Time requests waited in a reverse slice's admission queue for a session",
             metrics.queue_wait.clone(),
         );
+        registry.register(
+            "capacity_refusals",
+            "Requests answered 503 for want of a session, by cluster, slice and reason (queue_full, wait_expired, no_sessions)",
+            metrics.refused.clone(),
+        );
         metrics
+    }
+
+    /// Counts one request refused for want of a session.
+    pub(crate) fn refused(&self, cluster: &str, slice: &str, reason: &'static str) {
+        let labels = RefusedLabels {
+            cluster: cluster.to_owned(),
+            slice: slice.to_owned(),
+            reason,
+        };
+        self.refused.get_or_create(&labels).inc();
     }
 
     /// Counts one handshake outcome at the acceptor.

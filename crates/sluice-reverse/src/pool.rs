@@ -245,6 +245,8 @@ impl<P: Protocol> SlicePool<P> {
 
     fn no_sessions(&self) -> LeaseError {
         self.refused.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .refused(&self.id.cluster, &self.id.slice, "no_sessions");
         if !self.empty_logged.swap(true, Ordering::Relaxed) {
             warn!(cluster = %self.id.cluster, slice = %self.id.slice, "no sessions registered: requests are refused with 503 until a service registers");
         }
@@ -256,8 +258,9 @@ impl<P: Protocol> SlicePool<P> {
 
     /// A 503 for want of capacity. Under overload there is one per request, so the log says
     /// so once per interval, with how many since the last line.
-    fn refuse(&self, reason: &'static str) -> LeaseError {
+    fn refuse(&self, reason: &'static str, kind: &'static str) -> LeaseError {
         self.refused.fetch_add(1, Ordering::Relaxed);
+        self.metrics.refused(&self.id.cluster, &self.id.slice, kind);
         if let Some(refused) = self.refusals.record() {
             warn!(cluster = %self.id.cluster, slice = %self.id.slice, refused, reason, "requests refused with 503 for want of capacity (count since the last such line)");
         }
@@ -411,7 +414,7 @@ impl<P: Protocol> SlicePool<P> {
                 st.waiters.retain(|(_, w)| !w.is_closed());
             }
             if st.waiters.len() >= self.opts.queue_max {
-                return Err(self.refuse("no capacity: admission queue full"));
+                return Err(self.refuse("no capacity: admission queue full", "queue_full"));
             }
         }
         let (tx, rx) = oneshot::channel();
@@ -621,10 +624,10 @@ impl<P: Protocol> Waiter<P> {
             }
             Err(_elapsed) => {
                 self.rx.close();
-                let session = self
-                    .rx
-                    .try_recv()
-                    .map_err(|_| self.pool.refuse("no capacity: queue wait expired"))?;
+                let session = self.rx.try_recv().map_err(|_| {
+                    self.pool
+                        .refuse("no capacity: queue wait expired", "wait_expired")
+                })?;
                 self.settled = true;
                 Ok(session)
             }

@@ -162,7 +162,8 @@ impl Proxy {
         let mut servers = Vec::with_capacity(config.listeners.len());
         for l in &config.listeners {
             let server = bind_server(l, &mut sockets).await?;
-            servers.push(server.with_byte_counters(metrics.client_bytes(&l.name)));
+            let server = server.with_byte_counters(metrics.client_bytes(&l.name));
+            servers.push(server.with_connection_counters(metrics.connection_counters(&l.name)));
         }
         let relays = bind_relays(config, &mut sockets)?;
         let service = proxy_service(config, &routes, &metrics)?;

@@ -46,6 +46,7 @@ pub mod body;
 pub mod error;
 pub mod http;
 pub mod metrics;
+mod process;
 pub mod proxy;
 pub(crate) mod reload;
 pub(crate) mod restart;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -45,12 +46,25 @@ struct ListenerLabels {
 /// cheap to share behind an `Arc`.
 pub struct Metrics {
     registry: Registry,
+    /// Series under the names every client library uses (`process_*`), without the prefix.
+    standard: Registry,
     requests: Family<RequestLabels, Counter>,
     duration: Histograms<RouteLabels>,
     bytes_in: Family<ListenerLabels, Counter>,
     bytes_out: Family<ListenerLabels, Counter>,
     fast_path: Counter,
     handoffs: Family<HandOffLabels, Counter>,
+    connections: Family<ListenerLabels, Gauge>,
+    tls_failures: Family<ListenerLabels, Counter>,
+}
+
+/// One listener's client connections open now, and its failed TLS handshakes.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionCounters {
+    /// Connections open now.
+    pub open: Gauge,
+    /// TLS handshakes that failed or timed out.
+    pub tls_failures: Counter,
 }
 
 /// One route's request counters (by status) and duration histogram, as handles that share
@@ -143,14 +157,42 @@ impl Metrics {
             "HTTP/1.1 connections the fast path handed to hyper, by why it left their next request",
             handoffs.clone(),
         );
+        let connections = Family::default();
+        registry.register(
+            "client_connections",
+            "Client connections open now, by listener",
+            connections.clone(),
+        );
+        let tls_failures = Family::default();
+        registry.register(
+            "tls_handshake_failures",
+            "Client TLS handshakes that failed or timed out, by listener",
+            tls_failures.clone(),
+        );
+        let mut standard = Registry::default();
+        standard.register_collector(Box::new(crate::process::ProcessCollector));
         Self {
             registry,
+            standard,
             requests,
             duration,
             bytes_in,
             bytes_out,
             fast_path,
             handoffs,
+            connections,
+            tls_failures,
+        }
+    }
+
+    /// The connection gauge and TLS failure counter of `listener`.
+    pub fn connection_counters(&self, listener: &str) -> ConnectionCounters {
+        let labels = ListenerLabels {
+            listener: listener.to_owned(),
+        };
+        ConnectionCounters {
+            open: self.connections.get_or_create(&labels).clone(),
+            tls_failures: self.tls_failures.get_or_create(&labels).clone(),
         }
     }
 
@@ -225,9 +267,12 @@ impl Metrics {
 
     /// The text exposition; gauges registered as collectors are read now.
     pub fn render(&self) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
         // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry)
+            .and_then(|()| encode_registry(&mut out, &self.standard))
+            .and_then(|()| encode_eof(&mut out));
         out
     }
 }

@@ -612,3 +612,35 @@ async fn a_client_resumes_after_more_clients_than_a_session_cache_holds() {
         Some(HandshakeKind::Resumed)
     );
 }
+
+/// Issue 28, item 11: a client whose TLS handshake fails (plaintext HTTP to a TLS port) is
+/// counted per listener; the open connections gauge follows the connections.
+#[tokio::test]
+async fn failed_handshakes_and_open_connections_are_counted() {
+    let dir = TempDir::new().unwrap();
+    let ca = Ca::new("listener CA");
+    ca.server("a.test").write(dir.path(), "a");
+    let (proxy, _backend) = tls_listener(dir.path(), r#"{ cert = "a.pem", key = "a.key" }"#).await;
+    let mut plain = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = plain.read_to_end(&mut rest).await;
+    let value = |name: &str| {
+        proxy
+            .metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+    };
+    let failures = "sluice_tls_handshake_failures_total{listener=\"test\"}";
+    support::upstream::wait_until("the failure is counted", || value(failures) == Some(1.0)).await;
+    let open = "sluice_client_connections{listener=\"test\"}";
+    support::upstream::wait_until("the connection is gone", || value(open) == Some(0.0)).await;
+    let held = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    support::upstream::wait_until("one open", || value(open) == Some(1.0)).await;
+    drop(held);
+    assert!(value("process_resident_memory_bytes").is_some_and(|v| v > 0.0));
+}

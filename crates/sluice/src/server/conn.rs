@@ -38,6 +38,8 @@ pub(super) struct Settings {
     http: HttpOptions,
     tls: Option<TlsAcceptor>,
     pub(super) bytes: Option<crate::metrics::ByteCounters>,
+    /// Where failed TLS handshakes are counted.
+    pub(super) tls_failures: prometheus_client::metrics::counter::Counter,
     /// Serves HTTP/1.1 requests (plain or over TLS) before hyper does, when set.
     pub(super) fast: Option<FastPath>,
 }
@@ -59,6 +61,7 @@ impl Settings {
             http: http.clone(),
             tls,
             bytes: None,
+            tls_failures: Default::default(),
             fast: None,
         }
     }
@@ -156,7 +159,17 @@ async fn serve_tls<S: HttpService>(
     signal: &ShutdownSignal,
 ) -> Result<(), BoxError> {
     let handshake = tokio::time::timeout(settings.http.request_header_timeout, acceptor.accept(io));
-    let tls = handshake.await.map_err(|_| "TLS handshake timed out")??;
+    let tls = match handshake.await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            settings.tls_failures.inc();
+            return Err(e.into());
+        }
+        Err(_) => {
+            settings.tls_failures.inc();
+            return Err("TLS handshake timed out".into());
+        }
+    };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     if h2 {
         serve_h2(tls, svc, settings, signal).await

@@ -61,6 +61,7 @@ pub struct Server {
     certificates: Option<Arc<tls::Certificates>>,
     http: HttpOptions,
     bytes: Option<crate::metrics::ByteCounters>,
+    connections: crate::metrics::ConnectionCounters,
     fast: Option<crate::proxy::fast::FastPath>,
 }
 
@@ -94,6 +95,7 @@ impl Server {
             certificates: None,
             http,
             bytes: None,
+            connections: Default::default(),
             fast: None,
         }
     }
@@ -105,6 +107,16 @@ impl Server {
     /// is always hyper's. By default a server has no fast path.
     pub fn with_fast_path(mut self, fast: crate::proxy::fast::FastPath) -> Self {
         self.fast = Some(fast);
+        self
+    }
+
+    /// Counts its open connections and failed TLS handshakes (by default into series nobody
+    /// scrapes).
+    pub fn with_connection_counters(
+        mut self,
+        counters: crate::metrics::ConnectionCounters,
+    ) -> Self {
+        self.connections = counters;
         self
     }
 
@@ -153,6 +165,7 @@ impl Server {
     pub async fn serve<S: HttpService>(self, service: S, signal: ShutdownSignal, grace: Duration) {
         let mut settings = conn::Settings::new(&self.http, self.tls.clone());
         settings.bytes = self.bytes.clone();
+        settings.tls_failures = self.connections.tls_failures.clone();
         settings.fast = self.fast.clone().filter(|_| fast_path_on(&self.http));
         let settings = Arc::new(settings);
         let local = self
@@ -181,7 +194,12 @@ impl Server {
                             body_timeout: self.http.client_body_timeout,
                         };
                         let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
-                        conns.spawn(conn::serve(stream, info, svc, set, sig));
+                        let open = self.connections.open.clone();
+                        open.inc();
+                        conns.spawn(async move {
+                            conn::serve(stream, info, svc, set, sig).await;
+                            open.dec();
+                        });
                     }
                     Err(e) => accept_error(&self.name, SockRef::from(&self.listener), e).await,
                 },

@@ -45,4 +45,8 @@ pub(crate) trait Leased: Send + Sized {
 
     /// Who serves the request, for the access log.
     fn served_by(&self) -> crate::upstream::ServedBy;
+
+    /// Counts the response head it answered with, `elapsed` after the request went out (a
+    /// static endpoint's metrics; sessions count nothing here).
+    fn observe_response(&self, _status: u16, _elapsed: Duration) {}
 }

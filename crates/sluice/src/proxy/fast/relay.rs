@@ -297,6 +297,7 @@ impl<'a> Exchange<'a> {
     {
         let now = Instant::now();
         let head_at = Some(now);
+        lease.observe_response(head.status, now.saturating_duration_since(self.started));
         let close = self.closes() || head.ends_with_close();
         let date = date_at(now.into_std());
         let answer = Answer {

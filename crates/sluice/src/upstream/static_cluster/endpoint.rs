@@ -32,9 +32,24 @@ pub struct Endpoint {
     idle: Mutex<VecDeque<IdleConn>>,
     /// Idle keep-alive connections of the HTTP/1 fast path (plain sockets), likewise.
     raw_idle: Mutex<VecDeque<IdleRaw>>,
+    /// Its responses by status class, and their latency.
+    metrics: super::metrics::EndpointMetrics,
 }
 
 impl Endpoint {
+    /// An endpoint whose responses are counted in `metrics`.
+    pub(crate) fn with_metrics(addr: SocketAddr, metrics: super::metrics::EndpointMetrics) -> Self {
+        Self {
+            metrics,
+            ..Self::new(addr)
+        }
+    }
+
+    /// Counts one response head from this endpoint.
+    pub(crate) fn observe(&self, status: u16, elapsed: std::time::Duration) {
+        self.metrics.observe(status, elapsed);
+    }
+
     pub(crate) fn new(addr: SocketAddr) -> Self {
         Self {
             addr,
@@ -46,6 +61,7 @@ impl Endpoint {
             removed: AtomicBool::new(false),
             idle: Mutex::new(VecDeque::new()),
             raw_idle: Mutex::new(VecDeque::new()),
+            metrics: super::metrics::EndpointMetrics::default(),
         }
     }
 

@@ -59,6 +59,8 @@ struct Inner {
     tasks_started: AtomicBool,
     /// Where new connections are counted.
     connects: ConnectCounters,
+    /// Where endpoints count their responses (each added endpoint gets its series).
+    metrics: StaticMetrics,
     /// HTTPS to the endpoints (`opts.tls`, built).
     tls: Option<UpstreamTls>,
 }
@@ -105,7 +107,8 @@ impl StaticCluster {
         let mut list: Vec<Arc<Endpoint>> = Vec::new();
         for addr in endpoints {
             if !list.iter().any(|e| e.addr() == addr) {
-                list.push(Arc::new(Endpoint::new(addr)));
+                let counted = metrics.endpoint(&name, addr);
+                list.push(Arc::new(Endpoint::with_metrics(addr, counted)));
             }
         }
         let inner = Inner {
@@ -116,6 +119,7 @@ impl StaticCluster {
             epoch: Instant::now(),
             tasks_started: AtomicBool::new(false),
             connects: metrics.cluster(&name),
+            metrics: metrics.clone(),
             name,
         };
         Ok(Self {
@@ -149,7 +153,8 @@ impl StaticCluster {
     /// Adds an endpoint; returns false if it was already there. Takes effect for the next
     /// request; requests in flight are not affected.
     pub fn add_endpoint(&self, addr: SocketAddr) -> bool {
-        let endpoint = Arc::new(Endpoint::new(addr));
+        let counted = self.inner.metrics.endpoint(&self.inner.name, addr);
+        let endpoint = Arc::new(Endpoint::with_metrics(addr, counted));
         let mut added = false;
         self.inner.endpoints.rcu(|list| {
             added = !list.iter().any(|e| e.addr() == addr);

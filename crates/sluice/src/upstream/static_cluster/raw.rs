@@ -69,6 +69,10 @@ impl Leased for RawLease {
         super::send::log_failure(&self.inner, self.in_flight.endpoint().addr(), e);
     }
 
+    fn observe_response(&self, status: u16, elapsed: std::time::Duration) {
+        self.in_flight.endpoint().observe(status, elapsed);
+    }
+
     fn served_by(&self) -> crate::upstream::ServedBy {
         crate::upstream::ServedBy {
             endpoint: Some(self.in_flight.endpoint().addr()),

@@ -81,8 +81,14 @@ async fn exchange(
     // A fresh connection cannot be stale, so only a reused one pays for the copy.
     let replay = conn.is_reused().then(|| Replay::of(&req)).flatten();
     let timeout = inner.opts.response_timeout;
+    let sent_at = std::time::Instant::now();
     let failure = match exchange::send(&mut conn.sender, req, timeout, replay).await {
-        Ok(res) => return Ok(finish(inner, conn, in_flight, res)),
+        Ok(res) => {
+            in_flight
+                .endpoint()
+                .observe(res.status().as_u16(), sent_at.elapsed());
+            return Ok(finish(inner, conn, in_flight, res));
+        }
         Err(failure) => failure,
     };
     let Some(req) = failure.retry.filter(|_| conn.is_reused()) else {
@@ -100,8 +106,14 @@ async fn retry_fresh(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut fresh = connect_fresh(inner, in_flight.endpoint()).await?;
     let timeout = inner.opts.response_timeout;
+    let sent_at = std::time::Instant::now();
     match exchange::send(&mut fresh.sender, req, timeout, None).await {
-        Ok(res) => Ok(finish(inner, fresh, in_flight, res)),
+        Ok(res) => {
+            in_flight
+                .endpoint()
+                .observe(res.status().as_u16(), sent_at.elapsed());
+            Ok(finish(inner, fresh, in_flight, res))
+        }
         Err(failure) => Err(failure.error),
     }
 }
