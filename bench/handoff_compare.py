@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sessions through the in-process acceptor vs the multi-process topology (DESIGN.md §4).
+"""Sessions through the in-process acceptor vs the multi-process topology (docs/design.md §4).
 
 Targets, each serving the same Rust hello service (interop_service, no delay) that dials in
 with as many sessions as wrk has connections:

@@ -1,4 +1,4 @@
-//! The Sluice handoff protocol (DESIGN.md §4): registered sessions, and on hot restart
+//! The Sluice handoff protocol (docs/design.md §4): registered sessions, and on hot restart
 //! listening sockets, move between processes as file descriptors over a UNIX
 //! `SOCK_SEQPACKET` socket with `SCM_RIGHTS`.
 //!

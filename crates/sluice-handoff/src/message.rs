@@ -77,7 +77,7 @@ impl fmt::Display for ListenAddr {
     }
 }
 
-/// One message of the handoff protocol (DESIGN.md §4).
+/// One message of the handoff protocol (docs/design.md §4).
 ///
 /// Names (`cluster`, `slice`, `instance`, listener `name`) are 1 to [`MAX_WORD`] bytes of
 /// visible ASCII without spaces; [`Message::encode`] refuses anything else, so what is sent

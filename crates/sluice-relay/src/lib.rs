@@ -1,4 +1,4 @@
-//! Sluice's split-TCP relay (DESIGN.md §7, after KTCP): a chain of relays splits a long TCP
+//! Sluice's split-TCP relay (docs/design.md §7, after KTCP): a chain of relays splits a long TCP
 //! path into short legs, so each leg's losses are repaired over its own short round trip.
 //!
 //! An *entry relay* accepts clients and forwards their bytes to its next hop `to`, either as a

@@ -332,7 +332,7 @@ impl<P: Protocol> ReverseCluster<P> {
     }
 
     /// Takes in a session that registered elsewhere and was handed to this process (a hot
-    /// restart's predecessor, DESIGN.md §4): it counts against the same limits as one that
+    /// restart's predecessor, docs/design.md §4): it counts against the same limits as one that
     /// registered here (`total` is the acceptor's), then joins `slice` as idle.
     pub async fn adopt(
         &self,

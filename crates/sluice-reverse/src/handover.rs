@@ -1,4 +1,4 @@
-//! Handing idle sessions to another process (a hot restart's successor, DESIGN.md §4).
+//! Handing idle sessions to another process (a hot restart's successor, docs/design.md §4).
 //!
 //! While a cluster hands over, a session that becomes idle while nobody in this process waits
 //! for one leaves the pool: its socket goes to the [`Handover`]'s receiver, with the names the

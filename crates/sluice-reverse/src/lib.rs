@@ -1,5 +1,5 @@
 //! The reverse-session engine: services dial in to the acceptor and register sessions, each one
-//! unit of declared concurrency; the proxy never connects to them (DESIGN.md §3).
+//! unit of declared concurrency; the proxy never connects to them (docs/design.md §3).
 //!
 //! A [`ReverseCluster`] holds one [`SlicePool`] per slice and the registered [`Instance`]s. A
 //! route targets a [`ReverseSlice`], a cheap handle to one pool. A request leases one idle

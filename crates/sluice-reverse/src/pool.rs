@@ -1,6 +1,6 @@
 //! [`SlicePool`]: the idle sessions of one (cluster, slice) and its admission queue.
 //!
-//! Idle sessions take turns as in a FIFO ring (DESIGN.md §3): a returned session's turn goes to
+//! Idle sessions take turns as in a FIFO ring (docs/design.md §3): a returned session's turn goes to
 //! the tail and a lease takes the turn at the head, which rotates load across instances in
 //! proportion to their idle sessions. Within the instance whose turn it is, the session
 //! returned last goes out first ([`Idle`]), so a service that registers hundreds of sessions

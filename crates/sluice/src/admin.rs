@@ -1,4 +1,4 @@
-//! The admin API (DESIGN.md §6): JSON over HTTP on `[admin] listen`, for `sluice ctl` and
+//! The admin API (docs/design.md §6): JSON over HTTP on `[admin] listen`, for `sluice ctl` and
 //! automation. Every request needs `Authorization: Bearer <token>` when `[admin] token` is set
 //! (the configuration requires one off loopback).
 //!

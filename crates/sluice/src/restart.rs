@@ -1,4 +1,4 @@
-//! Hot restart (DESIGN.md §4): a new Sluice takes over a running one's listening sockets and
+//! Hot restart (docs/design.md §4): a new Sluice takes over a running one's listening sockets and
 //! idle sessions over a UNIX socket, so an upgrade drops no request and services never
 //! re-dial. The exchange is specified in `docs/handoff.md`:
 //!

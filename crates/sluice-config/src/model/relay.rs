@@ -1,4 +1,4 @@
-//! `[[relay]]`: the validated split-TCP relays (DESIGN.md §7).
+//! `[[relay]]`: the validated split-TCP relays (docs/design.md §7).
 
 use std::net::SocketAddr;
 use std::time::Duration;

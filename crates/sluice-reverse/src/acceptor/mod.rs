@@ -1,5 +1,5 @@
 //! The acceptor: the service-facing listener where instances dial in and register sessions
-//! (DESIGN.md §3).
+//! (docs/design.md §3).
 //!
 //! Each connection sends one hello within `handshake_timeout` and `max_handshake_size`: a
 //! registration, answered `101` and handed to its cluster's slice as an idle session; a

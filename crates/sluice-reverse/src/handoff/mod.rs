@@ -1,4 +1,4 @@
-//! Sessions lent across processes (DESIGN.md §4, `docs/handoff.md`): a standalone acceptor
+//! Sessions lent across processes (docs/design.md §4, `docs/handoff.md`): a standalone acceptor
 //! (`sluice acceptor`) owns the service-facing listener and the registered sessions and lends
 //! them to consumers (Sluice processes) by credit over a UNIX socket; consumers keep a local
 //! idle pool, so steady-state requests cost no handoff, and give back what they do not need.

@@ -1,5 +1,5 @@
 //! Reverse clusters: services dial in to the acceptor and register sessions; the proxy never
-//! connects to them (DESIGN.md §3).
+//! connects to them (docs/design.md §3).
 //!
 //! The engine — the acceptor, slice pools and their admission queues, leases, hand-over and
 //! lending across processes — is the `sluice-reverse` crate, and speaks no HTTP. This module
