@@ -71,7 +71,6 @@ def parse_h2load(name, out):
 
 def h2(b):
     """Rounds of every target in rotated order, one certificate, one set of processes."""
-    from .scenarios import rotated  # scenarios imports this module
 
     rounds = max(2, b.p.headline_rounds // 2) if b.p.name != "smoke" else 1
     out = {"connections": CONNECTIONS, "streams": STREAMS, "rounds": rounds,
@@ -82,7 +81,7 @@ def h2(b):
         ts = {name: tls._start(group, b.work, name, pem, h2=True) for name in TARGETS}
         runs = out["targets"] = {name: [] for name in ts}
         for r in range(rounds):
-            for name in rotated(ts, r):
+            for name in load.rotated(ts, r):
                 group.check_alive()
                 run = h2load(ts[name], b.p.seconds)
                 runs[name].append(dataclasses.asdict(run))

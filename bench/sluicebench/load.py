@@ -226,3 +226,10 @@ def syscalls_per_request(target, connections, seconds):
     if not count.isdigit():
         raise RuntimeError(f"perf stat gave no syscall count: {err.strip()[-300:]}")
     return int(count) / max(run.requests, 1)
+
+
+def rotated(names, r):
+    """`names` rotated by round `r`, so that each target takes each place in turn."""
+    names = list(names)
+    k = r % len(names)
+    return names[k:] + names[:k]

@@ -93,12 +93,6 @@ class Bench:
             raise
 
 
-def rotated(names, r):
-    names = list(names)
-    k = r % len(names)
-    return names[k:] + names[:k]
-
-
 def steady(b):
     """Closed-loop wrk at each concurrency; extra rounds and the syscall pass at the headline."""
     group, ts = b.targets(b.p.targets, Backend())
@@ -111,7 +105,7 @@ def steady(b):
                     load.wrk(t, c, seconds=b.p.warmup, measure=False)
             runs = out["points"][c] = {name: [] for name in ts}
             for r in range(rounds):
-                for name in rotated(ts, r):
+                for name in load.rotated(ts, r):
                     group.check_alive()
                     run = load.wrk(ts[name], c, seconds=b.p.seconds)
                     runs[name].append(dataclasses.asdict(run))
@@ -259,7 +253,7 @@ def size(b):
         for body in b.p.sizes:
             runs = out["sizes"][body] = {name: [] for name in ts}
             for r in range(b.p.size_rounds):
-                for name in rotated(ts, r):
+                for name in load.rotated(ts, r):
                     group.check_alive()
                     run = load.wrk(ts[name], 16, seconds=b.p.seconds, path=f"/?bytes={body}")
                     runs[name].append(dataclasses.asdict(run))

@@ -148,7 +148,6 @@ def _handshakes(target, pem, mode, seconds):
 
 def tls(b):
     """Per key type and mode, rounds of every target in rotated order."""
-    from .scenarios import rotated  # scenarios imports this module
 
     out = {"keys": {}}
     rounds = max(2, b.p.headline_rounds // 2) if b.p.name != "smoke" else 1
@@ -163,7 +162,7 @@ def tls(b):
             modes = out["keys"][key] = {mode: {name: [] for name in ts} for mode in MODES}
             for r in range(rounds):
                 for mode in MODES:
-                    for name in rotated(ts, r):
+                    for name in load.rotated(ts, r):
                         group.check_alive()
                         t = ts[name]
                         if mode == "keepalive":

@@ -27,7 +27,7 @@ use std::path::Path;
 
 pub use error::ConfigError;
 pub use model::*;
-pub use values::{parse_cidr, parse_method};
+pub use values::{parse_cidr, parse_method, resolve_endpoint};
 
 /// A configuration that works with nothing else running: a plaintext listener named `default`
 /// on 127.0.0.1:8080 that answers `/healthz` and explains itself on every other path.
@@ -57,24 +57,6 @@ Pass -c FILE to proxy to your own backends (see examples/configs/ for samples).
 
 /// The name [`embedded_default`] reports as the configuration's source.
 pub const EMBEDDED_DEFAULT_SOURCE: &str = "<embedded default>";
-
-/// Resolves a static endpoint as the configuration does: `IP:port` as it is, `host:port`
-/// through the system resolver (every address it has). The error names the endpoint and why.
-pub fn resolve_endpoint(text: &str) -> Result<Vec<std::net::SocketAddr>, String> {
-    use std::net::ToSocketAddrs;
-    if let Ok(addr) = text.parse::<std::net::SocketAddr>() {
-        return Ok(vec![addr]);
-    }
-    let fail = |why: &dyn std::fmt::Display| format!("cannot resolve endpoint `{text}`: {why}");
-    if !text.contains(':') {
-        return Err(fail(&"expected \"host:port\" or \"IP:port\""));
-    }
-    let addrs: Vec<_> = text.to_socket_addrs().map_err(|e| fail(&e))?.collect();
-    if addrs.is_empty() {
-        return Err(fail(&"the name has no addresses"));
-    }
-    Ok(addrs)
-}
 
 /// Reads and validates the file at `path`; relative paths inside it (TLS files, `file:`
 /// secrets) are resolved against the file's directory. Errors start with `path`.

@@ -358,6 +358,24 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for HeaderTable<V> {
     }
 }
 
+/// Resolves a static endpoint as the configuration does: `IP:port` as it is, `host:port`
+/// through the system resolver (every address it has). The error names the endpoint and why.
+pub fn resolve_endpoint(text: &str) -> Result<Vec<std::net::SocketAddr>, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = text.parse::<std::net::SocketAddr>() {
+        return Ok(vec![addr]);
+    }
+    let fail = |why: &dyn std::fmt::Display| format!("cannot resolve endpoint `{text}`: {why}");
+    if !text.contains(':') {
+        return Err(fail(&"expected \"host:port\" or \"IP:port\""));
+    }
+    let addrs: Vec<_> = text.to_socket_addrs().map_err(|e| fail(&e))?.collect();
+    if addrs.is_empty() {
+        return Err(fail(&"the name has no addresses"));
+    }
+    Ok(addrs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,16 @@ pub(crate) enum Mode {
     Copy,
 }
 
+impl Mode {
+    /// Splice or copy, as the relay's `splice` key says.
+    pub(crate) fn of(opts: &sluice_config::RelayOptions) -> Self {
+        match opts.splice {
+            true => Self::Splice,
+            false => Self::Copy,
+        }
+    }
+}
+
 /// Relays between `client` and `upstream` until both directions have ended (each EOF passed on
 /// as a write shutdown) or nothing moved for `idle`; bytes are counted into `stats`.
 pub(crate) async fn relay(

@@ -367,7 +367,7 @@ impl Handler {
         forward::relay(
             client,
             &upstream,
-            mode(&self.opts),
+            forward::Mode::of(&self.opts),
             self.opts.idle_timeout,
             &self.stats,
         )
@@ -383,13 +383,5 @@ fn open_early(name: &str, addr: SocketAddr, opts: &RelayOptions) -> Option<Early
             tracing::warn!(relay = %name, %error, "early_connect is off: cannot watch for SYNs (needs CAP_NET_RAW and an IPv4 listener); connecting on accept");
             None
         }
-    }
-}
-
-/// Splice or copy, as configured.
-fn mode(opts: &RelayOptions) -> forward::Mode {
-    match opts.splice {
-        true => forward::Mode::Splice,
-        false => forward::Mode::Copy,
     }
 }

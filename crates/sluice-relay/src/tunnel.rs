@@ -97,7 +97,7 @@ pub(crate) async fn serve(
     // Bytes the client sent behind the preamble.
     write_all(&upstream, &buf).await?;
     stats.bytes_up.fetch_add(buf.len() as u64, Relaxed);
-    let mode = crate::mode(opts);
+    let mode = forward::Mode::of(opts);
     forward::relay(peer, &upstream, mode, opts.idle_timeout, stats).await?;
     Ok(())
 }

@@ -6,9 +6,9 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
+use crate::cluster::ReverseCluster;
 use crate::metrics::SliceLabels;
-use crate::Protocol;
-use crate::ReverseCluster;
+use crate::protocol::Protocol;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InstanceLabels {

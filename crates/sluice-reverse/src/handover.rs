@@ -56,7 +56,7 @@ enum Destination {
         keep_one: bool,
     },
     /// Lending (a standalone acceptor) or returning (a consumer): sessions leave for `to` only
-    /// when [`SlicePool::hand_over_some`](crate::SlicePool::hand_over_some) takes them.
+    /// when [`SlicePool::hand_over_some`](crate::pool::SlicePool::hand_over_some) takes them.
     /// `lost`, if given, hears the slice of each session let go that never reaches `to`
     /// (its connection ended first, or it cannot move), so that a lender counting sessions on
     /// their way stays exact.

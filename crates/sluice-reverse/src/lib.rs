@@ -50,7 +50,6 @@ pub use self::cluster::{ExpectSessions, ReverseCluster, ReverseSlice};
 pub use self::error::{AdoptError, LeaseError, RETRY_AFTER_SECS};
 pub use self::gauges::SessionGauges;
 pub use self::handover::HandedSession;
-pub(crate) use self::instance::Lent;
 pub use self::instance::{Instance, Limit, SessionPermit, UpgradedSession};
 pub use self::lease::Lease;
 pub use self::metrics::ReverseMetrics;

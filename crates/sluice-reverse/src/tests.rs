@@ -22,7 +22,11 @@ use http_body_util::Empty;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 
-use crate::{HandedSession, LeaseError, Limit, ParkedIo, Protocol};
+use crate::error::LeaseError;
+use crate::handover::HandedSession;
+use crate::instance::Limit;
+use crate::protocol::Protocol;
+use crate::stream::ParkedIo;
 
 /// Sessions as the proxy speaks to them: hyper's HTTP/1.1 client (whose readiness and
 /// end the pool relies on), with bodies the tests never send.
@@ -48,10 +52,10 @@ impl Protocol for H1 {
     }
 }
 
-type ReverseCluster = crate::ReverseCluster<H1>;
-type ReverseSlice = crate::ReverseSlice<H1>;
-type SlicePool = crate::SlicePool<H1>;
-type Session = crate::Session<H1>;
+type ReverseCluster = crate::cluster::ReverseCluster<H1>;
+type ReverseSlice = crate::cluster::ReverseSlice<H1>;
+type SlicePool = crate::pool::SlicePool<H1>;
+type Session = crate::session::Session<H1>;
 
 /// A cluster with one slice and the service ends of its sessions (kept open, so the sessions
 /// stay usable).

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::Identity;
+use crate::hello::Identity;
 
 /// Every vector, by section.
 #[derive(Debug, Deserialize)]

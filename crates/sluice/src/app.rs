@@ -309,7 +309,7 @@ impl Proxy {
         if let Some((listener, state)) = admin {
             tokio::spawn(admin::serve(listener, Arc::new(state), group.signal()));
         }
-        let fast = self.service.fast_path();
+        let fast: Arc<dyn crate::server::fast::FastHttp1> = Arc::new(self.service.fast_path());
         for server in self.servers {
             let server = server.with_fast_path(fast.clone());
             group.add(server, self.service.clone(), self.grace);

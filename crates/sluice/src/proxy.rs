@@ -27,9 +27,9 @@ use crate::http::headers::{
     add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
     Forwarding,
 };
+use crate::http::ClientInfo;
 use crate::metrics::Metrics;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
-use crate::server::ClientInfo;
 use crate::upstream::{ServedBy, Upstream, WantsServedBy};
 
 /// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
@@ -87,6 +87,7 @@ impl<R: Routing> ProxyService<R> {
             Arc::clone(&self.router) as Arc<dyn Routing>,
             self.metrics.clone(),
             self.access_log.clone(),
+            std::any::TypeId::of::<Self>(),
         )
     }
 

@@ -163,3 +163,39 @@ async fn a_request_that_accepts_trailers_is_left_to_hyper() {
         0
     );
 }
+
+/// Issue 30, item 2: a proxy service wrapped in a tower layer must see every request through
+/// the layer. Given the proxy's fast path, a server serving the wrapped service leaves it off
+/// (and says so), so the layer's header is on every answer.
+#[tokio::test]
+async fn a_layered_proxy_is_never_bypassed_by_the_fast_path() {
+    use sluice::{ProxyService, Route, RouteTable, Server, StaticCluster};
+    let backend = Backend::start("b").await;
+    let cluster =
+        StaticCluster::new("backend", [backend.addr], Default::default()).expect("a plain cluster");
+    let mut table = RouteTable::new();
+    table.push(sluice::Matcher::any(), Route::to_upstream("all", cluster));
+    let proxy = ProxyService::new(table);
+    let layered = tower::ServiceBuilder::new()
+        .map_response(|mut res: http::Response<sluice::ProxyBody>| {
+            res.headers_mut()
+                .insert("x-layer", http::HeaderValue::from_static("seen"));
+            res
+        })
+        .service(proxy.clone());
+    let server = Server::bind("layered", "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+        .with_fast_path(Arc::new(proxy.fast_path()));
+    let addr = server.local_addr().unwrap();
+    let shutdown = sluice::Shutdown::new();
+    let signal = shutdown.signal();
+    tokio::spawn(server.serve(layered, signal, std::time::Duration::from_secs(1)));
+    let raw = pipeline(
+        addr,
+        "GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(raw.matches("x-layer: seen").count(), 2, "{raw}");
+    assert_eq!(bodies(&raw), ["b /1", "b /2"]);
+}

@@ -111,7 +111,7 @@ fn endpoints(
 }
 
 fn resolve(ctx: Ctx<'_>, endpoint: &Spanned<String>) -> Result<Vec<SocketAddr>, ConfigError> {
-    crate::resolve_endpoint(endpoint.get_ref()).map_err(|why| ctx.err(endpoint.span(), why))
+    crate::values::resolve_endpoint(endpoint.get_ref()).map_err(|why| ctx.err(endpoint.span(), why))
 }
 
 fn lb(raw: Option<RawLb>) -> LbPolicy {

@@ -12,7 +12,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::{Protocol, ReverseCluster, SessionStream};
+use crate::cluster::ReverseCluster;
+use crate::protocol::Protocol;
+use crate::stream::SessionStream;
 
 /// Why a link ended.
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +148,7 @@ impl Reporter {
         }
     }
 
-    fn next(&mut self, load: crate::Load) -> Option<NodeLine> {
+    fn next(&mut self, load: crate::pool::Load) -> Option<NodeLine> {
         let demand = Demand {
             in_flight: load.in_flight as u64,
             queued: load.queued as u64,
@@ -168,8 +170,8 @@ impl Reporter {
 mod tests {
     use super::*;
 
-    fn load(in_flight: usize, refused: u64) -> crate::Load {
-        crate::Load {
+    fn load(in_flight: usize, refused: u64) -> crate::pool::Load {
+        crate::pool::Load {
             in_flight,
             queued: 0,
             refused,

@@ -10,9 +10,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::shared::{Peer, Shared};
-use crate::Protocol;
-use crate::ReverseCluster;
-use crate::{SessionPermit, SessionStream};
+use crate::cluster::ReverseCluster;
+use crate::instance::SessionPermit;
+use crate::protocol::Protocol;
+use crate::stream::SessionStream;
 
 /// Why no hello could be read.
 #[derive(Debug, thiserror::Error)]

@@ -33,9 +33,11 @@ use tracing::{debug, info, warn, Instrument};
 
 use self::rate::RateLimiter;
 use self::shared::{Peer, Shared};
-use crate::Protocol;
-use crate::ReverseCluster;
-use crate::{Limit, ReverseMetrics, SessionStream};
+use crate::cluster::ReverseCluster;
+use crate::instance::Limit;
+use crate::metrics::ReverseMetrics;
+use crate::protocol::Protocol;
+use crate::stream::SessionStream;
 use sluice_net::accept::accept_error;
 use sluice_net::log_limit::TallyByKind;
 use sluice_net::sockets::{self, Sockets};
@@ -175,7 +177,7 @@ impl<P: Protocol> Acceptor<P> {
     }
 
     /// Accepts service connections until `signal` fires. Handshakes still in progress then
-    /// answer 503; registered sessions are closed by whoever owns their clusters ([`ReverseCluster::close`](crate::ReverseCluster::close)), as `sluice::Proxy::run_until` does when it ends.
+    /// answer 503; registered sessions are closed by whoever owns their clusters ([`ReverseCluster::close`](crate::cluster::ReverseCluster::close)), as `sluice::Proxy::run_until` does when it ends.
     pub async fn run(self, signal: ShutdownSignal) {
         let mut shared = self.shared;
         shared.shutdown = Some(signal.clone());

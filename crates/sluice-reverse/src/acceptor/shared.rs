@@ -10,10 +10,12 @@ use sluice_config::ServiceGrant;
 use sluice_session::Rejection;
 
 use super::rate::RateLimiter;
-use super::{tls, AcceptorOptions};
-use crate::Protocol;
-use crate::ReverseCluster;
-use crate::{Limit, ReverseMetrics};
+use super::tls;
+use crate::cluster::ReverseCluster;
+use crate::instance::Limit;
+use crate::metrics::ReverseMetrics;
+use crate::protocol::Protocol;
+use sluice_config::Acceptor as AcceptorOptions;
 use sluice_net::log_limit::TallyByKind;
 use sluice_net::ShutdownSignal;
 

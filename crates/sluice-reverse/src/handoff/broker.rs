@@ -20,9 +20,11 @@ use tracing::{debug, info, warn, Instrument};
 use super::error::{LinkError, PeerError};
 use super::ledger::Ledger;
 use crate::acceptor::{Acceptor, BindError};
-use crate::Protocol;
-use crate::ReverseCluster;
-use crate::{HandedSession, SessionPermit, SliceId};
+use crate::cluster::ReverseCluster;
+use crate::handover::HandedSession;
+use crate::instance::SessionPermit;
+use crate::protocol::Protocol;
+use crate::slice_id::SliceId;
 use sluice_net::{Shutdown, ShutdownSignal};
 
 /// Why a standalone acceptor could not start.

@@ -36,9 +36,11 @@ const SURPLUS_FOR: Duration = Duration::from_secs(1);
 const OPEN_CREDIT_WAIT: Duration = Duration::from_secs(2);
 
 use super::error::{LinkError, PeerError};
-use crate::Protocol;
-use crate::ReverseCluster;
-use crate::{HandedSession, Lent, SliceId};
+use crate::cluster::ReverseCluster;
+use crate::handover::HandedSession;
+use crate::instance::Lent;
+use crate::protocol::Protocol;
+use crate::slice_id::SliceId;
 
 /// One reverse cluster fed by a handoff socket, and the slices its routes use.
 #[derive(Debug, Clone)]

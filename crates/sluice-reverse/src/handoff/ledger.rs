@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::error::PeerError;
 
-use crate::SliceId;
+use crate::slice_id::SliceId;
 
 /// The accounts; `T` is what a lent session holds here until it comes back or is gone (its
 /// permit, which keeps it counted against the session limits).

@@ -1,8 +1,12 @@
 //! HTTP rules shared by the proxy paths: request checks, hop-by-hop stripping, forwarding
-//! headers. Request normalisation is `sluice_wire::normalize`'s.
+//! headers, and what is known of a request's client ([`ClientInfo`]). Request normalisation is
+//! `sluice_wire::normalize`'s.
 
 pub mod checks;
+pub mod client;
 pub mod headers;
+
+pub use client::ClientInfo;
 
 /// How much body data hyper may hold per connection and direction: the read buffer of an
 /// upstream connection or session, and the write queue towards a client.

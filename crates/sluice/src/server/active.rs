@@ -33,7 +33,7 @@ impl ActiveRequests {
     }
 
     /// Waits until the connection's first request has begun.
-    pub(super) async fn first_request(&self) {
+    pub(crate) async fn first_request(&self) {
         let first = self.first.notified();
         tokio::pin!(first);
         first.as_mut().enable();
@@ -44,12 +44,12 @@ impl ActiveRequests {
 
     /// The fast path handed the connection to hyper with a request it read but did not serve:
     /// until hyper begins that request, a shutdown must wait for it as for a first request.
-    pub(super) fn handed_over(&self) {
+    pub(crate) fn handed_over(&self) {
         self.started.store(false, Ordering::Release);
     }
 
     /// Counts one request until the returned guard is dropped.
-    pub(super) fn begin(self: &Arc<Self>) -> ActiveGuard {
+    pub(crate) fn begin(self: &Arc<Self>) -> ActiveGuard {
         self.count.fetch_add(1, Ordering::Relaxed);
         // Only the first request writes the flag; later ones just read it.
         if !self.started() && !self.started.swap(true, Ordering::AcqRel) {
@@ -61,7 +61,7 @@ impl ActiveRequests {
 
 /// Holds one request in the count.
 #[derive(Debug)]
-pub(super) struct ActiveGuard(Arc<ActiveRequests>);
+pub(crate) struct ActiveGuard(Arc<ActiveRequests>);
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {

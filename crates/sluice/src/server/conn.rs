@@ -19,12 +19,11 @@ use tracing::{debug, Instrument};
 
 use crate::http::headers::wants_upgrade;
 use crate::http::IO_BUFFER_BYTES;
-use crate::proxy::fast::FastPath;
 use sluice_session::Prefixed;
 
 use super::active::{ActiveRequests, Tracked, TrackedBody};
 use super::carrier::UpgradeCarrier;
-use super::fast::Left;
+use super::fast::{Conn, FastHttp1, Left};
 use super::framing::{FramingGuard, FramingWatch};
 use super::io::IdleTimeout;
 use super::prefixed::sniff_h2;
@@ -41,7 +40,7 @@ pub(super) struct Settings {
     /// Where failed TLS handshakes are counted.
     pub(super) tls_failures: prometheus_client::metrics::counter::Counter,
     /// Serves HTTP/1.1 requests (plain or over TLS) before hyper does, when set.
-    pub(super) fast: Option<FastPath>,
+    pub(super) fast: Option<std::sync::Arc<dyn FastHttp1>>,
 }
 
 impl Settings {
@@ -131,16 +130,13 @@ where
     let Some(fast) = &settings.fast else {
         return serve_h1(io, svc, settings, signal).await;
     };
-    match super::fast::serve(
-        &mut io,
-        fast,
-        &svc.info,
-        &settings.http,
+    let conn = Conn {
+        info: &svc.info,
+        http: &settings.http,
         signal,
-        &svc.active,
-    )
-    .await
-    {
+        active: &svc.active,
+    };
+    match fast.serve(&mut io, conn).await {
         Left::Done => {
             // As hyper ends a connection: a TLS stream sends its close_notify, so that a body
             // delimited by the close is not taken for a truncated one.

@@ -86,7 +86,7 @@ impl<T> IdleTimeout<T> {
 }
 
 /// `start + timeout`, or a far future when that overflows (a timeout of centuries).
-pub(super) fn deadline(start: Instant, timeout: Duration) -> Instant {
+pub(crate) fn deadline(start: Instant, timeout: Duration) -> Instant {
     start
         .checked_add(timeout)
         .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30))

@@ -6,13 +6,12 @@
 
 mod active;
 mod carrier;
-mod client;
 mod conn;
-mod fast;
+pub mod fast;
 #[macro_use]
 mod forward;
 mod framing;
-mod io;
+pub(crate) mod io;
 mod prefixed;
 mod service;
 pub mod tls;
@@ -32,10 +31,10 @@ use tracing::{debug, info, warn};
 
 pub use self::active::{ActiveRequests, TrackedBody};
 pub use self::carrier::UpgradeCarrier;
-pub use self::client::ClientInfo;
 pub use self::framing::AmbiguousFraming;
 pub use self::io::IdleTimeout;
 pub use self::service::HttpService;
+pub use crate::http::ClientInfo;
 pub(crate) use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use sluice_net::shutdown::{os_signal, Shutdown, ShutdownSignal};
 
@@ -62,7 +61,7 @@ pub struct Server {
     http: HttpOptions,
     bytes: Option<crate::metrics::ByteCounters>,
     connections: crate::metrics::ConnectionCounters,
-    fast: Option<crate::proxy::fast::FastPath>,
+    fast: Option<Arc<dyn fast::FastHttp1>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -100,12 +99,13 @@ impl Server {
         }
     }
 
-    /// Serves HTTP/1.1 requests, plain or over TLS, with `fast` (from
+    /// Serves HTTP/1.1 requests, plain or over TLS, with `fast` (a proxy's fast path,
     /// [`ProxyService::fast_path`](crate::ProxyService::fast_path)) and hands hyper only what it
-    /// leaves, when the listener's `fast_path` is on; the service given to
-    /// [`serve`](Self::serve) must be that proxy (layers around it would be bypassed). HTTP/2
-    /// is always hyper's. By default a server has no fast path.
-    pub fn with_fast_path(mut self, fast: crate::proxy::fast::FastPath) -> Self {
+    /// leaves, when the listener's `fast_path` is on. It is used only when the service given to
+    /// [`serve`](Self::serve) is the one it belongs to: a service wrapped in tower layers is
+    /// served by hyper alone (said once at warn), so the layers are never bypassed. HTTP/2 is
+    /// always hyper's. By default a server has no fast path.
+    pub fn with_fast_path(mut self, fast: Arc<dyn fast::FastHttp1>) -> Self {
         self.fast = Some(fast);
         self
     }
@@ -166,7 +166,7 @@ impl Server {
         let mut settings = conn::Settings::new(&self.http, self.tls.clone());
         settings.bytes = self.bytes.clone();
         settings.tls_failures = self.connections.tls_failures.clone();
-        settings.fast = self.fast.clone().filter(|_| fast_path_on(&self.http));
+        settings.fast = self.fast_path_for::<S>();
         let settings = Arc::new(settings);
         let local = self
             .listener
@@ -208,6 +208,18 @@ impl Server {
         }
         drop(self.listener);
         drain(&self.name, conns, grace).await;
+    }
+}
+
+impl Server {
+    /// The fast path, if the listener has it on and it belongs to the service `S` served.
+    fn fast_path_for<S: 'static>(&self) -> Option<Arc<dyn fast::FastHttp1>> {
+        let fast = self.fast.clone().filter(|_| fast_path_on(&self.http))?;
+        if fast.service_type() != std::any::TypeId::of::<S>() {
+            warn!(listener = %self.name, "the fast path is off here: the service served is not the proxy it belongs to (wrapped in tower layers?), and the layers must see every request");
+            return None;
+        }
+        Some(fast)
     }
 }
 

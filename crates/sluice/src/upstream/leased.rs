@@ -44,7 +44,7 @@ pub(crate) trait Leased: Send + Sized {
     fn log_failure(&self, e: &ProxyError);
 
     /// Who serves the request, for the access log.
-    fn served_by(&self) -> crate::upstream::ServedBy;
+    fn served_by(&self) -> crate::upstream::served::ServedBy;
 
     /// Counts the response head it answered with, `elapsed` after the request went out (a
     /// static endpoint's metrics; sessions count nothing here).

@@ -6,8 +6,10 @@
 
 pub mod connect;
 pub(crate) mod exchange;
+mod host;
 pub(crate) mod leased;
 pub mod reverse;
+pub mod served;
 pub mod static_cluster;
 pub mod tls;
 
@@ -16,7 +18,9 @@ use http::{Request, Response};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 pub use exchange::is_idempotent;
+pub(crate) use host::default_host;
 pub use reverse::{ReverseCluster, ReverseSlice};
+pub use served::{ServedBy, WantsServedBy};
 pub use static_cluster::{StaticCluster, StaticMetrics, StaticOptions};
 
 /// A cluster a route can forward to. Cloning is cheap (a reference count).
@@ -75,39 +79,5 @@ impl From<ReverseSlice> for Upstream {
 impl From<StaticCluster> for Upstream {
     fn from(c: StaticCluster) -> Self {
         Self::Static(c)
-    }
-}
-
-/// Who served a request upstream, for the access log: a static cluster's endpoint, or the
-/// instance whose session carried it and how long the request waited for that session.
-#[derive(Debug, Clone, Default)]
-pub struct ServedBy {
-    /// The static endpoint.
-    pub endpoint: Option<std::net::SocketAddr>,
-    /// The instance of the session.
-    pub instance: Option<std::sync::Arc<sluice_reverse::Instance>>,
-    /// The wait in the slice's admission queue (zero when a session was idle).
-    pub queued: Option<std::time::Duration>,
-}
-
-/// In a request's extensions: the proxy logs it, so the upstream puts a [`ServedBy`] in the
-/// response's extensions (nothing is inserted, and nothing allocated, without it).
-#[derive(Debug, Clone, Copy)]
-pub struct WantsServedBy;
-
-/// Puts `by` into `res`'s extensions when the request asked for it.
-pub(crate) fn note_served_by<B>(wants: bool, res: &mut Response<B>, by: impl FnOnce() -> ServedBy) {
-    if wants {
-        res.extensions_mut().insert(by());
-    }
-}
-
-/// Sets `Host` to `authority()` when the request has none.
-pub(crate) fn default_host<B>(req: &mut Request<B>, authority: impl FnOnce() -> String) {
-    if req.headers().contains_key(http::header::HOST) {
-        return;
-    }
-    if let Ok(value) = http::HeaderValue::try_from(authority()) {
-        req.headers_mut().insert(http::header::HOST, value);
     }
 }

@@ -17,6 +17,7 @@
 
 mod answer;
 mod body;
+mod conn;
 mod relay;
 mod request;
 
@@ -45,6 +46,8 @@ pub struct FastPath {
     router: Arc<dyn Routing>,
     metrics: Option<Arc<Metrics>>,
     access_log: Option<AccessLog>,
+    /// The type of the proxy service it belongs to.
+    service: std::any::TypeId,
 }
 
 impl std::fmt::Debug for FastPath {
@@ -58,11 +61,13 @@ impl FastPath {
         router: Arc<dyn Routing>,
         metrics: Option<Arc<Metrics>>,
         access_log: Option<AccessLog>,
+        service: std::any::TypeId,
     ) -> Self {
         Self {
             router,
             metrics,
             access_log,
+            service,
         }
     }
 

@@ -7,9 +7,9 @@ use sluice_net::shutdown::ShutdownSignal;
 use sluice_wire::h1::{ClientIp, RequestHead};
 use tokio::time::{Instant, Sleep};
 
+use crate::http::ClientInfo;
 use crate::http::IO_BUFFER_BYTES;
 use crate::metrics::RouteCounters;
-use crate::server::ClientInfo;
 
 /// What became of a request the fast path was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

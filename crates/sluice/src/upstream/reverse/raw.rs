@@ -94,8 +94,8 @@ impl Leased for SessionLease {
         }
     }
 
-    fn served_by(&self) -> crate::upstream::ServedBy {
-        crate::upstream::ServedBy {
+    fn served_by(&self) -> crate::upstream::served::ServedBy {
+        crate::upstream::served::ServedBy {
             instance: Some(Arc::clone(self.session.instance())),
             queued: Some(self.queued),
             ..Default::default()

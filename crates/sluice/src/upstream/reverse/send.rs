@@ -14,9 +14,9 @@ use super::buffer;
 use super::http1::{Lease, ReverseSlice, Session, SlicePool};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::server::ClientInfo;
+use crate::http::ClientInfo;
 use crate::upstream::exchange::{self, Answer, Failure, Replay};
-use crate::upstream::{note_served_by, ServedBy, WantsServedBy};
+use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
 
 /// Reads a body that fits `request_buffer`, then leases a session and exchanges the request
 /// on it. A session that dies before any response byte costs the request a second session

@@ -73,8 +73,8 @@ impl Leased for RawLease {
         self.in_flight.endpoint().observe(status, elapsed);
     }
 
-    fn served_by(&self) -> crate::upstream::ServedBy {
-        crate::upstream::ServedBy {
+    fn served_by(&self) -> crate::upstream::served::ServedBy {
+        crate::upstream::served::ServedBy {
             endpoint: Some(self.in_flight.endpoint().addr()),
             ..Default::default()
         }

@@ -15,8 +15,9 @@ use super::{acquire, connect_fresh, wrap_response, Inner, MAX_CONNECT_ATTEMPTS};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::upstream::exchange::{self, Replay};
+use crate::upstream::host::default_host;
+use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
 use crate::upstream::tls::UpstreamTls;
-use crate::upstream::{default_host, note_served_by, ServedBy, WantsServedBy};
 
 /// Picks an endpoint and exchanges the request with it. A failed connect ejects the endpoint
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`].
