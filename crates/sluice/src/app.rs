@@ -157,7 +157,6 @@ impl Proxy {
         let clusters = build_clusters(config, &reverse_metrics, &static_metrics)?;
         let gauges = SessionGauges::new(reverse_clusters(&clusters).collect());
         metrics.registry().register_collector(Box::new(gauges));
-        let metrics = Arc::new(metrics);
         let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
         let mut servers = Vec::with_capacity(config.listeners.len());
         for l in &config.listeners {
@@ -166,6 +165,8 @@ impl Proxy {
             servers.push(server.with_connection_counters(metrics.connection_counters(&l.name)));
         }
         let relays = bind_relays(config, &mut sockets)?;
+        metrics.add_relays(relays.iter().map(sluice_relay::Relay::handle).collect());
+        let metrics = Arc::new(metrics);
         let service = proxy_service(config, &routes, &metrics)?;
         let acceptor = bind_acceptor(config, &clusters, &mut sockets).await?;
         let readiness = sluice_net::Readiness::default();

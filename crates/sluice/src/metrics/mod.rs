@@ -5,6 +5,8 @@
 //! handshake decided, a wait in an admission queue); gauges of sessions and queues are read
 //! from the clusters when scraped, so they cannot drift.
 
+mod relays;
+
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -182,6 +184,14 @@ impl Metrics {
             handoffs,
             connections,
             tls_failures,
+        }
+    }
+
+    /// Reports these relays' counters (`sluice_relay_*`) at each scrape.
+    pub(crate) fn add_relays(&mut self, relays: Vec<sluice_relay::RelayHandle>) {
+        if !relays.is_empty() {
+            let collector = relays::RelayCollector(relays);
+            self.registry.register_collector(Box::new(collector));
         }
     }
 
