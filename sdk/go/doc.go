@@ -23,7 +23,9 @@
 //
 // The Listener re-dials a replacement whenever the proxy closes a session or an upgrade
 // (WebSocket) consumes one, backs off with jitter while the acceptor is unreachable or busy,
-// and stops a slot for good on 400, 401 and 404 (see [Listener.Status]).
+// stops the slots for good on 400, 401 and 404, and while an operator holds the instance
+// drained (410) probes with one registration every Options.DrainedProbe (see
+// [Listener.Status]).
 // [Listener.SetCapacity] resizes at runtime; wrap the handler with [Listener.Handler] so that
 // shrinking retires surplus sessions at once, race-free, with `Connection: close`.
 //
@@ -35,6 +37,8 @@
 //   - conn.go: the session [net.Conn] that Accept returns.
 //   - state.go: the resize bookkeeping (target, slots, owed retirements).
 //   - listener.go: [Listener]: Accept, resize, status, Close, Shutdown and abort.
-//   - slot.go: one goroutine per session slot: dial, register, hand over, re-dial.
+//   - slot.go: one goroutine per session slot: dial, register, hand over, re-dial; the
+//     drained instance's probe.
+//   - report.go: what an instance logs (once per outage, refusal, drain hold, capacity change).
 //   - retire.go: [Listener.Handler], the middleware that retires sessions.
 package sluice

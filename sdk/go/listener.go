@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Listener keeps sessions registered with the acceptor and yields each as a connection from
@@ -39,9 +40,15 @@ type Listener struct {
 	running      int  // slot goroutines alive
 	registered   int
 	lastErr      error
-	live         map[*sessionConn]struct{}
-	changed      chan struct{} // closed and replaced at every change of the fields above
-	nextSlot     int
+	report       report
+	// held is the 410 of an operator's drain while it holds the instance out: the slots wait,
+	// and one of them probes at nextProbe (probing while its dial is out).
+	held      error
+	nextProbe time.Time
+	probing   bool
+	live      map[*sessionConn]struct{}
+	changed   chan struct{} // closed and replaced at every change of the fields above
+	nextSlot  int
 }
 
 // Status is what an application can observe about its sessions.
@@ -53,6 +60,9 @@ type Status struct {
 	// LastError is the most recent dial, handshake or refusal error of any slot, such as a
 	// 401 that stopped a slot for good; nil until one happens, not cleared by later successes.
 	LastError error
+	// Drained is true while an operator holds this instance drained (410, `sluice ctl
+	// drain`): the slots wait and one registration probes every Options.DrainedProbe.
+	Drained bool
 }
 
 // Listen validates opts and starts keeping opts.Capacity sessions registered in the
@@ -77,6 +87,7 @@ func Listen(ctx context.Context, opts Options) (*Listener, error) {
 		live:    make(map[*sessionConn]struct{}),
 		changed: make(chan struct{}),
 	}
+	l.report.log = l.log
 	l.dialCtx, l.cancelDials = context.WithCancel(context.WithoutCancel(ctx))
 	l.stopParent = context.AfterFunc(ctx, l.abort)
 	l.SetCapacity(opts.Capacity)
@@ -124,8 +135,8 @@ func (a acceptorAddr) String() string  { return string(a) }
 // response, so once SetCapacity returns no more than n requests reach the handler beyond
 // those already running. Without the wrapper a registered session ends only when the proxy
 // closes it. Setting the
-// current capacity again restarts slots refused for good. Ignored after Close or Shutdown;
-// a negative n counts as 0.
+// current capacity again restarts slots refused for good, and dials at once while an operator
+// holds the instance drained (410). Ignored after Close or Shutdown; a negative n counts as 0.
 func (l *Listener) SetCapacity(n int) {
 	n = max(n, 0)
 	l.mu.Lock()
@@ -133,6 +144,8 @@ func (l *Listener) SetCapacity(n int) {
 		l.mu.Unlock()
 		return
 	}
+	l.report.capacity(l.counts.target, n, l.held != nil)
+	l.held = nil
 	spawn := l.counts.resize(n)
 	l.retireIdleLocked()
 	first := l.nextSlot
@@ -140,7 +153,6 @@ func (l *Listener) SetCapacity(n int) {
 	l.running += spawn
 	l.notifyLocked()
 	l.mu.Unlock()
-	l.log.Info("capacity set", "capacity", n, "spawn", spawn)
 	for i := range spawn {
 		go l.runSlot(first + i)
 	}
@@ -157,7 +169,7 @@ func (l *Listener) Status() Status {
 func (l *Listener) Watch() (Status, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return Status{Registered: l.registered, Capacity: l.counts.target, LastError: l.lastErr}, l.changed
+	return Status{Registered: l.registered, Capacity: l.counts.target, LastError: l.lastErr, Drained: l.held != nil}, l.changed
 }
 
 // Close leaves gracefully within Options.DrainTimeout; http.Server.Shutdown and Serve call

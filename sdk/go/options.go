@@ -46,9 +46,14 @@ type Options struct {
 	// for the proxy to close every session, after which Close closes the rest at once;
 	// 0 means 30 s. Shutdown is bounded by its context instead.
 	DrainTimeout time.Duration
-	// Logger receives debug and warning records about dials and sessions. nil sends warnings
-	// and errors (refusals such as a wrong token, failed dials) to slog.Default() and drops the
-	// rest.
+	// DrainedProbe is how often one registration probes while an operator holds this instance
+	// drained (410 after `sluice ctl drain`), so that `sluice ctl resume` brings it back by
+	// itself; 0 means 30 s.
+	DrainedProbe time.Duration
+	// Logger receives the instance's records (protocol/README.md "What SDKs log": one warning
+	// per outage, not per slot or attempt, and one info line when it ends; one line per
+	// refusal, drain hold and capacity change; debug records per session). nil sends warnings
+	// and errors (refusals such as a wrong token, outages) to slog.Default() and drops the rest.
 	Logger *slog.Logger
 }
 
@@ -97,6 +102,7 @@ const (
 	defaultSlice            = "default"
 	defaultHandshakeTimeout = 5 * time.Second
 	defaultDrainTimeout     = 30 * time.Second
+	defaultDrainedProbe     = 30 * time.Second
 	unixPrefix              = "unix:"
 )
 
@@ -113,6 +119,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = defaultDrainTimeout
+	}
+	if o.DrainedProbe == 0 {
+		o.DrainedProbe = defaultDrainedProbe
 	}
 	o.Backoff = o.Backoff.withDefaults()
 	if o.Logger == nil {
@@ -141,6 +150,8 @@ func (o *Options) validate() error {
 		return invalid("HandshakeTimeout must be positive")
 	case o.DrainTimeout < 0:
 		return invalid("DrainTimeout must be positive")
+	case o.DrainedProbe < 0:
+		return invalid("DrainedProbe must be positive")
 	}
 	return nil
 }
