@@ -14,12 +14,45 @@ import (
 
 // logLines captures an instance's log records at every level.
 type logLines struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	changed chan struct{} // closed and replaced at every record
 }
 
 func (l *logLines) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(lockedWriter{&l.mu, &l.buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
+	return l.buf.Write(p)
+}
+
+// wait waits until a line contains every one of parts.
+func (l *logLines) wait(t *testing.T, parts ...string) {
+	t.Helper()
+	deadline := time.After(testDeadline)
+	for l.count(parts...) == 0 {
+		l.mu.Lock()
+		if l.changed == nil {
+			l.changed = make(chan struct{})
+		}
+		changed := l.changed
+		l.mu.Unlock()
+		if l.count(parts...) > 0 {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no log line with %q:\n%s", parts, l)
+		}
+	}
 }
 
 // count is how many lines contain every one of parts.

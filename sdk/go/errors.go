@@ -45,7 +45,7 @@ func (k Kind) String() string {
 // Error is a failed registration or drain: what was tried, where it failed and, for a
 // refusal, the acceptor's status.
 type Error struct {
-	// Op is "register" or "drain".
+	// Op is "register", "drain" or "control" (a node's control link, with many nodes).
 	Op string
 	// Kind says where it failed.
 	Kind Kind

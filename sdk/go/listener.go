@@ -14,7 +14,9 @@ import (
 // Accept. It implements [net.Listener], so http.Server.Serve(ln) serves through Sluice.
 // Its methods are safe for concurrent use.
 type Listener struct {
-	opts   Options
+	opts    Options
+	address acceptorAddress
+	// dialer dials the one acceptor; nil with many nodes, where each node has its own.
 	dialer *dialer
 	log    *slog.Logger
 
@@ -47,6 +49,9 @@ type Listener struct {
 	nextProbe time.Time
 	probing   bool
 	live      map[*sessionConn]struct{}
+	// nodes are the nodes of many, in the order the split lists them (nil with one acceptor).
+	nodes     []*node
+	rebalance rebalanceLog
 	changed   chan struct{} // closed and replaced at every change of the fields above
 	nextSlot  int
 }
@@ -61,8 +66,11 @@ type Status struct {
 	// 401 that stopped a slot for good; nil until one happens, not cleared by later successes.
 	LastError error
 	// Drained is true while an operator holds this instance drained (410, `sluice ctl
-	// drain`): the slots wait and one registration probes every Options.DrainedProbe.
+	// drain`): the slots wait and one registration probes every Options.DrainedProbe. With
+	// many nodes the hold is per node (see Nodes).
 	Drained bool
+	// Nodes lists every node of many (nil with one acceptor), in the split's order.
+	Nodes []NodeStatus
 }
 
 // Listen validates opts and starts keeping opts.Capacity sessions registered in the
@@ -78,9 +86,10 @@ func Listen(ctx context.Context, opts Options) (*Listener, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
+	address, _ := opts.address() // validated
 	l := &Listener{
 		opts:    opts,
-		dialer:  newDialer(&opts),
+		address: address,
 		log:     opts.Logger.With("service", opts.Service, "acceptor", opts.Acceptor),
 		accept:  make(chan *sessionConn),
 		closed:  make(chan struct{}),
@@ -90,6 +99,11 @@ func Listen(ctx context.Context, opts Options) (*Listener, error) {
 	l.report.log = l.log
 	l.dialCtx, l.cancelDials = context.WithCancel(context.WithoutCancel(ctx))
 	l.stopParent = context.AfterFunc(ctx, l.abort)
+	if address.many() {
+		go l.runResolver()
+	} else {
+		l.dialer = newDialer(&opts)
+	}
 	l.SetCapacity(opts.Capacity)
 	return l, nil
 }
@@ -148,6 +162,7 @@ func (l *Listener) SetCapacity(n int) {
 	l.held = nil
 	spawn := l.counts.resize(n)
 	l.retireIdleLocked()
+	l.capacityChangedLocked()
 	first := l.nextSlot
 	l.nextSlot += spawn
 	l.running += spawn
@@ -169,7 +184,11 @@ func (l *Listener) Status() Status {
 func (l *Listener) Watch() (Status, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return Status{Registered: l.registered, Capacity: l.counts.target, LastError: l.lastErr, Drained: l.held != nil}, l.changed
+	st := Status{Registered: l.registered, Capacity: l.counts.target, LastError: l.lastErr, Drained: l.held != nil}
+	for _, n := range l.nodes {
+		st.Nodes = append(st.Nodes, n.status())
+	}
+	return st, l.changed
 }
 
 // Close leaves gracefully within Options.DrainTimeout; http.Server.Shutdown and Serve call
@@ -253,6 +272,11 @@ func (l *Listener) drain(ctx context.Context) error {
 		return nil
 	}
 	l.log.Info("draining")
+	if l.dialer == nil {
+		l.drainNodes(ctx)
+		l.drained = true
+		return nil
+	}
 	if err := l.dialer.drain(ctx); err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("sluice: drain: no answer before the deadline: %w", ctx.Err())
@@ -305,6 +329,9 @@ func (l *Listener) closeAccept() {
 
 // notifyLocked wakes everyone waiting on a change; l.mu must be held.
 func (l *Listener) notifyLocked() {
+	if l.opts.check != nil {
+		l.opts.check(l)
+	}
 	close(l.changed)
 	l.changed = make(chan struct{})
 }

@@ -56,8 +56,8 @@ func sluiceBinary(t *testing.T) string {
 const sluiceToken = "go-s3cret"
 
 // sluiceConfig is a node: listener, acceptor and admin API on ip (port 0 unless given), one
-// reverse cluster "api" that queues.
-func sluiceConfig(ip string, acceptorPort int) string {
+// reverse cluster "api" that queues, with extra lines for the cluster.
+func sluiceConfig(ip string, acceptorPort int, cluster ...string) string {
 	return fmt.Sprintf(`
 [acceptor]
 listen = "%[1]s:%[2]d"
@@ -78,7 +78,7 @@ kind = "reverse"
 tokens = ["env:GO_SDK_TOKEN"]
 queue_max = 4096
 queue_timeout = "20s"
-`, ip, acceptorPort)
+`, ip, acceptorPort) + strings.Join(cluster, "\n") + "\n"
 }
 
 // sluiceNode is one running `sluice run`, watched through its JSON log lines.

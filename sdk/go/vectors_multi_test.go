@@ -210,6 +210,11 @@ func TestVectorsAddresses(t *testing.T) {
 				t.Errorf("%s: %+v, want list %q", vec.Name, a, want.List)
 			}
 		}
+		// Listen agrees: what parses is accepted, what does not is refused before any dial.
+		o := Options{Acceptor: vec.Address, Service: "api"}.withDefaults()
+		if valid := o.validate() == nil; valid == invalid {
+			t.Errorf("%s: Listen would accept %q: %v, want %v", vec.Name, vec.Address, valid, !invalid)
+		}
 	}
 	if len(v.Addresses) == 0 {
 		t.Fatal("no address vectors")
