@@ -6,8 +6,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -191,5 +196,46 @@ func TestRealProxyRemovedFromDNSIsRetiredWithoutAFailedRequest(t *testing.T) {
 	defer cancel()
 	if err := ln.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// examples/multinode, as the cross-language test drives it: a list of two real nodes,
+// requests through both, /max through Sluice at most the capacity, SIGTERM drains.
+func TestRealProxiesServeTheMultinodeExample(t *testing.T) {
+	t.Parallel()
+	// The nodes hold requests until the sessions register: no need to wait for them.
+	a := startSluice(t, sluiceConfig("127.0.0.1", 0, `no_sessions_wait = "20s"`))
+	b := startSluice(t, sluiceConfig("127.0.0.1", 0, `no_sessions_wait = "20s"`))
+	bin := filepath.Join(t.TempDir(), "multinode")
+	if out, err := exec.Command("go", "build", "-o", bin, "./examples/multinode").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "-capacity", "3", "-delay", "20ms")
+	cmd.Env = append(os.Environ(), "SLUICE_ACCEPTOR="+a.Acceptor+","+b.Acceptor, "SLUICE_SERVICE=api",
+		"SLUICE_INSTANCE=example", "SLUICE_TOKEN="+sluiceToken)
+	var stdout strings.Builder
+	cmd.Stdout = &stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	first, second := getAll(t, a.HTTP, "/", 10), getAll(t, b.HTTP, "/", 10)
+	noFailure(t, first, 10)
+	noFailure(t, second, 10)
+	resp, err := http.Get("http://" + a.HTTP + "/max")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if most, err := strconv.Atoi(strings.TrimSpace(string(body))); err != nil || most < 1 || most > 3 {
+		t.Errorf("/max answered %q, want 1 to 3", body)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the example exited with %v", err)
+	}
+	if !strings.HasPrefix(stdout.String(), "max_in_flight ") {
+		t.Errorf("stdout %q", stdout.String())
 	}
 }
