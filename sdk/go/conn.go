@@ -25,6 +25,12 @@ type sessionConn struct {
 	// retired: the session answered a retirement with Connection: close, or was closed
 	// idle for one; do not re-dial.
 	retired atomic.Bool
+	// node is the node of many it is registered at (nil with one acceptor).
+	node *node
+	// evicted: the SDK closes it because its node is not live (or holds too many without a
+	// link to retire them): idle at once, busy with Connection: close after the response. Its
+	// slot then dials elsewhere at once.
+	evicted atomic.Bool
 	// handlers counts requests of this session inside ln.Handler right now.
 	handlers atomic.Int32
 	// upgrading: a request asked for an upgrade, so the handler may have hijacked the

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 	"unicode"
@@ -30,20 +31,57 @@ type dialer struct {
 
 func newDialer(o *Options) *dialer {
 	network, address, _ := o.endpoint() // validated by Listen
+	host, _, _ := net.SplitHostPort(address)
+	return newDialerTo(o, network, address, host)
+}
+
+// newNodeDialer dials one node of many; host (the dns: name or the list entry's host) is the
+// TLS server name unless Options.TLS names one.
+func newNodeDialer(o *Options, addr netip.AddrPort, host string) *dialer {
+	return newDialerTo(o, "tcp", addr.String(), strings.Trim(host, "[]"))
+}
+
+func newDialerTo(o *Options, network, address, host string) *dialer {
 	d := &dialer{network: network, address: address, id: o.identity(), timeout: o.HandshakeTimeout}
 	if o.TLS != nil {
 		d.tls = o.TLS.Clone()
 		if d.tls.ServerName == "" && network == "tcp" {
-			d.tls.ServerName, _, _ = net.SplitHostPort(address)
+			d.tls.ServerName = host
 		}
 	}
 	return d
 }
 
+// errNoControl: the node answered the control link's request with 400, as an acceptor that
+// does not know control links does.
+var errNoControl = errors.New("the acceptor does not know control links (400)")
+
+// control dials a control link (many nodes) declaring capacity. It returns the connection and
+// the bytes read past the 101 head (the link's first lines), errNoControl for a 400, or the
+// refusal.
+func (d *dialer) control(ctx context.Context, capacity int) (net.Conn, []byte, error) {
+	conn, rep, rest, err := d.exchange(ctx, "control", encodeControl(d.id, capacity), controlToken)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch {
+	case rep.kind == replySwitched:
+		return conn, rest, nil
+	case rep.kind == replyRefused && rep.status == 400:
+		conn.Close()
+		return nil, nil, errNoControl
+	case rep.kind == replyRefused:
+		defer conn.Close()
+		return nil, nil, &Error{Op: "control", Kind: KindRefused, Status: rep.status, Reason: readReason(conn, rest)}
+	}
+	conn.Close()
+	return nil, nil, &Error{Op: "control", Kind: KindProtocol, Err: errors.New("200 to a control link")}
+}
+
 // register dials and registers one session; capacity goes into Sluice-Capacity. It returns
 // the connection and the bytes read past the 101 head.
 func (d *dialer) register(ctx context.Context, capacity int) (net.Conn, []byte, error) {
-	conn, rep, rest, err := d.exchange(ctx, "register", encodeRegistration(d.id, capacity))
+	conn, rep, rest, err := d.exchange(ctx, "register", encodeRegistration(d.id, capacity), upgradeToken)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -60,7 +98,7 @@ func (d *dialer) register(ctx context.Context, capacity int) (net.Conn, []byte, 
 
 // drain sends `POST /.sluice/v1/drain` for the instance on a new connection and expects 200.
 func (d *dialer) drain(ctx context.Context) error {
-	conn, rep, rest, err := d.exchange(ctx, "drain", encodeDrain(d.id))
+	conn, rep, rest, err := d.exchange(ctx, "drain", encodeDrain(d.id), upgradeToken)
 	if err != nil {
 		return err
 	}
@@ -74,9 +112,9 @@ func (d *dialer) drain(ctx context.Context) error {
 	return &Error{Op: "drain", Kind: KindProtocol, Err: errors.New("101 to a drain request")}
 }
 
-// exchange connects, writes req and reads the reply head, all within the handshake timeout.
-// On success the connection is open, without deadline.
-func (d *dialer) exchange(ctx context.Context, op string, req []byte) (net.Conn, reply, []byte, error) {
+// exchange connects, writes req and reads the reply head (a 101 must name protocol), all
+// within the handshake timeout. On success the connection is open, without deadline.
+func (d *dialer) exchange(ctx context.Context, op string, req []byte, protocol string) (net.Conn, reply, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	conn, err := d.connect(ctx, op)
@@ -85,7 +123,7 @@ func (d *dialer) exchange(ctx context.Context, op string, req []byte) (net.Conn,
 	}
 	// A past deadline unblocks the reads and writes below when ctx ends.
 	unblock := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	rep, rest, err := d.talk(conn, op, req)
+	rep, rest, err := d.talk(conn, op, req, protocol)
 	if !unblock() || err != nil {
 		conn.Close()
 		return nil, reply{}, nil, d.ctxError(ctx, op, err)
@@ -93,11 +131,11 @@ func (d *dialer) exchange(ctx context.Context, op string, req []byte) (net.Conn,
 	return conn, rep, rest, nil
 }
 
-func (d *dialer) talk(conn net.Conn, op string, req []byte) (reply, []byte, error) {
+func (d *dialer) talk(conn net.Conn, op string, req []byte, protocol string) (reply, []byte, error) {
 	if _, err := conn.Write(req); err != nil {
 		return reply{}, nil, &Error{Op: op, Kind: KindIO, Err: err}
 	}
-	return readReply(conn, op)
+	return readReply(conn, op, protocol)
 }
 
 // ctxError prefers the context's verdict: an I/O error caused by the deadline is a timeout.
@@ -139,13 +177,13 @@ func (d *dialer) connect(ctx context.Context, op string) (net.Conn, error) {
 
 // readReply reads the answer's head (at most maxReplyHead bytes in all) and returns it with
 // whatever was read past it.
-func readReply(conn net.Conn, op string) (reply, []byte, error) {
+func readReply(conn net.Conn, op, protocol string) (reply, []byte, error) {
 	buf := make([]byte, maxReplyHead)
 	n := 0
 	for {
 		m, readErr := conn.Read(buf[n:])
 		n += m
-		rep, head, err := parseReply(buf[:n])
+		rep, head, err := parseReply(buf[:n], protocol)
 		switch {
 		case err == nil:
 			return rep, append([]byte(nil), buf[head:n]...), nil

@@ -45,7 +45,7 @@ func (k Kind) String() string {
 // Error is a failed registration or drain: what was tried, where it failed and, for a
 // refusal, the acceptor's status.
 type Error struct {
-	// Op is "register" or "drain".
+	// Op is "register", "drain" or "control" (a node's control link, with many nodes).
 	Op string
 	// Kind says where it failed.
 	Kind Kind
@@ -82,7 +82,8 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // Retryable reports whether dialing again may succeed: false for refusals with 400, 401 and
 // 404 (the configuration is wrong) and 410 (an operator drained the instance until
-// `sluice ctl resume`), true for everything else.
+// `sluice ctl resume`; the slots wait and one probe dials every Options.DrainedProbe), true
+// for everything else.
 func (e *Error) Retryable() bool {
 	return e.Kind != KindRefused || !permanent(e.Status)
 }
@@ -95,7 +96,7 @@ func hint(status int) string {
 	case 404:
 		return "check Options.Service against the proxy's reverse clusters"
 	case 410:
-		return "the instance is drained; resume it with sluice ctl resume, then call SetCapacity"
+		return "the instance is drained; after sluice ctl resume, a probe registers again within Options.DrainedProbe"
 	}
 	return "check the identity in Options"
 }
@@ -105,7 +106,8 @@ func permanent(status int) bool {
 }
 
 // Drained reports whether the acceptor refused because an operator drained this instance
-// (410 Gone): its slots stop until it is resumed and SetCapacity restarts them.
+// (410 Gone): its slots wait, and one registration probes every Options.DrainedProbe until
+// `sluice ctl resume` lets it register again.
 func (e *Error) Drained() bool {
 	return e.Kind == KindRefused && e.Status == 410
 }

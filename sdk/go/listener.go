@@ -7,13 +7,16 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Listener keeps sessions registered with the acceptor and yields each as a connection from
 // Accept. It implements [net.Listener], so http.Server.Serve(ln) serves through Sluice.
 // Its methods are safe for concurrent use.
 type Listener struct {
-	opts   Options
+	opts    Options
+	address acceptorAddress
+	// dialer dials the one acceptor; nil with many nodes, where each node has its own.
 	dialer *dialer
 	log    *slog.Logger
 
@@ -39,9 +42,18 @@ type Listener struct {
 	running      int  // slot goroutines alive
 	registered   int
 	lastErr      error
-	live         map[*sessionConn]struct{}
-	changed      chan struct{} // closed and replaced at every change of the fields above
-	nextSlot     int
+	report       report
+	// held is the 410 of an operator's drain while it holds the instance out: the slots wait,
+	// and one of them probes at nextProbe (probing while its dial is out).
+	held      error
+	nextProbe time.Time
+	probing   bool
+	live      map[*sessionConn]struct{}
+	// nodes are the nodes of many, in the order the split lists them (nil with one acceptor).
+	nodes     []*node
+	rebalance rebalanceLog
+	changed   chan struct{} // closed and replaced at every change of the fields above
+	nextSlot  int
 }
 
 // Status is what an application can observe about its sessions.
@@ -53,6 +65,12 @@ type Status struct {
 	// LastError is the most recent dial, handshake or refusal error of any slot, such as a
 	// 401 that stopped a slot for good; nil until one happens, not cleared by later successes.
 	LastError error
+	// Drained is true while an operator holds this instance drained (410, `sluice ctl
+	// drain`): the slots wait and one registration probes every Options.DrainedProbe. With
+	// many nodes the hold is per node (see Nodes).
+	Drained bool
+	// Nodes lists every node of many (nil with one acceptor), in the split's order.
+	Nodes []NodeStatus
 }
 
 // Listen validates opts and starts keeping opts.Capacity sessions registered in the
@@ -68,17 +86,24 @@ func Listen(ctx context.Context, opts Options) (*Listener, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
+	address, _ := opts.address() // validated
 	l := &Listener{
 		opts:    opts,
-		dialer:  newDialer(&opts),
+		address: address,
 		log:     opts.Logger.With("service", opts.Service, "acceptor", opts.Acceptor),
 		accept:  make(chan *sessionConn),
 		closed:  make(chan struct{}),
 		live:    make(map[*sessionConn]struct{}),
 		changed: make(chan struct{}),
 	}
+	l.report.log = l.log
 	l.dialCtx, l.cancelDials = context.WithCancel(context.WithoutCancel(ctx))
 	l.stopParent = context.AfterFunc(ctx, l.abort)
+	if address.many() {
+		go l.runResolver()
+	} else {
+		l.dialer = newDialer(&opts)
+	}
 	l.SetCapacity(opts.Capacity)
 	return l, nil
 }
@@ -124,8 +149,8 @@ func (a acceptorAddr) String() string  { return string(a) }
 // response, so once SetCapacity returns no more than n requests reach the handler beyond
 // those already running. Without the wrapper a registered session ends only when the proxy
 // closes it. Setting the
-// current capacity again restarts slots refused for good. Ignored after Close or Shutdown;
-// a negative n counts as 0.
+// current capacity again restarts slots refused for good, and dials at once while an operator
+// holds the instance drained (410). Ignored after Close or Shutdown; a negative n counts as 0.
 func (l *Listener) SetCapacity(n int) {
 	n = max(n, 0)
 	l.mu.Lock()
@@ -133,14 +158,16 @@ func (l *Listener) SetCapacity(n int) {
 		l.mu.Unlock()
 		return
 	}
+	l.report.capacity(l.counts.target, n, l.held != nil)
+	l.held = nil
 	spawn := l.counts.resize(n)
 	l.retireIdleLocked()
+	l.capacityChangedLocked()
 	first := l.nextSlot
 	l.nextSlot += spawn
 	l.running += spawn
 	l.notifyLocked()
 	l.mu.Unlock()
-	l.log.Info("capacity set", "capacity", n, "spawn", spawn)
 	for i := range spawn {
 		go l.runSlot(first + i)
 	}
@@ -157,7 +184,11 @@ func (l *Listener) Status() Status {
 func (l *Listener) Watch() (Status, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return Status{Registered: l.registered, Capacity: l.counts.target, LastError: l.lastErr}, l.changed
+	st := Status{Registered: l.registered, Capacity: l.counts.target, LastError: l.lastErr, Drained: l.held != nil}
+	for _, n := range l.nodes {
+		st.Nodes = append(st.Nodes, n.status())
+	}
+	return st, l.changed
 }
 
 // Close leaves gracefully within Options.DrainTimeout; http.Server.Shutdown and Serve call
@@ -241,6 +272,11 @@ func (l *Listener) drain(ctx context.Context) error {
 		return nil
 	}
 	l.log.Info("draining")
+	if l.dialer == nil {
+		l.drainNodes(ctx)
+		l.drained = true
+		return nil
+	}
 	if err := l.dialer.drain(ctx); err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("sluice: drain: no answer before the deadline: %w", ctx.Err())
@@ -293,6 +329,9 @@ func (l *Listener) closeAccept() {
 
 // notifyLocked wakes everyone waiting on a change; l.mu must be held.
 func (l *Listener) notifyLocked() {
+	if l.opts.check != nil {
+		l.opts.check(l)
+	}
 	close(l.changed)
 	l.changed = make(chan struct{})
 }

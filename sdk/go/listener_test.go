@@ -541,33 +541,6 @@ func TestHandlerReportsTheClientAddressTheProxySaw(t *testing.T) {
 	}
 }
 
-// An operator's drain: the proxy closes the sessions and refuses re-dials with 410. The slots
-// stop (no retry loop), the error says so, and Shutdown still drains and returns.
-func TestADrainedInstanceStopsDialingAndShutdownStillWorks(t *testing.T) {
-	t.Parallel()
-	f := tcpAcceptor(t)
-	ln := listen(t, f, Options{Capacity: 2, Instance: "api-1"})
-	serve(t, ln, hello)
-	a, b := f.session(), f.session()
-	f.setAnswer(func(int) string { return refusal(410) })
-	a.conn.Close()
-	b.conn.Close()
-	waitUntil(t, ln, "both slots stopped", func(l *Listener) bool { return l.running == 0 })
-
-	var e *Error
-	if err := ln.Status().LastError; !errors.As(err, &e) || !e.Drained() || e.Retryable() {
-		t.Fatalf("last error %v, want a permanent 410", err)
-	}
-	if n := f.registrations(); n != 4 {
-		t.Errorf("%d registrations, want 4: a 410 is not retried", n)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
-	defer cancel()
-	if err := ln.Shutdown(ctx); err != nil {
-		t.Fatalf("Shutdown of a drained instance: %v", err)
-	}
-}
-
 // Without Options.Logger, a refusal still reaches the application's log (slog.Default) with
 // the acceptor's reason: a wrong token is never silent. Not parallel: it swaps slog.Default.
 func TestRefusalsAreLoggedWithTheAcceptorsReasonByDefault(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 )
@@ -19,9 +20,18 @@ var ErrInvalidOptions = errors.New("sluice: invalid options")
 // Options says where the acceptor is, who this instance is and how hard to try.
 // Zero values take the documented defaults.
 type Options struct {
-	// Acceptor is the proxy's acceptor: "host:port", or "unix:/path" for a UNIX socket.
-	// Required; a host name is resolved again on every dial.
+	// Acceptor is the proxy's acceptor: "host:port", or "unix:/path" for a UNIX socket; a host
+	// name is resolved again on every dial. Many nodes (protocol/README.md "Many nodes"):
+	// "dns:NAME:PORT" (every A and AAAA record of NAME, such as a Kubernetes headless Service,
+	// re-resolved every ResolveInterval) or a list "a:7070,b:7070". With many nodes the
+	// instance dials every node, keeps a control link to each, and splits Capacity among them
+	// by demand, never holding more than Capacity sessions in all. Acceptor or Acceptors is
+	// required.
 	Acceptor string
+	// Acceptors is the list form of Acceptor: each entry "host:port", a name counting once per
+	// address it resolves to. Set Acceptor or Acceptors, not both; one entry is the same as
+	// Acceptor set to it.
+	Acceptors []string
 	// Service is the reverse cluster to join (Sluice-Service). Required.
 	Service string
 	// Slice is the slice the sessions join (Sluice-Slice); "" means "default".
@@ -46,10 +56,33 @@ type Options struct {
 	// for the proxy to close every session, after which Close closes the rest at once;
 	// 0 means 30 s. Shutdown is bounded by its context instead.
 	DrainTimeout time.Duration
-	// Logger receives debug and warning records about dials and sessions. nil sends warnings
-	// and errors (refusals such as a wrong token, failed dials) to slog.Default() and drops the
-	// rest.
+	// ResolveInterval is how often the names of many nodes (dns:, or names in a list) are
+	// resolved again: nodes that appear are joined, nodes that disappear are left (asked to
+	// retire every session). 0 means 10 s.
+	ResolveInterval time.Duration
+	// NodeGrace is how long a node of many may be without its control link before it is
+	// down (its share moves to the others; a hot restart of the node takes less). 0 means 5 s.
+	NodeGrace time.Duration
+	// Resolver resolves the names of many nodes; nil means net.DefaultResolver. Tests and
+	// service discovery may plug in their own.
+	Resolver Resolver
+	// DrainedProbe is how often one registration probes while an operator holds this instance
+	// drained (410 after `sluice ctl drain`), so that `sluice ctl resume` brings it back by
+	// itself; 0 means 30 s.
+	DrainedProbe time.Duration
+	// Logger receives the instance's records (protocol/README.md "What SDKs log": one warning
+	// per outage, not per slot or attempt, and one info line when it ends; one line per
+	// refusal, drain hold and capacity change; debug records per session). nil sends warnings
+	// and errors (refusals such as a wrong token, outages) to slog.Default() and drops the rest.
 	Logger *slog.Logger
+
+	// check, in tests, runs under the Listener's lock at every change of its state.
+	check func(*Listener)
+}
+
+// Resolver looks up the addresses of a name, as *net.Resolver does (network "ip").
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
 // Backoff is jittered exponential backoff between failed dials: Initial doubling up to Max,
@@ -97,6 +130,9 @@ const (
 	defaultSlice            = "default"
 	defaultHandshakeTimeout = 5 * time.Second
 	defaultDrainTimeout     = 30 * time.Second
+	defaultDrainedProbe     = 30 * time.Second
+	defaultResolveInterval  = 10 * time.Second
+	defaultNodeGrace        = 5 * time.Second
 	unixPrefix              = "unix:"
 )
 
@@ -114,6 +150,21 @@ func (o Options) withDefaults() Options {
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = defaultDrainTimeout
 	}
+	if o.DrainedProbe == 0 {
+		o.DrainedProbe = defaultDrainedProbe
+	}
+	if o.ResolveInterval == 0 {
+		o.ResolveInterval = defaultResolveInterval
+	}
+	if o.NodeGrace == 0 {
+		o.NodeGrace = defaultNodeGrace
+	}
+	if o.Resolver == nil {
+		o.Resolver = net.DefaultResolver
+	}
+	if len(o.Acceptors) > 0 && o.Acceptor == "" {
+		o.Acceptor = strings.Join(o.Acceptors, ",")
+	}
 	o.Backoff = o.Backoff.withDefaults()
 	if o.Logger == nil {
 		o.Logger = slog.New(warnings{slog.Default().Handler()})
@@ -127,8 +178,14 @@ func (o *Options) validate() error {
 	if err := o.validateIdentity(); err != nil {
 		return err
 	}
-	if _, _, err := o.endpoint(); err != nil {
+	a, err := o.address()
+	if err != nil {
 		return err
+	}
+	if !a.many() {
+		if _, _, err := o.endpoint(); err != nil {
+			return err
+		}
 	}
 	switch b := o.Backoff; {
 	case o.Capacity < 0:
@@ -141,6 +198,12 @@ func (o *Options) validate() error {
 		return invalid("HandshakeTimeout must be positive")
 	case o.DrainTimeout < 0:
 		return invalid("DrainTimeout must be positive")
+	case o.DrainedProbe < 0:
+		return invalid("DrainedProbe must be positive")
+	case o.ResolveInterval < 0:
+		return invalid("ResolveInterval must be positive")
+	case o.NodeGrace < 0:
+		return invalid("NodeGrace must be positive")
 	}
 	return nil
 }
@@ -170,7 +233,29 @@ func headerValue(v string) bool {
 	return strings.TrimSpace(v) == v
 }
 
-// endpoint is the network and address to dial.
+// address parses Acceptor (or Acceptors, which withDefaults joined into it).
+func (o *Options) address() (acceptorAddress, error) {
+	if len(o.Acceptors) > 0 && o.Acceptor != strings.Join(o.Acceptors, ",") {
+		return acceptorAddress{}, invalid("set Acceptor or Acceptors, not both")
+	}
+	for _, e := range o.Acceptors {
+		if strings.Contains(e, ",") {
+			return acceptorAddress{}, invalid(fmt.Sprintf("Acceptors entry %q holds a comma", e))
+		}
+	}
+	if !strings.HasPrefix(o.Acceptor, "dns:") && !strings.Contains(o.Acceptor, ",") {
+		// One acceptor, checked by endpoint as before many nodes existed (a UNIX socket, a
+		// named port).
+		return acceptorAddress{kind: addrSingle, entries: []string{o.Acceptor}}, nil
+	}
+	a, err := parseAddress(o.Acceptor)
+	if err != nil {
+		return acceptorAddress{}, invalid(fmt.Sprintf("Acceptor %q: %v", o.Acceptor, err))
+	}
+	return a, nil
+}
+
+// endpoint is the network and address to dial for a single acceptor.
 func (o *Options) endpoint() (network, address string, err error) {
 	if path, ok := strings.CutPrefix(o.Acceptor, unixPrefix); ok {
 		if path == "" {

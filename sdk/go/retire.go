@@ -31,7 +31,7 @@ func (l *Listener) Handler(h http.Handler) http.Handler {
 				r.RemoteAddr = addr.String()
 			}
 		}
-		if c != nil && l.retires(c) {
+		if c != nil && (c.evicted.Load() || l.retires(c)) {
 			w.Header().Set("Connection", "close")
 		}
 		h.ServeHTTP(w, r)
@@ -58,22 +58,30 @@ func (l *Listener) retires(c *sessionConn) bool {
 	if !l.counts.claimRetirement() {
 		return false
 	}
-	c.retired.Store(true)
+	l.retiredLocked(c)
 	l.notifyLocked()
 	l.log.Debug("retiring session: answering with Connection: close")
 	return true
 }
 
 // handled: a request of c left the handler. If a retirement is still owed (the capacity
-// shrank while it ran, too late for its Connection: close), c closes once the response is out.
+// shrank while it ran, too late for its Connection: close), or its node of many is not live
+// any more, c closes once the response is out.
 func (l *Listener) handled(c *sessionConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c.handlers.Add(-1)
-	if !c.closableIdle() || !l.counts.claimRetirement() {
+	if !c.closableIdle() {
 		return
 	}
-	c.retired.Store(true)
+	if c.evicted.Load() {
+		c.closeIdle() // its node is not live: closed after its response
+		return
+	}
+	if !l.counts.claimRetirement() {
+		return
+	}
+	l.retiredLocked(c)
 	c.closeIdle()
 	l.notifyLocked()
 	l.log.Debug("retiring session after its response: closing it")
@@ -89,12 +97,21 @@ func (l *Listener) retireIdleLocked() {
 		if l.counts.retire == 0 {
 			return
 		}
-		if !c.closableIdle() || !l.counts.claimRetirement() {
+		if !c.closableIdle() || c.evicted.Load() || !l.counts.claimRetirement() {
 			continue
 		}
-		c.retired.Store(true)
+		l.retiredLocked(c)
 		c.closeIdle()
 		l.notifyLocked()
 		l.log.Debug("retiring idle session: closing it")
+	}
+}
+
+// retiredLocked marks c retired by a shrink; at a node of many it no longer counts as held
+// there, so the split does not ask the node to retire it too. l.mu must be held.
+func (l *Listener) retiredLocked(c *sessionConn) {
+	c.retired.Store(true)
+	if c.node != nil {
+		c.node.shrinking++
 	}
 }

@@ -71,6 +71,42 @@ type vectors struct {
 		Identity vectorIdentity `json:"identity"`
 		Valid    bool           `json:"valid"`
 	} `json:"options"`
+	Controls []struct {
+		Name     string         `json:"name"`
+		Identity vectorIdentity `json:"identity"`
+		Capacity int            `json:"capacity"`
+		Bytes    string         `json:"bytes"`
+	} `json:"controls"`
+	ControlReplies []struct {
+		Name   string `json:"name"`
+		Bytes  string `json:"bytes"`
+		Expect struct {
+			Outcome   string `json:"outcome"`
+			Rest      string `json:"rest"`
+			Status    int    `json:"status"`
+			Retryable bool   `json:"retryable"`
+		} `json:"expect"`
+	} `json:"control_replies"`
+	ControlLines []struct {
+		From  string          `json:"from"`
+		Line  string          `json:"line"`
+		Parse json.RawMessage `json:"parse"`
+	} `json:"control_lines"`
+	Splits []struct {
+		Name     string `json:"name"`
+		Capacity int    `json:"capacity"`
+		Nodes    []struct {
+			Live   bool    `json:"live"`
+			Demand float64 `json:"demand"`
+			Held   int     `json:"held"`
+		} `json:"nodes"`
+		Targets []int `json:"targets"`
+	} `json:"splits"`
+	Addresses []struct {
+		Name    string          `json:"name"`
+		Address string          `json:"address"`
+		Expect  json.RawMessage `json:"expect"`
+	} `json:"addresses"`
 }
 
 func loadVectors(t *testing.T) vectors {

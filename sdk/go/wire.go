@@ -11,7 +11,10 @@ import (
 const (
 	sessionPath  = "/.sluice/v1/session"
 	drainPath    = "/.sluice/v1/drain"
+	controlPath  = "/.sluice/v1/control"
 	upgradeToken = "sluice-session/1"
+	// controlToken is the control link's protocol (many nodes).
+	controlToken = "sluice-control/1"
 	// maxReplyHead bounds the acceptor's answer head, as the acceptor bounds ours.
 	maxReplyHead = 8 << 10
 	// noCapacity leaves Sluice-Capacity out of a registration.
@@ -47,8 +50,18 @@ func (o *Options) identity() identity {
 // encodeRegistration is `GET /.sluice/v1/session` with Upgrade; capacity noCapacity omits
 // Sluice-Capacity. Header order is fixed by the protocol vectors.
 func encodeRegistration(id identity, capacity int) []byte {
+	return encodeUpgrade(sessionPath, upgradeToken, id, capacity)
+}
+
+// encodeControl is the control link's request, `GET /.sluice/v1/control` with Upgrade
+// sluice-control/1, the identity and the declared capacity.
+func encodeControl(id identity, capacity int) []byte {
+	return encodeUpgrade(controlPath, controlToken, id, capacity)
+}
+
+func encodeUpgrade(path, token string, id identity, capacity int) []byte {
 	var b bytes.Buffer
-	b.WriteString("GET " + sessionPath + " HTTP/1.1\r\nHost: sluice\r\nConnection: Upgrade\r\nUpgrade: " + upgradeToken + "\r\n")
+	b.WriteString("GET " + path + " HTTP/1.1\r\nHost: sluice\r\nConnection: Upgrade\r\nUpgrade: " + token + "\r\n")
 	writeIdentity(&b, id)
 	if capacity != noCapacity {
 		b.WriteString("Sluice-Capacity: " + strconv.Itoa(capacity) + "\r\n")
@@ -97,9 +110,9 @@ type reply struct {
 var errPartial = errors.New("partial reply head")
 
 // parseReply parses the head of the acceptor's answer in buf and returns it with the head's
-// length. A 101 must name the session protocol in Upgrade; anything that is not an HTTP/1.x
-// status head is a protocol error.
-func parseReply(buf []byte) (reply, int, error) {
+// length. A 101 must name protocol (upgradeToken or controlToken) in Upgrade; anything that is
+// not an HTTP/1.x status head is a protocol error.
+func parseReply(buf []byte, protocol string) (reply, int, error) {
 	end := headEnd(buf)
 	if end < 0 {
 		if len(buf) >= maxReplyHead {
@@ -118,8 +131,8 @@ func parseReply(buf []byte) (reply, int, error) {
 	}
 	switch status {
 	case 101:
-		if !strings.EqualFold(upgrade, upgradeToken) {
-			return reply{}, 0, errors.New("101 without Upgrade: " + upgradeToken)
+		if !strings.EqualFold(upgrade, protocol) {
+			return reply{}, 0, errors.New("101 without Upgrade: " + protocol)
 		}
 		return reply{replySwitched, status}, end, nil
 	case 200:

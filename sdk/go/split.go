@@ -1,0 +1,129 @@
+package sluice
+
+// The split of the declared capacity across the nodes an instance reaches, in proportion to
+// their demand, with hysteresis (protocol/README.md "The split", normative; the vectors'
+// splits hold every SDK to it). crates/sluice-session/src/split.rs is the reference; the float
+// arithmetic follows it step by step so that ties fall alike in every SDK.
+
+// nodeView is what the split knows of one node.
+type nodeView struct {
+	// live: the link is up (or within its grace) and the node has not said DRAINING, or it
+	// has no control links.
+	live bool
+	// demand is the smoothed demand.
+	demand float64
+	// held counts sessions held there (registered or being dialed) less those asked to
+	// retire.
+	held int
+}
+
+// smooth is the next smoothed demand after sample: half way from the last value, or the
+// sample itself when there was none.
+func smooth(last float64, sampled bool, sample float64) float64 {
+	if !sampled {
+		return sample
+	}
+	return last + (sample-last)/2
+}
+
+// targets is the sessions each node should hold: capacity in all (when any node is live), at
+// least one per live node while capacity allows, the rest by demand, moving a session only
+// when that shrinks the imbalance by more than one.
+func targets(capacity int, nodes []nodeView) []int {
+	q := quotas(capacity, nodes)
+	t := make([]int, len(nodes))
+	var live []int
+	for i, n := range nodes {
+		if n.live {
+			t[i] = n.held
+			live = append(live, i)
+		}
+	}
+	over := func(i int) float64 { return float64(t[i]) - q[i] }
+	under := func(i int) float64 { return -over(i) }
+	for sum(t) > capacity {
+		j, ok := firstMax(holding(t), over)
+		if !ok {
+			break
+		}
+		t[j]--
+	}
+	for sum(t) < capacity {
+		i, ok := firstMax(live, under)
+		if !ok {
+			break
+		}
+		t[i]++
+	}
+	for {
+		i, okShort := firstMax(live, under)
+		j, okLong := firstMax(holding(t), over)
+		if !okShort || !okLong || under(i) <= 0.5 || over(j) <= 0.5 {
+			return t
+		}
+		t[i]++
+		t[j]--
+	}
+}
+
+// quotas is each node's real share: a base of one per live node while capacity allows, the
+// rest by demand (evenly without any).
+func quotas(capacity int, nodes []nodeView) []float64 {
+	q := make([]float64, len(nodes))
+	live := 0
+	total := 0.0
+	for _, n := range nodes {
+		if n.live {
+			live++
+			total += max(n.demand, 0)
+		}
+	}
+	if live == 0 {
+		return q
+	}
+	base := 0
+	if capacity >= live {
+		base = 1
+	}
+	rest := float64(capacity - base*live)
+	for i, n := range nodes {
+		switch {
+		case !n.live:
+		case total > 0:
+			q[i] = float64(base) + (rest*max(n.demand, 0))/total
+		default:
+			q[i] = float64(base) + rest/float64(live)
+		}
+	}
+	return q
+}
+
+// firstMax is the first index with the largest key.
+func firstMax(indices []int, key func(int) float64) (int, bool) {
+	best, bestKey, found := 0, 0.0, false
+	for _, i := range indices {
+		if k := key(i); !found || k > bestKey {
+			best, bestKey, found = i, k, true
+		}
+	}
+	return best, found
+}
+
+// holding is the indices of t above 0.
+func holding(t []int) []int {
+	var out []int
+	for i, v := range t {
+		if v > 0 {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func sum(t []int) int {
+	s := 0
+	for _, v := range t {
+		s += v
+	}
+	return s
+}
