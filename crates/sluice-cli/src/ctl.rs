@@ -53,8 +53,8 @@ enum CtlCommand {
     /// endpoints.
     Status,
     /// Drain an instance of a reverse cluster: it is never leased again, its idle sessions
-    /// close now and its busy ones after their responses, and it stays out (its SDKs are
-    /// refused with 410 and stop re-dialing) until `resume`.
+    /// close now and its busy ones after their responses, and it stays out until `resume` (its
+    /// SDKs are refused with 410 and probe once every 30 s meanwhile).
     Drain {
         /// The reverse cluster.
         cluster: String,
@@ -75,8 +75,13 @@ enum CtlCommand {
     Endpoints(EndpointsCommand),
     /// Drain this node: its `/ready` answers 503 for good, so load balancers and Kubernetes
     /// stop sending it clients; requests and sessions carry on until it is stopped (SIGTERM).
-    /// A Kubernetes `preStop`.
-    DrainNode,
+    /// Then waits `--wait` for the balancers to notice before returning: a Kubernetes
+    /// `preStop`, after which SIGTERM stops the node and its services move their sessions.
+    DrainNode {
+        /// How long to wait after draining, for balancers to stop sending clients.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
+    },
     /// Re-read the configuration file and apply it without failing a request (a hot restart
     /// of the same binary); a file that does not load changes nothing and says why.
     Reload,
@@ -210,8 +215,8 @@ fn execute(args: CtlArgs, admin: Admin) -> anyhow::Result<()> {
             "reloaded: {}\n",
             printable(reply["message"].as_str().unwrap_or("done"))
         ),
-        CtlCommand::DrainNode => format!(
-            "node {}: /ready answers 503 so balancers stop sending clients; stop it (SIGTERM) when they have\n",
+        CtlCommand::DrainNode { .. } => format!(
+            "node {}: /ready answers 503 so balancers stop sending clients; stop it (SIGTERM) now\n",
             printable(reply["node"].as_str().unwrap_or("draining"))
         ),
         CtlCommand::Routes { command } => match command {
@@ -299,7 +304,11 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             client.call(Method::DELETE, &path, None).await
         }
         CtlCommand::Reload => client.call(Method::POST, "/reload", None).await,
-        CtlCommand::DrainNode => client.call(Method::POST, "/drain", None).await,
+        CtlCommand::DrainNode { wait } => {
+            let reply = client.call(Method::POST, "/drain", None).await?;
+            tokio::time::sleep(*wait).await;
+            Ok(reply)
+        }
         CtlCommand::Routes {
             command: None | Some(RoutesCommand::List),
         } => client.call(Method::GET, "/routes", None).await,

@@ -404,3 +404,42 @@ fn a_reload_in_place_through_the_admin_api_is_logged_with_what_changed() {
     let (status, log) = running.terminate();
     assert_eq!(status.code(), Some(0), "{log:#?}");
 }
+
+/// Issue 27: a node stopped by SIGTERM tells every control link `DRAINING` before the process
+/// exits, also when it is idle and would otherwise exit at once (its services then move their
+/// sessions at once, not after the link's grace).
+#[test]
+fn a_stopping_node_says_draining_on_its_control_links_before_it_exits() {
+    let config = "[acceptor]\nlisten = \"127.0.0.1:0\"\n\
+                  [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
+                  [[route]]\ncluster = \"api\"\n[cluster.api]\nkind = \"reverse\"\n";
+    let running = Running::start_with("json", config, &[]);
+    let line = running.wait_log("acceptor running").expect("sluice exited");
+    let addr = line
+        .split("acceptor.addr\":\"Some(")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("no acceptor address in {line}"));
+    let mut identity = sluice_session::Identity::new("api");
+    identity.instance = Some("a".into());
+    let reg = sluice_session::Registration {
+        identity,
+        capacity: Some(1),
+    };
+    let mut link = TcpStream::connect(addr).unwrap();
+    link.write_all(&reg.encode_control()).unwrap();
+    link.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut reader = BufReader::new(link.try_clone().unwrap());
+    let mut first = String::new();
+    while !first.starts_with("DEMAND") {
+        first.clear();
+        assert!(reader.read_line(&mut first).unwrap() > 0, "no DEMAND");
+    }
+    let (status, log) = running.terminate();
+    assert_eq!(status.code(), Some(0), "{log:#?}");
+    let mut rest = String::new();
+    let _ = reader.read_to_string(&mut rest);
+    assert!(rest.lines().any(|l| l == "DRAINING"), "{rest:?}");
+}

@@ -276,7 +276,8 @@ fn status_shows_listeners_clusters_slices_instances_and_endpoints() {
 #[test]
 fn drain_node_posts_to_drain_and_says_what_follows() {
     let admin = FakeAdmin::start(None);
-    let (code, stdout, stderr) = run(ctl().args(["--admin", &admin.url(), "drain-node"]));
+    let (code, stdout, stderr) =
+        run(ctl().args(["--admin", &admin.url(), "drain-node", "--wait", "0s"]));
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stdout.starts_with("node draining: /ready answers 503"),

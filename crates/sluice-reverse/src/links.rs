@@ -13,6 +13,8 @@ use crate::instance::locked;
 pub struct Links {
     open: Mutex<BTreeMap<u64, Arc<LinkInfo>>>,
     next: AtomicU64,
+    /// Wakes [`told_draining`](Links::told_draining): a link said `DRAINING`, or closed.
+    changed: tokio::sync::Notify,
 }
 
 /// One open control link.
@@ -26,6 +28,8 @@ pub struct LinkInfo {
     capacity: AtomicU64,
     /// Sessions it asked to retire here, in all.
     retired: AtomicU64,
+    /// Whether this node told it `DRAINING`.
+    told_draining: std::sync::atomic::AtomicBool,
 }
 
 impl LinkInfo {
@@ -48,6 +52,14 @@ impl LinkInfo {
     }
 }
 
+impl LinkEntry {
+    /// The link has said `DRAINING`.
+    pub(crate) fn said_draining(&self) {
+        self.info.told_draining.store(true, Ordering::Release);
+        self.links.changed.notify_waiters();
+    }
+}
+
 /// A link's place in [`Links`]; dropping it removes the link.
 #[derive(Debug)]
 pub struct LinkEntry {
@@ -60,6 +72,7 @@ pub struct LinkEntry {
 impl Drop for LinkEntry {
     fn drop(&mut self) {
         locked(&self.links.open).remove(&self.id);
+        self.links.changed.notify_waiters();
     }
 }
 
@@ -72,6 +85,7 @@ impl Links {
             slice: slice.to_owned(),
             capacity: AtomicU64::new(capacity),
             retired: AtomicU64::new(0),
+            told_draining: std::sync::atomic::AtomicBool::new(false),
         });
         locked(&self.open).insert(id, Arc::clone(&info));
         LinkEntry {
@@ -85,4 +99,31 @@ impl Links {
     pub fn list(&self) -> Vec<Arc<LinkInfo>> {
         locked(&self.open).values().cloned().collect()
     }
+
+    /// Resolves once every open link has said `DRAINING` (or closed): a stopping node waits
+    /// for it, so that its services hear it before the process exits.
+    pub async fn told_draining(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let all = locked(&self.open)
+                .values()
+                .all(|l| l.told_draining.load(Ordering::Acquire));
+            if all {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// Waits until every link of `all` has said `DRAINING` (or closed), at most `limit`.
+pub async fn told_draining(all: &[Arc<Links>], limit: std::time::Duration) {
+    let told = async {
+        for links in all {
+            links.told_draining().await;
+        }
+    };
+    let _ = tokio::time::timeout(limit, told).await;
 }

@@ -99,6 +99,9 @@ pub enum StartError {
     },
 }
 
+/// How long a stopping node waits for its control links to say `DRAINING`.
+const DRAINING_SAID: Duration = Duration::from_secs(1);
+
 /// A proxy with its listeners bound, ready to run.
 #[derive(Debug)]
 pub struct Proxy {
@@ -323,11 +326,13 @@ impl Proxy {
         let mut stopped = Stopped::Triggered;
         self.readiness.ready();
         let readiness = self.readiness.clone();
+        let links: Vec<_> = reverse.values().map(|c| Arc::clone(c.links())).collect();
         // A real stop (not a hot restart, where the sessions stay) tells the services to move
-        // their sessions elsewhere.
+        // their sessions elsewhere, and lets their links say so before anything stops.
         let trigger = async move {
             trigger.await;
             readiness.stop();
+            sluice_reverse::links::told_draining(&links, DRAINING_SAID).await;
         };
         let stop = async {
             stopped = restart::stop_or_upgrade(

@@ -43,7 +43,7 @@ pub(super) async fn serve<P: Protocol, T: SessionStream>(
         cluster: &cluster,
         slice: &slice,
         instance: &instance,
-        info: &entry.info,
+        entry: &entry,
     };
     let ended = link.run(io, node).await;
     info!(cluster = %cluster.name(), %slice, %instance, reason = %ended, "control link closed");
@@ -53,7 +53,7 @@ struct Link<'a, P: Protocol> {
     cluster: &'a ReverseCluster<P>,
     slice: &'a str,
     instance: &'a str,
-    info: &'a crate::links::LinkInfo,
+    entry: &'a crate::links::LinkEntry,
 }
 
 impl<P: Protocol> Link<'_, P> {
@@ -84,11 +84,14 @@ impl<P: Protocol> Link<'_, P> {
                         (true, true) => None,
                         (false, _) => reporter.next(self.cluster.load(self.slice)),
                     };
-                    said_draining |= stopping;
                     if let Some(out) = out {
                         if let Err(e) = write.write_all(&out.encode()).await {
                             return e.into();
                         }
+                    }
+                    if stopping && !said_draining {
+                        said_draining = true;
+                        self.entry.said_draining();
                     }
                 }
                 state = next_state(&mut node), if !stopping => {
@@ -104,12 +107,12 @@ impl<P: Protocol> Link<'_, P> {
         match ServiceLine::parse(line)? {
             ServiceLine::Retire(n) => {
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
-                self.info.count_retired(n as u64);
+                self.entry.info.count_retired(n as u64);
                 self.cluster.retire(self.slice, self.instance, n);
             }
             ServiceLine::Capacity(n) => {
                 debug!(instance = %self.instance, capacity = n, "declared capacity");
-                self.info.set_capacity(n);
+                self.entry.info.set_capacity(n);
             }
         }
         Ok(())

@@ -45,6 +45,8 @@ pub enum BrokerError {
 #[derive(Debug)]
 pub struct StandaloneAcceptor<P: Protocol> {
     acceptor: Acceptor<P>,
+    /// Told `stop` when it stops, so the services' control links say `DRAINING`.
+    readiness: sluice_net::Readiness,
     listener: HandoffListener,
     allowed: AllowedUids,
     clusters: BTreeMap<String, ReverseCluster<P>>,
@@ -100,11 +102,15 @@ impl<P: Protocol> StandaloneAcceptor<P> {
                 _ => None,
             })
             .collect();
-        let acceptor = Acceptor::bind(opts, clusters.values().cloned()).await?;
+        let readiness = sluice_net::Readiness::default();
+        let acceptor = Acceptor::bind(opts, clusters.values().cloned())
+            .await?
+            .with_readiness(&readiness);
         let HandoffServer { path, allowed_uids } = handoff;
         let listener = HandoffListener::bind(path, sluice_handoff::DEFAULT_SOCKET_MODE)?;
         Ok(Self {
             acceptor,
+            readiness,
             listener,
             allowed: AllowedUids::new(allowed_uids.iter().copied()),
             clusters,
@@ -149,7 +155,15 @@ impl<P: Protocol> StandaloneAcceptor<P> {
             clusters = shared.clusters.len(),
             "standalone acceptor running"
         );
+        self.readiness.ready();
         trigger.await;
+        self.readiness.stop();
+        let links: Vec<_> = shared
+            .clusters
+            .values()
+            .map(|c| Arc::clone(c.links()))
+            .collect();
+        crate::links::told_draining(&links, std::time::Duration::from_secs(1)).await;
         shutdown.trigger();
         tasks.shutdown().await;
         for cluster in shared.clusters.values() {
