@@ -1,8 +1,9 @@
 // Command multinode serves through many Sluice nodes at once: it dials every node the acceptor
 // address names, splits -capacity sessions among them by demand, and never holds more in all.
 // Its handler counts its own concurrency: GET /max (through Sluice, or on -stats) answers the
-// most requests it ever had at once, which must not exceed the capacity; every other path
-// answers "hello" after -delay. Flags default to the environment (SLUICE_ACCEPTOR,
+// most requests it ever had at once, which must not exceed the capacity; on -stats only,
+// POST /capacity?n=K sets the capacity at runtime; every other path answers "hello" after
+// -delay. Flags default to the environment (SLUICE_ACCEPTOR,
 // SLUICE_SERVICE, SLUICE_CAPACITY, SLUICE_INSTANCE, SLUICE_TOKEN). SIGTERM drains and prints
 // "max_in_flight N".
 //
@@ -57,7 +58,18 @@ func main() {
 	srv := &http.Server{Handler: ln.Handler(mux)}
 	go srv.Serve(ln)
 	if *stats != "" {
-		go func() { log.Fatal(http.ListenAndServe(*stats, mux)) }()
+		local := http.NewServeMux()
+		local.Handle("/", mux)
+		local.HandleFunc("/capacity", func(w http.ResponseWriter, r *http.Request) {
+			n, err := strconv.Atoi(r.URL.Query().Get("n"))
+			if err != nil || n < 0 || r.Method != http.MethodPost {
+				http.Error(w, "POST /capacity?n=K with K >= 0", http.StatusBadRequest)
+				return
+			}
+			ln.SetCapacity(n)
+			fmt.Fprintln(w, n)
+		})
+		go func() { log.Fatal(http.ListenAndServe(*stats, local)) }()
 	}
 
 	stop, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -1,0 +1,255 @@
+"""Several Sluice nodes behind one name, services that dial all of them, and an open-loop
+client load skewed across the nodes: what the many-node test (tests/multinode) and the
+`multinode` benchmark (bench/multinode) drive.
+
+Everything here runs inside a network namespace of its own (`ip netns exec NS`), whose
+`/etc/netns/NS/hosts` names the nodes `nodes.test` (127.0.0.2, .3, .4 on the namespace's own
+loopback), so fixed ports are private to one run and `dns:nodes.test:PORT` resolves to every
+node. `netns.py` creates and removes the namespace; this module never touches the host's
+network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NODES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+NAME = "nodes.test"
+LISTEN, ACCEPTOR, ADMIN = 18080, 17070, 19901
+# Generous: a slow machine must not fail a correct run. Never a timing assertion.
+WAIT = 60.0
+
+
+def node_config(ip: str, clusters: list[str]) -> str:
+    routes = "".join(
+        f'[[route]]\nname = "{c}"\npath_prefix = "/{c}/"\ncluster = "{c}"\n' for c in clusters
+    )
+    cluster_tables = "".join(
+        f'[cluster.{c}]\nkind = "reverse"\nqueue_max = 4096\nqueue_timeout = "10s"\n' for c in clusters
+    )
+    return (
+        f'[runtime]\nshutdown_grace = "5s"\n'
+        f'[acceptor]\nlisten = "{ip}:{ACCEPTOR}"\nhandshakes_per_second = 0\n'
+        f'[admin]\nlisten = "{ip}:{ADMIN}"\n'
+        f'[[listener]]\nname = "public"\nlisten = "{ip}:{LISTEN}"\n'
+        f"{routes}{cluster_tables}"
+    )
+
+
+def get_json(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def post(url: str, timeout: float = 5.0) -> str:
+    req = urllib.request.Request(url, method="POST", data=b"")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def wait_for(what: str, cond, timeout: float = WAIT, every: float = 0.05):
+    """Polls `cond` until it is true (returns its value); fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = cond()
+        except OSError as e:
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class Node:
+    ip: str
+    config: Path
+    sluice: str
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.config.with_suffix(".log"), "ab")
+        self.proc = subprocess.Popen(
+            [self.sluice, "--log-format", "json", "run", "-c", str(self.config)],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+        )
+        wait_for(f"node {self.ip} ready", self.ready)
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.ip}:{ADMIN}/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def sessions(self, cluster: str) -> int:
+        """Sessions registered for `cluster` here; 0 when the node is down."""
+        try:
+            status = get_json(f"http://{self.ip}:{ADMIN}/status", timeout=2)
+        except OSError:
+            return 0
+        for c in status.get("clusters", []):
+            if c["name"] == cluster:
+                return sum(s.get("sessions", 0) for s in c.get("slices", []))
+        return 0
+
+
+@dataclass
+class Service:
+    """A service process dialing every node, with a local stats port: GET /max, POST
+    /capacity?n=K (where the SDK's example offers it)."""
+
+    name: str
+    cluster: str
+    argv: list[str]
+    stats: str
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+
+    def start(self, logdir: Path) -> None:
+        self.log = logdir / f"{self.name}.log"
+        out = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            self.argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
+        )
+        wait_for(f"{self.name}'s stats port", lambda: self.max() is not None)
+
+    def max(self) -> int | None:
+        """The most requests its handler ever had at once."""
+        try:
+            with urllib.request.urlopen(f"http://{self.stats}/max", timeout=2) as r:
+                return int(r.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def set_capacity(self, n: int) -> None:
+        post(f"http://{self.stats}/capacity?n={n}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Fleet:
+    """Three nodes serving `clusters`, in the current network namespace."""
+
+    def __init__(self, sluice: str, clusters: list[str], workdir: Path | None = None):
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="fleet-"))
+        self.nodes = []
+        for i, ip in enumerate(NODES):
+            config = self.dir / f"node{i}.toml"
+            config.write_text(node_config(ip, clusters))
+            self.nodes.append(Node(ip, config, sluice))
+        self.services: list[Service] = []
+
+    def start(self) -> None:
+        for n in self.nodes:
+            n.start()
+
+    def add(self, service: Service) -> Service:
+        service.start(self.dir)
+        self.services.append(service)
+        return service
+
+    def sessions(self, cluster: str) -> list[int]:
+        return [n.sessions(cluster) for n in self.nodes]
+
+    def stop(self) -> None:
+        for s in self.services:
+            s.stop()
+        for n in self.nodes:
+            n.stop()
+
+
+@dataclass
+class Window:
+    """What one second of load brought, per status."""
+
+    sent: int = 0
+    ok: int = 0
+    refused: int = 0  # 503
+    failed: int = 0  # any other status, or no answer
+
+
+async def _request(ip: str, path: str, timeout: float) -> int:
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, LISTEN), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return 0
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), timeout)
+        line = data.split(b"\r\n", 1)[0].split()
+        return int(line[1]) if len(line) > 1 else 0
+    except (OSError, asyncio.TimeoutError, ValueError):
+        return 0
+    finally:
+        writer.close()
+
+
+async def open_loop(
+    cluster: str, rate: float, weights, seconds: float, timeout: float = 15.0,
+) -> list[Window]:
+    """Sends `rate` requests a second for `seconds`, each to node i with probability
+    `weights(t)[i]` (t: seconds since the start), without waiting for answers (open loop).
+    Returns one window per second, by when each request was sent."""
+    windows = [Window() for _ in range(int(seconds) + 1)]
+    tasks = []
+    start = time.monotonic()
+    rng = __import__("random").Random(7)
+
+    async def one(ip: str, w: Window) -> None:
+        status = await _request(ip, f"/{cluster}/x", timeout)
+        if status == 200:
+            w.ok += 1
+        elif status == 503:
+            w.refused += 1
+        else:
+            w.failed += 1
+
+    n = int(rate * seconds)
+    for k in range(n):
+        at = start + k / rate
+        delay = at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t = at - start
+        ws = weights(t)
+        ip = rng.choices(NODES, weights=ws)[0]
+        w = windows[int(t)]
+        w.sent += 1
+        tasks.append(asyncio.create_task(one(ip, w)))
+    await asyncio.gather(*tasks)
+    return windows

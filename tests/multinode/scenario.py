@@ -1,0 +1,177 @@
+"""The many-node scenario, run inside the test's network namespace (`ip netns exec`): three
+Sluice nodes named by `nodes.test`, a service in each SDK language dialing
+`dns:nodes.test:PORT`, and client load skewed across the nodes while nodes die and come back,
+capacities change and a node leaves the name. Prints what it saw as JSON on stdout for
+`test_multinode.py` to judge; asserts nothing itself, except that each step's condition was
+reached in time (a step that never converges fails the run with what it last saw)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fleet import ACCEPTOR, NAME, NODES, Fleet, Service, open_loop, wait_for  # noqa: E402
+from netns import rewrite  # noqa: E402
+
+N = 6
+RATE = 240.0
+
+
+def services(args) -> list[Service]:
+    address = f"dns:{NAME}:{ACCEPTOR}"
+    out = [
+        Service(
+            "go", "go",
+            [args.go, "-acceptor", address, "-service", "go", "-instance", "go-1",
+             "-capacity", str(N), "-delay", "20ms", "-stats", "127.0.0.1:19100"],
+            "127.0.0.1:19100",
+        )
+    ]
+    if args.python:
+        out.append(Service(
+            "python", "py",
+            [*args.python.split(), "--acceptor", address, "--service", "py",
+             "--instance", "py-1", "--capacity", str(N), "--stats", "127.0.0.1:19101"],
+            "127.0.0.1:19101", env={"MULTINODE_DELAY": "0.02"},
+        ))
+    if args.rust:
+        out.append(Service(
+            "rust", "rs",
+            [args.rust, "--acceptor", address, "--service", "rs", "--instance", "rs-1",
+             "--capacity", str(N), "--delay-ms", "20", "--stats", "127.0.0.1:19102"],
+            "127.0.0.1:19102",
+        ))
+    return out
+
+
+class Sampler:
+    """Samples every service's sessions per node while a step runs."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet, self.samples, self._stop = fleet, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.samples.append({s.cluster: self.fleet.sessions(s.cluster) for s in self.fleet.services})
+            time.sleep(0.2)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+def load(cluster: str, weights, seconds: float, rate: float = RATE):
+    return asyncio.run(open_loop(cluster, rate, weights, seconds))
+
+
+def loads(fleet: Fleet, weights, seconds: float) -> dict:
+    """The same load on every service at once; each window's counts by service."""
+    results = {}
+
+    def run(cluster):
+        results[cluster] = load(cluster, weights, seconds)
+
+    threads = [threading.Thread(target=run, args=(s.cluster,)) for s in fleet.services]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {c: [w.__dict__ for w in ws] for c, ws in results.items()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sluice", required=True)
+    p.add_argument("--go", required=True)
+    p.add_argument("--python", default="")
+    p.add_argument("--rust", default="")
+    p.add_argument("--hosts", required=True)
+    a = p.parse_args()
+    fleet = Fleet(a.sluice, [s.cluster for s in services(a)])
+    seen: dict = {"steps": {}}
+    try:
+        fleet.start()
+        for s in services(a):
+            fleet.add(s)
+        for s in fleet.services:
+            wait_for(f"{s.name}: {N} sessions over 3 nodes",
+                     lambda s=s: (lambda v: sum(v) == N and min(v) >= 1)(fleet.sessions(s.cluster)))
+        seen["steps"]["start"] = {s.cluster: fleet.sessions(s.cluster) for s in fleet.services}
+
+        # Skew to node 0, then flip to node 2: the sessions follow the queue.
+        for step, weights, busiest in (("skew", [8, 1, 1], 0), ("flip", [1, 1, 8], 2)):
+            sampler = Sampler(fleet)
+            windows = loads(fleet, lambda t, w=weights: w, 8.0)
+            samples = sampler.stop()
+            seen["steps"][step] = {"windows": windows, "samples": samples,
+                                   "end": {s.cluster: fleet.sessions(s.cluster) for s in fleet.services},
+                                   "busiest": busiest}
+
+        # A node dies under load and comes back: its share moves, then returns in part.
+        killed = fleet.nodes[1]
+        sampler = Sampler(fleet)
+        result = {}
+        t = threading.Thread(target=lambda: result.update(loads(fleet, lambda t: [1, 0, 1], 6.0)))
+        t.start()
+        time.sleep(1.0)
+        killed.kill()
+        for s in fleet.services:
+            wait_for(f"{s.name}: its share moved off the dead node",
+                     lambda s=s: (lambda v: v[0] + v[2] == N)(fleet.sessions(s.cluster)))
+        t.join()
+        killed.start()
+        for s in fleet.services:
+            wait_for(f"{s.name}: the restarted node joined",
+                     lambda s=s: fleet.sessions(s.cluster)[1] >= 1)
+        seen["steps"]["kill"] = {"windows": result, "samples": sampler.stop()}
+
+        # Capacity shrinks and grows at runtime (where the example offers it).
+        changed = {}
+        for s in fleet.services:
+            try:
+                s.set_capacity(2)
+            except OSError:
+                continue
+            wait_for(f"{s.name}: capacity 2", lambda s=s: sum(fleet.sessions(s.cluster)) == 2)
+            low = fleet.sessions(s.cluster)
+            s.set_capacity(N)
+            wait_for(f"{s.name}: capacity {N}", lambda s=s: sum(fleet.sessions(s.cluster)) == N)
+            changed[s.cluster] = {"at_2": low, "at_n": fleet.sessions(s.cluster)}
+        seen["steps"]["capacity"] = changed
+
+        # Node 2 leaves the name: drained while clients use nodes 0 and 1.
+        rewrite(Path(a.hosts), NODES[:2])
+        sampler = Sampler(fleet)
+        result = {}
+        t = threading.Thread(target=lambda: result.update(loads(fleet, lambda t: [1, 1, 0], 6.0)))
+        t.start()
+        for s in fleet.services:
+            wait_for(f"{s.name}: node 2 drained", lambda s=s: fleet.sessions(s.cluster)[2] == 0)
+        t.join()
+        seen["steps"]["leave"] = {"windows": result, "samples": sampler.stop(),
+                                  "end": {s.cluster: fleet.sessions(s.cluster) for s in fleet.services}}
+        seen["max_in_flight"] = {s.cluster: s.max() for s in fleet.services}
+        seen["capacity"] = N
+        print(json.dumps(seen))
+        return 0
+    except AssertionError as e:
+        seen["error"] = str(e)
+        seen["logs"] = {p.name: p.read_text()[-4000:] for p in fleet.dir.glob("*.log")}
+        print(json.dumps(seen))
+        return 1
+    finally:
+        fleet.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

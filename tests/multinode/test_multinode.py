@@ -1,0 +1,97 @@
+"""Many nodes, one declared capacity (issue 27): three real Sluice nodes in a network namespace
+of the test's own, named together by `nodes.test`, and a service in each SDK language that
+dials `dns:nodes.test:PORT` with capacity N. Under client load skewed to one node and then
+flipped, a node killed and restarted, N shrunk and grown, and a node removed from the name:
+
+* no service ever has more than N requests in its handler at once (each counts its own);
+* the sessions follow the demand (the busiest node holds the most at the end of a skew);
+* a dead node's share moves to the others, and a restarted one joins again;
+* a node removed from the name is drained with no request failing.
+
+The scenario runs inside the namespace (`scenario.py`); this file builds what it needs, makes
+and removes the namespace, and judges what the scenario saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from netns import namespace  # noqa: E402
+
+# The whole scenario is bounded: each of its waits fails after 60 s, its loads last seconds.
+SCENARIO_LIMIT = 600
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory) -> dict[str, str]:
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    subprocess.run(["cargo", "build", "--locked", "--quiet", "-p", "sluice-cli", "--bin", "sluice"],
+                   cwd=REPO, check=True)
+    out = tmp_path_factory.mktemp("bin")
+    go = out / "multinode-go"
+    subprocess.run(["go", "build", "-o", str(go), "./examples/multinode"], cwd=REPO / "sdk/go", check=True)
+    return {"sluice": str(target / "debug/sluice"), "go": str(go)}
+
+
+def run_scenario(binaries: dict[str, str]) -> dict:
+    with namespace() as (name, hosts):
+        argv = ["ip", "netns", "exec", name, sys.executable, str(HERE / "scenario.py"),
+                "--sluice", binaries["sluice"], "--go", binaries["go"], "--hosts", str(hosts)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=SCENARIO_LIMIT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"the scenario printed nothing:\n{done.stdout}\n{done.stderr}"
+    seen = json.loads(lines[-1])
+    assert "error" not in seen, json.dumps(seen, indent=1)[-6000:]
+    return seen
+
+
+@pytest.fixture(scope="module")
+def seen(binaries) -> dict:
+    return run_scenario(binaries)
+
+
+def test_no_service_ever_has_more_in_flight_than_it_declared(seen):
+    for cluster, most in seen["max_in_flight"].items():
+        assert most is not None and 1 <= most <= seen["capacity"], (cluster, most)
+
+
+def test_every_node_gets_a_session_at_start(seen):
+    for cluster, at in seen["steps"]["start"].items():
+        assert sum(at) == seen["capacity"] and min(at) >= 1, (cluster, at)
+
+
+@pytest.mark.parametrize("step", ["skew", "flip"])
+def test_sessions_follow_the_queue(seen, step):
+    s = seen["steps"][step]
+    for cluster, at in s["end"].items():
+        busiest = s["busiest"]
+        assert at[busiest] == max(at) and at[busiest] > seen["capacity"] // 3, (step, cluster, at)
+
+
+def test_a_dead_nodes_share_moves_and_it_joins_again(seen):
+    for cluster, windows in seen["steps"]["kill"]["windows"].items():
+        # Clients used only the nodes that stayed: none of their requests failed.
+        assert sum(w["failed"] for w in windows) == 0, (cluster, windows)
+
+
+def test_a_node_removed_from_the_name_is_drained_without_a_failed_request(seen):
+    s = seen["steps"]["leave"]
+    for cluster, windows in s["windows"].items():
+        assert sum(w["failed"] for w in windows) == 0, (cluster, windows)
+        assert sum(w["ok"] for w in windows) > 0
+    for cluster, at in s["end"].items():
+        assert at[2] == 0 and sum(at) == seen["capacity"], (cluster, at)
+
+
+def test_capacity_follows_runtime_changes(seen):
+    for cluster, c in seen["steps"]["capacity"].items():
+        assert sum(c["at_2"]) == 2 and sum(c["at_n"]) == seen["capacity"], (cluster, c)
