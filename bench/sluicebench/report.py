@@ -74,6 +74,8 @@ def write(results, out_dir):
         lines += _h2(results["h2"])
     if "nginx-module" in results:
         lines += _module(results["nginx-module"], out_dir)
+    if "multinode" in results:
+        lines += _multinode(results["multinode"])
     verdicts = evaluate(results)
     lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in verdicts]
@@ -462,6 +464,30 @@ def _module_ratios(points, names, conc):
             lines.append(f"| {a} / {b}{aa} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
+
+
+def _multinode(s):
+    """One service's N across three nodes: split by demand against an even static split."""
+    lines = ["## Many nodes: one capacity split by demand", "",
+             f"Three nodes, one service declaring {s['capacity']} sessions of "
+             f"{s['service_ms']} ms each (capacity {s['capacity'] * 1000 / s['service_ms']:.0f} rps), "
+             f"open-loop load at 1.25x capacity skewed 80/10/10 for {s['phase_s']} s, then "
+             "flipped to 10/10/80 for as long. Goodput is 200s per second over capacity. "
+             "Rounds alternate which way runs first.", "",
+             "| way | goodput under skew | goodput after flip | recovery to 95 % (s) | "
+             "sessions moved (s) | max in flight / N | 503s |", "|---|---|---|---|---|---|---|"]
+    for way in ("demand", "static"):
+        runs = [r[way] for r in s["rounds"]]
+        most = max(r["max_in_flight"] for r in runs)
+        lines.append(f"| {way} | {_col(runs, 'goodput_skew')} | {_col(runs, 'goodput_flip')} | "
+                     f"{_col(runs, 'recovery_s', 1)} | {_col(runs, 'sessions_moved_s', 2)} | "
+                     f"{most} / {runs[0]['declared']} | {_col(runs, 'refused_503', 0)} |")
+    return lines + [""]
+
+
+def _col(runs, key, digits=3):
+    vals = [r[key] for r in runs if r[key] is not None]
+    return median_range(vals, digits) if vals else "never"
 
 
 def _loadavg(values):

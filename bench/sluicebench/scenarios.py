@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from . import h2, load, targets, tls
+from . import h2, load, multinode, targets, tls
 from .procs import Group, established, peak_rss_kib, sample_proc
 from .targets import Backend
 
@@ -148,7 +148,7 @@ def spike(b):
     try:
         for i, level in enumerate(b.p.spike_levels):
             runs = out["levels"][level] = {}
-            for name in rotated(names, i):
+            for name in load.rotated(names, i):
                 group.check_alive()
                 run = load.openloop(ts[name], int(level * capacity_rps), b.p.spike_seconds,
                                     timeout_ms=(targets.QUEUE_TIMEOUT_S + 3) * 1000)
@@ -283,7 +283,7 @@ def nginx_module(b):
             for i, c in enumerate(conc):
                 # Rotated by round and by concurrency: over rounds, each target runs at each
                 # position at every concurrency.
-                for name in rotated(ts, r + i):
+                for name in load.rotated(ts, r + i):
                     group.check_alive()
                     run = load.wrk(ts[name], c, seconds=b.p.module_seconds)
                     out["points"][c][name].append(dataclasses.asdict(run))
@@ -305,7 +305,7 @@ def nginx_module(b):
 
 SCENARIOS = {"steady": steady, "spike": spike, "slow": slow, "ports": ports, "size": size,
              "tls": tls.tls, "h2": h2.h2,
-             "nginx-module": nginx_module}
+             "nginx-module": nginx_module, "multinode": multinode.multinode}
 
 
 def write_json(path, data):

@@ -29,12 +29,13 @@ LISTEN, ACCEPTOR, ADMIN = 18080, 17070, 19901
 WAIT = 60.0
 
 
-def node_config(ip: str, clusters: list[str]) -> str:
+def node_config(ip: str, clusters: list[str], queue_timeout: str = "10s") -> str:
     routes = "".join(
         f'[[route]]\nname = "{c}"\npath_prefix = "/{c}/"\ncluster = "{c}"\n' for c in clusters
     )
     cluster_tables = "".join(
-        f'[cluster.{c}]\nkind = "reverse"\nqueue_max = 4096\nqueue_timeout = "10s"\n' for c in clusters
+        f'[cluster.{c}]\nkind = "reverse"\nqueue_max = 4096\nqueue_timeout = "{queue_timeout}"\n'
+        for c in clusters
     )
     return (
         f'[runtime]\nshutdown_grace = "5s"\n'
@@ -164,12 +165,13 @@ class Service:
 class Fleet:
     """Three nodes serving `clusters`, in the current network namespace."""
 
-    def __init__(self, sluice: str, clusters: list[str], workdir: Path | None = None):
+    def __init__(self, sluice: str, clusters: list[str], workdir: Path | None = None,
+                 queue_timeout: str = "10s"):
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="fleet-"))
         self.nodes = []
         for i, ip in enumerate(NODES):
             config = self.dir / f"node{i}.toml"
-            config.write_text(node_config(ip, clusters))
+            config.write_text(node_config(ip, clusters, queue_timeout))
             self.nodes.append(Node(ip, config, sluice))
         self.services: list[Service] = []
 
