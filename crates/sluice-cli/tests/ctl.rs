@@ -29,7 +29,10 @@ struct Seen {
 fn status_json() -> Value {
     json!({
         "version": "0.1.0", "uptime_seconds": 12.5, "node": "draining",
-        "listeners": [{"name": "public", "addr": "127.0.0.1:8080", "tls": false}],
+        "listeners": [{"name": "public", "addr": "127.0.0.1:8080", "tls": false},
+                      {"name": "secure", "addr": "127.0.0.1:8443", "tls": true,
+                       "certificates": [{"names": ["a.test"], "not_after": 1, "days_left": 41.6},
+                                        {"names": ["b.test"], "not_after": 1, "days_left": -2.0}]}],
         "acceptor": {"addr": "127.0.0.1:7070"},
         "clusters": [
             {"name": "api", "kind": "reverse", "sessions": 12,
@@ -214,7 +217,13 @@ fn status_shows_listeners_clusters_slices_instances_and_endpoints() {
     assert_eq!(code, Some(0), "{stderr}");
     let rows = rows(&stdout);
     for expected in [
-        vec!["public", "127.0.0.1:8080", "no"],
+        vec!["public", "127.0.0.1:8080", "no", "-"],
+        vec![
+            "secure",
+            "127.0.0.1:8443",
+            "yes",
+            "a.test:42d,b.test:EXPIRED",
+        ],
         vec!["acceptor:", "127.0.0.1:7070"],
         vec!["api", "reverse", "12"],
         vec!["legacy", "static", "-"],

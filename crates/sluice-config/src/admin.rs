@@ -79,6 +79,20 @@ pub struct ListenerStatus {
     /// Whether it terminates TLS.
     #[serde(default)]
     pub tls: bool,
+    /// Its certificates, in the configured order (absent without TLS or from older proxies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certificates: Vec<CertificateStatus>,
+}
+
+/// A certificate a TLS listener serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CertificateStatus {
+    /// The names it serves.
+    pub names: Vec<String>,
+    /// When it expires, in seconds since the Unix epoch (`null`: unreadable).
+    pub not_after: Option<i64>,
+    /// Days until then (negative: expired), at the time of the answer.
+    pub days_left: Option<f64>,
 }
 
 /// The acceptor's bound TCP address.

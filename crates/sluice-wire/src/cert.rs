@@ -28,6 +28,65 @@ pub fn cert_names(der: &CertificateDer<'_>) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// When a DER certificate expires (its validity's `notAfter`), in seconds since the Unix epoch;
+/// `None` when it does not parse that far. Read for the operator (`/status`, a gauge), never to
+/// decide trust (rustls does that).
+pub fn not_after(der: &CertificateDer<'_>) -> Option<i64> {
+    let (cert, _) = der_take(der.as_ref(), 0x30)?;
+    let (mut tbs, _) = der_take(cert, 0x30)?;
+    // [0] EXPLICIT version, when present.
+    if tbs.first() == Some(&0xa0) {
+        tbs = der_take(tbs, 0xa0)?.1;
+    }
+    let (_serial, rest) = der_take(tbs, 0x02)?;
+    let (_signature, rest) = der_take(rest, 0x30)?;
+    let (_issuer, rest) = der_take(rest, 0x30)?;
+    let (validity, _) = der_take(rest, 0x30)?;
+    let tag = *validity.first()?;
+    let (_not_before, rest) = der_take(validity, tag)?;
+    let tag = *rest.first()?;
+    let (time, _) = der_take(rest, tag)?;
+    der_time(tag, time)
+}
+
+/// A UTCTime (`YYMMDDHHMMSSZ`, years 1950-2049) or GeneralizedTime (`YYYYMMDDHHMMSSZ`) as
+/// seconds since the Unix epoch.
+fn der_time(tag: u8, text: &[u8]) -> Option<i64> {
+    let digits = |s: &[u8]| -> Option<i64> {
+        s.iter().try_fold(0i64, |acc, &b| {
+            b.is_ascii_digit().then(|| acc * 10 + i64::from(b - b'0'))
+        })
+    };
+    let (year, rest) = match (tag, text.len()) {
+        (0x17, 13) => {
+            let yy = digits(&text[..2])?;
+            (if yy < 50 { 2000 + yy } else { 1900 + yy }, &text[2..])
+        }
+        (0x18, 15) => (digits(&text[..4])?, &text[4..]),
+        _ => return None,
+    };
+    if rest.last() != Some(&b'Z') {
+        return None;
+    }
+    let [mo, d, h, mi, s] = [0, 2, 4, 6, 8].map(|i| digits(&rest[i..i + 2]));
+    let (mo, d, h, mi, s) = (mo?, d?, h?, mi?, s?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    Some(days_from_civil(year, mo, d) * 86_400 + h * 3600 + mi * 60 + s)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// The first `commonName` of a DER `Name` (its contents, as webpki's `subject()` returns
 /// them): a sequence of SETs of { OID, value } SEQUENCEs. `None` if absent or not a string.
 fn common_name(mut rdns: &[u8]) -> Option<String> {
@@ -111,6 +170,26 @@ mod tests {
         assert_eq!(cert_names(&cn_only), ["legacy-client"]);
         assert!(cert_names(&cert(&[], None)).is_empty());
         assert!(cert_names(&CertificateDer::from(vec![0x30, 0x03, 1, 2])).is_empty());
+    }
+
+    /// Against the generator: rcgen writes the validity it was given (UTCTime before 2050,
+    /// GeneralizedTime from 2050), and the reading gives it back to the second.
+    #[test]
+    fn not_after_reads_back_what_the_certificate_was_made_with() {
+        for (y, m, d) in [(2030, 2, 28), (2049, 12, 31), (2050, 1, 1), (2100, 6, 15)] {
+            let mut params = rcgen::CertificateParams::new(vec!["a.test".to_owned()]).unwrap();
+            params.not_after = rcgen::date_time_ymd(y, m, d);
+            let key = rcgen::KeyPair::generate().unwrap();
+            let der = params.self_signed(&key).unwrap().der().clone();
+            let expected = days_from_civil(i64::from(y), i64::from(m), i64::from(d)) * 86_400;
+            assert_eq!(not_after(&der), Some(expected), "{y}-{m}-{d}");
+        }
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+        for end in 0..40 {
+            let der = CertificateDer::from(vec![0x30; end]);
+            assert_eq!(not_after(&der), None);
+        }
     }
 
     #[test]

@@ -38,8 +38,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use sluice_config::admin::{
-    AcceptorStatus, ClusterStatus, EndpointStatus, InstanceDrain, InstanceStatus, ListenerStatus,
-    RelayStatus, SliceStatus, Status,
+    AcceptorStatus, CertificateStatus, ClusterStatus, EndpointStatus, InstanceDrain,
+    InstanceStatus, ListenerStatus, RelayStatus, SliceStatus, Status,
 };
 use sluice_config::Token;
 use tokio::net::TcpListener;
@@ -62,6 +62,8 @@ pub(crate) struct AdminState {
     routes: Option<Arc<LiveRoutes>>,
     /// Whether the node takes traffic (`/ready`, `POST /drain`).
     readiness: sluice_net::Readiness,
+    /// The TLS listeners' certificates, by listener name (swapped in place by renewals).
+    certificates: BTreeMap<String, Arc<crate::server::tls::Certificates>>,
     reload: Option<ReloadHook>,
     relays: Vec<sluice_relay::RelayHandle>,
 }
@@ -109,6 +111,7 @@ impl AdminState {
                 name,
                 addr: addr.to_string(),
                 tls,
+                certificates: Vec::new(),
             })
             .collect();
         Self {
@@ -120,6 +123,7 @@ impl AdminState {
             token,
             routes: None,
             readiness: sluice_net::Readiness::default(),
+            certificates: BTreeMap::new(),
             reload: None,
             relays: Vec::new(),
         }
@@ -128,6 +132,15 @@ impl AdminState {
     /// Shows these relays in `/status` and `/metrics`.
     pub(crate) fn with_relays(mut self, relays: Vec<sluice_relay::RelayHandle>) -> Self {
         self.relays = relays;
+        self
+    }
+
+    /// Shows these listeners' certificates (names, expiry) in `/status`.
+    pub(crate) fn with_certificates(
+        mut self,
+        certificates: BTreeMap<String, Arc<crate::server::tls::Certificates>>,
+    ) -> Self {
+        self.certificates = certificates;
         self
     }
 
@@ -326,7 +339,7 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
         pid: std::process::id(),
         node: state.readiness.state().as_str().to_owned(),
         uptime_seconds: state.started.elapsed().as_secs_f64(),
-        listeners: state.listeners.clone(),
+        listeners: state.listeners_now(),
         acceptor: state.acceptor.map(|addr| AcceptorStatus {
             addr: addr.to_string(),
         }),
@@ -395,6 +408,31 @@ async fn drain_node(_: Authorized, State(state): State<Arc<AdminState>>) -> Resp
     state.readiness.drain();
     info!("node drained by the admin API: /ready answers 503");
     Json(json!({ "node": state.readiness.state().as_str() })).into_response()
+}
+
+impl AdminState {
+    /// The listeners, with the certificates each serves now.
+    fn listeners_now(&self) -> Vec<ListenerStatus> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()) as i64;
+        let mut listeners = self.listeners.clone();
+        for l in &mut listeners {
+            let Some(certs) = self.certificates.get(&l.name) else {
+                continue;
+            };
+            l.certificates = certs
+                .listed()
+                .into_iter()
+                .map(|c| CertificateStatus {
+                    days_left: c.not_after.map(|t| (t - now) as f64 / 86_400.0),
+                    names: c.names,
+                    not_after: c.not_after,
+                })
+                .collect();
+        }
+        listeners
+    }
 }
 
 /// A slice's load here, and what this node asks its services for on their control links.

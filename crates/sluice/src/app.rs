@@ -134,6 +134,8 @@ pub struct Proxy {
     relays: Vec<sluice_relay::Relay>,
     /// Whether the node takes traffic: `/ready`, and `DRAINING` on control links.
     readiness: sluice_net::Readiness,
+    /// The TLS listeners' certificates, by listener name.
+    certificates: BTreeMap<String, Arc<crate::server::tls::Certificates>>,
 }
 
 impl Proxy {
@@ -168,7 +170,15 @@ impl Proxy {
             servers.push(server.with_connection_counters(metrics.connection_counters(&l.name)));
         }
         let relays = bind_relays(config, &mut sockets)?;
+        let certificates: BTreeMap<_, _> = servers
+            .iter()
+            .filter_map(|s| Some((s.name().to_owned(), Arc::clone(s.certificates()?))))
+            .collect();
         metrics.add_relays(relays.iter().map(sluice_relay::Relay::handle).collect());
+        if !certificates.is_empty() {
+            let expiry = crate::server::tls::ExpiryCollector(certificates.clone());
+            metrics.registry().register_collector(Box::new(expiry));
+        }
         let metrics = Arc::new(metrics);
         let service = proxy_service(config, &routes, &metrics)?;
         let acceptor = bind_acceptor(config, &clusters, &mut sockets).await?;
@@ -180,12 +190,9 @@ impl Proxy {
         let upgrade = config.runtime.upgrade_socket.as_deref();
         let upgrade = upgrade.map(UpgradeSocket::bind).transpose()?;
         let consumers = handoff_sources(config, &clusters);
-        let certificates = servers
-            .iter()
-            .filter_map(|s| Some((s.name().to_owned(), Arc::clone(s.certificates()?))))
-            .collect();
+
         let in_place = InPlace::new(config, Arc::clone(&routes), clusters.clone())
-            .with_certificates(certificates);
+            .with_certificates(certificates.clone());
         Ok(Self {
             servers,
             service,
@@ -204,6 +211,7 @@ impl Proxy {
             upgraded: watch::channel(false).0,
             relays,
             readiness,
+            certificates,
         })
     }
 
@@ -390,6 +398,7 @@ impl Proxy {
         .with_reload(self.reload.clone())
         .with_relays(self.relays())
         .with_readiness(self.readiness.clone())
+        .with_certificates(self.certificates.clone())
     }
 
     fn reverse_clusters(&self) -> BTreeMap<String, ReverseCluster> {

@@ -644,3 +644,46 @@ async fn failed_handshakes_and_open_connections_are_counted() {
     drop(held);
     assert!(value("process_resident_memory_bytes").is_some_and(|v| v > 0.0));
 }
+
+/// Issue 28, items 9 and 11: each TLS listener's certificates, with their names and expiry, in
+/// `/status` and as a gauge in `/metrics`, as served now (a renewal shows at once).
+#[tokio::test]
+async fn status_and_metrics_show_each_certificates_expiry() {
+    let dir = TempDir::new().unwrap();
+    let ca = Ca::new("listener CA");
+    let leaf = ca.server("a.test");
+    leaf.write(dir.path(), "a");
+    let backend = support::Backend::start("plain").await;
+    let text = static_config(&[backend.addr], "")
+        .replace(
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:0\"\ntls = { cert = \"a.pem\", key = \"a.key\" }",
+        )
+        .replace("[runtime]", "[admin]\nlisten = \"127.0.0.1:0\"\n[runtime]");
+    let config = sluice::config::parse_str(&text, "t.toml", dir.path()).unwrap();
+    let proxy = Proxy::bind(&config).await.unwrap();
+    let admin = proxy.admin_addr().unwrap();
+    let metrics = Arc::clone(proxy.metrics());
+    tokio::spawn(proxy.run_until(std::future::pending()));
+    let expected = sluice_wire::cert::not_after(&leaf.der).unwrap();
+    let mut stream = TcpStream::connect(admin).await.unwrap();
+    stream
+        .write_all(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let body = raw.split_once("\r\n\r\n").unwrap().1;
+    let status: serde_json::Value = serde_json::from_str(body).unwrap();
+    let cert = &status["listeners"][0]["certificates"][0];
+    assert_eq!(cert["names"][0], "a.test", "{status}");
+    assert_eq!(cert["not_after"], expected);
+    assert!(cert["days_left"].as_f64().unwrap() > 0.0);
+    let series =
+        "sluice_tls_certificate_expiry_timestamp_seconds{listener=\"test\",name=\"a.test\"}";
+    let rendered = metrics.render();
+    assert!(
+        rendered.contains(&format!("{series} {expected}")),
+        "{rendered}"
+    );
+}

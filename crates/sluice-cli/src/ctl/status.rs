@@ -83,9 +83,27 @@ fn listeners(listeners: &[Listener], out: &mut String) {
         ("LISTENER", Align::Left),
         ("ADDR", Align::Left),
         ("TLS", Align::Left),
+        ("CERTIFICATES", Align::Left),
     ]);
     for l in listeners {
-        t.row([l.name.clone(), l.addr.clone(), yes_no(l.tls)]);
+        let certs: Vec<String> = l
+            .certificates
+            .iter()
+            .map(|c| {
+                let name = c.names.first().map_or("-", String::as_str);
+                match c.days_left {
+                    Some(d) if d < 0.0 => format!("{name}:EXPIRED"),
+                    Some(d) => format!("{name}:{d:.0}d"),
+                    None => format!("{name}:?"),
+                }
+            })
+            .collect();
+        let certs = if certs.is_empty() {
+            "-".to_owned()
+        } else {
+            certs.join(",")
+        };
+        t.row([l.name.clone(), l.addr.clone(), yes_no(l.tls), certs]);
     }
     t.render("", out);
 }

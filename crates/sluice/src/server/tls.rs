@@ -20,7 +20,7 @@ use sluice_config::Tls;
 pub use sluice_net::tls::acceptor_config;
 use sluice_net::tls::{invalid, ticketer};
 use sluice_net::tls::{load_pair, provider};
-use sluice_wire::cert::cert_names;
+use sluice_wire::cert::{cert_names, not_after};
 
 /// A listener's certificates: each serves the names it carries (DNS subject alternative names,
 /// `*.` wildcards included, or the common name without them); the first also serves clients
@@ -31,13 +31,29 @@ pub struct Certificates(ArcSwap<ByName>);
 
 #[derive(Debug)]
 struct ByName {
+    /// Every certificate, in the configured order: names and expiry.
+    listed: Vec<Listed>,
     default: Arc<CertifiedKey>,
     exact: HashMap<String, Arc<CertifiedKey>>,
     /// `*.example.com` under `example.com`.
     wildcard: HashMap<String, Arc<CertifiedKey>>,
 }
 
+/// One configured certificate as `/status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The names it serves.
+    pub names: Vec<String>,
+    /// When it expires, in seconds since the Unix epoch (`None`: unreadable).
+    pub not_after: Option<i64>,
+}
+
 impl Certificates {
+    /// Each certificate served now, in the configured order.
+    pub fn listed(&self) -> Vec<Listed> {
+        self.0.load().listed.clone()
+    }
+
     /// Loads `tls` (at least one pair).
     pub fn load(tls: &[Tls]) -> io::Result<Self> {
         Ok(Self(ArcSwap::from_pointee(ByName::load(tls)?)))
@@ -62,6 +78,7 @@ impl ByName {
             .next()
             .ok_or_else(|| invalid("a TLS listener needs a certificate".to_owned()))??;
         let mut by_name = Self {
+            listed: Vec::new(),
             exact: HashMap::new(),
             wildcard: HashMap::new(),
             default: Arc::clone(&default),
@@ -69,6 +86,10 @@ impl ByName {
         for key in std::iter::once(Ok(default)).chain(keys) {
             let key = key?;
             let names = key.end_entity_cert().map(cert_names).unwrap_or_default();
+            by_name.listed.push(Listed {
+                names: names.clone(),
+                not_after: key.end_entity_cert().ok().and_then(not_after),
+            });
             for name in names {
                 // The first certificate to carry a name serves it.
                 let table = match name.strip_prefix("*.") {
@@ -125,4 +146,44 @@ fn certified_key(tls: &Tls) -> io::Result<CertifiedKey> {
     let (certs, key) = load_pair(tls)?;
     CertifiedKey::from_der(certs, key, &provider())
         .map_err(|e| invalid(format!("{}: {e}", tls.cert_path.display())))
+}
+
+/// The TLS listeners' certificate expiry as a gauge,
+/// `sluice_tls_certificate_expiry_timestamp_seconds{listener, name}` (its first name), read at
+/// each scrape so that a renewal shows at once.
+#[derive(Debug)]
+pub struct ExpiryCollector(pub std::collections::BTreeMap<String, Arc<Certificates>>);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ExpiryLabels {
+    listener: String,
+    name: String,
+}
+
+impl prometheus_client::collector::Collector for ExpiryCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let gauge = ConstGauge::new(0i64);
+        let mut family = encoder.encode_descriptor(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When each listener certificate expires, in seconds since the Unix epoch",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (listener, certs) in &self.0 {
+            for c in certs.listed() {
+                let Some(at) = c.not_after else { continue };
+                let labels = ExpiryLabels {
+                    listener: listener.clone(),
+                    name: c.names.first().cloned().unwrap_or_default(),
+                };
+                ConstGauge::new(at).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }
