@@ -4,14 +4,15 @@
  * register sessions (connected sockets); the acceptor lends them to this worker as file
  * descriptors, and the worker proxies requests over them without ever calling connect().
  *
- * Layout:
+ * Layout, each file using only those below it:
  *   ngx_http_sluice_module.c   directives, the precontent phase that reads the body, then
  *                              reserves a session or parks the request in the FIFO queue,
  *                              the peer.get/peer.free
  *                              balancer, the sluice_status handler
  *   ngx_http_sluice_pool.c     the worker's sessions: idle pool, leases, waiters, credit
  *   ngx_http_sluice_handoff.c  the non-blocking SOCK_SEQPACKET connection to the acceptor:
- *                              framing, fd passing, message parsing, reconnect with backoff
+ *                              framing, fd passing, message parsing, reconnect with backoff;
+ *                              what arrives goes up through ngx_http_sluice_events_t
  *
  * Everything here runs in one worker's event loop; nothing is shared between workers.
  */
@@ -40,6 +41,31 @@
 
 
 typedef struct ngx_http_sluice_upstream_s  ngx_http_sluice_upstream_t;
+
+
+/* The worker stops taking requests (reload, quit) or stops outright. */
+#define ngx_http_sluice_exiting()  (ngx_exiting || ngx_terminate || ngx_quit)
+
+
+/*
+ * What the handoff connection reports to the sessions it serves: the connection knows
+ * nothing of how they are kept, so the dependency runs one way (pool -> handoff). The pool's
+ * table is ngx_http_sluice_pool_events.
+ */
+typedef struct {
+    /* HELLO arrived: the connection is ready for CREDIT. */
+    void        (*connected)(ngx_http_sluice_upstream_t *up);
+    /* SESSION with its fd, within our credit: the fd is the callee's from now on. */
+    void        (*session)(ngx_http_sluice_upstream_t *up, uint64_t id,
+                    u_char *instance, size_t len, ngx_socket_t fd);
+    /* RECALL for our cluster and slice. */
+    void        (*recall)(ngx_http_sluice_upstream_t *up, ngx_uint_t n);
+    /* DRAIN of an instance. */
+    void        (*drain)(ngx_http_sluice_upstream_t *up, u_char *instance,
+                    size_t len);
+    /* Whether a request still holds or waits for a session (an exiting worker stays). */
+    ngx_uint_t  (*busy)(ngx_http_sluice_upstream_t *up);
+} ngx_http_sluice_events_t;
 
 
 /* Where a session is: exactly one of these at any time. */
@@ -115,6 +141,7 @@ struct ngx_http_sluice_upstream_s {
     ngx_str_t                      peer_name;  /* "sluice:<cluster>/<slice>" */
 
     /* the handoff connection */
+    const ngx_http_sluice_events_t *events;    /* what it reports to */
     ngx_connection_t              *handoff;    /* NULL while disconnected */
     ngx_uint_t                     epoch;      /* bumped on every disconnect */
     unsigned                       hello:1;    /* the acceptor's HELLO arrived */
@@ -155,17 +182,14 @@ void ngx_http_sluice_handoff_start(ngx_http_sluice_upstream_t *up);
 void ngx_http_sluice_handoff_stop(ngx_http_sluice_upstream_t *up);
 ngx_int_t ngx_http_sluice_send(ngx_http_sluice_upstream_t *up, u_char *line,
     size_t len, ngx_socket_t fd);
-void ngx_http_sluice_want_credit(ngx_http_sluice_upstream_t *up);
 
 /* ngx_http_sluice_pool.c */
-ngx_int_t ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id,
-    u_char *instance, size_t instance_len, ngx_socket_t fd);
+extern const ngx_http_sluice_events_t  ngx_http_sluice_pool_events;
+
+void ngx_http_sluice_want_credit(ngx_http_sluice_upstream_t *up);
 ngx_http_sluice_session_t *ngx_http_sluice_take(ngx_http_sluice_upstream_t *up);
 void ngx_http_sluice_release(ngx_http_sluice_session_t *s);
 void ngx_http_sluice_discard(ngx_http_sluice_session_t *s, ngx_uint_t close);
-void ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n);
-void ngx_http_sluice_drain(ngx_http_sluice_upstream_t *up, u_char *instance,
-    size_t len);
 void ngx_http_sluice_close_all(ngx_http_sluice_upstream_t *up);
 ngx_int_t ngx_http_sluice_enqueue(ngx_http_sluice_ctx_t *ctx);
 void ngx_http_sluice_dequeue(ngx_http_sluice_ctx_t *ctx);

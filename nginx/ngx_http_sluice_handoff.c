@@ -53,7 +53,7 @@ ngx_http_sluice_handoff_start(ngx_http_sluice_upstream_t *up)
     ngx_socket_t       s;
     ngx_connection_t  *c;
 
-    if (up->handoff || ngx_exiting || ngx_terminate || ngx_quit) {
+    if (up->handoff || ngx_http_sluice_exiting()) {
         return;
     }
 
@@ -136,7 +136,7 @@ ngx_http_sluice_handoff_stop(ngx_http_sluice_upstream_t *up)
 static void
 ngx_http_sluice_schedule(ngx_http_sluice_upstream_t *up)
 {
-    if (ngx_exiting || ngx_terminate || ngx_quit || up->reconnect.timer_set) {
+    if (ngx_http_sluice_exiting() || up->reconnect.timer_set) {
         return;
     }
 
@@ -348,7 +348,7 @@ ngx_http_sluice_handle(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
             ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
                           "sluice: connected to the acceptor at \"%V\" (upstream \"%V\")",
                           &up->path, &up->name);
-            ngx_http_sluice_want_credit(up);
+            up->events->connected(up);
             return NULL;
         }
         return "expected \"HELLO 1 acceptor\" first";
@@ -371,7 +371,7 @@ ngx_http_sluice_handle(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
             return "SESSION beyond the credit we gave";
         }
         up->credit--;
-        (void) ngx_http_sluice_adopt(up, id, w[4].data, w[4].len, fds[0]);
+        up->events->session(up, id, w[4].data, w[4].len, fds[0]);
         return NULL;
     }
 
@@ -389,7 +389,7 @@ ngx_http_sluice_handle(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
         if (ngx_http_sluice_is_ours(up, &w[1], &w[2]) != NGX_OK) {
             return "RECALL for a cluster or slice we did not ask for";
         }
-        ngx_http_sluice_recall(up, (ngx_uint_t) n);
+        up->events->recall(up, (ngx_uint_t) n);
         return NULL;
     }
 
@@ -400,7 +400,7 @@ ngx_http_sluice_handle(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
         ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
                       "sluice: instance \"%V\" drains (upstream \"%V\")",
                       &w[1], &up->name);
-        ngx_http_sluice_drain(up, w[1].data, w[1].len);
+        up->events->drain(up, w[1].data, w[1].len);
         return NULL;
     }
 
@@ -492,41 +492,6 @@ ngx_http_sluice_is_ours(ngx_http_sluice_upstream_t *up, ngx_str_t *cluster,
     }
 
     return NGX_DECLINED;
-}
-
-
-/*
- * Asks for credit so that idle sessions plus outstanding credit cover `idle` plus every
- * waiting request (an exiting worker asks only for its waiting requests).
- */
-void
-ngx_http_sluice_want_credit(ngx_http_sluice_upstream_t *up)
-{
-    u_char      line[NGX_HTTP_SLUICE_MAX_LINE], *p;
-    ngx_uint_t  target, have, more;
-
-    if (up->handoff == NULL || !up->hello) {
-        return;
-    }
-
-    target = up->n_waiting;
-    if (!(ngx_exiting || ngx_terminate || ngx_quit)) {
-        target += up->idle_target;
-    }
-
-    have = up->n_idle + up->credit;
-    if (target <= have) {
-        return;
-    }
-
-    more = ngx_min(target - have, 0xffffffff);
-
-    p = ngx_snprintf(line, sizeof(line), "CREDIT %V %V %ui",
-                     &up->cluster, &up->slice, more);
-
-    if (ngx_http_sluice_send(up, line, p - line, -1) == NGX_OK) {
-        up->credit += more;
-    }
 }
 
 
@@ -715,7 +680,7 @@ ngx_http_sluice_linger_handler(ngx_event_t *ev)
         return;
     }
 
-    if (up->n_leased || up->n_reserved || up->n_waiting) {
+    if (up->events->busy(up)) {
         up->linger_until = ngx_current_msec + NGX_HTTP_SLUICE_LINGER;
         ngx_add_timer(ev, 50);
         return;

@@ -409,6 +409,7 @@ ngx_http_sluice_init_process(ngx_cycle_t *cycle)
         ngx_queue_init(&up->idle);
         ngx_queue_init(&up->busy);
         ngx_queue_init(&up->waiters);
+        up->events = &ngx_http_sluice_pool_events;
         up->backoff = NGX_HTTP_SLUICE_BACKOFF_MIN;
 
         up->out = ngx_pcalloc(cycle->pool,

@@ -6,11 +6,21 @@
  * A session is in exactly one place: up->idle (IDLE) or up->busy (RESERVED, LEASED); the
  * counters n_idle, n_reserved and n_leased always equal those queues' lengths. A session
  * leaves the worker by RETURN (its fd goes back to the acceptor) or GONE (closed here).
+ *
+ * What the acceptor sends (SESSION, RECALL, DRAIN) arrives through
+ * ngx_http_sluice_pool_events; what goes to it (CREDIT, RETURN, GONE) leaves through
+ * ngx_http_sluice_send() of the handoff connection below.
  */
 
 #include "ngx_http_sluice.h"
 
 
+static void ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id,
+    u_char *instance, size_t instance_len, ngx_socket_t fd);
+static void ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n);
+static void ngx_http_sluice_drain(ngx_http_sluice_upstream_t *up, u_char *instance,
+    size_t len);
+static ngx_uint_t ngx_http_sluice_busy(ngx_http_sluice_upstream_t *up);
 static void ngx_http_sluice_link(ngx_http_sluice_session_t *s,
     ngx_http_sluice_state_e state);
 static void ngx_http_sluice_unlink(ngx_http_sluice_session_t *s);
@@ -22,6 +32,16 @@ static void ngx_http_sluice_idle_handler(ngx_event_t *ev);
 static void ngx_http_sluice_dummy_handler(ngx_event_t *ev);
 static void ngx_http_sluice_close_session(ngx_http_sluice_session_t *s);
 static void ngx_http_sluice_unregister(ngx_connection_t *c);
+
+
+/* What the handoff connection reports lands here. */
+const ngx_http_sluice_events_t  ngx_http_sluice_pool_events = {
+    ngx_http_sluice_want_credit,
+    ngx_http_sluice_adopt,
+    ngx_http_sluice_recall,
+    ngx_http_sluice_drain,
+    ngx_http_sluice_busy
+};
 
 
 static void
@@ -73,7 +93,7 @@ ngx_http_sluice_unlink(ngx_http_sluice_session_t *s)
  * A SESSION arrived with its fd: wrap it in a connection and put it where it is needed.
  * On failure the fd is closed here and the acceptor told GONE.
  */
-ngx_int_t
+static void
 ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *instance,
     size_t instance_len, ngx_socket_t fd)
 {
@@ -138,7 +158,7 @@ ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *insta
     ngx_http_sluice_link(s, NGX_HTTP_SLUICE_LEASED);
     ngx_http_sluice_release(s);
 
-    return NGX_OK;
+    return;
 
 failed:
 
@@ -154,7 +174,6 @@ failed:
     ngx_http_sluice_send(up, line,
                          ngx_snprintf(line, sizeof(line), "GONE %uL", id) - line, -1);
     up->stats.gone++;
-    return NGX_ERROR;
 }
 
 
@@ -215,8 +234,7 @@ ngx_http_sluice_release(ngx_http_sluice_session_t *s)
         return;
     }
 
-    if (ngx_exiting || ngx_terminate || ngx_quit
-        || up->n_idle >= 2 * up->idle_target)
+    if (ngx_http_sluice_exiting() || up->n_idle >= 2 * up->idle_target)
     {
         ngx_http_sluice_give_back(s);
         return;
@@ -438,7 +456,7 @@ ngx_http_sluice_dummy_handler(ngx_event_t *ev)
 
 
 /* RECALL: give `n` sessions back, idle ones now, others as they become free. */
-void
+static void
 ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n)
 {
     ngx_uint_t                   held;
@@ -467,7 +485,7 @@ ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n)
 
 /* DRAIN: lease that instance's sessions no more; idle ones close now, busy ones after
  * their responses (release() sees `draining`). */
-void
+static void
 ngx_http_sluice_drain(ngx_http_sluice_upstream_t *up, u_char *instance, size_t len)
 {
     ngx_queue_t                 *q, *next;
@@ -491,6 +509,49 @@ ngx_http_sluice_drain(ngx_http_sluice_upstream_t *up, u_char *instance, size_t l
             s->draining = 1;
         }
     }
+}
+
+
+/*
+ * Asks for credit so that idle sessions plus outstanding credit cover `idle` plus every
+ * waiting request (an exiting worker asks only for its waiting requests).
+ */
+void
+ngx_http_sluice_want_credit(ngx_http_sluice_upstream_t *up)
+{
+    u_char      line[NGX_HTTP_SLUICE_MAX_LINE], *p;
+    ngx_uint_t  target, have, more;
+
+    if (up->handoff == NULL || !up->hello) {
+        return;
+    }
+
+    target = up->n_waiting;
+    if (!ngx_http_sluice_exiting()) {
+        target += up->idle_target;
+    }
+
+    have = up->n_idle + up->credit;
+    if (target <= have) {
+        return;
+    }
+
+    more = ngx_min(target - have, 0xffffffff);
+
+    p = ngx_snprintf(line, sizeof(line), "CREDIT %V %V %ui",
+                     &up->cluster, &up->slice, more);
+
+    if (ngx_http_sluice_send(up, line, p - line, -1) == NGX_OK) {
+        up->credit += more;
+    }
+}
+
+
+/* Whether a request holds a session (reserved or leased) or waits for one. */
+static ngx_uint_t
+ngx_http_sluice_busy(ngx_http_sluice_upstream_t *up)
+{
+    return up->n_leased || up->n_reserved || up->n_waiting;
 }
 
 
