@@ -208,8 +208,13 @@ ngx_http_sluice_take(ngx_http_sluice_upstream_t *up)
 /*
  * A session is free again: a request finished with it (keep-alive, no error), a request
  * that held it in reserve went away, or it just arrived. In order of precedence it is
- * closed (its instance drains), returned (the acceptor recalled it, the worker exits, or
- * the pool holds twice `idle`), given to the oldest waiting request, or pooled.
+ * closed (its instance drains), returned (the acceptor recalled it), given to the oldest
+ * waiting request, returned (the worker exits, or the pool holds twice `idle`), or pooled.
+ *
+ * A recall goes ahead of waiting requests, except in an exiting worker: it takes no new
+ * requests, so those waiting in it are older than any a new worker has, and they are
+ * served first. Its sessions go back once its queue is empty (issue 28: a recall that took
+ * them to a new worker's idle pool left these requests to time out).
  */
 void
 ngx_http_sluice_release(ngx_http_sluice_session_t *s)
@@ -221,7 +226,9 @@ ngx_http_sluice_release(ngx_http_sluice_session_t *s)
         return;
     }
 
-    if (up->recall > 0 && s->epoch == up->epoch && up->hello) {
+    if (up->recall > 0 && s->epoch == up->epoch && up->hello
+        && !(ngx_http_sluice_exiting() && !ngx_queue_empty(&up->waiters)))
+    {
         up->recall--;
         up->stats.recalls++;
         ngx_http_sluice_give_back(s);
