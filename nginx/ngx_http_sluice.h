@@ -169,8 +169,23 @@ struct ngx_http_sluice_upstream_s {
 };
 
 
+/* A location's sluice_pass: the upstream it names, found once http{} is read. */
+typedef struct {
+    ngx_str_t                      name;
+    ngx_http_sluice_upstream_t    *up;
+    u_char                        *file;       /* where it was written, for errors */
+    ngx_uint_t                     line;
+} ngx_http_sluice_pass_t;
+
+
+typedef struct {
+    ngx_http_sluice_pass_t        *pass;       /* NULL: no sluice_pass here */
+} ngx_http_sluice_loc_conf_t;
+
+
 typedef struct {
     ngx_array_t                    upstreams;  /* ngx_http_sluice_upstream_t * */
+    ngx_array_t                    passes;     /* ngx_http_sluice_pass_t * */
 } ngx_http_sluice_main_conf_t;
 
 

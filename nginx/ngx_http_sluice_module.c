@@ -5,6 +5,9 @@
  *       sluice_sessions unix:/run/sluice/handoff.sock cluster=api slice=default
  *                       idle=8 queue=1024 queue_timeout=2s;
  *   }
+ *   location / {
+ *       sluice_pass http://api;          # proxy_pass, with the admission below
+ *   }
  *
  * A request for such an upstream first has its body read (so that a slow upload holds no
  * session), then reserves an idle session of the worker's pool in the precontent phase (after
@@ -19,9 +22,7 @@
 #include "ngx_http_sluice.h"
 
 
-/* The proxy module's location configuration starts with its ngx_http_upstream_conf_t
- * (true of every NGINX release); through it the precontent phase finds the upstream a
- * request will go to. */
+/* sluice_pass is the proxy module's own proxy_pass, called through its directive table. */
 extern ngx_module_t  ngx_http_proxy_module;
 
 
@@ -34,8 +35,13 @@ typedef struct {
 
 static void *ngx_http_sluice_create_main_conf(ngx_conf_t *cf);
 static void *ngx_http_sluice_create_srv_conf(ngx_conf_t *cf);
+static void *ngx_http_sluice_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_sluice_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child);
 static char *ngx_http_sluice_sessions(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_sluice_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+static ngx_int_t ngx_http_sluice_resolve_passes(ngx_conf_t *cf);
 static char *ngx_http_sluice_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static ngx_int_t ngx_http_sluice_postconfiguration(ngx_conf_t *cf);
@@ -70,6 +76,13 @@ static ngx_command_t  ngx_http_sluice_commands[] = {
       0,
       NULL },
 
+    { ngx_string("sluice_pass"),
+      NGX_HTTP_LOC_CONF|NGX_HTTP_LIF_CONF|NGX_HTTP_LMT_CONF|NGX_CONF_TAKE1,
+      ngx_http_sluice_pass,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("sluice_status"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_sluice_status,
@@ -91,8 +104,8 @@ static ngx_http_module_t  ngx_http_sluice_module_ctx = {
     ngx_http_sluice_create_srv_conf,       /* create server configuration */
     NULL,                                  /* merge server configuration */
 
-    NULL,                                  /* create location configuration */
-    NULL                                   /* merge location configuration */
+    ngx_http_sluice_create_loc_conf,       /* create location configuration */
+    ngx_http_sluice_merge_loc_conf         /* merge location configuration */
 };
 
 
@@ -127,12 +140,41 @@ ngx_http_sluice_create_main_conf(ngx_conf_t *cf)
 
     if (ngx_array_init(&smcf->upstreams, cf->pool, 4,
                        sizeof(ngx_http_sluice_upstream_t *))
-        != NGX_OK)
+        != NGX_OK
+        || ngx_array_init(&smcf->passes, cf->pool, 4,
+                          sizeof(ngx_http_sluice_pass_t *))
+           != NGX_OK)
     {
         return NULL;
     }
 
     return smcf;
+}
+
+
+static void *
+ngx_http_sluice_create_loc_conf(ngx_conf_t *cf)
+{
+    return ngx_pcalloc(cf->pool, sizeof(ngx_http_sluice_loc_conf_t));
+}
+
+
+/* As proxy_pass: an `if` or `limit_except` block inherits its location's, nothing else. */
+static char *
+ngx_http_sluice_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
+{
+    ngx_http_sluice_loc_conf_t  *prev = parent;
+    ngx_http_sluice_loc_conf_t  *conf = child;
+
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (conf->pass == NULL && clcf->noname) {
+        conf->pass = prev->pass;
+    }
+
+    return NGX_CONF_OK;
 }
 
 
@@ -334,6 +376,150 @@ bad_number:
 }
 
 
+/*
+ * The upstream's name in sluice_pass's URL: "http://NAME" or "http://NAME/URI", without
+ * variables or a port (NGX_ERROR otherwise).
+ */
+static ngx_int_t
+ngx_http_sluice_pass_name(ngx_str_t *url, ngx_str_t *name)
+{
+    u_char  *p, *end;
+
+    if (url->len <= 7 || ngx_strncasecmp(url->data, (u_char *) "http://", 7) != 0
+        || ngx_strlchr(url->data, url->data + url->len, '$'))
+    {
+        return NGX_ERROR;
+    }
+
+    end = url->data + url->len;
+    p = ngx_strlchr(url->data + 7, end, '/');
+
+    name->data = url->data + 7;
+    name->len = (p ? p : end) - name->data;
+
+    if (name->len == 0 || ngx_strlchr(name->data, name->data + name->len, ':')) {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/* proxy_pass's own directive handler, from the proxy module's directive table. */
+static ngx_command_t *
+ngx_http_sluice_proxy_pass(void)
+{
+    ngx_command_t  *cmd;
+
+    for (cmd = ngx_http_proxy_module.commands; cmd && cmd->name.len; cmd++) {
+        if (cmd->name.len == sizeof("proxy_pass") - 1
+            && ngx_strncmp(cmd->name.data, "proxy_pass", cmd->name.len) == 0)
+        {
+            return cmd;
+        }
+    }
+
+    return NULL;
+}
+
+
+/*
+ * sluice_pass http://NAME[/URI]; -- proxy_pass to a sluice_sessions upstream whose requests
+ * wait for a session. It is proxy_pass itself (the proxy module's handler, given the proxy
+ * module's own location configuration, so every proxy_* directive applies as usual), and it
+ * records the upstream in this module's location configuration for the precontent phase:
+ * NGINX offers no public way to read which upstream another module's proxy_pass names.
+ */
+static char *
+ngx_http_sluice_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_sluice_loc_conf_t  *slcf = conf;
+
+    char                          *rv;
+    ngx_str_t                     *value, name;
+    ngx_command_t                 *proxy_pass;
+    ngx_http_sluice_pass_t        *pass, **slot;
+    ngx_http_sluice_main_conf_t   *smcf;
+
+    if (slcf->pass) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_http_sluice_pass_name(&value[1], &name) != NGX_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "sluice_pass: \"%V\" must be \"http://NAME\" or "
+                           "\"http://NAME/URI\", NAME an upstream with sluice_sessions "
+                           "(no variables, no port; a session carries plain HTTP)",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    proxy_pass = ngx_http_sluice_proxy_pass();
+    if (proxy_pass == NULL) {
+        return "needs ngx_http_proxy_module";
+    }
+
+    rv = proxy_pass->set(cf, proxy_pass,
+                         ngx_http_conf_get_module_loc_conf(cf, ngx_http_proxy_module));
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    pass = ngx_pcalloc(cf->pool, sizeof(ngx_http_sluice_pass_t));
+    smcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_sluice_module);
+    slot = pass ? ngx_array_push(&smcf->passes) : NULL;
+    if (slot == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    pass->name = name;
+    pass->file = cf->conf_file->file.name.data;
+    pass->line = cf->conf_file->line;
+    *slot = pass;
+    slcf->pass = pass;
+
+    return NGX_CONF_OK;
+}
+
+
+/* Every sluice_pass names an upstream with sluice_sessions (defined anywhere in http{}). */
+static ngx_int_t
+ngx_http_sluice_resolve_passes(ngx_conf_t *cf)
+{
+    ngx_uint_t                    i, j;
+    ngx_http_sluice_pass_t      **passes;
+    ngx_http_sluice_upstream_t  **ups;
+    ngx_http_sluice_main_conf_t  *smcf;
+
+    smcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_sluice_module);
+    passes = smcf->passes.elts;
+    ups = smcf->upstreams.elts;
+
+    for (i = 0; i < smcf->passes.nelts; i++) {
+        for (j = 0; j < smcf->upstreams.nelts; j++) {
+            if (ups[j]->name.len == passes[i]->name.len
+                && ngx_strncasecmp(ups[j]->name.data, passes[i]->name.data,
+                                   passes[i]->name.len) == 0)
+            {
+                passes[i]->up = ups[j];
+            }
+        }
+
+        if (passes[i]->up == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "sluice_pass in %s:%ui: upstream \"%V\" has no "
+                          "sluice_sessions (use proxy_pass for other upstreams)",
+                          passes[i]->file, passes[i]->line, &passes[i]->name);
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
 static char *
 ngx_http_sluice_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -351,6 +537,10 @@ ngx_http_sluice_postconfiguration(ngx_conf_t *cf)
 {
     ngx_http_handler_pt        *h;
     ngx_http_core_main_conf_t  *cmcf;
+
+    if (ngx_http_sluice_resolve_passes(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
 
@@ -463,34 +653,19 @@ ngx_http_sluice_exit_process(ngx_cycle_t *cycle)
 /* ---- admission: the body, then a session before the upstream starts, or a wait ------ */
 
 
-/* The sluice upstream a request's location proxies to, or NULL. */
+/* The upstream a request's location sluice_passes to, or NULL. */
 static ngx_http_sluice_upstream_t *
 ngx_http_sluice_upstream_of(ngx_http_request_t *r)
 {
-    ngx_http_upstream_conf_t      *ucf;
-    ngx_http_sluice_upstream_t    *up;
-    ngx_http_upstream_srv_conf_t  *uscf;
+    ngx_http_sluice_loc_conf_t  *slcf;
 
-    if (r->content_handler == ngx_http_sluice_status_handler) {
+    slcf = ngx_http_get_module_loc_conf(r, ngx_http_sluice_module);
+
+    if (slcf->pass == NULL || slcf->pass->up->out == NULL) {
         return NULL;
     }
 
-    ucf = ngx_http_get_module_loc_conf(r, ngx_http_proxy_module);
-    if (ucf == NULL || ucf->upstream == NULL) {
-        return NULL;  /* no proxy_pass here, or one with variables */
-    }
-
-    uscf = ucf->upstream;
-    if (uscf->srv_conf == NULL) {
-        return NULL;  /* an implicit upstream (proxy_pass http://host:port) */
-    }
-
-    up = ngx_http_conf_upstream_srv_conf(uscf, ngx_http_sluice_module);
-    if (up == NULL || up->path.len == 0 || up->out == NULL) {
-        return NULL;
-    }
-
-    return up;
+    return slcf->pass->up;
 }
 
 
@@ -685,14 +860,31 @@ ngx_http_sluice_cleanup(void *data)
 static ngx_int_t
 ngx_http_sluice_init_peer(ngx_http_request_t *r, ngx_http_upstream_srv_conf_t *us)
 {
+    ngx_http_sluice_ctx_t        *ctx;
+    ngx_http_sluice_upstream_t   *up;
     ngx_http_sluice_peer_data_t  *sp;
+
+    up = ngx_http_conf_upstream_srv_conf(us, ngx_http_sluice_module);
+
+    /*
+     * Only a request admitted by sluice_pass goes over a session: it waited for its session
+     * in the queue. One that came another way (proxy_pass, grpc_pass, ...) never did.
+     */
+    ctx = ngx_http_get_module_ctx(r, ngx_http_sluice_module);
+    if (ctx == NULL || ctx->up != up) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "sluice: upstream \"%V\" takes requests from sluice_pass only; "
+                      "write \"sluice_pass http://%V;\" in this location instead of "
+                      "proxy_pass", &up->name, &up->name);
+        return NGX_ERROR;
+    }
 
     sp = ngx_pcalloc(r->pool, sizeof(ngx_http_sluice_peer_data_t));
     if (sp == NULL) {
         return NGX_ERROR;
     }
 
-    sp->up = ngx_http_conf_upstream_srv_conf(us, ngx_http_sluice_module);
+    sp->up = up;
     sp->request = r;
 
     r->upstream->peer.data = sp;

@@ -86,10 +86,12 @@ http {{
     server {{
         listen 127.0.0.1:{port};
         location / {{
-            proxy_pass http://interop;
+            sluice_pass http://interop;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
         }}
+        location /plain-proxy-pass {{ proxy_pass http://interop; }}
+        {extra}
         location = /sluice {{ sluice_status; }}
     }}
 }}
@@ -152,14 +154,15 @@ class Nginx:
 
 
 def start_nginx(built: Built, tmp: Path, socket_path: Path, workers: int = 2, idle: int = 4,
-                queue: int = 1024, queue_timeout: str = "20s") -> Nginx:
+                queue: int = 1024, queue_timeout: str = "20s", extra: str = "") -> Nginx:
+    """NGINX_CONF with these values; `extra` goes into its server block."""
     prefix = tmp / "nginx"
     prefix.mkdir(exist_ok=True)
     port = free_port()
     conf = prefix / "nginx.conf"
     conf.write_text(NGINX_CONF.format(
         module=built.module, workers=workers, prefix=prefix, socket=socket_path, idle=idle, queue=queue,
-        queue_timeout=queue_timeout, port=port,
+        queue_timeout=queue_timeout, port=port, extra=extra,
         # Workers of a root master run as nobody otherwise, and the handoff socket admits
         # only its own uid.
         user="user root;" if os.geteuid() == 0 else ""))
