@@ -9,6 +9,7 @@
  *                              reserves a session or parks the request in the FIFO queue,
  *                              the peer.get/peer.free
  *                              balancer, the sluice_status handler
+ *   ngx_http_sluice_client.c   Sluice-Client-Addr on every request sent over a session
  *   ngx_http_sluice_pool.c     the worker's sessions: idle pool, leases, waiters, credit
  *   ngx_http_sluice_handoff.c  the non-blocking SOCK_SEQPACKET connection to the acceptor:
  *                              framing, fd passing, message parsing, reconnect with backoff;
@@ -191,6 +192,9 @@ typedef struct {
 
 extern ngx_module_t  ngx_http_sluice_module;
 
+
+/* ngx_http_sluice_client.c */
+ngx_int_t ngx_http_sluice_stamp_client(ngx_http_request_t *r);
 
 /* ngx_http_sluice_handoff.c */
 void ngx_http_sluice_handoff_start(ngx_http_sluice_upstream_t *up);

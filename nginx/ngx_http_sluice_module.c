@@ -12,11 +12,11 @@
  * A request for such an upstream first has its body read (so that a slow upload holds no
  * session), then reserves an idle session of the worker's pool in the precontent phase (after
  * access checks), or waits for one in a FIFO queue (bounded by `queue` and `queue_timeout`;
- * then 503 with Retry-After). The balancer's peer.get hands the reserved
- * session's connection to the upstream module with NGX_DONE, as the keepalive module does
- * with a cached connection: no connect(), no blocking call. peer.free gives a reusable
- * session back to the pool and reports an unusable one GONE. A session serves one request
- * at a time.
+ * then 503 with Retry-After), and gets its Sluice-Client-Addr (ngx_http_sluice_client.c).
+ * The balancer's peer.get hands the reserved session's connection to the upstream module
+ * with NGX_DONE, as the keepalive module does with a cached connection: no connect(), no
+ * blocking call. peer.free gives a reusable session back to the pool and reports an
+ * unusable one GONE. A session serves one request at a time.
  */
 
 #include "ngx_http_sluice.h"
@@ -726,6 +726,10 @@ ngx_http_sluice_precontent(ngx_http_request_t *r)
 
     ngx_http_set_ctx(r, ctx, ngx_http_sluice_module);
 
+    if (ngx_http_sluice_stamp_client(r) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     if (r != r->main || r->request_body
         || (r->headers_in.content_length_n <= 0 && !r->headers_in.chunked))
     {
@@ -867,8 +871,9 @@ ngx_http_sluice_init_peer(ngx_http_request_t *r, ngx_http_upstream_srv_conf_t *u
     up = ngx_http_conf_upstream_srv_conf(us, ngx_http_sluice_module);
 
     /*
-     * Only a request admitted by sluice_pass goes over a session: it waited for its session
-     * in the queue. One that came another way (proxy_pass, grpc_pass, ...) never did.
+     * Only a request admitted by sluice_pass goes over a session: it carries the client's
+     * Sluice-Client-Addr (services trust it), and it waited for its session. One that came
+     * another way (proxy_pass, grpc_pass, ...) would carry whatever the client sent.
      */
     ctx = ngx_http_get_module_ctx(r, ngx_http_sluice_module);
     if (ctx == NULL || ctx->up != up) {

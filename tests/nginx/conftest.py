@@ -89,6 +89,7 @@ http {{
             sluice_pass http://interop;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            proxy_set_header Host $host;
         }}
         location /plain-proxy-pass {{ proxy_pass http://interop; }}
         {extra}
