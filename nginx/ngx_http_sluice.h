@@ -5,10 +5,11 @@
  * descriptors, and the worker proxies requests over them without ever calling connect().
  *
  * Layout, each file using only those below it:
- *   ngx_http_sluice_module.c   directives, the precontent phase that reads the body, then
- *                              reserves a session or parks the request in the FIFO queue,
- *                              the peer.get/peer.free
- *                              balancer, the sluice_status handler
+ *   ngx_http_sluice_module.c   the module: directives, the worker's life cycle
+ *   ngx_http_sluice_status.c   the sluice_status handler
+ *   ngx_http_sluice_balancer.c the precontent phase that reads the body, then reserves a
+ *                              session or parks the request in the FIFO queue; the
+ *                              peer.get/peer.free balancer
  *   ngx_http_sluice_client.c   Sluice-Client-Addr on every request sent over a session
  *   ngx_http_sluice_pool.c     the worker's sessions: idle pool, leases, waiters, credit
  *   ngx_http_sluice_handoff.c  the non-blocking SOCK_SEQPACKET connection to the acceptor:
@@ -192,6 +193,14 @@ typedef struct {
 
 extern ngx_module_t  ngx_http_sluice_module;
 
+
+/* ngx_http_sluice_balancer.c */
+ngx_int_t ngx_http_sluice_precontent(ngx_http_request_t *r);
+ngx_int_t ngx_http_sluice_init_peer(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us);
+
+/* ngx_http_sluice_status.c */
+ngx_int_t ngx_http_sluice_status_handler(ngx_http_request_t *r);
 
 /* ngx_http_sluice_client.c */
 ngx_int_t ngx_http_sluice_stamp_client(ngx_http_request_t *r);
