@@ -26,8 +26,9 @@
 //!   [`ParseError`]; pure, no I/O, never panics on any input.
 //! * [`socket`]: [`Handoff`], one connected socket: send and receive a message with its fd,
 //!   the `HELLO` exchange, the peer's [`Credentials`].
-//! * [`listener`]: [`HandoffListener`], the socket file (safe permissions, stale files
-//!   replaced, removed on drop) and [`AllowedUids`].
+//! * [`listener`]: [`HandoffListener`], the socket file (safe permissions, its mode and
+//!   group as [`SocketAccess`] asks, stale files replaced, removed on drop) and
+//!   [`AllowedUids`].
 //! * [`error`]: [`Error`], which says whether the peer, the caller or the system failed.
 
 pub mod error;
@@ -36,6 +37,6 @@ pub mod message;
 pub mod socket;
 
 pub use error::Error;
-pub use listener::{remove_stale, AllowedUids, HandoffListener, DEFAULT_SOCKET_MODE};
+pub use listener::{remove_stale, AllowedUids, HandoffListener, SocketAccess, DEFAULT_SOCKET_MODE};
 pub use message::{ListenAddr, Message, ParseError, Role, MAX_MESSAGE, MAX_WORD, PROTOCOL_VERSION};
 pub use socket::{Credentials, Handoff};

@@ -12,7 +12,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sluice_config::{Config, HandoffServer, SessionSource};
-use sluice_handoff::{AllowedUids, Handoff, HandoffListener, Message, Role};
+use sluice_handoff::{AllowedUids, Handoff, HandoffListener, Message, Role, SocketAccess};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
@@ -99,8 +99,17 @@ impl<P: Protocol> StandaloneAcceptor<P> {
             })
             .collect();
         let acceptor = Acceptor::bind(opts, clusters.values().cloned()).await?;
-        let HandoffServer { path, allowed_uids } = handoff;
-        let listener = HandoffListener::bind(path, sluice_handoff::DEFAULT_SOCKET_MODE)?;
+        let HandoffServer {
+            path,
+            allowed_uids,
+            mode,
+            group,
+        } = handoff;
+        let access = SocketAccess {
+            mode: *mode,
+            group: *group,
+        };
+        let listener = HandoffListener::bind_with(path, access)?;
         Ok(Self {
             acceptor,
             listener,
@@ -179,6 +188,11 @@ async fn accept<P: Protocol>(
                 let span = tracing::info_span!("consumer", pid = creds.pid, uid = creds.uid);
                 consumers.spawn(serve(Arc::new(conn), Arc::clone(&shared)).instrument(span));
             }
+            Err(sluice_handoff::Error::PeerNotAllowed { uid, pid }) => warn!(
+                uid,
+                pid,
+                "handoff connection refused: its uid is not allowed; add it to [handoff] allowed_uids"
+            ),
             Err(error) => warn!(%error, "handoff connection refused"),
         }
     }
