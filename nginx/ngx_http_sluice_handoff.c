@@ -31,6 +31,7 @@ static void ngx_http_sluice_flush_handler(ngx_event_t *ev);
 static void ngx_http_sluice_linger_handler(ngx_event_t *ev);
 static void ngx_http_sluice_disconnect(ngx_http_sluice_upstream_t *up,
     const char *why);
+static void ngx_http_sluice_refused(ngx_http_sluice_upstream_t *up);
 static void ngx_http_sluice_schedule(ngx_http_sluice_upstream_t *up);
 static ngx_int_t ngx_http_sluice_flush(ngx_http_sluice_upstream_t *up);
 static ssize_t ngx_http_sluice_sendmsg(ngx_socket_t s, u_char *line, size_t len,
@@ -70,10 +71,21 @@ ngx_http_sluice_handoff_start(ngx_http_sluice_upstream_t *up)
         == -1)
     {
         err = ngx_socket_errno;
-        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, err,
-                      "sluice: cannot connect to the acceptor at \"%V\" "
-                      "for upstream \"%V\"; retrying in %M ms",
-                      &up->path, &up->name, up->backoff);
+        if (err == NGX_EACCES || err == NGX_EPERM) {
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, err,
+                          "sluice: this worker (uid %d, gid %d) may not open the acceptor's "
+                          "socket \"%V\" for upstream \"%V\": in the acceptor's [handoff] "
+                          "set mode = \"0660\" and group = a group of this worker's user "
+                          "(or its gid %d), list uid %d in allowed_uids, and let this user "
+                          "through the socket's directories; retrying in %M ms",
+                          (int) geteuid(), (int) getegid(), &up->path, &up->name,
+                          (int) getegid(), (int) geteuid(), up->backoff);
+        } else {
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, err,
+                          "sluice: cannot connect to the acceptor at \"%V\" "
+                          "for upstream \"%V\"; retrying in %M ms",
+                          &up->path, &up->name, up->backoff);
+        }
         ngx_close_socket(s);
         ngx_http_sluice_schedule(up);
         return;
@@ -261,6 +273,11 @@ ngx_http_sluice_read_handler(ngx_event_t *ev)
             if (err == NGX_EINTR) {
                 continue;
             }
+            if (err == NGX_ECONNRESET && !up->hello) {
+                ngx_http_sluice_refused(up);
+                ngx_http_sluice_disconnect(up, "the acceptor closed the connection");
+                return;
+            }
             ngx_log_error(NGX_LOG_ERR, c->log, err, "sluice: recvmsg() failed");
             ngx_http_sluice_disconnect(up, "recvmsg() failed");
             return;
@@ -280,7 +297,11 @@ ngx_http_sluice_read_handler(ngx_event_t *ev)
             }
         }
 
-        if (n == 0) {
+        if (n == 0 && nfds == 0 && !up->hello) {
+            ngx_http_sluice_refused(up);
+            error = "the acceptor closed the connection";
+
+        } else if (n == 0) {
             error = nfds ? "an empty message" : "the acceptor closed the connection";
 
         } else if (msg.msg_flags & MSG_CTRUNC) {
@@ -313,6 +334,19 @@ ngx_http_sluice_read_handler(ngx_event_t *ev)
             return;  /* a send failed while handling it: already disconnected */
         }
     }
+}
+
+
+/* An acceptor refuses a peer whose uid it does not allow right after accepting it: the
+ * connection ends (or is reset, our HELLO unread) before its HELLO. */
+static void
+ngx_http_sluice_refused(ngx_http_sluice_upstream_t *up)
+{
+    ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                  "sluice: the acceptor at \"%V\" closed the connection before its HELLO "
+                  "(upstream \"%V\"), as it does to peers whose uid it does not allow: "
+                  "if its log says \"handoff connection refused\", list uid %d in its "
+                  "[handoff] allowed_uids", &up->path, &up->name, (int) geteuid());
 }
 
 
