@@ -16,14 +16,15 @@
 //! RETURN <id>                                 + fd, consumer → acceptor
 //! GONE <id>                                   consumer → acceptor
 //! DRAIN <instance>                            acceptor → consumer
+//! SLICE <cluster> <slice> empty|registered    acceptor → consumer
 //! LISTENER <name> <addr>                      + fd, old → new on hot restart
 //! READY                                       new → old on hot restart
 //! DONE                                        old → new on hot restart
 //! ```
 //!
 //! # Layout
-//! * [`message`]: [`Message`] with its parser and encoder, [`Role`], [`ListenAddr`] and
-//!   [`ParseError`]; pure, no I/O, never panics on any input.
+//! * [`message`]: [`Message`] with its parser and encoder, [`Role`], [`SliceState`],
+//!   [`ListenAddr`] and [`ParseError`]; pure, no I/O, never panics on any input.
 //! * [`socket`]: [`Handoff`], one connected socket: send and receive a message with its fd,
 //!   the `HELLO` exchange, the peer's [`Credentials`].
 //! * [`listener`]: [`HandoffListener`], the socket file (safe permissions, its mode and
@@ -38,5 +39,7 @@ pub mod socket;
 
 pub use error::Error;
 pub use listener::{remove_stale, AllowedUids, HandoffListener, SocketAccess, DEFAULT_SOCKET_MODE};
-pub use message::{ListenAddr, Message, ParseError, Role, MAX_MESSAGE, MAX_WORD, PROTOCOL_VERSION};
+pub use message::{
+    ListenAddr, Message, ParseError, Role, SliceState, MAX_MESSAGE, MAX_WORD, PROTOCOL_VERSION,
+};
 pub use socket::{Credentials, Handoff};
