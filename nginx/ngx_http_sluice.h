@@ -65,6 +65,8 @@ typedef struct {
     /* DRAIN of an instance. */
     void        (*drain)(ngx_http_sluice_upstream_t *up, u_char *instance,
                     size_t len);
+    /* SLICE for our cluster and slice: it has no session registered (empty) or has some. */
+    void        (*slice)(ngx_http_sluice_upstream_t *up, ngx_uint_t empty);
     /* Whether a request still holds or waits for a session (an exiting worker stays). */
     ngx_uint_t  (*busy)(ngx_http_sluice_upstream_t *up);
 } ngx_http_sluice_events_t;
@@ -102,6 +104,7 @@ typedef struct {
     unsigned                       admitted:1;  /* took a session or joined the queue */
     unsigned                       waiting:1;
     unsigned                       timed_out:1;
+    unsigned                       no_sessions:1;  /* refused: the slice has none */
 } ngx_http_sluice_ctx_t;
 
 
@@ -120,7 +123,8 @@ typedef struct {
     ngx_uint_t                     gone;       /* GONE sent */
     ngx_uint_t                     served;     /* leases handed to peer.get */
     ngx_uint_t                     queued;     /* requests that had to wait */
-    ngx_uint_t                     rejected;   /* 503: queue full or queue_timeout */
+    ngx_uint_t                     rejected;   /* 503: queue full, queue_timeout, or no
+                                                  session registered */
     ngx_uint_t                     connects;   /* HELLO exchanges completed */
     ngx_uint_t                     protocol_errors;
     ngx_uint_t                     recalls;    /* sessions asked back by RECALL */
@@ -139,6 +143,7 @@ struct ngx_http_sluice_upstream_s {
     ngx_uint_t                     idle_target;
     ngx_uint_t                     queue_max;
     ngx_msec_t                     queue_timeout;
+    ngx_msec_t                     no_sessions_wait;  /* 0: 503 at once */
     struct sockaddr_un             sockaddr;   /* also pc->sockaddr for logging */
     ngx_str_t                      peer_name;  /* "sluice:<cluster>/<slice>" */
 
@@ -147,6 +152,7 @@ struct ngx_http_sluice_upstream_s {
     ngx_connection_t              *handoff;    /* NULL while disconnected */
     ngx_uint_t                     epoch;      /* bumped on every disconnect */
     unsigned                       hello:1;    /* the acceptor's HELLO arrived */
+    unsigned                       empty:1;    /* the acceptor said SLICE ... empty */
     ngx_event_t                    reconnect;
     ngx_msec_t                     backoff;
     ngx_http_sluice_msg_t         *out;        /* ring of NGX_HTTP_SLUICE_OUT_MAX */
@@ -219,7 +225,8 @@ ngx_http_sluice_session_t *ngx_http_sluice_take(ngx_http_sluice_upstream_t *up);
 void ngx_http_sluice_release(ngx_http_sluice_session_t *s);
 void ngx_http_sluice_discard(ngx_http_sluice_session_t *s, ngx_uint_t close);
 void ngx_http_sluice_close_all(ngx_http_sluice_upstream_t *up);
-ngx_int_t ngx_http_sluice_enqueue(ngx_http_sluice_ctx_t *ctx);
+ngx_uint_t ngx_http_sluice_none_registered(ngx_http_sluice_upstream_t *up);
+ngx_int_t ngx_http_sluice_enqueue(ngx_http_sluice_ctx_t *ctx, ngx_msec_t timeout);
 void ngx_http_sluice_dequeue(ngx_http_sluice_ctx_t *ctx);
 
 

@@ -13,6 +13,15 @@
 #include "ngx_http_sluice.h"
 
 
+/* Why a request gets 503: the bodies the Sluice proxy sends for the same reasons. */
+static ngx_str_t  ngx_http_sluice_queue_full =
+    ngx_string("no capacity: admission queue full\n");
+static ngx_str_t  ngx_http_sluice_wait_expired =
+    ngx_string("no capacity: queue wait expired\n");
+static ngx_str_t  ngx_http_sluice_no_sessions =
+    ngx_string("no sessions registered for this service\n");
+
+
 typedef struct {
     ngx_http_sluice_upstream_t  *up;
     ngx_http_request_t          *request;
@@ -28,7 +37,9 @@ static ngx_int_t ngx_http_sluice_admit(ngx_http_request_t *r,
     ngx_http_sluice_ctx_t *ctx);
 static void ngx_http_sluice_body_read(ngx_http_request_t *r);
 static ngx_int_t ngx_http_sluice_reject(ngx_http_request_t *r,
-    ngx_http_sluice_upstream_t *up);
+    ngx_http_sluice_upstream_t *up, ngx_str_t *reason);
+static ngx_uint_t ngx_http_sluice_has_error_page(ngx_http_request_t *r,
+    ngx_uint_t status);
 static void ngx_http_sluice_wake(ngx_event_t *ev);
 static void ngx_http_sluice_cleanup(void *data);
 
@@ -82,8 +93,12 @@ ngx_http_sluice_precontent(ngx_http_request_t *r)
         if (ctx->waiting) {
             return NGX_AGAIN;
         }
-        if (ctx->timed_out && ctx->session == NULL) {
-            return ngx_http_sluice_reject(r, up);
+        if ((ctx->timed_out || ctx->no_sessions) && ctx->session == NULL) {
+            return ngx_http_sluice_reject(r, up,
+                                          ctx->no_sessions
+                                          || ngx_http_sluice_none_registered(up)
+                                          ? &ngx_http_sluice_no_sessions
+                                          : &ngx_http_sluice_wait_expired);
         }
         return NGX_DECLINED;
     }
@@ -148,19 +163,34 @@ ngx_http_sluice_body_read(ngx_http_request_t *r)
 }
 
 
-/* An idle session now, or a place in the queue, or 503. */
+/*
+ * An idle session now, or a place in the queue, or 503. While no session of the slice is
+ * registered at all, the request gets 503 at once, or waits at most no_sessions_wait.
+ */
 static ngx_int_t
 ngx_http_sluice_admit(ngx_http_request_t *r, ngx_http_sluice_ctx_t *ctx)
 {
+    ngx_msec_t                   timeout;
+    ngx_http_sluice_upstream_t  *up = ctx->up;
+
     ctx->admitted = 1;
 
-    ctx->session = ngx_http_sluice_take(ctx->up);
+    ctx->session = ngx_http_sluice_take(up);
     if (ctx->session) {
         return NGX_DECLINED;
     }
 
-    if (ngx_http_sluice_enqueue(ctx) != NGX_OK) {
-        return ngx_http_sluice_reject(r, ctx->up);
+    timeout = up->queue_timeout;
+
+    if (ngx_http_sluice_none_registered(up)) {
+        if (up->no_sessions_wait == 0) {
+            return ngx_http_sluice_reject(r, up, &ngx_http_sluice_no_sessions);
+        }
+        timeout = ngx_min(timeout, up->no_sessions_wait);
+    }
+
+    if (ngx_http_sluice_enqueue(ctx, timeout) != NGX_OK) {
+        return ngx_http_sluice_reject(r, up, &ngx_http_sluice_queue_full);
     }
 
     /* Parked: a session or the timeout wakes it; a client that leaves ends it. */
@@ -171,11 +201,18 @@ ngx_http_sluice_admit(ngx_http_request_t *r, ngx_http_sluice_ctx_t *ctx)
 }
 
 
-/* 503 with Retry-After: the queue is full or the wait was too long. */
+/*
+ * 503 with Retry-After: the queue is full, the wait was too long, or no session is
+ * registered. `reason` is the body, as the Sluice proxy sends it, unless the location has
+ * an error_page for 503 (then that page).
+ */
 static ngx_int_t
-ngx_http_sluice_reject(ngx_http_request_t *r, ngx_http_sluice_upstream_t *up)
+ngx_http_sluice_reject(ngx_http_request_t *r, ngx_http_sluice_upstream_t *up,
+    ngx_str_t *reason)
 {
-    ngx_table_elt_t  *h;
+    ngx_str_t                  type = ngx_string("text/plain");
+    ngx_table_elt_t           *h;
+    ngx_http_complex_value_t   cv;
 
     up->stats.rejected++;
 
@@ -188,11 +225,42 @@ ngx_http_sluice_reject(ngx_http_request_t *r, ngx_http_sluice_upstream_t *up)
     ngx_str_set(&h->key, "Retry-After");
     ngx_str_set(&h->value, "1");
 
-    return NGX_HTTP_SERVICE_UNAVAILABLE;
+    if (ngx_http_sluice_has_error_page(r, NGX_HTTP_SERVICE_UNAVAILABLE)) {
+        return NGX_HTTP_SERVICE_UNAVAILABLE;
+    }
+
+    ngx_memzero(&cv, sizeof(ngx_http_complex_value_t));
+    cv.value = *reason;
+
+    return ngx_http_send_response(r, NGX_HTTP_SERVICE_UNAVAILABLE, &type, &cv);
 }
 
 
-/* A parked request resumes: a session was granted to it (posted), or queue_timeout. */
+static ngx_uint_t
+ngx_http_sluice_has_error_page(ngx_http_request_t *r, ngx_uint_t status)
+{
+    ngx_uint_t                 i;
+    ngx_http_err_page_t       *page;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    if (clcf->error_pages == NULL) {
+        return 0;
+    }
+
+    page = clcf->error_pages->elts;
+    for (i = 0; i < clcf->error_pages->nelts; i++) {
+        if (page[i].status == (ngx_int_t) status) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/* A parked request resumes: a session was granted to it or the slice has none (posted), or
+ * its time is up. */
 static void
 ngx_http_sluice_wake(ngx_event_t *ev)
 {

@@ -210,6 +210,7 @@ ngx_http_sluice_disconnect(ngx_http_sluice_upstream_t *up, const char *why)
     }
 
     up->hello = 0;
+    up->empty = 0;  /* unknown again: requests wait, as with no SLICE at all */
     up->credit = 0;
     up->recall = 0;
     up->epoch++;
@@ -425,6 +426,24 @@ ngx_http_sluice_handle(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
         }
         up->events->recall(up, (ngx_uint_t) n);
         return NULL;
+    }
+
+    if (w[0].len == 5 && ngx_strncmp(w[0].data, "SLICE", 5) == 0) {
+        if (words.n != 4) {
+            return "SLICE needs a cluster, a slice and a state";
+        }
+        if (ngx_http_sluice_is_ours(up, &w[1], &w[2]) != NGX_OK) {
+            return "SLICE for a cluster or slice we did not ask for";
+        }
+        if (w[3].len == 5 && ngx_strncmp(w[3].data, "empty", 5) == 0) {
+            up->events->slice(up, 1);
+            return NULL;
+        }
+        if (w[3].len == 10 && ngx_strncmp(w[3].data, "registered", 10) == 0) {
+            up->events->slice(up, 0);
+            return NULL;
+        }
+        return "SLICE with a state other than empty or registered";
     }
 
     if (w[0].len == 5 && ngx_strncmp(w[0].data, "DRAIN", 5) == 0) {

@@ -180,7 +180,7 @@ ngx_http_sluice_valid_name(ngx_str_t *s)
 
 
 /* sluice_sessions unix:PATH cluster=NAME [slice=NAME] [idle=N] [queue=N]
- *                 [queue_timeout=TIME]; */
+ *                 [queue_timeout=TIME] [no_sessions_wait=TIME]; */
 static char *
 ngx_http_sluice_sessions(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -269,6 +269,20 @@ ngx_http_sluice_sessions(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
+        if (ngx_strncmp(value[i].data, "no_sessions_wait=", 17) == 0) {
+            v.data = value[i].data + 17;
+            v.len = value[i].len - 17;
+            n = ngx_parse_time(&v, 0);
+            if (n == NGX_ERROR) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "sluice_sessions: invalid no_sessions_wait \"%V\" "
+                                   "(a time such as 0, 500ms or 2s)", &v);
+                return NGX_CONF_ERROR;
+            }
+            up->no_sessions_wait = n;
+            continue;
+        }
+
         if (ngx_strncmp(value[i].data, "queue_timeout=", 14) == 0) {
             v.data = value[i].data + 14;
             v.len = value[i].len - 14;
@@ -285,7 +299,8 @@ ngx_http_sluice_sessions(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "sluice_sessions: unknown parameter \"%V\" (expected "
-                           "cluster=, slice=, idle=, queue= or queue_timeout=)",
+                           "cluster=, slice=, idle=, queue=, queue_timeout= or "
+                           "no_sessions_wait=)",
                            &value[i]);
         return NGX_CONF_ERROR;
     }

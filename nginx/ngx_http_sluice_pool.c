@@ -21,6 +21,7 @@ static void ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n)
 static void ngx_http_sluice_drain(ngx_http_sluice_upstream_t *up, u_char *instance,
     size_t len);
 static ngx_uint_t ngx_http_sluice_busy(ngx_http_sluice_upstream_t *up);
+static void ngx_http_sluice_slice(ngx_http_sluice_upstream_t *up, ngx_uint_t empty);
 static void ngx_http_sluice_link(ngx_http_sluice_session_t *s,
     ngx_http_sluice_state_e state);
 static void ngx_http_sluice_unlink(ngx_http_sluice_session_t *s);
@@ -40,6 +41,7 @@ const ngx_http_sluice_events_t  ngx_http_sluice_pool_events = {
     ngx_http_sluice_adopt,
     ngx_http_sluice_recall,
     ngx_http_sluice_drain,
+    ngx_http_sluice_slice,
     ngx_http_sluice_busy
 };
 
@@ -153,6 +155,7 @@ ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *insta
     ngx_memcpy(s->instance, instance, instance_len);
 
     up->stats.received++;
+    up->empty = 0;  /* a session came: the slice has some */
 
     /* As if a request had just finished with it: the same rules decide where it goes. */
     ngx_http_sluice_link(s, NGX_HTTP_SLUICE_LEASED);
@@ -591,9 +594,56 @@ ngx_http_sluice_close_all(ngx_http_sluice_upstream_t *up)
 }
 
 
-/* Parks a request at the tail of the queue; NGX_DECLINED when the queue is full. */
+/*
+ * SLICE: whether the acceptor has any session of our slice (idle there or lent to any
+ * consumer). While it has none and this worker holds none either, requests are refused at
+ * once (unless no_sessions_wait), and so are those already waiting: nothing will serve them
+ * until a service registers.
+ */
+static void
+ngx_http_sluice_slice(ngx_http_sluice_upstream_t *up, ngx_uint_t empty)
+{
+    ngx_queue_t            *q;
+    ngx_http_sluice_ctx_t  *ctx;
+
+    if (up->empty != empty) {
+        ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                      empty ? "sluice: no sessions registered for upstream \"%V\" "
+                              "(%V/%V): requests get 503 until a service registers"
+                            : "sluice: sessions registered again for upstream \"%V\" "
+                              "(%V/%V)",
+                      &up->name, &up->cluster, &up->slice);
+    }
+
+    up->empty = empty;
+
+    if (!ngx_http_sluice_none_registered(up) || up->no_sessions_wait) {
+        return;
+    }
+
+    while (!ngx_queue_empty(&up->waiters)) {
+        q = ngx_queue_head(&up->waiters);
+        ctx = ngx_queue_data(q, ngx_http_sluice_ctx_t, queue);
+        ngx_http_sluice_dequeue(ctx);
+        ctx->no_sessions = 1;
+        ngx_post_event(&ctx->wake, &ngx_posted_events);
+    }
+}
+
+
+/* Whether no session of the slice is registered anywhere, as far as this worker knows: the
+ * acceptor said so, and this worker holds none (not even one of an earlier acceptor). */
+ngx_uint_t
+ngx_http_sluice_none_registered(ngx_http_sluice_upstream_t *up)
+{
+    return up->empty && up->n_idle + up->n_reserved + up->n_leased == 0;
+}
+
+
+/* Parks a request at the tail of the queue for at most `timeout`; NGX_DECLINED when the
+ * queue is full. */
 ngx_int_t
-ngx_http_sluice_enqueue(ngx_http_sluice_ctx_t *ctx)
+ngx_http_sluice_enqueue(ngx_http_sluice_ctx_t *ctx, ngx_msec_t timeout)
 {
     ngx_http_sluice_upstream_t  *up = ctx->up;
 
@@ -606,7 +656,7 @@ ngx_http_sluice_enqueue(ngx_http_sluice_ctx_t *ctx)
     up->stats.queued++;
     ctx->waiting = 1;
 
-    ngx_add_timer(&ctx->wake, up->queue_timeout);
+    ngx_add_timer(&ctx->wake, timeout);
 
     /* Every waiting request counts toward the credit we ask for. */
     ngx_http_sluice_want_credit(up);

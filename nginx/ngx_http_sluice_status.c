@@ -57,13 +57,13 @@ ngx_http_sluice_status_handler(ngx_http_request_t *r)
         b->last = ngx_cpymem(b->last, "\",\"slice\":\"", sizeof("\",\"slice\":\"") - 1);
         b->last = (u_char *) ngx_escape_json(b->last, up->slice.data, up->slice.len);
         b->last = ngx_sprintf(b->last,
-            "\",\"connected\":%s,"
+            "\",\"connected\":%s,\"registered\":%s,"
             "\"idle\":%ui,\"reserved\":%ui,\"leased\":%ui,\"queued\":%ui,"
             "\"credit\":%ui,\"recall\":%ui,"
             "\"received\":%ui,\"returned\":%ui,\"gone\":%ui,\"served\":%ui,"
             "\"waited\":%ui,\"rejected\":%ui,\"connects\":%ui,"
             "\"protocol_errors\":%ui,\"recalled\":%ui,\"drains\":%ui}",
-            up->hello ? "true" : "false",
+            up->hello ? "true" : "false", up->empty ? "false" : "true",
             up->n_idle, up->n_reserved, up->n_leased, up->n_waiting,
             up->credit, up->recall,
             up->stats.received, up->stats.returned, up->stats.gone,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import NGINX_CONF, Built
 
-GOOD = "sluice_sessions unix:{socket} cluster=interop slice=default idle=4 queue=16 queue_timeout=1s;"
+GOOD = ("sluice_sessions unix:{socket} cluster=interop slice=default idle=4 queue=16 queue_timeout=1s "
+        "no_sessions_wait=0;")
 
 BAD = [
     ("sluice_sessions /tmp/x.sock cluster=a;", 'must be given as "unix:/absolute/path"'),
@@ -25,6 +26,7 @@ BAD = [
     ("sluice_sessions unix:{socket} cluster=a queue=-1;", 'invalid "queue=-1"'),
     ("sluice_sessions unix:{socket} cluster=a queue_timeout=soon;", 'invalid queue_timeout "soon"'),
     ("sluice_sessions unix:{socket} cluster=a queue_timeout=0s;", 'invalid queue_timeout "0s"'),
+    ("sluice_sessions unix:{socket} cluster=a no_sessions_wait=soon;", 'invalid no_sessions_wait "soon"'),
     ("sluice_sessions unix:{socket} cluster=a colour=blue;", 'unknown parameter "colour=blue"'),
     ("sluice_sessions unix:{socket} cluster=a; sluice_sessions unix:{socket} cluster=b;",
      '"sluice_sessions" directive is duplicate'),
