@@ -11,8 +11,8 @@ import signal
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from conftest import Built, Nginx
 from harness import WAIT, Proc, Result, start_acceptor, start_service

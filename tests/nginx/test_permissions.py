@@ -12,8 +12,8 @@ import pwd
 import shutil
 import tempfile
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 from conftest import Built, Nginx

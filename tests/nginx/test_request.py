@@ -5,8 +5,8 @@ protocol gives it; only sluice_pass sends requests over sessions."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from conftest import Built, Nginx, free_port
 from harness import WAIT, Proc, start_acceptor, start_service
