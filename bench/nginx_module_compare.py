@@ -98,7 +98,7 @@ http {{
         sluice_sessions unix:{sock} cluster={SERVICE} idle={capacity} queue=4096 queue_timeout=5s;
     }}
     server {{ listen 127.0.0.1:{port}; keepalive_requests 1000000;
-      location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}
+      location / {{ sluice_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}
 }}
 """)
     procs.append(start(["nginx", "-c", conf, "-p", tmp], 1))

@@ -31,6 +31,7 @@ static void ngx_http_sluice_flush_handler(ngx_event_t *ev);
 static void ngx_http_sluice_linger_handler(ngx_event_t *ev);
 static void ngx_http_sluice_disconnect(ngx_http_sluice_upstream_t *up,
     const char *why);
+static void ngx_http_sluice_refused(ngx_http_sluice_upstream_t *up);
 static void ngx_http_sluice_schedule(ngx_http_sluice_upstream_t *up);
 static ngx_int_t ngx_http_sluice_flush(ngx_http_sluice_upstream_t *up);
 static ssize_t ngx_http_sluice_sendmsg(ngx_socket_t s, u_char *line, size_t len,
@@ -53,7 +54,7 @@ ngx_http_sluice_handoff_start(ngx_http_sluice_upstream_t *up)
     ngx_socket_t       s;
     ngx_connection_t  *c;
 
-    if (up->handoff || ngx_exiting || ngx_terminate || ngx_quit) {
+    if (up->handoff || ngx_http_sluice_exiting()) {
         return;
     }
 
@@ -70,10 +71,21 @@ ngx_http_sluice_handoff_start(ngx_http_sluice_upstream_t *up)
         == -1)
     {
         err = ngx_socket_errno;
-        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, err,
-                      "sluice: cannot connect to the acceptor at \"%V\" "
-                      "for upstream \"%V\"; retrying in %M ms",
-                      &up->path, &up->name, up->backoff);
+        if (err == NGX_EACCES || err == NGX_EPERM) {
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, err,
+                          "sluice: this worker (uid %d, gid %d) may not open the acceptor's "
+                          "socket \"%V\" for upstream \"%V\": in the acceptor's [handoff] "
+                          "set mode = \"0660\" and group = a group of this worker's user "
+                          "(or its gid %d), list uid %d in allowed_uids, and let this user "
+                          "through the socket's directories; retrying in %M ms",
+                          (int) geteuid(), (int) getegid(), &up->path, &up->name,
+                          (int) getegid(), (int) geteuid(), up->backoff);
+        } else {
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, err,
+                          "sluice: cannot connect to the acceptor at \"%V\" "
+                          "for upstream \"%V\"; retrying in %M ms",
+                          &up->path, &up->name, up->backoff);
+        }
         ngx_close_socket(s);
         ngx_http_sluice_schedule(up);
         return;
@@ -136,7 +148,7 @@ ngx_http_sluice_handoff_stop(ngx_http_sluice_upstream_t *up)
 static void
 ngx_http_sluice_schedule(ngx_http_sluice_upstream_t *up)
 {
-    if (ngx_exiting || ngx_terminate || ngx_quit || up->reconnect.timer_set) {
+    if (ngx_http_sluice_exiting() || up->reconnect.timer_set) {
         return;
     }
 
@@ -198,6 +210,7 @@ ngx_http_sluice_disconnect(ngx_http_sluice_upstream_t *up, const char *why)
     }
 
     up->hello = 0;
+    up->empty = 0;  /* unknown again: requests wait, as with no SLICE at all */
     up->credit = 0;
     up->recall = 0;
     up->epoch++;
@@ -261,6 +274,11 @@ ngx_http_sluice_read_handler(ngx_event_t *ev)
             if (err == NGX_EINTR) {
                 continue;
             }
+            if (err == NGX_ECONNRESET && !up->hello) {
+                ngx_http_sluice_refused(up);
+                ngx_http_sluice_disconnect(up, "the acceptor closed the connection");
+                return;
+            }
             ngx_log_error(NGX_LOG_ERR, c->log, err, "sluice: recvmsg() failed");
             ngx_http_sluice_disconnect(up, "recvmsg() failed");
             return;
@@ -280,7 +298,11 @@ ngx_http_sluice_read_handler(ngx_event_t *ev)
             }
         }
 
-        if (n == 0) {
+        if (n == 0 && nfds == 0 && !up->hello) {
+            ngx_http_sluice_refused(up);
+            error = "the acceptor closed the connection";
+
+        } else if (n == 0) {
             error = nfds ? "an empty message" : "the acceptor closed the connection";
 
         } else if (msg.msg_flags & MSG_CTRUNC) {
@@ -316,6 +338,19 @@ ngx_http_sluice_read_handler(ngx_event_t *ev)
 }
 
 
+/* An acceptor refuses a peer whose uid it does not allow right after accepting it: the
+ * connection ends (or is reset, our HELLO unread) before its HELLO. */
+static void
+ngx_http_sluice_refused(ngx_http_sluice_upstream_t *up)
+{
+    ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                  "sluice: the acceptor at \"%V\" closed the connection before its HELLO "
+                  "(upstream \"%V\"), as it does to peers whose uid it does not allow: "
+                  "if its log says \"handoff connection refused\", list uid %d in its "
+                  "[handoff] allowed_uids", &up->path, &up->name, (int) geteuid());
+}
+
+
 /*
  * One message. Returns NULL when it was handled (its fd, if any, is now owned elsewhere),
  * or why it is a protocol error (the caller closes its fds and the connection).
@@ -348,7 +383,7 @@ ngx_http_sluice_handle(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
             ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
                           "sluice: connected to the acceptor at \"%V\" (upstream \"%V\")",
                           &up->path, &up->name);
-            ngx_http_sluice_want_credit(up);
+            up->events->connected(up);
             return NULL;
         }
         return "expected \"HELLO 1 acceptor\" first";
@@ -371,7 +406,7 @@ ngx_http_sluice_handle(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
             return "SESSION beyond the credit we gave";
         }
         up->credit--;
-        (void) ngx_http_sluice_adopt(up, id, w[4].data, w[4].len, fds[0]);
+        up->events->session(up, id, w[4].data, w[4].len, fds[0]);
         return NULL;
     }
 
@@ -389,8 +424,26 @@ ngx_http_sluice_handle(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
         if (ngx_http_sluice_is_ours(up, &w[1], &w[2]) != NGX_OK) {
             return "RECALL for a cluster or slice we did not ask for";
         }
-        ngx_http_sluice_recall(up, (ngx_uint_t) n);
+        up->events->recall(up, (ngx_uint_t) n);
         return NULL;
+    }
+
+    if (w[0].len == 5 && ngx_strncmp(w[0].data, "SLICE", 5) == 0) {
+        if (words.n != 4) {
+            return "SLICE needs a cluster, a slice and a state";
+        }
+        if (ngx_http_sluice_is_ours(up, &w[1], &w[2]) != NGX_OK) {
+            return "SLICE for a cluster or slice we did not ask for";
+        }
+        if (w[3].len == 5 && ngx_strncmp(w[3].data, "empty", 5) == 0) {
+            up->events->slice(up, 1);
+            return NULL;
+        }
+        if (w[3].len == 10 && ngx_strncmp(w[3].data, "registered", 10) == 0) {
+            up->events->slice(up, 0);
+            return NULL;
+        }
+        return "SLICE with a state other than empty or registered";
     }
 
     if (w[0].len == 5 && ngx_strncmp(w[0].data, "DRAIN", 5) == 0) {
@@ -400,7 +453,7 @@ ngx_http_sluice_handle(ngx_http_sluice_upstream_t *up, u_char *line, size_t len,
         ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
                       "sluice: instance \"%V\" drains (upstream \"%V\")",
                       &w[1], &up->name);
-        ngx_http_sluice_drain(up, w[1].data, w[1].len);
+        up->events->drain(up, w[1].data, w[1].len);
         return NULL;
     }
 
@@ -492,41 +545,6 @@ ngx_http_sluice_is_ours(ngx_http_sluice_upstream_t *up, ngx_str_t *cluster,
     }
 
     return NGX_DECLINED;
-}
-
-
-/*
- * Asks for credit so that idle sessions plus outstanding credit cover `idle` plus every
- * waiting request (an exiting worker asks only for its waiting requests).
- */
-void
-ngx_http_sluice_want_credit(ngx_http_sluice_upstream_t *up)
-{
-    u_char      line[NGX_HTTP_SLUICE_MAX_LINE], *p;
-    ngx_uint_t  target, have, more;
-
-    if (up->handoff == NULL || !up->hello) {
-        return;
-    }
-
-    target = up->n_waiting;
-    if (!(ngx_exiting || ngx_terminate || ngx_quit)) {
-        target += up->idle_target;
-    }
-
-    have = up->n_idle + up->credit;
-    if (target <= have) {
-        return;
-    }
-
-    more = ngx_min(target - have, 0xffffffff);
-
-    p = ngx_snprintf(line, sizeof(line), "CREDIT %V %V %ui",
-                     &up->cluster, &up->slice, more);
-
-    if (ngx_http_sluice_send(up, line, p - line, -1) == NGX_OK) {
-        up->credit += more;
-    }
 }
 
 
@@ -715,7 +733,7 @@ ngx_http_sluice_linger_handler(ngx_event_t *ev)
         return;
     }
 
-    if (up->n_leased || up->n_reserved || up->n_waiting) {
+    if (up->events->busy(up)) {
         up->linger_until = ngx_current_msec + NGX_HTTP_SLUICE_LINGER;
         ngx_add_timer(ev, 50);
         return;

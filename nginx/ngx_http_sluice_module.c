@@ -5,37 +5,30 @@
  *       sluice_sessions unix:/run/sluice/handoff.sock cluster=api slice=default
  *                       idle=8 queue=1024 queue_timeout=2s;
  *   }
+ *   location / {
+ *       sluice_pass http://api;          # proxy_pass, with the admission queue
+ *   }
  *
- * A request for such an upstream first has its body read (so that a slow upload holds no
- * session), then reserves an idle session of the worker's pool in the precontent phase (after
- * access checks), or waits for one in a FIFO queue (bounded by `queue` and `queue_timeout`;
- * then 503 with Retry-After). The balancer's peer.get hands the reserved
- * session's connection to the upstream module with NGX_DONE, as the keepalive module does
- * with a cached connection: no connect(), no blocking call. peer.free gives a reusable
- * session back to the pool and reports an unusable one GONE. A session serves one request
- * at a time.
+ * This file: the module, its directives and the worker's life cycle. What a request goes
+ * through is ngx_http_sluice_balancer.c.
  */
 
 #include "ngx_http_sluice.h"
 
 
-/* The proxy module's location configuration starts with its ngx_http_upstream_conf_t
- * (true of every NGINX release); through it the precontent phase finds the upstream a
- * request will go to. */
+/* sluice_pass is the proxy module's own proxy_pass, called through its directive table. */
 extern ngx_module_t  ngx_http_proxy_module;
-
-
-typedef struct {
-    ngx_http_sluice_upstream_t  *up;
-    ngx_http_request_t          *request;
-    ngx_http_sluice_session_t   *session;   /* leased to this request */
-} ngx_http_sluice_peer_data_t;
 
 
 static void *ngx_http_sluice_create_main_conf(ngx_conf_t *cf);
 static void *ngx_http_sluice_create_srv_conf(ngx_conf_t *cf);
+static void *ngx_http_sluice_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_sluice_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child);
 static char *ngx_http_sluice_sessions(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_sluice_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+static ngx_int_t ngx_http_sluice_resolve_passes(ngx_conf_t *cf);
 static char *ngx_http_sluice_status(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static ngx_int_t ngx_http_sluice_postconfiguration(ngx_conf_t *cf);
@@ -44,21 +37,6 @@ static void ngx_http_sluice_exit_process(ngx_cycle_t *cycle);
 
 static ngx_int_t ngx_http_sluice_init_upstream(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *us);
-static ngx_int_t ngx_http_sluice_init_peer(ngx_http_request_t *r,
-    ngx_http_upstream_srv_conf_t *us);
-static ngx_int_t ngx_http_sluice_get_peer(ngx_peer_connection_t *pc, void *data);
-static void ngx_http_sluice_free_peer(ngx_peer_connection_t *pc, void *data,
-    ngx_uint_t state);
-
-static ngx_int_t ngx_http_sluice_precontent(ngx_http_request_t *r);
-static ngx_int_t ngx_http_sluice_admit(ngx_http_request_t *r,
-    ngx_http_sluice_ctx_t *ctx);
-static void ngx_http_sluice_body_read(ngx_http_request_t *r);
-static ngx_int_t ngx_http_sluice_reject(ngx_http_request_t *r,
-    ngx_http_sluice_upstream_t *up);
-static void ngx_http_sluice_wake(ngx_event_t *ev);
-static void ngx_http_sluice_cleanup(void *data);
-static ngx_int_t ngx_http_sluice_status_handler(ngx_http_request_t *r);
 
 
 static ngx_command_t  ngx_http_sluice_commands[] = {
@@ -67,6 +45,13 @@ static ngx_command_t  ngx_http_sluice_commands[] = {
       NGX_HTTP_UPS_CONF|NGX_CONF_1MORE,
       ngx_http_sluice_sessions,
       NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("sluice_pass"),
+      NGX_HTTP_LOC_CONF|NGX_HTTP_LIF_CONF|NGX_HTTP_LMT_CONF|NGX_CONF_TAKE1,
+      ngx_http_sluice_pass,
+      NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
 
@@ -91,8 +76,8 @@ static ngx_http_module_t  ngx_http_sluice_module_ctx = {
     ngx_http_sluice_create_srv_conf,       /* create server configuration */
     NULL,                                  /* merge server configuration */
 
-    NULL,                                  /* create location configuration */
-    NULL                                   /* merge location configuration */
+    ngx_http_sluice_create_loc_conf,       /* create location configuration */
+    ngx_http_sluice_merge_loc_conf         /* merge location configuration */
 };
 
 
@@ -127,12 +112,41 @@ ngx_http_sluice_create_main_conf(ngx_conf_t *cf)
 
     if (ngx_array_init(&smcf->upstreams, cf->pool, 4,
                        sizeof(ngx_http_sluice_upstream_t *))
-        != NGX_OK)
+        != NGX_OK
+        || ngx_array_init(&smcf->passes, cf->pool, 4,
+                          sizeof(ngx_http_sluice_pass_t *))
+           != NGX_OK)
     {
         return NULL;
     }
 
     return smcf;
+}
+
+
+static void *
+ngx_http_sluice_create_loc_conf(ngx_conf_t *cf)
+{
+    return ngx_pcalloc(cf->pool, sizeof(ngx_http_sluice_loc_conf_t));
+}
+
+
+/* As proxy_pass: an `if` or `limit_except` block inherits its location's, nothing else. */
+static char *
+ngx_http_sluice_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
+{
+    ngx_http_sluice_loc_conf_t  *prev = parent;
+    ngx_http_sluice_loc_conf_t  *conf = child;
+
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (conf->pass == NULL && clcf->noname) {
+        conf->pass = prev->pass;
+    }
+
+    return NGX_CONF_OK;
 }
 
 
@@ -166,7 +180,7 @@ ngx_http_sluice_valid_name(ngx_str_t *s)
 
 
 /* sluice_sessions unix:PATH cluster=NAME [slice=NAME] [idle=N] [queue=N]
- *                 [queue_timeout=TIME]; */
+ *                 [queue_timeout=TIME] [no_sessions_wait=TIME]; */
 static char *
 ngx_http_sluice_sessions(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -255,6 +269,20 @@ ngx_http_sluice_sessions(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
+        if (ngx_strncmp(value[i].data, "no_sessions_wait=", 17) == 0) {
+            v.data = value[i].data + 17;
+            v.len = value[i].len - 17;
+            n = ngx_parse_time(&v, 0);
+            if (n == NGX_ERROR) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "sluice_sessions: invalid no_sessions_wait \"%V\" "
+                                   "(a time such as 0, 500ms or 2s)", &v);
+                return NGX_CONF_ERROR;
+            }
+            up->no_sessions_wait = n;
+            continue;
+        }
+
         if (ngx_strncmp(value[i].data, "queue_timeout=", 14) == 0) {
             v.data = value[i].data + 14;
             v.len = value[i].len - 14;
@@ -271,7 +299,8 @@ ngx_http_sluice_sessions(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "sluice_sessions: unknown parameter \"%V\" (expected "
-                           "cluster=, slice=, idle=, queue= or queue_timeout=)",
+                           "cluster=, slice=, idle=, queue=, queue_timeout= or "
+                           "no_sessions_wait=)",
                            &value[i]);
         return NGX_CONF_ERROR;
     }
@@ -334,6 +363,150 @@ bad_number:
 }
 
 
+/*
+ * The upstream's name in sluice_pass's URL: "http://NAME" or "http://NAME/URI", without
+ * variables or a port (NGX_ERROR otherwise).
+ */
+static ngx_int_t
+ngx_http_sluice_pass_name(ngx_str_t *url, ngx_str_t *name)
+{
+    u_char  *p, *end;
+
+    if (url->len <= 7 || ngx_strncasecmp(url->data, (u_char *) "http://", 7) != 0
+        || ngx_strlchr(url->data, url->data + url->len, '$'))
+    {
+        return NGX_ERROR;
+    }
+
+    end = url->data + url->len;
+    p = ngx_strlchr(url->data + 7, end, '/');
+
+    name->data = url->data + 7;
+    name->len = (p ? p : end) - name->data;
+
+    if (name->len == 0 || ngx_strlchr(name->data, name->data + name->len, ':')) {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/* proxy_pass's own directive handler, from the proxy module's directive table. */
+static ngx_command_t *
+ngx_http_sluice_proxy_pass(void)
+{
+    ngx_command_t  *cmd;
+
+    for (cmd = ngx_http_proxy_module.commands; cmd && cmd->name.len; cmd++) {
+        if (cmd->name.len == sizeof("proxy_pass") - 1
+            && ngx_strncmp(cmd->name.data, "proxy_pass", cmd->name.len) == 0)
+        {
+            return cmd;
+        }
+    }
+
+    return NULL;
+}
+
+
+/*
+ * sluice_pass http://NAME[/URI]; -- proxy_pass to a sluice_sessions upstream whose requests
+ * wait for a session. It is proxy_pass itself (the proxy module's handler, given the proxy
+ * module's own location configuration, so every proxy_* directive applies as usual), and it
+ * records the upstream in this module's location configuration for the precontent phase:
+ * NGINX offers no public way to read which upstream another module's proxy_pass names.
+ */
+static char *
+ngx_http_sluice_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_sluice_loc_conf_t  *slcf = conf;
+
+    char                          *rv;
+    ngx_str_t                     *value, name;
+    ngx_command_t                 *proxy_pass;
+    ngx_http_sluice_pass_t        *pass, **slot;
+    ngx_http_sluice_main_conf_t   *smcf;
+
+    if (slcf->pass) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_http_sluice_pass_name(&value[1], &name) != NGX_OK) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "sluice_pass: \"%V\" must be \"http://NAME\" or "
+                           "\"http://NAME/URI\", NAME an upstream with sluice_sessions "
+                           "(no variables, no port; a session carries plain HTTP)",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    proxy_pass = ngx_http_sluice_proxy_pass();
+    if (proxy_pass == NULL) {
+        return "needs ngx_http_proxy_module";
+    }
+
+    rv = proxy_pass->set(cf, proxy_pass,
+                         ngx_http_conf_get_module_loc_conf(cf, ngx_http_proxy_module));
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    pass = ngx_pcalloc(cf->pool, sizeof(ngx_http_sluice_pass_t));
+    smcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_sluice_module);
+    slot = pass ? ngx_array_push(&smcf->passes) : NULL;
+    if (slot == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    pass->name = name;
+    pass->file = cf->conf_file->file.name.data;
+    pass->line = cf->conf_file->line;
+    *slot = pass;
+    slcf->pass = pass;
+
+    return NGX_CONF_OK;
+}
+
+
+/* Every sluice_pass names an upstream with sluice_sessions (defined anywhere in http{}). */
+static ngx_int_t
+ngx_http_sluice_resolve_passes(ngx_conf_t *cf)
+{
+    ngx_uint_t                    i, j;
+    ngx_http_sluice_pass_t      **passes;
+    ngx_http_sluice_upstream_t  **ups;
+    ngx_http_sluice_main_conf_t  *smcf;
+
+    smcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_sluice_module);
+    passes = smcf->passes.elts;
+    ups = smcf->upstreams.elts;
+
+    for (i = 0; i < smcf->passes.nelts; i++) {
+        for (j = 0; j < smcf->upstreams.nelts; j++) {
+            if (ups[j]->name.len == passes[i]->name.len
+                && ngx_strncasecmp(ups[j]->name.data, passes[i]->name.data,
+                                   passes[i]->name.len) == 0)
+            {
+                passes[i]->up = ups[j];
+            }
+        }
+
+        if (passes[i]->up == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "sluice_pass in %s:%ui: upstream \"%V\" has no "
+                          "sluice_sessions (use proxy_pass for other upstreams)",
+                          passes[i]->file, passes[i]->line, &passes[i]->name);
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
 static char *
 ngx_http_sluice_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -351,6 +524,10 @@ ngx_http_sluice_postconfiguration(ngx_conf_t *cf)
 {
     ngx_http_handler_pt        *h;
     ngx_http_core_main_conf_t  *cmcf;
+
+    if (ngx_http_sluice_resolve_passes(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
 
     cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
 
@@ -409,6 +586,7 @@ ngx_http_sluice_init_process(ngx_cycle_t *cycle)
         ngx_queue_init(&up->idle);
         ngx_queue_init(&up->busy);
         ngx_queue_init(&up->waiters);
+        up->events = &ngx_http_sluice_pool_events;
         up->backoff = NGX_HTTP_SLUICE_BACKOFF_MIN;
 
         up->out = ngx_pcalloc(cycle->pool,
@@ -456,452 +634,4 @@ ngx_http_sluice_exit_process(ngx_cycle_t *cycle)
         ngx_http_sluice_close_all(ups[i]);
         ngx_http_sluice_handoff_stop(ups[i]);
     }
-}
-
-
-/* ---- admission: the body, then a session before the upstream starts, or a wait ------ */
-
-
-/* The sluice upstream a request's location proxies to, or NULL. */
-static ngx_http_sluice_upstream_t *
-ngx_http_sluice_upstream_of(ngx_http_request_t *r)
-{
-    ngx_http_upstream_conf_t      *ucf;
-    ngx_http_sluice_upstream_t    *up;
-    ngx_http_upstream_srv_conf_t  *uscf;
-
-    if (r->content_handler == ngx_http_sluice_status_handler) {
-        return NULL;
-    }
-
-    ucf = ngx_http_get_module_loc_conf(r, ngx_http_proxy_module);
-    if (ucf == NULL || ucf->upstream == NULL) {
-        return NULL;  /* no proxy_pass here, or one with variables */
-    }
-
-    uscf = ucf->upstream;
-    if (uscf->srv_conf == NULL) {
-        return NULL;  /* an implicit upstream (proxy_pass http://host:port) */
-    }
-
-    up = ngx_http_conf_upstream_srv_conf(uscf, ngx_http_sluice_module);
-    if (up == NULL || up->path.len == 0 || up->out == NULL) {
-        return NULL;
-    }
-
-    return up;
-}
-
-
-/*
- * Runs (again) until the request holds a session: first the body is read in full, then an
- * idle session is reserved or the request waits in the queue. Re-entered from
- * ngx_http_sluice_body_read() and ngx_http_sluice_wake().
- */
-static ngx_int_t
-ngx_http_sluice_precontent(ngx_http_request_t *r)
-{
-    ngx_int_t                    rc;
-    ngx_pool_cleanup_t          *cln;
-    ngx_http_sluice_ctx_t       *ctx;
-    ngx_http_sluice_upstream_t  *up;
-
-    up = ngx_http_sluice_upstream_of(r);
-    if (up == NULL) {
-        return NGX_DECLINED;
-    }
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_sluice_module);
-
-    if (ctx) {
-        if (ctx->reading_body) {
-            return NGX_DONE;
-        }
-        if (!ctx->admitted) {
-            return ngx_http_sluice_admit(r, ctx);
-        }
-        if (ctx->waiting) {
-            return NGX_AGAIN;
-        }
-        if (ctx->timed_out && ctx->session == NULL) {
-            return ngx_http_sluice_reject(r, up);
-        }
-        return NGX_DECLINED;
-    }
-
-    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_sluice_ctx_t));
-    if (ctx == NULL) {
-        return NGX_ERROR;
-    }
-
-    cln = ngx_pool_cleanup_add(r->pool, 0);
-    if (cln == NULL) {
-        return NGX_ERROR;
-    }
-
-    ctx->up = up;
-    ctx->request = r;
-    ctx->wake.handler = ngx_http_sluice_wake;
-    ctx->wake.data = ctx;
-    ctx->wake.log = r->connection->log;
-
-    cln->handler = ngx_http_sluice_cleanup;
-    cln->data = ctx;
-
-    ngx_http_set_ctx(r, ctx, ngx_http_sluice_module);
-
-    if (r != r->main || r->request_body
-        || (r->headers_in.content_length_n <= 0 && !r->headers_in.chunked))
-    {
-        return ngx_http_sluice_admit(r, ctx);
-    }
-
-    /* The body first, at the client's speed; as the mirror module does it. */
-    ctx->reading_body = 1;
-
-    rc = ngx_http_read_client_request_body(r, ngx_http_sluice_body_read);
-    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
-        return rc;
-    }
-
-    ngx_http_finalize_request(r, NGX_DONE);
-    return NGX_DONE;
-}
-
-
-static void
-ngx_http_sluice_body_read(ngx_http_request_t *r)
-{
-    ngx_http_sluice_ctx_t  *ctx;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_sluice_module);
-    if (ctx) {
-        ctx->reading_body = 0;
-    }
-
-    r->preserve_body = 1;  /* proxy_pass reads it from here */
-    r->write_event_handler = ngx_http_core_run_phases;
-    ngx_http_core_run_phases(r);
-}
-
-
-/* An idle session now, or a place in the queue, or 503. */
-static ngx_int_t
-ngx_http_sluice_admit(ngx_http_request_t *r, ngx_http_sluice_ctx_t *ctx)
-{
-    ctx->admitted = 1;
-
-    ctx->session = ngx_http_sluice_take(ctx->up);
-    if (ctx->session) {
-        return NGX_DECLINED;
-    }
-
-    if (ngx_http_sluice_enqueue(ctx) != NGX_OK) {
-        return ngx_http_sluice_reject(r, ctx->up);
-    }
-
-    /* Parked: a session or the timeout wakes it; a client that leaves ends it. */
-    r->read_event_handler = ngx_http_test_reading;
-    r->write_event_handler = ngx_http_request_empty_handler;
-
-    return NGX_AGAIN;
-}
-
-
-/* 503 with Retry-After: the queue is full or the wait was too long. */
-static ngx_int_t
-ngx_http_sluice_reject(ngx_http_request_t *r, ngx_http_sluice_upstream_t *up)
-{
-    ngx_table_elt_t  *h;
-
-    up->stats.rejected++;
-
-    h = ngx_list_push(&r->headers_out.headers);
-    if (h == NULL) {
-        return NGX_ERROR;
-    }
-
-    h->hash = 1;
-    ngx_str_set(&h->key, "Retry-After");
-    ngx_str_set(&h->value, "1");
-
-    return NGX_HTTP_SERVICE_UNAVAILABLE;
-}
-
-
-/* A parked request resumes: a session was granted to it (posted), or queue_timeout. */
-static void
-ngx_http_sluice_wake(ngx_event_t *ev)
-{
-    ngx_connection_t       *c;
-    ngx_http_request_t     *r;
-    ngx_http_sluice_ctx_t  *ctx = ev->data;
-
-    r = ctx->request;
-    c = r->connection;
-
-    if (ev->timedout) {
-        ev->timedout = 0;
-        ngx_http_sluice_dequeue(ctx);
-        ctx->timed_out = 1;
-    }
-
-    ngx_http_set_log_request(c->log, r);
-
-    r->read_event_handler = ngx_http_block_reading;
-    r->write_event_handler = ngx_http_core_run_phases;
-
-    ngx_http_core_run_phases(r);
-    ngx_http_run_posted_requests(c);
-}
-
-
-/* The request is gone: out of the queue, and an unused reservation goes back. */
-static void
-ngx_http_sluice_cleanup(void *data)
-{
-    ngx_http_sluice_ctx_t      *ctx = data;
-    ngx_http_sluice_session_t  *s;
-
-    ngx_http_sluice_dequeue(ctx);
-
-    if (ctx->wake.posted) {
-        ngx_delete_posted_event(&ctx->wake);
-    }
-
-    s = ctx->session;
-    ctx->session = NULL;
-
-    if (s && s->up) {
-        ngx_http_sluice_release(s);
-    }
-}
-
-
-/* ---- the balancer: peer.get / peer.free ------------------------------------------------ */
-
-
-static ngx_int_t
-ngx_http_sluice_init_peer(ngx_http_request_t *r, ngx_http_upstream_srv_conf_t *us)
-{
-    ngx_http_sluice_peer_data_t  *sp;
-
-    sp = ngx_pcalloc(r->pool, sizeof(ngx_http_sluice_peer_data_t));
-    if (sp == NULL) {
-        return NGX_ERROR;
-    }
-
-    sp->up = ngx_http_conf_upstream_srv_conf(us, ngx_http_sluice_module);
-    sp->request = r;
-
-    r->upstream->peer.data = sp;
-    r->upstream->peer.get = ngx_http_sluice_get_peer;
-    r->upstream->peer.free = ngx_http_sluice_free_peer;
-    /* A second try (proxy_next_upstream) takes another idle session if there is one. */
-    r->upstream->peer.tries = 2;
-
-    return NGX_OK;
-}
-
-
-/* The reserved session (or, on a retry, any idle one) with NGX_DONE: a connected socket,
- * as the keepalive module hands out a cached one. NGX_BUSY when there is none. */
-static ngx_int_t
-ngx_http_sluice_get_peer(ngx_peer_connection_t *pc, void *data)
-{
-    ngx_http_sluice_peer_data_t  *sp = data;
-
-    ngx_connection_t            *c;
-    ngx_http_sluice_ctx_t       *ctx;
-    ngx_http_sluice_session_t   *s;
-    ngx_http_sluice_upstream_t  *up = sp->up;
-
-    pc->sockaddr = (struct sockaddr *) &up->sockaddr;
-    pc->socklen = sizeof(struct sockaddr_un);
-    pc->name = &up->peer_name;
-
-    s = NULL;
-    ctx = ngx_http_get_module_ctx(sp->request, ngx_http_sluice_module);
-
-    if (ctx && ctx->up == up && ctx->session) {
-        s = ctx->session;
-        ctx->session = NULL;
-    } else {
-        s = ngx_http_sluice_take(up);
-    }
-
-    if (s == NULL) {
-        ngx_log_error(NGX_LOG_ERR, pc->log, 0,
-                      "sluice: no idle session for upstream \"%V\"", &up->name);
-        return NGX_BUSY;
-    }
-
-    /* RESERVED -> LEASED: the upstream module owns the connection until peer.free. */
-    ngx_queue_remove(&s->queue);
-    up->n_reserved--;
-    ngx_queue_insert_tail(&up->busy, &s->queue);
-    up->n_leased++;
-    s->state = NGX_HTTP_SLUICE_LEASED;
-    up->stats.served++;
-
-    c = s->connection;
-    c->idle = 0;
-    c->sent = 0;
-    c->data = NULL;
-    c->log = pc->log;
-    c->read->log = pc->log;
-    c->write->log = pc->log;
-    if (c->pool) {
-        c->pool->log = pc->log;
-    }
-
-    sp->session = s;
-    pc->connection = c;
-    pc->cached = 1;
-
-    return NGX_DONE;
-}
-
-
-/*
- * The request is done with its session. A clean keep-alive end puts it back in the pool
- * (or wherever ngx_http_sluice_release() sends it); anything else makes it GONE, and the
- * upstream module closes the connection itself.
- */
-static void
-ngx_http_sluice_free_peer(ngx_peer_connection_t *pc, void *data, ngx_uint_t state)
-{
-    ngx_http_sluice_peer_data_t  *sp = data;
-
-    ngx_connection_t            *c;
-    ngx_http_upstream_t         *u;
-    ngx_http_sluice_session_t   *s;
-
-    s = sp->session;
-    sp->session = NULL;
-
-    if (s == NULL || s->up == NULL) {
-        return;
-    }
-
-    c = pc->connection;
-    u = sp->request->upstream;
-
-    if (state & NGX_PEER_FAILED
-        || c == NULL
-        || c != s->connection
-        || c->read->eof
-        || c->read->error
-        || c->read->timedout
-        || c->write->error
-        || c->write->timedout
-        || !u->keepalive
-        || !u->request_body_sent
-        || ngx_terminate)
-    {
-        goto gone;
-    }
-
-    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
-        goto gone;
-    }
-
-    pc->connection = NULL;
-    ngx_http_sluice_release(s);
-
-    return;
-
-gone:
-
-    ngx_http_sluice_discard(s, 0);
-}
-
-
-/* ---- sluice_status ----------------------------------------------------------------------- */
-
-
-static ngx_int_t
-ngx_http_sluice_status_handler(ngx_http_request_t *r)
-{
-    size_t                         len;
-    ngx_int_t                      rc;
-    ngx_buf_t                     *b;
-    ngx_uint_t                     i;
-    ngx_chain_t                    out;
-    ngx_http_sluice_upstream_t    *up, **ups;
-    ngx_http_sluice_main_conf_t   *smcf;
-
-    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
-        return NGX_HTTP_NOT_ALLOWED;
-    }
-
-    rc = ngx_http_discard_request_body(r);
-    if (rc != NGX_OK) {
-        return rc;
-    }
-
-    smcf = ngx_http_get_module_main_conf(r, ngx_http_sluice_module);
-    ups = smcf->upstreams.elts;
-
-    len = sizeof("{\"pid\":,\"upstreams\":[]}\n") + NGX_INT_T_LEN;
-    for (i = 0; i < smcf->upstreams.nelts; i++) {
-        /* Names may hold quotes or backslashes: all three are escaped below. */
-        len += 512 + 20 * NGX_INT_T_LEN
-               + ups[i]->name.len
-               + ngx_escape_json(NULL, ups[i]->name.data, ups[i]->name.len)
-               + ups[i]->cluster.len
-               + ngx_escape_json(NULL, ups[i]->cluster.data, ups[i]->cluster.len)
-               + ups[i]->slice.len
-               + ngx_escape_json(NULL, ups[i]->slice.data, ups[i]->slice.len);
-    }
-
-    b = ngx_create_temp_buf(r->pool, len);
-    if (b == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    b->last = ngx_sprintf(b->last, "{\"pid\":%P,\"upstreams\":[", ngx_pid);
-
-    for (i = 0; i < smcf->upstreams.nelts; i++) {
-        up = ups[i];
-        b->last = ngx_sprintf(b->last, "%s{\"name\":\"", i ? "," : "");
-        b->last = (u_char *) ngx_escape_json(b->last, up->name.data, up->name.len);
-        b->last = ngx_cpymem(b->last, "\",\"cluster\":\"", sizeof("\",\"cluster\":\"") - 1);
-        b->last = (u_char *) ngx_escape_json(b->last, up->cluster.data, up->cluster.len);
-        b->last = ngx_cpymem(b->last, "\",\"slice\":\"", sizeof("\",\"slice\":\"") - 1);
-        b->last = (u_char *) ngx_escape_json(b->last, up->slice.data, up->slice.len);
-        b->last = ngx_sprintf(b->last,
-            "\",\"connected\":%s,"
-            "\"idle\":%ui,\"reserved\":%ui,\"leased\":%ui,\"queued\":%ui,"
-            "\"credit\":%ui,\"recall\":%ui,"
-            "\"received\":%ui,\"returned\":%ui,\"gone\":%ui,\"served\":%ui,"
-            "\"waited\":%ui,\"rejected\":%ui,\"connects\":%ui,"
-            "\"protocol_errors\":%ui,\"recalled\":%ui,\"drains\":%ui}",
-            up->hello ? "true" : "false",
-            up->n_idle, up->n_reserved, up->n_leased, up->n_waiting,
-            up->credit, up->recall,
-            up->stats.received, up->stats.returned, up->stats.gone,
-            up->stats.served, up->stats.queued, up->stats.rejected,
-            up->stats.connects, up->stats.protocol_errors, up->stats.recalls,
-            up->stats.drains);
-    }
-
-    b->last = ngx_sprintf(b->last, "]}\n");
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-
-    rc = ngx_http_send_header(r);
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
 }

@@ -6,11 +6,22 @@
  * A session is in exactly one place: up->idle (IDLE) or up->busy (RESERVED, LEASED); the
  * counters n_idle, n_reserved and n_leased always equal those queues' lengths. A session
  * leaves the worker by RETURN (its fd goes back to the acceptor) or GONE (closed here).
+ *
+ * What the acceptor sends (SESSION, RECALL, DRAIN) arrives through
+ * ngx_http_sluice_pool_events; what goes to it (CREDIT, RETURN, GONE) leaves through
+ * ngx_http_sluice_send() of the handoff connection below.
  */
 
 #include "ngx_http_sluice.h"
 
 
+static void ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id,
+    u_char *instance, size_t instance_len, ngx_socket_t fd);
+static void ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n);
+static void ngx_http_sluice_drain(ngx_http_sluice_upstream_t *up, u_char *instance,
+    size_t len);
+static ngx_uint_t ngx_http_sluice_busy(ngx_http_sluice_upstream_t *up);
+static void ngx_http_sluice_slice(ngx_http_sluice_upstream_t *up, ngx_uint_t empty);
 static void ngx_http_sluice_link(ngx_http_sluice_session_t *s,
     ngx_http_sluice_state_e state);
 static void ngx_http_sluice_unlink(ngx_http_sluice_session_t *s);
@@ -22,6 +33,17 @@ static void ngx_http_sluice_idle_handler(ngx_event_t *ev);
 static void ngx_http_sluice_dummy_handler(ngx_event_t *ev);
 static void ngx_http_sluice_close_session(ngx_http_sluice_session_t *s);
 static void ngx_http_sluice_unregister(ngx_connection_t *c);
+
+
+/* What the handoff connection reports lands here. */
+const ngx_http_sluice_events_t  ngx_http_sluice_pool_events = {
+    ngx_http_sluice_want_credit,
+    ngx_http_sluice_adopt,
+    ngx_http_sluice_recall,
+    ngx_http_sluice_drain,
+    ngx_http_sluice_slice,
+    ngx_http_sluice_busy
+};
 
 
 static void
@@ -73,7 +95,7 @@ ngx_http_sluice_unlink(ngx_http_sluice_session_t *s)
  * A SESSION arrived with its fd: wrap it in a connection and put it where it is needed.
  * On failure the fd is closed here and the acceptor told GONE.
  */
-ngx_int_t
+static void
 ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *instance,
     size_t instance_len, ngx_socket_t fd)
 {
@@ -133,12 +155,13 @@ ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *insta
     ngx_memcpy(s->instance, instance, instance_len);
 
     up->stats.received++;
+    up->empty = 0;  /* a session came: the slice has some */
 
     /* As if a request had just finished with it: the same rules decide where it goes. */
     ngx_http_sluice_link(s, NGX_HTTP_SLUICE_LEASED);
     ngx_http_sluice_release(s);
 
-    return NGX_OK;
+    return;
 
 failed:
 
@@ -154,7 +177,6 @@ failed:
     ngx_http_sluice_send(up, line,
                          ngx_snprintf(line, sizeof(line), "GONE %uL", id) - line, -1);
     up->stats.gone++;
-    return NGX_ERROR;
 }
 
 
@@ -189,8 +211,13 @@ ngx_http_sluice_take(ngx_http_sluice_upstream_t *up)
 /*
  * A session is free again: a request finished with it (keep-alive, no error), a request
  * that held it in reserve went away, or it just arrived. In order of precedence it is
- * closed (its instance drains), returned (the acceptor recalled it, the worker exits, or
- * the pool holds twice `idle`), given to the oldest waiting request, or pooled.
+ * closed (its instance drains), returned (the acceptor recalled it), given to the oldest
+ * waiting request, returned (the worker exits, or the pool holds twice `idle`), or pooled.
+ *
+ * A recall goes ahead of waiting requests, except in an exiting worker: it takes no new
+ * requests, so those waiting in it are older than any a new worker has, and they are
+ * served first. Its sessions go back once its queue is empty (issue 28: a recall that took
+ * them to a new worker's idle pool left these requests to time out).
  */
 void
 ngx_http_sluice_release(ngx_http_sluice_session_t *s)
@@ -202,7 +229,9 @@ ngx_http_sluice_release(ngx_http_sluice_session_t *s)
         return;
     }
 
-    if (up->recall > 0 && s->epoch == up->epoch && up->hello) {
+    if (up->recall > 0 && s->epoch == up->epoch && up->hello
+        && !(ngx_http_sluice_exiting() && !ngx_queue_empty(&up->waiters)))
+    {
         up->recall--;
         up->stats.recalls++;
         ngx_http_sluice_give_back(s);
@@ -215,8 +244,7 @@ ngx_http_sluice_release(ngx_http_sluice_session_t *s)
         return;
     }
 
-    if (ngx_exiting || ngx_terminate || ngx_quit
-        || up->n_idle >= 2 * up->idle_target)
+    if (ngx_http_sluice_exiting() || up->n_idle >= 2 * up->idle_target)
     {
         ngx_http_sluice_give_back(s);
         return;
@@ -438,7 +466,7 @@ ngx_http_sluice_dummy_handler(ngx_event_t *ev)
 
 
 /* RECALL: give `n` sessions back, idle ones now, others as they become free. */
-void
+static void
 ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n)
 {
     ngx_uint_t                   held;
@@ -467,7 +495,7 @@ ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n)
 
 /* DRAIN: lease that instance's sessions no more; idle ones close now, busy ones after
  * their responses (release() sees `draining`). */
-void
+static void
 ngx_http_sluice_drain(ngx_http_sluice_upstream_t *up, u_char *instance, size_t len)
 {
     ngx_queue_t                 *q, *next;
@@ -491,6 +519,49 @@ ngx_http_sluice_drain(ngx_http_sluice_upstream_t *up, u_char *instance, size_t l
             s->draining = 1;
         }
     }
+}
+
+
+/*
+ * Asks for credit so that idle sessions plus outstanding credit cover `idle` plus every
+ * waiting request (an exiting worker asks only for its waiting requests).
+ */
+void
+ngx_http_sluice_want_credit(ngx_http_sluice_upstream_t *up)
+{
+    u_char      line[NGX_HTTP_SLUICE_MAX_LINE], *p;
+    ngx_uint_t  target, have, more;
+
+    if (up->handoff == NULL || !up->hello) {
+        return;
+    }
+
+    target = up->n_waiting;
+    if (!ngx_http_sluice_exiting()) {
+        target += up->idle_target;
+    }
+
+    have = up->n_idle + up->credit;
+    if (target <= have) {
+        return;
+    }
+
+    more = ngx_min(target - have, 0xffffffff);
+
+    p = ngx_snprintf(line, sizeof(line), "CREDIT %V %V %ui",
+                     &up->cluster, &up->slice, more);
+
+    if (ngx_http_sluice_send(up, line, p - line, -1) == NGX_OK) {
+        up->credit += more;
+    }
+}
+
+
+/* Whether a request holds a session (reserved or leased) or waits for one. */
+static ngx_uint_t
+ngx_http_sluice_busy(ngx_http_sluice_upstream_t *up)
+{
+    return up->n_leased || up->n_reserved || up->n_waiting;
 }
 
 
@@ -523,9 +594,56 @@ ngx_http_sluice_close_all(ngx_http_sluice_upstream_t *up)
 }
 
 
-/* Parks a request at the tail of the queue; NGX_DECLINED when the queue is full. */
+/*
+ * SLICE: whether the acceptor has any session of our slice (idle there or lent to any
+ * consumer). While it has none and this worker holds none either, requests are refused at
+ * once (unless no_sessions_wait), and so are those already waiting: nothing will serve them
+ * until a service registers.
+ */
+static void
+ngx_http_sluice_slice(ngx_http_sluice_upstream_t *up, ngx_uint_t empty)
+{
+    ngx_queue_t            *q;
+    ngx_http_sluice_ctx_t  *ctx;
+
+    if (up->empty != empty) {
+        ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
+                      empty ? "sluice: no sessions registered for upstream \"%V\" "
+                              "(%V/%V): requests get 503 until a service registers"
+                            : "sluice: sessions registered again for upstream \"%V\" "
+                              "(%V/%V)",
+                      &up->name, &up->cluster, &up->slice);
+    }
+
+    up->empty = empty;
+
+    if (!ngx_http_sluice_none_registered(up) || up->no_sessions_wait) {
+        return;
+    }
+
+    while (!ngx_queue_empty(&up->waiters)) {
+        q = ngx_queue_head(&up->waiters);
+        ctx = ngx_queue_data(q, ngx_http_sluice_ctx_t, queue);
+        ngx_http_sluice_dequeue(ctx);
+        ctx->no_sessions = 1;
+        ngx_post_event(&ctx->wake, &ngx_posted_events);
+    }
+}
+
+
+/* Whether no session of the slice is registered anywhere, as far as this worker knows: the
+ * acceptor said so, and this worker holds none (not even one of an earlier acceptor). */
+ngx_uint_t
+ngx_http_sluice_none_registered(ngx_http_sluice_upstream_t *up)
+{
+    return up->empty && up->n_idle + up->n_reserved + up->n_leased == 0;
+}
+
+
+/* Parks a request at the tail of the queue for at most `timeout`; NGX_DECLINED when the
+ * queue is full. */
 ngx_int_t
-ngx_http_sluice_enqueue(ngx_http_sluice_ctx_t *ctx)
+ngx_http_sluice_enqueue(ngx_http_sluice_ctx_t *ctx, ngx_msec_t timeout)
 {
     ngx_http_sluice_upstream_t  *up = ctx->up;
 
@@ -538,7 +656,7 @@ ngx_http_sluice_enqueue(ngx_http_sluice_ctx_t *ctx)
     up->stats.queued++;
     ctx->waiting = 1;
 
-    ngx_add_timer(&ctx->wake, up->queue_timeout);
+    ngx_add_timer(&ctx->wake, timeout);
 
     /* Every waiting request counts toward the credit we ask for. */
     ngx_http_sluice_want_credit(up);

@@ -218,8 +218,9 @@ def _nginx(group, tmp, name, port, upstream, backend):
     return only_child(master.pid)
 
 
-def _nginx_conf(tmp, name, port, top, upstream, location, tls=None, http2=False):
-    """An NGINX config with one worker; `tls` = (cert, key) makes the listener HTTPS, `http2`
+def _nginx_conf(tmp, name, port, top, upstream, location, tls=None, http2=False, pass_="proxy_pass"):
+    """An NGINX config with one worker, `pass_` (proxy_pass, or the module's sluice_pass) in
+    its location; `tls` = (cert, key) makes the listener HTTPS, `http2`
     offers h2 on it by ALPN (`listen ... http2`: Debian 12's NGINX 1.22 has no `http2 on;`,
     which 1.25.1 added; later ones still take the listen parameter, with a warning)."""
     h2 = " http2" if http2 else ""
@@ -240,7 +241,7 @@ http {{
     server {{
         listen 127.0.0.1:{port}{ssl}
         keepalive_requests 1000000;
-        location / {{ proxy_pass http://backend; {location} }}
+        location / {{ {pass_} http://backend; {location} }}
     }}
 }}
 """)
@@ -273,7 +274,7 @@ kind = "reverse"
         tmp, name, port, f"load_module {_module};\n{'user root;' if os.geteuid() == 0 else ''}",
         f"sluice_sessions unix:{sock} cluster={SERVICE} idle={sessions} queue={QUEUE_MAX} "
         f"queue_timeout={QUEUE_TIMEOUT_S}s;",
-        'proxy_http_version 1.1; proxy_set_header Connection "";')
+        'proxy_http_version 1.1; proxy_set_header Connection "";', pass_="sluice_pass")
     master = group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU)
     worker = only_child(master.pid)
     wait_port(port)

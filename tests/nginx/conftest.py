@@ -86,10 +86,13 @@ http {{
     server {{
         listen 127.0.0.1:{port};
         location / {{
-            proxy_pass http://interop;
+            sluice_pass http://interop;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            proxy_set_header Host $host;
         }}
+        location /plain-proxy-pass {{ proxy_pass http://interop; }}
+        {extra}
         location = /sluice {{ sluice_status; }}
     }}
 }}
@@ -152,17 +155,20 @@ class Nginx:
 
 
 def start_nginx(built: Built, tmp: Path, socket_path: Path, workers: int = 2, idle: int = 4,
-                queue: int = 1024, queue_timeout: str = "20s") -> Nginx:
+                queue: int = 1024, queue_timeout: str = "20s", extra: str = "",
+                user: str | None = None) -> Nginx:
+    """NGINX_CONF with these values; `extra` goes into its server block, `user` is the
+    workers' `user` directive (by default root's, when the test runs as root)."""
     prefix = tmp / "nginx"
     prefix.mkdir(exist_ok=True)
     port = free_port()
     conf = prefix / "nginx.conf"
     conf.write_text(NGINX_CONF.format(
         module=built.module, workers=workers, prefix=prefix, socket=socket_path, idle=idle, queue=queue,
-        queue_timeout=queue_timeout, port=port,
+        queue_timeout=queue_timeout, port=port, extra=extra,
         # Workers of a root master run as nobody otherwise, and the handoff socket admits
         # only its own uid.
-        user="user root;" if os.geteuid() == 0 else ""))
+        user=user if user is not None else "user root;" if os.geteuid() == 0 else ""))
     proc = NginxProc("nginx", ["nginx", "-p", str(prefix), "-c", str(conf)])
     proc.wait_line(lambda line: "start worker process" in line, "its workers")
     return Nginx(proc, conf, prefix, ("127.0.0.1", port), workers)

@@ -29,6 +29,9 @@ HOSTILE = [
     (b"RECALL interop default 99999999999999999999999", 0),  # a count past any integer
     (b"DRAIN " + b"x" * 129, 0),  # a name longer than 128 bytes
     (b"DRAIN  i-1", 0),  # a double space
+    (b"SLICE other default empty", 0),  # a cluster the worker never asked for
+    (b"SLICE interop default full", 0),  # a state that does not exist
+    (b"SLICE interop default empty", 1),  # an fd with a message that carries none
     (b"X" * 600, 0),  # longer than a message may be
 ]
 

@@ -528,10 +528,15 @@ pub struct Admin {
 /// `[handoff]`: where a standalone acceptor hands sessions to consumers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandoffServer {
-    /// The UNIX socket path (created with mode 0600).
+    /// The UNIX socket path.
     pub path: PathBuf,
-    /// Peer uids allowed to connect; empty means only the acceptor's own uid.
+    /// Peer uids allowed to connect besides the acceptor's own, which always may.
     pub allowed_uids: Vec<u32>,
+    /// The socket file's permission bits; default 0600 (the owner only).
+    pub mode: u32,
+    /// The socket file's group (a gid, names resolved); `None` (the default): the
+    /// acceptor's own.
+    pub group: Option<u32>,
 }
 
 /// The settings of a reverse cluster. `Default` gives the documented defaults.

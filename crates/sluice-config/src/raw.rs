@@ -11,7 +11,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::values::{
-    Addr, Cidr, Dur, HeaderTable, MethodValue, Name, OneOrMany, Size, Status, Timeout, Value,
+    Addr, Cidr, Dur, FileMode, GroupSpec, HeaderTable, MethodValue, Name, OneOrMany, Size, Status,
+    Timeout, Value,
 };
 
 /// The whole file.
@@ -250,6 +251,8 @@ pub(crate) struct RawAdmin {
 pub(crate) struct RawHandoff {
     pub(crate) listen: Spanned<String>,
     pub(crate) allowed_uids: Option<Vec<u32>>,
+    pub(crate) mode: Option<FileMode>,
+    pub(crate) group: Option<Spanned<GroupSpec>>,
 }
 
 /// `[acceptor]`: where services dial in to register sessions.

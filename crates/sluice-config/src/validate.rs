@@ -3,6 +3,7 @@
 
 mod acceptor;
 mod cluster;
+mod handoff;
 mod kind_keys;
 mod relay;
 mod reverse;
@@ -17,12 +18,12 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::model::{
-    AccessLog, AccessLogFormat, AccessLogTarget, Admin, Config, EscapedSlashes, HandoffServer,
-    HttpOptions, Listener, RequestRules, Runtime, Token, Underscores,
+    AccessLog, AccessLogFormat, AccessLogTarget, Admin, Config, EscapedSlashes, HttpOptions,
+    Listener, RequestRules, Runtime, Token, Underscores,
 };
 use crate::raw::{
-    RawAccessLog, RawAccessLogFormat, RawAdmin, RawConfig, RawEscapedSlashes, RawHandoff,
-    RawListener, RawRuntime, RawUnderscores,
+    RawAccessLog, RawAccessLogFormat, RawAdmin, RawConfig, RawEscapedSlashes, RawListener,
+    RawRuntime, RawUnderscores,
 };
 
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -58,7 +59,10 @@ impl Ctx<'_> {
 
 /// Validates a deserialized file into the runtime model.
 pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, ConfigError> {
-    let handoff = raw.handoff.map(|h| handoff(ctx, h.into_inner()));
+    let handoff = raw
+        .handoff
+        .map(|h| handoff::handoff(ctx, h.into_inner()))
+        .transpose()?;
     let admin = raw.admin.map(|a| admin(ctx, a)).transpose()?;
     let access_log = raw.access_log.map(|a| access_log(ctx, a));
     // A standalone acceptor's file (`[handoff]`) needs no listener, nor does a relay's.
@@ -131,13 +135,6 @@ fn access_log(ctx: Ctx<'_>, raw: RawAccessLog) -> AccessLog {
         Some(path) => AccessLogTarget::File(ctx.resolve(path)),
     };
     AccessLog { format, target }
-}
-
-fn handoff(ctx: Ctx<'_>, raw: RawHandoff) -> HandoffServer {
-    HandoffServer {
-        path: ctx.resolve(raw.listen.get_ref()),
-        allowed_uids: raw.allowed_uids.unwrap_or_default(),
-    }
 }
 
 fn listeners(

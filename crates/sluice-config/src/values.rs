@@ -1,5 +1,6 @@
 //! Scalar values checked while deserializing, so that toml attaches the value's span to the
-//! error: durations, sizes, addresses, networks, methods, headers and status codes.
+//! error: durations, sizes, file modes, groups, addresses, networks, methods, headers and
+//! status codes.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -165,6 +166,94 @@ where
         expecting,
         _value: PhantomData,
     })
+}
+
+/// A file's permission bits, written as an octal string ("0660"); the owner's read and
+/// write bits are required.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FileMode(pub(crate) u32);
+
+/// Parses "0660"-style modes: three octal digits, one leading `0` allowed.
+pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {
+    let digits = text
+        .strip_prefix('0')
+        .filter(|d| d.len() == 3)
+        .unwrap_or(text);
+    let octal = digits.len() == 3 && digits.bytes().all(|b| (b'0'..=b'7').contains(&b));
+    let mode = u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|_| octal)
+        .ok_or_else(|| {
+            format!("invalid mode `{text}`; expected octal permissions like \"0660\"")
+        })?;
+    if mode & 0o600 != 0o600 {
+        return Err(format!(
+            "mode `{text}` must let the owner read and write (0600 at least): consumers of the acceptor's own uid connect too"
+        ));
+    }
+    Ok(mode)
+}
+
+struct ModeVisitor;
+
+impl Visitor<'_> for ModeVisitor {
+    type Value = u32;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an octal mode string like \"0660\"")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<u32, E> {
+        parse_mode(v).map_err(E::custom)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<u32, E> {
+        Err(E::custom(format!(
+            "mode {v} is a number; write it as an octal string like \"0660\""
+        )))
+    }
+}
+
+impl<'de> Deserialize<'de> for FileMode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ModeVisitor).map(FileMode)
+    }
+}
+
+/// A group as written: a name (looked up when the file is validated) or a numeric gid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GroupSpec {
+    Name(String),
+    Id(u32),
+}
+
+struct GroupVisitor;
+
+impl Visitor<'_> for GroupVisitor {
+    type Value = GroupSpec;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a group name or a numeric gid")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<GroupSpec, E> {
+        if v.is_empty() {
+            return Err(E::custom("the group name is empty"));
+        }
+        Ok(GroupSpec::Name(v.to_owned()))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<GroupSpec, E> {
+        u32::try_from(v)
+            .map(GroupSpec::Id)
+            .map_err(|_| E::custom(format!("gid {v} is out of range (0 to 4294967295)")))
+    }
+}
+
+impl<'de> Deserialize<'de> for GroupSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(GroupVisitor)
+    }
 }
 
 /// An `IP:PORT` socket address (no host names: a listener binds an address).
@@ -388,6 +477,19 @@ mod tests {
         let err = parse_duration("5").expect_err("no unit");
         assert!(err.contains("write a unit like \"5s\""), "{err}");
         assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn modes_are_octal_and_keep_the_owner() {
+        assert_eq!(parse_mode("0660"), Ok(0o660));
+        assert_eq!(parse_mode("600"), Ok(0o600));
+        assert_eq!(parse_mode("0777"), Ok(0o777));
+        for bad in ["0680", "66", "06600", "rw-rw----", "", "0x1b0"] {
+            let err = parse_mode(bad).expect_err(bad);
+            assert!(err.contains("expected octal permissions"), "{bad}: {err}");
+        }
+        let err = parse_mode("0460").expect_err("owner cannot write");
+        assert!(err.contains("must let the owner read and write"), "{err}");
     }
 
     #[test]

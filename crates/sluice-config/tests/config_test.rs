@@ -166,3 +166,26 @@ fn every_invalid_config_fails_with_its_message() {
         .collect();
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
+
+fn handoff_of(keys: &str) -> sluice_config::HandoffServer {
+    let text = format!(
+        "[acceptor]\nlisten = \"127.0.0.1:7070\"\n[handoff]\nlisten = \"h.sock\"\n{keys}\n[cluster.api]\nkind = \"reverse\"\n"
+    );
+    let config = sluice_config::parse_str(&text, "h.toml", Path::new("/run/sluice")).unwrap();
+    config.handoff.unwrap()
+}
+
+/// `mode` and `group` let consumers of other users open the socket; `allowed_uids` adds
+/// uids to the acceptor's own (which the handoff listener always allows).
+#[test]
+fn handoff_takes_a_mode_a_group_and_more_uids() {
+    let plain = handoff_of("");
+    assert_eq!(plain.path, Path::new("/run/sluice/h.sock"));
+    assert_eq!((plain.mode, plain.group), (0o600, None));
+    assert!(plain.allowed_uids.is_empty());
+    let named = handoff_of("mode = \"0660\"\ngroup = \"root\"\nallowed_uids = [33]");
+    assert_eq!((named.mode, named.group), (0o660, Some(0)));
+    assert_eq!(named.allowed_uids, [33]);
+    let numbered = handoff_of("mode = \"640\"\ngroup = 33");
+    assert_eq!((numbered.mode, numbered.group), (0o640, Some(33)));
+}

@@ -81,6 +81,16 @@ pub enum Error {
         /// The peer's pid, for the log.
         pid: i32,
     },
+    /// The socket file could not be given its group: the process is neither root nor a
+    /// member of that group (or another system error).
+    #[error("cannot give the handoff socket file group {gid}: {source} (the acceptor must run as root or be a member of that group)")]
+    Group {
+        /// The gid asked for.
+        gid: u32,
+        /// What chown(2) said.
+        #[source]
+        source: io::Error,
+    },
     /// A live process already listens on the socket path.
     #[error("another process is listening on {}", .0.display())]
     InUse(PathBuf),

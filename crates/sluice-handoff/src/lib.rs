@@ -16,18 +16,20 @@
 //! RETURN <id>                                 + fd, consumer → acceptor
 //! GONE <id>                                   consumer → acceptor
 //! DRAIN <instance>                            acceptor → consumer
+//! SLICE <cluster> <slice> empty|registered    acceptor → consumer
 //! LISTENER <name> <addr>                      + fd, old → new on hot restart
 //! READY                                       new → old on hot restart
 //! DONE                                        old → new on hot restart
 //! ```
 //!
 //! # Layout
-//! * [`message`]: [`Message`] with its parser and encoder, [`Role`], [`ListenAddr`] and
-//!   [`ParseError`]; pure, no I/O, never panics on any input.
+//! * [`message`]: [`Message`] with its parser and encoder, [`Role`], [`SliceState`],
+//!   [`ListenAddr`] and [`ParseError`]; pure, no I/O, never panics on any input.
 //! * [`socket`]: [`Handoff`], one connected socket: send and receive a message with its fd,
 //!   the `HELLO` exchange, the peer's [`Credentials`].
-//! * [`listener`]: [`HandoffListener`], the socket file (safe permissions, stale files
-//!   replaced, removed on drop) and [`AllowedUids`].
+//! * [`listener`]: [`HandoffListener`], the socket file (safe permissions, its mode and
+//!   group as [`SocketAccess`] asks, stale files replaced, removed on drop) and
+//!   [`AllowedUids`].
 //! * [`error`]: [`Error`], which says whether the peer, the caller or the system failed.
 
 pub mod error;
@@ -36,6 +38,8 @@ pub mod message;
 pub mod socket;
 
 pub use error::Error;
-pub use listener::{remove_stale, AllowedUids, HandoffListener, DEFAULT_SOCKET_MODE};
-pub use message::{ListenAddr, Message, ParseError, Role, MAX_MESSAGE, MAX_WORD, PROTOCOL_VERSION};
+pub use listener::{remove_stale, AllowedUids, HandoffListener, SocketAccess, DEFAULT_SOCKET_MODE};
+pub use message::{
+    ListenAddr, Message, ParseError, Role, SliceState, MAX_MESSAGE, MAX_WORD, PROTOCOL_VERSION,
+};
 pub use socket::{Credentials, Handoff};

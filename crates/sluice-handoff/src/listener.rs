@@ -23,23 +23,57 @@ pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
 /// How many connections may wait for [`HandoffListener::accept`].
 const BACKLOG: i32 = 128;
 
-/// Which peer uids may use a handoff socket; empty (the default) means only our own euid.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AllowedUids(Vec<u32>);
+/// Who may open a handoff socket file: its permission bits and its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// The file's permission bits; [`DEFAULT_SOCKET_MODE`] (owner only) by default.
+    pub mode: u32,
+    /// The file's group (a gid); `None` (the default) leaves the process's own.
+    pub group: Option<u32>,
+}
+
+impl Default for SocketAccess {
+    fn default() -> Self {
+        Self {
+            mode: DEFAULT_SOCKET_MODE,
+            group: None,
+        }
+    }
+}
+
+/// Which peer uids may use a handoff socket: the owner's (by default our own euid) always,
+/// and any others listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowedUids {
+    owner: u32,
+    others: Vec<u32>,
+}
+
+impl Default for AllowedUids {
+    /// Our own euid only.
+    fn default() -> Self {
+        Self::new([])
+    }
+}
 
 impl AllowedUids {
-    /// Exactly these uids (an empty list means only our own euid).
-    pub fn new(uids: impl IntoIterator<Item = u32>) -> Self {
-        Self(uids.into_iter().collect())
+    /// Our own euid and these uids.
+    pub fn new(others: impl IntoIterator<Item = u32>) -> Self {
+        Self::for_owner(rustix::process::geteuid().as_raw(), others)
+    }
+
+    /// `owner` and these uids: as [`AllowedUids::new`] for a process whose peers' owner is
+    /// not its own euid.
+    pub fn for_owner(owner: u32, others: impl IntoIterator<Item = u32>) -> Self {
+        Self {
+            owner,
+            others: others.into_iter().collect(),
+        }
     }
 
     /// Whether a peer with `uid` may connect.
     pub fn allows(&self, uid: u32) -> bool {
-        if self.0.is_empty() {
-            uid == rustix::process::geteuid().as_raw()
-        } else {
-            self.0.contains(&uid)
-        }
+        uid == self.owner || self.others.contains(&uid)
     }
 
     /// [`Error::PeerNotAllowed`] unless the peer's uid is allowed.
@@ -67,14 +101,21 @@ pub struct HandoffListener {
 }
 
 impl HandoffListener {
-    /// Binds and listens at `path`, the file getting `mode` (usually [`DEFAULT_SOCKET_MODE`]).
+    /// Binds and listens at `path`, the file getting `mode` (usually [`DEFAULT_SOCKET_MODE`])
+    /// and the process's own group: [`HandoffListener::bind_with`].
+    pub fn bind(path: impl AsRef<Path>, mode: u32) -> Result<Self, Error> {
+        Self::bind_with(path, SocketAccess { mode, group: None })
+    }
+
+    /// Binds and listens at `path`, the file getting `access`'s mode and group.
     ///
-    /// The socket is bound inside a fresh owner-only directory, given `mode`, and only then
-    /// linked at `path`, so the file is never accessible with looser permissions, whatever the
-    /// umask. A socket file nobody listens on (left by a crash) is replaced; a live one gives
+    /// The socket is bound inside a fresh owner-only directory, given its group and mode, and
+    /// only then linked at `path`, so the file is never accessible with looser permissions,
+    /// whatever the umask. A group the process may not give ([`Error::Group`]) fails the bind.
+    /// A socket file nobody listens on (left by a crash) is replaced; a live one gives
     /// [`Error::InUse`], anything else at `path` [`Error::NotASocket`]. Needs a tokio runtime;
     /// `path` plus about 16 bytes must fit in `sun_path` (108 bytes).
-    pub fn bind(path: impl AsRef<Path>, mode: u32) -> Result<Self, Error> {
+    pub fn bind_with(path: impl AsRef<Path>, access: SocketAccess) -> Result<Self, Error> {
         let path = path.as_ref();
         remove_stale(path)?;
         let parent = match path.parent() {
@@ -83,7 +124,7 @@ impl HandoffListener {
         };
         let private = tempfile::Builder::new().prefix(".hs").tempdir_in(parent)?;
         let staged = private.path().join("s");
-        let (fd, meta) = listen_at(&staged, mode)?;
+        let (fd, meta) = listen_at(&staged, access)?;
         // link(2) never replaces: if another process bound `path` since we looked, we lose.
         fs::hard_link(&staged, path).map_err(|e| match e.kind() {
             io::ErrorKind::AlreadyExists => Error::InUse(path.to_owned()),
@@ -137,8 +178,20 @@ impl Drop for HandoffListener {
     }
 }
 
-/// A listening socket at `path` (in a private directory) whose file has `mode`.
-fn listen_at(path: &Path, mode: u32) -> io::Result<(OwnedFd, fs::Metadata)> {
+/// A listening socket at `path` (in a private directory) whose file has `access`.
+fn listen_at(path: &Path, access: SocketAccess) -> Result<(OwnedFd, fs::Metadata), Error> {
+    let fd = bound_at(path)?;
+    if let Some(gid) = access.group {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .map_err(|source| Error::Group { gid, source })?;
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(access.mode & 0o777))?;
+    listen(&fd, BACKLOG).map_err(io::Error::from)?;
+    Ok((fd, fs::symlink_metadata(path)?))
+}
+
+/// A socket bound at `path`, not listening yet.
+fn bound_at(path: &Path) -> io::Result<OwnedFd> {
     let fd = socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -146,9 +199,7 @@ fn listen_at(path: &Path, mode: u32) -> io::Result<(OwnedFd, fs::Metadata)> {
         None,
     )?;
     bind(&fd, &SocketAddrUnix::new(path)?)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o777))?;
-    listen(&fd, BACKLOG)?;
-    Ok((fd, fs::symlink_metadata(path)?))
+    Ok(fd)
 }
 
 /// Makes way for a new socket at `path`: nothing there is fine, a dead socket (of any type,

@@ -48,6 +48,39 @@ impl fmt::Display for Role {
     }
 }
 
+/// Whether a slice has sessions at the acceptor, as `SLICE` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SliceState {
+    /// No session of the slice is registered: none idle at the acceptor, none lent out.
+    Empty,
+    /// At least one session of the slice is registered again.
+    Registered,
+}
+
+impl SliceState {
+    /// The state's word on the wire: `empty` or `registered`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SliceState::Empty => "empty",
+            SliceState::Registered => "registered",
+        }
+    }
+
+    fn parse(word: &str) -> Result<Self, ParseError> {
+        match word {
+            "empty" => Ok(SliceState::Empty),
+            "registered" => Ok(SliceState::Registered),
+            _ => Err(ParseError::BadState(word.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for SliceState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a handed-over listening socket listens: `ip:port` or `unix:/path` on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ListenAddr {
@@ -136,6 +169,17 @@ pub enum Message {
         /// The instance to drain.
         instance: String,
     },
+    /// `SLICE <cluster> <slice> <state>`: that slice has no session registered at the
+    /// acceptor (`empty`), or has some again (`registered`); sent to the consumers that asked
+    /// for credit of it, when it first asks while the slice is empty and at every change.
+    Slice {
+        /// The cluster.
+        cluster: String,
+        /// The slice within the cluster.
+        slice: String,
+        /// Whether it has sessions.
+        state: SliceState,
+    },
     /// `LISTENER <name> <addr>` + fd: a listening socket, on hot restart.
     Listener {
         /// The listener's name in the config.
@@ -202,6 +246,9 @@ pub enum ParseError {
     /// A `HELLO` role other than `consumer`, `acceptor` or `upgrade`.
     #[error("unknown role {0:?}")]
     BadRole(String),
+    /// A `SLICE` state other than `empty` or `registered`.
+    #[error("unknown slice state {0:?}")]
+    BadState(String),
     /// A `LISTENER` address that is neither `ip:port` nor `unix:/absolute/path`.
     #[error("listener address {0:?} is neither ip:port nor unix:/path")]
     BadAddr(String),
@@ -218,6 +265,7 @@ impl Message {
             Message::Return { .. } => "RETURN",
             Message::Gone { .. } => "GONE",
             Message::Drain { .. } => "DRAIN",
+            Message::Slice { .. } => "SLICE",
             Message::Listener { .. } => "LISTENER",
             Message::Ready => "READY",
             Message::Done => "DONE",
@@ -268,6 +316,7 @@ impl Message {
             "RETURN" => ("RETURN", 1),
             "GONE" => ("GONE", 1),
             "DRAIN" => ("DRAIN", 1),
+            "SLICE" => ("SLICE", 3),
             "LISTENER" => ("LISTENER", 2),
             "READY" => ("READY", 0),
             "DONE" => ("DONE", 0),
@@ -310,6 +359,11 @@ impl Message {
             "DRAIN" => Message::Drain {
                 instance: name("instance", args[0])?,
             },
+            "SLICE" => Message::Slice {
+                cluster: name("cluster", args[0])?,
+                slice: name("slice", args[1])?,
+                state: SliceState::parse(args[2])?,
+            },
             "LISTENER" => Message::Listener {
                 name: name("name", args[0])?,
                 addr: ListenAddr::parse(args[1])?,
@@ -337,6 +391,11 @@ impl Message {
             } => format!("{verb} {id} {cluster} {slice} {instance}"),
             Message::Return { id } | Message::Gone { id } => format!("{verb} {id}"),
             Message::Drain { instance } => format!("{verb} {instance}"),
+            Message::Slice {
+                cluster,
+                slice,
+                state,
+            } => format!("{verb} {cluster} {slice} {state}"),
             Message::Listener { name, addr } => format!("{verb} {name} {addr}"),
             Message::Ready | Message::Done => verb.to_owned(),
         };
@@ -365,6 +424,10 @@ impl Message {
             }
             Message::Drain { instance } => {
                 name("instance", instance)?;
+            }
+            Message::Slice { cluster, slice, .. } => {
+                name("cluster", cluster)?;
+                name("slice", slice)?;
             }
             Message::Listener { name: n, addr } => {
                 name("name", n)?;

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use sluice_handoff::*;
@@ -73,15 +73,54 @@ async fn an_fd_moves_through_a_bound_listener() {
 }
 
 #[tokio::test]
+async fn the_socket_file_gets_the_mode_and_group_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("group.sock");
+    // Root may give any group; anyone else one of their own.
+    let gid = if rustix::process::geteuid().is_root() {
+        65534
+    } else {
+        rustix::process::getegid().as_raw()
+    };
+    let access = SocketAccess {
+        mode: 0o660,
+        group: Some(gid),
+    };
+    let _listener = HandoffListener::bind_with(&path, access).unwrap();
+    assert_eq!(mode(&path), 0o660);
+    assert_eq!(std::fs::symlink_metadata(&path).unwrap().gid(), gid);
+    assert_eq!(SocketAccess::default().mode, 0o600);
+}
+
+/// `allowed_uids` adds to the acceptor's own uid; it never replaces it.
+#[tokio::test]
+async fn the_own_uid_is_allowed_beside_the_listed_ones() {
+    let me = rustix::process::geteuid().as_raw();
+    let (other, stranger) = (me.wrapping_add(1), me.wrapping_add(2));
+    let allowed = AllowedUids::new([other]);
+    assert!(allowed.allows(me) && allowed.allows(other));
+    assert!(!allowed.allows(stranger));
+    assert!(AllowedUids::default().allows(me));
+    assert!(!AllowedUids::default().allows(other));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.sock");
+    let listener = HandoffListener::bind(&path, DEFAULT_SOCKET_MODE).unwrap();
+    let (client, accepted) =
+        tokio::join!(Handoff::connect(&path), listener.accept_allowed(&allowed));
+    let (_client, (_server, peer)) = (client.unwrap(), accepted.unwrap());
+    assert_eq!(peer.uid, me);
+}
+
+#[tokio::test]
 async fn a_peer_outside_the_allowed_uids_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("h.sock");
     let listener = HandoffListener::bind(&path, DEFAULT_SOCKET_MODE).unwrap();
     let me = rustix::process::geteuid().as_raw();
-    let others = AllowedUids::new([me.wrapping_add(1)]);
+    // As a listener owned by another uid sees us.
+    let others = AllowedUids::for_owner(me.wrapping_add(1), [me.wrapping_add(2)]);
     assert!(!others.allows(me));
-    assert!(AllowedUids::default().allows(me));
-    assert!(AllowedUids::new([me.wrapping_add(1), me]).allows(me));
 
     let (client, accepted) =
         tokio::join!(Handoff::connect(&path), listener.accept_allowed(&others));

@@ -46,6 +46,16 @@ fn every_message() -> Vec<Message> {
         Message::Drain {
             instance: "10.0.0.7".into(),
         },
+        Message::Slice {
+            cluster: "api".into(),
+            slice: "default".into(),
+            state: SliceState::Empty,
+        },
+        Message::Slice {
+            cluster: "api".into(),
+            slice: "mobile".into(),
+            state: SliceState::Registered,
+        },
         Message::Listener {
             name: "public".into(),
             addr: ListenAddr::Inet("[::1]:8443".parse().unwrap()),
@@ -104,6 +114,22 @@ fn the_wire_text_is_as_documented() {
                 instance: "10.0.0.1".into(),
             },
             "SESSION 9 api default 10.0.0.1",
+        ),
+        (
+            Message::Slice {
+                cluster: "api".into(),
+                slice: "default".into(),
+                state: SliceState::Empty,
+            },
+            "SLICE api default empty",
+        ),
+        (
+            Message::Slice {
+                cluster: "api".into(),
+                slice: "default".into(),
+                state: SliceState::Registered,
+            },
+            "SLICE api default registered",
         ),
         (
             Message::Listener {
@@ -275,6 +301,19 @@ fn hostile_lines_each_give_their_error() {
             BadWord { field: "cluster" },
         ),
         (b"HELLO 1 admin".to_vec(), BadRole("admin".into())),
+        (b"SLICE api default full".to_vec(), BadState("full".into())),
+        (
+            b"SLICE api default EMPTY".to_vec(),
+            BadState("EMPTY".into()),
+        ),
+        (
+            b"SLICE api default".to_vec(),
+            WordCount {
+                verb: "SLICE",
+                expected: 3,
+                got: 2,
+            },
+        ),
         (b"HELLO 1 Consumer".to_vec(), BadRole("Consumer".into())),
         (
             b"LISTENER web localhost:80".to_vec(),

@@ -158,6 +158,14 @@ impl<P: Protocol> ReverseCluster<P> {
         self.inner.instances.sorted()
     }
 
+    /// Sessions of `slice` alive anywhere: attached here, or handed over or lent out with
+    /// their permits here (0 for a slice nobody registered for).
+    pub(crate) fn alive_sessions(&self, slice: &str) -> usize {
+        locked(&self.inner.slices)
+            .get(slice)
+            .map_or(0, |p| p.alive().load(Ordering::Acquire))
+    }
+
     /// Idle sessions in `slice` (0 for a slice nobody registered for).
     pub fn idle_sessions(&self, slice: &str) -> usize {
         locked(&self.inner.slices)

@@ -230,6 +230,7 @@ impl Instances {
             instances: Arc::clone(self),
             instance: Arc::clone(inst),
             lent: None,
+            slice: None,
         })
     }
 
@@ -269,6 +270,8 @@ pub struct SessionPermit {
     /// A session a standalone acceptor lent this process: its id is reported `GONE` when the
     /// session ends here (not when it is returned).
     pub(super) lent: Option<Lent>,
+    /// The count of its slice's live sessions, which it is in until it drops.
+    slice: Option<Arc<AtomicUsize>>,
 }
 
 /// Where to report that a lent session is gone.
@@ -289,12 +292,24 @@ impl SessionPermit {
     pub(crate) fn restore_lent(&mut self, lent: Option<Lent>) {
         self.lent = lent;
     }
+
+    /// Counts the session in `alive` (its slice's live sessions) until the permit drops; a
+    /// permit already counted (a session that came back to its pool) stays as it is.
+    pub(crate) fn count_in(&mut self, alive: &Arc<AtomicUsize>) {
+        if self.slice.is_none() {
+            alive.fetch_add(1, Ordering::AcqRel);
+            self.slice = Some(Arc::clone(alive));
+        }
+    }
 }
 
 impl Drop for SessionPermit {
     fn drop(&mut self) {
         if let Some(lent) = self.lent.take() {
             let _ = lent.gone.send(lent.id);
+        }
+        if let Some(alive) = self.slice.take() {
+            alive.fetch_sub(1, Ordering::AcqRel);
         }
         self.global.give();
         self.instances.release(&self.instance);

@@ -17,8 +17,9 @@ use crate::stream::{ParkedIo, Parking, SessionStream};
 pub(crate) async fn attach<P: Protocol>(
     io: Box<dyn SessionStream>,
     pool: &Arc<SlicePool<P>>,
-    permit: SessionPermit,
+    mut permit: SessionPermit,
 ) -> Result<(), P::Error> {
+    permit.count_in(pool.alive());
     let parking = Arc::new(Parking::default());
     let io = ParkedIo::new(io, Arc::clone(&parking));
     let (client, conn) = P::handshake(io).await?;

@@ -44,7 +44,7 @@ mod session;
 mod slice_id;
 mod stream;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use self::cluster::{ExpectSessions, ReverseCluster, ReverseSlice};
 pub use self::error::{AdoptError, LeaseError, RETRY_AFTER_SECS};

@@ -48,6 +48,9 @@ pub struct SlicePool<P: Protocol> {
     metrics: ReverseMetrics,
     /// Sessions attached to this slice, idle or leased.
     registered: AtomicUsize,
+    /// Sessions of this slice alive anywhere: attached here, or handed over or lent out with
+    /// their permits still in this process (a standalone acceptor's). Counted by the permits.
+    alive: Arc<AtomicUsize>,
     /// Non-zero while sessions may arrive from elsewhere (lent, or handed over).
     arriving: Arc<AtomicUsize>,
     /// A request was refused for want of any session since the last one registered: logged
@@ -190,6 +193,7 @@ impl<P: Protocol> SlicePool<P> {
             abandoned: AtomicUsize::new(0),
             metrics,
             registered: AtomicUsize::new(0),
+            alive: Arc::default(),
             arriving,
             empty_logged: AtomicBool::new(false),
             refusals: SharedTally::new(),
@@ -229,6 +233,11 @@ impl<P: Protocol> SlicePool<P> {
     /// Sessions attached to this slice, idle or leased.
     pub(crate) fn registered(&self) -> usize {
         self.registered.load(Ordering::Acquire)
+    }
+
+    /// The count of this slice's sessions alive anywhere, which their permits keep.
+    pub(crate) fn alive(&self) -> &Arc<AtomicUsize> {
+        &self.alive
     }
 
     /// How long a request may wait for a session, from now: `no_sessions_wait` when the

@@ -31,7 +31,7 @@ use crate::stream::ParkedIo;
 /// Sessions as the proxy speaks to them: hyper's HTTP/1.1 client (whose readiness and
 /// end the pool relies on), with bodies the tests never send.
 #[derive(Debug)]
-struct H1;
+pub(crate) struct H1;
 
 impl Protocol for H1 {
     type Client = http1::SendRequest<Empty<Bytes>>;

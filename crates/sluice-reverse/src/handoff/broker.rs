@@ -12,11 +12,14 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sluice_config::{Config, HandoffServer, SessionSource};
-use sluice_handoff::{AllowedUids, Handoff, HandoffListener, Message, Role};
+use sluice_handoff::{
+    AllowedUids, Handoff, HandoffListener, Message, Role, SliceState, SocketAccess,
+};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
+use super::emptiness::Emptiness;
 use super::error::{LinkError, PeerError};
 use super::ledger::Ledger;
 use crate::acceptor::{Acceptor, BindError};
@@ -56,6 +59,8 @@ pub struct StandaloneAcceptor<P: Protocol> {
 struct State {
     /// Credit, loans and recalls; a loan holds the session's permit.
     ledger: Ledger<SessionPermit>,
+    /// The slices consumers were told have no session registered.
+    emptiness: Emptiness,
     /// Each consumer's connection, by its id in the ledger.
     conns: BTreeMap<u64, Arc<Handoff>>,
 }
@@ -106,8 +111,17 @@ impl<P: Protocol> StandaloneAcceptor<P> {
         let acceptor = Acceptor::bind(opts, clusters.values().cloned())
             .await?
             .with_readiness(&readiness);
-        let HandoffServer { path, allowed_uids } = handoff;
-        let listener = HandoffListener::bind(path, sluice_handoff::DEFAULT_SOCKET_MODE)?;
+        let HandoffServer {
+            path,
+            allowed_uids,
+            mode,
+            group,
+        } = handoff;
+        let access = SocketAccess {
+            mode: *mode,
+            group: *group,
+        };
+        let listener = HandoffListener::bind_with(path, access)?;
         Ok(Self {
             acceptor,
             readiness,
@@ -195,6 +209,11 @@ async fn accept<P: Protocol>(
                 let span = tracing::info_span!("consumer", pid = creds.pid, uid = creds.uid);
                 consumers.spawn(serve(Arc::new(conn), Arc::clone(&shared)).instrument(span));
             }
+            Err(sluice_handoff::Error::PeerNotAllowed { uid, pid }) => warn!(
+                uid,
+                pid,
+                "handoff connection refused: its uid is not allowed; add it to [handoff] allowed_uids"
+            ),
             Err(error) => warn!(%error, "handoff connection refused"),
         }
     }
@@ -237,14 +256,19 @@ async fn handle<P: Protocol>(
 ) -> Result<(), PeerError> {
     match (msg, fd) {
         (Message::Credit { cluster, slice, n }, None) => {
-            if !shared.clusters.contains_key(&cluster) {
+            let Some(c) = shared.clusters.get(&cluster) else {
                 return Err(PeerError::UnknownCluster(cluster));
-            }
-            shared
-                .state()
-                .ledger
-                .credit(consumer, SliceId::new(cluster, slice), n);
+            };
+            let alive = c.alive_sessions(&slice);
+            let key = SliceId::new(cluster, slice);
+            let news = {
+                let mut st = shared.state();
+                let first = !st.ledger.has_asked(consumer, &key);
+                st.ledger.credit(consumer, key.clone(), n);
+                slice_news(&mut st, &key, alive, first.then_some(consumer))
+            };
             shared.wake.notify_one();
+            tell(news).await;
             Ok(())
         }
         (Message::Gone { id }, None) => {
@@ -322,18 +346,87 @@ fn recalls<P: Protocol>(shared: &Shared<P>, key: &SliceId) -> Vec<(Arc<Handoff>,
         .collect()
 }
 
-/// Wakes the pump whenever a cluster's sessions change, and tells every consumer about
-/// drained instances.
+/// Wakes the pump whenever a cluster's sessions change, tells the consumers of a slice when
+/// it has no session left or has some again, and tells every consumer about drained
+/// instances.
 async fn watch<P: Protocol>(shared: Arc<Shared<P>>, cluster: ReverseCluster<P>) {
     let mut drains = cluster.subscribe_drains();
     loop {
         tokio::select! {
-            () = cluster.changed() => shared.wake.notify_one(),
+            () = cluster.changed() => {
+                shared.wake.notify_one();
+                tell(cluster_news(&shared, &cluster)).await;
+            }
             drained = drains.recv() => match drained {
                 Ok(instance) => tell_all(&shared, &Message::Drain { instance }).await,
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(_) => return,
             },
+        }
+    }
+}
+
+/// `SLICE` for every slice of `cluster` consumers asked for whose emptiness changed.
+fn cluster_news<P: Protocol>(
+    shared: &Shared<P>,
+    cluster: &ReverseCluster<P>,
+) -> Vec<(Arc<Handoff>, Message)> {
+    let keys = shared.state().ledger.asked_slices(cluster.name());
+    let alive: Vec<(SliceId, usize)> = keys
+        .into_iter()
+        .map(|key| {
+            let n = cluster.alive_sessions(&key.slice);
+            (key, n)
+        })
+        .collect();
+    let mut st = shared.state();
+    alive
+        .iter()
+        .flat_map(|(key, n)| slice_news(&mut st, key, *n, None))
+        .collect()
+}
+
+/// What the consumers of `key` must hear now that it has `alive` sessions: `SLICE` to each
+/// that asked for it when its emptiness changed; else, to a consumer asking for the first
+/// time (`newcomer`), that it is empty if it is.
+fn slice_news(
+    st: &mut State,
+    key: &SliceId,
+    alive: usize,
+    newcomer: Option<u64>,
+) -> Vec<(Arc<Handoff>, Message)> {
+    let (to, state) = match st.emptiness.update(key, alive) {
+        Some(state) => {
+            match state {
+                SliceState::Empty => {
+                    warn!(%key, "no sessions registered: consumers are told (SLICE empty)")
+                }
+                SliceState::Registered => {
+                    info!(%key, "sessions registered again: consumers are told")
+                }
+            }
+            (st.ledger.askers(key), state)
+        }
+        None if st.emptiness.is_empty(key) => (newcomer.into_iter().collect(), SliceState::Empty),
+        None => return Vec::new(),
+    };
+    to.iter()
+        .filter_map(|consumer| {
+            let msg = Message::Slice {
+                cluster: key.cluster.clone(),
+                slice: key.slice.clone(),
+                state,
+            };
+            Some((Arc::clone(st.conns.get(consumer)?), msg))
+        })
+        .collect()
+}
+
+/// Sends each message on its connection; a consumer that misses one has gone away.
+async fn tell(news: Vec<(Arc<Handoff>, Message)>) {
+    for (conn, msg) in news {
+        if let Err(error) = conn.send(&msg, None).await {
+            debug!(%error, "a consumer missed {}", msg.verb());
         }
     }
 }

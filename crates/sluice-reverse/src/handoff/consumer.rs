@@ -259,6 +259,19 @@ impl<P: Protocol> Link<'_, P> {
                 }
                 Ok(())
             }
+            // A Sluice consumer's requests wait for sessions regardless (its clusters expect
+            // them from the acceptor); the NGINX module answers 503 at once instead.
+            (
+                Message::Slice {
+                    cluster,
+                    slice,
+                    state,
+                },
+                None,
+            ) => {
+                debug!(%cluster, %slice, %state, "the acceptor reports the slice");
+                Ok(())
+            }
             (other, _) => Err(PeerError::Unexpected {
                 verb: other.verb(),
                 from: "the acceptor",

@@ -3,7 +3,7 @@
 //! pools and not yet arrived. The broker asks it whom to lend a session to ([`Ledger::pick`])
 //! and whom to ask for sessions back ([`Ledger::recalls`]), and does the sending.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::error::PeerError;
 
@@ -88,6 +88,32 @@ impl<T> Ledger<T> {
         }
     }
 
+    /// Whether `consumer` has ever asked for credit of `key`.
+    pub(crate) fn has_asked(&self, consumer: u64, key: &SliceId) -> bool {
+        self.consumers
+            .get(&consumer)
+            .is_some_and(|a| a.credit.contains_key(key))
+    }
+
+    /// The consumers that have asked for credit of `key`, ever (they hear about it).
+    pub(crate) fn askers(&self, key: &SliceId) -> Vec<u64> {
+        self.consumers
+            .iter()
+            .filter(|(_, a)| a.credit.contains_key(key))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The slices of `cluster` any consumer has asked for credit of.
+    pub(crate) fn asked_slices(&self, cluster: &str) -> BTreeSet<SliceId> {
+        self.consumers
+            .values()
+            .flat_map(|a| a.credit.keys())
+            .filter(|key| key.cluster == cluster)
+            .cloned()
+            .collect()
+    }
+
     /// `RETURN` or `GONE` of session `id`: no longer lent (nor owed, if it was recalled).
     /// Another consumer's session, or one nobody holds, is the peer's error.
     pub(crate) fn settle(&mut self, consumer: u64, id: u64) -> Result<(SliceId, T), PeerError> {
@@ -154,10 +180,7 @@ impl<T> Ledger<T> {
         let (lent, wanted) = self.holdings(key);
         let demand =
             |id: &u64| lent.get(id).copied().unwrap_or(0) + wanted.get(id).copied().unwrap_or(0);
-        let all = wanted
-            .keys()
-            .chain(lent.keys())
-            .collect::<std::collections::BTreeSet<_>>();
+        let all = wanted.keys().chain(lent.keys()).collect::<BTreeSet<_>>();
         let all: usize = all.into_iter().map(demand).sum();
         // With the session being placed, `total` are lent; share × all = total × demand.
         let total = lent.values().sum::<usize>() + 1;

@@ -5,17 +5,21 @@
 //!
 //! # Layout
 //! * `broker`: the acceptor's side: [`StandaloneAcceptor`] = the acceptor plus the handoff
-//!   socket, credit bookkeeping, lending, `RETURN`/`GONE`, `DRAIN` to consumers.
+//!   socket, credit bookkeeping, lending, `RETURN`/`GONE`, `DRAIN` and `SLICE` to consumers.
 //! * `consumer`: a Sluice's side: credit ahead of demand, adopt lent sessions, report
 //!   `GONE`, return surplus idle sessions, reconnect with backoff.
 //! * `ledger`: the broker's accounts (credit, loans, recalls, sessions on their way),
 //!   without sockets, so the lending rules are tested alone.
+//! * `emptiness`: which slices consumers were told have no session registered (`SLICE`).
 //! * `error`: why a link to a peer ended: the peer misbehaved, or the socket failed.
 
 mod broker;
 mod consumer;
+mod emptiness;
 mod error;
 mod ledger;
+#[cfg(test)]
+mod tests;
 
 pub use broker::{BrokerError, StandaloneAcceptor};
 pub use consumer::{consume, Source};

@@ -1,0 +1,111 @@
+"""A slice with no session registered at all: the acceptor tells the workers (`SLICE ...
+empty`, docs/handoff.md), and a request gets 503 "no sessions registered" at once instead of
+waiting its whole queue_timeout (an hour here), unless `no_sessions_wait` lets it wait for a
+service that is starting."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from conftest import Built, Nginx
+from harness import WAIT, Proc, Result, start_acceptor, start_service
+
+NO_SESSIONS = "no sessions registered for this service"
+
+
+def status(n: Nginx) -> dict:
+    with urllib.request.urlopen(f"http://{n.addr[0]}:{n.addr[1]}/sluice", timeout=WAIT) as res:
+        return json.loads(res.read())["upstreams"][0]
+
+
+def until(n: Nginx, pred: Callable[[dict], bool], what: str) -> dict:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        st = status(n)
+        if pred(st):
+            return st
+        time.sleep(0.01)
+    raise AssertionError(f"sluice_status never showed {what}: {st}")
+
+
+def get(n: Nginx, rid: str) -> Result:
+    conn = http.client.HTTPConnection(*n.addr, timeout=WAIT)
+    try:
+        conn.request("GET", "/work", headers={"X-Request-Id": rid})
+        res = conn.getresponse()
+        return Result(rid, res.status, res.read().decode(errors="replace").strip(), 0,
+                      res.getheader("retry-after"))
+    finally:
+        conn.close()
+
+
+def in_background(n: Nginx, rid: str) -> tuple[threading.Thread, list[Result]]:
+    out: list[Result] = []
+    t = threading.Thread(target=lambda: out.append(get(n, rid)), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_with_no_service_registered_a_request_gets_503_at_once(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    nginx = nginx_factory(sock, workers=1, idle=1, queue_timeout="1h")
+    nginx.wait_connected(1)
+    until(nginx, lambda st: st["registered"] is False, "the acceptor's SLICE empty")
+    res = get(nginx, "early")
+    assert (res.status, res.body, res.retry_after) == (503, NO_SESSIONS, "1"), res
+    assert "no sessions registered for upstream" in "\n".join(nginx.proc.lines)
+    # A service registers: the slice has sessions again, and requests are served.
+    procs.append(start_service(built.bins, "go", addr, "go", 1, 0))
+    until(nginx, lambda st: st["registered"] is True, "the acceptor's SLICE registered")
+    assert get(nginx, "later").status == 200
+
+
+def test_requests_waiting_when_the_service_goes_away_get_503_at_once(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    service = start_service(built.bins, "go", addr, "go", 1, 60_000)  # one session, stuck
+    procs.append(service)
+    nginx = nginx_factory(sock, workers=1, idle=1, queue_timeout="1h")
+    nginx.wait_connected(1)
+    until(nginx, lambda st: st["idle"] == 1, "the session")
+    holder, held = in_background(nginx, "held")
+    service.wait_line(lambda line: line == "start held", "the first request at the service")
+    waiter, waited = in_background(nginx, "waiting")
+    until(nginx, lambda st: st["queued"] == 1, "the second request waiting")
+    # The service dies: its one request fails (502), and the one waiting for a session is
+    # told at once that none is registered, not after an hour.
+    service.signal(signal.SIGKILL)
+    holder.join(WAIT)
+    waiter.join(WAIT)
+    assert held and held[0].status == 502, held
+    assert waited and (waited[0].status, waited[0].body) == (503, NO_SESSIONS), waited
+
+
+def test_no_sessions_wait_holds_requests_for_a_service_that_is_starting(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    nginx = nginx_factory(sock, workers=1, idle=1, queue_timeout="1h no_sessions_wait=1h")
+    nginx.wait_connected(1)
+    until(nginx, lambda st: st["registered"] is False, "the acceptor's SLICE empty")
+    waiter, waited = in_background(nginx, "patient")
+    until(nginx, lambda st: st["queued"] == 1, "the request waiting")
+    procs.append(start_service(built.bins, "go", addr, "go", 1, 0))
+    waiter.join(WAIT)
+    assert waited and waited[0].status == 200, waited
