@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use sluice_handoff::SliceState;
 
-use crate::SliceId;
+use crate::slice_id::SliceId;
 
 /// The slices last reported empty; every other slice counts as registered (which is also
 /// what a consumer assumes until told otherwise).
