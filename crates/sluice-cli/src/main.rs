@@ -249,7 +249,7 @@ fn acceptor(path: PathBuf) -> anyhow::Result<()> {
     let runtime = build_runtime(config.runtime.workers)?;
     runtime.block_on(async {
         let stop = os_signal();
-        let acceptor = sluice::StandaloneAcceptor::bind(&config).await?;
+        let acceptor = sluice::Standalone::bind(&config).await?;
         info!(source = %config.source, "standalone acceptor started; SIGTERM or SIGINT stops it");
         acceptor.run_until(stop).await;
         Ok(())

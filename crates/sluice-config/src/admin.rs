@@ -36,6 +36,32 @@ pub struct Status {
     /// Every `[[relay]]` (absent when there is none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relays: Vec<RelayStatus>,
+    /// A standalone acceptor's consumers (the Sluice processes it lends sessions to; absent
+    /// elsewhere).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consumers: Vec<ConsumerStatus>,
+}
+
+/// A consumer of a standalone acceptor: one Sluice process connected to its handoff socket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConsumerStatus {
+    /// Its id (in connection order).
+    pub id: u64,
+    /// Per slice: its open credit and the sessions lent to it.
+    pub slices: Vec<ConsumerSliceStatus>,
+}
+
+/// What one consumer holds of one slice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConsumerSliceStatus {
+    /// The reverse cluster.
+    pub cluster: String,
+    /// The slice.
+    pub slice: String,
+    /// Sessions it may still be lent (what it asked for and did not get yet).
+    pub credit: u32,
+    /// Sessions lent to it now.
+    pub lent: u64,
 }
 
 /// A `[[relay]]` and its counters since it started.

@@ -7,7 +7,7 @@
 //! | `GET /healthz` | `200 ok` while the process serves |
 //! | `GET /ready` | `200 ready` while the node takes traffic; `503` with `starting`, `draining` or `stopping` (for L4 balancers and Kubernetes readiness; no token needed) |
 //! | `POST /drain` | drain the node: `/ready` turns 503 for good; requests and sessions carry on (a `preStop` before SIGTERM) |
-//! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints (health, ejection, load) |
+//! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints (health, ejection, load); a standalone acceptor's consumers (credit, sessions lent) |
 //! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance and keep it out: its registrations are refused (410) until resumed |
 //! | `POST /clusters/{cluster}/instances/{instance}/resume` | let a drained instance register again |
 //! | `POST /reload` | re-read the configuration file and apply it (`sluice run`: a hot restart of the same binary, so no request fails; a file that does not load is 400 with its `file:line:col` error, and nothing changes) |
@@ -38,8 +38,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use sluice_config::admin::{
-    AcceptorStatus, CertificateStatus, ClusterStatus, EndpointStatus, InstanceDrain,
-    InstanceStatus, ListenerStatus, RelayStatus, SliceStatus, Status,
+    AcceptorStatus, CertificateStatus, ClusterStatus, ConsumerSliceStatus, ConsumerStatus,
+    EndpointStatus, InstanceDrain, InstanceStatus, ListenerStatus, RelayStatus, SliceStatus,
+    Status,
 };
 use sluice_config::Token;
 use tokio::net::TcpListener;
@@ -48,6 +49,7 @@ use tracing::info;
 use crate::metrics::Metrics;
 use crate::router::{LiveRoutes, RouteError, RouteSpec};
 use crate::server::ShutdownSignal;
+use crate::upstream::reverse::{BrokerView, SliceId};
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
 
 /// What the admin API reads and changes.
@@ -66,6 +68,8 @@ pub(crate) struct AdminState {
     certificates: BTreeMap<String, Arc<crate::server::tls::Certificates>>,
     reload: Option<ReloadHook>,
     relays: Vec<sluice_relay::RelayHandle>,
+    /// A standalone acceptor's consumers (`sluice acceptor`).
+    consumers: Option<BrokerView>,
 }
 
 /// What `POST /reload` runs: `Ok` with what happened, or `Err` with why the configuration
@@ -126,7 +130,14 @@ impl AdminState {
             certificates: BTreeMap::new(),
             reload: None,
             relays: Vec::new(),
+            consumers: None,
         }
+    }
+
+    /// Shows a standalone acceptor's consumers, their credit and loans, in `/status`.
+    pub(crate) fn with_consumers(mut self, broker: BrokerView) -> Self {
+        self.consumers = Some(broker);
+        self
     }
 
     /// Shows these relays in `/status` and `/metrics`.
@@ -345,8 +356,29 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
         }),
         clusters,
         relays: state.relays.iter().map(relay_status).collect(),
+        consumers: state
+            .consumers
+            .as_ref()
+            .map_or_else(Vec::new, consumer_status),
     })
     .into_response()
+}
+
+fn consumer_status(broker: &BrokerView) -> Vec<ConsumerStatus> {
+    let slice = |(id, credit, lent): (SliceId, u32, usize)| ConsumerSliceStatus {
+        cluster: id.cluster,
+        slice: id.slice,
+        credit,
+        lent: count(lent),
+    };
+    broker
+        .consumers()
+        .into_iter()
+        .map(|c| ConsumerStatus {
+            id: c.id,
+            slices: c.slices.into_iter().map(slice).collect(),
+        })
+        .collect()
 }
 
 fn reverse_status(name: &str, c: &ReverseCluster) -> ClusterStatus {

@@ -88,6 +88,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// A standalone acceptor (`sluice acceptor`) could not start.
+    #[error(transparent)]
+    Standalone(#[from] sluice_reverse::handoff::BrokerError),
     /// A listener's certificate or key was rejected by rustls.
     #[error("listener {listener}: TLS: {source}")]
     Tls {
@@ -535,7 +538,7 @@ fn bind_relays(
 
 /// Binds the admin API's listener (`[admin]`), or takes over the one a predecessor handed
 /// over; returns it with the token.
-async fn bind_admin(
+pub(crate) async fn bind_admin(
     config: &Config,
     sockets: &mut Sockets,
 ) -> Result<Option<(TcpListener, Option<Token>)>, StartError> {

@@ -11,6 +11,8 @@
 //! - [`access_log`]: one line per request (Common Log Format or JSON) to stdout or a file.
 //! - `admin`: the admin API (status, drain, endpoints, `/metrics`) for `sluice ctl`.
 //! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
+//! - [`standalone`]: [`Standalone`], `sluice acceptor`: the standalone acceptor with the
+//!   admin API.
 //! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
 //!   timeouts, the HTTP/1 request-smuggling guard (`Content-Length` with `Transfer-Encoding`),
 //!   graceful shutdown.
@@ -52,6 +54,7 @@ pub(crate) mod reload;
 pub(crate) mod restart;
 pub mod router;
 pub mod server;
+pub mod standalone;
 pub mod upstream;
 
 pub use admin::{ReloadFuture, ReloadHook};
@@ -65,5 +68,6 @@ pub use router::{Matcher, RequestHead, Route, RouteTable, Routing, Target};
 pub use server::{ClientInfo, Group, Server, Shutdown, ShutdownSignal};
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;
+pub use standalone::Standalone;
 pub use upstream::reverse::StandaloneAcceptor;
 pub use upstream::{ReverseCluster, ReverseSlice, StaticCluster, StaticOptions, Upstream};

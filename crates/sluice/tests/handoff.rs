@@ -1,7 +1,8 @@
 //! A standalone acceptor lending one service's sessions to two consumers, in one process over
 //! real sockets (the handoff socket, the acceptor, the consumers' listeners): both consumers
 //! serve from the one pool, idle sessions move to the consumer whose requests wait, and the
-//! service never has more requests in flight than the sessions it declared.
+//! service never has more requests in flight than the sessions it declared. Its admin API
+//! shows what it lends to whom.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -13,8 +14,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use reverse_support::{get, Service, ServiceSpec};
-use sluice::StandaloneAcceptor;
-use sluice::{Proxy, ReverseCluster};
+use sluice::{Proxy, ReverseCluster, Standalone};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -37,15 +38,23 @@ fn parse(text: &str) -> sluice::config::Config {
     sluice::config::parse_str(text, "test.toml", Path::new(".")).unwrap()
 }
 
-/// `sluice acceptor` with the cluster `api`; returns where services dial in.
+/// `sluice acceptor` with the cluster `api` and the admin API; returns where services dial in.
 async fn standalone(socket: &Path) -> (SocketAddr, Running) {
+    let (addr, _, running) = standalone_with_admin(socket).await;
+    (addr, running)
+}
+
+/// [`standalone`], returning its admin API's address too.
+async fn standalone_with_admin(socket: &Path) -> (SocketAddr, SocketAddr, Running) {
     let config = parse(&format!(
         "[acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n\
-         [handoff]\nlisten = \"{}\"\n[cluster.api]\nkind = \"reverse\"\n",
+         [handoff]\nlisten = \"{}\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [cluster.api]\nkind = \"reverse\"\n",
         socket.display()
     ));
-    let acceptor = StandaloneAcceptor::bind(&config).await.unwrap();
+    let acceptor = Standalone::bind(&config).await.unwrap();
     let addr = acceptor.acceptor_addr().unwrap();
+    let admin = acceptor.admin_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(acceptor.run_until(async move {
         let _ = stopped.await;
@@ -54,7 +63,7 @@ async fn standalone(socket: &Path) -> (SocketAddr, Running) {
         stop: Some(stop),
         task,
     };
-    (addr, running)
+    (addr, admin, running)
 }
 
 /// `sluice run` whose cluster `api` draws on the acceptor at `socket`, keeping 2 idle.
@@ -177,6 +186,92 @@ async fn a_consumer_that_stops_returns_its_sessions_to_the_acceptor() {
     assert_eq!(get(b_http, "/").await.status, 200);
     assert_eq!(service.live(), SESSIONS);
     for running in [b_run, standalone] {
+        running.stop().await;
+    }
+}
+
+/// One admin API call from loopback: the status and the body.
+async fn admin(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.unwrap();
+    let status = reply[9..12].parse().unwrap();
+    let body = reply.split_once("\r\n\r\n").unwrap().1.to_owned();
+    (status, body)
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// `sluice acceptor` serves the admin API: its clusters and instances, the consumers it lends
+/// to with their credit and loans, its metrics, readiness, and instance drains. Before, it
+/// had no admin API at all: an operator could not see what it lent to whom.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_acceptor_shows_what_it_lends_to_whom() {
+    const SESSIONS: usize = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("handoff.sock");
+    let (acceptor, admin_addr, standalone) = standalone_with_admin(&socket).await;
+    let (a_http, a, a_run) = consumer(&socket).await;
+    let service = Service::start(acceptor, ServiceSpec::new("svc", SESSIONS)).await;
+    eventually("the consumer holds sessions", || a.sessions() >= 2).await;
+    assert_eq!(get(a_http, "/").await.status, 200);
+
+    assert_eq!(
+        admin(admin_addr, "GET", "/ready").await,
+        (200, "ready\n".into())
+    );
+    let lent_now = || async {
+        let (status, body) = admin(admin_addr, "GET", "/status").await;
+        assert_eq!(status, 200, "{body}");
+        json(&body)
+    };
+    let status = lent_now().await;
+    assert_eq!(status["acceptor"]["addr"], acceptor.to_string(), "{status}");
+    let cluster = &status["clusters"][0];
+    assert_eq!(cluster["name"], "api", "{status}");
+    assert_eq!(cluster["sessions"], SESSIONS, "{status}");
+    assert_eq!(cluster["instances"][0]["id"], "svc", "{status}");
+    let consumers = status["consumers"].as_array().expect("consumers listed");
+    assert_eq!(consumers.len(), 1, "{status}");
+    let slice = &consumers[0]["slices"][0];
+    assert_eq!(
+        (&slice["cluster"], &slice["slice"]),
+        (&"api".into(), &"default".into())
+    );
+    assert_eq!(slice["lent"], a.sessions(), "{status}");
+
+    let (status, metrics) = admin(admin_addr, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    let registered = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_acceptor_handshakes_total{") && l.contains("registered"))
+        .unwrap_or_else(|| panic!("no registered handshakes in:\n{metrics}"));
+    assert!(
+        registered.ends_with(&format!(" {SESSIONS}")),
+        "{registered}"
+    );
+    assert!(
+        metrics.contains("sluice_sessions{cluster=\"api\",instance=\"svc\",state=\"active\"} 4"),
+        "{metrics}"
+    );
+
+    let (status, body) = admin(admin_addr, "POST", "/clusters/api/instances/svc/drain").await;
+    assert_eq!(status, 200, "{body}");
+    let status = lent_now().await;
+    assert_eq!(
+        status["clusters"][0]["instances"][0]["draining"], true,
+        "{status}"
+    );
+    assert_eq!(admin(admin_addr, "POST", "/drain").await.0, 200);
+    assert_eq!(admin(admin_addr, "GET", "/ready").await.0, 503);
+    drop(service);
+    for running in [a_run, standalone] {
         running.stop().await;
     }
 }

@@ -6,8 +6,9 @@
 use std::fmt::Write as _;
 
 use sluice_config::admin::{
-    ClusterStatus as Cluster, EndpointStatus as Endpoint, InstanceStatus as Instance,
-    ListenerStatus as Listener, RelayStatus as Relay, SliceStatus as Slice, Status,
+    ClusterStatus as Cluster, ConsumerStatus as Consumer, EndpointStatus as Endpoint,
+    InstanceStatus as Instance, ListenerStatus as Listener, RelayStatus as Relay,
+    SliceStatus as Slice, Status,
 };
 
 use super::client::AdminUrl;
@@ -36,7 +37,45 @@ pub(crate) fn render(status: &Status, url: &AdminUrl) -> String {
         detail(cluster, &mut out);
     }
     relays(&status.relays, &mut out);
+    consumers(&status.consumers, &mut out);
     out
+}
+
+/// A standalone acceptor's consumers: one row per consumer and slice it holds credit or
+/// sessions of.
+fn consumers(consumers: &[Consumer], out: &mut String) {
+    if consumers.is_empty() {
+        return;
+    }
+    out.push('\n');
+    let mut t = Table::new(&[
+        ("CONSUMER", Align::Right),
+        ("CLUSTER", Align::Left),
+        ("SLICE", Align::Left),
+        ("CREDIT", Align::Right),
+        ("LENT", Align::Right),
+    ]);
+    for c in consumers {
+        if c.slices.is_empty() {
+            t.row([
+                c.id.to_string(),
+                "-".into(),
+                "-".into(),
+                "0".into(),
+                "0".into(),
+            ]);
+        }
+        for s in &c.slices {
+            t.row([
+                c.id.to_string(),
+                s.cluster.clone(),
+                s.slice.clone(),
+                s.credit.to_string(),
+                s.lent.to_string(),
+            ]);
+        }
+    }
+    t.render("", out);
 }
 
 fn relays(relays: &[Relay], out: &mut String) {

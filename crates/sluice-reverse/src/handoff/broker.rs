@@ -21,11 +21,12 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::emptiness::Emptiness;
 use super::error::{LinkError, PeerError};
-use super::ledger::Ledger;
+use super::ledger::{ConsumerView, Ledger};
 use crate::acceptor::{Acceptor, BindError};
 use crate::cluster::ReverseCluster;
 use crate::handover::HandedSession;
 use crate::instance::SessionPermit;
+use crate::metrics::ReverseMetrics;
 use crate::protocol::Protocol;
 use crate::slice_id::SliceId;
 use sluice_net::{Shutdown, ShutdownSignal};
@@ -48,11 +49,12 @@ pub enum BrokerError {
 #[derive(Debug)]
 pub struct StandaloneAcceptor<P: Protocol> {
     acceptor: Acceptor<P>,
+    /// What the broker shares with its tasks (and with [`BrokerView`]s).
+    shared: Arc<Shared<P>>,
     /// Told `stop` when it stops, so the services' control links say `DRAINING`.
     readiness: sluice_net::Readiness,
     listener: HandoffListener,
     allowed: AllowedUids,
-    clusters: BTreeMap<String, ReverseCluster<P>>,
 }
 
 #[derive(Debug, Default)]
@@ -65,11 +67,35 @@ struct State {
     conns: BTreeMap<u64, Arc<Handoff>>,
 }
 
+#[derive(Debug)]
 struct Shared<P: Protocol> {
     state: Mutex<State>,
     clusters: BTreeMap<String, ReverseCluster<P>>,
     /// Wakes the pump: credit arrived, or sessions came or went.
     wake: Notify,
+}
+
+/// What an admin API reads of a running standalone acceptor: its clusters, and its consumers'
+/// credit and loans. Cheap to clone.
+#[derive(Debug)]
+pub struct BrokerView<P: Protocol>(Arc<Shared<P>>);
+
+impl<P: Protocol> Clone for BrokerView<P> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<P: Protocol> BrokerView<P> {
+    /// The reverse clusters it serves.
+    pub fn clusters(&self) -> &BTreeMap<String, ReverseCluster<P>> {
+        &self.0.clusters
+    }
+
+    /// Each consumer connected now, with its credit and loans by slice.
+    pub fn consumers(&self) -> Vec<ConsumerView> {
+        self.0.state().ledger.view()
+    }
 }
 
 impl<P: Protocol> Shared<P> {
@@ -82,6 +108,14 @@ impl<P: Protocol> StandaloneAcceptor<P> {
     /// Binds the acceptor (`[acceptor]`) for the reverse clusters that draw on it and the
     /// handoff socket (`[handoff]`).
     pub async fn bind(config: &Config) -> Result<Self, BrokerError> {
+        Self::bind_with_metrics(config, &ReverseMetrics::default()).await
+    }
+
+    /// [`bind`](Self::bind), counting handshakes, queue waits and refusals in `metrics`.
+    pub async fn bind_with_metrics(
+        config: &Config,
+        metrics: &ReverseMetrics,
+    ) -> Result<Self, BrokerError> {
         let (Some(opts), Some(handoff)) = (&config.acceptor, &config.handoff) else {
             return Err(BrokerError::Config(format!(
                 "{}: a standalone acceptor needs [acceptor] (where services dial in) and [handoff] (where consumers connect)",
@@ -99,10 +133,7 @@ impl<P: Protocol> StandaloneAcceptor<P> {
             .iter()
             .filter_map(|(name, c)| match &c.kind {
                 sluice_config::ClusterKind::Reverse(r) if r.source == SessionSource::Acceptor => {
-                    Some((
-                        name.clone(),
-                        ReverseCluster::from_config(name, r, &Default::default()),
-                    ))
+                    Some((name.clone(), ReverseCluster::from_config(name, r, metrics)))
                 }
                 _ => None,
             })
@@ -110,7 +141,8 @@ impl<P: Protocol> StandaloneAcceptor<P> {
         let readiness = sluice_net::Readiness::default();
         let acceptor = Acceptor::bind(opts, clusters.values().cloned())
             .await?
-            .with_readiness(&readiness);
+            .with_readiness(&readiness)
+            .with_metrics(metrics.clone());
         let HandoffServer {
             path,
             allowed_uids,
@@ -122,13 +154,28 @@ impl<P: Protocol> StandaloneAcceptor<P> {
             group: *group,
         };
         let listener = HandoffListener::bind_with(path, access)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::default(),
+            clusters,
+            wake: Notify::new(),
+        });
         Ok(Self {
             acceptor,
+            shared,
             readiness,
             listener,
             allowed: AllowedUids::new(allowed_uids.iter().copied()),
-            clusters,
         })
+    }
+
+    /// A view of its clusters and consumers, for an admin API.
+    pub fn view(&self) -> BrokerView<P> {
+        BrokerView(Arc::clone(&self.shared))
+    }
+
+    /// Whether it takes traffic (for an admin API's `/ready`).
+    pub fn readiness(&self) -> &sluice_net::Readiness {
+        &self.readiness
     }
 
     /// The acceptor's bound TCP address.
@@ -142,15 +189,11 @@ impl<P: Protocol> StandaloneAcceptor<P> {
         let shutdown = Shutdown::new();
         let (tx, rx) = mpsc::unbounded_channel();
         let (lost_tx, lost) = mpsc::unbounded_channel();
-        for cluster in self.clusters.values() {
+        let shared = self.shared;
+        for cluster in shared.clusters.values() {
             cluster.start_pull(tx.clone(), Some(lost_tx.clone()));
         }
         drop((tx, lost_tx));
-        let shared = Arc::new(Shared {
-            state: Mutex::default(),
-            clusters: self.clusters,
-            wake: Notify::new(),
-        });
         let mut tasks = JoinSet::new();
         tasks.spawn(self.acceptor.run(shutdown.signal()));
         tasks.spawn(pump(Arc::clone(&shared)));

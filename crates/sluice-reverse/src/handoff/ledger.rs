@@ -51,7 +51,38 @@ impl<T> Default for Ledger<T> {
     }
 }
 
+/// One consumer as `/status` shows it: per slice, the credit it has open and the sessions lent
+/// to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerView {
+    /// Its id here (in connection order).
+    pub id: u64,
+    /// (slice, open credit, sessions lent to it), by slice.
+    pub slices: Vec<(SliceId, u32, usize)>,
+}
+
 impl<T> Ledger<T> {
+    /// Every consumer's credit and loans, by slice.
+    pub(crate) fn view(&self) -> Vec<ConsumerView> {
+        self.consumers
+            .iter()
+            .map(|(id, account)| {
+                let mut slices: BTreeMap<SliceId, (u32, usize)> = account
+                    .credit
+                    .iter()
+                    .map(|(k, c)| (k.clone(), (*c, 0)))
+                    .collect();
+                for loan in self.out.values().filter(|l| l.consumer == *id) {
+                    slices.entry(loan.slice.clone()).or_default().1 += 1;
+                }
+                ConsumerView {
+                    id: *id,
+                    slices: slices.into_iter().map(|(k, (c, l))| (k, c, l)).collect(),
+                }
+            })
+            .collect()
+    }
+
     /// Opens an account for a new consumer; returns its id.
     pub(crate) fn join(&mut self) -> u64 {
         self.next_consumer += 1;

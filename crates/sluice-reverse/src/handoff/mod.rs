@@ -21,5 +21,6 @@ mod ledger;
 #[cfg(test)]
 mod tests;
 
-pub use broker::{BrokerError, StandaloneAcceptor};
+pub use broker::{BrokerError, BrokerView, StandaloneAcceptor};
 pub use consumer::{consume, Source};
+pub use ledger::ConsumerView;

@@ -23,6 +23,8 @@ pub type Lease = sluice_reverse::Lease<Http1>;
 pub type Acceptor = sluice_reverse::acceptor::Acceptor<Http1>;
 /// The standalone acceptor (`sluice acceptor`): the acceptor plus the handoff socket.
 pub type StandaloneAcceptor = sluice_reverse::handoff::StandaloneAcceptor<Http1>;
+/// What the admin API reads of a running standalone acceptor.
+pub type BrokerView = sluice_reverse::handoff::BrokerView<Http1>;
 /// A reverse cluster fed by a standalone acceptor.
 pub type HandoffSource = sluice_reverse::handoff::Source<Http1>;
 

@@ -14,8 +14,8 @@ pub(crate) mod raw;
 mod send;
 
 pub use self::http1::{
-    Acceptor, HandoffSource, Http1, Lease, ReverseCluster, ReverseSlice, Session, SlicePool,
-    StandaloneAcceptor,
+    Acceptor, BrokerView, HandoffSource, Http1, Lease, ReverseCluster, ReverseSlice, Session,
+    SlicePool, StandaloneAcceptor,
 };
 pub use self::link::{Link, SessionIo};
 pub use self::send::send;
