@@ -16,12 +16,14 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
+import urllib.error
+import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
-
 import harness
+import pytest
 from harness import Load, Proc
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -175,7 +177,9 @@ def test_dashboard_shows_live_numbers(demo, tmp_path: Path):
         # The demo has no static cluster, and the endpoints table says so.
         assert "no static clusters" in first.text("endpoints-table")
         # No request failed, and the error table says so.
-        assert "no 5xx responses" in first.text("errors-table")
+        assert "no 4xx or 5xx responses" in first.text("errors-table")
+        # Nor has it a relay: the relay card stays hidden.
+        assert first.attrs_of["relays-card"].get("hidden") is not None
 
         load.wait_for(100)
         second = live_dump(tmp_path, url, load, live)
@@ -225,8 +229,18 @@ name = "public"
 listen = "127.0.0.1:0"
 
 [[route]]
+name = "gone"
+path_prefix = "/gone"
+direct_response = {{ status = 404, body = "not here" }}
+
+[[route]]
 name = "broken"
 cluster = "nowhere"
+
+[[relay]]
+name = "edge"
+listen = "127.0.0.1:0"
+to = "{endpoint}"
 
 [cluster.nowhere]
 kind = "static"
@@ -277,3 +291,55 @@ def test_dashboard_lists_server_errors(guarded, tmp_path: Path):
     finally:
         results = load.stop()
     assert results and all(r.status in {502, 503} for r in results), {r.status for r in results}
+
+
+def test_dashboard_lists_client_errors_and_relays(guarded, tmp_path: Path):
+    """4xx responses show in the error table beside 5xx (before, only 5xx did), and a process
+    with a `[[relay]]` shows a relay card with its counters (before, it had none)."""
+    proxy, admin, _ = guarded
+    status = admin_json(admin, "/status")
+    [relay] = status["relays"]
+    host, port = relay["addr"].rsplit(":", 1)
+    # The relay's next hop refuses: the client's connection is accepted, then closed.
+    with socket.create_connection((host, int(port)), timeout=harness.WAIT) as conn:
+        conn.settimeout(harness.WAIT)
+        assert conn.recv(1) == b""
+    # The table counts what arrived during the page's polls: 404s keep coming meanwhile.
+    stop = threading.Event()
+    answered: list[int] = []
+
+    def not_found() -> None:
+        for _ in range(300):  # bounded: at most a minute
+            if stop.wait(0.2):
+                return
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"http://{proxy[0]}:{proxy[1]}/gone", timeout=harness.WAIT)
+            answered.append(refused.value.code)
+
+    def shows_both(dom: Dom) -> bool:
+        statuses = {a.get("data-status") for a, _ in dom.rows.get("errors-table", [])}
+        relays = [a for a, _ in dom.rows.get("relays-table", []) if "data-relay" in a]
+        return "404" in statuses and bool(relays) and int(relays[0]["data-accepted"]) >= 1
+
+    sender = threading.Thread(target=not_found, daemon=True)
+    sender.start()
+    try:
+        dom = live_dump(tmp_path, f"http://{admin}/ui#token={ADMIN_TOKEN}", None, shows_both)
+    finally:
+        stop.set()
+        sender.join()
+    assert answered and set(answered) == {404}, answered
+    [(route, status, _last, recent, total)] = [
+        [c.strip() for c in cells] for a, cells in dom.rows["errors-table"] if a.get("data-status") == "404"
+    ]
+    assert (route, status) == ("gone", "404")
+    assert 0 < int(recent) <= int(total) <= len(answered), (recent, total, len(answered))
+    assert dom.attrs_of["relays-card"].get("hidden") is None
+    [(attrs, cells)] = [(a, c) for a, c in dom.rows["relays-table"] if "data-relay" in a]
+    assert attrs["data-relay"] == "edge" and cells[1].strip() == relay["addr"], cells
+
+
+def admin_json(admin: str, path: str) -> dict:
+    request = urllib.request.Request(f"http://{admin}{path}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=harness.WAIT) as reply:
+        return json.load(reply)
