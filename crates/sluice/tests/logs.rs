@@ -10,7 +10,7 @@ use http::StatusCode;
 use log_capture::{captured_logs, lines_with};
 use reverse_support::service::dial;
 use reverse_support::{get, start_proxy, Service, ServiceSpec, DEFAULT_ROUTE};
-use support::upstream::RefusingPort;
+use support::upstream::{ObservedBackend, RefusingPort};
 use support::{static_config, TestProxy};
 
 #[tokio::test]
@@ -139,4 +139,48 @@ async fn a_service_that_goes_away_fails_its_queue_at_once_and_says_so() {
     let answered = lines_with(&logs, "waiting requests are answered 503 at once");
     assert!(!answered.is_empty());
     proxy.stop().await;
+}
+
+/// Issue 28, item 14: a flapping health check is one warning with what the check saw, not an
+/// INFO line per transition.
+#[tokio::test]
+async fn a_flapping_endpoint_is_one_warning_with_its_reason() {
+    let logs = captured_logs();
+    let flaky = ObservedBackend::start("flaky").await;
+    let extra = r#"health_check = { path = "/healthz", interval = "10ms", timeout = "1s", unhealthy_threshold = 1, healthy_threshold = 1 }"#;
+    let proxy = TestProxy::start(&static_config(&[flaky.addr], extra)).await;
+    // Checks start with the cluster's first request.
+    let reply = support::get(&support::client(), &proxy.url("/")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let endpoint = support::upstream::endpoint(&proxy, flaky.addr);
+    let mut transitions = 0;
+    for healthy in [false, true].repeat(5) {
+        flaky
+            .healthy
+            .store(healthy, std::sync::atomic::Ordering::SeqCst);
+        let settled = async {
+            while endpoint.is_healthy() != healthy {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), settled)
+            .await
+            .expect("the health check follows the endpoint");
+        transitions += 1;
+    }
+    let addr = format!("upstream.addr={}", flaky.addr);
+    let lines: Vec<_> = lines_with(&logs, "rotation")
+        .into_iter()
+        .filter(|l| l.contains(&addr))
+        .collect();
+    assert_eq!(lines.len(), 1, "{transitions} transitions: {lines:#?}");
+    for field in [
+        "WARN",
+        "out of rotation",
+        "cluster=backend",
+        "reason=status 503",
+    ] {
+        assert!(lines[0].contains(field), "{field}: {}", lines[0]);
+    }
+    proxy.shutdown();
 }

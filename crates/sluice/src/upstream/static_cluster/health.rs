@@ -2,10 +2,11 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{header, Request};
-use tracing::info;
+use sluice_net::log_limit::REPORT_INTERVAL;
+use tracing::{info, warn};
 
 use super::{Endpoint, HealthCheck, Inner};
 use crate::body::ProxyBody;
@@ -31,46 +32,143 @@ async fn check_loop(
     connect: (Duration, Option<UpstreamTls>),
 ) {
     let (mut passes, mut fails) = (0u32, 0u32);
+    let mut log = Transitions::default();
     loop {
-        if endpoint.is_removed() || cluster.strong_count() == 0 {
+        let Some(name) = cluster.upgrade().map(|c| c.name.clone()) else {
+            return;
+        };
+        if endpoint.is_removed() {
             return;
         }
-        let ok = probe(endpoint.addr(), &check, &connect).await;
-        (passes, fails) = if ok { (passes + 1, 0) } else { (0, fails + 1) };
-        if ok && passes >= check.healthy_threshold && !endpoint.is_healthy() {
-            info!(upstream.addr = %endpoint.addr(), "health check passed; endpoint back in rotation");
-            endpoint.set_healthy(true);
-        } else if !ok && fails >= check.unhealthy_threshold && endpoint.is_healthy() {
-            info!(upstream.addr = %endpoint.addr(), "health check failed; endpoint out of rotation");
-            endpoint.set_healthy(false);
+        match probe(endpoint.addr(), &check, &connect).await {
+            Ok(()) => (passes, fails) = (passes + 1, 0),
+            Err(why) => {
+                (passes, fails) = (0, fails + 1);
+                log.last_failure = why;
+            }
         }
+        let now = Instant::now();
+        if passes >= check.healthy_threshold && !endpoint.is_healthy() {
+            endpoint.set_healthy(true);
+            log.changed(true, now);
+        } else if fails >= check.unhealthy_threshold && endpoint.is_healthy() {
+            endpoint.set_healthy(false);
+            log.changed(false, now);
+        }
+        log.report(&name, &endpoint, now);
         tokio::time::sleep(check.interval).await;
     }
 }
 
+/// How an endpoint's health transitions reach the log: the first at once, then at most one
+/// line per [`REPORT_INTERVAL`] with how many happened since, so a flapping endpoint does not
+/// flood it; the state the endpoint settles in is always written. Going out of rotation is a
+/// warning with the check's failure; coming back, a line with how long it was out.
+#[derive(Debug, Default)]
+struct Transitions {
+    unlogged: u64,
+    last_line: Option<Instant>,
+    /// Since when it has been out of rotation (the first time since the last "back" line).
+    out_since: Option<Instant>,
+    /// What the last failed check saw.
+    last_failure: String,
+}
+
+impl Transitions {
+    fn changed(&mut self, healthy: bool, now: Instant) {
+        self.unlogged += 1;
+        if !healthy {
+            self.out_since.get_or_insert(now);
+        }
+    }
+
+    /// `Some(transitions since the last line)` when a line is due now.
+    fn due(&mut self, now: Instant) -> Option<u64> {
+        let quiet = self
+            .last_line
+            .is_none_or(|last| now - last >= REPORT_INTERVAL);
+        if self.unlogged == 0 || !quiet {
+            return None;
+        }
+        self.last_line = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+
+    fn report(&mut self, cluster: &str, endpoint: &Endpoint, now: Instant) {
+        let Some(transitions) = self.due(now) else {
+            return;
+        };
+        let addr = endpoint.addr();
+        match endpoint.is_healthy() {
+            true => info!(
+                cluster = %cluster, upstream.addr = %addr, transitions,
+                out_for = ?self.out_since.take().map(|t| now - t),
+                "health check passed; endpoint back in rotation"
+            ),
+            false => warn!(
+                cluster = %cluster, upstream.addr = %addr, transitions, reason = %self.last_failure,
+                "health check failed; endpoint out of rotation"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flapping_endpoint_is_reported_once_per_interval_and_its_last_state_always() {
+        let start = Instant::now();
+        let mut log = Transitions::default();
+        assert_eq!(log.due(start), None, "nothing happened");
+        log.changed(false, start);
+        assert_eq!(log.due(start), Some(1), "the first transition at once");
+        for i in 1..=5 {
+            let now = start + Duration::from_millis(100 * i);
+            log.changed(i % 2 == 0, now);
+            assert_eq!(log.due(now), None, "within the interval");
+        }
+        // The checks go on after the flapping stopped: the state it settled in is reported.
+        assert_eq!(log.due(start + REPORT_INTERVAL), Some(5));
+        assert_eq!(
+            log.due(start + REPORT_INTERVAL * 3),
+            None,
+            "nothing new since"
+        );
+        assert_eq!(log.out_since, Some(start), "out since the first failure");
+    }
+}
+
 /// One check: `GET <path>` on a fresh connection (TLS for an HTTPS cluster); a 2xx or 3xx
-/// within the timeout passes.
+/// within the timeout passes. A failure says what the check saw.
 async fn probe(
     addr: SocketAddr,
     check: &HealthCheck,
     (connect_timeout, tls): &(Duration, Option<UpstreamTls>),
-) -> bool {
+) -> Result<(), String> {
     let attempt = async {
         let mut sender = connect_http1(addr, (*connect_timeout).min(check.timeout), tls.as_ref())
             .await
-            .ok()?;
+            .map_err(|e| format!("connect: {e}"))?;
         let host = tls.as_ref().and_then(UpstreamTls::sni);
         let req = Request::get(check.path.as_str())
             .header(header::HOST, host.unwrap_or_else(|| addr.to_string()))
             .header(header::USER_AGENT, "sluice-health-check")
             .header(header::CONNECTION, "close")
             .body(ProxyBody::empty())
-            .ok()?;
-        let res = sender.send_request(req).await.ok()?;
-        Some(res.status().is_success() || res.status().is_redirection())
+            .map_err(|e| format!("request: {e}"))?;
+        let res = sender
+            .send_request(req)
+            .await
+            .map_err(|e| format!("exchange: {e}"))?;
+        match res.status().is_success() || res.status().is_redirection() {
+            true => Ok(()),
+            false => Err(format!("status {}", res.status().as_u16())),
+        }
     };
-    matches!(
-        tokio::time::timeout(check.timeout, attempt).await,
-        Ok(Some(true))
-    )
+    match tokio::time::timeout(check.timeout, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no answer within {:?}", check.timeout)),
+    }
 }
