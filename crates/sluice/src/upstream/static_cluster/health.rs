@@ -113,33 +113,6 @@ impl Transitions {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_flapping_endpoint_is_reported_once_per_interval_and_its_last_state_always() {
-        let start = Instant::now();
-        let mut log = Transitions::default();
-        assert_eq!(log.due(start), None, "nothing happened");
-        log.changed(false, start);
-        assert_eq!(log.due(start), Some(1), "the first transition at once");
-        for i in 1..=5 {
-            let now = start + Duration::from_millis(100 * i);
-            log.changed(i % 2 == 0, now);
-            assert_eq!(log.due(now), None, "within the interval");
-        }
-        // The checks go on after the flapping stopped: the state it settled in is reported.
-        assert_eq!(log.due(start + REPORT_INTERVAL), Some(5));
-        assert_eq!(
-            log.due(start + REPORT_INTERVAL * 3),
-            None,
-            "nothing new since"
-        );
-        assert_eq!(log.out_since, Some(start), "out since the first failure");
-    }
-}
-
 /// One check: `GET <path>` on a fresh connection (TLS for an HTTPS cluster); a 2xx or 3xx
 /// within the timeout passes. A failure says what the check saw.
 async fn probe(
@@ -170,5 +143,32 @@ async fn probe(
     match tokio::time::timeout(check.timeout, attempt).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {:?}", check.timeout)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flapping_endpoint_is_reported_once_per_interval_and_its_last_state_always() {
+        let start = Instant::now();
+        let mut log = Transitions::default();
+        assert_eq!(log.due(start), None, "nothing happened");
+        log.changed(false, start);
+        assert_eq!(log.due(start), Some(1), "the first transition at once");
+        for i in 1..=5 {
+            let now = start + Duration::from_millis(100 * i);
+            log.changed(i % 2 == 0, now);
+            assert_eq!(log.due(now), None, "within the interval");
+        }
+        // The checks go on after the flapping stopped: the state it settled in is reported.
+        assert_eq!(log.due(start + REPORT_INTERVAL), Some(5));
+        assert_eq!(
+            log.due(start + REPORT_INTERVAL * 3),
+            None,
+            "nothing new since"
+        );
+        assert_eq!(log.out_since, Some(start), "out since the first failure");
     }
 }
