@@ -10,8 +10,11 @@
 //! * [`normalize`]: the path, host and header names a request is routed on, normalised so the
 //!   route is chosen on the request the upstream will see ([`RequestRules`]).
 //! * [`cert`]: the names of a client certificate (mTLS at the acceptor).
+//! * [`fields`]: header fields by what they are to a proxy (hop-by-hop, forwarding,
+//!   Sluice's own): the one table both data paths consult.
 
 pub mod cert;
+pub mod fields;
 pub mod framing;
 pub mod h1;
 pub mod normalize;

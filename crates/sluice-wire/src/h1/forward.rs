@@ -13,6 +13,7 @@ use http::{HeaderName, HeaderValue};
 
 use super::request::{BodyFraming, Field, RequestHead, Role};
 use super::response::{ResponseBody, ResponseHead};
+use crate::fields;
 
 /// A client's address and its text as the forwarding fields carry it, formatted once: all of
 /// a connection's requests come from one address.
@@ -115,15 +116,7 @@ struct Kept {
 /// chains (rewritten whole), a forwarding field of an untrusted client, or edited.
 fn copy_field(buf: &[u8], field: &Field, fwd: &Forward<'_>, out: &mut Vec<u8>) {
     let name = &buf[field.name.clone()];
-    let forward = match field.role {
-        Role::Plain | Role::Host | Role::ContentLength => true,
-        Role::ForwardedProto | Role::ForwardedHost => fwd.trusted,
-        Role::ForwardedFor
-        | Role::Forwarded
-        | Role::HopByHop
-        | Role::Dropped
-        | Role::ClientAddr => false,
-    };
+    let forward = field.role.kind().is_some_and(|k| k.passes(fwd.trusted));
     if forward && !fwd.edits(name) {
         line(out, name, &buf[field.value.clone()]);
     }
@@ -139,15 +132,15 @@ fn write_forwarding(
     out: &mut Vec<u8>,
 ) {
     let ip = fwd.client.text.as_bytes();
-    if !fwd.edits(b"x-forwarded-for") {
-        out.extend_from_slice(b"x-forwarded-for: ");
+    if !fwd.edits(fields::FORWARDED_FOR.as_bytes()) {
+        field_name(out, fields::FORWARDED_FOR);
         chain(buf, head, fwd, Role::ForwardedFor, out);
         out.extend_from_slice(ip);
         out.extend_from_slice(b"\r\n");
     }
     let host = &buf[head.host.clone()];
-    if !fwd.edits(b"forwarded") {
-        out.extend_from_slice(b"forwarded: ");
+    if !fwd.edits(fields::FORWARDED.as_bytes()) {
+        field_name(out, fields::FORWARDED);
         chain(buf, head, fwd, Role::Forwarded, out);
         // RFC 7239 §6: IPv6 nodes are quoted and bracketed.
         let (open, close): (&[u8], &[u8]) = match fwd.client.ip {
@@ -158,14 +151,18 @@ fn write_forwarding(
             out.extend_from_slice(part);
         }
         out.extend_from_slice(b";host=");
-        forwarded_value(host, out);
+        fields::forwarded_value(host, out);
         out.extend_from_slice(b"\r\n");
     }
-    if !kept.proto && !fwd.edits(b"x-forwarded-proto") {
-        line(out, b"x-forwarded-proto", fwd.proto().as_bytes());
+    if !kept.proto && !fwd.edits(fields::FORWARDED_PROTO.as_bytes()) {
+        line(
+            out,
+            fields::FORWARDED_PROTO.as_bytes(),
+            fwd.proto().as_bytes(),
+        );
     }
-    if !kept.host && !fwd.edits(b"x-forwarded-host") {
-        line(out, b"x-forwarded-host", host);
+    if !kept.host && !fwd.edits(fields::FORWARDED_HOST.as_bytes()) {
+        line(out, fields::FORWARDED_HOST.as_bytes(), host);
     }
 }
 
@@ -262,18 +259,10 @@ pub fn write_response_head(
     out.extend_from_slice(b"\r\n");
 }
 
-/// A `Forwarded` value: a token as it is, anything else (a port's `:`) quoted.
-fn forwarded_value(value: &[u8], out: &mut Vec<u8>) {
-    let token = value
-        .iter()
-        .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(b));
-    if token {
-        out.extend_from_slice(value);
-        return;
-    }
-    out.push(b'"');
-    out.extend(value.iter().filter(|b| !matches!(b, b'"' | b'\\')));
-    out.push(b'"');
+/// `name: ` starting a field line.
+fn field_name(out: &mut Vec<u8>, name: &str) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
 }
 
 fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {

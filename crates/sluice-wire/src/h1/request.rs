@@ -11,6 +11,7 @@
 
 use std::ops::Range;
 
+use crate::fields::{self, Kind};
 use crate::normalize::{normal_authority, normalize_path, RequestRules, Underscores};
 
 /// How many fields a head may have: hyper's default, so both paths draw the line alike.
@@ -108,6 +109,24 @@ pub enum Role {
     /// `Sluice-Client-Addr`: Sluice's alone to set (on requests over a session), so a client's
     /// copy is never forwarded.
     ClientAddr,
+}
+
+impl Role {
+    /// What the field is by its name (`fields`); `None` for one dropped for its underscore.
+    pub fn kind(self) -> Option<Kind> {
+        Some(match self {
+            Role::Plain => Kind::Other,
+            Role::Host => Kind::Host,
+            Role::ContentLength => Kind::ContentLength,
+            Role::HopByHop => Kind::HopByHop,
+            Role::ForwardedFor => Kind::ForwardedFor,
+            Role::Forwarded => Kind::Forwarded,
+            Role::ForwardedProto => Kind::ForwardedProto,
+            Role::ForwardedHost => Kind::ForwardedHost,
+            Role::ClientAddr => Kind::ClientAddr,
+            Role::Dropped => return None,
+        })
+    }
 }
 
 /// One header field: where its name and value are in the buffer, and its role.
@@ -232,27 +251,22 @@ fn check_target(target: &str, rules: RequestRules) -> Result<http::Uri, Defer> {
 
 /// A field's role by its name.
 fn role(name: &str, underscores: Underscores) -> Result<Role, Defer> {
-    let is = |n: &str| name.eq_ignore_ascii_case(n);
-    let role = match name.len() {
-        4 if is("host") => Role::Host,
-        14 if is("content-length") => Role::ContentLength,
-        10 if is("connection") || is("keep-alive") => Role::HopByHop,
-        16 if is("proxy-connection") => Role::HopByHop,
-        2 if is("te") => Role::HopByHop,
-        17 if is("transfer-encoding") => Role::HopByHop,
-        16 if is("x-forwarded-host") => Role::ForwardedHost,
-        17 if is("x-forwarded-proto") => Role::ForwardedProto,
-        7 if is("upgrade") => return Err(Defer::Negotiation),
-        6 if is("expect") => return Err(Defer::Negotiation),
-        15 if is("x-forwarded-for") => Role::ForwardedFor,
-        9 if is("forwarded") => Role::Forwarded,
-        18 if is("sluice-client-addr") => Role::ClientAddr,
-        _ if name.contains('_') => match underscores {
+    let role = match fields::kind(name.as_bytes()) {
+        Kind::Upgrade | Kind::Expect => return Err(Defer::Negotiation),
+        Kind::Host => Role::Host,
+        Kind::ContentLength => Role::ContentLength,
+        Kind::HopByHop => Role::HopByHop,
+        Kind::ForwardedFor => Role::ForwardedFor,
+        Kind::Forwarded => Role::Forwarded,
+        Kind::ForwardedProto => Role::ForwardedProto,
+        Kind::ForwardedHost => Role::ForwardedHost,
+        Kind::ClientAddr => Role::ClientAddr,
+        Kind::Other if name.contains('_') => match underscores {
             Underscores::Allow => Role::Plain,
             Underscores::Drop => Role::Dropped,
             Underscores::Reject => return Err(Defer::Underscore),
         },
-        _ => Role::Plain,
+        Kind::Other => Role::Plain,
     };
     Ok(role)
 }
@@ -371,7 +385,7 @@ fn mark_listed(buf: &[u8], fields: &mut [Field], listed: &[Range<usize>]) {
         let named = listed
             .iter()
             .any(|o| buf[o.clone()].eq_ignore_ascii_case(name));
-        if named && !matches!(field.role, Role::Host | Role::ContentLength) {
+        if named && field.role.kind().is_none_or(Kind::connection_may_list) {
             field.role = Role::HopByHop;
         }
     }

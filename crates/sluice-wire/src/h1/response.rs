@@ -13,6 +13,7 @@
 use std::ops::Range;
 
 use super::request::{offset, Field, Role, MAX_HEADERS};
+use crate::fields::{self, Kind};
 
 /// Why a `101` is refused: the fast path never asks to switch protocols (it leaves upgrades to
 /// hyper), so one is always unasked.
@@ -250,22 +251,13 @@ fn digits(value: &[u8]) -> Option<u64> {
     })
 }
 
-/// A response field's role: hop-by-hop (RFC 9110 §7.6.1), `Content-Length`, or plain.
+/// A response field's role (`fields`): hop-by-hop (RFC 9110 §7.6.1), `Content-Length`, or
+/// plain; a response's forwarding fields are the upstream's own and pass as they are.
 fn role(name: &str) -> Role {
-    const HOP_BY_HOP: [&str; 6] = [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "transfer-encoding",
-        "upgrade",
-    ];
-    if name.eq_ignore_ascii_case("content-length") {
-        Role::ContentLength
-    } else if HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) {
-        Role::HopByHop
-    } else {
-        Role::Plain
+    match fields::kind(name.as_bytes()) {
+        Kind::ContentLength => Role::ContentLength,
+        Kind::HopByHop | Kind::Upgrade => Role::HopByHop,
+        _ => Role::Plain,
     }
 }
 
@@ -276,7 +268,7 @@ fn mark_listed(buf: &[u8], fields: &mut [Field], framing: &Framing) {
     for field in fields.iter_mut() {
         let name = &buf[field.name.clone()];
         let listed = || {
-            !name.eq_ignore_ascii_case(b"host")
+            fields::kind(name).connection_may_list()
                 && framing
                     .listed
                     .iter()

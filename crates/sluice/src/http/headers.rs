@@ -8,20 +8,20 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::Version;
 use sluice_config::HeaderEdits;
+use sluice_wire::fields;
 
 /// `Forwarded` (RFC 7239).
 static FORWARDED: HeaderName = header::FORWARDED;
 /// `X-Forwarded-For`.
-pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static(fields::FORWARDED_FOR);
 /// `X-Forwarded-Proto`.
-pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static(fields::FORWARDED_PROTO);
 /// `X-Forwarded-Host`.
-pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static(fields::FORWARDED_HOST);
 
-/// Removes hop-by-hop headers (RFC 9110 §7.6.1): `Connection` and every header it names,
-/// `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding` and `Upgrade`.
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1, [`fields::HOP_BY_HOP`]): `Connection` and
+/// every header it names, `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding` and
+/// `Upgrade`.
 ///
 /// `Connection` may not remove `Host` or `Content-Length`: a client could otherwise make the
 /// upstream see a request different from the one that was routed.
@@ -33,19 +33,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .filter(|name| *name != header::HOST && *name != header::CONTENT_LENGTH)
+        .filter(|name| fields::kind(name.as_str().as_bytes()).connection_may_list())
         .collect();
     for name in listed {
         headers.remove(name);
     }
-    for name in [
-        &header::CONNECTION,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &header::TE,
-        &header::TRANSFER_ENCODING,
-        &header::UPGRADE,
-    ] {
+    for name in fields::HOP_BY_HOP {
         headers.remove(name);
     }
 }
@@ -132,7 +125,7 @@ pub struct Forwarding<'a> {
 ///
 /// Runs on every proxied request, so each list header costs one allocation.
 pub fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
-    headers.remove(sluice_session::HEADER_CLIENT_ADDR);
+    headers.remove(fields::CLIENT_ADDR);
     let ip = fwd.client.ip();
     let mut xff = existing_list(headers, &X_FORWARDED_FOR, fwd.trusted);
     let _ = write!(xff, "{ip}");
@@ -144,9 +137,10 @@ pub fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
         // RFC 7239 §6: IPv6 nodes are quoted and bracketed.
         IpAddr::V6(v6) => write!(forwarded, "for=\"[{v6}]\";proto={}", fwd.proto),
     };
+    let mut forwarded = forwarded.into_bytes();
     if let Some(host) = fwd.host.as_ref().and_then(|h| h.to_str().ok()) {
-        forwarded.push_str(";host=");
-        push_forwarded_value(&mut forwarded, host);
+        forwarded.extend_from_slice(b";host=");
+        fields::forwarded_value(host.as_bytes(), &mut forwarded);
     }
     set_owned(headers, &FORWARDED, forwarded);
 
@@ -172,22 +166,6 @@ fn proto_value(proto: &str) -> &'static str {
     }
 }
 
-/// A Forwarded value is a token or a quoted-string; quote anything with a `:` (ports).
-fn push_forwarded_value(out: &mut String, value: &str) {
-    let token = value
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b));
-    if token {
-        out.push_str(value);
-    } else {
-        out.push('"');
-        for c in value.chars().filter(|c| *c != '"' && *c != '\\') {
-            out.push(c);
-        }
-        out.push('"');
-    }
-}
-
 /// The values already in a comma-separated list header, joined and ready for one more item;
 /// empty unless `keep`.
 fn existing_list(headers: &HeaderMap, name: &HeaderName, keep: bool) -> String {
@@ -202,9 +180,9 @@ fn existing_list(headers: &HeaderMap, name: &HeaderName, keep: bool) -> String {
     joined
 }
 
-/// Replaces `name` with `value` without copying the string.
-fn set_owned(headers: &mut HeaderMap, name: &HeaderName, value: String) {
-    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+/// Replaces `name` with `value` without copying it.
+fn set_owned(headers: &mut HeaderMap, name: &HeaderName, value: impl Into<Bytes>) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(value.into()) {
         headers.insert(name.clone(), value);
     }
 }
@@ -223,6 +201,13 @@ pub fn apply_edits(headers: &mut HeaderMap, edits: &HeaderEdits) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_session_protocols_client_address_field_is_the_one_never_forwarded() {
+        let kind = fields::kind(sluice_session::HEADER_CLIENT_ADDR.as_bytes());
+        assert_eq!(kind, fields::Kind::ClientAddr);
+        assert!(!kind.passes(true));
+    }
 
     #[test]
     fn strips_connection_and_the_headers_it_names() {
