@@ -1,6 +1,9 @@
 //! Typed proxy errors: where a failure came from and what the client is told.
 
-use http::StatusCode;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+
+use crate::body::ProxyBody;
 
 /// Who caused a failure; decides the status code and whether a retry makes sense.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,6 +14,17 @@ pub enum Origin {
     Upstream,
     /// Sluice itself (configuration, capacity).
     Internal,
+}
+
+/// The response to a failed request: one builder ([`ProxyError::answer`]), two renderers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// Its status.
+    pub status: StatusCode,
+    /// Its fields, besides framing, `Date` and `Connection`.
+    pub fields: Vec<(HeaderName, HeaderValue)>,
+    /// Its plain-text body (a line).
+    pub body: String,
 }
 
 /// A failure while proxying one request. Each maps to one status and a short reason.
@@ -155,6 +169,49 @@ impl ProxyError {
         self.origin() == Origin::Client && !matches!(self, Self::NoRoute)
     }
 
+    /// What the client is answered, on either data path: the hyper path renders it as a
+    /// `Response` (`proxy::error_response`), the fast path as bytes (`proxy::fast::answer`).
+    /// `Connection: close` is the renderer's, when [`closes_connection`](Self::closes_connection)
+    /// and the connection is HTTP/1.
+    pub fn answer(&self) -> Answer {
+        // An upstream's unasked `101` is answered with its own text, and no content type.
+        if let Self::UpstreamInvalid(why) = self {
+            if *why == sluice_wire::h1::UNASKED_SWITCH {
+                return Answer {
+                    status: self.status(),
+                    fields: Vec::new(),
+                    body: format!("{why}\n"),
+                };
+            }
+        }
+        let mut fields = vec![(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        )];
+        if let Some(secs) = self.retry_after() {
+            fields.push((header::RETRY_AFTER, HeaderValue::from(secs)));
+        }
+        Answer {
+            status: self.status(),
+            fields,
+            body: format!("{}\n", self.reason()),
+        }
+    }
+
+    /// [`answer`](Self::answer) as the hyper path sends it; on HTTP/1 the connection closes
+    /// after it when the client is at fault (its connection may be out of sync).
+    pub fn response(&self, http1: bool) -> Response<ProxyBody> {
+        let answer = self.answer();
+        let mut res = Response::new(ProxyBody::full(answer.body));
+        *res.status_mut() = answer.status;
+        let headers = res.headers_mut();
+        headers.extend(answer.fields);
+        if http1 && self.closes_connection() {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        res
+    }
+
     /// The short plain-text reason sent as the response body.
     pub fn reason(&self) -> String {
         match self {
@@ -171,5 +228,36 @@ impl ProxyError {
             Self::NoSessions { .. } => "no sessions registered for this service".to_owned(),
             other => other.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capacity_answer_says_when_to_retry_and_hides_the_cluster() {
+        let e = ProxyError::NoSessions {
+            cluster: "internal-name".into(),
+            slice: "default".into(),
+        };
+        let answer = e.answer();
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer.body, "no sessions registered for this service\n");
+        let field = |name| answer.fields.iter().find(|(n, _)| *n == name).map(|f| &f.1);
+        assert_eq!(
+            field(header::RETRY_AFTER).map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+        assert!(field(header::CONTENT_TYPE).is_some());
+    }
+
+    #[test]
+    fn an_unasked_switch_is_a_bare_502_with_its_own_text() {
+        let e = ProxyError::UpstreamInvalid(sluice_wire::h1::UNASKED_SWITCH);
+        let answer = e.answer();
+        assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(answer.body, "upstream switched protocols unasked\n");
+        assert!(answer.fields.is_empty());
     }
 }

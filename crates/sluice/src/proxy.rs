@@ -110,7 +110,7 @@ impl<R: Routing> ProxyService<R> {
             Ok(res) => res,
             Err(e) => {
                 log_failure(&e, &client, matched.as_deref());
-                error_response(&e, http1)
+                e.response(http1)
             }
         };
         let route = matched
@@ -340,25 +340,6 @@ fn log_failure(e: &ProxyError, client: &ClientInfo, route: Option<&Route>) {
             debug!(client.addr = %client.peer, error = %e, status, "request refused")
         }
     }
-}
-
-/// A short plain-text error; on HTTP/1 the connection closes after it when the client is at
-/// fault (its connection may be out of sync).
-pub(crate) fn error_response(e: &ProxyError, http1: bool) -> Response<ProxyBody> {
-    let mut res = Response::new(ProxyBody::full(format!("{}\n", e.reason())));
-    *res.status_mut() = e.status();
-    let headers = res.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    if let Some(secs) = e.retry_after() {
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    if http1 && e.closes_connection() {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    res
 }
 
 #[cfg(test)]

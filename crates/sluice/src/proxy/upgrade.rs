@@ -17,6 +17,7 @@ use hyper_util::rt::TokioIo;
 use tracing::{debug, warn, Instrument};
 
 use crate::body::ProxyBody;
+use crate::error::ProxyError;
 use crate::http::headers::{strip_hop_by_hop, strip_hop_by_hop_keep_upgrade, wants_upgrade};
 use crate::server::UpgradeCarrier;
 use crate::upstream::reverse::UpgradedSession;
@@ -96,7 +97,6 @@ async fn bridge(client_side: OnUpgrade, upstream_side: OnUpgrade) {
 /// cannot follow one: the exchange has failed.
 fn unasked_switch(peer: SocketAddr) -> Response<ProxyBody> {
     warn!(client.addr = %peer, "upstream switched protocols without being asked");
-    let mut res = Response::new(ProxyBody::full("upstream switched protocols unasked\n"));
-    *res.status_mut() = StatusCode::BAD_GATEWAY;
-    res
+    let unasked = ProxyError::UpstreamInvalid(sluice_wire::h1::UNASKED_SWITCH);
+    unasked.response(false)
 }

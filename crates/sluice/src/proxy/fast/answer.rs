@@ -1,38 +1,30 @@
 //! What the fast path writes itself: error responses (the same status, fields and body as the
 //! hyper path's), chunk framing, and the `Date` value, formatted once a second per thread.
 
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sluice_wire::h1;
-
 use crate::error::ProxyError;
 
-/// The response the client gets for `e`, and its body's length (0 for `HEAD`); `close` adds
-/// `Connection: close`, and the answer to a `HEAD` request has no body (its length stays).
+/// The response the client gets for `e` ([`ProxyError::answer`], as the hyper path renders
+/// it), and its body's length (0 for `HEAD`); `close` adds `Connection: close`, and the answer
+/// to a `HEAD` request has no body (its length stays).
 pub(super) fn error(e: &ProxyError, close: bool, head_request: bool) -> (Vec<u8>, u64) {
-    // An unasked `101` is answered as the hyper path answers it (`proxy::upgrade`): with its
-    // own text, and no content type.
-    let (reason, typed) = match e {
-        ProxyError::UpstreamInvalid(why) if *why == h1::UNASKED_SWITCH => (Cow::from(*why), false),
-        _ => (Cow::from(e.reason()), true),
-    };
-    let status = e.status();
-    let mut out = Vec::with_capacity(160 + reason.len());
+    let answer = e.answer();
+    let status = answer.status;
+    let mut out = Vec::with_capacity(160 + answer.body.len());
     let _ = write!(
         out,
         "HTTP/1.1 {} {}\r\n",
         status.as_str(),
         status.canonical_reason().unwrap_or("")
     );
-    if typed {
-        out.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
-    }
-    if let Some(secs) = e.retry_after() {
-        let _ = write!(out, "retry-after: {secs}\r\n");
+    for (name, value) in &answer.fields {
+        for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
+            out.extend_from_slice(part);
+        }
     }
     if close {
         out.extend_from_slice(b"connection: close\r\n");
@@ -40,15 +32,14 @@ pub(super) fn error(e: &ProxyError, close: bool, head_request: bool) -> (Vec<u8>
     let _ = write!(
         out,
         "content-length: {}\r\ndate: {}\r\n\r\n",
-        reason.len() + 1,
+        answer.body.len(),
         date()
     );
     if head_request {
         return (out, 0);
     }
-    out.extend_from_slice(reason.as_bytes());
-    out.push(b'\n');
-    (out, reason.len() as u64 + 1)
+    out.extend_from_slice(answer.body.as_bytes());
+    (out, answer.body.len() as u64)
 }
 
 /// Appends `data` as one chunk.
