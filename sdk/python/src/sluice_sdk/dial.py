@@ -7,6 +7,7 @@ import asyncio
 import socket
 from asyncio import StreamReader, StreamWriter
 
+from . import aio
 from .errors import ConnectError, HandshakeTimeout, ProtocolError, Refused, SluiceError
 from .options import Options, parse_acceptor
 from .protocol import Handshake, Reply, Switched
@@ -48,14 +49,11 @@ async def _open(options: Options, handshake: Handshake) -> tuple[StreamReader, S
             writer.close()
             raise
 
-    return await _within(options.handshake_timeout, attempt())
-
-
-async def _within(limit: float, aw):  # type: ignore[no-untyped-def]
     try:
-        return await asyncio.wait_for(aw, limit)
+        return await aio.wait_for(attempt(), options.handshake_timeout,
+                                  discard=lambda opened: opened[1].close())
     except asyncio.TimeoutError:
-        raise HandshakeTimeout(limit) from None
+        raise HandshakeTimeout(options.handshake_timeout) from None
 
 
 async def _connect(options: Options) -> Stream:
@@ -116,7 +114,7 @@ async def _reason(reader: StreamReader, handshake: Handshake) -> str:
     data = b"x"
     while data and (left := deadline - loop.time()) > 0:
         try:
-            data = await asyncio.wait_for(reader.read(READ_SIZE), left)
+            data = await aio.wait_for(reader.read(READ_SIZE), left)
         except (asyncio.TimeoutError, OSError):
             break
         if reason := handshake.reason(data):

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import logging
 
-from . import dial
+from . import aio, dial
 from .errors import SluiceError
 from .lifespan import Lifespan
 from .options import Options
@@ -88,7 +88,7 @@ class Sessions:
                 raise self._shared.held
             return self._shared.registered >= want
 
-        await asyncio.wait_for(self._shared.wait_until(ready), timeout)
+        await aio.wait_for(self._shared.wait_until(ready), timeout)
 
     async def wait_refused(self) -> SluiceError:
         """Returns the refusal (400, 401 or 404) once every slot has stopped for good, so that
