@@ -97,6 +97,10 @@ class Shared:
         self._changed.set_result(None)
         self._changed = asyncio.get_running_loop().create_future()
 
+    def notify(self) -> None:
+        """Wakes every waiter: something they wait on may have changed."""
+        self._notify()
+
     async def changed(self, timeout: float | None = None) -> bool:
         """Waits for the next change; ``False`` if ``timeout`` seconds passed first."""
         done, _ = await asyncio.wait({asyncio.shield(self._changed)}, timeout=timeout)
