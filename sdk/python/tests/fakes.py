@@ -227,6 +227,10 @@ class FakeAcceptor:
         self.drains: list[dict[str, str]] = []
         self.drained = asyncio.Event()
         self.server: asyncio.Server | None = None
+        #: While set, each registration's answer (decided on arrival) waits for an event of
+        #: its own in ``waiting_answers``, in arrival order, until the test sets it.
+        self.hold_answers = False
+        self.waiting_answers: list[asyncio.Event] = []
 
     async def start_tcp(self, ctx: ssl.SSLContext | None = None) -> str:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=ctx)
@@ -277,8 +281,13 @@ class FakeAcceptor:
         status = self.answers.pop(0) if self.answers else self.refuse_all or 101
         if self.drained.is_set():
             status = 503
+        release = asyncio.Event()
+        if self.hold_answers:
+            self.waiting_answers.append(release)
         async with self._attempted:
             self._attempted.notify_all()
+        if self.hold_answers:
+            await release.wait()
         if status != 101:
             writer.write(refusal(status))
             writer.close()

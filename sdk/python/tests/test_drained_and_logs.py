@@ -84,6 +84,36 @@ def test_setting_the_capacity_while_drained_dials_at_once() -> None:
     run(main())
 
 
+def test_a_410_answered_before_the_capacity_was_set_again_does_not_hold_anew(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        acc = FakeAcceptor()
+        sessions = await sluice_sdk.serve(hello, opts(await acc.start_tcp(), capacity=2,
+                                                      drained_probe=3600))
+        first, second = await acc.session(), await acc.session()
+        shared = sessions._shared
+        acc.refuse_all = 410
+        acc.hold_answers = True
+        first.close()
+        second.close()
+        await acc.wait_attempts(4)  # both slots dialed again; both answers will be 410
+        held, stale = acc.waiting_answers
+        held.set()
+        await shared.wait_until(lambda: shared.held is not None)
+        acc.refuse_all = None
+        sessions.set_capacity(2)  # while the other 410 is on its way: dial at once
+        await acc.wait_attempts(5)
+        acc.hold_answers = False
+        acc.waiting_answers[2].set()
+        await shared.wait_until(lambda: sessions.registered == 1)
+        stale.set()  # the 410 from before must not stop the slots for another hour
+        await shared.wait_until(lambda: sessions.registered == 2)
+        sessions.close()
+
+    run(main())
+    assert len(lines(caplog, logging.WARNING, "drained")) == 1
+
+
 def test_a_drained_instance_still_shuts_down() -> None:
     async def main() -> None:
         acc = FakeAcceptor(close_on_drain=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fakenodes import FakeNode, Tally
 from fakes import FakeAcceptor, run, self_signed
 
 APP = '''
@@ -180,6 +181,8 @@ def test_an_unreachable_acceptor_is_retried_not_fatal(tmp_path: Path) -> None:
     (["svc:not_an_app"], 2, "svc:not_an_app is a int, not an ASGI or WSGI application"),
     (["broken:app"], 1, "ModuleNotFoundError: No module named 'missing_dependency'"),
     (["svc:app", "--acceptor", "nowhere"], 2, "acceptor must be host:port or unix:/path"),
+    (["svc:app", "--acceptor", "a:7070,,b:7070"], 2, "'a:7070,,b:7070': an empty entry"),
+    (["svc:app", "--acceptor", "dns:nodes.test"], 2, "dns: needs NAME:PORT"),
     (["svc:app", "--token", "env:NO_SUCH_VARIABLE"], 2, "NO_SUCH_VARIABLE is not set"),
     (["svc:app", "--tls-cert", "c.pem"], 2, "--tls-cert and --tls-key go together"),
     (["svc:app", "--capacity", "many"], 2, "invalid int value: 'many'"),
@@ -227,6 +230,37 @@ def test_help_names_every_option() -> None:
     out = subprocess.run([sys.executable, "-m", "sluice_sdk", "--help"], capture_output=True,
                          text=True, check=True).stdout
     for option in ("--acceptor", "--capacity", "--service", "--slice", "--instance", "--token",
-                   "--tls", "--lifespan", "--drain-timeout"):
+                   "--tls", "--lifespan", "--drain-timeout", "dns:NAME:PORT", "--resolve-interval",
+                   "--node-grace"):
         assert option in out
     assert textwrap.dedent(out).startswith("usage: python -m sluice_sdk")
+
+
+def test_many_nodes_from_the_command_line_split_and_drain(tmp_path: Path) -> None:
+    async def main() -> None:
+        tally = Tally()
+        a, b = FakeNode(tally), FakeNode(tally)
+        acceptor = f"{await a.start()}, {await b.start()}"
+        runner = await Runner.start(tmp_path, "svc:app", "--acceptor", acceptor, "--capacity", "4",
+                                    "--instance", "svc-1", "--node-grace", "0.5")
+        await tally.until(lambda: [len(a.open), len(b.open)] == [2, 2])
+        assert (await a.request("/x")).body == b"ran /x"
+        runner.proc.send_signal(signal.SIGTERM)
+        assert await runner.exit() == 0
+        assert [len(a.drains), len(b.drains)] == [1, 1]
+
+    run(main(), limit=30)
+
+
+def test_many_nodes_all_refusing_the_link_exit_1(tmp_path: Path) -> None:
+    async def main() -> None:
+        tally = Tally()
+        a, b = FakeNode(tally), FakeNode(tally)
+        a.link_status = b.link_status = 401
+        runner = await Runner.start(tmp_path, "svc:app", "--acceptor",
+                                    f"{await a.start()},{await b.start()}")
+        assert await runner.exit() == 1
+        assert runner.count("every session was refused for good") == 1
+        assert a.registrations == b.registrations == 0
+
+    run(main(), limit=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -10,8 +11,28 @@ from typing import Any
 import pytest
 
 from fakes import run, serve_once
-from sluice_sdk import Backoff, Identity, Options, OptionsError, ProtocolError, Refused, dial
-from sluice_sdk.protocol import client_address, drain_request, registration
+from sluice_sdk import (
+    Backoff,
+    Identity,
+    Options,
+    OptionsError,
+    ProtocolError,
+    Refused,
+    address,
+    control,
+    dial,
+)
+from sluice_sdk.control import (
+    Demand,
+    Draining,
+    InvalidLine,
+    LineReader,
+    LinkClosed,
+    parse_node_line,
+    parse_service_line,
+)
+from sluice_sdk.protocol import client_address, control_request, drain_request, registration
+from sluice_sdk.split import NodeView, targets
 
 VECTORS = Path(__file__).resolve().parents[3] / "protocol" / "vectors" / "session.json"
 
@@ -121,3 +142,136 @@ def test_client_address(vector: dict[str, Any]) -> None:
     host, port = client_address(headers, peer)  # type: ignore[misc]
     got = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     assert got == (vector["client"] or "192.0.2.1:7070")
+
+
+# -- many nodes: the control link, its lines, the split and the acceptor address ------------
+
+
+@pytest.mark.parametrize("vector", section("controls"))
+def test_control_request_bytes(vector: dict[str, Any]) -> None:
+    assert control_request(identity(vector["identity"]), vector["capacity"]) == latin1(vector["bytes"])
+
+
+@pytest.mark.parametrize("vector", section("controls"))
+def test_control_request_is_what_the_sdk_writes(vector: dict[str, Any]) -> None:
+    seen: list[bytes] = []
+    switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: sluice-control/1\r\n\r\n"
+
+    async def main() -> None:
+        server, addr = await serve_once(switch, seen.append)
+        host, port = addr.rsplit(":", 1)
+        async with server:
+            opened = await dial.control(options(addr, vector["identity"]), vector["capacity"],
+                                        dial.Endpoint(host, int(port)))
+            assert opened is not None
+            opened[1].close()
+
+    run(main())
+    assert seen == [latin1(vector["bytes"])]
+
+
+@pytest.mark.parametrize("vector", section("control_replies"))
+def test_control_reply(vector: dict[str, Any]) -> None:
+    expect = vector["expect"]
+    opts = {"service": "api", "slice": "default", "instance": "api-1", "token": "s3cret"}
+
+    async def main() -> bytes | None:
+        server, addr = await serve_once(latin1(vector["bytes"]))
+        host, port = addr.rsplit(":", 1)
+        async with server:
+            opened = await dial.control(options(addr, opts), 4, dial.Endpoint(host, int(port)))
+            if opened is None:
+                return None
+            reader, writer, rest = opened
+            rest += await reader.read()
+            writer.close()
+            return rest
+
+    outcome = expect["outcome"]
+    if outcome == "control":
+        assert run(main()) == latin1(expect["rest"])
+        return
+    if outcome == "unsupported":
+        assert run(main()) is None
+        return
+    with pytest.raises(Refused if outcome == "refused" else ProtocolError) as err:
+        run(main())
+    assert err.value.retryable is expect["retryable"]
+    if outcome == "refused":
+        assert err.value.status == expect["status"]
+
+
+def control_line_id(v: dict[str, Any]) -> str:
+    return f"{v['from']}: {v['line']!r}"
+
+
+@pytest.mark.parametrize("vector", [pytest.param(v, id=control_line_id(v))
+                                    for v in load()["control_lines"]])
+def test_control_line(vector: dict[str, Any]) -> None:
+    line, expect = vector["line"], vector["parse"]
+    if vector["from"] == "service":
+        # What the SDK writes is exactly the line, and the line reads back as it should.
+        if expect == "invalid":
+            with pytest.raises(InvalidLine):
+                parse_service_line(line)
+            return
+        [(verb, n)] = expect.items()
+        assert parse_service_line(line) == (verb, n)
+        encode = control.retire if verb == "retire" else control.capacity
+        assert encode(n) == latin1(line + "\n")
+        return
+    if expect == "invalid":
+        with pytest.raises(InvalidLine):
+            parse_node_line(line)
+    elif "draining" in expect:
+        assert parse_node_line(line) == Draining()
+    else:
+        assert parse_node_line(line) == Demand(**expect["demand"])
+
+
+def test_control_lines_are_read_whole_across_reads_and_bounded() -> None:
+    async def main() -> None:
+        reader = asyncio.StreamReader()
+        lines = LineReader(reader, b"DEMAND 0 0 0 1\nDEM")
+        reader.feed_data(b"AND 1 2 3 4\nDRAI")
+        reader.feed_data(b"NING\n")
+        reader.feed_eof()
+        assert [await lines.next_line() for _ in range(3)] == [
+            "DEMAND 0 0 0 1", "DEMAND 1 2 3 4", "DRAINING"]
+        with pytest.raises(LinkClosed):
+            await lines.next_line()
+        long = asyncio.StreamReader()
+        long.feed_data(b"x" * (control.MAX_LINE + 2))
+        with pytest.raises(InvalidLine):
+            await LineReader(long).next_line()
+
+    run(main())
+
+
+@pytest.mark.parametrize("vector", section("splits"))
+def test_split(vector: dict[str, Any]) -> None:
+    nodes = [NodeView(n["live"], float(n["demand"]), n["held"]) for n in vector["nodes"]]
+    assert targets(vector["capacity"], nodes) == vector["targets"]
+
+
+def test_smoothing_goes_half_way() -> None:
+    assert control.smooth(None, 8.0) == 8.0
+    assert control.smooth(8.0, 0.0) == 4.0
+
+
+@pytest.mark.parametrize("vector", section("addresses"))
+def test_address(vector: dict[str, Any]) -> None:
+    expect = vector["expect"]
+    if expect == "invalid":
+        with pytest.raises(OptionsError):
+            Options(acceptor=vector["address"], service="api")
+        return
+    parsed = Options(acceptor=vector["address"], service="api").address
+    if "single" in expect:
+        assert parsed == address.Single(expect["single"])
+    elif "dns" in expect:
+        assert parsed == address.Dns(expect["dns"]["name"], expect["dns"]["port"])
+    else:
+        assert parsed == address.Many(tuple(expect["list"]))
+        # The list form in code names the same nodes.
+        assert Options(acceptor=expect["list"], service="api").address == parsed

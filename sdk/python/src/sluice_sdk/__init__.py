@@ -13,16 +13,29 @@ capacity at runtime and drains gracefully::
     sessions.set_capacity(4)        # surplus sessions retire on their next response
     await sessions.shutdown()       # drain, then wait until the proxy closed every session
 
+An acceptor address that names several nodes (``"dns:NAME:PORT"``, ``"a:7070,b:7070"`` or a
+list) makes the instance dial every node and split its capacity among them by demand, never
+holding more than the capacity in sum (protocol/README.md "Many nodes"); ``sessions.nodes``
+lists them.
+
 Layout:
 
 * ``options``: :class:`Options`, :class:`Backoff`, validation.
-* ``protocol``: the registration and drain requests and the acceptor's answers (sans I/O).
-* ``dial``: TCP/UNIX/TLS connections and the handshakes.
+* ``address``: what an acceptor address names: one node, a DNS name's records, or a list.
+* ``protocol``: the registration, drain and control-link requests and the acceptor's answers
+  (sans I/O).
+* ``dial``: TCP/UNIX/TLS connections and the handshakes, to the acceptor or to one node.
+* ``aio``: ``wait_for`` that never loses a cancellation.
 * ``asgi``: ASGI types and the ``http`` and ``websocket`` scopes of a request.
 * ``server``: one HTTP/1.1 connection (h11) running an ASGI application.
 * ``websocket``: a WebSocket upgrade on that connection (wsproto).
 * ``slot``: one task per session: dial, register, serve, re-dial, retire.
 * ``state``: counters shared by the handle and the slots.
+* ``control``: the control link's lines (``DEMAND``, ``DRAINING``, ``RETIRE``, ``CAPACITY``).
+* ``split``: the protocol's split of a capacity across nodes by demand.
+* ``fleet``: many nodes: what the instance knows of each, the plan, the slots' choice of node.
+* ``links``: many nodes' I/O: a control link per node, and the resolver that finds them.
+* ``nodeslot``: a slot of an instance with many nodes: picks a node with room, then dials.
 * ``report``: what an instance logs (once per outage, refusal, drain hold, capacity change).
 * ``sessions``: the :class:`Sessions` handle and :func:`serve`.
 * ``lifespan``: the ASGI lifespan protocol (startup before the first dial, shutdown after the
@@ -32,6 +45,7 @@ Layout:
 * ``runner``: :func:`run` and ``python -m sluice_sdk MODULE:APP ...`` (uvicorn-style).
 """
 
+from .address import InvalidAddress
 from .errors import (
     ConnectError,
     HandshakeTimeout,
@@ -41,6 +55,7 @@ from .errors import (
     Refused,
     SluiceError,
 )
+from .fleet import NodeStatus
 from .listen import TcpServer, serve_tcp
 from .options import Backoff, Options
 from .protocol import Identity
@@ -54,7 +69,9 @@ __all__ = [
     "ConnectError",
     "HandshakeTimeout",
     "Identity",
+    "InvalidAddress",
     "LifespanError",
+    "NodeStatus",
     "Options",
     "OptionsError",
     "ProtocolError",

@@ -1,15 +1,19 @@
-"""Connections to the acceptor: TCP (no Nagle, keepalive), UNIX or TLS, then the registration
-or drain handshake of DESIGN.md §3, bounded by ``handshake_timeout``."""
+"""Connections to the acceptor: TCP (no Nagle, keepalive), UNIX or TLS, then the registration,
+drain or control-link handshake of DESIGN.md §3, bounded by ``handshake_timeout``. With many
+nodes each dial goes to one :class:`Endpoint`; otherwise to ``Options.acceptor``."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 from asyncio import StreamReader, StreamWriter
+from dataclasses import dataclass
 
+from . import aio
+from .address import node_key
 from .errors import ConnectError, HandshakeTimeout, ProtocolError, Refused, SluiceError
 from .options import Options, parse_acceptor
-from .protocol import Handshake, Reply, Switched
+from .protocol import Handshake, Reply, Switched, Unsupported
 
 #: Seconds a session may sit silent before the kernel starts probing it.
 KEEPALIVE_IDLE = 30
@@ -21,46 +25,85 @@ REASON_WAIT = 0.25
 Stream = tuple[StreamReader, StreamWriter]
 
 
-async def register(options: Options, capacity: int) -> tuple[StreamReader, StreamWriter, bytes]:
-    """Dials and registers one session; returns the stream and the bytes read past the ``101``
-    (the start of the first request). ``capacity`` goes into ``Sluice-Capacity``."""
-    reader, writer, reply = await _open(options, Handshake("register", options.identity, capacity))
+@dataclass(frozen=True)
+class Endpoint:
+    """One node of many: an IP address and port, and the name its TLS certificate must carry
+    (``None``: the address itself)."""
+
+    host: str
+    port: int
+    server_hostname: str | None = None
+
+    def __str__(self) -> str:
+        return node_key(self.host, self.port)
+
+
+async def register(options: Options, capacity: int,
+                   node: Endpoint | None = None) -> tuple[StreamReader, StreamWriter, bytes]:
+    """Dials and registers one session (at ``node``, else at ``options.acceptor``); returns the
+    stream and the bytes read past the ``101`` (the start of the first request). ``capacity``
+    goes into ``Sluice-Capacity``."""
+    handshake = Handshake("register", options.identity, capacity)
+    reader, writer, reply = await _open(options, handshake, node)
     if not isinstance(reply, Switched):  # feed() classifies by kind; kept for -O runs too
         writer.close()
         raise ProtocolError("the acceptor answered a registration like a drain")
     return reader, writer, reply.rest
 
 
-async def drain(options: Options) -> None:
-    """Sends ``POST /.sluice/v1/drain`` for the instance on a new connection; expects ``200``."""
-    _, writer, _ = await _open(options, Handshake("drain", options.identity))
+async def drain(options: Options, node: Endpoint | None = None) -> None:
+    """Sends ``POST /.sluice/v1/drain`` for the instance on a new connection (to ``node``, else
+    to ``options.acceptor``); expects ``200``."""
+    _, writer, _ = await _open(options, Handshake("drain", options.identity), node)
     writer.close()
 
 
-async def _open(options: Options, handshake: Handshake) -> tuple[StreamReader, StreamWriter, Reply]:
+async def control(options: Options, capacity: int,
+                  node: Endpoint) -> tuple[StreamReader, StreamWriter, bytes] | None:
+    """Opens the control link to ``node``: the stream and the bytes read past the ``101`` (its
+    first lines), or ``None`` when the node's acceptor does not know control links (``400``).
+    Refusals raise as a registration's do."""
+    handshake = Handshake("control", options.identity, capacity)
+    reader, writer, reply = await _open(options, handshake, node)
+    if isinstance(reply, Unsupported):
+        writer.close()
+        return None
+    if not isinstance(reply, Switched):
+        writer.close()
+        raise ProtocolError("the acceptor answered a control link like a drain")
+    return reader, writer, reply.rest
+
+
+async def _open(options: Options, handshake: Handshake,
+                node: Endpoint | None) -> tuple[StreamReader, StreamWriter, Reply]:
     """Connects and exchanges ``handshake``, both within one ``handshake_timeout``."""
 
     async def attempt() -> tuple[StreamReader, StreamWriter, Reply]:
-        reader, writer = await _connect(options)
+        reader, writer = await _connect(options, node)
         try:
             return reader, writer, await _exchange(reader, writer, handshake)
         except BaseException:  # including the timeout's cancellation
             writer.close()
             raise
 
-    return await _within(options.handshake_timeout, attempt())
-
-
-async def _within(limit: float, aw):  # type: ignore[no-untyped-def]
     try:
-        return await asyncio.wait_for(aw, limit)
+        return await aio.wait_for(attempt(), options.handshake_timeout,
+                                  discard=lambda opened: opened[1].close())
     except asyncio.TimeoutError:
-        raise HandshakeTimeout(limit) from None
+        raise HandshakeTimeout(options.handshake_timeout) from None
 
 
-async def _connect(options: Options) -> Stream:
-    kind, where = parse_acceptor(options.acceptor)
-    tls = {"ssl": options.ssl, "server_hostname": options.tls_hostname} if options.ssl else {}
+async def _connect(options: Options, node: Endpoint | None) -> Stream:
+    """Connects to ``node``, else to ``options.acceptor`` (TCP or UNIX), with TLS if asked."""
+    if node is None:
+        kind, where = parse_acceptor(options.acceptor)
+        label, name = str(options.acceptor), options.tls_hostname
+    else:
+        kind, where = "tcp", (node.host, node.port)
+        label = str(node)
+        name = options.server_hostname if options.server_hostname is not None else (
+            node.server_hostname or node.host)
+    tls = {"ssl": options.ssl, "server_hostname": name} if options.ssl else {}
     try:
         if kind == "unix":
             assert isinstance(where, str)
@@ -68,12 +111,12 @@ async def _connect(options: Options) -> Stream:
         host, port = where
         reader, writer = await asyncio.open_connection(host, port, limit=READ_SIZE, **tls)
     except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-        raise ConnectError(options.acceptor, e) from e
+        raise ConnectError(label, e) from e
     try:
         _tune(writer)
     except OSError as e:
         writer.close()
-        raise ConnectError(options.acceptor, e) from e
+        raise ConnectError(label, e) from e
     return reader, writer
 
 
@@ -116,7 +159,7 @@ async def _reason(reader: StreamReader, handshake: Handshake) -> str:
     data = b"x"
     while data and (left := deadline - loop.time()) > 0:
         try:
-            data = await asyncio.wait_for(reader.read(READ_SIZE), left)
+            data = await aio.wait_for(reader.read(READ_SIZE), left)
         except (asyncio.TimeoutError, OSError):
             break
         if reason := handshake.reason(data):

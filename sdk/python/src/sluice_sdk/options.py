@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import random
 import ssl as _ssl
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from . import address
 from .errors import OptionsError
 from .protocol import Identity
+
+#: Resolves a name and port to the nodes' ``(ip, port)`` pairs, in order (every A and AAAA
+#: record). The default asks the system resolver (``loop.getaddrinfo``).
+Resolver = Callable[[str, int], Awaitable[Sequence[tuple[str, int]]]]
 
 DEFAULT_SLICE = "default"
 
@@ -35,17 +41,25 @@ class Backoff:
 class Options:
     """Everything :func:`sluice_sdk.serve` needs besides the application.
 
-    ``acceptor`` is ``"host:port"`` (``"[v6]:port"``) or ``"unix:/path"``; there is no default.
+    ``acceptor`` is ``"host:port"`` (``"[v6]:port"``) or ``"unix:/path"``: one node, as ever.
+    Several nodes split the capacity by demand (protocol/README.md "Many nodes"):
+    ``"dns:NAME:PORT"`` (every A/AAAA record of NAME, re-resolved every ``resolve_interval``
+    seconds, default 10) or a list, ``"a:7070,b:7070"`` or ``["a:7070", "b:7070"]`` (a list is
+    kept as the equivalent comma-separated string). A node without a control link for
+    ``node_grace`` seconds (default 5) is down and its share moves to the others. ``resolver``
+    (default: the system's, ``loop.getaddrinfo``) resolves names to nodes. There is no default
+    acceptor.
     ``instance=None`` lets the acceptor use the peer's IP address; ``token=None`` sends no
     ``Authorization``. ``ssl`` (default ``None``: plaintext) turns on TLS to the acceptor,
-    verifying ``server_hostname`` (default: the acceptor's host). ``handshake_timeout`` (default
+    verifying ``server_hostname`` (default: the acceptor's host, the ``dns:`` name or each list
+    entry's host). ``handshake_timeout`` (default
     5 s) bounds connecting plus the acceptor's answer, together. While an operator holds the
     instance drained (``410``), one registration probes every ``drained_probe`` seconds
     (default 30) so that ``sluice ctl resume`` brings it back. Invalid options raise
     :class:`OptionsError`.
     """
 
-    acceptor: str
+    acceptor: str | Sequence[str]
     service: str
     slice: str = DEFAULT_SLICE
     instance: str | None = None
@@ -56,6 +70,9 @@ class Options:
     backoff: Backoff = field(default_factory=Backoff)
     handshake_timeout: float = 5.0
     drained_probe: float = 30.0
+    resolve_interval: float = 10.0
+    node_grace: float = 5.0
+    resolver: Resolver | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.service:
@@ -64,12 +81,33 @@ class Options:
             value = getattr(self, name)
             if value is not None:
                 header_value(name, value)
-        kind, _ = parse_acceptor(self.acceptor)
-        if self.ssl is not None and kind == "unix" and not self.server_hostname:
-            raise OptionsError("TLS over a unix: acceptor needs server_hostname")
+        self._set_acceptor()
+        if isinstance(self.address, address.Single):
+            kind, _ = parse_acceptor(self.address.address)
+            if self.ssl is not None and kind == "unix" and not self.server_hostname:
+                raise OptionsError("TLS over a unix: acceptor needs server_hostname")
         if not isinstance(self.capacity, int) or self.capacity < 0:
             raise OptionsError("capacity must be a non-negative integer")
         self._validate_timing()
+
+    def _set_acceptor(self) -> None:
+        """A list becomes the comma-separated string it stands for (one entry: that entry)."""
+        if isinstance(self.acceptor, str):
+            return
+        entries = list(self.acceptor)
+        address.parse(entries)  # says what is wrong with the list itself
+        object.__setattr__(self, "acceptor", ",".join(entries))
+
+    @property
+    def address(self) -> address.Address:
+        """What ``acceptor`` names: one node, a DNS name's records, or a list."""
+        assert isinstance(self.acceptor, str)
+        return address.parse(self.acceptor)
+
+    @property
+    def many(self) -> bool:
+        """Whether the acceptor names several nodes (then each gets a control link)."""
+        return not isinstance(self.address, address.Single)
 
     def _validate_timing(self) -> None:
         b = self.backoff
@@ -81,6 +119,10 @@ class Options:
             raise OptionsError("handshake_timeout must be positive")
         if not self.drained_probe > 0:
             raise OptionsError("drained_probe must be positive (seconds between probes)")
+        if not self.resolve_interval > 0:
+            raise OptionsError("resolve_interval must be positive (seconds between resolutions)")
+        if not self.node_grace > 0:
+            raise OptionsError("node_grace must be positive (seconds a node may lack its link)")
 
     @property
     def identity(self) -> Identity:
@@ -94,6 +136,7 @@ class Options:
             return None
         if self.server_hostname is not None:
             return self.server_hostname
+        assert isinstance(self.acceptor, str)
         kind, where = parse_acceptor(self.acceptor)
         return where[0] if kind == "tcp" else None  # type: ignore[index]
 
@@ -117,7 +160,8 @@ def parse_acceptor(acceptor: str) -> tuple[str, tuple[str, int] | str]:
         return "unix", path
     host, sep, port = acceptor.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise OptionsError(f"acceptor must be host:port or unix:/path, not {acceptor!r}")
+        raise OptionsError(f"acceptor must be host:port or unix:/path (or, for many nodes, "
+                           f"dns:NAME:PORT or host:port,host:port), not {acceptor!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return "tcp", (host, int(port))

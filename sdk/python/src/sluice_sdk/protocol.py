@@ -1,5 +1,5 @@
-"""The session protocol of DESIGN.md §3, sans I/O: the registration and drain requests, and
-the classification of the acceptor's answer. h11 encodes the requests and parses the answer
+"""The session protocol of DESIGN.md §3, sans I/O: the registration, drain and control-link
+requests, and the classification of the acceptor's answer. h11 encodes the requests and parses the answer
 (as the client of a one-request connection), bounded to 8 KiB of head."""
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ from .errors import ProtocolError, Refused
 
 SESSION_PATH = "/.sluice/v1/session"
 DRAIN_PATH = "/.sluice/v1/drain"
+CONTROL_PATH = "/.sluice/v1/control"
 UPGRADE_TOKEN = "sluice-session/1"
+CONTROL_TOKEN = "sluice-control/1"
 MAX_REPLY_HEAD = 8192
 #: The longest reason read from a refusal's body.
 MAX_REASON = 512
 #: The request header with the client's address as the proxy saw it (its TCP peer).
 CLIENT_ADDR_HEADER = b"sluice-client-addr"
 
-Kind = Literal["register", "drain"]
+Kind = Literal["register", "drain", "control"]
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,16 @@ class Drained:
     """``200`` to a drain request."""
 
 
-Reply = Union[Switched, Drained]
+@dataclass(frozen=True)
+class Unsupported:
+    """``400`` to a control link's request: an acceptor too old to know control links."""
+
+
+Reply = Union[Switched, Drained, Unsupported]
 
 
 class Handshake:
-    """One registration or drain exchange: ``request`` holds the bytes to write, and
+    """One registration, drain or control-link exchange: ``request`` holds the bytes to write, and
     :meth:`feed` classifies the answer as it arrives (raising :class:`Refused` or
     :class:`ProtocolError`)."""
 
@@ -90,6 +97,8 @@ class Handshake:
         if isinstance(event, h11.InformationalResponse):
             return self._informational(event)
         if isinstance(event, h11.Response):
+            if self.kind == "control" and event.status_code == 400:
+                return Unsupported()
             if event.status_code != 200:
                 raise Refused(event.status_code, self.reason())
             if self.kind == "drain":
@@ -114,8 +123,9 @@ class Handshake:
         if event.status_code != 101:
             raise Refused(event.status_code, self.reason())
         upgrade = [v for k, v in event.headers if k == b"upgrade"]
-        if self.kind != "register" or [v.lower() for v in upgrade] != [UPGRADE_TOKEN.encode()]:
-            raise ProtocolError(f"101 without Upgrade: {UPGRADE_TOKEN}")
+        token = CONTROL_TOKEN if self.kind == "control" else UPGRADE_TOKEN
+        if self.kind == "drain" or [v.lower() for v in upgrade] != [token.encode()]:
+            raise ProtocolError(f"101 without Upgrade: {token}")
         rest, _closed = self._conn.trailing_data
         return Switched(bytes(rest))
 
@@ -124,16 +134,21 @@ def _request(kind: Kind, identity: Identity, capacity: int | None) -> h11.Reques
     if kind == "drain":
         head = [("Host", "sluice"), ("Content-Length", "0")]
         return h11.Request(method="POST", target=DRAIN_PATH, headers=head + identity.headers())
-    head = [("Host", "sluice"), ("Connection", "Upgrade"), ("Upgrade", UPGRADE_TOKEN)]
+    control = kind == "control"
+    token, path = (CONTROL_TOKEN, CONTROL_PATH) if control else (UPGRADE_TOKEN, SESSION_PATH)
+    head = [("Host", "sluice"), ("Connection", "Upgrade"), ("Upgrade", token)]
     tail = [] if capacity is None else [("Sluice-Capacity", str(capacity))]
-    return h11.Request(
-        method="GET", target=SESSION_PATH, headers=head + identity.headers() + tail
-    )
+    return h11.Request(method="GET", target=path, headers=head + identity.headers() + tail)
 
 
 def registration(identity: Identity, capacity: int | None) -> bytes:
     """The registration request bytes (``capacity=None``: no ``Sluice-Capacity``)."""
     return Handshake("register", identity, capacity).request
+
+
+def control_request(identity: Identity, capacity: int) -> bytes:
+    """The control link's request bytes (many nodes): the identity and ``Sluice-Capacity``."""
+    return Handshake("control", identity, capacity).request
 
 
 def drain_request(identity: Identity) -> bytes:

@@ -211,7 +211,9 @@ def parser() -> argparse.ArgumentParser:
                "SLUICE_INSTANCE and SLUICE_TOKEN set the defaults of their options.")
     p.add_argument("app", metavar="MODULE:APP", help="the application, e.g. main:app")
     p.add_argument("--acceptor", default=env("SLUICE_ACCEPTOR"),
-                   help="HOST:PORT, [V6]:PORT or unix:PATH of the proxy's acceptor (required)")
+                   help="HOST:PORT, [V6]:PORT or unix:PATH of the proxy's acceptor; for many "
+                        "nodes dns:NAME:PORT (every A/AAAA record) or HOST:PORT,HOST:PORT,... "
+                        "(required)")
     p.add_argument("--capacity", type=int, default=env("SLUICE_CAPACITY", "1"),
                    help="sessions to keep registered: requests served at once (default 1)")
     p.add_argument("--service", default=env("SLUICE_SERVICE"),
@@ -235,6 +237,11 @@ def parser() -> argparse.ArgumentParser:
                    help="close what is still open this long after the drain (default: wait)")
     p.add_argument("--drained-probe", type=float, default=30.0, metavar="SECONDS",
                    help="seconds between probes while an operator holds the instance drained")
+    p.add_argument("--resolve-interval", type=float, default=10.0, metavar="SECONDS",
+                   help="many nodes: seconds between resolutions of the acceptor's names")
+    p.add_argument("--node-grace", type=float, default=5.0, metavar="SECONDS",
+                   help="many nodes: seconds a node may lack its control link before its "
+                        "share moves to the others")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
     return p
@@ -250,7 +257,8 @@ def options_from(args: argparse.Namespace) -> Options:
         return Options(acceptor=args.acceptor, service=service, slice=args.slice,
                        instance=args.instance, token=token or None, capacity=args.capacity,
                        ssl=tls_context(args), server_hostname=args.tls_server_name,
-                       drained_probe=args.drained_probe)
+                       drained_probe=args.drained_probe, resolve_interval=args.resolve_interval,
+                       node_grace=args.node_grace)
     except OptionsError as e:
         raise UsageError(str(e)) from None
 

@@ -6,9 +6,12 @@ import asyncio
 import itertools
 import logging
 
-from . import dial
+from . import address, aio, dial
 from .errors import SluiceError
+from .fleet import Fleet, Node, NodeStatus
 from .lifespan import Lifespan
+from .links import Discovery, keep_link
+from .nodeslot import NodeSlot
 from .options import Options
 from .report import Report
 from .server import ASGIApp
@@ -21,6 +24,10 @@ log = logging.getLogger("sluice_sdk")
 class Sessions:
     """The sessions of one instance, kept at :attr:`capacity` by background tasks.
 
+    With an acceptor address that names several nodes (``dns:NAME:PORT`` or a list), the
+    instance keeps a control link to each node and splits its capacity among them by demand
+    (protocol/README.md "Many nodes"); :attr:`nodes` lists them.
+
     Create it with :func:`serve`. All methods must be called on the event loop that created it.
     """
 
@@ -28,10 +35,20 @@ class Sessions:
         self._lifespan = lifespan if lifespan is not None else Lifespan(app, "off")
         self._app = self._lifespan.app
         self._options = options
-        self._shared = Shared(Report(options.acceptor))
+        self._shared = Shared(Report(str(options.acceptor)))
         self._tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count()
+        self._fleet: Fleet | None = None
+        self._discovery: asyncio.Task[None] | None = None
+        where = options.address
+        if not isinstance(where, address.Single):
+            self._fleet = Fleet(self._shared, options.node_grace, self._start_link)
+            self._discovery = asyncio.ensure_future(Discovery(where, options).run(self._fleet))
         self.set_capacity(options.capacity)
+
+    def _start_link(self, node: Node) -> asyncio.Task[None]:
+        assert self._fleet is not None
+        return asyncio.ensure_future(keep_link(self._fleet, node, self._options))
 
     def __repr__(self) -> str:
         c = self._shared.counts
@@ -47,16 +64,40 @@ class Sessions:
         ``Connection: close``, and slots not registered at that moment stop dialing. So once
         this returns, no more than ``capacity`` requests reach the app beyond those already
         running. Setting the capacity again restarts slots that were refused for good, and
-        dials at once while the instance is held drained."""
+        dials at once while the instance is held drained.
+
+        With many nodes every node hears the new capacity, the split is planned again, and a
+        surplus is retired by the nodes (``RETIRE``: idle sessions close as the line arrives,
+        busy ones after their response), so a request a node leased before that still reaches
+        the app; no session is dialed while the sessions held everywhere are ``capacity`` or
+        more."""
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be a non-negative integer, not {capacity!r}")
         spawn = self._shared.resize(capacity)
-        self._shared.retire_idle()
+        if self._fleet is not None:
+            self._fleet.capacity_changed()
+        else:
+            self._shared.retire_idle()
         for _ in range(spawn):
-            slot = Slot(next(self._ids), self._shared, self._options, self._app)
-            task = asyncio.ensure_future(slot.run())
+            task = asyncio.ensure_future(self._slot().run())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _slot(self) -> Slot | NodeSlot:
+        if self._fleet is not None:
+            return NodeSlot(next(self._ids), self._shared, self._options, self._app, self._fleet)
+        return Slot(next(self._ids), self._shared, self._options, self._app)
+
+    @property
+    def nodes(self) -> list[NodeStatus]:
+        """Every node this instance knows, in the order it plans them: address, whether it is
+        live, its smoothed demand, the sessions held there and the split's target for it. One
+        entry for a single acceptor (no control link: no demand)."""
+        if self._fleet is not None:
+            return self._fleet.status()
+        registered = self._shared.registered
+        return [NodeStatus(str(self._options.acceptor), True, None, registered,
+                           self.capacity, 0, "single")]
 
     @property
     def capacity(self) -> int:
@@ -88,13 +129,20 @@ class Sessions:
                 raise self._shared.held
             return self._shared.registered >= want
 
-        await asyncio.wait_for(self._shared.wait_until(ready), timeout)
+        await aio.wait_for(self._shared.wait_until(ready), timeout)
 
     async def wait_refused(self) -> SluiceError:
         """Returns the refusal (400, 401 or 404) once every slot has stopped for good, so that
-        nothing registers until the capacity is set again; waits as long as any slot lives."""
-        shared = self._shared
-        await shared.wait_until(lambda: shared.failed is not None and shared.counts.slots == 0)
+        nothing registers until the capacity is set again; waits as long as any slot lives.
+        With many nodes, also once every node refused this instance's control link for good
+        (the links keep retrying: a node's configuration may be fixed)."""
+        shared, fleet = self._shared, self._fleet
+
+        def refused() -> bool:
+            everywhere = fleet is not None and fleet.failed is not None
+            return shared.failed is not None and (shared.counts.slots == 0 or everywhere)
+
+        await shared.wait_until(refused)
         assert shared.failed is not None
         return shared.failed
 
@@ -110,9 +158,13 @@ class Sessions:
         deadline = None if timeout is None else loop.time() + timeout
         self._shared.stop()
         log.info("draining %s", self._options.service)
-        await dial.drain(self._options)
+        if self._fleet is None:
+            await dial.drain(self._options)
+        else:
+            await self._drain_nodes(self._fleet)
         pending = await self._wait_sessions(deadline)
         pending += await self._close_websockets(deadline)
+        self._stop_nodes()
         await self._lifespan.shutdown()
         if pending:
             raise asyncio.TimeoutError(
@@ -120,6 +172,32 @@ class Sessions:
                 "they were closed: raise the timeout if requests take longer"
             )
         log.info("drained %s", self._options.service)
+
+    async def _drain_nodes(self, fleet: Fleet) -> None:
+        """Sends the drain request to every node that holds a session of this instance, at
+        once; a node whose request fails has its sessions closed from here (idle ones now, busy
+        ones after their response) and says so in one warning."""
+        if self._discovery is not None:
+            self._discovery.cancel()
+        fleet.stopping = True
+        nodes = [n for n in fleet.nodes if n.sessions > 0]
+        drains = [dial.drain(self._options, n.endpoint) for n in nodes]
+        results = await asyncio.gather(*drains, return_exceptions=True)
+        for node, result in zip(nodes, results, strict=True):
+            if isinstance(result, Exception):
+                log.warning("the drain request to node %s failed (%s); closing its %d "
+                            "sessions from here", node, result, node.sessions)
+                fleet.vacate(node)
+
+    def _stop_nodes(self) -> None:
+        if self._discovery is not None:
+            self._discovery.cancel()
+        if self._fleet is not None:
+            self._fleet.close()
+
+    def _link_tasks(self) -> list[asyncio.Task[None]]:
+        tasks = [n.task for n in self._fleet.nodes] if self._fleet is not None else []
+        return [t for t in [*tasks, self._discovery] if t is not None]
 
     async def _wait_sessions(self, deadline: float | None) -> int:
         """Waits for every session to end; at ``deadline`` (loop time) closes the rest. Returns
@@ -146,12 +224,15 @@ class Sessions:
     async def aclose(self) -> None:
         """Stops at once as :meth:`close` does, waits until every session is closed, then runs
         the application's lifespan shutdown: the way out when the drain request failed."""
+        links = self._link_tasks()
         self._cancel_sessions()
-        await asyncio.gather(*self._tasks, *self._shared.upgraded, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._shared.upgraded, *links,
+                             return_exceptions=True)
         await self._lifespan.shutdown()
 
     def _cancel_sessions(self) -> None:
         self._shared.stop()
+        self._stop_nodes()
         for task in [*self._tasks, *self._shared.upgraded]:
             task.cancel()
 

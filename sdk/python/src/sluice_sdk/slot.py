@@ -58,12 +58,15 @@ class Slot:
         while not self.shared.should_end():
             if self.shared.held is not None and not await self._await_probe():
                 return
-            epoch = self.shared.report.epoch
+            epoch, unheld = self.shared.report.epoch, self.shared.unheld
             try:
                 hooks = await self._session()
             except SluiceError as e:
                 if getattr(e, "drained", False):
-                    self.shared.hold(e, self.options.drained_probe)
+                    # A 410 to a dial begun before the capacity was set again is stale: that
+                    # said "dial at once", and so this slot does.
+                    if unheld == self.shared.unheld:
+                        self.shared.hold(e, self.options.drained_probe)
                     continue
                 if not e.retryable:
                     return self.shared.slot_failed(e)

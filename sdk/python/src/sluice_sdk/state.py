@@ -73,6 +73,8 @@ class Shared:
         #: slots wait, and one of them probes at ``next_probe`` (loop time).
         self.held: SluiceError | None = None
         self.next_probe = 0.0
+        #: Bumped when a resize ends a hold: a ``410`` to a dial begun before that is stale.
+        self.unheld = 0
         self._changed = asyncio.get_running_loop().create_future()
         #: Per registered session: retires it now if it is idle (claiming a retirement).
         self._retire_if_idle: set[Callable[[], bool]] = set()
@@ -97,6 +99,10 @@ class Shared:
         self._changed.set_result(None)
         self._changed = asyncio.get_running_loop().create_future()
 
+    def notify(self) -> None:
+        """Wakes every waiter: something they wait on may have changed."""
+        self._notify()
+
     async def changed(self, timeout: float | None = None) -> bool:
         """Waits for the next change; ``False`` if ``timeout`` seconds passed first."""
         done, _ = await asyncio.wait({asyncio.shield(self._changed)}, timeout=timeout)
@@ -118,6 +124,7 @@ class Shared:
             self.failed = None
         if self.held is not None:
             self.held = None  # "setting the capacity again dials at once"
+            self.unheld += 1
             self.report.unheld()
         self._notify()
         return spawn

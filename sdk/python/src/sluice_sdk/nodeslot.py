@@ -1,0 +1,137 @@
+"""A session slot of an instance that dials many nodes: before each dial it picks the live node
+with the most room (``Fleet.acquire``), and waits while none has room or the sessions held
+everywhere already number ``N``. A session that a node closed after a ``RETIRE`` is no failure:
+the slot dials elsewhere at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from . import dial
+from .errors import ConnectError, SluiceError
+from .fleet import Fleet, Node
+from .options import Options
+from .server import ASGIApp, Connection, Peer
+from .slot import _peer
+from .state import Shared
+from .websocket import WebSocket
+
+log = logging.getLogger("sluice_sdk")
+
+
+@dataclass(eq=False)
+class NodeHooks:
+    """A session at one of many nodes: it closes after its response when this SDK retires a
+    session of that node itself (the node is not live, or has no control links)."""
+
+    fleet: Fleet
+    node: Node
+    conn: Connection | None = None
+    served: bool = False
+    retired: bool = False
+
+    def response_starting(self) -> bool:
+        self.served = True
+        return self.retired or self.fleet.claim_close(self.node, self)
+
+    def upgraded(self, websocket: WebSocket) -> bool:
+        """An accepted WebSocket consumed the session: it runs on its own, and the slot dials
+        a replacement at once."""
+        self.served = True
+        self.fleet.shared.adopt(websocket)
+        return True
+
+    @property
+    def idle(self) -> bool:
+        return self.conn is not None and self.conn.idle
+
+    def close_if_idle(self) -> bool:
+        return self.conn is not None and self.conn.close_idle()
+
+
+@dataclass
+class NodeSlot:
+    """Keeps one session of ``options`` registered at whichever node needs it, serving ``app``."""
+
+    id: int
+    shared: Shared
+    options: Options
+    app: ASGIApp
+    fleet: Fleet
+
+    async def run(self) -> None:
+        """Dials until retired, stopped or refused for good."""
+        failures = 0
+        while True:
+            node = await self.fleet.acquire()
+            if node is None:
+                return
+            epoch = node.report.epoch
+            outcome: NodeHooks | BaseException
+            hooks = NodeHooks(self.fleet, node)
+            try:
+                outcome = await self._session(node, hooks)
+            except SluiceError as e:
+                outcome = e
+            except Exception as e:  # a bug, not the network: keep the slot alive, but say so
+                log.exception("slot %d: session at %s failed", self.id, node)
+                outcome = e
+            finally:
+                retired = self.fleet.release(node, hooks if hooks.conn is not None else None)
+            if isinstance(outcome, NodeHooks):
+                failures = 0
+                # A session closed before serving anything, not asked to: do not spin on it.
+                again = outcome.served or outcome.retired or retired
+                pause = None if again else self.options.backoff.delay(0)
+            elif isinstance(outcome, SluiceError) and getattr(outcome, "drained", False):
+                self.fleet.held(node, outcome)
+                continue
+            elif isinstance(outcome, SluiceError) and not outcome.retryable:
+                return self.shared.slot_failed(outcome)
+            else:
+                if isinstance(outcome, SluiceError) and not self.shared.counts.stopping:
+                    self._dial_failed(node, outcome, epoch)
+                pause = self.options.backoff.delay(failures)
+                failures += 1
+            if pause is not None and await self._wait(pause):
+                return
+
+    def _dial_failed(self, node: Node, error: SluiceError, epoch: int) -> None:
+        """Remembers the error, and logs it once per outage of the node's sessions; a node
+        that cannot be reached at all is the link's to tell (down, then back)."""
+        self.shared.record(error)
+        if not isinstance(error, ConnectError):
+            node.report.dial_failed(error, epoch)
+
+    async def _wait(self, pause: float) -> bool:
+        """Sleeps ``pause`` seconds; returns ``True`` early if the slot should end meanwhile."""
+        deadline = asyncio.get_running_loop().time() + pause
+        while True:
+            if self.shared.should_end():
+                return True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0 or not await self.shared.changed(timeout=left):
+                return False
+
+    async def _session(self, node: Node, hooks: NodeHooks) -> NodeHooks:
+        capacity = self.shared.counts.target
+        reader, writer, rest = await dial.register(self.options, capacity, node.endpoint)
+        peer = Peer(server=None, client=_peer(writer), forwarded=True)
+        hooks.conn = conn = Connection(self.app, reader, writer, hooks, peer)
+        with self.shared.session_registered(lambda: False):
+            node.report.registered()
+            try:
+                unused = self.fleet.opened(node, hooks) or self.shared.counts.stopping
+                if unused and not rest:
+                    log.debug("slot %d: the new session at %s retires at once", self.id, node)
+                    hooks.retired = True
+                    writer.close()
+                    return hooks
+                log.debug("slot %d: session registered at %s", self.id, node)
+                await conn.serve(rest)
+            finally:
+                self.fleet.closed(node, hooks)
+        log.debug("slot %d: session at %s ended", self.id, node)
+        return hooks

@@ -1,0 +1,90 @@
+"""How an instance splits its declared capacity across the nodes it reaches, in proportion to
+their demand, with hysteresis (protocol/README.md "The split", normative: every SDK computes
+the same targets from the same inputs, and the vectors' ``splits`` section holds them to it).
+Python floats are IEEE doubles, so the arithmetic below falls exactly as the protocol's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What an instance knows of one node when it plans."""
+
+    live: bool
+    """The link is up and the node has not said ``DRAINING`` (or it has no control links)."""
+    demand: float
+    """The smoothed demand."""
+    held: int
+    """Sessions held there (registered or being dialed) less those asked to retire."""
+
+
+def targets(capacity: int, nodes: Sequence[NodeView]) -> list[int]:
+    """The sessions each node should hold: ``capacity`` in all, at least one per live node
+    while ``capacity`` allows, the rest in proportion to demand, moving a session only when
+    that shrinks the imbalance by more than one (so small swings of demand move nothing)."""
+    q = quotas(capacity, nodes)
+    t = [n.held if n.live else 0 for n in nodes]
+    live = [i for i, n in enumerate(nodes) if n.live]
+
+    def over(i: int) -> float:
+        return t[i] - q[i]
+
+    def under(i: int) -> float:
+        return q[i] - t[i]
+
+    def holding() -> list[int]:
+        return [i for i in range(len(t)) if t[i] > 0]
+
+    while sum(t) > capacity:
+        j = _first_max(holding(), over)
+        if j is None:
+            break
+        t[j] -= 1
+    while sum(t) < capacity:
+        i = _first_max(live, under)
+        if i is None:
+            break
+        t[i] += 1
+    while True:
+        i, j = _first_max(live, under), _first_max(holding(), over)
+        if i is None or j is None or not (under(i) > 0.5 and over(j) > 0.5):
+            return t
+        t[i] += 1
+        t[j] -= 1
+
+
+def quotas(capacity: int, nodes: Sequence[NodeView]) -> list[float]:
+    """Each node's real share: a base of one per live node while ``capacity`` allows, the rest
+    by demand (evenly without any); 0 for a node that is not live."""
+    live = sum(1 for n in nodes if n.live)
+    if live == 0:
+        return [0.0] * len(nodes)
+    base = 1 if capacity >= live else 0
+    rest = float(capacity - base * live)
+    total = 0.0
+    for n in nodes:  # summed in list order, as the protocol writes it
+        if n.live:
+            total += max(n.demand, 0.0)
+    out = []
+    for n in nodes:
+        if not n.live:
+            out.append(0.0)
+        elif total > 0.0:
+            out.append(base + (rest * max(n.demand, 0.0)) / total)
+        else:
+            out.append(base + rest / live)
+    return out
+
+
+def _first_max(indices: Iterable[int], key: Callable[[int], float]) -> int | None:
+    """The first index with the largest key."""
+    best: int | None = None
+    best_key = 0.0
+    for i in indices:
+        k = key(i)
+        if best is None or k > best_key:
+            best, best_key = i, k
+    return best
