@@ -39,13 +39,15 @@ def binaries(tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("bin")
     go = out / "multinode-go"
     subprocess.run(["go", "build", "-o", str(go), "./examples/multinode"], cwd=REPO / "sdk/go", check=True)
-    return {"sluice": str(target / "debug/sluice"), "go": str(go)}
+    python = f"{sys.executable} {REPO / 'sdk/python/examples/multinode.py'}"
+    return {"sluice": str(target / "debug/sluice"), "go": str(go), "python": python}
 
 
 def run_scenario(binaries: dict[str, str]) -> dict:
     with namespace() as (name, hosts):
         argv = ["ip", "netns", "exec", name, sys.executable, str(HERE / "scenario.py"),
-                "--sluice", binaries["sluice"], "--go", binaries["go"], "--hosts", str(hosts)]
+                "--sluice", binaries["sluice"], "--go", binaries["go"], "--python", binaries["python"],
+                "--hosts", str(hosts)]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SCENARIO_LIMIT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"the scenario printed nothing:\n{done.stdout}\n{done.stderr}"
@@ -57,6 +59,11 @@ def run_scenario(binaries: dict[str, str]) -> dict:
 @pytest.fixture(scope="module")
 def seen(binaries) -> dict:
     return run_scenario(binaries)
+
+
+def test_a_service_in_each_sdk_language_took_part(seen):
+    assert sorted(seen["max_in_flight"]) == ["go", "py"], seen["max_in_flight"]
+    assert sorted(seen["steps"]["capacity"]) == ["go", "py"], seen["steps"]["capacity"]
 
 
 def test_no_service_ever_has_more_in_flight_than_it_declared(seen):

@@ -10,7 +10,8 @@ Every request waits --delay seconds (a fixed service time) and answers which req
 many in flight it was. ``GET /.multinode/max`` answers ``{"max_in_flight": M, "in_flight": n,
 "served": s, "capacity": N, "nodes": [...]}`` (the SDK's view of every node) without counting
 itself; each new maximum is also printed as ``max_in_flight M``. SIGTERM or SIGINT drains and
-prints the final ``max_in_flight M``. Every flag defaults to an environment variable:
+prints the final ``max_in_flight M``. With ``--stats HOST:PORT`` it also serves ``GET /max``
+and ``POST /capacity?n=K`` there, off the sessions. Every flag defaults to an environment variable:
 SLUICE_ACCEPTOR, SLUICE_SERVICE, SLUICE_CAPACITY, SLUICE_INSTANCE, SLUICE_TOKEN, MULTINODE_DELAY.
 """
 
@@ -65,10 +66,38 @@ class Counting:
         await send({"type": "http.response.body", "body": body})
 
 
+async def stats(app: Counting, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The --stats port, for a test on the same machine: ``GET /max`` answers the most requests
+    ever in flight, ``POST /capacity?n=K`` sets the capacity at runtime (as the Go example's)."""
+    try:
+        line = (await reader.readline()).decode("latin-1").split()
+        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+            pass
+        method, target = (line + ["", ""])[:2]
+        status, body = "404 Not Found", "GET /max or POST /capacity?n=K\n"
+        if method == "GET" and target == "/max":
+            status, body = "200 OK", f"{app.max}\n"
+        elif method == "POST" and target.startswith("/capacity?n="):
+            n = target.removeprefix("/capacity?n=")
+            if n.isdigit() and app.sessions:
+                app.sessions.set_capacity(int(n))
+                status, body = "200 OK", f"capacity {n}\n"
+            else:
+                status = "400 Bad Request"
+        writer.write(f"HTTP/1.1 {status}\r\ncontent-length: {len(body)}\r\n"
+                     f"connection: close\r\n\r\n{body}".encode())
+        await writer.drain()
+    finally:
+        writer.close()
+
+
 async def main(args: argparse.Namespace) -> None:
     app = Counting(args.delay)
     options = sluice_sdk.Options(acceptor=args.acceptor, service=args.service,
                                  instance=args.instance, token=args.token, capacity=args.capacity)
+    if args.stats:
+        host, port = args.stats.rsplit(":", 1)
+        await asyncio.start_server(lambda r, w: stats(app, r, w), host, int(port))
     app.sessions = await sluice_sdk.serve(app, options, lifespan="off")
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -89,6 +118,8 @@ if __name__ == "__main__":
     p.add_argument("--token", default=env("SLUICE_TOKEN"))
     p.add_argument("--delay", type=float, default=float(env("MULTINODE_DELAY", "0.05")),
                    help="seconds each request takes (default 0.05)")
+    p.add_argument("--stats", default=env("SLUICE_STATS"),
+                   help="HOST:PORT to serve GET /max and POST /capacity?n=K locally (none by default)")
     arguments = p.parse_args()
     logging.basicConfig(level=env("SLUICE_LOG", "INFO"), format="%(asctime)s %(levelname)s %(message)s")
     asyncio.run(main(arguments))
