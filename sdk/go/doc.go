@@ -1,5 +1,5 @@
 // Package sluice serves any net/http handler through Sluice by dialing in: the service opens
-// connections to the proxy's acceptor and registers each as a session (DESIGN.md §3), so the
+// connections to the proxy's acceptor and registers each as a session (docs/design.md §3), so the
 // proxy never connects to the service and every session is one unit of declared concurrency.
 //
 // [Listen] returns a [*Listener] that keeps Options.Capacity sessions registered in the

@@ -229,7 +229,7 @@ func (l *Listener) abort() {
 	}
 }
 
-// Shutdown leaves gracefully (DESIGN.md §3 "Drain"): it stops re-dialing, sends
+// Shutdown leaves gracefully (docs/design.md §3 "Drain"): it stops re-dialing, sends
 // `POST /.sluice/v1/drain` for this instance on a new connection (unless an earlier drain
 // succeeded) and, once the proxy answers 200, waits until the proxy has closed every session:
 // the proxy finishes busy sessions first, so no request is lost. Accept keeps yielding

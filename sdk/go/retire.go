@@ -8,7 +8,7 @@ import "net/http"
 // without a valid header, r.RemoteAddr is the session's peer, the acceptor. When SetCapacity has shrunk the
 // capacity and a retirement is owed, the wrapper answers the current request with
 // `Connection: close` — net/http then closes the session after the response, the proxy does
-// not reuse it (DESIGN.md §3 "Retire"), and its slot ends instead of re-dialing. This is
+// not reuse it (docs/design.md §3 "Retire"), and its slot ends instead of re-dialing. This is
 // race-free: no request is lost to the shrink.
 //
 // With Handler, shrinking also closes idle surplus sessions at once (see SetCapacity). Without

@@ -1,7 +1,7 @@
 """Serve an ASGI (or WSGI) application through Sluice by *dialing in*.
 
 The service opens connections to the proxy's acceptor and registers each as a session
-(DESIGN.md §3), so the proxy never connects to it and each session is one unit of declared
+(docs/design.md §3), so the proxy never connects to it and each session is one unit of declared
 concurrency. :func:`serve` keeps ``Options.capacity`` sessions registered, re-dials a
 replacement whenever the proxy closes one, backs off with jitter while the acceptor is
 unreachable or busy, stops the slots for good on 400/401/404, and probes slowly while an

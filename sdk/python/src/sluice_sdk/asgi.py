@@ -62,7 +62,7 @@ def websocket_scope(request: h11.Request, peer: Peer, subprotocols: list[str]) -
 
 
 def _forwarded_proto(headers: list[tuple[bytes, bytes]]) -> str:
-    """The client's scheme as the proxy reports it (DESIGN.md §3), so apps build right URLs."""
+    """The client's scheme as the proxy reports it (docs/design.md §3), so apps build right URLs."""
     for name, value in headers:
         if name == b"x-forwarded-proto" and value.strip().lower() in (b"http", b"https"):
             return value.strip().lower().decode()

@@ -1,5 +1,5 @@
 """Connections to the acceptor: TCP (no Nagle, keepalive), UNIX or TLS, then the registration,
-drain or control-link handshake of DESIGN.md §3, bounded by ``handshake_timeout``. With many
+drain or control-link handshake of docs/design.md §3, bounded by ``handshake_timeout``. With many
 nodes each dial goes to one :class:`Endpoint`; otherwise to ``Options.acceptor``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The session protocol of DESIGN.md §3, sans I/O: the registration, drain and control-link
+"""The session protocol of docs/design.md §3, sans I/O: the registration, drain and control-link
 requests, and the classification of the acceptor's answer. h11 encodes the requests and parses the answer
 (as the client of a one-request connection), bounded to 8 KiB of head."""
 

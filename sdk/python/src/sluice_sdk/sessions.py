@@ -147,7 +147,7 @@ class Sessions:
         return shared.failed
 
     async def shutdown(self, timeout: float | None = None) -> None:
-        """Leaves gracefully (DESIGN.md §3 "Drain"): stops re-dialing, sends
+        """Leaves gracefully (docs/design.md §3 "Drain"): stops re-dialing, sends
         ``POST /.sluice/v1/drain`` for this instance on a new connection, and once the proxy
         answers ``200`` waits until the proxy has closed every session (in-flight requests
         finish first), then runs the application's lifespan shutdown. A failed drain request

@@ -28,7 +28,7 @@ class SessionHooks:
     """A response carried ``Connection: close`` for a retirement: do not re-dial."""
 
     def response_starting(self) -> bool:
-        """Claims an owed retirement, if any, for this response (DESIGN.md §3 "Retire")."""
+        """Claims an owed retirement, if any, for this response (docs/design.md §3 "Retire")."""
         self.served = True
         if not self.retired and self.shared.claim_retirement():
             log.debug("retiring session: answering with Connection: close")
