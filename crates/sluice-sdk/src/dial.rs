@@ -14,7 +14,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsConnector;
 
-use crate::{Acceptor, Error, Options};
+use crate::error::Error;
+use crate::options::{Acceptor, Options};
 use sluice_session::Prefixed;
 
 /// How long a session may sit silent before the kernel starts probing it.

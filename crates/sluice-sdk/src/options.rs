@@ -8,7 +8,7 @@ use std::time::Duration;
 use rustls_pki_types::ServerName;
 use sluice_session::Identity;
 
-use crate::Error;
+use crate::error::Error;
 
 /// Where the proxy's acceptor listens. There is no default: an SDK must be told.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,8 +18,8 @@ use tower::util::Oneshot;
 use tower::ServiceExt;
 use tower_service::Service;
 
+use crate::client::ClientAddr;
 use crate::state::Shared;
-use crate::ClientAddr;
 
 /// What one session learned while serving.
 #[derive(Debug, Default)]

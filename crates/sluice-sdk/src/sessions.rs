@@ -6,10 +6,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch};
 
+use crate::dial;
+use crate::error::Error;
+use crate::options::Options;
+use crate::service::SessionService;
 use crate::slot::Slot;
 use crate::state::Shared;
-use crate::SessionService;
-use crate::{dial, Error, Options, Status};
+use crate::state::Status;
 
 /// Starts one slot task; the sender is dropped when the task ends.
 type Spawner = Box<dyn Fn(mpsc::Sender<()>) + Send + Sync>;

@@ -12,10 +12,11 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::dial::{self, SessionIo};
+use crate::error::Error;
+use crate::options::Options;
 use crate::retire::{Retiring, SessionFlags};
+use crate::service::SessionService;
 use crate::state::{Counts, Shared};
-use crate::SessionService;
-use crate::{Error, Options};
 
 /// How a registered session ended.
 enum Ended {

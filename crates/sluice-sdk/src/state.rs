@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::Error;
+use crate::error::Error;
 
 /// What an application can observe about its sessions.
 #[derive(Debug, Clone, Default)]
