@@ -61,8 +61,9 @@ impl Error {
         }
     }
 
-    /// Whether an operator drained this instance (`410 Gone`): the sessions stop re-dialing
-    /// until the process restarts or the capacity is set again after `sluice ctl resume`.
+    /// Whether an operator drained this instance (`410 Gone`): the sessions stop re-dialing,
+    /// and one registration probes every [`Options::drained_probe`](crate::Options) until
+    /// `sluice ctl resume` lets it through (or the capacity is set again).
     pub fn is_drained(&self) -> bool {
         matches!(self, Error::Refused { status: 410, .. })
     }

@@ -4,8 +4,9 @@
 //!
 //! [`serve`] keeps [`Options::capacity`] sessions registered, re-dials a replacement whenever
 //! the proxy closes one or an upgrade (WebSocket) consumes one, backs off with jitter while the
-//! acceptor is unreachable or busy, and stops for good on 400/401/404 and on 410 (an operator
-//! drained the instance; see [`Error::is_drained`]). [`Sessions`] changes the capacity at
+//! acceptor is unreachable or busy, stops for good on 400/401/404, and on 410 (an operator
+//! drained the instance; see [`Error::is_drained`]) waits, probing every
+//! [`Options::drained_probe`] until the instance is resumed. [`Sessions`] changes the capacity at
 //! runtime and drains gracefully. Each request carries the client's address as the proxy saw
 //! it in its extensions ([`ClientAddr`]).
 //!
@@ -35,12 +36,14 @@
 //! * `slot`: one task per session: dial, register, serve, re-dial.
 //! * `dial`: TCP/UNIX/TLS connections and the registration and drain handshakes.
 //! * `retire`: the service wrapper that answers `Connection: close` to retire a session.
+//! * `report`: the log lines per instance: one per outage, not per slot per attempt.
 //! * `state`: counters shared by the handle and the slots.
 
 mod client;
 mod dial;
 mod error;
 pub mod options;
+mod report;
 mod retire;
 mod service;
 mod sessions;

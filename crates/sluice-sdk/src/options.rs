@@ -91,6 +91,9 @@ pub struct Options {
     pub backoff: Backoff,
     /// Limit on connecting plus the registration (or drain) answer; default 5 s.
     pub handshake_timeout: Duration,
+    /// While an operator holds the instance drained (`410`), one registration probes this
+    /// often whether it was resumed; default 30 s.
+    pub drained_probe: Duration,
 }
 
 impl Options {
@@ -104,6 +107,7 @@ impl Options {
             tls: None,
             backoff: Backoff::default(),
             handshake_timeout: Duration::from_secs(5),
+            drained_probe: Duration::from_secs(30),
         }
     }
 
@@ -138,6 +142,9 @@ impl Options {
         }
         if self.handshake_timeout.is_zero() {
             return Err(Error::Config("handshake_timeout must be positive".into()));
+        }
+        if self.drained_probe.is_zero() {
+            return Err(Error::Config("drained_probe must be positive".into()));
         }
         Ok(())
     }

@@ -42,7 +42,7 @@ impl Sessions {
     pub(crate) fn start<S: SessionService>(options: Options, service: S) -> Result<Self, Error> {
         options.validate()?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new(options.acceptor.to_string()));
         let options = Arc::new(options);
         let (alive, ended) = mpsc::channel(1);
         let spawner = spawner(shared.clone(), options.clone(), service, runtime);
@@ -61,10 +61,13 @@ impl Sessions {
     /// shrinking retires surplus ones: idle sessions close at once (the proxy drops a session
     /// it sees closed while idle), busy ones answer their response with `Connection: close`,
     /// and slots not registered at the moment simply stop dialing. Setting the current
-    /// capacity again restarts slots that were refused for good.
+    /// capacity again restarts slots that were refused for good, and ends a drained
+    /// instance's wait for its probe (the slots dial at once).
     pub fn set_capacity(&self, capacity: usize) {
-        let spawn = self.shared.resize(capacity);
-        tracing::info!(capacity, spawn, "capacity set");
+        let (old, spawn) = self.shared.resize(capacity);
+        if old != capacity {
+            tracing::info!(service = %self.options.identity.service, old, new = capacity, "capacity changed");
+        }
         if let Some(alive) = &self.alive {
             for _ in 0..spawn {
                 (self.spawner)(alive.clone());

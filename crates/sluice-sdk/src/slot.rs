@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use crate::dial::{self, SessionIo};
 use crate::retire::{Retiring, SessionFlags};
-use crate::state::{Counts, Shared};
+use crate::state::{Counts, Probe, Shared};
 use crate::SessionService;
 use crate::{Error, Options};
 
@@ -50,6 +50,10 @@ impl<S: SessionService> Slot<S> {
         let mut counts = self.shared.subscribe_counts();
         let mut failures = 0u32;
         while !self.shared.should_end() {
+            if !self.await_probe(&mut counts).await {
+                return;
+            }
+            let epoch = self.shared.report.epoch();
             let pause = match self.session().await {
                 Ok(Ended::Retired) => return,
                 Ok(Ended::Closed { served }) => {
@@ -57,10 +61,13 @@ impl<S: SessionService> Slot<S> {
                     // A session closed before serving anything: do not spin on such a proxy.
                     (!served).then(|| self.options.backoff.delay(0))
                 }
-                Err(e) if !e.is_retryable() => return self.give_up(e),
+                Err(e) if e.is_drained() => {
+                    self.shared.hold(e, self.options.drained_probe);
+                    None
+                }
+                Err(e) if !e.is_retryable() => return self.shared.slot_failed(e),
                 Err(e) => {
-                    tracing::warn!(error = %e, attempt = failures, "dial failed; backing off");
-                    self.shared.record(e);
+                    self.shared.dial_failed(e, epoch);
                     failures = failures.saturating_add(1);
                     Some(self.options.backoff.delay(failures - 1))
                 }
@@ -73,13 +80,26 @@ impl<S: SessionService> Slot<S> {
         }
     }
 
-    fn give_up(&self, e: Error) {
-        if e.is_drained() {
-            tracing::warn!(error = %e, "this instance is drained; not re-dialing until it is resumed");
-        } else {
-            tracing::error!(error = %e, "the acceptor refused this instance; not retrying");
+    /// While the instance is drained: waits until this slot dials the instance's one probe
+    /// (every `drained_probe`) or the hold ends; `false` if the slot should end meanwhile.
+    async fn await_probe(&mut self, counts: &mut watch::Receiver<Counts>) -> bool {
+        loop {
+            let at = match self.shared.claim_probe(self.options.drained_probe) {
+                Probe::Dial => return true,
+                Probe::Mine => {
+                    tracing::debug!("probing whether the instance was resumed");
+                    return true;
+                }
+                Probe::Wait(at) => at,
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => {}
+                changed = counts.changed() => if changed.is_err() { return false },
+            }
+            if self.shared.should_end() {
+                return false;
+            }
         }
-        self.shared.slot_failed(e);
     }
 
     /// Sleeps `pause`; returns early with `true` if the slot should end meanwhile.

@@ -433,3 +433,35 @@ async fn shrinking_closes_idle_sessions_at_once_and_the_next_burst_stays_within_
     within(sessions.shutdown()).await.unwrap();
     proxy.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_instance_comes_back_by_itself_within_one_probe() {
+    let proxy = RunningProxy::any_port().await;
+    let mut identity = Identity::new("api");
+    identity.instance = Some("a".into());
+    let mut options = Options::new(proxy.acceptor, identity);
+    options.capacity = 2;
+    options.drained_probe = Duration::from_millis(50);
+    let sessions = serve(
+        options,
+        tower::service_fn(|_req: Request<Incoming>| async {
+            Ok::<_, Infallible>(Response::new(Full::<Bytes>::from("back")))
+        }),
+    )
+    .unwrap();
+    registered(&sessions, 2).await;
+    assert!(proxy.cluster.drain_and_hold("a"));
+    let mut status = sessions.subscribe();
+    within(status.wait_for(|s| s.registered == 0 && s.last_error.is_some()))
+        .await
+        .unwrap();
+    assert!(sessions.last_error().unwrap().is_drained());
+
+    // `sluice ctl resume`: nothing to do at the service.
+    assert!(proxy.cluster.resume("a"));
+    registered(&sessions, 2).await;
+    proxy.idle(2).await;
+    assert_eq!(get(proxy.http).await, (StatusCode::OK, "back".into()));
+    within(sessions.shutdown()).await.unwrap();
+    proxy.stop().await;
+}
