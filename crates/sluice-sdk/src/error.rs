@@ -25,6 +25,16 @@ pub enum Error {
         #[source]
         source: Arc<io::Error>,
     },
+    /// A many-node acceptor's name did not resolve (DNS; retried every `resolve_interval`;
+    /// the nodes it had stay).
+    #[error("cannot resolve the acceptor's name {name}: {source}")]
+    Resolve {
+        /// The name as configured.
+        name: String,
+        /// The resolver's error.
+        #[source]
+        source: Arc<io::Error>,
+    },
     /// The TLS handshake with the acceptor failed (network or certificates; retried).
     #[error("TLS handshake with the acceptor failed: {0}")]
     Tls(#[source] Arc<io::Error>),

@@ -27,6 +27,34 @@ pub struct Status {
     /// The most recent dial, handshake or refusal error of any slot; `None` until one happens,
     /// and not cleared by later successes.
     pub last_error: Option<Error>,
+    /// Many nodes: every node, in the order the split lists them; empty with one acceptor.
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// One node of a many-node acceptor, as the instance sees it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct NodeStatus {
+    /// The node's `ip:port`.
+    pub address: std::net::SocketAddr,
+    /// Whether the split gives it sessions: its control link is up (or was, within
+    /// `node_grace`), it has not said `DRAINING`, it did not refuse the instance as drained,
+    /// and it is still in the acceptor's name.
+    pub live: bool,
+    /// Its smoothed demand (`in_flight + queued + refused`, halved towards each sample).
+    pub demand: f64,
+    /// Sessions held there: registered or being dialed, retiring ones included.
+    pub held: usize,
+    /// Of those, registered.
+    pub registered: usize,
+    /// Of those, asked to retire and not closed yet.
+    pub retiring: usize,
+    /// What the split gives it.
+    pub target: usize,
+    /// The control link: `up`, `connecting`, `lost` (within `node_grace`), `down`, `draining`,
+    /// `drained` (refused the instance with `410`), `unsupported` (an older acceptor), or
+    /// `left` (gone from the name; it closes once it holds no session).
+    pub link: &'static str,
 }
 
 /// The counters behind resizing. `slots - retire` is the capacity the slots will settle at.
@@ -181,6 +209,15 @@ impl Shared {
 
     pub(crate) fn claim_retirement(&self) -> bool {
         self.counts.send_if_modified(Counts::claim_retirement)
+    }
+
+    /// Publishes the nodes' state; `true` if it changed.
+    pub(crate) fn publish_nodes(&self, nodes: Vec<NodeStatus>) -> bool {
+        self.status.send_if_modified(|s| {
+            let changed = s.nodes != nodes;
+            s.nodes = nodes;
+            changed
+        })
     }
 
     pub(crate) fn record(&self, error: Error) {

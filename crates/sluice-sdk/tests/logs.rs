@@ -155,3 +155,45 @@ async fn a_capacity_change_is_one_line_with_the_old_and_new_counts() {
     assert!(changed[0].contains("old=0 new=4"), "{}", changed[0]);
     assert!(changed[1].contains("old=4 new=2"), "{}", changed[1]);
 }
+
+#[tokio::test]
+async fn a_node_that_dies_is_one_outage_warning_and_one_down_line_not_one_per_slot() {
+    use sluice_session::control::{Demand, NodeLine};
+    let (lines, _guard) = Lines::capture();
+    let (mut a, a_addr) = Fake::node().await;
+    let (mut b, b_addr) = Fake::node().await;
+    let sessions = serve(
+        support::many(&[a_addr, b_addr], 0),
+        tower::service_fn(hello),
+    )
+    .unwrap();
+    let idle = NodeLine::Demand(Demand::default());
+    let mut la = a.link().await;
+    let mut lb = b.link().await;
+    la.send(idle).await;
+    lb.send(idle).await;
+    support::nodes_until(&sessions, |n| n.len() == 2 && n.iter().all(|n| n.live)).await;
+    sessions.set_capacity(6);
+    let at_a = a.sessions(3).await;
+    let _at_b = b.sessions(3).await;
+    // A's process ends: its three slots and its link fail to dial it, again and again.
+    drop((a, la, at_a));
+    let _moved = b.sessions(3).await;
+    support::nodes_until(&sessions, |n| n[0].link == "down").await;
+    let about_a = |level| lines.matching(level, &a_addr.to_string());
+    let warned = about_a("WARN");
+    assert_eq!(warned.len(), 2, "{warned:#?}");
+    assert!(
+        warned.iter().any(|l| l.contains("cannot register")),
+        "{warned:#?}"
+    );
+    assert!(
+        warned.iter().any(|l| l.contains("node is down")),
+        "{warned:#?}"
+    );
+    let rebalanced = lines.matching("INFO", "rebalanced");
+    assert!(
+        !rebalanced.is_empty() && rebalanced.len() <= 3,
+        "{rebalanced:#?}"
+    );
+}
