@@ -1,5 +1,6 @@
-//! Connections to the acceptor: TCP (no Nagle, keepalive), UNIX or TLS, then the registration
-//! or drain handshake of DESIGN.md §3, bounded by `handshake_timeout`.
+//! Connections to the acceptor (or to one node of many): TCP (no Nagle, keepalive), UNIX or
+//! TLS, then the registration, drain or control-link handshake of `protocol/README.md`,
+//! bounded by `handshake_timeout`.
 
 use std::future::Future;
 use std::io;
@@ -28,20 +29,43 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 /// A registered session: the stream, with bytes read past the `101` put back in front.
 pub(crate) type SessionIo = Prefixed<Box<dyn Io>>;
 
+/// Where a connection goes: the one acceptor of the options, or one node of many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    Acceptor,
+    Node(SocketAddr),
+}
+
+/// A control link's answer (many nodes).
+pub(crate) enum Control {
+    /// `101`: the link is up; `rest` holds its first lines.
+    Up { io: Box<dyn Io>, rest: Bytes },
+    /// `400`: an acceptor without control links.
+    Unsupported,
+}
+
 /// A registered session and the acceptor's address on it (`None` over a UNIX socket).
 pub(crate) struct Registered {
     pub(crate) io: SessionIo,
     pub(crate) peer: Option<SocketAddr>,
 }
 
-/// Dials and registers one session; `capacity` goes into `Sluice-Capacity`.
-pub(crate) async fn register(options: &Options, capacity: usize) -> Result<Registered, Error> {
-    let registration = Registration {
+fn registration(options: &Options, capacity: usize) -> Registration {
+    Registration {
         identity: options.identity.clone(),
         capacity: Some(u32::try_from(capacity).unwrap_or(u32::MAX)),
-    };
+    }
+}
+
+/// Dials and registers one session; `capacity` goes into `Sluice-Capacity`.
+pub(crate) async fn register(
+    options: &Options,
+    to: Endpoint,
+    capacity: usize,
+) -> Result<Registered, Error> {
+    let registration = registration(options, capacity);
     within(options.handshake_timeout, async {
-        let (mut io, peer) = connect(options).await?;
+        let (mut io, peer) = connect(options, to).await?;
         send(&mut io, &registration.encode()).await?;
         match read_reply(&mut io).await? {
             (Reply::Switched, rest) => Ok(Registered {
@@ -56,13 +80,35 @@ pub(crate) async fn register(options: &Options, capacity: usize) -> Result<Regis
     .await
 }
 
+/// Dials a node's control link (`GET /.sluice/v1/control`); `capacity` goes into
+/// `Sluice-Capacity`. A `400` is an acceptor without control links, not an error.
+pub(crate) async fn control(
+    options: &Options,
+    node: SocketAddr,
+    capacity: usize,
+) -> Result<Control, Error> {
+    let request = registration(options, capacity).encode_control();
+    within(options.handshake_timeout, async {
+        let (mut io, _) = connect(options, Endpoint::Node(node)).await?;
+        send(&mut io, &request).await?;
+        match read_reply(&mut io).await? {
+            (Reply::Control, rest) => Ok(Control::Up { io, rest }),
+            (Reply::Refused(400), _) => Ok(Control::Unsupported),
+            (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
+            (Reply::Switched, _) => Err(unexpected("a session's 101 to a control request")),
+            (Reply::Drained, _) => Err(unexpected("200 to a control request")),
+        }
+    })
+    .await
+}
+
 /// Sends `POST /.sluice/v1/drain` for the instance on a new connection and expects `200`.
-pub(crate) async fn drain(options: &Options) -> Result<(), Error> {
+pub(crate) async fn drain(options: &Options, to: Endpoint) -> Result<(), Error> {
     let drain = Drain {
         identity: options.identity.clone(),
     };
     within(options.handshake_timeout, async {
-        let (mut io, _) = connect(options).await?;
+        let (mut io, _) = connect(options, to).await?;
         send(&mut io, &drain.encode()).await?;
         match read_reply(&mut io).await? {
             (Reply::Drained, _) => Ok(()),
@@ -82,21 +128,35 @@ async fn within<T>(
         .map_err(|_| Error::Timeout(limit))?
 }
 
-/// Connects (and shakes TLS hands); returns the stream and its peer's address, if TCP.
-async fn connect(options: &Options) -> Result<(Box<dyn Io>, Option<SocketAddr>), Error> {
+/// Connects (and shakes TLS hands); returns the stream and its peer's address, if TCP. A
+/// node is checked against the TLS options' server name as the one acceptor is.
+async fn connect(
+    options: &Options,
+    to: Endpoint,
+) -> Result<(Box<dyn Io>, Option<SocketAddr>), Error> {
     let connect_error = |e: io::Error| Error::Connect {
-        acceptor: options.acceptor.to_string(),
+        acceptor: match to {
+            Endpoint::Acceptor => options.acceptor.to_string(),
+            Endpoint::Node(addr) => addr.to_string(),
+        },
         source: Arc::new(e),
     };
-    let (io, peer): (Box<dyn Io>, _) = match &options.acceptor {
-        Acceptor::Tcp(addr) => {
+    let (io, peer): (Box<dyn Io>, _) = match (to, &options.acceptor) {
+        (Endpoint::Node(addr), _) => {
             let stream = connect_tcp(addr).await.map_err(connect_error)?;
+            (Box::new(stream), Some(addr))
+        }
+        (Endpoint::Acceptor, Acceptor::Tcp(addr)) => {
+            let stream = connect_tcp(addr.as_str()).await.map_err(connect_error)?;
             let peer = stream.peer_addr().ok();
             (Box::new(stream), peer)
         }
-        Acceptor::Unix(path) => {
+        (Endpoint::Acceptor, Acceptor::Unix(path)) => {
             let stream = UnixStream::connect(path).await.map_err(connect_error)?;
             (Box::new(stream), None)
+        }
+        (Endpoint::Acceptor, many) => {
+            return Err(Error::Config(format!("{many} names many nodes; dial one")))
         }
     };
     let Some(tls) = &options.tls else {
@@ -109,7 +169,7 @@ async fn connect(options: &Options) -> Result<(Box<dyn Io>, Option<SocketAddr>),
     Ok((Box::new(tls_io), peer))
 }
 
-async fn connect_tcp(addr: &str) -> io::Result<TcpStream> {
+async fn connect_tcp(addr: impl tokio::net::ToSocketAddrs) -> io::Result<TcpStream> {
     let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     // A session idles for long stretches; keepalive finds one whose peer vanished.

@@ -25,6 +25,16 @@ pub enum Error {
         #[source]
         source: Arc<io::Error>,
     },
+    /// A many-node acceptor's name did not resolve (DNS; retried every `resolve_interval`;
+    /// the nodes it had stay).
+    #[error("cannot resolve the acceptor's name {name}: {source}")]
+    Resolve {
+        /// The name as configured.
+        name: String,
+        /// The resolver's error.
+        #[source]
+        source: Arc<io::Error>,
+    },
     /// The TLS handshake with the acceptor failed (network or certificates; retried).
     #[error("TLS handshake with the acceptor failed: {0}")]
     Tls(#[source] Arc<io::Error>),
@@ -61,8 +71,9 @@ impl Error {
         }
     }
 
-    /// Whether an operator drained this instance (`410 Gone`): the sessions stop re-dialing
-    /// until the process restarts or the capacity is set again after `sluice ctl resume`.
+    /// Whether an operator drained this instance (`410 Gone`): the sessions stop re-dialing,
+    /// and one registration probes every [`Options::drained_probe`](crate::Options) until
+    /// `sluice ctl resume` lets it through (or the capacity is set again).
     pub fn is_drained(&self) -> bool {
         matches!(self, Error::Refused { status: 410, .. })
     }

@@ -1,13 +1,22 @@
 //! Serve any hyper/tower HTTP service through Sluice by *dialing in*: the service opens
-//! connections to the proxy's acceptor and registers each as a session (DESIGN.md §3), so the
+//! connections to the proxy's acceptor and registers each as a session (docs/design.md §3), so the
 //! proxy never connects to it and each session is one unit of declared concurrency.
 //!
 //! [`serve`] keeps [`Options::capacity`] sessions registered, re-dials a replacement whenever
 //! the proxy closes one or an upgrade (WebSocket) consumes one, backs off with jitter while the
-//! acceptor is unreachable or busy, and stops for good on 400/401/404 and on 410 (an operator
-//! drained the instance; see [`Error::is_drained`]). [`Sessions`] changes the capacity at
+//! acceptor is unreachable or busy, stops for good on 400/401/404, and on 410 (an operator
+//! drained the instance; see [`Error::is_drained`]) waits, probing every
+//! [`Options::drained_probe`] until the instance is resumed. [`Sessions`] changes the capacity at
 //! runtime and drains gracefully. Each request carries the client's address as the proxy saw
 //! it in its extensions ([`ClientAddr`]).
+//!
+//! An acceptor address that names many nodes — `dns:NAME:PORT` (every A/AAAA record,
+//! re-resolved every [`Options::resolve_interval`]) or a list `a:7070,b:7070` — makes the
+//! instance dial every node and split its capacity among them by their demand
+//! (`protocol/README.md`, "Many nodes"): a control link to each node reports how much it is
+//! asked for, surplus sessions are retired there (`RETIRE`) and dialed where the queue is,
+//! and the sessions held everywhere never number more than the capacity.
+//! [`Sessions::nodes`] lists them.
 //!
 //! ```no_run
 //! use std::convert::Infallible;
@@ -16,6 +25,7 @@
 //! # async fn run() -> Result<(), sluice_sdk::Error> {
 //! let mut identity = Identity::new("hello");
 //! identity.token = Some("s3cret".into());
+//! // One acceptor; `Acceptor::parse("dns:sluice-acceptor:7070")?` would split among many.
 //! let mut options = Options::new(Acceptor::Tcp("127.0.0.1:7070".into()), identity);
 //! options.capacity = 8;
 //! let service = tower::service_fn(|_req: http::Request<hyper::body::Incoming>| async {
@@ -30,17 +40,23 @@
 //!
 //! # Layout
 //! * [`options`]: [`Options`], [`Acceptor`], [`TlsOptions`], [`Backoff`].
+//! * `resolve`: [`Resolver`], and the order nodes are listed in.
 //! * `sessions`: the [`Sessions`] handle: resize, observe, shut down.
 //! * `client`: [`ClientAddr`], the client's address in each request's extensions.
 //! * `slot`: one task per session: dial, register, serve, re-dial.
+//! * `fleet`: many nodes: their control links, the split by demand, the node a slot dials.
 //! * `dial`: TCP/UNIX/TLS connections and the registration and drain handshakes.
 //! * `retire`: the service wrapper that answers `Connection: close` to retire a session.
+//! * `report`: the log lines per instance: one per outage, not per slot per attempt.
 //! * `state`: counters shared by the handle and the slots.
 
 mod client;
 mod dial;
 mod error;
+mod fleet;
 pub mod options;
+mod report;
+mod resolve;
 mod retire;
 mod service;
 mod sessions;
@@ -50,10 +66,11 @@ mod state;
 pub use client::ClientAddr;
 pub use error::Error;
 pub use options::{Acceptor, Backoff, Options, TlsOptions};
+pub use resolve::Resolver;
 pub use service::{BoxError, SessionService};
 pub use sessions::Sessions;
 pub use sluice_session::Identity;
-pub use state::Status;
+pub use state::{NodeStatus, Status};
 
 /// Starts keeping `options.capacity` sessions registered, each serving HTTP/1.1 (with upgrades)
 /// with a clone of `service`. Returns at once; sessions register in the background (watch

@@ -6,17 +6,92 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls_pki_types::ServerName;
-use sluice_session::Identity;
+use sluice_session::{Address, Identity};
 
 use crate::error::Error;
+use crate::resolve::Resolver;
 
-/// Where the proxy's acceptor listens. There is no default: an SDK must be told.
+/// Where the proxy's acceptor listens: one acceptor, or many nodes (`protocol/README.md`,
+/// "Many nodes"), among which the capacity is split by demand. There is no default: an SDK
+/// must be told.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Acceptor {
-    /// A TCP address, `host:port` or `ip:port`, resolved again on every dial.
+    /// One acceptor at a TCP address, `host:port` or `ip:port`, resolved again on every
+    /// dial; no control link.
     Tcp(String),
-    /// A UNIX stream socket path.
+    /// One acceptor at a UNIX stream socket path.
     Unix(PathBuf),
+    /// `dns:NAME:PORT`: a node at every A and AAAA record of `name` (a Kubernetes headless
+    /// Service), re-resolved every [`Options::resolve_interval`].
+    Dns {
+        /// The name to resolve.
+        name: String,
+        /// The acceptor port on every node.
+        port: u16,
+    },
+    /// `a:7070,b:7070`: a node at each entry (`host:port`), and one per address an entry's
+    /// name resolves to. A list of one entry is one node with a control link.
+    List(Vec<String>),
+}
+
+impl Acceptor {
+    /// What a many-node acceptor asks to resolve: `(host, port)` per name or list entry, in order.
+    /// `None` for one acceptor.
+    pub(crate) fn names(&self) -> Option<Vec<(String, u16)>> {
+        match self {
+            Acceptor::Dns { name, port } => Some(vec![(name.clone(), *port)]),
+            Acceptor::List(all) => Some(all.iter().filter_map(|e| host_port(e)).collect()),
+            _ => None,
+        }
+    }
+
+    /// Reads an acceptor address as the protocol writes it: `host:port` (one acceptor),
+    /// `unix:PATH`, `dns:NAME:PORT` or a comma list `a:7070,b:7070` (many nodes).
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            return Ok(Acceptor::Unix(path.into()));
+        }
+        match Address::parse(text).map_err(|e| Error::Config(e.to_string()))? {
+            Address::Single(addr) => Ok(Acceptor::Tcp(addr)),
+            Address::Dns { name, port } => Ok(Acceptor::Dns { name, port }),
+            Address::List(all) => Ok(Acceptor::List(all)),
+        }
+    }
+
+    /// Whether the address names many nodes: control links, and the capacity split by demand.
+    pub fn is_many(&self) -> bool {
+        matches!(self, Acceptor::Dns { .. } | Acceptor::List(_))
+    }
+
+    /// Rejects an address that names no node, before any dial.
+    fn validate(&self) -> Result<(), Error> {
+        let entries = match self {
+            Acceptor::Tcp(_) | Acceptor::Unix(_) => return Ok(()),
+            Acceptor::Dns { .. } => vec![self.to_string()],
+            Acceptor::List(all) if all.is_empty() => {
+                return Err(Error::Config("the acceptor list is empty".into()))
+            }
+            Acceptor::List(all) => all.clone(),
+        };
+        for entry in entries {
+            let parsed = Address::parse(&entry).map_err(|e| Error::Config(e.to_string()))?;
+            if matches!(parsed, Address::List(_)) || entry.contains(',') {
+                return Err(Error::Config(format!(
+                    "acceptor list entry {entry:?} holds a comma"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Acceptor {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self, Error> {
+        Acceptor::parse(text)
+    }
 }
 
 impl From<SocketAddr> for Acceptor {
@@ -30,6 +105,8 @@ impl std::fmt::Display for Acceptor {
         match self {
             Acceptor::Tcp(addr) => f.write_str(addr),
             Acceptor::Unix(path) => write!(f, "unix:{}", path.display()),
+            Acceptor::Dns { name, port } => write!(f, "dns:{name}:{port}"),
+            Acceptor::List(all) => f.write_str(&all.join(",")),
         }
     }
 }
@@ -39,7 +116,8 @@ impl std::fmt::Display for Acceptor {
 pub struct TlsOptions {
     /// The rustls client configuration (roots, client certificate for mTLS, ALPN: none needed).
     pub config: Arc<rustls::ClientConfig>,
-    /// The name the acceptor's certificate must carry.
+    /// The name the acceptor's certificate must carry; with many nodes, every node's
+    /// certificate (one name for the fleet, e.g. the `dns:` name).
     pub server_name: ServerName<'static>,
 }
 
@@ -91,6 +169,18 @@ pub struct Options {
     pub backoff: Backoff,
     /// Limit on connecting plus the registration (or drain) answer; default 5 s.
     pub handshake_timeout: Duration,
+    /// While an operator holds the instance drained (`410`), one registration probes this
+    /// often whether it was resumed; default 30 s.
+    pub drained_probe: Duration,
+    /// Many nodes: how often the names are resolved again (nodes join and leave); default
+    /// 10 s (the system resolver does not expose TTLs).
+    pub resolve_interval: Duration,
+    /// Many nodes: how long a node's control link may be lost before the node counts as
+    /// down and its share moves to the others (a hot restart keeps its sessions); default 5 s.
+    pub node_grace: Duration,
+    /// Many nodes: how names become addresses; default the system resolver. Tests inject
+    /// their own.
+    pub resolver: Resolver,
 }
 
 impl Options {
@@ -104,6 +194,10 @@ impl Options {
             tls: None,
             backoff: Backoff::default(),
             handshake_timeout: Duration::from_secs(5),
+            drained_probe: Duration::from_secs(30),
+            resolve_interval: Duration::from_secs(10),
+            node_grace: Duration::from_secs(5),
+            resolver: Resolver::system(),
         }
     }
 
@@ -121,6 +215,7 @@ impl Options {
         if let Some(token) = &id.token {
             header_value("identity.token", token)?;
         }
+        self.acceptor.validate()?;
         self.validate_timing()
     }
 
@@ -139,6 +234,14 @@ impl Options {
         if self.handshake_timeout.is_zero() {
             return Err(Error::Config("handshake_timeout must be positive".into()));
         }
+        let positive = [
+            ("drained_probe", self.drained_probe),
+            ("resolve_interval", self.resolve_interval),
+            ("node_grace", self.node_grace),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, d)| d.is_zero()) {
+            return Err(Error::Config(format!("{name} must be positive")));
+        }
         Ok(())
     }
 }
@@ -154,9 +257,33 @@ fn header_value(field: &str, value: &str) -> Result<(), Error> {
     }
 }
 
+/// `host:port` or `[v6]:port` (already validated by the options).
+fn host_port(entry: &str) -> Option<(String, u16)> {
+    let (host, port) = entry.trim().rsplit_once(':')?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn list_entries_and_dns_names_become_names_to_resolve() {
+        let list = Acceptor::List(vec!["a:1".into(), "[::1]:2".into(), "10.0.0.1:3".into()]);
+        let want = [("a", 1), ("::1", 2), ("10.0.0.1", 3)].map(|(h, p)| (h.to_owned(), p));
+        assert_eq!(list.names(), Some(want.to_vec()));
+        let dns = Acceptor::Dns {
+            name: "nodes.test".into(),
+            port: 7070,
+        };
+        assert_eq!(dns.names(), Some(vec![("nodes.test".into(), 7070)]));
+        assert_eq!(Acceptor::Tcp("a:1".into()).names(), None);
+    }
 
     #[test]
     fn delays_double_up_to_max_and_jitter_only_shortens() {
@@ -187,8 +314,34 @@ mod tests {
         let mut bad = ok.clone();
         bad.backoff.jitter = 2.0;
         assert!(bad.validate().is_err());
-        let mut bad = ok;
+        let mut bad = ok.clone();
         bad.handshake_timeout = Duration::ZERO;
         assert!(bad.validate().is_err());
+        let mut bad = ok.clone();
+        bad.node_grace = Duration::ZERO;
+        assert!(bad.validate().is_err());
+        let mut bad = ok.clone();
+        bad.acceptor = Acceptor::List(vec![]);
+        assert!(bad.validate().is_err());
+        let mut bad = ok;
+        bad.acceptor = Acceptor::List(vec!["a:1".into(), "b".into()]);
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn addresses_parse_to_one_acceptor_or_many_nodes() {
+        let one = Acceptor::parse("sluice:7070").unwrap();
+        assert_eq!(one, Acceptor::Tcp("sluice:7070".into()));
+        assert!(!one.is_many());
+        assert_eq!(
+            Acceptor::parse("unix:/run/s.sock").unwrap(),
+            Acceptor::Unix("/run/s.sock".into())
+        );
+        let dns: Acceptor = "dns:nodes.test:7070".parse().unwrap();
+        assert_eq!(dns.to_string(), "dns:nodes.test:7070");
+        assert!(dns.is_many());
+        let list = Acceptor::parse("a:1, b:2").unwrap();
+        assert_eq!(list, Acceptor::List(vec!["a:1".into(), "b:2".into()]));
+        assert!(matches!(Acceptor::parse("dns:x"), Err(Error::Config(_))));
     }
 }

@@ -1,7 +1,9 @@
 //! [`Retiring`]: the user's service, as hyper sees it on one session. It puts the request's
 //! [`ClientAddr`] in its extensions. When the session owes a
 //! retirement, its next response carries `Connection: close`, so the proxy closes the session
-//! after that response (DESIGN.md §3, "Retire") and no request is ever lost to the shrink.
+//! after that response (docs/design.md §3, "Retire") and no request is ever lost to the shrink.
+//! [`CloseRule`] says when a session owes one: with one acceptor, a shrink; with many nodes,
+//! its node no longer being live (a shrink is a `RETIRE` the node carries out).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,7 +21,51 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use crate::client::ClientAddr;
-use crate::state::Shared;
+use crate::fleet::Lease;
+use crate::state::{Counts, Shared};
+
+/// When a session closes on the SDK's side (idle at once, busy after its response).
+#[derive(Debug, Clone)]
+pub(crate) enum CloseRule {
+    /// One acceptor: when a shrink owes a retirement (claimed; the slot then ends).
+    Shrink(Arc<Shared>),
+    /// Many nodes: when its node is not live any more (the slot dials elsewhere).
+    Node(Arc<Lease>),
+}
+
+/// Wakes a session when its [`CloseRule`] may have changed its mind.
+#[derive(Debug)]
+pub(crate) enum Changes {
+    Counts(tokio::sync::watch::Receiver<Counts>),
+    Fleet(tokio::sync::watch::Receiver<u64>),
+}
+
+impl Changes {
+    /// The next change; `false` if nothing can change any more (the handle is gone).
+    pub(crate) async fn changed(&mut self) -> bool {
+        match self {
+            Changes::Counts(rx) => rx.changed().await.is_ok(),
+            Changes::Fleet(rx) => rx.changed().await.is_ok(),
+        }
+    }
+}
+
+impl CloseRule {
+    /// Claims a close for this session, if it owes one.
+    pub(crate) fn claim(&self) -> bool {
+        match self {
+            CloseRule::Shrink(shared) => shared.claim_retirement(),
+            CloseRule::Node(lease) => lease.claim_close(),
+        }
+    }
+
+    pub(crate) fn subscribe(&self) -> Changes {
+        match self {
+            CloseRule::Shrink(shared) => Changes::Counts(shared.subscribe_counts()),
+            CloseRule::Node(lease) => Changes::Fleet(lease.fleet().subscribe()),
+        }
+    }
+}
 
 /// What one session learned while serving.
 #[derive(Debug, Default)]
@@ -37,7 +83,7 @@ pub(crate) struct SessionFlags {
 #[derive(Debug, Clone)]
 pub(crate) struct Retiring<S> {
     service: S,
-    shared: Arc<Shared>,
+    rule: CloseRule,
     flags: Arc<SessionFlags>,
     /// The session's peer: the client address of a request that names none.
     peer: Option<SocketAddr>,
@@ -46,13 +92,13 @@ pub(crate) struct Retiring<S> {
 impl<S> Retiring<S> {
     pub(crate) fn new(
         service: S,
-        shared: Arc<Shared>,
+        rule: CloseRule,
         flags: Arc<SessionFlags>,
         peer: Option<SocketAddr>,
     ) -> Self {
         Self {
             service,
-            shared,
+            rule,
             flags,
             peer,
         }
@@ -74,7 +120,7 @@ where
         self.flags.busy.store(true, Ordering::SeqCst);
         RetiringFuture {
             inner: self.service.clone().oneshot(req),
-            shared: self.shared.clone(),
+            rule: self.rule.clone(),
             flags: self.flags.clone(),
         }
     }
@@ -89,7 +135,7 @@ pin_project_lite::pin_project! {
     {
         #[pin]
         inner: Oneshot<S, Request<Incoming>>,
-        shared: Arc<Shared>,
+        rule: CloseRule,
         flags: Arc<SessionFlags>,
     }
 }
@@ -115,8 +161,7 @@ where
         });
         this.flags.served.store(true, Ordering::Relaxed);
         // A 101 hands the connection to the upgrade; it ends the session anyway.
-        if response.status() != StatusCode::SWITCHING_PROTOCOLS && retires(this.shared, this.flags)
-        {
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS && retires(this.rule, this.flags) {
             response
                 .headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));
@@ -125,11 +170,11 @@ where
     }
 }
 
-fn retires(shared: &Shared, flags: &SessionFlags) -> bool {
+fn retires(rule: &CloseRule, flags: &SessionFlags) -> bool {
     if flags.retired.load(Ordering::Relaxed) {
         return true;
     }
-    let claimed = shared.claim_retirement();
+    let claimed = rule.claim();
     if claimed {
         flags.retired.store(true, Ordering::Relaxed);
         tracing::debug!("retiring session: answering with Connection: close");

@@ -8,11 +8,11 @@ use tokio::sync::{mpsc, watch};
 
 use crate::dial;
 use crate::error::Error;
+use crate::fleet::Fleet;
 use crate::options::Options;
 use crate::service::SessionService;
 use crate::slot::Slot;
-use crate::state::Shared;
-use crate::state::Status;
+use crate::state::{NodeStatus, Shared, Status};
 
 /// Starts one slot task; the sender is dropped when the task ends.
 type Spawner = Box<dyn Fn(mpsc::Sender<()>) + Send + Sync>;
@@ -24,6 +24,8 @@ type Spawner = Box<dyn Fn(mpsc::Sender<()>) + Send + Sync>;
 pub struct Sessions {
     shared: Arc<Shared>,
     options: Arc<Options>,
+    /// Many nodes: the nodes, their control links and the split.
+    fleet: Option<Arc<Fleet>>,
     spawner: Spawner,
     /// Cloned into every slot; `shutdown` drops it and waits for `ended` to report all gone.
     alive: Option<mpsc::Sender<()>>,
@@ -45,13 +47,24 @@ impl Sessions {
     pub(crate) fn start<S: SessionService>(options: Options, service: S) -> Result<Self, Error> {
         options.validate()?;
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new(options.acceptor.to_string()));
         let options = Arc::new(options);
         let (alive, ended) = mpsc::channel(1);
-        let spawner = spawner(shared.clone(), options.clone(), service, runtime);
+        let fleet = options
+            .acceptor
+            .is_many()
+            .then(|| Fleet::start(options.clone(), shared.clone(), runtime.clone()));
+        let spawner = spawner(
+            shared.clone(),
+            options.clone(),
+            fleet.clone(),
+            service,
+            runtime,
+        );
         let sessions = Self {
             shared,
             options,
+            fleet,
             spawner,
             alive: Some(alive),
             ended,
@@ -64,10 +77,20 @@ impl Sessions {
     /// shrinking retires surplus ones: idle sessions close at once (the proxy drops a session
     /// it sees closed while idle), busy ones answer their response with `Connection: close`,
     /// and slots not registered at the moment simply stop dialing. Setting the current
-    /// capacity again restarts slots that were refused for good.
+    /// capacity again restarts slots that were refused for good, and ends a drained
+    /// instance's wait for its probe (the slots dial at once).
+    ///
+    /// With many nodes, every node hears the new capacity and the split is planned again:
+    /// nodes holding more than their share are asked to retire sessions (`RETIRE`), and no
+    /// slot dials while the sessions held everywhere number the capacity or more.
     pub fn set_capacity(&self, capacity: usize) {
-        let spawn = self.shared.resize(capacity);
-        tracing::info!(capacity, spawn, "capacity set");
+        let (old, spawn) = self.shared.resize(capacity);
+        if let Some(fleet) = &self.fleet {
+            fleet.set_capacity(capacity);
+        }
+        if old != capacity {
+            tracing::info!(service = %self.options.identity.service, old, new = capacity, "capacity changed");
+        }
         if let Some(alive) = &self.alive {
             for _ in 0..spawn {
                 (self.spawner)(alive.clone());
@@ -91,19 +114,41 @@ impl Sessions {
         self.shared.status().last_error
     }
 
-    /// Watches [`Status`] (registered count, last error): for readiness probes and tests.
+    /// Many nodes: every node with its liveness, demand, sessions held and target (the
+    /// split); empty with one acceptor.
+    pub fn nodes(&self) -> Vec<NodeStatus> {
+        self.shared.status().nodes
+    }
+
+    /// Watches [`Status`] (registered count, last error, nodes): for readiness probes and
+    /// tests.
     pub fn subscribe(&self) -> watch::Receiver<Status> {
         self.shared.subscribe_status()
     }
 
-    /// Leaves gracefully (DESIGN.md §3 "Drain"): stops re-dialing, sends
+    /// Leaves gracefully (docs/design.md §3 "Drain"): stops re-dialing, sends
     /// `POST /.sluice/v1/drain` for this instance on a new connection, and once the proxy
     /// answers `200`, waits — with no deadline of its own — until the proxy has closed every
     /// session. If the drain request fails, returns its error at once; re-dialing stays off.
+    ///
+    /// With many nodes, every node holding sessions gets the drain request; where it fails,
+    /// the SDK closes the sessions itself (idle ones at once, busy ones after their
+    /// response), and the first failure is returned once every session is closed.
     pub async fn shutdown(mut self) -> Result<(), Error> {
         self.shared.stop();
         tracing::info!(service = %self.options.identity.service, "draining");
-        dial::drain(&self.options).await?;
+        let drained = match &self.fleet {
+            None => dial::drain(&self.options, dial::Endpoint::Acceptor).await,
+            Some(fleet) => {
+                let drained = fleet.drain().await;
+                if drained.is_err() {
+                    self.alive = None;
+                    while self.ended.recv().await.is_some() {}
+                }
+                drained
+            }
+        };
+        drained?;
         self.alive = None;
         // Every slot holds a sender; `None` means the last one ended with its session.
         while self.ended.recv().await.is_some() {}
@@ -120,12 +165,16 @@ impl Sessions {
 impl Drop for Sessions {
     fn drop(&mut self) {
         self.shared.stop();
+        if let Some(fleet) = &self.fleet {
+            fleet.stop();
+        }
     }
 }
 
 fn spawner<S: SessionService>(
     shared: Arc<Shared>,
     options: Arc<Options>,
+    fleet: Option<Arc<Fleet>>,
     service: S,
     rt: Handle,
 ) -> Spawner {
@@ -141,6 +190,7 @@ fn spawner<S: SessionService>(
             id: next_id.fetch_add(1, Ordering::Relaxed),
             shared: shared.clone(),
             options: options.clone(),
+            fleet: fleet.clone(),
             service,
         };
         rt.spawn(slot.run(alive));

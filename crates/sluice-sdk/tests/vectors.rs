@@ -201,3 +201,174 @@ fn client_addresses_are_reported_as_the_vectors_say() {
         assert_eq!(got.to_string(), expected, "{}", case.name);
     }
 }
+
+/// Options for one node with a control link at `addr` (a list of one entry).
+fn one_node(addr: SocketAddr, identity: sluice_sdk::Identity, capacity: usize) -> Options {
+    let mut opts = options(sluice_sdk::Acceptor::List(vec![addr.to_string()]), capacity);
+    opts.identity = identity;
+    opts
+}
+
+#[tokio::test]
+async fn control_link_requests_are_the_vector_bytes() {
+    let v = vectors::load().unwrap();
+    assert!(!v.controls.is_empty());
+    for case in &v.controls {
+        // No answer: the first connection of a node that is not live yet is its link.
+        let (addr, mut seen, _) = scripted(Vec::new()).await;
+        let opts = one_node(
+            addr,
+            case.identity.clone().into(),
+            case.capacity.unwrap() as usize,
+        );
+        let sessions = serve(opts, tower::service_fn(hello)).unwrap();
+        let (head, _) = within(seen.recv()).await.unwrap();
+        assert_eq!(head, case.bytes.0, "{}", case.name);
+        drop(sessions);
+    }
+}
+
+#[tokio::test]
+async fn every_control_link_answer_is_read_as_the_vectors_say() {
+    use sluice_session::vectors::ControlReplyVerdict as V;
+    let v = vectors::load().unwrap();
+    assert!(v.control_replies.len() >= 5);
+    for case in &v.control_replies {
+        let name = &case.name;
+        let (addr, mut seen, release) = scripted(case.bytes.0.clone()).await;
+        let sessions = serve(
+            one_node(addr, support::identity(), 3),
+            tower::service_fn(hello),
+        )
+        .unwrap();
+        let mut status = sessions.subscribe();
+        match &case.expect {
+            V::Control { rest } if rest.0.is_empty() => {
+                // The link is up: the SDK says its capacity on it at once.
+                release.notify_one();
+                let (_, back) = within(seen.recv()).await.unwrap();
+                assert!(back.starts_with(b"CAPACITY 3\n"), "{name}: {back:?}");
+            }
+            V::Control { rest } => {
+                // Its first lines were read along with the 101: the node is live at once.
+                let line = std::str::from_utf8(&rest.0).unwrap().trim_end();
+                let sample = match sluice_session::NodeLine::parse(line).unwrap() {
+                    sluice_session::NodeLine::Demand(d) => d.sample(),
+                    other => panic!("{name}: {other:?}"),
+                };
+                let s = within(status.wait_for(|s| s.nodes.first().is_some_and(|n| n.live)))
+                    .await
+                    .unwrap();
+                assert_eq!(s.nodes[0].demand, sample, "{name}");
+                release.notify_one();
+            }
+            V::Unsupported => {
+                let s = within(status.wait_for(|s| s.nodes.first().is_some_and(|n| n.live)))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    (s.nodes[0].link, s.nodes[0].demand),
+                    ("unsupported", 1.0),
+                    "{name}"
+                );
+            }
+            V::Refused {
+                status: code,
+                retryable,
+            } => {
+                let s = within(status.wait_for(|s| s.last_error.is_some()))
+                    .await
+                    .unwrap()
+                    .clone();
+                let e = s.last_error.unwrap();
+                assert!(
+                    matches!(e, Error::Refused { status, .. } if status == *code),
+                    "{name}: {e}"
+                );
+                assert_eq!(e.is_retryable(), *retryable, "{name}");
+                assert!(!s.nodes[0].live, "{name}");
+                if *code == 410 {
+                    let s = within(status.wait_for(|s| s.nodes[0].link == "drained")).await;
+                    assert!(s.is_ok(), "{name}");
+                }
+            }
+            V::Error { retryable } => {
+                let s = within(status.wait_for(|s| s.last_error.is_some()))
+                    .await
+                    .unwrap()
+                    .clone();
+                let e = s.last_error.unwrap();
+                assert!(!matches!(e, Error::Refused { .. }), "{name}: {e}");
+                assert_eq!(e.is_retryable(), *retryable, "{name}");
+                release.notify_one();
+            }
+        }
+        drop(sessions);
+    }
+}
+
+#[tokio::test]
+async fn node_lines_are_read_as_the_vectors_say() {
+    let v = vectors::load().unwrap();
+    let cases: Vec<_> = v
+        .control_lines
+        .iter()
+        .filter(|c| c.from == "node")
+        .collect();
+    assert!(cases.len() >= 5);
+    for case in cases {
+        let line = &case.line;
+        let (mut fake, addr) = support::Fake::node().await;
+        let sessions = serve(
+            one_node(addr, support::identity(), 0),
+            tower::service_fn(hello),
+        )
+        .unwrap();
+        let mut link = fake.link().await;
+        link.send_raw(format!("{line}\n").as_bytes()).await;
+        let mut status = sessions.subscribe();
+        let expect = &case.parse;
+        if let Some(d) = expect.get("demand") {
+            let sample: u64 = ["in_flight", "queued", "refused"]
+                .iter()
+                .map(|k| d[*k].as_u64().unwrap())
+                .sum();
+            let s = within(status.wait_for(|s| s.nodes.first().is_some_and(|n| n.live)))
+                .await
+                .unwrap();
+            assert_eq!(s.nodes[0].demand, sample as f64, "{line:?}");
+        } else if expect.get("draining").is_some() {
+            let s =
+                within(status.wait_for(|s| s.nodes.first().is_some_and(|n| n.link == "draining")))
+                    .await
+                    .unwrap();
+            assert!(!s.nodes[0].live, "{line:?}");
+        } else {
+            assert_eq!(expect, "invalid", "{line:?}");
+            // A line that is not the protocol closes the link; the SDK dials a new one.
+            link.closed().await;
+            let _again = fake.link().await;
+            assert!(!sessions.nodes()[0].live, "{line:?}");
+        }
+        drop(sessions);
+    }
+}
+
+#[test]
+fn acceptor_addresses_name_what_the_vectors_say() {
+    use sluice_sdk::Acceptor;
+    let v = vectors::load().unwrap();
+    assert!(v.addresses.len() >= 10);
+    for case in &v.addresses {
+        let got = match Acceptor::parse(&case.address) {
+            Ok(Acceptor::Tcp(a)) => serde_json::json!({ "single": a }),
+            Ok(Acceptor::Dns { name, port }) => {
+                serde_json::json!({"dns": {"name": name, "port": port}})
+            }
+            Ok(Acceptor::List(all)) => serde_json::json!({ "list": all }),
+            Ok(other) => panic!("{}: {other:?}", case.name),
+            Err(_) => serde_json::json!("invalid"),
+        };
+        assert_eq!(got, case.expect, "{}", case.name);
+    }
+}

@@ -2,229 +2,23 @@
 //! and acceptor on 127.0.0.1:0, and SDK instances that dial in and register sessions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod proxy;
+
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use sluice::{Proxy, ReverseCluster};
-use sluice_sdk::{serve, Backoff, Identity, Options, Sessions};
+use proxy::{config, get, instance, load, registered, within, RunningProxy};
+use sluice::Proxy;
+use sluice_sdk::{serve, Identity, Options};
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, watch};
-use tokio::task::JoinHandle;
-
-/// Fails a test that would otherwise hang; never a timing assertion.
-async fn within<T>(fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(5), fut)
-        .await
-        .expect("the test hung")
-}
-
-/// The proxy's configuration: the listener and the acceptor at the given addresses (port 0:
-/// any), and one reverse cluster, `api`, that every request goes to.
-fn config(http: SocketAddr, acceptor: SocketAddr) -> sluice::config::Config {
-    let text = format!(
-        r#"[runtime]
-shutdown_grace = "1s"
-
-[acceptor]
-listen = "{acceptor}"
-handshakes_per_second = 0
-
-[[listener]]
-name = "public"
-listen = "{http}"
-
-[[route]]
-cluster = "api"
-
-[cluster.api]
-kind = "reverse"
-queue_max = 1024
-queue_timeout = "10s"
-"#
-    );
-    sluice::config::parse_str(&text, "test.toml", Path::new(".")).unwrap()
-}
-
-/// A proxy running on a runtime of its own, on its own thread, as if in another process:
-/// stopping it drops that runtime, so every socket it holds closes as at a process exit.
-struct RunningProxy {
-    http: SocketAddr,
-    acceptor: SocketAddr,
-    cluster: ReverseCluster,
-    stop: oneshot::Sender<()>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-type Bound = Result<(SocketAddr, SocketAddr, ReverseCluster), String>;
-
-impl RunningProxy {
-    /// Binds the listener and the acceptor at the given addresses (port 0: any) and runs.
-    async fn start(http: SocketAddr, acceptor: SocketAddr) -> Self {
-        let config = config(http, acceptor);
-        let (bound, ready) = oneshot::channel::<Bound>();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let proxy = match Proxy::bind(&config).await {
-                    Ok(proxy) => proxy,
-                    Err(e) => return drop(bound.send(Err(e.to_string()))),
-                };
-                let cluster = proxy.reverse_cluster("api").unwrap().clone();
-                let addrs = (proxy.local_addrs()[0].1, proxy.acceptor_addr().unwrap());
-                let _ = bound.send(Ok((addrs.0, addrs.1, cluster)));
-                proxy
-                    .run_until(async move {
-                        let _ = stopped.await;
-                    })
-                    .await;
-            });
-        });
-        let (http, acceptor, cluster) = within(ready).await.unwrap().unwrap();
-        Self {
-            http,
-            acceptor,
-            cluster,
-            stop,
-            thread,
-        }
-    }
-
-    async fn any_port() -> Self {
-        let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        Self::start(any, any).await
-    }
-
-    /// Waits until the proxy holds `n` idle sessions (all of them, when nothing is in flight).
-    async fn idle(&self, n: usize) {
-        within(self.cluster.wait_until(|c| c.idle_sessions("default") == n)).await;
-    }
-
-    /// Stops the proxy (its `run_until` returns), drops its runtime and waits until it has.
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        let thread = self.thread;
-        within(tokio::task::spawn_blocking(move || thread.join()))
-            .await
-            .unwrap()
-            .unwrap();
-    }
-}
-
-/// A service that counts requests in flight and answers `hello from ID` after `work`.
-#[derive(Debug, Default)]
-struct Counter {
-    in_flight: AtomicUsize,
-    max_in_flight: AtomicUsize,
-    served: watch::Sender<usize>,
-}
-
-impl Counter {
-    async fn handle(&self, id: &str, work: Duration) -> Response<Full<Bytes>> {
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        tokio::time::sleep(work).await;
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.served.send_modify(|n| *n += 1);
-        Response::new(Full::from(format!("hello from {id}")))
-    }
-
-    fn max_in_flight(&self) -> usize {
-        self.max_in_flight.load(Ordering::SeqCst)
-    }
-
-    fn served(&self) -> usize {
-        *self.served.borrow()
-    }
-
-    /// Waits until at least `n` requests have been served.
-    async fn served_at_least(&self, n: usize) {
-        let mut served = self.served.subscribe();
-        within(served.wait_for(|s| *s >= n)).await.unwrap();
-    }
-}
-
-/// Starts instance `id` of `api` with `capacity` sessions, each request taking `work`.
-fn instance(
-    acceptor: SocketAddr,
-    id: &str,
-    capacity: usize,
-    work: Duration,
-) -> (Sessions, Arc<Counter>) {
-    let mut identity = Identity::new("api");
-    identity.instance = Some(id.to_owned());
-    let mut options = Options::new(acceptor, identity);
-    options.capacity = capacity;
-    // A restarted proxy is found again within tens of milliseconds.
-    options.backoff = Backoff {
-        initial: Duration::from_millis(10),
-        max: Duration::from_millis(100),
-        jitter: 0.5,
-    };
-    let counter = Arc::new(Counter::default());
-    let (c, id) = (Arc::clone(&counter), id.to_owned());
-    let service = tower::service_fn(move |_req: Request<Incoming>| {
-        let (c, id) = (Arc::clone(&c), id.clone());
-        async move { Ok::<_, Infallible>(c.handle(&id, work).await) }
-    });
-    (serve(options, service).unwrap(), counter)
-}
-
-/// Waits until the SDK reports exactly `n` sessions registered.
-async fn registered(sessions: &Sessions, n: usize) {
-    let mut status = sessions.subscribe();
-    within(status.wait_for(|s| s.registered == n))
-        .await
-        .unwrap();
-}
-
-/// `GET /` on a fresh connection; the status and body.
-async fn get(addr: SocketAddr) -> (StatusCode, String) {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = Request::get("/")
-        .header("host", "app.example")
-        .body(Full::<Bytes>::default())
-        .unwrap();
-    let res = sender.send_request(req).await.unwrap();
-    let status = res.status();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
-/// `workers` clients sending requests back to back until `stop` is set; every status seen.
-fn load(addr: SocketAddr, workers: usize, stop: Arc<AtomicBool>) -> JoinHandle<Vec<StatusCode>> {
-    tokio::spawn(async move {
-        let mut set = tokio::task::JoinSet::new();
-        for _ in 0..workers {
-            let stop = Arc::clone(&stop);
-            set.spawn(async move {
-                let mut statuses = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    statuses.push(get(addr).await.0);
-                }
-                statuses
-            });
-        }
-        set.join_all().await.concat()
-    })
-}
+use tokio::sync::oneshot;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_queues_in_the_proxy_and_never_exceeds_the_sessions() {
@@ -430,6 +224,38 @@ async fn shrinking_closes_idle_sessions_at_once_and_the_next_burst_stays_within_
         assert_eq!(within(request).await.unwrap().0, StatusCode::OK);
     }
     assert!(counter.max_in_flight() <= 2, "{}", counter.max_in_flight());
+    within(sessions.shutdown()).await.unwrap();
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_instance_comes_back_by_itself_within_one_probe() {
+    let proxy = RunningProxy::any_port().await;
+    let mut identity = Identity::new("api");
+    identity.instance = Some("a".into());
+    let mut options = Options::new(proxy.acceptor, identity);
+    options.capacity = 2;
+    options.drained_probe = Duration::from_millis(50);
+    let sessions = serve(
+        options,
+        tower::service_fn(|_req: Request<Incoming>| async {
+            Ok::<_, Infallible>(Response::new(Full::<Bytes>::from("back")))
+        }),
+    )
+    .unwrap();
+    registered(&sessions, 2).await;
+    assert!(proxy.cluster.drain_and_hold("a"));
+    let mut status = sessions.subscribe();
+    within(status.wait_for(|s| s.registered == 0 && s.last_error.is_some()))
+        .await
+        .unwrap();
+    assert!(sessions.last_error().unwrap().is_drained());
+
+    // `sluice ctl resume`: nothing to do at the service.
+    assert!(proxy.cluster.resume("a"));
+    registered(&sessions, 2).await;
+    proxy.idle(2).await;
+    assert_eq!(get(proxy.http).await, (StatusCode::OK, "back".into()));
     within(sessions.shutdown()).await.unwrap();
     proxy.stop().await;
 }

@@ -15,8 +15,9 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use sluice_sdk::{Acceptor, Backoff, Options};
+use sluice_session::control::{LineReader, NodeLine, ReadLineError, ServiceLine};
 use sluice_session::{parse_hello, Drain, Hello, Identity, Parsed, Registration, Rejection, Reply};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
@@ -94,14 +95,15 @@ impl Session {
         Some(res.status())
     }
 
-    /// Whether the SDK has closed its end (after a `Connection: close` response).
+    /// Waits until the SDK has closed its end (after a `Connection: close` response, or
+    /// idle). hyper's `poll_ready` is not woken by a close, so this looks every few ms.
     pub(crate) async fn wait_closed(&mut self) {
-        std::future::poll_fn(|cx| match self.sender.poll_ready(cx) {
-            std::task::Poll::Ready(Err(_)) => std::task::Poll::Ready(()),
-            std::task::Poll::Ready(Ok(())) => std::task::Poll::Pending,
-            std::task::Poll::Pending => std::task::Poll::Pending,
+        within(async {
+            while !self.sender.is_closed() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         })
-        .await
+        .await;
     }
 }
 
@@ -119,9 +121,100 @@ impl Listener {
     }
 }
 
+/// A control link as the fake node holds it: the test writes the node's lines and reads the
+/// service's. The last `DEMAND` is repeated every half second, as a node's heartbeat (so a
+/// slow test never looks silent). Dropping it closes the link.
+pub(crate) struct Link {
+    pub(crate) registration: Registration,
+    lines: LineReader<ReadHalf<Box<dyn Io>>>,
+    out: mpsc::UnboundedSender<Vec<u8>>,
+    writer: JoinHandle<()>,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.writer.abort();
+    }
+}
+
+impl Link {
+    fn new(registration: Registration, io: Box<dyn Io>) -> Self {
+        let (read, write) = tokio::io::split(io);
+        let (out, rx) = mpsc::unbounded_channel();
+        Self {
+            registration,
+            lines: LineReader::new(read, b""),
+            out,
+            writer: tokio::spawn(heartbeat(write, rx)),
+        }
+    }
+
+    pub(crate) async fn send(&mut self, line: NodeLine) {
+        self.send_raw(&line.encode()).await;
+    }
+
+    pub(crate) async fn send_raw(&mut self, bytes: &[u8]) {
+        // The SDK may have closed the link already; a test that cares looks at `closed`.
+        let _ = self.out.send(bytes.to_vec());
+    }
+
+    /// The service's next line.
+    pub(crate) async fn next(&mut self) -> ServiceLine {
+        let line = within(self.lines.next_line()).await.unwrap();
+        ServiceLine::parse(&line).unwrap()
+    }
+
+    /// The service's next `RETIRE`, skipping `CAPACITY` lines.
+    pub(crate) async fn retire(&mut self) -> u64 {
+        loop {
+            if let ServiceLine::Retire(n) = self.next().await {
+                return n;
+            }
+        }
+    }
+
+    /// Waits until the service closes the link (skipping its lines).
+    pub(crate) async fn closed(&mut self) {
+        loop {
+            match within(self.lines.next_line()).await {
+                Ok(_) => {}
+                Err(ReadLineError::Closed | ReadLineError::Io(_)) => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+}
+
+/// Writes what the test sends, and the last `DEMAND` again every half second.
+async fn heartbeat(mut write: WriteHalf<Box<dyn Io>>, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+    let mut last: Option<Vec<u8>> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        let bytes = tokio::select! {
+            out = rx.recv() => match out {
+                Some(out) => {
+                    if out.starts_with(b"DEMAND ") {
+                        last = Some(out.clone());
+                    }
+                    out
+                }
+                None => return,
+            },
+            _ = tick.tick() => match &last {
+                Some(again) => again.clone(),
+                None => continue,
+            },
+        };
+        if write.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// A running fake acceptor; dropping it closes the listener and every connection.
 pub(crate) struct Fake {
     events: mpsc::UnboundedReceiver<Event>,
+    links: mpsc::UnboundedReceiver<Link>,
     task: JoinHandle<()>,
 }
 
@@ -142,10 +235,44 @@ impl Fake {
         )
     }
 
+    /// A plaintext TCP node on 127.0.0.1:0 with control links (each reaches [`Fake::link`]).
+    pub(crate) async fn node() -> (Fake, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (events, events_rx) = mpsc::unbounded_channel();
+        let (links, links_rx) = mpsc::unbounded_channel();
+        let to = Sinks {
+            events,
+            links: Some(links),
+        };
+        let task = tokio::spawn(accept_loop(Listener::Tcp(listener), None, accept_all(), to));
+        let fake = Fake {
+            events: events_rx,
+            links: links_rx,
+            task,
+        };
+        (fake, addr)
+    }
+
+    /// An acceptor without control links (it answers them `400`, as an older one does).
     pub(crate) fn start(listener: Listener, tls: Option<TlsAcceptor>, policy: Policy) -> Fake {
-        let (tx, events) = mpsc::unbounded_channel();
-        let task = tokio::spawn(accept_loop(listener, tls, policy, tx));
-        Fake { events, task }
+        let (events, events_rx) = mpsc::unbounded_channel();
+        let (_, links_rx) = mpsc::unbounded_channel();
+        let to = Sinks {
+            events,
+            links: None,
+        };
+        let task = tokio::spawn(accept_loop(listener, tls, policy, to));
+        Fake {
+            events: events_rx,
+            links: links_rx,
+            task,
+        }
+    }
+
+    /// The next control link the service opened.
+    pub(crate) async fn link(&mut self) -> Link {
+        within(self.links.recv()).await.expect("acceptor stopped")
     }
 
     pub(crate) async fn next(&mut self) -> Event {
@@ -179,28 +306,32 @@ impl Fake {
     }
 }
 
-async fn accept_loop(
-    listener: Listener,
-    tls: Option<TlsAcceptor>,
-    policy: Policy,
+/// Where the fake reports what it saw.
+#[derive(Clone)]
+struct Sinks {
     events: mpsc::UnboundedSender<Event>,
-) {
+    /// `None`: no control links (`400`).
+    links: Option<mpsc::UnboundedSender<Link>>,
+}
+
+async fn accept_loop(listener: Listener, tls: Option<TlsAcceptor>, policy: Policy, to: Sinks) {
     // Dropped with this task: aborting the acceptor closes every connection too.
     let mut conns = JoinSet::new();
     loop {
         let io = listener.accept().await;
-        let (tls, policy, events) = (tls.clone(), policy.clone(), events.clone());
+        let (tls, policy, to) = (tls.clone(), policy.clone(), to.clone());
         conns.spawn(async move {
             let io: Box<dyn Io> = match tls {
                 Some(tls) => Box::new(tls.accept(io).await.unwrap()),
                 None => io,
             };
-            connection(io, policy, events).await;
+            connection(io, policy, to).await;
         });
     }
 }
 
-async fn connection(mut io: Box<dyn Io>, policy: Policy, events: mpsc::UnboundedSender<Event>) {
+async fn connection(mut io: Box<dyn Io>, policy: Policy, to: Sinks) {
+    let events = to.events;
     let Some(hello) = read_hello(&mut io).await else {
         return;
     };
@@ -217,12 +348,26 @@ async fn connection(mut io: Box<dyn Io>, policy: Policy, events: mpsc::Unbounded
             let _ = io.shutdown().await;
         }
         Hello::Register(registration) => session(io, registration, events).await,
-        // The fake is one node: it has no control links, as an older acceptor.
-        Hello::Control(_) => {
-            let refusal = sluice_session::Rejection::bad_request("no control links here");
-            let _ = io.write_all(&refusal.encode()).await;
-        }
+        Hello::Control(registration) => match to.links {
+            Some(links) => control(io, registration, links).await,
+            // An acceptor without control links, as an older one.
+            None => {
+                let refusal = sluice_session::Rejection::bad_request("no control links here");
+                let _ = io.write_all(&refusal.encode()).await;
+            }
+        },
     }
+}
+
+/// Answers a control link `101` and hands it to the test: the link lives while the test
+/// holds the [`Link`] (dropping the fake does not close it).
+async fn control(
+    mut io: Box<dyn Io>,
+    registration: Registration,
+    links: mpsc::UnboundedSender<Link>,
+) {
+    io.write_all(&Reply::control_switching()).await.unwrap();
+    let _ = links.send(Link::new(registration, io));
 }
 
 async fn session(
@@ -286,6 +431,64 @@ pub(crate) fn options(acceptor: impl Into<Acceptor>, capacity: usize) -> Options
 pub(crate) async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let body = format!("hello {}", req.uri().path());
     Ok(Response::new(Full::new(Bytes::from(body))))
+}
+
+/// Options for many nodes at `addrs` (a list), with quick backoff and a short grace.
+pub(crate) fn many(addrs: &[SocketAddr], capacity: usize) -> Options {
+    let list = addrs.iter().map(ToString::to_string).collect();
+    let mut options = options(Acceptor::List(list), capacity);
+    options.node_grace = Duration::from_millis(300);
+    options
+}
+
+/// The most sessions held across all nodes in any status the SDK published (the SDK
+/// publishes under the lock its rules run under, so each is a state it passed through).
+pub(crate) struct MaxHeld {
+    max: Arc<std::sync::atomic::AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl MaxHeld {
+    pub(crate) fn watch(sessions: &sluice_sdk::Sessions) -> Self {
+        let mut status = sessions.subscribe();
+        let max = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = max.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let held: usize = status
+                    .borrow_and_update()
+                    .nodes
+                    .iter()
+                    .map(|n| n.held)
+                    .sum();
+                seen.fetch_max(held, std::sync::atomic::Ordering::SeqCst);
+                if status.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Self { max, task }
+    }
+
+    pub(crate) fn get(&self) -> usize {
+        self.max.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for MaxHeld {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Waits until the SDK's nodes satisfy `ready`.
+pub(crate) async fn nodes_until(
+    sessions: &sluice_sdk::Sessions,
+    ready: impl Fn(&[sluice_sdk::NodeStatus]) -> bool,
+) -> Vec<sluice_sdk::NodeStatus> {
+    let mut status = sessions.subscribe();
+    let status = within(status.wait_for(|s| ready(&s.nodes))).await.unwrap();
+    status.nodes.clone()
 }
 
 /// Waits until the SDK reports `n` registered sessions.

@@ -1,0 +1,406 @@
+//! [`Nodes`]: every node of a many-node acceptor and the rules that keep the instance's
+//! sessions split among them by demand (`protocol/README.md`, "Many nodes"), without I/O: the
+//! fleet task and the slots call it under one lock, so every state it passes through holds at
+//! most `capacity` sessions in all.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use sluice_session::control::{Demand, ServiceLine};
+use sluice_session::split::targets;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+
+use super::node::Node;
+use super::rebalance::Rebalance;
+use crate::state::NodeStatus;
+
+/// What a slot does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pick {
+    /// Dial this node (counted as being dialed there from now); `probe`: a drained node's
+    /// one probe.
+    Dial { addr: SocketAddr, probe: bool },
+    /// No room: wait for a change, or until this instant (a probe falls due).
+    Wait(Option<Instant>),
+    /// Stopping: the slot ends.
+    End,
+}
+
+/// How a dial ended, for the books.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialed {
+    Registered,
+    /// `410`: the instance is drained at this node.
+    Drained,
+    Failed,
+}
+
+/// Every node, in the order the SDK lists them.
+#[derive(Debug)]
+pub(crate) struct Nodes {
+    nodes: Vec<Node>,
+    capacity: usize,
+    stopping: bool,
+    probe_every: Duration,
+    rebalance: Rebalance,
+    /// Nodes joined or removed since the fleet last looked: it starts and stops their links.
+    joined: Vec<SocketAddr>,
+    removed: Vec<SocketAddr>,
+    /// Bumped when liveness changes (join, leave, live, down, hold): slots backing off
+    /// look again.
+    pub(crate) topology: u64,
+}
+
+impl Nodes {
+    pub(crate) fn new(probe_every: Duration) -> Self {
+        Self {
+            nodes: Vec::new(),
+            capacity: 0,
+            stopping: false,
+            probe_every,
+            rebalance: Rebalance::default(),
+            joined: Vec::new(),
+            removed: Vec::new(),
+            topology: 0,
+        }
+    }
+
+    pub(crate) fn get(&self, addr: SocketAddr) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.addr == addr)
+    }
+
+    fn node(&mut self, addr: SocketAddr) -> Option<&mut Node> {
+        self.nodes.iter_mut().find(|n| n.addr == addr)
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Sessions held everywhere: registered, being dialed, or asked to retire.
+    pub(crate) fn held(&self) -> usize {
+        self.nodes.iter().map(Node::held).sum()
+    }
+
+    pub(crate) fn status(&self) -> Vec<NodeStatus> {
+        self.nodes.iter().map(Node::status).collect()
+    }
+
+    /// The nodes joined and removed since the last call.
+    pub(crate) fn take_changes(&mut self) -> (Vec<SocketAddr>, Vec<SocketAddr>) {
+        (
+            std::mem::take(&mut self.joined),
+            std::mem::take(&mut self.removed),
+        )
+    }
+
+    /// A new resolution: nodes not known yet join (at their place in `listed`); known ones
+    /// missing from it leave, and go once they hold no session.
+    pub(crate) fn update(&mut self, listed: &[SocketAddr], now: Instant) {
+        let mut old = std::mem::take(&mut self.nodes);
+        for &addr in listed {
+            match old.iter().position(|n| n.addr == addr) {
+                Some(i) => {
+                    let mut node = old.remove(i);
+                    node.listed = true;
+                    self.nodes.push(node);
+                }
+                None => {
+                    self.nodes.push(Node::new(addr));
+                    self.joined.push(addr);
+                    self.topology += 1;
+                }
+            }
+        }
+        for mut node in old {
+            if node.listed {
+                node.listed = false;
+                self.topology += 1;
+                tracing::info!(node = %node.addr, held = node.held(), "node left the acceptor's name");
+            }
+            self.nodes.push(node);
+        }
+        self.sweep();
+        self.plan(now);
+    }
+
+    /// Removes nodes that left and hold no session (closing their links).
+    fn sweep(&mut self) {
+        let removed = &mut self.removed;
+        self.nodes.retain(|n| {
+            let gone = !n.listed && n.held() == 0;
+            if gone {
+                removed.push(n.addr);
+            }
+            !gone
+        });
+    }
+
+    /// The capacity changed: every link hears `CAPACITY`, a hold ends (the slots dial at
+    /// once), and the split is planned again.
+    pub(crate) fn set_capacity(&mut self, capacity: usize, now: Instant) {
+        self.capacity = capacity;
+        for node in &mut self.nodes {
+            node.send(ServiceLine::Capacity(capacity as u64));
+            if node.hold.take().is_some() {
+                self.topology += 1;
+            }
+        }
+        self.plan(now);
+    }
+
+    pub(crate) fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    /// A control link came up (`101`): it says the capacity at once.
+    pub(crate) fn connected(&mut self, addr: SocketAddr, link: UnboundedSender<ServiceLine>) {
+        let capacity = self.capacity as u64;
+        if let Some(node) = self.node(addr) {
+            let _ = link.send(ServiceLine::Capacity(capacity));
+            node.link = Some(link);
+            node.fresh_link = true;
+        }
+    }
+
+    pub(crate) fn demand(&mut self, addr: SocketAddr, demand: Demand, now: Instant) {
+        let Some(node) = self.node(addr) else { return };
+        if node.heard(demand) {
+            node.report.registered();
+            tracing::info!(node = %addr, "node is live");
+            self.topology += 1;
+        }
+        self.plan(now);
+    }
+
+    /// `DRAINING`: not live at once; its share moves, and the SDK closes its idle sessions.
+    pub(crate) fn draining(&mut self, addr: SocketAddr, now: Instant) {
+        let Some(node) = self.node(addr) else { return };
+        node.draining = true;
+        node.live_link = false;
+        tracing::info!(node = %addr, held = node.held(), "node is draining; moving its share");
+        self.topology += 1;
+        self.plan(now);
+    }
+
+    /// The link ended, or a dial of it failed. Returns the epoch to pass to
+    /// [`grace_expired`](Nodes::grace_expired) when a grace starts now.
+    pub(crate) fn link_lost(&mut self, addr: SocketAddr, now: Instant) -> Option<u64> {
+        let node = self.node(addr)?;
+        node.link = None;
+        node.fresh_link = false;
+        let grace = (node.live_link && node.lost_since.is_none()).then(|| {
+            node.lost_since = Some(now);
+            node.epoch
+        });
+        // A node that left with its link up was asked to retire; now the SDK closes instead.
+        self.sweep();
+        self.topology += 1;
+        grace
+    }
+
+    /// No link for the whole grace: the node is down and its share moves.
+    pub(crate) fn grace_expired(&mut self, addr: SocketAddr, epoch: u64, now: Instant) {
+        let Some(node) = self.node(addr) else { return };
+        if node.epoch != epoch || node.lost_since.is_none() || !node.live_link {
+            return;
+        }
+        node.live_link = false;
+        node.down = true;
+        tracing::warn!(node = %addr, held = node.held(), "node is down: no control link within node_grace; moving its share");
+        self.topology += 1;
+        self.plan(now);
+    }
+
+    /// `400` to the control request: an acceptor without control links, live with demand 1.
+    pub(crate) fn unsupported(&mut self, addr: SocketAddr, now: Instant) {
+        let Some(node) = self.node(addr) else { return };
+        node.link = None;
+        node.lost_since = None;
+        node.demand = Some(1.0);
+        if !node.unsupported || !node.live_link {
+            node.unsupported = true;
+            node.live_link = true;
+            node.draining = false;
+            node.down = false;
+            node.epoch += 1;
+            node.report.registered();
+            tracing::info!(node = %addr, "node has no control links (an older acceptor): counting it live with demand 1");
+            self.topology += 1;
+        }
+        self.plan(now);
+    }
+
+    /// `410` here: the instance is drained at this node. It is not live, and one probe
+    /// dials it every `drained_probe`.
+    pub(crate) fn hold(&mut self, addr: SocketAddr, now: Instant) {
+        let probe_every = self.probe_every;
+        let Some(node) = self.node(addr) else { return };
+        if node.hold.is_none() {
+            node.hold = Some(now + probe_every);
+            self.topology += 1;
+            self.plan(now);
+        }
+    }
+
+    /// What the calling slot does: dial a drained node's probe when one is due, else the
+    /// live node with the largest `target - h` (ties: the first listed) — but only while the
+    /// sessions held everywhere number fewer than the capacity.
+    pub(crate) fn pick(&mut self, now: Instant) -> Pick {
+        if self.stopping {
+            return Pick::End;
+        }
+        if self.held() >= self.capacity {
+            return Pick::Wait(None);
+        }
+        let probe_every = self.probe_every;
+        let due = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.listed && !n.probing && n.hold.is_some_and(|at| at <= now));
+        if let Some(node) = due {
+            node.hold = Some(now + probe_every);
+            node.probing = true;
+            node.dialing += 1;
+            return Pick::Dial {
+                addr: node.addr,
+                probe: true,
+            };
+        }
+        let room = |n: &Node| n.target as i64 - n.h() as i64;
+        let mut best: Option<&mut Node> = None;
+        for node in self.nodes.iter_mut().filter(|n| n.live() && room(n) > 0) {
+            if best.as_ref().is_none_or(|b| room(node) > room(b)) {
+                best = Some(node);
+            }
+        }
+        match best {
+            Some(node) => {
+                node.dialing += 1;
+                Pick::Dial {
+                    addr: node.addr,
+                    probe: false,
+                }
+            }
+            None => Pick::Wait(self.nodes.iter().filter_map(|n| n.hold).min()),
+        }
+    }
+
+    /// A dial picked at `addr` ended.
+    pub(crate) fn dialed(&mut self, addr: SocketAddr, probe: bool, how: Dialed, now: Instant) {
+        let probe_every = self.probe_every;
+        let Some(node) = self.node(addr) else { return };
+        node.dialing -= 1;
+        if probe {
+            node.probing = false;
+        }
+        match how {
+            Dialed::Registered => {
+                node.registered += 1;
+                node.report.registered();
+                if node.hold.take().is_some() {
+                    self.topology += 1;
+                    self.plan(now);
+                    return;
+                }
+                self.apply();
+            }
+            Dialed::Drained => {
+                if node.hold.is_none() {
+                    node.hold = Some(now + probe_every);
+                    self.topology += 1;
+                    self.plan(now);
+                }
+            }
+            Dialed::Failed => {}
+        }
+        self.sweep();
+    }
+
+    /// A registered session at `addr` ended. Returns whether it was moved (retired or closed
+    /// by the SDK for a node that is not live): its slot dials elsewhere at once.
+    pub(crate) fn ended(&mut self, addr: SocketAddr) -> bool {
+        let Some(node) = self.node(addr) else {
+            return false;
+        };
+        node.registered -= 1;
+        let moved = if node.retiring > 0 {
+            node.retiring -= 1;
+            node.evict = node.evict.min(node.retiring);
+            true
+        } else {
+            node.sdk_closes()
+        };
+        self.sweep();
+        moved
+    }
+
+    /// Whether a session at `addr` closes now (idle) or after its response (busy): the SDK
+    /// closes every session at a node that is not live, and owed ones at an old acceptor.
+    pub(crate) fn claim_close(&mut self, addr: SocketAddr) -> bool {
+        let Some(node) = self.node(addr) else {
+            return false;
+        };
+        if node.sdk_closes() {
+            return true;
+        }
+        if node.evict > 0 {
+            node.evict -= 1;
+            return true;
+        }
+        false
+    }
+
+    /// Shutdown: the drain request failed at `addr`, so its sessions close from this side.
+    pub(crate) fn close_all(&mut self, addr: SocketAddr) {
+        if let Some(node) = self.node(addr) {
+            node.closing = true;
+        }
+    }
+
+    /// Plans the split again (`protocol/README.md`, "The split") and asks for what it moves.
+    pub(crate) fn plan(&mut self, now: Instant) {
+        if self.stopping {
+            return;
+        }
+        let views: Vec<_> = self.nodes.iter().map(Node::view).collect();
+        let targets = targets(self.capacity, &views);
+        for (node, target) in self.nodes.iter_mut().zip(targets) {
+            node.target = target;
+        }
+        self.apply();
+        self.rebalance.note(now, self.capacity, &self.nodes);
+    }
+
+    /// Asks each node holding more than its target to retire the surplus: `RETIRE` over a
+    /// live link (sessions being dialed are asked for once registered); SDK-side closes at an
+    /// old acceptor; everything at a node that left with its link up. The SDK closes the
+    /// sessions of nodes that are not live by itself ([`Node::sdk_closes`]).
+    fn apply(&mut self) {
+        if self.stopping {
+            return;
+        }
+        for node in &mut self.nodes {
+            let left_with_link = !node.listed && node.link.is_some();
+            if !node.live() && !left_with_link {
+                continue;
+            }
+            let surplus = node.h().saturating_sub(node.target);
+            let ask = surplus.min(node.registered - node.retiring);
+            if ask == 0 {
+                continue;
+            }
+            if node.unsupported {
+                node.evict += ask;
+                node.retiring += ask;
+            } else if node.send(ServiceLine::Retire(ask as u64)) {
+                node.retiring += ask;
+                tracing::debug!(node = %node.addr, n = ask, "asked the node to retire sessions");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

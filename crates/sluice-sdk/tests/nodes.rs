@@ -1,0 +1,319 @@
+//! Many nodes (`protocol/README.md`, "Many nodes"): the SDK keeps a control link to each fake
+//! node, splits its capacity by their demand, moves sessions by `RETIRE` (not by closing them
+//! itself) while a node is live, vacates nodes that drain, die or leave the name, and never
+//! holds more sessions in all than its capacity.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::CONNECTION;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use sluice_sdk::{serve, Acceptor, Resolver, Sessions};
+use sluice_session::control::{Demand, NodeLine, ServiceLine};
+use support::{hello, many, nodes_until, registered, within, Event, Fake, Link, MaxHeld};
+use tokio::sync::Semaphore;
+
+fn demand(in_flight: u64, queued: u64) -> NodeLine {
+    NodeLine::Demand(Demand {
+        in_flight,
+        queued,
+        refused: 0,
+        sessions: 0,
+    })
+}
+
+/// Takes a node's control link: it must say the capacity first; the node then reports no
+/// demand, which makes it live.
+async fn up(fake: &mut Fake, capacity: u64) -> Link {
+    let mut link = fake.link().await;
+    assert_eq!(link.registration.identity, support::identity());
+    assert_eq!(link.registration.capacity, Some(capacity as u32));
+    assert_eq!(link.next().await, ServiceLine::Capacity(capacity));
+    link.send(demand(0, 0)).await;
+    link
+}
+
+/// Two live nodes holding two sessions each of an instance with capacity 4.
+struct Two {
+    sessions: Sessions,
+    max: MaxHeld,
+    a: Fake,
+    b: Fake,
+    la: Link,
+    lb: Link,
+    at_a: Vec<support::Session>,
+    at_b: Vec<support::Session>,
+}
+
+/// Starts at capacity 0 so that both links are up before any session is placed, then sets 4.
+async fn two<S: sluice_sdk::SessionService>(service: S) -> Two {
+    let (mut a, a_addr) = Fake::node().await;
+    let (mut b, b_addr) = Fake::node().await;
+    let sessions = serve(many(&[a_addr, b_addr], 0), service).unwrap();
+    let max = MaxHeld::watch(&sessions);
+    let mut la = up(&mut a, 0).await;
+    let mut lb = up(&mut b, 0).await;
+    nodes_until(&sessions, |n| n.len() == 2 && n.iter().all(|n| n.live)).await;
+    sessions.set_capacity(4);
+    assert_eq!(la.next().await, ServiceLine::Capacity(4));
+    assert_eq!(lb.next().await, ServiceLine::Capacity(4));
+    let at_a = a.sessions(2).await;
+    let at_b = b.sessions(2).await;
+    registered(&sessions, 4).await;
+    Two {
+        sessions,
+        max,
+        a,
+        b,
+        la,
+        lb,
+        at_a,
+        at_b,
+    }
+}
+
+#[tokio::test]
+async fn sessions_follow_the_demand_by_retire_at_the_other_node() {
+    let mut t = two(tower::service_fn(hello)).await;
+    // Node B queues: it should hold more, and node A is asked to give one up.
+    t.lb.send(demand(2, 10)).await;
+    assert_eq!(t.la.retire().await, 1);
+    // RETIRE, not SDK-side closes: both sessions at A still serve, without Connection: close.
+    for s in &mut t.at_a {
+        let reply = s.get("/still").await;
+        assert!(reply.headers.get(CONNECTION).is_none());
+    }
+    let nodes = nodes_until(&t.sessions, |n| n[0].retiring == 1).await;
+    assert_eq!((nodes[0].target, nodes[1].target), (1, 3));
+    assert!(nodes[1].demand > nodes[0].demand);
+    // The node closes one; its slot dials B at once.
+    t.at_a.pop();
+    t.at_b.push(t.b.session().await);
+    nodes_until(&t.sessions, |n| n[0].held == 1 && n[1].held == 3).await;
+    registered(&t.sessions, 4).await;
+    assert_eq!(t.a.pending(), 0, "no new session at A");
+    assert!(t.max.get() <= 4, "held {} sessions", t.max.get());
+}
+
+#[tokio::test]
+async fn shrinking_retires_at_the_nodes_and_growing_dials_again() {
+    let mut t = two(tower::service_fn(hello)).await;
+    t.sessions.set_capacity(2);
+    assert_eq!(t.la.next().await, ServiceLine::Capacity(2));
+    assert_eq!(t.la.retire().await, 1);
+    assert_eq!(t.lb.next().await, ServiceLine::Capacity(2));
+    assert_eq!(t.lb.retire().await, 1);
+    t.at_a.pop();
+    t.at_b.pop();
+    registered(&t.sessions, 2).await;
+    nodes_until(&t.sessions, |n| n.iter().all(|n| n.held == 1)).await;
+    assert_eq!(t.a.pending() + t.b.pending(), 0, "a shrink dials nothing");
+
+    t.sessions.set_capacity(4);
+    t.at_a.push(t.a.session().await);
+    t.at_b.push(t.b.session().await);
+    registered(&t.sessions, 4).await;
+    assert!(t.max.get() <= 4, "held {} sessions", t.max.get());
+}
+
+/// A service that counts requests in flight; `/slow` waits for a permit.
+#[derive(Clone)]
+struct Gated {
+    gate: Arc<Semaphore>,
+    in_flight: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+}
+
+impl Default for Gated {
+    fn default() -> Self {
+        Self {
+            gate: Arc::new(Semaphore::new(0)),
+            in_flight: Arc::default(),
+            max: Arc::default(),
+        }
+    }
+}
+
+impl tower::Service<Request<Incoming>> for Gated {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let now = this.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            this.max.fetch_max(now, Ordering::SeqCst);
+            if req.uri().path() == "/slow" {
+                this.gate.acquire().await.unwrap().forget();
+            }
+            this.in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok(Response::new(Full::from("done")))
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_draining_node_is_vacated_idle_sessions_at_once_busy_ones_after_their_response() {
+    let service = Gated::default();
+    let mut t = two(service.clone()).await;
+    let mut busy = t.at_a.pop().unwrap();
+    let slow = tokio::spawn(async move {
+        let reply = busy.get("/slow").await;
+        (reply, busy)
+    });
+    within(async {
+        while service.in_flight.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    t.la.send(NodeLine::Draining).await;
+    // The idle one closes now, from the SDK's side, and its slot dials B.
+    t.at_a[0].wait_closed().await;
+    t.at_b.push(t.b.session().await);
+    let nodes = nodes_until(&t.sessions, |n| !n[0].live && n[0].held == 1).await;
+    assert_eq!((nodes[0].target, nodes[1].target), (0, 4));
+    assert_eq!(nodes[0].link, "draining");
+    // The busy one finishes its request, says Connection: close, and moves too.
+    service.gate.add_permits(1);
+    let (reply, mut busy) = within(slow).await.unwrap();
+    assert_eq!(reply.body, "done");
+    assert_eq!(reply.headers.get(CONNECTION).unwrap(), "close");
+    busy.wait_closed().await;
+    t.at_b.push(t.b.session().await);
+    nodes_until(&t.sessions, |n| n[0].held == 0 && n[1].held == 4).await;
+    assert!(t.max.get() <= 4, "held {} sessions", t.max.get());
+    assert!(service.max.load(Ordering::SeqCst) <= 4);
+}
+
+#[tokio::test]
+async fn a_node_that_dies_has_its_share_moved_after_the_grace() {
+    let t = two(tower::service_fn(hello)).await;
+    let Two {
+        sessions,
+        max,
+        a,
+        mut b,
+        la,
+        lb: _lb,
+        at_a,
+        at_b: _at_b,
+    } = t;
+    // The node's process ends: its listener, link and sessions go at once.
+    drop((a, la, at_a));
+    let _moved = b.sessions(2).await;
+    let nodes = nodes_until(&sessions, |n| n[1].held == 4).await;
+    assert_eq!(nodes[0].link, "down");
+    assert!(!nodes[0].live);
+    assert_eq!((nodes[0].target, nodes[1].target), (0, 4));
+    assert!(max.get() <= 4, "held {} sessions", max.get());
+}
+
+#[tokio::test]
+async fn a_lost_link_within_the_grace_keeps_the_split() {
+    let mut t = two(tower::service_fn(hello)).await;
+    // A hot restart: the link drops but the sessions stay; the link comes back.
+    drop(t.la);
+    let mut again = t.a.link().await;
+    assert_eq!(again.next().await, ServiceLine::Capacity(4));
+    again.send(demand(0, 0)).await;
+    let nodes = nodes_until(&t.sessions, |n| n[0].link == "up").await;
+    assert!(nodes[0].live);
+    assert_eq!((nodes[0].held, nodes[1].held), (2, 2));
+    for s in &mut t.at_a {
+        assert_eq!(s.get("/x").await.body, "hello /x");
+    }
+    assert_eq!(t.a.pending(), 0);
+}
+
+#[tokio::test]
+async fn dns_re_resolution_joins_and_leaves_nodes() {
+    let (mut a, a_addr) = Fake::node().await;
+    let (mut b, b_addr) = Fake::node().await;
+    let table = Arc::new(Mutex::new(vec![a_addr]));
+    let names = table.clone();
+    let mut options = many(&[], 2);
+    options.acceptor = Acceptor::Dns {
+        name: "nodes.test".into(),
+        port: 7070,
+    };
+    options.resolve_interval = Duration::from_millis(20);
+    options.resolver = Resolver::new(move |host, port| {
+        assert_eq!((host.as_str(), port), ("nodes.test", 7070));
+        let addrs: Vec<SocketAddr> = names.lock().unwrap().clone();
+        async move { Ok(addrs) }
+    });
+    let sessions = serve(options, tower::service_fn(hello)).unwrap();
+    let max = MaxHeld::watch(&sessions);
+    let mut la = up(&mut a, 2).await;
+    let mut at_a = a.sessions(2).await;
+
+    // B joins: it gets its share, by a RETIRE at A.
+    table.lock().unwrap().push(b_addr);
+    let _lb = up(&mut b, 2).await;
+    assert_eq!(la.retire().await, 1);
+    at_a.pop();
+    let mut at_b = vec![b.session().await];
+
+    // A leaves the name: it is asked to retire everything it holds, then its link closes.
+    table.lock().unwrap().retain(|&x| x == b_addr);
+    assert_eq!(la.retire().await, 1);
+    at_a.pop();
+    at_b.push(b.session().await);
+    la.closed().await;
+    let nodes = nodes_until(&sessions, |n| n.len() == 1).await;
+    assert_eq!((nodes[0].address, nodes[0].held), (b_addr, 2));
+    assert!(max.get() <= 2, "held {} sessions", max.get());
+}
+
+#[tokio::test]
+async fn an_acceptor_without_control_links_counts_live_with_demand_one() {
+    let (mut fake, addr) = Fake::tcp().await;
+    let sessions = serve(many(&[addr], 2), tower::service_fn(hello)).unwrap();
+    let _all = fake.sessions(2).await;
+    registered(&sessions, 2).await;
+    let nodes = nodes_until(&sessions, |n| n.first().is_some_and(|n| n.held == 2)).await;
+    assert_eq!(nodes[0].link, "unsupported");
+    assert!(nodes[0].live);
+    assert_eq!(nodes[0].demand, 1.0);
+}
+
+#[tokio::test]
+async fn shutdown_drains_every_node_and_waits_for_their_sessions() {
+    let t = two(tower::service_fn(hello)).await;
+    let Two {
+        sessions,
+        mut a,
+        mut b,
+        at_a,
+        at_b,
+        ..
+    } = t;
+    let shutdown = tokio::spawn(sessions.shutdown());
+    assert!(matches!(a.next().await, Event::Drain(_)));
+    assert!(matches!(b.next().await, Event::Drain(_)));
+    drop(at_a);
+    assert!(!shutdown.is_finished());
+    drop(at_b);
+    within(shutdown).await.unwrap().unwrap();
+    assert_eq!(a.pending() + b.pending(), 0);
+}

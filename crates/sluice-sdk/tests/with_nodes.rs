@@ -1,0 +1,179 @@
+//! Many nodes, for real: three `sluice` proxies in-process (each on its own thread and
+//! runtime, listener and acceptor on 127.0.0.1:0), one instance dialing all three with an
+//! acceptor list. Its sessions follow the queue, leave a node that stops or dies, and the
+//! requests in flight at the service never exceed its capacity.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod proxy;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use proxy::{get, options_for, registered, within, RunningProxy};
+use sluice_sdk::{serve, Acceptor, NodeStatus, Sessions};
+use tokio::sync::Semaphore;
+
+/// Three nodes, and an instance `a` of `api` with `capacity` sessions dialing all of them.
+async fn three(capacity: usize, service: Gated) -> (Vec<RunningProxy>, Sessions) {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(RunningProxy::any_port().await);
+    }
+    let list = nodes.iter().map(|n| n.acceptor.to_string()).collect();
+    let mut options = options_for(Acceptor::List(list), "a", capacity);
+    options.node_grace = Duration::from_millis(300);
+    let sessions = serve(options, service).unwrap();
+    (nodes, sessions)
+}
+
+/// Waits until node `i` holds `n` sessions of instance `a`.
+async fn holds(node: &RunningProxy, n: usize) {
+    within(node.cluster.wait_until(|c| c.instance_sessions("a") == n)).await;
+}
+
+async fn nodes_until(sessions: &Sessions, ready: impl Fn(&[NodeStatus]) -> bool) {
+    let mut status = sessions.subscribe();
+    let waited = tokio::time::timeout(Duration::from_secs(5), status.wait_for(|s| ready(&s.nodes)));
+    if waited.await.is_err() {
+        panic!("the test hung; nodes: {:#?}", sessions.nodes());
+    }
+}
+
+/// A service that counts requests in flight (and the most at once); each waits for a permit.
+#[derive(Clone)]
+struct Gated {
+    gate: Arc<Semaphore>,
+    in_flight: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
+}
+
+impl Gated {
+    fn new(open: bool) -> Self {
+        let permits = if open { Semaphore::MAX_PERMITS } else { 0 };
+        Self {
+            gate: Arc::new(Semaphore::new(permits)),
+            in_flight: Arc::default(),
+            max: Arc::default(),
+        }
+    }
+
+    fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+}
+
+impl tower::Service<Request<Incoming>> for Gated {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let now = this.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            this.max.fetch_max(now, Ordering::SeqCst);
+            drop(this.gate.acquire().await.unwrap());
+            this.in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok(Response::new(Full::from("hello from a")))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_move_to_the_node_whose_requests_queue() {
+    let service = Gated::new(false);
+    let (nodes, sessions) = three(6, service.clone()).await;
+    registered(&sessions, 6).await;
+    for node in &nodes {
+        holds(node, 2).await;
+    }
+    // Ten requests at node 0, which holds two sessions: two in flight, eight queued.
+    let http = nodes[0].http;
+    let clients: Vec<_> = (0..10).map(|_| tokio::spawn(get(http))).collect();
+    // The others are asked to retire sessions (idle, so at once), and the instance dials
+    // node 0 instead: the target there is 4 (one each elsewhere, by the split).
+    holds(&nodes[0], 4).await;
+    holds(&nodes[1], 1).await;
+    holds(&nodes[2], 1).await;
+    within(async {
+        while service.in_flight.load(Ordering::SeqCst) < 4 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    service.gate.add_permits(Semaphore::MAX_PERMITS);
+    for client in clients {
+        assert_eq!(
+            within(client).await.unwrap(),
+            (StatusCode::OK, "hello from a".into())
+        );
+    }
+    assert!(
+        service.max() <= 6,
+        "{} requests in flight at once",
+        service.max()
+    );
+    within(sessions.shutdown()).await.unwrap();
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_says_draining_and_its_share_moves() {
+    let (mut nodes, sessions) = three(6, Gated::new(true)).await;
+    registered(&sessions, 6).await;
+    for node in &nodes {
+        holds(node, 2).await;
+    }
+    let stopped = nodes.pop().unwrap();
+    stopped.stop().await;
+    holds(&nodes[0], 3).await;
+    holds(&nodes[1], 3).await;
+    nodes_until(&sessions, |n| n.len() == 3 && !n[2].live && n[2].held == 0).await;
+    for node in &nodes {
+        assert_eq!(get(node.http).await.0, StatusCode::OK);
+    }
+    within(sessions.shutdown()).await.unwrap();
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_dies_is_down_after_the_grace_and_its_share_moves() {
+    let (mut nodes, sessions) = three(6, Gated::new(true)).await;
+    registered(&sessions, 6).await;
+    for node in &nodes {
+        holds(node, 2).await;
+    }
+    let dead: SocketAddr = nodes[2].acceptor;
+    nodes.pop().unwrap().kill().await;
+    holds(&nodes[0], 3).await;
+    holds(&nodes[1], 3).await;
+    nodes_until(&sessions, |n| {
+        n.iter().any(|n| n.address == dead && n.link == "down")
+    })
+    .await;
+    registered(&sessions, 6).await;
+    within(sessions.shutdown()).await.unwrap();
+    for node in nodes {
+        node.stop().await;
+    }
+}
