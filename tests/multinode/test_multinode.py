@@ -36,18 +36,21 @@ def binaries(tmp_path_factory) -> dict[str, str]:
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
     subprocess.run(["cargo", "build", "--locked", "--quiet", "-p", "sluice-cli", "--bin", "sluice"],
                    cwd=REPO, check=True)
+    subprocess.run(["cargo", "build", "--locked", "--quiet", "-p", "sluice-sdk", "--example", "multinode"],
+                   cwd=REPO, check=True)
     out = tmp_path_factory.mktemp("bin")
     go = out / "multinode-go"
     subprocess.run(["go", "build", "-o", str(go), "./examples/multinode"], cwd=REPO / "sdk/go", check=True)
     python = f"{sys.executable} {REPO / 'sdk/python/examples/multinode.py'}"
-    return {"sluice": str(target / "debug/sluice"), "go": str(go), "python": python}
+    return {"sluice": str(target / "debug/sluice"), "go": str(go), "python": python,
+            "rust": str(target / "debug/examples/multinode")}
 
 
 def run_scenario(binaries: dict[str, str]) -> dict:
     with namespace() as (name, hosts):
         argv = ["ip", "netns", "exec", name, sys.executable, str(HERE / "scenario.py"),
                 "--sluice", binaries["sluice"], "--go", binaries["go"], "--python", binaries["python"],
-                "--hosts", str(hosts)]
+                "--rust", binaries["rust"], "--hosts", str(hosts)]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=SCENARIO_LIMIT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"the scenario printed nothing:\n{done.stdout}\n{done.stderr}"
@@ -62,8 +65,8 @@ def seen(binaries) -> dict:
 
 
 def test_a_service_in_each_sdk_language_took_part(seen):
-    assert sorted(seen["max_in_flight"]) == ["go", "py"], seen["max_in_flight"]
-    assert sorted(seen["steps"]["capacity"]) == ["go", "py"], seen["steps"]["capacity"]
+    assert sorted(seen["max_in_flight"]) == ["go", "py", "rs"], seen["max_in_flight"]
+    assert sorted(seen["steps"]["capacity"]) == ["go", "py", "rs"], seen["steps"]["capacity"]
 
 
 def test_no_service_ever_has_more_in_flight_than_it_declared(seen):

@@ -13,7 +13,7 @@
 //! `a:7070,b:7070`). Each request waits `delay-ms` and answers `200` with `<instance>\n`.
 //! Stdout gets `max_in_flight N` each time the most requests in flight at once grows. With
 //! `--stats`, an HTTP endpoint answers `GET /max` (that maximum), `GET /nodes` (one line per
-//! node: address, live, demand, held, target) and `PUT /capacity/N` (sets the capacity).
+//! node: address, live, demand, held, target) and `POST /capacity?n=K` (sets the capacity).
 //! SIGTERM drains, prints `drained max_in_flight N` and exits 0. The SDK's log lines (one per
 //! outage, rebalance, capacity change) go to stderr; `RUST_LOG` filters them (default `info`).
 
@@ -97,14 +97,18 @@ fn stats(
                 format!("{addr} live={live} demand={d:.1} held={held} target={t}\n")
             })
             .collect(),
-        (&Method::PUT, p) if p.starts_with("/capacity/") => match p[10..].parse() {
-            Ok(n) if resize.try_send(n).is_ok() => format!("capacity {n}\n"),
-            _ => return reply(StatusCode::BAD_REQUEST, "PUT /capacity/N\n"),
-        },
+        // As the Go and Python examples take it, so one test drives all three.
+        (&Method::POST, "/capacity") => {
+            let n = req.uri().query().and_then(|q| q.strip_prefix("n="));
+            match n.map(str::parse) {
+                Some(Ok(n)) if resize.try_send(n).is_ok() => format!("capacity {n}\n"),
+                _ => return reply(StatusCode::BAD_REQUEST, "POST /capacity?n=K\n"),
+            }
+        }
         _ => {
             return reply(
                 StatusCode::NOT_FOUND,
-                "GET /max, GET /nodes, PUT /capacity/N\n",
+                "GET /max, GET /nodes, POST /capacity?n=K\n",
             )
         }
     };
