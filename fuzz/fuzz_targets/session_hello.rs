@@ -1,6 +1,6 @@
 //! The acceptor's reading of a service's first request, and an SDK's reading of the
-//! acceptor's answer: never a panic, and a registration or drain that parses encodes back to
-//! one that parses to the same thing.
+//! acceptor's answer: never a panic, and a registration, drain or control link request that
+//! parses encodes back to one that parses to the same thing.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -18,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
     let encoded = match &hello {
         Hello::Register(r) => r.encode(),
         Hello::Drain(d) => d.encode(),
+        Hello::Control(r) => r.encode_control(),
     };
     match parse_hello(&encoded, MAX_HEAD) {
         Ok(Parsed::Complete(again, n)) => {
