@@ -240,15 +240,23 @@ fn visible(value: &[u8]) -> bool {
         .all(|b| matches!(b, b' ' | b'\t' | 0x21..=0x7e))
 }
 
-/// One `Content-Length` value: digits only, trimmed (hyper's rule), `None` otherwise.
+/// hyper's largest body length: it keeps the two values above for "chunked" and "until
+/// close", and refuses a `Content-Length` that names them.
+const MAX_LENGTH: u64 = u64::MAX - 2;
+
+/// One `Content-Length` value: digits only, trimmed, at most [`MAX_LENGTH`] (hyper's rules),
+/// `None` otherwise.
 fn digits(value: &[u8]) -> Option<u64> {
     let value = value.trim_ascii();
     if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    value.iter().try_fold(0u64, |n, d| {
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    })
+    value
+        .iter()
+        .try_fold(0u64, |n, d| {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        })
+        .filter(|n| *n <= MAX_LENGTH)
 }
 
 /// A response field's role (`fields`): hop-by-hop (RFC 9110 §7.6.1), `Content-Length`, or
