@@ -1,7 +1,7 @@
 //! One request/response exchange on an HTTP/1.1 client connection, shared by static clusters
-//! (pooled connections) and reverse clusters (sessions): the response timeout, which failures
-//! allow a second attempt, the copy that makes that attempt possible, and whether the
-//! connection may carry another request afterwards.
+//! (pooled connections) and reverse clusters (sessions): the response timeout, how an attempt
+//! failed (`http::retry` decides whether it goes again), the copy that makes a second attempt
+//! possible, and whether the connection may carry another request afterwards.
 
 use std::time::Duration;
 
@@ -15,8 +15,10 @@ use hyper::client::conn::TrySendError;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::http::headers::wants_close;
+use crate::http::retry;
 
-/// A request that can be sent again: idempotent (RFC 9110 §9.2.2) with its body in memory.
+/// A copy of a request to send again after a stale connection: made only when
+/// [`retry::replayable`] allows it (idempotent, its body empty or in memory).
 #[derive(Debug)]
 pub(crate) struct Replay {
     parts: Parts,
@@ -24,22 +26,30 @@ pub(crate) struct Replay {
 }
 
 impl Replay {
-    /// A copy of `req`, when it is idempotent and its body is empty or fully buffered.
+    /// A copy of `req`, when it is replayable.
     pub(crate) fn of(req: &Request<ProxyBody>) -> Option<Self> {
-        if !is_idempotent(req.method()) {
+        let body = match req.body() {
+            ProxyBody::Full { data } => Some(data.clone().unwrap_or_default()),
+            other if http_body::Body::is_end_stream(other) => Some(Bytes::new()),
+            _ => None,
+        };
+        let kept = if body.is_some() {
+            retry::Body::Kept
+        } else {
+            retry::Body::Streamed
+        };
+        if !retry::replayable(retry::is_idempotent(req.method()), kept) {
             return None;
         }
-        let body = match req.body() {
-            ProxyBody::Full { data } => data.clone().unwrap_or_default(),
-            other if http_body::Body::is_end_stream(other) => Bytes::new(),
-            _ => return None,
-        };
         let (mut parts, ()) = Request::new(()).into_parts();
         parts.method = req.method().clone();
         parts.uri = req.uri().clone();
         parts.version = req.version();
         parts.headers = req.headers().clone();
-        Some(Self { parts, body })
+        Some(Self {
+            parts,
+            body: body.unwrap_or_default(),
+        })
     }
 
     fn into_request(self) -> Request<ProxyBody> {
@@ -47,41 +57,66 @@ impl Replay {
     }
 }
 
-/// A failed exchange, and the request to try again, if the failure allows one.
+/// A failed exchange: the error to answer with, how it failed, and the request when hyper gave
+/// it back unsent.
 #[derive(Debug)]
 pub(crate) struct Failure {
     pub(crate) error: ProxyError,
-    /// The request hyper gave back unsent, or `replay` rebuilt after the connection failed
-    /// before any response byte.
-    pub(crate) retry: Option<Request<ProxyBody>>,
+    pub(crate) failed: retry::Failed,
+    pub(crate) unsent: Option<Request<ProxyBody>>,
 }
 
 impl Failure {
     /// No response head within the response timeout. The request's fate is unknown, so it is
     /// never retried, and the connection it went out on must close.
     pub(crate) fn timed_out() -> Self {
+        Self::later(ProxyError::ResponseTimeout)
+    }
+
+    /// A failure after the request may have been processed: never retried.
+    pub(crate) fn later(error: ProxyError) -> Self {
         Self {
-            error: ProxyError::ResponseTimeout,
-            retry: None,
+            error,
+            failed: retry::Failed::Later,
+            unsent: None,
+        }
+    }
+
+    /// The request to send once more after this first attempt on a connection that was
+    /// `reused` (the rule is [`retry::Attempt::again`]), with this failure's error; or the
+    /// error to answer with.
+    // The request goes back by value (it is large), as hyper's does: the cold path.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn again(
+        self,
+        reused: bool,
+        replay: Option<Replay>,
+    ) -> Result<(Request<ProxyBody>, ProxyError), ProxyError> {
+        let attempt = retry::Attempt {
+            failed: self.failed,
+            reused,
+            retried: false,
+        };
+        if !attempt.again(replay.is_some()) {
+            return Err(self.error);
+        }
+        match self.unsent.or_else(|| replay.map(Replay::into_request)) {
+            Some(req) => Ok((req, self.error)),
+            None => Err(self.error),
         }
     }
 }
 
-/// Sends `req` and waits at most `timeout` for the response head.
-///
-/// Only a connection that closed or failed before the response started may be retried: a
-/// parse error means response bytes arrived, a body error is the client's, and a timeout
-/// leaves the request in an unknown state. Dropping the send future on timeout closes the
-/// connection, so it is never reused.
+/// Sends `req` and waits at most `timeout` for the response head. Dropping the send future on
+/// timeout closes the connection, so it is never reused.
 pub(crate) async fn send(
     sender: &mut SendRequest<ProxyBody>,
     mut req: Request<ProxyBody>,
     timeout: Duration,
-    replay: Option<Replay>,
 ) -> Result<Response<Incoming>, Failure> {
     frame_unsized_body(&mut req);
     match tokio::time::timeout(timeout, sender.try_send_request(req)).await {
-        Ok(answer) => answered(answer, replay),
+        Ok(answer) => answered(answer),
         Err(_elapsed) => Err(Failure::timed_out()),
     }
 }
@@ -110,27 +145,35 @@ pub(crate) fn frame_unsized_body(req: &mut Request<ProxyBody>) {
 /// the request when hyper gives it back unsent.
 pub(crate) type Answer = Result<Response<Incoming>, TrySendError<Request<ProxyBody>>>;
 
-/// The response, or the failure and what [`send`]'s rule allows to try again.
+/// The response, or the failure: before any response byte only when the connection closed or
+/// failed (a parse error means response bytes arrived, a body error is the client's, a timeout
+/// leaves the request's fate unknown).
 // The failure carries the request back (it is large), as `send`'s does: the cold path.
 #[allow(clippy::result_large_err)]
-pub(crate) fn answered(
-    answer: Answer,
-    replay: Option<Replay>,
-) -> Result<Response<Incoming>, Failure> {
+pub(crate) fn answered(answer: Answer) -> Result<Response<Incoming>, Failure> {
     let mut e = match answer {
         Ok(res) => return Ok(framed(res)),
         Err(e) => e,
     };
     let unsent = e.take_message();
     let error = e.into_error();
-    let stale = !error.is_user() && !error.is_parse() && !error.is_timeout();
-    let retry = unsent.or_else(|| replay.filter(|_| stale).map(Replay::into_request));
+    let failed = if unsent.is_some() {
+        retry::Failed::Unsent
+    } else if !error.is_user() && !error.is_parse() && !error.is_timeout() {
+        retry::Failed::BeforeResponse
+    } else {
+        retry::Failed::Later
+    };
     let error = if error.is_user() {
         ProxyError::client_body(error.into())
     } else {
         ProxyError::UpstreamProtocol(error)
     };
-    Err(Failure { error, retry })
+    Err(Failure {
+        error,
+        failed,
+        unsent,
+    })
 }
 
 /// Marks a response that came with both `Transfer-Encoding` and `Content-Length`: its
@@ -159,14 +202,4 @@ pub(crate) fn keeps_connection<B>(res: &Response<B>) -> bool {
         && !wants_close(res.headers())
         && res.status() != StatusCode::SWITCHING_PROTOCOLS
         && res.extensions().get::<ConflictingFraming>().is_none()
-}
-
-/// Whether a method is idempotent (RFC 9110 §9.2.2), so a request that never got a response
-/// byte may be sent again.
-pub fn is_idempotent(method: &http::Method) -> bool {
-    use http::Method;
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    )
 }

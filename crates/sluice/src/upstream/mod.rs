@@ -17,7 +17,6 @@ use http::{Request, Response};
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-pub use exchange::is_idempotent;
 pub(crate) use host::default_host;
 pub use reverse::{ReverseCluster, ReverseSlice};
 pub use served::{ServedBy, WantsServedBy};

@@ -16,9 +16,9 @@ use super::answer::{self, date_at};
 use super::body::{self, Sink};
 use super::request::{timer_at, Request, Scratch, Served};
 use crate::error::ProxyError;
+use crate::http::retry::{self, is_idempotent};
 use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
-use crate::upstream::is_idempotent;
 use crate::upstream::leased::Leased;
 use crate::upstream::ServedBy;
 
@@ -45,17 +45,11 @@ pub(crate) struct Outcome {
 /// What one attempt at a response head came to.
 enum Attempt {
     Head(h1::ResponseHead),
-    Failed(Failed),
+    /// How it failed (whether it may go again: `http::retry`), and the error the client is
+    /// answered with if not.
+    Failed(retry::Failed, ProxyError),
     /// The client hung up while the answer was awaited.
     ClientGone,
-}
-
-/// How an attempt to get a response head failed.
-enum Failed {
-    /// The connection closed or failed before any response byte: a reused one was stale.
-    Stale(ProxyError),
-    /// Anything else: the client is answered with this error.
-    Error(ProxyError),
 }
 
 /// One request taken by the fast path, ready to go upstream. Its body (if any) is whole in
@@ -96,11 +90,16 @@ impl<'a> Exchange<'a> {
         head.len.saturating_add(body).min(self.req.buf.len())
     }
 
-    /// Whether the request may go out again after a reused connection failed before any
-    /// response byte: idempotent, and without a body unless the upstream's hyper path would
-    /// have its body in memory too (a session's, read ahead) — the hyper path's rule.
+    /// Whether the request may go out again after a connection failed before any response
+    /// byte. Its body is whole in the client's buffer, but counts as kept only where the
+    /// hyper path would have it in memory too (a session's, read ahead): one rule for both.
     fn replayable<L: Leased>(&self, lease: &L) -> bool {
-        self.idempotent && (self.len() == self.req.head.len || lease.replays_bodies())
+        let body = if self.len() == self.req.head.len || lease.replays_bodies() {
+            retry::Body::Kept
+        } else {
+            retry::Body::Streamed
+        };
+        retry::replayable(self.idempotent, body)
     }
 
     /// Runs the exchange to its end on what `lease` leases (`stamp`: a field the proxy sets
@@ -155,19 +154,22 @@ impl<'a> Exchange<'a> {
                 }
                 // A reused connection that failed before any response byte was stale: a
                 // replayable request goes out once more, on a fresh one.
-                Attempt::Failed(Failed::Stale(_))
-                    if !retried && lease.may_be_stale() && self.replayable(&lease) =>
-                {
+                Attempt::Failed(failed, e) => {
+                    let attempt = retry::Attempt {
+                        failed,
+                        reused: lease.may_be_stale(),
+                        retried,
+                    };
+                    if !attempt.again(self.replayable(&lease)) {
+                        lease.log_failure(&e);
+                        return self.refuse(client, e, used).await;
+                    }
                     retried = true;
                     from = Instant::now();
                     if let Err(e) = lease.renew().await {
                         lease.log_failure(&e);
                         return self.refuse(client, e, used).await;
                     }
-                }
-                Attempt::Failed(Failed::Stale(e) | Failed::Error(e)) => {
-                    lease.log_failure(&e);
-                    return self.refuse(client, e, used).await;
                 }
             }
         };
@@ -195,20 +197,20 @@ impl<'a> Exchange<'a> {
         let sent = tokio::select! {
             biased;
             sent = lease.io().write_all(request) => sent,
-            () = timer.as_mut() => return Attempt::Failed(Failed::Error(ProxyError::ResponseTimeout)),
+            () = timer.as_mut() => return Attempt::Failed(retry::Failed::Later, ProxyError::ResponseTimeout),
         };
         if sent.is_err() {
             let e = ProxyError::UpstreamInvalid("connection failed");
-            return Attempt::Failed(Failed::Stale(e));
+            return Attempt::Failed(retry::Failed::BeforeResponse, e);
         }
         ubuf.clear();
         tokio::select! {
             biased;
             head = read_head(lease.io(), ubuf, self.head_request) => match head {
                 Ok(head) => Attempt::Head(head),
-                Err(failed) => Attempt::Failed(failed),
+                Err((failed, e)) => Attempt::Failed(failed, e),
             },
-            () = timer => Attempt::Failed(Failed::Error(ProxyError::ResponseTimeout)),
+            () = timer => Attempt::Failed(retry::Failed::Later, ProxyError::ResponseTimeout),
             () = client_gone(client, pipelined) => Attempt::ClientGone,
         }
     }
@@ -409,7 +411,7 @@ async fn read_head<U>(
     upstream: &mut U,
     ubuf: &mut Vec<u8>,
     head_request: bool,
-) -> Result<h1::ResponseHead, Failed>
+) -> Result<h1::ResponseHead, (retry::Failed, ProxyError)>
 where
     U: AsyncRead + Unpin,
 {
@@ -418,36 +420,32 @@ where
             // Grown as needed (most heads fit the first 4 KiB), up to hyper's limit.
             let room = IO_BUFFER_BYTES.saturating_sub(ubuf.capacity());
             if room == 0 {
-                return Err(Failed::Error(ProxyError::UpstreamInvalid(
-                    "response head too large",
-                )));
+                let e = ProxyError::UpstreamInvalid("response head too large");
+                return Err((retry::Failed::Later, e));
             }
             ubuf.reserve_exact(ubuf.capacity().max(4096).min(room));
         }
-        match upstream.read_buf(ubuf).await {
-            Ok(0) if ubuf.is_empty() => {
-                return Err(Failed::Stale(ProxyError::UpstreamInvalid(
-                    "closed before responding",
-                )))
-            }
-            Err(_) if ubuf.is_empty() => {
-                return Err(Failed::Stale(ProxyError::UpstreamInvalid(
-                    "connection failed",
-                )))
-            }
-            Ok(0) | Err(_) => {
-                return Err(Failed::Error(ProxyError::UpstreamInvalid(
-                    "closed during the response head",
-                )))
-            }
-            Ok(_) => {}
+        let read = upstream.read_buf(ubuf).await;
+        if matches!(read, Ok(0) | Err(_)) {
+            return Err(cut_short(&read, ubuf.is_empty()));
         }
         match h1::parse_response(ubuf, head_request, IO_BUFFER_BYTES) {
             ParsedResponse::Partial => {}
             ParsedResponse::Head(head) => return Ok(head),
             ParsedResponse::Invalid(why) => {
-                return Err(Failed::Error(ProxyError::UpstreamInvalid(why)))
+                return Err((retry::Failed::Later, ProxyError::UpstreamInvalid(why)))
             }
         }
     }
+}
+
+/// How a response head that the upstream's connection ended (`read`) failed: before any
+/// response byte (`nothing` came), the connection may have been stale.
+fn cut_short(read: &io::Result<usize>, nothing: bool) -> (retry::Failed, ProxyError) {
+    let (failed, why) = match (read, nothing) {
+        (Ok(_), true) => (retry::Failed::BeforeResponse, "closed before responding"),
+        (Err(_), true) => (retry::Failed::BeforeResponse, "connection failed"),
+        _ => (retry::Failed::Later, "closed during the response head"),
+    };
+    (failed, ProxyError::UpstreamInvalid(why))
 }

@@ -14,6 +14,7 @@ use super::buffer;
 use super::http1::{Lease, ReverseSlice, Session, SlicePool};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::http::retry;
 use crate::http::ClientInfo;
 use crate::upstream::exchange::{self, Answer, Failure, Replay};
 use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
@@ -34,7 +35,7 @@ pub async fn send(
     // Copied only once a session is leased: a request refused for capacity never pays for it.
     let replay = Replay::of(&req);
     let instance = Arc::clone(session.instance());
-    let failure = match send_on(pool, session, req, replay).await {
+    let failure = match send_on(pool, session, req).await {
         Ok(mut res) => {
             note_served_by(wants, &mut res, || ServedBy {
                 instance: Some(instance),
@@ -45,17 +46,14 @@ pub async fn send(
         }
         Err(failure) => failure,
     };
-    let Some(req) = failure.retry else {
-        return Err(failure.error);
-    };
-    debug!(instance = %instance.id(), error = %failure.error, "session failed before the response; retrying on another");
+    // Any session may have been ended by its service while it was idle.
+    let (req, error) = failure.again(true, replay)?;
+    debug!(instance = %instance.id(), %error, "session failed before the response; retrying on another");
     // Boxed: the retry is rare, and inline its state would double every request's future.
     Box::pin(async move {
         let (session, waited) = pool.lease_waited().await?;
         let instance = Arc::clone(session.instance());
-        let mut res = send_on(pool, session, req, None)
-            .await
-            .map_err(|f| f.error)?;
+        let mut res = send_on(pool, session, req).await.map_err(|f| f.error)?;
         note_served_by(wants, &mut res, || ServedBy {
             instance: Some(instance),
             queued: Some(queued + waited),
@@ -87,16 +85,15 @@ async fn send_on(
     pool: &Arc<SlicePool>,
     mut session: Session,
     mut req: Request<ProxyBody>,
-    replay: Option<Replay>,
 ) -> Result<Response<ProxyBody>, Failure> {
     exchange::frame_unsized_body(&mut req);
     let upgrade = req.headers().contains_key(http::header::UPGRADE);
     let Some(sender) = session.client().hyper(upgrade).await else {
         // The session ended as it was leased: nothing went out, so the request may go again.
-        let error = ProxyError::UpstreamInvalid("session closed");
         return Err(Failure {
-            error,
-            retry: Some(req),
+            error: ProxyError::UpstreamInvalid("session closed"),
+            failed: retry::Failed::Unsent,
+            unsent: Some(req),
         });
     };
     let answer = sender.try_send_request(req);
@@ -106,10 +103,8 @@ async fn send_on(
         exchange.forget();
         return Err(Failure::timed_out());
     };
-    let res = exchange::answered(answer, replay)?;
-    finish(pool, session, res)
-        .await
-        .map_err(|error| Failure { error, retry: None })
+    let res = exchange::answered(answer)?;
+    finish(pool, session, res).await.map_err(Failure::later)
 }
 
 /// Resolves to the answer and the session it came on.

@@ -83,7 +83,7 @@ async fn exchange(
     let replay = conn.is_reused().then(|| Replay::of(&req)).flatten();
     let timeout = inner.opts.response_timeout;
     let sent_at = std::time::Instant::now();
-    let failure = match exchange::send(&mut conn.sender, req, timeout, replay).await {
+    let failure = match exchange::send(&mut conn.sender, req, timeout).await {
         Ok(res) => {
             in_flight
                 .endpoint()
@@ -92,10 +92,8 @@ async fn exchange(
         }
         Err(failure) => failure,
     };
-    let Some(req) = failure.retry.filter(|_| conn.is_reused()) else {
-        return Err(failure.error);
-    };
-    debug!(cluster = %inner.name, upstream.addr = %in_flight.endpoint().addr(), error = %failure.error, "reused connection failed before the response; retrying on a fresh one");
+    let (req, error) = failure.again(conn.is_reused(), replay)?;
+    debug!(cluster = %inner.name, upstream.addr = %in_flight.endpoint().addr(), %error, "reused connection failed before the response; retrying on a fresh one");
     // Boxed: the retry is rare, and inline its state would double every request's future.
     Box::pin(retry_fresh(inner, in_flight, req)).await
 }
@@ -108,7 +106,7 @@ async fn retry_fresh(
     let mut fresh = connect_fresh(inner, in_flight.endpoint()).await?;
     let timeout = inner.opts.response_timeout;
     let sent_at = std::time::Instant::now();
-    match exchange::send(&mut fresh.sender, req, timeout, None).await {
+    match exchange::send(&mut fresh.sender, req, timeout).await {
         Ok(res) => {
             in_flight
                 .endpoint()
