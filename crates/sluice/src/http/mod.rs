@@ -1,10 +1,11 @@
 //! HTTP rules shared by the proxy paths: request checks, hop-by-hop stripping, forwarding
-//! headers, when a request goes out again (`retry`), and what is known of a request's client
-//! ([`ClientInfo`]). Request normalisation is `sluice_wire::normalize`'s.
+//! headers, reading bodies ahead (`read_ahead`), when a request goes out again (`retry`), and
+//! what is known of a request's client ([`ClientInfo`]). Request normalisation is `sluice_wire::normalize`'s.
 
 pub mod checks;
 pub mod client;
 pub mod headers;
+pub(crate) mod read_ahead;
 pub(crate) mod retry;
 
 pub use client::ClientInfo;

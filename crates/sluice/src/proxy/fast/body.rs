@@ -2,22 +2,22 @@
 //! decides when the client gets what.
 //!
 //! A static connection's response streams: each read goes out before the next. A session's is
-//! read ahead, as the hyper path reads it (`upstream::reverse::buffer`): gathered until it
-//! ends, outgrows the cluster's `response_buffer`, or pauses for [`STREAM_GAP`] once some of it
-//! has come, so the session goes back before a slow client has read a byte of a body that fits.
-//! A chunked (or until-close) body that ends while gathered goes out with `Content-Length`.
-//! Once the read-ahead is over, the rest is read off the session as the service sends it while
-//! the client takes what it can, within the same budget. Events (`text/event-stream`) are never
-//! read ahead.
+//! read ahead by the rules of `http::read_ahead`, which the hyper path's reader follows too:
+//! gathered until it ends, outgrows the cluster's `response_buffer`, or pauses, so the session
+//! goes back before a slow client has read a byte of a body that fits. A chunked (or
+//! until-close) body that ends while gathered goes out with `Content-Length`. Once the
+//! read-ahead is over, the rest is read off the session as the service sends it while the
+//! client takes what it can, within the same budget.
 
 use std::io;
+use std::time::Duration;
 
 use sluice_wire::h1::{self, Chunked, ResponseBody};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::answer;
+use crate::http::read_ahead::{self, ReadAhead};
 use crate::http::IO_BUFFER_BYTES;
-use crate::upstream::reverse::STREAM_GAP;
 
 /// The client's side of a response relay: the head and the body bytes not sent yet, in one
 /// buffer, and when to send them. The head goes out with the body's first bytes, as hyper's
@@ -38,8 +38,8 @@ pub(super) struct Sink<'c, C> {
     /// How much body may wait in `out` before the client must take it first (0: none; each
     /// read goes out before the next). Reads stop at it, and `out` grows no further.
     budget: usize,
-    /// The read-ahead is on: nothing has been sent yet.
-    gathering: bool,
+    /// While the read-ahead is on (nothing has been sent yet), its rules.
+    gathering: Option<ReadAhead>,
     /// The body goes out chunked. While gathered its data is kept unframed, to go out with
     /// `Content-Length` if it ends in time, or as one chunk if not.
     chunks: bool,
@@ -61,7 +61,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         (out, spare): (Vec<u8>, Vec<u8>),
         framing: &h1::ResponseHead,
         head_request: bool,
-        read_ahead: Option<usize>,
+        read_ahead: Option<ReadAhead>,
     ) -> Self {
         let unknown = matches!(
             framing.body,
@@ -74,8 +74,8 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
             sent: 0,
             spare,
             data: false,
-            budget: read_ahead.unwrap_or(0),
-            gathering: read_ahead.is_some(),
+            budget: read_ahead.map_or(0, |ahead| ahead.limit()),
+            gathering: read_ahead,
             chunks: unknown && framing.http11 && !head_request,
             length_unknown: unknown && !head_request,
             wrote: false,
@@ -131,7 +131,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         // A chunk's size line and CRLFs come to at most 20 bytes.
         self.grow(bytes.len() + 20);
         self.payload += bytes.len() as u64;
-        if self.chunks && !self.gathering {
+        if self.chunks && self.gathering.is_none() {
             answer::chunk(&mut self.out, bytes);
         } else {
             self.out.extend_from_slice(bytes);
@@ -158,7 +158,8 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
 
     /// The body has ended (`trailers`: with trailer fields, which the client does not get).
     fn end(&mut self, trailers: bool) {
-        if self.gathering && self.length_unknown && !trailers {
+        if self.gathering.is_some() && self.length_unknown && ReadAhead::ends_with_length(trailers)
+        {
             self.set_length();
         } else if self.chunks {
             // As the hyper path's read-ahead: a body with trailers stays chunked.
@@ -189,18 +190,16 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
 
     /// Ends the read-ahead: what was gathered of a chunked body becomes one chunk.
     fn stop_gathering(&mut self) {
-        if !self.gathering {
+        if self.gathering.take().is_none() {
             return;
         }
-        self.gathering = false;
         if self.chunks && self.out.len() > self.head {
             let gathered = self.out.split_off(self.head);
             answer::chunk(&mut self.out, &gathered);
         }
     }
 
-    /// Sends what waits once it fills the budget; a read-ahead ends once it outgrows it (a
-    /// body of exactly the budget is read whole: only its end says that it fits).
+    /// Sends what waits once it fills the budget; a read-ahead ends once it outgrows it.
     ///
     /// After a send with `more` of the body to come, the task yields to the worker's other
     /// connections, so that each moves a buffer's worth in turn, as hyper's two tasks per
@@ -209,10 +208,9 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
     /// 1.1–1.2× the CPU per MiB at 0.87× the MB/s that way.
     async fn pass(&mut self, more: bool) -> io::Result<()> {
         let pending = self.body_pending();
-        let full = if self.gathering {
-            pending > self.budget
-        } else {
-            pending >= self.budget.max(1)
+        let full = match self.gathering {
+            Some(ahead) => ahead.outgrown(pending),
+            None => pending >= self.budget.max(1),
         };
         if self.data && full {
             self.stop_gathering();
@@ -242,7 +240,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
     /// The body failed: when it was streaming, what was read of it still goes out (the client
     /// sees it cut short); a head without data, or a gathered body, does not.
     pub(super) async fn fail(&mut self) {
-        if !self.gathering && self.data {
+        if self.gathering.is_none() && self.data {
             let _ = self.send().await;
         }
     }
@@ -254,7 +252,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
     where
         U: AsyncRead + Unpin,
     {
-        let drains = !self.gathering && self.data && self.pending() > 0;
+        let drains = self.gathering.is_none() && self.data && self.pending() > 0;
         if self.chunks || drains {
             let read = self.read(upstream, want).await?;
             self.data_read();
@@ -263,9 +261,9 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         let want = self.room(want);
         self.grow(want);
         let mut limited = (&mut *upstream).take(want as u64);
-        let read = if self.gathering && self.data {
+        let read = if let Some(gap) = self.gap() {
             let read = limited.read_buf(&mut self.out);
-            match tokio::time::timeout(STREAM_GAP, read).await {
+            match tokio::time::timeout(gap, read).await {
                 Ok(read) => read?,
                 Err(_gap) => {
                     // The read-ahead ends: what was gathered goes out while the rest is read.
@@ -284,18 +282,25 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
     }
 
     /// At most `want` bytes, and no more than the budget has room for (`pass` has sent what
-    /// filled it; gathering, one more byte tells a body that outgrows it).
+    /// filled it; gathering, as much as the read-ahead takes).
     fn room(&self, want: usize) -> usize {
-        let room = match self.budget {
-            0 => IO_BUFFER_BYTES,
-            budget => (budget + usize::from(self.gathering)).saturating_sub(self.body_pending()),
+        let pending = self.body_pending();
+        let room = match (self.budget, self.gathering) {
+            (0, _) => IO_BUFFER_BYTES,
+            (_, Some(ahead)) => ahead.room(pending),
+            (budget, None) => budget.saturating_sub(pending),
         };
         want.min(IO_BUFFER_BYTES).min(room.max(1))
     }
 
+    /// How long a read may wait before the read-ahead ends and what was gathered goes out.
+    fn gap(&self) -> Option<Duration> {
+        self.gathering?.wait(self.body_pending())
+    }
+
     /// Reads up to `want` more bytes of the body into `spare`; 0 at its end. While gathering,
-    /// once some body has come, a pause of [`STREAM_GAP`] ends the read-ahead. Streaming, what
-    /// waits goes to the client while the upstream is read.
+    /// a pause ends the read-ahead. Streaming, what waits goes to the client while the upstream
+    /// is read.
     async fn read<U>(&mut self, upstream: &mut U, want: usize) -> io::Result<usize>
     where
         U: AsyncRead + Unpin,
@@ -306,14 +311,14 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
             self.spare.reserve_exact(want);
         }
         let mut upstream = upstream.take(want as u64);
-        if self.gathering && self.data {
+        if let Some(gap) = self.gap() {
             let read = upstream.read_buf(&mut self.spare);
-            if let Ok(read) = tokio::time::timeout(STREAM_GAP, read).await {
+            if let Ok(read) = tokio::time::timeout(gap, read).await {
                 return read;
             }
             self.stop_gathering();
         }
-        if self.gathering || !self.data {
+        if self.gathering.is_some() || !self.data {
             return upstream.read_buf(&mut self.spare).await;
         }
         let sends = self.pending() > 0;
@@ -365,17 +370,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// Whether a response is a `text/event-stream`, whose events must reach the client as sent.
 pub(super) fn is_event_stream(buf: &[u8], head: &h1::ResponseHead) -> bool {
-    let value = head
-        .fields
+    head.fields
         .iter()
         .find(|f| buf[f.name.clone()].eq_ignore_ascii_case(b"content-type"))
-        .map(|f| &buf[f.value.clone()]);
-    value.is_some_and(|v| {
-        let media = v.split(|b| *b == b';').next().unwrap_or_default();
-        media
-            .trim_ascii()
-            .eq_ignore_ascii_case(b"text/event-stream")
-    })
+        .is_some_and(|f| read_ahead::is_event_stream(&buf[f.value.clone()]))
 }
 
 /// Relays the body by its framing: what `early` holds first, then what the upstream sends.
@@ -484,7 +482,7 @@ where
     C: AsyncWrite + Unpin,
 {
     sink.data(early);
-    if sink.gathering {
+    if sink.gathering.is_some() {
         sink.pass(true).await?;
     } else {
         // Streamed: the head goes out now, with or without data.
@@ -553,6 +551,7 @@ mod tests {
         let mut upstream = Cursor::new(vec![b'x'; len]);
         let mut client = Noted { conn, log };
         let bufs = (b"head".to_vec(), Vec::new());
+        let read_ahead = read_ahead.map(ReadAhead::response);
         let mut sink = Sink::new(&mut client, bufs, &head, false, read_ahead);
         let clean = relay(&mut upstream, &mut sink, &head, &[]).await.unwrap();
         sink.send().await.unwrap();

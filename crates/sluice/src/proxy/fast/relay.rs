@@ -16,6 +16,7 @@ use super::answer::{self, date_at};
 use super::body::{self, Sink};
 use super::request::{timer_at, Request, Scratch, Served};
 use crate::error::ProxyError;
+use crate::http::read_ahead::ReadAhead;
 use crate::http::retry::{self, is_idempotent};
 use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
@@ -315,7 +316,7 @@ impl<'a> Exchange<'a> {
         let ahead = if body::is_event_stream(ubuf, &head) {
             None
         } else {
-            lease.read_ahead()
+            lease.read_ahead().map(ReadAhead::response)
         };
         let mut sink = Sink::new(client, (out, spare), &head, self.head_request, ahead);
         let early = &ubuf[head.len..];

@@ -1,22 +1,10 @@
-//! `request_buffer` and `response_buffer`: bodies are read ahead into memory, so a slow
-//! client never holds a session while it trickles.
-//!
-//! A request body is read before a session is leased; a response body is read off the
-//! session at the service's speed. A body that ends within its buffer is answered from
-//! memory (with Content-Length unless it has trailers) and its session goes back before the
-//! client has read a byte of it. A body that outgrows its buffer is sent as what was read
-//! followed by the rest, streamed; its session goes back when the rest has been read.
-//!
-//! A response is read ahead in time as well as in size: once some of its body has come, a gap
-//! of [`STREAM_GAP`] without the next chunk sends what was read, so a stream (chunked JSON
-//! lines, a generator, a long poll's late answer) reaches the client as the service sends it
-//! instead of in one burst at its end. The rest is still read off the session at the
-//! service's pace, by a task, into what is left of the buffer: a gap (a pause of the service,
-//! or of this machine's scheduler) never makes a slow client hold a session for a body that
-//! fits the buffer.
+//! `request_buffer` and `response_buffer` on the hyper path: bodies read ahead into memory
+//! (the rules are `http::read_ahead`'s), so a slow client never holds a session while it
+//! trickles. A response's rest, past a pause, is read off the session at the service's pace by
+//! a task, into what is left of the buffer: a gap (a pause of the service, or of this
+//! machine's scheduler) never makes a slow client hold a session for a body that fits it.
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response};
@@ -27,14 +15,10 @@ use hyper::body::Incoming;
 use super::http1::Lease;
 use crate::body::{ProxyBody, Pump, Release, Rest};
 use crate::error::ProxyError;
-
-/// How long the read-ahead of a response waits for its next chunk before it forwards what it
-/// has: shorter than any pause a client would notice, longer than the gaps between the
-/// segments of a body a service writes at once.
-pub(crate) const STREAM_GAP: Duration = Duration::from_millis(10);
+use crate::http::read_ahead::{self, ReadAhead};
 
 /// What reading a body ahead found.
-struct ReadAhead<B> {
+struct Read<B> {
     chunks: VecDeque<Bytes>,
     trailers: Option<HeaderMap>,
     /// The rest of the body, when it did not end within the limit or the gap.
@@ -45,7 +29,7 @@ struct ReadAhead<B> {
     gap: bool,
 }
 
-impl<B: Into<Rest>> ReadAhead<B> {
+impl<B: Into<Rest>> Read<B> {
     /// The body to forward: what was read, then the trailers or the rest.
     fn into_body(self, lease: Option<Lease>) -> ProxyBody {
         ProxyBody::Buffered {
@@ -57,15 +41,13 @@ impl<B: Into<Rest>> ReadAhead<B> {
     }
 }
 
-/// Reads frames of `body` until it ends or more than `limit` bytes are in hand, or, with a
-/// `gap`, until that long passes without a frame once some data has come. A body of exactly
-/// `limit` bytes is read whole: only its end says that it fits.
+/// Reads frames of `body` until it ends, outgrows `rule`'s buffer, or pauses for as long as
+/// `rule` waits.
 async fn read_ahead<B: Body<Data = Bytes> + Unpin>(
     mut body: B,
-    limit: usize,
-    gap: Option<Duration>,
-) -> Result<ReadAhead<B>, B::Error> {
-    let mut ahead = ReadAhead {
+    rule: ReadAhead,
+) -> Result<Read<B>, B::Error> {
+    let mut ahead = Read {
         chunks: VecDeque::new(),
         trailers: None,
         rest: None,
@@ -74,11 +56,11 @@ async fn read_ahead<B: Body<Data = Bytes> + Unpin>(
     };
     while !body.is_end_stream() {
         let len = ahead.len;
-        if len > limit {
+        if rule.outgrown(len) {
             ahead.rest = Some(body);
             return Ok(ahead);
         }
-        let next = match gap.filter(|_| len > 0) {
+        let next = match rule.wait(len) {
             // Dropping a pending `frame()` loses nothing: the chunk stays in the connection.
             Some(gap) => tokio::time::timeout(gap, body.frame()).await.ok(),
             None => Some(body.frame().await),
@@ -138,10 +120,11 @@ where
     B: Body<Data = Bytes> + Unpin + Into<Rest>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let ahead = read_ahead(body, limit, None)
+    let ahead = read_ahead(body, ReadAhead::request(limit))
         .await
         .map_err(|e| ProxyError::client_body(e.into()))?;
-    Ok(if ahead.rest.is_none() && ahead.trailers.is_none() {
+    let with_length = ReadAhead::ends_with_length(ahead.trailers.is_some());
+    Ok(if ahead.rest.is_none() && with_length {
         ProxyBody::full(concat(ahead.chunks))
     } else {
         ahead.into_body(None)
@@ -160,10 +143,9 @@ fn concat(mut chunks: VecDeque<Bytes>) -> Bytes {
     Bytes::from(all)
 }
 
-/// Reads the service's body ahead, up to `limit` bytes and [`STREAM_GAP`] between chunks, and
-/// gives the session back at once when the body ended within them; otherwise the session goes
-/// back when the rest has been read. Event streams are not read ahead at all: holding their
-/// events back would stall them.
+/// Reads the service's body ahead into `limit` bytes and gives the session back at once when
+/// the body ended within them; otherwise the session goes back when the rest has been read.
+/// Event streams are not read ahead at all: holding their events back would stall them.
 pub(super) async fn response(
     res: Response<Incoming>,
     limit: usize,
@@ -173,7 +155,8 @@ pub(super) async fn response(
     if body.is_end_stream() || is_event_stream(&parts.headers) {
         return Ok(Response::from_parts(parts, ProxyBody::guarded(body, lease)));
     }
-    let mut ahead = read_ahead(body, limit, Some(STREAM_GAP))
+    let rule = ReadAhead::response(limit);
+    let mut ahead = read_ahead(body, rule)
         .await
         .map_err(ProxyError::UpstreamProtocol)?;
     let body = match ahead.rest.take() {
@@ -182,7 +165,7 @@ pub(super) async fn response(
             ahead.into_body(None)
         }
         Some(rest) if ahead.gap => {
-            let (pump, pumped) = crate::body::pump(limit - ahead.len, rest.size_hint());
+            let (pump, pumped) = crate::body::pump(rule.rest(ahead.len), rest.size_hint());
             tokio::spawn(pump_rest(rest, pump, lease));
             ProxyBody::Buffered {
                 head: ahead.chunks,
@@ -231,7 +214,5 @@ async fn pump_rest(mut body: Incoming, pump: Pump, mut lease: Lease) {
 fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+        .is_some_and(|v| read_ahead::is_event_stream(v.as_bytes()))
 }

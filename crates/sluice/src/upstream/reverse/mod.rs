@@ -19,7 +19,6 @@ pub use self::http1::{
 };
 pub use self::link::{Link, SessionIo};
 pub use self::send::send;
-pub(crate) use buffer::STREAM_GAP;
 pub use sluice_reverse::metrics;
 pub use sluice_reverse::{
     AdoptError, HandedSession, Instance, LeaseError, Limit, ReverseMetrics, SessionGauges,
