@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
-use sluice::{server::os_signal, LbPolicy, Matcher, RouteTable, StaticOptions};
+use sluice::{os_signal, LbPolicy, Matcher, RouteTable, StaticOptions};
 use sluice::{Group, ProxyBody, ProxyService, Route, StaticCluster};
 use sluice_examples::{upstreams_or_demo, Args, GRACE};
 use tracing::info;

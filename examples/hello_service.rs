@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use sluice::server::os_signal;
+use sluice::os_signal;
 use sluice_sdk::{Identity, Options};
 use tokio::net::TcpListener;
 

@@ -7,7 +7,7 @@
 use std::error::Error;
 use std::sync::Arc;
 
-use sluice::server::os_signal;
+use sluice::os_signal;
 use sluice::{Group, ProxyService, RequestHead, Route, Routing, StaticCluster, StaticOptions};
 use sluice_examples::{upstreams_or_demo, Args, GRACE};
 

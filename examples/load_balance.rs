@@ -7,7 +7,7 @@ use std::error::Error;
 use std::sync::Arc;
 
 use http::{HeaderValue, Response};
-use sluice::{server::os_signal, LbPolicy, StaticOptions};
+use sluice::{os_signal, LbPolicy, StaticOptions};
 use sluice::{Group, ProxyBody, ProxyService, RequestHead, Route, Routing, StaticCluster};
 use sluice_examples::{Args, GRACE};
 use tower::util::MapResponseLayer;

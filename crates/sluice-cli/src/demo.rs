@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use http::Request;
 use hyper::body::Incoming;
-use sluice::server::os_signal;
+use sluice::os_signal;
 use sluice::{Proxy, ReverseCluster};
 use sluice_sdk::{Identity, Options, Sessions};
 use tokio::sync::oneshot;

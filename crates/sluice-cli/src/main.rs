@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config::{self, Config};
-use sluice::server::os_signal;
+use sluice::os_signal;
 use tracing::info;
 
 /// Sluice: a reverse proxy whose backends dial in and declare their capacity.

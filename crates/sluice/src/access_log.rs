@@ -24,14 +24,14 @@ use tracing::warn;
 
 use sluice_net::log_limit::Tally;
 
-pub use sluice_config::{AccessLogFormat, AccessLogTarget};
+pub(crate) use sluice_config::{AccessLogFormat, AccessLogTarget};
 
 /// Lines that may wait for the writer before new ones are dropped.
-pub const BACKLOG: usize = 65_536;
+pub(crate) const BACKLOG: usize = 65_536;
 
 /// What one answered request leaves in the access log.
 #[derive(Debug)]
-pub struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     /// The client's address.
     pub client: SocketAddr,
     /// The request's method.
@@ -90,7 +90,7 @@ impl AccessLog {
     }
 
     /// Queues the line for `entry`.
-    pub fn record(&self, entry: &Entry<'_>) {
+    pub(crate) fn record(&self, entry: &Entry<'_>) {
         let line = match self.format {
             AccessLogFormat::Common => common(entry, SystemTime::now()),
             AccessLogFormat::Combined => combined(entry, SystemTime::now()),
@@ -111,7 +111,7 @@ fn open_file(path: &PathBuf) -> std::io::Result<std::fs::File> {
 
 /// How often a failing access log (a full disk, `/dev/full`) is reported: requests go on being
 /// served, and one warning per interval says how many lines were lost.
-pub const FAILURE_REPORT_INTERVAL: Duration = sluice_net::log_limit::REPORT_INTERVAL;
+pub(crate) const FAILURE_REPORT_INTERVAL: Duration = sluice_net::log_limit::REPORT_INTERVAL;
 
 /// The writer: one line at a time, flushed whenever the queue runs empty.
 fn write_lines(

@@ -270,7 +270,7 @@ pin_project_lite::pin_project! {
 
 /// What is told when a [`ProxyBody::Reported`] body ends: its data bytes, and whether it
 /// ended whole (false: dropped early, or failed).
-pub type OnEnd = Box<dyn FnOnce(u64, bool) + Send + Sync>;
+pub(crate) type OnEnd = Box<dyn FnOnce(u64, bool) + Send + Sync>;
 
 /// Counts a body's bytes and reports them once, at its end or its drop.
 pub struct Report {
@@ -328,7 +328,7 @@ impl ProxyBody {
         }
     }
 
-    /// A client's request body: `body` under `timeout` between its frames ([`ClientBody`]);
+    /// A client's request body: `body` under `timeout` between its frames (`ClientBody`);
     /// a body that has already ended is taken as it is.
     pub fn from_client(body: Incoming, timeout: Duration) -> Self {
         if body.is_end_stream() {

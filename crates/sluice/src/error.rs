@@ -18,7 +18,7 @@ pub enum Origin {
 
 /// The response to a failed request: one builder ([`ProxyError::answer`]), two renderers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// Its status.
     pub status: StatusCode,
     /// Its fields, besides framing, `Date` and `Connection`.
@@ -173,7 +173,7 @@ impl ProxyError {
     /// `Response` (`proxy::error_response`), the fast path as bytes (`proxy::fast::answer`).
     /// `Connection: close` is the renderer's, when [`closes_connection`](Self::closes_connection)
     /// and the connection is HTTP/1.
-    pub fn answer(&self) -> Answer {
+    pub(crate) fn answer(&self) -> Answer {
         // An upstream's unasked `101` is answered with its own text, and no content type.
         if let Self::UpstreamInvalid(why) = self {
             if *why == sluice_wire::h1::UNASKED_SWITCH {
@@ -198,7 +198,7 @@ impl ProxyError {
         }
     }
 
-    /// [`answer`](Self::answer) as the hyper path sends it; on HTTP/1 the connection closes
+    /// `answer` as the hyper path sends it; on HTTP/1 the connection closes
     /// after it when the client is at fault (its connection may be out of sync).
     pub fn response(&self, http1: bool) -> Response<ProxyBody> {
         let answer = self.answer();

@@ -6,33 +6,43 @@
 //! more [`Server`]s under a [`Group`]'s graceful shutdown. Clusters are handles: endpoints can
 //! be added and removed at runtime while requests flow.
 //!
+//! Everything a framework user needs is at the crate's root, and nothing else is public:
+//! - the app: [`Proxy`] (with [`Inherited`] for a hot restart, [`ReloadHook`] and [`InPlace`]
+//!   for reloads), [`Standalone`] (`sluice acceptor`), [`config`];
+//! - listeners: [`Server`], [`Group`], [`Shutdown`], [`os_signal`], [`HttpService`], and the
+//!   HTTP/1 fast path a server may take from the proxy ([`ProxyService::fast_path`]);
+//! - routes: [`Routing`], [`RouteTable`], [`Route`], [`Matcher`], [`Target`];
+//! - clusters: [`Upstream`], [`StaticCluster`] (and its [`Endpoint`]s), [`ReverseCluster`];
+//! - the service: [`ProxyService`], [`ProxyBody`], [`ProxyError`], [`ClientInfo`],
+//!   [`AccessLog`], [`Metrics`].
+//!
 //! # Layout
 //!
-//! - [`access_log`]: one line per request (Common Log Format or JSON) to stdout or a file.
+//! - `access_log`: one line per request (Common Log Format or JSON) to stdout or a file.
 //! - `admin`: the admin API (status, drain, endpoints, `/metrics`) for `sluice ctl`.
-//! - [`app`]: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
-//! - [`standalone`]: [`Standalone`], `sluice acceptor`: the standalone acceptor with the
-//!   admin API.
-//! - [`server`]: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), idle
-//!   timeouts, the HTTP/1 request-smuggling guard (`Content-Length` with `Transfer-Encoding`),
-//!   graceful shutdown.
+//! - `app`: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
+//! - `standalone`: [`Standalone`], `sluice acceptor`: the standalone acceptor with the admin
+//!   API.
+//! - `server`: transport only: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections
+//!   (hyper), the connection loop a fast path plugs into, idle timeouts, the HTTP/1
+//!   request-smuggling guard (`Content-Length` with `Transfer-Encoding`), graceful shutdown.
 //! - `reload`: applying a re-read configuration in place when only routes and endpoints
 //!   changed.
 //! - `restart`: hot restart: a successor takes the listening sockets and idle sessions over
 //!   the upgrade socket (`sluice-handoff` messages and fd passing).
-//! - [`router`]: matching requests to routes (host, path prefix, method, headers, client CIDR).
-//! - [`proxy`]: the tower `Service` that applies a route: forwarding headers, hop-by-hop
-//!   stripping, header edits, direct responses, error statuses, and HTTP/1.1 Upgrade
-//!   (WebSocket) bridging.
-//! - [`upstream`]: clusters. [`upstream::static_cluster`] holds endpoints, keep-alive pools,
-//!   load balancing, passive ejection and active health checks;
-//!   [`upstream::reverse`] is the HTTP half of reverse clusters: the HTTP/1.1 client on
-//!   registered sessions, the exchange on a leased one, and request/response buffering so
-//!   slow clients do not hold sessions.
-//! - [`metrics`]: Prometheus metrics of requests, handshakes, sessions and queues.
-//! - [`http`]: request checks and header rules shared by the proxy paths.
-//! - [`body`]: the single body type that flows through the proxy.
-//! - [`error`]: typed failures and the status each maps to.
+//! - `router`: matching requests to routes (host, path prefix, method, headers, client CIDR).
+//! - `proxy`: the tower `Service` that applies a route (header edits, direct responses, error
+//!   answers, HTTP/1.1 Upgrade bridging), and `proxy::fast`, the HTTP/1.1 fast path.
+//! - `upstream`: clusters. `upstream::static_cluster` holds endpoints, keep-alive pools, load
+//!   balancing, passive ejection and active health checks; `upstream::reverse` is the HTTP
+//!   half of reverse clusters: the HTTP/1.1 client on registered sessions, the exchange on a
+//!   leased one, and request/response buffering so slow clients do not hold sessions.
+//! - `metrics`: Prometheus metrics of requests, handshakes, sessions and queues.
+//! - `http`: the core both data paths render, without I/O: request checks, forwarding and
+//!   hop-by-hop headers (with `sluice_wire::fields`), the read-ahead and retry rules, and what
+//!   is known of a request's client.
+//! - `body`: the single body type that flows through the proxy.
+//! - `error`: typed failures, the status each maps to, and the one error answer.
 //!
 //! The reverse-session engine (the acceptor, slice pools and admission queues, leases,
 //! hand-over, the standalone acceptor and its consumers) is the `sluice-reverse` crate, which
@@ -41,33 +51,38 @@
 //! session protocol codec in `sluice-session`, the fd-passing handoff protocol in
 //! `sluice-handoff`, the service SDK in `sluice-sdk`; the `sluice` binary is in `sluice-cli`.
 
-pub mod access_log;
+pub(crate) mod access_log;
 pub(crate) mod admin;
-pub mod app;
-pub mod body;
-pub mod error;
-pub mod http;
-pub mod metrics;
+pub(crate) mod app;
+pub(crate) mod body;
+pub(crate) mod error;
+pub(crate) mod http;
+pub(crate) mod metrics;
 mod process;
-pub mod proxy;
+pub(crate) mod proxy;
 pub(crate) mod reload;
 pub(crate) mod restart;
-pub mod router;
-pub mod server;
-pub mod standalone;
-pub mod upstream;
+pub(crate) mod router;
+pub(crate) mod server;
+pub(crate) mod standalone;
+pub(crate) mod upstream;
 
+pub use access_log::AccessLog;
 pub use admin::{ReloadFuture, ReloadHook};
 pub use app::{Proxy, StartError};
 pub use body::ProxyBody;
-pub use error::ProxyError;
+pub use error::{Origin, ProxyError};
+pub use metrics::Metrics;
+pub use proxy::fast::FastPath;
 pub use proxy::ProxyService;
 pub use reload::{Applied, InPlace};
 pub use restart::{Inherited, RestartError};
-pub use router::{Matcher, RequestHead, Route, RouteTable, Routing, Target};
-pub use server::{ClientInfo, Group, Server, Shutdown, ShutdownSignal};
+pub use router::{Direct, Matcher, RequestHead, Route, RouteTable, Routing, Target};
+pub use server::fast::FastHttp1;
+pub use server::{os_signal, ClientInfo, Group, HttpService, Server, Shutdown, ShutdownSignal};
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;
 pub use standalone::Standalone;
 pub use upstream::reverse::StandaloneAcceptor;
+pub use upstream::static_cluster::{Endpoint, StaticMetrics};
 pub use upstream::{ReverseCluster, ReverseSlice, StaticCluster, StaticOptions, Upstream};

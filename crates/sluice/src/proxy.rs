@@ -3,7 +3,7 @@
 //! Hooks are tower `Layer`s around it; the [`server`](crate::server) runs it on connections.
 //! HTTP/1.1 upgrades (WebSocket) are bridged by the `upgrade` submodule.
 
-pub mod fast;
+pub(crate) mod fast;
 mod upgrade;
 
 use std::borrow::Cow;

@@ -12,7 +12,7 @@ mod support;
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice::metrics::Metrics;
+use sluice::Metrics;
 use sluice::Proxy;
 use support::{read_to_close, Backend};
 use tokio::io::AsyncWriteExt;

@@ -22,7 +22,7 @@ fn fast_path_on() -> bool {
 }
 
 /// The value of a metric line that starts with `series` (0 when there is none).
-fn counter(metrics: &sluice::metrics::Metrics, series: &str) -> u64 {
+fn counter(metrics: &sluice::Metrics, series: &str) -> u64 {
     metrics
         .render()
         .lines()

@@ -7,7 +7,7 @@ use super::AmbiguousFraming;
 use crate::error::ProxyError;
 
 /// Refuses requests that could be read differently by the router and by the upstream.
-pub fn check_request<B>(req: &Request<B>) -> Result<(), ProxyError> {
+pub(crate) fn check_request<B>(req: &Request<B>) -> Result<(), ProxyError> {
     check_framing(req)?;
     check_host(req)?;
     if req.method() == Method::CONNECT {

@@ -13,11 +13,11 @@ use sluice_wire::fields;
 /// `Forwarded` (RFC 7239).
 static FORWARDED: HeaderName = header::FORWARDED;
 /// `X-Forwarded-For`.
-pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static(fields::FORWARDED_FOR);
+pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static(fields::FORWARDED_FOR);
 /// `X-Forwarded-Proto`.
-pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static(fields::FORWARDED_PROTO);
+pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static(fields::FORWARDED_PROTO);
 /// `X-Forwarded-Host`.
-pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static(fields::FORWARDED_HOST);
+pub(crate) static X_FORWARDED_HOST: HeaderName = HeaderName::from_static(fields::FORWARDED_HOST);
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1, [`fields::HOP_BY_HOP`]): `Connection` and
 /// every header it names, `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding` and
@@ -25,7 +25,7 @@ pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static(fields::FORWAR
 ///
 /// `Connection` may not remove `Host` or `Content-Length`: a client could otherwise make the
 /// upstream see a request different from the one that was routed.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Collect the names listed in Connection first: removing while iterating is not possible.
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -46,7 +46,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Whether a request asks to switch protocols (RFC 9110 §7.8): HTTP/1.1, `Connection: upgrade`
 /// and an `Upgrade` header. HTTP/2 has no such mechanism, and an `h2c` upgrade is refused:
 /// the proxy speaks HTTP/2 to clients itself and only HTTP/1.1 to upstreams.
-pub fn wants_upgrade(version: Version, headers: &HeaderMap) -> bool {
+pub(crate) fn wants_upgrade(version: Version, headers: &HeaderMap) -> bool {
     version == Version::HTTP_11
         && connection_lists(headers, "upgrade")
         && headers.contains_key(header::UPGRADE)
@@ -55,7 +55,7 @@ pub fn wants_upgrade(version: Version, headers: &HeaderMap) -> bool {
 
 /// Removes hop-by-hop headers like [`strip_hop_by_hop`] but keeps `Upgrade` and sets
 /// `Connection: upgrade`: what a proxy forwards for a protocol switch, both ways.
-pub fn strip_hop_by_hop_keep_upgrade(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop_keep_upgrade(headers: &mut HeaderMap) {
     let upgrade: Vec<HeaderValue> = headers.get_all(header::UPGRADE).iter().cloned().collect();
     strip_hop_by_hop(headers);
     for value in upgrade {
@@ -65,7 +65,7 @@ pub fn strip_hop_by_hop_keep_upgrade(headers: &mut HeaderMap) {
 }
 
 /// Joins several `Cookie` fields into one, separated by `"; "`.
-pub fn join_cookies(headers: &mut HeaderMap) {
+pub(crate) fn join_cookies(headers: &mut HeaderMap) {
     let mut cookies = headers.get_all(header::COOKIE).iter();
     let (Some(first), Some(_)) = (cookies.next(), cookies.next()) else {
         return;
@@ -83,7 +83,7 @@ pub fn join_cookies(headers: &mut HeaderMap) {
 }
 
 /// Whether a `Connection` header asks for the connection to be closed.
-pub fn wants_close(headers: &HeaderMap) -> bool {
+pub(crate) fn wants_close(headers: &HeaderMap) -> bool {
     connection_lists(headers, "close")
 }
 
@@ -104,7 +104,7 @@ fn tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item =
 
 /// What the proxy knows about the client side of a request.
 #[derive(Debug, Clone)]
-pub struct Forwarding<'a> {
+pub(crate) struct Forwarding<'a> {
     /// The client's address.
     pub client: SocketAddr,
     /// `https` when the client connected over TLS, else `http`.
@@ -124,7 +124,7 @@ pub struct Forwarding<'a> {
 /// passes, to any upstream, trusted or not.
 ///
 /// Runs on every proxied request, so each list header costs one allocation.
-pub fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
+pub(crate) fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
     headers.remove(fields::CLIENT_ADDR);
     let ip = fwd.client.ip();
     let mut xff = existing_list(headers, &X_FORWARDED_FOR, fwd.trusted);
@@ -188,7 +188,7 @@ fn set_owned(headers: &mut HeaderMap, name: &HeaderName, value: impl Into<Bytes>
 }
 
 /// Applies a route's edits: removals first, then sets (replacing existing values).
-pub fn apply_edits(headers: &mut HeaderMap, edits: &HeaderEdits) {
+pub(crate) fn apply_edits(headers: &mut HeaderMap, edits: &HeaderEdits) {
     for name in &edits.remove {
         headers.remove(name);
     }

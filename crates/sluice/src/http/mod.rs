@@ -2,9 +2,9 @@
 //! headers, reading bodies ahead (`read_ahead`), when a request goes out again (`retry`), and
 //! what is known of a request's client ([`ClientInfo`]). Request normalisation is `sluice_wire::normalize`'s.
 
-pub mod checks;
-pub mod client;
-pub mod headers;
+pub(crate) mod checks;
+pub(crate) mod client;
+pub(crate) mod headers;
 pub(crate) mod read_ahead;
 pub(crate) mod retry;
 
@@ -24,4 +24,4 @@ pub(crate) const IO_BUFFER_BYTES: usize = 64 * 1024;
 /// the service sees the request, so this marker is the only evidence left;
 /// [`check_request`](checks::check_request) refuses it (400).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AmbiguousFraming;
+pub(crate) struct AmbiguousFraming;

@@ -62,7 +62,7 @@ pub struct Metrics {
 
 /// One listener's client connections open now, and its failed TLS handshakes.
 #[derive(Debug, Clone, Default)]
-pub struct ConnectionCounters {
+pub(crate) struct ConnectionCounters {
     /// Connections open now.
     pub open: Gauge,
     /// TLS handshakes that failed or timed out.
@@ -105,7 +105,7 @@ impl RouteCounters {
 }
 
 /// The byte counters of one listener's client connections: (received, sent).
-pub type ByteCounters = (Counter, Counter);
+pub(crate) type ByteCounters = (Counter, Counter);
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -196,7 +196,7 @@ impl Metrics {
     }
 
     /// The connection gauge and TLS failure counter of `listener`.
-    pub fn connection_counters(&self, listener: &str) -> ConnectionCounters {
+    pub(crate) fn connection_counters(&self, listener: &str) -> ConnectionCounters {
         let labels = ListenerLabels {
             listener: listener.to_owned(),
         };

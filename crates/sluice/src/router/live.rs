@@ -17,7 +17,7 @@ use crate::upstream::Upstream;
 /// A route as the admin API shows and takes it: match conditions and a cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RouteSpec {
+pub(crate) struct RouteSpec {
     /// Unique name (logs, metrics, deletion).
     pub name: String,
     /// Any of these hosts, exact or `*.suffix` (empty: any).
@@ -48,7 +48,7 @@ pub struct RouteSpec {
 
 /// Why a route could not be added or removed; each says what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RouteError {
+pub(crate) enum RouteError {
     /// A field is malformed.
     #[error("{0}")]
     Invalid(String),
@@ -69,7 +69,7 @@ struct Entry {
 
 /// The routes in order (first match wins), swapped whole on every change.
 #[derive(Debug)]
-pub struct LiveRoutes {
+pub(crate) struct LiveRoutes {
     current: ArcSwap<Vec<Entry>>,
     clusters: BTreeMap<String, Upstream>,
     /// Serializes changes: each one reads the list it replaces.
@@ -95,7 +95,7 @@ impl Routing for LiveRoutes {
 
 impl LiveRoutes {
     /// The configured routes of `config`, forwarding to `clusters`.
-    pub fn from_config(
+    pub(crate) fn from_config(
         config: &sluice_config::Config,
         clusters: &BTreeMap<String, Upstream>,
     ) -> Self {
@@ -119,19 +119,19 @@ impl LiveRoutes {
 
     /// Replaces every route with those of `config` at once (a reload); the clusters must be
     /// the ones this table was built with.
-    pub fn replace_all(&self, config: &sluice_config::Config) {
+    pub(crate) fn replace_all(&self, config: &sluice_config::Config) {
         let fresh = Self::from_config(config, &self.clusters);
         let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
         self.current.store(fresh.current.load_full());
     }
 
     /// The routes in match order.
-    pub fn list(&self) -> Vec<RouteSpec> {
+    pub(crate) fn list(&self) -> Vec<RouteSpec> {
         self.current.load().iter().map(|e| e.spec.clone()).collect()
     }
 
     /// Inserts a route at `position` (0: matched first; past the end: last).
-    pub fn add(&self, spec: RouteSpec, position: usize) -> Result<(), RouteError> {
+    pub(crate) fn add(&self, spec: RouteSpec, position: usize) -> Result<(), RouteError> {
         let entry = self.compile(spec)?;
         let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.current.load();
@@ -145,7 +145,7 @@ impl LiveRoutes {
     }
 
     /// Removes the route named `name`.
-    pub fn remove(&self, name: &str) -> Result<RouteSpec, RouteError> {
+    pub(crate) fn remove(&self, name: &str) -> Result<RouteSpec, RouteError> {
         let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.current.load();
         let index = old

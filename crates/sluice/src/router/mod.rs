@@ -8,7 +8,7 @@ mod matcher;
 mod route;
 mod table;
 
-pub use self::live::{LiveRoutes, RouteError, RouteSpec};
+pub(crate) use self::live::{LiveRoutes, RouteError, RouteSpec};
 pub use self::matcher::Matcher;
 pub use self::route::{Direct, RequestHead, Route, Routing, Target};
 pub use self::table::RouteTable;

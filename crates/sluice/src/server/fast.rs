@@ -42,11 +42,11 @@ pub struct Conn<'a> {
 }
 
 /// The future a fast path serves a connection with.
-pub type Serving<'a> = Pin<Box<dyn Future<Output = Left> + Send + 'a>>;
+pub(crate) type Serving<'a> = Pin<Box<dyn Future<Output = Left> + Send + 'a>>;
 
 /// Serves HTTP/1.1 requests on a connection until it ends or a request is left to hyper.
 pub trait FastHttp1: Send + Sync + std::fmt::Debug + 'static {
-    /// Serves `io` until the connection ends ([`Left::Done`]) or hyper is to serve the rest.
+    /// Serves `io` until the connection ends (`Left::Done`) or hyper is to serve the rest.
     fn serve<'a>(&'a self, io: &'a mut dyn ConnIo, conn: Conn<'a>) -> Serving<'a>;
 
     /// The type of the service whose requests it serves: a server uses the fast path only for

@@ -18,7 +18,7 @@ use super::active::ActiveRequests;
 /// The timer is re-armed lazily: progress only records an instant, and the sleep is pushed
 /// back when it fires early, so the per-operation cost is one clock read.
 #[derive(Debug)]
-pub struct IdleTimeout<T> {
+pub(crate) struct IdleTimeout<T> {
     inner: T,
     timeout: Duration,
     last_progress: Instant,
@@ -31,7 +31,7 @@ pub struct IdleTimeout<T> {
 impl<T> IdleTimeout<T> {
     /// Wraps `inner`; the clock starts now. While `active` counts a request in flight (an
     /// upstream taking its time, a long poll, a server-sent event stream), the timer re-arms.
-    pub fn new(inner: T, timeout: Duration, active: Arc<ActiveRequests>) -> Self {
+    pub(crate) fn new(inner: T, timeout: Duration, active: Arc<ActiveRequests>) -> Self {
         let now = Instant::now();
         Self {
             inner,
@@ -44,14 +44,12 @@ impl<T> IdleTimeout<T> {
     }
 
     /// Adds every byte read and written to these counters.
-    pub fn with_byte_counters(mut self, bytes: Option<crate::metrics::ByteCounters>) -> Self {
+    pub(crate) fn with_byte_counters(
+        mut self,
+        bytes: Option<crate::metrics::ByteCounters>,
+    ) -> Self {
         self.bytes = bytes;
         self
-    }
-
-    /// The wrapped stream.
-    pub fn get_ref(&self) -> &T {
-        &self.inner
     }
 
     fn progressed(&mut self) {

@@ -7,14 +7,14 @@
 mod active;
 mod carrier;
 mod conn;
-pub mod fast;
+pub(crate) mod fast;
 #[macro_use]
 mod forward;
 mod framing;
 pub(crate) mod io;
 mod prefixed;
 mod service;
-pub mod tls;
+pub(crate) mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,17 +29,16 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-pub use self::active::{ActiveRequests, TrackedBody};
-pub use self::carrier::UpgradeCarrier;
-pub use self::framing::AmbiguousFraming;
-pub use self::io::IdleTimeout;
+pub(crate) use self::active::ActiveRequests;
+pub(crate) use self::carrier::UpgradeCarrier;
+pub(crate) use self::framing::AmbiguousFraming;
 pub use self::service::HttpService;
 pub use crate::http::ClientInfo;
 pub(crate) use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use sluice_net::shutdown::{os_signal, Shutdown, ShutdownSignal};
 
 /// Default HTTP settings, the same as the config file's defaults.
-pub fn default_http_options() -> HttpOptions {
+pub(crate) fn default_http_options() -> HttpOptions {
     HttpOptions {
         http2: true,
         fast_path: true,
@@ -112,7 +111,7 @@ impl Server {
 
     /// Counts its open connections and failed TLS handshakes (by default into series nobody
     /// scrapes).
-    pub fn with_connection_counters(
+    pub(crate) fn with_connection_counters(
         mut self,
         counters: crate::metrics::ConnectionCounters,
     ) -> Self {
@@ -121,7 +120,7 @@ impl Server {
     }
 
     /// Counts the bytes its connections receive and send (by default nothing is counted).
-    pub fn with_byte_counters(mut self, bytes: crate::metrics::ByteCounters) -> Self {
+    pub(crate) fn with_byte_counters(mut self, bytes: crate::metrics::ByteCounters) -> Self {
         self.bytes = Some(bytes);
         self
     }
@@ -134,14 +133,17 @@ impl Server {
 
     /// Terminates TLS with `certs` (chosen by SNI), offering HTTP/2 by ALPN as the listener's
     /// settings say; [`certificates`](Self::certificates) can replace them while it serves.
-    pub fn with_certificates(mut self, certs: Arc<tls::Certificates>) -> std::io::Result<Self> {
+    pub(crate) fn with_certificates(
+        mut self,
+        certs: Arc<tls::Certificates>,
+    ) -> std::io::Result<Self> {
         let config = tls::server_config(Arc::clone(&certs), self.http.http2)?;
         self.certificates = Some(certs);
         Ok(self.with_tls(config))
     }
 
     /// The certificates set by [`with_certificates`](Self::with_certificates).
-    pub fn certificates(&self) -> Option<&Arc<tls::Certificates>> {
+    pub(crate) fn certificates(&self) -> Option<&Arc<tls::Certificates>> {
         self.certificates.as_ref()
     }
 

@@ -17,7 +17,6 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use sluice_config::Tls;
-pub use sluice_net::tls::acceptor_config;
 use sluice_net::tls::{invalid, ticketer};
 use sluice_net::tls::{load_pair, provider};
 use sluice_wire::cert::{cert_names, not_after};
@@ -27,7 +26,7 @@ use sluice_wire::cert::{cert_names, not_after};
 /// without SNI or with a name none carries. Replaced whole by [`replace`](Self::replace):
 /// handshakes from then on get the new set, open connections carry on.
 #[derive(Debug)]
-pub struct Certificates(ArcSwap<ByName>);
+pub(crate) struct Certificates(ArcSwap<ByName>);
 
 #[derive(Debug)]
 struct ByName {
@@ -41,7 +40,7 @@ struct ByName {
 
 /// One configured certificate as `/status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listed {
+pub(crate) struct Listed {
     /// The names it serves.
     pub names: Vec<String>,
     /// When it expires, in seconds since the Unix epoch (`None`: unreadable).
@@ -50,19 +49,13 @@ pub struct Listed {
 
 impl Certificates {
     /// Each certificate served now, in the configured order.
-    pub fn listed(&self) -> Vec<Listed> {
+    pub(crate) fn listed(&self) -> Vec<Listed> {
         self.0.load().listed.clone()
     }
 
     /// Loads `tls` (at least one pair).
-    pub fn load(tls: &[Tls]) -> io::Result<Self> {
+    pub(crate) fn load(tls: &[Tls]) -> io::Result<Self> {
         Ok(Self(ArcSwap::from_pointee(ByName::load(tls)?)))
-    }
-
-    /// Serves `tls` from the next handshake on; on an error nothing changes.
-    pub fn replace(&self, tls: &[Tls]) -> io::Result<()> {
-        self.swap(Self::load(tls)?);
-        Ok(())
     }
 
     /// Serves `next`'s certificates from the next handshake on.
@@ -127,7 +120,10 @@ impl ResolvesServerCert for Certificates {
 
 /// Builds a listener's rustls server config over `certs`, offering `h2` (when `http2`) and
 /// `http/1.1` by ALPN, with resumption by tickets.
-pub fn server_config(certs: Arc<Certificates>, http2: bool) -> io::Result<Arc<ServerConfig>> {
+pub(crate) fn server_config(
+    certs: Arc<Certificates>,
+    http2: bool,
+) -> io::Result<Arc<ServerConfig>> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid(e.to_string()))?
@@ -152,7 +148,7 @@ fn certified_key(tls: &Tls) -> io::Result<CertifiedKey> {
 /// `sluice_tls_certificate_expiry_timestamp_seconds{listener, name}` (its first name), read at
 /// each scrape so that a renewal shows at once.
 #[derive(Debug)]
-pub struct ExpiryCollector(pub std::collections::BTreeMap<String, Arc<Certificates>>);
+pub(crate) struct ExpiryCollector(pub std::collections::BTreeMap<String, Arc<Certificates>>);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct ExpiryLabels {

@@ -19,7 +19,7 @@ use crate::http::IO_BUFFER_BYTES;
 ///
 /// The connection's I/O runs in its own task; the returned sender is the only handle to it, and
 /// dropping the sender closes the connection.
-pub async fn connect_http1(
+pub(crate) async fn connect_http1(
     addr: SocketAddr,
     timeout: Duration,
     tls: Option<&UpstreamTls>,

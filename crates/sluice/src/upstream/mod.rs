@@ -4,14 +4,14 @@
 //! call. [`static_cluster`] reaches listening endpoints; [`reverse`] leases sessions that
 //! services registered by dialing in.
 
-pub mod connect;
+pub(crate) mod connect;
 pub(crate) mod exchange;
 mod host;
 pub(crate) mod leased;
-pub mod reverse;
-pub mod served;
-pub mod static_cluster;
-pub mod tls;
+pub(crate) mod reverse;
+pub(crate) mod served;
+pub(crate) mod static_cluster;
+pub(crate) mod tls;
 
 use http::{Request, Response};
 
@@ -19,8 +19,9 @@ use crate::body::ProxyBody;
 use crate::error::ProxyError;
 pub(crate) use host::default_host;
 pub use reverse::{ReverseCluster, ReverseSlice};
-pub use served::{ServedBy, WantsServedBy};
-pub use static_cluster::{StaticCluster, StaticMetrics, StaticOptions};
+pub(crate) use served::{ServedBy, WantsServedBy};
+pub(crate) use static_cluster::StaticMetrics;
+pub use static_cluster::{StaticCluster, StaticOptions};
 
 /// A cluster a route can forward to. Cloning is cheap (a reference count).
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@ use http::Response;
 /// Who served a request upstream, for the access log: a static cluster's endpoint, or the
 /// instance whose session carried it and how long the request waited for that session.
 #[derive(Debug, Clone, Default)]
-pub struct ServedBy {
+pub(crate) struct ServedBy {
     /// The static endpoint.
     pub endpoint: Option<std::net::SocketAddr>,
     /// The instance of the session.
@@ -17,7 +17,7 @@ pub struct ServedBy {
 /// In a request's extensions: the proxy logs it, so the upstream puts a [`ServedBy`] in the
 /// response's extensions (nothing is inserted, and nothing allocated, without it).
 #[derive(Debug, Clone, Copy)]
-pub struct WantsServedBy;
+pub(crate) struct WantsServedBy;
 
 /// Puts `by` into `res`'s extensions when the request asked for it.
 pub(crate) fn note_served_by<B>(wants: bool, res: &mut Response<B>, by: impl FnOnce() -> ServedBy) {

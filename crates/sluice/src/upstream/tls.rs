@@ -23,7 +23,7 @@ use sluice_net::tls::{load_pair, provider};
 
 /// How a cluster's connections to its endpoints are secured.
 #[derive(Clone)]
-pub struct UpstreamTls {
+pub(crate) struct UpstreamTls {
     connector: TlsConnector,
     /// The name sent by SNI and verified; `None`: each endpoint's IP address.
     name: Option<ServerName<'static>>,
@@ -39,7 +39,7 @@ impl std::fmt::Debug for UpstreamTls {
 
 impl UpstreamTls {
     /// Builds the client config `cfg` describes (`cluster` names it in errors and warnings).
-    pub fn new(cluster: &str, cfg: &sluice_config::UpstreamTls) -> io::Result<Self> {
+    pub(crate) fn new(cluster: &str, cfg: &sluice_config::UpstreamTls) -> io::Result<Self> {
         let builder = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| invalid(e.to_string()))?;

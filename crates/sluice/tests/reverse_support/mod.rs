@@ -24,7 +24,7 @@ pub struct TestProxy {
     pub http: SocketAddr,
     pub acceptor: SocketAddr,
     pub cluster: ReverseCluster,
-    pub metrics: std::sync::Arc<sluice::metrics::Metrics>,
+    pub metrics: std::sync::Arc<sluice::Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }

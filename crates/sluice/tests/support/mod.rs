@@ -166,7 +166,7 @@ pub async fn read_to_close(stream: &mut TcpStream) -> String {
 pub struct TestProxy {
     pub addrs: Vec<(String, SocketAddr)>,
     pub proxy_clusters: Vec<(String, sluice::Upstream)>,
-    pub metrics: std::sync::Arc<sluice::metrics::Metrics>,
+    pub metrics: std::sync::Arc<sluice::Metrics>,
     shutdown: Shutdown,
     pub task: JoinHandle<()>,
 }

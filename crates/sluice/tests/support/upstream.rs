@@ -69,10 +69,7 @@ pub fn static_cluster(proxy: &TestProxy) -> StaticCluster {
 }
 
 /// The proxy-side view of the endpoint at `addr` of the `backend` cluster.
-pub fn endpoint(
-    proxy: &TestProxy,
-    addr: SocketAddr,
-) -> Arc<sluice::upstream::static_cluster::Endpoint> {
+pub fn endpoint(proxy: &TestProxy, addr: SocketAddr) -> Arc<sluice::Endpoint> {
     static_cluster(proxy)
         .endpoints()
         .into_iter()

@@ -14,19 +14,19 @@ pub type ReverseCluster = sluice_reverse::ReverseCluster<Http1>;
 /// One slice of a [`ReverseCluster`]: what a route forwards to.
 pub type ReverseSlice = sluice_reverse::ReverseSlice<Http1>;
 /// One slice's idle sessions and admission queue.
-pub type SlicePool = sluice_reverse::SlicePool<Http1>;
+pub(crate) type SlicePool = sluice_reverse::SlicePool<Http1>;
 /// A leased session.
-pub type Session = sluice_reverse::Session<Http1>;
+pub(crate) type Session = sluice_reverse::Session<Http1>;
 /// Gives a session back when the response it carries has been read to the end.
-pub type Lease = sluice_reverse::Lease<Http1>;
+pub(crate) type Lease = sluice_reverse::Lease<Http1>;
 /// The service-facing listener.
-pub type Acceptor = sluice_reverse::acceptor::Acceptor<Http1>;
+pub(crate) type Acceptor = sluice_reverse::acceptor::Acceptor<Http1>;
 /// The standalone acceptor (`sluice acceptor`): the acceptor plus the handoff socket.
 pub type StandaloneAcceptor = sluice_reverse::handoff::StandaloneAcceptor<Http1>;
 /// What the admin API reads of a running standalone acceptor.
-pub type BrokerView = sluice_reverse::handoff::BrokerView<Http1>;
+pub(crate) type BrokerView = sluice_reverse::handoff::BrokerView<Http1>;
 /// A reverse cluster fed by a standalone acceptor.
-pub type HandoffSource = sluice_reverse::handoff::Source<Http1>;
+pub(crate) type HandoffSource = sluice_reverse::handoff::Source<Http1>;
 
 /// The proxy's side of a session: a [`Link`], over which the fast path exchanges requests
 /// itself and hyper's HTTP/1.1 client serves the rest (with upgrades: a `101` hands the

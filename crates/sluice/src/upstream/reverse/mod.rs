@@ -13,14 +13,9 @@ mod link;
 pub(crate) mod raw;
 mod send;
 
-pub use self::http1::{
-    Acceptor, BrokerView, HandoffSource, Http1, Lease, ReverseCluster, ReverseSlice, Session,
-    SlicePool, StandaloneAcceptor,
-};
-pub use self::link::{Link, SessionIo};
-pub use self::send::send;
-pub use sluice_reverse::metrics;
-pub use sluice_reverse::{
-    AdoptError, HandedSession, Instance, LeaseError, Limit, ReverseMetrics, SessionGauges,
-    SessionPermit, SliceId, UpgradedSession,
+pub(crate) use self::http1::{Acceptor, BrokerView, HandoffSource};
+pub use self::http1::{ReverseCluster, ReverseSlice, StandaloneAcceptor};
+pub(crate) use self::send::send;
+pub(crate) use sluice_reverse::{
+    HandedSession, Limit, ReverseMetrics, SessionGauges, SliceId, UpgradedSession,
 };

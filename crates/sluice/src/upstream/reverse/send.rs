@@ -23,7 +23,7 @@ use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
 /// on it. A session that dies before any response byte costs the request a second session
 /// when the request can be replayed: hyper gave it back unsent, or it is idempotent and its
 /// body is in memory.
-pub async fn send(
+pub(crate) async fn send(
     slice: &ReverseSlice,
     mut req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {

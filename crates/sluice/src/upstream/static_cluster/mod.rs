@@ -24,7 +24,8 @@ use tracing::debug;
 
 pub use endpoint::Endpoint;
 pub use metrics::StaticMetrics;
-pub use sluice_config::{Ejection, HealthCheck, LbPolicy, PoolOptions, StaticOptions};
+pub(crate) use sluice_config::HealthCheck;
+pub use sluice_config::StaticOptions;
 
 use self::endpoint::ReturnOnEnd;
 use self::lb::Balancer;
