@@ -1,9 +1,11 @@
 //! Unit tests where the engine's concurrency is: the idle ring's turns, the admission queue
 //! (a waiter dropped as it is handed a session, a full queue purged of waiters that gave up),
-//! and recall accounting. Real sessions over UNIX socket pairs; Tokio's paused clock for the
-//! timers.
+//! and recall accounting. Real sessions over UNIX socket pairs, spoken to by the [`Fake`]
+//! protocol; Tokio's paused clock for the timers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod fake;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,49 +15,16 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use bytes::Bytes;
-use http_body_util::Empty;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
-
 use crate::error::LeaseError;
 use crate::handover::HandedSession;
 use crate::instance::Limit;
-use crate::protocol::Protocol;
-use crate::stream::ParkedIo;
 
-/// Sessions as the proxy speaks to them: hyper's HTTP/1.1 client (whose readiness and
-/// end the pool relies on), with bodies the tests never send.
-#[derive(Debug)]
-pub(crate) struct H1;
+pub(crate) use self::fake::Fake;
 
-impl Protocol for H1 {
-    type Client = http1::SendRequest<Empty<Bytes>>;
-    type Connection = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
-    type Error = hyper::Error;
-
-    async fn handshake(io: ParkedIo) -> Result<(Self::Client, Self::Connection), hyper::Error> {
-        let (sender, conn) = http1::handshake(TokioIo::new(io)).await?;
-        Ok((sender, Box::pin(conn.with_upgrades())))
-    }
-
-    fn is_closed(client: &Self::Client) -> bool {
-        client.is_closed()
-    }
-
-    fn poll_ready(client: &mut Self::Client, cx: &mut Context<'_>) -> Poll<bool> {
-        client.poll_ready(cx).map(|ready| ready.is_ok())
-    }
-}
-
-type ReverseCluster = crate::cluster::ReverseCluster<H1>;
-type ReverseSlice = crate::cluster::ReverseSlice<H1>;
-type SlicePool = crate::pool::SlicePool<H1>;
-type Session = crate::session::Session<H1>;
+type ReverseCluster = crate::cluster::ReverseCluster<Fake>;
+type ReverseSlice = crate::cluster::ReverseSlice<Fake>;
+type SlicePool = crate::pool::SlicePool<Fake>;
+type Session = crate::session::Session<Fake>;
 
 /// A cluster with one slice and the service ends of its sessions (kept open, so the sessions
 /// stay usable).
