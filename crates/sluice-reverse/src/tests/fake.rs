@@ -1,12 +1,13 @@
 //! [`Fake`]: a session protocol for the engine's tests, with no HTTP in it. Its client reads
-//! nothing and writes nothing; its connection runs over the real [`ParkedIo`] stream and
-//! ends as hyper's HTTP/1.1 client does:
+//! nothing and writes nothing: the tests say when it can take a request ([`Line::busy`],
+//! [`Line::ready`]) and when its connection fails ([`Line::fail`]); its connection runs over
+//! the real [`ParkedIo`] stream and ends as hyper's HTTP/1.1 client does:
 //!
 //! * cleanly when the client is dropped (the session was let go, or retired): the stream is
 //!   shut down (which a parked stream skips) and dropped (which parks a wanted one);
 //! * cleanly at EOF (the service closed its end);
-//! * with an error when the service sends bytes nobody asked for. A failed connection is
-//!   never parked.
+//! * with an error when the service sends bytes nobody asked for, or the test fails it. A
+//!   failed connection is never parked.
 
 use std::future::Future;
 use std::io;
@@ -27,6 +28,13 @@ pub(crate) struct Fake;
 #[derive(Debug)]
 pub(crate) struct FakeClient {
     line: Line,
+}
+
+impl FakeClient {
+    /// A handle to steer this client while it is idle in a pool.
+    pub(crate) fn line(&self) -> Line {
+        self.line.clone()
+    }
 }
 
 impl Drop for FakeClient {
@@ -57,11 +65,33 @@ struct LineState {
 enum End {
     /// The client was dropped: a clean end.
     Dropped,
+    /// The test failed the connection.
+    Failed,
 }
 
 impl Line {
     fn state(&self) -> MutexGuard<'_, LineState> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The client cannot take a request until [`ready`](Self::ready).
+    pub(crate) fn busy(&self) {
+        self.state().busy = true;
+    }
+
+    /// The client can take a request again.
+    pub(crate) fn ready(&self) {
+        let waker = {
+            let mut st = self.state();
+            st.busy = false;
+            st.ready.take()
+        };
+        waker.into_iter().for_each(Waker::wake);
+    }
+
+    /// Ends the connection with an error, as a broken exchange does: the socket closes.
+    pub(crate) fn fail(&self) {
+        self.end(End::Failed);
     }
 
     fn end(&self, why: End) {
@@ -119,7 +149,10 @@ impl Protocol for Fake {
 async fn run(mut io: ParkedIo, line: Line) -> io::Result<()> {
     let mut byte = [0u8; 1];
     let ended = tokio::select! {
-        End::Dropped = std::future::poll_fn(|cx| line.poll_end(cx)) => Ok(()),
+        end = std::future::poll_fn(|cx| line.poll_end(cx)) => match end {
+            End::Dropped => Ok(()),
+            End::Failed => Err(io::Error::other("the test failed the connection")),
+        },
         read = io.read(&mut byte) => match read {
             Ok(0) => Ok(()),
             Ok(_) => Err(io::Error::new(io::ErrorKind::InvalidData, "bytes nobody asked for")),
