@@ -360,12 +360,9 @@ async fn pump<P: Protocol>(shared: Arc<Shared<P>>) {
             // Counted before they leave: `lend` may see them arrive before this returns.
             shared.state().ledger.asked(&key, n);
             let got = c.hand_over_some(&key.slice, n);
-            shared.state().ledger.not_coming(&key, n - got);
-            if got < n {
-                for (conn, msg) in recalls(&shared, &key) {
-                    if let Err(error) = conn.send(&msg, None).await {
-                        debug!(%error, "a consumer missed a RECALL");
-                    }
+            for (conn, msg) in recalls(&shared, &key, n, got) {
+                if let Err(error) = conn.send(&msg, None).await {
+                    debug!(%error, "a consumer missed a RECALL");
                 }
             }
         }
@@ -373,10 +370,16 @@ async fn pump<P: Protocol>(shared: Arc<Shared<P>>) {
     }
 }
 
-/// The RECALLs the ledger says are due for `key`, with the connections to send them on.
-fn recalls<P: Protocol>(shared: &Shared<P>, key: &SliceId) -> Vec<(Arc<Handoff>, Message)> {
+/// The RECALLs the ledger says are due for `key` now that its pool gave `got` of the `n`
+/// sessions asked, with the connections to send them on.
+fn recalls<P: Protocol>(
+    shared: &Shared<P>,
+    key: &SliceId,
+    n: usize,
+    got: usize,
+) -> Vec<(Arc<Handoff>, Message)> {
     let mut st = shared.state();
-    let due = st.ledger.recalls(key);
+    let due = st.ledger.pumped(key, n, got);
     due.into_iter()
         .filter_map(|(consumer, n)| {
             let msg = Message::Recall {

@@ -38,7 +38,7 @@ const OPEN_CREDIT_WAIT: Duration = Duration::from_secs(2);
 use super::error::{LinkError, PeerError};
 use crate::cluster::ReverseCluster;
 use crate::handover::HandedSession;
-use crate::instance::Lent;
+use crate::instance::{Lent, SessionPermit};
 use crate::protocol::Protocol;
 use crate::slice_id::SliceId;
 
@@ -90,7 +90,7 @@ struct Link<'a, P: Protocol> {
     /// Credit asked for and not yet filled, per (cluster, slice).
     asked: HashMap<SliceId, usize>,
     /// Since when each slice has had idle sessions to spare (and nothing waiting).
-    surplus: HashMap<SliceId, Instant>,
+    surplus: Surpluses,
     gone: mpsc::UnboundedSender<u64>,
     /// Since when the process stops: every session goes back, none is asked for.
     stopping: Option<Instant>,
@@ -126,7 +126,7 @@ async fn serve<P: Protocol>(
         conn: Arc::clone(&conn),
         sources,
         asked: HashMap::new(),
-        surplus: HashMap::new(),
+        surplus: Surpluses::default(),
         gone: gone_tx,
         stopping: None,
     };
@@ -144,7 +144,7 @@ async fn serve<P: Protocol>(
             Some(id) = gone.recv() => link.send(&Message::Gone { id }, None).await,
             () = wake.notified() => Ok(()),
             // A surplus is only returned once it has lasted: look again then.
-            () = tokio::time::sleep(SURPLUS_FOR), if !link.surplus.is_empty() => Ok(()),
+            () = tokio::time::sleep(SURPLUS_FOR), if link.surplus.any() => Ok(()),
             () = stop.wait(), if link.stopping.is_none() => {
                 link.stop();
                 Ok(())
@@ -170,7 +170,7 @@ impl<P: Protocol> Link<'_, P> {
     /// The process stops: from now on every session goes back as soon as it is idle.
     fn stop(&mut self) {
         self.stopping = Some(Instant::now());
-        self.surplus.clear();
+        self.surplus = Surpluses::default();
         for s in self.sources {
             s.cluster.recall_all();
         }
@@ -195,29 +195,31 @@ impl<P: Protocol> Link<'_, P> {
             for slice in &s.slices {
                 let (idle, queued) = (s.cluster.idle_sessions(slice), s.cluster.queued(slice));
                 let key = SliceId::new(s.cluster.name(), slice.as_str());
-                let asked = self.asked.get(&key).copied().unwrap_or(0);
-                // Never more than the cluster's own `max_sessions` leaves room for: what it
-                // could not adopt would only go back as GONE (and its service re-dial).
-                let room = s.cluster.room().saturating_sub(asked);
-                let want = (s.idle + queued).min(idle.saturating_add(room));
-                if idle + asked < want {
-                    let n = u32::try_from(want - idle - asked).unwrap_or(u32::MAX);
-                    let msg = Message::Credit {
-                        cluster: key.cluster.clone(),
-                        slice: key.slice.clone(),
-                        n,
-                    };
-                    self.send(&msg, None).await?;
-                    self.surplus.remove(&key);
-                    *self.asked.entry(key).or_default() += n as usize;
-                } else if queued == 0 && idle > 2 * s.idle {
-                    let since = *self.surplus.entry(key.clone()).or_insert_with(Instant::now);
-                    if since.elapsed() >= SURPLUS_FOR {
-                        s.cluster.hand_over_some(slice, idle - s.idle);
-                        self.surplus.remove(&key);
+                let holding = Holding {
+                    keep: s.idle,
+                    idle,
+                    queued,
+                    asked: self.asked.get(&key).copied().unwrap_or(0),
+                    room: s.cluster.room(),
+                };
+                match holding.need() {
+                    Need::Credit(n) => {
+                        let msg = Message::Credit {
+                            cluster: key.cluster.clone(),
+                            slice: key.slice.clone(),
+                            n,
+                        };
+                        self.send(&msg, None).await?;
+                        self.surplus.end(&key);
+                        *self.asked.entry(key).or_default() += n as usize;
                     }
-                } else {
-                    self.surplus.remove(&key);
+                    Need::Surplus(n) => {
+                        if self.surplus.lasted(&key) {
+                            s.cluster.hand_over_some(slice, n);
+                            self.surplus.end(&key);
+                        }
+                    }
+                    Need::Even => self.surplus.end(&key),
                 }
             }
         }
@@ -312,13 +314,12 @@ impl<P: Protocol> Link<'_, P> {
             mut permit,
             ..
         } = handed;
-        match permit.take_lent() {
-            Some(lent) if lent.gone.same_channel(&self.gone) => {
+        match returning(&mut permit, &self.gone) {
+            Some(id) => {
                 drop(permit);
-                self.send(&Message::Return { id: lent.id }, Some(fd)).await
+                self.send(&Message::Return { id }, Some(fd)).await
             }
-            earlier => {
-                permit.restore_lent(earlier);
+            None => {
                 if let Some(c) = self.cluster(&slice.cluster) {
                     let _ = c.reattach(&slice.slice, fd, permit).await;
                 }
@@ -328,8 +329,191 @@ impl<P: Protocol> Link<'_, P> {
     }
 }
 
+/// One slice as [`Link::balance`] weighs it.
+#[derive(Debug, Clone, Copy)]
+struct Holding {
+    /// Idle sessions to keep (`handoff_idle`).
+    keep: usize,
+    /// Idle sessions here.
+    idle: usize,
+    /// Requests waiting in the admission queue.
+    queued: usize,
+    /// Credit asked for and not yet filled.
+    asked: usize,
+    /// How many more sessions the cluster's `max_sessions` allows.
+    room: usize,
+}
+
+/// What a slice needs of the acceptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// Credit for this many more sessions.
+    Credit(u32),
+    /// Nothing: this many idle sessions are surplus, and go back once that has lasted.
+    Surplus(usize),
+    /// Nothing, and nothing to give back.
+    Even,
+}
+
+impl Holding {
+    /// Credit asked for plus idle sessions are kept at `keep` plus the requests waiting;
+    /// idle sessions beyond twice `keep` are surplus while nothing waits.
+    fn need(self) -> Need {
+        // Never more than the cluster's own `max_sessions` leaves room for: what it could not
+        // adopt would only go back as GONE (and its service re-dial).
+        let room = self.room.saturating_sub(self.asked);
+        let want = (self.keep + self.queued).min(self.idle.saturating_add(room));
+        if self.idle + self.asked < want {
+            Need::Credit(u32::try_from(want - self.idle - self.asked).unwrap_or(u32::MAX))
+        } else if self.queued == 0 && self.idle > 2 * self.keep {
+            Need::Surplus(self.idle - self.keep)
+        } else {
+            Need::Even
+        }
+    }
+}
+
+/// Since when each slice has had idle sessions to spare (and nothing waiting): under load,
+/// sessions are idle for a moment between requests, and returning them then would cost a
+/// handoff per request.
+#[derive(Debug, Default)]
+struct Surpluses(HashMap<SliceId, Instant>);
+
+impl Surpluses {
+    /// `key` has a surplus now: whether it has lasted [`SURPLUS_FOR`] (it is timed from the
+    /// first time asked).
+    fn lasted(&mut self, key: &SliceId) -> bool {
+        let since = *self.0.entry(key.clone()).or_insert_with(Instant::now);
+        since.elapsed() >= SURPLUS_FOR
+    }
+
+    /// Whether any slice has a surplus (to look again once it has lasted).
+    fn any(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// `key`'s surplus is over (given back, or needed again).
+    fn end(&mut self, key: &SliceId) {
+        self.0.remove(key);
+    }
+}
+
+/// Whether a session handed back from a pool here goes to the acceptor: the id to `RETURN`
+/// when it was lent over this link (`gone` is this link's), and its permit no longer reports
+/// it `GONE`. `None` for one lent over an earlier link (that acceptor has restarted since):
+/// it stays here, still reported `GONE` when it ends.
+fn returning(permit: &mut SessionPermit, gone: &mpsc::UnboundedSender<u64>) -> Option<u64> {
+    match permit.take_lent() {
+        Some(lent) if lent.gone.same_channel(gone) => Some(lent.id),
+        earlier => {
+            permit.restore_lent(earlier);
+            None
+        }
+    }
+}
+
 /// Delays between attempts to reach the acceptor: 100 ms doubling to 5 s.
 fn backoff(attempt: u32) -> std::time::Duration {
     let ms = 100u64.saturating_mul(1 << attempt.min(6)).min(5_000);
     std::time::Duration::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::instance::Limit;
+    use crate::tests::Fake;
+
+    fn holding(idle: usize, queued: usize, asked: usize) -> Holding {
+        Holding {
+            keep: 4,
+            idle,
+            queued,
+            asked,
+            room: usize::MAX,
+        }
+    }
+
+    #[test]
+    fn a_consumer_asks_for_its_idle_reserve_plus_the_requests_waiting() {
+        assert_eq!(holding(0, 0, 0).need(), Need::Credit(4));
+        assert_eq!(holding(1, 3, 0).need(), Need::Credit(6));
+        assert_eq!(holding(1, 3, 6).need(), Need::Even, "asked already");
+        assert_eq!(holding(4, 0, 0).need(), Need::Even);
+    }
+
+    #[test]
+    fn a_consumer_asks_for_no_more_than_its_max_sessions_leaves_room_for() {
+        let full = Holding {
+            room: 2,
+            ..holding(0, 10, 0)
+        };
+        assert_eq!(full.need(), Need::Credit(2));
+        let asked = Holding {
+            room: 2,
+            ..holding(0, 10, 2)
+        };
+        assert_eq!(asked.need(), Need::Even);
+    }
+
+    #[test]
+    fn idle_sessions_beyond_twice_the_reserve_are_surplus_only_while_nothing_waits() {
+        assert_eq!(holding(8, 0, 0).need(), Need::Even, "twice: kept");
+        assert_eq!(
+            holding(9, 0, 0).need(),
+            Need::Surplus(5),
+            "the reserve stays"
+        );
+        assert_eq!(holding(9, 1, 0).need(), Need::Even, "a request waits");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_surplus_goes_back_only_once_it_has_lasted() {
+        let key = SliceId::new("api", "default");
+        let mut surplus = Surpluses::default();
+        assert!(!surplus.lasted(&key));
+        assert!(surplus.any());
+        tokio::time::sleep(SURPLUS_FOR - Duration::from_millis(1)).await;
+        assert!(!surplus.lasted(&key));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(surplus.lasted(&key));
+        // Needed again meanwhile: timed afresh.
+        surplus.end(&key);
+        assert!(!surplus.any());
+        assert!(!surplus.lasted(&key));
+    }
+
+    /// A permit of a session lent with id 7, reporting to `gone`.
+    fn lent_permit(gone: &mpsc::UnboundedSender<u64>) -> SessionPermit {
+        let cluster = ReverseCluster::<Fake>::new("api", Vec::new(), Default::default());
+        let mut permit = cluster.reserve("a", &Arc::new(Limit::new(None))).unwrap();
+        permit.lent = Some(Lent {
+            id: 7,
+            gone: gone.clone(),
+        });
+        permit
+    }
+
+    #[test]
+    fn a_session_lent_over_this_link_goes_back_and_is_not_reported_gone() {
+        let (gone, mut reported) = mpsc::unbounded_channel();
+        let mut permit = lent_permit(&gone);
+        assert_eq!(returning(&mut permit, &gone), Some(7));
+        drop(permit);
+        assert!(reported.try_recv().is_err(), "RETURN, not GONE");
+    }
+
+    #[test]
+    fn a_session_lent_over_an_earlier_link_stays_and_is_reported_gone_when_it_ends() {
+        let (earlier, mut reported) = mpsc::unbounded_channel();
+        let (this_link, _) = mpsc::unbounded_channel();
+        let mut permit = lent_permit(&earlier);
+        assert_eq!(returning(&mut permit, &this_link), None);
+        drop(permit);
+        assert_eq!(reported.try_recv().ok(), Some(7));
+    }
 }

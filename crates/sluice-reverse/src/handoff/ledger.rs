@@ -197,6 +197,18 @@ impl<T> Ledger<T> {
         }
     }
 
+    /// Of `n` sessions asked of `key`'s pool, `got` left it: the rest will not come. A pool
+    /// short of the consumers' credit is when consumers above their share are asked to give
+    /// some back: the RECALLs due ([`recalls`](Self::recalls)).
+    pub(crate) fn pumped(&mut self, key: &SliceId, n: usize, got: usize) -> Vec<(u64, u32)> {
+        self.not_coming(key, n - got);
+        if got < n {
+            self.recalls(key)
+        } else {
+            Vec::new()
+        }
+    }
+
     /// One session asked of `key`'s pool arrived (or closed on the way).
     pub(crate) fn arrived(&mut self, key: &SliceId) {
         self.not_coming(key, 1);
@@ -584,6 +596,35 @@ mod tests {
             "gone since it was picked"
         );
         assert!(ledger.settle(b, 2).is_ok());
+    }
+
+    /// Issue 13's case, as the pump meets it: consumer 1's requests wait, consumer 2 holds
+    /// idle sessions. Nobody is asked back while the pool fills the credit; once it falls
+    /// short, the one above its share is, and the sessions it could not give are not counted
+    /// as on their way.
+    #[test]
+    fn a_pool_short_of_the_credit_recalls_sessions_from_consumers_above_their_share() {
+        let case = Case {
+            name: "pumped",
+            consumers: &[(3, 13), (3, 1)],
+            gone: &[],
+            recalls: &[],
+        };
+        let mut ledger = ledger_for(&case);
+        let wanted = ledger.wanted();
+        assert_eq!(wanted, [(key(), 14)]);
+        ledger.asked(&key(), 14);
+        assert!(
+            ledger.pumped(&key(), 14, 14).is_empty(),
+            "filled: no recall"
+        );
+        assert_eq!(ledger.wanted(), [], "all 14 on their way");
+        for _ in 0..14 {
+            ledger.arrived(&key());
+        }
+        ledger.asked(&key(), 14);
+        assert_eq!(ledger.pumped(&key(), 14, 0), [(2, 2)]);
+        assert_eq!(ledger.wanted(), [(key(), 14)], "none on its way");
     }
 
     #[test]

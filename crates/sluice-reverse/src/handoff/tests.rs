@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use super::StandaloneAcceptor;
-use crate::tests::H1;
+use crate::tests::Fake;
 
 /// `sluice acceptor` with the cluster `api`; returns where services dial in and its stop.
 async fn acceptor(socket: &Path) -> (std::net::SocketAddr, oneshot::Sender<()>) {
@@ -24,7 +24,7 @@ async fn acceptor(socket: &Path) -> (std::net::SocketAddr, oneshot::Sender<()>) 
         socket.display()
     );
     let config = sluice_config::parse_str(&text, "test.toml", Path::new(".")).unwrap();
-    let acceptor = StandaloneAcceptor::<H1>::bind(&config).await.unwrap();
+    let acceptor = StandaloneAcceptor::<Fake>::bind(&config).await.unwrap();
     let addr = acceptor.acceptor_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(acceptor.run_until(async move {

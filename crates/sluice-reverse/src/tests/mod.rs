@@ -1,61 +1,34 @@
 //! Unit tests where the engine's concurrency is: the idle ring's turns, the admission queue
 //! (a waiter dropped as it is handed a session, a full queue purged of waiters that gave up),
-//! and recall accounting. Real sessions over UNIX socket pairs; Tokio's paused clock for the
-//! timers.
+//! and recall accounting; and in `lifecycle`, each edge of a session's life
+//! (docs/architecture.md, "A session's life"). Real sessions over UNIX socket pairs, spoken
+//! to by the [`Fake`] protocol; Tokio's paused clock for the timers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod fake;
+mod lifecycle;
+
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_config::ReverseOptions;
+use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use bytes::Bytes;
-use http_body_util::Empty;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
-
 use crate::error::LeaseError;
 use crate::handover::HandedSession;
 use crate::instance::Limit;
-use crate::protocol::Protocol;
-use crate::stream::ParkedIo;
 
-/// Sessions as the proxy speaks to them: hyper's HTTP/1.1 client (whose readiness and
-/// end the pool relies on), with bodies the tests never send.
-#[derive(Debug)]
-pub(crate) struct H1;
+pub(crate) use self::fake::Fake;
 
-impl Protocol for H1 {
-    type Client = http1::SendRequest<Empty<Bytes>>;
-    type Connection = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
-    type Error = hyper::Error;
-
-    async fn handshake(io: ParkedIo) -> Result<(Self::Client, Self::Connection), hyper::Error> {
-        let (sender, conn) = http1::handshake(TokioIo::new(io)).await?;
-        Ok((sender, Box::pin(conn.with_upgrades())))
-    }
-
-    fn is_closed(client: &Self::Client) -> bool {
-        client.is_closed()
-    }
-
-    fn poll_ready(client: &mut Self::Client, cx: &mut Context<'_>) -> Poll<bool> {
-        client.poll_ready(cx).map(|ready| ready.is_ok())
-    }
-}
-
-type ReverseCluster = crate::cluster::ReverseCluster<H1>;
-type ReverseSlice = crate::cluster::ReverseSlice<H1>;
-type SlicePool = crate::pool::SlicePool<H1>;
-type Session = crate::session::Session<H1>;
+type ReverseCluster = crate::cluster::ReverseCluster<Fake>;
+type ReverseSlice = crate::cluster::ReverseSlice<Fake>;
+type SlicePool = crate::pool::SlicePool<Fake>;
+type Session = crate::session::Session<Fake>;
 
 /// A cluster with one slice and the service ends of its sessions (kept open, so the sessions
 /// stay usable).
@@ -63,7 +36,8 @@ struct Bed {
     cluster: ReverseCluster,
     slice: ReverseSlice,
     total: Arc<Limit>,
-    services: Vec<UnixStream>,
+    /// The service end of each session registered, in order (`None`: hung up).
+    services: Vec<Option<UnixStream>>,
 }
 
 impl Bed {
@@ -82,13 +56,31 @@ impl Bed {
         self.slice.pool()
     }
 
-    /// Registers one session of `instance`.
-    async fn register(&mut self, instance: &str) {
+    /// Registers one session of `instance`; returns its number (for [`service`](Self::service)).
+    async fn register(&mut self, instance: &str) -> usize {
         let (proxy_end, service_end) = UnixStream::pair().unwrap();
         let permit = self.cluster.reserve(instance, &self.total).unwrap();
         let io = Box::new(proxy_end);
         self.cluster.attach("default", io, permit).await.unwrap();
-        self.services.push(service_end);
+        self.services.push(Some(service_end));
+        self.services.len() - 1
+    }
+
+    /// The service end of session `n`.
+    fn service(&mut self, n: usize) -> &mut UnixStream {
+        self.services[n].as_mut().expect("not hung up")
+    }
+
+    /// The service of session `n` closes its connection.
+    fn hang_up(&mut self, n: usize) {
+        self.services[n] = None;
+    }
+
+    /// Whether the service of session `n` saw its connection close (EOF); waits for it.
+    async fn closed_for_service(&mut self, n: usize) -> bool {
+        let mut byte = [0u8; 1];
+        let read = within(self.service(n).read(&mut byte)).await;
+        matches!(read, Ok(0))
     }
 
     async fn lease(&self) -> Session {
@@ -105,6 +97,11 @@ impl Bed {
         }
         task
     }
+
+    /// Waits until `done` holds of the cluster (checked at each change of it).
+    async fn until(&self, done: impl Fn(&ReverseCluster) -> bool) {
+        within(self.cluster.wait_until(done)).await;
+    }
 }
 
 fn opts(queue_max: usize) -> ReverseOptions {
@@ -113,6 +110,13 @@ fn opts(queue_max: usize) -> ReverseOptions {
         queue_timeout: Duration::from_secs(10),
         ..ReverseOptions::default()
     }
+}
+
+/// `fut`'s output; fails after a while (of the paused clock: only once nothing else can
+/// happen) without it.
+async fn within<F: Future>(fut: F) -> F::Output {
+    let out = tokio::time::timeout(Duration::from_secs(60), fut).await;
+    out.expect("it happened")
 }
 
 /// The next session handed over; fails after a while (of the paused clock) without one.
