@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::token::Token;
+use sluice_session::Token;
 
 /// One relay (`[[relay]]`): where it listens, what it is, and its socket settings.
 #[derive(Debug, Clone, PartialEq)]
