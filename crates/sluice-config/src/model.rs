@@ -449,16 +449,6 @@ pub enum ServiceGrant {
     Services(BTreeSet<String>),
 }
 
-impl ServiceGrant {
-    /// Whether `service` is granted.
-    pub fn allows(&self, service: &str) -> bool {
-        match self {
-            ServiceGrant::Any => true,
-            ServiceGrant::Services(names) => names.contains(service),
-        }
-    }
-}
-
 /// A cluster of services that dial in (`kind = "reverse"`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReverseCluster {
