@@ -524,8 +524,9 @@ fn bind_relays(
         .iter()
         .map(|r| {
             let key = sockets::relay_key(&r.name);
-            let listener = sockets.tcp_or(&key, r.addr, || sluice_relay::Relay::listen(r));
-            let relay = listener.and_then(|l| sluice_relay::Relay::from_listener(r, l));
+            let relay = options::relay::config(r);
+            let listener = sockets.tcp_or(&key, r.addr, || sluice_relay::Relay::listen(&relay));
+            let relay = listener.and_then(|l| sluice_relay::Relay::from_listener(&relay, l));
             relay.map_err(|source| StartError::Relay {
                 relay: r.name.clone(),
                 addr: r.addr,

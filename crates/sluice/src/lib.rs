@@ -29,8 +29,8 @@
 //!   [`upstream::reverse`] is the HTTP half of reverse clusters: the HTTP/1.1 client on
 //!   registered sessions, the exchange on a leased one, and request/response buffering so
 //!   slow clients do not hold sessions.
-//! - [`options`]: the configuration converted into the options `sluice-reverse` takes
-//!   (it does not know the TOML model).
+//! - [`options`]: the configuration converted into the options `sluice-reverse` and
+//!   `sluice-relay` take (they do not know the TOML model).
 //! - [`metrics`]: Prometheus metrics of requests, handshakes, sessions and queues.
 //! - [`http`]: request checks and header rules shared by the proxy paths.
 //! - [`body`]: the single body type that flows through the proxy.

@@ -87,15 +87,6 @@ pub struct AllowedTarget {
     pub port: u16,
 }
 
-impl AllowedTarget {
-    /// Whether `addr` is inside this entry. An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is
-    /// matched as the IPv4 address it names, so an IPv6 range never lets one reach an IPv4
-    /// service that no IPv4 entry allows.
-    pub fn allows(&self, addr: SocketAddr) -> bool {
-        addr.port() == self.port && self.net.contains(&addr.ip().to_canonical())
-    }
-}
-
 /// A relay's timeouts, limits and socket settings. `Default` gives the documented defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RelayOptions {

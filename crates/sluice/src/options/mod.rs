@@ -1,5 +1,6 @@
 //! The validated configuration turned into the runtime crates' own options: the one place that
-//! knows both `sluice-config`'s model and what `sluice-reverse` takes, so
-//! that crate is used and tested without the TOML model.
+//! knows both `sluice-config`'s model and what `sluice-reverse` and `sluice-relay` take, so
+//! those crates are used and tested without the TOML model.
 
+pub mod relay;
 pub mod reverse;
