@@ -15,9 +15,8 @@ use ipnet::IpNet;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
 mod relay;
-mod token;
 pub use relay::*;
-pub use token::Token;
+pub use sluice_session::Token;
 
 /// A whole, validated Sluice configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -450,16 +449,6 @@ pub enum ServiceGrant {
     Services(BTreeSet<String>),
 }
 
-impl ServiceGrant {
-    /// Whether `service` is granted.
-    pub fn allows(&self, service: &str) -> bool {
-        match self {
-            ServiceGrant::Any => true,
-            ServiceGrant::Services(names) => names.contains(service),
-        }
-    }
-}
-
 /// A cluster of services that dial in (`kind = "reverse"`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReverseCluster {
@@ -573,30 +562,5 @@ impl Default for ReverseOptions {
             request_buffer: 64 * 1024,
             response_buffer: 64 * 1024,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Token;
-
-    #[test]
-    fn a_token_matches_only_the_whole_string() {
-        let secret = Token(b"secret".to_vec());
-        assert!(secret.matches(b"secret"));
-        assert!(!secret.matches(b"secreT"));
-        assert!(!secret.matches(b"secret2"));
-        assert!(!secret.matches(b"secre"));
-        assert!(!Token(Vec::new()).matches(b"x"));
-        assert!(Token(Vec::new()).matches(b""));
-    }
-
-    #[test]
-    fn any_of_several_tokens_matches() {
-        let tokens = [Token(b"old".to_vec()), Token(b"new".to_vec())];
-        assert!(Token::any_matches(&tokens, b"old"));
-        assert!(Token::any_matches(&tokens, b"new"));
-        assert!(!Token::any_matches(&tokens, b"other"));
-        assert!(!Token::any_matches(&[], b""));
     }
 }

@@ -174,7 +174,11 @@ fn full_toml_loads() {
     let sluice_config::RelayRole::Tunnel(core) = &core.role else {
         panic!("core is a tunnel end")
     };
-    assert!(core.allow[1].allows("[::1]:8000".parse().unwrap()));
+    let v6 = sluice_config::AllowedTarget {
+        net: "::1/128".parse().unwrap(),
+        port: 8000,
+    };
+    assert_eq!(core.allow[1], v6);
     assert_eq!(core.preamble_timeout, std::time::Duration::from_secs(2));
     assert_eq!(core.max_unauthenticated, 1024);
 }

@@ -29,7 +29,7 @@ pub(crate) enum Mode {
 
 impl Mode {
     /// Splice or copy, as the relay's `splice` key says.
-    pub(crate) fn of(opts: &sluice_config::RelayOptions) -> Self {
+    pub(crate) fn of(opts: &crate::options::RelayOptions) -> Self {
         match opts.splice {
             true => Self::Splice,
             false => Self::Copy,

@@ -16,9 +16,12 @@
 //! * `tunnel` — the tunnel end: authenticate within a deadline, check `allow`, connect.
 //! * `forward` — both directions, splice or copy, half-close, idle timeout.
 //! * `tune` — socket options; [`stats`] — the counters behind `/status` and `/metrics`.
+//! * `options` — [`RelayConfig`] and its parts: a relay's settings, plain values the
+//!   application converts its configuration into.
 
 mod early;
 mod forward;
+mod options;
 mod pool;
 pub mod preamble;
 pub mod stats;
@@ -33,7 +36,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_config::{RelayOptions, RelayRole, TunnelEnd};
 use sluice_net::log_limit::TallyByKind;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -41,6 +43,9 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::early::Early;
+pub use crate::options::{
+    AllowedTarget, Forward, RelayConfig, RelayOptions, RelayRole, TunnelEnd, TunnelTarget,
+};
 use crate::pool::Pool;
 pub use crate::stats::{Snapshot, Stats};
 use crate::upstream::Connector;
@@ -122,19 +127,19 @@ impl Relay {
     /// Binds the relay's listener (and, with `early_connect`, its packet socket: without
     /// CAP_NET_RAW that logs a warning and the relay connects on accept). Must be called inside
     /// a Tokio runtime.
-    pub fn bind(config: &sluice_config::Relay) -> io::Result<Self> {
+    pub fn bind(config: &RelayConfig) -> io::Result<Self> {
         Self::from_listener(config, Self::listen(config)?)
     }
 
     /// The relay's listening socket alone, with its socket options set before `listen` (for a
     /// caller that keeps a table of its sockets, then [`from_listener`](Self::from_listener)).
-    pub fn listen(config: &sluice_config::Relay) -> io::Result<TcpListener> {
+    pub fn listen(config: &RelayConfig) -> io::Result<TcpListener> {
         tune::listen(config.addr, &config.options)
     }
 
     /// The same as [`bind`](Self::bind) on a listener bound elsewhere (a hot restart's
     /// inherited socket).
-    pub fn from_listener(config: &sluice_config::Relay, listener: TcpListener) -> io::Result<Self> {
+    pub fn from_listener(config: &RelayConfig, listener: TcpListener) -> io::Result<Self> {
         let addr = listener.local_addr()?;
         let stats = Arc::new(Stats::default());
         let opts = config.options.clone();

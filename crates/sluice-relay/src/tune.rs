@@ -5,9 +5,10 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use sluice_config::RelayOptions;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+use crate::options::RelayOptions;
 
 /// Idle time before keepalive probes on inter-relay sockets, so a pooled connection whose
 /// peer vanished is noticed.

@@ -7,12 +7,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
-use sluice_config::{RelayOptions, Token, TunnelEnd};
+use sluice_session::Token;
 use subtle::ConstantTimeEq;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::forward::{self, write_all};
+use crate::options::{RelayOptions, TunnelEnd};
 use crate::preamble::{self, PreambleError};
 use crate::stats::Stats;
 

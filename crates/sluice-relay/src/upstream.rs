@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use sluice_config::{Forward, RelayOptions};
 use tokio::net::TcpStream;
 
 use crate::forward::write_all;
+use crate::options::{Forward, RelayOptions};
 use crate::preamble;
 use crate::stats::Stats;
 

@@ -6,12 +6,15 @@
 mod capture;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_relay::{Relay, RelayHandle};
+use sluice_relay::{
+    AllowedTarget, Forward, Relay, RelayConfig, RelayHandle, RelayOptions, RelayRole, TunnelEnd,
+    TunnelTarget,
+};
+use sluice_session::Token;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -39,19 +42,12 @@ async fn spawn_backend(close_first: usize) -> (SocketAddr, Arc<AtomicUsize>) {
     (addr, accepted)
 }
 
-/// Starts the relays in `toml` (addresses `127.0.0.1:0` where unknown); returns their handles.
-fn start(toml: &str) -> Vec<RelayHandle> {
-    let config = sluice_config::parse_str(toml, "test.toml", Path::new(".")).unwrap();
-    config
-        .relays
-        .iter()
-        .map(|r| {
-            let relay = Relay::bind(r).unwrap();
-            let handle = relay.handle();
-            tokio::spawn(relay.run(std::future::pending(), Duration::ZERO));
-            handle
-        })
-        .collect()
+/// Starts `config`'s relay; returns its handle.
+fn start(config: RelayConfig) -> RelayHandle {
+    let relay = Relay::bind(&config).unwrap();
+    let handle = relay.handle();
+    tokio::spawn(relay.run(std::future::pending(), Duration::ZERO));
+    handle
 }
 
 /// Sends `payload`, half-closes, and returns everything read until the peer's EOF.
@@ -65,27 +61,78 @@ async fn exchange(addr: SocketAddr, payload: &[u8]) -> String {
     String::from_utf8(reply).unwrap()
 }
 
-fn plain(to: SocketAddr, extra: &str) -> String {
-    format!("[[relay]]\nname = \"edge\"\nlisten = \"127.0.0.1:0\"\nto = \"{to}\"\n{extra}\n")
+/// A relay on a free loopback port with the configuration's default options.
+fn relay(name: &str, role: RelayRole) -> RelayConfig {
+    let options = RelayOptions {
+        connect_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(300),
+        max_connections: 10_000,
+        nodelay: true,
+        congestion: None,
+        socket_buffer: None,
+        splice: true,
+    };
+    let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    let name = name.to_owned();
+    RelayConfig {
+        name,
+        addr,
+        role,
+        options,
+    }
 }
 
-fn tunnel_end(allow: SocketAddr) -> String {
-    tunnel_allowing(&format!("{}/32:{}", allow.ip(), allow.port()), "")
+fn plain(to: SocketAddr) -> RelayConfig {
+    let forward = Forward {
+        to,
+        tunnel: None,
+        pool: 0,
+        early_connect: false,
+    };
+    relay("edge", RelayRole::Forward(forward))
 }
 
-/// A tunnel end with one `allow` entry and `extra` keys.
-fn tunnel_allowing(allow: &str, extra: &str) -> String {
-    format!(
-        "[[relay]]\nname = \"core\"\nlisten = \"127.0.0.1:0\"\ntunnel = true\n\
-         tokens = [\"right-token\"]\nallow = [\"{allow}\"]\n{extra}\n"
-    )
+/// `config`, an entry relay or forwarder, with `edit` applied to its forwarding.
+fn forward(mut config: RelayConfig, edit: impl FnOnce(&mut Forward)) -> RelayConfig {
+    let RelayRole::Forward(f) = &mut config.role else {
+        panic!("not a forwarding relay");
+    };
+    edit(f);
+    config
 }
 
-fn entry(core: SocketAddr, target: SocketAddr, token: &str, extra: &str) -> String {
-    format!(
-        "[[relay]]\nname = \"edge\"\nlisten = \"127.0.0.1:0\"\nto = \"{core}\"\n\
-         target = \"{target}\"\ntoken = \"{token}\"\n{extra}\n"
-    )
+fn tunnel_end(allow: SocketAddr) -> RelayConfig {
+    tunnel_allowing(&format!("{}/32", allow.ip()), allow.port(), |_, _| {})
+}
+
+/// A tunnel end allowing `net` on `port`, with `edit` applied to its options and its end.
+fn tunnel_allowing(
+    net: &str,
+    port: u16,
+    edit: impl FnOnce(&mut RelayOptions, &mut TunnelEnd),
+) -> RelayConfig {
+    let mut end = TunnelEnd {
+        tokens: vec![Token(b"right-token".to_vec())],
+        allow: vec![AllowedTarget {
+            net: net.parse().unwrap(),
+            port,
+        }],
+        preamble_timeout: Duration::from_secs(2),
+        max_unauthenticated: 1024,
+    };
+    let mut config = relay("core", RelayRole::Tunnel(end.clone()));
+    edit(&mut config.options, &mut end);
+    config.role = RelayRole::Tunnel(end);
+    config
+}
+
+fn entry(core: SocketAddr, target: SocketAddr, token: &str) -> RelayConfig {
+    forward(plain(core), |f| {
+        f.tunnel = Some(TunnelTarget {
+            target,
+            token: Token(token.as_bytes().to_vec()),
+        });
+    })
 }
 
 /// Polls `cond` until it holds (a background task's progress), failing after 10 s.
@@ -104,9 +151,9 @@ async fn eventually(what: &str, cond: impl Fn() -> bool) {
 async fn each_relay_logs_where_it_listens_and_what_it_is() {
     let logs = capture::Logs::start();
     let (backend, _) = spawn_backend(0).await;
-    let core = start(&tunnel_end(backend))[0].addr;
-    let edge = start(&entry(core, backend, "right-token", ""))[0].addr;
-    let forwarder = start(&plain(backend, ""))[0].addr;
+    let core = start(tunnel_end(backend)).addr;
+    let edge = start(entry(core, backend, "right-token")).addr;
+    let forwarder = start(plain(backend)).addr;
     let relays = [(core, "tunnel"), (edge, "entry"), (forwarder, "forwarder")];
     let line = |addr: SocketAddr, mode: &str| {
         let (addr, mode) = (format!("addr={addr}"), format!("mode=\"{mode}\""));
@@ -127,24 +174,30 @@ async fn each_relay_logs_where_it_listens_and_what_it_is() {
 async fn plain_forwarding_carries_a_megabyte_each_way_of_a_half_close() {
     let (backend, _) = spawn_backend(0).await;
     let payload = vec![7u8; 1 << 20];
-    for extra in ["splice = true", "splice = false"] {
-        let relay = &start(&plain(backend, extra))[0];
+    for splice in [true, false] {
+        let mut config = plain(backend);
+        config.options.splice = splice;
+        let relay = &start(config);
         // The reply only comes after the backend saw the client's FIN through the relay.
         assert_eq!(
             exchange(relay.addr, &payload).await,
             "got 1048576",
-            "{extra}"
+            "splice = {splice}"
         );
         let stats = relay.stats.snapshot();
-        assert_eq!((stats.bytes_up, stats.bytes_down), (1 << 20, 11), "{extra}");
+        assert_eq!(
+            (stats.bytes_up, stats.bytes_down),
+            (1 << 20, 11),
+            "splice = {splice}"
+        );
     }
 }
 
 #[tokio::test]
 async fn a_tunnel_relays_with_the_right_token_to_an_allowed_target() {
     let (backend, accepted) = spawn_backend(0).await;
-    let core = start(&tunnel_end(backend))[0].addr;
-    let edge = &start(&entry(core, backend, "right-token", ""))[0];
+    let core = start(tunnel_end(backend)).addr;
+    let edge = &start(entry(core, backend, "right-token"));
     assert_eq!(exchange(edge.addr, b"hello").await, "got 5");
     assert_eq!(accepted.load(SeqCst), 1);
 }
@@ -153,12 +206,12 @@ async fn a_tunnel_relays_with_the_right_token_to_an_allowed_target() {
 async fn a_tunnel_refuses_no_token_a_wrong_token_and_a_target_not_allowed() {
     let (backend, accepted) = spawn_backend(0).await;
     let (elsewhere, elsewhere_accepted) = spawn_backend(0).await;
-    let core = &start(&tunnel_end(backend))[0];
+    let core = &start(tunnel_end(backend));
     // No preamble at all: bytes a client would send straight to the tunnel end.
     assert_eq!(exchange(core.addr, b"GET / HTTP/1.1\r\n\r\n").await, "");
-    let wrong = &start(&entry(core.addr, backend, "wrong-token", ""))[0];
+    let wrong = &start(entry(core.addr, backend, "wrong-token"));
     assert_eq!(exchange(wrong.addr, b"hello").await, "");
-    let not_allowed = &start(&entry(core.addr, elsewhere, "right-token", ""))[0];
+    let not_allowed = &start(entry(core.addr, elsewhere, "right-token"));
     assert_eq!(exchange(not_allowed.addr, b"hello").await, "");
     assert_eq!(accepted.load(SeqCst), 0);
     assert_eq!(elsewhere_accepted.load(SeqCst), 0);
@@ -173,8 +226,8 @@ async fn an_ipv4_mapped_target_is_matched_and_connected_as_ipv4() {
     let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", backend.port())
         .parse()
         .unwrap();
-    let any_v6 = &start(&tunnel_allowing(&format!("[::/0]:{}", backend.port()), ""))[0];
-    let edge = &start(&entry(any_v6.addr, mapped, "right-token", ""))[0];
+    let any_v6 = &start(tunnel_allowing("::/0", backend.port(), |_, _| {}));
+    let edge = &start(entry(any_v6.addr, mapped, "right-token"));
     assert_eq!(exchange(edge.addr, b"hello").await, "");
     assert_eq!(
         accepted.load(SeqCst),
@@ -182,8 +235,8 @@ async fn an_ipv4_mapped_target_is_matched_and_connected_as_ipv4() {
         "an IPv6 range reached an IPv4 service"
     );
     assert_eq!(any_v6.stats.snapshot().refused, 1);
-    let v4 = &start(&tunnel_end(backend))[0];
-    let edge = &start(&entry(v4.addr, mapped, "right-token", ""))[0];
+    let v4 = &start(tunnel_end(backend));
+    let edge = &start(entry(v4.addr, mapped, "right-token"));
     assert_eq!(exchange(edge.addr, b"hello").await, "got 5");
 }
 
@@ -191,7 +244,7 @@ async fn an_ipv4_mapped_target_is_matched_and_connected_as_ipv4() {
 async fn the_pool_replaces_connections_the_peer_closed() {
     // The backend closes the first two connections: the ones the pool opened first.
     let (backend, accepted) = spawn_backend(2).await;
-    let relay = &start(&plain(backend, "pool = 2"))[0];
+    let relay = &start(forward(plain(backend), |f| f.pool = 2));
     eventually("the dead pooled connections are replaced", || {
         let s = relay.stats.snapshot();
         s.pool_dead >= 2 && s.pool_idle == 2
@@ -209,13 +262,17 @@ async fn the_pool_replaces_connections_the_peer_closed() {
 #[tokio::test]
 async fn a_pooled_tunnel_is_authenticated_before_the_client_comes() {
     let (backend, _) = spawn_backend(0).await;
-    let core = &start(&tunnel_end(backend))[0];
-    let edge = &start(&entry(core.addr, backend, "right-token", "pool = 3"))[0];
+    let core = &start(tunnel_end(backend));
+    let edge = &start(forward(entry(core.addr, backend, "right-token"), |f| {
+        f.pool = 3
+    }));
     eventually("the pool is full", || edge.stats.snapshot().pool_idle == 3).await;
     assert_eq!(exchange(edge.addr, b"hi").await, "got 2");
     assert_eq!(edge.stats.snapshot().pool_misses, 0);
     // A pool with a wrong token is closed by the tunnel end, seen dead, and never used.
-    let wrong = &start(&entry(core.addr, backend, "wrong-token", "pool = 1"))[0];
+    let wrong = &start(forward(entry(core.addr, backend, "wrong-token"), |f| {
+        f.pool = 1
+    }));
     eventually("the refused pooled connection is seen dead", || {
         wrong.stats.snapshot().pool_dead >= 1
     })
@@ -244,7 +301,7 @@ async fn refusing_hop(limit: usize) -> (SocketAddr, tokio::sync::oneshot::Receiv
 async fn a_pool_whose_connections_are_refused_backs_off() {
     let (hop, too_many) = refusing_hop(24).await;
     let target = "127.0.0.1:9".parse().unwrap();
-    let _edge = start(&entry(hop, target, "wrong-token", "pool = 2"));
+    let _edge = start(forward(entry(hop, target, "wrong-token"), |f| f.pool = 2));
     tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(120)) => {}
         _ = too_many => panic!("more than 24 dials in two minutes"),
@@ -257,7 +314,7 @@ async fn a_pool_whose_connections_are_refused_backs_off() {
 async fn a_pool_that_works_again_refills_at_once() {
     // The first eight connections (four refills of two) are closed at once.
     let (backend, accepted) = spawn_backend(8).await;
-    let relay = &start(&plain(backend, "pool = 2"))[0];
+    let relay = &start(forward(plain(backend), |f| f.pool = 2));
     // A minute of paused time: the refused refills are over, the fifth one stays.
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(accepted.load(SeqCst), 10);
@@ -276,8 +333,10 @@ async fn a_pool_that_works_again_refills_at_once() {
 async fn an_entry_relay_warns_when_its_pooled_connections_are_refused() {
     let logs = capture::Logs::start();
     let (backend, _) = spawn_backend(0).await;
-    let core = &start(&tunnel_end(backend))[0];
-    let _edge = start(&entry(core.addr, backend, "wrong-token", "pool = 1"));
+    let core = &start(tunnel_end(backend));
+    let _edge = start(forward(entry(core.addr, backend, "wrong-token"), |f| {
+        f.pool = 1
+    }));
     let to = format!("to={}", core.addr);
     let warned = || {
         logs.lines_with(&[
@@ -297,8 +356,8 @@ async fn an_entry_relay_warns_when_its_pooled_connections_are_refused() {
 async fn a_tunnel_end_logs_repeated_refusals_once_with_a_count() {
     let logs = capture::Logs::start();
     let (backend, _) = spawn_backend(0).await;
-    let core = &start(&tunnel_end(backend))[0];
-    let wrong = &start(&entry(core.addr, backend, "wrong-token", ""))[0];
+    let core = &start(tunnel_end(backend));
+    let wrong = &start(entry(core.addr, backend, "wrong-token"));
     for _ in 0..5 {
         assert_eq!(exchange(wrong.addr, b"hello").await, "");
     }
@@ -323,14 +382,17 @@ async fn a_tunnel_end_logs_repeated_refusals_once_with_a_count() {
 #[tokio::test]
 async fn silent_connections_do_not_hold_a_tunnel_ends_slots() {
     let (backend, _) = spawn_backend(0).await;
-    let allow = format!("{}/32:{}", backend.ip(), backend.port());
-    let slow = "max_connections = 2\nconnect_timeout = \"1h\"\npreamble_timeout = \"1m\"";
-    let core = &start(&tunnel_allowing(&allow, slow))[0];
+    let net = format!("{}/32", backend.ip());
+    let core = &start(tunnel_allowing(&net, backend.port(), |opts, end| {
+        opts.max_connections = 2;
+        opts.connect_timeout = Duration::from_secs(3600);
+        end.preamble_timeout = Duration::from_secs(60);
+    }));
     let mut silent = Vec::new();
     for _ in 0..8 {
         silent.push(TcpStream::connect(core.addr).await.unwrap());
     }
-    let edge = &start(&entry(core.addr, backend, "right-token", ""))[0];
+    let edge = &start(entry(core.addr, backend, "right-token"));
     let reply = tokio::time::timeout(Duration::from_secs(10), exchange(edge.addr, b"hello"))
         .await
         .expect("the authenticated client waited behind silent connections");
@@ -347,9 +409,12 @@ async fn silent_connections_do_not_hold_a_tunnel_ends_slots() {
 #[tokio::test]
 async fn a_silent_connection_is_closed_after_the_preamble_timeout() {
     let (backend, _) = spawn_backend(0).await;
-    let allow = format!("{}/32:{}", backend.ip(), backend.port());
-    let short = "connect_timeout = \"1h\"\nidle_timeout = \"1h\"\npreamble_timeout = \"50ms\"";
-    let core = &start(&tunnel_allowing(&allow, short))[0];
+    let net = format!("{}/32", backend.ip());
+    let core = &start(tunnel_allowing(&net, backend.port(), |opts, end| {
+        opts.connect_timeout = Duration::from_secs(3600);
+        opts.idle_timeout = Duration::from_secs(3600);
+        end.preamble_timeout = Duration::from_millis(50);
+    }));
     let mut silent = TcpStream::connect(core.addr).await.unwrap();
     let mut rest = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut rest))
@@ -367,9 +432,11 @@ async fn a_silent_connection_is_closed_after_the_preamble_timeout() {
 #[tokio::test]
 async fn unauthenticated_connections_are_bounded_on_their_own() {
     let (backend, _) = spawn_backend(0).await;
-    let allow = format!("{}/32:{}", backend.ip(), backend.port());
-    let bound = "max_unauthenticated = 2\npreamble_timeout = \"1m\"";
-    let core = &start(&tunnel_allowing(&allow, bound))[0];
+    let net = format!("{}/32", backend.ip());
+    let core = &start(tunnel_allowing(&net, backend.port(), |_, end| {
+        end.max_unauthenticated = 2;
+        end.preamble_timeout = Duration::from_secs(60);
+    }));
     let mut silent = Vec::new();
     for _ in 0..3 {
         silent.push(TcpStream::connect(core.addr).await.unwrap());
@@ -405,7 +472,7 @@ async fn early_connect_falls_back_to_connect_on_accept_without_cap_net_raw() {
     rustix::thread::set_capabilities(None, caps).unwrap();
     assert!(!has_net_raw());
     let (backend, _) = spawn_backend(0).await;
-    let relay = &start(&plain(backend, "early_connect = true"))[0];
+    let relay = &start(forward(plain(backend), |f| f.early_connect = true));
     assert!(!relay.early_connect());
     assert_eq!(exchange(relay.addr, b"fallback").await, "got 8");
     assert_eq!(relay.stats.snapshot().early, 0);
@@ -418,7 +485,7 @@ async fn early_connect_starts_the_next_leg_on_the_syn_with_cap_net_raw() {
         return;
     }
     let (backend, _) = spawn_backend(0).await;
-    let relay = &start(&plain(backend, "early_connect = true"))[0];
+    let relay = &start(forward(plain(backend), |f| f.early_connect = true));
     assert!(relay.early_connect());
     assert_eq!(exchange(relay.addr, b"early").await, "got 5");
     let stats = relay.stats.snapshot();
@@ -426,17 +493,16 @@ async fn early_connect_starts_the_next_leg_on_the_syn_with_cap_net_raw() {
     assert_eq!(stats.connects, 1, "and it was the one used");
 }
 
-/// Binds the one relay in `toml` and runs it until the returned sender fires (or drops).
+/// Binds `config`'s relay and runs it until the returned sender fires (or drops).
 fn start_stoppable(
-    toml: &str,
+    config: RelayConfig,
     grace: Duration,
 ) -> (
     SocketAddr,
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
 ) {
-    let config = sluice_config::parse_str(toml, "test.toml", Path::new(".")).unwrap();
-    let relay = Relay::bind(&config.relays[0]).unwrap();
+    let relay = Relay::bind(&config).unwrap();
     let addr = relay.handle().addr;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
@@ -450,7 +516,7 @@ fn start_stoppable(
 #[tokio::test]
 async fn a_stopping_relay_drains_its_connections_within_the_grace() {
     let (backend, accepted) = spawn_backend(0).await;
-    let (addr, stop, task) = start_stoppable(&plain(backend, ""), Duration::from_secs(10));
+    let (addr, stop, task) = start_stoppable(plain(backend), Duration::from_secs(10));
     let mut conn = TcpStream::connect(addr).await.unwrap();
     conn.write_all(b"hello").await.unwrap();
     eventually("the relay reached the backend", || {
@@ -482,7 +548,7 @@ async fn a_stopping_relay_drains_its_connections_within_the_grace() {
 #[tokio::test]
 async fn a_relayed_connection_still_open_when_the_grace_ends_is_closed() {
     let (backend, accepted) = spawn_backend(0).await;
-    let (addr, stop, task) = start_stoppable(&plain(backend, ""), Duration::from_millis(300));
+    let (addr, stop, task) = start_stoppable(plain(backend), Duration::from_millis(300));
     let mut conn = TcpStream::connect(addr).await.unwrap();
     conn.write_all(b"hello").await.unwrap();
     eventually("the relay reached the backend", || {

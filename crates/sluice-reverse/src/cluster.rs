@@ -7,8 +7,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sluice_config::{ReverseOptions, Token};
-use sluice_session::Rejection;
+use sluice_session::{Rejection, Token};
 use tokio::sync::{broadcast, mpsc};
 use tracing::info;
 
@@ -18,6 +17,7 @@ use crate::handover::{HandedSession, Handover};
 use crate::instance::{locked, Instance, Instances, Lent, Limit, SessionPermit};
 use crate::lease;
 use crate::metrics::ReverseMetrics;
+use crate::options::ReverseOptions;
 use crate::pool::SlicePool;
 use crate::protocol::Protocol;
 use crate::slice_id::SliceId;
@@ -107,17 +107,12 @@ impl<P: Protocol> ReverseCluster<P> {
         }
     }
 
-    /// Builds the cluster a validated config describes, recording in `metrics`.
-    pub fn from_config(
-        name: &str,
-        cfg: &sluice_config::ReverseCluster,
-        metrics: &ReverseMetrics,
-    ) -> Self {
-        let cluster = Self::with_metrics(name, cfg.tokens.clone(), cfg.options.clone(), metrics);
-        if matches!(cfg.source, sluice_config::SessionSource::Handoff { .. }) {
-            cluster.inner.arriving.fetch_add(1, Ordering::Relaxed);
-        }
-        cluster
+    /// The cluster's sessions are lent by a standalone acceptor: as under
+    /// [`expect_sessions`](Self::expect_sessions), for as long as the cluster lives, a slice
+    /// with none here is not a slice without services.
+    pub fn lent(self) -> Self {
+        self.inner.arriving.fetch_add(1, Ordering::Relaxed);
+        self
     }
 
     /// The cluster's name.

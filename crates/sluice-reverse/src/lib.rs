@@ -26,6 +26,8 @@
 //! * [`metrics`], `gauges`: the engine's Prometheus families and session gauges.
 //! * `protocol`: [`Protocol`], what the proxy speaks over sessions.
 //! * `error`: [`LeaseError`], [`AdoptError`].
+//! * `options`: the engine's settings ([`ReverseOptions`], [`AcceptorOptions`],
+//!   [`BrokerOptions`]), plain values the application converts its configuration into.
 
 pub mod acceptor;
 mod changes;
@@ -38,6 +40,7 @@ mod instance;
 mod lease;
 pub mod links;
 pub mod metrics;
+mod options;
 mod pool;
 mod protocol;
 mod session;
@@ -53,6 +56,7 @@ pub use self::handover::HandedSession;
 pub use self::instance::{Instance, Limit, SessionPermit, UpgradedSession};
 pub use self::lease::Lease;
 pub use self::metrics::ReverseMetrics;
+pub use self::options::{AcceptorOptions, BrokerOptions, ReverseOptions, ServiceGrant};
 pub use self::pool::{Load, SlicePool};
 pub use self::protocol::Protocol;
 pub use self::session::Session;

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 
-use sluice_config::ReverseOptions;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -23,6 +22,7 @@ use crate::error::LeaseError;
 use crate::handover::{Handed, Handover};
 use crate::instance::{Instance, SessionPermit};
 use crate::metrics::ReverseMetrics;
+use crate::options::ReverseOptions;
 use crate::protocol::Protocol;
 use crate::session::Session;
 use crate::slice_id::SliceId;

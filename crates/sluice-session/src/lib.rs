@@ -16,6 +16,8 @@
 //! * [`address`]: what an acceptor address names: one node, a DNS name's records, a list.
 //! * [`control`]: the lines of a control link (many nodes): demand reports, retirements.
 //! * [`split`]: how a service splits its capacity across nodes by their demand.
+//! * `token`: [`Token`], a bearer token (registration, relay tunnels, the admin API): never
+//!   printed, compared in constant time.
 //! * `vectors` (feature `vectors`): the shared protocol test vectors, typed, for test suites.
 
 pub mod address;
@@ -26,6 +28,7 @@ pub mod protocol;
 pub mod reply;
 pub mod split;
 pub mod stream;
+mod token;
 #[cfg(feature = "vectors")]
 pub mod vectors;
 
@@ -39,3 +42,4 @@ pub use protocol::{
 };
 pub use reply::{parse_reply, Rejection, Reply};
 pub use stream::Prefixed;
+pub use token::Token;

@@ -64,7 +64,9 @@ pub fn relay(path: &std::path::Path) -> io::Result<()> {
     runtime.block_on(async {
         let mut relays = Vec::new();
         for r in &config.relays {
-            relays.push(sluice_relay::Relay::bind(r)?);
+            relays.push(sluice_relay::Relay::bind(&sluice::options::relay::config(
+                r,
+            ))?);
         }
         println!("ready");
         io::stdout().flush()?;
@@ -100,7 +102,7 @@ pub fn relay_in(ns: &str, relay: sluice_config::Relay) -> io::Result<sluice_rela
             Err(e) => return drop(tx.send(Err(e))),
         };
         runtime.block_on(async {
-            match sluice_relay::Relay::bind(&relay) {
+            match sluice_relay::Relay::bind(&sluice::options::relay::config(&relay)) {
                 Ok(r) => {
                     let _ = tx.send(Ok(r.handle()));
                     r.run(std::future::pending(), std::time::Duration::ZERO)

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState, ReloadHook};
 use crate::metrics::Metrics;
+use crate::options;
 use crate::proxy::ProxyService;
 use crate::reload::InPlace;
 use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, UpgradeSocket};
@@ -24,7 +25,6 @@ use crate::upstream::reverse::{Acceptor, HandoffSource};
 use crate::upstream::reverse::{ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 use sluice_net::sockets::{self, Sockets};
-use sluice_reverse::acceptor::BindError;
 
 /// Why a configuration could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -442,8 +442,7 @@ fn build_clusters(
                     })?)
                 }
                 ClusterKind::Reverse(r) => Upstream::from(
-                    ReverseCluster::from_config(name, r, reverse)
-                        .slice(sluice_config::DEFAULT_SLICE),
+                    options::reverse::cluster(name, r, reverse).slice(sluice_config::DEFAULT_SLICE),
                 ),
             };
             Ok((name.clone(), upstream))
@@ -525,8 +524,9 @@ fn bind_relays(
         .iter()
         .map(|r| {
             let key = sockets::relay_key(&r.name);
-            let listener = sockets.tcp_or(&key, r.addr, || sluice_relay::Relay::listen(r));
-            let relay = listener.and_then(|l| sluice_relay::Relay::from_listener(r, l));
+            let relay = options::relay::config(r);
+            let listener = sockets.tcp_or(&key, r.addr, || sluice_relay::Relay::listen(&relay));
+            let relay = listener.and_then(|l| sluice_relay::Relay::from_listener(&relay, l));
             relay.map_err(|source| StartError::Relay {
                 relay: r.name.clone(),
                 addr: r.addr,
@@ -588,36 +588,25 @@ async fn bind_acceptor(
     let Some(opts) = &config.acceptor else {
         return Ok(None);
     };
-    let tls = Acceptor::tls_config(opts).map_err(|e| acceptor_error(opts, e))?;
+    let opts =
+        options::reverse::acceptor(opts).map_err(|source| StartError::AcceptorTls { source })?;
+    let bind_error = |source| StartError::Acceptor {
+        addr: opts.addr,
+        source,
+    };
     let tcp = sockets.tcp(sockets::ACCEPTOR_KEY, opts.addr).await;
-    let tcp = tcp.map_err(|e| acceptor_error(opts, BindError::Bind(e)))?;
+    let tcp = tcp.map_err(bind_error)?;
     let unix = opts
         .unix
         .as_deref()
         .map(|path| sockets.unix(sockets::ACCEPTOR_UNIX_KEY, path));
-    let unix = unix.transpose();
-    let unix = unix.map_err(|e| acceptor_error(opts, BindError::Bind(e)))?;
+    let unix = unix.transpose().map_err(bind_error)?;
     // Clusters fed over a handoff socket take no registrations here.
-    let local = |name: &String| {
-        config.clusters.get(name).is_some_and(
-            |c| matches!(&c.kind, ClusterKind::Reverse(r) if r.source == SessionSource::Acceptor),
-        )
-    };
-    let reverse = clusters.iter().filter_map(|(name, u)| match u {
-        Upstream::Reverse(s) if local(name) => Some(s.cluster().clone()),
-        _ => None,
-    });
-    Ok(Some(Acceptor::from_listeners(
-        opts, reverse, tls, tcp, unix,
-    )))
-}
-
-fn acceptor_error(opts: &sluice_config::Acceptor, e: BindError) -> StartError {
-    match e {
-        BindError::Bind(source) => StartError::Acceptor {
-            addr: opts.addr,
-            source,
-        },
-        BindError::Tls(source) => StartError::AcceptorTls { source },
-    }
+    let reverse = options::reverse::registering_here(config)
+        .filter_map(|(name, _)| clusters.get(name))
+        .filter_map(|u| match u {
+            Upstream::Reverse(s) => Some(s.cluster().clone()),
+            Upstream::Static(_) => None,
+        });
+    Ok(Some(Acceptor::from_listeners(&opts, reverse, tcp, unix)))
 }

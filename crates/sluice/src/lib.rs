@@ -37,6 +37,8 @@
 //!   balancing, passive ejection and active health checks; `upstream::reverse` is the HTTP
 //!   half of reverse clusters: the HTTP/1.1 client on registered sessions, the exchange on a
 //!   leased one, and request/response buffering so slow clients do not hold sessions.
+//! - [`options`]: the configuration converted into the options `sluice-reverse` and
+//!   `sluice-relay` take (they do not know the TOML model).
 //! - `metrics`: Prometheus metrics of requests, handshakes, sessions and queues.
 //! - `http`: the core both data paths render, without I/O: request checks, forwarding and
 //!   hop-by-hop headers (with `sluice_wire::fields`), the read-ahead and retry rules, and what
@@ -58,6 +60,7 @@ pub(crate) mod body;
 pub(crate) mod error;
 pub(crate) mod http;
 pub(crate) mod metrics;
+pub mod options;
 mod process;
 pub(crate) mod proxy;
 pub(crate) mod reload;

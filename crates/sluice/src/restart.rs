@@ -472,7 +472,6 @@ mod tests {
     use std::os::unix::net::UnixStream;
 
     use http::Request;
-    use sluice_config::ReverseOptions;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
@@ -519,7 +518,8 @@ mod tests {
     /// restarts). Such a request waits for the handed sessions.
     #[tokio::test]
     async fn a_request_before_the_adoption_task_runs_waits_for_the_handed_sessions() {
-        let cluster = ReverseCluster::new("api", Vec::new(), ReverseOptions::default());
+        let opts = crate::options::reverse::options(&sluice_config::ReverseOptions::default());
+        let cluster = ReverseCluster::new("api", Vec::new(), opts);
         let clusters = BTreeMap::from([("api".to_owned(), cluster.clone())]);
         let (ours, theirs) = Handoff::pair().expect("handoff pair");
         // Created but not yet polled, like a task spawned that has not run yet.

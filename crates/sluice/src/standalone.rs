@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use crate::admin::{self, AdminState};
 use crate::app::{bind_admin, StartError};
 use crate::metrics::Metrics;
+use crate::options;
 use crate::server::Shutdown;
 use crate::upstream::reverse::{ReverseMetrics, SessionGauges, StandaloneAcceptor};
 use crate::upstream::Upstream;
@@ -33,7 +34,10 @@ impl Standalone {
     pub async fn bind(config: &Config) -> Result<Self, StartError> {
         let mut metrics = Metrics::new();
         let reverse = ReverseMetrics::register(metrics.registry());
-        let broker = StandaloneAcceptor::bind_with_metrics(config, &reverse).await?;
+        let opts = options::reverse::broker(config)?;
+        let clusters = options::reverse::registering_here(config)
+            .map(|(name, r)| options::reverse::cluster(name, r, &reverse));
+        let broker = StandaloneAcceptor::bind_with_metrics(&opts, clusters, &reverse).await?;
         let clusters = broker.view().clusters().values().cloned().collect();
         let gauges = SessionGauges::new(clusters);
         metrics.registry().register_collector(Box::new(gauges));

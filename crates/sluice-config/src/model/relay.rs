@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::token::Token;
+use sluice_session::Token;
 
 /// One relay (`[[relay]]`): where it listens, what it is, and its socket settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,15 +85,6 @@ pub struct AllowedTarget {
     pub net: IpNet,
     /// The one port allowed on them.
     pub port: u16,
-}
-
-impl AllowedTarget {
-    /// Whether `addr` is inside this entry. An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is
-    /// matched as the IPv4 address it names, so an IPv6 range never lets one reach an IPv4
-    /// service that no IPv4 entry allows.
-    pub fn allows(&self, addr: SocketAddr) -> bool {
-        addr.port() == self.port && self.net.contains(&addr.ip().to_canonical())
-    }
 }
 
 /// A relay's timeouts, limits and socket settings. `Default` gives the documented defaults.

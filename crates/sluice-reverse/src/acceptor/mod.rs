@@ -25,7 +25,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use rustls::ServerConfig;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::time::Instant;
@@ -36,14 +35,13 @@ use self::shared::{Peer, Shared};
 use crate::cluster::ReverseCluster;
 use crate::instance::Limit;
 use crate::metrics::ReverseMetrics;
+use crate::options::AcceptorOptions;
 use crate::protocol::Protocol;
 use crate::stream::SessionStream;
 use sluice_net::accept::accept_error;
 use sluice_net::log_limit::TallyByKind;
 use sluice_net::sockets::{self, Sockets};
 use sluice_net::ShutdownSignal;
-
-pub use sluice_config::Acceptor as AcceptorOptions;
 
 /// Idle time before the first keepalive probe on a session.
 const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
@@ -54,9 +52,6 @@ pub enum BindError {
     /// The TCP address or the UNIX socket could not be bound.
     #[error("cannot bind: {0}")]
     Bind(#[source] std::io::Error),
-    /// rustls refused the certificate, the key or the client CA.
-    #[error("TLS: {0}")]
-    Tls(#[source] std::io::Error),
 }
 
 /// Marks an acceptor's listening sockets as taken by a successor process (hot restart).
@@ -81,13 +76,11 @@ pub struct Acceptor<P: Protocol> {
 }
 
 impl<P: Protocol> Acceptor<P> {
-    /// Builds the TLS config (if `opts.tls` is set), then binds the TCP address (and the UNIX
-    /// socket, if configured) for these clusters.
+    /// Binds the TCP address (and the UNIX socket, if configured) for these clusters.
     pub async fn bind(
         opts: &AcceptorOptions,
         clusters: impl IntoIterator<Item = ReverseCluster<P>>,
     ) -> Result<Self, BindError> {
-        let tls = Self::tls_config(opts)?;
         let mut sockets = Sockets::default();
         let tcp = sockets.tcp(sockets::ACCEPTOR_KEY, opts.addr).await;
         let tcp = tcp.map_err(BindError::Bind)?;
@@ -96,22 +89,14 @@ impl<P: Protocol> Acceptor<P> {
             .as_deref()
             .map(|path| sockets.unix(sockets::ACCEPTOR_UNIX_KEY, path));
         let unix = unix.transpose().map_err(BindError::Bind)?;
-        Ok(Self::from_listeners(opts, clusters, tls, tcp, unix))
-    }
-
-    /// The TLS config of every acceptor connection (`opts.tls`); `None` is plaintext.
-    pub fn tls_config(opts: &AcceptorOptions) -> Result<Option<Arc<ServerConfig>>, BindError> {
-        let tls = opts.tls.as_ref().map(sluice_net::tls::acceptor_config);
-        tls.transpose().map_err(BindError::Tls)
+        Ok(Self::from_listeners(opts, clusters, tcp, unix))
     }
 
     /// The same as [`bind`](Self::bind), on sockets already bound (or handed over by a
-    /// predecessor in a hot restart): `unix` listens at `opts.unix`, `tls` comes from
-    /// [`tls_config`](Self::tls_config).
+    /// predecessor in a hot restart): `unix` listens at `opts.unix`.
     pub fn from_listeners(
         opts: &AcceptorOptions,
         clusters: impl IntoIterator<Item = ReverseCluster<P>>,
-        tls: Option<Arc<ServerConfig>>,
         tcp: TcpListener,
         unix: Option<UnixListener>,
     ) -> Self {
@@ -119,7 +104,7 @@ impl<P: Protocol> Acceptor<P> {
             .into_iter()
             .map(|c| (c.name().to_owned(), c))
             .collect();
-        if tls.is_none() {
+        if opts.tls.is_none() {
             warn_plaintext_tokens(opts.addr, &clusters);
         }
         let shared = Shared {
@@ -128,7 +113,6 @@ impl<P: Protocol> Acceptor<P> {
             opts: opts.clone(),
             clusters,
             shutdown: None,
-            tls,
             metrics: ReverseMetrics::default(),
             refusals: TallyByKind::new(),
             node: None,
@@ -182,7 +166,7 @@ impl<P: Protocol> Acceptor<P> {
         let mut shared = self.shared;
         shared.shutdown = Some(signal.clone());
         let shared = Arc::new(shared);
-        let tls = shared.tls.is_some();
+        let tls = shared.opts.tls.is_some();
         info!(acceptor.addr = ?self.tcp.local_addr().ok(), acceptor.tls = tls, "acceptor running");
         sluice_net::accept::keep_reserve();
         let stop = signal.wait();
@@ -248,7 +232,7 @@ where
         cert_names: None,
         rate_limited,
     };
-    let Some(config) = &shared.tls else {
+    let Some(config) = &shared.opts.tls else {
         return handshake::handle(io, peer, shared, deadline).await;
     };
     if rate_limited {

@@ -1,12 +1,10 @@
 //! What every handshake consults ([`Shared`]: options, clusters, limits, TLS, counters) and
 //! who it comes from ([`Peer`]), with the checks common to registering and draining.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use rustls::ServerConfig;
-use sluice_config::ServiceGrant;
 use sluice_session::Rejection;
 
 use super::rate::RateLimiter;
@@ -14,8 +12,8 @@ use super::tls;
 use crate::cluster::ReverseCluster;
 use crate::instance::Limit;
 use crate::metrics::ReverseMetrics;
+use crate::options::AcceptorOptions;
 use crate::protocol::Protocol;
-use sluice_config::Acceptor as AcceptorOptions;
 use sluice_net::log_limit::TallyByKind;
 use sluice_net::ShutdownSignal;
 
@@ -39,8 +37,6 @@ pub(super) struct Shared<P: Protocol> {
     pub(super) total: Arc<Limit>,
     pub(super) rate: RateLimiter,
     pub(super) shutdown: Option<ShutdownSignal>,
-    /// TLS for every connection; `None` is plaintext.
-    pub(super) tls: Option<Arc<ServerConfig>>,
     /// Where handshake outcomes are counted; `None`: nowhere.
     pub(super) metrics: ReverseMetrics,
     /// Refused handshakes by status, logged once per interval each.
@@ -75,18 +71,12 @@ impl<P: Protocol> Shared<P> {
             .clusters
             .get(service)
             .ok_or_else(|| Rejection::unknown_service(service))?;
-        if let Some(grants) = self.client_grants() {
-            tls::authorize(grants, peer.cert_names.as_deref(), service)?;
+        if self.opts.tls.is_some() {
+            tls::authorize(&self.opts.clients, peer.cert_names.as_deref(), service)?;
         }
         if !cluster.authorize(token) {
             return Err(Rejection::unauthorized());
         }
         Ok(cluster.clone())
-    }
-
-    /// `[acceptor.clients]`, when mTLS is on.
-    fn client_grants(&self) -> Option<&BTreeMap<String, ServiceGrant>> {
-        let auth = self.opts.tls.as_ref()?.client_auth.as_ref()?;
-        Some(&auth.clients)
     }
 }

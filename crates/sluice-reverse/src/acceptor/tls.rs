@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use rustls::server::ServerConnection;
 use rustls::ServerConfig;
-use sluice_config::ServiceGrant;
 use sluice_session::Rejection;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tracing::debug;
+
+use crate::options::ServiceGrant;
 
 /// Completes the TLS handshake by `deadline`; `None` (logged) when it fails or runs late,
 /// including when mTLS is on and the client presented no certificate the CA signed.

@@ -11,10 +11,7 @@ use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use sluice_config::{Config, HandoffServer, SessionSource};
-use sluice_handoff::{
-    AllowedUids, Handoff, HandoffListener, Message, Role, SliceState, SocketAccess,
-};
+use sluice_handoff::{AllowedUids, Handoff, HandoffListener, Message, Role, SliceState};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
@@ -27,6 +24,7 @@ use crate::cluster::ReverseCluster;
 use crate::handover::HandedSession;
 use crate::instance::SessionPermit;
 use crate::metrics::ReverseMetrics;
+use crate::options::BrokerOptions;
 use crate::protocol::Protocol;
 use crate::slice_id::SliceId;
 use sluice_net::{Shutdown, ShutdownSignal};
@@ -34,7 +32,7 @@ use sluice_net::{Shutdown, ShutdownSignal};
 /// Why a standalone acceptor could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
-    /// The configuration lacks what a standalone acceptor needs.
+    /// The configuration lacks what a standalone acceptor needs, or has what it cannot do.
     #[error("{0}")]
     Config(String),
     /// The service-facing acceptor could not be bound.
@@ -105,55 +103,32 @@ impl<P: Protocol> Shared<P> {
 }
 
 impl<P: Protocol> StandaloneAcceptor<P> {
-    /// Binds the acceptor (`[acceptor]`) for the reverse clusters that draw on it and the
-    /// handoff socket (`[handoff]`).
-    pub async fn bind(config: &Config) -> Result<Self, BrokerError> {
-        Self::bind_with_metrics(config, &ReverseMetrics::default()).await
+    /// Binds the acceptor for `clusters`, the reverse clusters whose services register here,
+    /// and the handoff socket.
+    pub async fn bind(
+        opts: &BrokerOptions,
+        clusters: impl IntoIterator<Item = ReverseCluster<P>>,
+    ) -> Result<Self, BrokerError> {
+        Self::bind_with_metrics(opts, clusters, &ReverseMetrics::default()).await
     }
 
-    /// [`bind`](Self::bind), counting handshakes, queue waits and refusals in `metrics`.
+    /// [`bind`](Self::bind), counting handshakes and refusals in `metrics` (the clusters count
+    /// their queue waits in the metrics they were built with).
     pub async fn bind_with_metrics(
-        config: &Config,
+        opts: &BrokerOptions,
+        clusters: impl IntoIterator<Item = ReverseCluster<P>>,
         metrics: &ReverseMetrics,
     ) -> Result<Self, BrokerError> {
-        let (Some(opts), Some(handoff)) = (&config.acceptor, &config.handoff) else {
-            return Err(BrokerError::Config(format!(
-                "{}: a standalone acceptor needs [acceptor] (where services dial in) and [handoff] (where consumers connect)",
-                config.source
-            )));
-        };
-        if opts.tls.is_some() {
-            return Err(BrokerError::Config(format!(
-                "{}: [acceptor] tls: a standalone acceptor cannot lend sessions over TLS (their TLS state stays in this process); remove `tls` here and let services register over plain TCP on a private network or a UNIX socket",
-                config.source
-            )));
-        }
-        let clusters: BTreeMap<String, ReverseCluster<P>> = config
-            .clusters
-            .iter()
-            .filter_map(|(name, c)| match &c.kind {
-                sluice_config::ClusterKind::Reverse(r) if r.source == SessionSource::Acceptor => {
-                    Some((name.clone(), ReverseCluster::from_config(name, r, metrics)))
-                }
-                _ => None,
-            })
+        let clusters: BTreeMap<String, ReverseCluster<P>> = clusters
+            .into_iter()
+            .map(|c| (c.name().to_owned(), c))
             .collect();
         let readiness = sluice_net::Readiness::default();
-        let acceptor = Acceptor::bind(opts, clusters.values().cloned())
+        let acceptor = Acceptor::bind(&opts.acceptor, clusters.values().cloned())
             .await?
             .with_readiness(&readiness)
             .with_metrics(metrics.clone());
-        let HandoffServer {
-            path,
-            allowed_uids,
-            mode,
-            group,
-        } = handoff;
-        let access = SocketAccess {
-            mode: *mode,
-            group: *group,
-        };
-        let listener = HandoffListener::bind_with(path, access)?;
+        let listener = HandoffListener::bind_with(&opts.path, opts.access)?;
         let shared = Arc::new(Shared {
             state: Mutex::default(),
             clusters,
@@ -164,7 +139,7 @@ impl<P: Protocol> StandaloneAcceptor<P> {
             shared,
             readiness,
             listener,
-            allowed: AllowedUids::new(allowed_uids.iter().copied()),
+            allowed: AllowedUids::new(opts.allowed_uids.iter().copied()),
         })
     }
 

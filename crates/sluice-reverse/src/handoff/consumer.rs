@@ -489,7 +489,8 @@ mod tests {
 
     /// A permit of a session lent with id 7, reporting to `gone`.
     fn lent_permit(gone: &mpsc::UnboundedSender<u64>) -> SessionPermit {
-        let cluster = ReverseCluster::<Fake>::new("api", Vec::new(), Default::default());
+        let cluster =
+            ReverseCluster::<Fake>::new("api", Vec::new(), crate::tests::reverse_options());
         let mut permit = cluster.reserve("a", &Arc::new(Limit::new(None))).unwrap();
         permit.lent = Some(Lent {
             id: 7,

@@ -7,24 +7,28 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Duration;
 
-use sluice_handoff::{Handoff, Message, Role, SliceState};
+use sluice_handoff::{Handoff, Message, Role, SliceState, SocketAccess};
 use sluice_session::{Identity, Registration};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use super::StandaloneAcceptor;
-use crate::tests::Fake;
+use crate::tests::{acceptor_options, reverse_options, Fake};
+use crate::{BrokerOptions, ReverseCluster};
 
 /// `sluice acceptor` with the cluster `api`; returns where services dial in and its stop.
 async fn acceptor(socket: &Path) -> (std::net::SocketAddr, oneshot::Sender<()>) {
-    let text = format!(
-        "[acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n\
-         [handoff]\nlisten = \"{}\"\n[cluster.api]\nkind = \"reverse\"\n",
-        socket.display()
-    );
-    let config = sluice_config::parse_str(&text, "test.toml", Path::new(".")).unwrap();
-    let acceptor = StandaloneAcceptor::<Fake>::bind(&config).await.unwrap();
+    let opts = BrokerOptions {
+        acceptor: acceptor_options(),
+        path: socket.to_owned(),
+        allowed_uids: Vec::new(),
+        access: SocketAccess::default(),
+    };
+    let api = ReverseCluster::new("api", Vec::new(), reverse_options());
+    let acceptor = StandaloneAcceptor::<Fake>::bind(&opts, [api])
+        .await
+        .unwrap();
     let addr = acceptor.acceptor_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(acceptor.run_until(async move {

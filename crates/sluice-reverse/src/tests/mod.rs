@@ -13,7 +13,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_config::ReverseOptions;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -22,6 +21,7 @@ use tokio::task::JoinHandle;
 use crate::error::LeaseError;
 use crate::handover::HandedSession;
 use crate::instance::Limit;
+use crate::options::{AcceptorOptions, ReverseOptions};
 
 pub(crate) use self::fake::Fake;
 
@@ -108,7 +108,36 @@ fn opts(queue_max: usize) -> ReverseOptions {
     ReverseOptions {
         queue_max,
         queue_timeout: Duration::from_secs(10),
-        ..ReverseOptions::default()
+        ..reverse_options()
+    }
+}
+
+/// A reverse cluster's options with the configuration's defaults.
+pub(crate) fn reverse_options() -> ReverseOptions {
+    ReverseOptions {
+        queue_max: 1024,
+        queue_timeout: Duration::from_secs(2),
+        no_sessions_wait: Duration::ZERO,
+        max_sessions_per_instance: None,
+        max_sessions: None,
+        response_timeout: Duration::from_secs(30),
+        request_buffer: 64 * 1024,
+        response_buffer: 64 * 1024,
+    }
+}
+
+/// A plaintext acceptor on a free loopback port, with the configuration's defaults but for
+/// the handshake rate (no limit).
+pub(crate) fn acceptor_options() -> AcceptorOptions {
+    AcceptorOptions {
+        addr: ([127, 0, 0, 1], 0).into(),
+        unix: None,
+        handshake_timeout: Duration::from_secs(5),
+        max_handshake_size: 8 * 1024,
+        max_sessions: Some(10_000),
+        handshakes_per_second: None,
+        tls: None,
+        clients: Default::default(),
     }
 }
 

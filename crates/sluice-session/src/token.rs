@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// A bearer token, already resolved from `env:`/`file:`; never printed.
+/// A bearer token (a configuration resolves it from `env:`/`file:`); never printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Token(pub Vec<u8>);
 
@@ -28,5 +28,30 @@ impl Token {
     /// does not say which one (or how much of one) matched; no tokens match nothing.
     pub fn any_matches(tokens: &[Token], given: &[u8]) -> bool {
         tokens.iter().fold(false, |ok, t| ok | t.matches(given))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+
+    #[test]
+    fn a_token_matches_only_the_whole_string() {
+        let secret = Token(b"secret".to_vec());
+        assert!(secret.matches(b"secret"));
+        assert!(!secret.matches(b"secreT"));
+        assert!(!secret.matches(b"secret2"));
+        assert!(!secret.matches(b"secre"));
+        assert!(!Token(Vec::new()).matches(b"x"));
+        assert!(Token(Vec::new()).matches(b""));
+    }
+
+    #[test]
+    fn any_of_several_tokens_matches() {
+        let tokens = [Token(b"old".to_vec()), Token(b"new".to_vec())];
+        assert!(Token::any_matches(&tokens, b"old"));
+        assert!(Token::any_matches(&tokens, b"new"));
+        assert!(!Token::any_matches(&tokens, b"other"));
+        assert!(!Token::any_matches(&[], b""));
     }
 }
