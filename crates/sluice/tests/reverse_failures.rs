@@ -209,6 +209,30 @@ async fn a_client_that_hangs_up_mid_request_does_not_cost_the_session() {
     proxy.stop().await;
 }
 
+/// Nor when its answer is longer than the response buffer: the proxy reads it off to its end
+/// (by the request's deadline) on both paths, and the session goes back.
+#[tokio::test]
+async fn a_client_that_hangs_up_before_a_long_answer_does_not_cost_the_session() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let proxy = start_proxy("response_buffer = \"4KiB\"", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
+    proxy.idle("default", 1).await;
+    let mut leaver = send_head(&proxy, "/wait/big/300000").await;
+    proxy.idle("default", 0).await;
+    leaver.shutdown().await.unwrap();
+    let _ = leaver.read_to_end(&mut Vec::new()).await;
+    svc.open_gate();
+    assert!(
+        within_5s(&proxy, |c| c.idle_sessions("default") == 1).await,
+        "the session did not come back after the long answer"
+    );
+    let next = get(proxy.http, "/").await;
+    assert_eq!(next.status, StatusCode::OK);
+    assert_eq!(svc.live(), 1, "the session closed when its client left");
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn expired_queue_wait_answers_503() {
     let proxy = start_proxy("queue_timeout = \"50ms\"", DEFAULT_ROUTE).await;

@@ -171,6 +171,9 @@ impl Service {
             tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
         } else if let Some(n) = path.strip_prefix("/big/") {
             res = Response::new(Full::new(Bytes::from(vec![b'x'; n.parse().unwrap()])));
+        } else if let Some(n) = path.strip_prefix("/wait/big/") {
+            let _ = self.gate.subscribe().wait_for(|open| *open).await;
+            res = Response::new(Full::new(Bytes::from(vec![b'x'; n.parse().unwrap()])));
         } else if path == "/wait" {
             let _ = self.gate.subscribe().wait_for(|open| *open).await;
         } else if path == "/hang" {

@@ -115,9 +115,9 @@ type Answering = Pin<Box<dyn Future<Output = (Answer, Session)> + Send>>;
 /// HTTP/1.1 cannot cancel a request, so a session whose answer goes unread is lost: its
 /// connection must close, and the service re-dials. When the client leaves before the answer
 /// (its request future is dropped, and this with it), a task of its own waits for the answer
-/// until the request's deadline, reads it off as far as `response_buffer` reaches and gives the
-/// session back. The session stays leased until then, as the service is still working on the
-/// request: capacity is never overcommitted.
+/// and reads it off to its end, both by the request's deadline, and gives the session back, as
+/// the fast path's `read_off` does. The session stays leased until then, as the service is
+/// still working on the request: capacity is never overcommitted.
 struct Exchange {
     /// `None` once it has resolved, or was forgotten.
     answer: Option<Answering>,
@@ -171,12 +171,10 @@ impl Drop for Exchange {
         let pool = Arc::clone(&self.pool);
         let deadline = self.deadline;
         runtime.spawn(async move {
-            // Read ahead as for a client, then dropped: the session goes back if the body
-            // ended within the buffer, and closes otherwise.
             let read_off = async {
                 let (answer, session) = answer.await;
                 match answer {
-                    Ok(res) => drop(finish(&pool, session, res).await),
+                    Ok(res) => read_off(&pool, session, res).await,
                     Err(e) => {
                         debug!(instance = %session.instance().id(), error = %e.error(), "the request of a client that left failed");
                     }
@@ -188,6 +186,22 @@ impl Drop for Exchange {
             }
         });
     }
+}
+
+/// Reads the answer of a client that left to its end, discarding it, and gives the session back
+/// if it may carry another request; a body that fails closes it.
+async fn read_off(pool: &Arc<SlicePool>, mut session: Session, res: Response<Incoming>) {
+    use http_body_util::BodyExt;
+
+    let reusable = exchange::keeps_connection(&res) && !session.client().is_upgrade();
+    let mut lease = Lease::new(reusable.then_some(session), Arc::clone(pool));
+    let mut body = res.into_body();
+    while let Some(frame) = body.frame().await {
+        if frame.is_err() {
+            return;
+        }
+    }
+    crate::body::Release::finish(&mut lease);
 }
 
 /// Reads the body ahead up to `response_buffer` and gives the session back as soon as the
