@@ -14,7 +14,9 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
+mod log_template;
 mod relay;
+pub use log_template::{LogField, LogPiece, LogTemplate};
 pub use relay::*;
 pub use sluice_session::Token;
 
@@ -485,7 +487,7 @@ pub struct AccessLog {
 }
 
 /// An access log line's format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AccessLogFormat {
     /// The Common Log Format (NGINX's and Apache's `common`).
     Common,
@@ -494,6 +496,8 @@ pub enum AccessLogFormat {
     Combined,
     /// One JSON object per line.
     Json,
+    /// A line of the operator's own (NGINX's `log_format`).
+    Template(LogTemplate),
 }
 
 /// Where access log lines go.

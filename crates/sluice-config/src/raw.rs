@@ -224,17 +224,9 @@ pub(crate) struct RawUpstreamTls {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAccessLog {
-    pub(crate) format: Option<RawAccessLogFormat>,
+    /// `common`, `combined`, `json`, or a template with `{fields}`.
+    pub(crate) format: Option<Spanned<String>>,
     pub(crate) path: Option<String>,
-}
-
-/// The access log's line format.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum RawAccessLogFormat {
-    Common,
-    Combined,
-    Json,
 }
 
 /// `[admin]`: the admin API.

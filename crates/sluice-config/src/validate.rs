@@ -19,11 +19,10 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::model::{
     AccessLog, AccessLogFormat, AccessLogTarget, Admin, Config, EscapedSlashes, HttpOptions,
-    Listener, RequestRules, Runtime, Token, Underscores,
+    Listener, LogTemplate, RequestRules, Runtime, Token, Underscores,
 };
 use crate::raw::{
-    RawAccessLog, RawAccessLogFormat, RawAdmin, RawConfig, RawEscapedSlashes, RawListener,
-    RawRuntime, RawUnderscores,
+    RawAccessLog, RawAdmin, RawConfig, RawEscapedSlashes, RawListener, RawRuntime, RawUnderscores,
 };
 
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -64,7 +63,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         .map(|h| handoff::handoff(ctx, h.into_inner()))
         .transpose()?;
     let admin = raw.admin.map(|a| admin(ctx, a)).transpose()?;
-    let access_log = raw.access_log.map(|a| access_log(ctx, a));
+    let access_log = raw.access_log.map(|a| access_log(ctx, a)).transpose()?;
     // A standalone acceptor's file (`[handoff]`) needs no listener, nor does a relay's.
     let no_listener_needed = handoff.is_some() || !raw.relay.is_empty();
     let listeners = listeners(ctx, raw.listener, no_listener_needed)?;
@@ -124,17 +123,36 @@ fn admin(ctx: Ctx<'_>, raw: toml::Spanned<RawAdmin>) -> Result<Admin, ConfigErro
     Ok(Admin { addr, token })
 }
 
-fn access_log(ctx: Ctx<'_>, raw: RawAccessLog) -> AccessLog {
-    let format = match raw.format {
-        None | Some(RawAccessLogFormat::Common) => AccessLogFormat::Common,
-        Some(RawAccessLogFormat::Combined) => AccessLogFormat::Combined,
-        Some(RawAccessLogFormat::Json) => AccessLogFormat::Json,
+fn access_log(ctx: Ctx<'_>, raw: RawAccessLog) -> Result<AccessLog, ConfigError> {
+    let format = match &raw.format {
+        None => AccessLogFormat::Common,
+        Some(format) => access_log_format(ctx, format)?,
     };
     let target = match raw.path.as_deref() {
         None | Some("stdout") => AccessLogTarget::Stdout,
         Some(path) => AccessLogTarget::File(ctx.resolve(path)),
     };
-    AccessLog { format, target }
+    Ok(AccessLog { format, target })
+}
+
+/// `common`, `combined`, `json`, or a template with `{fields}`.
+fn access_log_format(
+    ctx: Ctx<'_>,
+    raw: &toml::Spanned<String>,
+) -> Result<AccessLogFormat, ConfigError> {
+    Ok(match raw.get_ref().as_str() {
+        "common" => AccessLogFormat::Common,
+        "combined" => AccessLogFormat::Combined,
+        "json" => AccessLogFormat::Json,
+        text if text.contains(['{', '}']) => {
+            let template = LogTemplate::parse(text).map_err(|e| ctx.err(raw.span(), e))?;
+            AccessLogFormat::Template(template)
+        }
+        other => {
+            let msg = format!("unknown access log format `{other}`: common, combined, json, or a template with {{fields}} (docs/access-log.md)");
+            return Err(ctx.err(raw.span(), msg));
+        }
+    })
 }
 
 fn listeners(

@@ -1,5 +1,6 @@
-//! [`AccessLog`]: one line per answered request, in the Common or Combined Log Format or as
-//! JSON, to stdout or a file (`[access_log]`; off by default).
+//! [`AccessLog`]: one line per answered request, in the Common or Combined Log Format, as JSON,
+//! or by a template of the operator's (`docs/access-log.md`), to stdout or a file
+//! (`[access_log]`; off by default).
 //!
 //! A line is written when the response's body has ended (or the client went away), so its
 //! duration and bytes mean what NGINX's `$request_time` and `$body_bytes_sent` mean: from the
@@ -25,6 +26,7 @@ use tracing::warn;
 use sluice_net::log_limit::Tally;
 
 pub(crate) use sluice_config::{AccessLogFormat, AccessLogTarget};
+use sluice_config::{LogField, LogPiece, LogTemplate};
 
 /// Lines that may wait for the writer before new ones are dropped.
 pub(crate) const BACKLOG: usize = 65_536;
@@ -91,10 +93,12 @@ impl AccessLog {
 
     /// Queues the line for `entry`.
     pub(crate) fn record(&self, entry: &Entry<'_>) {
-        let line = match self.format {
-            AccessLogFormat::Common => common(entry, SystemTime::now()),
-            AccessLogFormat::Combined => combined(entry, SystemTime::now()),
-            AccessLogFormat::Json => json_line(entry, SystemTime::now()),
+        let now = SystemTime::now();
+        let line = match &self.format {
+            AccessLogFormat::Common => common(entry, now),
+            AccessLogFormat::Combined => combined(entry, now),
+            AccessLogFormat::Json => json_line(entry, now),
+            AccessLogFormat::Template(t) => template(entry, now, t),
         };
         if self.lines.try_send(line).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -141,17 +145,72 @@ fn write_lines(
 
 /// `client - - [day/Mon/year:HH:MM:SS +0000] "METHOD target HTTP/x" status bytes`.
 fn common(e: &Entry<'_>, now: SystemTime) -> String {
-    let (y, mo, d, h, mi, s) = civil(now);
-    let month = MONTHS[(mo - 1) as usize];
     format!(
-        "{} - - [{d:02}/{month}/{y}:{h:02}:{mi:02}:{s:02} +0000] \"{} {} {:?}\" {} {}",
+        "{} - - [{}] \"{} {} {:?}\" {} {}",
         e.client.ip(),
+        clf_time(now),
         e.method,
         request_target(e.uri),
         e.version,
         e.status,
         e.bytes
     )
+}
+
+/// `day/Mon/year:HH:MM:SS +0000`, as the Common Log Format writes a time.
+fn clf_time(now: SystemTime) -> String {
+    let (y, mo, d, h, mi, s) = civil(now);
+    let month = MONTHS[(mo - 1) as usize];
+    format!("{d:02}/{month}/{y}:{h:02}:{mi:02}:{s:02} +0000")
+}
+
+/// `year-mm-ddTHH:MM:SSZ`.
+fn iso_time(now: SystemTime) -> String {
+    let (y, mo, d, h, mi, s) = civil(now);
+    format!("{y}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// A line of the operator's template: each field as `docs/access-log.md` says, `-` for one
+/// without a value.
+fn template(e: &Entry<'_>, now: SystemTime, t: &LogTemplate) -> String {
+    let mut line = String::with_capacity(160);
+    for piece in &t.0 {
+        match piece {
+            LogPiece::Text(text) => line.push_str(text),
+            LogPiece::Field(f) => line.push_str(&field(e, now, *f)),
+        }
+    }
+    line
+}
+
+/// What `{f}` writes for `e`.
+fn field(e: &Entry<'_>, now: SystemTime, f: LogField) -> String {
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+    match f {
+        LogField::Client => e.client.ip().to_string(),
+        LogField::ClientPort => e.client.port().to_string(),
+        LogField::Time => clf_time(now),
+        LogField::TimeIso8601 => iso_time(now),
+        LogField::Method => e.method.to_string(),
+        LogField::Target => request_target(e.uri).to_owned(),
+        LogField::Protocol => format!("{:?}", e.version),
+        LogField::Request => format!("{} {} {:?}", e.method, request_target(e.uri), e.version),
+        LogField::Status => e.status.to_string(),
+        LogField::Bytes => e.bytes.to_string(),
+        LogField::RequestBytes => or_dash(e.request_bytes.map(|n| n.to_string())),
+        LogField::RequestTime => {
+            let ms = e.elapsed.as_millis();
+            format!("{}.{:03}", ms / 1000, ms % 1000)
+        }
+        LogField::DurationMs => duration_ms(e.elapsed).to_string(),
+        LogField::Route => e.route.to_owned(),
+        LogField::UpstreamAddr => or_dash(e.upstream.endpoint.map(|a| a.to_string())),
+        LogField::Instance => or_dash(e.upstream.instance.as_ref().map(|i| i.id().to_string())),
+        LogField::QueueMs => or_dash(e.upstream.queued.map(|q| duration_ms(q).to_string())),
+        LogField::UserAgent => or_dash(e.user_agent.map(escape_quoted)),
+        LogField::Referer => or_dash(e.referer.map(escape_quoted)),
+        LogField::Complete => e.complete.to_string(),
+    }
 }
 
 /// Common, then `"referer" "user agent"` (`"-"` for either absent), as NGINX's `combined`.
@@ -171,9 +230,8 @@ fn escape_quoted(v: &str) -> String {
 }
 
 fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
-    let (y, mo, d, h, mi, s) = civil(now);
     json!({
-        "time": format!("{y}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z"),
+        "time": iso_time(now),
         "client": e.client.ip().to_string(),
         "method": e.method.as_str(),
         "target": request_target(e.uri),
@@ -320,6 +378,27 @@ mod tests {
         assert_eq!(v["target"], "/hello?x=1");
         let (m, u) = (Method::CONNECT, Uri::from_static("example.com:443"));
         assert!(common(&entry(&m, &u), at).contains("\"CONNECT example.com:443 HTTP/1.1\""));
+    }
+
+    #[test]
+    fn a_template_writes_its_fields_and_a_dash_for_what_is_missing() {
+        let (m, u) = (Method::POST, Uri::from_static("/orders?id=7"));
+        let at = UNIX_EPOCH + Duration::from_secs(1_795_424_400);
+        let mut e = entry(&m, &u);
+        e.elapsed = Duration::from_micros(1_234_567);
+        e.user_agent = Some("a \"quoted\" agent");
+        let t = LogTemplate::parse(
+            "{client}:{client_port} [{time}] {time_iso8601} \"{request}\" {status} {bytes} \
+             {request_time} {duration_ms} {route} {upstream_addr} {queue_ms} \"{user_agent}\" \
+             {referer} {complete} {{}}",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            template(&e, at, &t),
+            "192.0.2.7:5555 [23/Nov/2026:09:00:00 +0000] 2026-11-23T09:00:00Z \
+             \"POST /orders?id=7 HTTP/1.1\" 200 6 1.234 1234.567 api - - \
+             \"a \\\"quoted\\\" agent\" - true {}"
+        );
     }
 
     #[test]

@@ -506,11 +506,12 @@ fn proxy_service(
     let Some(log) = &config.access_log else {
         return Ok(service);
     };
-    let opened =
-        AccessLog::open(&log.target, log.format).map_err(|source| StartError::AccessLog {
+    let opened = AccessLog::open(&log.target, log.format.clone()).map_err(|source| {
+        StartError::AccessLog {
             target: format!("{:?}", log.target),
             source,
-        })?;
+        }
+    })?;
     Ok(service.with_access_log(opened))
 }
 

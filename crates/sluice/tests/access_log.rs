@@ -93,6 +93,22 @@ async fn common_log_format_lines() {
     let _ = stop.send(());
 }
 
+/// A template of the operator's: its fields, its text, a dash for what a request has not.
+#[tokio::test]
+async fn template_lines_write_the_fields_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let format =
+        r#"{client} \"{request}\" {status} {bytes} route={route} up={upstream_addr} {{ok}}"#;
+    let (addr, stop) = serve(dir.path(), format).await;
+    get(addr, "/t?x=1").await;
+    let line = lines(&dir.path().join("access.log"), 1).await.remove(0);
+    assert_eq!(
+        line,
+        "127.0.0.1 \"GET /t?x=1 HTTP/1.1\" 200 6 route=hello up=- {ok}"
+    );
+    let _ = stop.send(());
+}
+
 /// A full disk (`/dev/full` fails every write with ENOSPC): requests are served as before,
 /// and the failure is logged once per interval with the lines lost, not once per request.
 #[tokio::test]
