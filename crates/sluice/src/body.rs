@@ -341,7 +341,7 @@ impl ProxyBody {
 
     /// `body`, streamed, with the connection it comes from given back by `release` when it
     /// has been read to the end (at once if it already has).
-    pub fn guarded(body: Incoming, mut release: impl Release + 'static) -> Self {
+    pub(crate) fn guarded(body: Incoming, mut release: impl Release + 'static) -> Self {
         if body.is_end_stream() {
             release.finish();
         }

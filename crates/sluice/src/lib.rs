@@ -6,15 +6,20 @@
 //! more [`Server`]s under a [`Group`]'s graceful shutdown. Clusters are handles: endpoints can
 //! be added and removed at runtime while requests flow.
 //!
-//! Everything a framework user needs is at the crate's root, and nothing else is public:
+//! What a framework user needs is re-exported at the crate's root; the modules themselves are
+//! private, but for [`options`] (the configuration converted into the runtime crates' options):
 //! - the app: [`Proxy`] (with [`Inherited`] for a hot restart, [`ReloadHook`] and [`InPlace`]
-//!   for reloads), [`Standalone`] (`sluice acceptor`), [`config`];
-//! - listeners: [`Server`], [`Group`], [`Shutdown`], [`os_signal`], [`HttpService`], and the
-//!   HTTP/1 fast path a server may take from the proxy ([`ProxyService::fast_path`]);
-//! - routes: [`Routing`], [`RouteTable`], [`Route`], [`Matcher`], [`Target`];
-//! - clusters: [`Upstream`], [`StaticCluster`] (and its [`Endpoint`]s), [`ReverseCluster`];
-//! - the service: [`ProxyService`], [`ProxyBody`], [`ProxyError`], [`ClientInfo`],
-//!   [`AccessLog`], [`Metrics`].
+//!   for reloads), [`Standalone`] and [`StandaloneAcceptor`] (`sluice acceptor`), [`config`];
+//! - listeners: [`Server`] (TLS by a rustls config or by [`Certificates`], HTTP settings from
+//!   [`default_http_options`]), [`Group`], [`Shutdown`], [`os_signal`], [`HttpService`], and the
+//!   HTTP/1 fast path a server may take from the proxy ([`FastPath`], [`FastHttp1`]);
+//! - routes: [`Routing`], [`RouteTable`], [`Route`], [`Matcher`], [`RequestHead`], [`Target`],
+//!   [`Direct`];
+//! - clusters: [`Upstream`], [`StaticCluster`] (its [`Endpoint`]s, [`StaticOptions`],
+//!   [`StaticMetrics`], [`LbPolicy`]), [`ReverseCluster`] and [`ReverseSlice`], whose services
+//!   dial in through an [`Acceptor`];
+//! - the service: [`ProxyService`], [`ProxyBody`], [`ProxyError`] and its [`Origin`],
+//!   [`ClientInfo`], [`AccessLog`], [`Metrics`].
 //!
 //! # Layout
 //!
@@ -82,10 +87,14 @@ pub use reload::{Applied, InPlace};
 pub use restart::{Inherited, RestartError};
 pub use router::{Direct, Matcher, RequestHead, Route, RouteTable, Routing, Target};
 pub use server::fast::FastHttp1;
-pub use server::{os_signal, ClientInfo, Group, HttpService, Server, Shutdown, ShutdownSignal};
+pub use server::tls::Certificates;
+pub use server::{
+    default_http_options, os_signal, ClientInfo, Group, HttpService, Server, Shutdown,
+    ShutdownSignal,
+};
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;
 pub use standalone::Standalone;
-pub use upstream::reverse::StandaloneAcceptor;
+pub use upstream::reverse::{Acceptor, StandaloneAcceptor};
 pub use upstream::static_cluster::{Endpoint, StaticMetrics};
 pub use upstream::{ReverseCluster, ReverseSlice, StaticCluster, StaticOptions, Upstream};

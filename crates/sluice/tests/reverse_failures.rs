@@ -233,6 +233,26 @@ async fn a_client_that_hangs_up_before_a_long_answer_does_not_cost_the_session()
     proxy.stop().await;
 }
 
+/// But an answer too long to be worth reading for nobody (past 1 MiB and the response buffer)
+/// closes its session instead, on both paths: the proxy does not download it.
+#[tokio::test]
+async fn a_client_that_hangs_up_before_a_huge_answer_closes_its_session() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let proxy = start_proxy("response_buffer = \"4KiB\"", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
+    proxy.idle("default", 1).await;
+    let mut leaver = send_head(&proxy, "/wait/big/3000000").await;
+    proxy.idle("default", 0).await;
+    leaver.shutdown().await.unwrap();
+    let _ = leaver.read_to_end(&mut Vec::new()).await;
+    svc.open_gate();
+    tokio::time::timeout(std::time::Duration::from_secs(10), svc.wait_live(0))
+        .await
+        .expect("the session of a huge abandoned answer stayed open");
+    proxy.stop().await;
+}
+
 #[tokio::test]
 async fn expired_queue_wait_answers_503() {
     let proxy = start_proxy("queue_timeout = \"50ms\"", DEFAULT_ROUTE).await;

@@ -1,6 +1,7 @@
-//! HTTP rules shared by the proxy paths: request checks, hop-by-hop stripping, forwarding
-//! headers, reading bodies ahead (`read_ahead`), when a request goes out again (`retry`), and
-//! what is known of a request's client ([`ClientInfo`]). Request normalisation is `sluice_wire::normalize`'s.
+//! The core both data paths render, without I/O: request checks, hop-by-hop stripping,
+//! forwarding headers, reading bodies ahead (`read_ahead`), when a request goes out again
+//! (`retry`), and what is known of a request's client ([`ClientInfo`]). Request
+//! normalisation is `sluice_wire::normalize`'s.
 
 pub(crate) mod checks;
 pub(crate) mod client;

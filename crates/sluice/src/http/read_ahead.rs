@@ -13,6 +13,10 @@
 //! of [`STREAM_GAP`] without more sends what was read, so a stream (chunked JSON lines, a
 //! generator, a long poll's late answer) reaches the client as the service sends it instead of
 //! in one burst at its end. Events (`text/event-stream`) are never read ahead.
+//!
+//! An answer whose client left is read off, discarded, up to [`read_off_limit`], so that its
+//! connection or session goes back (HTTP/1.1 cannot cancel a request); past it, or for an
+//! event stream, the connection or session closes.
 
 use std::time::Duration;
 
@@ -83,6 +87,18 @@ impl ReadAhead {
     }
 }
 
+/// The least of an answer nobody will read (its client left) that is read off, discarded, so
+/// that its connection or session can carry another request.
+const READ_OFF_MIN: usize = 1 << 20;
+
+/// How many bytes of an abandoned answer are read off before its connection or session is
+/// closed instead: the read-ahead's buffer (`read_ahead`), or 1 MiB if that is more. Reading
+/// more would cost more than a new connection, or a service's re-dial; an event stream, which
+/// may never end, is not read off at all.
+pub(crate) fn read_off_limit(read_ahead: Option<usize>) -> usize {
+    read_ahead.map_or(READ_OFF_MIN, |limit| limit.max(READ_OFF_MIN))
+}
+
 /// Whether a response with this `Content-Type` is an event stream, whose events must reach the
 /// client as the service sends them: never read ahead.
 pub(crate) fn is_event_stream(content_type: &[u8]) -> bool {
@@ -133,6 +149,13 @@ mod tests {
     fn only_a_body_without_trailers_goes_out_with_its_length() {
         assert!(ReadAhead::ends_with_length(false));
         assert!(!ReadAhead::ends_with_length(true));
+    }
+
+    #[test]
+    fn an_abandoned_answer_is_read_off_up_to_a_mebibyte_or_the_read_ahead() {
+        assert_eq!(read_off_limit(None), 1 << 20);
+        assert_eq!(read_off_limit(Some(64 << 10)), 1 << 20);
+        assert_eq!(read_off_limit(Some(4 << 20)), 4 << 20);
     }
 
     #[test]

@@ -212,7 +212,7 @@ impl Metrics {
     }
 
     /// Counts one answered request and how long its response head took.
-    pub fn request(&self, route: &str, status: u16, elapsed: Duration) {
+    pub(crate) fn request(&self, route: &str, status: u16, elapsed: Duration) {
         // On every request: one allocation, shared by both lookups.
         let labels = RequestLabels {
             route: route.to_owned(),
@@ -255,17 +255,17 @@ impl Metrics {
     }
 
     /// Counts a request the HTTP/1 fast path took.
-    pub fn fast_path_request(&self) {
+    pub(crate) fn fast_path_request(&self) {
         self.fast_path.inc();
     }
 
     /// Counts a connection the HTTP/1 fast path handed to hyper, and why.
-    pub fn fast_path_handoff(&self, reason: &'static str) {
+    pub(crate) fn fast_path_handoff(&self, reason: &'static str) {
         self.handoffs.get_or_create(&HandOffLabels { reason }).inc();
     }
 
     /// The byte counters a listener's connections add to.
-    pub fn client_bytes(&self, listener: &str) -> ByteCounters {
+    pub(crate) fn client_bytes(&self, listener: &str) -> ByteCounters {
         let labels = ListenerLabels {
             listener: listener.to_owned(),
         };

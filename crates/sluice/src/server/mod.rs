@@ -38,7 +38,7 @@ pub(crate) use sluice_net::accept::{accept_error, keep_reserve as keep_accept_re
 pub use sluice_net::shutdown::{os_signal, Shutdown, ShutdownSignal};
 
 /// Default HTTP settings, the same as the config file's defaults.
-pub(crate) fn default_http_options() -> HttpOptions {
+pub fn default_http_options() -> HttpOptions {
     HttpOptions {
         http2: true,
         fast_path: true,
@@ -133,17 +133,14 @@ impl Server {
 
     /// Terminates TLS with `certs` (chosen by SNI), offering HTTP/2 by ALPN as the listener's
     /// settings say; [`certificates`](Self::certificates) can replace them while it serves.
-    pub(crate) fn with_certificates(
-        mut self,
-        certs: Arc<tls::Certificates>,
-    ) -> std::io::Result<Self> {
+    pub fn with_certificates(mut self, certs: Arc<tls::Certificates>) -> std::io::Result<Self> {
         let config = tls::server_config(Arc::clone(&certs), self.http.http2)?;
         self.certificates = Some(certs);
         Ok(self.with_tls(config))
     }
 
     /// The certificates set by [`with_certificates`](Self::with_certificates).
-    pub(crate) fn certificates(&self) -> Option<&Arc<tls::Certificates>> {
+    pub fn certificates(&self) -> Option<&Arc<tls::Certificates>> {
         self.certificates.as_ref()
     }
 

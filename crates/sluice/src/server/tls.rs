@@ -26,7 +26,7 @@ use sluice_wire::cert::{cert_names, not_after};
 /// without SNI or with a name none carries. Replaced whole by [`replace`](Self::replace):
 /// handshakes from then on get the new set, open connections carry on.
 #[derive(Debug)]
-pub(crate) struct Certificates(ArcSwap<ByName>);
+pub struct Certificates(ArcSwap<ByName>);
 
 #[derive(Debug)]
 struct ByName {
@@ -54,8 +54,14 @@ impl Certificates {
     }
 
     /// Loads `tls` (at least one pair).
-    pub(crate) fn load(tls: &[Tls]) -> io::Result<Self> {
+    pub fn load(tls: &[Tls]) -> io::Result<Self> {
         Ok(Self(ArcSwap::from_pointee(ByName::load(tls)?)))
+    }
+
+    /// Serves `tls` from the next handshake on; on an error nothing changes.
+    pub fn replace(&self, tls: &[Tls]) -> io::Result<()> {
+        self.swap(Self::load(tls)?);
+        Ok(())
     }
 
     /// Serves `next`'s certificates from the next handshake on.

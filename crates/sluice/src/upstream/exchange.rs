@@ -28,6 +28,10 @@ pub(crate) struct Replay {
 impl Replay {
     /// A copy of `req`, when it is replayable.
     pub(crate) fn of(req: &Request<ProxyBody>) -> Option<Self> {
+        let idempotent = retry::is_idempotent(req.method());
+        if !idempotent {
+            return None;
+        }
         let body = match req.body() {
             ProxyBody::Full { data } => Some(data.clone().unwrap_or_default()),
             other if http_body::Body::is_end_stream(other) => Some(Bytes::new()),
@@ -38,7 +42,7 @@ impl Replay {
         } else {
             retry::Body::Streamed
         };
-        if !retry::replayable(retry::is_idempotent(req.method()), kept) {
+        if !retry::replayable(idempotent, kept) {
             return None;
         }
         let (mut parts, ()) = Request::new(()).into_parts();

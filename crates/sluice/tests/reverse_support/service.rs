@@ -1,7 +1,8 @@
 //! A test service that dials the acceptor, registers N sessions and serves HTTP/1.1 on them.
 //!
 //! Paths: `/delay/<ms>` works that long; `/wait` blocks until [`Service::open_gate`];
-//! `/big/<n>` answers n bytes; `/hang` never answers; `/close` answers with `Connection: close`; `/flaky` drops its
+//! `/big/<n>` answers n bytes; `/wait/big/<n>` answers n bytes once the gate opens; `/hang`
+//! never answers; `/close` answers with `Connection: close`; `/flaky` drops its
 //! session without answering the first time; `/session` answers `<instance>:<session's port>`;
 //! anything else answers the instance's name.
 

@@ -16,7 +16,7 @@ use super::answer::{self, date_at};
 use super::body::{self, Sink};
 use super::request::{timer_at, Request, Scratch, Served};
 use crate::error::ProxyError;
-use crate::http::read_ahead::ReadAhead;
+use crate::http::read_ahead::{self, ReadAhead};
 use crate::http::retry::{self, is_idempotent};
 use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
@@ -44,7 +44,7 @@ pub(crate) struct Outcome {
 }
 
 /// What one attempt at a response head came to.
-enum Attempt {
+enum Tried {
     Head(h1::ResponseHead),
     /// How it failed (whether it may go again: `http::retry`), and the error the client is
     /// answered with if not.
@@ -148,14 +148,14 @@ impl<'a> Exchange<'a> {
             let timer = timer_at(timer, deadline);
             let attempt = self.attempt(client, &mut lease, request, ubuf, pipelined, timer);
             match attempt.await {
-                Attempt::Head(head) => break head,
-                Attempt::ClientGone => {
+                Tried::Head(head) => break head,
+                Tried::ClientGone => {
                     read_off(lease, std::mem::take(ubuf), self.head_request, deadline);
                     return self.abandoned(used);
                 }
                 // A reused connection that failed before any response byte was stale: a
                 // replayable request goes out once more, on a fresh one.
-                Attempt::Failed(failed, e) => {
+                Tried::Failed(failed, e) => {
                     let attempt = retry::Attempt {
                         failed,
                         reused: lease.may_be_stale(),
@@ -190,7 +190,7 @@ impl<'a> Exchange<'a> {
         ubuf: &mut Vec<u8>,
         pipelined: &mut Vec<u8>,
         mut timer: Pin<&mut Sleep>,
-    ) -> Attempt
+    ) -> Tried
     where
         C: AsyncRead + Unpin,
         L: Leased,
@@ -198,21 +198,23 @@ impl<'a> Exchange<'a> {
         let sent = tokio::select! {
             biased;
             sent = lease.io().write_all(request) => sent,
-            () = timer.as_mut() => return Attempt::Failed(retry::Failed::Later, ProxyError::ResponseTimeout),
+            () = timer.as_mut() => {
+                return Tried::Failed(retry::Failed::Later, ProxyError::ResponseTimeout);
+            }
         };
         if sent.is_err() {
             let e = ProxyError::UpstreamInvalid("connection failed");
-            return Attempt::Failed(retry::Failed::BeforeResponse, e);
+            return Tried::Failed(retry::Failed::BeforeResponse, e);
         }
         ubuf.clear();
         tokio::select! {
             biased;
             head = read_head(lease.io(), ubuf, self.head_request) => match head {
-                Ok(head) => Attempt::Head(head),
-                Err((failed, e)) => Attempt::Failed(failed, e),
+                Ok(head) => Tried::Head(head),
+                Err((failed, e)) => Tried::Failed(failed, e),
             },
-            () = timer => Attempt::Failed(retry::Failed::Later, ProxyError::ResponseTimeout),
-            () = client_gone(client, pipelined) => Attempt::ClientGone,
+            () = timer => Tried::Failed(retry::Failed::Later, ProxyError::ResponseTimeout),
+            () = client_gone(client, pipelined) => Tried::ClientGone,
         }
     }
 
@@ -381,22 +383,29 @@ where
 }
 
 /// The answer to a request whose client hung up, read off its connection or session by a
-/// task of its own (by the request's deadline), so that it goes back to its pool as if the
-/// client had read it, as the hyper path does. `ubuf` holds what had come of the head.
+/// task of its own (by the request's deadline, up to `read_ahead::read_off_limit`), so that it
+/// goes back to its pool as if the client had read it, as the hyper path does. `ubuf` holds
+/// what had come of the head.
 fn read_off<L: Leased + 'static>(
     mut lease: L,
     mut ubuf: Vec<u8>,
     head_request: bool,
     deadline: Instant,
 ) {
+    let limit = read_ahead::read_off_limit(lease.read_ahead()) as u64;
     tokio::spawn(async move {
         let read = async {
             let head = read_head(lease.io(), &mut ubuf, head_request).await.ok()?;
+            if body::is_event_stream(&ubuf, &head) {
+                return None;
+            }
             let mut discard = tokio::io::sink();
             let bufs = (Vec::new(), Vec::new());
             let mut sink = Sink::new(&mut discard, bufs, &head, head_request, None);
             let early = &ubuf[head.len..];
-            let clean = body::relay(lease.io(), &mut sink, &head, early)
+            // Past the limit the body seems to end early: a failed relay, and the lease closes.
+            let mut upstream = lease.io().take(limit);
+            let clean = body::relay(&mut upstream, &mut sink, &head, early)
                 .await
                 .ok()?;
             Some(clean && head.reusable)

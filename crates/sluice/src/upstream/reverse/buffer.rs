@@ -211,7 +211,7 @@ async fn pump_rest(mut body: Incoming, pump: Pump, mut lease: Lease) {
 }
 
 /// Whether a response is a `text/event-stream`, whose events must reach the client as sent.
-fn is_event_stream(headers: &HeaderMap) -> bool {
+pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| read_ahead::is_event_stream(v.as_bytes()))

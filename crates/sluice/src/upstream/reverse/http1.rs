@@ -20,7 +20,7 @@ pub(crate) type Session = sluice_reverse::Session<Http1>;
 /// Gives a session back when the response it carries has been read to the end.
 pub(crate) type Lease = sluice_reverse::Lease<Http1>;
 /// The service-facing listener.
-pub(crate) type Acceptor = sluice_reverse::acceptor::Acceptor<Http1>;
+pub type Acceptor = sluice_reverse::acceptor::Acceptor<Http1>;
 /// The standalone acceptor (`sluice acceptor`): the acceptor plus the handoff socket.
 pub type StandaloneAcceptor = sluice_reverse::handoff::StandaloneAcceptor<Http1>;
 /// What the admin API reads of a running standalone acceptor.

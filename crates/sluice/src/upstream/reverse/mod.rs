@@ -13,8 +13,8 @@ mod link;
 pub(crate) mod raw;
 mod send;
 
-pub(crate) use self::http1::{Acceptor, BrokerView, HandoffSource};
-pub use self::http1::{ReverseCluster, ReverseSlice, StandaloneAcceptor};
+pub use self::http1::{Acceptor, ReverseCluster, ReverseSlice, StandaloneAcceptor};
+pub(crate) use self::http1::{BrokerView, HandoffSource};
 pub(crate) use self::send::send;
 pub(crate) use sluice_reverse::{
     HandedSession, Limit, ReverseMetrics, SessionGauges, SliceId, UpgradedSession,

@@ -14,8 +14,8 @@ use super::buffer;
 use super::http1::{Lease, ReverseSlice, Session, SlicePool};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::http::retry;
 use crate::http::ClientInfo;
+use crate::http::{read_ahead, retry};
 use crate::upstream::exchange::{self, Answer, Failure, Replay};
 use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
 
@@ -189,17 +189,25 @@ impl Drop for Exchange {
 }
 
 /// Reads the answer of a client that left to its end, discarding it, and gives the session back
-/// if it may carry another request; a body that fails closes it.
+/// if it may carry another request. A body that fails, outgrows `read_ahead::read_off_limit`
+/// or is an event stream closes it.
 async fn read_off(pool: &Arc<SlicePool>, mut session: Session, res: Response<Incoming>) {
     use http_body_util::BodyExt;
 
     let reusable = exchange::keeps_connection(&res) && !session.client().is_upgrade();
     let mut lease = Lease::new(reusable.then_some(session), Arc::clone(pool));
+    if buffer::is_event_stream(res.headers()) {
+        return;
+    }
+    let mut left = read_ahead::read_off_limit(Some(pool.options().response_buffer));
     let mut body = res.into_body();
     while let Some(frame) = body.frame().await {
-        if frame.is_err() {
+        let Ok(frame) = frame else { return };
+        let len = frame.data_ref().map_or(0, bytes::Buf::remaining);
+        let Some(rest) = left.checked_sub(len) else {
             return;
-        }
+        };
+        left = rest;
     }
     crate::body::Release::finish(&mut lease);
 }
