@@ -1,6 +1,7 @@
 //! `sluice run` under systemd's `Type=notify`: the test listens on the `NOTIFY_SOCKET` itself
 //! (with `SO_PASSCRED`, so each message's sender is known) and checks the messages, in order,
-//! across a reload in place, a refused reload and a hot restart, then a stop.
+//! across a reload in place, a refused reload and a hot restart, then a stop. And the unit's
+//! example configuration (deploy/systemd; `deploy/systemd/check` verifies the unit itself).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, IoSliceMut, Read, Write};
@@ -295,4 +296,27 @@ fn notifies_systemd_across_reloads_a_hot_restart_and_a_stop() {
         .collect();
     eprintln!("notifications, in order:\n  {}", shown.join("\n  "));
     assert!(notify.queued().is_none(), "nothing after STOPPING=1");
+}
+
+/// The `/etc/sluice/sluice.toml` that deploy/systemd/README.md starts from loads, with its
+/// upgrade socket in the unit's RuntimeDirectory.
+#[test]
+fn the_units_example_configuration_checks() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd/sluice.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("check")
+        .arg("-c")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("\nupgrade_socket = \"/run/sluice/upgrade.sock\"\n"),
+        "{text}"
+    );
 }
