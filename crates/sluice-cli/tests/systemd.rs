@@ -320,3 +320,41 @@ fn the_units_example_configuration_checks() {
         "{text}"
     );
 }
+
+/// `sluice acceptor` says READY=1 once bound and STOPPING=1 on SIGTERM.
+#[test]
+fn a_standalone_acceptor_notifies_ready_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("acceptor.toml");
+    std::fs::write(
+        &file,
+        "[acceptor]\nlisten = \"127.0.0.1:0\"\n[handoff]\nlisten = \"handoff.sock\"\n\
+         [cluster.api]\nkind = \"reverse\"\n",
+    )
+    .unwrap();
+    let notify = NotifySocket::bind(&dir.path().join("notify.sock"));
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["acceptor", "-c"])
+        .arg(&file)
+        .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut procs = Processes {
+        first: child,
+        successor: None,
+    };
+    let pid = procs.first.id();
+    assert_eq!(notify.next("READY"), (pid, "READY=1\n".into()));
+    assert!(
+        dir.path().join("handoff.sock").exists(),
+        "bound before READY"
+    );
+    signal(pid, Signal::TERM);
+    assert_eq!(notify.next("STOPPING"), (pid, "STOPPING=1\n".into()));
+    wait_until("the acceptor exits", || {
+        procs.first.try_wait().unwrap().is_some()
+    });
+    assert!(notify.queued().is_none(), "nothing after STOPPING=1");
+}
