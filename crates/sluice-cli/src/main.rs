@@ -7,10 +7,13 @@ mod ctl;
 mod demo;
 mod demo_service;
 mod load;
+mod notify;
 mod reload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -214,18 +217,21 @@ fn run(
     let runtime = build_runtime(workers)?;
     runtime.block_on(async {
         // Installed before binding, so a signal during start-up drains instead of killing.
-        let stop = os_signal();
+        let stop = stopping(os_signal());
         let inherited = match upgrade {
             true => Some(take_over(&config).await?),
             false => None,
         };
         let mut proxy = sluice::Proxy::bind_inheriting(&config, inherited).await?;
+        let upgraded = proxy.upgraded();
+        let successor_pid = Arc::new(AtomicU32::new(0));
         if let (Some(path), Some(_)) = (&path, &config.runtime.upgrade_socket) {
             let successor = reload::Successor {
                 config: path.clone(),
                 workers,
                 log_format: log_format.as_arg(),
                 in_place: proxy.in_place(),
+                started: Arc::clone(&successor_pid),
             };
             let hook = successor.hook(proxy.upgraded());
             proxy = proxy.with_reload(hook.clone());
@@ -238,19 +244,36 @@ fn run(
             tokio::spawn(reload::explain_sighup(why));
         }
         info!(source = %config.source, "sluice started; SIGTERM or SIGINT drains and exits");
+        match upgrade {
+            true => notify::successor_ready(),
+            false => notify::ready(),
+        }
         proxy.run_until(stop).await;
+        // Handed over: the successor is the service's main process, even if this one drained
+        // before the successor could say so itself.
+        match successor_pid.load(Ordering::SeqCst) {
+            pid if pid != 0 && *upgraded.borrow() => notify::handed_to(pid),
+            _ => {}
+        }
         info!("sluice stopped");
         Ok(())
     })
+}
+
+/// `signal`, then `STOPPING=1` to the service manager.
+async fn stopping(signal: impl std::future::Future<Output = ()>) {
+    signal.await;
+    notify::stopping();
 }
 
 fn acceptor(path: PathBuf) -> anyhow::Result<()> {
     let config = load(Some(path))?;
     let runtime = build_runtime(config.runtime.workers)?;
     runtime.block_on(async {
-        let stop = os_signal();
+        let stop = stopping(os_signal());
         let acceptor = sluice::Standalone::bind(&config).await?;
         info!(source = %config.source, "standalone acceptor started; SIGTERM or SIGINT stops it");
+        notify::ready();
         acceptor.run_until(stop).await;
         Ok(())
     })

@@ -6,18 +6,23 @@
 //! (docs/handoff.md), and this one drains and exits, so no request fails, as with NGINX's
 //! reload (whose new workers also start with fresh client connections).
 //!
-//! The new process is started as a child of this one and outlives it: under a supervisor
-//! that tracks the main PID (systemd's `Type=simple`), prefer `--upgrade` from the
-//! supervisor's own reload command.
+//! The new process is started as a child of this one and outlives it. Under systemd
+//! (`Type=notify`, `NotifyAccess=all`: `deploy/systemd/`) the unit follows it: this process says
+//! `RELOADING=1`, then `READY=1` itself when the reload was applied in place or refused, while
+//! after a hot restart the successor says `MAINPID=` and `READY=1` ([`crate::notify`]).
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::{Applied, InPlace, ReloadHook};
 use tokio::process::Command;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
+
+use crate::notify;
 
 /// How long a successor may take to load its file and take over.
 const TAKE_OVER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -30,6 +35,16 @@ pub(crate) struct Successor {
     pub(crate) log_format: &'static str,
     /// What may change without a new process.
     pub(crate) in_place: InPlace,
+    /// The PID of the successor started last, while it may still take over (0: none).
+    pub(crate) started: Arc<AtomicU32>,
+}
+
+/// How a reload went through.
+enum Reloaded {
+    /// Applied inside this process, which goes on.
+    InPlace(String),
+    /// A new process took over; this one drains and exits.
+    Restarted(String),
 }
 
 impl Successor {
@@ -39,26 +54,36 @@ impl Successor {
         ReloadHook::new(move || {
             let (this, upgraded) = (self.clone(), upgraded.clone());
             Box::pin(async move {
+                let draining = *upgraded.borrow();
+                if draining {
+                    // Not the service's main process any more: it tells systemd nothing.
+                    let reason = "a reload is already under way: this process is draining";
+                    error!(%reason, "reload refused");
+                    return Err(reason.to_owned());
+                }
+                notify::reloading();
                 let outcome = this.start(upgraded).await;
                 match &outcome {
-                    Ok(done) => info!(%done, "reloaded"),
+                    Ok(Reloaded::InPlace(done)) => {
+                        info!(%done, "reloaded");
+                        notify::ready();
+                    }
+                    // The successor says READY=1 (and MAINPID=) once it serves.
+                    Ok(Reloaded::Restarted(done)) => info!(%done, "reloaded"),
                     Err(reason) => {
-                        error!(%reason, "reload refused; the running configuration goes on")
+                        error!(%reason, "reload refused; the running configuration goes on");
+                        notify::ready();
                     }
                 }
-                outcome
+                outcome.map(|(Reloaded::InPlace(done) | Reloaded::Restarted(done))| done)
             })
         })
     }
 
-    async fn start(self, mut upgraded: watch::Receiver<bool>) -> Result<String, String> {
-        let draining = *upgraded.borrow();
-        if draining {
-            return Err("a reload is already under way: this process is draining".into());
-        }
+    async fn start(self, mut upgraded: watch::Receiver<bool>) -> Result<Reloaded, String> {
         let new = sluice::config::load_file(&self.config).map_err(|e| e.to_string())?;
         if let Some(applied) = self.in_place.apply(&new) {
-            return Ok(describe(&applied));
+            return Ok(Reloaded::InPlace(describe(&applied)));
         }
         let changed = match self.in_place.differences(&new) {
             d if d.is_empty() => "nothing but what a new process applies".to_owned(),
@@ -77,6 +102,8 @@ impl Successor {
             .spawn()
             .map_err(|e| format!("cannot start the new process: {e}"))?;
         let pid = child.id().unwrap_or(0);
+        // Before it can take over: the proxy may return as soon as it has.
+        self.started.store(pid, Ordering::SeqCst);
         let taken_over = async {
             loop {
                 let done = *upgraded.borrow_and_update();
@@ -89,17 +116,21 @@ impl Successor {
                 }
             }
         };
-        tokio::select! {
+        let outcome = tokio::select! {
             status = child.wait() => Err(format!(
                 "the new process ({pid}) exited before taking over ({}); see its log",
                 status.map_or_else(|e| e.to_string(), |s| s.to_string())
             )),
-            () = taken_over => Ok(format!("process {pid} took over ({changed}); this one drains and exits")),
+            () = taken_over => return Ok(Reloaded::Restarted(format!(
+                "process {pid} took over ({changed}); this one drains and exits"
+            ))),
             () = tokio::time::sleep(TAKE_OVER_TIMEOUT) => {
                 let _ = child.kill().await;
                 Err(format!("the new process ({pid}) did not take over within {TAKE_OVER_TIMEOUT:?}; stopped it"))
             }
-        }
+        };
+        self.started.store(0, Ordering::SeqCst);
+        outcome
     }
 }
 
