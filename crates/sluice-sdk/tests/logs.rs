@@ -39,7 +39,10 @@ impl Lines {
             .without_time()
             .with_writer(move || writer.clone())
             .finish();
-        (lines, tracing::subscriber::set_default(subscriber))
+        let guard = tracing::subscriber::set_default(subscriber);
+        // Callsites met on other threads with no subscriber may be cached as unwanted.
+        tracing::callsite::rebuild_interest_cache();
+        (lines, guard)
     }
 
     /// The captured lines at `level` that contain `text`.

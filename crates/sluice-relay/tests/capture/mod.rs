@@ -23,6 +23,8 @@ impl Logs {
             .with_writer(move || Sink(Arc::clone(&sink)))
             .finish();
         let guard = tracing::subscriber::set_default(subscriber);
+        // Callsites met on other threads with no subscriber may be cached as unwanted.
+        tracing::callsite::rebuild_interest_cache();
         Self {
             text,
             _guard: guard,

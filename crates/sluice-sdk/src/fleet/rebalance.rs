@@ -110,6 +110,9 @@ mod tests {
             .with_writer(move || writer.clone())
             .finish();
         tracing::subscriber::with_default(subscriber, || {
+            // Other tests on other threads may have met these callsites with no subscriber
+            // and cached that nobody wants them: ask again now that this one is in place.
+            tracing::callsite::rebuild_interest_cache();
             let mut log = Rebalance::default();
             let t0 = Instant::now();
             log.note(t0, 4, &[node(1, 2, 0.0), node(2, 2, 0.0)]);
