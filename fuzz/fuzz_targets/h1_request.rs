@@ -106,7 +106,7 @@ fn check_written(data: &[u8], head: &RequestHead) {
         trusted: true,
         remove: &[],
         set: &[],
-        stamp: Some(("sluice-client-addr", b"192.0.2.1:40000")),
+        stamps: &[("sluice-client-addr", b"192.0.2.1:40000")],
     };
     let mut out = Vec::new();
     h1::write_head(data, head, &fwd, &mut out);

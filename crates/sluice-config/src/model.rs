@@ -36,6 +36,8 @@ pub struct Config {
     pub admin: Option<Admin>,
     /// The access log (`[access_log]`); `None` (the default): off.
     pub access_log: Option<AccessLog>,
+    /// Request IDs (`[request_id]`); `None` (the default): off.
+    pub request_id: Option<RequestId>,
     /// Client-facing listeners, in file order.
     pub listeners: Vec<Listener>,
     /// Routes, in file order; the first match wins.
@@ -475,6 +477,15 @@ pub enum SessionSource {
         /// handed back. Default 4.
         idle: usize,
     },
+}
+
+/// `[request_id]`: every request gets an ID, in a field of this name (default `x-request-id`):
+/// the one a trusted client sent, else a new one. It goes upstream, into the access log
+/// (`{request_id}`) and into Sluice's own error answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId {
+    /// The field's name, lowercase.
+    pub header: http::HeaderName,
 }
 
 /// `[access_log]`: where each answered request is logged, and how.

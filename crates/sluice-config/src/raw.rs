@@ -25,6 +25,7 @@ pub(crate) struct RawConfig {
     pub(crate) handoff: Option<Spanned<RawHandoff>>,
     pub(crate) admin: Option<Spanned<RawAdmin>>,
     pub(crate) access_log: Option<RawAccessLog>,
+    pub(crate) request_id: Option<RawRequestId>,
     #[serde(default)]
     pub(crate) listener: Vec<RawListener>,
     #[serde(default)]
@@ -227,6 +228,13 @@ pub(crate) struct RawAccessLog {
     /// `common`, `combined`, `json`, or a template with `{fields}`.
     pub(crate) format: Option<Spanned<String>>,
     pub(crate) path: Option<String>,
+}
+
+/// `[request_id]`: a request ID on every request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRequestId {
+    pub(crate) header: Option<Spanned<String>>,
 }
 
 /// `[admin]`: the admin API.

@@ -16,13 +16,16 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sluice_wire::fields::Kind;
+
 use crate::error::ConfigError;
 use crate::model::{
     AccessLog, AccessLogFormat, AccessLogTarget, Admin, Config, EscapedSlashes, HttpOptions,
-    Listener, LogTemplate, RequestRules, Runtime, Token, Underscores,
+    Listener, LogTemplate, RequestId, RequestRules, Runtime, Token, Underscores,
 };
 use crate::raw::{
-    RawAccessLog, RawAdmin, RawConfig, RawEscapedSlashes, RawListener, RawRuntime, RawUnderscores,
+    RawAccessLog, RawAdmin, RawConfig, RawEscapedSlashes, RawListener, RawRequestId, RawRuntime,
+    RawUnderscores,
 };
 
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -64,6 +67,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         .transpose()?;
     let admin = raw.admin.map(|a| admin(ctx, a)).transpose()?;
     let access_log = raw.access_log.map(|a| access_log(ctx, a)).transpose()?;
+    let request_id = raw.request_id.map(|r| request_id(ctx, r)).transpose()?;
     // A standalone acceptor's file (`[handoff]`) needs no listener, nor does a relay's.
     let no_listener_needed = handoff.is_some() || !raw.relay.is_empty();
     let listeners = listeners(ctx, raw.listener, no_listener_needed)?;
@@ -85,6 +89,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         handoff,
         admin,
         access_log,
+        request_id,
         listeners,
         routes,
         clusters,
@@ -133,6 +138,26 @@ fn access_log(ctx: Ctx<'_>, raw: RawAccessLog) -> Result<AccessLog, ConfigError>
         Some(path) => AccessLogTarget::File(ctx.resolve(path)),
     };
     Ok(AccessLog { format, target })
+}
+
+/// `[request_id]`: the field's name, which must be one the proxy leaves to requests.
+fn request_id(ctx: Ctx<'_>, raw: RawRequestId) -> Result<RequestId, ConfigError> {
+    let Some(name) = raw.header else {
+        let header = http::HeaderName::from_static("x-request-id");
+        return Ok(RequestId { header });
+    };
+    let header = http::HeaderName::from_bytes(name.get_ref().as_bytes()).map_err(|_| {
+        ctx.err(
+            name.span(),
+            format!("invalid field name `{}`", name.get_ref()),
+        )
+    })?;
+    let owned = sluice_wire::fields::kind(header.as_str().as_bytes()) != Kind::Other;
+    if owned {
+        let msg = format!("`{header}` is a field the proxy sets or removes itself; name another (e.g. x-request-id)");
+        return Err(ctx.err(name.span(), msg));
+    }
+    Ok(RequestId { header })
 }
 
 /// `common`, `combined`, `json`, or a template with `{fields}`.

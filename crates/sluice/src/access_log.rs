@@ -60,6 +60,8 @@ pub(crate) struct Entry<'a> {
     pub user_agent: Option<&'a str>,
     /// The `Referer`, if any.
     pub referer: Option<&'a str>,
+    /// The request's ID, when `[request_id]` is on.
+    pub request_id: Option<&'a str>,
 }
 
 /// The access log's sender side; cheap to clone.
@@ -210,6 +212,7 @@ fn field(e: &Entry<'_>, now: SystemTime, f: LogField) -> String {
         LogField::UserAgent => or_dash(e.user_agent.map(escape_quoted)),
         LogField::Referer => or_dash(e.referer.map(escape_quoted)),
         LogField::Complete => e.complete.to_string(),
+        LogField::RequestId => e.request_id.unwrap_or("-").to_owned(),
     }
 }
 
@@ -247,6 +250,7 @@ fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
         "queue_ms": e.upstream.queued.map(duration_ms),
         "user_agent": e.user_agent,
         "referer": e.referer,
+        "request_id": e.request_id,
     })
     .to_string()
 }
@@ -317,6 +321,7 @@ mod tests {
             upstream: &NOBODY,
             user_agent: Some("curl/8"),
             referer: None,
+            request_id: None,
         }
     }
 

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState, ReloadHook};
+use crate::http::request_id::RequestIds;
 use crate::metrics::Metrics;
 use crate::options;
 use crate::proxy::ProxyService;
@@ -496,13 +497,17 @@ fn handoff_sources(
     by_path
 }
 
-/// The routing service, counting into `metrics` and logging to `[access_log]` if set.
+/// The routing service, counting into `metrics`, with `[request_id]` and logging to
+/// `[access_log]` if set.
 fn proxy_service(
     config: &Config,
     routes: &Arc<LiveRoutes>,
     metrics: &Arc<Metrics>,
 ) -> Result<ProxyService<LiveRoutes>, StartError> {
-    let service = ProxyService::from_arc(Arc::clone(routes)).with_metrics(Arc::clone(metrics));
+    let mut service = ProxyService::from_arc(Arc::clone(routes)).with_metrics(Arc::clone(metrics));
+    if let Some(ids) = &config.request_id {
+        service = service.with_request_ids(RequestIds::new(ids.header.clone()));
+    }
     let Some(log) = &config.access_log else {
         return Ok(service);
     };

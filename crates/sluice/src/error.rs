@@ -173,7 +173,16 @@ impl ProxyError {
     /// `Response` (`proxy::error_response`), the fast path as bytes (`proxy::fast::answer`).
     /// `Connection: close` is the renderer's, when [`closes_connection`](Self::closes_connection)
     /// and the connection is HTTP/1.
-    pub(crate) fn answer(&self) -> Answer {
+    /// The request's `id` (`[request_id]`), when it has one, is one of its fields.
+    pub(crate) fn answer(&self, id: Option<(&HeaderName, &HeaderValue)>) -> Answer {
+        let mut answer = self.answer_alone();
+        if let Some((name, value)) = id {
+            answer.fields.push((name.clone(), value.clone()));
+        }
+        answer
+    }
+
+    fn answer_alone(&self) -> Answer {
         // An upstream's unasked `101` is answered with its own text, and no content type.
         if let Self::UpstreamInvalid(why) = self {
             if *why == sluice_wire::h1::UNASKED_SWITCH {
@@ -201,7 +210,16 @@ impl ProxyError {
     /// `answer` as the hyper path sends it; on HTTP/1 the connection closes
     /// after it when the client is at fault (its connection may be out of sync).
     pub fn response(&self, http1: bool) -> Response<ProxyBody> {
-        let answer = self.answer();
+        self.response_with_id(http1, None)
+    }
+
+    /// [`response`](Self::response) with the request's `id` among its fields.
+    pub(crate) fn response_with_id(
+        &self,
+        http1: bool,
+        id: Option<(&HeaderName, &HeaderValue)>,
+    ) -> Response<ProxyBody> {
+        let answer = self.answer(id);
         let mut res = Response::new(ProxyBody::full(answer.body));
         *res.status_mut() = answer.status;
         let headers = res.headers_mut();
@@ -241,7 +259,7 @@ mod tests {
             cluster: "internal-name".into(),
             slice: "default".into(),
         };
-        let answer = e.answer();
+        let answer = e.answer(None);
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(answer.body, "no sessions registered for this service\n");
         let field = |name| answer.fields.iter().find(|(n, _)| *n == name).map(|f| &f.1);
@@ -255,7 +273,7 @@ mod tests {
     #[test]
     fn an_unasked_switch_is_a_bare_502_with_its_own_text() {
         let e = ProxyError::UpstreamInvalid(sluice_wire::h1::UNASKED_SWITCH);
-        let answer = e.answer();
+        let answer = e.answer(None);
         assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
         assert_eq!(answer.body, "upstream switched protocols unasked\n");
         assert!(answer.fields.is_empty());

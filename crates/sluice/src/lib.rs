@@ -19,7 +19,7 @@
 //!   [`StaticMetrics`], [`LbPolicy`]), [`ReverseCluster`] and [`ReverseSlice`], whose services
 //!   dial in through an [`Acceptor`];
 //! - the service: [`ProxyService`], [`ProxyBody`], [`ProxyError`] and its [`Origin`],
-//!   [`ClientInfo`], [`AccessLog`], [`Metrics`].
+//!   [`ClientInfo`], [`AccessLog`], [`Metrics`], [`RequestIds`].
 //!
 //! # Layout
 //!
@@ -80,6 +80,7 @@ pub use admin::{ReloadFuture, ReloadHook};
 pub use app::{Proxy, StartError};
 pub use body::ProxyBody;
 pub use error::{Origin, ProxyError};
+pub use http::request_id::RequestIds;
 pub use metrics::Metrics;
 pub use proxy::fast::FastPath;
 pub use proxy::ProxyService;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use tracing::{debug, warn};
@@ -27,6 +27,7 @@ use crate::http::headers::{
     add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
     Forwarding,
 };
+use crate::http::request_id::RequestIds;
 use crate::http::ClientInfo;
 use crate::metrics::Metrics;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
@@ -40,6 +41,7 @@ pub struct ProxyService<R> {
     router: Arc<R>,
     metrics: Option<Arc<Metrics>>,
     access_log: Option<AccessLog>,
+    request_ids: Option<RequestIds>,
 }
 
 impl<R> Clone for ProxyService<R> {
@@ -48,6 +50,7 @@ impl<R> Clone for ProxyService<R> {
             router: Arc::clone(&self.router),
             metrics: self.metrics.clone(),
             access_log: self.access_log.clone(),
+            request_ids: self.request_ids.clone(),
         }
     }
 }
@@ -64,7 +67,14 @@ impl<R: Routing> ProxyService<R> {
             router,
             metrics: None,
             access_log: None,
+            request_ids: None,
         }
+    }
+
+    /// Gives every request an ID (see [`RequestIds`]); by default requests get none.
+    pub fn with_request_ids(mut self, ids: RequestIds) -> Self {
+        self.request_ids = Some(ids);
+        self
     }
 
     /// Logs every answered request to `log`; by default nothing is logged.
@@ -87,6 +97,7 @@ impl<R: Routing> ProxyService<R> {
             Arc::clone(&self.router) as Arc<dyn Routing>,
             self.metrics.clone(),
             self.access_log.clone(),
+            self.request_ids.clone(),
             std::any::TypeId::of::<Self>(),
         )
     }
@@ -94,23 +105,28 @@ impl<R: Routing> ProxyService<R> {
     /// Handles one request; failures become short plain-text error responses.
     pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
-        // Kept only when a log wants them: the request itself moves on.
-        let logged = self.access_log.as_ref().map(|log| {
-            req.extensions_mut().insert(WantsServedBy);
-            Logged::of(&req, log.clone(), started)
-        });
         let client = req
             .extensions()
             .get::<ClientInfo>()
             .copied()
             .unwrap_or_default();
+        let id = self.request_ids.as_ref().map(|ids| {
+            let sent = req.headers().get(ids.name()).map(HeaderValue::as_bytes);
+            (ids.name(), ids.decide(sent, client.trusted))
+        });
+        // Kept only when a log wants them: the request itself moves on.
+        let logged = self.access_log.as_ref().map(|log| {
+            req.extensions_mut().insert(WantsServedBy);
+            Logged::of(&req, log.clone(), started, id.as_ref().map(|(_, v)| v))
+        });
         let http1 = req.version() <= Version::HTTP_11;
         let mut matched = None;
-        let res = match self.dispatch(req, &client, &mut matched).await {
+        let stamp = id.as_ref().map(|(n, v)| (*n, v));
+        let res = match self.dispatch(req, &client, stamp, &mut matched).await {
             Ok(res) => res,
             Err(e) => {
                 log_failure(&e, &client, matched.as_deref());
-                e.response(http1)
+                e.response_with_id(http1, stamp)
             }
         };
         let route = matched
@@ -129,6 +145,7 @@ impl<R: Routing> ProxyService<R> {
         &self,
         mut req: Request<Incoming>,
         client: &ClientInfo,
+        id: Option<(&HeaderName, &HeaderValue)>,
         matched: &mut Option<Arc<Route>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         check_request(&req)?;
@@ -150,7 +167,7 @@ impl<R: Routing> ProxyService<R> {
             Target::Direct(direct) => direct_response(direct),
             Target::Upstream(upstream) => {
                 let client_side = upgrade::requested(&mut req);
-                let req = upstream_request(req, &route, client, client_side.is_some());
+                let req = upstream_request(req, &route, client, id, client_side.is_some());
                 let res = upstream.send(req).await?;
                 upgrade::respond(res, client_side, client.peer)
             }
@@ -199,11 +216,12 @@ pub(crate) fn strip_port(host: &str) -> &str {
 
 /// Turns the client's request into the one sent upstream: origin-form target, a Host header,
 /// hop-by-hop headers removed (but `Upgrade` kept when `upgrade`), forwarding headers added,
-/// the route's edits applied.
+/// the route's edits applied, then the request's `id` set over any copy.
 fn upstream_request(
     req: Request<Incoming>,
     route: &Route,
     client: &ClientInfo,
+    id: Option<(&HeaderName, &HeaderValue)>,
     upgrade: bool,
 ) -> Request<ProxyBody> {
     let (mut parts, body) = req.into_parts();
@@ -235,6 +253,9 @@ fn upstream_request(
     };
     add_forwarding(&mut parts.headers, &fwd);
     apply_edits(&mut parts.headers, &route.request_headers);
+    if let Some((name, value)) = id {
+        parts.headers.insert(name.clone(), value.clone());
+    }
     if absolute {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         parts.uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
@@ -252,11 +273,17 @@ struct Logged {
     user_agent: Option<String>,
     referer: Option<String>,
     request_bytes: Option<u64>,
+    request_id: Option<String>,
     started: Instant,
 }
 
 impl Logged {
-    fn of(req: &Request<Incoming>, log: AccessLog, started: Instant) -> Self {
+    fn of(
+        req: &Request<Incoming>,
+        log: AccessLog,
+        started: Instant,
+        id: Option<&HeaderValue>,
+    ) -> Self {
         let text = |name| {
             let v = req.headers().get(name)?;
             v.to_str().ok().map(str::to_owned)
@@ -269,6 +296,7 @@ impl Logged {
             user_agent: text(header::USER_AGENT),
             referer: text(header::REFERER),
             request_bytes: http_body::Body::size_hint(req.body()).exact(),
+            request_id: id.and_then(|v| v.to_str().ok()).map(str::to_owned),
             started,
         }
     }
@@ -302,6 +330,7 @@ impl Logged {
                 upstream: &upstream,
                 user_agent: self.user_agent.as_deref(),
                 referer: self.referer.as_deref(),
+                request_id: self.request_id.as_deref(),
             });
         }));
         Response::from_parts(parts, body)

@@ -357,7 +357,7 @@ async fn the_fast_path_forwards_what_the_proxy_forwards() {
                 trusted: listener.trusted,
                 remove: &remove,
                 set: &set,
-                stamp: None,
+                stamps: &[],
             };
             let outcome = run(case, listener, &fwd, &recorder).await;
             taken += usize::from(outcome.is_ok() && case.expected(listener.name).0 == "take");

@@ -59,10 +59,12 @@ pub enum LogField {
     Referer,
     /// `{complete}`: `true` when the whole body went out, `false` when it was cut short.
     Complete,
+    /// `{request_id}`: the request's ID (`[request_id]`).
+    RequestId,
 }
 
 /// Every field by its name in a template.
-const FIELDS: [(&str, LogField); 20] = [
+const FIELDS: [(&str, LogField); 21] = [
     ("client", LogField::Client),
     ("client_port", LogField::ClientPort),
     ("time", LogField::Time),
@@ -83,6 +85,7 @@ const FIELDS: [(&str, LogField); 20] = [
     ("user_agent", LogField::UserAgent),
     ("referer", LogField::Referer),
     ("complete", LogField::Complete),
+    ("request_id", LogField::RequestId),
 ];
 
 impl LogTemplate {

@@ -47,9 +47,9 @@ pub struct Forward<'a> {
     pub remove: &'a [HeaderName],
     /// Fields the route sets, replacing the client's.
     pub set: &'a [(HeaderName, HeaderValue)],
-    /// A field the proxy sets last, over the client's and the route's (a reverse session's
-    /// `Sluice-Client-Addr`): its lowercase name and its value.
-    pub stamp: Option<(&'a str, &'a [u8])>,
+    /// Fields the proxy sets last, over the client's and the route's (a reverse session's
+    /// `Sluice-Client-Addr`, the request's ID): lowercase names and values.
+    pub stamps: &'a [(&'a str, &'a [u8])],
 }
 
 impl Forward<'_> {
@@ -63,8 +63,9 @@ impl Forward<'_> {
     }
 
     fn stamped(&self, name: &[u8]) -> bool {
-        self.stamp
-            .is_some_and(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
+        self.stamps
+            .iter()
+            .any(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
     }
 
     fn proto(&self) -> &'static str {
@@ -96,7 +97,7 @@ pub fn write_head(buf: &[u8], head: &RequestHead, fwd: &Forward<'_>, out: &mut V
             line(out, name.as_str().as_bytes(), value.as_bytes());
         }
     }
-    if let Some((name, value)) = fwd.stamp {
+    for (name, value) in fwd.stamps {
         line(out, name.as_bytes(), value);
     }
     if head.body == BodyFraming::Chunked {
@@ -306,7 +307,7 @@ mod tests {
                 trusted: false,
                 remove: &[],
                 set: &[],
-                stamp: None,
+                stamps: &[],
             };
             let mut out = Vec::new();
             write_head(buf, &head, &fwd, &mut out);

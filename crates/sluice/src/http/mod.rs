@@ -7,6 +7,7 @@ pub(crate) mod checks;
 pub(crate) mod client;
 pub(crate) mod headers;
 pub(crate) mod read_ahead;
+pub(crate) mod request_id;
 pub(crate) mod retry;
 
 pub use client::ClientInfo;

@@ -6,13 +6,20 @@ use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use http::{HeaderName, HeaderValue};
+
 use crate::error::ProxyError;
 
 /// The response the client gets for `e` ([`ProxyError::answer`], as the hyper path renders
 /// it), and its body's length (0 for `HEAD`); `close` adds `Connection: close`, and the answer
 /// to a `HEAD` request has no body (its length stays).
-pub(super) fn error(e: &ProxyError, close: bool, head_request: bool) -> (Vec<u8>, u64) {
-    let answer = e.answer();
+pub(super) fn error(
+    e: &ProxyError,
+    close: bool,
+    head_request: bool,
+    id: Option<(&HeaderName, &HeaderValue)>,
+) -> (Vec<u8>, u64) {
+    let answer = e.answer(id);
     let status = answer.status;
     let mut out = Vec::with_capacity(160 + answer.body.len());
     let _ = write!(

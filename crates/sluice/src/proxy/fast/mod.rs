@@ -31,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
 use crate::access_log::{self, AccessLog};
+use crate::http::request_id::RequestIds;
 use crate::metrics::{Metrics, RouteCounters};
 use crate::router::{Route, Routing, Target};
 use crate::upstream::reverse::raw::SessionLease;
@@ -46,6 +47,7 @@ pub struct FastPath {
     router: Arc<dyn Routing>,
     metrics: Option<Arc<Metrics>>,
     access_log: Option<AccessLog>,
+    request_ids: Option<RequestIds>,
     /// The type of the proxy service it belongs to.
     service: std::any::TypeId,
 }
@@ -61,12 +63,14 @@ impl FastPath {
         router: Arc<dyn Routing>,
         metrics: Option<Arc<Metrics>>,
         access_log: Option<AccessLog>,
+        request_ids: Option<RequestIds>,
         service: std::any::TypeId,
     ) -> Self {
         Self {
             router,
             metrics,
             access_log,
+            request_ids,
             service,
         }
     }
@@ -94,7 +98,13 @@ impl FastPath {
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_request();
         }
-        let exchange = Exchange::new(&req, &route, &parts.method, started);
+        // As the hyper path decides it: the trusted client's first copy, else a new one.
+        let id = self.request_ids.as_ref().map(|ids| {
+            let sent = field(&req, ids.name().as_str().as_bytes());
+            (ids.name(), ids.decide(sent, req.client.trusted))
+        });
+        let id = id.as_ref().map(|(n, v)| (*n, v));
+        let exchange = Exchange::new(&req, &route, &parts.method, started, id);
         let outcome = match dest {
             Dest::Static(cluster) => {
                 let lease = cluster.lease_raw(started);
@@ -112,14 +122,12 @@ impl FastPath {
         // A request whose client hung up before its answer is neither counted nor logged, as
         // on the hyper path, which drops it.
         if outcome.status != 0 {
-            self.account(
-                &parts,
-                &req,
-                &route,
-                &outcome,
+            let logged = Logged {
+                outcome: &outcome,
                 started,
-                &mut scratch.counted,
-            );
+                id: id.and_then(|(_, v)| v.to_str().ok()),
+            };
+            self.account(&parts, &req, &route, &logged, &mut scratch.counted);
         }
         (outcome.used, outcome.served)
     }
@@ -163,10 +171,12 @@ impl FastPath {
         parts: &Parts<'_>,
         req: &Request<'_>,
         route: &Route,
-        outcome: &relay::Outcome,
-        started: Instant,
+        logged: &Logged<'_>,
         counted: &mut Option<RouteCounters>,
     ) {
+        let Logged {
+            outcome, started, ..
+        } = *logged;
         if let Some(e) = &outcome.error {
             debug!(client.addr = %req.client.peer, error = %e, status = outcome.status, "upstream failed");
         }
@@ -201,9 +211,17 @@ impl FastPath {
                 upstream: &outcome.by,
                 user_agent: text(b"user-agent"),
                 referer: text(b"referer"),
+                request_id: logged.id,
             });
         }
     }
+}
+
+/// What an exchange left for the metrics and the access log.
+struct Logged<'a> {
+    outcome: &'a relay::Outcome,
+    started: Instant,
+    id: Option<&'a str>,
 }
 
 /// Where the fast path sends a request.

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 
-use http::Method;
+use http::{HeaderName, HeaderValue, Method};
 use sluice_wire::h1::{self, Answer, BodyFraming, Forward, ParsedResponse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
@@ -62,6 +62,8 @@ pub(crate) struct Exchange<'a> {
     idempotent: bool,
     /// When the request was taken: the clock reading its timeouts start from.
     started: Instant,
+    /// The request's ID (`[request_id]`), set upstream and in Sluice's own answers.
+    id: Option<(&'a HeaderName, &'a HeaderValue)>,
 }
 
 impl<'a> Exchange<'a> {
@@ -70,6 +72,7 @@ impl<'a> Exchange<'a> {
         route: &'a Route,
         method: &Method,
         started: Instant,
+        id: Option<(&'a HeaderName, &'a HeaderValue)>,
     ) -> Self {
         Self {
             req,
@@ -77,6 +80,7 @@ impl<'a> Exchange<'a> {
             head_request: method == Method::HEAD,
             idempotent: is_idempotent(method),
             started,
+            id,
         }
     }
 
@@ -103,8 +107,8 @@ impl<'a> Exchange<'a> {
         retry::replayable(self.idempotent, body)
     }
 
-    /// Runs the exchange to its end on what `lease` leases (`stamp`: a field the proxy sets
-    /// last, as a reverse slice's `Sluice-Client-Addr`). While the request waits for a lease
+    /// Runs the exchange to its end on what `lease` leases (`client_addr`: a reverse slice's
+    /// `Sluice-Client-Addr`, set last with the request's ID). While the request waits for a lease
     /// or for its answer, the client is watched: bytes it pipelines are kept in `scratch`, and
     /// if it hangs up the request is given up (a place in a queue freed at once; an answer
     /// already asked for read off by a task of its own, so that the connection or session
@@ -114,7 +118,7 @@ impl<'a> Exchange<'a> {
         client: &mut C,
         scratch: &mut Scratch,
         lease: impl Future<Output = Result<L, ProxyError>>,
-        stamp: Option<(&str, &[u8])>,
+        client_addr: Option<(&str, &[u8])>,
     ) -> Outcome
     where
         C: AsyncRead + AsyncWrite + Unpin,
@@ -139,7 +143,7 @@ impl<'a> Exchange<'a> {
             Ok(lease) => lease,
             Err(e) => return self.refuse(client, e, used).await,
         };
-        self.upstream_request(stamp, request);
+        self.upstream_request(client_addr, request);
         let mut retried = false;
         // The first attempt's time runs from when the request was taken (a clock read saved).
         let mut from = self.started;
@@ -220,15 +224,22 @@ impl<'a> Exchange<'a> {
 
     /// The request to send upstream, into `out`: its head with the proxy's edits, then its
     /// body.
-    fn upstream_request(&self, stamp: Option<(&str, &[u8])>, out: &mut Vec<u8>) {
+    fn upstream_request(&self, client_addr: Option<(&str, &[u8])>, out: &mut Vec<u8>) {
         let (buf, head) = (self.req.buf, self.req.head);
+        let id = self.id.map(|(n, v)| (n.as_str(), v.as_bytes()));
+        let mut stamps = [("", &b""[..]); 2];
+        let mut n = 0;
+        for stamp in [client_addr, id].into_iter().flatten() {
+            stamps[n] = stamp;
+            n += 1;
+        }
         let forward = Forward {
             client: self.req.client_ip,
             tls: self.req.client.tls,
             trusted: self.req.client.trusted,
             remove: &self.route.request_headers.remove,
             set: &self.route.request_headers.set,
-            stamp,
+            stamps: &stamps[..n],
         };
         out.clear();
         h1::write_head(buf, head, &forward, out);
@@ -256,7 +267,7 @@ impl<'a> Exchange<'a> {
         C: AsyncWrite + Unpin,
     {
         let close = e.closes_connection() || self.closes();
-        let (bytes, body) = answer::error(&e, close, self.head_request);
+        let (bytes, body) = answer::error(&e, close, self.head_request, self.id);
         let written = async {
             client.write_all(&bytes).await?;
             client.flush().await
