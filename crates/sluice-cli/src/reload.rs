@@ -82,16 +82,22 @@ impl Successor {
 
     async fn start(self, mut upgraded: watch::Receiver<bool>) -> Result<Reloaded, String> {
         let new = sluice::config::load_file(&self.config).map_err(|e| e.to_string())?;
-        if let Some(applied) = self.in_place.apply(&new) {
-            return Ok(Reloaded::InPlace(describe(&applied)));
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+        let binary = installed(&exe);
+        // A replaced binary (a package upgrade) is taken up by a new process, whatever changed.
+        let upgraded_binary = binary != exe;
+        if !upgraded_binary {
+            if let Some(applied) = self.in_place.apply(&new) {
+                return Ok(Reloaded::InPlace(describe(&applied)));
+            }
         }
         let changed = match self.in_place.differences(&new) {
+            _ if upgraded_binary => "the binary (replaced on disk)".to_owned(),
             d if d.is_empty() => "nothing but what a new process applies".to_owned(),
             d => d.join(", "),
         };
         info!(%changed, "reloading with a new process (hot restart)");
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(binary);
         cmd.args(["--log-format", self.log_format, "run", "--upgrade", "-c"])
             .arg(&self.config)
             .stdin(Stdio::null());
@@ -181,5 +187,16 @@ pub(crate) async fn on_sighup(hook: ReloadHook) {
         info!("SIGHUP: reloading");
         // The hook logs the outcome.
         let _ = hook.run().await;
+    }
+}
+
+/// The binary a successor starts from: this process's, or, once a package upgrade has replaced
+/// the file (Linux then names it `PATH (deleted)`), the new one at the same path, as NGINX's
+/// binary upgrade starts the binary that is installed now. A reload then always starts it.
+fn installed(exe: &std::path::Path) -> PathBuf {
+    let replaced = exe.to_str().and_then(|p| p.strip_suffix(" (deleted)"));
+    match replaced {
+        Some(path) if std::path::Path::new(path).is_file() => PathBuf::from(path),
+        _ => exe.to_owned(),
     }
 }

@@ -300,6 +300,64 @@ fn notifies_systemd_across_reloads_a_hot_restart_and_a_stop() {
 
 /// The `/etc/sluice/sluice.toml` that deploy/systemd/README.md starts from loads, with its
 /// upgrade socket in the unit's RuntimeDirectory.
+/// A package upgrade replaces the binary under a running Sluice (dpkg writes the new file and
+/// renames it over the old). The next reload starts the new binary in a new process, even when
+/// the file alone would have been applied in place: `systemctl reload` after an upgrade is the
+/// zero-downtime upgrade.
+#[test]
+fn a_hot_restart_after_the_binary_was_replaced_starts_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("sluice");
+    std::fs::copy(env!("CARGO_BIN_EXE_sluice"), &bin).unwrap();
+    let file = dir.path().join("sluice.toml");
+    std::fs::write(&file, config("one", false)).unwrap();
+    let notify = NotifySocket::bind(&dir.path().join("notify.sock"));
+    let mut child = Command::new(&bin)
+        .args(["--log-format", "json", "run", "-c"])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut procs = Processes {
+        first: child,
+        successor: None,
+    };
+    let (tx, log) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let first = procs.first.id();
+    assert_eq!(notify.next("READY at start"), (first, "READY=1\n".into()));
+    let addr = public_addr(&log);
+    assert_eq!(get(addr), "one");
+
+    let new = dir.path().join("sluice.new");
+    std::fs::copy(env!("CARGO_BIN_EXE_sluice"), &new).unwrap();
+    std::fs::rename(&new, &bin).unwrap();
+    // Only a route changed: in place, but for the new binary.
+    std::fs::write(&file, config("three", false)).unwrap();
+    signal(first, Signal::HUP);
+    assert_eq!(notify.next("RELOADING").0, first);
+    let (pid, text) = notify.next("the successor's READY");
+    assert_ne!(pid, first, "the reload was refused: {text}");
+    procs.successor = Some(pid);
+    assert_eq!(text, format!("MAINPID={pid}\nREADY=1\n"));
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert_eq!(exe, bin, "the successor runs the binary installed now");
+    wait_until("the successor answers on the inherited listener", || {
+        get(addr) == "three"
+    });
+    signal(pid, Signal::TERM);
+    wait_until("the successor exits", || !alive(pid));
+    procs.successor = None;
+}
+
 #[test]
 fn the_units_example_configuration_checks() {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd/sluice.toml");
