@@ -121,6 +121,10 @@ pub struct HttpOptions {
     pub idle_timeout: Duration,
     /// Largest request head (request line + headers) accepted; larger gets 431. Default 16 KiB.
     pub max_header_bytes: usize,
+    /// Largest request body a route forwards (NGINX's `client_max_body_size`); larger gets
+    /// 413, before any of it is read when its length is declared, as soon as it is exceeded
+    /// when chunked. A route's own `max_request_body` wins. Default: no limit.
+    pub max_request_body: Option<u64>,
     /// Peers whose `X-Forwarded-For` and `Forwarded` chains are kept (and appended to); from
     /// anyone else those headers are replaced by the peer's address. Default: none.
     pub trusted_proxies: Vec<IpNet>,
@@ -140,6 +144,9 @@ pub struct Route {
     /// The slice of a reverse cluster whose sessions serve this route. Default
     /// [`DEFAULT_SLICE`]; only a reverse cluster's route may name another.
     pub slice: String,
+    /// The largest request body this route forwards, over the listener's; default: the
+    /// listener's.
+    pub max_request_body: Option<u64>,
     /// Header edits applied to the request before it is forwarded.
     pub request_headers: HeaderEdits,
     /// Header edits applied to the response before it is sent to the client.

@@ -87,6 +87,7 @@ pub(crate) struct RawListener {
     pub(crate) client_body_timeout: Option<Timeout>,
     pub(crate) idle_timeout: Option<Timeout>,
     pub(crate) max_header_size: Option<Spanned<Size>>,
+    pub(crate) max_request_body: Option<Spanned<Size>>,
     #[serde(default)]
     pub(crate) trusted_proxies: Vec<Cidr>,
     pub(crate) escaped_slashes: Option<RawEscapedSlashes>,
@@ -141,6 +142,7 @@ pub(crate) struct RawRoute {
     pub(crate) request_headers: RawHeaderEdits,
     #[serde(default)]
     pub(crate) response_headers: RawHeaderEdits,
+    pub(crate) max_request_body: Option<Spanned<Size>>,
 }
 
 /// `direct_response = { status, body, headers }`; header values may be secrets.

@@ -234,6 +234,21 @@ where
     Ok(())
 }
 
+/// `max_request_body`: at least a byte (leave it out for no limit).
+pub(crate) fn max_request_body(
+    ctx: Ctx<'_>,
+    raw: Option<toml::Spanned<crate::values::Size>>,
+) -> Result<Option<u64>, ConfigError> {
+    match raw {
+        None => Ok(None),
+        Some(size) if size.get_ref().0 == 0 => Err(ctx.err(
+            size.span(),
+            "max_request_body must be at least 1 byte; leave it out for no limit",
+        )),
+        Some(size) => Ok(Some(size.get_ref().0 as u64)),
+    }
+}
+
 fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
     let max_header_bytes = match raw.max_header_size {
         None => DEFAULT_MAX_HEADER,
@@ -257,6 +272,7 @@ fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
                 .map_or(DEFAULT_BODY_TIMEOUT, |t| t.0),
             idle_timeout: raw.idle_timeout.map_or(DEFAULT_IDLE_TIMEOUT, |t| t.0),
             max_header_bytes,
+            max_request_body: max_request_body(ctx, raw.max_request_body)?,
             trusted_proxies: raw.trusted_proxies.into_iter().map(|c| c.0).collect(),
             rules: RequestRules {
                 escaped_slashes: match raw.escaped_slashes {

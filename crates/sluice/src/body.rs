@@ -80,11 +80,19 @@ impl From<ClientBody> for Rest {
 #[derive(Debug)]
 pub struct ClientBody {
     body: Incoming,
+    /// The most data it may bring (`max_request_body`), and what it brought.
+    limit: Option<u64>,
+    received: u64,
     timeout: Duration,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Whether the timer runs: a read has waited since the last frame.
     armed: bool,
 }
+
+/// A client's request body brought more than its route's `max_request_body`.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the request body is larger than {0} bytes")]
+pub struct BodyTooLarge(pub u64);
 
 /// A client's request body stopped arriving for longer than `client_body_timeout`.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
@@ -96,10 +104,29 @@ impl ClientBody {
     pub fn new(body: Incoming, timeout: Duration) -> Self {
         Self {
             body,
+            limit: None,
+            received: 0,
             timeout,
             timer: None,
             armed: false,
         }
+    }
+
+    /// Fails with [`BodyTooLarge`] once more than `limit` bytes of data came.
+    pub(crate) fn limited(mut self, limit: Option<u64>) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Counts what `frame` brings against the limit.
+    fn take(&mut self, frame: Frame<Bytes>) -> Result<Frame<Bytes>, BoxError> {
+        if let (Some(limit), Some(data)) = (self.limit, frame.data_ref()) {
+            self.received = self.received.saturating_add(data.len() as u64);
+            if self.received > limit {
+                return Err(BodyTooLarge(limit).into());
+            }
+        }
+        Ok(frame)
     }
 
     fn arm(&mut self) {
@@ -123,7 +150,7 @@ impl Body for ClientBody {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
             this.armed = false;
-            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into).and_then(|f| this.take(f))));
         }
         if !this.armed {
             this.arm();
@@ -331,11 +358,20 @@ impl ProxyBody {
     /// A client's request body: `body` under `timeout` between its frames (`ClientBody`);
     /// a body that has already ended is taken as it is.
     pub fn from_client(body: Incoming, timeout: Duration) -> Self {
+        Self::from_client_limited(body, timeout, None)
+    }
+
+    /// [`from_client`](Self::from_client), failing with [`BodyTooLarge`] past `limit` bytes.
+    pub(crate) fn from_client_limited(
+        body: Incoming,
+        timeout: Duration,
+        limit: Option<u64>,
+    ) -> Self {
         if body.is_end_stream() {
             return Self::Incoming { body };
         }
         Self::Client {
-            body: ClientBody::new(body, timeout),
+            body: ClientBody::new(body, timeout).limited(limit),
         }
     }
 

@@ -88,6 +88,9 @@ pub enum ProxyError {
     /// `client_body_timeout`.
     #[error("{0}")]
     ClientBodyTimeout(crate::body::BodyTimedOut),
+    /// The request body is larger than the route's or listener's `max_request_body`.
+    #[error("{0}")]
+    BodyTooLarge(crate::body::BodyTooLarge),
     /// The request is malformed in a way hyper let through but a proxy must refuse.
     #[error("{0}")]
     BadRequest(&'static str),
@@ -111,6 +114,9 @@ impl ProxyError {
             if let Some(timed_out) = e.downcast_ref::<crate::body::BodyTimedOut>() {
                 return Self::ClientBodyTimeout(*timed_out);
             }
+            if let Some(too_large) = e.downcast_ref::<crate::body::BodyTooLarge>() {
+                return Self::BodyTooLarge(*too_large);
+            }
             cause = e.source();
         }
         Self::ClientBody(error)
@@ -130,6 +136,7 @@ impl ProxyError {
             Self::ConnectTimeout | Self::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::ClientBody(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::ClientBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
@@ -140,6 +147,7 @@ impl ProxyError {
             Self::NoRoute
             | Self::ClientBody(_)
             | Self::ClientBodyTimeout(_)
+            | Self::BodyTooLarge(_)
             | Self::BadRequest(_)
             | Self::NotImplemented(_) => Origin::Client,
             Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
@@ -241,6 +249,7 @@ impl ProxyError {
             }
             Self::ClientBody(_) => "invalid request body".to_owned(),
             Self::ClientBodyTimeout(_) => "request body timed out".to_owned(),
+            Self::BodyTooLarge(_) => "request body too large".to_owned(),
             // The cluster's name is internal; the log has it.
             Self::NoEndpoint { .. } => "no healthy upstream".to_owned(),
             Self::NoSessions { .. } => "no sessions registered for this service".to_owned(),

@@ -22,7 +22,7 @@ use tracing::{debug, warn};
 use crate::access_log::{self, AccessLog};
 use crate::body::ProxyBody;
 use crate::error::{Origin, ProxyError};
-use crate::http::checks::check_request;
+use crate::http::checks::{self, check_request};
 use crate::http::headers::{
     add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
     Forwarding,
@@ -166,8 +166,16 @@ impl<R: Routing> ProxyService<R> {
         let mut res = match &route.target {
             Target::Direct(direct) => direct_response(direct),
             Target::Upstream(upstream) => {
+                let limit = checks::body_limit(route.max_request_body, client.max_body);
+                // A declared length is refused before any of the body is read.
+                checks::check_body_length(http_body::Body::size_hint(req.body()).lower(), limit)?;
                 let client_side = upgrade::requested(&mut req);
-                let req = upstream_request(req, &route, client, id, client_side.is_some());
+                let edits = Edits {
+                    route: &route,
+                    id,
+                    limit,
+                };
+                let req = upstream_request(req, client, &edits, client_side.is_some());
                 let res = upstream.send(req).await?;
                 upgrade::respond(res, client_side, client.peer)
             }
@@ -214,14 +222,23 @@ pub(crate) fn strip_port(host: &str) -> &str {
     host.rsplit_once(':').map_or(host, |(h, _)| h)
 }
 
+/// What the proxy does to a request on its way upstream besides the forwarding fields.
+struct Edits<'a> {
+    route: &'a Route,
+    /// The request's ID, set over any copy.
+    id: Option<(&'a HeaderName, &'a HeaderValue)>,
+    /// The most body bytes forwarded.
+    limit: Option<u64>,
+}
+
 /// Turns the client's request into the one sent upstream: origin-form target, a Host header,
 /// hop-by-hop headers removed (but `Upgrade` kept when `upgrade`), forwarding headers added,
-/// the route's edits applied, then the request's `id` set over any copy.
+/// the route's edits applied, then the request's ID set over any copy; its body counted
+/// against the limit.
 fn upstream_request(
     req: Request<Incoming>,
-    route: &Route,
     client: &ClientInfo,
-    id: Option<(&HeaderName, &HeaderValue)>,
+    edits: &Edits<'_>,
     upgrade: bool,
 ) -> Request<ProxyBody> {
     let (mut parts, body) = req.into_parts();
@@ -252,8 +269,8 @@ fn upstream_request(
         trusted: client.trusted,
     };
     add_forwarding(&mut parts.headers, &fwd);
-    apply_edits(&mut parts.headers, &route.request_headers);
-    if let Some((name, value)) = id {
+    apply_edits(&mut parts.headers, &edits.route.request_headers);
+    if let Some((name, value)) = edits.id {
         parts.headers.insert(name.clone(), value.clone());
     }
     if absolute {
@@ -261,7 +278,8 @@ fn upstream_request(
         parts.uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
     }
     parts.version = Version::HTTP_11;
-    Request::from_parts(parts, ProxyBody::from_client(body, client.body_timeout))
+    let body = ProxyBody::from_client_limited(body, client.body_timeout, edits.limit);
+    Request::from_parts(parts, body)
 }
 
 /// What the access log keeps of a request until its response body has ended.

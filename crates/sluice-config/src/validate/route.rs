@@ -45,6 +45,7 @@ fn route(
         }
     };
     Ok(Route {
+        max_request_body: super::max_request_body(ctx, raw.max_request_body.take())?,
         request_headers: edits(ctx, std::mem::take(&mut raw.request_headers))?,
         response_headers: edits(ctx, std::mem::take(&mut raw.response_headers))?,
         // `validate::slices` sets and checks the slice once every route exists.

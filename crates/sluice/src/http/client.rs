@@ -22,6 +22,8 @@ pub struct ClientInfo {
     pub rules: RequestRules,
     /// The listener's `client_body_timeout`: the longest wait for more of a request body.
     pub body_timeout: Duration,
+    /// The listener's `max_request_body`, unless a route says otherwise. Default: no limit.
+    pub max_body: Option<u64>,
 }
 
 impl Default for ClientInfo {
@@ -34,6 +36,7 @@ impl Default for ClientInfo {
             trusted: false,
             rules: RequestRules::default(),
             body_timeout: Duration::from_secs(20),
+            max_body: None,
         }
     }
 }

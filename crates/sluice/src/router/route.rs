@@ -59,6 +59,9 @@ pub struct Route {
     pub name: String,
     /// Proxy or answer directly.
     pub target: Target,
+    /// The largest request body forwarded, over the listener's (see
+    /// [`HttpOptions::max_request_body`](sluice_config::HttpOptions)); default: the listener's.
+    pub max_request_body: Option<u64>,
     /// Edits of the forwarded request's headers.
     pub request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
@@ -94,6 +97,7 @@ impl Route {
         Self {
             name: name.into(),
             target,
+            max_request_body: None,
             request_headers: HeaderEdits::default(),
             response_headers: HeaderEdits::default(),
         }

@@ -40,6 +40,7 @@ impl RouteTable {
             let route = Route {
                 name: r.name.clone(),
                 target,
+                max_request_body: r.max_request_body,
                 request_headers: r.request_headers.clone(),
                 response_headers: r.response_headers.clone(),
             };

@@ -46,6 +46,7 @@ pub fn default_http_options() -> HttpOptions {
         client_body_timeout: Duration::from_secs(20),
         idle_timeout: Duration::from_secs(60),
         max_header_bytes: 16 * 1024,
+        max_request_body: None,
         trusted_proxies: Vec::new(),
         rules: RequestRules::default(),
     }
@@ -191,6 +192,7 @@ impl Server {
                             trusted: self.http.trusted_proxies.iter().any(|n| n.contains(&peer.ip())),
                             rules: self.http.rules,
                             body_timeout: self.http.client_body_timeout,
+                            max_body: self.http.max_request_body,
                         };
                         let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
                         let open = self.connections.open.clone();

@@ -31,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
 use crate::access_log::{self, AccessLog};
+use crate::http::checks;
 use crate::http::request_id::RequestIds;
 use crate::metrics::{Metrics, RouteCounters};
 use crate::router::{Route, Routing, Target};
@@ -95,6 +96,15 @@ impl FastPath {
         let Some((route, dest)) = self.route(&parts, &req) else {
             return (0, self.hand_off("route"));
         };
+        // A body over the limit is refused by hyper's path (413, the connection closed).
+        let limit = checks::body_limit(route.max_request_body, req.client.max_body);
+        let declared = match req.head.body {
+            BodyFraming::Length(n) => n,
+            BodyFraming::None | BodyFraming::Chunked => 0,
+        };
+        if checks::check_body_length(declared, limit).is_err() {
+            return (0, self.hand_off("limit"));
+        }
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_request();
         }
@@ -134,7 +144,8 @@ impl FastPath {
 
     /// Leaves a request to hyper, counting why: `body` (chunked or not all here), `trailers`
     /// (the client accepts them), `head` (not a valid method, target or field), `route`
-    /// (somewhere the fast path does not go), or the parser's reason.
+    /// (somewhere the fast path does not go), `limit` (a body over `max_request_body`: hyper's
+    /// path answers 413), or the parser's reason.
     pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_handoff(reason);
