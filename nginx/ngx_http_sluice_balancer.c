@@ -210,6 +210,7 @@ static ngx_int_t
 ngx_http_sluice_reject(ngx_http_request_t *r, ngx_http_sluice_upstream_t *up,
     ngx_str_t *reason)
 {
+    ngx_int_t                  rc;
     ngx_str_t                  type = ngx_string("text/plain");
     ngx_table_elt_t           *h;
     ngx_http_complex_value_t   cv;
@@ -232,7 +233,14 @@ ngx_http_sluice_reject(ngx_http_request_t *r, ngx_http_sluice_upstream_t *up,
     ngx_memzero(&cv, sizeof(ngx_http_complex_value_t));
     cv.value = *reason;
 
-    return ngx_http_send_response(r, NGX_HTTP_SERVICE_UNAVAILABLE, &type, &cv);
+    /*
+     * Sent, the request ends here. Returned to the precontent phase, NGX_OK would move on to
+     * the content phase, whose proxy then found no session ("no live upstreams") and tried
+     * to send a 502 after the 503 ("header already sent").
+     */
+    rc = ngx_http_send_response(r, NGX_HTTP_SERVICE_UNAVAILABLE, &type, &cv);
+    ngx_http_finalize_request(r, rc);
+    return NGX_DONE;
 }
 
 
