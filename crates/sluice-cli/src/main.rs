@@ -232,6 +232,7 @@ fn run(
                 log_format: log_format.as_arg(),
                 in_place: proxy.in_place(),
                 started: Arc::clone(&successor_pid),
+                busy: Arc::default(),
             };
             let hook = successor.hook(proxy.upgraded());
             proxy = proxy.with_reload(hook.clone());

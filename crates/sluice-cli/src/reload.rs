@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +37,18 @@ pub(crate) struct Successor {
     pub(crate) in_place: InPlace,
     /// The PID of the successor started last, while it may still take over (0: none).
     pub(crate) started: Arc<AtomicU32>,
+    /// Set while a reload runs: a SIGHUP and a `POST /reload` at once must not start two
+    /// successors (the old process would announce only one of them to systemd).
+    pub(crate) busy: Arc<AtomicBool>,
+}
+
+/// Clears a reload's `busy` flag when the reload ends, however it ends.
+struct Busy(Arc<AtomicBool>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
 }
 
 /// How a reload went through.
@@ -61,6 +73,12 @@ impl Successor {
                     error!(%reason, "reload refused");
                     return Err(reason.to_owned());
                 }
+                if this.busy.swap(true, Ordering::SeqCst) {
+                    let reason = "a reload is already under way";
+                    error!(%reason, "reload refused");
+                    return Err(reason.to_owned());
+                }
+                let _busy = Busy(Arc::clone(&this.busy));
                 notify::reloading();
                 let outcome = this.start(upgraded).await;
                 match &outcome {

@@ -298,8 +298,6 @@ fn notifies_systemd_across_reloads_a_hot_restart_and_a_stop() {
     assert!(notify.queued().is_none(), "nothing after STOPPING=1");
 }
 
-/// The `/etc/sluice/sluice.toml` that deploy/systemd/README.md starts from loads, with its
-/// upgrade socket in the unit's RuntimeDirectory.
 /// A package upgrade replaces the binary under a running Sluice (dpkg writes the new file and
 /// renames it over the old). The next reload starts the new binary in a new process, even when
 /// the file alone would have been applied in place: `systemctl reload` after an upgrade is the
@@ -312,15 +310,15 @@ fn a_hot_restart_after_the_binary_was_replaced_starts_the_new_one() {
     let file = dir.path().join("sluice.toml");
     std::fs::write(&file, config("one", false)).unwrap();
     let notify = NotifySocket::bind(&dir.path().join("notify.sock"));
-    let mut child = Command::new(&bin)
+    let mut command = Command::new(&bin);
+    command
         .args(["--log-format", "json", "run", "-c"])
         .arg(&file)
         .env("RUST_LOG", "info")
         .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    let mut child = spawn_fresh_copy(&mut command);
     let stderr = child.stderr.take().unwrap();
     let mut procs = Processes {
         first: child,
@@ -344,8 +342,17 @@ fn a_hot_restart_after_the_binary_was_replaced_starts_the_new_one() {
     std::fs::write(&file, config("three", false)).unwrap();
     signal(first, Signal::HUP);
     assert_eq!(notify.next("RELOADING").0, first);
-    let (pid, text) = notify.next("the successor's READY");
-    assert_ne!(pid, first, "the reload was refused: {text}");
+    // The old process may announce its successor's MAINPID= before the successor's READY=1.
+    let (pid, text) = loop {
+        let (pid, text) = notify.next("the successor's READY");
+        if pid != first {
+            break (pid, text);
+        }
+        assert!(
+            text.starts_with("MAINPID="),
+            "the reload was refused: {text}"
+        );
+    };
     procs.successor = Some(pid);
     assert_eq!(text, format!("MAINPID={pid}\nREADY=1\n"));
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
@@ -358,6 +365,8 @@ fn a_hot_restart_after_the_binary_was_replaced_starts_the_new_one() {
     procs.successor = None;
 }
 
+/// The `/etc/sluice/sluice.toml` that deploy/systemd/README.md starts from loads, with its
+/// upgrade socket in the unit's RuntimeDirectory.
 #[test]
 fn the_units_example_configuration_checks() {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd/sluice.toml");
@@ -415,4 +424,18 @@ fn a_standalone_acceptor_notifies_ready_and_stopping() {
         procs.first.try_wait().unwrap().is_some()
     });
     assert!(notify.queued().is_none(), "nothing after STOPPING=1");
+}
+
+/// Spawns `command`, whose program was just copied: while another test's child is being
+/// forked, the copy's write descriptor lives on in it for a moment and exec fails with
+/// ETXTBSY (rust-lang/rust#114554); a few bounded tries wait that out.
+fn spawn_fresh_copy(command: &mut Command) -> Child {
+    for _ in 0..50 {
+        match command.spawn() {
+            Ok(child) => return child,
+            Err(e) if e.raw_os_error() == Some(26) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("cannot start the copied binary: {e}"),
+        }
+    }
+    panic!("the copied binary stayed busy (ETXTBSY)");
 }

@@ -123,7 +123,8 @@ pub struct HttpOptions {
     pub max_header_bytes: usize,
     /// Largest request body a route forwards (NGINX's `client_max_body_size`); larger gets
     /// 413, before any of it is read when its length is declared, as soon as it is exceeded
-    /// when chunked. A route's own `max_request_body` wins. Default: no limit.
+    /// when chunked. A route's own `max_request_body` wins. Routes that answer directly
+    /// (`direct_response`) read no body and take any. Default: no limit.
     pub max_request_body: Option<u64>,
     /// Peers whose `X-Forwarded-For` and `Forwarded` chains are kept (and appended to); from
     /// anyone else those headers are replaced by the peer's address. Default: none.

@@ -60,6 +60,22 @@ async fn a_declared_length_over_the_listeners_limit_is_413_and_never_forwarded()
     );
 }
 
+/// The 413 comes before any of the body: a client that sends only the head (with a length
+/// over the limit) is answered, and the connection closed, without sending a byte of it.
+#[tokio::test]
+async fn a_declared_length_over_the_limit_is_answered_before_the_body_is_sent() {
+    let backend = Backend::start("b").await;
+    let proxy = proxy(&backend).await;
+    let head = "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n";
+    let over = exchange(proxy.addr(), head.as_bytes()).await;
+    assert_eq!(status(&over), "413", "{over}");
+    assert!(
+        over.to_ascii_lowercase().contains("connection: close"),
+        "{over}"
+    );
+    assert_eq!(backend.requests(), 0);
+}
+
 #[tokio::test]
 async fn a_routes_limit_wins_over_the_listeners() {
     let backend = Backend::start("b").await;
@@ -80,6 +96,7 @@ async fn a_chunked_body_is_refused_once_it_outgrows_the_limit() {
     let over = exchange(proxy.addr(), request.as_bytes()).await;
     assert_eq!(status(&over), "413", "{over}");
     assert!(!over.contains("6789ab"), "{over}");
+    // The backend saw a request cut short, never a whole one with the second chunk.
     let fits = "POST /echo HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\
                 Transfer-Encoding: chunked\r\n\r\n5\r\n01234\r\n5\r\n56789\r\n0\r\n\r\n";
     let answer = exchange(proxy.addr(), fits.as_bytes()).await;

@@ -315,4 +315,38 @@ mod tests {
             assert!(text.contains(fields), "{ip}: {text}");
         }
     }
+
+    #[test]
+    fn stamps_replace_every_copy_and_come_last() {
+        let buf = b"GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: mine\r\n\
+                    Sluice-Client-Addr: 6.6.6.6:666\r\nx-request-id: again\r\n\r\n";
+        let Parsed::Take(head) = parse_request(buf, 8192, RequestRules::default()) else {
+            panic!("the fast path takes a plain GET");
+        };
+        let client = ClientIp::new(IpAddr::from([192, 0, 2, 1]));
+        let set = [(
+            HeaderName::from_static("x-request-id"),
+            HeaderValue::from_static("route"),
+        )];
+        let fwd = Forward {
+            client: &client,
+            tls: false,
+            trusted: true,
+            remove: &[],
+            set: &set,
+            stamps: &[
+                ("sluice-client-addr", b"192.0.2.1:40000"),
+                ("x-request-id", b"decided"),
+            ],
+        };
+        let mut out = Vec::new();
+        write_head(buf, &head, &fwd, &mut out);
+        let text = String::from_utf8_lossy(&out).to_ascii_lowercase();
+        assert_eq!(text.matches("x-request-id:").count(), 1, "{text}");
+        assert_eq!(text.matches("sluice-client-addr:").count(), 1, "{text}");
+        assert!(
+            text.ends_with("sluice-client-addr: 192.0.2.1:40000\r\nx-request-id: decided\r\n\r\n"),
+            "{text}"
+        );
+    }
 }

@@ -49,16 +49,13 @@ fn generate() -> HeaderValue {
     // Version 4 (random) and the RFC 9562 variant.
     bits = (bits & !(0xf << 76)) | (0x4 << 76);
     bits = (bits & !(0x3 << 62)) | (0x2 << 62);
-    let hex = format!("{bits:032x}");
-    let id = format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    );
-    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [b'-'; 36];
+    let digits = (0..36).filter(|i| ![8, 13, 18, 23].contains(i));
+    for (n, at) in digits.enumerate() {
+        id[at] = HEX[(bits >> (124 - 4 * n)) as usize & 0xf];
+    }
+    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("-"))
 }
 
 #[cfg(test)]

@@ -100,6 +100,7 @@ impl FastPath {
         let limit = checks::body_limit(route.max_request_body, req.client.max_body);
         let declared = match req.head.body {
             BodyFraming::Length(n) => n,
+            // A chunked body was left to hyper by `Parts::of` already.
             BodyFraming::None | BodyFraming::Chunked => 0,
         };
         if checks::check_body_length(declared, limit).is_err() {
@@ -144,8 +145,9 @@ impl FastPath {
 
     /// Leaves a request to hyper, counting why: `body` (chunked or not all here), `trailers`
     /// (the client accepts them), `head` (not a valid method, target or field), `route`
-    /// (somewhere the fast path does not go), `limit` (a body over `max_request_body`: hyper's
-    /// path answers 413), or the parser's reason.
+    /// (somewhere the fast path does not go), `limit` (a whole body over `max_request_body`:
+    /// hyper's path answers 413; a larger one not all here counts as `body`), or the parser's
+    /// reason.
     pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_handoff(reason);
