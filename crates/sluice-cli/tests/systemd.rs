@@ -185,26 +185,7 @@ fn notifies_systemd_across_reloads_a_hot_restart_and_a_stop() {
     let file = dir.path().join("sluice.toml");
     std::fs::write(&file, config("one", false)).unwrap();
     let notify = NotifySocket::bind(&dir.path().join("notify.sock"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["--log-format", "json", "run", "-c"])
-        .arg(&file)
-        .env("RUST_LOG", "info")
-        .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut procs = Processes {
-        first: child,
-        successor: None,
-    };
-    let (tx, log) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut procs, log) = run(Path::new(env!("CARGO_BIN_EXE_sluice")), &file, dir.path());
     let first = procs.first.id();
     let mut seen: Vec<(u32, String)> = Vec::new();
     let mut next = |waiting_for: &str| {
@@ -310,26 +291,7 @@ fn a_hot_restart_after_the_binary_was_replaced_starts_the_new_one() {
     let file = dir.path().join("sluice.toml");
     std::fs::write(&file, config("one", false)).unwrap();
     let notify = NotifySocket::bind(&dir.path().join("notify.sock"));
-    let mut command = Command::new(&bin);
-    command
-        .args(["--log-format", "json", "run", "-c"])
-        .arg(&file)
-        .env("RUST_LOG", "info")
-        .env("NOTIFY_SOCKET", dir.path().join("notify.sock"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = spawn_fresh_copy(&mut command);
-    let stderr = child.stderr.take().unwrap();
-    let mut procs = Processes {
-        first: child,
-        successor: None,
-    };
-    let (tx, log) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (mut procs, log) = run(&bin, &file, dir.path());
     let first = procs.first.id();
     assert_eq!(notify.next("READY at start"), (first, "READY=1\n".into()));
     let addr = public_addr(&log);
@@ -426,7 +388,33 @@ fn a_standalone_acceptor_notifies_ready_and_stopping() {
     assert!(notify.queued().is_none(), "nothing after STOPPING=1");
 }
 
-/// Spawns `command`, whose program was just copied: while another test's child is being
+/// `program run -c file` with the JSON log and `dir/notify.sock` as its `NOTIFY_SOCKET`; its
+/// log lines arrive on the receiver.
+fn run(program: &Path, file: &Path, dir: &Path) -> (Processes, Receiver<String>) {
+    let mut command = Command::new(program);
+    command
+        .args(["--log-format", "json", "run", "-c"])
+        .arg(file)
+        .env("RUST_LOG", "info")
+        .env("NOTIFY_SOCKET", dir.join("notify.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = spawn_fresh_copy(&mut command);
+    let stderr = child.stderr.take().unwrap();
+    let (tx, log) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let procs = Processes {
+        first: child,
+        successor: None,
+    };
+    (procs, log)
+}
+
+/// Spawns `command`, whose program may have just been copied: while another test's child is being
 /// forked, the copy's write descriptor lives on in it for a moment and exec fails with
 /// ETXTBSY (rust-lang/rust#114554); a few bounded tries wait that out.
 fn spawn_fresh_copy(command: &mut Command) -> Child {

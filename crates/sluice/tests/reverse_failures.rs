@@ -4,6 +4,8 @@
 
 mod reverse_support;
 
+use std::sync::Arc;
+
 use http::{Method, StatusCode};
 use reverse_support::{
     get, send, send_body, start_proxy, Service, ServiceSpec, TestProxy, DEFAULT_ROUTE,
@@ -182,29 +184,40 @@ async fn a_client_that_hangs_up_while_queued_frees_its_place_and_its_request_is_
     proxy.stop().await;
 }
 
-/// A client that hangs up while the service works on its request does not cost the session:
-/// the proxy still reads the answer off it, and leases the session again.
-#[tokio::test]
-async fn a_client_that_hangs_up_mid_request_does_not_cost_the_session() {
+/// A proxy (`cluster`: its extra keys) and a service of one session, whose client asks for
+/// `path` and hangs up while the service works on it; then the service answers. Waits until
+/// the proxy has closed the client's connection in turn: by then it has given the request up.
+async fn hang_up_during(cluster: &str, path: &str) -> (TestProxy, Arc<Service>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let proxy = start_proxy(cluster, DEFAULT_ROUTE).await;
     let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
     proxy.idle("default", 1).await;
-    let mut leaver = send_head(&proxy, "/wait").await;
+    let mut leaver = send_head(&proxy, path).await;
     proxy.idle("default", 0).await;
-    // Hang up, and wait until the proxy has closed the connection in turn: by then it has
-    // given the request up (and, before the fix, the session with it).
     leaver.shutdown().await.unwrap();
     let _ = leaver.read_to_end(&mut Vec::new()).await;
     svc.open_gate();
+    (proxy, svc)
+}
+
+/// Whether the one session comes back and serves the next request.
+async fn session_kept(proxy: &TestProxy, svc: &Service) {
     assert!(
-        within_5s(&proxy, |c| c.idle_sessions("default") == 1).await,
+        within_5s(proxy, |c| c.idle_sessions("default") == 1).await,
         "the session did not come back after the answer"
     );
     let next = get(proxy.http, "/").await;
     assert_eq!(next.status, StatusCode::OK);
     assert_eq!(svc.live(), 1, "the session closed when its client left");
+}
+
+/// A client that hangs up while the service works on its request does not cost the session:
+/// the proxy still reads the answer off it, and leases the session again.
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_request_does_not_cost_the_session() {
+    let (proxy, svc) = hang_up_during("", "/wait").await;
+    session_kept(&proxy, &svc).await;
     assert_eq!(svc.requests(), 2);
     proxy.stop().await;
 }
@@ -213,23 +226,8 @@ async fn a_client_that_hangs_up_mid_request_does_not_cost_the_session() {
 /// (by the request's deadline) on both paths, and the session goes back.
 #[tokio::test]
 async fn a_client_that_hangs_up_before_a_long_answer_does_not_cost_the_session() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    let proxy = start_proxy("response_buffer = \"4KiB\"", DEFAULT_ROUTE).await;
-    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
-    proxy.idle("default", 1).await;
-    let mut leaver = send_head(&proxy, "/wait/big/300000").await;
-    proxy.idle("default", 0).await;
-    leaver.shutdown().await.unwrap();
-    let _ = leaver.read_to_end(&mut Vec::new()).await;
-    svc.open_gate();
-    assert!(
-        within_5s(&proxy, |c| c.idle_sessions("default") == 1).await,
-        "the session did not come back after the long answer"
-    );
-    let next = get(proxy.http, "/").await;
-    assert_eq!(next.status, StatusCode::OK);
-    assert_eq!(svc.live(), 1, "the session closed when its client left");
+    let (proxy, svc) = hang_up_during("response_buffer = \"4KiB\"", "/wait/big/300000").await;
+    session_kept(&proxy, &svc).await;
     proxy.stop().await;
 }
 
@@ -237,16 +235,7 @@ async fn a_client_that_hangs_up_before_a_long_answer_does_not_cost_the_session()
 /// closes its session instead, on both paths: the proxy does not download it.
 #[tokio::test]
 async fn a_client_that_hangs_up_before_a_huge_answer_closes_its_session() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    let proxy = start_proxy("response_buffer = \"4KiB\"", DEFAULT_ROUTE).await;
-    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
-    proxy.idle("default", 1).await;
-    let mut leaver = send_head(&proxy, "/wait/big/3000000").await;
-    proxy.idle("default", 0).await;
-    leaver.shutdown().await.unwrap();
-    let _ = leaver.read_to_end(&mut Vec::new()).await;
-    svc.open_gate();
+    let (proxy, svc) = hang_up_during("response_buffer = \"4KiB\"", "/wait/big/3000000").await;
     tokio::time::timeout(std::time::Duration::from_secs(10), svc.wait_live(0))
         .await
         .expect("the session of a huge abandoned answer stayed open");
