@@ -4,23 +4,19 @@
 //! holds more sessions in all than its capacity.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod gated;
 mod support;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
+use gated::Gated;
 use http::header::CONNECTION;
-use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::Incoming;
 use sluice_sdk::{serve, Acceptor, Resolver, Sessions};
 use sluice_session::control::{Demand, NodeLine, ServiceLine};
 use support::{hello, many, nodes_until, registered, within, Event, Fake, Link, MaxHeld};
-use tokio::sync::Semaphore;
 
 fn demand(in_flight: u64, queued: u64) -> NodeLine {
     NodeLine::Demand(Demand {
@@ -125,55 +121,9 @@ async fn shrinking_retires_at_the_nodes_and_growing_dials_again() {
     assert!(t.max.get() <= 4, "held {} sessions", t.max.get());
 }
 
-/// A service that counts requests in flight; `/slow` waits for a permit.
-#[derive(Clone)]
-struct Gated {
-    gate: Arc<Semaphore>,
-    in_flight: Arc<AtomicUsize>,
-    max: Arc<AtomicUsize>,
-}
-
-impl Default for Gated {
-    fn default() -> Self {
-        Self {
-            gate: Arc::new(Semaphore::new(0)),
-            in_flight: Arc::default(),
-            max: Arc::default(),
-        }
-    }
-}
-
-impl tower::Service<Request<Incoming>> for Gated {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
-    >;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let now = this.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-            this.max.fetch_max(now, Ordering::SeqCst);
-            if req.uri().path() == "/slow" {
-                this.gate.acquire().await.unwrap().forget();
-            }
-            this.in_flight.fetch_sub(1, Ordering::SeqCst);
-            Ok(Response::new(Full::from("done")))
-        })
-    }
-}
-
 #[tokio::test]
 async fn a_draining_node_is_vacated_idle_sessions_at_once_busy_ones_after_their_response() {
-    let service = Gated::default();
+    let service = Gated::new(false, Some("/slow"), "done");
     let mut t = two(service.clone()).await;
     let mut busy = t.at_a.pop().unwrap();
     let slow = tokio::spawn(async move {
@@ -202,7 +152,7 @@ async fn a_draining_node_is_vacated_idle_sessions_at_once_busy_ones_after_their_
     t.at_b.push(t.b.session().await);
     nodes_until(&t.sessions, |n| n[0].held == 0 && n[1].held == 4).await;
     assert!(t.max.get() <= 4, "held {} sessions", t.max.get());
-    assert!(service.max.load(Ordering::SeqCst) <= 4);
+    assert!(service.max() <= 4);
 }
 
 #[tokio::test]

@@ -4,18 +4,15 @@
 //! requests in flight at the service never exceed its capacity.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod gated;
 mod proxy;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use gated::Gated;
+use http::StatusCode;
 use proxy::{get, options_for, registered, within, RunningProxy};
 use sluice_sdk::{serve, Acceptor, NodeStatus, Sessions};
 use tokio::sync::Semaphore;
@@ -46,58 +43,9 @@ async fn nodes_until(sessions: &Sessions, ready: impl Fn(&[NodeStatus]) -> bool)
     }
 }
 
-/// A service that counts requests in flight (and the most at once); each waits for a permit.
-#[derive(Clone)]
-struct Gated {
-    gate: Arc<Semaphore>,
-    in_flight: Arc<AtomicUsize>,
-    max: Arc<AtomicUsize>,
-}
-
-impl Gated {
-    fn new(open: bool) -> Self {
-        let permits = if open { Semaphore::MAX_PERMITS } else { 0 };
-        Self {
-            gate: Arc::new(Semaphore::new(permits)),
-            in_flight: Arc::default(),
-            max: Arc::default(),
-        }
-    }
-
-    fn max(&self) -> usize {
-        self.max.load(Ordering::SeqCst)
-    }
-}
-
-impl tower::Service<Request<Incoming>> for Gated {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
-    >;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _req: Request<Incoming>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let now = this.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-            this.max.fetch_max(now, Ordering::SeqCst);
-            drop(this.gate.acquire().await.unwrap());
-            this.in_flight.fetch_sub(1, Ordering::SeqCst);
-            Ok(Response::new(Full::from("hello from a")))
-        })
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_move_to_the_node_whose_requests_queue() {
-    let service = Gated::new(false);
+    let service = Gated::new(false, None, "hello from a");
     let (nodes, sessions) = three(6, service.clone()).await;
     registered(&sessions, 6).await;
     for node in &nodes {
@@ -137,7 +85,7 @@ async fn sessions_move_to_the_node_whose_requests_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_stops_says_draining_and_its_share_moves() {
-    let (mut nodes, sessions) = three(6, Gated::new(true)).await;
+    let (mut nodes, sessions) = three(6, Gated::new(true, None, "hello from a")).await;
     registered(&sessions, 6).await;
     for node in &nodes {
         holds(node, 2).await;
@@ -158,7 +106,7 @@ async fn a_node_that_stops_says_draining_and_its_share_moves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_dies_is_down_after_the_grace_and_its_share_moves() {
-    let (mut nodes, sessions) = three(6, Gated::new(true)).await;
+    let (mut nodes, sessions) = three(6, Gated::new(true, None, "hello from a")).await;
     registered(&sessions, 6).await;
     for node in &nodes {
         holds(node, 2).await;
