@@ -5,7 +5,6 @@ the slot dials elsewhere at once."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -95,7 +94,7 @@ class NodeSlot:
                     self._dial_failed(node, outcome, epoch)
                 pause = self.options.backoff.delay(failures)
                 failures += 1
-            if pause is not None and await self._wait(pause):
+            if pause is not None and await self.shared.pause(pause):
                 return
 
     def _dial_failed(self, node: Node, error: SluiceError, epoch: int) -> None:
@@ -104,16 +103,6 @@ class NodeSlot:
         self.shared.record(error)
         if not isinstance(error, ConnectError):
             node.report.dial_failed(error, epoch)
-
-    async def _wait(self, pause: float) -> bool:
-        """Sleeps ``pause`` seconds; returns ``True`` early if the slot should end meanwhile."""
-        deadline = asyncio.get_running_loop().time() + pause
-        while True:
-            if self.shared.should_end():
-                return True
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0 or not await self.shared.changed(timeout=left):
-                return False
 
     async def _session(self, node: Node, hooks: NodeHooks) -> NodeHooks:
         capacity = self.shared.counts.target

@@ -84,7 +84,7 @@ class Slot:
                 failures = 0
                 # A session closed before serving anything: do not spin on such a proxy.
                 pause = None if hooks.served else self.options.backoff.delay(0)
-            if pause is not None and await self._wait(pause):
+            if pause is not None and await self.shared.pause(pause):
                 return
 
     async def _await_probe(self) -> bool:
@@ -99,16 +99,6 @@ class Slot:
                 return True
             await self.shared.changed(timeout=self.shared.next_probe - loop.time())
         return True
-
-    async def _wait(self, pause: float) -> bool:
-        """Sleeps ``pause`` seconds; returns ``True`` early if the slot should end meanwhile."""
-        deadline = asyncio.get_running_loop().time() + pause
-        while True:
-            if self.shared.should_end():
-                return True
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0 or not await self.shared.changed(timeout=left):
-                return False
 
     async def _session(self) -> SessionHooks:
         reader, writer, rest = await dial.register(self.options, self.shared.counts.target)

@@ -108,6 +108,17 @@ class Shared:
         done, _ = await asyncio.wait({asyncio.shield(self._changed)}, timeout=timeout)
         return bool(done)
 
+    async def pause(self, seconds: float) -> bool:
+        """Sleeps ``seconds`` for a slot; ``True`` early if the slot should end meanwhile
+        (claiming an owed retirement, as ``should_end`` does)."""
+        deadline = asyncio.get_running_loop().time() + seconds
+        while True:
+            if self.should_end():
+                return True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0 or not await self.changed(timeout=left):
+                return False
+
     async def wait_until(self, ready: Callable[[], bool]) -> None:
         """Returns once ``ready()`` holds; re-checked after every change."""
         while not ready():
