@@ -179,41 +179,53 @@ fn template(e: &Entry<'_>, now: SystemTime, t: &LogTemplate) -> String {
     for piece in &t.0 {
         match piece {
             LogPiece::Text(text) => line.push_str(text),
-            LogPiece::Field(f) => line.push_str(&field(e, now, *f)),
+            LogPiece::Field(f) => field(&mut line, e, now, *f),
         }
     }
     line
 }
 
-/// What `{f}` writes for `e`.
-fn field(e: &Entry<'_>, now: SystemTime, f: LogField) -> String {
-    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
-    match f {
-        LogField::Client => e.client.ip().to_string(),
-        LogField::ClientPort => e.client.port().to_string(),
-        LogField::Time => clf_time(now),
-        LogField::TimeIso8601 => iso_time(now),
-        LogField::Method => e.method.to_string(),
-        LogField::Target => request_target(e.uri).to_owned(),
-        LogField::Protocol => format!("{:?}", e.version),
-        LogField::Request => format!("{} {} {:?}", e.method, request_target(e.uri), e.version),
-        LogField::Status => e.status.to_string(),
-        LogField::Bytes => e.bytes.to_string(),
-        LogField::RequestBytes => or_dash(e.request_bytes.map(|n| n.to_string())),
+/// Writes what `{f}` shows for `e` into `out` (a `String`: writing cannot fail).
+fn field(out: &mut String, e: &Entry<'_>, now: SystemTime, f: LogField) {
+    use std::fmt::Write as _;
+    fn or_dash(out: &mut String, v: Option<impl std::fmt::Display>) -> std::fmt::Result {
+        match v {
+            Some(v) => write!(out, "{v}"),
+            None => out.write_str("-"),
+        }
+    }
+    let _ = match f {
+        LogField::Client => write!(out, "{}", e.client.ip()),
+        LogField::ClientPort => write!(out, "{}", e.client.port()),
+        LogField::Time => write!(out, "{}", clf_time(now)),
+        LogField::TimeIso8601 => write!(out, "{}", iso_time(now)),
+        LogField::Method => write!(out, "{}", e.method),
+        LogField::Target => write!(out, "{}", request_target(e.uri)),
+        LogField::Protocol => write!(out, "{:?}", e.version),
+        LogField::Request => write!(
+            out,
+            "{} {} {:?}",
+            e.method,
+            request_target(e.uri),
+            e.version
+        ),
+        LogField::Status => write!(out, "{}", e.status),
+        LogField::Bytes => write!(out, "{}", e.bytes),
+        LogField::RequestBytes => or_dash(out, e.request_bytes),
         LogField::RequestTime => {
             let ms = e.elapsed.as_millis();
-            format!("{}.{:03}", ms / 1000, ms % 1000)
+            write!(out, "{}.{:03}", ms / 1000, ms % 1000)
         }
-        LogField::DurationMs => duration_ms(e.elapsed).to_string(),
-        LogField::Route => e.route.to_owned(),
-        LogField::UpstreamAddr => or_dash(e.upstream.endpoint.map(|a| a.to_string())),
-        LogField::Instance => or_dash(e.upstream.instance.as_ref().map(|i| i.id().to_string())),
-        LogField::QueueMs => or_dash(e.upstream.queued.map(|q| duration_ms(q).to_string())),
-        LogField::UserAgent => or_dash(e.user_agent.map(escape_quoted)),
-        LogField::Referer => or_dash(e.referer.map(escape_quoted)),
-        LogField::Complete => e.complete.to_string(),
-        LogField::RequestId => e.request_id.unwrap_or("-").to_owned(),
-    }
+        LogField::DurationMs => write!(out, "{}", duration_ms(e.elapsed)),
+        LogField::Route => write!(out, "{}", e.route),
+        LogField::UpstreamAddr => or_dash(out, e.upstream.endpoint),
+        LogField::Instance => or_dash(out, e.upstream.instance.as_ref().map(|i| i.id())),
+        LogField::QueueMs => or_dash(out, e.upstream.queued.map(duration_ms)),
+        LogField::UserAgent => or_dash(out, e.user_agent.map(escape_quoted)),
+        LogField::Referer => or_dash(out, e.referer.map(escape_quoted)),
+        LogField::Complete => write!(out, "{}", e.complete),
+        LogField::RequestId => or_dash(out, e.request_id),
+    };
 }
 
 /// Common, then `"referer" "user agent"` (`"-"` for either absent), as NGINX's `combined`.
