@@ -16,9 +16,11 @@ pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
 mod log_template;
 mod relay;
+mod tracing;
 pub use log_template::{LogField, LogPiece, LogTemplate};
 pub use relay::*;
 pub use sluice_session::Token;
+pub use tracing::*;
 
 /// A whole, validated Sluice configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +40,8 @@ pub struct Config {
     pub access_log: Option<AccessLog>,
     /// Request IDs (`[request_id]`); `None` (the default): off.
     pub request_id: Option<RequestId>,
+    /// OpenTelemetry tracing (`[tracing]`); `None` (the default): off.
+    pub tracing: Option<Tracing>,
     /// Client-facing listeners, in file order.
     pub listeners: Vec<Listener>,
     /// Routes, in file order; the first match wins.

@@ -26,6 +26,7 @@ pub(crate) struct RawConfig {
     pub(crate) admin: Option<Spanned<RawAdmin>>,
     pub(crate) access_log: Option<RawAccessLog>,
     pub(crate) request_id: Option<RawRequestId>,
+    pub(crate) tracing: Option<Spanned<RawTracing>>,
     #[serde(default)]
     pub(crate) listener: Vec<RawListener>,
     #[serde(default)]
@@ -237,6 +238,22 @@ pub(crate) struct RawAccessLog {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRequestId {
     pub(crate) header: Option<Spanned<String>>,
+}
+
+/// `[tracing]`: OpenTelemetry traces, exported over OTLP.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTracing {
+    pub(crate) endpoint: Option<Spanned<String>>,
+    pub(crate) protocol: Option<Spanned<String>>,
+    pub(crate) sample_ratio: Option<Spanned<f64>>,
+    pub(crate) parent_based: Option<bool>,
+    pub(crate) extract: Option<Spanned<String>>,
+    pub(crate) service_name: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) resource: BTreeMap<String, String>,
+    pub(crate) queue: Option<Spanned<usize>>,
+    pub(crate) timeout: Option<Timeout>,
 }
 
 /// `[admin]`: the admin API.

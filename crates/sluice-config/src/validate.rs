@@ -10,6 +10,7 @@ mod reverse;
 mod route;
 mod secret;
 mod tls;
+mod tracing;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -68,6 +69,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
     let admin = raw.admin.map(|a| admin(ctx, a)).transpose()?;
     let access_log = raw.access_log.map(|a| access_log(ctx, a)).transpose()?;
     let request_id = raw.request_id.map(|r| request_id(ctx, r)).transpose()?;
+    let tracing = raw.tracing.map(|t| tracing::tracing(ctx, t)).transpose()?;
     // A standalone acceptor's file (`[handoff]`) needs no listener, nor does a relay's.
     let no_listener_needed = handoff.is_some() || !raw.relay.is_empty();
     let listeners = listeners(ctx, raw.listener, no_listener_needed)?;
@@ -90,6 +92,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         admin,
         access_log,
         request_id,
+        tracing,
         listeners,
         routes,
         clusters,

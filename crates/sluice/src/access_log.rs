@@ -316,6 +316,7 @@ mod tests {
         endpoint: None,
         instance: None,
         queued: None,
+        leased_at: None,
     };
 
     fn entry<'a>(method: &'a Method, uri: &'a Uri) -> Entry<'a> {

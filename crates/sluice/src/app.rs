@@ -17,6 +17,7 @@ use crate::admin::{self, AdminState, ReloadHook};
 use crate::http::request_id::RequestIds;
 use crate::metrics::Metrics;
 use crate::options;
+use crate::otel::Tracing;
 use crate::proxy::ProxyService;
 use crate::reload::InPlace;
 use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, UpgradeSocket};
@@ -75,6 +76,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The OTLP exporter of `[tracing]` could not be set up.
+    #[error(transparent)]
+    Tracing(#[from] crate::otel::TracingError),
     /// The upgrade socket (`[runtime] upgrade_socket`) could not be bound.
     #[error(transparent)]
     Upgrade(#[from] RestartError),
@@ -183,8 +187,12 @@ impl Proxy {
             let expiry = crate::server::tls::ExpiryCollector(certificates.clone());
             metrics.registry().register_collector(Box::new(expiry));
         }
+        let tracing = config.tracing.as_ref();
+        let tracing = tracing
+            .map(|t| Tracing::start(t, metrics.registry()))
+            .transpose()?;
         let metrics = Arc::new(metrics);
-        let service = proxy_service(config, &routes, &metrics)?;
+        let service = proxy_service(config, &routes, &metrics, tracing)?;
         let acceptor = bind_acceptor(config, &clusters, &mut sockets).await?;
         let readiness = sluice_net::Readiness::default();
         let acceptor = acceptor.map(|a| a.with_metrics(reverse_metrics).with_readiness(&readiness));
@@ -497,16 +505,20 @@ fn handoff_sources(
     by_path
 }
 
-/// The routing service, counting into `metrics`, with `[request_id]` and logging to
-/// `[access_log]` if set.
+/// The routing service, counting into `metrics`, with `[request_id]`, `tracing` and logging
+/// to `[access_log]` if set.
 fn proxy_service(
     config: &Config,
     routes: &Arc<LiveRoutes>,
     metrics: &Arc<Metrics>,
+    tracing: Option<Tracing>,
 ) -> Result<ProxyService<LiveRoutes>, StartError> {
     let mut service = ProxyService::from_arc(Arc::clone(routes)).with_metrics(Arc::clone(metrics));
     if let Some(ids) = &config.request_id {
         service = service.with_request_ids(RequestIds::new(ids.header.clone()));
+    }
+    if let Some(tracing) = tracing {
+        service = service.with_tracing(tracing);
     }
     let Some(log) = &config.access_log else {
         return Ok(service);

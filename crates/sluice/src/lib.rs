@@ -19,12 +19,13 @@
 //!   [`StaticMetrics`], [`LbPolicy`]), [`ReverseCluster`] and [`ReverseSlice`], whose services
 //!   dial in through an [`Acceptor`];
 //! - the service: [`ProxyService`], [`ProxyBody`], [`ProxyError`] and its [`Origin`],
-//!   [`ClientInfo`], [`AccessLog`], [`Metrics`], [`RequestIds`].
+//!   [`ClientInfo`], [`AccessLog`], [`Metrics`], [`RequestIds`], [`Tracing`].
 //!
 //! # Layout
 //!
 //! - `access_log`: one line per request (Common Log Format or JSON) to stdout or a file.
 //! - `admin`: the admin API (status, drain, endpoints, `/metrics`) for `sluice ctl`.
+//! - `otel`: [`Tracing`], each sampled request's spans exported over OTLP.
 //! - `app`: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
 //! - `standalone`: [`Standalone`], `sluice acceptor`: the standalone acceptor with the admin
 //!   API.
@@ -66,6 +67,7 @@ pub(crate) mod error;
 pub(crate) mod http;
 pub(crate) mod metrics;
 pub mod options;
+pub(crate) mod otel;
 mod process;
 pub(crate) mod proxy;
 pub(crate) mod reload;
@@ -82,6 +84,7 @@ pub use body::ProxyBody;
 pub use error::{Origin, ProxyError};
 pub use http::request_id::RequestIds;
 pub use metrics::Metrics;
+pub use otel::{Tracing, TracingError};
 pub use proxy::fast::FastPath;
 pub use proxy::ProxyService;
 pub use reload::{Applied, InPlace};

@@ -28,8 +28,10 @@ use crate::http::headers::{
     Forwarding,
 };
 use crate::http::request_id::RequestIds;
+use crate::http::trace_context::{RequestTrace, SentContext, TRACEPARENT, TRACESTATE};
 use crate::http::ClientInfo;
 use crate::metrics::Metrics;
+use crate::otel::Tracing;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
 use crate::upstream::{ServedBy, Upstream, WantsServedBy};
 
@@ -42,6 +44,7 @@ pub struct ProxyService<R> {
     metrics: Option<Arc<Metrics>>,
     access_log: Option<AccessLog>,
     request_ids: Option<RequestIds>,
+    tracing: Option<Tracing>,
 }
 
 impl<R> Clone for ProxyService<R> {
@@ -51,6 +54,7 @@ impl<R> Clone for ProxyService<R> {
             metrics: self.metrics.clone(),
             access_log: self.access_log.clone(),
             request_ids: self.request_ids.clone(),
+            tracing: self.tracing.clone(),
         }
     }
 }
@@ -68,7 +72,14 @@ impl<R: Routing> ProxyService<R> {
             metrics: None,
             access_log: None,
             request_ids: None,
+            tracing: None,
         }
+    }
+
+    /// Traces requests (see [`Tracing`]); by default none is.
+    pub fn with_tracing(mut self, tracing: Tracing) -> Self {
+        self.tracing = Some(tracing);
+        self
     }
 
     /// Gives every request an ID (see [`RequestIds`]); by default requests get none.
@@ -98,6 +109,7 @@ impl<R: Routing> ProxyService<R> {
             self.metrics.clone(),
             self.access_log.clone(),
             self.request_ids.clone(),
+            self.tracing.clone(),
             std::any::TypeId::of::<Self>(),
         )
     }
@@ -114,15 +126,30 @@ impl<R: Routing> ProxyService<R> {
             let sent = req.headers().get(ids.name()).map(HeaderValue::as_bytes);
             (ids.name(), ids.decide(sent, client.trusted))
         });
-        // Kept only when a log wants them: the request itself moves on.
-        let logged = self.access_log.as_ref().map(|log| {
+        let trace = self.tracing.as_ref().map(|t| {
+            let fields = req.headers().iter();
+            let sent = SentContext::of(fields.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())));
+            t.begin(sent, client.trusted)
+        });
+        let traced = trace.as_ref().is_some_and(|t| t.sampled);
+        // Kept only when a log or a trace wants them: the request itself moves on.
+        let logged = (self.access_log.is_some() || traced).then(|| {
             req.extensions_mut().insert(WantsServedBy);
-            Logged::of(&req, log.clone(), started, id.as_ref().map(|(_, v)| v))
+            Logged::of(
+                &req,
+                self.access_log.clone(),
+                started,
+                id.as_ref().map(|(_, v)| v),
+            )
         });
         let http1 = req.version() <= Version::HTTP_11;
         let mut matched = None;
         let stamp = id.as_ref().map(|(n, v)| (*n, v));
-        let res = match self.dispatch(req, &client, stamp, &mut matched).await {
+        let stamps = Stamps {
+            id: stamp,
+            trace: trace.as_ref(),
+        };
+        let res = match self.dispatch(req, &client, &stamps, &mut matched).await {
             Ok(res) => res,
             Err(e) => {
                 log_failure(&e, &client, matched.as_deref());
@@ -135,8 +162,9 @@ impl<R: Routing> ProxyService<R> {
         if let Some(metrics) = &self.metrics {
             metrics.request(route, res.status().as_u16(), started.elapsed());
         }
+        let trace = trace.filter(|t| t.sampled).zip(self.tracing.clone());
         match logged {
-            Some(logged) => logged.at_end(res, client.peer, matched),
+            Some(logged) => logged.at_end(res, client.peer, matched, trace),
             None => res,
         }
     }
@@ -145,7 +173,7 @@ impl<R: Routing> ProxyService<R> {
         &self,
         mut req: Request<Incoming>,
         client: &ClientInfo,
-        id: Option<(&HeaderName, &HeaderValue)>,
+        stamps: &Stamps<'_>,
         matched: &mut Option<Arc<Route>>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         check_request(&req)?;
@@ -172,7 +200,7 @@ impl<R: Routing> ProxyService<R> {
                 let client_side = upgrade::requested(&mut req);
                 let edits = Edits {
                     route: &route,
-                    id,
+                    stamps,
                     limit,
                 };
                 let req = upstream_request(req, client, &edits, client_side.is_some());
@@ -222,19 +250,26 @@ pub(crate) fn strip_port(host: &str) -> &str {
     host.rsplit_once(':').map_or(host, |(h, _)| h)
 }
 
+/// The fields the proxy sets over any copy on a request's way upstream.
+struct Stamps<'a> {
+    /// The request's ID.
+    id: Option<(&'a HeaderName, &'a HeaderValue)>,
+    /// Its trace: `traceparent`, and the client's `tracestate` kept or removed with it.
+    trace: Option<&'a RequestTrace>,
+}
+
 /// What the proxy does to a request on its way upstream besides the forwarding fields.
 struct Edits<'a> {
     route: &'a Route,
-    /// The request's ID, set over any copy.
-    id: Option<(&'a HeaderName, &'a HeaderValue)>,
+    stamps: &'a Stamps<'a>,
     /// The most body bytes forwarded.
     limit: Option<u64>,
 }
 
 /// Turns the client's request into the one sent upstream: origin-form target, a Host header,
 /// hop-by-hop headers removed (but `Upgrade` kept when `upgrade`), forwarding headers added,
-/// the route's edits applied, then the request's ID set over any copy; its body counted
-/// against the limit.
+/// the route's edits applied, then the request's ID and trace context set over any copy; its
+/// body counted against the limit.
 fn upstream_request(
     req: Request<Incoming>,
     client: &ClientInfo,
@@ -270,8 +305,14 @@ fn upstream_request(
     };
     add_forwarding(&mut parts.headers, &fwd);
     apply_edits(&mut parts.headers, &edits.route.request_headers);
-    if let Some((name, value)) = edits.id {
+    if let Some((name, value)) = edits.stamps.id {
         parts.headers.insert(name.clone(), value.clone());
+    }
+    if let Some(trace) = edits.stamps.trace {
+        parts.headers.insert(TRACEPARENT, trace.traceparent.clone());
+        if !trace.keeps_tracestate() {
+            parts.headers.remove(TRACESTATE);
+        }
     }
     if absolute {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -282,9 +323,9 @@ fn upstream_request(
     Request::from_parts(parts, body)
 }
 
-/// What the access log keeps of a request until its response body has ended.
+/// What the access log and a trace keep of a request until its response body has ended.
 struct Logged {
-    log: AccessLog,
+    log: Option<AccessLog>,
     method: http::Method,
     uri: Uri,
     version: Version,
@@ -298,7 +339,7 @@ struct Logged {
 impl Logged {
     fn of(
         req: &Request<Incoming>,
-        log: AccessLog,
+        log: Option<AccessLog>,
         started: Instant,
         id: Option<&HeaderValue>,
     ) -> Self {
@@ -319,13 +360,14 @@ impl Logged {
         }
     }
 
-    /// `res`, whose body writes the line when it ends (NGINX's `$request_time` and
-    /// `$body_bytes_sent`), or when it is dropped early.
+    /// `res`, whose body writes the line and queues the `trace`'s spans when it ends (NGINX's
+    /// `$request_time` and `$body_bytes_sent`), or when it is dropped early.
     fn at_end(
         self,
         mut res: Response<ProxyBody>,
         client: std::net::SocketAddr,
         route: Option<Arc<Route>>,
+        trace: Option<(RequestTrace, Tracing)>,
     ) -> Response<ProxyBody> {
         let status = res.status().as_u16();
         let upstream = res
@@ -334,7 +376,7 @@ impl Logged {
             .unwrap_or_default();
         let (parts, body) = res.into_parts();
         let body = body.reported(Box::new(move |bytes, complete| {
-            self.log.record(&access_log::Entry {
+            let entry = access_log::Entry {
                 client,
                 method: &self.method,
                 uri: &self.uri,
@@ -349,7 +391,13 @@ impl Logged {
                 user_agent: self.user_agent.as_deref(),
                 referer: self.referer.as_deref(),
                 request_id: self.request_id.as_deref(),
-            });
+            };
+            if let Some(log) = &self.log {
+                log.record(&entry);
+            }
+            if let Some((trace, tracing)) = &trace {
+                tracing.finish(trace, &entry, route.as_deref());
+            }
         }));
         Response::from_parts(parts, body)
     }

@@ -174,6 +174,7 @@ fn differences(a: &Config, b: &Config) -> Vec<String> {
     section("[admin]", a.admin != b.admin);
     section("[access_log]", a.access_log != b.access_log);
     section("[request_id]", a.request_id != b.request_id);
+    section("[tracing]", a.tracing != b.tracing);
     section("routes", a.routes != b.routes);
     let listeners = |c: &Config| -> BTreeMap<String, sluice_config::Listener> {
         c.listeners

@@ -2,8 +2,8 @@
 
 use http::Response;
 
-/// Who served a request upstream, for the access log: a static cluster's endpoint, or the
-/// instance whose session carried it and how long the request waited for that session.
+/// Who served a request upstream, for the access log and traces: a static cluster's endpoint,
+/// or the instance whose session carried it and how long the request waited for that session.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ServedBy {
     /// The static endpoint.
@@ -12,6 +12,16 @@ pub(crate) struct ServedBy {
     pub instance: Option<std::sync::Arc<sluice_reverse::Instance>>,
     /// The wait in the slice's admission queue (zero when a session was idle).
     pub queued: Option<std::time::Duration>,
+    /// When the session was leased, if the request waited for it (the queue span's end; no
+    /// clock is read for a request that found a session idle).
+    pub leased_at: Option<std::time::Instant>,
+}
+
+impl ServedBy {
+    /// Whether an upstream answered (the default: nobody did).
+    pub(crate) fn answered(&self) -> bool {
+        self.endpoint.is_some() || self.instance.is_some()
+    }
 }
 
 /// In a request's extensions: the proxy logs it, so the upstream puts a [`ServedBy`] in the

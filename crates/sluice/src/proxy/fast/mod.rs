@@ -33,7 +33,9 @@ use tracing::debug;
 use crate::access_log::{self, AccessLog};
 use crate::http::checks;
 use crate::http::request_id::RequestIds;
+use crate::http::trace_context::{RequestTrace, SentContext};
 use crate::metrics::{Metrics, RouteCounters};
+use crate::otel::Tracing;
 use crate::router::{Route, Routing, Target};
 use crate::upstream::reverse::raw::SessionLease;
 use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
@@ -49,6 +51,7 @@ pub struct FastPath {
     metrics: Option<Arc<Metrics>>,
     access_log: Option<AccessLog>,
     request_ids: Option<RequestIds>,
+    tracing: Option<Tracing>,
     /// The type of the proxy service it belongs to.
     service: std::any::TypeId,
 }
@@ -65,6 +68,7 @@ impl FastPath {
         metrics: Option<Arc<Metrics>>,
         access_log: Option<AccessLog>,
         request_ids: Option<RequestIds>,
+        tracing: Option<Tracing>,
         service: std::any::TypeId,
     ) -> Self {
         Self {
@@ -72,6 +76,7 @@ impl FastPath {
             metrics,
             access_log,
             request_ids,
+            tracing,
             service,
         }
     }
@@ -106,6 +111,18 @@ impl FastPath {
         if checks::check_body_length(declared, limit).is_err() {
             return (0, self.hand_off("limit"));
         }
+        let trace = self.tracing.as_ref().map(|t| {
+            let sent = SentContext::of(fields(&req));
+            (t.begin(sent, req.client.trusted), sent.tracestate.is_some())
+        });
+        // A client's `tracestate` that does not go upstream with its trace is removed by
+        // hyper's path (the head writer here only replaces fields).
+        if let Some((trace, true)) = &trace {
+            if !trace.keeps_tracestate() {
+                return (0, self.hand_off("trace"));
+            }
+        }
+        let trace = trace.map(|(t, _)| t);
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_request();
         }
@@ -115,7 +132,8 @@ impl FastPath {
             (ids.name(), ids.decide(sent, req.client.trusted))
         });
         let id = id.as_ref().map(|(n, v)| (*n, v));
-        let exchange = Exchange::new(&req, &route, &parts.method, started, id);
+        let traceparent = trace.as_ref().map(|t| &t.traceparent);
+        let exchange = Exchange::new(&req, &route, &parts.method, started, id, traceparent);
         let outcome = match dest {
             Dest::Static(cluster) => {
                 let lease = cluster.lease_raw(started);
@@ -137,6 +155,7 @@ impl FastPath {
                 outcome: &outcome,
                 started,
                 id: id.and_then(|(_, v)| v.to_str().ok()),
+                trace: trace.as_ref().filter(|t| t.sampled),
             };
             self.account(&parts, &req, &route, &logged, &mut scratch.counted);
         }
@@ -146,8 +165,8 @@ impl FastPath {
     /// Leaves a request to hyper, counting why: `body` (chunked or not all here), `trailers`
     /// (the client accepts them), `head` (not a valid method, target or field), `route`
     /// (somewhere the fast path does not go), `limit` (a whole body over `max_request_body`:
-    /// hyper's path answers 413; a larger one not all here counts as `body`), or the parser's
-    /// reason.
+    /// hyper's path answers 413; a larger one not all here counts as `body`), `trace` (a
+    /// `tracestate` to remove), or the parser's reason.
     pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_handoff(reason);
@@ -178,7 +197,7 @@ impl FastPath {
         (!framing_edited).then_some((route, dest))
     }
 
-    /// Counts the request and logs it, as the hyper path does.
+    /// Counts the request, logs it and queues its spans, as the hyper path does.
     fn account(
         &self,
         parts: &Parts<'_>,
@@ -197,7 +216,8 @@ impl FastPath {
         if let Some(metrics) = &self.metrics {
             metrics.request_cached(counted, &route.name, outcome.status, elapsed);
         }
-        if let Some(log) = &self.access_log {
+        let tracing = self.tracing.as_ref().zip(logged.trace);
+        if self.access_log.is_some() || tracing.is_some() {
             // As `HeaderValue::to_str`: visible ASCII only.
             let text = |name: &[u8]| {
                 field(req, name)
@@ -209,7 +229,7 @@ impl FastPath {
                 BodyFraming::Length(n) => Some(n),
                 BodyFraming::Chunked => None,
             };
-            log.record(&access_log::Entry {
+            let entry = access_log::Entry {
                 client: req.client.peer,
                 method: &parts.method,
                 uri: parts.uri,
@@ -225,7 +245,13 @@ impl FastPath {
                 user_agent: text(b"user-agent"),
                 referer: text(b"referer"),
                 request_id: logged.id,
-            });
+            };
+            if let Some(log) = &self.access_log {
+                log.record(&entry);
+            }
+            if let Some((tracing, trace)) = tracing {
+                tracing.finish(trace, &entry, Some(route));
+            }
         }
     }
 }
@@ -235,6 +261,8 @@ struct Logged<'a> {
     outcome: &'a relay::Outcome,
     started: Instant,
     id: Option<&'a str>,
+    /// The request's trace, when sampled.
+    trace: Option<&'a RequestTrace>,
 }
 
 /// Where the fast path sends a request.
@@ -290,6 +318,15 @@ impl<'a> Parts<'a> {
             headers,
         })
     }
+}
+
+/// The request's fields: name, value.
+fn fields<'b>(req: &Request<'b>) -> impl Iterator<Item = (&'b [u8], &'b [u8])> + 'b {
+    let buf = req.buf;
+    let head = req.head;
+    head.fields
+        .iter()
+        .map(move |f| (&buf[f.name.clone()], &buf[f.value.clone()]))
 }
 
 /// The value of the request's first field named `name`.

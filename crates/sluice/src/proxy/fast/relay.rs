@@ -18,6 +18,7 @@ use super::request::{timer_at, Request, Scratch, Served};
 use crate::error::ProxyError;
 use crate::http::read_ahead::{self, ReadAhead};
 use crate::http::retry::{self, is_idempotent};
+use crate::http::trace_context::TRACEPARENT;
 use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
 use crate::upstream::leased::Leased;
@@ -64,6 +65,8 @@ pub(crate) struct Exchange<'a> {
     started: Instant,
     /// The request's ID (`[request_id]`), set upstream and in Sluice's own answers.
     id: Option<(&'a HeaderName, &'a HeaderValue)>,
+    /// The `traceparent` set upstream (`[tracing]`).
+    traceparent: Option<&'a HeaderValue>,
 }
 
 impl<'a> Exchange<'a> {
@@ -73,6 +76,7 @@ impl<'a> Exchange<'a> {
         method: &Method,
         started: Instant,
         id: Option<(&'a HeaderName, &'a HeaderValue)>,
+        traceparent: Option<&'a HeaderValue>,
     ) -> Self {
         Self {
             req,
@@ -81,6 +85,7 @@ impl<'a> Exchange<'a> {
             idempotent: is_idempotent(method),
             started,
             id,
+            traceparent,
         }
     }
 
@@ -108,7 +113,7 @@ impl<'a> Exchange<'a> {
     }
 
     /// Runs the exchange to its end on what `lease` leases (`client_addr`: a reverse slice's
-    /// `Sluice-Client-Addr`, set last with the request's ID). While the request waits for a lease
+    /// `Sluice-Client-Addr`, set last with the request's ID and `traceparent`). While the request waits for a lease
     /// or for its answer, the client is watched: bytes it pipelines are kept in `scratch`, and
     /// if it hangs up the request is given up (a place in a queue freed at once; an answer
     /// already asked for read off by a task of its own, so that the connection or session
@@ -227,9 +232,10 @@ impl<'a> Exchange<'a> {
     fn upstream_request(&self, client_addr: Option<(&str, &[u8])>, out: &mut Vec<u8>) {
         let (buf, head) = (self.req.buf, self.req.head);
         let id = self.id.map(|(n, v)| (n.as_str(), v.as_bytes()));
-        let mut stamps = [("", &b""[..]); 2];
+        let trace = self.traceparent.map(|v| (TRACEPARENT, v.as_bytes()));
+        let mut stamps = [("", &b""[..]); 3];
         let mut n = 0;
-        for stamp in [client_addr, id].into_iter().flatten() {
+        for stamp in [client_addr, id, trace].into_iter().flatten() {
             stamps[n] = stamp;
             n += 1;
         }

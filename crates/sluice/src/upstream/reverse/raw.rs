@@ -23,6 +23,8 @@ pub(crate) struct SessionLease {
     pool: Arc<SlicePool>,
     /// How long the request waited for it in the slice's queue.
     queued: Duration,
+    /// When, if it waited.
+    leased_at: Option<std::time::Instant>,
 }
 
 impl SessionLease {
@@ -44,6 +46,7 @@ impl SessionLease {
                     io,
                     pool,
                     queued,
+                    leased_at: super::send::leased_at(queued),
                 });
             }
             debug!(instance = %session.instance().id(), "a leased session had ended; leasing another");
@@ -98,6 +101,7 @@ impl Leased for SessionLease {
         crate::upstream::served::ServedBy {
             instance: Some(Arc::clone(self.session.instance())),
             queued: Some(self.queued),
+            leased_at: self.leased_at,
             ..Default::default()
         }
     }

@@ -32,6 +32,7 @@ pub(crate) async fn send(
     let wants = req.extensions().get::<WantsServedBy>().is_some();
     let req = buffer::request(req, pool.options().request_buffer).await?;
     let (session, queued) = pool.lease_waited().await?;
+    let leased_at = leased_at(queued);
     // Copied only once a session is leased: a request refused for capacity never pays for it.
     let replay = Replay::of(&req);
     let instance = Arc::clone(session.instance());
@@ -40,6 +41,7 @@ pub(crate) async fn send(
             note_served_by(wants, &mut res, || ServedBy {
                 instance: Some(instance),
                 queued: Some(queued),
+                leased_at,
                 ..ServedBy::default()
             });
             return Ok(res);
@@ -52,16 +54,23 @@ pub(crate) async fn send(
     // Boxed: the retry is rare, and inline its state would double every request's future.
     Box::pin(async move {
         let (session, waited) = pool.lease_waited().await?;
+        let leased_at = self::leased_at(queued + waited);
         let instance = Arc::clone(session.instance());
         let mut res = send_on(pool, session, req).await.map_err(|f| f.error)?;
         note_served_by(wants, &mut res, || ServedBy {
             instance: Some(instance),
             queued: Some(queued + waited),
+            leased_at,
             ..ServedBy::default()
         });
         Ok(res)
     })
     .await
+}
+
+/// When a request that waited `queued` for its session got it: now, read only if it waited.
+pub(super) fn leased_at(queued: std::time::Duration) -> Option<std::time::Instant> {
+    (!queued.is_zero()).then(std::time::Instant::now)
 }
 
 /// Sets `Sluice-Client-Addr` to the client's TCP peer as the server saw it, replacing every
