@@ -15,9 +15,11 @@ use ipnet::IpNet;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
 mod log_template;
+mod rate_limit;
 mod relay;
 mod tracing;
 pub use log_template::{LogField, LogPiece, LogTemplate};
+pub use rate_limit::*;
 pub use relay::*;
 pub use sluice_session::Token;
 pub use tracing::*;
@@ -130,6 +132,12 @@ pub struct HttpOptions {
     /// when chunked. A route's own `max_request_body` wins. Routes that answer directly
     /// (`direct_response`) read no body and take any. Default: no limit.
     pub max_request_body: Option<u64>,
+    /// The most requests one connection serves (NGINX's `keepalive_requests`): the last one's
+    /// response closes an HTTP/1.1 connection, an HTTP/2 one gets GOAWAY. Default: no limit.
+    pub max_requests_per_connection: Option<u64>,
+    /// The most connections one client address (an IPv6 client's /64) may hold open at once
+    /// (NGINX's `limit_conn`); more are closed as they are accepted. Default: no limit.
+    pub max_connections_per_client: Option<u32>,
     /// Peers whose `X-Forwarded-For` and `Forwarded` chains are kept (and appended to); from
     /// anyone else those headers are replaced by the peer's address. Default: none.
     pub trusted_proxies: Vec<IpNet>,
@@ -152,6 +160,8 @@ pub struct Route {
     /// The largest request body this route forwards, over the listener's; default: the
     /// listener's.
     pub max_request_body: Option<u64>,
+    /// Requests per client (or per a field's value) over time; `None`: unlimited.
+    pub rate_limit: Option<RateLimit>,
     /// Header edits applied to the request before it is forwarded.
     pub request_headers: HeaderEdits,
     /// Header edits applied to the response before it is sent to the client.

@@ -89,6 +89,8 @@ pub(crate) struct RawListener {
     pub(crate) idle_timeout: Option<Timeout>,
     pub(crate) max_header_size: Option<Spanned<Size>>,
     pub(crate) max_request_body: Option<Spanned<Size>>,
+    pub(crate) max_requests_per_connection: Option<Spanned<u64>>,
+    pub(crate) max_connections_per_client: Option<Spanned<u32>>,
     #[serde(default)]
     pub(crate) trusted_proxies: Vec<Cidr>,
     pub(crate) escaped_slashes: Option<RawEscapedSlashes>,
@@ -144,6 +146,16 @@ pub(crate) struct RawRoute {
     #[serde(default)]
     pub(crate) response_headers: RawHeaderEdits,
     pub(crate) max_request_body: Option<Spanned<Size>>,
+    pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
+}
+
+/// A route's `rate_limit = { rate, burst, key }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRateLimit {
+    pub(crate) rate: Spanned<String>,
+    pub(crate) burst: Option<Spanned<u32>>,
+    pub(crate) key: Option<Spanned<String>>,
 }
 
 /// `direct_response = { status, body, headers }`; header values may be secrets.

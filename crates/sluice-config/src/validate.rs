@@ -5,6 +5,7 @@ mod acceptor;
 mod cluster;
 mod handoff;
 mod kind_keys;
+mod rate_limit;
 mod relay;
 mod reverse;
 mod route;
@@ -252,6 +253,21 @@ pub(crate) fn max_request_body(
     }
 }
 
+/// A limit that must let at least one through (leave it out for no limit).
+fn at_least_one<T: Copy + PartialEq + From<u8>>(
+    ctx: Ctx<'_>,
+    raw: Option<toml::Spanned<T>>,
+    key: &str,
+) -> Result<Option<T>, ConfigError> {
+    match raw {
+        Some(n) if *n.get_ref() == T::from(0) => {
+            let msg = format!("{key} must be at least 1; leave it out for no limit");
+            Err(ctx.err(n.span(), msg))
+        }
+        n => Ok(n.map(|n| *n.get_ref())),
+    }
+}
+
 fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
     let max_header_bytes = match raw.max_header_size {
         None => DEFAULT_MAX_HEADER,
@@ -276,6 +292,16 @@ fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
             idle_timeout: raw.idle_timeout.map_or(DEFAULT_IDLE_TIMEOUT, |t| t.0),
             max_header_bytes,
             max_request_body: max_request_body(ctx, raw.max_request_body)?,
+            max_requests_per_connection: at_least_one(
+                ctx,
+                raw.max_requests_per_connection,
+                "max_requests_per_connection",
+            )?,
+            max_connections_per_client: at_least_one(
+                ctx,
+                raw.max_connections_per_client,
+                "max_connections_per_client",
+            )?,
             trusted_proxies: raw.trusted_proxies.into_iter().map(|c| c.0).collect(),
             rules: RequestRules {
                 escaped_slashes: match raw.escaped_slashes {

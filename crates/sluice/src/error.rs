@@ -94,6 +94,13 @@ pub enum ProxyError {
     /// The request is malformed in a way hyper let through but a proxy must refuse.
     #[error("{0}")]
     BadRequest(&'static str),
+    /// The route's `rate_limit` has no token left for the request's client (or key); one is
+    /// back in `retry_after` seconds.
+    #[error("too many requests")]
+    RateLimited {
+        /// Seconds until the client may try again (`Retry-After`).
+        retry_after: u32,
+    },
     /// The request asks for something the proxy does not do (e.g. CONNECT tunnels).
     #[error("{0}")]
     NotImplemented(&'static str),
@@ -138,6 +145,7 @@ impl ProxyError {
             Self::ClientBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -149,7 +157,8 @@ impl ProxyError {
             | Self::ClientBodyTimeout(_)
             | Self::BodyTooLarge(_)
             | Self::BadRequest(_)
-            | Self::NotImplemented(_) => Origin::Client,
+            | Self::NotImplemented(_)
+            | Self::RateLimited { .. } => Origin::Client,
             Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
                 Origin::Internal
             }
@@ -165,16 +174,20 @@ impl ProxyError {
     /// Seconds a client should wait before retrying, when the failure is temporary.
     pub fn retry_after(&self) -> Option<u32> {
         match self {
-            Self::Unavailable { retry_after, .. } => Some(*retry_after),
+            Self::Unavailable { retry_after, .. } | Self::RateLimited { retry_after } => {
+                Some(*retry_after)
+            }
             // Services that are starting register within seconds.
             Self::NoSessions { .. } => Some(1),
             _ => None,
         }
     }
 
-    /// Whether the client connection should be closed after the error response.
+    /// Whether the client connection should be closed after the error response: a client at
+    /// fault may be out of step with the framing, but not one that asked for a missing route
+    /// or too often.
     pub fn closes_connection(&self) -> bool {
-        self.origin() == Origin::Client && !matches!(self, Self::NoRoute)
+        self.origin() == Origin::Client && !matches!(self, Self::NoRoute | Self::RateLimited { .. })
     }
 
     /// What the client is answered, on either data path: the hyper path renders it as a

@@ -191,6 +191,10 @@ impl<R: Routing> ProxyService<R> {
         let route = self.router.route(&head).ok_or(ProxyError::NoRoute)?;
         *matched = Some(Arc::clone(&route));
         drop((host, path));
+        if let Some(limit) = &route.rate_limit {
+            let value = limit.field().and_then(|n| req.headers().get(n));
+            limit.check(client.peer.ip(), value.map(HeaderValue::as_bytes))?;
+        }
         let mut res = match &route.target {
             Target::Direct(direct) => direct_response(direct),
             Target::Upstream(upstream) => {

@@ -46,6 +46,11 @@ fn route(
     };
     Ok(Route {
         max_request_body: super::max_request_body(ctx, raw.max_request_body.take())?,
+        rate_limit: raw
+            .rate_limit
+            .take()
+            .map(|r| super::rate_limit::rate_limit(ctx, r))
+            .transpose()?,
         request_headers: edits(ctx, std::mem::take(&mut raw.request_headers))?,
         response_headers: edits(ctx, std::mem::take(&mut raw.response_headers))?,
         // `validate::slices` sets and checks the slice once every route exists.

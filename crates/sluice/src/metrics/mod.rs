@@ -58,6 +58,7 @@ pub struct Metrics {
     handoffs: Family<HandOffLabels, Counter>,
     connections: Family<ListenerLabels, Gauge>,
     tls_failures: Family<ListenerLabels, Counter>,
+    refused: Family<ListenerLabels, Counter>,
 }
 
 /// One listener's client connections open now, and its failed TLS handshakes.
@@ -67,6 +68,8 @@ pub(crate) struct ConnectionCounters {
     pub open: Gauge,
     /// TLS handshakes that failed or timed out.
     pub tls_failures: Counter,
+    /// Connections closed at accept, over `max_connections_per_client`.
+    pub refused: Counter,
 }
 
 /// One route's request counters (by status) and duration histogram, as handles that share
@@ -171,6 +174,12 @@ impl Metrics {
             "Client TLS handshakes that failed or timed out, by listener",
             tls_failures.clone(),
         );
+        let refused = Family::default();
+        registry.register(
+            "client_connections_refused",
+            "Client connections closed as they were accepted, by listener: their address held max_connections_per_client already",
+            refused.clone(),
+        );
         let mut standard = Registry::default();
         standard.register_collector(Box::new(crate::process::ProcessCollector));
         Self {
@@ -184,6 +193,7 @@ impl Metrics {
             handoffs,
             connections,
             tls_failures,
+            refused,
         }
     }
 
@@ -203,6 +213,7 @@ impl Metrics {
         ConnectionCounters {
             open: self.connections.get_or_create(&labels).clone(),
             tls_failures: self.tls_failures.get_or_create(&labels).clone(),
+            refused: self.refused.get_or_create(&labels).clone(),
         }
     }
 

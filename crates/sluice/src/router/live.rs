@@ -41,9 +41,22 @@ pub(crate) struct RouteSpec {
     /// The reverse cluster's slice (default `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slice: Option<String>,
-    /// Read only: the route also needs header values or edits headers (set in the file).
+    /// Read only: the route also needs header values, edits headers or has limits (set in the
+    /// file).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub configured_extras: bool,
+}
+
+/// `config`'s routes, as `table` compiled them.
+fn entries(config: &sluice_config::Config, table: RouteTable) -> Vec<Entry> {
+    let compiled = config.routes.iter().zip(table.into_entries());
+    compiled
+        .map(|(r, (matcher, route))| Entry {
+            spec: spec_of(r),
+            matcher,
+            route,
+        })
+        .collect()
 }
 
 /// Why a route could not be added or removed; each says what to fix.
@@ -100,18 +113,8 @@ impl LiveRoutes {
         clusters: &BTreeMap<String, Upstream>,
     ) -> Self {
         let table = RouteTable::from_config(config, clusters);
-        let entries = config
-            .routes
-            .iter()
-            .zip(table.into_entries())
-            .map(|(r, (matcher, route))| Entry {
-                spec: spec_of(r),
-                matcher,
-                route,
-            })
-            .collect();
         Self {
-            current: ArcSwap::from_pointee(entries),
+            current: ArcSwap::from_pointee(entries(config, table)),
             clusters: clusters.clone(),
             change: Mutex::new(()),
         }
@@ -120,9 +123,16 @@ impl LiveRoutes {
     /// Replaces every route with those of `config` at once (a reload); the clusters must be
     /// the ones this table was built with.
     pub(crate) fn replace_all(&self, config: &sluice_config::Config) {
-        let fresh = Self::from_config(config, &self.clusters);
         let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
-        self.current.store(fresh.current.load_full());
+        let old = self.current.load_full();
+        // A route that keeps its name and limit keeps its buckets.
+        let kept = |name: &str, limit: &sluice_config::RateLimit| {
+            let route = &old.iter().find(|e| e.spec.name == name)?.route;
+            let kept = route.rate_limit.as_ref().filter(|l| l.config() == limit)?;
+            Some(Arc::clone(kept))
+        };
+        let table = RouteTable::from_config_keeping(config, &self.clusters, &kept);
+        self.current.store(Arc::new(entries(config, table)));
     }
 
     /// The routes in match order.
@@ -252,7 +262,9 @@ fn spec_of(r: &sluice_config::Route) -> RouteSpec {
     };
     let extras = !m.headers.is_empty()
         || r.request_headers != Default::default()
-        || r.response_headers != Default::default();
+        || r.response_headers != Default::default()
+        || r.max_request_body.is_some()
+        || r.rate_limit.is_some();
     RouteSpec {
         name: r.name.clone(),
         hosts,

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use sluice_config::HeaderEdits;
 
+use crate::http::rate_limit::RateLimit;
 use crate::upstream::Upstream;
 
 /// What the router sees of a request.
@@ -62,6 +63,9 @@ pub struct Route {
     /// The largest request body forwarded, over the listener's (see
     /// [`HttpOptions::max_request_body`](sluice_config::HttpOptions)); default: the listener's.
     pub max_request_body: Option<u64>,
+    /// Requests per client (or key) over time ([`with_rate_limit`](Self::with_rate_limit));
+    /// shared by the copies of a route a reload keeps.
+    pub(crate) rate_limit: Option<Arc<RateLimit>>,
     /// Edits of the forwarded request's headers.
     pub request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
@@ -98,9 +102,17 @@ impl Route {
             name: name.into(),
             target,
             max_request_body: None,
+            rate_limit: None,
             request_headers: HeaderEdits::default(),
             response_headers: HeaderEdits::default(),
         }
+    }
+
+    /// This route with a rate limit (`rate_limit` of a configured route): a request past it
+    /// is answered 429 with `Retry-After`.
+    pub fn with_rate_limit(mut self, limit: &sluice_config::RateLimit) -> Self {
+        self.rate_limit = Some(Arc::new(RateLimit::new(limit)));
+        self
     }
 }
 

@@ -3,10 +3,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use sluice_config::{Action, Config};
+use sluice_config::{Action, Config, RateLimit as RateLimitConfig};
 
 use super::matcher::Matcher;
 use super::route::{Direct, RequestHead, Route, Routing, Target};
+use crate::http::rate_limit::RateLimit;
 use crate::upstream::Upstream;
 
 /// Configured routes evaluated in order; the first whose matcher accepts the request wins.
@@ -18,6 +19,17 @@ pub struct RouteTable {
 impl RouteTable {
     /// Compiles the configured routes, in file order, against the built clusters.
     pub fn from_config(config: &Config, clusters: &BTreeMap<String, Upstream>) -> Self {
+        Self::from_config_keeping(config, clusters, &|_, _| None)
+    }
+
+    /// [`from_config`](Self::from_config), each route's rate limit taken from `kept` (by the
+    /// route's name and limit) when it has one: a reload keeps the buckets of a route whose
+    /// limit it does not change.
+    pub(crate) fn from_config_keeping(
+        config: &Config,
+        clusters: &BTreeMap<String, Upstream>,
+        kept: &dyn Fn(&str, &RateLimitConfig) -> Option<Arc<RateLimit>>,
+    ) -> Self {
         let mut table = Self::new();
         for r in &config.routes {
             let target = match &r.action {
@@ -41,6 +53,9 @@ impl RouteTable {
                 name: r.name.clone(),
                 target,
                 max_request_body: r.max_request_body,
+                rate_limit: r.rate_limit.as_ref().map(|limit| {
+                    kept(&r.name, limit).unwrap_or_else(|| Arc::new(RateLimit::new(limit)))
+                }),
                 request_headers: r.request_headers.clone(),
                 response_headers: r.response_headers.clone(),
             };

@@ -3,7 +3,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -19,9 +19,41 @@ pub struct ActiveRequests {
     /// Whether a request ever began on the connection, and who waits for the first.
     started: AtomicBool,
     first: Notify,
+    /// Requests begun so far, and the most the connection may serve (`None`: no limit); who
+    /// waits for the last to begin.
+    served: AtomicU64,
+    limit: Option<u64>,
+    last: Notify,
 }
 
 impl ActiveRequests {
+    /// A connection that serves at most `limit` requests (`max_requests_per_connection`).
+    pub(crate) fn with_limit(limit: Option<u64>) -> Self {
+        Self {
+            limit,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the connection's last request (by its limit) has begun.
+    pub(crate) fn at_limit(&self) -> bool {
+        self.limit
+            .is_some_and(|limit| self.served.load(Ordering::Acquire) >= limit)
+    }
+
+    /// Waits until the connection's last request has begun; never, without a limit.
+    pub(crate) async fn last_request(&self) {
+        if self.limit.is_none() {
+            return std::future::pending().await;
+        }
+        let last = self.last.notified();
+        tokio::pin!(last);
+        last.as_mut().enable();
+        if !self.at_limit() {
+            last.await;
+        }
+    }
+
     /// Whether any request is in flight.
     pub fn any(&self) -> bool {
         self.count.load(Ordering::Relaxed) > 0
@@ -51,6 +83,12 @@ impl ActiveRequests {
     /// Counts one request until the returned guard is dropped.
     pub(crate) fn begin(self: &Arc<Self>) -> ActiveGuard {
         self.count.fetch_add(1, Ordering::Relaxed);
+        if self.limit.is_some() {
+            self.served.fetch_add(1, Ordering::AcqRel);
+            if self.at_limit() {
+                self.last.notify_waiters();
+            }
+        }
         // Only the first request writes the flag; later ones just read it.
         if !self.started() && !self.started.swap(true, Ordering::AcqRel) {
             self.first.notify_waiters();
@@ -62,6 +100,16 @@ impl ActiveRequests {
 /// Holds one request in the count.
 #[derive(Debug)]
 pub(crate) struct ActiveGuard(Arc<ActiveRequests>);
+
+impl ActiveGuard {
+    /// The request was not served here after all (the fast path handed it to hyper, which
+    /// begins it again): it does not count towards the connection's limit.
+    pub(crate) fn given_back(self) {
+        if self.0.limit.is_some() {
+            self.0.served.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {

@@ -78,7 +78,8 @@ pub(super) async fn serve<S: HttpService>(
     async move {
         // Responses are written whole by hyper; Nagle would only add latency.
         let _ = stream.set_nodelay(true);
-        let active = Arc::new(ActiveRequests::default());
+        let limit = settings.http.max_requests_per_connection;
+        let active = Arc::new(ActiveRequests::with_limit(limit));
         let io = IdleTimeout::new(stream, settings.http.idle_timeout, Arc::clone(&active))
             .with_byte_counters(settings.bytes.clone());
         let svc = ConnService {
@@ -235,7 +236,8 @@ where
     }
 }
 
-/// Runs a connection to its end; on shutdown asks it to finish gracefully (HTTP/1.1: close
+/// Runs a connection to its end; on shutdown, or once its last request (by
+/// `max_requests_per_connection`) has begun, asks it to finish gracefully (HTTP/1.1: close
 /// after the response in progress; HTTP/2: GOAWAY) and waits for that.
 ///
 /// A connection that has not begun a request yet may have been accepted a moment before the
@@ -252,6 +254,12 @@ async fn drive<C: Graceful>(
     tokio::select! {
         res = conn.as_mut() => return res.map_err(Into::into),
         () = signal.wait() => {}
+        // `max_requests_per_connection`: HTTP/1.1 closes after this response, HTTP/2 sends
+        // GOAWAY and finishes the streams it has.
+        () = active.last_request() => {
+            conn.as_mut().graceful_shutdown();
+            return conn.await.map_err(Into::into);
+        }
     }
     if !active.started() {
         let first =

@@ -12,6 +12,7 @@ pub(crate) mod fast;
 mod forward;
 mod framing;
 pub(crate) mod io;
+mod per_client;
 mod prefixed;
 mod service;
 pub(crate) mod tls;
@@ -23,11 +24,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_config::{HttpOptions, RequestRules};
+use sluice_net::log_limit::{Tally, REPORT_INTERVAL};
 use socket2::SockRef;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
+
+use per_client::PerClient;
 
 pub(crate) use self::active::ActiveRequests;
 pub(crate) use self::carrier::UpgradeCarrier;
@@ -47,6 +51,8 @@ pub fn default_http_options() -> HttpOptions {
         idle_timeout: Duration::from_secs(60),
         max_header_bytes: 16 * 1024,
         max_request_body: None,
+        max_requests_per_connection: None,
+        max_connections_per_client: None,
         trusted_proxies: Vec::new(),
         rules: RequestRules::default(),
     }
@@ -174,6 +180,8 @@ impl Server {
             .unwrap_or_else(|_| ClientInfo::default().local);
         info!(listener = %self.name, addr = %local, tls = self.tls.is_some(), "listening");
         keep_accept_reserve();
+        let per_client = self.http.max_connections_per_client.map(PerClient::new);
+        let mut refusals = Tally::new(REPORT_INTERVAL);
         let mut conns = JoinSet::new();
         let stop = signal.wait();
         tokio::pin!(stop);
@@ -194,12 +202,23 @@ impl Server {
                             body_timeout: self.http.client_body_timeout,
                             max_body: self.http.max_request_body,
                         };
+                        let slot = match &per_client {
+                            None => None,
+                            Some(per) => match per.take(peer.ip()) {
+                                Some(slot) => Some(slot),
+                                None => {
+                                    self.refuse(&mut refusals, peer);
+                                    continue;
+                                }
+                            },
+                        };
                         let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
                         let open = self.connections.open.clone();
                         open.inc();
                         conns.spawn(async move {
                             conn::serve(stream, info, svc, set, sig).await;
                             open.dec();
+                            drop(slot);
                         });
                     }
                     Err(e) => accept_error(&self.name, SockRef::from(&self.listener), e).await,
@@ -213,6 +232,16 @@ impl Server {
 }
 
 impl Server {
+    /// Counts a connection closed as it was accepted, for being one more than
+    /// `max_connections_per_client` lets its client hold; says so once per interval.
+    fn refuse(&self, refusals: &mut Tally, peer: SocketAddr) {
+        self.connections.refused.inc();
+        if let Some(refused) = refusals.record(1, std::time::Instant::now()) {
+            let limit = self.http.max_connections_per_client.unwrap_or_default();
+            warn!(listener = %self.name, client.addr = %peer.ip(), refused, limit, "connections over max_connections_per_client closed at accept");
+        }
+    }
+
     /// The fast path, if the listener has it on and it belongs to the service `S` served.
     fn fast_path_for<S: 'static>(&self) -> Option<Arc<dyn fast::FastHttp1>> {
         let fast = self.fast.clone().filter(|_| fast_path_on(&self.http))?;

@@ -141,6 +141,37 @@ pub async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
     read_to_close(&mut stream).await
 }
 
+/// Reads one whole answer off a keep-alive connection (its head and a `Content-Length` body);
+/// `None` when the connection closed first. Bounded: no answer in 10 s fails the test.
+pub async fn read_answer(conn: &mut TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let read = async {
+        loop {
+            let mut chunk = [0u8; 4096];
+            let n = conn.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                return None;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf);
+            let Some(head) = text.find("\r\n\r\n").map(|i| i + 4) else {
+                continue;
+            };
+            let length = text[..head].lines().find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                let length = name.eq_ignore_ascii_case("content-length");
+                length.then(|| value.trim().parse::<usize>().ok()).flatten()
+            });
+            if buf.len() >= head + length.unwrap_or(0) {
+                return Some(text.into_owned());
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("no answer")
+}
+
 /// Reads until EOF (a reset also counts as closed), bounded so that a connection left open
 /// fails the test instead of hanging it.
 pub async fn read_to_close(stream: &mut TcpStream) -> String {

@@ -74,6 +74,7 @@ where
         };
         let guard = active.begin();
         let req = Request {
+            last: active.at_limit(),
             buf: &buf,
             head: &head,
             client: info,
@@ -86,7 +87,7 @@ where
         scratch.trim();
         match served {
             (_, Served::HandOff(_)) => {
-                drop(guard);
+                guard.given_back();
                 active.handed_over();
                 buf.append(&mut scratch.pipelined);
                 return Left::HandOff(buf);

@@ -134,9 +134,19 @@ impl FastPath {
         let id = id.as_ref().map(|(n, v)| (*n, v));
         let traceparent = trace.as_ref().map(|t| &t.traceparent);
         let exchange = Exchange::new(&req, &route, &parts.method, started, id, traceparent);
+        // Refused as a lease would be: the answer, the log line and the counts are the same.
+        let admitted = route.rate_limit.as_ref().map_or(Ok(()), |limit| {
+            let value = limit
+                .field()
+                .and_then(|n| field(&req, n.as_str().as_bytes()));
+            limit.check(req.client.peer.ip(), value)
+        });
         let outcome = match dest {
             Dest::Static(cluster) => {
-                let lease = cluster.lease_raw(started);
+                let lease = async {
+                    admitted?;
+                    cluster.lease_raw(started).await
+                };
                 exchange.run(client, scratch, lease, None).await
             }
             Dest::Reverse(slice) => {
@@ -144,7 +154,10 @@ impl FastPath {
                 // client or the route put there.
                 let addr = req.client_addr.as_bytes();
                 let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr));
-                let lease = SessionLease::lease(&slice);
+                let lease = async {
+                    admitted?;
+                    SessionLease::lease(&slice).await
+                };
                 exchange.run(client, scratch, lease, stamp).await
             }
         };

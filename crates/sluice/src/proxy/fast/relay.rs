@@ -295,10 +295,11 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// Whether the client connection closes after this exchange: the client asked, or the
-    /// server is shutting down (the response then says so, as hyper's does).
+    /// Whether the client connection closes after this exchange: the client asked, it is the
+    /// connection's last request, or the server is shutting down (the response then says so,
+    /// as hyper's does).
     fn closes(&self) -> bool {
-        !self.req.head.keep_alive || self.req.shutdown.is_triggered()
+        !self.req.head.keep_alive || self.req.last || self.req.shutdown.is_triggered()
     }
 
     /// Relays the response whose head is in `ubuf`, gives the lease back as soon as the body

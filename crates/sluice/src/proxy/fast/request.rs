@@ -36,6 +36,9 @@ pub(crate) struct Request<'a> {
     pub(crate) client_addr: &'a str,
     /// The server's shutdown: once triggered, responses close their connection.
     pub(crate) shutdown: &'a ShutdownSignal,
+    /// Whether it is the connection's last (`max_requests_per_connection`): its response
+    /// closes the connection.
+    pub(crate) last: bool,
 }
 
 /// Buffers a client connection keeps for its fast-path requests, so that a request allocates

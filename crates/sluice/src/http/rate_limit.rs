@@ -1,0 +1,207 @@
+//! A route's `rate_limit`: the rule of both data paths, without I/O. Each key (a client's
+//! address, or a field's value) has a token bucket — GCRA, `governor`'s keyed limiter — and a
+//! request that finds its bucket empty is refused with 429 and how many seconds until a token
+//! is back (`Retry-After`). A route's limiter outlives reloads that leave its name and limit
+//! unchanged (`router::live`), so a reload does not hand every client a fresh burst.
+//!
+//! Memory is bounded: at [`MAX_KEYS`] keys, buckets that have refilled (indistinguishable from
+//! new ones) are forgotten; if every one is still in use, new keys share one bucket, so a
+//! flood of distinct keys (made-up API keys) is limited together rather than growing the map.
+
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::{Quota, RateLimiter};
+use http::HeaderName;
+use sluice_config::RateLimitKey;
+
+use crate::error::ProxyError;
+use crate::http::client::client_key;
+
+/// The most keys one route's limiter keeps.
+pub(crate) const MAX_KEYS: usize = 100_000;
+
+/// The longest key value kept whole; longer ones are cut (a limit key is no place for a
+/// client's kilobytes, and two values that share 256 bytes share a bucket).
+const MAX_KEY_BYTES: usize = 256;
+
+/// What a bucket is kept by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Ip(IpAddr),
+    Value(Box<[u8]>),
+    /// Every new key while the limiter is full.
+    Overflow,
+}
+
+/// One route's rate limit and its buckets.
+pub(crate) struct RateLimit {
+    config: sluice_config::RateLimit,
+    buckets: RateLimiter<Key, DefaultKeyedStateStore<Key>, DefaultClock>,
+}
+
+impl std::fmt::Debug for RateLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimit {
+    /// Empty buckets for `config`.
+    pub(crate) fn new(config: &sluice_config::RateLimit) -> Self {
+        let burst = NonZeroU32::new(config.burst).unwrap_or(NonZeroU32::MIN);
+        // Validation refuses a zero period; a nanosecond stands in for one all the same.
+        let period = config.period.max(Duration::from_nanos(1));
+        let quota = Quota::with_period(period).map_or_else(
+            || Quota::per_second(NonZeroU32::MAX),
+            |q| q.allow_burst(burst),
+        );
+        Self {
+            config: config.clone(),
+            buckets: RateLimiter::keyed(quota),
+        }
+    }
+
+    /// The configuration it enforces.
+    pub(crate) fn config(&self) -> &sluice_config::RateLimit {
+        &self.config
+    }
+
+    /// The name of the field it keys by, if any.
+    pub(crate) fn field(&self) -> Option<&HeaderName> {
+        match &self.config.key {
+            RateLimitKey::Client => None,
+            RateLimitKey::Header(name) => Some(name),
+        }
+    }
+
+    /// Takes a token for a request from `client` whose keying field (see [`field`](Self::field))
+    /// is `value`; refused with the seconds until one is back.
+    pub(crate) fn check(&self, client: IpAddr, value: Option<&[u8]>) -> Result<(), ProxyError> {
+        let key = match value {
+            Some(v) if self.field().is_some() => Key::Value(v[..v.len().min(MAX_KEY_BYTES)].into()),
+            _ => Key::Ip(client_key(client)),
+        };
+        let key = self.room_for(key);
+        self.buckets.check_key(&key).map_err(|not_until| {
+            let wait = not_until.wait_time_from(self.buckets.clock().now());
+            ProxyError::RateLimited {
+                retry_after: retry_after(wait),
+            }
+        })
+    }
+
+    /// `key`, or the shared overflow key when the limiter is full of buckets still in use.
+    fn room_for(&self, key: Key) -> Key {
+        if self.buckets.len() < MAX_KEYS {
+            return key;
+        }
+        self.buckets.retain_recent();
+        if self.buckets.len() < MAX_KEYS {
+            self.buckets.shrink_to_fit();
+            key
+        } else {
+            Key::Overflow
+        }
+    }
+}
+
+/// Whole seconds, at least one (`Retry-After` has no fractions; zero would invite a retry
+/// that is refused again).
+fn retry_after(wait: Duration) -> u32 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    u32::try_from(secs.max(1)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(period_ms: u64, burst: u32, key: RateLimitKey) -> RateLimit {
+        RateLimit::new(&sluice_config::RateLimit {
+            period: Duration::from_millis(period_ms),
+            burst,
+            key,
+        })
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))
+    }
+
+    #[test]
+    fn a_burst_passes_then_the_bucket_is_empty_for_a_period() {
+        let l = limit(10_000, 3, RateLimitKey::Client);
+        for _ in 0..3 {
+            assert!(l.check(ip("192.0.2.1"), None).is_ok());
+        }
+        match l.check(ip("192.0.2.1"), None) {
+            Err(ProxyError::RateLimited { retry_after }) => assert_eq!(retry_after, 10),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            l.check(ip("192.0.2.2"), None).is_ok(),
+            "another client has its own bucket"
+        );
+    }
+
+    #[test]
+    fn ipv6_clients_share_their_64_and_mapped_v4_is_v4() {
+        let l = limit(10_000, 1, RateLimitKey::Client);
+        assert!(l.check(ip("2001:db8::1"), None).is_ok());
+        assert!(l.check(ip("2001:db8::ffff:2"), None).is_err(), "same /64");
+        assert!(l.check(ip("2001:db8:0:1::1"), None).is_ok(), "another /64");
+        assert!(l.check(ip("192.0.2.9"), None).is_ok());
+        assert!(l.check(ip("::ffff:192.0.2.9"), None).is_err());
+    }
+
+    #[test]
+    fn a_field_keys_the_buckets_and_its_absence_falls_back_to_the_client() {
+        let name = HeaderName::from_static("x-api-key");
+        let l = limit(10_000, 1, RateLimitKey::Header(name));
+        assert!(l.check(ip("192.0.2.1"), Some(b"alice")).is_ok());
+        assert!(
+            l.check(ip("192.0.2.2"), Some(b"alice")).is_err(),
+            "alice's bucket"
+        );
+        assert!(l.check(ip("192.0.2.1"), Some(b"bob")).is_ok());
+        assert!(
+            l.check(ip("192.0.2.1"), None).is_ok(),
+            "no key: the client's bucket"
+        );
+        assert!(l.check(ip("192.0.2.1"), None).is_err());
+    }
+
+    #[test]
+    fn a_full_limiter_puts_new_keys_in_one_shared_bucket() {
+        let name = HeaderName::from_static("x-api-key");
+        let l = limit(3_600_000, 1, RateLimitKey::Header(name));
+        for n in 0..MAX_KEYS {
+            assert!(l
+                .check(ip("192.0.2.1"), Some(n.to_string().as_bytes()))
+                .is_ok());
+        }
+        assert!(
+            l.check(ip("192.0.2.1"), Some(b"new-1")).is_ok(),
+            "the overflow bucket"
+        );
+        assert!(
+            l.check(ip("192.0.2.1"), Some(b"new-2")).is_err(),
+            "shares it"
+        );
+        assert!(l.buckets.len() <= MAX_KEYS + 1);
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after(Duration::ZERO), 1);
+        assert_eq!(retry_after(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after(Duration::from_secs(3600)), 3600);
+    }
+}
