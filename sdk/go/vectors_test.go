@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -66,6 +67,11 @@ type vectors struct {
 		Values []string `json:"values"`
 		Client *string  `json:"client"`
 	} `json:"client_addresses"`
+	AppFields []struct {
+		Name    string              `json:"name"`
+		Request string              `json:"request"`
+		Fields  map[string][]string `json:"fields"`
+	} `json:"app_fields"`
 	Options []struct {
 		Name     string         `json:"name"`
 		Identity vectorIdentity `json:"identity"`
@@ -327,6 +333,47 @@ func TestVectorsClientAddresses(t *testing.T) {
 			}
 			if got != want {
 				t.Errorf("RemoteAddr %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestVectorsAppFields writes each request on a registered session, as the proxy forwards a
+// client's, to a handler behind an unchanged http.Server wrapped by ln.Handler: for every
+// field the vector lists, r.Header.Values (which finds a name in any case) gives the values
+// as sent, in order.
+func TestVectorsAppFields(t *testing.T) {
+	t.Parallel()
+	v := loadVectors(t)
+	if len(v.AppFields) < 6 {
+		t.Fatalf("only %d app field vectors", len(v.AppFields))
+	}
+	for _, c := range v.AppFields {
+		t.Run(c.Name, func(t *testing.T) {
+			t.Parallel()
+			f := tcpAcceptor(t)
+			ln := listen(t, f, Options{})
+			seen := make(chan http.Header, 1)
+			serve(t, ln, func(_ http.ResponseWriter, r *http.Request) { seen <- r.Header.Clone() })
+			s := f.session()
+			waitUntil(t, ln, "registered", func(l *Listener) bool { return l.registered == 1 })
+			if _, err := s.conn.Write(latin1(t, c.Request)); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(s.br, nil)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("response %v, %v", resp, err)
+			}
+			resp.Body.Close()
+			header := <-seen
+			for name, values := range c.Fields {
+				var want []string
+				for _, v := range values {
+					want = append(want, string(latin1(t, v)))
+				}
+				if got := header.Values(name); !slices.Equal(got, want) {
+					t.Errorf("%s: %q, want %q", name, got, want)
+				}
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 //! The Rust SDK against the shared protocol vectors (protocol/vectors/session.json): the bytes
-//! it sends, what it makes of every acceptor answer, and which identities it refuses. The Go
-//! and Python SDKs run the same vectors.
+//! it sends, what it makes of every acceptor answer, which identities it refuses, and the
+//! fields a service sees in a request on a session. The Go and Python SDKs run the same
+//! vectors.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -43,14 +44,9 @@ async fn answer_one(
     seen: mpsc::UnboundedSender<Seen>,
     release: Arc<Notify>,
 ) {
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        if stream.read(&mut byte).await.unwrap_or(0) == 0 {
-            return;
-        }
-        head.push(byte[0]);
-    }
+    let Some(head) = read_head(&mut stream).await else {
+        return;
+    };
     let _ = stream.write_all(&answer).await;
     let mut back = Vec::new();
     let whole_101 = answer.starts_with(b"HTTP/1.1 101") && answer.ends_with(b"\r\n\r\n");
@@ -64,6 +60,20 @@ async fn answer_one(
     let _ = stream.shutdown().await;
     let _ = stream.read_to_end(&mut back).await;
     let _ = seen.send((head, back));
+}
+
+/// Reads an HTTP head up to its blank line, byte by byte so that nothing past it is consumed;
+/// `None` if the connection ends first.
+async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    Some(head)
 }
 
 #[tokio::test]
@@ -199,6 +209,54 @@ fn client_addresses_are_reported_as_the_vectors_say() {
         let got = ClientAddr::from_headers(&headers, Some(peer)).unwrap();
         let expected = case.client.clone().unwrap_or_else(|| peer.to_string());
         assert_eq!(got.to_string(), expected, "{}", case.name);
+    }
+}
+
+/// The fields the app's service saw in `request`, written by an acceptor on a session once
+/// the SDK has it registered, as the proxy forwards a client's request; the service answers.
+async fn fields_the_app_sees(request: &[u8]) -> http::HeaderMap {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (tx, mut seen) = mpsc::unbounded_channel();
+    let app = tower::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let _ = tx.send(req.headers().clone());
+        async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) }
+    });
+    let sessions = serve(options(listener.local_addr().unwrap(), 1), app).unwrap();
+    let (mut stream, _) = within(listener.accept()).await.unwrap();
+    within(read_head(&mut stream)).await.unwrap();
+    let switched = sluice_session::Reply::switching_protocols();
+    stream.write_all(&switched).await.unwrap();
+    let mut status = sessions.subscribe();
+    within(status.wait_for(|s| s.registered == 1))
+        .await
+        .unwrap();
+    stream.write_all(request).await.unwrap();
+    let answer = within(read_head(&mut stream)).await.unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200 "), "{answer:?}");
+    drop(sessions);
+    seen.try_recv().unwrap()
+}
+
+/// Bytes as the vectors write them, one character each, so that a failure reads as text.
+fn latin1(bytes: &[u8]) -> String {
+    bytes.iter().copied().map(char::from).collect()
+}
+
+#[tokio::test]
+async fn the_app_sees_the_fields_as_the_vectors_say() {
+    let v = vectors::load().unwrap();
+    assert!(v.app_fields.len() >= 6);
+    for case in &v.app_fields {
+        let headers = fields_the_app_sees(&case.request.0).await;
+        for (field, values) in &case.fields {
+            let got: Vec<String> = headers
+                .get_all(field)
+                .iter()
+                .map(|v| latin1(v.as_bytes()))
+                .collect();
+            let want: Vec<String> = values.iter().map(|v| latin1(&v.0)).collect();
+            assert_eq!(got, want, "{}: {field}", case.name);
+        }
     }
 }
 

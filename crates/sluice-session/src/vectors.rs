@@ -2,6 +2,7 @@
 //! `protocol/README.md`), typed for Rust test suites. The Go and Python SDKs read the same file,
 //! so every implementation is held to one set of bytes and verdicts.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -26,6 +27,8 @@ pub struct Vectors {
     pub replies: Vec<ReplyCase>,
     /// `Sluice-Client-Addr` fields and the client address an SDK reports for them.
     pub client_addresses: Vec<ClientAddrCase>,
+    /// Requests on a session and the field values the app behind an SDK must see in them.
+    pub app_fields: Vec<AppFieldsCase>,
     /// Identities an SDK must accept or refuse before dialing.
     pub options: Vec<OptionsCase>,
     /// Control link requests: identity ⇄ bytes.
@@ -305,6 +308,22 @@ pub struct ClientAddrCase {
     /// The client address, written as the proxy writes it; `None`: the values say nothing
     /// an SDK may trust, so it reports the session's peer, as without the header.
     pub client: Option<String>,
+}
+
+/// A request as the proxy forwards it on a session, and field values the app must see in it:
+/// the SDK hands them on as they were sent (W3C trace context, `baggage`), never validated,
+/// re-cased, re-ordered or dropped.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppFieldsCase {
+    /// What the vector shows.
+    pub name: String,
+    /// The request's bytes, head and all, as they arrive on the session.
+    pub request: Bytes,
+    /// By lower-case field name, the values of its field lines in the order sent, each
+    /// without the whitespace around it (empty: the app sees no such field). Names not listed
+    /// are not checked.
+    pub fields: BTreeMap<String, Vec<Bytes>>,
 }
 
 /// An identity an SDK must accept or refuse.

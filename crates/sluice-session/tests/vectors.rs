@@ -1,6 +1,7 @@
 //! The codec against the shared protocol vectors (protocol/vectors/session.json): it encodes
 //! every registration and drain to exactly the bytes the SDKs send, parses them back, gives
-//! every hello its verdict, and reads every acceptor answer as the vectors say.
+//! every hello its verdict, and reads every acceptor answer as the vectors say; and the
+//! app-field vectors list exactly the field lines their requests hold.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_session::vectors::{self, ParseVerdict, ReplyVerdict, VectorIdentity};
@@ -147,6 +148,38 @@ fn client_addresses_are_trusted_whole_or_not_at_all() {
         };
         let got = got.map(client_addr_value);
         assert_eq!(got, case.client, "{}", case.name);
+    }
+}
+
+/// The app-field vectors are sound: each request is one whole HTTP/1.1 head, and the values
+/// listed are exactly its field lines of that name, in order, so an SDK that agrees with the
+/// vector passes the fields on as they were sent.
+#[test]
+fn app_fields_are_the_field_lines_of_the_request() {
+    let v = load();
+    assert!(v.app_fields.len() >= 6);
+    for case in &v.app_fields {
+        let name = &case.name;
+        let mut headers = [httparse::EMPTY_HEADER; 16];
+        let mut req = httparse::Request::new(&mut headers);
+        let parsed = req.parse(&case.request.0);
+        assert_eq!(
+            parsed,
+            Ok(httparse::Status::Complete(case.request.0.len())),
+            "{name}"
+        );
+        assert!(!case.fields.is_empty(), "{name}");
+        for (field, values) in &case.fields {
+            assert_eq!(field, &field.to_ascii_lowercase(), "{name}");
+            let sent: Vec<&[u8]> = req
+                .headers
+                .iter()
+                .filter(|h| h.name.eq_ignore_ascii_case(field))
+                .map(|h| h.value)
+                .collect();
+            let listed: Vec<&[u8]> = values.iter().map(|v| &v.0[..]).collect();
+            assert_eq!(sent, listed, "{name}: {field}");
+        }
     }
 }
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from fakes import run, serve_once
+import sluice_sdk
+from fakes import FakeAcceptor, run, serve_once
 from sluice_sdk import (
     Backoff,
     Identity,
@@ -18,10 +19,12 @@ from sluice_sdk import (
     OptionsError,
     ProtocolError,
     Refused,
+    WsgiApp,
     address,
     control,
     dial,
 )
+from sluice_sdk.asgi import ASGIApp
 from sluice_sdk.control import (
     Demand,
     Draining,
@@ -142,6 +145,60 @@ def test_client_address(vector: dict[str, Any]) -> None:
     host, port = client_address(headers, peer)  # type: ignore[misc]
     got = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     assert got == (vector["client"] or "192.0.2.1:7070")
+
+
+def fields_the_app_sees(app: ASGIApp, request: bytes) -> None:
+    """Writes ``request`` on a session once the SDK has it registered, as the proxy forwards a
+    client's, to ``app`` served by the SDK as any application is; the app answers 200."""
+
+    async def main() -> None:
+        acc = FakeAcceptor()
+        opts = Options(acceptor=await acc.start_tcp(), service="api", backoff=Backoff(initial=0.01))
+        sessions = await sluice_sdk.serve(app, opts, lifespan="off")
+        s = await acc.session()
+        await sessions.wait_registered(1)
+        s.writer.write(request)
+        await s.writer.drain()
+        head = await s.reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        sessions.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("vector", section("app_fields"))
+def test_asgi_app_sees_the_fields_as_sent(vector: dict[str, Any]) -> None:
+    """``scope["headers"]`` holds every field line, its name lower-case (ASGI), its value as
+    sent, in order."""
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope["headers"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    fields_the_app_sees(app, latin1(vector["request"]))
+    [headers] = seen
+    for name, values in vector["fields"].items():
+        assert [v for k, v in headers if k == name.encode()] == [latin1(v) for v in values], name
+
+
+@pytest.mark.parametrize("vector", section("app_fields"))
+def test_wsgi_app_sees_the_fields_as_sent(vector: dict[str, Any]) -> None:
+    """``environ["HTTP_<NAME>"]`` holds the value as sent; field lines of one name are joined
+    with ``,`` as wsgiref and gunicorn join them (the values themselves unchanged, in order)."""
+    seen: list[dict[str, Any]] = []
+
+    def wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.append(dict(environ))
+        start_response("200 OK", [("Content-Length", "0")])
+        return []
+
+    fields_the_app_sees(WsgiApp(wsgi), latin1(vector["request"]))
+    [environ] = seen
+    for name, values in vector["fields"].items():
+        key = "HTTP_" + name.upper().replace("-", "_")
+        assert environ.get(key) == (",".join(values) if values else None), name
 
 
 # -- many nodes: the control link, its lines, the split and the acceptor address ------------
