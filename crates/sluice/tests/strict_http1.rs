@@ -175,6 +175,25 @@ async fn obs_fold_is_400_and_closes() {
     }
 }
 
+/// hyper's limit, which the fast path's parser shares: 100 fields (Host included); the 101st
+/// makes the head 431 however small it is.
+#[tokio::test]
+async fn more_than_100_fields_is_431_and_closes() {
+    // `n` fields in all: Host, Connection and n - 2 more, short enough that 101 of them stay
+    // under this listener's 1 KiB head.
+    let head = |n: usize| {
+        let fields: String = (2..n).map(|i| format!("{i}:v\r\n")).collect();
+        format!("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{fields}\r\n")
+    };
+    let (backend, proxy) = start().await;
+    let raw = refused_by(proxy.addr(), &head(101)).await;
+    assert_closing_response(&raw, "431 Request Header Fields Too Large", "");
+    assert_backend_untouched(&backend);
+    // 96 go through (the upstream, hyper too, takes 100 with the forwarding fields added).
+    let fits = exchange(proxy.addr(), head(96).as_bytes()).await;
+    assert!(fits.starts_with("HTTP/1.1 200 OK\r\n"), "{fits}");
+}
+
 #[tokio::test]
 async fn head_over_max_header_size_is_431_and_closes() {
     let (backend, proxy) = start().await;
