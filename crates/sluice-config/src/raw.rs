@@ -147,6 +147,15 @@ pub(crate) struct RawRoute {
     pub(crate) response_headers: RawHeaderEdits,
     pub(crate) max_request_body: Option<Spanned<Size>>,
     pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
+    pub(crate) basic_auth: Option<Spanned<RawBasicAuth>>,
+}
+
+/// A route's `basic_auth = { htpasswd, realm }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBasicAuth {
+    pub(crate) htpasswd: Spanned<String>,
+    pub(crate) realm: Option<String>,
 }
 
 /// A route's `rate_limit = { rate, burst, key }`.

@@ -2,6 +2,7 @@
 //! files and secrets. Stops at the first problem.
 
 mod acceptor;
+mod basic_auth;
 mod cluster;
 mod handoff;
 mod kind_keys;

@@ -101,6 +101,12 @@ pub enum ProxyError {
         /// Seconds until the client may try again (`Retry-After`).
         retry_after: u32,
     },
+    /// The route's `basic_auth` did not find a user's credentials in the request.
+    #[error("authentication required")]
+    Unauthorized {
+        /// The realm the client is told (`WWW-Authenticate`).
+        realm: String,
+    },
     /// The request asks for something the proxy does not do (e.g. CONNECT tunnels).
     #[error("{0}")]
     NotImplemented(&'static str),
@@ -146,6 +152,7 @@ impl ProxyError {
             Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
         }
     }
 
@@ -158,7 +165,8 @@ impl ProxyError {
             | Self::BodyTooLarge(_)
             | Self::BadRequest(_)
             | Self::NotImplemented(_)
-            | Self::RateLimited { .. } => Origin::Client,
+            | Self::RateLimited { .. }
+            | Self::Unauthorized { .. } => Origin::Client,
             Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
                 Origin::Internal
             }
@@ -184,10 +192,14 @@ impl ProxyError {
     }
 
     /// Whether the client connection should be closed after the error response: a client at
-    /// fault may be out of step with the framing, but not one that asked for a missing route
-    /// or too often.
+    /// fault may be out of step with the framing, but not one that asked for a missing route,
+    /// too often, or without credentials.
     pub fn closes_connection(&self) -> bool {
-        self.origin() == Origin::Client && !matches!(self, Self::NoRoute | Self::RateLimited { .. })
+        let in_step = matches!(
+            self,
+            Self::NoRoute | Self::RateLimited { .. } | Self::Unauthorized { .. }
+        );
+        self.origin() == Origin::Client && !in_step
     }
 
     /// What the client is answered, on either data path: the hyper path renders it as a
@@ -220,6 +232,13 @@ impl ProxyError {
         )];
         if let Some(secs) = self.retry_after() {
             fields.push((header::RETRY_AFTER, HeaderValue::from(secs)));
+        }
+        if let Self::Unauthorized { realm } = self {
+            // The configuration allows no quote, backslash or control character in a realm.
+            let challenge = format!("Basic realm=\"{realm}\", charset=\"UTF-8\"");
+            if let Ok(value) = HeaderValue::try_from(challenge) {
+                fields.push((header::WWW_AUTHENTICATE, value));
+            }
         }
         Answer {
             status: self.status(),

@@ -195,6 +195,10 @@ impl<R: Routing> ProxyService<R> {
             let value = limit.field().and_then(|n| req.headers().get(n));
             limit.check(client.peer.ip(), value.map(HeaderValue::as_bytes))?;
         }
+        if let Some(auth) = &route.basic_auth {
+            let field = req.headers().get(header::AUTHORIZATION);
+            auth.check(field.map(HeaderValue::as_bytes)).await?;
+        }
         let mut res = match &route.target {
             Target::Direct(direct) => direct_response(direct),
             Target::Upstream(upstream) => {

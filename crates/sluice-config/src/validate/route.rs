@@ -51,6 +51,11 @@ fn route(
             .take()
             .map(|r| super::rate_limit::rate_limit(ctx, r))
             .transpose()?,
+        basic_auth: raw
+            .basic_auth
+            .take()
+            .map(|a| super::basic_auth::basic_auth(ctx, a))
+            .transpose()?,
         request_headers: edits(ctx, std::mem::take(&mut raw.request_headers))?,
         response_headers: edits(ctx, std::mem::take(&mut raw.response_headers))?,
         // `validate::slices` sets and checks the slice once every route exists.

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use sluice_config::HeaderEdits;
 
+use crate::http::basic_auth::BasicAuth;
 use crate::http::rate_limit::RateLimit;
 use crate::upstream::Upstream;
 
@@ -66,6 +67,8 @@ pub struct Route {
     /// Requests per client (or key) over time ([`with_rate_limit`](Self::with_rate_limit));
     /// shared by the copies of a route a reload keeps.
     pub(crate) rate_limit: Option<Arc<RateLimit>>,
+    /// The users who may use it ([`with_basic_auth`](Self::with_basic_auth)).
+    pub(crate) basic_auth: Option<Arc<BasicAuth>>,
     /// Edits of the forwarded request's headers.
     pub request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
@@ -103,6 +106,7 @@ impl Route {
             target,
             max_request_body: None,
             rate_limit: None,
+            basic_auth: None,
             request_headers: HeaderEdits::default(),
             response_headers: HeaderEdits::default(),
         }
@@ -112,6 +116,13 @@ impl Route {
     /// is answered 429 with `Retry-After`.
     pub fn with_rate_limit(mut self, limit: &sluice_config::RateLimit) -> Self {
         self.rate_limit = Some(Arc::new(RateLimit::new(limit)));
+        self
+    }
+
+    /// This route for its `users` only (`basic_auth` of a configured route): a request
+    /// without one's credentials is answered 401 with `WWW-Authenticate: Basic`.
+    pub fn with_basic_auth(mut self, users: &sluice_config::BasicAuth) -> Self {
+        self.basic_auth = Some(Arc::new(BasicAuth::new(users)));
         self
     }
 }

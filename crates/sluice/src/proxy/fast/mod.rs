@@ -31,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
 use crate::access_log::{self, AccessLog};
+use crate::error::ProxyError;
 use crate::http::checks;
 use crate::http::request_id::RequestIds;
 use crate::http::trace_context::{RequestTrace, SentContext};
@@ -135,16 +136,11 @@ impl FastPath {
         let traceparent = trace.as_ref().map(|t| &t.traceparent);
         let exchange = Exchange::new(&req, &route, &parts.method, started, id, traceparent);
         // Refused as a lease would be: the answer, the log line and the counts are the same.
-        let admitted = route.rate_limit.as_ref().map_or(Ok(()), |limit| {
-            let value = limit
-                .field()
-                .and_then(|n| field(&req, n.as_str().as_bytes()));
-            limit.check(req.client.peer.ip(), value)
-        });
+        let admitted = admit(&route, &req);
         let outcome = match dest {
             Dest::Static(cluster) => {
                 let lease = async {
-                    admitted?;
+                    admitted.await?;
                     cluster.lease_raw(started).await
                 };
                 exchange.run(client, scratch, lease, None).await
@@ -155,7 +151,7 @@ impl FastPath {
                 let addr = req.client_addr.as_bytes();
                 let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr));
                 let lease = async {
-                    admitted?;
+                    admitted.await?;
                     SessionLease::lease(&slice).await
                 };
                 exchange.run(client, scratch, lease, stamp).await
@@ -267,6 +263,20 @@ impl FastPath {
             }
         }
     }
+}
+
+/// Whether the route lets the request through: its rate limit, then its users.
+async fn admit(route: &Route, req: &Request<'_>) -> Result<(), ProxyError> {
+    if let Some(limit) = &route.rate_limit {
+        let value = limit
+            .field()
+            .and_then(|n| field(req, n.as_str().as_bytes()));
+        limit.check(req.client.peer.ip(), value)?;
+    }
+    if let Some(auth) = &route.basic_auth {
+        auth.check(field(req, b"authorization")).await?;
+    }
+    Ok(())
 }
 
 /// What an exchange left for the metrics and the access log.
