@@ -15,11 +15,13 @@ use ipnet::IpNet;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
 mod basic_auth;
+mod cors;
 mod log_template;
 mod rate_limit;
 mod relay;
 mod tracing;
 pub use basic_auth::BasicAuth;
+pub use cors::{Cors, CorsOrigins, OriginMatch};
 pub use log_template::{LogField, LogPiece, LogTemplate};
 pub use rate_limit::*;
 pub use relay::*;
@@ -166,6 +168,9 @@ pub struct Route {
     pub rate_limit: Option<RateLimit>,
     /// The users who may use the route (HTTP Basic authentication); `None`: anyone.
     pub basic_auth: Option<BasicAuth>,
+    /// Which web origins may call the route from a browser; `None`: Sluice leaves CORS to the
+    /// upstream.
+    pub cors: Option<Cors>,
     /// Header edits applied to the request before it is forwarded.
     pub request_headers: HeaderEdits,
     /// Header edits applied to the response before it is sent to the client.

@@ -148,6 +148,21 @@ pub(crate) struct RawRoute {
     pub(crate) max_request_body: Option<Spanned<Size>>,
     pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
     pub(crate) basic_auth: Option<Spanned<RawBasicAuth>>,
+    pub(crate) cors: Option<Spanned<RawCors>>,
+}
+
+/// A route's `cors = { origins, methods, headers, expose, credentials, max_age }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCors {
+    pub(crate) origins: Spanned<Vec<String>>,
+    pub(crate) methods: Option<Vec<MethodValue>>,
+    #[serde(default)]
+    pub(crate) headers: Vec<Name>,
+    #[serde(default)]
+    pub(crate) expose: Vec<Name>,
+    pub(crate) credentials: Option<bool>,
+    pub(crate) max_age: Option<Dur>,
 }
 
 /// A route's `basic_auth = { htpasswd, realm }`.

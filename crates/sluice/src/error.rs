@@ -107,6 +107,9 @@ pub enum ProxyError {
         /// The realm the client is told (`WWW-Authenticate`).
         realm: String,
     },
+    /// A CORS preflight the route's `cors` does not allow (origin, method or field).
+    #[error("{0}")]
+    CorsRefused(&'static str),
     /// The request asks for something the proxy does not do (e.g. CONNECT tunnels).
     #[error("{0}")]
     NotImplemented(&'static str),
@@ -153,6 +156,7 @@ impl ProxyError {
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            Self::CorsRefused(_) => StatusCode::FORBIDDEN,
         }
     }
 
@@ -166,7 +170,8 @@ impl ProxyError {
             | Self::BadRequest(_)
             | Self::NotImplemented(_)
             | Self::RateLimited { .. }
-            | Self::Unauthorized { .. } => Origin::Client,
+            | Self::Unauthorized { .. }
+            | Self::CorsRefused(_) => Origin::Client,
             Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
                 Origin::Internal
             }
@@ -193,11 +198,14 @@ impl ProxyError {
 
     /// Whether the client connection should be closed after the error response: a client at
     /// fault may be out of step with the framing, but not one that asked for a missing route,
-    /// too often, or without credentials.
+    /// too often, without credentials, or for a cross-origin call it may not make.
     pub fn closes_connection(&self) -> bool {
         let in_step = matches!(
             self,
-            Self::NoRoute | Self::RateLimited { .. } | Self::Unauthorized { .. }
+            Self::NoRoute
+                | Self::RateLimited { .. }
+                | Self::Unauthorized { .. }
+                | Self::CorsRefused(_)
         );
         self.origin() == Origin::Client && !in_step
     }

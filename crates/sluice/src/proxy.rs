@@ -149,13 +149,26 @@ impl<R: Routing> ProxyService<R> {
             id: stamp,
             trace: trace.as_ref(),
         };
-        let res = match self.dispatch(req, &client, &stamps, &mut matched).await {
+        let mut origin = None;
+        let dispatched = self.dispatch(req, &client, &stamps, &mut matched, &mut origin);
+        let mut res = match dispatched.await {
             Ok(res) => res,
             Err(e) => {
                 log_failure(&e, &client, matched.as_deref());
-                e.response_with_id(http1, stamp)
+                let mut res = e.response_with_id(http1, stamp);
+                if matches!(e, ProxyError::CorsRefused(_)) {
+                    res.extensions_mut().insert(Preflight);
+                }
+                res
             }
         };
+        // A CORS route's answers, Sluice's own errors included, but not its answers to
+        // preflights (an allowed one has the fields already, a refused one gets none).
+        if let Some(cors) = matched.as_ref().and_then(|r| r.cors.as_ref()) {
+            if res.extensions().get::<Preflight>().is_none() {
+                cors.apply(origin.as_ref(), res.headers_mut());
+            }
+        }
         let route = matched
             .as_ref()
             .map_or("-", |r: &Arc<Route>| r.name.as_str());
@@ -175,6 +188,7 @@ impl<R: Routing> ProxyService<R> {
         client: &ClientInfo,
         stamps: &Stamps<'_>,
         matched: &mut Option<Arc<Route>>,
+        origin: &mut Option<HeaderValue>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         check_request(&req)?;
         sluice_wire::normalize::normalize_request(&mut req, client.rules)?;
@@ -194,6 +208,13 @@ impl<R: Routing> ProxyService<R> {
         if let Some(limit) = &route.rate_limit {
             let value = limit.field().and_then(|n| req.headers().get(n));
             limit.check(client.peer.ip(), value.map(HeaderValue::as_bytes))?;
+        }
+        // A preflight carries no credentials: it is answered before they are asked for.
+        if let Some(cors) = &route.cors {
+            origin.clone_from(&req.headers().get(header::ORIGIN).cloned());
+            if let Some(answer) = cors.preflight(req.method(), req.headers()) {
+                return answer.map(|fields| preflight_response(cors, origin.as_ref(), fields));
+            }
         }
         if let Some(auth) = &route.basic_auth {
             let field = req.headers().get(header::AUTHORIZATION);
@@ -409,6 +430,25 @@ impl Logged {
         }));
         Response::from_parts(parts, body)
     }
+}
+
+/// Marks Sluice's answer to a CORS preflight: an allowed one has its CORS fields already, a
+/// refused one gets none.
+#[derive(Debug, Clone, Copy)]
+struct Preflight;
+
+/// 204 to an allowed preflight: the route's CORS fields for `origin`, then the preflight's.
+fn preflight_response(
+    cors: &crate::http::cors::Cors,
+    origin: Option<&HeaderValue>,
+    fields: Vec<(HeaderName, HeaderValue)>,
+) -> Response<ProxyBody> {
+    let mut res = Response::new(ProxyBody::empty());
+    *res.status_mut() = http::StatusCode::NO_CONTENT;
+    cors.apply(origin, res.headers_mut());
+    res.headers_mut().extend(fields);
+    res.extensions_mut().insert(Preflight);
+    res
 }
 
 fn direct_response(direct: &Direct) -> Response<ProxyBody> {

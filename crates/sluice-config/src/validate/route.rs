@@ -56,6 +56,11 @@ fn route(
             .take()
             .map(|a| super::basic_auth::basic_auth(ctx, a))
             .transpose()?,
+        cors: raw
+            .cors
+            .take()
+            .map(|c| super::cors::cors(ctx, c))
+            .transpose()?,
         request_headers: edits(ctx, std::mem::take(&mut raw.request_headers))?,
         response_headers: edits(ctx, std::mem::take(&mut raw.response_headers))?,
         // `validate::slices` sets and checks the slice once every route exists.

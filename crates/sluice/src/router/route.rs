@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use sluice_config::HeaderEdits;
 
 use crate::http::basic_auth::BasicAuth;
+use crate::http::cors::Cors;
 use crate::http::rate_limit::RateLimit;
 use crate::upstream::Upstream;
 
@@ -69,6 +70,8 @@ pub struct Route {
     pub(crate) rate_limit: Option<Arc<RateLimit>>,
     /// The users who may use it ([`with_basic_auth`](Self::with_basic_auth)).
     pub(crate) basic_auth: Option<Arc<BasicAuth>>,
+    /// Which web origins may call it ([`with_cors`](Self::with_cors)).
+    pub(crate) cors: Option<Arc<Cors>>,
     /// Edits of the forwarded request's headers.
     pub request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
@@ -107,6 +110,7 @@ impl Route {
             max_request_body: None,
             rate_limit: None,
             basic_auth: None,
+            cors: None,
             request_headers: HeaderEdits::default(),
             response_headers: HeaderEdits::default(),
         }
@@ -123,6 +127,13 @@ impl Route {
     /// without one's credentials is answered 401 with `WWW-Authenticate: Basic`.
     pub fn with_basic_auth(mut self, users: &sluice_config::BasicAuth) -> Self {
         self.basic_auth = Some(Arc::new(BasicAuth::new(users)));
+        self
+    }
+
+    /// This route with a CORS policy (`cors` of a configured route): Sluice answers its
+    /// preflights and puts the CORS fields on its answers.
+    pub fn with_cors(mut self, cors: &sluice_config::Cors) -> Self {
+        self.cors = Some(Arc::new(Cors::new(cors)));
         self
     }
 }

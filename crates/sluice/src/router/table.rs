@@ -8,6 +8,7 @@ use sluice_config::{Action, Config, RateLimit as RateLimitConfig};
 use super::matcher::Matcher;
 use super::route::{Direct, RequestHead, Route, Routing, Target};
 use crate::http::basic_auth::BasicAuth;
+use crate::http::cors::Cors;
 use crate::http::rate_limit::RateLimit;
 use crate::upstream::Upstream;
 
@@ -58,6 +59,7 @@ impl RouteTable {
                     kept(&r.name, limit).unwrap_or_else(|| Arc::new(RateLimit::new(limit)))
                 }),
                 basic_auth: r.basic_auth.as_ref().map(|a| Arc::new(BasicAuth::new(a))),
+                cors: r.cors.as_ref().map(|c| Arc::new(Cors::new(c))),
                 request_headers: r.request_headers.clone(),
                 response_headers: r.response_headers.clone(),
             };

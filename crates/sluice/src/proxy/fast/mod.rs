@@ -183,7 +183,8 @@ impl FastPath {
         Served::HandOff(reason)
     }
 
-    /// The route, when it leads to an upstream the fast path reaches with edits it can apply.
+    /// The route, when it leads to an upstream the fast path reaches with edits it can apply,
+    /// and has no CORS policy.
     fn route(&self, parts: &Parts<'_>, req: &Request<'_>) -> Option<(Arc<Route>, Dest)> {
         let host = std::str::from_utf8(&req.buf[req.head.host.clone()]).ok()?;
         let path = sluice_wire::normalize::match_path(parts.uri.path());
@@ -203,7 +204,8 @@ impl FastPath {
         };
         let framing_edited =
             edits_framing(&route.request_headers) || edits_framing(&route.response_headers);
-        (!framing_edited).then_some((route, dest))
+        // A CORS route's answers all get fields by the request's Origin: hyper's path's.
+        (!framing_edited && route.cors.is_none()).then_some((route, dest))
     }
 
     /// Counts the request, logs it and queues its spans, as the hyper path does.

@@ -1,0 +1,293 @@
+//! A route's `cors` (the Fetch standard's CORS protocol), without I/O: whether a request is a
+//! preflight and what it is answered, and the fields every answer of the route gets. The hyper
+//! path renders it; the fast path leaves the route's requests to hyper.
+//!
+//! A preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) never reaches the
+//! upstream: an allowed origin, method and fields get 204 with what they may do, anything
+//! else 403 with the reason. Every answer of the route — the upstream's, or Sluice's own
+//! errors — carries `Access-Control-Allow-Origin` (and the rest) for an allowed origin, over
+//! any CORS field the upstream set: the route's policy is the one a browser sees. Answers vary
+//! by `Origin` unless any origin is allowed.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::Method;
+use sluice_config::{CorsOrigins, OriginMatch};
+
+use crate::error::ProxyError;
+
+/// One route's CORS policy, with its fields rendered once.
+#[derive(Debug)]
+pub(crate) struct Cors {
+    config: sluice_config::Cors,
+    methods: HeaderValue,
+    headers: Option<HeaderValue>,
+    expose: Option<HeaderValue>,
+    max_age: Option<HeaderValue>,
+}
+
+/// The CORS fields an upstream may set, which the route's policy replaces.
+const CORS_FIELDS: [HeaderName; 6] = [
+    header::ACCESS_CONTROL_ALLOW_ORIGIN,
+    header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+    header::ACCESS_CONTROL_ALLOW_METHODS,
+    header::ACCESS_CONTROL_ALLOW_HEADERS,
+    header::ACCESS_CONTROL_EXPOSE_HEADERS,
+    header::ACCESS_CONTROL_MAX_AGE,
+];
+
+fn joined<T: AsRef<str>>(items: &[T]) -> Option<HeaderValue> {
+    let text: Vec<&str> = items.iter().map(AsRef::as_ref).collect();
+    (!text.is_empty())
+        .then(|| HeaderValue::from_str(&text.join(", ")).ok())
+        .flatten()
+}
+
+impl Cors {
+    pub(crate) fn new(config: &sluice_config::Cors) -> Self {
+        let methods: Vec<&str> = config.methods.iter().map(Method::as_str).collect();
+        Self {
+            config: config.clone(),
+            methods: joined(&methods).unwrap_or_else(|| HeaderValue::from_static("GET")),
+            headers: joined(&config.headers),
+            expose: joined(&config.expose),
+            max_age: config.max_age.map(|d| HeaderValue::from(d.as_secs())),
+        }
+    }
+
+    /// Whether a page of `origin` may read the route's answers.
+    fn allows(&self, origin: &[u8]) -> bool {
+        let Ok(origin) = std::str::from_utf8(origin) else {
+            return false;
+        };
+        let origin = origin.to_ascii_lowercase();
+        match &self.config.origins {
+            CorsOrigins::Any => true,
+            CorsOrigins::List(list) => list.iter().any(|m| match m {
+                OriginMatch::Exact(o) => *o == origin,
+                OriginMatch::Subdomains(scheme, domain) => origin
+                    .strip_prefix(scheme.as_str())
+                    .and_then(|rest| rest.strip_prefix("://"))
+                    .map(|host| host.split(':').next().unwrap_or(host))
+                    .is_some_and(|host| {
+                        host.len() > domain.len() && host.ends_with(domain.as_str())
+                    }),
+            }),
+        }
+    }
+
+    /// When the request is a preflight, what it is answered: 204 with these fields, or a
+    /// refusal (403) saying why.
+    pub(crate) fn preflight(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+    ) -> Option<Result<Vec<(HeaderName, HeaderValue)>, ProxyError>> {
+        let asked = headers.get(header::ACCESS_CONTROL_REQUEST_METHOD)?;
+        let origin = headers.get(header::ORIGIN)?;
+        if method != Method::OPTIONS {
+            return None;
+        }
+        Some(self.answer_preflight(origin, asked, headers))
+    }
+
+    fn answer_preflight(
+        &self,
+        origin: &HeaderValue,
+        asked: &HeaderValue,
+        headers: &HeaderMap,
+    ) -> Result<Vec<(HeaderName, HeaderValue)>, ProxyError> {
+        let refused = |why| Err(ProxyError::CorsRefused(why));
+        if !self.allows(origin.as_bytes()) {
+            return refused("CORS: origin not allowed");
+        }
+        let method = Method::from_bytes(asked.as_bytes()).ok();
+        let safelisted = [Method::GET, Method::HEAD, Method::POST];
+        let allowed =
+            method.is_some_and(|m| safelisted.contains(&m) || self.config.methods.contains(&m));
+        if !allowed {
+            return refused("CORS: method not allowed");
+        }
+        let fields = headers
+            .get_all(header::ACCESS_CONTROL_REQUEST_HEADERS)
+            .iter();
+        let names = fields.flat_map(|v| v.as_bytes().split(|b| *b == b','));
+        let mut names = names.map(<[u8]>::trim_ascii).filter(|n| !n.is_empty());
+        let unlisted = names.any(|n| {
+            !self
+                .config
+                .headers
+                .iter()
+                .any(|h| h.as_str().as_bytes().eq_ignore_ascii_case(n))
+        });
+        if unlisted {
+            return refused("CORS: request field not allowed");
+        }
+        let mut out = vec![(header::ACCESS_CONTROL_ALLOW_METHODS, self.methods.clone())];
+        out.extend(
+            self.headers
+                .clone()
+                .map(|h| (header::ACCESS_CONTROL_ALLOW_HEADERS, h)),
+        );
+        out.extend(
+            self.max_age
+                .clone()
+                .map(|a| (header::ACCESS_CONTROL_MAX_AGE, a)),
+        );
+        let vary = "Access-Control-Request-Method, Access-Control-Request-Headers";
+        out.push((header::VARY, HeaderValue::from_static(vary)));
+        Ok(out)
+    }
+
+    /// Puts the route's CORS fields on an answer to a request from `origin`, over any the
+    /// upstream set (a preflight's answer gets them first, then its own).
+    pub(crate) fn apply(&self, origin: Option<&HeaderValue>, out: &mut HeaderMap) {
+        for name in &CORS_FIELDS {
+            out.remove(name);
+        }
+        let any = self.config.origins == CorsOrigins::Any && !self.config.credentials;
+        if !any {
+            out.append(header::VARY, HeaderValue::from_static("Origin"));
+        }
+        let Some(origin) = origin.filter(|o| self.allows(o.as_bytes())) else {
+            return;
+        };
+        let allow = if any {
+            HeaderValue::from_static("*")
+        } else {
+            origin.clone()
+        };
+        out.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        if self.config.credentials {
+            let yes = HeaderValue::from_static("true");
+            out.insert(header::ACCESS_CONTROL_ALLOW_CREDENTIALS, yes);
+        }
+        if let Some(expose) = &self.expose {
+            out.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, expose.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cors(origins: CorsOrigins, credentials: bool) -> Cors {
+        Cors::new(&sluice_config::Cors {
+            origins,
+            methods: vec![Method::GET, Method::PUT],
+            headers: vec![HeaderName::from_static("content-type")],
+            expose: vec![HeaderName::from_static("x-request-id")],
+            credentials,
+            max_age: Some(std::time::Duration::from_secs(600)),
+        })
+    }
+
+    fn listed() -> CorsOrigins {
+        CorsOrigins::List(vec![
+            OriginMatch::Exact("https://app.example.com".to_owned()),
+            OriginMatch::Subdomains("https".to_owned(), ".example.org".to_owned()),
+        ])
+    }
+
+    #[test]
+    fn origins_match_exactly_or_as_subdomains() {
+        let c = cors(listed(), true);
+        for ok in [
+            "https://app.example.com",
+            "HTTPS://APP.example.com",
+            "https://a.example.org",
+            "https://a.b.example.org:8443",
+        ] {
+            assert!(c.allows(ok.as_bytes()), "{ok}");
+        }
+        for no in [
+            "http://app.example.com",
+            "https://app.example.com.evil",
+            "https://example.org",
+            "https://evilexample.org",
+            "null",
+        ] {
+            assert!(!c.allows(no.as_bytes()), "{no}");
+        }
+    }
+
+    fn preflight(
+        c: &Cors,
+        method: &str,
+        fields: &str,
+    ) -> Option<Result<Vec<(HeaderName, HeaderValue)>, ProxyError>> {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://app.example.com"),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_REQUEST_METHOD,
+            HeaderValue::from_str(method).unwrap_or(HeaderValue::from_static("GET")),
+        );
+        if !fields.is_empty() {
+            h.insert(
+                header::ACCESS_CONTROL_REQUEST_HEADERS,
+                HeaderValue::from_str(fields).unwrap_or(HeaderValue::from_static("x")),
+            );
+        }
+        c.preflight(&Method::OPTIONS, &h)
+    }
+
+    #[test]
+    fn a_preflight_is_allowed_only_for_its_methods_and_fields() {
+        let c = cors(listed(), true);
+        assert!(matches!(preflight(&c, "PUT", "Content-Type"), Some(Ok(_))));
+        assert!(
+            matches!(preflight(&c, "POST", ""), Some(Ok(_))),
+            "safelisted"
+        );
+        assert!(matches!(
+            preflight(&c, "DELETE", ""),
+            Some(Err(ProxyError::CorsRefused(_)))
+        ));
+        assert!(matches!(
+            preflight(&c, "PUT", "content-type, x-secret"),
+            Some(Err(_))
+        ));
+        let plain = HeaderMap::new();
+        assert!(
+            c.preflight(&Method::OPTIONS, &plain).is_none(),
+            "an OPTIONS without Origin"
+        );
+    }
+
+    #[test]
+    fn answers_get_the_origin_echoed_and_upstream_fields_replaced() {
+        let c = cors(listed(), true);
+        let mut out = HeaderMap::new();
+        out.insert(
+            header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            HeaderValue::from_static("*"),
+        );
+        let origin = HeaderValue::from_static("https://app.example.com");
+        c.apply(Some(&origin), &mut out);
+        assert_eq!(
+            out[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+            "https://app.example.com"
+        );
+        assert_eq!(out[header::ACCESS_CONTROL_ALLOW_CREDENTIALS], "true");
+        assert_eq!(out[header::ACCESS_CONTROL_EXPOSE_HEADERS], "x-request-id");
+        assert_eq!(out[header::VARY], "Origin");
+        let mut other = HeaderMap::new();
+        other.insert(
+            header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            HeaderValue::from_static("*"),
+        );
+        c.apply(
+            Some(&HeaderValue::from_static("https://evil.test")),
+            &mut other,
+        );
+        assert!(other.get(header::ACCESS_CONTROL_ALLOW_ORIGIN).is_none());
+        let any = cors(CorsOrigins::Any, false);
+        let mut out = HeaderMap::new();
+        any.apply(Some(&origin), &mut out);
+        assert_eq!(out[header::ACCESS_CONTROL_ALLOW_ORIGIN], "*");
+        assert!(out.get(header::VARY).is_none());
+    }
+}
