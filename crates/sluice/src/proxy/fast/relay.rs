@@ -240,6 +240,7 @@ impl<'a> Exchange<'a> {
             n += 1;
         }
         let forward = Forward {
+            target: None,
             client: self.req.client_ip,
             tls: self.req.client.tls,
             trusted: self.req.client.trusted,
