@@ -7,6 +7,7 @@ mod handoff;
 mod kind_keys;
 mod relay;
 mod reverse;
+mod rewrite;
 mod route;
 mod secret;
 mod tls;

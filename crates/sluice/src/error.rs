@@ -97,6 +97,10 @@ pub enum ProxyError {
     /// The request asks for something the proxy does not do (e.g. CONNECT tunnels).
     #[error("{0}")]
     NotImplemented(&'static str),
+    /// The route's `rewrite` made no valid path of this request's (or its redirect no valid
+    /// `Location`): the rule is at fault, not the request, which was valid.
+    #[error("invalid rewrite: {0}")]
+    Rewrite(&'static str),
 }
 
 impl From<sluice_wire::BadRequest> for ProxyError {
@@ -138,6 +142,7 @@ impl ProxyError {
             Self::ClientBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::Rewrite(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -150,9 +155,10 @@ impl ProxyError {
             | Self::BodyTooLarge(_)
             | Self::BadRequest(_)
             | Self::NotImplemented(_) => Origin::Client,
-            Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
-                Origin::Internal
-            }
+            Self::NoEndpoint { .. }
+            | Self::NoSessions { .. }
+            | Self::Unavailable { .. }
+            | Self::Rewrite(_) => Origin::Internal,
             Self::Connect(_)
             | Self::UpstreamTls { .. }
             | Self::ConnectTimeout

@@ -1,14 +1,17 @@
 //! The core both data paths render, without I/O: request checks, hop-by-hop stripping,
-//! forwarding headers, reading bodies ahead (`read_ahead`), when a request goes out again
-//! (`retry`), W3C trace context (`trace_context`), and what is known of a request's client ([`ClientInfo`]). Request
+//! forwarding headers, a route's path rewrite (`rewrite`) and redirect (`redirect`), reading
+//! bodies ahead (`read_ahead`), when a request goes out again (`retry`), W3C trace context
+//! (`trace_context`), and what is known of a request's client ([`ClientInfo`]). Request
 //! normalisation is `sluice_wire::normalize`'s.
 
 pub(crate) mod checks;
 pub(crate) mod client;
 pub(crate) mod headers;
 pub(crate) mod read_ahead;
+pub(crate) mod redirect;
 pub(crate) mod request_id;
 pub(crate) mod retry;
+pub(crate) mod rewrite;
 pub(crate) mod trace_context;
 
 pub use client::ClientInfo;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
-use sluice_config::HeaderEdits;
+use sluice_config::{HeaderEdits, LocationTemplate, Rewrite};
 
 use crate::upstream::Upstream;
 
@@ -62,6 +62,9 @@ pub struct Route {
     /// The largest request body forwarded, over the listener's (see
     /// [`HttpOptions::max_request_body`](sluice_config::HttpOptions)); default: the listener's.
     pub max_request_body: Option<u64>,
+    /// How the path is rewritten before it goes upstream (or into a redirect's `{path}`);
+    /// `None` (the default): not at all. Routes still match the path as sent.
+    pub rewrite: Option<Rewrite>,
     /// Edits of the forwarded request's headers.
     pub request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
@@ -86,6 +89,7 @@ impl Route {
         )];
         let target = Target::Direct(Direct {
             status,
+            location: None,
             headers,
             body: body.into(),
         });
@@ -98,6 +102,7 @@ impl Route {
             name: name.into(),
             target,
             max_request_body: None,
+            rewrite: None,
             request_headers: HeaderEdits::default(),
             response_headers: HeaderEdits::default(),
         }
@@ -113,11 +118,13 @@ pub enum Target {
     Direct(Direct),
 }
 
-/// A fixed response (Envoy's direct_response, NGINX's `return`).
+/// A fixed response (Envoy's direct_response, NGINX's `return`), or a redirect.
 #[derive(Debug, Clone)]
 pub struct Direct {
     /// The status code.
     pub status: StatusCode,
+    /// A redirect's `Location`, filled in per request; `None`: not a redirect.
+    pub location: Option<LocationTemplate>,
     /// Response headers.
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The body; `Bytes` so each response shares it instead of copying.

@@ -33,6 +33,7 @@ impl RouteTable {
                 },
                 Action::Direct(d) => Target::Direct(Direct {
                     status: d.status,
+                    location: d.location.clone(),
                     headers: d.headers.clone(),
                     body: d.body.clone().into(),
                 }),
@@ -41,6 +42,7 @@ impl RouteTable {
                 name: r.name.clone(),
                 target,
                 max_request_body: r.max_request_body,
+                rewrite: r.rewrite.clone(),
                 request_headers: r.request_headers.clone(),
                 response_headers: r.response_headers.clone(),
             };
