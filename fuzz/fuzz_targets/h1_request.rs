@@ -101,6 +101,7 @@ fn body(rest: &[u8], framing: BodyFraming) -> Option<Result<Vec<u8>, ()>> {
 fn check_written(data: &[u8], head: &RequestHead) {
     let client = ClientIp::new(IpAddr::from([192, 0, 2, 1]));
     let fwd = Forward {
+        target: None,
         client: &client,
         tls: false,
         trusted: true,

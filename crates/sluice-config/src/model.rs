@@ -18,13 +18,17 @@ mod basic_auth;
 mod cors;
 mod log_template;
 mod rate_limit;
+mod redirect;
 mod relay;
+mod rewrite;
 mod tracing;
 pub use basic_auth::BasicAuth;
 pub use cors::{Cors, CorsOrigins, OriginMatch};
 pub use log_template::{LogField, LogPiece, LogTemplate};
 pub use rate_limit::*;
+pub use redirect::{LocationPiece, LocationTemplate};
 pub use relay::*;
+pub use rewrite::{BadRewrite, PathRegex, Rewrite};
 pub use sluice_session::Token;
 pub use tracing::*;
 
@@ -171,6 +175,9 @@ pub struct Route {
     /// Which web origins may call the route from a browser; `None`: Sluice leaves CORS to the
     /// upstream.
     pub cors: Option<Cors>,
+    /// How the path is rewritten before it goes upstream (or into a redirect's `{path}`);
+    /// default: not at all.
+    pub rewrite: Option<Rewrite>,
     /// Header edits applied to the request before it is forwarded.
     pub request_headers: HeaderEdits,
     /// Header edits applied to the response before it is sent to the client.
@@ -245,11 +252,15 @@ pub enum Action {
     Direct(DirectResponse),
 }
 
-/// A fixed response, like Envoy's `direct_response` or NGINX's `return`.
+/// A fixed response, like Envoy's `direct_response` or NGINX's `return`; with a `location`,
+/// a redirect.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DirectResponse {
-    /// The status code.
+    /// The status code; with a `location`, one of 301, 302, 303, 307, 308 (default 301).
     pub status: StatusCode,
+    /// Where a redirect sends the client (its `Location`, filled in per request); default:
+    /// none, not a redirect.
+    pub location: Option<LocationTemplate>,
     /// Extra response headers.
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The body (may be empty).

@@ -146,6 +146,7 @@ pub(crate) struct RawRoute {
     #[serde(default)]
     pub(crate) response_headers: RawHeaderEdits,
     pub(crate) max_request_body: Option<Spanned<Size>>,
+    pub(crate) rewrite: Option<Spanned<RawRewrite>>,
     pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
     pub(crate) basic_auth: Option<Spanned<RawBasicAuth>>,
     pub(crate) cors: Option<Spanned<RawCors>>,
@@ -182,11 +183,22 @@ pub(crate) struct RawRateLimit {
     pub(crate) key: Option<Spanned<String>>,
 }
 
-/// `direct_response = { status, body, headers }`; header values may be secrets.
+/// `rewrite = { prefix, replace }` or `{ regex, replace }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRewrite {
+    pub(crate) prefix: Option<Spanned<String>>,
+    pub(crate) regex: Option<Spanned<String>>,
+    pub(crate) replace: Spanned<String>,
+}
+
+/// `direct_response = { status, body, headers, location }`; header values may be secrets. The
+/// status is required but for a redirect (`location`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDirectResponse {
-    pub(crate) status: Status,
+    pub(crate) status: Option<Spanned<Status>>,
+    pub(crate) location: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) body: String,
     #[serde(default)]

@@ -10,6 +10,7 @@ mod kind_keys;
 mod rate_limit;
 mod relay;
 mod reverse;
+mod rewrite;
 mod route;
 mod secret;
 mod tls;

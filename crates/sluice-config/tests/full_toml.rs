@@ -28,6 +28,7 @@ const TABLES: &[(&str, &str)] = &[
         "route.direct_response",
         "[[route]]\ndirect_response = { zz_probe = 1 }",
     ),
+    ("route.rewrite", "[[route]]\nrewrite = { zz_probe = 1 }"),
     (
         "route.request_headers",
         "[[route]]\nrequest_headers = { zz_probe = 1 }",

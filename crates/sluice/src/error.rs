@@ -113,6 +113,10 @@ pub enum ProxyError {
     /// The request asks for something the proxy does not do (e.g. CONNECT tunnels).
     #[error("{0}")]
     NotImplemented(&'static str),
+    /// The route's `rewrite` made no valid path of this request's (or its redirect no valid
+    /// `Location`): the rule is at fault, not the request, which was valid.
+    #[error("invalid rewrite: {0}")]
+    Rewrite(&'static str),
 }
 
 impl From<sluice_wire::BadRequest> for ProxyError {
@@ -157,6 +161,7 @@ impl ProxyError {
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Self::CorsRefused(_) => StatusCode::FORBIDDEN,
+            Self::Rewrite(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -172,9 +177,10 @@ impl ProxyError {
             | Self::RateLimited { .. }
             | Self::Unauthorized { .. }
             | Self::CorsRefused(_) => Origin::Client,
-            Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
-                Origin::Internal
-            }
+            Self::NoEndpoint { .. }
+            | Self::NoSessions { .. }
+            | Self::Unavailable { .. }
+            | Self::Rewrite(_) => Origin::Internal,
             Self::Connect(_)
             | Self::UpstreamTls { .. }
             | Self::ConnectTimeout

@@ -47,8 +47,8 @@
 //!   `sluice-relay` take (they do not know the TOML model).
 //! - `metrics`: Prometheus metrics of requests, handshakes, sessions and queues.
 //! - `http`: the core both data paths render, without I/O: request checks, forwarding and
-//!   hop-by-hop headers (with `sluice_wire::fields`), the read-ahead and retry rules, and what
-//!   is known of a request's client.
+//!   hop-by-hop headers (with `sluice_wire::fields`), a route's path rewrite and redirect
+//!   location, the read-ahead and retry rules, and what is known of a request's client.
 //! - `body`: the single body type that flows through the proxy.
 //! - `error`: typed failures, the status each maps to, and the one error answer.
 //!

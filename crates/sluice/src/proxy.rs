@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http::header::{self, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use tracing::{debug, warn};
@@ -29,7 +30,7 @@ use crate::http::headers::{
 };
 use crate::http::request_id::RequestIds;
 use crate::http::trace_context::{RequestTrace, SentContext, TRACEPARENT, TRACESTATE};
-use crate::http::ClientInfo;
+use crate::http::{redirect, rewrite, ClientInfo};
 use crate::metrics::Metrics;
 use crate::otel::Tracing;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
@@ -220,8 +221,10 @@ impl<R: Routing> ProxyService<R> {
             let field = req.headers().get(header::AUTHORIZATION);
             auth.check(field.map(HeaderValue::as_bytes)).await?;
         }
+        let rules = client.rules.escaped_slashes;
+        let target = rewrite::target(route.rewrite.as_ref(), req.uri(), rules)?;
         let mut res = match &route.target {
-            Target::Direct(direct) => direct_response(direct),
+            Target::Direct(direct) => direct_response(direct, &req, client, target.as_ref())?,
             Target::Upstream(upstream) => {
                 let limit = checks::body_limit(route.max_request_body, client.max_body);
                 // A declared length is refused before any of the body is read.
@@ -231,6 +234,7 @@ impl<R: Routing> ProxyService<R> {
                     route: &route,
                     stamps,
                     limit,
+                    target,
                 };
                 let req = upstream_request(req, client, &edits, client_side.is_some());
                 let res = upstream.send(req).await?;
@@ -293,12 +297,14 @@ struct Edits<'a> {
     stamps: &'a Stamps<'a>,
     /// The most body bytes forwarded.
     limit: Option<u64>,
+    /// The target the route's rewrite made, when it made one.
+    target: Option<PathAndQuery>,
 }
 
-/// Turns the client's request into the one sent upstream: origin-form target, a Host header,
-/// hop-by-hop headers removed (but `Upgrade` kept when `upgrade`), forwarding headers added,
-/// the route's edits applied, then the request's ID and trace context set over any copy; its
-/// body counted against the limit.
+/// Turns the client's request into the one sent upstream: origin-form target (the rewritten
+/// one, when the route rewrites), a Host header, hop-by-hop headers removed (but `Upgrade`
+/// kept when `upgrade`), forwarding headers added, the route's edits applied, then the
+/// request's ID and trace context set over any copy; its body counted against the limit.
 fn upstream_request(
     req: Request<Incoming>,
     client: &ClientInfo,
@@ -343,7 +349,9 @@ fn upstream_request(
             parts.headers.remove(TRACESTATE);
         }
     }
-    if absolute {
+    if let Some(target) = &edits.target {
+        parts.uri = Uri::from(target.clone());
+    } else if absolute {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         parts.uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
     }
@@ -451,13 +459,31 @@ fn preflight_response(
     res
 }
 
-fn direct_response(direct: &Direct) -> Response<ProxyBody> {
+/// The route's fixed answer; a redirect's `Location` names the request's host and its path
+/// (`target`, when the route rewrote it).
+fn direct_response(
+    direct: &Direct,
+    req: &Request<Incoming>,
+    client: &ClientInfo,
+    target: Option<&PathAndQuery>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     let mut res = Response::new(ProxyBody::full(direct.body.clone()));
     *res.status_mut() = direct.status;
     for (name, value) in &direct.headers {
         res.headers_mut().append(name.clone(), value.clone());
     }
-    res
+    if let Some(template) = &direct.location {
+        let host = request_host(req);
+        let place = redirect::Place {
+            tls: client.tls,
+            host: host.as_deref(),
+            path: target.map_or(req.uri().path(), PathAndQuery::path),
+            query: req.uri().query(),
+        };
+        let location = redirect::location(template, &place)?;
+        res.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(res)
 }
 
 /// Upstream failures are what an operator must see at the default level, with the cluster

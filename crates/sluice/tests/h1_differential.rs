@@ -352,6 +352,7 @@ async fn the_fast_path_forwards_what_the_proxy_forwards() {
     for case in &cases {
         for listener in &listeners {
             let fwd = Forward {
+                target: None,
                 client: &client,
                 tls: false,
                 trusted: listener.trusted,

@@ -1,13 +1,16 @@
-//! `[[route]]` entries: the match, the action and the header edits.
+//! `[[route]]` entries: the match, the action, the rewrite and the header edits.
 
 use std::collections::BTreeMap;
 
 use toml::Spanned;
 
+use super::rewrite::{rewrite, status_and_location};
 use super::{secret, Ctx};
 use crate::error::ConfigError;
-use crate::model::{Action, Cluster, DirectResponse, HeaderEdits, HostMatch, Match, Route};
-use crate::raw::{RawDirectResponse, RawHeaderEdits, RawRoute};
+use crate::model::{
+    Action, Cluster, DirectResponse, HeaderEdits, HostMatch, Match, Rewrite, Route,
+};
+use crate::raw::{RawDirectResponse, RawHeaderEdits, RawRewrite, RawRoute};
 use crate::values::HeaderTable;
 use crate::values::OneOrMany;
 
@@ -34,7 +37,7 @@ fn route(
     let name = raw.name.take().unwrap_or_else(|| format!("route-{index}"));
     let action = match (raw.cluster.take(), raw.direct_response.take()) {
         (Some(cluster), None) => proxy(ctx, cluster, clusters)?,
-        (None, Some(direct)) => Action::Direct(direct_response(ctx, direct.into_inner())?),
+        (None, Some(direct)) => Action::Direct(direct_response(ctx, direct)?),
         (Some(cluster), Some(_)) => {
             let msg = format!("route `{name}` has both `cluster` and `direct_response`; keep one");
             return Err(ctx.err(cluster.span(), msg));
@@ -43,6 +46,10 @@ fn route(
             let msg = format!("route `{name}` needs either `cluster` or `direct_response`");
             return Err(ctx.err(span, msg));
         }
+    };
+    let rewrite = match raw.rewrite.take() {
+        Some(r) => Some(route_rewrite(ctx, r, &action, raw.case_insensitive)?),
+        None => None,
     };
     Ok(Route {
         max_request_body: super::max_request_body(ctx, raw.max_request_body.take())?,
@@ -61,6 +68,7 @@ fn route(
             .take()
             .map(|c| super::cors::cors(ctx, c))
             .transpose()?,
+        rewrite,
         request_headers: edits(ctx, std::mem::take(&mut raw.request_headers))?,
         response_headers: edits(ctx, std::mem::take(&mut raw.response_headers))?,
         // `validate::slices` sets and checks the slice once every route exists.
@@ -94,13 +102,36 @@ fn proxy(
     Err(ctx.err(cluster.span(), msg))
 }
 
-fn direct_response(ctx: Ctx<'_>, raw: RawDirectResponse) -> Result<DirectResponse, ConfigError> {
+fn direct_response(
+    ctx: Ctx<'_>,
+    raw: Spanned<RawDirectResponse>,
+) -> Result<DirectResponse, ConfigError> {
+    let span = raw.span();
+    let mut raw = raw.into_inner();
     refuse_framing(ctx, &raw.headers)?;
+    let (status, location) = status_and_location(ctx, &mut raw, span)?;
     Ok(DirectResponse {
-        status: raw.status.0,
+        status,
+        location,
         headers: secret::resolve_table(ctx, raw.headers)?,
         body: raw.body,
     })
+}
+
+/// A rewrite changes what is forwarded, or the path a redirect names: on an answer that is
+/// neither it would do nothing, which is a mistake.
+fn route_rewrite(
+    ctx: Ctx<'_>,
+    raw: Spanned<RawRewrite>,
+    action: &Action,
+    case_insensitive: bool,
+) -> Result<Rewrite, ConfigError> {
+    if let Action::Direct(DirectResponse { location: None, .. }) = action {
+        let msg = "a rewrite applies to what a route forwards or redirects to; this \
+                   direct_response has no `location`";
+        return Err(ctx.err(raw.span(), msg));
+    }
+    rewrite(ctx, raw, case_insensitive)
 }
 
 /// Builds the match from what is left of the route once its action and edits are taken.

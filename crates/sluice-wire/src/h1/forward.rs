@@ -1,6 +1,6 @@
 //! The heads a proxy writes, by copying the sender's field lines with the proxy's edits
 //! applied instead of rebuilding a header map: [`write_head`] for a request it sends upstream
-//! (hop-by-hop fields removed, the forwarding fields `X-Forwarded-For`, `Forwarded`,
+//! (the target a route rewrote, hop-by-hop fields removed, the forwarding fields `X-Forwarded-For`, `Forwarded`,
 //! `X-Forwarded-Proto` and `X-Forwarded-Host` added by Sluice's rules, a route's removals and
 //! sets applied last), [`write_response_head`] for the upstream's response it sends the client
 //! (hop-by-hop fields removed, the route's edits, framing and `Date` as hyper's server writes
@@ -36,6 +36,9 @@ impl ClientIp {
 /// What the proxy knows of the client side, and the route's edits.
 #[derive(Debug, Clone, Copy)]
 pub struct Forward<'a> {
+    /// The request target sent upstream when it is not the client's (a route rewrote it);
+    /// origin form, already checked. `None`: the client's.
+    pub target: Option<&'a [u8]>,
     /// The client's address.
     pub client: &'a ClientIp,
     /// Whether the client connected over TLS (`X-Forwarded-Proto: https`).
@@ -81,7 +84,7 @@ impl Forward<'_> {
 pub fn write_head(buf: &[u8], head: &RequestHead, fwd: &Forward<'_>, out: &mut Vec<u8>) {
     out.extend_from_slice(head.method(buf));
     out.push(b' ');
-    out.extend_from_slice(head.target(buf));
+    out.extend_from_slice(fwd.target.unwrap_or(head.target(buf)));
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let sent = |role| fwd.trusted && head.fields.iter().any(|f| f.role == role);
     let kept = Kept {
@@ -302,6 +305,7 @@ mod tests {
         for (ip, fields) in cases {
             let client = ClientIp::new(ip);
             let fwd = Forward {
+                target: None,
                 client: &client,
                 tls: true,
                 trusted: false,
@@ -317,6 +321,27 @@ mod tests {
     }
 
     #[test]
+    fn a_rewritten_target_replaces_the_clients() {
+        let buf = b"GET /api/users?id=1 HTTP/1.1\r\nHost: a\r\n\r\n";
+        let Parsed::Take(head) = parse_request(buf, 8192, RequestRules::default()) else {
+            panic!("the fast path takes a plain GET");
+        };
+        let client = ClientIp::new(IpAddr::from([192, 0, 2, 1]));
+        let fwd = Forward {
+            target: Some(b"/users?id=1"),
+            client: &client,
+            tls: false,
+            trusted: false,
+            remove: &[],
+            set: &[],
+            stamps: &[],
+        };
+        let mut out = Vec::new();
+        write_head(buf, &head, &fwd, &mut out);
+        assert!(out.starts_with(b"GET /users?id=1 HTTP/1.1\r\nHost: a\r\n"));
+    }
+
+    #[test]
     fn stamps_replace_every_copy_and_come_last() {
         let buf = b"GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: mine\r\n\
                     Sluice-Client-Addr: 6.6.6.6:666\r\nx-request-id: again\r\n\r\n";
@@ -329,6 +354,7 @@ mod tests {
             HeaderValue::from_static("route"),
         )];
         let fwd = Forward {
+            target: None,
             client: &client,
             tls: false,
             trusted: true,

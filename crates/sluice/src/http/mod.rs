@@ -1,7 +1,8 @@
 //! The core both data paths render, without I/O: request checks, rate limits (`rate_limit`),
 //! basic authentication (`basic_auth`, whose hashes run on the blocking pool), CORS (`cors`),
-//! hop-by-hop stripping, forwarding headers, reading bodies ahead (`read_ahead`), when a
-//! request goes out again (`retry`), request IDs (`request_id`), W3C trace context
+//! hop-by-hop stripping, forwarding headers, a route's path rewrite (`rewrite`) and redirect
+//! (`redirect`), reading bodies ahead (`read_ahead`), when a request goes out again
+//! (`retry`), request IDs (`request_id`), W3C trace context
 //! (`trace_context`), and what is known of a request's client ([`ClientInfo`]). Request
 //! normalisation is `sluice_wire::normalize`'s.
 
@@ -12,8 +13,10 @@ pub(crate) mod cors;
 pub(crate) mod headers;
 pub(crate) mod rate_limit;
 pub(crate) mod read_ahead;
+pub(crate) mod redirect;
 pub(crate) mod request_id;
 pub(crate) mod retry;
+pub(crate) mod rewrite;
 pub(crate) mod trace_context;
 
 pub use client::ClientInfo;

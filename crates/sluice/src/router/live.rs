@@ -41,8 +41,8 @@ pub(crate) struct RouteSpec {
     /// The reverse cluster's slice (default `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slice: Option<String>,
-    /// Read only: the route also needs header values, edits headers or has limits (set in the
-    /// file).
+    /// Read only: the route also needs header values, edits headers, rewrites its path or has
+    /// limits (set in the file).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub configured_extras: bool,
 }
@@ -261,6 +261,7 @@ fn spec_of(r: &sluice_config::Route) -> RouteSpec {
         sluice_config::Action::Direct(_) => None,
     };
     let extras = !m.headers.is_empty()
+        || r.rewrite.is_some()
         || r.request_headers != Default::default()
         || r.response_headers != Default::default()
         || r.max_request_body.is_some()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
-use sluice_config::HeaderEdits;
+use sluice_config::{HeaderEdits, LocationTemplate, Rewrite};
 
 use crate::http::basic_auth::BasicAuth;
 use crate::http::cors::Cors;
@@ -72,6 +72,9 @@ pub struct Route {
     pub(crate) basic_auth: Option<Arc<BasicAuth>>,
     /// Which web origins may call it ([`with_cors`](Self::with_cors)).
     pub(crate) cors: Option<Arc<Cors>>,
+    /// How the path is rewritten before it goes upstream (or into a redirect's `{path}`);
+    /// `None` (the default): not at all. Routes still match the path as sent.
+    pub rewrite: Option<Rewrite>,
     /// Edits of the forwarded request's headers.
     pub request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
@@ -96,6 +99,7 @@ impl Route {
         )];
         let target = Target::Direct(Direct {
             status,
+            location: None,
             headers,
             body: body.into(),
         });
@@ -111,6 +115,7 @@ impl Route {
             rate_limit: None,
             basic_auth: None,
             cors: None,
+            rewrite: None,
             request_headers: HeaderEdits::default(),
             response_headers: HeaderEdits::default(),
         }
@@ -147,11 +152,13 @@ pub enum Target {
     Direct(Direct),
 }
 
-/// A fixed response (Envoy's direct_response, NGINX's `return`).
+/// A fixed response (Envoy's direct_response, NGINX's `return`), or a redirect.
 #[derive(Debug, Clone)]
 pub struct Direct {
     /// The status code.
     pub status: StatusCode,
+    /// A redirect's `Location`, filled in per request; `None`: not a redirect.
+    pub location: Option<LocationTemplate>,
     /// Response headers.
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The body; `Bytes` so each response shares it instead of copying.

@@ -47,6 +47,7 @@ impl RouteTable {
                 },
                 Action::Direct(d) => Target::Direct(Direct {
                     status: d.status,
+                    location: d.location.clone(),
                     headers: d.headers.clone(),
                     body: d.body.clone().into(),
                 }),
@@ -60,6 +61,7 @@ impl RouteTable {
                 }),
                 basic_auth: r.basic_auth.as_ref().map(|a| Arc::new(BasicAuth::new(a))),
                 cors: r.cors.as_ref().map(|c| Arc::new(Cors::new(c))),
+                rewrite: r.rewrite.clone(),
                 request_headers: r.request_headers.clone(),
                 response_headers: r.response_headers.clone(),
             };

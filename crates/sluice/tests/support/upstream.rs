@@ -320,6 +320,28 @@ impl RawBackend {
         .await
     }
 
+    /// Answers every request, keeping the connection open, with `200` and as its body the
+    /// request target exactly as it arrived (what a route's rewrite sent).
+    pub async fn echo_target() -> Self {
+        Self::start(|stream, stats| async move {
+            let mut stream = stream;
+            while let Some(head) = read_head_bytes(&mut stream).await {
+                let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+                let target = line.split(|b| *b == b' ').nth(1).unwrap_or_default();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+                    target.len()
+                );
+                let res = [head.as_bytes(), target].concat();
+                if stream.write_all(&res).await.is_err() {
+                    return;
+                }
+                stats.answered.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .await
+    }
+
     async fn start<F, Fut>(serve: F) -> Self
     where
         F: Fn(TcpStream, Arc<RawStats>) -> Fut + Send + 'static,
@@ -352,15 +374,20 @@ impl Drop for RawBackend {
 /// Reads until the end of a request head; false on EOF first. Test requests carry small
 /// heads and no bodies.
 async fn read_head(stream: &mut TcpStream) -> bool {
+    read_head_bytes(stream).await.is_some()
+}
+
+/// The bytes of a request head (and any that came with it); `None` on EOF first.
+async fn read_head_bytes(stream: &mut TcpStream) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
         match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
-    true
+    Some(buf)
 }
 
 /// Counts replies by the backend name that opens each body (`<name> <path>`).

@@ -32,9 +32,9 @@ use tracing::debug;
 
 use crate::access_log::{self, AccessLog};
 use crate::error::ProxyError;
-use crate::http::checks;
 use crate::http::request_id::RequestIds;
 use crate::http::trace_context::{RequestTrace, SentContext};
+use crate::http::{checks, rewrite};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::otel::Tracing;
 use crate::router::{Route, Routing, Target};
@@ -112,6 +112,11 @@ impl FastPath {
         if checks::check_body_length(declared, limit).is_err() {
             return (0, self.hand_off("limit"));
         }
+        // A rewrite that makes no valid path is answered by hyper's path (500) too.
+        let rules = req.client.rules.escaped_slashes;
+        let Ok(target) = rewrite::target(route.rewrite.as_ref(), parts.uri, rules) else {
+            return (0, self.hand_off("rewrite"));
+        };
         let trace = self.tracing.as_ref().map(|t| {
             let sent = SentContext::of(fields(&req));
             (t.begin(sent, req.client.trusted), sent.tracestate.is_some())
@@ -134,7 +139,9 @@ impl FastPath {
         });
         let id = id.as_ref().map(|(n, v)| (*n, v));
         let traceparent = trace.as_ref().map(|t| &t.traceparent);
-        let exchange = Exchange::new(&req, &route, &parts.method, started, id, traceparent);
+        let target = target.as_ref().map(|t| t.as_str().as_bytes());
+        let exchange =
+            Exchange::new(&req, &route, &parts.method, started, id, traceparent).to(target);
         // Refused as a lease would be: the answer, the log line and the counts are the same.
         let admitted = admit(&route, &req);
         let outcome = match dest {
@@ -175,7 +182,8 @@ impl FastPath {
     /// (the client accepts them), `head` (not a valid method, target or field), `route`
     /// (somewhere the fast path does not go), `limit` (a whole body over `max_request_body`:
     /// hyper's path answers 413; a larger one not all here counts as `body`), `trace` (a
-    /// `tracestate` to remove), or the parser's reason.
+    /// `tracestate` to remove), `rewrite` (the route's rewrite made no valid path: hyper's
+    /// path answers 500), or the parser's reason.
     pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_handoff(reason);

@@ -67,6 +67,8 @@ pub(crate) struct Exchange<'a> {
     id: Option<(&'a HeaderName, &'a HeaderValue)>,
     /// The `traceparent` set upstream (`[tracing]`).
     traceparent: Option<&'a HeaderValue>,
+    /// The target the route's rewrite made (`None`: the client's goes upstream).
+    target: Option<&'a [u8]>,
 }
 
 impl<'a> Exchange<'a> {
@@ -86,7 +88,13 @@ impl<'a> Exchange<'a> {
             started,
             id,
             traceparent,
+            target: None,
         }
+    }
+
+    /// The exchange sending `target` upstream instead of the client's (a route's rewrite).
+    pub(crate) fn to(self, target: Option<&'a [u8]>) -> Self {
+        Self { target, ..self }
     }
 
     /// The bytes of the client's buffer the request occupies (head and body; the fast path
@@ -240,6 +248,7 @@ impl<'a> Exchange<'a> {
             n += 1;
         }
         let forward = Forward {
+            target: self.target,
             client: self.req.client_ip,
             tls: self.req.client.tls,
             trusted: self.req.client.trusted,

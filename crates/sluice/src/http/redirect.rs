@@ -1,0 +1,115 @@
+//! A redirect's `Location` for one request ([`location`]), from the route's template
+//! (`sluice_config::LocationTemplate`, whose shape the configuration checked: only `{host}`
+//! fills a URL's host, and a path cannot start with `//`).
+//!
+//! What fills it in was normalised before routing: the host is a name, an IPv4 address or a
+//! bracketed IPv6 address (`sluice_wire::normalize::normal_authority`), so it cannot carry a
+//! `/`, `@`, a space or a line break; the path never starts with `//`. The hyper path renders
+//! redirects; the fast path leaves every direct answer to it.
+
+use http::HeaderValue;
+use sluice_config::{LocationPiece, LocationTemplate};
+
+use crate::error::ProxyError;
+
+/// What a location is filled in from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Place<'a> {
+    /// Whether the client connected over TLS (`{scheme}`).
+    pub(crate) tls: bool,
+    /// The host the client asked for, without its port (`{host}`); `None` when it named none.
+    pub(crate) host: Option<&'a str>,
+    /// The normalised path, rewritten when the route rewrites (`{path}`).
+    pub(crate) path: &'a str,
+    /// The query, without `?` (`{query}`).
+    pub(crate) query: Option<&'a str>,
+}
+
+/// The `Location` `template` names for the request at `place`. A request that named no host
+/// (HTTP/1.0, an empty `Host`) cannot be sent to `{host}`: 400.
+pub(crate) fn location(
+    template: &LocationTemplate,
+    place: &Place<'_>,
+) -> Result<HeaderValue, ProxyError> {
+    let mut out = String::with_capacity(64 + place.path.len());
+    for piece in &template.0 {
+        match piece {
+            LocationPiece::Text(text) => out.push_str(text),
+            LocationPiece::Scheme => out.push_str(if place.tls { "https" } else { "http" }),
+            LocationPiece::Host => match place.host {
+                Some(host) if !host.is_empty() => out.push_str(host),
+                _ => return Err(ProxyError::BadRequest("no Host to redirect to")),
+            },
+            LocationPiece::Path => out.push_str(place.path),
+            LocationPiece::Query => out.push_str(place.query.unwrap_or("")),
+            LocationPiece::Uri => {
+                out.push_str(place.path);
+                if let Some(query) = place.query {
+                    out.push('?');
+                    out.push_str(query);
+                }
+            }
+        }
+    }
+    HeaderValue::try_from(out)
+        .map_err(|_| ProxyError::Rewrite("the redirect's location is not a valid field value"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const PLACE: Place<'static> = Place {
+        tls: false,
+        host: Some("example.com"),
+        path: "/a/b",
+        query: Some("x=1&y"),
+    };
+
+    fn render(template: &str, place: &Place<'_>) -> Result<HeaderValue, ProxyError> {
+        location(&LocationTemplate::parse(template).unwrap(), place)
+    }
+
+    #[test]
+    fn placeholders_are_filled_in() {
+        let cases = [
+            ("https://{host}{uri}", "https://example.com/a/b?x=1&y"),
+            ("https://{host}{path}", "https://example.com/a/b"),
+            (
+                "{scheme}://{host}:8443{path}?{query}",
+                "http://example.com:8443/a/b?x=1&y",
+            ),
+            ("/new{uri}", "/new/a/b?x=1&y"),
+        ];
+        for (template, want) in cases {
+            assert_eq!(render(template, &PLACE).unwrap(), want, "{template}");
+        }
+        let bare = Place {
+            query: None,
+            ..PLACE
+        };
+        assert_eq!(
+            render("https://{host}{uri}", &bare).unwrap(),
+            "https://example.com/a/b"
+        );
+    }
+
+    #[test]
+    fn no_host_is_the_clients_mistake() {
+        for host in [None, Some("")] {
+            let place = Place { host, ..PLACE };
+            let e = render("https://{host}{uri}", &place).unwrap_err();
+            assert_eq!(e.status(), http::StatusCode::BAD_REQUEST);
+        }
+        let place = Place {
+            host: None,
+            ..PLACE
+        };
+        assert_eq!(
+            render("https://example.org{uri}", &place).unwrap(),
+            "https://example.org/a/b?x=1&y"
+        );
+    }
+}
