@@ -206,20 +206,8 @@ impl<R: Routing> ProxyService<R> {
         let route = self.router.route(&head).ok_or(ProxyError::NoRoute)?;
         *matched = Some(Arc::clone(&route));
         drop((host, path));
-        if let Some(limit) = &route.rate_limit {
-            let value = limit.field().and_then(|n| req.headers().get(n));
-            limit.check(client.peer.ip(), value.map(HeaderValue::as_bytes))?;
-        }
-        // A preflight carries no credentials: it is answered before they are asked for.
-        if let Some(cors) = &route.cors {
-            origin.clone_from(&req.headers().get(header::ORIGIN).cloned());
-            if let Some(answer) = cors.preflight(req.method(), req.headers()) {
-                return answer.map(|fields| preflight_response(cors, origin.as_ref(), fields));
-            }
-        }
-        if let Some(auth) = &route.basic_auth {
-            let field = req.headers().get(header::AUTHORIZATION);
-            auth.check(field.map(HeaderValue::as_bytes)).await?;
+        if let Some(preflight) = admit(&route, &req, client, origin).await? {
+            return Ok(preflight);
         }
         let rules = client.rules.escaped_slashes;
         let target = rewrite::target(route.rewrite.as_ref(), req.uri(), rules)?;
@@ -438,6 +426,33 @@ impl Logged {
         }));
         Response::from_parts(parts, body)
     }
+}
+
+/// Whether the route lets the request through — its rate limit, then its CORS preflight
+/// (which carries no credentials, so it is answered before they are asked for), then its
+/// users — or answers it itself (an allowed preflight). `origin` is the request's `Origin`,
+/// kept for a CORS route's answer.
+async fn admit(
+    route: &Route,
+    req: &Request<Incoming>,
+    client: &ClientInfo,
+    origin: &mut Option<HeaderValue>,
+) -> Result<Option<Response<ProxyBody>>, ProxyError> {
+    if let Some(limit) = &route.rate_limit {
+        let value = limit.field().and_then(|n| req.headers().get(n));
+        limit.check(client.peer.ip(), value.map(HeaderValue::as_bytes))?;
+    }
+    if let Some(cors) = &route.cors {
+        origin.clone_from(&req.headers().get(header::ORIGIN).cloned());
+        if let Some(answer) = cors.preflight(req.method(), req.headers()) {
+            return answer.map(|fields| Some(preflight_response(cors, origin.as_ref(), fields)));
+        }
+    }
+    if let Some(auth) = &route.basic_auth {
+        let field = req.headers().get(header::AUTHORIZATION);
+        auth.check(field.map(HeaderValue::as_bytes)).await?;
+    }
+    Ok(None)
 }
 
 /// Marks Sluice's answer to a CORS preflight: an allowed one has its CORS fields already, a

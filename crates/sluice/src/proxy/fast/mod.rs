@@ -275,7 +275,8 @@ impl FastPath {
     }
 }
 
-/// Whether the route lets the request through: its rate limit, then its users.
+/// Whether the route lets the request through: its rate limit, then its users, in the order
+/// of hyper's path (`proxy::admit`; a CORS route, whose preflights come between, is left to it).
 async fn admit(route: &Route, req: &Request<'_>) -> Result<(), ProxyError> {
     if let Some(limit) = &route.rate_limit {
         let value = limit
