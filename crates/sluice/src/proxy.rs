@@ -438,12 +438,15 @@ async fn admit(
     client: &ClientInfo,
     origin: &mut Option<HeaderValue>,
 ) -> Result<Option<Response<ProxyBody>>, ProxyError> {
+    // Kept first: a refusal below (a 429, a 401) is read by the page only with the fields.
+    if route.cors.is_some() {
+        origin.clone_from(&req.headers().get(header::ORIGIN).cloned());
+    }
     if let Some(limit) = &route.rate_limit {
         let value = limit.field().and_then(|n| req.headers().get(n));
         limit.check(client.peer.ip(), value.map(HeaderValue::as_bytes))?;
     }
     if let Some(cors) = &route.cors {
-        origin.clone_from(&req.headers().get(header::ORIGIN).cloned());
         if let Some(answer) = cors.preflight(req.method(), req.headers()) {
             return answer.map(|fields| Some(preflight_response(cors, origin.as_ref(), fields)));
         }

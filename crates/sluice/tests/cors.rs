@@ -18,6 +18,7 @@ async fn proxy(backend: &Backend, dir: &std::path::Path) -> TestProxy {
         "[[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
          [[route]]\nname = \"api\"\npath_prefix = \"/headers\"\ncluster = \"backend\"\n\
          basic_auth = {{ htpasswd = \"users.htpasswd\" }}\n\
+         rate_limit = {{ rate = \"1/h\", burst = 8, key = \"header:x-client\" }}\n\
          cors = {{ origins = [\"https://app.example.com\", \"https://*.example.org\"], \
          methods = [\"GET\", \"PUT\"], headers = [\"content-type\", \"authorization\"], \
          expose = [\"x-served-by\"], credentials = true, max_age = \"10m\" }}\n\
@@ -112,6 +113,17 @@ async fn answers_to_an_allowed_origin_carry_the_fields_errors_included() {
     let (dir, backend) = (tempfile::tempdir().unwrap(), Backend::start("b").await);
     let proxy = proxy(&backend, dir.path()).await;
     let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    // Sluice's own 429 (the `x-client` bucket holds 8 requests): the page can read why.
+    let limited = "x-client: greedy\r\n";
+    for _ in 0..8 {
+        send(&mut conn, "GET", &format!("{ORIGIN}{limited}")).await;
+    }
+    let refused = send(&mut conn, "GET", &format!("{ORIGIN}{limited}")).await;
+    assert_eq!(status(&refused), "429", "{refused}");
+    assert_eq!(
+        values(&refused, "access-control-allow-origin"),
+        ["https://app.example.com"]
+    );
     // Sluice's own 401: the page can read why.
     let refused = send(&mut conn, "GET", ORIGIN).await;
     assert_eq!(status(&refused), "401", "{refused}");

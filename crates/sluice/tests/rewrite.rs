@@ -260,6 +260,19 @@ async fn a_redirect_cannot_be_turned_to_another_site() {
     assert_eq!(got.body, "no Host to redirect to\n");
 }
 
+/// A listener that keeps raw backslashes (`escaped_slashes = "keep"`): `/rel/\evil.com` would
+/// make `Location: /\evil.com`, which browsers follow to evil.com; it goes out as `%5C`.
+#[tokio::test]
+async fn a_kept_backslash_cannot_make_a_redirect_another_host() {
+    let toml = "[[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\nescaped_slashes = \"keep\"\n\
+                [[route]]\npath_prefix = \"/rel/\"\nrewrite = { regex = \"^/rel\", replace = \"/\" }\n\
+                direct_response = { status = 302, location = \"{uri}\" }\n";
+    let proxy = TestProxy::start(toml).await;
+    let got = get(&proxy, "/rel/\\evil.com/x", "a.example").await;
+    assert_eq!(got.status, 302, "{got:?}");
+    assert_eq!(got.location.as_deref(), Some("/%5Cevil.com/x"));
+}
+
 #[tokio::test]
 async fn http2_requests_are_rewritten_and_redirected_alike() {
     let backend = RawBackend::echo_target().await;

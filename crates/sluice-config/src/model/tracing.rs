@@ -22,7 +22,8 @@ pub struct Tracing {
     pub service_name: String,
     /// More resource attributes, by name.
     pub resource: Vec<(String, String)>,
-    /// The most finished spans waiting for export; more are dropped and counted.
+    /// The most sampled requests whose spans (one to three each) wait for export; more are
+    /// dropped and counted.
     pub queue: usize,
     /// The longest one export may take.
     pub timeout: Duration,

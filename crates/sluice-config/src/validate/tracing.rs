@@ -7,7 +7,8 @@ use crate::error::ConfigError;
 use crate::model::{OtlpProtocol, TraceExtract, Tracing};
 use crate::raw::RawTracing;
 
-/// The most spans waiting for export by default (the OpenTelemetry SDK's batch queue).
+/// The most sampled requests whose spans wait for export, by default (the OpenTelemetry SDK's
+/// batch queue holds as many spans).
 const DEFAULT_QUEUE: usize = 2048;
 /// The longest export by default (`OTEL_EXPORTER_OTLP_TIMEOUT`'s default).
 const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -55,7 +56,7 @@ pub(crate) fn tracing(ctx: Ctx<'_>, raw: Spanned<RawTracing>) -> Result<Tracing,
     let queue = match &raw.queue {
         None => DEFAULT_QUEUE,
         Some(q) if *q.get_ref() == 0 => {
-            let msg = "`queue` is how many spans may wait for export: at least 1";
+            let msg = "`queue` is how many requests' spans may wait for export: at least 1";
             return Err(ctx.err(q.span(), msg));
         }
         Some(q) => *q.get_ref(),

@@ -4,13 +4,16 @@
 //! is back (`Retry-After`). A route's limiter outlives reloads that leave its name and limit
 //! unchanged (`router::live`), so a reload does not hand every client a fresh burst.
 //!
-//! Memory is bounded: at [`MAX_KEYS`] keys, buckets that have refilled (indistinguishable from
-//! new ones) are forgotten; if every one is still in use, new keys share one bucket, so a
-//! flood of distinct keys (made-up API keys) is limited together rather than growing the map.
+//! Memory is bounded: at [`MAX_KEYS`] keys (looked at every few checks), buckets that have
+//! refilled (indistinguishable from new ones) are forgotten, at most once a second; while the
+//! limiter stays full of buckets in use, its requests share one bucket. A flood of distinct
+//! keys (made-up API keys, or a /48's worth of IPv6 /64s) thus throttles the route as a whole
+//! rather than growing the map or costing a walk per request.
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use governor::clock::{Clock, DefaultClock};
 use governor::state::keyed::DefaultKeyedStateStore;
@@ -37,10 +40,23 @@ enum Key {
     Overflow,
 }
 
+/// How often a limiter looks at how many keys it holds (counting takes every shard's lock).
+const LOOK_EVERY: u32 = 64;
+
+/// The least time between two sweeps of a full limiter (each walks every key).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 /// One route's rate limit and its buckets.
 pub(crate) struct RateLimit {
     config: sluice_config::RateLimit,
     buckets: RateLimiter<Key, DefaultKeyedStateStore<Key>, DefaultClock>,
+    /// Checks made, so that the size is looked at every [`LOOK_EVERY`].
+    checks: AtomicU32,
+    /// Whether it held [`MAX_KEYS`] keys when last looked at.
+    full: AtomicBool,
+    /// When it may next be swept, in milliseconds since `born`.
+    next_sweep: AtomicU64,
+    born: Instant,
 }
 
 impl std::fmt::Debug for RateLimit {
@@ -64,6 +80,10 @@ impl RateLimit {
         Self {
             config: config.clone(),
             buckets: RateLimiter::keyed(quota),
+            checks: AtomicU32::new(0),
+            full: AtomicBool::new(false),
+            next_sweep: AtomicU64::new(0),
+            born: Instant::now(),
         }
     }
 
@@ -96,18 +116,35 @@ impl RateLimit {
         })
     }
 
-    /// `key`, or the shared overflow key when the limiter is full of buckets still in use.
+    /// `key`, or the shared overflow key while the limiter is full of buckets still in use.
+    /// The size is looked at every [`LOOK_EVERY`] checks (so it may pass [`MAX_KEYS`] by as
+    /// many), and a full limiter forgets its refilled buckets at most once per
+    /// [`SWEEP_EVERY`]: a flood of keys costs a walk a second, not one per request.
     fn room_for(&self, key: Key) -> Key {
-        if self.buckets.len() < MAX_KEYS {
+        if self.checks.fetch_add(1, Ordering::Relaxed).is_multiple_of(LOOK_EVERY) {
+            let full = self.buckets.len() >= MAX_KEYS;
+            self.full.store(full, Ordering::Relaxed);
+        }
+        if !self.full.load(Ordering::Relaxed) {
             return key;
         }
-        self.buckets.retain_recent();
-        if self.buckets.len() < MAX_KEYS {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let due = self.next_sweep.load(Ordering::Relaxed);
+        let next = now.saturating_add(SWEEP_EVERY.as_millis() as u64);
+        let sweeps = now >= due
+            && self
+                .next_sweep
+                .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+        if sweeps {
+            self.buckets.retain_recent();
             self.buckets.shrink_to_fit();
-            key
-        } else {
-            Key::Overflow
+            if self.buckets.len() < MAX_KEYS {
+                self.full.store(false, Ordering::Relaxed);
+                return key;
+            }
         }
+        Key::Overflow
     }
 }
 
@@ -181,20 +218,18 @@ mod tests {
     fn a_full_limiter_puts_new_keys_in_one_shared_bucket() {
         let name = HeaderName::from_static("x-api-key");
         let l = limit(3_600_000, 1, RateLimitKey::Header(name));
-        for n in 0..MAX_KEYS {
-            assert!(l
-                .check(ip("192.0.2.1"), Some(n.to_string().as_bytes()))
-                .is_ok());
-        }
+        let first = |n: usize| l.check(ip("192.0.2.1"), Some(n.to_string().as_bytes()));
+        // Every key's first request passes, until the limiter has looked and found itself full.
+        let own = (0..MAX_KEYS + 2 * LOOK_EVERY as usize).filter(|n| first(*n).is_ok());
+        let own = own.count();
         assert!(
-            l.check(ip("192.0.2.1"), Some(b"new-1")).is_ok(),
-            "the overflow bucket"
+            (MAX_KEYS..MAX_KEYS + 2 * LOOK_EVERY as usize).contains(&own),
+            "{own}"
         );
-        assert!(
-            l.check(ip("192.0.2.1"), Some(b"new-2")).is_err(),
-            "shares it"
-        );
-        assert!(l.buckets.len() <= MAX_KEYS + 1);
+        // New keys now share one bucket (spent by the first of them above).
+        assert!(l.check(ip("192.0.2.1"), Some(b"new-1")).is_err());
+        assert!(l.check(ip("192.0.2.1"), Some(b"new-2")).is_err());
+        assert!(l.buckets.len() <= MAX_KEYS + LOOK_EVERY as usize + 1);
     }
 
     #[test]

@@ -40,10 +40,10 @@ pub(crate) fn location(
                 Some(host) if !host.is_empty() => out.push_str(host),
                 _ => return Err(ProxyError::BadRequest("no Host to redirect to")),
             },
-            LocationPiece::Path => out.push_str(place.path),
+            LocationPiece::Path => push_path(&mut out, place.path),
             LocationPiece::Query => out.push_str(place.query.unwrap_or("")),
             LocationPiece::Uri => {
-                out.push_str(place.path);
+                push_path(&mut out, place.path);
                 if let Some(query) = place.query {
                     out.push('?');
                     out.push_str(query);
@@ -53,6 +53,18 @@ pub(crate) fn location(
     }
     HeaderValue::try_from(out)
         .map_err(|_| ProxyError::Rewrite("the redirect's location is not a valid field value"))
+}
+
+/// `path` into a location with every `\` written `%5C`: a listener that keeps raw backslashes
+/// (`escaped_slashes = "keep"`) must not make `/\evil.com` a location browsers read as
+/// `//evil.com`, another host.
+fn push_path(out: &mut String, path: &str) {
+    for (i, part) in path.split('\\').enumerate() {
+        if i > 0 {
+            out.push_str("%5C");
+        }
+        out.push_str(part);
+    }
 }
 
 #[cfg(test)]
@@ -70,6 +82,16 @@ mod tests {
 
     fn render(template: &str, place: &Place<'_>) -> Result<HeaderValue, ProxyError> {
         location(&LocationTemplate::parse(template).unwrap(), place)
+    }
+
+    #[test]
+    fn a_backslash_in_the_path_cannot_make_another_host() {
+        let place = Place {
+            path: "/\\evil.com/x",
+            ..PLACE
+        };
+        assert_eq!(render("{uri}", &place).unwrap(), "/%5Cevil.com/x?x=1&y");
+        assert_eq!(render("{path}", &place).unwrap(), "/%5Cevil.com/x");
     }
 
     #[test]

@@ -159,11 +159,31 @@ impl TraceRules {
 
 /// The client's span, when `sent` names a valid one.
 fn continued(sent: SentContext<'_>) -> Option<SpanContext> {
-    sent.traceparent?;
+    if !well_formed(sent.traceparent?) {
+        return None;
+    }
     let cx = TraceContextPropagator::new().extract(&sent);
     let span = cx.span();
     let sc = span.span_context();
     sc.is_valid().then(|| sc.clone())
+}
+
+/// Whether `tp` has a `traceparent`'s shape (W3C Trace Context §3.2): `version-trace-parent-
+/// flags`, 2, 32, 16 and 2 lowercase hex digits, version `ff` refused, and after version `00`
+/// nothing more (a later version may go on after a `-`). The propagator parses the numbers
+/// leniently (`+1` and `1` would pass): this is the shape it leaves unchecked.
+fn well_formed(tp: &[u8]) -> bool {
+    let hex = |b: &[u8]| {
+        b.iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+    };
+    if tp.len() < 55 || !hex(&tp[..2]) || &tp[..2] == b"ff" {
+        return false;
+    }
+    let dashes = tp[2] == b'-' && tp[35] == b'-' && tp[52] == b'-';
+    let fields = hex(&tp[3..35]) && hex(&tp[36..52]) && hex(&tp[53..55]);
+    let end = tp.len() == 55 || (&tp[..2] != b"00" && tp[55] == b'-');
+    dashes && fields && end
 }
 
 #[cfg(test)]
@@ -232,6 +252,11 @@ mod tests {
             b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
             b"garbage",
             b"",
+            b"00-1-1-01",
+            b"00-+af7651916cd43dd8448eb211c80319-b7ad6b7169203331-01",
+            b"00-0af7651916cd43dd8448eb211c80319c-+7ad6b7169203331-01",
+            b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+            b"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01x",
         ] {
             let trace = rules.start(sent(bad), false);
             assert!(trace.parent.is_none(), "{:?}", String::from_utf8_lossy(bad));
@@ -257,6 +282,18 @@ mod tests {
         assert_eq!(sent.tracestate, Some(&b"a=1"[..]));
         let twice = [(&b"traceparent"[..], PARENT), (b"traceparent", PARENT)];
         assert_eq!(SentContext::of(twice.into_iter()).traceparent, None);
+    }
+
+    #[test]
+    fn a_later_version_may_carry_more_after_a_dash() {
+        let rules = TraceRules::new(1.0, true, TraceExtract::Always);
+        let later =
+            b"cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-the-future-holds";
+        let trace = rules.start(sent(later), false);
+        assert_eq!(
+            format!("{:032x}", trace.trace_id),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
     }
 
     #[test]

@@ -125,9 +125,11 @@ impl LiveRoutes {
     pub(crate) fn replace_all(&self, config: &sluice_config::Config) {
         let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.current.load_full();
-        // A route that keeps its name and limit keeps its buckets.
-        let kept = |name: &str, limit: &sluice_config::RateLimit| {
-            let route = &old.iter().find(|e| e.spec.name == name)?.route;
+        // A route that keeps its name, match and limit keeps its buckets (an unnamed route's
+        // name is its place, which another may take).
+        let kept = |r: &sluice_config::Route, limit: &sluice_config::RateLimit| {
+            let spec = spec_of(r);
+            let route = &old.iter().find(|e| e.spec == spec)?.route;
             let kept = route.rate_limit.as_ref().filter(|l| l.config() == limit)?;
             Some(Arc::clone(kept))
         };

@@ -24,13 +24,13 @@ impl RouteTable {
         Self::from_config_keeping(config, clusters, &|_, _| None)
     }
 
-    /// [`from_config`](Self::from_config), each route's rate limit taken from `kept` (by the
-    /// route's name and limit) when it has one: a reload keeps the buckets of a route whose
-    /// limit it does not change.
+    /// [`from_config`](Self::from_config), each route's rate limit taken from `kept` (given
+    /// the route and its limit) when it has one: a reload keeps the buckets of a route it does
+    /// not change.
     pub(crate) fn from_config_keeping(
         config: &Config,
         clusters: &BTreeMap<String, Upstream>,
-        kept: &dyn Fn(&str, &RateLimitConfig) -> Option<Arc<RateLimit>>,
+        kept: &dyn Fn(&sluice_config::Route, &RateLimitConfig) -> Option<Arc<RateLimit>>,
     ) -> Self {
         let mut table = Self::new();
         for r in &config.routes {
@@ -56,9 +56,10 @@ impl RouteTable {
                 name: r.name.clone(),
                 target,
                 max_request_body: r.max_request_body,
-                rate_limit: r.rate_limit.as_ref().map(|limit| {
-                    kept(&r.name, limit).unwrap_or_else(|| Arc::new(RateLimit::new(limit)))
-                }),
+                rate_limit: r
+                    .rate_limit
+                    .as_ref()
+                    .map(|limit| kept(r, limit).unwrap_or_else(|| Arc::new(RateLimit::new(limit)))),
                 basic_auth: r.basic_auth.as_ref().map(|a| Arc::new(BasicAuth::new(a))),
                 cors: r.cors.as_ref().map(|c| Arc::new(Cors::new(c))),
                 rewrite: r.rewrite.clone(),

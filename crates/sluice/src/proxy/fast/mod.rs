@@ -140,15 +140,21 @@ impl FastPath {
         let id = id.as_ref().map(|(n, v)| (*n, v));
         let traceparent = trace.as_ref().map(|t| &t.traceparent);
         let target = target.as_ref().map(|t| t.as_str().as_bytes());
-        let exchange =
-            Exchange::new(&req, &route, &parts.method, started, id, traceparent).to(target);
         // Refused as a lease would be: the answer, the log line and the counts are the same.
-        let admitted = admit(&route, &req);
+        let admitted = admit(&route, &req).await;
+        // A password's check is not the upstream's time: as on hyper's path, the exchange's
+        // timeouts start after it.
+        let taken = match route.basic_auth {
+            Some(_) => Instant::now(),
+            None => started,
+        };
+        let exchange =
+            Exchange::new(&req, &route, &parts.method, taken, id, traceparent).to(target);
         let outcome = match dest {
             Dest::Static(cluster) => {
                 let lease = async {
-                    admitted.await?;
-                    cluster.lease_raw(started).await
+                    admitted?;
+                    cluster.lease_raw(taken).await
                 };
                 exchange.run(client, scratch, lease, None).await
             }
@@ -158,7 +164,7 @@ impl FastPath {
                 let addr = req.client_addr.as_bytes();
                 let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr));
                 let lease = async {
-                    admitted.await?;
+                    admitted?;
                     SessionLease::lease(&slice).await
                 };
                 exchange.run(client, scratch, lease, stamp).await
