@@ -14,10 +14,12 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
+mod compression;
 mod log_template;
 mod rate_limit;
 mod relay;
 mod tracing;
+pub use compression::*;
 pub use log_template::{LogField, LogPiece, LogTemplate};
 pub use rate_limit::*;
 pub use relay::*;
@@ -162,6 +164,8 @@ pub struct Route {
     pub max_request_body: Option<u64>,
     /// Requests per client (or per a field's value) over time; `None`: unlimited.
     pub rate_limit: Option<RateLimit>,
+    /// How responses are compressed; `None` (the default): never.
+    pub compression: Option<Compression>,
     /// Header edits applied to the request before it is forwarded.
     pub request_headers: HeaderEdits,
     /// Header edits applied to the response before it is sent to the client.

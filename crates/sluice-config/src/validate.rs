@@ -3,6 +3,7 @@
 
 mod acceptor;
 mod cluster;
+mod compression;
 mod handoff;
 mod kind_keys;
 mod rate_limit;

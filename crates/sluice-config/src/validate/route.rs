@@ -51,6 +51,10 @@ fn route(
             .take()
             .map(|r| super::rate_limit::rate_limit(ctx, r))
             .transpose()?,
+        compression: match raw.compression.take() {
+            Some(c) => super::compression::compression(ctx, c)?,
+            None => None,
+        },
         request_headers: edits(ctx, std::mem::take(&mut raw.request_headers))?,
         response_headers: edits(ctx, std::mem::take(&mut raw.response_headers))?,
         // `validate::slices` sets and checks the slice once every route exists.
