@@ -1,11 +1,12 @@
 //! The core both data paths render, without I/O: request checks, rate limits (`rate_limit`),
-//! hop-by-hop stripping, forwarding headers, reading bodies ahead (`read_ahead`), when a
-//! request goes out again (`retry`), request IDs (`request_id`), W3C trace context
-//! (`trace_context`), and what is known of a request's client ([`ClientInfo`]). Request
-//! normalisation is `sluice_wire::normalize`'s.
+//! response compression (`compression`), hop-by-hop stripping, forwarding headers, reading
+//! bodies ahead (`read_ahead`), when a request goes out again (`retry`), request IDs
+//! (`request_id`), W3C trace context (`trace_context`), and what is known of a request's
+//! client ([`ClientInfo`]). Request normalisation is `sluice_wire::normalize`'s.
 
 pub(crate) mod checks;
 pub(crate) mod client;
+pub(crate) mod compression;
 pub(crate) mod headers;
 pub(crate) mod rate_limit;
 pub(crate) mod read_ahead;

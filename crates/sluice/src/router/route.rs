@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
-use sluice_config::HeaderEdits;
+use sluice_config::{Compression, HeaderEdits};
 
 use crate::http::rate_limit::RateLimit;
 use crate::upstream::Upstream;
@@ -66,6 +66,9 @@ pub struct Route {
     /// Requests per client (or key) over time ([`with_rate_limit`](Self::with_rate_limit));
     /// shared by the copies of a route a reload keeps.
     pub(crate) rate_limit: Option<Arc<RateLimit>>,
+    /// How responses are compressed by the client's `Accept-Encoding`; default `None`:
+    /// never.
+    pub compression: Option<Compression>,
     /// Edits of the forwarded request's headers.
     pub request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
@@ -103,6 +106,7 @@ impl Route {
             target,
             max_request_body: None,
             rate_limit: None,
+            compression: None,
             request_headers: HeaderEdits::default(),
             response_headers: HeaderEdits::default(),
         }

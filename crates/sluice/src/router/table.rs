@@ -56,6 +56,7 @@ impl RouteTable {
                 rate_limit: r.rate_limit.as_ref().map(|limit| {
                     kept(&r.name, limit).unwrap_or_else(|| Arc::new(RateLimit::new(limit)))
                 }),
+                compression: r.compression.clone(),
                 request_headers: r.request_headers.clone(),
                 response_headers: r.response_headers.clone(),
             };
