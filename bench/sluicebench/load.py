@@ -51,6 +51,7 @@ class Run:
     tw_upstream: tuple = (0, 0)  # TIME_WAIT added (backend side, proxy side)
     tw_client: tuple = (0, 0)  # TIME_WAIT added (proxy side, client side)
     load_cpu_busy: float = 0.0
+    bytes_read: int = 0  # what wrk read: heads and bodies
     extra: dict = field(default_factory=dict)
 
     @property
@@ -132,11 +133,13 @@ def _delta(after, before):
     return tuple(max(0, a - b) for a, b in zip(after, before))
 
 
-def wrk(target, connections, seconds=None, requests=None, path="/", measure=True):
+def wrk(target, connections, seconds=None, requests=None, path="/", measure=True, headers=()):
     """wrk -t1 against `target`: for `seconds`, or until `requests` responses (then `seconds`
-    is only the upper bound)."""
+    is only the upper bound); `headers` are added to every request ("Name: value")."""
     cmd = ["taskset", "-c", str(LOAD_CPU), "wrk", "-t1", f"-c{connections}",
            f"-d{seconds or 600}s", "--latency", "--timeout", "10s"]
+    for h in headers:
+        cmd += ["-H", h]
     env = dict(os.environ)
     script = None
     if requests:
@@ -165,9 +168,12 @@ def parse_wrk(name, out):
             raise RuntimeError(f"wrk against {name}: no match for {pattern!r} in its output:\n{out}")
         return m
 
-    took = find(r"(\d+) requests in ([\d.]+)(ms|s|m)")
+    took = find(r"(\d+) requests in ([\d.]+)(ms|s|m), ([\d.]+)(B|KB|MB|GB|TB) read")
     run.requests = int(took.group(1))
     run.seconds = float(took.group(2)) * {"ms": 1e-3, "s": 1.0, "m": 60.0}[took.group(3)]
+    # wrk's units are binary, printed with two decimals: good to a fraction of a percent.
+    scale = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+    run.bytes_read = int(float(took.group(4)) * scale[took.group(5)])
     run.rps = float(find(r"Requests/sec:\s+([\d.]+)").group(1))
     for pct in ("50", "90", "99"):
         m = find(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s|m)", re.M)

@@ -68,6 +68,8 @@ def write(results, out_dir):
         lines += _ports(results["ports"])
     if "size" in results:
         lines += _size(results["size"], out_dir)
+    if "size-gzip" in results:
+        lines += _size_gzip(results["size-gzip"])
     if "tls" in results:
         lines += _tls(results["tls"])
     if "h2" in results:
@@ -311,6 +313,40 @@ def _size(s, out_dir):
     fig.savefig(os.path.join(out_dir, "size_mbps.png"), dpi=90)
     plt.close(fig)
     return lines
+
+
+def _size_gzip(s):
+    sizes = {int(k): v for k, v in s["sizes"].items()}
+    names = list(next(iter(sizes.values())))
+    base = "nginx-keepalive" if "nginx-keepalive" in names else "nginx"
+    lines = ["## 5b. Response size, gzip level 1", "",
+             f"wrk -c{s['connections']} with `Accept-Encoding: gzip`; bodies of JSON lines "
+             "(`?text=1`); every target compresses them with gzip at level 1 (Sluice "
+             "`compression`, NGINX `gzip on; gzip_comp_level 1`). Per target and body size: "
+             "requests/s, proxy CPU us per request and bytes per response as wrk read them "
+             "(head and body; the gzip body alone in brackets), medians of rounds; the ratios "
+             f"are each target's over {base}'s.", ""]
+    for b, runs in sizes.items():
+        lines += [f"**{_bytes(b)}**", "", "| target | rps | CPU us/req | bytes/response | "
+                  f"CPU vs {base} | bytes vs {base} |", "|---|---|---|---|---|---|"]
+        base_cpu = med([cpu(r) for r in runs[base]]) if base in runs else None
+        base_bytes = _per_response(runs[base]) if base in runs else None
+        for n in names:
+            rs = runs[n]
+            cu, per = med([cpu(r) for r in rs]), _per_response(rs)
+            encoded = s["encoded_bytes"].get(str(b), {}).get(n, "?")
+            cu_text = f"{cu:.1f}" if cu is not None else "-"
+            cpu_ratio = f"{cu / base_cpu:.2f}x" if cu is not None and base_cpu else "-"
+            bytes_ratio = f"{per / base_bytes:.2f}x" if base_bytes else "-"
+            lines.append(f"| {n} | {med([rps(r) for r in rs]):.0f} | {cu_text} | "
+                         f"{per:.0f} ({encoded}) | {cpu_ratio} | {bytes_ratio} |")
+        lines.append("")
+    return lines
+
+
+def _per_response(runs):
+    """Bytes per response as wrk read them (heads and bodies), median of rounds."""
+    return med([r["bytes_read"] / max(r["requests"], 1) for r in runs])
 
 
 def _tls(s):

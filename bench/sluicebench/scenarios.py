@@ -3,11 +3,13 @@ scenario's TIME_WAIT sockets never count against the next), runs the load in rot
 round after round, and returns plain data (lists of `Run`s as dicts) for the report."""
 
 import dataclasses
+import gzip
 import json
 import math
 import os
 import sys
 import time
+import urllib.request
 
 from . import h2, load, multinode, targets, tls
 from .procs import Group, established, peak_rss_kib, sample_proc
@@ -80,13 +82,14 @@ class Bench:
     def say(self, text):
         print(f"[{time.monotonic() - self.started:6.0f} s] {text}", file=sys.stderr, flush=True)
 
-    def targets(self, names, backend):
-        """Starts `names` with `backend`; returns (group, {name: Target})."""
+    def targets(self, names, backend, gzip=False):
+        """Starts `names` with `backend` (compressing with `gzip`); returns (group,
+        {name: Target})."""
         group = Group(self.work)
         try:
             started = {}
             for name in names:
-                started[name] = targets.start(group, self.work, name, backend)
+                started[name] = targets.start(group, self.work, name, backend, gzip)
             return group, started
         except BaseException:
             group.close()
@@ -264,6 +267,48 @@ def size(b):
     return out
 
 
+def size_gzip(b):
+    """The size scenario with compression on: each target compresses with gzip at level 1
+    (NGINX's default), the load asks for it (`Accept-Encoding: gzip`), and the bodies are JSON
+    lines (`?text=1`) that compress as an API's do. CPU per request and bytes per response,
+    side by side; each target's answer is checked to be gzip first."""
+    names = [n for n in b.p.targets if n in targets.GZIP]
+    if not names:
+        raise RuntimeError(f"size-gzip: none of the targets compresses ({', '.join(targets.GZIP)})")
+    group, ts = b.targets(names, Backend(), gzip=True)
+    out = {"sizes": {}, "connections": 16, "encoded_bytes": {}}
+    try:
+        for body in b.p.sizes:
+            path = f"/?bytes={body}&text=1"
+            out["encoded_bytes"][body] = {n: _gzip_probe(t, path) for n, t in ts.items()}
+            runs = out["sizes"][body] = {name: [] for name in ts}
+            for r in range(b.p.size_rounds):
+                for name in load.rotated(ts, r):
+                    group.check_alive()
+                    run = load.wrk(ts[name], 16, seconds=b.p.seconds, path=path,
+                                   headers=("Accept-Encoding: gzip",))
+                    runs[name].append(dataclasses.asdict(run))
+                    b.say(f"size-gzip {body:8} B round {r + 1}/{b.p.size_rounds} {name:16} "
+                          f"{run.rps:8.0f} rps  {_cpu(run)}  "
+                          f"{run.bytes_read / max(run.requests, 1):9.0f} B/response")
+    finally:
+        group.close()
+    return out
+
+
+def _gzip_probe(t, path):
+    """The gzip-encoded body's length of one answer from `t`, which must be gzip and decode to
+    the size asked for."""
+    req = urllib.request.Request(f"http://127.0.0.1:{t.port}{path}",
+                                 headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        encoding, raw = r.headers.get("Content-Encoding"), r.read()
+    asked = int(path.split("bytes=")[1].split("&")[0])
+    if encoding != "gzip" or len(gzip.decompress(raw)) != asked:
+        raise RuntimeError(f"size-gzip: {t.name} answered {encoding!r}, not gzip of {asked} B")
+    return len(raw)
+
+
 def nginx_module(b):
     """The seed paper's figures: RPS, time per request and the NGINX worker's context switches
     against concurrency, stock NGINX (without and with upstream keep-alive) against NGINX with
@@ -304,6 +349,7 @@ def nginx_module(b):
 
 
 SCENARIOS = {"steady": steady, "spike": spike, "slow": slow, "ports": ports, "size": size,
+             "size-gzip": size_gzip,
              "tls": tls.tls, "h2": h2.h2,
              "nginx-module": nginx_module, "multinode": multinode.multinode}
 

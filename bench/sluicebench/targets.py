@@ -118,8 +118,20 @@ def _which(tool):
                for d in os.environ.get("PATH", "").split(os.pathsep))
 
 
-def start(group, tmp, name, backend):
-    """Starts target `name` and its backend in `group`; returns its `Target` once it answers."""
+# The targets that can compress (the size-gzip scenario), and what each is told: gzip at
+# NGINX's default level 1, the same types, 1 KiB minimum and Vary on both.
+GZIP = ("sluice-static", "sluice-static-b", "nginx", "nginx-keepalive")
+GZIP_TYPES = ("text/plain", "application/json")
+GZIP_MIN_LENGTH = 1024
+_SLUICE_GZIP = (f'compression = {{ encodings = ["gzip"], level = {{ gzip = 1 }}, '
+                f'min_size = {GZIP_MIN_LENGTH}, types = {list(GZIP_TYPES)!r} }}'.replace("'", '"'))
+_NGINX_GZIP = (f"gzip on; gzip_comp_level 1; gzip_types {' '.join(GZIP_TYPES)}; "
+               f"gzip_min_length {GZIP_MIN_LENGTH}; gzip_vary on; gzip_proxied any;")
+
+
+def start(group, tmp, name, backend, gzip=False):
+    """Starts target `name` and its backend in `group`; returns its `Target` once it answers.
+    With `gzip` the proxy compresses responses (one of `GZIP`)."""
     stats = free_port()
     if name in ("sluice-reverse", "sluice-reverse-b"):
         return _sluice_reverse(group, tmp, name, backend, stats)
@@ -134,7 +146,9 @@ def start(group, tmp, name, backend):
     starter = {"sluice-static": _sluice_static, "sluice-static-b": _sluice_static,
                "nginx": _nginx, "nginx-b": _nginx, "nginx-keepalive": _nginx, "haproxy": _haproxy,
                "pingora": _pingora}[name]
-    pid = starter(group, tmp, name, port, upstream, backend)
+    if gzip and name not in GZIP:
+        raise ValueError(f"{name} does not compress; targets that do: {', '.join(GZIP)}")
+    pid = starter(group, tmp, name, port, upstream, backend, gzip)
     wait_port(port)
     return Target(name, port, pid, upstream, stats, backend_pid=served)
 
@@ -156,7 +170,7 @@ def _write(tmp, name, text):
     return path
 
 
-def _sluice_conf(tmp, name, port, admin, body):
+def _sluice_conf(tmp, name, port, admin, body, route=""):
     # The admin API changes nothing on the request path (metrics are always counted); the
     # slow-clients scenario reads its session gauges.
     return _write(tmp, f"{name}.toml", f"""[runtime]
@@ -171,16 +185,17 @@ listen = "127.0.0.1:{port}"
 
 [[route]]
 cluster = "{SERVICE}"
+{route}
 
 {body}""")
 
 
-def _sluice_static(group, tmp, name, port, upstream, backend):
+def _sluice_static(group, tmp, name, port, upstream, backend, gzip=False):
     conf = _sluice_conf(tmp, name, port, free_port(), f"""[cluster.{SERVICE}]
 kind = "static"
 endpoints = ["127.0.0.1:{upstream}"]
 pool = {{ max_idle_per_endpoint = {KEEPALIVE} }}
-""")
+""", route=_SLUICE_GZIP if gzip else "")
     return group.start(name, [_sluice(name), "run", "-c", conf], PROXY_CPU).pid
 
 
@@ -206,13 +221,15 @@ queue_timeout = "{QUEUE_TIMEOUT_S}s"
                   backend_pid=served)
 
 
-def _nginx(group, tmp, name, port, upstream, backend):
+def _nginx(group, tmp, name, port, upstream, backend, gzip=False):
     if name != "nginx-keepalive":  # NGINX's default: HTTP/1.0 and a connection per request
         pool, location = "", ""
     else:
         pool = f"keepalive {backend.capacity or KEEPALIVE}; keepalive_requests 1000000;"
         location = 'proxy_http_version 1.1; proxy_set_header Connection "";'
     limit = f" max_conns={backend.capacity}" if backend.capacity else ""
+    if gzip:
+        location += " " + _NGINX_GZIP
     conf = _nginx_conf(tmp, name, port, "", f"server 127.0.0.1:{upstream}{limit}; {pool}", location)
     master = group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU)
     return only_child(master.pid)
@@ -282,7 +299,7 @@ kind = "reverse"
                   backend_pid=served)
 
 
-def _haproxy(group, tmp, name, port, upstream, backend):
+def _haproxy(group, tmp, name, port, upstream, backend, gzip=False):
     # As HAProxy's users would hold a server to a capacity: `maxconn` per server, a bounded
     # queue (`maxqueue`) and `timeout queue`, both matching Sluice's defaults.
     limit = f"maxconn {backend.capacity} maxqueue {QUEUE_MAX}" if backend.capacity else ""
@@ -309,7 +326,7 @@ backend backend
     return group.start(name, ["haproxy", "-db", "-f", conf], PROXY_CPU).pid
 
 
-def _pingora(group, tmp, name, port, upstream, backend):
+def _pingora(group, tmp, name, port, upstream, backend, gzip=False):
     cmd = [PINGORA, "--listen", f"127.0.0.1:{port}", "--upstream", f"127.0.0.1:{upstream}",
            "--threads", "1", "--keepalive", str(KEEPALIVE)]
     return group.start(name, cmd, PROXY_CPU).pid

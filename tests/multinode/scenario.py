@@ -158,6 +158,12 @@ def main() -> int:
         for s in fleet.services:
             wait_for(f"{s.name}: node 2 drained", lambda s=s: fleet.sessions(s.cluster)[2] == 0)
         t.join()
+        # The share moves as sessions end and others are dialed: a node may still count a
+        # session the service has closed (seen once: 4 + 3 + 0 on a loaded machine). The end
+        # is read once the nodes agree with the service, which must happen within the wait.
+        for s in fleet.services:
+            wait_for(f"{s.name}: {N} sessions on nodes 0 and 1",
+                     lambda s=s: (lambda at: at[2] == 0 and sum(at) == N)(fleet.sessions(s.cluster)))
         seen["steps"]["leave"] = {"windows": result, "samples": sampler.stop(),
                                   "end": {s.cluster: fleet.sessions(s.cluster) for s in fleet.services}}
         seen["max_in_flight"] = {s.cluster: s.max() for s in fleet.services}

@@ -15,6 +15,7 @@ use ipnet::IpNet;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
 mod basic_auth;
+mod compression;
 mod cors;
 mod log_template;
 mod rate_limit;
@@ -23,6 +24,7 @@ mod relay;
 mod rewrite;
 mod tracing;
 pub use basic_auth::BasicAuth;
+pub use compression::*;
 pub use cors::{Cors, CorsOrigins, OriginMatch};
 pub use log_template::{LogField, LogPiece, LogTemplate};
 pub use rate_limit::*;
@@ -178,6 +180,8 @@ pub struct Route {
     /// How the path is rewritten before it goes upstream (or into a redirect's `{path}`);
     /// default: not at all.
     pub rewrite: Option<Rewrite>,
+    /// How responses are compressed; `None` (the default): never.
+    pub compression: Option<Compression>,
     /// Header edits applied to the request before it is forwarded.
     pub request_headers: HeaderEdits,
     /// Header edits applied to the response before it is sent to the client.

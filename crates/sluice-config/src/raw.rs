@@ -150,6 +150,7 @@ pub(crate) struct RawRoute {
     pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
     pub(crate) basic_auth: Option<Spanned<RawBasicAuth>>,
     pub(crate) cors: Option<Spanned<RawCors>>,
+    pub(crate) compression: Option<RawCompression>,
 }
 
 /// A route's `cors = { origins, methods, headers, expose, credentials, max_age }`.
@@ -172,6 +173,57 @@ pub(crate) struct RawCors {
 pub(crate) struct RawBasicAuth {
     pub(crate) htpasswd: Spanned<String>,
     pub(crate) realm: Option<String>,
+}
+
+/// A route's `compression`: `true`/`false`, or a table of settings.
+#[derive(Debug)]
+pub(crate) enum RawCompression {
+    On(bool),
+    Table(RawCompressionTable),
+}
+
+/// `compression = { encodings, min_size, types, level }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCompressionTable {
+    pub(crate) encodings: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(crate) min_size: Option<Size>,
+    pub(crate) types: Option<Vec<Spanned<String>>>,
+    pub(crate) level: Option<RawLevels>,
+}
+
+/// `level = { gzip, br, zstd }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLevels {
+    pub(crate) gzip: Option<Spanned<u32>>,
+    pub(crate) br: Option<Spanned<u32>>,
+    pub(crate) zstd: Option<Spanned<i32>>,
+}
+
+struct RawCompressionVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RawCompressionVisitor {
+    type Value = RawCompression;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("true, false, or a table like { encodings = [\"gzip\"] }")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<RawCompression, E> {
+        Ok(RawCompression::On(v))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawCompression, A::Error> {
+        let table = serde::de::value::MapAccessDeserializer::new(map);
+        RawCompressionTable::deserialize(table).map(RawCompression::Table)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawCompression {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawCompressionVisitor)
+    }
 }
 
 /// A route's `rate_limit = { rate, burst, key }`.

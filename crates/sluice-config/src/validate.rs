@@ -4,6 +4,7 @@
 mod acceptor;
 mod basic_auth;
 mod cluster;
+mod compression;
 mod cors;
 mod handoff;
 mod kind_keys;

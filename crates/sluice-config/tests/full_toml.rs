@@ -37,6 +37,14 @@ const TABLES: &[(&str, &str)] = &[
         "route.response_headers",
         "[[route]]\nresponse_headers = { zz_probe = 1 }",
     ),
+    (
+        "route.compression",
+        "[[route]]\ncompression = { zz_probe = 1 }",
+    ),
+    (
+        "route.compression.level",
+        "[[route]]\ncompression = { level = { zz_probe = 1 } }",
+    ),
     ("cluster", "[cluster.c]\nzz_probe = 1"),
     ("cluster.pool", "[cluster.c]\npool = { zz_probe = 1 }"),
     (

@@ -1,5 +1,7 @@
 //! [`ProxyBody`]: the one body type that flows through the proxy, without boxing.
 
+mod compressed;
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -289,6 +291,8 @@ pin_project_lite::pin_project! {
             rest: Option<Rest>,
             release: Option<Box<dyn Release>>,
         },
+        /// Compressed as it streams (a route's `compression`).
+        Compressed { body: Box<compressed::Compressed> },
         /// A body whose end (or drop, the client gone) is reported with the bytes that went
         /// out: the access log's line is written then.
         Reported { body: Pin<Box<ProxyBody>>, report: Report },
@@ -355,6 +359,20 @@ impl ProxyBody {
         }
     }
 
+    /// `self` compressed with `encoding` as it streams; flushed after every chunk when
+    /// `flush` (an event stream).
+    pub(crate) fn compressed(
+        self,
+        encoding: sluice_config::Encoding,
+        levels: &sluice_config::Levels,
+        flush: bool,
+    ) -> Self {
+        let body = compressed::Compressed::new(self, encoding, levels, flush);
+        Self::Compressed {
+            body: Box::new(body),
+        }
+    }
+
     /// A client's request body: `body` under `timeout` between its frames (`ClientBody`);
     /// a body that has already ended is taken as it is.
     pub fn from_client(body: Incoming, timeout: Duration) -> Self {
@@ -416,6 +434,7 @@ impl Body for ProxyBody {
                 }
                 Poll::Ready(polled.map(|f| f.map_err(Into::into)))
             }
+            ProxyBodyProj::Compressed { body } => Pin::new(body.as_mut()).poll_frame(cx),
             ProxyBodyProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             ProxyBodyProj::Buffered {
                 head,
@@ -445,6 +464,7 @@ impl Body for ProxyBody {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.is_end_stream(),
             Self::Client { body } => body.is_end_stream(),
             Self::Reported { body, .. } => body.is_end_stream(),
+            Self::Compressed { body } => body.is_end_stream(),
             Self::Full { data } => data.is_none(),
             Self::Buffered {
                 head,
@@ -464,6 +484,7 @@ impl Body for ProxyBody {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.size_hint(),
             Self::Client { body } => body.size_hint(),
             Self::Reported { body, .. } => body.size_hint(),
+            Self::Compressed { body } => body.size_hint(),
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

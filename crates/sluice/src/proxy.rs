@@ -18,12 +18,14 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
+use sluice_config::{Compression, Encoding};
 use tracing::{debug, warn};
 
 use crate::access_log::{self, AccessLog};
 use crate::body::ProxyBody;
 use crate::error::{Origin, ProxyError};
 use crate::http::checks::{self, check_request};
+use crate::http::compression::{self, Decision, ResponseFacts};
 use crate::http::headers::{
     add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
     Forwarding,
@@ -211,6 +213,12 @@ impl<R: Routing> ProxyService<R> {
         }
         let rules = client.rules.escaped_slashes;
         let target = rewrite::target(route.rewrite.as_ref(), req.uri(), rules)?;
+        // Asked before the request moves on; `None` on a route that does not compress.
+        let accepted = route.compression.as_ref().and_then(|c| {
+            let fields = req.headers().get_all(header::ACCEPT_ENCODING).iter();
+            compression::negotiate(&c.encodings, fields.map(HeaderValue::as_bytes))
+        });
+        let head_request = req.method() == http::Method::HEAD;
         let mut res = match &route.target {
             Target::Direct(direct) => direct_response(direct, &req, client, target.as_ref())?,
             Target::Upstream(upstream) => {
@@ -230,7 +238,10 @@ impl<R: Routing> ProxyService<R> {
             }
         };
         apply_edits(res.headers_mut(), &route.response_headers);
-        Ok(res)
+        Ok(match &route.compression {
+            Some(config) => compress(res, config, accepted, head_request),
+            None => res,
+        })
     }
 }
 
@@ -425,6 +436,26 @@ impl Logged {
             }
         }));
         Response::from_parts(parts, body)
+    }
+}
+
+/// `res` compressed as the route's `config` and the client's `accepted` encoding decide, or
+/// marked as varying with `Accept-Encoding` (see [`compression::decide`]).
+fn compress(
+    mut res: Response<ProxyBody>,
+    config: &Compression,
+    accepted: Option<Encoding>,
+    head_request: bool,
+) -> Response<ProxyBody> {
+    let status = res.status().as_u16();
+    let facts = ResponseFacts::of(status, head_request, res.headers());
+    let decision = compression::decide(config, accepted, &facts);
+    compression::apply(res.headers_mut(), decision);
+    match decision {
+        Decision::Compress { encoding, flush } => {
+            res.map(|body| body.compressed(encoding, &config.levels, flush))
+        }
+        Decision::Vary | Decision::Leave => res,
     }
 }
 

@@ -65,6 +65,7 @@ fn fast_path(upstream: &[u8], head_request: bool, edits: &Edits) -> Result<Got, 
         date: b"Tue, 24 Nov 2026 00:00:00 GMT",
         remove: &edits.remove,
         set: &edits.set,
+        append: b"",
     };
     let mut out = Vec::new();
     h1::write_response_head(upstream, &head, &answer, &mut out);

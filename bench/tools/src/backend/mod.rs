@@ -1,5 +1,6 @@
 //! The benchmark backend: answers every request with `200 text/plain` and a body of a chosen
-//! size after a chosen delay, counting what it handles ([`stats`]).
+//! size after a chosen delay, counting what it handles ([`stats`]). The body repeats one line,
+//! or with `?text=1` is varied JSON lines that compress as an API's answers do.
 //!
 //! Every benchmark target (Sluice dial-in, Sluice static, nginx, …) reaches the same
 //! [`Backend`], so differences between targets come from the proxies alone.
@@ -50,6 +51,8 @@ pub struct Backend {
     body: Bytes,
     /// The largest body built for a `?bytes=N` so far; smaller ones are slices of it.
     large: Mutex<Bytes>,
+    /// The same for `?text=1` bodies.
+    large_text: Mutex<Bytes>,
     counters: Arc<Counters>,
 }
 
@@ -61,6 +64,7 @@ impl Backend {
         Self {
             delay: Duration::from_millis(config.delay_ms),
             large: Mutex::new(body.clone()),
+            large_text: Mutex::new(Bytes::new()),
             body,
             counters,
         }
@@ -77,6 +81,7 @@ impl Backend {
             Ok(params) => params,
             Err(msg) => return Ok(text(StatusCode::BAD_REQUEST, Bytes::from(msg))),
         };
+        let req_query = req.uri().query().map(str::to_owned);
         let mut body = std::pin::pin!(req.into_body());
         while let Some(frame) = body.frame().await {
             if frame.is_err() {
@@ -86,7 +91,12 @@ impl Backend {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        Ok(text(StatusCode::OK, self.body(bytes)))
+        let body = if wants_text(req_query.as_deref()) {
+            self.text_body(bytes)
+        } else {
+            self.body(bytes)
+        };
+        Ok(text(StatusCode::OK, body))
     }
 
     /// The body size and delay for a request, from its query or the defaults.
@@ -118,6 +128,55 @@ impl Backend {
         }
         large.slice(..len)
     }
+
+    /// A `?text=1` body of `len` bytes: a slice of the largest built so far.
+    fn text_body(&self, len: usize) -> Bytes {
+        let mut large = self
+            .large_text
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if large.len() < len {
+            *large = json_lines(len);
+        }
+        large.slice(..len)
+    }
+}
+
+/// Whether the query asks for a compressible text body (`text=1`).
+fn wants_text(query: Option<&str>) -> bool {
+    query.unwrap_or_default().split('&').any(|p| p == "text=1")
+}
+
+/// `len` bytes of JSON lines with varied numbers and names (the same for every run): gzip
+/// at level 1 shrinks them some 3-4 times, as it does an API's answers, where the repeated
+/// pattern shrinks a thousandfold and would flatter any compressor.
+fn json_lines(len: usize) -> Bytes {
+    use std::fmt::Write;
+    const WORDS: [&str; 8] = [
+        "red", "blue", "sale", "new", "kids", "home", "garden", "tools",
+    ];
+    let mut out = String::with_capacity(len + 160);
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut id = 0u64;
+    while out.len() < len {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let word = |shift: u32| WORDS[((seed >> shift) % 8) as usize];
+        let _ = writeln!(
+            out,
+            r#"{{"id":{id},"name":"item-{:x}","price":{}.{:02},"stock":{},"tags":["{}","{}"]}}"#,
+            seed >> 40,
+            seed % 1000,
+            (seed >> 10) % 100,
+            (seed >> 20) % 500,
+            word(30),
+            word(50),
+        );
+        id += 1;
+    }
+    out.truncate(len);
+    Bytes::from(out)
 }
 
 fn pattern(len: usize) -> Bytes {
@@ -201,6 +260,17 @@ mod tests {
         assert_eq!(huge, Ok((MAX_BODY, Duration::from_millis(5))));
         assert!(b.overrides(Some("bytes=ten")).is_err());
         assert!(b.overrides(Some("delay_ms=-1")).is_err());
+    }
+
+    #[test]
+    fn text_bodies_are_varied_json_lines_of_the_asked_length() {
+        let b = backend(13);
+        assert!(wants_text(Some("bytes=10&text=1")));
+        assert!(!wants_text(Some("text=0")));
+        let body = b.text_body(10_000);
+        assert_eq!(body.len(), 10_000);
+        assert!(body.starts_with(b"{\"id\":0,\"name\":\"item-"));
+        assert_eq!(b.text_body(100), body.slice(..100));
     }
 
     #[test]

@@ -69,6 +69,10 @@ fn route(
             .map(|c| super::cors::cors(ctx, c))
             .transpose()?,
         rewrite,
+        compression: match raw.compression.take() {
+            Some(c) => super::compression::compression(ctx, c)?,
+            None => None,
+        },
         request_headers: edits(ctx, std::mem::take(&mut raw.request_headers))?,
         response_headers: edits(ctx, std::mem::take(&mut raw.response_headers))?,
         // `validate::slices` sets and checks the slice once every route exists.

@@ -198,6 +198,9 @@ pub struct Answer<'a> {
     pub remove: &'a [HeaderName],
     /// Fields the route sets on responses.
     pub set: &'a [(HeaderName, HeaderValue)],
+    /// Field lines added after all others as they are, each ending in CRLF (e.g. a `Vary`
+    /// that adds to the upstream's); usually empty.
+    pub append: &'a [u8],
 }
 
 impl Answer<'_> {
@@ -243,6 +246,7 @@ pub fn write_response_head(
     for (name, value) in answer.set {
         line(out, name.as_str().as_bytes(), value.as_bytes());
     }
+    out.extend_from_slice(answer.append);
     let bodiless = matches!(head.status, 100..=199 | 204 | 304);
     match head.body {
         _ if answer.head_request || bodiless => {}

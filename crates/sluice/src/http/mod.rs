@@ -1,14 +1,15 @@
 //! The core both data paths render, without I/O: request checks, rate limits (`rate_limit`),
 //! basic authentication (`basic_auth`, whose hashes run on the blocking pool), CORS (`cors`),
-//! hop-by-hop stripping, forwarding headers, a route's path rewrite (`rewrite`) and redirect
-//! (`redirect`), reading bodies ahead (`read_ahead`), when a request goes out again
-//! (`retry`), request IDs (`request_id`), W3C trace context
+//! response compression (`compression`), hop-by-hop stripping, forwarding headers, a route's
+//! path rewrite (`rewrite`) and redirect (`redirect`), reading bodies ahead (`read_ahead`),
+//! when a request goes out again (`retry`), request IDs (`request_id`), W3C trace context
 //! (`trace_context`), and what is known of a request's client ([`ClientInfo`]). Request
 //! normalisation is `sluice_wire::normalize`'s.
 
 pub(crate) mod basic_auth;
 pub(crate) mod checks;
 pub(crate) mod client;
+pub(crate) mod compression;
 pub(crate) mod cors;
 pub(crate) mod headers;
 pub(crate) mod rate_limit;

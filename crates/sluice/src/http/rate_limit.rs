@@ -121,7 +121,11 @@ impl RateLimit {
     /// many), and a full limiter forgets its refilled buckets at most once per
     /// [`SWEEP_EVERY`]: a flood of keys costs a walk a second, not one per request.
     fn room_for(&self, key: Key) -> Key {
-        if self.checks.fetch_add(1, Ordering::Relaxed).is_multiple_of(LOOK_EVERY) {
+        if self
+            .checks
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(LOOK_EVERY)
+        {
             let full = self.buckets.len() >= MAX_KEYS;
             self.full.store(full, Ordering::Relaxed);
         }

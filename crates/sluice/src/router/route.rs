@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
-use sluice_config::{HeaderEdits, LocationTemplate, Rewrite};
+use sluice_config::{Compression, HeaderEdits, LocationTemplate, Rewrite};
 
 use crate::http::basic_auth::BasicAuth;
 use crate::http::cors::Cors;
@@ -75,6 +75,9 @@ pub struct Route {
     /// How the path is rewritten before it goes upstream (or into a redirect's `{path}`);
     /// `None` (the default): not at all. Routes still match the path as sent.
     pub rewrite: Option<Rewrite>,
+    /// How responses are compressed by the client's `Accept-Encoding`; default `None`:
+    /// never.
+    pub compression: Option<Compression>,
     /// Edits of the forwarded request's headers.
     pub request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
@@ -116,6 +119,7 @@ impl Route {
             basic_auth: None,
             cors: None,
             rewrite: None,
+            compression: None,
             request_headers: HeaderEdits::default(),
             response_headers: HeaderEdits::default(),
         }

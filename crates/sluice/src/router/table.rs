@@ -63,6 +63,7 @@ impl RouteTable {
                 basic_auth: r.basic_auth.as_ref().map(|a| Arc::new(BasicAuth::new(a))),
                 cors: r.cors.as_ref().map(|c| Arc::new(Cors::new(c))),
                 rewrite: r.rewrite.clone(),
+                compression: r.compression.clone(),
                 request_headers: r.request_headers.clone(),
                 response_headers: r.response_headers.clone(),
             };

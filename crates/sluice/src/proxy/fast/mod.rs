@@ -34,7 +34,7 @@ use crate::access_log::{self, AccessLog};
 use crate::error::ProxyError;
 use crate::http::request_id::RequestIds;
 use crate::http::trace_context::{RequestTrace, SentContext};
-use crate::http::{checks, rewrite};
+use crate::http::{checks, compression, rewrite};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::otel::Tracing;
 use crate::router::{Route, Routing, Target};
@@ -117,6 +117,10 @@ impl FastPath {
         let Ok(target) = rewrite::target(route.rewrite.as_ref(), parts.uri, rules) else {
             return (0, self.hand_off("rewrite"));
         };
+        // hyper's path compresses (`http::compression`); this one relays bytes as they are.
+        if accepts_compression(&req, &route) {
+            return (0, self.hand_off("compress"));
+        }
         let trace = self.tracing.as_ref().map(|t| {
             let sent = SentContext::of(fields(&req));
             (t.begin(sent, req.client.trusted), sent.tracestate.is_some())
@@ -189,7 +193,8 @@ impl FastPath {
     /// (somewhere the fast path does not go), `limit` (a whole body over `max_request_body`:
     /// hyper's path answers 413; a larger one not all here counts as `body`), `trace` (a
     /// `tracestate` to remove), `rewrite` (the route's rewrite made no valid path: hyper's
-    /// path answers 500), or the parser's reason.
+    /// path answers 500), `compress` (the route compresses and the client accepts an encoding
+    /// it offers), or the parser's reason.
     pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_handoff(reason);
@@ -378,6 +383,17 @@ fn field<'b>(req: &Request<'b>, name: &[u8]) -> Option<&'b [u8]> {
         .iter()
         .find(|f| buf[f.name.clone()].eq_ignore_ascii_case(name));
     field.map(|f| &buf[f.value.clone()])
+}
+
+/// Whether `route` compresses responses and the client accepts one of its encodings.
+fn accepts_compression(req: &Request<'_>, route: &Route) -> bool {
+    let Some(config) = &route.compression else {
+        return false;
+    };
+    let values = fields(req)
+        .filter(|(name, _)| name.eq_ignore_ascii_case(b"accept-encoding"))
+        .map(|(_, value)| value);
+    compression::negotiate(&config.encodings, values).is_some()
 }
 
 /// Whether the client accepts trailer fields (`TE: trailers`, RFC 9110 §10.1.4).

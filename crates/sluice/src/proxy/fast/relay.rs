@@ -16,6 +16,7 @@ use super::answer::{self, date_at};
 use super::body::{self, Sink};
 use super::request::{timer_at, Request, Scratch, Served};
 use crate::error::ProxyError;
+use crate::http::compression::{self, Decision, ResponseFacts};
 use crate::http::read_ahead::{self, ReadAhead};
 use crate::http::retry::{self, is_idempotent};
 use crate::http::trace_context::TRACEPARENT;
@@ -311,6 +312,39 @@ impl<'a> Exchange<'a> {
         !self.req.head.keep_alive || self.req.last || self.req.shutdown.is_triggered()
     }
 
+    /// `Vary: Accept-Encoding` for a response that a compressing route would have compressed
+    /// for a client that accepted an encoding (one that does goes to hyper's path), unless its
+    /// `Vary` says so already; else nothing.
+    fn vary(&self, ubuf: &[u8], head: &h1::ResponseHead) -> &'static [u8] {
+        let Some(config) = &self.route.compression else {
+            return b"";
+        };
+        let named = |name: &'static [u8]| {
+            let fields = head.fields.iter();
+            let named = fields.filter(move |f| ubuf[f.name.clone()].eq_ignore_ascii_case(name));
+            named.map(|f| &ubuf[f.value.clone()])
+        };
+        let facts = ResponseFacts {
+            status: head.status,
+            head_request: self.head_request,
+            content_type: named(b"content-type").next(),
+            encoded: named(b"content-encoding").next().is_some(),
+            no_transform: named(b"cache-control").any(compression::no_transform),
+            range: named(b"content-range").next().is_some(),
+            length: match head.body {
+                h1::ResponseBody::None => Some(0),
+                h1::ResponseBody::Length(n) => Some(n),
+                h1::ResponseBody::Chunked | h1::ResponseBody::UntilClose => None,
+            },
+        };
+        let vary = compression::decide(config, None, &facts) == Decision::Vary;
+        if vary && !compression::varies(named(b"vary")) {
+            compression::VARY_LINE
+        } else {
+            b""
+        }
+    }
+
     /// Relays the response whose head is in `ubuf`, gives the lease back as soon as the body
     /// has been read off it, then sends the client what is left. `bufs` are the buffers the
     /// answer is put together in and the upstream read into, given back emptied.
@@ -338,6 +372,7 @@ impl<'a> Exchange<'a> {
             date: date.as_bytes(),
             remove: &self.route.response_headers.remove,
             set: &self.route.response_headers.set,
+            append: self.vary(ubuf, &head),
         };
         out.clear();
         h1::write_response_head(ubuf, &head, &answer, &mut out);
