@@ -110,4 +110,7 @@ async fn bcrypt_and_argon2_users_get_through_with_their_field_forwarded() {
     // A remembered password is the right one only: another is checked, and refused.
     let answer = get(&mut conn, "/headers", &basic("alice", "alice-secreT")).await;
     assert_eq!(status(&answer), "401");
+    if let Some(served) = support::fast_path_served(&proxy.metrics) {
+        assert_eq!(served, 5, "the fast path did not take them all");
+    }
 }

@@ -91,6 +91,9 @@ async fn on_the_fast_path_alone_the_last_response_says_close() {
     let second = exchange(&mut conn, GET).await.unwrap();
     assert!(closes(&second), "{second}");
     assert!(closed(&mut conn).await);
+    if let Some(served) = support::fast_path_served(&proxy.metrics) {
+        assert_eq!(served, 2, "the fast path did not serve both");
+    }
 }
 
 #[tokio::test]

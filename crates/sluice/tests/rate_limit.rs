@@ -104,6 +104,10 @@ async fn past_the_burst_a_client_gets_429_with_retry_after_and_its_connection_st
     let metrics = proxy.metrics.render();
     let refused = "sluice_requests_total{route=\"limited\",status=\"429\"} 1";
     assert!(metrics.contains(refused), "{metrics}");
+    // All five went by the fast path when it is on (the 429 included).
+    if let Some(served) = support::fast_path_served(&proxy.metrics) {
+        assert_eq!(served, 5, "{metrics}");
+    }
 }
 
 #[tokio::test]

@@ -141,6 +141,23 @@ pub async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
     read_to_close(&mut stream).await
 }
 
+/// How many requests the fast path served, when it is on (the test command runs the suite
+/// with it on and again with `SLUICE_FAST_PATH=0`): a test of a rule both paths apply checks
+/// with it that the fast path really took its requests, and was not left to hyper.
+pub fn fast_path_served(metrics: &sluice::Metrics) -> Option<u64> {
+    if std::env::var("SLUICE_FAST_PATH").as_deref() == Ok("0") {
+        return None;
+    }
+    let text = metrics.render();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("sluice_http1_fast_path_requests_total "));
+    Some(
+        line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
 /// Reads one whole answer off a keep-alive connection (its head and a `Content-Length` body);
 /// `None` when the connection closed first. Bounded: no answer in 10 s fails the test.
 pub async fn read_answer(conn: &mut TcpStream) -> Option<String> {
