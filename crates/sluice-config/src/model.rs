@@ -328,6 +328,57 @@ pub struct StaticOptions {
     pub health_check: Option<HealthCheck>,
     /// HTTPS to the endpoints (`tls = { .. }`); `None` (the default): plain HTTP.
     pub tls: Option<UpstreamTls>,
+    /// When a request goes out again (`retry = { .. }`).
+    pub retry: Retry,
+}
+
+/// When a request goes to the cluster again after a failed attempt (`retry = { .. }` on a
+/// cluster). Whatever it says, a request whose first attempt met a connection or session the
+/// upstream had closed while idle goes once more (that was not the upstream's failure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// Further attempts after the first on a failure `on` lists. Default 0.
+    pub retries: u32,
+    /// Which failures count.
+    pub on: RetryOn,
+    /// Whether requests of methods that are not idempotent (POST, PATCH) go again too.
+    /// Default false: a POST that may have been processed is not sent twice.
+    pub non_idempotent: bool,
+    /// Retries in flight are at most this percentage of the cluster's requests in flight
+    /// (Envoy's retry budget), so that retries cannot multiply an overloaded upstream's load.
+    /// Default 20.
+    pub budget_percent: u32,
+    /// ... but this many may always be in flight, however few the requests. Default 3.
+    pub budget_min: u32,
+}
+
+/// The failures that send a request again (`on = [..]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryOn {
+    /// `"connect-failure"`: a static cluster's connect failed (nothing was sent); the request
+    /// moves on to another endpoint, up to three endpoints, whatever `retries` says.
+    pub connect_failure: bool,
+    /// `"reset"`: the connection or session closed or failed before any response byte.
+    pub reset: bool,
+    /// `"502"`, `"503"`, …: the upstream answered with one of these (429 or 500–599); the
+    /// answer is read off and dropped, and the last attempt's answer is the client's.
+    pub statuses: Vec<u16>,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            retries: 0,
+            on: RetryOn {
+                connect_failure: true,
+                reset: true,
+                statuses: Vec::new(),
+            },
+            non_idempotent: false,
+            budget_percent: 20,
+            budget_min: 3,
+        }
+    }
 }
 
 /// How a static cluster speaks TLS to its endpoints.
@@ -364,6 +415,7 @@ impl Default for StaticOptions {
             ejection: Ejection::default(),
             health_check: None,
             tls: None,
+            retry: Retry::default(),
         }
     }
 }
@@ -609,6 +661,9 @@ pub struct ReverseOptions {
     pub request_buffer: usize,
     /// Response bodies up to this size are read off the session at once. Default 64 KiB.
     pub response_buffer: usize,
+    /// When a request goes out again (`retry = { .. }`; sessions are never connected, so
+    /// `on` has no `connect-failure`).
+    pub retry: Retry,
 }
 
 impl Default for ReverseOptions {
@@ -622,6 +677,13 @@ impl Default for ReverseOptions {
             response_timeout: Duration::from_secs(30),
             request_buffer: 64 * 1024,
             response_buffer: 64 * 1024,
+            retry: Retry {
+                on: RetryOn {
+                    connect_failure: false,
+                    ..Retry::default().on
+                },
+                ..Retry::default()
+            },
         }
     }
 }

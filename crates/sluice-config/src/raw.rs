@@ -292,6 +292,7 @@ pub(crate) enum RawLb {
 pub(crate) struct RawCluster {
     pub(crate) kind: RawKind,
     pub(crate) response_timeout: Option<Timeout>,
+    pub(crate) retry: Option<Spanned<RawRetry>>,
     // kind = "static"
     pub(crate) endpoints: Option<Spanned<Vec<Spanned<String>>>>,
     pub(crate) lb: Option<Spanned<RawLb>>,
@@ -311,6 +312,17 @@ pub(crate) struct RawCluster {
     pub(crate) response_buffer: Option<Spanned<Size>>,
     pub(crate) handoff: Option<Spanned<String>>,
     pub(crate) handoff_idle: Option<Spanned<usize>>,
+}
+
+/// A cluster's `retry = { retries, on, non_idempotent, budget_percent, budget_min }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRetry {
+    pub(crate) retries: Option<Spanned<u32>>,
+    pub(crate) on: Option<Vec<Spanned<String>>>,
+    pub(crate) non_idempotent: Option<bool>,
+    pub(crate) budget_percent: Option<Spanned<u32>>,
+    pub(crate) budget_min: Option<u32>,
 }
 
 /// A static cluster's `tls = { ca, sni, cert, key, insecure_skip_verify }`.

@@ -10,6 +10,7 @@ mod handoff;
 mod kind_keys;
 mod rate_limit;
 mod relay;
+mod retry;
 mod reverse;
 mod rewrite;
 mod route;

@@ -56,6 +56,7 @@ const TABLES: &[(&str, &str)] = &[
         "[cluster.c]\nhealth_check = { zz_probe = 1 }",
     ),
     ("cluster.tls", "[cluster.c]\ntls = { zz_probe = 1 }"),
+    ("cluster.retry", "[cluster.c]\nretry = { zz_probe = 1 }"),
     ("relay", "[[relay]]\nzz_probe = 1"),
 ];
 

@@ -41,6 +41,8 @@ impl<P: Protocol> Clone for ReverseCluster<P> {
 struct ClusterInner<P: Protocol> {
     name: String,
     opts: Arc<ReverseOptions>,
+    /// The proxy's settings of the cluster.
+    protocol: Arc<P::Options>,
     tokens: Vec<Token>,
     slices: Mutex<HashMap<String, Arc<SlicePool<P>>>>,
     instances: Arc<Instances>,
@@ -85,6 +87,18 @@ impl<P: Protocol> ReverseCluster<P> {
         opts: ReverseOptions,
         metrics: &ReverseMetrics,
     ) -> Self {
+        Self::with_protocol_options(name, tokens, opts, metrics, P::Options::default())
+    }
+
+    /// As [`with_metrics`](Self::with_metrics), keeping the proxy's own settings of the
+    /// cluster (`protocol`) for it.
+    pub fn with_protocol_options(
+        name: impl Into<String>,
+        tokens: Vec<Token>,
+        opts: ReverseOptions,
+        metrics: &ReverseMetrics,
+        protocol: P::Options,
+    ) -> Self {
         let name = name.into();
         let changed = Arc::new(Changes::default());
         let (max, per_instance) = (opts.max_sessions, opts.max_sessions_per_instance);
@@ -92,6 +106,7 @@ impl<P: Protocol> ReverseCluster<P> {
         let inner = ClusterInner {
             name,
             opts: Arc::new(opts),
+            protocol: Arc::new(protocol),
             tokens,
             slices: Mutex::default(),
             instances: Arc::new(instances),
@@ -128,7 +143,7 @@ impl<P: Protocol> ReverseCluster<P> {
             Arc::new(SlicePool::new(
                 &i.name,
                 slice,
-                Arc::clone(&i.opts),
+                (Arc::clone(&i.opts), Arc::clone(&i.protocol)),
                 Arc::clone(&i.changed),
                 Arc::clone(&i.handover),
                 i.metrics.clone(),

@@ -34,6 +34,8 @@ use sluice_net::log_limit::SharedTally;
 pub struct SlicePool<P: Protocol> {
     id: SliceId,
     pub(crate) opts: Arc<ReverseOptions>,
+    /// The proxy's settings of the cluster.
+    protocol: Arc<P::Options>,
     state: Mutex<State<P>>,
     /// Wakes observers whenever the idle ring or a session count changes.
     changed: Arc<Changes>,
@@ -177,7 +179,7 @@ impl<P: Protocol> SlicePool<P> {
     pub(crate) fn new(
         cluster: &str,
         slice: &str,
-        opts: Arc<ReverseOptions>,
+        (opts, protocol): (Arc<ReverseOptions>, Arc<P::Options>),
         changed: Arc<Changes>,
         handover: Arc<Handover>,
         metrics: ReverseMetrics,
@@ -186,6 +188,7 @@ impl<P: Protocol> SlicePool<P> {
         Self {
             id: SliceId::new(cluster, slice),
             opts,
+            protocol,
             state: Mutex::default(),
             changed,
             handover,
@@ -289,6 +292,11 @@ impl<P: Protocol> SlicePool<P> {
     /// The cluster's options: queue, timeouts, buffers.
     pub fn options(&self) -> &ReverseOptions {
         &self.opts
+    }
+
+    /// The proxy's settings of the cluster ([`Protocol::Options`]).
+    pub fn protocol_options(&self) -> &P::Options {
+        &self.protocol
     }
 
     fn state(&self) -> MutexGuard<'_, State<P>> {

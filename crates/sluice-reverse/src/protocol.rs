@@ -17,6 +17,9 @@ pub trait Protocol: Send + Sync + std::fmt::Debug + 'static {
     type Connection: Future<Output = Result<(), Self::Error>> + Send + 'static;
     /// Why a connection could not start or ended badly.
     type Error: std::error::Error + Send + Sync + 'static;
+    /// The proxy's own settings of a cluster (its retry rule, say): kept by the cluster and
+    /// its slices for the proxy, never read by the engine.
+    type Options: Default + Send + Sync + std::fmt::Debug + 'static;
 
     /// Starts a client over a registered stream. The stream parks itself instead of closing
     /// when the engine hands the session to another process.

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState, ReloadHook};
 use crate::http::request_id::RequestIds;
+use crate::http::retry::RetryMetrics;
 use crate::metrics::Metrics;
 use crate::options;
 use crate::otel::Tracing;
@@ -24,7 +25,7 @@ use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, Upgrad
 use crate::router::LiveRoutes;
 use crate::server::{tls, Group, Server, Shutdown};
 use crate::upstream::reverse::{Acceptor, HandoffSource};
-use crate::upstream::reverse::{ReverseMetrics, SessionGauges};
+use crate::upstream::reverse::{ReverseClusterOptions, ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 use sluice_net::sockets::{self, Sockets};
 
@@ -167,7 +168,9 @@ impl Proxy {
         let mut metrics = Metrics::new();
         let reverse_metrics = ReverseMetrics::register(metrics.registry());
         let static_metrics = StaticMetrics::register(metrics.registry());
-        let clusters = build_clusters(config, &reverse_metrics, &static_metrics)?;
+        let retry_metrics = RetryMetrics::register(metrics.registry());
+        let counted = (&reverse_metrics, &static_metrics, &retry_metrics);
+        let clusters = build_clusters(config, counted)?;
         let gauges = SessionGauges::new(reverse_clusters(&clusters).collect());
         metrics.registry().register_collector(Box::new(gauges));
         let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
@@ -435,8 +438,7 @@ impl Proxy {
 
 fn build_clusters(
     config: &Config,
-    reverse: &ReverseMetrics,
-    statics: &StaticMetrics,
+    (reverse, statics, retries): (&ReverseMetrics, &StaticMetrics, &RetryMetrics),
 ) -> Result<BTreeMap<String, Upstream>, StartError> {
     config
         .clusters
@@ -444,15 +446,17 @@ fn build_clusters(
         .map(|(name, c)| {
             let upstream = match &c.kind {
                 ClusterKind::Static(s) => {
-                    let cluster = StaticCluster::from_config(name, s, statics);
+                    let cluster = StaticCluster::from_config(name, s, statics, retries);
                     Upstream::from(cluster.map_err(|source| StartError::ClusterTls {
                         cluster: name.clone(),
                         source,
                     })?)
                 }
-                ClusterKind::Reverse(r) => Upstream::from(
-                    options::reverse::cluster(name, r, reverse).slice(sluice_config::DEFAULT_SLICE),
-                ),
+                ClusterKind::Reverse(r) => {
+                    let own = ReverseClusterOptions::new(name, &r.options, retries);
+                    let cluster = options::reverse::cluster(name, r, reverse, own);
+                    Upstream::from(cluster.slice(sluice_config::DEFAULT_SLICE))
+                }
             };
             Ok((name.clone(), upstream))
         })

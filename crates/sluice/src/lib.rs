@@ -83,6 +83,7 @@ pub use app::{Proxy, StartError};
 pub use body::ProxyBody;
 pub use error::{Origin, ProxyError};
 pub use http::request_id::RequestIds;
+pub use http::retry::RetryMetrics;
 pub use metrics::Metrics;
 pub use otel::{Tracing, TracingError};
 pub use proxy::fast::FastPath;
@@ -99,6 +100,6 @@ pub use server::{
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;
 pub use standalone::Standalone;
-pub use upstream::reverse::{Acceptor, StandaloneAcceptor};
+pub use upstream::reverse::{Acceptor, ReverseClusterOptions, StandaloneAcceptor};
 pub use upstream::static_cluster::{Endpoint, StaticMetrics};
 pub use upstream::{ReverseCluster, ReverseSlice, StaticCluster, StaticOptions, Upstream};

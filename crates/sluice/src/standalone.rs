@@ -35,8 +35,10 @@ impl Standalone {
         let mut metrics = Metrics::new();
         let reverse = ReverseMetrics::register(metrics.registry());
         let opts = options::reverse::broker(config)?;
-        let clusters = options::reverse::registering_here(config)
-            .map(|(name, r)| options::reverse::cluster(name, r, &reverse));
+        let clusters = options::reverse::registering_here(config).map(|(name, r)| {
+            // It lends sessions and proxies nothing: no proxy settings of its own.
+            options::reverse::cluster(name, r, &reverse, Default::default())
+        });
         let broker = StandaloneAcceptor::bind_with_metrics(&opts, clusters, &reverse).await?;
         let clusters = broker.view().clusters().values().cloned().collect();
         let gauges = SessionGauges::new(clusters);

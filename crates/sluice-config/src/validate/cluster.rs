@@ -80,6 +80,7 @@ fn static_cluster(
                 super::tls::upstream(ctx, t, first)
             })
             .transpose()?,
+        retry: super::retry::retry(ctx, "static", raw.retry, defaults.retry.clone())?,
     };
     Ok(StaticCluster {
         endpoints: endpoints(ctx, raw_endpoints)?,

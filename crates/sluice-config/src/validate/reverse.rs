@@ -37,6 +37,7 @@ pub(super) fn cluster(
             d.response_buffer,
             "response_buffer",
         )?,
+        retry: super::retry::retry(ctx, "reverse", raw.retry, d.retry.clone())?,
     };
     let source = match (raw.handoff, raw.handoff_idle) {
         (Some(path), idle) => SessionSource::Handoff {

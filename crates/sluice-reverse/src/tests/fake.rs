@@ -121,6 +121,7 @@ impl Protocol for Fake {
     type Client = FakeClient;
     type Connection = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
     type Error = io::Error;
+    type Options = ();
 
     async fn handshake(io: ParkedIo) -> io::Result<(FakeClient, Self::Connection)> {
         let line = Line::default();

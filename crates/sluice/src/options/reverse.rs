@@ -23,14 +23,17 @@ pub fn options(cfg: &sluice_config::ReverseOptions) -> ReverseOptions {
     }
 }
 
-/// The reverse cluster `[cluster.<name>]` describes, recording in `metrics`.
+/// The reverse cluster `[cluster.<name>]` describes, recording in `metrics`, with the proxy's
+/// own settings of it (`protocol`).
 pub fn cluster<P: Protocol>(
     name: &str,
     cfg: &sluice_config::ReverseCluster,
     metrics: &ReverseMetrics,
+    protocol: P::Options,
 ) -> ReverseCluster<P> {
-    let cluster =
-        ReverseCluster::with_metrics(name, cfg.tokens.clone(), options(&cfg.options), metrics);
+    let opts = options(&cfg.options);
+    let tokens = cfg.tokens.clone();
+    let cluster = ReverseCluster::with_protocol_options(name, tokens, opts, metrics, protocol);
     match cfg.source {
         SessionSource::Acceptor => cluster,
         SessionSource::Handoff { .. } => cluster.lent(),

@@ -1,7 +1,8 @@
 //! One request/response exchange on an HTTP/1.1 client connection, shared by static clusters
 //! (pooled connections) and reverse clusters (sessions): the response timeout, how an attempt
-//! failed (`http::retry` decides whether it goes again), the copy that makes a second attempt
-//! possible, and whether the connection may carry another request afterwards.
+//! failed (`http::retry` decides whether it goes again), the copy that makes another attempt
+//! possible, an answer read off when a retry replaces it, and whether the connection may carry
+//! another request afterwards.
 
 use std::time::Duration;
 
@@ -17,8 +18,8 @@ use crate::error::ProxyError;
 use crate::http::headers::wants_close;
 use crate::http::retry;
 
-/// A copy of a request to send again after a stale connection: made only when
-/// [`retry::replayable`] allows it (idempotent, its body empty or in memory).
+/// A copy of a request to send again (after a stale connection, or as a cluster's retry
+/// policy says): made only for a request whose body is empty or in memory.
 #[derive(Debug)]
 pub(crate) struct Replay {
     parts: Parts,
@@ -26,38 +27,37 @@ pub(crate) struct Replay {
 }
 
 impl Replay {
-    /// A copy of `req`, when it is replayable.
+    /// A copy of `req`, when its body is empty or in memory.
     pub(crate) fn of(req: &Request<ProxyBody>) -> Option<Self> {
-        let idempotent = retry::is_idempotent(req.method());
-        if !idempotent {
-            return None;
-        }
         let body = match req.body() {
-            ProxyBody::Full { data } => Some(data.clone().unwrap_or_default()),
-            other if http_body::Body::is_end_stream(other) => Some(Bytes::new()),
-            _ => None,
+            ProxyBody::Full { data } => data.clone().unwrap_or_default(),
+            other if http_body::Body::is_end_stream(other) => Bytes::new(),
+            _ => return None,
         };
-        let kept = if body.is_some() {
-            retry::Body::Kept
-        } else {
-            retry::Body::Streamed
-        };
-        if !retry::replayable(idempotent, kept) {
-            return None;
-        }
         let (mut parts, ()) = Request::new(()).into_parts();
         parts.method = req.method().clone();
         parts.uri = req.uri().clone();
         parts.version = req.version();
         parts.headers = req.headers().clone();
-        Some(Self {
-            parts,
-            body: body.unwrap_or_default(),
-        })
+        Some(Self { parts, body })
     }
 
-    fn into_request(self) -> Request<ProxyBody> {
-        Request::from_parts(self.parts, ProxyBody::full(self.body))
+    /// The request again.
+    pub(crate) fn request(&self) -> Request<ProxyBody> {
+        let mut parts = Request::new(()).into_parts().0;
+        parts.method = self.parts.method.clone();
+        parts.uri = self.parts.uri.clone();
+        parts.version = self.parts.version;
+        parts.headers = self.parts.headers.clone();
+        Request::from_parts(parts, ProxyBody::full(self.body.clone()))
+    }
+}
+
+/// How the body of a request with this copy (or none) counts for [`retry`]'s rules.
+pub(crate) fn kept(replay: Option<&Replay>) -> retry::Body {
+    match replay {
+        Some(_) => retry::Body::Kept,
+        None => retry::Body::Streamed,
     }
 }
 
@@ -86,29 +86,42 @@ impl Failure {
         }
     }
 
-    /// The request to send once more after this first attempt on a connection that was
-    /// `reused` (the rule is [`retry::Attempt::again`]), with this failure's error; or the
-    /// error to answer with.
+    /// The request to send again: the one hyper gave back unsent, or a copy of it; or, with
+    /// neither, this failure's error.
     // The request goes back by value (it is large), as hyper's does: the cold path.
     #[allow(clippy::result_large_err)]
-    pub(crate) fn again(
-        self,
-        reused: bool,
-        replay: Option<Replay>,
-    ) -> Result<(Request<ProxyBody>, ProxyError), ProxyError> {
-        let attempt = retry::Attempt {
-            failed: self.failed,
-            reused,
-            retried: false,
-        };
-        if !attempt.again(replay.is_some()) {
-            return Err(self.error);
-        }
-        match self.unsent.or_else(|| replay.map(Replay::into_request)) {
-            Some(req) => Ok((req, self.error)),
+    pub(crate) fn request(self, replay: Option<&Replay>) -> Result<Request<ProxyBody>, ProxyError> {
+        match self.unsent.or_else(|| replay.map(Replay::request)) {
+            Some(req) => Ok(req),
             None => Err(self.error),
         }
     }
+}
+
+/// Reads an answer the client will not get (a status a retry replaces) off to its end in a task
+/// of its own, so that its connection or session goes back; one longer than
+/// `read_ahead::read_off_limit`, or not over by `timeout`, is dropped, and its connection
+/// closes.
+pub(crate) fn discard(res: Response<ProxyBody>, timeout: Duration) {
+    use http_body_util::BodyExt;
+
+    let mut body = res.into_body();
+    if http_body::Body::is_end_stream(&body) {
+        // Dropped at its end: the connection or session is back already.
+        return;
+    }
+    tokio::spawn(async move {
+        let read = async {
+            let mut left = crate::http::read_ahead::read_off_limit(None);
+            while let Some(Ok(frame)) = body.frame().await {
+                let len = frame.data_ref().map_or(0, bytes::Buf::remaining);
+                left = left.checked_sub(len)?;
+            }
+            Some(body)
+        };
+        // Dropped at its end (the connection goes back), or before it (the connection closes).
+        drop(tokio::time::timeout(timeout, read).await);
+    });
 }
 
 /// Sends `req` and waits at most `timeout` for the response head. Dropping the send future on

@@ -2,11 +2,13 @@
 //! pooled connection or a reverse slice's session — and how each is given back.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::error::ProxyError;
+use crate::http::retry::Policy;
 
 /// A connection or session leased for one request.
 pub(crate) trait Leased: Send + Sized {
@@ -30,6 +32,14 @@ pub(crate) trait Leased: Send + Sized {
 
     /// Replaces a stale connection or session with another of the same upstream.
     fn renew(&mut self) -> impl Future<Output = Result<(), ProxyError>> + Send;
+
+    /// The cluster's retry policy, when it has one (`http::retry`).
+    fn retry_policy(&self) -> Option<&Arc<Policy>>;
+
+    /// Another lease of the same upstream for a retry the policy granted: elsewhere when the
+    /// upstream has elsewhere (another endpoint; any session). It holds nothing of this one,
+    /// which may be given up before it resolves.
+    fn another(&self) -> impl Future<Output = Result<Self, ProxyError>> + Send + 'static;
 
     /// How many bytes of a response to read before the client gets any: a session is freed as
     /// soon as its response has been read off it, so a slow client does not hold it (its

@@ -1,6 +1,7 @@
 //! One exchange of the fast path: the request out on a leased connection (head and body), the
-//! response head in (within the cluster's response timeout, once more on a fresh connection
-//! when a reused one turns out stale), the response relayed to the client by its framing.
+//! response head in (within the cluster's response timeout; again on a fresh connection when a
+//! reused one turns out stale, and elsewhere when the cluster's retry policy says so), the
+//! response relayed to the client by its framing.
 //! Buffers are bounded: 64 KiB per direction.
 
 use std::future::Future;
@@ -18,7 +19,7 @@ use super::request::{timer_at, Request, Scratch, Served};
 use crate::error::ProxyError;
 use crate::http::compression::{self, Decision, ResponseFacts};
 use crate::http::read_ahead::{self, ReadAhead};
-use crate::http::retry::{self, is_idempotent};
+use crate::http::retry::{self, is_idempotent, Again, Retries};
 use crate::http::trace_context::TRACEPARENT;
 use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
@@ -109,16 +110,15 @@ impl<'a> Exchange<'a> {
         head.len.saturating_add(body).min(self.req.buf.len())
     }
 
-    /// Whether the request may go out again after a connection failed before any response
-    /// byte. Its body is whole in the client's buffer, but counts as kept only where the
-    /// hyper path would have it in memory too (a session's, read ahead): one rule for both.
-    fn replayable<L: Leased>(&self, lease: &L) -> bool {
-        let body = if self.len() == self.req.head.len || lease.replays_bodies() {
+    /// How the request's body counts for going out again. It is whole in the client's buffer,
+    /// but counts as kept only where the hyper path would have it in memory too (a session's,
+    /// read ahead): one rule for both.
+    fn body<L: Leased>(&self, lease: &L) -> retry::Body {
+        if self.len() == self.req.head.len || lease.replays_bodies() {
             retry::Body::Kept
         } else {
             retry::Body::Streamed
-        };
-        retry::replayable(self.idempotent, body)
+        }
     }
 
     /// Runs the exchange to its end on what `lease` leases (`client_addr`: a reverse slice's
@@ -158,39 +158,70 @@ impl<'a> Exchange<'a> {
             Err(e) => return self.refuse(client, e, used).await,
         };
         self.upstream_request(client_addr, request);
-        let mut retried = false;
+        let mut retries = Retries::new(lease.retry_policy(), self.idempotent);
         // The first attempt's time runs from when the request was taken (a clock read saved).
         let mut from = self.started;
         let head = loop {
             let deadline = from + lease.response_timeout();
             let timer = timer_at(timer, deadline);
             let attempt = self.attempt(client, &mut lease, request, ubuf, pipelined, timer);
-            match attempt.await {
-                Tried::Head(head) => break head,
+            let again = match attempt.await {
+                Tried::Head(head) => {
+                    if !retries.after_status(head.status, self.body(&lease)) {
+                        break head;
+                    }
+                    // The answer is read off, and the request goes elsewhere.
+                    let another = lease.another();
+                    let ubuf = std::mem::take(ubuf);
+                    read_off(lease, ubuf, Some(head), self.head_request, deadline);
+                    another
+                }
                 Tried::ClientGone => {
-                    read_off(lease, std::mem::take(ubuf), self.head_request, deadline);
+                    read_off(
+                        lease,
+                        std::mem::take(ubuf),
+                        None,
+                        self.head_request,
+                        deadline,
+                    );
                     return self.abandoned(used);
                 }
-                // A reused connection that failed before any response byte was stale: a
-                // replayable request goes out once more, on a fresh one.
                 Tried::Failed(failed, e) => {
-                    let attempt = retry::Attempt {
-                        failed,
-                        reused: lease.may_be_stale(),
-                        retried,
-                    };
-                    if !attempt.again(self.replayable(&lease)) {
-                        lease.log_failure(&e);
-                        return self.refuse(client, e, used).await;
-                    }
-                    retried = true;
-                    from = Instant::now();
-                    if let Err(e) = lease.renew().await {
-                        lease.log_failure(&e);
-                        return self.refuse(client, e, used).await;
+                    let stale = lease.may_be_stale();
+                    match retries.after_failure(failed, stale, self.body(&lease)) {
+                        None => {
+                            lease.log_failure(&e);
+                            return self.refuse(client, e, used).await;
+                        }
+                        // A reused connection that failed before any response byte was stale:
+                        // another of the same upstream will do.
+                        Some(Again::Stale) => {
+                            from = Instant::now();
+                            if let Err(e) = lease.renew().await {
+                                lease.log_failure(&e);
+                                return self.refuse(client, e, used).await;
+                            }
+                            continue;
+                        }
+                        // Elsewhere; this one failed, and goes (a session's place with it)
+                        // before the request waits for another.
+                        Some(Again::Policy) => {
+                            let another = lease.another();
+                            drop(lease);
+                            another
+                        }
                     }
                 }
-            }
+            };
+            lease = tokio::select! {
+                biased;
+                leased = again => match leased {
+                    Ok(lease) => lease,
+                    Err(e) => return self.refuse(client, e, used).await,
+                },
+                () = client_gone(client, pipelined) => return self.abandoned(used),
+            };
+            from = Instant::now();
         };
         let bufs = (std::mem::take(answer), std::mem::take(spare));
         let (outcome, bufs) = self.respond(client, lease, ubuf, head, bufs, used).await;
@@ -444,20 +475,25 @@ where
     std::future::pending().await
 }
 
-/// The answer to a request whose client hung up, read off its connection or session by a
-/// task of its own (by the request's deadline, up to `read_ahead::read_off_limit`), so that it
-/// goes back to its pool as if the client had read it, as the hyper path does. `ubuf` holds
-/// what had come of the head.
+/// The answer to a request whose client hung up (or that a retry replaces), read off its
+/// connection or session by a task of its own (by the request's deadline, up to
+/// `read_ahead::read_off_limit`), so that it goes back to its pool as if the client had read
+/// it, as the hyper path does. `ubuf` holds what had come of the answer (all its `head`, when
+/// that has been read).
 fn read_off<L: Leased + 'static>(
     mut lease: L,
     mut ubuf: Vec<u8>,
+    head: Option<h1::ResponseHead>,
     head_request: bool,
     deadline: Instant,
 ) {
     let limit = read_ahead::read_off_limit(lease.read_ahead()) as u64;
     tokio::spawn(async move {
         let read = async {
-            let head = read_head(lease.io(), &mut ubuf, head_request).await.ok()?;
+            let head = match head {
+                Some(head) => head,
+                None => read_head(lease.io(), &mut ubuf, head_request).await.ok()?,
+            };
             if body::is_event_stream(&ubuf, &head) {
                 return None;
             }

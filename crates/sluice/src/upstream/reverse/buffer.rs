@@ -94,8 +94,9 @@ async fn read_ahead<B: Body<Data = Bytes> + Unpin>(
 /// of a known length that fits. A body that ends within the limit without trailers is sent
 /// with Content-Length and may be replayed; one that outgrows it is sent as what was read,
 /// then the rest. A known length over the limit streams as it comes. A client that stops
-/// sending for its `client_body_timeout` gets 408 (no session was leased for it).
-pub(super) async fn request(
+/// sending for its `client_body_timeout` gets 408 (no session was leased for it). A static
+/// cluster whose retry policy may send a request again reads it ahead too.
+pub(crate) async fn request(
     req: Request<ProxyBody>,
     limit: usize,
 ) -> Result<Request<ProxyBody>, ProxyError> {

@@ -1,6 +1,7 @@
 //! [`Http1`]: how the proxy's end of a session starts on a registered stream, and the
 //! engine's types as the proxy uses them.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use sluice_reverse::{LeaseError, ParkedIo};
@@ -8,6 +9,7 @@ use sluice_reverse::{LeaseError, ParkedIo};
 use super::link::{Link, Watch};
 use crate::body::Release;
 use crate::error::ProxyError;
+use crate::http::retry::{Policy, RetryMetrics};
 
 /// A reverse cluster whose sessions the proxy speaks HTTP/1.1 on.
 pub type ReverseCluster = sluice_reverse::ReverseCluster<Http1>;
@@ -34,10 +36,32 @@ pub(crate) type HandoffSource = sluice_reverse::handoff::Source<Http1>;
 #[derive(Debug, Clone, Copy)]
 pub struct Http1;
 
+/// The proxy's own settings of a reverse cluster, kept by the engine for it.
+#[derive(Debug, Default)]
+pub struct ReverseClusterOptions {
+    /// Its `retry = { .. }`, when it allows retries.
+    retry: Option<Arc<Policy>>,
+}
+
+impl ReverseClusterOptions {
+    /// The settings of cluster `name` as `cfg` has them, counting retries in `metrics`.
+    pub fn new(name: &str, cfg: &sluice_config::ReverseOptions, metrics: &RetryMetrics) -> Self {
+        Self {
+            retry: Policy::new(name, &cfg.retry, metrics),
+        }
+    }
+
+    /// The cluster's retry policy, when it has one.
+    pub(crate) fn retry(&self) -> Option<&Arc<Policy>> {
+        self.retry.as_ref()
+    }
+}
+
 impl sluice_reverse::Protocol for Http1 {
     type Client = Link;
     type Connection = Watch;
     type Error = std::io::Error;
+    type Options = ReverseClusterOptions;
 
     async fn handshake(io: ParkedIo) -> Result<(Link, Watch), std::io::Error> {
         Ok(Link::new(io))

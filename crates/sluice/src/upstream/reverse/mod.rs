@@ -7,13 +7,15 @@
 //! stream, [`send`] leases a session and exchanges a request on it, `buffer` reads bodies
 //! ahead so slow clients do not hold sessions.
 
-mod buffer;
+pub(crate) mod buffer;
 mod http1;
 mod link;
 pub(crate) mod raw;
 mod send;
 
-pub use self::http1::{Acceptor, ReverseCluster, ReverseSlice, StandaloneAcceptor};
+pub use self::http1::{
+    Acceptor, ReverseCluster, ReverseClusterOptions, ReverseSlice, StandaloneAcceptor,
+};
 pub(crate) use self::http1::{BrokerView, HandoffSource};
 pub(crate) use self::send::send;
 pub(crate) use sluice_reverse::{

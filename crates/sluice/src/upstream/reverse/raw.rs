@@ -1,6 +1,7 @@
 //! The fast path's side of a reverse slice: a session leased with its socket in hand
 //! ([`SessionLease`]), given back raw when its response has been read off.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use tracing::{debug, warn};
 use super::http1::{Lease, ReverseSlice, Session, SlicePool};
 use super::link::SessionIo;
 use crate::error::ProxyError;
+use crate::http::retry::Policy;
 use crate::upstream::leased::Leased;
 
 /// How many sessions a lease may find ended as it takes their socket before it gives up
@@ -68,6 +70,16 @@ impl Leased for SessionLease {
 
     fn may_be_stale(&self) -> bool {
         true
+    }
+
+    fn retry_policy(&self) -> Option<&Arc<Policy>> {
+        self.pool.protocol_options().retry()
+    }
+
+    /// Another session of the slice (any: sessions of one slice are alike).
+    fn another(&self) -> impl Future<Output = Result<Self, ProxyError>> + Send + 'static {
+        let pool = Arc::clone(&self.pool);
+        async move { Self::lease_from(&pool).await }
     }
 
     /// Another session of the slice (this one closes).

@@ -1,4 +1,4 @@
-//! The request path of a reverse slice: lease, exchange, and the one retry.
+//! The request path of a reverse slice: lease, exchange, and the retries.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,15 +14,17 @@ use super::buffer;
 use super::http1::{Lease, ReverseSlice, Session, SlicePool};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::http::read_ahead;
+use crate::http::retry::{self, Retries};
 use crate::http::ClientInfo;
-use crate::http::{read_ahead, retry};
 use crate::upstream::exchange::{self, Answer, Failure, Replay};
 use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
 
 /// Reads a body that fits `request_buffer`, then leases a session and exchanges the request
 /// on it. A session that dies before any response byte costs the request a second session
 /// when the request can be replayed: hyper gave it back unsent, or it is idempotent and its
-/// body is in memory.
+/// body is in memory; a failure or answer the cluster's retry policy lists costs it another
+/// session as the policy allows (`http::retry`).
 pub(crate) async fn send(
     slice: &ReverseSlice,
     mut req: Request<ProxyBody>,
@@ -30,42 +32,56 @@ pub(crate) async fn send(
     let pool = slice.pool();
     stamp_client_addr(&mut req);
     let wants = req.extensions().get::<WantsServedBy>().is_some();
-    let req = buffer::request(req, pool.options().request_buffer).await?;
-    let (session, queued) = pool.lease_waited().await?;
-    let leased_at = leased_at(queued);
+    let mut req = buffer::request(req, pool.options().request_buffer).await?;
+    let mut retries = Retries::new(
+        pool.protocol_options().retry(),
+        retry::is_idempotent(req.method()),
+    );
+    let (mut session, mut queued) = pool.lease_waited().await?;
+    let mut leased_at = leased_at(queued);
     // Copied only once a session is leased: a request refused for capacity never pays for it.
-    let replay = Replay::of(&req);
-    let instance = Arc::clone(session.instance());
-    let failure = match send_on(pool, session, req).await {
-        Ok(mut res) => {
-            note_served_by(wants, &mut res, || ServedBy {
-                instance: Some(instance),
-                queued: Some(queued),
-                leased_at,
-                ..ServedBy::default()
-            });
-            return Ok(res);
-        }
-        Err(failure) => failure,
-    };
-    // Any session may have been ended by its service while it was idle.
-    let (req, error) = failure.again(true, replay)?;
-    debug!(instance = %instance.id(), %error, "session failed before the response; retrying on another");
-    // Boxed: the retry is rare, and inline its state would double every request's future.
-    Box::pin(async move {
-        let (session, waited) = pool.lease_waited().await?;
-        let leased_at = self::leased_at(queued + waited);
+    // Any session may have been ended by its service while it was idle, so the stale rule may
+    // always need it.
+    let replay = (retries.may_replay() || retry::is_idempotent(req.method()))
+        .then(|| Replay::of(&req))
+        .flatten();
+    loop {
         let instance = Arc::clone(session.instance());
-        let mut res = send_on(pool, session, req).await.map_err(|f| f.error)?;
-        note_served_by(wants, &mut res, || ServedBy {
-            instance: Some(instance),
-            queued: Some(queued + waited),
-            leased_at,
-            ..ServedBy::default()
-        });
-        Ok(res)
-    })
-    .await
+        req = match send_on(pool, session, req).await {
+            Ok(mut res) => {
+                let status = res.status().as_u16();
+                match &replay {
+                    Some(copy) if retries.after_status(status, retry::Body::Kept) => {
+                        debug!(instance = %instance.id(), status, "retrying the request on another session");
+                        exchange::discard(res, pool.options().response_timeout);
+                        copy.request()
+                    }
+                    _ => {
+                        note_served_by(wants, &mut res, || ServedBy {
+                            instance: Some(instance),
+                            queued: Some(queued),
+                            leased_at,
+                            ..ServedBy::default()
+                        });
+                        return Ok(res);
+                    }
+                }
+            }
+            Err(failure) => {
+                let body = exchange::kept(replay.as_ref());
+                if retries.after_failure(failure.failed, true, body).is_none() {
+                    return Err(failure.error);
+                }
+                let error = &failure.error;
+                debug!(instance = %instance.id(), %error, "session failed before the response; retrying on another");
+                failure.request(replay.as_ref())?
+            }
+        };
+        let (next, waited) = pool.lease_waited().await?;
+        session = next;
+        queued += waited;
+        leased_at = self::leased_at(queued);
+    }
 }
 
 /// When a request that waited `queued` for its session got it: now, read only if it waited.

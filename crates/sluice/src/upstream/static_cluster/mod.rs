@@ -33,6 +33,7 @@ use self::metrics::ConnectCounters;
 use self::pool::Conn;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::http::retry::{Policy, RetryMetrics};
 use crate::upstream::connect::connect_http1;
 use crate::upstream::tls::UpstreamTls;
 
@@ -64,6 +65,8 @@ struct Inner {
     metrics: StaticMetrics,
     /// HTTPS to the endpoints (`opts.tls`, built).
     tls: Option<UpstreamTls>,
+    /// `opts.retry`, when it allows retries.
+    retry: Option<Arc<Policy>>,
 }
 
 impl StaticCluster {
@@ -78,18 +81,16 @@ impl StaticCluster {
         Self::with_metrics(name, endpoints, opts, &StaticMetrics::default())
     }
 
-    /// Builds the cluster a validated config describes, counting its connects in `metrics`.
+    /// Builds the cluster a validated config describes, counting its connects in `metrics`
+    /// and its retries in `retries`.
     pub fn from_config(
         name: &str,
         cfg: &sluice_config::StaticCluster,
         metrics: &StaticMetrics,
+        retries: &RetryMetrics,
     ) -> std::io::Result<Self> {
-        Self::with_metrics(
-            name,
-            cfg.endpoints.iter().copied(),
-            cfg.options.clone(),
-            metrics,
-        )
+        let endpoints = cfg.endpoints.iter().copied();
+        Self::build(name, endpoints, cfg.options.clone(), metrics, retries)
     }
 
     /// As [`new`](Self::new), counting new connections in `metrics`.
@@ -98,6 +99,16 @@ impl StaticCluster {
         endpoints: impl IntoIterator<Item = SocketAddr>,
         opts: StaticOptions,
         metrics: &StaticMetrics,
+    ) -> std::io::Result<Self> {
+        Self::build(name, endpoints, opts, metrics, &RetryMetrics::default())
+    }
+
+    fn build(
+        name: impl Into<String>,
+        endpoints: impl IntoIterator<Item = SocketAddr>,
+        opts: StaticOptions,
+        metrics: &StaticMetrics,
+        retries: &RetryMetrics,
     ) -> std::io::Result<Self> {
         let name = name.into();
         let tls = opts
@@ -113,6 +124,7 @@ impl StaticCluster {
             }
         }
         let inner = Inner {
+            retry: Policy::new(&name, &opts.retry, retries),
             tls,
             balancer: Balancer::new(opts.lb),
             opts: Arc::new(opts),

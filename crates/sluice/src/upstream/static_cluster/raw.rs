@@ -2,6 +2,7 @@
 //! by the same load balancing, in-flight counts, connect ejection and pool limits as hyper's
 //! connections, and pooled apart from them (each kind is only ever reused by its own path).
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpStream;
@@ -10,8 +11,9 @@ use tracing::debug;
 
 use super::endpoint::{Endpoint, InFlight};
 use super::pool::{is_quiet, RawConn};
-use super::{Inner, StaticCluster, StaticOptions, MAX_CONNECT_ATTEMPTS};
+use super::{Inner, StaticCluster, StaticOptions};
 use crate::error::ProxyError;
+use crate::http::retry::Policy;
 use crate::upstream::leased::Leased;
 
 /// A connection leased for one request; [`Leased::release`] gives it back.
@@ -38,6 +40,23 @@ impl Leased for RawLease {
         self.conn.served > 0
     }
 
+    fn retry_policy(&self) -> Option<&Arc<Policy>> {
+        self.inner.retry.as_ref()
+    }
+
+    /// A connection to another endpoint, if the cluster has another.
+    fn another(&self) -> impl Future<Output = Result<Self, ProxyError>> + Send + 'static {
+        let cluster = StaticCluster {
+            inner: Arc::clone(&self.inner),
+        };
+        let avoid = Arc::clone(self.in_flight.endpoint());
+        async move {
+            cluster
+                .lease_raw_avoiding(Instant::now(), Some(&avoid))
+                .await
+        }
+    }
+
     /// A fresh connection to the same endpoint.
     async fn renew(&mut self) -> Result<(), ProxyError> {
         let endpoint = Arc::clone(self.in_flight.endpoint());
@@ -45,8 +64,10 @@ impl Leased for RawLease {
         Ok(())
     }
 
+    /// Only with a retry policy: the hyper path then reads bodies that fit the fast path's
+    /// buffer before it sends them, else it streams them.
     fn replays_bodies(&self) -> bool {
-        false
+        self.inner.retry.is_some()
     }
 
     fn read_ahead(&self) -> Option<usize> {
@@ -92,44 +113,35 @@ impl StaticCluster {
     /// the endpoint and moves on to another, as [`send`](Self::send) does. `now` is the
     /// request's clock reading (ejections and idle expiry are judged by it).
     pub(crate) async fn lease_raw(&self, now: Instant) -> Result<RawLease, ProxyError> {
+        self.lease_raw_avoiding(now, None).await
+    }
+
+    /// As [`lease_raw`](Self::lease_raw), from an endpoint other than `avoid` if the cluster
+    /// has another.
+    async fn lease_raw_avoiding(
+        &self,
+        now: Instant,
+        avoid: Option<&Arc<Endpoint>>,
+    ) -> Result<RawLease, ProxyError> {
         self.start_tasks();
         let inner = &self.inner;
         let endpoints = inner.endpoints.load_full();
-        let mut tried = Vec::new();
-        let mut last_error = None;
-        for _ in 0..MAX_CONNECT_ATTEMPTS {
-            let Some(i) = inner.balancer.pick(&endpoints, inner.ms_at(now), &tried) else {
-                break;
-            };
-            let in_flight = endpoints[i].begin_request();
-            let conn = match checkout(&endpoints[i], &inner.opts, now) {
+        let avoided = avoid.and_then(|a| endpoints.iter().position(|e| Arc::ptr_eq(e, a)));
+        let mut tried: Vec<usize> = avoided.into_iter().collect();
+        let acquire = |endpoint: Arc<Endpoint>| async move {
+            match checkout(&endpoint, &inner.opts, now) {
                 Some(conn) => Ok(conn),
-                None => connect(inner, &endpoints[i]).await,
-            };
-            match conn {
-                Ok(conn) => {
-                    let inner = Arc::clone(inner);
-                    return Ok(RawLease {
-                        conn,
-                        in_flight,
-                        inner,
-                    });
-                }
-                Err(e) => {
-                    tried.push(i);
-                    last_error = Some((endpoints[i].addr(), e));
-                }
+                None => connect(inner, &endpoint).await,
             }
-        }
-        match last_error {
-            Some((addr, e)) => {
-                super::send::log_failure(inner, addr, &e);
-                Err(e)
-            }
-            None => Err(ProxyError::NoEndpoint {
-                cluster: inner.name.clone(),
-            }),
-        }
+        };
+        let now_ms = inner.ms_at(now);
+        let (_, conn, in_flight) =
+            super::send::pick_and(inner, &endpoints, now_ms, &mut tried, acquire).await?;
+        Ok(RawLease {
+            conn,
+            in_flight,
+            inner: Arc::clone(inner),
+        })
     }
 }
 

@@ -1,0 +1,365 @@
+//! A cluster's `retry` (issue 33, item 6): which failures and answers send a request to the
+//! upstream again, how many times, for which requests, and within which budget; the client gets
+//! the last attempt's answer. The test command runs these on the fast path and again with it
+//! off (hyper); each checks that the fast path served when it is on.
+#![allow(clippy::unwrap_used)]
+
+mod reverse_support;
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use support::{client, static_config, Client, Reply, TestProxy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A backend that answers every request with `status` and a body naming it and the request's
+/// body, counting requests.
+struct Answering {
+    addr: SocketAddr,
+    requests: Arc<AtomicUsize>,
+}
+
+impl Answering {
+    async fn start(name: &'static str, status: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&requests);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let counted = Arc::clone(&counted);
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let text = format!("{name} {}", String::from_utf8_lossy(&body));
+                        let mut res = Response::new(Full::new(Bytes::from(text)));
+                        *res.status_mut() = StatusCode::from_u16(status).unwrap();
+                        Ok::<_, Infallible>(res)
+                    }
+                });
+                tokio::spawn(async move {
+                    let conn = hyper::server::conn::http1::Builder::new();
+                    let _ = conn.serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+        Self { addr, requests }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+/// A backend that reads each request's head and closes its connection without a word: a
+/// reset before any response byte, on a fresh connection.
+async fn resetting() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&requests);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counted = Arc::clone(&counted);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    (addr, requests)
+}
+
+async fn request(client: &Client, method: Method, url: &str, body: &'static str) -> Reply {
+    let req = Request::builder().method(method).uri(url);
+    support::send(client, req.body(Full::new(Bytes::from(body))).unwrap()).await
+}
+
+/// The value of the metric line that starts with `prefix` (0 when there is none).
+fn metric(proxy: &TestProxy, prefix: &str) -> u64 {
+    let text = proxy.metrics.render();
+    let line = text.lines().find(|l| l.starts_with(prefix));
+    line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// When the fast path is on, it served (the rule is both paths').
+fn assert_fast_path_served(proxy: &TestProxy) {
+    if let Some(served) = support::fast_path_served(&proxy.metrics) {
+        assert!(served > 0, "the fast path served nothing");
+    }
+}
+
+#[tokio::test]
+async fn a_listed_answer_goes_to_another_endpoint() {
+    let bad = Answering::start("bad", 503).await;
+    let good = Answering::start("good", 200).await;
+    let extra = "lb = \"round_robin\"\nretry = { retries = 1, on = [\"503\"] }\n";
+    let proxy = TestProxy::start(&static_config(&[bad.addr, good.addr], extra)).await;
+    let client = client();
+    for _ in 0..6 {
+        let reply = request(&client, Method::GET, &proxy.url("/"), "").await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.body, "good ");
+    }
+    assert!(
+        bad.requests() >= 1,
+        "round robin never tried the failing endpoint"
+    );
+    let retried = metric(
+        &proxy,
+        "sluice_upstream_retries_total{cluster=\"backend\",reason=\"503\"}",
+    );
+    assert_eq!(retried, bad.requests() as u64);
+    // A POST that may have been processed is not sent twice: one of two meets the 503.
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        statuses.push(
+            request(&client, Method::POST, &proxy.url("/"), "x")
+                .await
+                .status,
+        );
+    }
+    assert!(
+        statuses.contains(&StatusCode::SERVICE_UNAVAILABLE),
+        "{statuses:?}"
+    );
+    assert_fast_path_served(&proxy);
+}
+
+#[tokio::test]
+async fn when_every_attempt_fails_the_client_gets_the_last_answer() {
+    let a = Answering::start("a", 503).await;
+    let b = Answering::start("b", 503).await;
+    let extra = "retry = { retries = 3, on = [\"502\", \"503\"] }\n";
+    let proxy = TestProxy::start(&static_config(&[a.addr, b.addr], extra)).await;
+    let reply = request(&client(), Method::GET, &proxy.url("/"), "").await;
+    // The upstream's own answer, not one of Sluice's.
+    assert_eq!(reply.status, 503);
+    assert!(reply.body == "a " || reply.body == "b ", "{reply:?}");
+    assert_eq!(
+        a.requests() + b.requests(),
+        4,
+        "one attempt and three retries"
+    );
+    assert_fast_path_served(&proxy);
+}
+
+#[tokio::test]
+async fn a_body_kept_in_memory_goes_again_whole() {
+    let bad = Answering::start("bad", 502).await;
+    let good = Answering::start("good", 200).await;
+    let extra = "lb = \"round_robin\"\nretry = { retries = 1, on = [\"502\"] }\n";
+    let proxy = TestProxy::start(&static_config(&[bad.addr, good.addr], extra)).await;
+    let client = client();
+    for _ in 0..4 {
+        let reply = request(&client, Method::PUT, &proxy.url("/"), "the body").await;
+        assert_eq!(
+            (reply.status.as_u16(), reply.body.as_str()),
+            (200, "good the body")
+        );
+    }
+    assert!(bad.requests() >= 1);
+    assert_fast_path_served(&proxy);
+}
+
+#[tokio::test]
+async fn the_budget_refuses_retries_past_its_share() {
+    let failing = Answering::start("failing", 503).await;
+    let extra = "retry = { retries = 3, on = [\"503\"], budget_percent = 0, budget_min = 0 }\n";
+    let proxy = TestProxy::start(&static_config(&[failing.addr], extra)).await;
+    let client = client();
+    for _ in 0..3 {
+        let reply = request(&client, Method::GET, &proxy.url("/"), "").await;
+        assert_eq!(reply.status, 503);
+    }
+    assert_eq!(failing.requests(), 3, "a budget of nothing allows no retry");
+    let refused = metric(
+        &proxy,
+        "sluice_upstream_retries_refused_total{cluster=\"backend\"}",
+    );
+    assert_eq!(refused, 3);
+    assert_fast_path_served(&proxy);
+}
+
+#[tokio::test]
+async fn a_reset_before_the_response_is_retried_for_idempotent_requests() {
+    let (reset, resets) = resetting().await;
+    let good = Answering::start("good", 200).await;
+    let extra = "lb = \"round_robin\"\nretry = { retries = 1, on = [\"reset\"] }\n";
+    let proxy = TestProxy::start(&static_config(&[reset, good.addr], extra)).await;
+    let client = client();
+    for _ in 0..4 {
+        let reply = request(&client, Method::GET, &proxy.url("/"), "").await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+    assert!(resets.load(Ordering::SeqCst) >= 1);
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        statuses.push(
+            request(&client, Method::POST, &proxy.url("/"), "x")
+                .await
+                .status,
+        );
+    }
+    assert!(statuses.contains(&StatusCode::BAD_GATEWAY), "{statuses:?}");
+    assert_fast_path_served(&proxy);
+}
+
+#[tokio::test]
+async fn non_idempotent_requests_go_again_when_the_policy_says_so() {
+    let (reset, resets) = resetting().await;
+    let good = Answering::start("good", 200).await;
+    let extra = "lb = \"round_robin\"\n\
+                 retry = { retries = 1, on = [\"reset\"], non_idempotent = true }\n";
+    let proxy = TestProxy::start(&static_config(&[reset, good.addr], extra)).await;
+    let client = client();
+    for _ in 0..4 {
+        let reply = request(&client, Method::POST, &proxy.url("/"), "order 1").await;
+        assert_eq!(
+            (reply.status.as_u16(), reply.body.as_str()),
+            (200, "good order 1")
+        );
+    }
+    assert!(resets.load(Ordering::SeqCst) >= 1);
+    assert_fast_path_served(&proxy);
+}
+
+#[tokio::test]
+async fn without_connect_failure_a_dead_endpoint_is_not_left_for_another() {
+    // An address nothing listens on: bound, then closed.
+    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let good = Answering::start("good", 200).await;
+    let listed = "lb = \"round_robin\"\n";
+    let proxy = TestProxy::start(&static_config(&[dead_addr, good.addr], listed)).await;
+    let client = client();
+    for _ in 0..4 {
+        let reply = request(&client, Method::GET, &proxy.url("/"), "").await;
+        assert_eq!(reply.status, 200, "by default a failed connect moves on");
+    }
+    let unlisted = "lb = \"round_robin\"\nretry = { on = [\"503\"] }\n";
+    let proxy = TestProxy::start(&static_config(&[dead_addr, good.addr], unlisted)).await;
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        statuses.push(
+            request(&client, Method::GET, &proxy.url("/"), "")
+                .await
+                .status,
+        );
+    }
+    assert!(statuses.contains(&StatusCode::BAD_GATEWAY), "{statuses:?}");
+}
+
+mod sessions {
+    use super::*;
+    use reverse_support::custom::serve_fn;
+    use reverse_support::{start_proxy, ServiceSpec, DEFAULT_ROUTE};
+
+    /// A service whose first answer is 503, every later one 200, counting requests.
+    async fn flaky_once(acceptor: SocketAddr, sessions: usize) -> Arc<AtomicUsize> {
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&requests);
+        let spec = ServiceSpec::new("flaky", sessions);
+        serve_fn(acceptor, &spec, move |req: Request<Incoming>| {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let status = if n == 0 { 503 } else { 200 };
+                let mut res = Response::new(Full::new(body));
+                *res.status_mut() = StatusCode::from_u16(status).unwrap();
+                Ok(res)
+            }
+        })
+        .await;
+        requests
+    }
+
+    #[tokio::test]
+    async fn a_listed_answer_goes_to_another_session() {
+        let cluster = "retry = { retries = 2, on = [\"503\"] }\n";
+        let proxy = start_proxy(cluster, DEFAULT_ROUTE).await;
+        let requests = flaky_once(proxy.acceptor, 1).await;
+        proxy.idle("default", 1).await;
+        let reply = reverse_support::send_body(proxy.http, Method::PUT, "/", "kept").await;
+        assert_eq!(
+            (reply.status.as_u16(), reply.text().as_str()),
+            (200, "kept")
+        );
+        assert_eq!(requests.load(Ordering::SeqCst), 2);
+        // The answer that was dropped gave its session back: the one session serves on.
+        proxy.idle("default", 1).await;
+        let reply = reverse_support::get(proxy.http, "/").await;
+        assert_eq!(reply.status, 200);
+        proxy.stop().await;
+    }
+
+    #[tokio::test]
+    async fn without_a_policy_the_answer_is_the_clients() {
+        let proxy = start_proxy("", DEFAULT_ROUTE).await;
+        let requests = flaky_once(proxy.acceptor, 1).await;
+        proxy.idle("default", 1).await;
+        let reply = reverse_support::get(proxy.http, "/").await;
+        assert_eq!(reply.status, 503);
+        assert_eq!(requests.load(Ordering::SeqCst), 1);
+        proxy.stop().await;
+    }
+}
+
+/// A malformed `retry` is a config error that says where and what to write instead.
+#[test]
+fn a_malformed_retry_is_a_config_error() {
+    let endpoint: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let cases = [
+        ("retry = { retries = 11 }", "at most 10 retries"),
+        ("retry = { on = [\"404\"] }", "not a failure to retry"),
+        (
+            "retry = { on = [\"5xx\"] }",
+            "unknown retry condition `5xx`",
+        ),
+        ("retry = { budget_percent = 150 }", "0 to 100"),
+        ("retry = { retrys = 1 }", "unknown field `retrys`"),
+    ];
+    for (line, message) in cases {
+        let text = static_config(&[endpoint], line);
+        let err = sluice::config::parse_str(&text, "t.toml", std::path::Path::new("."))
+            .unwrap_err()
+            .to_string();
+        let at = format!(
+            "t.toml:{}:",
+            text.lines().position(|l| l == line).unwrap() + 1
+        );
+        assert!(err.contains(message), "{line}: {err}");
+        assert!(err.contains(&at), "{line}: {err} (not at {at})");
+    }
+    let reverse = "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
+                   [acceptor]\nlisten = \"127.0.0.1:0\"\n\
+                   [[route]]\ncluster = \"api\"\n\
+                   [cluster.api]\nkind = \"reverse\"\nretry = { on = [\"connect-failure\"] }\n";
+    let err = sluice::config::parse_str(reverse, "t.toml", std::path::Path::new("."))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("never connects") && err.contains("t.toml:10:"),
+        "{err}"
+    );
+}
