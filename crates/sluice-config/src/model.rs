@@ -330,6 +330,50 @@ pub struct StaticOptions {
     pub tls: Option<UpstreamTls>,
     /// When a request goes out again (`retry = { .. }`).
     pub retry: Retry,
+    /// The HTTP version spoken to the endpoints (`protocol`). Default HTTP/1.1.
+    pub protocol: UpstreamProtocol,
+    /// HTTP/2 connections to each endpoint (`h2 = { .. }`), when `protocol` may speak it.
+    pub h2: H2Options,
+}
+
+/// What a static cluster speaks to its endpoints (`protocol = ..`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// `"http1"`: HTTP/1.1, one request per connection at a time (the default).
+    Http1,
+    /// `"h2"`: HTTP/2 over TLS (ALPN `h2`); needs `tls`.
+    H2,
+    /// `"h2c"`: HTTP/2 in cleartext, with prior knowledge (gRPC's usual plaintext).
+    H2c,
+    /// `"auto"`: over TLS, what ALPN agrees (`h2` offered first, then `http/1.1`); in
+    /// plaintext, HTTP/1.1.
+    Auto,
+}
+
+/// How a static cluster keeps its HTTP/2 connections (`h2 = { .. }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct H2Options {
+    /// Connections to one endpoint at most; another opens when those open carry as many
+    /// streams as they may. Default 4.
+    pub max_connections: usize,
+    /// Streams one connection carries at once at most (fewer if the endpoint's
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` says so). Default 100.
+    pub max_streams: usize,
+    /// A connection quiet this long is sent a PING. Default 30 s.
+    pub keepalive_interval: Duration,
+    /// A PING unanswered this long closes the connection. Default 10 s.
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for H2Options {
+    fn default() -> Self {
+        Self {
+            max_connections: 4,
+            max_streams: 100,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// When a request goes to the cluster again after a failed attempt (`retry = { .. }` on a
@@ -416,6 +460,8 @@ impl Default for StaticOptions {
             health_check: None,
             tls: None,
             retry: Retry::default(),
+            protocol: UpstreamProtocol::Http1,
+            h2: H2Options::default(),
         }
     }
 }

@@ -301,6 +301,8 @@ pub(crate) struct RawCluster {
     pub(crate) ejection: Option<Spanned<RawEjection>>,
     pub(crate) health_check: Option<Spanned<RawHealthCheck>>,
     pub(crate) tls: Option<Spanned<RawUpstreamTls>>,
+    pub(crate) protocol: Option<Spanned<RawProtocol>>,
+    pub(crate) h2: Option<Spanned<RawH2>>,
     // kind = "reverse"
     pub(crate) tokens: Option<Spanned<Vec<Spanned<String>>>>,
     pub(crate) queue_max: Option<Spanned<usize>>,
@@ -312,6 +314,27 @@ pub(crate) struct RawCluster {
     pub(crate) response_buffer: Option<Spanned<Size>>,
     pub(crate) handoff: Option<Spanned<String>>,
     pub(crate) handoff_idle: Option<Spanned<usize>>,
+}
+
+/// A static cluster's `protocol`; serde's "unknown variant" message lists the valid ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawProtocol {
+    Http1,
+    H2,
+    H2c,
+    Auto,
+}
+
+/// A static cluster's `h2 = { max_connections, max_streams, keepalive_interval,
+/// keepalive_timeout }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawH2 {
+    pub(crate) max_connections: Option<Spanned<usize>>,
+    pub(crate) max_streams: Option<Spanned<usize>>,
+    pub(crate) keepalive_interval: Option<Timeout>,
+    pub(crate) keepalive_timeout: Option<Timeout>,
 }
 
 /// A cluster's `retry = { retries, on, non_idempotent, budget_percent, budget_min }`.

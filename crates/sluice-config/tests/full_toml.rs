@@ -57,6 +57,7 @@ const TABLES: &[(&str, &str)] = &[
     ),
     ("cluster.tls", "[cluster.c]\ntls = { zz_probe = 1 }"),
     ("cluster.retry", "[cluster.c]\nretry = { zz_probe = 1 }"),
+    ("cluster.h2", "[cluster.c]\nh2 = { zz_probe = 1 }"),
     ("relay", "[[relay]]\nzz_probe = 1"),
 ];
 

@@ -26,9 +26,10 @@ use crate::body::ProxyBody;
 use crate::error::{Origin, ProxyError};
 use crate::http::checks::{self, check_request};
 use crate::http::compression::{self, Decision, ResponseFacts};
+use crate::http::grpc;
 use crate::http::headers::{
     add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
-    Forwarding,
+    wants_trailers, Forwarding, TrailersWanted,
 };
 use crate::http::request_id::RequestIds;
 use crate::http::trace_context::{RequestTrace, SentContext, TRACEPARENT, TRACESTATE};
@@ -36,7 +37,7 @@ use crate::http::{redirect, rewrite, ClientInfo};
 use crate::metrics::Metrics;
 use crate::otel::Tracing;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
-use crate::upstream::{ServedBy, Upstream, WantsServedBy};
+use crate::upstream::{Deadline, ServedBy, Upstream, WantsServedBy};
 
 /// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
 ///
@@ -146,6 +147,8 @@ impl<R: Routing> ProxyService<R> {
             )
         });
         let http1 = req.version() <= Version::HTTP_11;
+        // gRPC runs over HTTP/2 only, and its client reads Sluice's own failures from fields.
+        let grpc = !http1 && grpc::is_grpc(req.headers());
         let mut matched = None;
         let stamp = id.as_ref().map(|(n, v)| (*n, v));
         let stamps = Stamps {
@@ -158,7 +161,10 @@ impl<R: Routing> ProxyService<R> {
             Ok(res) => res,
             Err(e) => {
                 log_failure(&e, &client, matched.as_deref());
-                let mut res = e.response_with_id(http1, stamp);
+                let mut res = match grpc {
+                    true => grpc::response(&e, stamp),
+                    false => e.response_with_id(http1, stamp),
+                };
                 if matches!(e, ProxyError::CorsRefused(_)) {
                     res.extensions_mut().insert(Preflight);
                 }
@@ -232,7 +238,8 @@ impl<R: Routing> ProxyService<R> {
                     limit,
                     target,
                 };
-                let req = upstream_request(req, client, &edits, client_side.is_some());
+                let mut req = upstream_request(req, client, &edits, client_side.is_some());
+                grpc_deadline(&mut req);
                 let res = upstream.send(req).await?;
                 upgrade::respond(res, client_side, client.peer)
             }
@@ -311,6 +318,10 @@ fn upstream_request(
     upgrade: bool,
 ) -> Request<ProxyBody> {
     let (mut parts, body) = req.into_parts();
+    if wants_trailers(&parts.headers) {
+        // `TE` is hop-by-hop; an HTTP/2 upstream is told again (gRPC needs it).
+        parts.extensions.insert(TrailersWanted);
+    }
     if upgrade {
         strip_hop_by_hop_keep_upgrade(&mut parts.headers);
     } else {
@@ -357,6 +368,22 @@ fn upstream_request(
     parts.version = Version::HTTP_11;
     let body = ProxyBody::from_client_limited(body, client.body_timeout, edits.limit);
     Request::from_parts(parts, body)
+}
+
+/// A gRPC call's `grpc-timeout`, as a deadline for its response head that is shorter than the
+/// cluster's response timeout when the call asks for less (then 504, told to the client as
+/// DEADLINE_EXCEEDED). The field goes upstream too: the service bounds the rest of the call.
+fn grpc_deadline(req: &mut Request<ProxyBody>) {
+    if !grpc::is_grpc(req.headers()) {
+        return;
+    }
+    let timeout = req
+        .headers()
+        .get(&grpc::GRPC_TIMEOUT)
+        .and_then(grpc::timeout);
+    if let Some(at) = timeout.and_then(|t| std::time::Instant::now().checked_add(t)) {
+        req.extensions_mut().insert(Deadline(at));
+    }
 }
 
 /// What the access log and a trace keep of a request until its response body has ended.

@@ -687,3 +687,66 @@ async fn status_and_metrics_show_each_certificates_expiry() {
         "{rendered}"
     );
 }
+
+/// An HTTPS backend offering `alpn` that speaks what the handshake agreed (HTTP/2 or
+/// HTTP/1.1) and answers each request with the version it came in.
+async fn alpn_backend(ca: &Ca, alpn: &[&[u8]]) -> SocketAddr {
+    let mut config = server_config(&ca.server("backend.test"));
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = service_fn(|req: Request<Incoming>| async move {
+                    let text = format!("{:?} {}", req.version(), req.uri().path());
+                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(text))))
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                );
+                let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn h2_and_auto_clusters_speak_what_alpn_agrees() {
+    let (dir, ca) = upstream_ca();
+    let both = alpn_backend(&ca, &[b"h2", b"http/1.1"]).await;
+    let http1_only = alpn_backend(&ca, &[b"http/1.1"]).await;
+    let client = client();
+    for (backend, protocol, expected) in [
+        (both, "h2", "HTTP/2.0 /x"),
+        (both, "auto", "HTTP/2.0 /x"),
+        (http1_only, "auto", "HTTP/1.1 /x"),
+        (both, "http1", "HTTP/1.1 /x"),
+    ] {
+        let extra = format!("protocol = \"{protocol}\"");
+        let proxy = proxy_to(dir.path(), backend, VERIFIED, &extra).await;
+        for _ in 0..2 {
+            let reply = get(&client, &proxy.url("/x")).await;
+            assert_eq!(
+                (reply.status, reply.body.as_str()),
+                (StatusCode::OK, expected),
+                "{protocol}"
+            );
+        }
+    }
+    // `h2` to an endpoint that will not speak it: 502 with the reason.
+    let proxy = proxy_to(dir.path(), http1_only, VERIFIED, "protocol = \"h2\"").await;
+    let reply = get(&client, &proxy.url("/x")).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    assert!(
+        reply.body.contains("application protocol"),
+        "{}",
+        reply.body
+    );
+}

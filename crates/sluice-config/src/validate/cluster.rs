@@ -11,10 +11,12 @@ use super::kind_keys::{refuse_foreign, reverse_keys};
 use super::{reverse, Ctx};
 use crate::error::ConfigError;
 use crate::model::{
-    Cluster, ClusterKind, Ejection, HealthCheck, LbPolicy, PoolOptions, StaticCluster,
-    StaticOptions,
+    Cluster, ClusterKind, Ejection, H2Options, HealthCheck, LbPolicy, PoolOptions, StaticCluster,
+    StaticOptions, UpstreamProtocol,
 };
-use crate::raw::{RawCluster, RawEjection, RawHealthCheck, RawKind, RawLb, RawPool};
+use crate::raw::{
+    RawCluster, RawEjection, RawH2, RawHealthCheck, RawKind, RawLb, RawPool, RawProtocol,
+};
 
 const DEFAULT_HEALTH_PATH: &str = "/healthz";
 const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
@@ -53,6 +55,11 @@ fn static_cluster(
         return Err(ctx.err(name_span, msg));
     };
     let defaults = StaticOptions::default();
+    let protocol = protocol(ctx, raw.protocol, raw.tls.is_some())?;
+    if let (UpstreamProtocol::Http1, Some(h2)) = (protocol, &raw.h2) {
+        let msg = "`h2` settings need `protocol = \"h2\"`, \"h2c\" or \"auto\"";
+        return Err(ctx.err(h2.span(), msg));
+    }
     let options = StaticOptions {
         lb: lb(raw.lb.map(Spanned::into_inner)),
         connect_timeout: raw
@@ -81,10 +88,57 @@ fn static_cluster(
             })
             .transpose()?,
         retry: super::retry::retry(ctx, "static", raw.retry, defaults.retry.clone())?,
+        protocol,
+        h2: h2(ctx, raw.h2)?,
     };
     Ok(StaticCluster {
         endpoints: endpoints(ctx, raw_endpoints)?,
         options,
+    })
+}
+
+/// `protocol`, checked against whether the cluster speaks TLS.
+fn protocol(
+    ctx: Ctx<'_>,
+    raw: Option<Spanned<RawProtocol>>,
+    tls: bool,
+) -> Result<UpstreamProtocol, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(UpstreamProtocol::Http1);
+    };
+    let span = raw.span();
+    match (raw.into_inner(), tls) {
+        (RawProtocol::H2, false) => Err(ctx.err(
+            span,
+            "`protocol = \"h2\"` is HTTP/2 over TLS: add `tls = { .. }`, or use \"h2c\" for HTTP/2 in cleartext",
+        )),
+        (RawProtocol::H2c, true) => Err(ctx.err(
+            span,
+            "`protocol = \"h2c\"` is HTTP/2 in cleartext: with `tls`, use \"h2\" (or \"auto\")",
+        )),
+        (RawProtocol::Http1, _) => Ok(UpstreamProtocol::Http1),
+        (RawProtocol::H2, true) => Ok(UpstreamProtocol::H2),
+        (RawProtocol::H2c, false) => Ok(UpstreamProtocol::H2c),
+        (RawProtocol::Auto, _) => Ok(UpstreamProtocol::Auto),
+    }
+}
+
+/// `h2 = { max_connections, max_streams, keepalive_interval, keepalive_timeout }`.
+fn h2(ctx: Ctx<'_>, raw: Option<Spanned<RawH2>>) -> Result<H2Options, ConfigError> {
+    let d = H2Options::default();
+    let Some(raw) = raw else {
+        return Ok(d);
+    };
+    let raw = raw.into_inner();
+    let at_least_one = |v: Option<Spanned<usize>>, default: usize, key: &str| match v {
+        Some(v) if *v.get_ref() == 0 => Err(ctx.err(v.span(), format!("`{key}` is at least 1"))),
+        v => Ok(v.map_or(default, Spanned::into_inner)),
+    };
+    Ok(H2Options {
+        max_connections: at_least_one(raw.max_connections, d.max_connections, "max_connections")?,
+        max_streams: at_least_one(raw.max_streams, d.max_streams, "max_streams")?,
+        keepalive_interval: raw.keepalive_interval.map_or(d.keepalive_interval, |t| t.0),
+        keepalive_timeout: raw.keepalive_timeout.map_or(d.keepalive_timeout, |t| t.0),
     })
 }
 

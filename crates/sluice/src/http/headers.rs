@@ -43,6 +43,16 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Marks a request whose client said `TE: trailers` (hop-by-hop, so removed on the way): an
+/// HTTP/2 upstream is told again, as gRPC services require.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TrailersWanted;
+
+/// Whether `TE` lists `trailers`.
+pub(crate) fn wants_trailers(headers: &HeaderMap) -> bool {
+    tokens(headers, &header::TE).any(|t| t.eq_ignore_ascii_case("trailers"))
+}
+
 /// Whether a request asks to switch protocols (RFC 9110 §7.8): HTTP/1.1, `Connection: upgrade`
 /// and an `Upgrade` header. HTTP/2 has no such mechanism, and an `h2c` upgrade is refused:
 /// the proxy speaks HTTP/2 to clients itself and only HTTP/1.1 to upstreams.

@@ -11,6 +11,7 @@ pub(crate) mod checks;
 pub(crate) mod client;
 pub(crate) mod compression;
 pub(crate) mod cors;
+pub(crate) mod grpc;
 pub(crate) mod headers;
 pub(crate) mod rate_limit;
 pub(crate) mod read_ahead;

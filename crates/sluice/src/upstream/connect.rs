@@ -1,10 +1,11 @@
-//! Opening HTTP/1.1 client connections to listening endpoints, over TCP or TLS.
+//! Opening HTTP/1.1 and HTTP/2 client connections to listening endpoints, over TCP or TLS.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use sluice_config::{H2Options, UpstreamProtocol};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tracing::debug;
@@ -59,3 +60,86 @@ where
     });
     Ok(sender)
 }
+
+/// A client connection of either version.
+pub(crate) enum Connected {
+    /// HTTP/1.1.
+    H1(http1::SendRequest<ProxyBody>),
+    /// HTTP/2.
+    H2(http2::SendRequest<ProxyBody>),
+}
+
+/// Connects to `addr` as `protocol` says, within `timeout`: HTTP/2 with prior knowledge for
+/// `h2c`; over TLS, what ALPN agreed (`h2` must be agreed for `h2`; `auto` takes either);
+/// else HTTP/1.1.
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    timeout: Duration,
+    tls: Option<&UpstreamTls>,
+    (protocol, h2): (UpstreamProtocol, &H2Options),
+) -> Result<Connected, ProxyError> {
+    let connect = async {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(ProxyError::Connect)?;
+        stream.set_nodelay(true).map_err(ProxyError::Connect)?;
+        let Some(tls) = tls else {
+            return match protocol {
+                UpstreamProtocol::H2c => start_h2(stream, addr, h2).await.map(Connected::H2),
+                _ => start(stream, addr).await.map(Connected::H1),
+            };
+        };
+        let stream = tls.handshake(stream, addr).await?;
+        let agreed_h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        match (protocol, agreed_h2) {
+            (_, true) => start_h2(stream, addr, h2).await.map(Connected::H2),
+            (UpstreamProtocol::H2, false) => Err(ProxyError::UpstreamTls {
+                check: "the endpoint did not agree to HTTP/2 (ALPN h2)",
+                detail: format!("{addr} agreed to no h2 by ALPN"),
+            }),
+            (_, false) => start(stream, addr).await.map(Connected::H1),
+        }
+    };
+    match tokio::time::timeout(timeout, connect).await {
+        Err(_elapsed) => Err(ProxyError::ConnectTimeout),
+        Ok(connected) => connected,
+    }
+}
+
+/// Starts hyper's HTTP/2 client connection on an established stream: PINGs keep it alive
+/// (and find it dead), and the connection's window holds every stream's, so that a stream
+/// whose reader is slow never stalls the others (RFC 9113 §5.2).
+async fn start_h2<I>(
+    io: I,
+    addr: SocketAddr,
+    opts: &H2Options,
+) -> Result<http2::SendRequest<ProxyBody>, ProxyError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let streams = u32::try_from(opts.max_streams).unwrap_or(u32::MAX);
+    let connection_window = STREAM_WINDOW.saturating_mul(streams).min(MAX_WINDOW);
+    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(connection_window)
+        .initial_max_send_streams(opts.max_streams)
+        .keep_alive_interval(opts.keepalive_interval)
+        .keep_alive_timeout(opts.keepalive_timeout)
+        .keep_alive_while_idle(true)
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(ProxyError::UpstreamProtocol)?;
+    tokio::spawn(async move {
+        if let Err(error) = conn.await {
+            debug!(upstream.addr = %addr, %error, "upstream HTTP/2 connection ended with an error");
+        }
+    });
+    Ok(sender)
+}
+
+/// What one HTTP/2 stream may have in flight towards the proxy before its reader takes it.
+const STREAM_WINDOW: u32 = 256 * 1024;
+
+/// HTTP/2's largest window (RFC 9113 §6.9.1).
+const MAX_WINDOW: u32 = (1 << 31) - 1;

@@ -18,6 +18,22 @@ use crate::error::ProxyError;
 use crate::http::headers::wants_close;
 use crate::http::retry;
 
+/// A request's own deadline for its response head (a gRPC call's `grpc-timeout`), when it
+/// is sooner than its cluster's response timeout.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline(pub(crate) std::time::Instant);
+
+/// How long `req` may wait for its response head: the cluster's `timeout`, or less when the
+/// request's [`Deadline`] comes sooner.
+pub(crate) fn response_timeout<B>(req: &Request<B>, timeout: Duration) -> Duration {
+    match req.extensions().get::<Deadline>() {
+        Some(Deadline(at)) => at
+            .saturating_duration_since(std::time::Instant::now())
+            .min(timeout),
+        None => timeout,
+    }
+}
+
 /// A copy of a request to send again (after a stale connection, or as a cluster's retry
 /// policy says): made only for a request whose body is empty or in memory.
 #[derive(Debug)]
@@ -174,7 +190,7 @@ pub(crate) fn answered(answer: Answer) -> Result<Response<Incoming>, Failure> {
     };
     let unsent = e.take_message();
     let error = e.into_error();
-    let failed = if unsent.is_some() {
+    let failed = if unsent.is_some() || refused(&error) {
         retry::Failed::Unsent
     } else if !error.is_user() && !error.is_parse() && !error.is_timeout() {
         retry::Failed::BeforeResponse
@@ -191,6 +207,24 @@ pub(crate) fn answered(answer: Answer) -> Result<Response<Incoming>, Failure> {
         failed,
         unsent,
     })
+}
+
+/// Whether an HTTP/2 upstream refused the stream unprocessed (RFC 9113 §8.7): it was reset
+/// with `REFUSED_STREAM`, or was above the last stream a GOAWAY said the upstream would
+/// process (`NO_ERROR`: a graceful shutdown), so it may go again whatever it is.
+fn refused(error: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            let reason = h2.reason();
+            let refused = reason == Some(h2::Reason::REFUSED_STREAM);
+            let graceful =
+                h2.is_go_away() && h2.is_remote() && reason == Some(h2::Reason::NO_ERROR);
+            return refused || graceful;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Marks a response that came with both `Transfer-Encoding` and `Content-Length`: its

@@ -17,6 +17,7 @@ use http::{Request, Response};
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+pub(crate) use exchange::Deadline;
 pub(crate) use host::default_host;
 pub use reverse::{ReverseCluster, ReverseSlice};
 pub(crate) use served::{ServedBy, WantsServedBy};

@@ -19,6 +19,7 @@ use tokio_rustls::TlsConnector;
 use tracing::warn;
 
 use crate::error::ProxyError;
+use sluice_config::UpstreamProtocol;
 use sluice_net::tls::{load_pair, provider};
 
 /// How a cluster's connections to its endpoints are secured.
@@ -38,8 +39,13 @@ impl std::fmt::Debug for UpstreamTls {
 }
 
 impl UpstreamTls {
-    /// Builds the client config `cfg` describes (`cluster` names it in errors and warnings).
-    pub(crate) fn new(cluster: &str, cfg: &sluice_config::UpstreamTls) -> io::Result<Self> {
+    /// Builds the client config `cfg` describes (`cluster` names it in errors and warnings),
+    /// offering by ALPN what `protocol` may speak.
+    pub(crate) fn new(
+        cluster: &str,
+        cfg: &sluice_config::UpstreamTls,
+        protocol: sluice_config::UpstreamProtocol,
+    ) -> io::Result<Self> {
         let builder = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| invalid(e.to_string()))?;
@@ -60,7 +66,11 @@ impl UpstreamTls {
                     .map_err(|e| invalid(format!("{}: {e}", pair.cert_path.display())))?
             }
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = match protocol {
+            UpstreamProtocol::Http1 | UpstreamProtocol::H2c => vec![b"http/1.1".to_vec()],
+            UpstreamProtocol::H2 => vec![b"h2".to_vec()],
+            UpstreamProtocol::Auto => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        };
         let name = match &cfg.sni {
             Some(sni) => Some(
                 ServerName::try_from(sni.clone())
@@ -125,8 +135,11 @@ fn roots(cfg: &sluice_config::UpstreamTls) -> io::Result<RootCertStore> {
 fn handshake_error(e: io::Error) -> ProxyError {
     let check = match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
         Some(rustls::Error::InvalidCertificate(cert)) => certificate_check(cert),
+        Some(
+            rustls::Error::NoApplicationProtocol
+            | rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol),
+        ) => "no common application protocol (ALPN)",
         Some(rustls::Error::AlertReceived(_)) => "the endpoint refused the handshake",
-        Some(rustls::Error::NoApplicationProtocol) => "no common application protocol",
         Some(_) => "protocol error",
         None => "connection lost during the handshake",
     };

@@ -121,8 +121,9 @@ async fn send_on(
             unsent: Some(req),
         });
     };
+    let timeout = exchange::response_timeout(&req, pool.options().response_timeout);
     let answer = sender.try_send_request(req);
-    let mut exchange = Exchange::start(pool, session, answer);
+    let mut exchange = Exchange::start(pool, session, answer, timeout);
     let Ok((answer, session)) = tokio::time::timeout_at(exchange.deadline, &mut exchange).await
     else {
         exchange.forget();
@@ -155,11 +156,12 @@ impl Exchange {
         pool: &Arc<SlicePool>,
         session: Session,
         answer: impl Future<Output = Answer> + Send + 'static,
+        timeout: std::time::Duration,
     ) -> Self {
         Self {
             answer: Some(Box::pin(async move { (answer.await, session) })),
             pool: Arc::clone(pool),
-            deadline: Instant::now() + pool.options().response_timeout,
+            deadline: Instant::now() + timeout,
         }
     }
 

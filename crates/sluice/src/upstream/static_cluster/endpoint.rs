@@ -34,6 +34,10 @@ pub struct Endpoint {
     raw_idle: Mutex<VecDeque<IdleRaw>>,
     /// Its responses by status class, and their latency.
     metrics: super::metrics::EndpointMetrics,
+    /// Its HTTP/2 connections.
+    pub(crate) h2: super::h2::H2Pool,
+    /// It agreed to HTTP/2 by ALPN (a `protocol = "auto"` cluster's).
+    speaks_h2: AtomicBool,
 }
 
 impl Endpoint {
@@ -62,7 +66,19 @@ impl Endpoint {
             idle: Mutex::new(VecDeque::new()),
             raw_idle: Mutex::new(VecDeque::new()),
             metrics: super::metrics::EndpointMetrics::default(),
+            h2: super::h2::H2Pool::default(),
+            speaks_h2: AtomicBool::new(false),
         }
+    }
+
+    /// Whether it agreed to HTTP/2 by ALPN.
+    pub(crate) fn speaks_h2(&self) -> bool {
+        self.speaks_h2.load(Ordering::Relaxed)
+    }
+
+    /// It agreed to HTTP/2 by ALPN: its requests take streams from now on.
+    pub(crate) fn agreed_h2(&self) {
+        self.speaks_h2.store(true, Ordering::Relaxed);
     }
 
     /// The endpoint's address.
@@ -95,9 +111,10 @@ impl Endpoint {
         self.ejected_until_ms.load(Ordering::Relaxed)
     }
 
-    /// Idle pooled connections right now.
+    /// Idle pooled connections right now (HTTP/2 connections, shared by streams, count as
+    /// idle).
     pub fn idle_connections(&self) -> usize {
-        self.lock_idle().len() + self.lock_raw_idle().len()
+        self.lock_idle().len() + self.lock_raw_idle().len() + self.h2.connections()
     }
 
     /// Whether load balancing may pick this endpoint at `now_ms` (cluster epoch milliseconds).
@@ -145,6 +162,7 @@ impl Endpoint {
         self.removed.store(true, Ordering::Relaxed);
         self.lock_idle().clear();
         self.lock_raw_idle().clear();
+        self.h2.clear();
     }
 
     /// Takes the most recently used idle connection that is still open and not expired.

@@ -10,8 +10,9 @@ use tracing::{info, warn};
 
 use super::{Endpoint, HealthCheck, Inner};
 use crate::body::ProxyBody;
-use crate::upstream::connect::connect_http1;
+use crate::upstream::connect::{connect as connect_any, Connected};
 use crate::upstream::tls::UpstreamTls;
+use sluice_config::{H2Options, UpstreamProtocol};
 
 /// Starts checking `endpoint` if the cluster has a health check. The task ends when the
 /// endpoint is removed or the cluster dropped.
@@ -19,17 +20,29 @@ pub(super) fn spawn(inner: &Arc<Inner>, endpoint: Arc<Endpoint>) {
     let Some(check) = inner.opts.health_check.clone() else {
         return;
     };
-    let connect_timeout = inner.opts.connect_timeout;
-    let tls = inner.tls.clone();
+    let connect = Connect {
+        timeout: inner.opts.connect_timeout,
+        tls: inner.tls.clone(),
+        protocol: inner.opts.protocol,
+        h2: inner.opts.h2.clone(),
+    };
     let cluster = Arc::downgrade(inner);
-    tokio::spawn(check_loop(cluster, endpoint, check, (connect_timeout, tls)));
+    tokio::spawn(check_loop(cluster, endpoint, check, connect));
+}
+
+/// How a check connects: as the cluster's requests do.
+struct Connect {
+    timeout: Duration,
+    tls: Option<UpstreamTls>,
+    protocol: UpstreamProtocol,
+    h2: H2Options,
 }
 
 async fn check_loop(
     cluster: Weak<Inner>,
     endpoint: Arc<Endpoint>,
     check: HealthCheck,
-    connect: (Duration, Option<UpstreamTls>),
+    connect: Connect,
 ) {
     let (mut passes, mut fails) = (0u32, 0u32);
     let mut log = Transitions::default();
@@ -113,28 +126,40 @@ impl Transitions {
     }
 }
 
-/// One check: `GET <path>` on a fresh connection (TLS for an HTTPS cluster); a 2xx or 3xx
-/// within the timeout passes. A failure says what the check saw.
-async fn probe(
-    addr: SocketAddr,
-    check: &HealthCheck,
-    (connect_timeout, tls): &(Duration, Option<UpstreamTls>),
-) -> Result<(), String> {
+/// One check: `GET <path>` on a fresh connection (TLS for an HTTPS cluster, HTTP/2 for one
+/// that speaks it); a 2xx or 3xx within the timeout passes. A failure says what the check saw.
+async fn probe(addr: SocketAddr, check: &HealthCheck, connect: &Connect) -> Result<(), String> {
     let attempt = async {
-        let mut sender = connect_http1(addr, (*connect_timeout).min(check.timeout), tls.as_ref())
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let host = tls.as_ref().and_then(UpstreamTls::sni);
-        let req = Request::get(check.path.as_str())
-            .header(header::HOST, host.unwrap_or_else(|| addr.to_string()))
-            .header(header::USER_AGENT, "sluice-health-check")
-            .header(header::CONNECTION, "close")
-            .body(ProxyBody::empty())
-            .map_err(|e| format!("request: {e}"))?;
-        let res = sender
-            .send_request(req)
-            .await
-            .map_err(|e| format!("exchange: {e}"))?;
+        let timeout = connect.timeout.min(check.timeout);
+        let tls = connect.tls.as_ref();
+        let protocol = (connect.protocol, &connect.h2);
+        let connected = connect_any(addr, timeout, tls, protocol).await;
+        let host = tls
+            .and_then(UpstreamTls::sni)
+            .unwrap_or_else(|| addr.to_string());
+        let req =
+            Request::get(check.path.as_str()).header(header::USER_AGENT, "sluice-health-check");
+        let res = match connected.map_err(|e| format!("connect: {e}"))? {
+            Connected::H1(mut sender) => {
+                let req = req
+                    .header(header::HOST, host)
+                    .header(header::CONNECTION, "close");
+                let req = req
+                    .body(ProxyBody::empty())
+                    .map_err(|e| format!("request: {e}"))?;
+                sender.send_request(req).await
+            }
+            Connected::H2(mut sender) => {
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let uri = format!("{scheme}://{host}{}", check.path);
+                let req = req.uri(uri).version(http::Version::HTTP_2);
+                let req = req
+                    .body(ProxyBody::empty())
+                    .map_err(|e| format!("request: {e}"))?;
+                sender.send_request(req).await
+            }
+        };
+        let res = res.map_err(|e| format!("exchange: {e}"))?;
         match res.status().is_success() || res.status().is_redirection() {
             true => Ok(()),
             false => Err(format!("status {}", res.status().as_u16())),

@@ -6,6 +6,7 @@
 //! request moves on to another endpoint (the request was not sent, so any method may move).
 
 mod endpoint;
+mod h2;
 mod health;
 mod lb;
 mod metrics;
@@ -27,14 +28,13 @@ pub use metrics::StaticMetrics;
 pub(crate) use sluice_config::HealthCheck;
 pub use sluice_config::StaticOptions;
 
-use self::endpoint::ReturnOnEnd;
 use self::lb::Balancer;
 use self::metrics::ConnectCounters;
 use self::pool::Conn;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::http::retry::{Policy, RetryMetrics};
-use crate::upstream::connect::connect_http1;
+use crate::upstream::connect::{connect, connect_http1, Connected};
 use crate::upstream::tls::UpstreamTls;
 
 mod send;
@@ -114,7 +114,7 @@ impl StaticCluster {
         let tls = opts
             .tls
             .as_ref()
-            .map(|t| UpstreamTls::new(&name, t))
+            .map(|t| UpstreamTls::new(&name, t, opts.protocol))
             .transpose()?;
         let mut list: Vec<Arc<Endpoint>> = Vec::new();
         for addr in endpoints {
@@ -254,6 +254,16 @@ async fn reap_idle(cluster: Weak<Inner>) {
 
 /// Takes an idle connection to `endpoint` that is ready for a request, or connects a new one.
 async fn acquire(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError> {
+    if let Some(conn) = checkout_ready(inner, endpoint).await {
+        return Ok(conn);
+    }
+    // Boxed: connecting is the cold path once the pool is warm, and its state (the TCP connect
+    // and hyper's handshake) would otherwise sit inline in every request's future.
+    Box::pin(connect_fresh(inner, endpoint)).await
+}
+
+/// The most recently used idle HTTP/1.1 connection to `endpoint` that is ready for a request.
+async fn checkout_ready(inner: &Inner, endpoint: &Endpoint) -> Option<Conn> {
     while let Some(mut conn) = endpoint.checkout(&inner.opts) {
         // A connection goes back to the pool when its response ends, which can be a moment
         // before hyper's dispatcher is ready for the next request; `ready` waits out that
@@ -262,23 +272,39 @@ async fn acquire(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError>
         // connection not ready within the connect timeout is closed instead.
         let ready = tokio::time::timeout(inner.opts.connect_timeout, conn.sender.ready());
         if matches!(ready.await, Ok(Ok(()))) {
-            return Ok(conn);
+            return Some(conn);
         }
         debug!(upstream.addr = %endpoint.addr(), "discarded a closed pooled connection");
     }
-    // Boxed: connecting is the cold path once the pool is warm, and its state (the TCP connect
-    // and hyper's handshake) would otherwise sit inline in every request's future.
-    Box::pin(connect_fresh(inner, endpoint)).await
+    None
 }
 
 async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, ProxyError> {
     let tls = inner.tls.as_ref();
     let connected = connect_http1(endpoint.addr(), inner.opts.connect_timeout, tls).await;
+    counted(inner, endpoint, connected).map(Conn::new)
+}
+
+/// A new connection to `endpoint` as the cluster's `protocol` says (HTTP/2 for `h2c`, what
+/// ALPN agreed over TLS).
+async fn connect_any(inner: &Inner, endpoint: &Endpoint) -> Result<Connected, ProxyError> {
+    let (tls, opts) = (inner.tls.as_ref(), &inner.opts);
+    let protocol = (opts.protocol, &opts.h2);
+    let connected = connect(endpoint.addr(), opts.connect_timeout, tls, protocol).await;
+    counted(inner, endpoint, connected)
+}
+
+/// Counts a connect, and ejects `endpoint` when it failed.
+fn counted<T>(
+    inner: &Inner,
+    endpoint: &Endpoint,
+    connected: Result<T, ProxyError>,
+) -> Result<T, ProxyError> {
     inner.connects.count(connected.is_ok());
     match connected {
-        Ok(sender) => {
+        Ok(conn) => {
             endpoint.connect_succeeded();
-            Ok(Conn::new(sender))
+            Ok(conn)
         }
         Err(e) => {
             endpoint.connect_failed(inner.now_ms(), &inner.opts);
@@ -288,7 +314,10 @@ async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, Proxy
     }
 }
 
-fn wrap_response(res: Response<hyper::body::Incoming>, ret: ReturnOnEnd) -> Response<ProxyBody> {
+fn wrap_response(
+    res: Response<hyper::body::Incoming>,
+    ret: impl crate::body::Release + 'static,
+) -> Response<ProxyBody> {
     let (parts, body) = res.into_parts();
     Response::from_parts(parts, ProxyBody::guarded(body, ret))
 }

@@ -103,9 +103,14 @@ impl Leased for RawLease {
 }
 
 impl StaticCluster {
-    /// Whether the fast path can reach this cluster (plain TCP: it does not speak TLS).
+    /// Whether the fast path can reach this cluster: HTTP/1.1 over plain TCP (it speaks
+    /// neither TLS nor HTTP/2; an `auto` cluster without TLS speaks HTTP/1.1).
     pub(crate) fn is_plain(&self) -> bool {
-        self.inner.tls.is_none()
+        let http1 = !matches!(
+            self.inner.opts.protocol,
+            sluice_config::UpstreamProtocol::H2 | sluice_config::UpstreamProtocol::H2c
+        );
+        self.inner.tls.is_none() && http1
     }
 
     /// Leases a connection for one request: an endpoint picked by the load-balancing policy,

@@ -10,17 +10,20 @@ use hyper::body::Incoming;
 use tracing::{debug, warn};
 
 use super::endpoint::{Endpoint, InFlight, ReturnOnEnd};
+use super::h2::{self, H2Stream};
 use super::pool::Conn;
-use super::{acquire, connect_fresh, wrap_response, Inner, MAX_CONNECT_ATTEMPTS};
+use super::{acquire, wrap_response, Inner, MAX_CONNECT_ATTEMPTS};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::http::retry::{self, Again, Retries};
 use crate::http::IO_BUFFER_BYTES;
+use crate::upstream::connect::Connected;
 use crate::upstream::exchange::{self, Failure, Replay};
 use crate::upstream::host::default_host;
 use crate::upstream::reverse::buffer;
 use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
 use crate::upstream::tls::UpstreamTls;
+use sluice_config::UpstreamProtocol;
 
 /// Picks an endpoint and exchanges the request with it. A failed connect ejects the endpoint
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`] (unless the
@@ -48,12 +51,12 @@ pub(super) async fn send(
         let (i, conn, in_flight) = match fresh.take() {
             Some(i) => {
                 let in_flight = endpoints[i].begin_request();
-                let conn = connect_fresh(inner, &endpoints[i]).await?;
+                let conn = lease_fresh(inner, &endpoints[i]).await?;
                 (i, conn, in_flight)
             }
             None => {
-                let acquire = |e: Arc<Endpoint>| async move { acquire(inner, &e).await };
-                pick_and(inner, &endpoints, inner.now_ms(), &mut tried, acquire).await?
+                let lease = |e: Arc<Endpoint>| async move { lease(inner, &e).await };
+                pick_and(inner, &endpoints, inner.now_ms(), &mut tried, lease).await?
             }
         };
         let addr = endpoints[i].addr();
@@ -153,20 +156,117 @@ where
     }
 }
 
+/// A connection or stream leased for one request.
+pub(super) enum Leg {
+    /// An HTTP/1.1 connection of the pool.
+    H1(Conn),
+    /// A stream on one of the endpoint's HTTP/2 connections.
+    H2(H2Stream),
+}
+
+impl Leg {
+    fn is_reused(&self) -> bool {
+        match self {
+            Self::H1(conn) => conn.is_reused(),
+            Self::H2(stream) => stream.is_reused(),
+        }
+    }
+}
+
+/// Leases what `endpoint` takes a request on, as the cluster's `protocol` says: a pooled
+/// HTTP/1.1 connection, or a stream on an HTTP/2 one (`auto`: once the endpoint agreed to
+/// HTTP/2 by ALPN).
+async fn lease(inner: &Inner, endpoint: &Endpoint) -> Result<Leg, ProxyError> {
+    if takes_streams(inner, endpoint) {
+        let connect = || connect_h2(inner, endpoint);
+        let leased = h2::lease(&inner.opts.h2, &endpoint.h2, connect).await;
+        return leased.map(Leg::H2);
+    }
+    if inner.opts.protocol != UpstreamProtocol::Auto {
+        return acquire(inner, endpoint).await.map(Leg::H1);
+    }
+    if let Some(conn) = super::checkout_ready(inner, endpoint).await {
+        return Ok(Leg::H1(conn));
+    }
+    connect_leg(inner, endpoint).await
+}
+
+/// What a request takes after a stale connection: a new HTTP/1.1 connection to `endpoint`, or
+/// a stream on another of its HTTP/2 connections (the one that went away takes no more).
+async fn lease_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Leg, ProxyError> {
+    match takes_streams(inner, endpoint) {
+        true => lease(inner, endpoint).await,
+        false => connect_leg(inner, endpoint).await,
+    }
+}
+
+/// A new connection to `endpoint`: HTTP/1.1, or a stream on a new HTTP/2 one (for `auto`, as
+/// ALPN agrees).
+async fn connect_leg(inner: &Inner, endpoint: &Endpoint) -> Result<Leg, ProxyError> {
+    match super::connect_any(inner, endpoint).await? {
+        Connected::H1(sender) => Ok(Leg::H1(Conn::new(sender))),
+        Connected::H2(sender) => {
+            endpoint.agreed_h2();
+            Ok(Leg::H2(endpoint.h2.add(sender)))
+        }
+    }
+}
+
+/// Whether `endpoint`'s requests take HTTP/2 streams: the cluster speaks HTTP/2, or may and
+/// the endpoint agreed to it.
+fn takes_streams(inner: &Inner, endpoint: &Endpoint) -> bool {
+    match inner.opts.protocol {
+        UpstreamProtocol::Http1 => false,
+        UpstreamProtocol::H2 | UpstreamProtocol::H2c => true,
+        UpstreamProtocol::Auto => endpoint.speaks_h2(),
+    }
+}
+
+/// A new HTTP/2 connection to `endpoint`, for an `h2`, `h2c` or `auto` cluster.
+async fn connect_h2(
+    inner: &Inner,
+    endpoint: &Endpoint,
+) -> Result<hyper::client::conn::http2::SendRequest<ProxyBody>, ProxyError> {
+    match super::connect_any(inner, endpoint).await? {
+        Connected::H2(sender) => Ok(sender),
+        // An `auto` endpoint that agreed to HTTP/2 before and now does not.
+        Connected::H1(_) => Err(ProxyError::UpstreamInvalid(
+            "endpoint stopped agreeing to HTTP/2",
+        )),
+    }
+}
+
 /// The line an operator needs for a 502 or 504: which cluster, which endpoint, what failed.
 pub(super) fn log_failure(inner: &Inner, addr: SocketAddr, e: &ProxyError) {
     let status = e.status().as_u16();
     warn!(cluster = %inner.name, upstream.addr = %addr, error = %e, status, "upstream failed");
 }
 
-/// Sends on `conn` and waits for the response head within the response timeout.
+/// Sends on `leg` and waits for the response head within the response timeout (or the
+/// request's own [`Deadline`](crate::upstream::Deadline), when sooner).
 async fn exchange(
     inner: &Inner,
-    mut conn: Conn,
+    leg: Leg,
     in_flight: InFlight,
     req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, Failure> {
-    let timeout = inner.opts.response_timeout;
+    let timeout = exchange::response_timeout(&req, inner.opts.response_timeout);
+    let mut conn = match leg {
+        Leg::H1(conn) => conn,
+        Leg::H2(stream) => {
+            let scheme = if inner.tls.is_some() { "https" } else { "http" };
+            let addr = in_flight.endpoint().addr().to_string();
+            let sent_at = std::time::Instant::now();
+            let (res, slot) = stream.send(req, timeout, (scheme, &addr)).await?;
+            let endpoint = in_flight.endpoint();
+            endpoint.observe(res.status().as_u16(), sent_at.elapsed());
+            let end = StreamEnd {
+                _slot: slot,
+                _in_flight: in_flight,
+            };
+            return Ok(wrap_response(res, end));
+        }
+    };
     let sent_at = std::time::Instant::now();
     let res = exchange::send(&mut conn.sender, req, timeout).await?;
     in_flight
@@ -193,4 +293,17 @@ fn finish(
     let reusable = exchange::keeps_connection(&res) && conn.served < limit;
     let ret = ReturnOnEnd::new(reusable.then_some(conn), Arc::clone(&inner.opts), in_flight);
     wrap_response(res, ret)
+}
+
+/// What a response body over HTTP/2 holds until it ends: nothing goes back to a pool (the
+/// connection stays shared); dropping it gives back the stream's slot and the endpoint's
+/// in-flight count.
+#[derive(Debug)]
+struct StreamEnd {
+    _slot: h2::Slot,
+    _in_flight: InFlight,
+}
+
+impl crate::body::Release for StreamEnd {
+    fn finish(&mut self) {}
 }

@@ -1,0 +1,227 @@
+//! HTTP/2 to a static cluster's endpoints (`protocol = "h2"`, `"h2c"`, or `"auto"` where ALPN
+//! agrees to it): a few multiplexed connections per endpoint, each carrying up to
+//! `h2.max_streams` streams (fewer when the endpoint's `SETTINGS_MAX_CONCURRENT_STREAMS` says
+//! so: hyper holds a stream back until the endpoint has room), another opened while those
+//! open are full, up to `h2.max_connections`. A connection that closed or received GOAWAY is
+//! left for a new one; a request hyper gives back unsent goes out again on another (the stale
+//! rule of `http::retry`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use http::{header, HeaderValue, Request, Response, Uri, Version};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use tokio::sync::Notify;
+
+use sluice_config::H2Options;
+
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::http::headers::TrailersWanted;
+use crate::http::retry;
+use crate::upstream::exchange::{self, Failure};
+
+/// One endpoint's HTTP/2 connections.
+#[derive(Debug, Default)]
+pub(crate) struct H2Pool {
+    conns: Mutex<Vec<H2Conn>>,
+    /// Connections being opened now.
+    opening: AtomicUsize,
+    /// Told when an opening connection opened or failed.
+    opened: Notify,
+}
+
+/// What a request finds in the pool.
+enum Found {
+    Stream(H2Stream),
+    /// No connection has room and more may open: this request opens one.
+    Open,
+    /// None is open yet, and as many as may are opening: wait for one.
+    Wait,
+}
+
+#[derive(Debug, Clone)]
+struct H2Conn {
+    sender: SendRequest<ProxyBody>,
+    /// Streams open on it now.
+    open: Arc<AtomicUsize>,
+    /// Streams it carried, ever.
+    carried: Arc<AtomicU64>,
+    /// It gave a request back unsent or refused a stream: it is going away (GOAWAY), and
+    /// takes no new stream.
+    going: Arc<AtomicBool>,
+}
+
+/// A stream leased on one of an endpoint's connections; its slot is given back when the
+/// response body ends (or the stream is dropped).
+#[derive(Debug)]
+pub(crate) struct H2Stream {
+    sender: SendRequest<ProxyBody>,
+    slot: Slot,
+    /// The connection carried streams before this one.
+    reused: bool,
+    /// Its connection's [`H2Conn::going`].
+    going: Arc<AtomicBool>,
+}
+
+/// A connection's count of open streams, held by one stream until its response ends.
+#[derive(Debug)]
+pub(super) struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl H2Pool {
+    fn lock(&self) -> MutexGuard<'_, Vec<H2Conn>> {
+        // Nothing spans two fields under the lock: a poisoned one is still consistent.
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A stream on the least busy open connection with room; else whether to open one or to
+    /// wait for those opening.
+    fn take(&self, max_streams: usize, max_connections: usize) -> Found {
+        let mut conns = self.lock();
+        conns.retain(|c| !c.sender.is_closed() && !c.going.load(Ordering::Acquire));
+        let least = conns.iter().min_by_key(|c| c.open.load(Ordering::Acquire));
+        let full = least.is_none_or(|c| c.open.load(Ordering::Acquire) >= max_streams);
+        if full && conns.len() + self.opening.load(Ordering::Acquire) < max_connections {
+            self.opening.fetch_add(1, Ordering::AcqRel);
+            return Found::Open;
+        }
+        // At the cap, the least busy takes it anyway: hyper holds the stream until there is
+        // room.
+        match least {
+            Some(conn) => Found::Stream(conn.stream()),
+            None => Found::Wait,
+        }
+    }
+
+    /// Keeps a new connection and takes a stream on it.
+    pub(super) fn add(&self, sender: SendRequest<ProxyBody>) -> H2Stream {
+        let conn = H2Conn {
+            sender,
+            open: Arc::default(),
+            carried: Arc::default(),
+            going: Arc::default(),
+        };
+        let stream = conn.stream();
+        self.lock().push(conn);
+        stream
+    }
+
+    /// Closes every connection (the endpoint was removed): streams open on them end first.
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Connections open now.
+    pub(crate) fn connections(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+impl H2Conn {
+    fn stream(&self) -> H2Stream {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        let carried = self.carried.fetch_add(1, Ordering::AcqRel);
+        H2Stream {
+            sender: self.sender.clone(),
+            slot: Slot(Arc::clone(&self.open)),
+            reused: carried > 0,
+            going: Arc::clone(&self.going),
+        }
+    }
+}
+
+impl H2Stream {
+    /// Whether its connection carried streams before (a failure before any response byte may
+    /// then mean it was going away).
+    pub(crate) fn is_reused(&self) -> bool {
+        self.reused
+    }
+
+    /// Sends `req` on the stream and waits at most `timeout` for the response head: the head,
+    /// and the stream's slot for the response body to hold until it ends.
+    pub(super) async fn send(
+        mut self,
+        mut req: Request<ProxyBody>,
+        timeout: std::time::Duration,
+        (scheme, authority): (&str, &str),
+    ) -> Result<(Response<Incoming>, Slot), Failure> {
+        if req.headers().contains_key(header::UPGRADE) {
+            let e = ProxyError::NotImplemented("a protocol upgrade over an HTTP/2 upstream");
+            return Err(Failure::later(e));
+        }
+        as_h2(&mut req, scheme, authority);
+        let answer = async {
+            // Ready unless the connection is going away (then the request comes back unsent).
+            let _ = self.sender.ready().await;
+            self.sender.try_send_request(req).await
+        };
+        let res = match tokio::time::timeout(timeout, answer).await {
+            Ok(answer) => exchange::answered(answer),
+            Err(_elapsed) => return Err(Failure::timed_out()),
+        };
+        let res = res.inspect_err(|failure| {
+            if failure.failed == retry::Failed::Unsent {
+                // Its next requests go to another connection (this one's streams finish).
+                self.going.store(true, Ordering::Release);
+            }
+        })?;
+        Ok((res, self.slot))
+    }
+}
+
+/// The request as HTTP/2 sends it: an absolute URI (hyper takes `:scheme` and `:authority`
+/// from it; the authority is `Host`'s, else `authority`), no `Host`, `te: trailers` again when
+/// the client said so.
+fn as_h2(req: &mut Request<ProxyBody>, scheme: &str, authority: &str) {
+    let host = req.headers_mut().remove(header::HOST);
+    let authority = host
+        .as_ref()
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or(authority);
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    if let Ok(uri) = Uri::try_from(format!("{scheme}://{authority}{path}")) {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = Version::HTTP_2;
+    if req.extensions().get::<TrailersWanted>().is_some() {
+        let te = HeaderValue::from_static("trailers");
+        req.headers_mut().insert(header::TE, te);
+    }
+}
+
+/// Leases a stream on one of `pool`'s connections with room, or on a new one `connect` opens.
+pub(super) async fn lease<F, Fut>(
+    opts: &H2Options,
+    pool: &H2Pool,
+    mut connect: F,
+) -> Result<H2Stream, ProxyError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<SendRequest<ProxyBody>, ProxyError>>,
+{
+    loop {
+        let opened = pool.opened.notified();
+        let mut opened = std::pin::pin!(opened);
+        // Registered before the pool is looked at, so that an opening that ends meanwhile is
+        // not missed.
+        opened.as_mut().enable();
+        match pool.take(opts.max_streams, opts.max_connections) {
+            Found::Stream(stream) => return Ok(stream),
+            Found::Wait => opened.await,
+            Found::Open => {
+                let connected = connect().await;
+                pool.opening.fetch_sub(1, Ordering::AcqRel);
+                let stream = connected.map(|sender| pool.add(sender));
+                pool.opened.notify_waiters();
+                return stream;
+            }
+        }
+    }
+}
