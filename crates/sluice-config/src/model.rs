@@ -381,7 +381,8 @@ impl Default for H2Options {
 /// upstream had closed while idle goes once more (that was not the upstream's failure).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retry {
-    /// Further attempts after the first on a failure `on` lists. Default 0.
+    /// Further attempts after the first on a failure `on` lists. Default 0 without a
+    /// `retry` table, 1 with one that does not say.
     pub retries: u32,
     /// Which failures count.
     pub on: RetryOn,

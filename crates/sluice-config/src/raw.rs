@@ -342,7 +342,7 @@ pub(crate) struct RawH2 {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRetry {
     pub(crate) retries: Option<Spanned<u32>>,
-    pub(crate) on: Option<Vec<Spanned<String>>>,
+    pub(crate) on: Option<Spanned<Vec<Spanned<String>>>>,
     pub(crate) non_idempotent: Option<bool>,
     pub(crate) budget_percent: Option<Spanned<u32>>,
     pub(crate) budget_min: Option<u32>,

@@ -1,7 +1,8 @@
 //! A cluster's `retry` (issue 33, item 6): which failures and answers send a request to the
 //! upstream again, how many times, for which requests, and within which budget; the client gets
-//! the last attempt's answer. The test command runs these on the fast path and again with it
-//! off (hyper); each checks that the fast path served when it is on.
+//! the last attempt's answer, or the one in hand when no next attempt can start. The test
+//! command runs these on the fast path and again with it off (hyper); the tests of static
+//! clusters check that the fast path served when it is on.
 #![allow(clippy::unwrap_used)]
 
 mod reverse_support;
@@ -226,11 +227,12 @@ async fn a_reset_before_the_response_is_retried_for_idempotent_requests() {
 
 #[tokio::test]
 async fn non_idempotent_requests_go_again_when_the_policy_says_so() {
-    let (reset, resets) = resetting().await;
+    // A 503 says the request was not processed: a POST may go again after it when told so.
+    let busy = Answering::start("busy", 503).await;
     let good = Answering::start("good", 200).await;
     let extra = "lb = \"round_robin\"\n\
-                 retry = { retries = 1, on = [\"reset\"], non_idempotent = true }\n";
-    let proxy = TestProxy::start(&static_config(&[reset, good.addr], extra)).await;
+                 retry = { retries = 1, on = [\"503\"], non_idempotent = true }\n";
+    let proxy = TestProxy::start(&static_config(&[busy.addr, good.addr], extra)).await;
     let client = client();
     for _ in 0..4 {
         let reply = request(&client, Method::POST, &proxy.url("/"), "order 1").await;
@@ -239,7 +241,7 @@ async fn non_idempotent_requests_go_again_when_the_policy_says_so() {
             (200, "good order 1")
         );
     }
-    assert!(resets.load(Ordering::SeqCst) >= 1);
+    assert!(busy.requests() >= 1);
     assert_fast_path_served(&proxy);
 }
 
@@ -268,6 +270,131 @@ async fn without_connect_failure_a_dead_endpoint_is_not_left_for_another() {
         );
     }
     assert!(statuses.contains(&StatusCode::BAD_GATEWAY), "{statuses:?}");
+}
+
+/// A backend that answers each request with exactly `bytes` (written at once, or head and
+/// body `pause` apart when `pause` is set), then closes.
+async fn raw_backend(
+    bytes: &'static [u8],
+    pause: Option<(usize, std::time::Duration)>,
+) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                match pause {
+                    None => {
+                        let _ = stream.write_all(bytes).await;
+                    }
+                    Some((at, pause)) => {
+                        let _ = stream.write_all(&bytes[..at]).await;
+                        tokio::time::sleep(pause).await;
+                        let _ = stream.write_all(&bytes[at..]).await;
+                    }
+                }
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn the_answer_in_hand_is_the_clients_when_no_next_attempt_can_start() {
+    let failing = Answering::start("failing", 500).await;
+    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let extra = "retry = { retries = 1, on = [\"connect-failure\", \"500\"] }\n";
+    let proxy = TestProxy::start(&static_config(&[failing.addr, dead_addr], extra)).await;
+    let client = client();
+    for _ in 0..6 {
+        let reply = request(&client, Method::GET, &proxy.url("/"), "").await;
+        // The upstream's own 500, never Sluice's 502 or 503 for the attempt that could not be.
+        assert_eq!(
+            (reply.status.as_u16(), reply.body.as_str()),
+            (500, "failing ")
+        );
+    }
+    assert_fast_path_served(&proxy);
+}
+
+#[tokio::test]
+async fn a_retry_leaves_the_budget_when_its_answer_begins() {
+    let failing = Answering::start("failing", 503).await;
+    // Its head at once, its body 2 s later.
+    let slow = raw_backend(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow",
+        Some((38, std::time::Duration::from_secs(2))),
+    )
+    .await;
+    let extra = "lb = \"round_robin\"\n\
+                 retry = { retries = 1, on = [\"503\"], budget_percent = 0, budget_min = 1 }\n";
+    let proxy = TestProxy::start(&static_config(&[failing.addr, slow], extra)).await;
+    // The first request goes to the failing endpoint, then to the slow one; its head comes.
+    let mut first = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    first
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 256];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = first.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        head.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    // While its body is still coming, the budget's one retry is free again.
+    let reply = request(&client(), Method::GET, &proxy.url("/"), "").await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(metric(&proxy, "sluice_upstream_retries_refused_total"), 0);
+    assert_fast_path_served(&proxy);
+}
+
+#[tokio::test]
+async fn a_head_cut_short_goes_again_only_for_idempotent_requests_on_both_paths() {
+    let cut = raw_backend(b"HTTP/1.1 200 OK\r\nContent-Le", None).await;
+    let good = Answering::start("good", 200).await;
+    let extra = "lb = \"round_robin\"\n\
+                 retry = { retries = 1, on = [\"reset\"], non_idempotent = true }\n";
+    let proxy = TestProxy::start(&static_config(&[cut, good.addr], extra)).await;
+    let client = client();
+    // Round robin: the GET meets the cut head first, and goes to the good endpoint.
+    let reply = request(&client, Method::GET, &proxy.url("/"), "").await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    // The POST meets it next: the upstream may have begun to answer, so it is not sent again.
+    let reply = request(&client, Method::POST, &proxy.url("/"), "x").await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{reply:?}");
+    assert_fast_path_served(&proxy);
+}
+
+#[tokio::test]
+async fn retries_go_to_endpoints_not_tried_yet() {
+    let a = Answering::start("a", 503).await;
+    let b = Answering::start("b", 503).await;
+    let c = Answering::start("c", 200).await;
+    let extra = "lb = \"random\"\nretry = { retries = 2, on = [\"503\"] }\n";
+    let proxy = TestProxy::start(&static_config(&[a.addr, b.addr, c.addr], extra)).await;
+    let client = client();
+    for _ in 0..12 {
+        let reply = request(&client, Method::GET, &proxy.url("/"), "").await;
+        assert_eq!((reply.status.as_u16(), reply.body.as_str()), (200, "c "));
+    }
+    assert_fast_path_served(&proxy);
 }
 
 mod sessions {

@@ -34,7 +34,15 @@ pub(super) fn retry(
     };
     let on = match raw.on {
         None => default.on,
-        Some(list) => on(ctx, kind, &list)?,
+        Some(list) => {
+            let span = list.span();
+            let on = on(ctx, kind, list.get_ref())?;
+            if retries > 0 && !on.reset && on.statuses.is_empty() {
+                let msg = "`retries` count `reset` and statuses, and `on` lists neither: add one (e.g. \"reset\", \"503\"), or set `retries = 0`";
+                return Err(ctx.err(span, msg));
+            }
+            on
+        }
     };
     let budget_percent = match raw.budget_percent {
         Some(p) if *p.get_ref() > 100 => {

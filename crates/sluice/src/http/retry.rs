@@ -44,6 +44,10 @@ pub(crate) enum Body {
     Streamed,
 }
 
+/// The longest answer body a status retry reads off and keeps (see
+/// [`Retries::after_status`]).
+pub(crate) const KEPT_ANSWER: u64 = 64 * 1024;
+
 /// Why a request goes out again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Again {
@@ -104,6 +108,12 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
+    /// Whether a retry may need the request again byte for byte (its `on` lists `reset` or a
+    /// status), so that a body worth keeping is read first.
+    pub(crate) fn replays(&self) -> bool {
+        self.config.on.reset || !self.config.on.statuses.is_empty()
+    }
+
     /// The policy `config` describes for `cluster`; `None` when it allows no retries (only
     /// the stale rule then applies, and requests pay for nothing).
     pub(crate) fn new(cluster: &str, config: &Retry, metrics: &RetryMetrics) -> Option<Arc<Self>> {
@@ -177,7 +187,9 @@ impl Retries {
     /// Whether the policy may ever send this request again, so a copy of it is worth
     /// keeping.
     pub(crate) fn may_replay(&self) -> bool {
-        self.policy.as_ref().is_some_and(|p| self.allowed(p))
+        self.policy
+            .as_ref()
+            .is_some_and(|p| p.replays() && self.allowed(p))
     }
 
     /// Whether the request goes again after an attempt that failed so, on a connection or
@@ -205,17 +217,30 @@ impl Retries {
             return Some(Again::Stale);
         }
         let policy = self.policy.as_ref()?;
-        let listed = policy.config.on.reset && (failed == Failed::Unsent || self.allowed(policy));
+        // A connection that closed before a whole head may have carried part of one (hyper
+        // does not say): only an idempotent request goes again after it; any request may after
+        // an unsent one.
+        let safe = failed == Failed::Unsent || self.idempotent;
+        let listed = policy.config.on.reset && safe;
         self.grant(listed, "reset").then_some(Again::Policy)
     }
 
-    /// Whether the request goes again after an answer with `status`, its body `body`.
-    pub(crate) fn after_status(&mut self, status: u16, body: Body) -> bool {
+    /// Whether the request goes again after an answer with `status`, its body `body`, the
+    /// answer's body `answer_len` long (when known). Only an answer whose whole body is small
+    /// enough to read off and keep ([`KEPT_ANSWER`]) is retried: the client gets it if the next
+    /// attempt cannot start, and reading it off gives its connection or session back at once.
+    pub(crate) fn after_status(
+        &mut self,
+        status: u16,
+        body: Body,
+        answer_len: Option<u64>,
+    ) -> bool {
         let Some(policy) = &self.policy else {
             return false;
         };
         let listed = policy.config.on.statuses.contains(&status);
-        if !listed || body != Body::Kept || !self.allowed(policy) {
+        let small = answer_len.is_some_and(|len| len <= KEPT_ANSWER);
+        if !listed || !small || body != Body::Kept || !self.allowed(policy) {
             return false;
         }
         self.grant(true, &status.to_string())
@@ -297,7 +322,7 @@ mod tests {
             r.after_failure(Failed::BeforeResponse, true, Body::Streamed),
             None
         );
-        assert!(!r.after_status(503, Body::Streamed));
+        assert!(!r.after_status(503, Body::Streamed, Some(0)));
     }
 
     #[test]
@@ -337,9 +362,15 @@ mod tests {
             r.after_failure(Failed::BeforeResponse, false, Body::Kept),
             Some(Again::Policy)
         );
-        assert!(!r.after_status(502, Body::Kept), "502 is not listed");
-        assert!(r.after_status(503, Body::Kept));
-        assert!(!r.after_status(503, Body::Kept), "two retries used");
+        assert!(
+            !r.after_status(502, Body::Kept, Some(0)),
+            "502 is not listed"
+        );
+        assert!(r.after_status(503, Body::Kept, Some(0)));
+        assert!(
+            !r.after_status(503, Body::Kept, Some(0)),
+            "two retries used"
+        );
     }
 
     #[test]
@@ -347,7 +378,7 @@ mod tests {
         let p = policy(2, &[503]);
         let mut r = Retries::new(Some(&p), false);
         assert!(!r.may_replay());
-        assert!(!r.after_status(503, Body::Kept));
+        assert!(!r.after_status(503, Body::Kept, Some(0)));
         assert_eq!(
             r.after_failure(Failed::BeforeResponse, false, Body::Kept),
             None
@@ -363,7 +394,7 @@ mod tests {
         };
         let told = Policy::new("c", &config, &RetryMetrics::default());
         let mut r = Retries::new(told.as_ref(), false);
-        assert!(r.after_status(503, Body::Kept));
+        assert!(r.after_status(503, Body::Kept, Some(0)));
     }
 
     #[test]
@@ -373,7 +404,7 @@ mod tests {
         let mut requests: Vec<Retries> = (0..20).map(|_| Retries::new(Some(&p), true)).collect();
         let granted = requests
             .iter_mut()
-            .filter_map(|r| r.after_status(503, Body::Kept).then_some(()))
+            .filter_map(|r| r.after_status(503, Body::Kept, Some(0)).then_some(()))
             .count();
         assert_eq!(granted, 4);
         // Those requests end: their retries leave the budget with them.
@@ -384,7 +415,7 @@ mod tests {
         let mut few: Vec<Retries> = (0..5).map(|_| Retries::new(Some(&p), true)).collect();
         let granted = few
             .iter_mut()
-            .filter_map(|r| r.after_status(503, Body::Kept).then_some(()))
+            .filter_map(|r| r.after_status(503, Body::Kept, Some(0)).then_some(()))
             .count();
         assert_eq!(granted, 3);
     }
@@ -392,5 +423,37 @@ mod tests {
     #[test]
     fn no_policy_without_retries() {
         assert!(Policy::new("c", &Retry::default(), &RetryMetrics::default()).is_none());
+    }
+
+    #[test]
+    fn only_a_small_answer_of_known_length_is_retried() {
+        let p = policy(3, &[503]);
+        let mut r = Retries::new(Some(&p), true);
+        assert!(!r.after_status(503, Body::Kept, None), "unknown length");
+        assert!(
+            !r.after_status(503, Body::Kept, Some(KEPT_ANSWER + 1)),
+            "too long"
+        );
+        assert!(r.after_status(503, Body::Kept, Some(KEPT_ANSWER)));
+    }
+
+    #[test]
+    fn a_non_idempotent_request_goes_again_only_unsent() {
+        let config = Retry {
+            retries: 2,
+            non_idempotent: true,
+            ..Retry::default()
+        };
+        let told = Policy::new("c", &config, &RetryMetrics::default());
+        let mut r = Retries::new(told.as_ref(), false);
+        // The connection may have carried part of an answer: the POST may have been processed.
+        assert_eq!(
+            r.after_failure(Failed::BeforeResponse, false, Body::Kept),
+            None
+        );
+        assert_eq!(
+            r.after_failure(Failed::Unsent, false, Body::Kept),
+            Some(Again::Policy)
+        );
     }
 }

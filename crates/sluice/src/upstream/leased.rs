@@ -25,10 +25,15 @@ pub(crate) trait Leased: Send + Sized {
     /// mean it had gone stale (closed by the upstream while idle).
     fn may_be_stale(&self) -> bool;
 
-    /// Whether a request with a body may go out again after a stale failure: the upstream's
-    /// hyper path has such bodies in memory (a session's request body is read ahead), so it
-    /// replays them.
-    fn replays_bodies(&self) -> bool;
+    /// Whether a request with a body of `len` bytes may go out again: the upstream's hyper
+    /// path has such bodies in memory (a session's request body up to `request_buffer` is read
+    /// ahead; a static cluster with a retry policy reads up to 64 KiB), so it replays them.
+    fn replays_bodies(&self, len: usize) -> bool;
+
+    /// Whether a retry gives this lease up before it leases another: a session is capacity,
+    /// and may be the one the next attempt needs; a static connection is held until the next
+    /// attempt has its own, so that its answer is the client's if none can be had.
+    fn frees_first(&self) -> bool;
 
     /// Replaces a stale connection or session with another of the same upstream.
     fn renew(&mut self) -> impl Future<Output = Result<(), ProxyError>> + Send;

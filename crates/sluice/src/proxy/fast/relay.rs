@@ -114,7 +114,8 @@ impl<'a> Exchange<'a> {
     /// but counts as kept only where the hyper path would have it in memory too (a session's,
     /// read ahead): one rule for both.
     fn body<L: Leased>(&self, lease: &L) -> retry::Body {
-        if self.len() == self.req.head.len || lease.replays_bodies() {
+        let body = self.len() - self.req.head.len;
+        if body == 0 || lease.replays_bodies(body) {
             retry::Body::Kept
         } else {
             retry::Body::Streamed
@@ -167,13 +168,53 @@ impl<'a> Exchange<'a> {
             let attempt = self.attempt(client, &mut lease, request, ubuf, pipelined, timer);
             let again = match attempt.await {
                 Tried::Head(head) => {
-                    if !retries.after_status(head.status, self.body(&lease)) {
+                    let elapsed = Instant::now().saturating_duration_since(from);
+                    let len = match head.body {
+                        h1::ResponseBody::None => Some(0),
+                        h1::ResponseBody::Length(n) => Some(n),
+                        h1::ResponseBody::Chunked | h1::ResponseBody::UntilClose => None,
+                    };
+                    if !retries.after_status(head.status, self.body(&lease), len) {
                         break head;
                     }
-                    // The answer is read off, and the request goes elsewhere.
+                    lease.observe_response(head.status, elapsed);
                     let another = lease.another();
-                    let ubuf = std::mem::take(ubuf);
-                    read_off(lease, ubuf, Some(head), self.head_request, deadline);
+                    if !lease.frees_first() {
+                        // The next attempt first: if none can start, the client gets this
+                        // answer.
+                        let next = tokio::select! {
+                            biased;
+                            leased = another => leased,
+                            () = client_gone(client, pipelined) => {
+                                read_off(lease, std::mem::take(ubuf), Some(head), self.head_request, deadline);
+                                return self.abandoned(used);
+                            }
+                        };
+                        match next {
+                            Ok(next) => {
+                                read_off(
+                                    lease,
+                                    std::mem::take(ubuf),
+                                    Some(head),
+                                    self.head_request,
+                                    deadline,
+                                );
+                                lease = next;
+                                from = Instant::now();
+                                continue;
+                            }
+                            Err(_) => break head,
+                        }
+                    }
+                    // A session is read off first: it is capacity, and may be the one the
+                    // next attempt needs.
+                    read_off(
+                        lease,
+                        std::mem::take(ubuf),
+                        Some(head),
+                        self.head_request,
+                        deadline,
+                    );
                     another
                 }
                 Tried::ClientGone => {
@@ -223,6 +264,8 @@ impl<'a> Exchange<'a> {
             };
             from = Instant::now();
         };
+        // The budget counts requests until their answer's head, as the hyper path's does.
+        drop(retries);
         let bufs = (std::mem::take(answer), std::mem::take(spare));
         let (outcome, bufs) = self.respond(client, lease, ubuf, head, bufs, used).await;
         (*answer, *spare) = bufs;
@@ -547,13 +590,18 @@ where
     }
 }
 
-/// How a response head that the upstream's connection ended (`read`) failed: before any
-/// response byte (`nothing` came), the connection may have been stale.
+/// How a response head that the upstream's connection ended (`read`) failed: before a whole
+/// head, as hyper's client counts it too (its "incomplete message", whether or not bytes came),
+/// so the retry rule decides alike on both paths: only an idempotent request goes again after
+/// it. `nothing`: no byte came.
 fn cut_short(read: &io::Result<usize>, nothing: bool) -> (retry::Failed, ProxyError) {
     let (failed, why) = match (read, nothing) {
         (Ok(_), true) => (retry::Failed::BeforeResponse, "closed before responding"),
         (Err(_), true) => (retry::Failed::BeforeResponse, "connection failed"),
-        _ => (retry::Failed::Later, "closed during the response head"),
+        _ => (
+            retry::Failed::BeforeResponse,
+            "closed during the response head",
+        ),
     };
     (failed, ProxyError::UpstreamInvalid(why))
 }

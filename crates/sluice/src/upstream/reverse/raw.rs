@@ -88,7 +88,11 @@ impl Leased for SessionLease {
         Ok(())
     }
 
-    fn replays_bodies(&self) -> bool {
+    fn replays_bodies(&self, len: usize) -> bool {
+        len <= self.pool.options().request_buffer
+    }
+
+    fn frees_first(&self) -> bool {
         true
     }
 

@@ -50,8 +50,11 @@ pub(crate) async fn send(
         req = match send_on(pool, session, req).await {
             Ok(mut res) => {
                 let status = res.status().as_u16();
+                let len = http_body::Body::size_hint(res.body()).exact();
                 match &replay {
-                    Some(copy) if retries.after_status(status, retry::Body::Kept) => {
+                    // Read off first, so that its session is free for the next attempt (the
+                    // only one, maybe).
+                    Some(copy) if retries.after_status(status, retry::Body::Kept, len) => {
                         debug!(instance = %instance.id(), status, "retrying the request on another session");
                         exchange::discard(res, pool.options().response_timeout);
                         copy.request()

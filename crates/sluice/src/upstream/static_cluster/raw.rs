@@ -14,6 +14,7 @@ use super::pool::{is_quiet, RawConn};
 use super::{Inner, StaticCluster, StaticOptions};
 use crate::error::ProxyError;
 use crate::http::retry::Policy;
+use crate::http::IO_BUFFER_BYTES;
 use crate::upstream::leased::Leased;
 
 /// A connection leased for one request; [`Leased::release`] gives it back.
@@ -23,6 +24,8 @@ pub(crate) struct RawLease {
     conn: RawConn,
     in_flight: InFlight,
     inner: Arc<Inner>,
+    /// The endpoints this request tried before (a retry's; empty, and not allocated, else).
+    tried: Vec<Arc<Endpoint>>,
 }
 
 impl Leased for RawLease {
@@ -44,17 +47,14 @@ impl Leased for RawLease {
         self.inner.retry.as_ref()
     }
 
-    /// A connection to another endpoint, if the cluster has another.
+    /// A connection to an endpoint this request has not tried, if the cluster has one.
     fn another(&self) -> impl Future<Output = Result<Self, ProxyError>> + Send + 'static {
         let cluster = StaticCluster {
             inner: Arc::clone(&self.inner),
         };
-        let avoid = Arc::clone(self.in_flight.endpoint());
-        async move {
-            cluster
-                .lease_raw_avoiding(Instant::now(), Some(&avoid))
-                .await
-        }
+        let mut tried = self.tried.clone();
+        tried.push(Arc::clone(self.in_flight.endpoint()));
+        async move { cluster.lease_raw_avoiding(Instant::now(), tried).await }
     }
 
     /// A fresh connection to the same endpoint.
@@ -64,10 +64,15 @@ impl Leased for RawLease {
         Ok(())
     }
 
-    /// Only with a retry policy: the hyper path then reads bodies that fit the fast path's
-    /// buffer before it sends them, else it streams them.
-    fn replays_bodies(&self) -> bool {
-        self.inner.retry.is_some()
+    /// Only with a retry policy that may replay: the hyper path then reads bodies that fit the
+    /// fast path's buffer before it sends them, else it streams them.
+    fn replays_bodies(&self, len: usize) -> bool {
+        let policy = self.inner.retry.as_ref();
+        policy.is_some_and(|p| p.replays()) && len <= IO_BUFFER_BYTES
+    }
+
+    fn frees_first(&self) -> bool {
+        false
     }
 
     fn read_ahead(&self) -> Option<usize> {
@@ -118,21 +123,23 @@ impl StaticCluster {
     /// the endpoint and moves on to another, as [`send`](Self::send) does. `now` is the
     /// request's clock reading (ejections and idle expiry are judged by it).
     pub(crate) async fn lease_raw(&self, now: Instant) -> Result<RawLease, ProxyError> {
-        self.lease_raw_avoiding(now, None).await
+        self.lease_raw_avoiding(now, Vec::new()).await
     }
 
-    /// As [`lease_raw`](Self::lease_raw), from an endpoint other than `avoid` if the cluster
+    /// As [`lease_raw`](Self::lease_raw), from an endpoint not in `tried` (a retry's) if the cluster
     /// has another.
     async fn lease_raw_avoiding(
         &self,
         now: Instant,
-        avoid: Option<&Arc<Endpoint>>,
+        tried: Vec<Arc<Endpoint>>,
     ) -> Result<RawLease, ProxyError> {
         self.start_tasks();
         let inner = &self.inner;
         let endpoints = inner.endpoints.load_full();
-        let avoided = avoid.and_then(|a| endpoints.iter().position(|e| Arc::ptr_eq(e, a)));
-        let mut tried: Vec<usize> = avoided.into_iter().collect();
+        let avoided = tried
+            .iter()
+            .filter_map(|a| endpoints.iter().position(|e| Arc::ptr_eq(e, a)));
+        let mut tried_here: Vec<usize> = avoided.collect();
         let acquire = |endpoint: Arc<Endpoint>| async move {
             match checkout(&endpoint, &inner.opts, now) {
                 Some(conn) => Ok(conn),
@@ -141,11 +148,12 @@ impl StaticCluster {
         };
         let now_ms = inner.ms_at(now);
         let (_, conn, in_flight) =
-            super::send::pick_and(inner, &endpoints, now_ms, &mut tried, acquire).await?;
+            super::send::pick_and(inner, &endpoints, now_ms, &mut tried_here, acquire).await?;
         Ok(RawLease {
             conn,
             in_flight,
             inner: Arc::clone(inner),
+            tried,
         })
     }
 }

@@ -29,63 +29,62 @@ use sluice_config::UpstreamProtocol;
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`] (unless the
 /// cluster's `retry.on` leaves out `connect-failure`). A reused connection that turns out
 /// stale costs the request a fresh one to the same endpoint; a failure or answer the cluster's
-/// retry policy lists sends it to another endpoint, if there is one (`http::retry`).
+/// retry policy lists sends it to another endpoint, if there is one (`http::retry`). An
+/// answer is given up only once the next attempt has its connection: if none can be had, the
+/// client gets it.
 pub(super) async fn send(
     inner: &Arc<Inner>,
     mut req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let endpoints = inner.endpoints.load_full();
     let wants = req.extensions().get::<WantsServedBy>().is_some();
-    let mut retries = Retries::new(inner.retry.as_ref(), retry::is_idempotent(req.method()));
+    let idempotent = retry::is_idempotent(req.method());
+    let mut retries = Retries::new(inner.retry.as_ref(), idempotent);
     if retries.may_replay() {
         // A body that fits the fast path's buffer is read first, so that it can go again (as
         // the fast path, which has it whole, would send it again).
         req = buffer::request(req, IO_BUFFER_BYTES).await?;
     }
     let mut replay = retries.may_replay().then(|| Replay::of(&req)).flatten();
-    // Endpoints this request left (for a retry elsewhere), and whether the next attempt takes
-    // a fresh connection to the one it is on (after a stale one).
+    // Endpoints this request left, for a retry elsewhere.
     let mut tried = Vec::new();
-    let mut fresh: Option<usize> = None;
+    let lease = |e: Arc<Endpoint>| async move { lease(inner, &e).await };
+    let mut next = pick_and(inner, &endpoints, inner.now_ms(), &mut tried, lease).await?;
     loop {
-        let (i, conn, in_flight) = match fresh.take() {
-            Some(i) => {
-                let in_flight = endpoints[i].begin_request();
-                let conn = lease_fresh(inner, &endpoints[i]).await?;
-                (i, conn, in_flight)
-            }
-            None => {
-                let lease = |e: Arc<Endpoint>| async move { lease(inner, &e).await };
-                pick_and(inner, &endpoints, inner.now_ms(), &mut tried, lease).await?
-            }
-        };
+        let (i, conn, in_flight) = next;
         let addr = endpoints[i].addr();
         let sni = || inner.tls.as_ref().and_then(UpstreamTls::sni);
         default_host(&mut req, || sni().unwrap_or_else(|| addr.to_string()));
         let reused = conn.is_reused();
-        // A fresh connection cannot be stale, so only a reused one pays for the copy.
-        if replay.is_none() && reused {
+        // A fresh connection cannot be stale, so only a reused one pays for the copy, and only
+        // for a request the stale rule may send again.
+        if replay.is_none() && reused && idempotent {
             replay = Replay::of(&req);
         }
         let failure = match exchange(inner, conn, in_flight, req).await {
             Ok(mut res) => {
                 let status = res.status().as_u16();
-                match &replay {
-                    Some(copy) if retries.after_status(status, retry::Body::Kept) => {
-                        debug!(cluster = %inner.name, upstream.addr = %addr, status, "retrying the request on another endpoint");
-                        exchange::discard(res, inner.opts.response_timeout);
+                let len = http_body::Body::size_hint(res.body()).exact();
+                let elsewhere = match &replay {
+                    Some(copy) if retries.after_status(status, retry::Body::Kept, len) => {
                         tried.push(i);
-                        req = copy.request();
-                        continue;
+                        let now = inner.now_ms();
+                        let leased = pick_and(inner, &endpoints, now, &mut tried, lease).await;
+                        leased.ok().map(|leased| (leased, copy.request()))
                     }
-                    _ => {
-                        note_served_by(wants, &mut res, || ServedBy {
-                            endpoint: Some(addr),
-                            ..ServedBy::default()
-                        });
-                        return Ok(res);
-                    }
-                }
+                    _ => None,
+                };
+                let Some((leased, copy)) = elsewhere else {
+                    note_served_by(wants, &mut res, || ServedBy {
+                        endpoint: Some(addr),
+                        ..ServedBy::default()
+                    });
+                    return Ok(res);
+                };
+                debug!(cluster = %inner.name, upstream.addr = %addr, status, "retrying the request on another endpoint");
+                exchange::discard(res, inner.opts.response_timeout);
+                (next, req) = (leased, copy);
+                continue;
             }
             Err(failure) => failure,
         };
@@ -95,21 +94,23 @@ pub(super) async fn send(
             return Err(failure.error);
         };
         let error = &failure.error;
-        match again {
+        next = match again {
             Again::Stale => {
                 debug!(cluster = %inner.name, upstream.addr = %addr, %error, "reused connection failed before the response; retrying on a fresh one");
-                fresh = Some(i);
+                let in_flight = endpoints[i].begin_request();
+                (i, lease_fresh(inner, &endpoints[i]).await?, in_flight)
             }
             Again::Policy => {
                 debug!(cluster = %inner.name, upstream.addr = %addr, %error, "retrying the request on another endpoint");
                 tried.push(i);
+                pick_and(inner, &endpoints, inner.now_ms(), &mut tried, lease).await?
             }
-        }
+        };
         req = failure.request(replay.as_ref())?;
     }
 }
 
-/// Picks an endpoint not in `tried` (any, when a retry has tried them all) and leases a
+/// Picks an endpoint not in `tried` (any usable one, when a retry has nowhere else) and leases a
 /// connection to it with `acquire`, moving on after a failed connect (the endpoint ejected) up
 /// to [`MAX_CONNECT_ATTEMPTS`], as the cluster's `retry.on` allows. `now_ms`: the cluster's
 /// clock reading.
@@ -124,13 +125,17 @@ where
     F: FnMut(Arc<Endpoint>) -> Fut,
     Fut: Future<Output = Result<C, ProxyError>>,
 {
-    if !tried.is_empty() && tried.len() >= endpoints.len() {
-        // A retry that has been everywhere goes where the policy picks, again.
-        tried.clear();
-    }
     let mut last_error = None;
     for _ in 0..MAX_CONNECT_ATTEMPTS {
-        let Some(i) = inner.balancer.pick(endpoints, now_ms, tried) else {
+        let picked = inner.balancer.pick(endpoints, now_ms, tried);
+        // A retry with nowhere left to go goes where the policy picks among them all, again.
+        let picked = picked.or_else(|| {
+            let retrying = last_error.is_none() && !tried.is_empty();
+            retrying
+                .then(|| inner.balancer.pick(endpoints, now_ms, &[]))
+                .flatten()
+        });
+        let Some(i) = picked else {
             break;
         };
         let in_flight = endpoints[i].begin_request();
