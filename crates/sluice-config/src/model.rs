@@ -533,6 +533,10 @@ pub struct HealthCheck {
     pub unhealthy_threshold: u32,
     /// Consecutive successes that mark it healthy again. Default 2.
     pub healthy_threshold: u32,
+    /// `grpc_service = "NAME"`: the gRPC health protocol's `grpc.health.v1.Health/Check` for
+    /// this service (`""`: the whole server) instead of a GET of `path`; passes when the
+    /// endpoint answers SERVING. Needs a cluster that speaks HTTP/2. Default none.
+    pub grpc_service: Option<String>,
 }
 
 /// The slice of a route or a session that names none.

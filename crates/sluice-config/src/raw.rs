@@ -457,6 +457,7 @@ pub(crate) struct RawEjection {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHealthCheck {
     pub(crate) path: Option<Spanned<String>>,
+    pub(crate) grpc_service: Option<Spanned<String>>,
     pub(crate) interval: Option<Timeout>,
     pub(crate) timeout: Option<Timeout>,
     pub(crate) unhealthy_threshold: Option<NonZeroU32>,

@@ -33,6 +33,8 @@ struct Seen {
     /// Every call came with `te: trailers` and as HTTP/2.
     te_trailers: AtomicBool,
     not_h2: AtomicBool,
+    /// What `grpc.health.v1.Health/Check` answers: 1 SERVING, 2 NOT_SERVING.
+    health: std::sync::atomic::AtomicU8,
 }
 
 /// An HTTP/2 (cleartext) gRPC-shaped service: `/echo.Echo/Stream` sends each request message
@@ -50,6 +52,7 @@ impl Service {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Seen {
             te_trailers: AtomicBool::new(true),
+            health: std::sync::atomic::AtomicU8::new(1),
             ..Seen::default()
         });
         let s = Arc::clone(&seen);
@@ -104,6 +107,17 @@ async fn call(
         seen.not_h2.store(true, Ordering::SeqCst);
     }
     let (mut tx, body) = Channel::<Bytes>::new(4);
+    if req.uri().path() == "/grpc.health.v1.Health/Check" {
+        let status = seen.health.load(Ordering::SeqCst);
+        seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let _ = tx.send_data(message(&[0x08, status])).await;
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            let _ = tx.send_trailers(trailers).await;
+        });
+        return Ok(Response::new(body));
+    }
     let slow = req.uri().path() == "/echo.Echo/Slow";
     if slow {
         // Its head comes late too (a deadline bounds the wait for it).
@@ -402,6 +416,10 @@ fn a_protocol_that_does_not_fit_is_a_config_error() {
         ("protocol = \"h3\"", "unknown variant `h3`"),
         ("h2 = { max_streams = 0 }", "at least 1"),
         ("h2 = { max_connections = 2 }", "`h2` settings need"),
+        (
+            "health_check = { grpc_service = \"\" }",
+            "gRPC runs over HTTP/2",
+        ),
     ];
     for (line, message) in cases {
         let text = support::static_config(&[endpoint], line);
@@ -419,5 +437,36 @@ fn a_protocol_that_does_not_fit_is_a_config_error() {
         );
         assert!(err.contains(message), "{line}: {err}");
         assert!(err.contains(&at), "{line}: {err} (not at {at})");
+    }
+}
+
+#[tokio::test]
+async fn grpc_health_checks_take_a_service_out_and_back() {
+    let service = Service::start(100, None).await;
+    let extra = "health_check = { grpc_service = \"echo.Echo\", interval = \"50ms\", \
+                 unhealthy_threshold = 1, healthy_threshold = 1 }";
+    let proxy = TestProxy::start(&config(&[service.addr], extra)).await;
+    // Serving: calls go through. Not serving: Sluice answers UNAVAILABLE itself. Back: through.
+    for (health, want) in [(1, "0"), (2, "14"), (1, "0")] {
+        service.seen.health.store(health, Ordering::SeqCst);
+        let mut got = String::new();
+        for _ in 0..100 {
+            let res = own_answer(proxy.addr(), "/echo.Echo/Stream", &[]).await;
+            let head = res.headers().get("grpc-status").cloned();
+            let collected = res.into_body().collect().await.unwrap();
+            let trailers = collected
+                .trailers()
+                .and_then(|t| t.get("grpc-status"))
+                .cloned();
+            got = trailers
+                .or(head)
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            if got == want {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(got, want, "health {health}");
     }
 }

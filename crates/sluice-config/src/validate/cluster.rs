@@ -75,7 +75,7 @@ fn static_cluster(
         )?,
         health_check: raw
             .health_check
-            .map(|h| health_check(ctx, h.into_inner()))
+            .map(|h| health_check(ctx, h.into_inner(), protocol))
             .transpose()?,
         tls: raw
             .tls
@@ -207,7 +207,21 @@ fn ejection(ctx: Ctx<'_>, raw: RawEjection) -> Result<Ejection, ConfigError> {
     })
 }
 
-fn health_check(ctx: Ctx<'_>, raw: RawHealthCheck) -> Result<HealthCheck, ConfigError> {
+fn health_check(
+    ctx: Ctx<'_>,
+    raw: RawHealthCheck,
+    protocol: UpstreamProtocol,
+) -> Result<HealthCheck, ConfigError> {
+    if let Some(service) = &raw.grpc_service {
+        if let Some(path) = &raw.path {
+            let msg = "a gRPC health check calls grpc.health.v1.Health/Check: drop `path`, or `grpc_service` for a GET of it";
+            return Err(ctx.err(path.span(), msg));
+        }
+        if protocol == UpstreamProtocol::Http1 {
+            let msg = "gRPC runs over HTTP/2: set the cluster's `protocol = \"h2c\"` (or \"h2\", \"auto\")";
+            return Err(ctx.err(service.span(), msg));
+        }
+    }
     let path = match raw.path {
         None => DEFAULT_HEALTH_PATH.to_owned(),
         Some(p) if p.get_ref().starts_with('/') => p.into_inner(),
@@ -223,5 +237,6 @@ fn health_check(ctx: Ctx<'_>, raw: RawHealthCheck) -> Result<HealthCheck, Config
         healthy_threshold: raw
             .healthy_threshold
             .map_or(DEFAULT_HEALTHY_THRESHOLD, u32::from),
+        grpc_service: raw.grpc_service.map(Spanned::into_inner),
     })
 }

@@ -137,6 +137,84 @@ pub(crate) fn timeout(value: &HeaderValue) -> Option<Duration> {
     })
 }
 
+/// The path of the gRPC health protocol's check.
+pub(crate) const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+
+/// A `grpc.health.v1.HealthCheckRequest` for `service`, as one gRPC message (the protobuf
+/// encoding of its one field, `string service = 1`, behind the 5-byte message prefix).
+pub(crate) fn health_request(service: &str) -> bytes::Bytes {
+    let mut field = Vec::with_capacity(service.len() + 6);
+    if !service.is_empty() {
+        field.push(0x0a); // field 1, length-delimited
+        varint(service.len() as u64, &mut field);
+        field.extend_from_slice(service.as_bytes());
+    }
+    let mut message = Vec::with_capacity(field.len() + 5);
+    message.push(0); // not compressed
+    message.extend_from_slice(&(field.len() as u32).to_be_bytes());
+    message.extend_from_slice(&field);
+    message.into()
+}
+
+fn varint(mut n: u64, out: &mut Vec<u8>) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// Whether a `grpc.health.v1.HealthCheckResponse` (one gRPC message: the 5-byte prefix, then
+/// protobuf) says SERVING (`ServingStatus status = 1`, SERVING = 1); else what it says.
+pub(crate) fn serving(message: &[u8]) -> Result<(), String> {
+    let Some((prefix, body)) = message.split_first_chunk::<5>() else {
+        return Err("no health response message".to_owned());
+    };
+    let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    if prefix[0] != 0 || body.len() != len {
+        return Err("a malformed (or compressed) health response message".to_owned());
+    }
+    let mut rest = body;
+    let mut status = 0; // UNKNOWN, protobuf's default
+    while !rest.is_empty() {
+        let key = read_varint(&mut rest).ok_or("a malformed health response")?;
+        match (key >> 3, key & 7) {
+            (1, 0) => status = read_varint(&mut rest).ok_or("a malformed health status")?,
+            (_, 0) => {
+                read_varint(&mut rest).ok_or("a malformed health response")?;
+            }
+            (_, 2) => {
+                let n = read_varint(&mut rest).ok_or("a malformed health response")?;
+                let n = usize::try_from(n).map_err(|_| "a malformed health response")?;
+                rest = rest.get(n..).ok_or("a malformed health response")?;
+            }
+            (_, 1) => rest = rest.get(8..).ok_or("a malformed health response")?,
+            (_, 5) => rest = rest.get(4..).ok_or("a malformed health response")?,
+            _ => return Err("a malformed health response".to_owned()),
+        }
+    }
+    match status {
+        1 => Ok(()),
+        0 => Err("health status UNKNOWN".to_owned()),
+        2 => Err("health status NOT_SERVING".to_owned()),
+        3 => Err("health status SERVICE_UNKNOWN".to_owned()),
+        n => Err(format!("health status {n}")),
+    }
+}
+
+fn read_varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut n = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = bytes.split_first()?;
+        *bytes = rest;
+        n |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(n);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,5 +276,31 @@ mod tests {
             cluster: "c".into(),
         };
         assert_eq!(code(&gone), Code::Unavailable);
+    }
+
+    #[test]
+    fn health_requests_encode_the_service() {
+        assert_eq!(&health_request("")[..], &[0, 0, 0, 0, 0]);
+        let req = health_request("echo.Echo");
+        assert_eq!(&req[..7], &[0, 0, 0, 0, 11, 0x0a, 9]);
+        assert_eq!(&req[7..], b"echo.Echo");
+    }
+
+    #[test]
+    fn health_responses_say_serving_or_why_not() {
+        assert_eq!(serving(&[0, 0, 0, 0, 2, 0x08, 1]), Ok(()));
+        let why = |m: &[u8]| serving(m).err().unwrap_or_default();
+        assert!(why(&[0, 0, 0, 0, 2, 0x08, 2]).contains("NOT_SERVING"));
+        assert!(why(&[0, 0, 0, 0, 0]).contains("UNKNOWN"));
+        // Unknown fields are skipped.
+        assert_eq!(serving(&[0, 0, 0, 0, 5, 0x12, 1, b'x', 0x08, 1]), Ok(()));
+        for bad in [
+            &[][..],
+            &[0, 0, 0, 0, 3, 0x08, 1],
+            &[1, 0, 0, 0, 2, 0x08, 1],
+            &[0, 0, 0, 0, 1, 0x08],
+        ] {
+            assert!(serving(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -10,6 +10,7 @@ use tracing::{info, warn};
 
 use super::{Endpoint, HealthCheck, Inner};
 use crate::body::ProxyBody;
+use crate::http::grpc;
 use crate::upstream::connect::{connect as connect_any, Connected};
 use crate::upstream::tls::UpstreamTls;
 use sluice_config::{H2Options, UpstreamProtocol};
@@ -151,6 +152,9 @@ async fn probe(addr: SocketAddr, check: &HealthCheck, connect: &Connect) -> Resu
             }
             Connected::H2(mut sender) => {
                 let scheme = if tls.is_some() { "https" } else { "http" };
+                if let Some(service) = &check.grpc_service {
+                    return grpc_check(&mut sender, &format!("{scheme}://{host}"), service).await;
+                }
                 let uri = format!("{scheme}://{host}{}", check.path);
                 let req = req.uri(uri).version(http::Version::HTTP_2);
                 let req = req
@@ -168,6 +172,46 @@ async fn probe(addr: SocketAddr, check: &HealthCheck, connect: &Connect) -> Resu
     match tokio::time::timeout(check.timeout, attempt).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {:?}", check.timeout)),
+    }
+}
+
+/// The gRPC health protocol's check of `service` at `origin`: passes when the answer says
+/// SERVING with `grpc-status: 0`.
+async fn grpc_check(
+    sender: &mut hyper::client::conn::http2::SendRequest<ProxyBody>,
+    origin: &str,
+    service: &str,
+) -> Result<(), String> {
+    use http_body_util::BodyExt;
+
+    let req = Request::post(format!("{origin}{}", grpc::HEALTH_CHECK))
+        .version(http::Version::HTTP_2)
+        .header(header::CONTENT_TYPE, "application/grpc")
+        .header(header::TE, "trailers")
+        .header(header::USER_AGENT, "sluice-health-check")
+        .body(ProxyBody::full(grpc::health_request(service)))
+        .map_err(|e| format!("request: {e}"))?;
+    let res = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("exchange: {e}"))?;
+    if res.status() != http::StatusCode::OK {
+        return Err(format!("status {}", res.status().as_u16()));
+    }
+    let head_status = res.headers().get(&grpc::GRPC_STATUS).cloned();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?;
+    let trailers = body
+        .trailers()
+        .and_then(|t| t.get(&grpc::GRPC_STATUS))
+        .cloned();
+    match trailers.or(head_status) {
+        Some(status) if status == "0" => grpc::serving(&body.to_bytes()),
+        Some(status) => Err(format!("grpc-status {}", status.to_str().unwrap_or("?"))),
+        None => Err("no grpc-status".to_owned()),
     }
 }
 
