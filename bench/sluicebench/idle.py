@@ -35,7 +35,7 @@ CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "idleclients.p
 
 
 def names():
-    second = ("sluice-b", "sluice-hyper-b") if os.environ.get("SLUICE_B") else ()
+    second = ("sluice-b", "sluice-hyper-b") if targets.second_bin() else ()
     return PROXIES + second
 
 

@@ -201,8 +201,9 @@ def _generator_late(run):
 
 def slow(b):
     """Slow readers (1 KiB/s) hold responses while fast wrk clients measure what is left."""
-    names = [n for n in b.p.targets
-             if n not in ("direct", "sluice-static-b", "sluice-reverse-b", "nginx")]
+    # The A/A pairs add nothing here; with SLUICE_B, an A/B of the start's peak RSS does.
+    second = () if targets.second_bin() else ("sluice-static-b", "sluice-reverse-b")
+    names = [n for n in b.p.targets if n not in ("direct", "nginx") + second]
     group, ts = b.targets(names, Backend())
     out = {"clients": b.p.slow_clients, "body_bytes": SLOW_BODY_BYTES,
            "fast_connections": SLOW_FAST_CONNECTIONS, "targets": {}}

@@ -89,6 +89,11 @@ def binary(name):
     return os.path.join(_bin_dir, name)
 
 
+def second_bin():
+    """SLUICE_B, the binary the `-b` targets run (None: they run this build, an A/A)."""
+    return _second_bin
+
+
 def _sluice(target):
     """The sluice binary target `target` runs: SLUICE_B's for the `-b` ones, when it is set."""
     if target.endswith("-b") and _second_bin:
