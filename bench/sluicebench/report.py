@@ -74,6 +74,8 @@ def write(results, out_dir):
         lines += _tls(results["tls"])
     if "h2" in results:
         lines += _h2(results["h2"])
+    if "idle" in results:
+        lines += _idle(results["idle"])
     if "nginx-module" in results:
         lines += _module(results["nginx-module"], out_dir)
     if "multinode" in results:
@@ -413,6 +415,41 @@ def _h2(s):
         lines += ["", f"A/A, sluice-h2-b / sluice-h2: rps {median_range(ratios(a, b, rps), 2)}, "
                   f"CPU/req {median_range(ratios(a, b, cpu), 2)}."]
     return lines + [""]
+
+
+def _idle(s):
+    lines = ["## Idle connections", "",
+             f"{s['connections']} client connections per target, each after one request, held "
+             "open and idle (`idleclients.py`); the proxy's VmRSS before (after a warm-up of "
+             f"{s['warmup']} connections opened and closed), with them open and {_IDLE_SETTLE} "
+             "after they closed. Per connection: the growth over the connections; returned: "
+             "what closing them gave back, as a fraction of that growth; peak: VmHWM. "
+             f"{s['rounds']} round(s), fresh processes each, targets rotated; a ratio is the "
+             "median of per-round ratios (min-max). `sluice-hyper` has `fast_path = false`; "
+             "`-b` targets run SLUICE_B.", ""]
+    for mode, runs in s["modes"].items():
+        lines += [f"### {mode}", "", "| target | KiB per idle conn | vs nginx | vs haproxy "
+                  "| returned | peak MiB | failed |", "|---|---|---|---|---|---|---|"]
+        for name, rs in runs.items():
+            vs = [median_range(ratios(rs, runs[base], _per_conn), 1) if base in runs else "-"
+                  for base in ("nginx", "haproxy")]
+            lines.append(f"| {name} | {median_range([_per_conn(r) for r in rs], 2)} | {vs[0]} | "
+                         f"{vs[1]} | {median_range([r['returned'] * 100 for r in rs])}% | "
+                         f"{median_range([r['peak_mib'] for r in rs], 1)} | "
+                         f"{sum(r['failed'] for r in rs)} |")
+        for name in runs:
+            if name.endswith("-b") and name[:-2] in runs:
+                lines.append(f"\n{name[:-2]} / {name} (this build / SLUICE_B), per idle conn: "
+                             f"{median_range(ratios(runs[name[:-2]], runs[name], _per_conn), 2)}")
+        lines.append("")
+    return lines
+
+
+_IDLE_SETTLE = "1 s"
+
+
+def _per_conn(r):
+    return r["per_conn_kib"]
 
 
 MODULE_BASELINE = "nginx"  # the seed paper's: stock NGINX, a connection per request

@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from . import h2, load, multinode, targets, tls
+from . import h2, idle, load, multinode, targets, tls
 from .procs import Group, established, peak_rss_kib, sample_proc
 from .targets import Backend
 
@@ -39,6 +39,9 @@ class Profile:
     module_rounds: int = 4
     module_seconds: int = 2
     module_syscalls_c: int = 16  # the concurrency of the syscall pass
+    # idle: client connections held open and idle per target, and rounds.
+    idle_connections: int = 10_000
+    idle_rounds: int = 3
 
 
 SMOKE_TARGETS = ("direct", "sluice-static", "sluice-reverse", "nginx-keepalive", "nginx",
@@ -46,13 +49,15 @@ SMOKE_TARGETS = ("direct", "sluice-static", "sluice-reverse", "nginx-keepalive",
 PROFILES = {
     "smoke": Profile("smoke", SMOKE_TARGETS, (16,), 16, 1, 1, 1, 0, (0.5, 2.0), 1.0, 20, 2,
                      2000, (1024,), 1, module_concurrencies=(4,), module_rounds=1,
-                     module_seconds=1, module_syscalls_c=4),
+                     module_seconds=1, module_syscalls_c=4, idle_connections=200,
+                     idle_rounds=1),
     "quick": Profile("quick", targets.ALL, (1, 16, 64, 256), 64, 10, 1, 2, 1,
                      (0.5, 1.0, 2.0, 5.0, 10.0), 4.0, 500, 6, 100_000,
                      (1024, 65536, 1 << 20), 1, module_rounds=4, module_seconds=2),
     "full": Profile("full", targets.ALL, (1, 8, 16, 32, 64, 128, 256), 64, 15, 3, 3, 1,
                     (0.5, 1.0, 2.0, 5.0, 10.0), 10.0, 500, 10, 1_000_000,
-                    (1024, 65536, 1 << 20), 3, module_rounds=8, module_seconds=3),
+                    (1024, 65536, 1 << 20), 3, module_rounds=8, module_seconds=3,
+                    idle_rounds=5),
 }
 
 # The spike's service: 16 sessions (or a 16-connection limit) x 5 ms per request = 3200 rps,
@@ -196,8 +201,9 @@ def _generator_late(run):
 
 def slow(b):
     """Slow readers (1 KiB/s) hold responses while fast wrk clients measure what is left."""
-    names = [n for n in b.p.targets
-             if n not in ("direct", "sluice-static-b", "sluice-reverse-b", "nginx")]
+    # The A/A pairs add nothing here; with SLUICE_B, an A/B of the start's peak RSS does.
+    second = () if targets.second_bin() else ("sluice-static-b", "sluice-reverse-b")
+    names = [n for n in b.p.targets if n not in ("direct", "nginx") + second]
     group, ts = b.targets(names, Backend())
     out = {"clients": b.p.slow_clients, "body_bytes": SLOW_BODY_BYTES,
            "fast_connections": SLOW_FAST_CONNECTIONS, "targets": {}}
@@ -350,7 +356,7 @@ def nginx_module(b):
 
 SCENARIOS = {"steady": steady, "spike": spike, "slow": slow, "ports": ports, "size": size,
              "size-gzip": size_gzip,
-             "tls": tls.tls, "h2": h2.h2,
+             "tls": tls.tls, "h2": h2.h2, "idle": idle.idle,
              "nginx-module": nginx_module, "multinode": multinode.multinode}
 
 

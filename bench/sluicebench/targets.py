@@ -89,6 +89,11 @@ def binary(name):
     return os.path.join(_bin_dir, name)
 
 
+def second_bin():
+    """SLUICE_B, the binary the `-b` targets run (None: they run this build, an A/A)."""
+    return _second_bin
+
+
 def _sluice(target):
     """The sluice binary target `target` runs: SLUICE_B's for the `-b` ones, when it is set."""
     if target.endswith("-b") and _second_bin:
@@ -235,9 +240,10 @@ def _nginx(group, tmp, name, port, upstream, backend, gzip=False):
     return only_child(master.pid)
 
 
-def _nginx_conf(tmp, name, port, top, upstream, location, tls=None, http2=False, pass_="proxy_pass"):
-    """An NGINX config with one worker, `pass_` (proxy_pass, or the module's sluice_pass) in
-    its location; `tls` = (cert, key) makes the listener HTTPS, `http2`
+def _nginx_conf(tmp, name, port, top, upstream, location, tls=None, http2=False, pass_="proxy_pass",
+                connections=8192):
+    """An NGINX config with one worker of `connections`, `pass_` (proxy_pass, or the module's
+    sluice_pass) in its location; `tls` = (cert, key) makes the listener HTTPS, `http2`
     offers h2 on it by ALPN (`listen ... http2`: Debian 12's NGINX 1.22 has no `http2 on;`,
     which 1.25.1 added; later ones still take the listen parameter, with a warning)."""
     h2 = " http2" if http2 else ""
@@ -249,7 +255,7 @@ daemon off;
 master_process on;
 pid {tmp}/{name}.pid;
 error_log {tmp}/{name}.error.log crit;
-events {{ worker_connections 8192; }}
+events {{ worker_connections {connections}; }}
 http {{
     access_log off;
     client_body_temp_path {tmp}/{name}-body;

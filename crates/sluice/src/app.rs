@@ -275,6 +275,12 @@ impl Proxy {
     }
 
     /// The proxy's metrics (what `GET /metrics` on the admin API renders).
+    /// The fast path its listeners serve HTTP/1.1 with (unit tests drive it directly).
+    #[cfg(test)]
+    pub(crate) fn fast_path(&self) -> crate::proxy::fast::FastPath {
+        self.service.fast_path()
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

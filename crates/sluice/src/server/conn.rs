@@ -89,8 +89,11 @@ pub(super) async fn serve<S: HttpService>(
             active,
             carrier: UpgradeCarrier::default(),
         };
+        // Each way of serving the connection is boxed where it begins, so that the task holds
+        // only the one it takes: the fast path's connections stay small while they idle,
+        // without room for hyper's connection state, TLS or HTTP/2.
         let result = match settings.tls.clone() {
-            Some(acceptor) => serve_tls(io, acceptor, svc, &settings, &signal).await,
+            Some(acceptor) => Box::pin(serve_tls(io, acceptor, svc, &settings, &signal)).await,
             None => serve_plain(io, svc, &settings, &signal).await,
         };
         if let Err(error) = result {
@@ -112,7 +115,7 @@ async fn serve_plain<S: HttpService>(
     }
     let sniffed = tokio::time::timeout(settings.http.request_header_timeout, sniff_h2(io)).await;
     match sniffed.map_err(|_| "timed out waiting for the first request")?? {
-        (true, io) => serve_h2(io, svc, settings, signal).await,
+        (true, io) => Box::pin(serve_h2(io, svc, settings, signal)).await,
         (false, io) => serve_fast_h1(io, svc, settings, signal).await,
     }
 }
@@ -129,7 +132,7 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let Some(fast) = &settings.fast else {
-        return serve_h1(io, svc, settings, signal).await;
+        return Box::pin(serve_h1(io, svc, settings, signal)).await;
     };
     let conn = Conn {
         info: &svc.info,
@@ -144,7 +147,9 @@ where
             let _ = io.shutdown().await;
             Ok(())
         }
-        Left::HandOff(buf) => serve_h1(Prefixed::new(buf, io), svc, settings, signal).await,
+        Left::HandOff(buf) => {
+            Box::pin(serve_h1(Prefixed::new(buf, io), svc, settings, signal)).await
+        }
     }
 }
 
@@ -155,9 +160,12 @@ async fn serve_tls<S: HttpService>(
     settings: &Settings,
     signal: &ShutdownSignal,
 ) -> Result<(), BoxError> {
-    let handshake = tokio::time::timeout(settings.http.request_header_timeout, acceptor.accept(io));
+    // The handshake's state is boxed while it runs, the stream once it is done: this future
+    // stays small, and HTTP/2's (boxed too) does not hold room for the stream twice.
+    let accept = Box::pin(acceptor.accept(io));
+    let handshake = tokio::time::timeout(settings.http.request_header_timeout, accept);
     let tls = match handshake.await {
-        Ok(Ok(tls)) => tls,
+        Ok(Ok(tls)) => Box::new(tls),
         Ok(Err(e)) => {
             settings.tls_failures.inc();
             return Err(e.into());
@@ -169,7 +177,7 @@ async fn serve_tls<S: HttpService>(
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     if h2 {
-        serve_h2(tls, svc, settings, signal).await
+        Box::pin(serve_h2(tls, svc, settings, signal)).await
     } else {
         serve_fast_h1(tls, svc, settings, signal).await
     }

@@ -6,25 +6,28 @@
 //! server runs it through [`FastHttp1`], the trait it defines.
 
 use std::any::TypeId;
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::mem::{self, MaybeUninit};
 use std::pin::Pin;
+use std::task::{ready, Poll};
 
 use futures_util::future::FusedFuture;
 use futures_util::FutureExt;
 use sluice_config::HttpOptions;
 use sluice_wire::h1::{self, ClientIp, Parsed};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use super::{timer_at, FastPath, Request, Scratch, Served};
-use crate::http::{ClientInfo, IO_BUFFER_BYTES};
+use super::{pool, timer_at, FastPath, Request, Scratch, Served};
+use crate::http::ClientInfo;
 use crate::server::fast::{Conn, ConnIo, FastHttp1, Left, Serving};
 use crate::server::io::deadline;
 use crate::server::ActiveRequests;
 
 impl FastHttp1 for FastPath {
     fn serve<'a>(&'a self, mut io: &'a mut dyn ConnIo, conn: Conn<'a>) -> Serving<'a> {
-        Box::pin(async move { serve(&mut io, self, conn).await })
+        Box::pin(async move { serve(&mut io, self, conn, &mut Held::default()).await })
     }
 
     fn service_type(&self) -> TypeId {
@@ -32,8 +35,19 @@ impl FastHttp1 for FastPath {
     }
 }
 
-/// Serves requests on `io` until the connection ends or a request is handed over.
-async fn serve<I>(io: &mut I, fast: &FastPath, conn: Conn<'_>) -> Left
+/// What a connection holds between its requests: the buffer of the client's bytes (while
+/// some are pipelined) and its [`Scratch`], whose buffers are lent only while a request is in
+/// flight.
+#[derive(Default)]
+struct Held {
+    buf: Vec<u8>,
+    scratch: Scratch,
+}
+
+/// Serves requests on `io` until the connection ends or a request is handed over. The
+/// client's bytes and the request's buffers are lent from the worker's pool when a request
+/// begins and given back when the connection goes idle: between requests it holds no buffer.
+async fn serve<I>(io: &mut I, fast: &FastPath, conn: Conn<'_>, held: &mut Held) -> Left
 where
     I: AsyncRead + AsyncWrite + Unpin,
 {
@@ -43,9 +57,7 @@ where
         signal,
         active,
     } = conn;
-    let mut buf = Vec::with_capacity(IO_BUFFER_BYTES);
-    let mut scratch = Scratch::default();
-    let mut header_timer = None;
+    let Held { buf, scratch } = held;
     // The client's address as the upstream is told it, formatted once for all its requests.
     let client_ip = ClientIp::new(info.peer.ip());
     let client_addr = sluice_session::client_addr_value(info.peer);
@@ -54,49 +66,59 @@ where
     let shutdown = signal.wait().fuse();
     tokio::pin!(shutdown);
     loop {
-        let waits = (shutdown.as_mut(), &mut header_timer);
-        let ended = buf.is_empty() && !next_bytes(io, &mut buf, http, waits, active).await;
+        let waits = (shutdown.as_mut(), &mut scratch.timer);
+        let ended = buf.is_empty() && !next_bytes(io, buf, http, waits, active).await;
         if ended {
             return Left::Done;
         }
-        let head = match parse(io, &mut buf, http, info).await {
+        let head = match parse(io, buf, http, info).await {
             Parsed::Take(head) => head,
             Parsed::Defer(why) => {
                 fast.hand_off(why.as_str());
                 active.handed_over();
-                return Left::HandOff(buf);
+                return Left::HandOff(mem::take(buf));
             }
             Parsed::Partial => {
                 fast.hand_off("partial_head");
                 active.handed_over();
-                return Left::HandOff(buf);
+                return Left::HandOff(mem::take(buf));
             }
         };
         let guard = active.begin();
         let req = Request {
             last: active.at_limit(),
-            buf: &buf,
+            buf,
             head: &head,
             client: info,
             client_ip: &client_ip,
             client_addr: &client_addr,
             shutdown: signal,
         };
-        scratch.prepare();
-        let served = fast.serve(io, req, &mut scratch).await;
-        scratch.trim();
+        scratch.lend();
+        // Boxed: the exchange's state (kilobytes of relay futures) exists while a request is in
+        // flight, not for as long as the connection.
+        let served = Box::pin(fast.serve(io, req, scratch)).await;
         match served {
             (_, Served::HandOff(_)) => {
                 guard.given_back();
                 active.handed_over();
                 buf.append(&mut scratch.pipelined);
-                return Left::HandOff(buf);
+                scratch.give_back();
+                return Left::HandOff(mem::take(buf));
             }
-            (_, Served::Close) => return Left::Done,
+            (_, Served::Close) => {
+                scratch.give_back();
+                pool::give_read_buffer(mem::take(buf));
+                return Left::Done;
+            }
             (used, Served::KeepAlive) => {
                 buf.drain(..used);
                 buf.append(&mut scratch.pipelined);
             }
+        }
+        scratch.give_back();
+        if buf.is_empty() {
+            pool::give_read_buffer(mem::take(buf));
         }
     }
 }
@@ -148,7 +170,7 @@ where
     let deadline = deadline(Instant::now(), http.request_header_timeout);
     let read = tokio::select! {
         biased;
-        read = io.read_buf(buf) => read,
+        read = read_lent(io, buf) => read,
         () = timer_at(timer, deadline) => return false,
         () = shutdown => return after_shutdown(io, buf, http, active).await,
     };
@@ -168,8 +190,111 @@ where
     if active.started() {
         // A request already in the socket is served (and the connection closed after it);
         // only an idle one closes at once.
-        return matches!(io.read_buf(buf).now_or_never(), Some(Ok(n)) if n > 0);
+        return matches!(read_lent(io, buf).now_or_never(), Some(Ok(n)) if n > 0);
     }
-    let first = tokio::time::timeout(http.request_header_timeout, io.read_buf(buf));
+    let first = tokio::time::timeout(http.request_header_timeout, read_lent(io, buf));
     matches!(first.await, Ok(Ok(n)) if n > 0)
+}
+
+/// How much of a request [`read_lent`] reads at first: most heads whole. Its stack buffer lives
+/// only while the read is polled, not in the connection's state.
+const FIRST_READ_BYTES: usize = 4096;
+
+/// Reads a request's first bytes into `buf`, which holds no allocation: they are read onto the
+/// stack and copied into a buffer lent from the worker's pool (the rest of a longer head is
+/// read into that by [`parse`]). An idle connection waits for its next request with no buffer.
+async fn read_lent<I>(io: &mut I, buf: &mut Vec<u8>) -> io::Result<usize>
+where
+    I: AsyncRead + Unpin,
+{
+    poll_fn(|cx| {
+        let mut first = [MaybeUninit::<u8>::uninit(); FIRST_READ_BYTES];
+        let mut read = ReadBuf::uninit(&mut first);
+        ready!(Pin::new(&mut *io).poll_read(cx, &mut read))?;
+        let bytes = read.filled();
+        if !bytes.is_empty() {
+            *buf = pool::read_buffer();
+            buf.extend_from_slice(bytes);
+        }
+        Poll::Ready(Ok(bytes.len()))
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use sluice_net::shutdown::Shutdown;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::server::ActiveRequests;
+
+    /// An upstream that answers every request on a connection with `ok`.
+    async fn upstream() -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0; 4096];
+            while conn.read(&mut buf).await.unwrap() > 0 {
+                let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                conn.write_all(answer).await.unwrap();
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_holds_no_buffer_after_its_request() {
+        let text = format!(
+            "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
+             [[route]]\ncluster = \"b\"\n\
+             [cluster.b]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+            upstream().await
+        );
+        let config = sluice_config::parse_str(&text, "t.toml", Path::new(".")).unwrap();
+        let fast = crate::Proxy::bind(&config).await.unwrap().fast_path();
+        let (info, http) = (ClientInfo::default(), config.listeners[0].http.clone());
+        let (shutdown, active) = (Shutdown::new(), Arc::new(ActiveRequests::default()));
+        let signal = shutdown.signal();
+        let conn = Conn {
+            info: &info,
+            http: &http,
+            signal: &signal,
+            active: &active,
+        };
+        let (mut client, mut io) = tokio::io::duplex(64 * 1024);
+        let mut held = Held::default();
+        let exchange = async {
+            client
+                .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut answer = vec![0; 1024];
+            let mut got = Vec::new();
+            while !got.ends_with(b"\r\n\r\nok") {
+                let n = client.read(&mut answer).await.unwrap();
+                got.extend_from_slice(&answer[..n]);
+            }
+            // The connection is idle now: one more turn lets it reach its wait for the next.
+            tokio::task::yield_now().await;
+        };
+        tokio::select! {
+            biased;
+            () = exchange => {}
+            left = serve(&mut io, &fast, conn, &mut held) => panic!("ended: {left:?}"),
+        }
+        assert_eq!(
+            held.buf.capacity(),
+            0,
+            "the client's read buffer is kept while idle"
+        );
+        assert!(held.scratch.holds_no_buffer(), "{:?}", held.scratch);
+    }
 }

@@ -18,6 +18,7 @@
 mod answer;
 mod body;
 mod conn;
+mod pool;
 mod relay;
 mod request;
 

@@ -1,6 +1,7 @@
 //! What the server hands the fast path ([`Request`], and a connection's [`Scratch`]) and what
 //! it gets back ([`Served`]).
 
+use std::mem;
 use std::pin::Pin;
 
 use sluice_net::shutdown::ShutdownSignal;
@@ -10,6 +11,8 @@ use tokio::time::{Instant, Sleep};
 use crate::http::ClientInfo;
 use crate::http::IO_BUFFER_BYTES;
 use crate::metrics::RouteCounters;
+
+use super::pool;
 
 /// What became of a request the fast path was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,9 +44,11 @@ pub(crate) struct Request<'a> {
     pub(crate) last: bool,
 }
 
-/// Buffers a client connection keeps for its fast-path requests, so that a request allocates
-/// none of them. Each stays within what one request needs (64 KiB and some); one that grew
-/// past that (a session's long read-ahead) is let go after its request.
+/// What a client connection's fast-path requests work in. The buffers are lent from the
+/// worker's pool ([`lend`](Self::lend)) while a request is in flight and given back after it
+/// ([`give_back`](Self::give_back)): an idle connection holds none. Each stays within what one
+/// request needs (64 KiB and some); one that grew past that (a session's long read-ahead) is
+/// freed rather than kept. The timer and the metrics handle stay with the connection.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     /// Bytes the client pipelines while a request waits (up to [`PIPELINED_BYTES`]).
@@ -56,7 +61,8 @@ pub(crate) struct Scratch {
     pub(super) answer: Vec<u8>,
     /// The upstream's reads of a body, while the client takes the answer.
     pub(super) spare: Vec<u8>,
-    /// The response timer, moved for each request.
+    /// The connection's one timer: its response timer while a request is in flight, its
+    /// header timer while it waits for the next (never both at once).
     pub(super) timer: Option<Pin<Box<Sleep>>>,
     /// The metrics of the route the connection's last request took.
     pub(super) counted: Option<RouteCounters>,
@@ -67,23 +73,44 @@ pub(crate) struct Scratch {
 const PIPELINED_BYTES: usize = 8 * 1024;
 
 impl Scratch {
-    /// Ready for a request: room to keep what the client pipelines.
-    pub(crate) fn prepare(&mut self) {
+    /// Ready for a request: its buffers lent from the worker's pool, with room to keep what
+    /// the client pipelines.
+    pub(crate) fn lend(&mut self) {
+        let [pipelined, request, response, answer, spare] = pool::set();
+        (self.pipelined, self.request, self.response) = (pipelined, request, response);
+        (self.answer, self.spare) = (answer, spare);
         self.pipelined.reserve(PIPELINED_BYTES);
     }
 
-    /// After a request: buffers that grew past what one request needs are let go.
-    pub(crate) fn trim(&mut self) {
-        for buf in [
-            &mut self.request,
-            &mut self.response,
-            &mut self.answer,
-            &mut self.spare,
-        ] {
+    /// After a request (what the client pipelined taken out of `pipelined` first): its buffers
+    /// go back to the worker's pool, except those that grew past what one request needs.
+    pub(crate) fn give_back(&mut self) {
+        let mut set = [
+            mem::take(&mut self.pipelined),
+            mem::take(&mut self.request),
+            mem::take(&mut self.response),
+            mem::take(&mut self.answer),
+            mem::take(&mut self.spare),
+        ];
+        for buf in &mut set {
             if buf.capacity() > 2 * IO_BUFFER_BYTES {
                 *buf = Vec::new();
             }
         }
+        pool::give_set(set);
+    }
+
+    /// Whether it holds no buffer (as between requests).
+    #[cfg(test)]
+    pub(crate) fn holds_no_buffer(&self) -> bool {
+        let bufs = [
+            &self.pipelined,
+            &self.request,
+            &self.response,
+            &self.answer,
+            &self.spare,
+        ];
+        bufs.iter().all(|b| b.capacity() == 0)
     }
 }
 
