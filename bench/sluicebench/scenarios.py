@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from . import h2, load, multinode, targets, tls
+from . import grpc, h2, load, multinode, targets, tls
 from .procs import Group, established, peak_rss_kib, sample_proc
 from .targets import Backend
 
@@ -350,7 +350,7 @@ def nginx_module(b):
 
 SCENARIOS = {"steady": steady, "spike": spike, "slow": slow, "ports": ports, "size": size,
              "size-gzip": size_gzip,
-             "tls": tls.tls, "h2": h2.h2,
+             "tls": tls.tls, "h2": h2.h2, "grpc": grpc.grpc,
              "nginx-module": nginx_module, "multinode": multinode.multinode}
 
 
