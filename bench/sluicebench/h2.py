@@ -20,30 +20,37 @@ WARMUP_S = 1
 _UNITS_US = {"us": 1.0, "ms": 1e3, "s": 1e6}
 
 
-def h2load(target, seconds):
-    """h2load for `seconds` after a warm-up: a `Run` with h2load's counts, and the proxy's CPU
-    over the whole run (warm-up included) divided by the requests its backend served in it."""
+def h2load(target, seconds, path="/", args=(), protocol="h2"):
+    """h2load for `seconds` after a warm-up, to `path` with `args` added (the gRPC scenario's
+    body and headers), expecting `protocol` (h2 by ALPN, or h2c with prior knowledge): a `Run`
+    with h2load's counts, and the proxy's CPU over the whole run (warm-up included) divided by
+    the requests its backend served in it."""
     cmd = ["taskset", "-c", str(LOAD_CPU), "h2load", "-c", str(CONNECTIONS), "-m", str(STREAMS),
-           "-D", str(seconds), f"--warm-up-time={WARMUP_S}", f"https://127.0.0.1:{target.port}/"]
+           "-D", str(seconds), f"--warm-up-time={WARMUP_S}", *args,
+           f"{target.scheme}://127.0.0.1:{target.port}{path}"]
     stats = load.backend_stats(target)
     before, busy = sample_proc(target.pid), cpu_times(LOAD_CPU)
+    backend = sample_proc(target.backend_pid) if target.backend_pid else None
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     after, busy_after = sample_proc(target.pid), cpu_times(LOAD_CPU)
+    backend_after = sample_proc(target.backend_pid) if backend else None
     stats_after = load.backend_stats(target)
     served = stats_after["requests"] - stats["requests"]
     if done.returncode != 0:
         raise RuntimeError(f"h2load against {target.name} exited {done.returncode}: "
                            f"{done.stderr.strip()[-300:]}")
-    run = parse_h2load(target.name, done.stdout)
+    run = parse_h2load(target.name, done.stdout, protocol)
     run.seconds = seconds  # h2load counts requests and req/s over the main duration only
     run.cpu_us_per_req = (after.cpu_s - before.cpu_s) * 1e6 / max(served, 1)
     run.load_cpu_busy = (busy_after[0] - busy[0]) / max(1, busy_after[1] - busy[1])
     run.extra["backend_requests"] = served
+    if backend:  # it shares the load CPU: a proxy that costs it more lowers everyone's rps
+        run.extra["backend_cpu_us_per_req"] = (backend_after.cpu_s - backend.cpu_s) * 1e6 / max(served, 1)
     run.new_upstream_conns = stats_after["connections"] - stats["connections"]
     return run
 
 
-def parse_h2load(name, out):
+def parse_h2load(name, out, protocol="h2"):
     run = load.Run(name)
 
     def find(pattern):
@@ -53,10 +60,12 @@ def parse_h2load(name, out):
                                f"output:\n{out}")
         return m
 
-    protocol = find(r"^Application protocol: (\S+)").group(1)
-    if protocol != "h2":
-        raise RuntimeError(f"h2load against {name}: ALPN chose {protocol}, not h2")
-    run.extra["cipher"] = find(r"^Cipher: (\S+)").group(1)
+    spoken = find(r"^Application protocol: (\S+)").group(1)
+    if spoken != protocol:
+        raise RuntimeError(f"h2load against {name}: it spoke {spoken}, not {protocol}")
+    if protocol == "h2":
+        run.extra["cipher"] = find(r"^Cipher: (\S+)").group(1)
+    run.bytes_read = int(find(r"^traffic: .*\((\d+)\) data$").group(1))  # response bodies
     run.rps = float(find(r"^finished in [\d.]+m?s, ([\d.]+) req/s").group(1))
     counts = find(r"^requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed")
     run.requests, run.errors = int(counts.group(1)), int(counts.group(2))

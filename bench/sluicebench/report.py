@@ -76,6 +76,8 @@ def write(results, out_dir):
         lines += _h2(results["h2"])
     if "idle" in results:
         lines += _idle(results["idle"])
+    if "grpc" in results:
+        lines += _grpc(results["grpc"])
     if "nginx-module" in results:
         lines += _module(results["nginx-module"], out_dir)
     if "multinode" in results:
@@ -445,11 +447,66 @@ def _idle(s):
     return lines
 
 
+GRPC_BASELINES = ("nginx-grpc", "haproxy-grpc")
+
+
+def _grpc(s):
+    load = s["load_average"]
+    lines = ["## gRPC", "",
+             "Each proxy takes h2c with prior knowledge and carries gRPC calls over HTTP/2 to its own "
+             "`bench-backend --grpc` (Sluice `protocol = \"h2c\"`, NGINX `grpc_pass` with `keepalive "
+             "512`, HAProxy `proto h2` both sides). Load: h2load with gRPC framing (a "
+             f"{s['request_bytes']}-byte message, `te: trailers`), `-c {s['connections']} "
+             f"-m {s['streams']}`, {s['seconds']} s after a {s['warmup_s']} s warm-up, "
+             f"{s['rounds']} round(s), targets rotated. `unary`: one {s['reply_bytes']}-byte message "
+             f"back; `stream`: server streaming, {s['stream_messages']} such messages, each its own "
+             "DATA frame (h2load sends a whole request before reading, so calls that stream both "
+             "ways cannot be expressed). CPU per call is the proxy's CPU over the whole run divided "
+             "by the calls its backend served; p50/p99 are from h2load's per-request log of the "
+             "measured seconds. A ratio is the median of per-round ratios (min-max) to the same "
+             "round's NGINX or HAProxy. Errors include calls answered without their messages (a "
+             "proxy's own gRPC error is HTTP 200). `sluice-grpc-b` is an identical second Sluice "
+             f"(A/A). Load average {_loadavg(load['start'])} at the start, "
+             f"{_loadavg(load['end'])} at the end.", ""]
+    for kind, runs in s["kinds"].items():
+        lines += [f"### {kind}", "", "| target | calls/s | CPU us/call | vs nginx-grpc (CPU) | "
+                  "vs haproxy-grpc (CPU) | p50 ms | p99 ms | new upstream conns | errors | "
+                  "load CPU busy |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, rs in runs.items():
+            vs = [median_range(ratios(rs, runs[base], cpu), 2) if base in runs else "-"
+                  for base in GRPC_BASELINES]
+            busy = sum(r["load_cpu_busy"] >= 0.95 for r in rs)
+            lines.append(
+                f"| {name} | {median_range([rps(r) for r in rs])} | "
+                f"{median_range([cpu(r) for r in rs], 1)} | {vs[0]} | {vs[1]} | "
+                f"{median_range([_ms(r, 'p50') for r in rs], 2)} | "
+                f"{median_range([_ms(r, 'p99') for r in rs], 2)} | "
+                f"{median_range([r['new_upstream_conns'] for r in rs])} | "
+                f"{sum(r['errors'] + r['non2xx'] for r in rs)} | {busy}/{len(rs)} flagged |")
+        lines.append("")
+        lines += ["Backend CPU us/call (it shares the load CPU with h2load): " + "; ".join(
+            f"{name} {median_range([r['extra'].get('backend_cpu_us_per_req') for r in rs], 1)}"
+            for name, rs in runs.items()) + ".", ""]
+        lines += ["Per round, CPU us/call: " + "; ".join(
+            f"{name} {', '.join(f'{cpu(r):.1f}' for r in rs)}" for name, rs in runs.items()) + "."]
+        if {"sluice-grpc", "sluice-grpc-b"} <= set(runs):
+            a, b = runs["sluice-grpc-b"], runs["sluice-grpc"]
+            lines += ["", f"A/A, sluice-grpc-b / sluice-grpc: calls/s "
+                      f"{median_range(ratios(a, b, rps), 2)}, CPU/call {median_range(ratios(a, b, cpu), 2)}."]
+        lines.append("")
+    return lines
+
+
 _IDLE_SETTLE = "1 s"
 
 
 def _per_conn(r):
     return r["per_conn_kib"]
+
+
+def _ms(r, q):
+    us = r["latency_us"].get(q)
+    return us / 1e3 if us is not None else None
 
 
 MODULE_BASELINE = "nginx"  # the seed paper's: stock NGINX, a connection per request
@@ -646,6 +703,7 @@ def evaluate(results):
                         f"{p * 1e3:.0f} ms vs {spike['queue_timeout_s'] * 1e3:.0f} ms",
                         verdict(p <= spike["queue_timeout_s"])))
     out += _module_verdicts(results.get("nginx-module"))
+    out += _grpc_verdicts(results.get("grpc"))
     ports = results.get("ports", {}).get("targets", {}).get("sluice-reverse")
     if ports:
         out.append(("ports: sluice-reverse new upstream connections and TIME_WAIT (both sides)",
@@ -674,6 +732,21 @@ def _module_verdicts(s):
             r = med(ratios(runs["nginx-sluice"], runs["nginx-keepalive"], cpu))
             out.append((f"nginx-module c={c}: nginx-sluice CPU/req <= nginx-keepalive",
                         f"{r:.2f}x", verdict(r <= 1.0)))
+    return out
+
+
+def _grpc_verdicts(s):
+    """Issue 31's target for gRPC to static clusters: no more proxy CPU per call than NGINX's
+    and HAProxy's, per kind of call."""
+    if not s:
+        return []
+    out = []
+    for kind, runs in s["kinds"].items():
+        for base in GRPC_BASELINES:
+            if {"sluice-grpc", base} <= set(runs):
+                r = med(ratios(runs["sluice-grpc"], runs[base], cpu))
+                out.append((f"grpc {kind}: sluice-grpc CPU/call <= {base}", f"{r:.2f}x",
+                            verdict(r <= 1.0)))
     return out
 
 

@@ -1,10 +1,12 @@
 //! The benchmark backend: answers every request with `200 text/plain` and a body of a chosen
-//! size after a chosen delay, counting what it handles ([`stats`]). The body repeats one line,
+//! size after a chosen delay, counting what it handles ([`stats`]); or, in [`grpc`] mode,
+//! gRPC calls over cleartext HTTP/2. The body repeats one line,
 //! or with `?text=1` is varied JSON lines that compress as an API's answers do.
 //!
 //! Every benchmark target (Sluice dial-in, Sluice static, nginx, …) reaches the same
 //! [`Backend`], so differences between targets come from the proxies alone.
 
+pub mod grpc;
 pub mod stats;
 
 use std::convert::Infallible;
@@ -68,6 +70,11 @@ impl Backend {
             body,
             counters,
         }
+    }
+
+    /// The default body as one gRPC message: what the [`grpc`] mode answers with.
+    pub fn grpc_reply(&self) -> Bytes {
+        grpc::message(&self.body)
     }
 
     /// Handles one request: reads and discards its body, waits the delay, answers `200` with

@@ -1,6 +1,6 @@
-//! `bench-backend (--listen ADDR | --acceptor ADDR --service NAME --sessions N [--instance ID])
-//! [--delay-ms D] [--body-bytes B] [--stats ADDR] [--threads N]`: the backend of every
-//! benchmark target. Prints `listening ADDR` or, dialing in (token from `SLUICE_TOKEN`),
+//! `bench-backend (--listen ADDR [--grpc] | --acceptor ADDR --service NAME --sessions N
+//! [--instance ID]) [--delay-ms D] [--body-bytes B] [--stats ADDR] [--threads N]`: the backend
+//! of every benchmark target. Prints `listening ADDR` or, dialing in (token from `SLUICE_TOKEN`),
 //! `registered N` once N sessions are registered; with `--stats`, then `stats ADDR`. SIGTERM
 //! or SIGINT exits 0 (dialing in, after draining for at most 2 s).
 
@@ -27,6 +27,11 @@ struct Cli {
     /// Listen for plain HTTP/1.1 on this address (port 0: any; the ready line says which).
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Listening, speak gRPC over cleartext HTTP/2 (prior knowledge) instead: every call is
+    /// answered with the body as one gRPC message (ten on a method named `Stream`) and
+    /// `grpc-status: 0`; --delay-ms and queries do not apply.
+    #[arg(long, requires = "listen")]
+    grpc: bool,
     /// Dial in to this Sluice acceptor instead, as sessions of --service.
     #[arg(long, value_name = "ADDR", requires_all = ["service", "sessions"])]
     acceptor: Option<String>,
@@ -75,8 +80,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         (Some(addr), _) => {
             let listener = bind(addr).await?;
             say(&format!("listening {}", listener.local_addr()?))?;
-            let handler = move |req| backend.clone().handle(req);
-            tokio::spawn(backend::serve(listener, Some(counters.clone()), handler));
+            if cli.grpc {
+                let reply = backend.grpc_reply();
+                tokio::spawn(backend::grpc::serve(listener, counters.clone(), reply));
+            } else {
+                let handler = move |req| backend.clone().handle(req);
+                tokio::spawn(backend::serve(listener, Some(counters.clone()), handler));
+            }
             None
         }
         (None, Some(acceptor)) => {
