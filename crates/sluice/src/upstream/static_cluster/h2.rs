@@ -216,12 +216,55 @@ where
             Found::Stream(stream) => return Ok(stream),
             Found::Wait => opened.await,
             Found::Open => {
+                // Counted as opening until it opened or failed, or the request was dropped
+                // meanwhile (its client left): the waiters are told either way.
+                let opening = Opening(pool);
                 let connected = connect().await;
-                pool.opening.fetch_sub(1, Ordering::AcqRel);
                 let stream = connected.map(|sender| pool.add(sender));
-                pool.opened.notify_waiters();
+                drop(opening);
                 return stream;
             }
         }
+    }
+}
+
+/// A connection being opened, counted in its pool's `opening` until this is dropped; dropping
+/// it tells the requests waiting for it.
+struct Opening<'a>(&'a H2Pool);
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.0.opening.fetch_sub(1, Ordering::AcqRel);
+        self.0.opened.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    type Connected = Result<SendRequest<ProxyBody>, ProxyError>;
+
+    #[tokio::test]
+    async fn a_request_dropped_while_its_connection_opens_does_not_block_the_next() {
+        let opts = H2Options {
+            max_connections: 1,
+            ..H2Options::default()
+        };
+        let pool = H2Pool::default();
+        // The first request opens the pool's one connection, and is dropped meanwhile (its
+        // client left).
+        let never = || std::future::pending::<Connected>();
+        let first = tokio::time::timeout(Duration::from_millis(20), lease(&opts, &pool, never));
+        assert!(first.await.is_err(), "the connect never ends");
+        // The next request opens one itself instead of waiting for the dropped one forever.
+        let refused = || async { Err::<SendRequest<ProxyBody>, _>(ProxyError::ConnectTimeout) };
+        let next = tokio::time::timeout(Duration::from_secs(5), lease(&opts, &pool, refused));
+        let next = next
+            .await
+            .expect("the next request waited for a dropped connect");
+        assert!(matches!(next, Err(ProxyError::ConnectTimeout)));
     }
 }
