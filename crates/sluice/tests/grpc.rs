@@ -166,17 +166,6 @@ fn config(endpoints: &[SocketAddr], extra: &str) -> String {
     )
 }
 
-/// An HTTP/2 (prior knowledge) client connection whose request bodies are channels.
-async fn h2_client(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Channel<Bytes>> {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    sender
-}
-
 /// A call's request, its body a channel the test writes messages to.
 fn grpc_request(addr: SocketAddr, method: &str) -> (Request<Channel<Bytes>>, Sender<Bytes>) {
     let (tx, body) = Channel::<Bytes>::new(4);
@@ -204,7 +193,7 @@ async fn next_frame(body: &mut Incoming) -> Result<Bytes, Option<HeaderMap>> {
 async fn a_bidirectional_call_streams_both_ways_with_its_trailers() {
     let service = Service::start(100, None).await;
     let proxy = TestProxy::start(&config(&[service.addr], "")).await;
-    let mut client = h2_client(proxy.addr()).await;
+    let mut client = support::h2_connect_with::<Channel<Bytes>>(proxy.addr()).await;
     let (req, mut tx) = grpc_request(proxy.addr(), "Stream");
     let res = client.send_request(req);
     tx.send_data(message(b"one")).await.unwrap();
@@ -251,7 +240,7 @@ async fn the_endpoint_stream_limit_holds_and_full_connections_get_company() {
     let service = Service::start(2, None).await;
     let extra = "h2 = { max_connections = 3, max_streams = 2 }";
     let proxy = TestProxy::start(&config(&[service.addr], extra)).await;
-    let mut client = h2_client(proxy.addr()).await;
+    let mut client = support::h2_connect_with::<Channel<Bytes>>(proxy.addr()).await;
     let mut calls = Vec::new();
     for _ in 0..12 {
         let (req, tx) = grpc_request(proxy.addr(), "Slow");
@@ -274,7 +263,7 @@ async fn a_goaway_mid_load_fails_no_call() {
     // Each connection is shut down gracefully after its 3rd call.
     let service = Service::start(100, Some(3)).await;
     let proxy = TestProxy::start(&config(&[service.addr], "")).await;
-    let mut client = h2_client(proxy.addr()).await;
+    let mut client = support::h2_connect_with::<Channel<Bytes>>(proxy.addr()).await;
     for round in 0..5 {
         let mut calls = Vec::new();
         for _ in 0..6 {
@@ -296,7 +285,7 @@ async fn a_goaway_mid_load_fails_no_call() {
 
 /// Sends one call with `fields` and an empty body; its response head and fields.
 async fn own_answer(addr: SocketAddr, path: &str, fields: &[(&str, &str)]) -> Response<Incoming> {
-    let mut client = h2_client(addr).await;
+    let mut client = support::h2_connect_with::<Channel<Bytes>>(addr).await;
     let mut req = Request::post(format!("http://{addr}{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers");
@@ -428,15 +417,7 @@ fn a_protocol_that_does_not_fit_is_a_config_error() {
         } else {
             text
         };
-        let err = sluice::config::parse_str(&text, "t.toml", std::path::Path::new("."))
-            .unwrap_err()
-            .to_string();
-        let at = format!(
-            "t.toml:{}:",
-            text.lines().position(|l| l == line).unwrap() + 1
-        );
-        assert!(err.contains(message), "{line}: {err}");
-        assert!(err.contains(&at), "{line}: {err} (not at {at})");
+        support::assert_refused_at(&text, line, message);
     }
 }
 

@@ -468,15 +468,7 @@ fn a_malformed_retry_is_a_config_error() {
     ];
     for (line, message) in cases {
         let text = static_config(&[endpoint], line);
-        let err = sluice::config::parse_str(&text, "t.toml", std::path::Path::new("."))
-            .unwrap_err()
-            .to_string();
-        let at = format!(
-            "t.toml:{}:",
-            text.lines().position(|l| l == line).unwrap() + 1
-        );
-        assert!(err.contains(message), "{line}: {err}");
-        assert!(err.contains(&at), "{line}: {err} (not at {at})");
+        support::assert_refused_at(&text, line, message);
     }
     let reverse = "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
                    [acceptor]\nlisten = \"127.0.0.1:0\"\n\

@@ -288,6 +288,22 @@ endpoints = [{}]
     )
 }
 
+/// Asserts that `text` does not load, with an error that says `message` at the line `line`
+/// (a line of `text`, whole) — what a user sees for a malformed key.
+pub fn assert_refused_at(text: &str, line: &str, message: &str) {
+    let err = sluice::config::parse_str(text, "t.toml", std::path::Path::new("."))
+        .unwrap_err()
+        .to_string();
+    let number = text
+        .lines()
+        .position(|l| l == line)
+        .expect("the line is in the text")
+        + 1;
+    let at = format!("t.toml:{number}:");
+    assert!(err.contains(message), "{line}: {err}");
+    assert!(err.contains(&at), "{line}: {err} (not at {at})");
+}
+
 /// A response read whole.
 #[derive(Debug)]
 pub struct Reply {
@@ -327,6 +343,16 @@ pub async fn read_reply(res: Response<Incoming>) -> Reply {
 
 /// One HTTP/2 (prior knowledge) connection to `addr`.
 pub async fn h2_connect(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    h2_connect_with(addr).await
+}
+
+/// [`h2_connect`] with request bodies of type `B` (a channel, for calls that stream).
+pub async fn h2_connect_with<B>(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let stream = TcpStream::connect(addr).await.unwrap();
     let (sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
