@@ -150,13 +150,13 @@ impl H2Stream {
         mut self,
         mut req: Request<ProxyBody>,
         timeout: std::time::Duration,
-        (scheme, authority): (&str, &str),
+        (scheme, addr): (&str, std::net::SocketAddr),
     ) -> Result<(Response<Incoming>, Slot), Failure> {
         if req.headers().contains_key(header::UPGRADE) {
             let e = ProxyError::NotImplemented("a protocol upgrade over an HTTP/2 upstream");
             return Err(Failure::later(e));
         }
-        as_h2(&mut req, scheme, authority);
+        as_h2(&mut req, scheme, addr);
         let answer = async {
             // Ready unless the connection is going away (then the request comes back unsent).
             let _ = self.sender.ready().await;
@@ -177,16 +177,16 @@ impl H2Stream {
 }
 
 /// The request as HTTP/2 sends it: an absolute URI (hyper takes `:scheme` and `:authority`
-/// from it; the authority is `Host`'s, else `authority`), no `Host`, `te: trailers` again when
-/// the client said so.
-fn as_h2(req: &mut Request<ProxyBody>, scheme: &str, authority: &str) {
+/// from it; the authority is `Host`'s, which the sender always sets, else the endpoint's
+/// `addr`), no `Host`, `te: trailers` again when the client said so.
+fn as_h2(req: &mut Request<ProxyBody>, scheme: &str, addr: std::net::SocketAddr) {
     let host = req.headers_mut().remove(header::HOST);
-    let authority = host
-        .as_ref()
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or(authority);
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    if let Ok(uri) = Uri::try_from(format!("{scheme}://{authority}{path}")) {
+    let uri = match host.as_ref().and_then(|h| h.to_str().ok()) {
+        Some(authority) => format!("{scheme}://{authority}{path}"),
+        None => format!("{scheme}://{addr}{path}"),
+    };
+    if let Ok(uri) = Uri::try_from(uri) {
         *req.uri_mut() = uri;
     }
     *req.version_mut() = Version::HTTP_2;

@@ -260,9 +260,9 @@ async fn exchange(
         Leg::H1(conn) => conn,
         Leg::H2(stream) => {
             let scheme = if inner.tls.is_some() { "https" } else { "http" };
-            let addr = in_flight.endpoint().addr().to_string();
+            let addr = in_flight.endpoint().addr();
             let sent_at = std::time::Instant::now();
-            let (res, slot) = stream.send(req, timeout, (scheme, &addr)).await?;
+            let (res, slot) = stream.send(req, timeout, (scheme, addr)).await?;
             let endpoint = in_flight.endpoint();
             endpoint.observe(res.status().as_u16(), sent_at.elapsed());
             let end = StreamEnd {
