@@ -426,6 +426,7 @@ fn a_stopping_node_says_draining_on_its_control_links_before_it_exits() {
     let reg = sluice_session::Registration {
         identity,
         capacity: Some(1),
+        streams: None,
     };
     let mut link = TcpStream::connect(addr).unwrap();
     link.write_all(&reg.encode_control()).unwrap();

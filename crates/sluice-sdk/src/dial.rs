@@ -54,6 +54,7 @@ fn registration(options: &Options, capacity: usize) -> Registration {
     Registration {
         identity: options.identity.clone(),
         capacity: Some(u32::try_from(capacity).unwrap_or(u32::MAX)),
+        streams: None,
     }
 }
 
@@ -75,6 +76,9 @@ pub(crate) async fn register(
             (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
             (Reply::Drained, _) => Err(unexpected("200 to a registration")),
             (Reply::Control, _) => Err(unexpected("a control link's 101 to a registration")),
+            (Reply::SwitchedH2, _) => Err(unexpected(
+                "an HTTP/2 session's 101 to an HTTP/1.1 registration",
+            )),
         }
     })
     .await
@@ -95,7 +99,9 @@ pub(crate) async fn control(
             (Reply::Control, rest) => Ok(Control::Up { io, rest }),
             (Reply::Refused(400), _) => Ok(Control::Unsupported),
             (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
-            (Reply::Switched, _) => Err(unexpected("a session's 101 to a control request")),
+            (Reply::Switched | Reply::SwitchedH2, _) => {
+                Err(unexpected("a session's 101 to a control request"))
+            }
             (Reply::Drained, _) => Err(unexpected("200 to a control request")),
         }
     })
@@ -113,7 +119,9 @@ pub(crate) async fn drain(options: &Options, to: Endpoint) -> Result<(), Error> 
         match read_reply(&mut io).await? {
             (Reply::Drained, _) => Ok(()),
             (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
-            (Reply::Switched | Reply::Control, _) => Err(unexpected("101 to a drain request")),
+            (Reply::Switched | Reply::SwitchedH2 | Reply::Control, _) => {
+                Err(unexpected("101 to a drain request"))
+            }
         }
     })
     .await

@@ -4,7 +4,8 @@ use std::fmt::Write as _;
 
 use crate::protocol::{
     Parsed, CONTROL_PATH, CONTROL_TOKEN, DEFAULT_SLICE, DRAIN_PATH, HEADER_CAPACITY,
-    HEADER_INSTANCE, HEADER_SERVICE, HEADER_SLICE, MAX_HEADERS, SESSION_PATH, UPGRADE_TOKEN,
+    HEADER_INSTANCE, HEADER_PROTOCOL, HEADER_SERVICE, HEADER_SLICE, HEADER_STREAMS, MAX_HEADERS,
+    MAX_STREAMS, PROTOCOL_H2, PROTOCOL_HTTP1, SESSION_PATH, UPGRADE_TOKEN,
 };
 use crate::reply::Rejection;
 
@@ -51,6 +52,10 @@ pub struct Registration {
     pub identity: Identity,
     /// The instance's intended number of sessions (informational).
     pub capacity: Option<u32>,
+    /// `Some(n)`: the session speaks HTTP/2 after its `101` and takes `n` (1 to
+    /// [`MAX_STREAMS`]) requests at once; `None`: HTTP/1.1, one at a time. Control links
+    /// carry none.
+    pub streams: Option<u32>,
 }
 
 /// `POST /.sluice/v1/drain`: stop leasing the instance's sessions and close them.
@@ -74,21 +79,28 @@ pub enum Hello {
 impl Registration {
     /// The request bytes, ready to write.
     pub fn encode(&self) -> Vec<u8> {
-        self.upgrade_request(SESSION_PATH, UPGRADE_TOKEN)
+        self.upgrade_request(SESSION_PATH, UPGRADE_TOKEN, self.streams)
     }
 
-    /// The same identity's control link request (`GET /.sluice/v1/control`).
+    /// The same identity's control link request (`GET /.sluice/v1/control`), which carries no
+    /// requests and so names no protocol.
     pub fn encode_control(&self) -> Vec<u8> {
-        self.upgrade_request(CONTROL_PATH, CONTROL_TOKEN)
+        self.upgrade_request(CONTROL_PATH, CONTROL_TOKEN, None)
     }
 
-    fn upgrade_request(&self, path: &str, token: &str) -> Vec<u8> {
+    fn upgrade_request(&self, path: &str, token: &str, streams: Option<u32>) -> Vec<u8> {
         let mut out = format!(
             "GET {path} HTTP/1.1\r\nHost: sluice\r\nConnection: Upgrade\r\nUpgrade: {token}\r\n"
         );
         identity_headers(&mut out, &self.identity);
         if let Some(n) = self.capacity {
             let _ = write!(out, "Sluice-Capacity: {n}\r\n");
+        }
+        if let Some(n) = streams {
+            let _ = write!(
+                out,
+                "Sluice-Protocol: {PROTOCOL_H2}\r\nSluice-Streams: {n}\r\n"
+            );
         }
         out.push_str("\r\n");
         out.into_bytes()
@@ -178,6 +190,7 @@ fn registration(head: &Head<'_>, token: &str) -> Result<Registration, Rejection>
     Ok(Registration {
         identity: head.identity()?,
         capacity,
+        streams: head.streams()?,
     })
 }
 
@@ -188,6 +201,8 @@ struct Head<'a> {
     slice: Option<&'a str>,
     instance: Option<&'a str>,
     capacity: Option<&'a str>,
+    protocol: Option<&'a str>,
+    streams: Option<&'a str>,
     authorization: Option<&'a str>,
     upgrade: Option<&'a str>,
     connection_upgrade: bool,
@@ -206,6 +221,8 @@ impl<'a> Head<'a> {
                 HEADER_SLICE => &mut head.slice,
                 HEADER_INSTANCE => &mut head.instance,
                 HEADER_CAPACITY => &mut head.capacity,
+                HEADER_PROTOCOL => &mut head.protocol,
+                HEADER_STREAMS => &mut head.streams,
                 "authorization" => &mut head.authorization,
                 "upgrade" => &mut head.upgrade,
                 "connection" => {
@@ -227,6 +244,34 @@ impl<'a> Head<'a> {
             }
         }
         Ok(head)
+    }
+
+    /// `Sluice-Protocol` and `Sluice-Streams`: `Some(n)` for an HTTP/2 session.
+    fn streams(&self) -> Result<Option<u32>, Rejection> {
+        let h2 = match nonempty(self.protocol) {
+            None => false,
+            Some(p) if p.eq_ignore_ascii_case(PROTOCOL_HTTP1) => false,
+            Some(p) if p.eq_ignore_ascii_case(PROTOCOL_H2) => true,
+            Some(_) => return Err(Rejection::bad_request("unknown Sluice-Protocol")),
+        };
+        match (h2, self.streams) {
+            (false, None) => Ok(None),
+            (false, Some(_)) => Err(Rejection::bad_request(
+                "Sluice-Streams applies to Sluice-Protocol: h2 only",
+            )),
+            (true, None) => Err(Rejection::bad_request(
+                "Sluice-Streams is required with Sluice-Protocol: h2",
+            )),
+            (true, Some(v)) => {
+                let n = (!v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| v.parse::<u32>().ok())
+                    .flatten()
+                    .filter(|n| (1..=MAX_STREAMS).contains(n));
+                n.map(Some).ok_or_else(|| {
+                    Rejection::bad_request("Sluice-Streams must be a whole number from 1 to 1000")
+                })
+            }
+        }
     }
 
     fn identity(&self) -> Result<Identity, Rejection> {

@@ -19,6 +19,16 @@ pub const HEADER_SLICE: &str = "sluice-slice";
 pub const HEADER_INSTANCE: &str = "sluice-instance";
 /// Header with the instance's intended session count (optional, informational).
 pub const HEADER_CAPACITY: &str = "sluice-capacity";
+/// Header naming what a session speaks after its `101` (optional: `http/1.1` or [`PROTOCOL_H2`]).
+pub const HEADER_PROTOCOL: &str = "sluice-protocol";
+/// Header with an HTTP/2 session's stream count (required with [`PROTOCOL_H2`], refused without).
+pub const HEADER_STREAMS: &str = "sluice-streams";
+/// `Sluice-Protocol`'s value for an HTTP/2 session.
+pub const PROTOCOL_H2: &str = "h2";
+/// `Sluice-Protocol`'s value for an HTTP/1.1 session (the default).
+pub const PROTOCOL_HTTP1: &str = "http/1.1";
+/// The most streams one HTTP/2 session may declare.
+pub const MAX_STREAMS: u32 = 1000;
 /// The slice of a session that names none.
 pub const DEFAULT_SLICE: &str = "default";
 /// The default limit on a handshake's head, in bytes.

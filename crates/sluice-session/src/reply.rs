@@ -1,6 +1,9 @@
 //! What the acceptor answers, and the statuses of its refusals.
 
-use crate::protocol::{Parsed, CONTROL_TOKEN, DEFAULT_MAX_HEAD, UPGRADE_TOKEN};
+use crate::protocol::{
+    Parsed, CONTROL_TOKEN, DEFAULT_MAX_HEAD, HEADER_PROTOCOL, PROTOCOL_H2, PROTOCOL_HTTP1,
+    UPGRADE_TOKEN,
+};
 
 /// A refusal: the status and the short reason sent as the body before the connection closes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,6 +59,12 @@ impl Rejection {
         }
     }
 
+    /// 400: a standalone acceptor lends its sessions to other processes, and an HTTP/2
+    /// session's connection state cannot move with its socket.
+    pub fn lends_http1_only() -> Self {
+        Self::bad_request("a standalone acceptor lends HTTP/1.1 sessions only")
+    }
+
     /// 503: the instance is draining or the proxy is shutting down.
     pub fn unavailable(reason: &str) -> Self {
         Self {
@@ -94,8 +103,10 @@ fn canonical_reason(status: u16) -> &'static str {
 /// An acceptor's answer, as the service sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// `101` with `Upgrade: sluice-session/1`: the connection is now a session.
+    /// `101` with `Upgrade: sluice-session/1`: the connection is now an HTTP/1.1 session.
     Switched,
+    /// The same with `Sluice-Protocol: h2`: the connection is now an HTTP/2 session.
+    SwitchedH2,
     /// `101` with `Upgrade: sluice-control/1`: the connection is now a control link.
     Control,
     /// `200`: the drain was accepted.
@@ -108,6 +119,11 @@ impl Reply {
     /// The `101` answer to a registration.
     pub fn switching_protocols() -> Vec<u8> {
         format!("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {UPGRADE_TOKEN}\r\n\r\n").into_bytes()
+    }
+
+    /// The `101` answer to an HTTP/2 session's registration.
+    pub fn switching_protocols_h2() -> Vec<u8> {
+        format!("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {UPGRADE_TOKEN}\r\nSluice-Protocol: {PROTOCOL_H2}\r\n\r\n").into_bytes()
     }
 
     /// The `101` answer to a control link's request.
@@ -142,7 +158,9 @@ pub fn parse_reply(buf: &[u8]) -> Result<Parsed<Reply>, Rejection> {
                 .iter()
                 .find(|h| h.name.eq_ignore_ascii_case("upgrade"));
             match upgrade.map(|h| h.value) {
-                Some(v) if v.eq_ignore_ascii_case(UPGRADE_TOKEN.as_bytes()) => Reply::Switched,
+                Some(v) if v.eq_ignore_ascii_case(UPGRADE_TOKEN.as_bytes()) => {
+                    session_protocol(res.headers)?
+                }
                 Some(v) if v.eq_ignore_ascii_case(CONTROL_TOKEN.as_bytes()) => Reply::Control,
                 _ => {
                     return Err(Rejection::bad_request(
@@ -156,4 +174,19 @@ pub fn parse_reply(buf: &[u8]) -> Result<Parsed<Reply>, Rejection> {
         None => return Err(Rejection::bad_request("malformed acceptor reply")),
     };
     Ok(Parsed::Complete(reply, len))
+}
+
+/// What a session's `101` says it speaks: `Sluice-Protocol`, absent for HTTP/1.1.
+fn session_protocol(headers: &[httparse::Header<'_>]) -> Result<Reply, Rejection> {
+    let named = headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case(HEADER_PROTOCOL));
+    match named.map(|h| h.value.trim_ascii()) {
+        None | Some(b"") => Ok(Reply::Switched),
+        Some(v) if v.eq_ignore_ascii_case(PROTOCOL_HTTP1.as_bytes()) => Ok(Reply::Switched),
+        Some(v) if v.eq_ignore_ascii_case(PROTOCOL_H2.as_bytes()) => Ok(Reply::SwitchedH2),
+        Some(_) => Err(Rejection::bad_request(
+            "101 naming an unknown Sluice-Protocol",
+        )),
+    }
 }

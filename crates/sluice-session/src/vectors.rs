@@ -178,6 +178,9 @@ pub struct Request {
     /// `Sluice-Capacity` (registrations only; `None`: the header is absent).
     #[serde(default)]
     pub capacity: Option<u32>,
+    /// `Sluice-Streams` of an HTTP/2 session (registrations only; `None`: HTTP/1.1).
+    #[serde(default)]
+    pub streams: Option<u32>,
     /// The exact bytes.
     pub bytes: Bytes,
     /// The fixture acceptor's answer.
@@ -235,6 +238,9 @@ pub struct RegisterVerdict {
     pub identity: VectorIdentity,
     /// `Sluice-Capacity`, if sent.
     pub capacity: Option<u32>,
+    /// `Sluice-Streams` of an HTTP/2 session; `None`: HTTP/1.1.
+    #[serde(default)]
+    pub streams: Option<u32>,
 }
 
 /// A parsed drain request.
@@ -261,7 +267,8 @@ pub struct RejectVerdict {
 pub struct ReplyCase {
     /// What the vector shows.
     pub name: String,
-    /// `"register"` or `"drain"`: what the SDK sent.
+    /// `"register"`, `"register-h2"` (with `Sluice-Protocol: h2`) or `"drain"`: what the SDK
+    /// sent.
     pub request: String,
     /// The answer's bytes, up to the end of the connection.
     pub bytes: Bytes,

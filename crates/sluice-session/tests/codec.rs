@@ -15,6 +15,7 @@ fn registration() -> Registration {
     Registration {
         identity,
         capacity: Some(8),
+        streams: None,
     }
 }
 

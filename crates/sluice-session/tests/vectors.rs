@@ -23,6 +23,7 @@ fn registrations_encode_to_the_vector_bytes_and_parse_back() {
         let reg = Registration {
             identity: identity(&case.identity),
             capacity: case.capacity,
+            streams: case.streams,
         };
         assert_eq!(reg.encode(), case.bytes.0, "{}", case.name);
         let parsed = parse_hello(&case.bytes.0, v.acceptor.max_handshake_size).unwrap();
@@ -59,6 +60,7 @@ fn every_hello_gets_the_vector_verdict() {
                 let expected = Registration {
                     identity: identity(&register.identity),
                     capacity: register.capacity,
+                    streams: register.streams,
                 };
                 assert_eq!(hello, Hello::Register(expected), "{name}");
                 assert_eq!(len, consumed.unwrap_or(case.bytes.0.len()), "{name}");
@@ -84,6 +86,7 @@ fn outcome(request: &str, bytes: &[u8]) -> Result<(Reply, Vec<u8>), ()> {
     match parse_reply(bytes) {
         Ok(Parsed::Complete(reply, len)) => match (request, &reply) {
             ("register", Reply::Switched | Reply::Refused(_))
+            | ("register-h2", Reply::SwitchedH2 | Reply::Refused(_))
             | ("drain", Reply::Drained | Reply::Refused(_)) => Ok((reply, bytes[len..].to_vec())),
             _ => Err(()),
         },
@@ -100,7 +103,7 @@ fn every_reply_reads_as_the_vectors_say() {
         let got = outcome(&case.request, &case.bytes.0);
         let name = &case.name;
         match (&case.expect, got) {
-            (ReplyVerdict::Session { rest }, Ok((Reply::Switched, after))) => {
+            (ReplyVerdict::Session { rest }, Ok((Reply::Switched | Reply::SwitchedH2, after))) => {
                 assert_eq!(after, rest.0, "{name}");
             }
             (ReplyVerdict::Drained, Ok((Reply::Drained, _))) => {}
@@ -125,6 +128,8 @@ fn the_acceptor_encodes_refusals_as_the_vectors_show_them() {
         Rejection::unavailable("shutting down").encode(),
         Rejection::drained("api", "api-1").encode(),
         Reply::switching_protocols(),
+        Reply::switching_protocols_h2(),
+        Rejection::lends_http1_only().encode(),
         Reply::drained(),
     ];
     for bytes in ours {
@@ -191,6 +196,7 @@ fn control_requests_encode_to_the_vector_bytes_and_parse_back() {
         let reg = Registration {
             identity: identity(&case.identity),
             capacity: case.capacity,
+            streams: case.streams,
         };
         assert_eq!(reg.encode_control(), case.bytes.0, "{}", case.name);
         let parsed = parse_hello(&case.bytes.0, v.acceptor.max_handshake_size).unwrap();

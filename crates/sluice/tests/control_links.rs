@@ -27,6 +27,7 @@ impl Link {
         let reg = Registration {
             identity,
             capacity: Some(capacity),
+            streams: None,
         };
         let mut stream = TcpStream::connect(acceptor).await.unwrap();
         stream.write_all(&reg.encode_control()).await.unwrap();

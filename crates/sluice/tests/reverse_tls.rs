@@ -240,6 +240,7 @@ async fn raw_register(pki: &Pki, proxy: &TlsProxy, client: &Leaf, service: &str)
     let hello = Registration {
         identity: Identity::new(service),
         capacity: Some(1),
+        streams: None,
     };
     tls.write_all(&hello.encode()).await.unwrap();
     tls.flush().await.unwrap();
@@ -355,6 +356,7 @@ async fn plaintext_registration_to_a_tls_acceptor_fails() {
     let hello = Registration {
         identity: Identity::new("api"),
         capacity: Some(1),
+        streams: None,
     };
     tcp.write_all(&hello.encode()).await.unwrap();
     let mut answer = Vec::new();

@@ -58,6 +58,7 @@ async fn register(acceptor: std::net::SocketAddr) -> TcpStream {
     let hello = Registration {
         identity,
         capacity: Some(1),
+        streams: None,
     };
     stream.write_all(&hello.encode()).await.unwrap();
     let mut head = Vec::new();

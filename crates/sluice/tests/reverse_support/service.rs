@@ -51,6 +51,7 @@ impl ServiceSpec {
         Registration {
             identity,
             capacity: Some(self.sessions as u32),
+            streams: None,
         }
     }
 }
@@ -208,7 +209,7 @@ pub async fn dial_raw(acceptor: SocketAddr, bytes: &[u8]) -> (TcpStream, u16) {
         buf.push(chunk[0]);
         if let Parsed::Complete(reply, _) = parse_reply(&buf).unwrap() {
             let status = match reply {
-                Reply::Switched | Reply::Control => 101,
+                Reply::Switched | Reply::SwitchedH2 | Reply::Control => 101,
                 Reply::Drained => 200,
                 Reply::Refused(code) => code,
             };
