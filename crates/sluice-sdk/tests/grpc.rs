@@ -3,6 +3,7 @@
 //! generated client — over a fake acceptor's session, and through the real proxy.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod proxy;
 mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,6 +20,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
+use proxy::RunningProxy;
 use sluice_sdk::{serve, BoxError, ClientAddr};
 use support::h2::{h2_options, H2Acceptor};
 
@@ -109,4 +111,86 @@ async fn a_tonic_service_answers_calls_on_a_fake_acceptors_http2_session() {
         .collect();
     // Without the field, the session's peer: the acceptor.
     assert_eq!(clients, [claimed.to_owned(), fake.addr.to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tonic_calls_through_sluice_reach_a_tonic_service_and_never_exceed_its_streams() {
+    let proxy = RunningProxy::any_port().await;
+    let collector = Collector {
+        work: Duration::from_millis(200),
+        ..Collector::default()
+    };
+    let mut options = proxy::options_for(proxy.acceptor, "g-1", 1);
+    options.streams = Some(3);
+    let sessions = serve(options, TraceServiceServer::new(collector.clone())).unwrap();
+    proxy::registered(&sessions, 1).await;
+
+    // tonic's client speaks h2c to the proxy's listener.
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.http))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5));
+    let channel = proxy::within(endpoint.connect()).await.unwrap();
+    let mut client = TraceServiceClient::new(channel.clone());
+    proxy::within(client.export(spans(2))).await.unwrap();
+    assert_eq!(collector.spans.load(Ordering::SeqCst), 2);
+
+    // Ten slow calls at once on one session of three streams: three at a time, all answered.
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let mut client = TraceServiceClient::new(channel.clone());
+        calls.spawn(async move { client.export(spans(1)).await });
+    }
+    for answer in proxy::within(calls.join_all()).await {
+        answer.unwrap();
+    }
+    assert_eq!(collector.spans.load(Ordering::SeqCst), 12);
+    assert_eq!(
+        collector.max_in_flight.load(Ordering::SeqCst),
+        3,
+        "the service saw more or fewer calls at once than the session's streams"
+    );
+    // Every call carried the client's address as the proxy saw it: this test, on loopback.
+    let clients = collector.clients();
+    assert_eq!(clients.len(), 11);
+    for client in clients {
+        assert!(client.unwrap().0.ip().is_loopback());
+    }
+    proxy::within(sessions.shutdown()).await.unwrap();
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_through_sluice_lets_the_calls_in_flight_finish() {
+    let proxy = RunningProxy::any_port().await;
+    let collector = Collector {
+        work: Duration::from_millis(300),
+        ..Collector::default()
+    };
+    let mut options = proxy::options_for(proxy.acceptor, "g-1", 2);
+    options.streams = Some(2);
+    let sessions = serve(options, TraceServiceServer::new(collector.clone())).unwrap();
+    proxy::registered(&sessions, 2).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.http))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5));
+    let channel = proxy::within(endpoint.connect()).await.unwrap();
+
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let mut client = TraceServiceClient::new(channel.clone());
+        calls.spawn(async move { client.export(spans(1)).await });
+    }
+    proxy::within(async {
+        while collector.in_flight.load(Ordering::SeqCst) < 4 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // Drain: the proxy leases no more streams, and each session ends once its calls have.
+    proxy::within(sessions.shutdown()).await.unwrap();
+    for answer in proxy::within(calls.join_all()).await {
+        answer.unwrap();
+    }
+    assert_eq!(collector.spans.load(Ordering::SeqCst), 4);
+    proxy.stop().await;
 }
