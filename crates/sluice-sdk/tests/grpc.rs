@@ -194,3 +194,50 @@ async fn shutdown_through_sluice_lets_the_calls_in_flight_finish() {
     assert_eq!(collector.spans.load(Ordering::SeqCst), 4);
     proxy.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shrink_under_load_through_sluice_loses_no_call() {
+    let proxy = RunningProxy::any_port().await;
+    let collector = Collector {
+        work: Duration::from_millis(20),
+        ..Collector::default()
+    };
+    let mut options = proxy::options_for(proxy.acceptor, "g-1", 3);
+    options.streams = Some(2);
+    let sessions = serve(options, TraceServiceServer::new(collector.clone())).unwrap();
+    proxy::registered(&sessions, 3).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.http))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5));
+    let channel = proxy::within(endpoint.connect()).await.unwrap();
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let (mut client, stop) = (TraceServiceClient::new(channel.clone()), stop.clone());
+        callers.spawn(async move {
+            let mut answers = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                answers.push(client.export(spans(1)).await.map(|_| ()));
+            }
+            answers
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Two sessions say GOAWAY, busy as they are; their calls finish, none is lost.
+    sessions.set_capacity(1);
+    proxy::registered(&sessions, 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+    let answers = proxy::within(callers.join_all()).await.concat();
+    let failed: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {}: {failed:?}",
+        failed.len(),
+        answers.len()
+    );
+    assert!(answers.len() > 20, "{}", answers.len());
+    assert!(collector.max_in_flight.load(Ordering::SeqCst) <= 6);
+    proxy.stop().await;
+}
