@@ -249,7 +249,8 @@ mod tonic_over_sessions {
         // tonic's server serves the registered connections as if it had accepted them.
         let mut sessions = Vec::new();
         for _ in 0..2 {
-            let (stream, status) = dial(proxy.acceptor, &ServiceSpec::h2("t", 2, 2).registration()).await;
+            let (stream, status) =
+                dial(proxy.acceptor, &ServiceSpec::h2("t", 2, 2).registration()).await;
             assert_eq!(status, 101);
             sessions.push(Ok::<_, std::io::Error>(stream));
         }
