@@ -96,14 +96,19 @@ async fn read_ahead<B: Body<Data = Bytes> + Unpin>(
 /// then the rest. A known length over the limit streams as it comes. A client that stops
 /// sending for its `client_body_timeout` gets 408 (no session was leased for it). A static
 /// cluster whose retry policy may send a request again reads it ahead too.
+/// A gRPC call's request goes on at a pause, also before its first message (`read_ahead`).
 pub(crate) async fn request(
     req: Request<ProxyBody>,
     limit: usize,
 ) -> Result<Request<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
+    let rule = match crate::http::grpc::is_grpc(&parts.headers) {
+        true => ReadAhead::call(limit),
+        false => ReadAhead::request(limit),
+    };
     let body = match body {
-        ProxyBody::Client { body } if fits(&body, limit) => read_request(body, limit).await?,
-        ProxyBody::Incoming { body } if fits(&body, limit) => read_request(body, limit).await?,
+        ProxyBody::Client { body } if fits(&body, limit) => read_request(body, rule).await?,
+        ProxyBody::Incoming { body } if fits(&body, limit) => read_request(body, rule).await?,
         other => other,
     };
     Ok(Request::from_parts(parts, body))
@@ -114,14 +119,14 @@ fn fits(body: &impl Body, limit: usize) -> bool {
     !body.is_end_stream() && body.size_hint().lower() <= limit as u64
 }
 
-/// Reads a request body ahead into `limit`: whole (sent with Content-Length, replayable), or
-/// what fit followed by the rest.
-async fn read_request<B>(body: B, limit: usize) -> Result<ProxyBody, ProxyError>
+/// Reads a request body ahead by `rule`: whole (sent with Content-Length, replayable), or what
+/// fit (or came before a pause) followed by the rest.
+async fn read_request<B>(body: B, rule: ReadAhead) -> Result<ProxyBody, ProxyError>
 where
     B: Body<Data = Bytes> + Unpin + Into<Rest>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let ahead = read_ahead(body, ReadAhead::request(limit))
+    let ahead = read_ahead(body, rule)
         .await
         .map_err(|e| ProxyError::client_body(e.into()))?;
     let with_length = ReadAhead::ends_with_length(ahead.trailers.is_some());
