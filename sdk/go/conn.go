@@ -20,8 +20,10 @@ type sessionConn struct {
 	mu   sync.Mutex
 	rest []byte // read past the 101 head; served before the connection's own bytes
 
-	// served: the proxy sent at least one byte (a request) on this session.
+	// served: the proxy sent at least one byte (a request) on this session; on an HTTP/2
+	// session, the first request's HEADERS frame (h2 follows the frames until then).
 	served atomic.Bool
+	h2     *h2Scan
 	// retired: the session answered a retirement with Connection: close, or was closed
 	// idle for one; do not re-dial.
 	retired atomic.Bool
@@ -46,6 +48,9 @@ type sessionConn struct {
 
 func newSessionConn(l *Listener, conn net.Conn, rest []byte) *sessionConn {
 	c := &sessionConn{Conn: conn, l: l, rest: rest, done: make(chan struct{})}
+	if l != nil && l.opts.Streams > 0 {
+		c.h2 = &h2Scan{}
+	}
 	c.addr = &sessionAddr{local: conn.LocalAddr(), conn: c}
 	return c
 }
@@ -60,19 +65,33 @@ func (c *sessionConn) Read(p []byte) (int, error) {
 	if len(c.rest) > 0 {
 		n := copy(p, c.rest)
 		c.rest = c.rest[n:]
+		c.sawLocked(p[:n])
 		c.mu.Unlock()
-		c.served.Store(true)
 		return n, nil
 	}
 	c.mu.Unlock()
 	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.served.Store(true)
+	if n > 0 && !c.served.Load() {
+		c.mu.Lock()
+		c.sawLocked(p[:n])
+		c.mu.Unlock()
 	}
 	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.idleClosed() {
 		return 0, io.EOF // the read closeIdle unblocked
 	}
 	return n, err
+}
+
+// sawLocked marks the session served by bytes read from it: any byte on an HTTP/1.1 session
+// (a request), a HEADERS frame on an HTTP/2 one. c.mu must be held.
+func (c *sessionConn) sawLocked(p []byte) {
+	if c.served.Load() {
+		return
+	}
+	if c.h2 == nil || c.h2.request(p) {
+		c.served.Store(true)
+		c.h2 = nil
+	}
 }
 
 // idleClosed: retired while idle and no handler is running on it.
