@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	sluice "github.com/sluice-proxy/sluice/sdk/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -98,6 +99,7 @@ func (s *service) UnaryCall(ctx context.Context, in *testpb.SimpleRequest) (*tes
 
 // setup is a Sluice, a gRPC server on capacity sessions of streams streams, and a client.
 type setup struct {
+	ln     *sluice.Listener
 	svc    *service
 	client testgrpc.TestServiceClient
 	health healthpb.HealthClient
@@ -110,7 +112,7 @@ func newSetup(t *testing.T, capacity, streams int) *setup {
 	t.Helper()
 	n := startSluice(t)
 	ln := listen(t, n, capacity, streams)
-	st := &setup{svc: newService()}
+	st := &setup{svc: newService(), ln: ln}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMessage), grpc.MaxSendMsgSize(maxMessage))
 	testgrpc.RegisterTestServiceServer(srv, st.svc)
 	hs := health.NewServer()
@@ -405,6 +407,42 @@ func TestGRPCStreamsBoundConcurrency(t *testing.T) {
 	defer st.svc.mu.Unlock()
 	if len(st.svc.clientAddrs) != calls {
 		t.Errorf("the server saw %d calls, want %d", len(st.svc.clientAddrs), calls)
+	}
+}
+
+// TestGRPCShutdownFinishesCallsInFlight: ln.Shutdown drains HTTP/2 sessions as HTTP/1.1
+// ones: calls in flight finish, then Sluice closes every session and Shutdown returns.
+func TestGRPCShutdownFinishesCallsInFlight(t *testing.T) {
+	st := newSetup(t, 2, 4)
+	const calls = 6
+	ctx := metadata.AppendToOutgoingContext(callCtx(t), sleepKey, "700ms")
+	errc := make(chan error, calls)
+	for range calls {
+		go func() {
+			_, err := st.client.UnaryCall(ctx, &testpb.SimpleRequest{})
+			errc <- err
+		}()
+	}
+	deadline := time.After(testDeadline)
+	for st.svc.inFlight.Load() < calls {
+		select {
+		case <-deadline:
+			t.Fatalf("%d of %d calls reached the server", st.svc.inFlight.Load(), calls)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), testDeadline)
+	defer cancel()
+	if err := st.ln.Shutdown(shutdown); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	for range calls {
+		if err := <-errc; err != nil {
+			t.Errorf("a call in flight at the drain: %v", err)
+		}
+	}
+	if got := st.ln.Status().Registered; got != 0 {
+		t.Errorf("%d sessions registered after Shutdown", got)
 	}
 }
 
