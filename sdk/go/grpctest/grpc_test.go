@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,6 +39,8 @@ const (
 	holdKey = "test-hold"
 	// echoKey: UnaryCall answers with the request's own payload.
 	echoKey = "test-echo"
+	// greetKey: FullDuplexCall sends one message of this many bytes before reading any.
+	greetKey = "test-greet"
 	// clientAddrKey is the field Sluice sets on every request: gRPC metadata, lower case.
 	clientAddrKey = "sluice-client-addr"
 )
@@ -95,6 +98,22 @@ func (s *service) UnaryCall(ctx context.Context, in *testpb.SimpleRequest) (*tes
 		return &testpb.SimpleResponse{Payload: in.GetPayload()}, nil
 	}
 	return s.TestServiceServer.UnaryCall(ctx, in)
+}
+
+// FullDuplexCall speaks first when asked (as a subscription does: the client sends nothing
+// until the server's first message), then is the interop service's.
+func (s *service) FullDuplexCall(stream testgrpc.TestService_FullDuplexCallServer) error {
+	md, _ := metadata.FromIncomingContext(stream.Context())
+	if v := md.Get(greetKey); len(v) == 1 {
+		size, err := strconv.Atoi(v[0])
+		if err != nil {
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+		if err := stream.Send(&testpb.StreamingOutputCallResponse{Payload: payload(size)}); err != nil {
+			return err
+		}
+	}
+	return s.TestServiceServer.FullDuplexCall(stream)
 }
 
 // setup is a Sluice, a gRPC server on capacity sessions of streams streams, and a client.
@@ -297,6 +316,35 @@ func TestGRPC(t *testing.T) {
 		if err := stream.CloseSend(); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := stream.Recv(); err != io.EOF {
+			t.Errorf("after CloseSend: %v, want EOF", err)
+		}
+	})
+
+	t.Run("bidirectional, the server first", func(t *testing.T) {
+		stream, err := st.client.FullDuplexCall(metadata.AppendToOutgoingContext(callCtx(t), greetKey, "1234"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Nothing is sent until the server's first message has come.
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("the server's first message: %v", err)
+		}
+		if n := len(resp.GetPayload().GetBody()); n != 1234 {
+			t.Errorf("the server's first message: %d bytes, want 1234", n)
+		}
+		err = stream.Send(&testpb.StreamingOutputCallRequest{
+			ResponseType:       testpb.PayloadType_COMPRESSABLE,
+			ResponseParameters: []*testpb.ResponseParameters{{Size: 77}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := stream.Recv(); err != nil || len(resp.GetPayload().GetBody()) != 77 {
+			t.Fatalf("the answer: %v, %v", resp, err)
+		}
+		stream.CloseSend()
 		if _, err := stream.Recv(); err != io.EOF {
 			t.Errorf("after CloseSend: %v, want EOF", err)
 		}
