@@ -186,31 +186,101 @@ func TestH2OptionsStreams(t *testing.T) {
 	}
 }
 
-// TestH2ScanFindsTheFirstRequest: the preface, SETTINGS and WINDOW_UPDATE Sluice sends right
-// after the 101 are not a request, in whatever pieces they arrive; a HEADERS frame is.
-func TestH2ScanFindsTheFirstRequest(t *testing.T) {
+// TestH2StreamsFollowsFrames: the preface, SETTINGS, WINDOW_UPDATE and PING Sluice sends
+// after the 101 open no stream, in whatever pieces they arrive; HEADERS open one, and the
+// server's END_STREAM or either side's RST_STREAM close it.
+func TestH2StreamsFollowsFrames(t *testing.T) {
 	t.Parallel()
-	frame := func(typ byte, payload int) []byte {
+	frame := func(typ, flags byte, stream uint32, payload int) []byte {
 		b := make([]byte, frameHeaderLen+payload)
-		b[0], b[1], b[2], b[3] = byte(payload>>16), byte(payload>>8), byte(payload), typ
-		binary.BigEndian.PutUint32(b[5:], 0)
+		b[0], b[1], b[2], b[3], b[4] = byte(payload>>16), byte(payload>>8), byte(payload), typ, flags
+		binary.BigEndian.PutUint32(b[5:], stream)
 		return b
 	}
-	opening := append([]byte(clientPreface), frame(0x4, 18)...) // SETTINGS
-	opening = append(opening, frame(0x8, 4)...)                 // WINDOW_UPDATE
-	opening = append(opening, frame(0x6, 8)...)                 // PING
-	// A payload holding the byte 0x1 where a header's type would be is skipped, not read.
-	opening[len(clientPreface)+frameHeaderLen+3] = frameHeaders
-	for _, size := range []int{1, 2, 5, 9, 24, 100, len(opening)} {
-		var s h2Scan
-		for i := 0; i < len(opening); i += size {
-			if s.request(opening[i:min(i+size, len(opening))]) {
-				t.Fatalf("pieces of %d: a request found in the opening frames", size)
+	opening := append([]byte(clientPreface), frame(0x4, 0, 0, 18)...) // SETTINGS
+	opening = append(opening, frame(0x8, 0, 0, 4)...)                 // WINDOW_UPDATE
+	opening = append(opening, frame(0x6, 0, 0, 8)...)                 // PING
+	// A payload holding a HEADERS frame's bytes is skipped, not read.
+	copy(opening[len(clientPreface)+frameHeaderLen:], frame(frameHeaders, 0, 1, 0))
+	var requests []byte
+	requests = append(requests, frame(frameHeaders, 0x4|flagEndStream, 1, 40)...) // GET
+	requests = append(requests, frame(frameHeaders, 0x4, 3, 50)...)               // POST
+	requests = append(requests, frame(frameData, flagEndStream, 3, 1000)...)      // its body
+	requests = append(requests, frame(frameHeaders, 0x4, 5, 20)...)
+	requests = append(requests, frame(frameRSTStream, 0, 5, 4)...) // the client left
+	for _, size := range []int{1, 2, 5, 9, 24, 100, 1 << 20} {
+		h := newH2Streams()
+		feed := func(b []byte, f func([]byte)) {
+			for i := 0; i < len(b); i += size {
+				f(b[i:min(i+size, len(b))])
 			}
 		}
-		headers := frame(frameHeaders, 30)
-		if s.request(headers[:4]) != true {
-			t.Errorf("pieces of %d: the HEADERS frame not found", size)
+		feed(opening, h.read)
+		if h.requested || len(h.open) != 0 {
+			t.Fatalf("pieces of %d: the opening frames opened %v", size, h.open)
 		}
+		feed(requests, h.read)
+		if !h.requested || len(h.open) != 2 {
+			t.Fatalf("pieces of %d: open %v, want streams 1 and 3", size, h.open)
+		}
+		var answers []byte
+		answers = append(answers, frame(0x4, 0, 0, 12)...)                          // SETTINGS
+		answers = append(answers, frame(frameHeaders, 0x4, 1, 30)...)               // 200
+		answers = append(answers, frame(frameData, 0, 1, 5000)...)                  // body
+		answers = append(answers, frame(frameData, flagEndStream, 1, 0)...)         // its end
+		answers = append(answers, frame(frameHeaders, 0x4|flagEndStream, 3, 10)...) // trailers-only
+		feed(answers[:len(answers)-frameHeaderLen-10], h.wrote)
+		if _, ok := h.open[3]; !ok || len(h.open) != 1 {
+			t.Fatalf("pieces of %d: open %v, want stream 3", size, h.open)
+		}
+		feed(answers[len(answers)-frameHeaderLen-10:], h.wrote)
+		if len(h.open) != 0 {
+			t.Fatalf("pieces of %d: open %v after every answer", size, h.open)
+		}
+	}
+}
+
+// TestH2ShrinkWhileBusyLosesNoResponse: a shrink that owes a retirement while an HTTP/2
+// session's request is in the handler closes the session after the response, whole.
+func TestH2ShrinkWhileBusyLosesNoResponse(t *testing.T) {
+	t.Parallel()
+	f := tcpAcceptor(t)
+	f.setAnswer(func(int) string { return switchedH2 })
+	ln := listen(t, f, Options{Capacity: 1, Streams: 2})
+	arrived, release := make(chan struct{}), make(chan struct{})
+	body := strings.Repeat("z", 200000)
+	h2Server(t, ln, ln.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+		io.WriteString(w, body)
+	})))
+	s := f.session()
+	waitUntil(t, ln, "registered", func(l *Listener) bool { return l.registered == 1 })
+	client := h2Client(s)
+	type result struct {
+		body string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := client.Get("http://svc/slow")
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		done <- result{string(b), err}
+	}()
+	<-arrived
+	ln.SetCapacity(0)
+	close(release)
+	r := <-done
+	if r.err != nil || r.body != body {
+		t.Fatalf("response %d bytes, %v; want %d bytes", len(r.body), r.err, len(body))
+	}
+	waitUntil(t, ln, "the session closed", func(l *Listener) bool { return l.registered == 0 })
+	if got := f.registrations(); got != 1 {
+		t.Errorf("%d registrations, want 1 (the retired session is not replaced)", got)
 	}
 }
