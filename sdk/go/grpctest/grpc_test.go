@@ -130,15 +130,16 @@ type setup struct {
 func newSetup(t *testing.T, capacity, streams int) *setup {
 	t.Helper()
 	n := startSluice(t)
-	ln := listen(t, n, capacity, streams)
-	st := &setup{svc: newService(), ln: ln}
+	st := &setup{svc: newService()}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMessage), grpc.MaxSendMsgSize(maxMessage))
 	testgrpc.RegisterTestServiceServer(srv, st.svc)
 	hs := health.NewServer()
 	hs.SetServingStatus("grpc.testing.TestService", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	st.ln = listen(t, n, capacity, streams, func(ln *sluice.Listener) {
+		go func() { served <- srv.Serve(ln) }()
+	})
 	t.Cleanup(func() {
 		srv.Stop()
 		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {

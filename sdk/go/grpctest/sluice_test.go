@@ -76,6 +76,7 @@ kind = "reverse"
 tokens = ["env:GRPC_TEST_TOKEN"]
 queue_max = 4096
 queue_timeout = "20s"
+no_sessions_wait = "10s"
 `
 
 // node is one running `sluice run`, watched through its JSON log lines.
@@ -171,9 +172,12 @@ func (n *node) field(message, key string) string {
 	}
 }
 
-// listen registers capacity HTTP/2 sessions of streams streams each with n and waits until
-// all are registered; the test's end closes them at once (t.Context ends before cleanups).
-func listen(t *testing.T, n *node, capacity, streams int) *sluice.Listener {
+// listen registers capacity HTTP/2 sessions of streams streams each with n, starts serve on
+// the Listener and waits until all are registered; the test's end closes them at once
+// (t.Context ends before cleanups). Sluice leases a session once its HTTP/2 handshake with
+// the server is done, a round trip after the 101 the SDK counts: serve runs first, and the
+// config's no_sessions_wait covers the rest.
+func listen(t *testing.T, n *node, capacity, streams int, serve func(*sluice.Listener)) *sluice.Listener {
 	t.Helper()
 	ln, err := sluice.Listen(t.Context(), sluice.Options{
 		Acceptor: n.Acceptor,
@@ -187,6 +191,7 @@ func listen(t *testing.T, n *node, capacity, streams int) *sluice.Listener {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serve(ln)
 	deadline := time.After(testDeadline)
 	for {
 		st, changed := ln.Watch()
