@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -131,22 +132,72 @@ func newSetup(t *testing.T, capacity, streams int) *setup {
 	t.Helper()
 	n := startSluice(t)
 	st := &setup{svc: newService()}
+	srv := st.server()
+	served := make(chan error, 1)
+	st.ln = listen(t, n, capacity, streams, func(ln *sluice.Listener) {
+		go func() { served <- srv.Serve(ln) }()
+	})
+	st.stopAtCleanup(t, srv, served)
+	st.dial(t, n.HTTP)
+	return st
+}
+
+// staticConfig is one node whose route goes to a static h2c cluster at one endpoint.
+const staticConfig = `
+[[listener]]
+name = "public"
+listen = "127.0.0.1:0"
+
+[[route]]
+cluster = "grpc"
+
+[cluster.grpc]
+kind = "static"
+endpoints = ["%s"]
+protocol = "h2c"
+`
+
+// newStaticSetup is the same service listening on 127.0.0.1:0 behind a static h2c cluster:
+// Sluice connects to it, as NGINX's grpc_pass and HAProxy's proto h2 do.
+func newStaticSetup(t *testing.T) *setup {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &setup{svc: newService()}
+	srv := st.server()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	st.stopAtCleanup(t, srv, served)
+	n := startSluiceWith(t, fmt.Sprintf(staticConfig, lis.Addr()))
+	st.dial(t, n.HTTP)
+	return st
+}
+
+// server is a grpc-go server of the test service and the health service.
+func (st *setup) server() *grpc.Server {
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMessage), grpc.MaxSendMsgSize(maxMessage))
 	testgrpc.RegisterTestServiceServer(srv, st.svc)
 	hs := health.NewServer()
 	hs.SetServingStatus("grpc.testing.TestService", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)
-	served := make(chan error, 1)
-	st.ln = listen(t, n, capacity, streams, func(ln *sluice.Listener) {
-		go func() { served <- srv.Serve(ln) }()
-	})
+	return srv
+}
+
+func (st *setup) stopAtCleanup(t *testing.T, srv *grpc.Server, served chan error) {
 	t.Cleanup(func() {
 		srv.Stop()
 		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	cc, err := grpc.NewClient(n.HTTP,
+}
+
+// dial makes the client: grpc-go speaking h2c to Sluice's listener at addr.
+func (st *setup) dial(t *testing.T, addr string) {
+	t.Helper()
+	cc, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
@@ -164,7 +215,6 @@ func newSetup(t *testing.T, capacity, streams int) *setup {
 	t.Cleanup(func() { cc.Close() })
 	st.client = testgrpc.NewTestServiceClient(cc)
 	st.health = healthpb.NewHealthClient(cc)
-	return st
 }
 
 func callCtx(t *testing.T) context.Context {
@@ -179,7 +229,17 @@ func payload(size int) *testpb.Payload {
 
 // TestGRPC runs the kinds of call on one Sluice and one server of 2 sessions × 8 streams.
 func TestGRPC(t *testing.T) {
-	st := newSetup(t, 2, 8)
+	calls(t, newSetup(t, 2, 8), true)
+}
+
+// TestGRPCStatic runs them through a static h2c cluster (issue 31, item 4).
+func TestGRPCStatic(t *testing.T) {
+	calls(t, newStaticSetup(t), false)
+}
+
+// calls runs every kind of call through st; dialIn: the server is on dial-in sessions, so
+// Sluice-Client-Addr reaches it.
+func calls(t *testing.T, st *setup, dialIn bool) {
 
 	t.Run("unary", func(t *testing.T) {
 		resp, err := st.client.UnaryCall(callCtx(t), &testpb.SimpleRequest{
@@ -225,7 +285,8 @@ func TestGRPC(t *testing.T) {
 		}
 	})
 
-	t.Run("client address", func(t *testing.T) {
+	// Sluice-Client-Addr goes over sessions only.
+	clientAddr := func(t *testing.T) {
 		st.svc.mu.Lock()
 		st.svc.clientAddrs = nil
 		st.svc.mu.Unlock()
@@ -243,7 +304,10 @@ func TestGRPC(t *testing.T) {
 		if len(local) != 1 || st.svc.clientAddrs[0][0] != local[0] {
 			t.Errorf("%s %q, want the client's address (its connections: %q)", clientAddrKey, st.svc.clientAddrs[0][0], local)
 		}
-	})
+	}
+	if dialIn {
+		t.Run("client address", clientAddr)
+	}
 
 	t.Run("server streaming", func(t *testing.T) {
 		sizes := []int32{31415, 9, 2653, 58979}

@@ -92,11 +92,17 @@ type node struct {
 	more   chan struct{}
 }
 
-// startSluice runs `sluice run` in a temp dir; it is killed at cleanup, failed test or not.
+// startSluice runs `sluice run` with config in a temp dir; it is killed at cleanup, failed
+// test or not.
 func startSluice(t *testing.T) *node {
+	return startSluiceWith(t, config)
+}
+
+// startSluiceWith runs `sluice run` with cfg; Acceptor is set when cfg has one.
+func startSluiceWith(t *testing.T, cfg string) *node {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "sluice.toml")
-	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(sluiceBinary(t), "run", "-c", path, "--log-format", "json")
@@ -121,7 +127,9 @@ func startSluice(t *testing.T) *node {
 		}
 	})
 	n.HTTP = n.field("listening", "addr")
-	n.Acceptor = strings.TrimSuffix(strings.TrimPrefix(n.field("acceptor running", "acceptor.addr"), "Some("), ")")
+	if strings.Contains(cfg, "[acceptor]") {
+		n.Acceptor = strings.TrimSuffix(strings.TrimPrefix(n.field("acceptor running", "acceptor.addr"), "Some("), ")")
+	}
 	return n
 }
 
@@ -174,9 +182,9 @@ func (n *node) field(message, key string) string {
 
 // listen registers capacity HTTP/2 sessions of streams streams each with n, starts serve on
 // the Listener and waits until all are registered; the test's end closes them at once
-// (t.Context ends before cleanups). Sluice leases a session once its HTTP/2 handshake with
-// the server is done, a round trip after the 101 the SDK counts: serve runs first, and the
-// config's no_sessions_wait covers the rest.
+// (t.Context ends before cleanups). Sluice leases a session once it has started its HTTP/2
+// client on it, just after the 101 the SDK counts: serve runs first, and the config's
+// no_sessions_wait covers the moment between.
 func listen(t *testing.T, n *node, capacity, streams int, serve func(*sluice.Listener)) *sluice.Listener {
 	t.Helper()
 	ln, err := sluice.Listen(t.Context(), sluice.Options{
