@@ -33,6 +33,8 @@ pub struct Leg {
 pub struct Bed {
     /// Namespace names: client, relay1, relay2, server.
     pub ns: [String; 4],
+    /// What every namespace and TUN device name of this run starts with.
+    prefix: String,
     children: Vec<Child>,
 }
 
@@ -45,6 +47,7 @@ impl Bed {
         let ns = ["c", "a", "b", "s"].map(|n| format!("{prefix}{n}"));
         let bed = Self {
             ns,
+            prefix: prefix.clone(),
             children: Vec::new(),
         };
         for ns in &bed.ns {
@@ -106,6 +109,28 @@ impl Bed {
         ])?;
         bed.verify(&prefix)?;
         Ok(bed)
+    }
+
+    /// The long leg's tuning as README documents it: the relays' routes to each other start
+    /// connections with `initcwnd`/`initrwnd` segments, and keep their window over idle time.
+    pub fn tune_long_leg(&self, segments: u32) -> io::Result<()> {
+        let prefix = &self.prefix;
+        let n = segments.to_string();
+        for (ns, dev, me, peer) in [
+            (&self.ns[1], format!("{prefix}1l"), "10.2.0.1", "10.2.0.2"),
+            (&self.ns[2], format!("{prefix}1r"), "10.2.0.2", "10.2.0.1"),
+        ] {
+            let route = [
+                "-n", ns, "route", "change", peer, "dev", &dev, "proto", "kernel", "scope", "link",
+                "src", me, "initcwnd", &n, "initrwnd", &n,
+            ];
+            ip(&route)?;
+            exec(
+                ns,
+                &["sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0"],
+            )?;
+        }
+        Ok(())
     }
 
     /// Link `i` between namespace `i` and `i + 1`, its TUN ends named `<prefix><i>l/r`.

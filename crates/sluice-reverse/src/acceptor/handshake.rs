@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::shared::{Peer, Shared};
-use crate::cluster::ReverseCluster;
+use crate::cluster::{ExpectSessions, ReverseCluster};
 use crate::instance::SessionPermit;
 use crate::protocol::Protocol;
 use crate::stream::SessionStream;
@@ -59,18 +59,28 @@ pub(super) async fn handle<P: Protocol, T>(
     };
     match outcome {
         Ok(None) => shared.count(counted),
-        Ok(Some((cluster, slice, permit, streams))) => {
+        Ok(Some((cluster, slice, permit, streams, arriving))) => {
             shared.count(counted);
             if let Err(error) = cluster.attach(&slice, Box::new(io), permit, streams).await {
                 debug!(cluster = %cluster.name(), %error, "session could not start");
             }
+            drop(arriving);
         }
         Err(r) => reject(io, &r, &peer, &shared).await,
     }
 }
 
-/// A session's cluster, slice, place in the limits and streams (HTTP/2).
-type Admitted<P> = (ReverseCluster<P>, String, SessionPermit, Option<u32>);
+/// A session's cluster, slice, place in the limits and streams (HTTP/2), and the cluster's
+/// expectation of it: from its `101` (when its service may send requests its way) until it
+/// has joined its slice, a request that finds the slice empty waits for it instead of being
+/// refused for want of sessions.
+type Admitted<P> = (
+    ReverseCluster<P>,
+    String,
+    SessionPermit,
+    Option<u32>,
+    ExpectSessions,
+);
 
 /// Checks a registration and answers `101`; the caller attaches the stream.
 async fn register<P: Protocol, T: AsyncWrite + Unpin>(
@@ -90,6 +100,7 @@ async fn register<P: Protocol, T: AsyncWrite + Unpin>(
         Some(_) => Reply::switching_protocols_h2(),
         None => Reply::switching_protocols(),
     };
+    let arriving = cluster.expect_sessions();
     // Flushed: over TLS the answer could otherwise wait in rustls's buffer.
     let answer = async {
         io.write_all(&reply).await?;
@@ -101,7 +112,7 @@ async fn register<P: Protocol, T: AsyncWrite + Unpin>(
     }
     let streams = reg.streams;
     debug!(cluster = %id.service, slice = %id.slice, instance = %instance, streams, "session registered");
-    Ok(Some((cluster, id.slice.clone(), permit, streams)))
+    Ok(Some((cluster, id.slice.clone(), permit, streams, arriving)))
 }
 
 /// Checks a control link's request as a registration's (no session is reserved), answers

@@ -47,15 +47,17 @@ pub fn legs(loss: f64) -> [Leg; 3] {
 }
 
 /// The variants, each adding one step to the previous: (name, entry relay keys). The tuning
-/// keys go to the tunnel end too; `end_pool = N` gives the tunnel end a pool of N towards the
-/// server (`pool_targets`).
+/// keys go to the tunnel end too; `route = N` tunes the long leg's routes (`initcwnd` and
+/// `initrwnd` N, no slow start after idle: README's documented tuning) from then on;
+/// `end_pool = N` gives the tunnel end a pool of N towards the server (`pool_targets`).
 const VARIANTS: &[(&str, &str)] = &[
     ("naive", "splice = false\n"),
     ("+pool", "splice = false\npool = 8\n"),
     ("+early", "splice = false\npool = 8\nearly_connect = true\n"),
     ("+tuning", "splice = false\npool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\n"),
     ("+splice", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\n"),
-    ("+end pool", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\nend_pool = 8\n"),
+    ("+route", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\nroute = 32\n"),
+    ("+end pool", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\nroute = 32\nend_pool = 8\n"),
 ];
 
 const SIZES: &[(&str, u64)] = &[
@@ -76,6 +78,9 @@ fn bench(loss: f64, rounds: usize, max_size: u64) -> Result<(), Box<dyn std::err
     println!("| variant | size | TTFB ms (median of {rounds}) | TTFB / RTT | total ms (median) |");
     println!("|---|---|---|---|---|");
     for (name, keys) in std::iter::once(&("direct", "")).chain(VARIANTS) {
+        if let Some(n) = keys.lines().find_map(|l| l.strip_prefix("route = ")) {
+            bed.tune_long_leg(n.parse()?)?;
+        }
         let addr = if *name == "direct" {
             "10.3.0.2:8000"
         } else {
@@ -120,15 +125,16 @@ fn start_relays(
             .map(|l| format!("{l}\n"))
             .collect()
     };
+    let bench_only = |l: &str| l.starts_with("end_pool") || l.starts_with("route");
     let entry_only = |l: &str| l.starts_with("pool") || l.starts_with("early");
-    let mut tuning = lines(&|l| !entry_only(l) && !l.starts_with("end_pool"));
+    let mut tuning = lines(&|l| !entry_only(l) && !bench_only(l));
     if let Some(n) = keys.lines().find_map(|l| l.strip_prefix("end_pool = ")) {
         tuning.push_str(&format!("pool_targets = [\"10.3.0.2:8000\"]\npool = {n}\n"));
     }
     let core = format!(
         "[[relay]]\nname = \"core\"\nlisten = \"10.2.0.2:7100\"\ntunnel = true\ntokens = [\"bench-token\"]\nallow = [\"10.3.0.2:8000\"]\n{tuning}"
     );
-    let keys = lines(&|l| !l.starts_with("end_pool"));
+    let keys = lines(&|l| !bench_only(l));
     let edge = format!(
         "[[relay]]\nname = \"edge\"\nlisten = \"10.1.0.2:7000\"\nto = \"10.2.0.2:7100\"\ntarget = \"10.3.0.2:8000\"\ntoken = \"bench-token\"\n{keys}"
     );
