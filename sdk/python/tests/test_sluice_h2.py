@@ -1,0 +1,185 @@
+"""HTTP/2 sessions through the real proxy: a FastAPI app served over sessions registered with
+``streams``, reached by HTTP/1.1 clients at `sluice`'s listener. Bodies both ways (4 MiB, intact),
+the client address, many requests at once, the per-stream capacity bound, and a drain that lets
+a request in flight finish."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import http.client
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fakes import run
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from harness import TOKEN, Sluice
+
+import sluice_sdk
+from sluice_sdk import Options
+
+MIB = 1024 * 1024
+
+
+class Meter:
+    """Counts the requests inside the app at once (in the app's loop)."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.peak = 0
+        self.seen = 0
+
+    def enter(self) -> None:
+        self.inside += 1
+        self.seen += 1
+        self.peak = max(self.peak, self.inside)
+
+    def leave(self) -> None:
+        self.inside -= 1
+
+
+def make_app(meter: Meter) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/whoami")
+    async def whoami(request: Request) -> dict[str, Any]:
+        assert request.client is not None
+        return {"client": [request.client.host, request.client.port],
+                "http_version": request.scope["http_version"]}
+
+    @app.post("/sha256")
+    async def sha256(request: Request) -> dict[str, Any]:
+        digest, n = hashlib.sha256(), 0
+        async for chunk in request.stream():  # streamed, not read whole
+            digest.update(chunk)
+            n += len(chunk)
+        return {"sha256": digest.hexdigest(), "length": n}
+
+    @app.get("/blob/{mib}")
+    async def blob(mib: int) -> StreamingResponse:
+        async def chunks() -> Any:
+            for i in range(mib * 16):
+                yield bytes([i % 251]) * (64 * 1024)
+
+        return StreamingResponse(chunks(), media_type="application/octet-stream")
+
+    @app.get("/slow/{rid}")
+    async def slow(rid: str, seconds: float = 0.4) -> Response:
+        meter.enter()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            meter.leave()
+        return Response(rid, media_type="text/plain")
+
+    return app
+
+
+def blob_bytes(mib: int) -> bytes:
+    return b"".join(bytes([i % 251]) * (64 * 1024) for i in range(mib * 16))
+
+
+def call(addr: tuple[str, int], method: str, path: str,
+         body: bytes | None = None) -> tuple[int, bytes, tuple[str, int]]:
+    """One HTTP/1.1 request on a new connection: status, body and the client's own address."""
+    conn = http.client.HTTPConnection(*addr, timeout=60)
+    try:
+        conn.connect()
+        me = conn.sock.getsockname()[:2]
+        conn.request(method, path, body=body)
+        res = conn.getresponse()
+        return res.status, res.read(), (me[0], me[1])
+    finally:
+        conn.close()
+
+
+async def serve_h2(sluice: Sluice, app: Any, instance: str, capacity: int,
+                   streams: int) -> sluice_sdk.Sessions:
+    options = Options(acceptor=sluice.acceptor, service="interop", instance=instance,
+                      token=TOKEN, capacity=capacity, streams=streams)
+    sessions = await sluice_sdk.serve(app, options)
+    await sessions.wait_registered(timeout=20)
+    return sessions
+
+
+def test_fastapi_over_http2_sessions_bodies_client_address_and_concurrency(sluice: Sluice) -> None:
+    meter = Meter()
+    upload = bytes(range(256)) * (4 * MIB // 256)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sessions = await serve_h2(sluice, make_app(meter), "py-h2", capacity=2, streams=4)
+        try:
+            with ThreadPoolExecutor(12) as pool:
+                status, body, me = await loop.run_in_executor(pool, call, sluice.http, "GET", "/whoami")
+                assert status == 200, body
+                seen = json.loads(body)
+                assert seen["http_version"] == "2"  # the app was served over HTTP/2
+                assert tuple(seen["client"]) == me  # scope["client"]: the client, not Sluice
+
+                status, body, _ = await loop.run_in_executor(pool, call, sluice.http, "POST",
+                                                             "/sha256", upload)
+                assert status == 200, body
+                assert json.loads(body) == {"sha256": hashlib.sha256(upload).hexdigest(),
+                                            "length": 4 * MIB}
+
+                status, body, _ = await loop.run_in_executor(pool, call, sluice.http, "GET", "/blob/4")
+                assert status == 200
+                assert len(body) == 4 * MIB and body == blob_bytes(4)
+
+                # Eight at once over two sessions of four streams: all answered, each its own.
+                calls = [loop.run_in_executor(pool, call, sluice.http, "GET", f"/slow/r{i}")
+                         for i in range(8)]
+                results = await asyncio.gather(*calls)
+                assert [(s, b) for s, b, _ in results] == [(200, f"r{i}".encode()) for i in range(8)]
+                assert meter.peak > 2  # more requests at once than sessions: streams were used
+        finally:
+            await sessions.shutdown(timeout=20)
+
+    run(main(), limit=120)
+
+
+def test_one_session_of_three_streams_never_has_more_than_three_requests_at_once(
+        sluice: Sluice) -> None:
+    meter = Meter()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sessions = await serve_h2(sluice, make_app(meter), "py-h2-bound", capacity=1, streams=3)
+        try:
+            with ThreadPoolExecutor(10) as pool:
+                calls = [loop.run_in_executor(pool, call, sluice.http, "GET", f"/slow/q{i}?seconds=0.5")
+                         for i in range(10)]
+                results = await asyncio.gather(*calls)
+            assert [(s, b) for s, b, _ in results] == [(200, f"q{i}".encode()) for i in range(10)]
+            assert meter.seen == 10
+            assert meter.peak <= 3, f"the app saw {meter.peak} requests at once"
+            assert meter.peak == 3  # and the three streams were all used
+        finally:
+            await sessions.shutdown(timeout=20)
+
+    run(main(), limit=120)
+
+
+def test_a_drain_lets_the_request_in_flight_on_an_http2_session_finish(sluice: Sluice) -> None:
+    meter = Meter()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sessions = await serve_h2(sluice, make_app(meter), "py-h2-drain", capacity=1, streams=2)
+        with ThreadPoolExecutor(2) as pool:
+            slow = loop.run_in_executor(pool, call, sluice.http, "GET", "/slow/last?seconds=1.0")
+            while meter.inside == 0:
+                await asyncio.sleep(0.01)
+            started = time.monotonic()
+            await sessions.shutdown(timeout=20)
+            status, body, _ = await slow
+        assert (status, body) == (200, b"last")
+        assert time.monotonic() - started > 0.5  # the drain waited for it
+        assert sessions.registered == 0
+
+    run(main(), limit=60)
+
