@@ -101,7 +101,11 @@ async def serve_h2(sluice: Sluice, app: Any, instance: str, capacity: int,
     options = Options(acceptor=sluice.acceptor, service="interop", instance=instance,
                       token=TOKEN, capacity=capacity, streams=streams)
     sessions = await sluice_sdk.serve(app, options)
-    await sessions.wait_registered(timeout=20)
+    try:
+        await sessions.wait_registered(timeout=20)
+    except BaseException:
+        await sessions.aclose()
+        raise
     return sessions
 
 
