@@ -331,15 +331,17 @@ impl<P: Protocol> ReverseCluster<P> {
         self.inner.instances.reserve(instance, global)
     }
 
-    /// Makes `io` (already answered `101`) an idle session of `slice`.
+    /// Makes `io` (already answered `101`) an idle session of `slice`, taking `streams`
+    /// requests at once when it speaks HTTP/2 (`None`: one at a time, HTTP/1.1).
     pub async fn attach(
         &self,
         slice: &str,
         io: Box<dyn SessionStream>,
         permit: SessionPermit,
+        streams: Option<u32>,
     ) -> Result<(), P::Error> {
         let pool = self.slice(slice).pool;
-        lease::attach(io, &pool, permit).await
+        lease::attach(io, &pool, permit, streams).await
     }
 
     /// Keeps requests to slices without sessions waiting (as by `no_sessions_wait`) until the
@@ -361,7 +363,7 @@ impl<P: Protocol> ReverseCluster<P> {
     ) -> Result<(), AdoptError> {
         let permit = self.reserve(instance, total).map_err(AdoptError::Refused)?;
         let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
-        self.attach(slice, io, permit)
+        self.attach(slice, io, permit, None)
             .await
             .map_err(|e| AdoptError::Client(Box::new(e)))
     }
@@ -387,7 +389,7 @@ impl<P: Protocol> ReverseCluster<P> {
         };
         permit.lent = Some(lent);
         let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
-        self.attach(slice, io, permit)
+        self.attach(slice, io, permit, None)
             .await
             .map_err(|e| AdoptError::Client(Box::new(e)))
     }
@@ -401,7 +403,7 @@ impl<P: Protocol> ReverseCluster<P> {
         permit: SessionPermit,
     ) -> Result<(), AdoptError> {
         let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
-        self.attach(slice, io, permit)
+        self.attach(slice, io, permit, None)
             .await
             .map_err(|e| AdoptError::Client(Box::new(e)))
     }

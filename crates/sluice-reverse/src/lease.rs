@@ -12,21 +12,29 @@ use crate::protocol::Protocol;
 use crate::session::Session;
 use crate::stream::{ParkedIo, Parking, SessionStream};
 
-/// Starts the client on `io` and adds the session to `pool` as idle. The connection runs in
-/// its own task, which holds `permit` until the socket is closed or handed over.
+/// Starts the client on `io` and adds the session to `pool` as idle: once, or once per stream
+/// when it takes `streams` requests at once (HTTP/2). The connection runs in its own task,
+/// which holds `permit` until the socket is closed or handed over.
 pub(crate) async fn attach<P: Protocol>(
     io: Box<dyn SessionStream>,
     pool: &Arc<SlicePool<P>>,
     mut permit: SessionPermit,
+    streams: Option<u32>,
 ) -> Result<(), P::Error> {
     permit.count_in(pool.alive());
     let parking = Arc::new(Parking::default());
     let io = ParkedIo::new(io, Arc::clone(&parking));
-    let (client, conn) = P::handshake(io).await?;
+    let (client, conn) = P::handshake(io, streams).await?;
+    let shares: Vec<P::Client> = match streams {
+        Some(n) => (1..n).map_while(|_| P::share(&client)).collect(),
+        None => Vec::new(),
+    };
+    // Each stream is a unit of the slice's capacity: its counts are in units.
+    let units = 1 + shares.len();
     let instance = Arc::clone(&permit.instance);
     let weak = Arc::downgrade(pool);
     let task_parking = Arc::clone(&parking);
-    pool.session_attached();
+    pool.session_attached(units);
     // With upgrades, a 101 hands the socket to the proxy's bridge; the session (and its
     // permit) ends there, so the service may register a replacement.
     tokio::spawn(async move {
@@ -41,7 +49,7 @@ pub(crate) async fn attach<P: Protocol>(
         let Some(pool) = weak.upgrade() else {
             return drop(permit);
         };
-        pool.session_detached();
+        pool.session_detached(units);
         match parked {
             Some(io) => pool.hand_off(io, permit),
             None => {
@@ -56,13 +64,19 @@ pub(crate) async fn attach<P: Protocol>(
         }
         pool.purge_closed();
     });
+    for share in shares {
+        let session = Session::new(share, Arc::clone(&instance), Arc::clone(&parking));
+        pool.checkin(session);
+    }
     pool.checkin(Session::new(client, instance, parking));
     Ok(())
 }
 
 /// Travels with a response: gives the session back to its slice when the response has been
 /// read to the end ([`finish`](Self::finish)). Dropped before that, it drops the session
-/// instead, because HTTP/1.1 cannot reuse a connection with an unread response on it.
+/// instead, because HTTP/1.1 cannot reuse a connection with an unread response on it; a
+/// stream of a shared connection (HTTP/2) goes back all the same, as dropping its exchange
+/// reset the stream (`RST_STREAM`) and left the connection as it was.
 #[derive(Debug)]
 pub struct Lease<P: Protocol> {
     session: Option<Session<P>>,
@@ -79,6 +93,19 @@ impl<P: Protocol> Lease<P> {
     /// The response has ended cleanly: the session may carry another request.
     pub fn finish(&mut self) {
         if let Some(session) = self.session.take() {
+            self.pool.checkin(session);
+        }
+    }
+
+    /// The session it holds, until it is given back.
+    pub fn session(&mut self) -> Option<&mut Session<P>> {
+        self.session.as_mut()
+    }
+}
+
+impl<P: Protocol> Drop for Lease<P> {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take().filter(Session::is_shared) {
             self.pool.checkin(session);
         }
     }

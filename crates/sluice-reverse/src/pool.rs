@@ -50,6 +50,8 @@ pub struct SlicePool<P: Protocol> {
     metrics: ReverseMetrics,
     /// Sessions attached to this slice, idle or leased.
     registered: AtomicUsize,
+    /// Whether a session here has taken several requests at once ([`Self::multiplexed`]).
+    multiplexed: AtomicBool,
     /// Sessions of this slice alive anywhere: attached here, or handed over or lent out with
     /// their permits still in this process (a standalone acceptor's). Counted by the permits.
     alive: Arc<AtomicUsize>,
@@ -196,6 +198,7 @@ impl<P: Protocol> SlicePool<P> {
             abandoned: AtomicUsize::new(0),
             metrics,
             registered: AtomicUsize::new(0),
+            multiplexed: AtomicBool::new(false),
             alive: Arc::default(),
             arriving,
             empty_logged: AtomicBool::new(false),
@@ -204,9 +207,12 @@ impl<P: Protocol> SlicePool<P> {
         }
     }
 
-    /// A session joined this slice.
-    pub(crate) fn session_attached(&self) {
-        self.registered.fetch_add(1, Ordering::AcqRel);
+    /// A session joined this slice with `units` of capacity (its streams).
+    pub(crate) fn session_attached(&self, units: usize) {
+        if units > 1 {
+            self.multiplexed.store(true, Ordering::Release);
+        }
+        self.registered.fetch_add(units, Ordering::AcqRel);
         self.empty_logged.store(false, Ordering::Relaxed);
     }
 
@@ -214,8 +220,8 @@ impl<P: Protocol> SlicePool<P> {
     /// it was the last one and none can arrive from elsewhere, the requests waiting for one
     /// are answered at once instead of at their queue timeout (unless `no_sessions_wait`
     /// lets them wait for services to come back).
-    pub(crate) fn session_detached(&self) {
-        let left = self.registered.fetch_sub(1, Ordering::AcqRel) - 1;
+    pub(crate) fn session_detached(&self, units: usize) {
+        let left = self.registered.fetch_sub(units, Ordering::AcqRel) - units;
         let waits = !self.opts.no_sessions_wait.is_zero();
         if left == 0 && !waits && self.arriving.load(Ordering::Relaxed) == 0 {
             self.fail_waiters();
@@ -233,7 +239,14 @@ impl<P: Protocol> SlicePool<P> {
         self.changed.notify();
     }
 
-    /// Sessions attached to this slice, idle or leased.
+    /// Whether a session of this slice has ever taken more than one request at once (HTTP/2):
+    /// set before its streams join the ring, and never unset.
+    pub fn multiplexed(&self) -> bool {
+        self.multiplexed.load(Ordering::Acquire)
+    }
+
+    /// Units of capacity attached to this slice, idle or leased: one per session, one per
+    /// stream of a session that takes several requests at once.
     pub(crate) fn registered(&self) -> usize {
         self.registered.load(Ordering::Acquire)
     }
@@ -326,17 +339,32 @@ impl<P: Protocol> SlicePool<P> {
         }
     }
 
-    /// Closes up to `n` idle sessions of `instance` now; returns how many.
+    /// Closes up to `n` idle sessions of `instance` now; returns how many. A session is its
+    /// connection: the streams of one that takes several requests at once count once, and it
+    /// closes once its busy streams are back.
     pub(crate) fn retire_idle(&self, instance: &Arc<Instance>, n: usize) -> usize {
         let left = std::cell::Cell::new(n);
-        let removed = self.state().idle.remove_where(|s| {
-            let take = left.get() > 0 && Arc::ptr_eq(s.instance(), instance);
+        let closed = std::cell::Cell::new(0);
+        let mut st = self.state();
+        let mut removed = st.idle.remove_where(|s| {
+            if !Arc::ptr_eq(s.instance(), instance) {
+                return false;
+            }
+            // A stream of a connection already ending goes without counting again.
+            if s.is_shared() && s.is_closed() {
+                return true;
+            }
+            let take = left.get() > 0 && s.end();
             if take {
                 left.set(left.get() - 1);
+                closed.set(closed.get() + 1);
             }
             take
         });
-        let closed = removed.len();
+        // Streams of the connections just ended that the pass had already gone by.
+        removed.extend(st.idle.remove_where(|s| s.is_shared() && s.is_closed()));
+        drop(st);
+        let closed = closed.get();
         // Dropped outside the lock: each drop closes a connection.
         drop(removed);
         self.changed.notify();
@@ -449,8 +477,15 @@ impl<P: Protocol> SlicePool<P> {
     /// while the cluster hands over, to the next process). Dead sessions and those of
     /// draining instances are dropped (which closes them).
     pub(crate) fn checkin(&self, mut session: Session<P>) {
+        if session.is_shared() && session.is_closed() {
+            // A stream of a connection that ended or is ending: nothing more to count.
+            drop(session);
+            self.changed.notify();
+            return;
+        }
         if session.instance().take_retirement() {
             // Its service asked for one session fewer while this one was busy.
+            session.end();
             drop(session);
             self.changed.notify();
             return;

@@ -21,11 +21,30 @@ pub trait Protocol: Send + Sync + std::fmt::Debug + 'static {
     /// its slices for the proxy, never read by the engine.
     type Options: Default + Send + Sync + std::fmt::Debug + 'static;
 
-    /// Starts a client over a registered stream. The stream parks itself instead of closing
-    /// when the engine hands the session to another process.
+    /// Starts a client over a registered stream: one request at a time (`streams` is `None`,
+    /// an HTTP/1.1 session), or up to `streams` at once (an HTTP/2 session, whose client
+    /// [`share`](Self::share) gives out once per further stream). The stream parks itself
+    /// instead of closing when the engine hands the session to another process.
     fn handshake(
         io: ParkedIo,
+        streams: Option<u32>,
     ) -> impl Future<Output = Result<(Self::Client, Self::Connection), Self::Error>> + Send;
+
+    /// Another client on the same connection, for one more request at once (an HTTP/2
+    /// session's next stream); `None` for a connection that carries one request at a time.
+    /// Such a connection is *shared*: it never moves to another process (its state cannot
+    /// move with its socket), and it ends once [`end`](Self::end) was called on any of its
+    /// clients and all of them are dropped.
+    fn share(client: &Self::Client) -> Option<Self::Client>;
+
+    /// Whether `client` is one of several on a shared connection.
+    fn is_shared(client: &Self::Client) -> bool;
+
+    /// Ends the client's connection once every client on it is dropped; no client on it may
+    /// take another request ([`is_closed`](Self::is_closed) is then true). False when it was
+    /// ending already. A connection that carries one request at a time ends as its client
+    /// drops, so this only says true.
+    fn end(client: &Self::Client) -> bool;
 
     /// Whether the connection has ended.
     fn is_closed(client: &Self::Client) -> bool;

@@ -48,6 +48,17 @@ impl<P: Protocol> Session<P> {
         P::is_closed(&self.client)
     }
 
+    /// Whether it is one stream of a connection that carries several requests at once.
+    pub fn is_shared(&self) -> bool {
+        P::is_shared(&self.client)
+    }
+
+    /// Ends its connection once every lease on it is back (see [`Protocol::end`]); false when
+    /// the connection was ending already.
+    pub(crate) fn end(&self) -> bool {
+        P::end(&self.client)
+    }
+
     /// Whether the session may be leased: connected, and its instance is not draining.
     pub(crate) fn usable(&self) -> bool {
         !self.is_closed() && !self.instance.is_draining()
@@ -73,8 +84,13 @@ impl<P: Protocol> Session<P> {
     /// Lets go of an idle session so that its socket moves to another process: the client
     /// ends the connection without closing the socket, and the session's task hands it over.
     /// False when the connection had already ended: nothing will be handed over.
+    /// A stream of a shared connection never moves: it is dropped, and the connection ends
+    /// once its other streams are dropped too (the service then dials again).
     #[must_use = "a session that cannot be handed over is lost to the hand-over"]
     pub(crate) fn hand_over(self) -> bool {
+        if self.is_shared() {
+            return false;
+        }
         self.parking.want()
     }
 }

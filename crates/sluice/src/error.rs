@@ -117,6 +117,11 @@ pub enum ProxyError {
     /// `Location`): the rule is at fault, not the request, which was valid.
     #[error("invalid rewrite: {0}")]
     Rewrite(&'static str),
+    /// The HTTP/1 fast path leased a session it does not drive (an HTTP/2 session that
+    /// registered as the request was routed) and gave it back: hyper's path serves the
+    /// request instead. Never answered to a client.
+    #[error("the fast path handed the request to hyper's path")]
+    HandedBack,
 }
 
 impl From<sluice_wire::BadRequest> for ProxyError {
@@ -161,7 +166,7 @@ impl ProxyError {
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Self::CorsRefused(_) => StatusCode::FORBIDDEN,
-            Self::Rewrite(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Rewrite(_) | Self::HandedBack => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -180,7 +185,8 @@ impl ProxyError {
             Self::NoEndpoint { .. }
             | Self::NoSessions { .. }
             | Self::Unavailable { .. }
-            | Self::Rewrite(_) => Origin::Internal,
+            | Self::Rewrite(_)
+            | Self::HandedBack => Origin::Internal,
             Self::Connect(_)
             | Self::UpstreamTls { .. }
             | Self::ConnectTimeout

@@ -275,3 +275,27 @@ async fn a_standalone_acceptor_shows_what_it_lends_to_whom() {
         running.stop().await;
     }
 }
+
+#[tokio::test]
+async fn a_standalone_acceptor_refuses_http2_sessions_it_could_not_lend() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("handoff.sock");
+    let (addr, running) = standalone(&socket).await;
+    let spec = ServiceSpec::h2("a", 1, 8);
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(&spec.registration().encode())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(
+        answer.ends_with("a standalone acceptor lends HTTP/1.1 sessions only\n"),
+        "{answer}"
+    );
+    // HTTP/1.1 sessions register as before.
+    let h1 = reverse_support::service::dial(addr, &ServiceSpec::new("a", 1).registration()).await;
+    assert_eq!(h1.1, 101);
+    running.stop().await;
+}

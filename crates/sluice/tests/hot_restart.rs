@@ -77,6 +77,49 @@ async fn a_successor_takes_the_sockets_and_the_sessions() {
 }
 
 #[tokio::test]
+async fn http2_sessions_end_in_the_old_process_and_register_again_with_the_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), false);
+    let old = Proxy::bind(&cfg).await.unwrap();
+    let (http, acceptor) = (old.local_addrs()[0].1, old.acceptor_addr().unwrap());
+    let old_cluster = old.reverse_cluster("api").unwrap().clone();
+    let old_run = tokio::spawn(old.run_until(std::future::pending()));
+    let h1 = Service::start(acceptor, ServiceSpec::new("h1", 1)).await;
+    let h2 = Service::start(acceptor, ServiceSpec::h2("h2", 1, 4)).await;
+    old_cluster
+        .wait_until(|c| c.idle_sessions("default") == 5)
+        .await;
+
+    let inherited = Inherited::take_over(&dir.path().join("upgrade.sock"))
+        .await
+        .unwrap();
+    let new = Proxy::bind_inheriting(&cfg, Some(inherited)).await.unwrap();
+    let new_cluster = new.reverse_cluster("api").unwrap().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let new_run = tokio::spawn(new.run_until(async move {
+        let _ = stopped.await;
+    }));
+    old_run.await.unwrap();
+    // The HTTP/1.1 session moved; the HTTP/2 one could not, and was closed.
+    h2.wait_live(0).await;
+    assert_eq!(h1.live(), 1);
+    new_cluster
+        .wait_until(|c| c.idle_sessions("default") == 1)
+        .await;
+    // Its service dials again, and reaches the new process through the same acceptor socket.
+    let again = Service::start(acceptor, ServiceSpec::h2("h2", 1, 4)).await;
+    new_cluster
+        .wait_until(|c| c.idle_sessions("default") == 5)
+        .await;
+    for _ in 0..5 {
+        assert_eq!(get(http, "/").await.status, StatusCode::OK);
+    }
+    assert_eq!(h1.requests() + again.requests(), 5);
+    let _ = stop.send(());
+    new_run.await.unwrap();
+}
+
+#[tokio::test]
 async fn without_a_successor_the_acceptor_removes_its_socket_file() {
     let dir = tempfile::tempdir().unwrap();
     let proxy = Proxy::bind(&config(dir.path(), true)).await.unwrap();

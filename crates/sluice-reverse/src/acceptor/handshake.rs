@@ -59,9 +59,9 @@ pub(super) async fn handle<P: Protocol, T>(
     };
     match outcome {
         Ok(None) => shared.count(counted),
-        Ok(Some((cluster, slice, permit))) => {
+        Ok(Some((cluster, slice, permit, streams))) => {
             shared.count(counted);
-            if let Err(error) = cluster.attach(&slice, Box::new(io), permit).await {
+            if let Err(error) = cluster.attach(&slice, Box::new(io), permit, streams).await {
                 debug!(cluster = %cluster.name(), %error, "session could not start");
             }
         }
@@ -69,7 +69,8 @@ pub(super) async fn handle<P: Protocol, T>(
     }
 }
 
-type Admitted<P> = (ReverseCluster<P>, String, SessionPermit);
+/// A session's cluster, slice, place in the limits and streams (HTTP/2).
+type Admitted<P> = (ReverseCluster<P>, String, SessionPermit, Option<u32>);
 
 /// Checks a registration and answers `101`; the caller attaches the stream.
 async fn register<P: Protocol, T: AsyncWrite + Unpin>(
@@ -80,19 +81,27 @@ async fn register<P: Protocol, T: AsyncWrite + Unpin>(
 ) -> Result<Option<Admitted<P>>, Rejection> {
     let id = &reg.identity;
     let cluster = shared.admit(&id.service, id.token.as_deref(), peer)?;
+    if reg.streams.is_some() && shared.lends {
+        return Err(Rejection::lends_http1_only());
+    }
     let instance = instance_id(id.instance.as_deref(), peer.ip);
     let permit = cluster.reserve(&instance, &shared.total)?;
+    let reply = match reg.streams {
+        Some(_) => Reply::switching_protocols_h2(),
+        None => Reply::switching_protocols(),
+    };
     // Flushed: over TLS the answer could otherwise wait in rustls's buffer.
     let answer = async {
-        io.write_all(&Reply::switching_protocols()).await?;
+        io.write_all(&reply).await?;
         io.flush().await
     };
     if let Err(error) = answer.await {
         debug!(%error, "service went away before its 101");
         return Ok(None);
     }
-    debug!(cluster = %id.service, slice = %id.slice, instance = %instance, "session registered");
-    Ok(Some((cluster, id.slice.clone(), permit)))
+    let streams = reg.streams;
+    debug!(cluster = %id.service, slice = %id.slice, instance = %instance, streams, "session registered");
+    Ok(Some((cluster, id.slice.clone(), permit, streams)))
 }
 
 /// Checks a control link's request as a registration's (no session is reserved), answers

@@ -116,6 +116,7 @@ impl<P: Protocol> Acceptor<P> {
             metrics: ReverseMetrics::default(),
             refusals: TallyByKind::new(),
             node: None,
+            lends: false,
         };
         Self {
             tcp,
@@ -135,6 +136,13 @@ impl<P: Protocol> Acceptor<P> {
     /// their sessions elsewhere; by default a node never says so.
     pub fn with_readiness(mut self, readiness: &sluice_net::Readiness) -> Self {
         self.shared.node = Some(readiness.subscribe());
+        self
+    }
+
+    /// Lends every session to other processes (a standalone acceptor): HTTP/2 registrations
+    /// are refused, as their connections' state cannot move with their sockets.
+    pub fn lending(mut self) -> Self {
+        self.shared.lends = true;
         self
     }
 

@@ -43,6 +43,8 @@ pub(super) struct Shared<P: Protocol> {
     pub(super) refusals: TallyByKind<u16>,
     /// The node's state, which control links report (`DRAINING`); `None`: never draining.
     pub(super) node: Option<tokio::sync::watch::Receiver<sluice_net::NodeState>>,
+    /// Every session goes to other processes (a standalone acceptor): HTTP/2 ones cannot.
+    pub(super) lends: bool,
 }
 
 impl<P: Protocol> Shared<P> {

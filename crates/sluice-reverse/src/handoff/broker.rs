@@ -127,7 +127,8 @@ impl<P: Protocol> StandaloneAcceptor<P> {
         let acceptor = Acceptor::bind(&opts.acceptor, clusters.values().cloned())
             .await?
             .with_readiness(&readiness)
-            .with_metrics(metrics.clone());
+            .with_metrics(metrics.clone())
+            .lending();
         let listener = HandoffListener::bind_with(&opts.path, opts.access)?;
         let shared = Arc::new(Shared {
             state: Mutex::default(),

@@ -123,10 +123,25 @@ impl Protocol for Fake {
     type Error = io::Error;
     type Options = ();
 
-    async fn handshake(io: ParkedIo) -> io::Result<(FakeClient, Self::Connection)> {
+    async fn handshake(
+        io: ParkedIo,
+        _streams: Option<u32>,
+    ) -> io::Result<(FakeClient, Self::Connection)> {
         let line = Line::default();
         let conn = Box::pin(run(io, line.clone()));
         Ok((FakeClient { line }, conn))
+    }
+
+    fn share(_: &FakeClient) -> Option<FakeClient> {
+        None
+    }
+
+    fn is_shared(_: &FakeClient) -> bool {
+        false
+    }
+
+    fn end(_: &FakeClient) -> bool {
+        true
     }
 
     fn is_closed(client: &FakeClient) -> bool {

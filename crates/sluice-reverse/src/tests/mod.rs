@@ -61,7 +61,10 @@ impl Bed {
         let (proxy_end, service_end) = UnixStream::pair().unwrap();
         let permit = self.cluster.reserve(instance, &self.total).unwrap();
         let io = Box::new(proxy_end);
-        self.cluster.attach("default", io, permit).await.unwrap();
+        self.cluster
+            .attach("default", io, permit, None)
+            .await
+            .unwrap();
         self.services.push(Some(service_end));
         self.services.len() - 1
     }

@@ -69,7 +69,7 @@ pub(crate) fn code(e: &ProxyError) -> Code {
         ProxyError::CorsRefused(_) => Code::PermissionDenied,
         ProxyError::BadRequest(_) | ProxyError::ClientBody(_) => Code::InvalidArgument,
         ProxyError::ClientBodyTimeout(_) => Code::DeadlineExceeded,
-        ProxyError::Rewrite(_) => Code::Internal,
+        ProxyError::Rewrite(_) | ProxyError::HandedBack => Code::Internal,
     }
 }
 

@@ -106,9 +106,8 @@ pub(crate) async fn connect(
     }
 }
 
-/// Starts hyper's HTTP/2 client connection on an established stream: PINGs keep it alive
-/// (and find it dead), and the connection's window holds every stream's, so that a stream
-/// whose reader is slow never stalls the others (RFC 9113 §5.2).
+/// Starts hyper's HTTP/2 client connection on an established stream ([`h2_client`]); PINGs
+/// keep it alive (and find it dead).
 async fn start_h2<I>(
     io: I,
     addr: SocketAddr,
@@ -118,12 +117,7 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let streams = u32::try_from(opts.max_streams).unwrap_or(u32::MAX);
-    let connection_window = STREAM_WINDOW.saturating_mul(streams).min(MAX_WINDOW);
-    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(connection_window)
-        .initial_max_send_streams(opts.max_streams)
+    let (sender, conn) = h2_client(streams)
         .keep_alive_interval(opts.keepalive_interval)
         .keep_alive_timeout(opts.keepalive_timeout)
         .keep_alive_while_idle(true)
@@ -136,6 +130,20 @@ where
         }
     });
     Ok(sender)
+}
+
+/// hyper's HTTP/2 client for a connection that carries up to `streams` streams at once (a
+/// static endpoint's, or a dial-in session's): the connection's window holds every stream's,
+/// so that a stream whose reader is slow never stalls the others (RFC 9113 §5.2).
+pub(crate) fn h2_client(streams: u32) -> http2::Builder<TokioExecutor> {
+    let connection_window = STREAM_WINDOW.saturating_mul(streams).min(MAX_WINDOW);
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(connection_window)
+        .initial_max_send_streams(usize::try_from(streams).unwrap_or(usize::MAX));
+    builder
 }
 
 /// What one HTTP/2 stream may have in flight towards the proxy before its reader takes it.

@@ -8,14 +8,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{header, Method, Request, Response, StatusCode, Version};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http2;
 use hyper::client::conn::TrySendError;
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::http::headers::wants_close;
+use crate::http::headers::{wants_close, TrailersWanted};
 use crate::http::retry;
 
 /// A request's own deadline for its response head (a gRPC call's `grpc-timeout`), when it
@@ -171,6 +172,56 @@ pub(crate) fn frame_unsized_body(req: &mut Request<ProxyBody>) {
             header::TRANSFER_ENCODING,
             http::HeaderValue::from_static("chunked"),
         );
+    }
+}
+
+/// Sends `req` as HTTP/2 on `sender` (a static endpoint's connection, or a dial-in session's)
+/// and waits for the response head within `timeout`. A request that asks to switch protocols
+/// is refused (501): HTTP/2 has no `Upgrade`.
+pub(crate) async fn send_h2(
+    sender: &mut http2::SendRequest<ProxyBody>,
+    mut req: Request<ProxyBody>,
+    timeout: std::time::Duration,
+    scheme: &str,
+    fallback_authority: &(dyn std::fmt::Display + Sync),
+) -> Result<Response<Incoming>, Failure> {
+    if req.headers().contains_key(header::UPGRADE) {
+        let e = ProxyError::NotImplemented("a protocol upgrade over an HTTP/2 upstream");
+        return Err(Failure::later(e));
+    }
+    as_h2(&mut req, scheme, fallback_authority);
+    let answer = async {
+        // Ready unless the connection is going away (then the request comes back unsent).
+        let _ = sender.ready().await;
+        sender.try_send_request(req).await
+    };
+    match tokio::time::timeout(timeout, answer).await {
+        Ok(answer) => answered(answer),
+        Err(_elapsed) => Err(Failure::timed_out()),
+    }
+}
+
+/// The request as HTTP/2 sends it: an absolute URI (hyper takes `:scheme` and `:authority`
+/// from it; the authority is `Host`'s, which the sender always sets, else
+/// `fallback_authority`), no `Host`, `te: trailers` again when the client said so.
+fn as_h2(
+    req: &mut Request<ProxyBody>,
+    scheme: &str,
+    fallback_authority: &(dyn std::fmt::Display + Sync),
+) {
+    let host = req.headers_mut().remove(header::HOST);
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let uri = match host.as_ref().and_then(|h| h.to_str().ok()) {
+        Some(authority) => format!("{scheme}://{authority}{path}"),
+        None => format!("{scheme}://{fallback_authority}{path}"),
+    };
+    if let Ok(uri) = Uri::try_from(uri) {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = Version::HTTP_2;
+    if req.extensions().get::<TrailersWanted>().is_some() {
+        let te = HeaderValue::from_static("trailers");
+        req.headers_mut().insert(header::TE, te);
     }
 }
 

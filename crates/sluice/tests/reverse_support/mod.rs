@@ -116,12 +116,34 @@ pub async fn send_body(addr: SocketAddr, method: Method, path: &str, body: &'sta
     send_full([127, 0, 0, 1].into(), addr, method, path, Bytes::from(body)).await
 }
 
+/// Sends one request with extra header fields from 127.0.0.1.
+pub async fn send_with_headers(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let from = [127, 0, 0, 1].into();
+    send_fields(from, addr, method, path, Bytes::new(), headers).await
+}
+
 async fn send_full(
     from: IpAddr,
     addr: SocketAddr,
     method: Method,
     path: &str,
     body: Bytes,
+) -> Reply {
+    send_fields(from, addr, method, path, body, &[]).await
+}
+
+async fn send_fields(
+    from: IpAddr,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    body: Bytes,
+    headers: &[(&str, &str)],
 ) -> Reply {
     let socket = TcpSocket::new_v4().unwrap();
     socket.bind(SocketAddr::new(from, 0)).unwrap();
@@ -130,12 +152,14 @@ async fn send_full(
         .await
         .unwrap();
     tokio::spawn(conn);
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(method)
         .uri(path)
-        .header("host", "test")
-        .body(Full::new(body))
-        .unwrap();
+        .header("host", "test");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(Full::new(body)).unwrap();
     let res = sender.send_request(req).await.unwrap();
     let (parts, body) = res.into_parts();
     let body = body.collect().await.unwrap().to_bytes();

@@ -30,6 +30,8 @@ pub struct ServiceSpec {
     pub instance: String,
     pub token: Option<String>,
     pub sessions: usize,
+    /// `Some(n)`: HTTP/2 sessions of `n` streams each; `None`: HTTP/1.1.
+    pub streams: Option<u32>,
 }
 
 impl ServiceSpec {
@@ -40,6 +42,15 @@ impl ServiceSpec {
             instance: instance.into(),
             token: None,
             sessions,
+            streams: None,
+        }
+    }
+
+    /// The same, with HTTP/2 sessions of `streams` streams each.
+    pub fn h2(instance: &str, sessions: usize, streams: u32) -> Self {
+        Self {
+            streams: Some(streams),
+            ..Self::new(instance, sessions)
         }
     }
 
@@ -51,7 +62,7 @@ impl ServiceSpec {
         Registration {
             identity,
             capacity: Some(self.sessions as u32),
-            streams: None,
+            streams: self.streams,
         }
     }
 }
@@ -62,6 +73,8 @@ pub struct Stats {
     pub requests: AtomicUsize,
     pub in_flight: AtomicUsize,
     pub max_in_flight: AtomicUsize,
+    /// Requests whose handler was dropped before it answered (over HTTP/2: a `RST_STREAM`).
+    pub cancelled: AtomicUsize,
     flaky_done: AtomicBool,
 }
 
@@ -72,6 +85,9 @@ pub struct Service {
     gate: watch::Sender<bool>,
     name: String,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Asks every HTTP/2 session to shut down gracefully (`GOAWAY`, then its streams end).
+    goaway: watch::Sender<bool>,
+    streams: Option<u32>,
 }
 
 impl Service {
@@ -83,6 +99,8 @@ impl Service {
             gate: watch::channel(false).0,
             name: spec.instance.clone(),
             tasks: Mutex::default(),
+            goaway: watch::channel(false).0,
+            streams: spec.streams,
         });
         for _ in 0..spec.sessions {
             let stream = dial(acceptor, &spec.registration()).await;
@@ -92,16 +110,38 @@ impl Service {
         svc
     }
 
-    /// Starts serving HTTP/1.1 on a registered stream.
+    /// Starts serving HTTP/1.1 (or HTTP/2, for HTTP/2 sessions) on a registered stream.
     fn serve(self: &Arc<Self>, stream: TcpStream) {
         let this = Arc::clone(self);
         self.live.send_modify(|n| *n += 1);
         let port = stream.local_addr().map_or(0, |a| a.port());
+        let mut goaway = self.goaway.subscribe();
+        let streams = self.streams;
         let task = tokio::spawn(async move {
             let svc = hyper::service::service_fn(|req| Arc::clone(&this).handle(req, port));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            match streams {
+                None => {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                }
+                Some(n) => {
+                    let conn = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .max_concurrent_streams(n)
+                    .serve_connection(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    let asked = tokio::select! {
+                        _ = conn.as_mut() => false,
+                        asked = goaway.wait_for(|g| *g) => asked.is_ok(),
+                    };
+                    if asked {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                    }
+                }
+            }
             this.live.send_modify(|n| *n -= 1);
         });
         self.tasks.lock().unwrap().push(task);
@@ -116,6 +156,17 @@ impl Service {
     pub async fn wait_live(&self, n: usize) {
         let mut rx = self.live.subscribe();
         rx.wait_for(|live| *live == n).await.unwrap();
+    }
+
+    /// Sends `GOAWAY` on every HTTP/2 session: they take no new streams, and close once the
+    /// streams in flight have answered.
+    pub fn goaway(&self) {
+        self.goaway.send_replace(true);
+    }
+
+    /// Requests dropped unanswered (their stream reset).
+    pub fn cancelled(&self) -> usize {
+        self.stats.cancelled.load(Ordering::SeqCst)
     }
 
     /// Lets every `/wait` request answer.
@@ -154,6 +205,8 @@ impl Service {
         let s = &self.stats;
         let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         s.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        // Counts the request cancelled if the handler is dropped before it answers.
+        let mut guard = Cancelled(Some(Arc::clone(&self.stats)));
         let res = if req.uri().path() == "/session" {
             Ok(Response::new(Full::new(Bytes::from(format!(
                 "{}:{port}",
@@ -162,6 +215,7 @@ impl Service {
         } else {
             self.respond(req.uri().path()).await
         };
+        guard.0 = None;
         s.in_flight.fetch_sub(1, Ordering::SeqCst);
         s.requests.fetch_add(1, Ordering::SeqCst);
         res
@@ -188,6 +242,18 @@ impl Service {
             return Err(std::io::Error::other("flaky: dropping the session"));
         }
         Ok(res)
+    }
+}
+
+/// Counts a request's handler dropped unfinished, and leaves the in-flight count.
+struct Cancelled(Option<Arc<Stats>>);
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        if let Some(stats) = self.0.take() {
+            stats.cancelled.fetch_add(1, Ordering::SeqCst);
+            stats.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 

@@ -219,7 +219,10 @@ impl FastPath {
         let route = self.router.route(&head)?;
         let dest = match &route.target {
             Target::Upstream(Upstream::Static(c)) if c.is_plain() => Dest::Static(c.clone()),
-            Target::Upstream(Upstream::Reverse(s)) => Dest::Reverse(s.clone()),
+            // hyper's HTTP/2 client serves slices with HTTP/2 sessions.
+            Target::Upstream(Upstream::Reverse(s)) if !s.pool().multiplexed() => {
+                Dest::Reverse(s.clone())
+            }
             _ => return None,
         };
         let framing_edited =

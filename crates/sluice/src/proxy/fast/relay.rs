@@ -156,6 +156,8 @@ impl<'a> Exchange<'a> {
         };
         let mut lease = match leased {
             Ok(lease) => lease,
+            // Nothing was read past the request or written: hyper's path takes it from here.
+            Err(ProxyError::HandedBack) => return self.handed_back(),
             Err(e) => return self.refuse(client, e, used).await,
         };
         self.upstream_request(client_addr, request);
@@ -342,6 +344,20 @@ impl<'a> Exchange<'a> {
         Outcome {
             used,
             served: Served::Close,
+            status: 0,
+            sent: 0,
+            complete: false,
+            by: ServedBy::default(),
+            head_at: None,
+            error: None,
+        }
+    }
+
+    /// The request goes to hyper's path, unanswered here (see [`ProxyError::HandedBack`]).
+    fn handed_back(&self) -> Outcome {
+        Outcome {
+            used: 0,
+            served: Served::HandOff("session"),
             status: 0,
             sent: 0,
             complete: false,

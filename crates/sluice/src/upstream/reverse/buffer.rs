@@ -12,7 +12,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::http1::Lease;
+use super::protocol::Lease;
 use crate::body::{ProxyBody, Pump, Release, Rest};
 use crate::error::ProxyError;
 use crate::http::read_ahead::{self, ReadAhead};

@@ -3,20 +3,22 @@
 //!
 //! The engine — the acceptor, slice pools and their admission queues, leases, hand-over and
 //! lending across processes — is the `sluice-reverse` crate, and speaks no HTTP. This module
-//! is the HTTP half: [`Http1`] says how the proxy's HTTP/1.1 client starts on a registered
-//! stream, [`send`] leases a session and exchanges a request on it, `buffer` reads bodies
-//! ahead so slow clients do not hold sessions.
+//! is the HTTP half: [`SessionHttp`] says how the proxy's client starts on a registered stream
+//! (HTTP/1.1 over a `link`, or HTTP/2 with one `h2` stream per declared stream), [`send`]
+//! leases a session and exchanges a request on it, `buffer` reads bodies ahead so slow
+//! clients do not hold sessions.
 
 pub(crate) mod buffer;
-mod http1;
+mod h2;
 mod link;
+mod protocol;
 pub(crate) mod raw;
 mod send;
 
-pub use self::http1::{
+pub use self::protocol::{
     Acceptor, ReverseCluster, ReverseClusterOptions, ReverseSlice, StandaloneAcceptor,
 };
-pub(crate) use self::http1::{BrokerView, HandoffSource};
+pub(crate) use self::protocol::{BrokerView, HandoffSource};
 pub(crate) use self::send::send;
 pub(crate) use sluice_reverse::{
     HandedSession, Limit, ReverseMetrics, SessionGauges, SliceId, UpgradedSession,

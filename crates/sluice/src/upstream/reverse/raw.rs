@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use super::http1::{Lease, ReverseSlice, Session, SlicePool};
 use super::link::SessionIo;
+use super::protocol::{Lease, ReverseSlice, Session, SessionClient, SlicePool};
 use crate::error::ProxyError;
 use crate::http::retry::Policy;
 use crate::upstream::leased::Leased;
@@ -41,7 +41,13 @@ impl SessionLease {
         for _ in 0..MAX_ENDED {
             let (mut session, waited) = pool.lease_waited().await?;
             queued += waited;
-            if let Some(io) = session.client().take_io().await {
+            let SessionClient::Http1(link) = session.client() else {
+                // An HTTP/2 session registered after the route sent the request here: its
+                // stream goes back, and hyper's path serves the request.
+                Lease::new(Some(session), Arc::clone(pool)).finish();
+                return Err(ProxyError::HandedBack);
+            };
+            if let Some(io) = link.take_io().await {
                 let pool = Arc::clone(pool);
                 return Ok(Self {
                     session,
@@ -108,7 +114,10 @@ impl Leased for SessionLease {
             pool,
             ..
         } = self;
-        if reusable && session.client().put_io(io) {
+        let SessionClient::Http1(link) = session.client() else {
+            return;
+        };
+        if reusable && link.put_io(io) {
             Lease::new(Some(session), pool).finish();
         }
     }

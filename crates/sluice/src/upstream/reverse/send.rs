@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::buffer;
-use super::http1::{Lease, ReverseSlice, Session, SlicePool};
+use super::protocol::{Lease, ReverseSlice, Session, SessionClient, SlicePool};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::http::read_ahead;
@@ -115,8 +115,12 @@ async fn send_on(
     mut req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, Failure> {
     exchange::frame_unsized_body(&mut req);
+    let link = match session.client() {
+        SessionClient::Http1(link) => link,
+        SessionClient::H2(_) => return send_on_stream(pool, session, req).await,
+    };
     let upgrade = req.headers().contains_key(http::header::UPGRADE);
-    let Some(sender) = session.client().hyper(upgrade).await else {
+    let Some(sender) = link.hyper(upgrade).await else {
         // The session ended as it was leased: nothing went out, so the request may go again.
         return Err(Failure {
             error: ProxyError::UpstreamInvalid("session closed"),
@@ -134,6 +138,28 @@ async fn send_on(
     };
     let res = exchange::answered(answer)?;
     finish(pool, session, res).await.map_err(Failure::later)
+}
+
+/// Exchanges `req` on one stream of an HTTP/2 session. Unlike an HTTP/1.1 session's, the
+/// stream is given back whenever the exchange ends, also when the client leaves first: hyper
+/// then resets the stream (`RST_STREAM` reaches the service, which cancels the request), and
+/// the session carries on.
+async fn send_on_stream(
+    pool: &Arc<SlicePool>,
+    session: Session,
+    req: Request<ProxyBody>,
+) -> Result<Response<ProxyBody>, Failure> {
+    let mut lease = Lease::new(Some(session), Arc::clone(pool));
+    let Some(SessionClient::H2(stream)) = lease.session().map(|s| s.client()) else {
+        return Err(Failure::later(ProxyError::UpstreamInvalid(
+            "session closed",
+        )));
+    };
+    let timeout = exchange::response_timeout(&req, pool.options().response_timeout);
+    let res = exchange::send_h2(stream.sender(), req, timeout, "http", &"sluice").await?;
+    buffer::response(res, pool.options().response_buffer, lease)
+        .await
+        .map_err(Failure::later)
 }
 
 /// Resolves to the answer and the session it came on.
@@ -224,7 +250,7 @@ impl Drop for Exchange {
 async fn read_off(pool: &Arc<SlicePool>, mut session: Session, res: Response<Incoming>) {
     use http_body_util::BodyExt;
 
-    let reusable = exchange::keeps_connection(&res) && !session.client().is_upgrade();
+    let reusable = exchange::keeps_connection(&res) && !is_upgrade(&mut session);
     let mut lease = Lease::new(reusable.then_some(session), Arc::clone(pool));
     if buffer::is_event_stream(res.headers()) {
         return;
@@ -242,6 +268,11 @@ async fn read_off(pool: &Arc<SlicePool>, mut session: Session, res: Response<Inc
     crate::body::Release::finish(&mut lease);
 }
 
+/// Whether hyper's client on an HTTP/1.1 session was started for an upgrade.
+fn is_upgrade(session: &mut Session) -> bool {
+    matches!(session.client(), SessionClient::Http1(link) if link.is_upgrade())
+}
+
 /// Reads the body ahead up to `response_buffer` and gives the session back as soon as the
 /// body has been read off it (see [`buffer::response`]). Either way only if the session may
 /// carry another request: `Connection: close` retires it; an upgrade consumes it.
@@ -252,7 +283,7 @@ async fn finish(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     // A session hyper started on for an upgrade it did not get stays with hyper's connection,
     // which closes it (the service re-dials).
-    let reusable = exchange::keeps_connection(&res) && !session.client().is_upgrade();
+    let reusable = exchange::keeps_connection(&res) && !is_upgrade(&mut session);
     let mut res = res;
     if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         // Listed as upgraded while the proxy's bridge holds this.

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use http::{header, HeaderValue, Request, Response, Uri, Version};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use tokio::sync::Notify;
@@ -18,7 +18,6 @@ use sluice_config::H2Options;
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::http::headers::TrailersWanted;
 use crate::http::retry;
 use crate::upstream::exchange::{self, Failure};
 
@@ -148,24 +147,11 @@ impl H2Stream {
     /// and the stream's slot for the response body to hold until it ends.
     pub(super) async fn send(
         mut self,
-        mut req: Request<ProxyBody>,
+        req: Request<ProxyBody>,
         timeout: std::time::Duration,
         (scheme, addr): (&str, std::net::SocketAddr),
     ) -> Result<(Response<Incoming>, Slot), Failure> {
-        if req.headers().contains_key(header::UPGRADE) {
-            let e = ProxyError::NotImplemented("a protocol upgrade over an HTTP/2 upstream");
-            return Err(Failure::later(e));
-        }
-        as_h2(&mut req, scheme, addr);
-        let answer = async {
-            // Ready unless the connection is going away (then the request comes back unsent).
-            let _ = self.sender.ready().await;
-            self.sender.try_send_request(req).await
-        };
-        let res = match tokio::time::timeout(timeout, answer).await {
-            Ok(answer) => exchange::answered(answer),
-            Err(_elapsed) => return Err(Failure::timed_out()),
-        };
+        let res = exchange::send_h2(&mut self.sender, req, timeout, scheme, &addr).await;
         let res = res.inspect_err(|failure| {
             if failure.failed == retry::Failed::Unsent {
                 // Its next requests go to another connection (this one's streams finish).
@@ -173,26 +159,6 @@ impl H2Stream {
             }
         })?;
         Ok((res, self.slot))
-    }
-}
-
-/// The request as HTTP/2 sends it: an absolute URI (hyper takes `:scheme` and `:authority`
-/// from it; the authority is `Host`'s, which the sender always sets, else the endpoint's
-/// `addr`), no `Host`, `te: trailers` again when the client said so.
-fn as_h2(req: &mut Request<ProxyBody>, scheme: &str, addr: std::net::SocketAddr) {
-    let host = req.headers_mut().remove(header::HOST);
-    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let uri = match host.as_ref().and_then(|h| h.to_str().ok()) {
-        Some(authority) => format!("{scheme}://{authority}{path}"),
-        None => format!("{scheme}://{addr}{path}"),
-    };
-    if let Ok(uri) = Uri::try_from(uri) {
-        *req.uri_mut() = uri;
-    }
-    *req.version_mut() = Version::HTTP_2;
-    if req.extensions().get::<TrailersWanted>().is_some() {
-        let te = HeaderValue::from_static("trailers");
-        req.headers_mut().insert(header::TE, te);
     }
 }
 

@@ -1,0 +1,201 @@
+//! HTTP/2 dial-in sessions (protocol/README.md, "HTTP/2 sessions"): a session's declared
+//! streams are its capacity, leased one per request, never more at once at the service; they
+//! come back when a client leaves (the stream is reset and the service hears it); drains,
+//! retirements and the service's own `GOAWAY` end the session without failing a request.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod reverse_support;
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use reverse_support::service::dial_raw;
+use reverse_support::{get, send, start_proxy, Service, ServiceSpec, DEFAULT_ROUTE};
+
+#[tokio::test]
+async fn a_session_takes_its_declared_streams_at_once_and_no_more() {
+    let proxy = start_proxy("queue_max = 64\n", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::h2("a", 1, 3)).await;
+    // One session of three streams: three units of capacity.
+    proxy.idle("default", 3).await;
+    let calls: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(get(proxy.http, "/delay/150")))
+        .collect();
+    for call in calls {
+        let res = call.await.unwrap();
+        assert_eq!((res.status, res.text().as_str()), (StatusCode::OK, "a"));
+    }
+    assert_eq!(svc.requests(), 10);
+    // Three at once (all three streams were used), never four.
+    assert_eq!(svc.max_in_flight(), 3);
+    // Every stream came back, on the one connection.
+    proxy.idle("default", 3).await;
+    assert_eq!(svc.live(), 1);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn streams_of_several_sessions_add_up() {
+    let proxy = start_proxy("queue_max = 64\n", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::h2("a", 2, 4)).await;
+    proxy.idle("default", 8).await;
+    let calls: Vec<_> = (0..16)
+        .map(|_| tokio::spawn(get(proxy.http, "/delay/150")))
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(svc.max_in_flight(), 8);
+    proxy.idle("default", 8).await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn bodies_cross_an_http2_session_both_ways() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let _svc = Service::start(proxy.acceptor, ServiceSpec::h2("a", 1, 2)).await;
+    proxy.idle("default", 2).await;
+    // Larger than the session's response buffer and its stream window.
+    let res = get(proxy.http, "/big/3000000").await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(res.body.len(), 3_000_000);
+    proxy.idle("default", 2).await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_resets_its_stream_and_frees_it() {
+    let proxy = start_proxy("queue_timeout = \"5s\"\n", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::h2("a", 1, 1)).await;
+    proxy.idle("default", 1).await;
+    let hung = tokio::spawn(send(proxy.http, Method::GET, "/hang"));
+    proxy.idle("default", 0).await;
+    hung.abort();
+    // The reset reaches the service, which drops the request's handler...
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while svc.cancelled() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no RST_STREAM reached the service"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ...and the one stream is free again, on the same connection.
+    proxy.idle("default", 1).await;
+    let res = get(proxy.http, "/").await;
+    assert_eq!((res.status, res.text().as_str()), (StatusCode::OK, "a"));
+    assert_eq!(svc.live(), 1);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_service_goaway_fails_no_request() {
+    let proxy = start_proxy("queue_max = 64\nqueue_timeout = \"10s\"\n", DEFAULT_ROUTE).await;
+    let old = Service::start(proxy.acceptor, ServiceSpec::h2("old", 1, 4)).await;
+    proxy.idle("default", 4).await;
+    let calls: Vec<_> = (0..12)
+        .map(|_| tokio::spawn(get(proxy.http, "/delay/200")))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The old service leaves gracefully while its streams are busy and requests wait; a new
+    // one takes over.
+    old.goaway();
+    let new = Service::start(proxy.acceptor, ServiceSpec::h2("new", 1, 4)).await;
+    for call in calls {
+        let res = call.await.unwrap();
+        assert_eq!(res.status, StatusCode::OK, "{}", res.text());
+    }
+    old.wait_live(0).await;
+    assert_eq!(old.requests() + new.requests(), 12);
+    assert!(new.requests() >= 1);
+    proxy.idle("default", 4).await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_drain_closes_the_session_once_its_streams_are_back() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::h2("a", 1, 2)).await;
+    proxy.idle("default", 2).await;
+    let slow = tokio::spawn(get(proxy.http, "/delay/300"));
+    proxy.idle("default", 1).await;
+    assert!(proxy.cluster.drain("a"));
+    // The request in flight finishes; then the connection closes.
+    assert_eq!(slow.await.unwrap().status, StatusCode::OK);
+    svc.wait_live(0).await;
+    proxy.idle("default", 0).await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn retire_counts_a_session_not_its_streams() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::h2("a", 2, 3)).await;
+    proxy.idle("default", 6).await;
+    assert_eq!(proxy.cluster.retire("default", "a", 1), 1);
+    // One connection of three streams closed; the other is whole.
+    svc.wait_live(1).await;
+    proxy.idle("default", 3).await;
+    for _ in 0..4 {
+        assert_eq!(get(proxy.http, "/").await.status, StatusCode::OK);
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn an_upgrade_over_an_http2_session_is_refused_not_hung() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let _svc = Service::start(proxy.acceptor, ServiceSpec::h2("a", 1, 1)).await;
+    proxy.idle("default", 1).await;
+    let res = reverse_support::send_with_headers(
+        proxy.http,
+        Method::GET,
+        "/",
+        &[("connection", "upgrade"), ("upgrade", "websocket")],
+    )
+    .await;
+    assert_eq!(res.status, StatusCode::NOT_IMPLEMENTED, "{}", res.text());
+    // The stream was never used: it is idle again.
+    proxy.idle("default", 1).await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn registration_fields_are_checked_on_the_wire() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let head = "GET /.sluice/v1/session HTTP/1.1\r\nHost: sluice\r\nConnection: Upgrade\r\n\
+                Upgrade: sluice-session/1\r\nSluice-Service: api\r\n";
+    for (extra, status) in [
+        ("Sluice-Protocol: h2\r\nSluice-Streams: 0\r\n", 400),
+        ("Sluice-Protocol: h2\r\n", 400),
+        ("Sluice-Streams: 3\r\n", 400),
+        ("Sluice-Protocol: h3\r\nSluice-Streams: 3\r\n", 400),
+        ("Sluice-Protocol: h2\r\nSluice-Streams: 3\r\n", 101),
+    ] {
+        let bytes = format!("{head}{extra}\r\n");
+        let (_stream, got) = dial_raw(proxy.acceptor, bytes.as_bytes()).await;
+        assert_eq!(got, status, "{extra:?}");
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_routed_before_the_first_http2_session_is_served_on_it() {
+    // The fast path takes HTTP/1.1 requests to slices without HTTP/2 sessions; one that waits
+    // in the queue of such a slice and is then given a stream of an HTTP/2 session that just
+    // registered is served by hyper's path on that stream.
+    let proxy = start_proxy("queue_timeout = \"10s\"\n", DEFAULT_ROUTE).await;
+    let one = Service::start(proxy.acceptor, ServiceSpec::new("one", 1)).await;
+    proxy.idle("default", 1).await;
+    let held = tokio::spawn(get(proxy.http, "/wait"));
+    proxy.idle("default", 0).await;
+    let waiting = tokio::spawn(get(proxy.http, "/"));
+    proxy.cluster.wait_until(|c| c.queued("default") == 1).await;
+    let two = Service::start(proxy.acceptor, ServiceSpec::h2("two", 1, 1)).await;
+    let res = waiting.await.unwrap();
+    assert_eq!((res.status, res.text().as_str()), (StatusCode::OK, "two"));
+    assert_eq!(two.requests(), 1);
+    one.open_gate();
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+    proxy.stop().await;
+}
