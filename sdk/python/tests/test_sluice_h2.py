@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import http.client
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,7 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 from harness import TOKEN, Sluice
 
 import sluice_sdk
-from sluice_sdk import Options
+from sluice_sdk import Options, WsgiApp
 
 MIB = 1024 * 1024
 
@@ -31,6 +32,7 @@ class Meter:
         self.inside = 0
         self.peak = 0
         self.seen = 0
+        self.cancelled = 0
 
     def enter(self) -> None:
         self.inside += 1
@@ -71,6 +73,9 @@ def make_app(meter: Meter) -> FastAPI:
         meter.enter()
         try:
             await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            meter.cancelled += 1
+            raise
         finally:
             meter.leave()
         return Response(rid, media_type="text/plain")
@@ -187,3 +192,57 @@ def test_a_drain_lets_the_request_in_flight_on_an_http2_session_finish(sluice: S
 
     run(main(), limit=60)
 
+
+
+def test_a_client_that_leaves_cancels_the_apps_task_and_the_stream_comes_back(
+        sluice: Sluice) -> None:
+    """The client's disconnect reaches the service as a reset of its stream, which cancels
+    the app's task; the session's stream is then free for the next request."""
+    meter = Meter()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sessions = await serve_h2(sluice, make_app(meter), "py-h2-reset", capacity=1, streams=1)
+        try:
+            conn = http.client.HTTPConnection(*sluice.http, timeout=30)
+            conn.request("GET", "/slow/gone?seconds=30")
+            while meter.inside == 0:
+                await asyncio.sleep(0.01)
+            conn.sock.shutdown(socket.SHUT_RDWR)  # the client goes away mid-request
+            conn.close()
+            deadline = loop.time() + 10
+            while meter.cancelled == 0 and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            assert meter.cancelled == 1 and meter.inside == 0
+            # The one stream is free again: the next request is served at once.
+            status, body, _ = await loop.run_in_executor(None, call, sluice.http, "GET",
+                                                         "/slow/next?seconds=0")
+            assert (status, body) == (200, b"next")
+        finally:
+            await sessions.shutdown(timeout=20)
+
+    run(main(), limit=60)
+
+
+def test_a_wsgi_app_over_http2_sessions_sees_the_client(sluice: Sluice) -> None:
+    def wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        body = environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        seen = f"{environ['SERVER_PROTOCOL']} {environ['REMOTE_ADDR']}:{environ['REMOTE_PORT']}"
+        return [seen.encode(), b" ", hashlib.sha256(body).hexdigest().encode()]
+
+    payload = b"w" * MIB
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sessions = await serve_h2(sluice, WsgiApp(wsgi), "py-h2-wsgi", capacity=1, streams=4)
+        try:
+            status, body, me = await loop.run_in_executor(None, call, sluice.http, "POST", "/",
+                                                          payload)
+            assert status == 200
+            assert body.decode() == (f"HTTP/2 {me[0]}:{me[1]} "
+                                     f"{hashlib.sha256(payload).hexdigest()}")
+        finally:
+            await sessions.shutdown(timeout=20)
+
+    run(main(), limit=60)
