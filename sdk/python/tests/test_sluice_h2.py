@@ -69,6 +69,7 @@ def make_app(meter: Meter) -> FastAPI:
         return StreamingResponse(chunks(), media_type="application/octet-stream")
 
     @app.get("/slow/{rid}")
+    @app.post("/slow/{rid}")  # not idempotent: Sluice never retries it elsewhere
     async def slow(rid: str, seconds: float = 0.4) -> Response:
         meter.enter()
         try:
@@ -180,7 +181,8 @@ def test_a_drain_lets_the_request_in_flight_on_an_http2_session_finish(sluice: S
         loop = asyncio.get_running_loop()
         sessions = await serve_h2(sluice, make_app(meter), "py-h2-drain", capacity=1, streams=2)
         with ThreadPoolExecutor(2) as pool:
-            slow = loop.run_in_executor(pool, call, sluice.http, "GET", "/slow/last?seconds=1.0")
+            slow = loop.run_in_executor(pool, call, sluice.http, "POST", "/slow/last?seconds=1.0",
+                                        b"")
             while meter.inside == 0:
                 await asyncio.sleep(0.01)
             started = time.monotonic()
@@ -242,6 +244,35 @@ def test_a_wsgi_app_over_http2_sessions_sees_the_client(sluice: Sluice) -> None:
             assert status == 200
             assert body.decode() == (f"HTTP/2 {me[0]}:{me[1]} "
                                      f"{hashlib.sha256(payload).hexdigest()}")
+        finally:
+            await sessions.shutdown(timeout=20)
+
+    run(main(), limit=60)
+
+
+def test_retiring_http2_sessions_under_load_loses_no_request(sluice: Sluice) -> None:
+    """set_capacity(1) retires a busy HTTP/2 session with a graceful GOAWAY: the requests in
+    flight on it finish, Sluice sends no new ones there, and none fails."""
+    meter = Meter()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sessions = await serve_h2(sluice, make_app(meter), "py-h2-retire", capacity=2, streams=2)
+        try:
+            with ThreadPoolExecutor(8) as pool:
+                # POST: a request cut off would be a 502, not retried on another session.
+                calls = [loop.run_in_executor(pool, call, sluice.http, "POST",
+                                              f"/slow/z{i}?seconds=0.3", b"") for i in range(16)]
+                while meter.inside < 4:
+                    await asyncio.sleep(0.01)
+                sessions.set_capacity(1)
+                results = await asyncio.gather(*calls)
+            assert [(s, b) for s, b, _ in results] == [(200, f"z{i}".encode()) for i in range(16)]
+            shared = sessions._shared
+            await asyncio.wait_for(shared.wait_until(lambda: sessions.registered == 1), 5)
+            await asyncio.sleep(0.3)
+            assert sessions.registered == 1  # the retired session is not dialed again
+            assert meter.inside == 0
         finally:
             await sessions.shutdown(timeout=20)
 
