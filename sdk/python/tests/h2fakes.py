@@ -17,8 +17,10 @@ class _StateMachine(h2.connection.H2ConnectionStateMachine):
     """As a real client (Sluice's): the server's GOAWAY ends new streams, not those open."""
 
     _Open = h2.connection.ConnectionState.CLIENT_OPEN
+    _Idle = h2.connection.ConnectionState.IDLE
     _transitions = {**h2.connection.H2ConnectionStateMachine._transitions,
-                    (_Open, h2.connection.ConnectionInputs.RECV_GOAWAY): (None, _Open)}
+                    (_Open, h2.connection.ConnectionInputs.RECV_GOAWAY): (None, _Open),
+                    (_Idle, h2.connection.ConnectionInputs.RECV_GOAWAY): (None, _Idle)}
 
 
 @dataclass
@@ -70,8 +72,14 @@ class H2Client:
         self.unacked: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> H2Client:
+    def preface(self) -> bytes:
+        """The connection preface, for a test that sends it itself (with the ``101``)."""
         self.conn.initiate_connection()
+        return self.conn.data_to_send()
+
+    async def start(self, initiate: bool = True) -> H2Client:
+        if initiate:
+            self.conn.initiate_connection()
         await self.flush()
         self._task = asyncio.ensure_future(self._read())
         return self

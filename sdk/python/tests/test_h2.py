@@ -432,6 +432,30 @@ def test_a_busy_retired_session_finishes_its_streams_then_closes() -> None:
     run(main())
 
 
+def test_a_session_retired_as_it_registers_closes_with_goaway_even_after_the_preface() -> None:
+    """The preface may come with the 101 (as the vectors allow): those bytes are no request,
+    so a session a shrink made surplus while it registered still closes at once."""
+
+    async def main() -> None:
+        client = H2Client(None, None)  # type: ignore[arg-type]
+        acc = FakeAcceptor(switch=SWITCH_H2 + client.preface())
+        acc.hold_answers = True
+        sessions = await sluice_sdk.serve(ok, opts(await acc.start_tcp(), 4, 1), lifespan="off")
+        await acc.wait_attempts(1)
+        sessions.set_capacity(0)
+        acc.waiting_answers[0].set()
+        s = await acc.session()
+        client.reader, client.writer = s.reader, s.writer
+        await client.start(initiate=False)
+        await asyncio.wait_for(client.goaway.wait(), 5)
+        await asyncio.wait_for(client.closed.wait(), 5)
+        await asyncio.sleep(0.05)
+        assert sessions.registered == 0 and acc.attempts == 1
+        sessions.close()
+
+    run(main())
+
+
 def test_the_clients_goaway_lets_streams_in_flight_finish() -> None:
     release = asyncio.Event()
     started = asyncio.Event()

@@ -12,15 +12,16 @@ import json
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from fakes import run
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
-from harness import TOKEN, Sluice
+from harness import TOKEN, Binaries, Sluice, start_sluice
 
 import sluice_sdk
-from sluice_sdk import Options, WsgiApp
+from sluice_sdk import Backoff, Options, WsgiApp
 
 MIB = 1024 * 1024
 
@@ -277,3 +278,65 @@ def test_retiring_http2_sessions_under_load_loses_no_request(sluice: Sluice) -> 
             await sessions.shutdown(timeout=20)
 
     run(main(), limit=60)
+
+
+def test_http2_sessions_follow_demand_across_two_real_nodes(sluice_bin: Path,
+                                                            tmp_path: Path) -> None:
+    """Capacity 3 of 2 streams over two nodes: clients at the first pull a session there (a
+    RETIRE at the second closes an HTTP/2 session with GOAWAY), and its two sessions then
+    carry four requests at once; every request succeeds."""
+    nodes: list[Sluice] = []
+    for i in range(2):
+        (tmp_path / f"n{i}").mkdir()
+        nodes.append(start_sluice(Binaries(sluice_bin, [], [], []), tmp_path / f"n{i}",
+                                  name=f"node{i}"))
+    gate = asyncio.Event()
+    meter = Meter()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        meter.enter()
+        try:
+            await gate.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": scope["http_version"].encode()})
+        finally:
+            meter.leave()
+
+    def held(sessions: sluice_sdk.Sessions) -> list[int]:
+        by_address = {n.address: n.held + n.retiring for n in sessions.nodes}
+        return [by_address.get(n.acceptor, 0) for n in nodes]
+
+    async def until(sessions: sluice_sdk.Sessions, ready: Any) -> None:
+        deadline = asyncio.get_running_loop().time() + 20
+        while not ready():
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"still {sessions.nodes}, {meter.inside} requests in the app")
+            await sessions._shared.changed(timeout=0.1)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        options = Options(acceptor=[n.acceptor for n in nodes], service="interop",
+                          instance="py-h2-many", token=TOKEN, capacity=3, streams=2,
+                          node_grace=1.0, backoff=Backoff(initial=0.05, max=0.5))
+        sessions = await sluice_sdk.serve(app, options, lifespan="off")
+        try:
+            await until(sessions, lambda: sessions.registered == 3)
+            with ThreadPoolExecutor(8) as pool:
+                clients = [loop.run_in_executor(pool, call, nodes[0].http, "POST", "/", b"")
+                           for _ in range(8)]
+                await until(sessions, lambda: held(sessions) == [2, 1]
+                            and sessions.registered == 3)
+                await until(sessions, lambda: meter.inside == 4)  # 2 sessions × 2 streams
+                gate.set()
+                results = await asyncio.gather(*clients)
+            assert [(s, b) for s, b, _ in results] == [(200, b"2")] * 8
+            assert meter.peak == 4
+        finally:
+            gate.set()
+            await sessions.shutdown(timeout=20)
+
+    try:
+        run(main(), limit=60)
+    finally:
+        for node in nodes:
+            node.proc.stop()

@@ -100,6 +100,8 @@ class H2Connection:
         #: The most streams open at once so far (for tests and curiosity).
         self.peak = 0
         self._final_timer: asyncio.TimerHandle | None = None
+        #: The server's SETTINGS went out: a GOAWAY may follow (before, it waits for them).
+        self._started = False
 
     # -- what a session's slot asks ------------------------------------------------------
 
@@ -121,6 +123,10 @@ class H2Connection:
         if self.closing:
             return
         self.closing = True
+        if self._started:
+            self._goaway_and_ping()
+
+    def _goaway_and_ping(self) -> None:
         if self.writer.is_closing():
             return
         self._goaway(MAX_STREAM_ID)
@@ -140,6 +146,9 @@ class H2Connection:
             self.conn.initiate_connection()
             self.conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
             self.flush()
+            self._started = True
+            if self.closing:  # closed before it started (a retirement): SETTINGS, then GOAWAY
+                self._goaway_and_ping()
             if initial:
                 self._received(initial)
             while not self.writer.is_closing():

@@ -114,7 +114,13 @@ class NodeSlot:
             node.report.registered()
             try:
                 unused = self.fleet.opened(node, hooks) or self.shared.counts.stopping
-                if unused and not rest:
+                if unused and isinstance(conn, H2Connection):
+                    # Bytes past an HTTP/2 session's 101 are Sluice's preface, not a request:
+                    # it closes with GOAWAY (whatever came with the preface is still served).
+                    log.debug("slot %d: the new session at %s retires at once", self.id, node)
+                    hooks.retired = True
+                    conn.begin_close()
+                elif unused and not rest:
                     log.debug("slot %d: the new session at %s retires at once", self.id, node)
                     hooks.retired = True
                     writer.close()

@@ -117,12 +117,16 @@ class Slot:
 
         with self.shared.session_registered(retire_if_idle, leave(conn)):
             log.debug("slot %d: session registered", self.id)
-            if not rest and self.shared.claim_retirement():
+            # (On an HTTP/2 session, bytes past the 101 are Sluice's preface, not a request.)
+            h2 = isinstance(conn, H2Connection)
+            if (not rest or h2) and self.shared.claim_retirement():
                 # A shrink while this session was registering: it retires at once, unused.
                 log.debug("slot %d: retiring the new session: closing it", self.id)
                 hooks.retired = True
-                writer.close()
-                return hooks
+                if not h2:
+                    writer.close()
+                    return hooks
+                conn.begin_close()  # GOAWAY: what came with the preface is still served
             await conn.serve(rest)
         log.debug("slot %d: session ended", self.id)
         return hooks
