@@ -44,7 +44,7 @@ impl<P: Protocol> Collector for SessionGauges<P> {
         let families = [
             (
                 "idle_sessions",
-                "Idle sessions, by reverse cluster and slice",
+                "Idle sessions (an HTTP/2 session once per idle stream), by reverse cluster and slice",
                 &idle,
             ),
             (

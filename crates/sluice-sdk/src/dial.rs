@@ -1,6 +1,6 @@
 //! Connections to the acceptor (or to one node of many): TCP (no Nagle, keepalive), UNIX or
-//! TLS, then the registration, drain or control-link handshake of `protocol/README.md`,
-//! bounded by `handshake_timeout`.
+//! TLS, then the registration (HTTP/1.1 or HTTP/2), drain or control-link handshake of
+//! `protocol/README.md`, bounded by `handshake_timeout`.
 
 use std::future::Future;
 use std::io;
@@ -54,11 +54,12 @@ fn registration(options: &Options, capacity: usize) -> Registration {
     Registration {
         identity: options.identity.clone(),
         capacity: Some(u32::try_from(capacity).unwrap_or(u32::MAX)),
-        streams: None,
+        streams: options.streams,
     }
 }
 
-/// Dials and registers one session; `capacity` goes into `Sluice-Capacity`.
+/// Dials and registers one session; `capacity` goes into `Sluice-Capacity`, and
+/// [`Options::streams`] makes it an HTTP/2 one, whose `101` must say `Sluice-Protocol: h2`.
 pub(crate) async fn register(
     options: &Options,
     to: Endpoint,
@@ -68,17 +69,24 @@ pub(crate) async fn register(
     within(options.handshake_timeout, async {
         let (mut io, peer) = connect(options, to).await?;
         send(&mut io, &registration.encode()).await?;
+        let h2 = registration.streams.is_some();
         match read_reply(&mut io).await? {
-            (Reply::Switched, rest) => Ok(Registered {
+            (Reply::Switched, rest) if !h2 => Ok(Registered {
                 io: Prefixed::new(rest, io),
                 peer,
             }),
-            (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
-            (Reply::Drained, _) => Err(unexpected("200 to a registration")),
-            (Reply::Control, _) => Err(unexpected("a control link's 101 to a registration")),
+            (Reply::SwitchedH2, rest) if h2 => Ok(Registered {
+                io: Prefixed::new(rest, io),
+                peer,
+            }),
+            // An acceptor older than HTTP/2 sessions: never speak HTTP/2 to it.
+            (Reply::Switched, _) => Err(Error::Http2Unsupported),
             (Reply::SwitchedH2, _) => Err(unexpected(
                 "an HTTP/2 session's 101 to an HTTP/1.1 registration",
             )),
+            (Reply::Refused(status), rest) => Err(refused(&mut io, status, rest).await),
+            (Reply::Drained, _) => Err(unexpected("200 to a registration")),
+            (Reply::Control, _) => Err(unexpected("a control link's 101 to a registration")),
         }
     })
     .await

@@ -52,6 +52,14 @@ pub enum Error {
         /// line), e.g. `unknown service "nosuch"`; `"(no reason given)"` when it sent none.
         reason: String,
     },
+    /// An HTTP/2 registration ([`Options::streams`](crate::Options)) was answered with a
+    /// `101` that does not name `h2`: the acceptor does not take HTTP/2 sessions (an older
+    /// one). The deployment must change, so this is not retried.
+    #[error(
+        "the acceptor does not take HTTP/2 sessions: its 101 names no Sluice-Protocol: h2 \
+         (upgrade it, or serve HTTP/1.1 sessions without Options::streams)"
+    )]
+    Http2Unsupported,
     /// The acceptor's answer is not the session protocol (upstream; retried).
     #[error("the acceptor's answer is not the session protocol: {0}")]
     Protocol(#[source] Rejection),
@@ -61,11 +69,11 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether dialing again may succeed. `false` for bad options and for 400, 401, 404 and
-    /// 410.
+    /// Whether dialing again may succeed. `false` for bad options, for 400, 401, 404 and
+    /// 410, and for an acceptor without HTTP/2 sessions.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Config(_) | Error::NoRuntime => false,
+            Error::Config(_) | Error::NoRuntime | Error::Http2Unsupported => false,
             Error::Refused { status, .. } => !matches!(status, 400 | 401 | 404 | 410),
             _ => true,
         }
@@ -103,5 +111,6 @@ mod tests {
         }
         assert!(Error::Timeout(Duration::from_secs(1)).is_retryable());
         assert!(!Error::Config("x".into()).is_retryable());
+        assert!(!Error::Http2Unsupported.is_retryable());
     }
 }

@@ -38,12 +38,50 @@
 //! # }
 //! ```
 //!
+//! # HTTP/2 sessions: gRPC
+//!
+//! With [`Options::streams`] set to `Some(n)`, every session speaks HTTP/2 instead of HTTP/1.1
+//! (`protocol/README.md`, "HTTP/2 sessions"): hyper's HTTP/2 server, allowing `n` streams at
+//! once, of which the proxy leases one per request, so the instance takes `capacity × n`
+//! requests at once. That is how a gRPC service dials in: a server tonic generates,
+//! `XServer<T>`, is a [`SessionService`] as it is (several go in one
+//! `tonic::service::Routes`). A shrink, a retirement and [`Sessions::shutdown`] close an
+//! HTTP/2 session with `GOAWAY`: the proxy opens no stream on it after that, and those in
+//! flight finish. An acceptor that does not take HTTP/2 sessions stops the slots with
+//! [`Error::Http2Unsupported`].
+//!
+//! ```no_run
+//! use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+//! use sluice_sdk::{serve, Acceptor, Identity, Options};
+//! # use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService;
+//! # use opentelemetry_proto::tonic::collector::trace::v1::*;
+//! # struct Collector;
+//! # #[tonic::async_trait]
+//! # impl TraceService for Collector {
+//! #     async fn export(&self, _: tonic::Request<ExportTraceServiceRequest>)
+//! #         -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+//! #         Ok(tonic::Response::new(Default::default()))
+//! #     }
+//! # }
+//!
+//! # async fn run() -> Result<(), sluice_sdk::Error> {
+//! let acceptor = Acceptor::Tcp("127.0.0.1:7070".into());
+//! let mut options = Options::new(acceptor, Identity::new("traces"));
+//! options.capacity = 2; // two connections,
+//! options.streams = Some(50); // of 50 calls at once each
+//! // Any tonic-generated server (here OTLP's trace collector), with no adapter.
+//! let sessions = serve(options, TraceServiceServer::new(Collector))?;
+//! tokio::signal::ctrl_c().await.ok();
+//! sessions.shutdown().await
+//! # }
+//! ```
+//!
 //! # Layout
 //! * [`options`]: [`Options`], [`Acceptor`], [`TlsOptions`], [`Backoff`].
 //! * `resolve`: [`Resolver`], and the order nodes are listed in.
 //! * `sessions`: the [`Sessions`] handle: resize, observe, shut down.
 //! * `client`: [`ClientAddr`], the client's address in each request's extensions.
-//! * `slot`: one task per session: dial, register, serve, re-dial.
+//! * `slot`: one task per session: dial, register, serve (HTTP/1.1 or HTTP/2), re-dial.
 //! * `fleet`: many nodes: their control links, the split by demand, the node a slot dials.
 //! * `dial`: TCP/UNIX/TLS connections and the registration and drain handshakes.
 //! * `retire`: the service wrapper that answers `Connection: close` to retire a session.
@@ -72,8 +110,8 @@ pub use sessions::Sessions;
 pub use sluice_session::Identity;
 pub use state::{NodeStatus, Status};
 
-/// Starts keeping `options.capacity` sessions registered, each serving HTTP/1.1 (with upgrades)
-/// with a clone of `service`. Returns at once; sessions register in the background (watch
+/// Starts keeping `options.capacity` sessions registered, each serving HTTP/1.1 (with upgrades),
+/// or HTTP/2 with [`Options::streams`], with a clone of `service`. Returns at once; sessions register in the background (watch
 /// [`Sessions::subscribe`]). Fails only for invalid options or outside a Tokio runtime.
 pub fn serve<S: SessionService>(options: Options, service: S) -> Result<Sessions, Error> {
     Sessions::start(options, service)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls_pki_types::ServerName;
-use sluice_session::{Address, Identity};
+use sluice_session::{Address, Identity, MAX_STREAMS};
 
 use crate::error::Error;
 use crate::resolve::Resolver;
@@ -163,6 +163,13 @@ pub struct Options {
     pub identity: Identity,
     /// How many sessions to keep registered; default 1.
     pub capacity: usize,
+    /// `Some(n)`: every session speaks HTTP/2 after its `101` and takes `n` requests at once
+    /// (1 to 1000; `protocol/README.md`, "HTTP/2 sessions"), for a service whose server is an
+    /// HTTP/2 one, such as a gRPC (tonic) service. The instance then takes `capacity × n`
+    /// requests at once; `capacity` still counts sessions. An acceptor that does not take
+    /// HTTP/2 sessions stops the slots with [`Error::Http2Unsupported`]. Default `None`:
+    /// HTTP/1.1, one request at a time per session.
+    pub streams: Option<u32>,
     /// TLS to the acceptor; default `None` (plaintext).
     pub tls: Option<TlsOptions>,
     /// Delays between failed dials; default [`Backoff::default`].
@@ -184,13 +191,14 @@ pub struct Options {
 }
 
 impl Options {
-    /// Options for `identity` at `acceptor`, with 1 session, no TLS and the default backoff and
-    /// handshake timeout.
+    /// Options for `identity` at `acceptor`, with 1 HTTP/1.1 session, no TLS and the default
+    /// backoff and handshake timeout.
     pub fn new(acceptor: impl Into<Acceptor>, identity: Identity) -> Self {
         Self {
             acceptor: acceptor.into(),
             identity,
             capacity: 1,
+            streams: None,
             tls: None,
             backoff: Backoff::default(),
             handshake_timeout: Duration::from_secs(5),
@@ -214,6 +222,13 @@ impl Options {
         }
         if let Some(token) = &id.token {
             header_value("identity.token", token)?;
+        }
+        if let Some(n) = self.streams {
+            if !(1..=MAX_STREAMS).contains(&n) {
+                return Err(Error::Config(format!(
+                    "streams must be from 1 to {MAX_STREAMS}, not {n}"
+                )));
+            }
         }
         self.acceptor.validate()?;
         self.validate_timing()
@@ -320,6 +335,16 @@ mod tests {
         let mut bad = ok.clone();
         bad.node_grace = Duration::ZERO;
         assert!(bad.validate().is_err());
+        for streams in [0, MAX_STREAMS + 1] {
+            let mut bad = ok.clone();
+            bad.streams = Some(streams);
+            assert!(bad.validate().is_err(), "{streams}");
+        }
+        for streams in [1, MAX_STREAMS] {
+            let mut good = ok.clone();
+            good.streams = Some(streams);
+            assert!(good.validate().is_ok(), "{streams}");
+        }
         let mut bad = ok.clone();
         bad.acceptor = Acceptor::List(vec![]);
         assert!(bad.validate().is_err());

@@ -1,7 +1,9 @@
 //! [`Retiring`]: the user's service, as hyper sees it on one session. It puts the request's
-//! [`ClientAddr`] in its extensions. When the session owes a
+//! [`ClientAddr`] in its extensions. When an HTTP/1.1 session owes a
 //! retirement, its next response carries `Connection: close`, so the proxy closes the session
 //! after that response (docs/design.md §3, "Retire") and no request is ever lost to the shrink.
+//! An HTTP/2 session retires by `GOAWAY` instead, whatever it has in flight (the slot sends
+//! it), so its responses claim nothing.
 //! [`CloseRule`] says when a session owes one: with one acceptor, a shrink; with many nodes,
 //! its node no longer being live (a shrink is a `RETIRE` the node carries out).
 
@@ -75,7 +77,8 @@ pub(crate) struct SessionFlags {
     /// A response carried `Connection: close` for a retirement, or the session was closed
     /// idle for one: do not re-dial.
     pub(crate) retired: AtomicBool,
-    /// A request is being served: from its arrival until its response body is done.
+    /// A request is being served: from its arrival until its response body is done
+    /// (HTTP/1.1 sessions; an HTTP/2 session's streams overlap, and it never asks).
     pub(crate) busy: AtomicBool,
 }
 
@@ -83,7 +86,8 @@ pub(crate) struct SessionFlags {
 #[derive(Debug, Clone)]
 pub(crate) struct Retiring<S> {
     service: S,
-    rule: CloseRule,
+    /// `None` on an HTTP/2 session: no response claims a retirement.
+    rule: Option<CloseRule>,
     flags: Arc<SessionFlags>,
     /// The session's peer: the client address of a request that names none.
     peer: Option<SocketAddr>,
@@ -92,7 +96,7 @@ pub(crate) struct Retiring<S> {
 impl<S> Retiring<S> {
     pub(crate) fn new(
         service: S,
-        rule: CloseRule,
+        rule: Option<CloseRule>,
         flags: Arc<SessionFlags>,
         peer: Option<SocketAddr>,
     ) -> Self {
@@ -135,7 +139,7 @@ pin_project_lite::pin_project! {
     {
         #[pin]
         inner: Oneshot<S, Request<Incoming>>,
-        rule: CloseRule,
+        rule: Option<CloseRule>,
         flags: Arc<SessionFlags>,
     }
 }
@@ -161,7 +165,13 @@ where
         });
         this.flags.served.store(true, Ordering::Relaxed);
         // A 101 hands the connection to the upgrade; it ends the session anyway.
-        if response.status() != StatusCode::SWITCHING_PROTOCOLS && retires(this.rule, this.flags) {
+        let retires = match this.rule {
+            Some(rule) => {
+                response.status() != StatusCode::SWITCHING_PROTOCOLS && retires(rule, this.flags)
+            }
+            None => false,
+        };
+        if retires {
             response
                 .headers_mut()
                 .insert(CONNECTION, HeaderValue::from_static("close"));

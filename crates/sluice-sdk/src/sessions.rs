@@ -129,7 +129,9 @@ impl Sessions {
     /// Leaves gracefully (docs/design.md §3 "Drain"): stops re-dialing, sends
     /// `POST /.sluice/v1/drain` for this instance on a new connection, and once the proxy
     /// answers `200`, waits — with no deadline of its own — until the proxy has closed every
-    /// session. If the drain request fails, returns its error at once; re-dialing stays off.
+    /// session. HTTP/2 sessions ([`Options::streams`]) also send `GOAWAY` once the drain is
+    /// answered, and close when their streams in flight end. If the drain request fails,
+    /// returns its error at once; re-dialing stays off.
     ///
     /// With many nodes, every node holding sessions gets the drain request; where it fails,
     /// the SDK closes the sessions itself (idle ones at once, busy ones after their
@@ -149,6 +151,7 @@ impl Sessions {
             }
         };
         drained?;
+        self.shared.drained();
         self.alive = None;
         // Every slot holds a sender; `None` means the last one ended with its session.
         while self.ended.recv().await.is_some() {}

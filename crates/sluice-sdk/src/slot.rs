@@ -1,13 +1,14 @@
-//! One slot: a task that keeps one session registered — dial, register, serve HTTP/1.1 until
-//! the session ends, then dial a replacement — until it is retired, stopped or refused for good.
+//! One slot: a task that keeps one session registered — dial, register, serve HTTP/1.1 (or
+//! HTTP/2, with [`Options::streams`]) until the session ends, then dial a replacement — until
+//! it is retired, stopped or refused for good.
 //! With many nodes, each dial goes to the node the fleet lends it ([`Lease`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -224,13 +225,21 @@ impl<S: SessionService> Slot<S> {
         };
         tracing::debug!("session registered");
         let flags = Arc::new(SessionFlags::default());
+        // An HTTP/2 session retires by GOAWAY, not by a response's `Connection: close`.
+        let per_response = self.options.streams.is_none().then(|| rule.clone());
         let service = Retiring::new(
             self.service.clone(),
-            rule.clone(),
+            per_response,
             flags.clone(),
             registered.peer,
         );
-        self.serve(registered.io, service, &rule, &flags).await;
+        match self.options.streams {
+            None => self.serve(registered.io, service, &rule, &flags).await,
+            Some(streams) => {
+                self.serve_h2(registered.io, service, streams, &rule, &flags)
+                    .await
+            }
+        }
         tracing::debug!("session ended");
         Ok(match (flags.retired.load(Ordering::Relaxed), &rule) {
             (true, CloseRule::Shrink(_)) => Ended::Retired,
@@ -281,6 +290,59 @@ impl<S: SessionService> Slot<S> {
             }
         }
     }
+
+    /// Serves HTTP/2 on a session, at most `streams` requests at once, until the proxy closes
+    /// it. A close owed (a shrink, or a node no longer live), or the proxy's answer to the
+    /// instance's drain, makes it send `GOAWAY` at once, busy or not: the proxy opens no
+    /// stream on it after that, those in flight finish, and then it closes.
+    async fn serve_h2(
+        &mut self,
+        io: SessionIo,
+        service: Retiring<S>,
+        streams: u32,
+        rule: &CloseRule,
+        flags: &SessionFlags,
+    ) {
+        let conn = http2::Builder::new(TokioExecutor::new())
+            .max_concurrent_streams(streams)
+            .serve_connection(TokioIo::new(io), service);
+        tokio::pin!(conn);
+        let mut changes = rule.subscribe();
+        let mut counts = self.shared.subscribe_counts();
+        let mut closing = false;
+        loop {
+            if !closing && (self.shared.counts().drained || claim_close(rule, flags)) {
+                closing = true;
+                tracing::debug!("closing an HTTP/2 session: GOAWAY");
+                conn.as_mut().graceful_shutdown();
+            }
+            tokio::select! {
+                ended = conn.as_mut() => {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "session ended with an error");
+                    }
+                    return;
+                }
+                changed = changes.changed(), if !closing => if !changed {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                },
+                changed = counts.changed(), if !closing => if changed.is_err() {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                },
+            }
+        }
+    }
+}
+
+/// Claims an owed close for this session, busy or not (an HTTP/2 one).
+fn claim_close(rule: &CloseRule, flags: &SessionFlags) -> bool {
+    if flags.retired.load(Ordering::SeqCst) || !rule.claim() {
+        return false;
+    }
+    flags.retired.store(true, Ordering::SeqCst);
+    true
 }
 
 /// Claims an owed close for this session if it is idle.

@@ -68,6 +68,9 @@ pub(crate) struct Counts {
     pub(crate) retire: usize,
     /// Drain, shutdown or drop started: no slot dials again.
     pub(crate) stopping: bool,
+    /// The proxy acknowledged the drain: HTTP/2 sessions send `GOAWAY` themselves, so they
+    /// close once their streams end even if the proxy is slow to close them.
+    pub(crate) drained: bool,
     /// An operator drained the instance (`410`): the slots wait, and the next probe may
     /// dial at this instant.
     pub(crate) hold: Option<Instant>,
@@ -200,6 +203,12 @@ impl Shared {
     pub(crate) fn stop(&self) {
         self.counts
             .send_if_modified(|c| !std::mem::replace(&mut c.stopping, true));
+    }
+
+    /// The proxy acknowledged the instance's drain.
+    pub(crate) fn drained(&self) {
+        self.counts
+            .send_if_modified(|c| !std::mem::replace(&mut c.drained, true));
     }
 
     /// Whether a slot should end instead of dialing: stopping, or a retirement is owed.

@@ -79,10 +79,16 @@ async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
 #[tokio::test]
 async fn registration_and_drain_requests_are_the_vector_bytes() {
     let v = vectors::load().unwrap();
+    // The SDK always says its capacity; HTTP/2 sessions among them.
+    assert!(v
+        .registrations
+        .iter()
+        .any(|c| c.capacity.is_some() && c.streams.is_some()));
     for case in v.registrations.iter().filter(|c| c.capacity.is_some()) {
         let (addr, mut seen, _) = scripted(Vec::new()).await;
         let mut opts = Options::new(addr, case.identity.clone().into());
         opts.capacity = case.capacity.unwrap() as usize;
+        opts.streams = case.streams;
         let sessions = serve(opts, tower::service_fn(hello)).unwrap();
         assert_eq!(
             within(seen.recv()).await.unwrap().0,
@@ -107,13 +113,15 @@ async fn registration_and_drain_requests_are_the_vector_bytes() {
     }
 }
 
-/// Registers one session against an acceptor that answers `case.bytes`; returns the first
-/// outcome and what the SDK wrote after the answer.
-async fn register_against(case: &ReplyCase) -> (Result<(), Error>, Vec<u8>) {
+/// Registers one session (HTTP/2 with `streams`) against an acceptor that answers
+/// `case.bytes`; returns the first outcome and what the SDK wrote after the answer.
+async fn register_against(case: &ReplyCase, streams: Option<u32>) -> (Result<(), Error>, Vec<u8>) {
     let (addr, mut seen, release) = scripted(case.bytes.0.clone()).await;
-    let sessions = serve(options(addr, 1), tower::service_fn(hello)).unwrap();
+    let mut opts = options(addr, 1);
+    opts.streams = streams;
+    let sessions = serve(opts, tower::service_fn(hello)).unwrap();
     let mut status = sessions.subscribe();
-    let status = within(status.wait_for(|s| s.registered == 1 || s.last_error.is_some()))
+    let status = within(status.wait_for(|s| s.registrations == 1 || s.last_error.is_some()))
         .await
         .unwrap()
         .clone();
@@ -133,15 +141,34 @@ async fn drain_against(case: &ReplyCase) -> Result<(), Error> {
 async fn every_acceptor_answer_is_read_as_the_vectors_say() {
     let v = vectors::load().unwrap();
     assert!(v.replies.len() >= 10);
+    assert!(
+        v.replies
+            .iter()
+            .filter(|c| c.request == "register-h2")
+            .count()
+            >= 5
+    );
     for case in &v.replies {
         let name = &case.name;
         let outcome = match case.request.as_str() {
             "register" => {
-                let (outcome, back) = register_against(case).await;
+                let (outcome, back) = register_against(case, None).await;
                 if let ReplyVerdict::Session { rest } = &case.expect {
                     // The bytes past the 101 are a request: the session must answer it.
                     let answered = back.starts_with(b"HTTP/1.1 200");
                     assert_eq!(answered, !rest.0.is_empty(), "{name}: {back:?}");
+                }
+                outcome
+            }
+            "register-h2" => {
+                let (outcome, back) = register_against(case, Some(7)).await;
+                if let ReplyVerdict::Session { .. } = &case.expect {
+                    // The session is HTTP/2's server side: it opens with its SETTINGS, which
+                    // allow the declared streams.
+                    let settings = settings_frame(&back);
+                    assert_eq!(settings, Some(Some(7)), "{name}: {back:?}");
+                } else {
+                    assert_eq!(back, b"", "{name}: the SDK spoke on a session it refused");
                 }
                 outcome
             }
@@ -175,6 +202,22 @@ async fn every_acceptor_answer_is_read_as_the_vectors_say() {
             (want, got) => panic!("{name}: expected {want:?}, got {got:?}"),
         }
     }
+}
+
+/// `Some(max_concurrent_streams)` if `bytes` open with an HTTP/2 SETTINGS frame (RFC 9113
+/// §6.5), `None` if not.
+fn settings_frame(bytes: &[u8]) -> Option<Option<u32>> {
+    let (head, rest) = bytes.split_at_checked(9)?;
+    let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+    // Type 4, no ACK flag, stream 0.
+    if head[3..] != [4, 0, 0, 0, 0, 0] || len % 6 != 0 || rest.len() < len {
+        return None;
+    }
+    let max_streams = rest[..len]
+        .chunks(6)
+        .find(|setting| setting[..2] == [0, 3])
+        .map(|setting| u32::from_be_bytes(setting[2..].try_into().unwrap()));
+    Some(max_streams)
 }
 
 #[tokio::test]

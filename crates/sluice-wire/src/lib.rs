@@ -12,10 +12,12 @@
 //! * [`cert`]: the names of a client certificate (mTLS at the acceptor).
 //! * [`fields`]: header fields by what they are to a proxy (hop-by-hop, forwarding,
 //!   Sluice's own): the one table both data paths consult.
+//! * [`grpc`]: `grpc-timeout` and the gRPC health protocol's messages.
 
 pub mod cert;
 pub mod fields;
 pub mod framing;
+pub mod grpc;
 pub mod h1;
 pub mod normalize;
 

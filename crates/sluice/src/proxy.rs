@@ -380,7 +380,7 @@ fn grpc_deadline(req: &mut Request<ProxyBody>) {
     let timeout = req
         .headers()
         .get(&grpc::GRPC_TIMEOUT)
-        .and_then(grpc::timeout);
+        .and_then(|v| sluice_wire::grpc::timeout(v.as_bytes()));
     if let Some(at) = timeout.and_then(|t| std::time::Instant::now().checked_add(t)) {
         req.extensions_mut().insert(Deadline(at));
     }

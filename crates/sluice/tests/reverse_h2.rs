@@ -199,3 +199,97 @@ async fn a_request_routed_before_the_first_http2_session_is_served_on_it() {
     assert_eq!(held.await.unwrap().status, StatusCode::OK);
     proxy.stop().await;
 }
+
+mod tonic_over_sessions {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+
+    use super::*;
+    use reverse_support::service::dial;
+
+    /// A real gRPC service (tonic): counts the spans it is sent, and the calls open at once;
+    /// a request of exactly three spans is refused with `FAILED_PRECONDITION`.
+    #[derive(Debug, Default, Clone)]
+    struct Collector {
+        spans: Arc<AtomicUsize>,
+        open: Arc<AtomicUsize>,
+        max_open: Arc<AtomicUsize>,
+    }
+
+    #[tonic::async_trait]
+    impl TraceService for Collector {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let spans = request.into_inner().resource_spans.len();
+            if spans == 3 {
+                return Err(tonic::Status::failed_precondition("three is refused"));
+            }
+            let now = self.open.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_open.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            self.open.fetch_sub(1, Ordering::SeqCst);
+            self.spans.fetch_add(spans, Ordering::SeqCst);
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tonic_service_on_http2_sessions_takes_calls_through_sluice() {
+        let proxy = start_proxy("queue_max = 64\n", DEFAULT_ROUTE).await;
+        // tonic's server serves the registered connections as if it had accepted them.
+        let mut sessions = Vec::new();
+        for _ in 0..2 {
+            let (stream, status) =
+                dial(proxy.acceptor, &ServiceSpec::h2("t", 2, 2).registration()).await;
+            assert_eq!(status, 101);
+            sessions.push(Ok::<_, std::io::Error>(stream));
+        }
+        let collector = Collector::default();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(collector.clone()))
+                .serve_with_incoming(futures_util::stream::iter(sessions)),
+        );
+        proxy.idle("default", 4).await;
+        let client = TraceServiceClient::connect(format!("http://{}", proxy.http))
+            .await
+            .unwrap();
+        let calls: Vec<_> = (0..12)
+            .map(|_| {
+                let mut client = client.clone();
+                tokio::spawn(async move {
+                    let request = ExportTraceServiceRequest {
+                        resource_spans: vec![Default::default(), Default::default()],
+                    };
+                    client.export(request).await.map(|_| ())
+                })
+            })
+            .collect();
+        for call in calls {
+            call.await.unwrap().unwrap();
+        }
+        assert_eq!(collector.spans.load(Ordering::SeqCst), 24);
+        // Two sessions of two streams: four calls at once, never more.
+        assert_eq!(collector.max_open.load(Ordering::SeqCst), 4);
+        // The service's own status comes back in its trailers.
+        let mut client = client.clone();
+        let request = ExportTraceServiceRequest {
+            resource_spans: vec![Default::default(); 3],
+        };
+        let status = client.export(request).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(status.message(), "three is refused");
+        proxy.idle("default", 4).await;
+        proxy.stop().await;
+    }
+}

@@ -23,6 +23,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
+pub(crate) mod h2;
+
 /// Fails a test that would otherwise hang; never a timing assertion.
 pub(crate) async fn within<T>(fut: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(30), fut)

@@ -175,6 +175,10 @@ impl FastPath {
                 exchange.run(client, scratch, lease, stamp).await
             }
         };
+        // A session the fast path does not drive was leased: hyper's path serves the request.
+        if let Served::HandOff(reason) = outcome.served {
+            return (0, self.hand_off(reason));
+        }
         // A request whose client hung up before its answer is neither counted nor logged, as
         // on the hyper path, which drops it.
         if outcome.status != 0 {
@@ -195,7 +199,8 @@ impl FastPath {
     /// hyper's path answers 413; a larger one not all here counts as `body`), `trace` (a
     /// `tracestate` to remove), `rewrite` (the route's rewrite made no valid path: hyper's
     /// path answers 500), `compress` (the route compresses and the client accepts an encoding
-    /// it offers), or the parser's reason.
+    /// it offers), `session` (the slice's queue gave it a stream of an HTTP/2 session that
+    /// registered after the route was chosen), or the parser's reason.
     pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_handoff(reason);

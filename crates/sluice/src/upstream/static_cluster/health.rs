@@ -184,12 +184,12 @@ async fn grpc_check(
 ) -> Result<(), String> {
     use http_body_util::BodyExt;
 
-    let req = Request::post(format!("{origin}{}", grpc::HEALTH_CHECK))
+    let req = Request::post(format!("{origin}{}", sluice_wire::grpc::HEALTH_CHECK))
         .version(http::Version::HTTP_2)
         .header(header::CONTENT_TYPE, "application/grpc")
         .header(header::TE, "trailers")
         .header(header::USER_AGENT, "sluice-health-check")
-        .body(ProxyBody::full(grpc::health_request(service)))
+        .body(ProxyBody::full(sluice_wire::grpc::health_request(service)))
         .map_err(|e| format!("request: {e}"))?;
     let res = sender
         .send_request(req)
@@ -209,7 +209,7 @@ async fn grpc_check(
         .and_then(|t| t.get(&grpc::GRPC_STATUS))
         .cloned();
     match trailers.or(head_status) {
-        Some(status) if status == "0" => grpc::serving(&body.to_bytes()),
+        Some(status) if status == "0" => sluice_wire::grpc::serving(&body.to_bytes()),
         Some(status) => Err(format!("grpc-status {}", status.to_str().unwrap_or("?"))),
         None => Err("no grpc-status".to_owned()),
     }
