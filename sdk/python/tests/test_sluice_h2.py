@@ -185,6 +185,7 @@ def test_a_drain_lets_the_request_in_flight_on_an_http2_session_finish(sluice: S
             slow = loop.run_in_executor(pool, call, sluice.http, "POST", "/slow/last?seconds=1.0",
                                         b"")
             while meter.inside == 0:
+                assert not slow.done(), slow.result()  # answered without reaching the app
                 await asyncio.sleep(0.01)
             started = time.monotonic()
             await sessions.shutdown(timeout=20)
@@ -320,7 +321,10 @@ def test_http2_sessions_follow_demand_across_two_real_nodes(sluice_bin: Path,
                           node_grace=1.0, backoff=Backoff(initial=0.05, max=0.5))
         sessions = await sluice_sdk.serve(app, options, lifespan="off")
         try:
-            await until(sessions, lambda: sessions.registered == 3)
+            # Settled first: both nodes heard, nothing retiring (a session still to be retired
+            # at the first node would wait for the gated requests below, forever).
+            await until(sessions, lambda: sessions.registered == 3 and sorted(held(sessions)) == [1, 2]
+                        and all(n.live and n.retiring == 0 for n in sessions.nodes))
             with ThreadPoolExecutor(8) as pool:
                 clients = [loop.run_in_executor(pool, call, nodes[0].http, "POST", "/", b"")
                            for _ in range(8)]
