@@ -11,7 +11,9 @@ h2` on both sides). The load is h2load with gRPC framing (a POST of one gRPC mes
 
 What counts is the proxy's CPU per call, as a ratio to NGINX's and HAProxy's in the same round,
 calls/s and p99 (from h2load's per-request log). `sluice-grpc-b` is a second, identical Sluice:
-the A/A pair."""
+the A/A pair. `sluice-grpc-reverse` is Sluice with a reverse cluster instead: its backend dials
+in with HTTP/2 sessions (the SDK's `streams`), and its CPU per call is compared to
+`sluice-grpc`'s (issue 31: at most 1.1x the static h2c path)."""
 
 import dataclasses
 import os
@@ -22,9 +24,16 @@ from . import h2, load, targets
 from .procs import LOAD_CPU, PROXY_CPU, Group, free_port, only_child, wait_port
 from .targets import Backend, Target
 
-TARGETS = ("sluice-grpc", "sluice-grpc-b", "nginx-grpc", "haproxy-grpc")
-# The smoke checks the harness: one Sluice is enough.
-SMOKE_TARGETS = ("sluice-grpc", "nginx-grpc", "haproxy-grpc")
+STATIC, REVERSE = "sluice-grpc", "sluice-grpc-reverse"
+TARGETS = (STATIC, "sluice-grpc-b", REVERSE, "nginx-grpc", "haproxy-grpc")
+# The smoke checks the harness: one static Sluice is enough (the dial-in one has a start-up of
+# its own to keep working).
+SMOKE_TARGETS = (STATIC, REVERSE, "nginx-grpc", "haproxy-grpc")
+# The dial-in backend's HTTP/2 sessions: as many as the static cluster's connections to its
+# backend under this load (h2load's 4 x 100 streams fill its 4 of 100), each with room to spare
+# (4 x 128 = 512 > 400 calls at once), so that capacity never queues a call.
+REVERSE_SESSIONS = 4
+REVERSE_STREAMS = 128
 CALLS = {"unary": "/bench.Bench/Unary", "stream": "/bench.Bench/Stream"}
 STREAM_MESSAGES = 10  # bench-backend's, for a method named Stream
 # The request: one gRPC message (uncompressed, 4-byte big-endian length) holding a protobuf
@@ -38,6 +47,8 @@ PROBE_CALLS = 2000
 def _start(group, tmp, name):
     """Starts proxy `name` (`sluice-*`, `nginx-*` or `haproxy-*`) taking h2c in front of a
     gRPC backend of its own."""
+    if name == REVERSE:
+        return _sluice_reverse(group, tmp, name)
     upstream, stats, port = free_port(), free_port(), free_port()
     served = targets._backend(group, f"{name}-backend", Backend(), stats,
                               ["--listen", f"127.0.0.1:{upstream}", "--grpc"], "listening")
@@ -67,6 +78,39 @@ endpoints = ["127.0.0.1:{upstream}"]
 protocol = "h2c"
 """)
     return group.start(name, [targets._sluice(name), "run", "-c", conf], PROXY_CPU).pid
+
+
+def _sluice_reverse(group, tmp, name):
+    """Sluice with a reverse cluster, the static target's config otherwise; its backend dials
+    in with REVERSE_SESSIONS HTTP/2 sessions of REVERSE_STREAMS streams each."""
+    port, acceptor, stats = free_port(), free_port(), free_port()
+    conf = targets._write(tmp, f"{name}.toml", f"""[runtime]
+workers = 1
+
+[acceptor]
+listen = "127.0.0.1:{acceptor}"
+handshakes_per_second = 0
+
+[[listener]]
+name = "bench"
+listen = "127.0.0.1:{port}"
+
+[[route]]
+cluster = "{targets.SERVICE}"
+
+[cluster.{targets.SERVICE}]
+kind = "reverse"
+queue_max = {targets.QUEUE_MAX}
+queue_timeout = "{targets.QUEUE_TIMEOUT_S}s"
+""")
+    proxy = group.start(name, [targets._sluice(name), "run", "-c", conf], PROXY_CPU)
+    wait_port(acceptor)
+    served = targets._backend(
+        group, f"{name}-backend", Backend(), stats,
+        ["--acceptor", f"127.0.0.1:{acceptor}", "--service", targets.SERVICE, "--sessions",
+         str(REVERSE_SESSIONS), "--streams", str(REVERSE_STREAMS), "--grpc"], "registered")
+    wait_port(port)
+    return Target(name, port, proxy.pid, acceptor, stats, reverse=True, backend_pid=served)
 
 
 def _nginx(group, tmp, name, port, upstream):
@@ -158,6 +202,7 @@ def grpc(b):
     smoke = b.p.name == "smoke"
     rounds = 1 if smoke else max(2, b.p.headline_rounds // 2)
     out = {"connections": h2.CONNECTIONS, "streams": h2.STREAMS, "rounds": rounds,
+           "reverse_sessions": REVERSE_SESSIONS, "reverse_streams": REVERSE_STREAMS,
            "seconds": b.p.seconds, "warmup_s": h2.WARMUP_S, "stream_messages": STREAM_MESSAGES,
            "request_bytes": len(REQUEST), "reply_bytes": REPLY_BYTES,
            "load_average": {"start": os.getloadavg()}}
@@ -178,7 +223,7 @@ def grpc(b):
                     log_file = os.path.join(b.work, f"{name}-{kind}.h2load.log")
                     run = calls(ts[name], kind, b.p.seconds, request_file, log_file)
                     kinds[kind][name].append(dataclasses.asdict(run))
-                    b.say(f"grpc {kind:6} round {r + 1}/{rounds} {name:13} {run.rps:8.0f} calls/s  "
+                    b.say(f"grpc {kind:6} round {r + 1}/{rounds} {name:19} {run.rps:8.0f} calls/s  "
                           f"{run.cpu_us_per_req:6.1f} us CPU/call  "
                           f"p99 {run.latency_us.get('p99', 0) / 1e3:6.1f} ms  "
                           f"errors {run.non2xx + run.errors}"

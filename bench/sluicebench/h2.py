@@ -46,7 +46,9 @@ def h2load(target, seconds, path="/", args=(), protocol="h2"):
     run.extra["backend_requests"] = served
     if backend:  # it shares the load CPU: a proxy that costs it more lowers everyone's rps
         run.extra["backend_cpu_us_per_req"] = (backend_after.cpu_s - backend.cpu_s) * 1e6 / max(served, 1)
-    run.new_upstream_conns = stats_after["connections"] - stats["connections"]
+    # Dialing in, the backend accepts nothing: count the sessions it registered (re-dials).
+    key = "registrations" if target.reverse else "connections"
+    run.new_upstream_conns = stats_after[key] - stats[key]
     return run
 
 

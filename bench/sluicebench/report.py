@@ -448,6 +448,8 @@ def _idle(s):
 
 
 GRPC_BASELINES = ("nginx-grpc", "haproxy-grpc")
+GRPC_STATIC, GRPC_REVERSE = "sluice-grpc", "sluice-grpc-reverse"
+GRPC_REVERSE_LIMIT = 1.1  # issue 31: CPU per call over dial-in HTTP/2 sessions / static h2c
 
 
 def _grpc(s):
@@ -466,7 +468,7 @@ def _grpc(s):
              "measured seconds. A ratio is the median of per-round ratios (min-max) to the same "
              "round's NGINX or HAProxy. Errors include calls answered without their messages (a "
              "proxy's own gRPC error is HTTP 200). `sluice-grpc-b` is an identical second Sluice "
-             f"(A/A). Load average {_loadavg(load['start'])} at the start, "
+             f"(A/A).{_grpc_reverse_setup(s)} Load average {_loadavg(load['start'])} at the start, "
              f"{_loadavg(load['end'])} at the end.", ""]
     for kind, runs in s["kinds"].items():
         lines += [f"### {kind}", "", "| target | calls/s | CPU us/call | vs nginx-grpc (CPU) | "
@@ -493,8 +495,23 @@ def _grpc(s):
             a, b = runs["sluice-grpc-b"], runs["sluice-grpc"]
             lines += ["", f"A/A, sluice-grpc-b / sluice-grpc: calls/s "
                       f"{median_range(ratios(a, b, rps), 2)}, CPU/call {median_range(ratios(a, b, cpu), 2)}."]
+        if {GRPC_REVERSE, GRPC_STATIC} <= set(runs):
+            a, b = runs[GRPC_REVERSE], runs[GRPC_STATIC]
+            lines += ["", f"Dial-in / static, {GRPC_REVERSE} / {GRPC_STATIC}: CPU/call "
+                      f"**{median_range(ratios(a, b, cpu), 2)}** (issue 31: <= "
+                      f"{GRPC_REVERSE_LIMIT:g}), calls/s {median_range(ratios(a, b, rps), 2)}."]
         lines.append("")
     return lines
+
+
+def _grpc_reverse_setup(s):
+    if "reverse_sessions" not in s:  # results from before the dial-in target
+        return ""
+    n, m = s["reverse_sessions"], s["reverse_streams"]
+    return (f" `{GRPC_REVERSE}` is Sluice with a reverse cluster: its backend dials in with {n} "
+            f"HTTP/2 sessions of {m} streams each ({n * m} calls at once, above the load's "
+            f"{s['connections'] * s['streams']}), its new upstream conns are the sessions it "
+            f"registered in a run; dial-in / static is its CPU per call over `{GRPC_STATIC}`'s.")
 
 
 _IDLE_SETTLE = "1 s"
@@ -736,12 +753,17 @@ def _module_verdicts(s):
 
 
 def _grpc_verdicts(s):
-    """Issue 31's target for gRPC to static clusters: no more proxy CPU per call than NGINX's
-    and HAProxy's, per kind of call."""
+    """Issue 31's targets for gRPC, per kind of call: to static clusters no more proxy CPU per
+    call than NGINX's and HAProxy's; over dial-in HTTP/2 sessions at most 1.1x the static h2c
+    path's."""
     if not s:
         return []
     out = []
     for kind, runs in s["kinds"].items():
+        if {GRPC_REVERSE, GRPC_STATIC} <= set(runs):
+            r = med(ratios(runs[GRPC_REVERSE], runs[GRPC_STATIC], cpu))
+            out.append((f"grpc {kind}: {GRPC_REVERSE} CPU/call <= {GRPC_REVERSE_LIMIT:g}x "
+                        f"{GRPC_STATIC}", f"{r:.2f}x", verdict(r <= GRPC_REVERSE_LIMIT)))
         for base in GRPC_BASELINES:
             if {"sluice-grpc", base} <= set(runs):
                 r = med(ratios(runs["sluice-grpc"], runs[base], cpu))

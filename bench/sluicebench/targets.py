@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from .procs import LOAD_CPU, PROXY_CPU, free_port, only_child, wait_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_bin_dir = os.path.join(ROOT, "target", "release")
+# Where cargo puts Sluice and the bench tools: CARGO_TARGET_DIR when it is set, as for cargo.
+CARGO_TARGET_DIR = os.path.abspath(os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"))
+_bin_dir = os.path.join(CARGO_TARGET_DIR, "release")
 PINGORA = os.path.join(ROOT, "target", "pingora", "release", "bench-pingora")
 # ngx_http_sluice_module, where nginx/build.sh puts it (bench/run builds it unless --no-build).
 _module = os.environ.get("SLUICE_NGINX_MODULE",
@@ -74,7 +76,8 @@ class Target:
 
 
 def use_bin_dir(path):
-    """Where Sluice and the bench tools are taken from (default target/release)."""
+    """Where Sluice and the bench tools are taken from (default target/release, or
+    $CARGO_TARGET_DIR/release)."""
     global _bin_dir
     _bin_dir = path
 

@@ -20,8 +20,14 @@ type sessionConn struct {
 	mu   sync.Mutex
 	rest []byte // read past the 101 head; served before the connection's own bytes
 
-	// served: the proxy sent at least one byte (a request) on this session.
+	// served: the proxy sent at least one byte (a request) on this session; on an HTTP/2
+	// session, the first request's HEADERS frame.
 	served atomic.Bool
+	// h2 follows an HTTP/2 session's streams (Options.Streams; nil for HTTP/1.1), under mu;
+	// idleClose: close the session as soon as no stream is open (a retirement it claimed
+	// while busy).
+	h2        *h2Streams
+	idleClose bool
 	// retired: the session answered a retirement with Connection: close, or was closed
 	// idle for one; do not re-dial.
 	retired atomic.Bool
@@ -46,6 +52,9 @@ type sessionConn struct {
 
 func newSessionConn(l *Listener, conn net.Conn, rest []byte) *sessionConn {
 	c := &sessionConn{Conn: conn, l: l, rest: rest, done: make(chan struct{})}
+	if l != nil && l.opts.Streams > 0 {
+		c.h2 = newH2Streams()
+	}
 	c.addr = &sessionAddr{local: conn.LocalAddr(), conn: c}
 	return c
 }
@@ -60,14 +69,16 @@ func (c *sessionConn) Read(p []byte) (int, error) {
 	if len(c.rest) > 0 {
 		n := copy(p, c.rest)
 		c.rest = c.rest[n:]
+		c.sawLocked(p[:n])
 		c.mu.Unlock()
-		c.served.Store(true)
 		return n, nil
 	}
 	c.mu.Unlock()
 	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.served.Store(true)
+	if n > 0 && (c.h2 != nil || !c.served.Load()) {
+		c.mu.Lock()
+		c.sawLocked(p[:n])
+		c.mu.Unlock()
 	}
 	if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.idleClosed() {
 		return 0, io.EOF // the read closeIdle unblocked
@@ -75,14 +86,67 @@ func (c *sessionConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// sawLocked follows bytes read from the session: any byte of an HTTP/1.1 session is a
+// request; an HTTP/2 session's frames open streams. c.mu must be held.
+func (c *sessionConn) sawLocked(p []byte) {
+	if c.h2 == nil {
+		c.served.Store(true)
+		return
+	}
+	c.h2.read(p)
+	if c.h2.requested {
+		c.served.Store(true)
+	}
+}
+
+// Write follows an HTTP/2 session's frames: a stream the server ends is closed, and a session
+// waiting to close once idle closes after the write that ended its last stream.
+func (c *sessionConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if c.h2 == nil || n == 0 {
+		return n, err
+	}
+	c.mu.Lock()
+	c.h2.wrote(p[:n])
+	idle := c.idleClose && len(c.h2.open) == 0 && c.handlers.Load() == 0
+	c.mu.Unlock()
+	if idle {
+		c.closeIdle()
+	}
+	return n, err
+}
+
+// streamsOpen: an HTTP/2 session has a stream open (always false for HTTP/1.1).
+func (c *sessionConn) streamsOpen() bool {
+	if c.h2 == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.h2.open) > 0
+}
+
+// closeWhenIdle closes an HTTP/2 session once no stream is open and no handler runs: now, or
+// after the write that ends its last stream (see Write).
+func (c *sessionConn) closeWhenIdle() {
+	c.mu.Lock()
+	c.idleClose = true
+	idle := len(c.h2.open) == 0 && c.handlers.Load() == 0
+	c.mu.Unlock()
+	if idle {
+		c.closeIdle()
+	}
+}
+
 // idleClosed: retired while idle and no handler is running on it.
 func (c *sessionConn) idleClosed() bool {
 	return c.closingIdle.Load() && c.handlers.Load() == 0
 }
 
-// closableIdle: no handler runs on it and no handler may have taken it over.
+// closableIdle: no handler runs on it, no handler may have taken it over, and (HTTP/2) no
+// stream is open.
 func (c *sessionConn) closableIdle() bool {
-	return c.handlers.Load() == 0 && !c.upgrading.Load() && !c.retired.Load()
+	return c.handlers.Load() == 0 && !c.upgrading.Load() && !c.retired.Load() && !c.streamsOpen()
 }
 
 // closeIdle retires an idle session: a read net/http is blocked in returns at once (and EOF).
@@ -101,14 +165,31 @@ func (c *sessionConn) SetReadDeadline(t time.Time) error {
 }
 
 // Close closes the session; its slot then re-dials a replacement unless stopping or retired.
+// An HTTP/2 session closed idle closes gently: the server may have written its last frames
+// just before while Sluice's (a WINDOW_UPDATE, a PING) sit unread, and closing a socket with
+// unread bytes resets it, which can destroy what was written. So it sends its FIN first and
+// reads until Sluice closes too (at most lingerClose) before closing.
 func (c *sessionConn) Close() error {
 	err := net.ErrClosed
 	c.closeOnce.Do(func() {
-		err = c.Conn.Close()
+		cw, ok := c.Conn.(interface{ CloseWrite() error })
+		if c.h2 != nil && c.closingIdle.Load() && ok && cw.CloseWrite() == nil {
+			err = nil
+			go func() {
+				c.Conn.SetReadDeadline(time.Now().Add(lingerClose))
+				io.Copy(io.Discard, c.Conn)
+				c.Conn.Close()
+			}()
+		} else {
+			err = c.Conn.Close()
+		}
 		close(c.done)
 	})
 	return err
 }
+
+// lingerClose bounds the wait for Sluice to close an HTTP/2 session closed idle.
+const lingerClose = 2 * time.Second
 
 // LocalAddr is distinct per session and leads back to it, so that a handler can find the
 // session from http.LocalAddrContextKey.

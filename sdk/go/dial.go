@@ -27,6 +27,8 @@ type dialer struct {
 	tls              *tls.Config
 	id               identity
 	timeout          time.Duration
+	// streams above 0 registers HTTP/2 sessions of that many streams (Options.Streams).
+	streams int
 }
 
 func newDialer(o *Options) *dialer {
@@ -42,7 +44,7 @@ func newNodeDialer(o *Options, addr netip.AddrPort, host string) *dialer {
 }
 
 func newDialerTo(o *Options, network, address, host string) *dialer {
-	d := &dialer{network: network, address: address, id: o.identity(), timeout: o.HandshakeTimeout}
+	d := &dialer{network: network, address: address, id: o.identity(), timeout: o.HandshakeTimeout, streams: o.Streams}
 	if o.TLS != nil {
 		d.tls = o.TLS.Clone()
 		if d.tls.ServerName == "" && network == "tcp" {
@@ -78,16 +80,29 @@ func (d *dialer) control(ctx context.Context, capacity int) (net.Conn, []byte, e
 	return nil, nil, &Error{Op: "control", Kind: KindProtocol, Err: errors.New("200 to a control link")}
 }
 
-// register dials and registers one session; capacity goes into Sluice-Capacity. It returns
-// the connection and the bytes read past the 101 head.
+// errNoHTTP2: a 101 to an HTTP/2 registration without Sluice-Protocol: h2, as an acceptor
+// older than HTTP/2 sessions answers. Speaking HTTP/2 to it would fail on the first request.
+var errNoHTTP2 = errors.New("the acceptor does not take HTTP/2 sessions (its 101 does not name Sluice-Protocol: h2)")
+
+// register dials and registers one session; capacity goes into Sluice-Capacity, and the
+// dialer's streams make it an HTTP/2 session. It returns the connection and the bytes read
+// past the 101 head.
 func (d *dialer) register(ctx context.Context, capacity int) (net.Conn, []byte, error) {
-	conn, rep, rest, err := d.exchange(ctx, "register", encodeRegistration(d.id, capacity), upgradeToken)
+	conn, rep, rest, err := d.exchange(ctx, "register", encodeRegistration(d.id, capacity, d.streams), upgradeToken)
 	if err != nil {
 		return nil, nil, err
 	}
-	switch rep.kind {
-	case replySwitched:
+	switch {
+	case rep.kind == replySwitched && rep.h2 == (d.streams > 0):
 		return conn, rest, nil
+	case rep.kind == replySwitched && d.streams > 0:
+		conn.Close()
+		return nil, nil, &Error{Op: "register", Kind: KindUnsupported, Err: errNoHTTP2}
+	case rep.kind == replySwitched:
+		conn.Close()
+		return nil, nil, &Error{Op: "register", Kind: KindProtocol, Err: errors.New("an HTTP/2 session's 101 to an HTTP/1.1 registration")}
+	}
+	switch rep.kind {
 	case replyRefused:
 		defer conn.Close()
 		return nil, nil, &Error{Op: "register", Kind: KindRefused, Status: rep.status, Reason: readReason(conn, rest)}

@@ -21,6 +21,10 @@ const (
 	KindProtocol
 	// KindIO: reading or writing the handshake failed (network; retried).
 	KindIO
+	// KindUnsupported: the acceptor switched protocols but does not take what was asked,
+	// such as HTTP/2 sessions (Options.Streams) from an acceptor older than them; not
+	// retried: the deployment must change.
+	KindUnsupported
 )
 
 // String is the kind's lower-case name, as in error messages.
@@ -38,6 +42,8 @@ func (k Kind) String() string {
 		return "protocol"
 	case KindIO:
 		return "io"
+	case KindUnsupported:
+		return "unsupported"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -72,7 +78,7 @@ func (e *Error) Error() string {
 		msg += e.Kind.String()
 	}
 	if !e.Retryable() {
-		msg += " (not retried: " + hint(e.Status) + ")"
+		msg += " (not retried: " + hint(e) + ")"
 	}
 	return msg
 }
@@ -81,16 +87,22 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // Retryable reports whether dialing again may succeed: false for refusals with 400, 401 and
-// 404 (the configuration is wrong) and 410 (an operator drained the instance until
-// `sluice ctl resume`; the slots wait and one probe dials every Options.DrainedProbe), true
-// for everything else.
+// 404 (the configuration is wrong), 410 (an operator drained the instance until
+// `sluice ctl resume`; the slots wait and one probe dials every Options.DrainedProbe) and
+// KindUnsupported (an acceptor without HTTP/2 sessions), true for everything else.
 func (e *Error) Retryable() bool {
+	if e.Kind == KindUnsupported {
+		return false
+	}
 	return e.Kind != KindRefused || !permanent(e.Status)
 }
 
-// hint says which option to fix for a permanent refusal.
-func hint(status int) string {
-	switch status {
+// hint says which option to fix for an error that stops the slot.
+func hint(e *Error) string {
+	if e.Kind == KindUnsupported {
+		return "upgrade Sluice to one that takes HTTP/2 sessions, or set Options.Streams to 0"
+	}
+	switch e.Status {
 	case 401:
 		return "check Options.Token"
 	case 404:

@@ -15,7 +15,9 @@ import (
 
 const (
 	switched = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: sluice-session/1\r\n\r\n"
-	drained  = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\ndraining\n"
+	// switchedH2 takes an HTTP/2 session's registration.
+	switchedH2 = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: sluice-session/1\r\nSluice-Protocol: h2\r\n\r\n"
+	drained    = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\ndraining\n"
 )
 
 func refusal(status int) string {
@@ -113,7 +115,7 @@ func (f *fakeAcceptor) handshake(conn net.Conn) {
 	f.hellos = append(f.hellos, head)
 	answer := f.answer(n)
 	f.mu.Unlock()
-	if _, err := conn.Write([]byte(answer)); err != nil || answer != switched {
+	if _, err := conn.Write([]byte(answer)); err != nil || (answer != switched && answer != switchedH2) {
 		conn.Close()
 		return
 	}

@@ -41,7 +41,7 @@ func TestServesThroughAnUnchangedHTTPServer(t *testing.T) {
 	serve(t, ln, hello)
 
 	s := f.session()
-	want := string(encodeRegistration(identity{"api", "default", "api-1", "s3cret"}, 1))
+	want := string(encodeRegistration(identity{"api", "default", "api-1", "s3cret"}, 1, 0))
 	if string(s.hello) != want {
 		t.Errorf("registration %q, want %q", s.hello, want)
 	}

@@ -43,6 +43,15 @@ type Options struct {
 	Token string
 	// Capacity is how many sessions to keep registered; 0 means 1.
 	Capacity int
+	// Streams, from 1 to 1000, makes every session an HTTP/2 one (protocol/README.md
+	// "HTTP/2 sessions"): registered with Sluice-Protocol: h2 and Sluice-Streams: Streams, it
+	// carries up to Streams requests at once, so the instance takes Capacity × Streams. After
+	// the 101 the session speaks HTTP/2 with prior knowledge, Sluice being the client: serve
+	// the Listener with a server that does, such as grpc.NewServer().Serve(ln) or an
+	// http.Server whose Protocols has SetUnencryptedHTTP2(true). 0 (the default) means
+	// HTTP/1.1 sessions, one request at a time. An acceptor that does not take HTTP/2
+	// sessions stops the slots with a KindUnsupported error.
+	Streams int
 	// TLS, when set, wraps every connection to the acceptor in TLS with this configuration
 	// (its Certificates give mutual TLS). nil (the default) means plaintext. An empty
 	// ServerName is taken from Acceptor's host; a UNIX acceptor needs one set.
@@ -187,6 +196,9 @@ func (o *Options) validate() error {
 			return err
 		}
 	}
+	if err := o.validateStreams(); err != nil {
+		return err
+	}
 	switch b := o.Backoff; {
 	case o.Capacity < 0:
 		return invalid("Capacity must not be negative")
@@ -204,6 +216,15 @@ func (o *Options) validate() error {
 		return invalid("ResolveInterval must be positive")
 	case o.NodeGrace < 0:
 		return invalid("NodeGrace must be positive")
+	}
+	return nil
+}
+
+// validateStreams: 0 (HTTP/1.1 sessions) or 1 to maxStreams streams per HTTP/2 session, the
+// range the acceptor takes.
+func (o *Options) validateStreams() error {
+	if o.Streams < 0 || o.Streams > maxStreams {
+		return invalid(fmt.Sprintf("Streams must be 0 (HTTP/1.1 sessions) or 1 to %d (HTTP/2 sessions)", maxStreams))
 	}
 	return nil
 }

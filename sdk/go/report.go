@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"errors"
 	"log/slog"
 	"time"
 )
@@ -60,6 +61,11 @@ func (r *report) refusedForGood(err error) {
 		return
 	}
 	r.refused = true
+	var e *Error
+	if errors.As(err, &e) && e.Kind == KindUnsupported {
+		r.log.Error("the acceptor does not take HTTP/2 sessions (Options.Streams); its sessions stop until the capacity is set again", "error", err)
+		return
+	}
 	r.log.Error("the acceptor refused this instance; its sessions stop until the capacity is set again", "error", err)
 }
 

@@ -71,6 +71,10 @@ func (l *Listener) handled(c *sessionConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c.handlers.Add(-1)
+	if c.h2 != nil {
+		l.handledH2Locked(c)
+		return
+	}
 	if !c.closableIdle() {
 		return
 	}
@@ -85,6 +89,24 @@ func (l *Listener) handled(c *sessionConn) {
 	c.closeIdle()
 	l.notifyLocked()
 	l.log.Debug("retiring session after its response: closing it")
+}
+
+// handledH2Locked is handled for an HTTP/2 session: the handler has returned but its
+// response may still be on its way (its last frames are written after the handler), so a
+// session its node no longer wants, or that claims an owed retirement now, closes once its
+// last stream is closed. l.mu must be held.
+func (l *Listener) handledH2Locked(c *sessionConn) {
+	switch {
+	case c.upgrading.Load() || c.handlers.Load() > 0:
+		return
+	case c.evicted.Load() || c.retired.Load():
+		c.closeWhenIdle()
+	case l.counts.claimRetirement():
+		l.retiredLocked(c)
+		c.closeWhenIdle()
+		l.notifyLocked()
+		l.log.Debug("retiring session once its streams end")
+	}
 }
 
 // retireIdleLocked closes idle sessions while retirements are owed; l.mu must be held. Only

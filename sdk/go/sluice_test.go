@@ -16,8 +16,8 @@ import (
 )
 
 // Tests against the real proxy: the `sluice` binary, built by cargo once per run (as the
-// Python SDK's tests build it) into $CARGO_TARGET_DIR or the repository's target/. They are
-// skipped with -short.
+// Python SDK's tests build it) into $CARGO_TARGET_DIR or the repository's target/, or the one
+// $SLUICE_BIN names. They are skipped with -short.
 
 const repoRoot = "../.."
 
@@ -33,6 +33,10 @@ func sluiceBinary(t *testing.T) string {
 		t.Skip("needs the real sluice binary (not with -short)")
 	}
 	buildOnce.Do(func() {
+		if bin := os.Getenv("SLUICE_BIN"); bin != "" {
+			sluicePath, buildErr = filepath.Abs(bin) // a binary built elsewhere
+			return
+		}
 		cmd := exec.Command("cargo", "build", "--locked", "--quiet", "-p", "sluice-cli", "--bin", "sluice")
 		cmd.Dir = repoRoot
 		out, err := cmd.CombinedOutput()

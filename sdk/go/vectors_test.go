@@ -43,6 +43,7 @@ type vectors struct {
 		Name     string         `json:"name"`
 		Identity vectorIdentity `json:"identity"`
 		Capacity *int           `json:"capacity"`
+		Streams  *int           `json:"streams"`
 		Bytes    string         `json:"bytes"`
 	} `json:"registrations"`
 	Drains []struct {
@@ -144,20 +145,29 @@ func latin1(t *testing.T, s string) []byte {
 func TestVectorsRegistrations(t *testing.T) {
 	t.Parallel()
 	v := loadVectors(t)
-	ran := 0
+	ran, h2 := 0, 0
 	for _, vec := range v.Registrations {
-		o := vec.Identity.options().withDefaults()
+		o := vec.Identity.options()
+		if vec.Streams != nil {
+			// Through Options, as an application asks for HTTP/2 sessions.
+			o.Streams = *vec.Streams
+			h2++
+		}
+		o = o.withDefaults()
+		if err := o.validateStreams(); err != nil {
+			t.Errorf("%s: %v", vec.Name, err)
+		}
 		capacity := noCapacity
 		if vec.Capacity != nil {
 			capacity = *vec.Capacity
 		}
-		if got, want := encodeRegistration(o.identity(), capacity), latin1(t, vec.Bytes); !bytes.Equal(got, want) {
+		if got, want := encodeRegistration(o.identity(), capacity, o.Streams), latin1(t, vec.Bytes); !bytes.Equal(got, want) {
 			t.Errorf("%s:\n got %q\nwant %q", vec.Name, got, want)
 		}
 		ran++
 	}
-	if ran == 0 || ran != len(v.Registrations) {
-		t.Fatalf("ran %d of %d registration vectors", ran, len(v.Registrations))
+	if ran == 0 || ran != len(v.Registrations) || h2 == 0 {
+		t.Fatalf("ran %d of %d registration vectors (%d of HTTP/2 sessions)", ran, len(v.Registrations), h2)
 	}
 }
 
@@ -212,10 +222,14 @@ func TestVectorsReplies(t *testing.T) {
 	for _, vec := range v.Replies {
 		t.Run(vec.Name, func(t *testing.T) {
 			addr := answerOnce(t, latin1(t, vec.Bytes))
-			d := newDialer(&Options{Acceptor: addr, Service: "api", Slice: "default", HandshakeTimeout: defaultHandshakeTimeout})
+			o := Options{Acceptor: addr, Service: "api", Slice: "default", HandshakeTimeout: defaultHandshakeTimeout}
+			if vec.Request == "register-h2" {
+				o.Streams = 8
+			}
+			d := newDialer(&o)
 			var err error
 			switch vec.Request {
-			case "register":
+			case "register", "register-h2":
 				var conn net.Conn
 				var rest []byte
 				conn, rest, err = d.register(t.Context(), 1)
@@ -233,6 +247,11 @@ func TestVectorsReplies(t *testing.T) {
 				t.Fatalf("unknown request %q", vec.Request)
 			}
 			checkOutcome(t, err, vec.Request, vec.Expect.Outcome, vec.Expect.Status, vec.Expect.Retryable)
+			// An acceptor that switched without HTTP/2 says so (protocol/README.md "HTTP/2 sessions").
+			if vec.Request == "register-h2" && vec.Expect.Outcome == "error" && !vec.Expect.Retryable &&
+				(err == nil || !strings.Contains(err.Error(), "does not take HTTP/2 sessions")) {
+				t.Errorf("error %v does not say that the acceptor does not take HTTP/2 sessions", err)
+			}
 			// The acceptor's reason is shown, not just its status.
 			if vec.Expect.Reason != "" && (err == nil || !strings.Contains(err.Error(), vec.Expect.Reason)) {
 				t.Errorf("error %v does not show the acceptor's reason %q", err, vec.Expect.Reason)
@@ -250,7 +269,7 @@ func checkOutcome(t *testing.T, err error, request, outcome string, status int, 
 	var e *Error
 	switch outcome {
 	case "session", "drained":
-		if (outcome == "session") != (request == "register") || err != nil {
+		if (outcome == "session") != strings.HasPrefix(request, "register") || err != nil {
 			t.Fatalf("outcome %s: got error %v", outcome, err)
 		}
 	case "refused":

@@ -19,6 +19,14 @@ const (
 	maxReplyHead = 8 << 10
 	// noCapacity leaves Sluice-Capacity out of a registration.
 	noCapacity = -1
+	// protocolHeader names an HTTP/2 session's protocol in its registration and in the 101;
+	// streamsHeader is how many streams such a session takes at once.
+	protocolHeader = "Sluice-Protocol"
+	streamsHeader  = "Sluice-Streams"
+	protocolH2     = "h2"
+	protocolHTTP1  = "http/1.1"
+	// maxStreams bounds Sluice-Streams, as the acceptor does.
+	maxStreams = 1000
 	// clientAddrHeader carries the client's address as the proxy saw it (its TCP peer) on
 	// every request over a session; the proxy replaces any copy a client sent.
 	clientAddrHeader = "Sluice-Client-Addr"
@@ -48,9 +56,16 @@ func (o *Options) identity() identity {
 }
 
 // encodeRegistration is `GET /.sluice/v1/session` with Upgrade; capacity noCapacity omits
-// Sluice-Capacity. Header order is fixed by the protocol vectors.
-func encodeRegistration(id identity, capacity int) []byte {
-	return encodeUpgrade(sessionPath, upgradeToken, id, capacity)
+// Sluice-Capacity; streams above 0 asks for an HTTP/2 session of that many streams
+// (Sluice-Protocol: h2, Sluice-Streams). Header order is fixed by the protocol vectors.
+func encodeRegistration(id identity, capacity, streams int) []byte {
+	b := encodeUpgrade(sessionPath, upgradeToken, id, capacity)
+	if streams <= 0 {
+		return b
+	}
+	b = b[:len(b)-2] // before the blank line
+	b = append(b, protocolHeader+": "+protocolH2+"\r\n"+streamsHeader+": "+strconv.Itoa(streams)+"\r\n\r\n"...)
+	return b
 }
 
 // encodeControl is the control link's request, `GET /.sluice/v1/control` with Upgrade
@@ -104,6 +119,8 @@ const (
 type reply struct {
 	kind   replyKind
 	status int
+	// h2: a session's 101 named Sluice-Protocol: h2 (the session speaks HTTP/2).
+	h2 bool
 }
 
 // errPartial: the head is not complete yet; read more.
@@ -134,11 +151,19 @@ func parseReply(buf []byte, protocol string) (reply, int, error) {
 		if !strings.EqualFold(upgrade, protocol) {
 			return reply{}, 0, errors.New("101 without Upgrade: " + protocol)
 		}
-		return reply{replySwitched, status}, end, nil
+		// A session's 101 names its protocol: absent, empty or http/1.1 for HTTP/1.1.
+		named, _ := findHeader(lines[1:], protocolHeader)
+		switch {
+		case protocol != upgradeToken || named == "" || strings.EqualFold(named, protocolHTTP1):
+			return reply{kind: replySwitched, status: status}, end, nil
+		case strings.EqualFold(named, protocolH2):
+			return reply{kind: replySwitched, status: status, h2: true}, end, nil
+		}
+		return reply{}, 0, errors.New("101 naming an unknown Sluice-Protocol")
 	case 200:
-		return reply{replyDrained, status}, end, nil
+		return reply{kind: replyDrained, status: status}, end, nil
 	}
-	return reply{replyRefused, status}, end, nil
+	return reply{kind: replyRefused, status: status}, end, nil
 }
 
 // headEnd is the length of the head including its blank line, or -1.

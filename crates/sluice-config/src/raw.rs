@@ -56,6 +56,7 @@ pub(crate) struct RawRelay {
     pub(crate) allow: Option<Spanned<Vec<Spanned<String>>>>,
     pub(crate) preamble_timeout: Option<Spanned<Timeout>>,
     pub(crate) max_unauthenticated: Option<Spanned<usize>>,
+    pub(crate) pool_targets: Option<Spanned<Vec<Spanned<Addr>>>>,
     // both
     pub(crate) connect_timeout: Option<Timeout>,
     pub(crate) idle_timeout: Option<Timeout>,

@@ -69,15 +69,16 @@ pub struct RelayHandle {
     pub addr: SocketAddr,
     /// Its counters.
     pub stats: Arc<Stats>,
-    pool: Option<Arc<Pool>>,
+    /// An entry relay's pool (configured with `pool > 0`), or a tunnel end's, one per target.
+    pools: Vec<Arc<Pool>>,
     early: bool,
 }
 
 impl RelayHandle {
-    /// Changes the pool's size (an entry relay configured with `pool > 0`); `false` if it has
-    /// no pool.
+    /// Changes the pool's size (per target at a tunnel end); `false` if it has no pool.
     pub fn set_pool(&self, size: usize) -> bool {
-        self.pool.as_ref().map(|p| p.resize(size)).is_some()
+        self.pools.iter().for_each(|p| p.resize(size));
+        !self.pools.is_empty()
     }
 
     /// Whether early connect is on (configured, and the packet socket could be opened).
@@ -108,7 +109,11 @@ enum Role {
         pool: Option<Arc<Pool>>,
         early: Option<Arc<Early>>,
     },
-    Tunnel(TunnelEnd),
+    Tunnel {
+        end: TunnelEnd,
+        /// Ready connections to each of `end.pool_targets`.
+        pools: tunnel::Pools,
+    },
 }
 
 impl Role {
@@ -118,7 +123,7 @@ impl Role {
         match self {
             Role::Forward { connector, .. } if connector.names_target() => "entry",
             Role::Forward { .. } => "forwarder",
-            Role::Tunnel(_) => "tunnel",
+            Role::Tunnel { .. } => "tunnel",
         }
     }
 }
@@ -143,8 +148,13 @@ impl Relay {
         let addr = listener.local_addr()?;
         let stats = Arc::new(Stats::default());
         let opts = config.options.clone();
-        let (role, pool, early) = match &config.role {
-            RelayRole::Tunnel(end) => (Role::Tunnel(end.clone()), None, false),
+        let (role, pools, early) = match &config.role {
+            RelayRole::Tunnel(end) => {
+                let pools = tunnel::pools(end, &opts, &stats);
+                let handles = pools.iter().map(|(_, p)| Arc::clone(p)).collect();
+                let end = end.clone();
+                (Role::Tunnel { end, pools }, handles, false)
+            }
             RelayRole::Forward(f) => {
                 let connector = Arc::new(Connector::new(f, &opts, Arc::clone(&stats)));
                 let pool =
@@ -160,13 +170,13 @@ impl Relay {
                         pool: pool.clone(),
                         early,
                     },
-                    pool,
+                    pool.into_iter().collect(),
                     on,
                 )
             }
         };
         let unauthenticated = match &role {
-            Role::Tunnel(end) => Some(Arc::new(Semaphore::new(end.max_unauthenticated))),
+            Role::Tunnel { end, .. } => Some(Arc::new(Semaphore::new(end.max_unauthenticated))),
             Role::Forward { .. } => None,
         };
         let handler = Arc::new(Handler {
@@ -182,7 +192,7 @@ impl Relay {
             name: config.name.clone(),
             addr,
             stats,
-            pool,
+            pools,
             early,
         };
         Ok(Self {
@@ -215,19 +225,17 @@ impl Relay {
         let (addr, mode) = (self.handle.addr, self.handler.role.kind());
         tracing::info!(relay = %self.name, %addr, mode, "relay listening");
         let mut helpers = JoinSet::new();
+        for pool in &self.handle.pools {
+            let span = tracing::info_span!("pool", relay = %self.name);
+            helpers.spawn(Arc::clone(pool).run().instrument(span));
+        }
         if let Role::Forward {
             connector,
             pool,
-            early,
+            early: Some(early),
         } = &self.handler.role
         {
-            if let Some(pool) = pool {
-                let span = tracing::info_span!("pool", relay = %self.name);
-                helpers.spawn(Arc::clone(pool).run().instrument(span));
-            }
-            if let Some(early) = early {
-                helpers.spawn(Arc::clone(early).run(Arc::clone(connector), pool.clone()));
-            }
+            helpers.spawn(Arc::clone(early).run(Arc::clone(connector), pool.clone()));
         }
         // A tunnel end accepts under its bound on unauthenticated connections; each moves to
         // `max_connections` once its token is checked.
@@ -300,7 +308,7 @@ impl Handler {
                 self.forward(&client, peer, connector, pool.as_deref(), early.as_deref())
                     .await
             }
-            Role::Tunnel(end) => self.tunnel(&client, peer, end, permit).await,
+            Role::Tunnel { end, pools } => self.tunnel(&client, peer, end, pools, permit).await,
         };
         if let Err(error) = result {
             tracing::debug!(%error, "relayed connection ended");
@@ -315,13 +323,14 @@ impl Handler {
         client: &TcpStream,
         peer: SocketAddr,
         end: &TunnelEnd,
+        pools: &tunnel::Pools,
         unauthenticated: OwnedSemaphorePermit,
     ) -> io::Result<()> {
         let admission = tunnel::Admission {
             unauthenticated,
             relayed: &self.relayed,
         };
-        tunnel::serve(client, end, &self.opts, &self.stats, admission)
+        tunnel::serve(client, (end, pools), &self.opts, &self.stats, admission)
             .await
             .map_err(|e| {
                 if let Some(kind) = e.refusal() {

@@ -66,6 +66,11 @@ pub struct TunnelEnd {
     /// Connections still waiting for their token, at once; more wait in the kernel's accept
     /// queue. They do not count towards `max_connections`.
     pub max_unauthenticated: usize,
+    /// Targets (each inside `allow`) to which `pool` connections each are kept established,
+    /// so that a client's last leg costs no handshake either.
+    pub pool_targets: Vec<SocketAddr>,
+    /// Connections kept to each of `pool_targets`.
+    pub pool: usize,
 }
 
 /// One `allow` entry: a network and a port.

@@ -42,6 +42,8 @@ pub(crate) struct Pool {
     refused: AtomicU64,
     /// When to warn about them next.
     warned: Mutex<Tally>,
+    /// Its part of the relay's `pool_idle` (a tunnel end has a pool per target).
+    published: AtomicU64,
 }
 
 /// A pooled connection and when it was ready.
@@ -61,6 +63,7 @@ impl Pool {
             connector,
             refused: AtomicU64::new(0),
             warned: Mutex::new(Tally::new(REPORT_INTERVAL)),
+            published: AtomicU64::new(0),
         }
     }
 
@@ -189,9 +192,12 @@ impl Pool {
         }
     }
 
+    /// Moves the relay's `pool_idle` by this pool's change since it last said.
     fn publish(&self) {
         let n = self.lock().len() as u64;
-        self.connector.stats.pool_idle.store(n, Relaxed);
+        let before = self.published.swap(n, Relaxed);
+        let idle = &self.connector.stats.pool_idle;
+        idle.fetch_add(n.wrapping_sub(before), Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {

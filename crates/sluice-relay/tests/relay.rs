@@ -119,6 +119,8 @@ fn tunnel_allowing(
         }],
         preamble_timeout: Duration::from_secs(2),
         max_unauthenticated: 1024,
+        pool_targets: Vec::new(),
+        pool: 0,
     };
     let mut config = relay("core", RelayRole::Tunnel(end.clone()));
     edit(&mut config.options, &mut end);
@@ -277,6 +279,47 @@ async fn a_pooled_tunnel_is_authenticated_before_the_client_comes() {
         wrong.stats.snapshot().pool_dead >= 1
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_tunnel_end_keeps_connections_to_its_pool_targets_ready() {
+    let (backend, accepted) = spawn_backend(0).await;
+    let config = tunnel_allowing("127.0.0.1/32", backend.port(), |_, end| {
+        end.pool_targets = vec![backend];
+        end.pool = 2;
+    });
+    let core = &start(config);
+    // Connected before any client.
+    eventually("the tunnel end's pool is full", || {
+        core.stats.snapshot().pool_idle == 2
+    })
+    .await;
+    assert_eq!(accepted.load(SeqCst), 2);
+    let edge = &start(entry(core.addr, backend, "right-token"));
+    assert_eq!(exchange(edge.addr, b"pooled").await, "got 6");
+    // The client's last leg was a pooled connection: no connect for it, a miss counted never.
+    let stats = core.stats.snapshot();
+    assert_eq!(stats.pool_misses, 0);
+    eventually("the pool refilled", || core.stats.snapshot().pool_idle == 2).await;
+    assert_eq!(accepted.load(SeqCst), 3, "one used, one refill");
+}
+
+#[tokio::test]
+async fn a_tunnel_end_connects_to_targets_outside_its_pool_as_before() {
+    let (pooled, _) = spawn_backend(0).await;
+    let (unpooled, accepted) = spawn_backend(0).await;
+    let config = tunnel_allowing("127.0.0.1/32", unpooled.port(), |_, end| {
+        end.allow.push(AllowedTarget {
+            net: "127.0.0.1/32".parse().unwrap(),
+            port: pooled.port(),
+        });
+        end.pool_targets = vec![pooled];
+        end.pool = 1;
+    });
+    let core = &start(config);
+    let edge = &start(entry(core.addr, unpooled, "right-token"));
+    assert_eq!(exchange(edge.addr, b"direct").await, "got 6");
+    assert_eq!(accepted.load(SeqCst), 1);
 }
 
 /// A next hop that closes every connection at once, as a tunnel end refusing a token does;

@@ -5,8 +5,10 @@
 //! route targets a [`ReverseSlice`], a cheap handle to one pool. A request leases one idle
 //! session exclusively (or waits in the slice's admission queue) and gives it back through its
 //! [`Lease`] when its response ends; so in-flight work never exceeds the sessions a service
-//! registered. The engine speaks no HTTP: the proxy says, as a [`Protocol`], how a client
-//! starts on a session's stream, and drives every exchange itself.
+//! registered. A session that takes several requests at once (HTTP/2, `streams` at its
+//! registration) is that many units in the pool, each leased alike, on one *shared*
+//! connection. The engine speaks no HTTP: the proxy says, as a [`Protocol`], how a client
+//! starts on a session's stream (and shares it), and drives every exchange itself.
 //!
 //! # Layout
 //! * [`acceptor`]: the service-facing listener: TLS and mTLS (certificate names mapped to

@@ -55,7 +55,7 @@ impl<P: Protocol> Session<P> {
 
     /// Ends its connection once every lease on it is back (see [`Protocol::end`]); false when
     /// the connection was ending already.
-    pub(crate) fn end(&self) -> bool {
+    pub fn end(&self) -> bool {
         P::end(&self.client)
     }
 

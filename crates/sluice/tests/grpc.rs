@@ -6,6 +6,7 @@
 //! DEADLINE_EXCEEDED from `grpc-timeout`). A real tonic client and server make one of the calls.
 #![allow(clippy::unwrap_used)]
 
+mod reverse_support;
 mod support;
 
 use std::convert::Infallible;
@@ -193,12 +194,65 @@ async fn next_frame(body: &mut Incoming) -> Result<Bytes, Option<HeaderMap>> {
 async fn a_bidirectional_call_streams_both_ways_with_its_trailers() {
     let service = Service::start(100, None).await;
     let proxy = TestProxy::start(&config(&[service.addr], "")).await;
-    let mut client = support::h2_connect_with::<Channel<Bytes>>(proxy.addr()).await;
-    let (req, mut tx) = grpc_request(proxy.addr(), "Stream");
+    ping_pong(proxy.addr(), &service.seen).await;
+}
+
+#[tokio::test]
+async fn a_call_streams_both_ways_when_a_retry_policy_reads_bodies_ahead() {
+    // A policy that may replay reads request bodies ahead; a call's goes on at a pause, so
+    // the ping-pong still streams.
+    let service = Service::start(100, None).await;
+    let retry = "retry = { retries = 1, on = [\"503\"], non_idempotent = true }";
+    let proxy = TestProxy::start(&config(&[service.addr], retry)).await;
+    ping_pong(proxy.addr(), &service.seen).await;
+}
+
+#[tokio::test]
+async fn a_bidirectional_call_streams_over_a_dial_in_http2_session() {
+    use reverse_support::{service::dial, start_proxy, ServiceSpec, DEFAULT_ROUTE};
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let seen = Arc::new(Seen {
+        te_trailers: AtomicBool::new(true),
+        ..Seen::default()
+    });
+    let (session, status) = dial(proxy.acceptor, &ServiceSpec::h2("g", 1, 4).registration()).await;
+    assert_eq!(status, 101);
+    tokio::spawn(serve(session, Arc::clone(&seen), 4, None));
+    proxy.idle("default", 4).await;
+    ping_pong(proxy.http, &seen).await;
+    // The call's stream came back to the session.
+    proxy.idle("default", 4).await;
+}
+
+#[tokio::test]
+async fn a_call_whose_server_speaks_first_is_not_held_for_its_request() {
+    use reverse_support::{service::dial, start_proxy, ServiceSpec, DEFAULT_ROUTE};
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let seen = Arc::new(Seen::default());
+    let (session, _) = dial(proxy.acceptor, &ServiceSpec::h2("g", 1, 1).registration()).await;
+    tokio::spawn(serve(session, Arc::clone(&seen), 1, None));
+    proxy.idle("default", 1).await;
+    let mut client = support::h2_connect_with::<Channel<Bytes>>(proxy.http).await;
+    // `Slow` answers its first message after 300 ms whatever the request holds: the request
+    // sends nothing and stays open.
+    let (req, tx) = grpc_request(proxy.http, "Slow");
+    let res = tokio::time::timeout(Duration::from_secs(5), client.send_request(req))
+        .await
+        .expect("the call's answer came while its request was open")
+        .unwrap();
+    let mut body = res.into_body();
+    assert_eq!(next_frame(&mut body).await.unwrap(), message(b"slow"));
+    drop(tx);
+}
+
+/// A call that sends a message, reads its echo, sends another: the answer's head and first
+/// message come while the request is still open (neither direction buffered whole), then the
+/// trailers.
+async fn ping_pong(addr: SocketAddr, seen: &Seen) {
+    let mut client = support::h2_connect_with::<Channel<Bytes>>(addr).await;
+    let (req, mut tx) = grpc_request(addr, "Stream");
     let res = client.send_request(req);
     tx.send_data(message(b"one")).await.unwrap();
-    // The answer's head and first message come while the request is still open: neither
-    // direction is buffered whole.
     let res = tokio::time::timeout(Duration::from_secs(10), res)
         .await
         .unwrap()
@@ -213,11 +267,11 @@ async fn a_bidirectional_call_streams_both_ways_with_its_trailers() {
     assert_eq!(trailers["grpc-status"], "0");
     assert_eq!(trailers["x-echo"], "done");
     assert!(
-        service.seen.te_trailers.load(Ordering::SeqCst),
+        seen.te_trailers.load(Ordering::SeqCst),
         "te: trailers reached the service"
     );
     assert!(
-        !service.seen.not_h2.load(Ordering::SeqCst),
+        !seen.not_h2.load(Ordering::SeqCst),
         "the service was spoken HTTP/2 to"
     );
 }

@@ -96,7 +96,7 @@ async fn a_service_goaway_fails_no_request() {
     let calls: Vec<_> = (0..12)
         .map(|_| tokio::spawn(get(proxy.http, "/delay/200")))
         .collect();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.cluster.wait_until(|c| c.queued("default") == 8).await;
     // The old service leaves gracefully while its streams are busy and requests wait; a new
     // one takes over.
     old.goaway();
@@ -109,6 +109,133 @@ async fn a_service_goaway_fails_no_request() {
     assert_eq!(old.requests() + new.requests(), 12);
     assert!(new.requests() >= 1);
     proxy.idle("default", 4).await;
+    proxy.stop().await;
+}
+
+/// What a `GOAWAY` needs to cross loopback: nothing in Sluice shows that it came until a
+/// request meets it (hyper's client notices only then).
+const GOAWAY_CROSSES: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn sessions_going_away_together_fail_no_request() {
+    // Two instances shut down gracefully at once (a rolling deploy), each with a request in
+    // flight and an idle stream; a request may meet both refusals before it finds the third.
+    let proxy = start_proxy("queue_timeout = \"5s\"\n", DEFAULT_ROUTE).await;
+    let o1 = Service::start(proxy.acceptor, ServiceSpec::h2("o1", 1, 2)).await;
+    let o2 = Service::start(proxy.acceptor, ServiceSpec::h2("o2", 1, 2)).await;
+    proxy.idle("default", 4).await;
+    // Leases take turns between instances: each ends up with one stream held, one idle.
+    let mut held = Vec::new();
+    for (left, path) in [
+        (3, "/wait"),
+        (2, "/delay/300"),
+        (1, "/wait"),
+        (0, "/delay/300"),
+    ] {
+        held.push(tokio::spawn(get(proxy.http, path)));
+        proxy.idle("default", left).await;
+    }
+    proxy.idle("default", 2).await;
+    let n = Service::start(proxy.acceptor, ServiceSpec::new("n", 1)).await;
+    proxy.idle("default", 3).await;
+    o1.goaway();
+    o2.goaway();
+    tokio::time::sleep(GOAWAY_CROSSES).await;
+    for _ in 0..4 {
+        let res = get(proxy.http, "/").await;
+        assert_eq!((res.status, res.text().as_str()), (StatusCode::OK, "n"));
+    }
+    assert_eq!(n.requests(), 4);
+    o1.open_gate();
+    o2.open_gate();
+    for call in held {
+        assert_eq!(call.await.unwrap().status, StatusCode::OK);
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_going_away_counts_until_its_socket_closes() {
+    let proxy = start_proxy("queue_timeout = \"300ms\"\n", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::h2("a", 1, 2)).await;
+    proxy.idle("default", 2).await;
+    let held = tokio::spawn(get(proxy.http, "/wait"));
+    proxy.idle("default", 1).await;
+    svc.goaway();
+    tokio::time::sleep(GOAWAY_CROSSES).await;
+    // The request meets the refusal and waits for a session (none comes in time)...
+    let res = get(proxy.http, "/").await;
+    assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE);
+    // ...while the session still carries its request: it counts, against its limits too.
+    assert_eq!(proxy.cluster.instance_sessions("a"), 1);
+    assert_eq!(svc.live(), 1);
+    svc.open_gate();
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+    svc.wait_live(0).await;
+    proxy
+        .cluster
+        .wait_until(|c| c.instance_sessions("a") == 0)
+        .await;
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_answered_before_its_upload_ended_stays_leased_until_it_does() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let config = "request_buffer = \"1KiB\"\nqueue_timeout = \"5s\"\n";
+    let proxy = start_proxy(config, DEFAULT_ROUTE).await;
+    let (session, status) = dial_raw(
+        proxy.acceptor,
+        &ServiceSpec::h2("u", 1, 1).registration().encode(),
+    )
+    .await;
+    assert_eq!(status, 101);
+    // A service that answers at once and reads the body on; it allows 100 streams, the
+    // session declared one.
+    let (open, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (o, m) = (Arc::clone(&open), Arc::clone(&most));
+    tokio::spawn(async move {
+        let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let (o, m) = (Arc::clone(&o), Arc::clone(&m));
+            async move {
+                m.fetch_max(o.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    use http_body_util::BodyExt;
+                    let _ = req.into_body().collect().await;
+                    o.fetch_sub(1, Ordering::SeqCst);
+                });
+                let body = http_body_util::Full::new(bytes::Bytes::from_static(b"ok"));
+                Ok::<_, std::io::Error>(http::Response::new(body))
+            }
+        });
+        let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .max_concurrent_streams(100)
+            .serve_connection(hyper_util::rt::TokioIo::new(session), svc)
+            .await;
+    });
+    proxy.idle("default", 1).await;
+    let mut upload = tokio::net::TcpStream::connect(proxy.http).await.unwrap();
+    let head = "POST /up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n";
+    upload.write_all(head.as_bytes()).await.unwrap();
+    upload.write_all(&[b'y'; 0x1000]).await.unwrap();
+    upload.write_all(b"\r\n").await.unwrap();
+    let mut answer = [0u8; 12];
+    upload.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+    // The answer is whole, the upload is not: the stream is still open at the service.
+    let second = tokio::spawn(get(proxy.http, "/second"));
+    proxy.cluster.wait_until(|c| c.queued("default") == 1).await;
+    assert_eq!(open.load(Ordering::SeqCst), 1);
+    upload.write_all(b"0\r\n\r\n").await.unwrap();
+    assert_eq!(second.await.unwrap().status, StatusCode::OK);
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "never two streams open at once"
+    );
     proxy.stop().await;
 }
 

@@ -3,7 +3,8 @@
 //! and the trailers `grpc-status: 0`. A method named `Stream` (any service) is
 //! server-streaming: [`STREAM_MESSAGES`] messages, each its own DATA frame; any other is unary,
 //! one message. The request's messages are read and dropped. Requests and connections are
-//! counted as in HTTP/1.1 mode, so the harness computes CPU per call the same way.
+//! counted as in HTTP/1.1 mode, so the harness computes CPU per call the same way. Dialing in,
+//! the SDK serves [`call`] on HTTP/2 sessions instead of [`serve`]'s listener.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -59,7 +60,7 @@ pub async fn serve(listener: TcpListener, counters: Arc<Counters>, reply: Bytes)
 
 /// One call: drains the request's messages, then answers `reply` once (unary) or
 /// [`STREAM_MESSAGES`] times (`Stream`), and `grpc-status: 0`.
-async fn call(
+pub async fn call(
     counters: Arc<Counters>,
     reply: Bytes,
     req: Request<Incoming>,

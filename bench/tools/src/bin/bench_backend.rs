@@ -1,8 +1,9 @@
-//! `bench-backend (--listen ADDR [--grpc] | --acceptor ADDR --service NAME --sessions N
-//! [--instance ID]) [--delay-ms D] [--body-bytes B] [--stats ADDR] [--threads N]`: the backend
-//! of every benchmark target. Prints `listening ADDR` or, dialing in (token from `SLUICE_TOKEN`),
-//! `registered N` once N sessions are registered; with `--stats`, then `stats ADDR`. SIGTERM
-//! or SIGINT exits 0 (dialing in, after draining for at most 2 s).
+//! `bench-backend (--listen ADDR | --acceptor ADDR --service NAME --sessions N [--streams S]
+//! [--instance ID]) [--grpc] [--delay-ms D] [--body-bytes B] [--stats ADDR] [--threads N]`: the
+//! backend of every benchmark target. Prints `listening ADDR` or, dialing in (token from
+//! `SLUICE_TOKEN`), `registered N` once N sessions are registered; with `--stats`, then `stats
+//! ADDR`. SIGTERM or SIGINT exits 0 (dialing in, after draining for at most 2 s). `--streams`
+//! makes the sessions HTTP/2 ones of S streams each; `--grpc` dialing in needs it.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use anyhow::{bail, Context};
 use clap::{ArgGroup, Parser};
 use sluice_bench::backend::{self, Backend, Counters};
 use sluice_bench::say;
-use sluice_sdk::{Acceptor, Identity, Options};
+use sluice_sdk::{Acceptor, Identity, Options, SessionService};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -27,10 +28,11 @@ struct Cli {
     /// Listen for plain HTTP/1.1 on this address (port 0: any; the ready line says which).
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
-    /// Listening, speak gRPC over cleartext HTTP/2 (prior knowledge) instead: every call is
-    /// answered with the body as one gRPC message (ten on a method named `Stream`) and
-    /// `grpc-status: 0`; --delay-ms and queries do not apply.
-    #[arg(long, requires = "listen")]
+    /// Speak gRPC over HTTP/2 instead (listening: cleartext with prior knowledge; dialing in:
+    /// on HTTP/2 sessions, so --streams is required): every call is answered with the body as
+    /// one gRPC message (ten on a method named `Stream`) and `grpc-status: 0`; --delay-ms and
+    /// queries do not apply.
+    #[arg(long)]
     grpc: bool,
     /// Dial in to this Sluice acceptor instead, as sessions of --service.
     #[arg(long, value_name = "ADDR", requires_all = ["service", "sessions"])]
@@ -42,6 +44,11 @@ struct Cli {
     #[arg(long, value_name = "N", requires = "acceptor",
           value_parser = clap::value_parser!(u32).range(1..))]
     sessions: Option<u32>,
+    /// Register HTTP/2 sessions of N streams each (the SDK's `Options::streams`): each takes
+    /// N requests at once. Without it, HTTP/1.1 sessions.
+    #[arg(long, value_name = "N", requires = "acceptor",
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    streams: Option<u32>,
     /// The instance id (default: the proxy uses this host's address).
     #[arg(long, value_name = "ID", requires = "acceptor")]
     instance: Option<String>,
@@ -90,7 +97,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             None
         }
         (None, Some(acceptor)) => {
-            match dial_in(&cli, acceptor, backend, &counters, &mut stop).await? {
+            let sessions = if cli.grpc {
+                if cli.streams.is_none() {
+                    bail!("--grpc dialing in needs HTTP/2 sessions: give --streams N");
+                }
+                let (calls, reply) = (counters.clone(), backend.grpc_reply());
+                let service = tower::service_fn(move |req| {
+                    backend::grpc::call(calls.clone(), reply.clone(), req)
+                });
+                dial_in(&cli, acceptor, service, &counters, &mut stop).await?
+            } else {
+                let service = tower::service_fn(move |req| backend.clone().handle(req));
+                dial_in(&cli, acceptor, service, &counters, &mut stop).await?
+            };
+            match sessions {
                 Some(sessions) => Some(sessions),
                 None => return Ok(()),
             }
@@ -120,11 +140,12 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr}"))
 }
 
-/// Starts the sessions and waits until all are registered; `None` when told to stop first.
-async fn dial_in(
+/// Starts the sessions serving `service` and waits until all are registered; `None` when told
+/// to stop first.
+async fn dial_in<S: SessionService>(
     cli: &Cli,
     acceptor: &str,
-    backend: Arc<Backend>,
+    service: S,
     counters: &Arc<Counters>,
     stop: &mut Stop,
 ) -> anyhow::Result<Option<sluice_sdk::Sessions>> {
@@ -134,7 +155,7 @@ async fn dial_in(
     identity.token = std::env::var("SLUICE_TOKEN").ok();
     let mut options = Options::new(Acceptor::Tcp(acceptor.to_owned()), identity);
     options.capacity = capacity;
-    let service = tower::service_fn(move |req| backend.clone().handle(req));
+    options.streams = cli.streams;
     let sessions = sluice_sdk::serve(options, service)?;
     let mut status = sessions.subscribe();
     let ready = status.wait_for(|s| {

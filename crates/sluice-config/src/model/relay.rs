@@ -69,6 +69,11 @@ pub struct TunnelEnd {
     /// queue. They do not count towards `max_connections`, so silent peers cannot delay
     /// authenticated ones. Default 1024.
     pub max_unauthenticated: usize,
+    /// Fixed targets (each inside `allow`) to which `pool` connections each are kept
+    /// established, so a client's last leg costs no handshake either. Default: none.
+    pub pool_targets: Vec<SocketAddr>,
+    /// Connections kept to each of `pool_targets`; 0 with no targets.
+    pub pool: usize,
 }
 
 impl TunnelEnd {
@@ -85,6 +90,13 @@ pub struct AllowedTarget {
     pub net: IpNet,
     /// The one port allowed on them.
     pub port: u16,
+}
+
+impl AllowedTarget {
+    /// Whether `addr` (IPv4-mapped IPv6 taken as IPv4, as the relay matches it) is inside.
+    pub fn allows(&self, addr: SocketAddr) -> bool {
+        addr.port() == self.port && self.net.contains(&addr.ip().to_canonical())
+    }
 }
 
 /// A relay's timeouts, limits and socket settings. `Default` gives the documented defaults.

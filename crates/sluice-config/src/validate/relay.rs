@@ -83,6 +83,7 @@ fn forward(ctx: Ctx<'_>, span: Range<usize>, raw: &RawRelay) -> Result<Forward, 
             "max_unauthenticated",
             raw.max_unauthenticated.as_ref().map(Spanned::span),
         ),
+        ("pool_targets", raw.pool_targets.as_ref().map(Spanned::span)),
     ];
     for (key, span) in refused {
         refuse(ctx, span, key, "a tunnel end")?;
@@ -107,11 +108,7 @@ fn forward(ctx: Ctx<'_>, span: Range<usize>, raw: &RawRelay) -> Result<Forward, 
             return Err(ctx.err(token.span(), msg));
         }
     };
-    let pool = raw.pool.as_ref().map_or(0, |p| *p.get_ref());
-    if pool > MAX_POOL {
-        let span = raw.pool.as_ref().map(Spanned::span).unwrap_or_default();
-        return Err(ctx.err(span, format!("pool must be at most {MAX_POOL}")));
-    }
+    let pool = pool_size(ctx, raw)?;
     Ok(Forward {
         to: to.get_ref().0,
         tunnel,
@@ -126,7 +123,6 @@ fn tunnel_end(ctx: Ctx<'_>, raw: &RawRelay) -> Result<TunnelEnd, ConfigError> {
         ("to", raw.to.as_ref().map(Spanned::span)),
         ("target", raw.target.as_ref().map(Spanned::span)),
         ("token", raw.token.as_ref().map(Spanned::span)),
-        ("pool", raw.pool.as_ref().map(Spanned::span)),
         (
             "early_connect",
             raw.early_connect.as_ref().map(Spanned::span),
@@ -151,18 +147,68 @@ fn tunnel_end(ctx: Ctx<'_>, raw: &RawRelay) -> Result<TunnelEnd, ConfigError> {
             return Err(ctx.err(tunnel_span, msg));
         }
     };
+    let allow: Vec<AllowedTarget> = allow
+        .iter()
+        .map(|a| parse_allowed(a.get_ref()).map_err(|msg| ctx.err(a.span(), msg)))
+        .collect::<Result<_, _>>()?;
+    let (pool_targets, pool) = tunnel_pool(ctx, raw, &allow)?;
     Ok(TunnelEnd {
         tokens: tokens
             .iter()
             .map(|t| token_value(ctx, t))
             .collect::<Result<_, _>>()?,
-        allow: allow
-            .iter()
-            .map(|a| parse_allowed(a.get_ref()).map_err(|msg| ctx.err(a.span(), msg)))
-            .collect::<Result<_, _>>()?,
+        allow,
         preamble_timeout: preamble_timeout(ctx, raw)?,
         max_unauthenticated: max_unauthenticated(ctx, raw)?,
+        pool_targets,
+        pool,
     })
+}
+
+/// `pool`: at most [`MAX_POOL`] (connections to one next hop or target).
+fn pool_size(ctx: Ctx<'_>, raw: &RawRelay) -> Result<usize, ConfigError> {
+    let pool = raw.pool.as_ref().map_or(0, |p| *p.get_ref());
+    if pool > MAX_POOL {
+        let span = raw.pool.as_ref().map(Spanned::span).unwrap_or_default();
+        return Err(ctx.err(span, format!("pool must be at most {MAX_POOL}")));
+    }
+    Ok(pool)
+}
+
+/// A tunnel end's `pool_targets` and `pool`: both or neither, each target inside `allow` (a
+/// pool is never a way around it), none twice.
+fn tunnel_pool(
+    ctx: Ctx<'_>,
+    raw: &RawRelay,
+    allow: &[AllowedTarget],
+) -> Result<(Vec<std::net::SocketAddr>, usize), ConfigError> {
+    let pool = pool_size(ctx, raw)?;
+    let targets = raw.pool_targets.as_ref();
+    match (targets, &raw.pool) {
+        (None, None) => return Ok((Vec::new(), 0)),
+        (None, Some(p)) => {
+            let msg = "a tunnel end's `pool` needs `pool_targets`, the fixed targets to keep connections to";
+            return Err(ctx.err(p.span(), msg));
+        }
+        (Some(t), None) => {
+            let msg = "`pool_targets` needs `pool`, the connections kept to each";
+            return Err(ctx.err(t.span(), msg));
+        }
+        (Some(_), Some(_)) => {}
+    }
+    let mut seen = HashMap::new();
+    let mut out = Vec::new();
+    for t in targets.map(Spanned::get_ref).into_iter().flatten() {
+        let addr = t.get_ref().0;
+        let addr = std::net::SocketAddr::new(addr.ip().to_canonical(), addr.port());
+        if !allow.iter().any(|a| a.allows(addr)) {
+            let msg = format!("pool target {addr} is not inside `allow`");
+            return Err(ctx.err(t.span(), msg));
+        }
+        unique(ctx, &mut seen, &addr, t.span(), "pool target")?;
+        out.push(addr);
+    }
+    Ok((out, pool))
 }
 
 /// `preamble_timeout`: above zero (checked while parsing) and at most a minute.

@@ -46,13 +46,16 @@ pub fn legs(loss: f64) -> [Leg; 3] {
     [leg(30, 0.0), leg(200, loss), leg(25, 0.0)]
 }
 
-/// The variants, each adding one step to the previous: (name, entry relay keys, tunnel keys).
+/// The variants, each adding one step to the previous: (name, entry relay keys). The tuning
+/// keys go to the tunnel end too; `end_pool = N` gives the tunnel end a pool of N towards the
+/// server (`pool_targets`).
 const VARIANTS: &[(&str, &str)] = &[
     ("naive", "splice = false\n"),
     ("+pool", "splice = false\npool = 8\n"),
     ("+early", "splice = false\npool = 8\nearly_connect = true\n"),
     ("+tuning", "splice = false\npool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\n"),
     ("+splice", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\n"),
+    ("+end pool", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\nend_pool = 8\n"),
 ];
 
 const SIZES: &[(&str, u64)] = &[
@@ -111,14 +114,21 @@ fn start_relays(
     name: &str,
     keys: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let tuning: String = keys
-        .lines()
-        .filter(|l| !l.starts_with("pool") && !l.starts_with("early"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let lines = |keep: &dyn Fn(&str) -> bool| -> String {
+        keys.lines()
+            .filter(|l| keep(l))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    let entry_only = |l: &str| l.starts_with("pool") || l.starts_with("early");
+    let mut tuning = lines(&|l| !entry_only(l) && !l.starts_with("end_pool"));
+    if let Some(n) = keys.lines().find_map(|l| l.strip_prefix("end_pool = ")) {
+        tuning.push_str(&format!("pool_targets = [\"10.3.0.2:8000\"]\npool = {n}\n"));
+    }
     let core = format!(
         "[[relay]]\nname = \"core\"\nlisten = \"10.2.0.2:7100\"\ntunnel = true\ntokens = [\"bench-token\"]\nallow = [\"10.3.0.2:8000\"]\n{tuning}"
     );
+    let keys = lines(&|l| !l.starts_with("end_pool"));
     let edge = format!(
         "[[relay]]\nname = \"edge\"\nlisten = \"10.1.0.2:7000\"\nto = \"10.2.0.2:7100\"\ntarget = \"10.3.0.2:8000\"\ntoken = \"bench-token\"\n{keys}"
     );

@@ -12,7 +12,10 @@
 //! A response is read ahead in time as well as in size: once some of its body has come, a gap
 //! of [`STREAM_GAP`] without more sends what was read, so a stream (chunked JSON lines, a
 //! generator, a long poll's late answer) reaches the client as the service sends it instead of
-//! in one burst at its end. Events (`text/event-stream`) are never read ahead.
+//! in one burst at its end. Events (`text/event-stream`) are never read ahead. A gRPC call's
+//! request is a stream too, whose messages may wait for the answer's (a bidirectional call,
+//! one whose server speaks first): a gap of [`STREAM_GAP`] sends it on, also before its first
+//! message.
 //!
 //! An answer whose client left is read off, discarded, up to [`read_off_limit`], so that its
 //! connection or session goes back (HTTP/1.1 cannot cancel a request); past it, or for an
@@ -29,9 +32,19 @@ pub(crate) const STREAM_GAP: Duration = Duration::from_millis(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReadAhead {
     limit: usize,
-    /// Whether a pause ends it (a response's) or it waits as long as the body takes to come
-    /// (a request's, bounded by the client's body timeout).
-    pauses: bool,
+    pauses: Pauses,
+}
+
+/// When a pause in a body ends its read-ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pauses {
+    /// Never: it waits as long as the body takes to come (a request's, bounded by the
+    /// client's body timeout).
+    Never,
+    /// Once some of it has come (a response's).
+    AfterSome,
+    /// From its start (a gRPC call's request).
+    Always,
 }
 
 impl ReadAhead {
@@ -39,7 +52,15 @@ impl ReadAhead {
     pub(crate) fn request(limit: usize) -> Self {
         Self {
             limit,
-            pauses: false,
+            pauses: Pauses::Never,
+        }
+    }
+
+    /// A gRPC call's request body's read-ahead into `limit` bytes.
+    pub(crate) fn call(limit: usize) -> Self {
+        Self {
+            limit,
+            pauses: Pauses::Always,
         }
     }
 
@@ -47,7 +68,7 @@ impl ReadAhead {
     pub(crate) fn response(limit: usize) -> Self {
         Self {
             limit,
-            pauses: true,
+            pauses: Pauses::AfterSome,
         }
     }
 
@@ -69,9 +90,15 @@ impl ReadAhead {
     }
 
     /// How long to wait for more with `len` in hand before what was read goes out: a
-    /// response's [`STREAM_GAP`] once some of it has come; otherwise (`None`) until it comes.
+    /// response's [`STREAM_GAP`] once some of it has come, a call's always; otherwise (`None`)
+    /// until it comes.
     pub(crate) fn wait(&self, len: usize) -> Option<Duration> {
-        (self.pauses && len > 0).then_some(STREAM_GAP)
+        let pauses = match self.pauses {
+            Pauses::Never => false,
+            Pauses::AfterSome => len > 0,
+            Pauses::Always => true,
+        };
+        pauses.then_some(STREAM_GAP)
     }
 
     /// What the rest of a body may hold in memory once the read-ahead stopped at a pause with
@@ -136,6 +163,12 @@ mod tests {
     #[test]
     fn a_request_body_waits_for_the_client() {
         assert_eq!(ReadAhead::request(64).wait(10), None);
+    }
+
+    #[test]
+    fn a_calls_request_pauses_before_its_first_message_too() {
+        assert_eq!(ReadAhead::call(64).wait(0), Some(STREAM_GAP));
+        assert_eq!(ReadAhead::call(64).wait(10), Some(STREAM_GAP));
     }
 
     #[test]

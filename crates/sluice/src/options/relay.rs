@@ -27,6 +27,8 @@ pub fn config(cfg: &sluice_config::Relay) -> RelayConfig {
                 .collect(),
             preamble_timeout: end.preamble_timeout,
             max_unauthenticated: end.max_unauthenticated,
+            pool_targets: end.pool_targets.clone(),
+            pool: end.pool,
         }),
     };
     RelayConfig {

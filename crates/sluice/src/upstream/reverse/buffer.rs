@@ -12,7 +12,6 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::protocol::Lease;
 use crate::body::{ProxyBody, Pump, Release, Rest};
 use crate::error::ProxyError;
 use crate::http::read_ahead::{self, ReadAhead};
@@ -31,12 +30,12 @@ struct Read<B> {
 
 impl<B: Into<Rest>> Read<B> {
     /// The body to forward: what was read, then the trailers or the rest.
-    fn into_body(self, lease: Option<Lease>) -> ProxyBody {
+    fn into_body(self, release: Option<Box<dyn Release>>) -> ProxyBody {
         ProxyBody::Buffered {
             head: self.chunks,
             trailers: self.trailers,
             rest: self.rest.map(Into::into),
-            release: lease.map(|l| Box::new(l) as Box<dyn Release>),
+            release,
         }
     }
 }
@@ -96,14 +95,19 @@ async fn read_ahead<B: Body<Data = Bytes> + Unpin>(
 /// then the rest. A known length over the limit streams as it comes. A client that stops
 /// sending for its `client_body_timeout` gets 408 (no session was leased for it). A static
 /// cluster whose retry policy may send a request again reads it ahead too.
+/// A gRPC call's request goes on at a pause, also before its first message (`read_ahead`).
 pub(crate) async fn request(
     req: Request<ProxyBody>,
     limit: usize,
 ) -> Result<Request<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
+    let rule = match crate::http::grpc::is_grpc(&parts.headers) {
+        true => ReadAhead::call(limit),
+        false => ReadAhead::request(limit),
+    };
     let body = match body {
-        ProxyBody::Client { body } if fits(&body, limit) => read_request(body, limit).await?,
-        ProxyBody::Incoming { body } if fits(&body, limit) => read_request(body, limit).await?,
+        ProxyBody::Client { body } if fits(&body, limit) => read_request(body, rule).await?,
+        ProxyBody::Incoming { body } if fits(&body, limit) => read_request(body, rule).await?,
         other => other,
     };
     Ok(Request::from_parts(parts, body))
@@ -114,14 +118,14 @@ fn fits(body: &impl Body, limit: usize) -> bool {
     !body.is_end_stream() && body.size_hint().lower() <= limit as u64
 }
 
-/// Reads a request body ahead into `limit`: whole (sent with Content-Length, replayable), or
-/// what fit followed by the rest.
-async fn read_request<B>(body: B, limit: usize) -> Result<ProxyBody, ProxyError>
+/// Reads a request body ahead by `rule`: whole (sent with Content-Length, replayable), or what
+/// fit (or came before a pause) followed by the rest.
+async fn read_request<B>(body: B, rule: ReadAhead) -> Result<ProxyBody, ProxyError>
 where
     B: Body<Data = Bytes> + Unpin + Into<Rest>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let ahead = read_ahead(body, ReadAhead::request(limit))
+    let ahead = read_ahead(body, rule)
         .await
         .map_err(|e| ProxyError::client_body(e.into()))?;
     let with_length = ReadAhead::ends_with_length(ahead.trailers.is_some());
@@ -144,13 +148,14 @@ fn concat(mut chunks: VecDeque<Bytes>) -> Bytes {
     Bytes::from(all)
 }
 
-/// Reads the service's body ahead into `limit` bytes and gives the session back at once when
-/// the body ended within them; otherwise the session goes back when the rest has been read.
-/// Event streams are not read ahead at all: holding their events back would stall them.
-pub(super) async fn response(
+/// Reads the service's body ahead into `limit` bytes and gives the session back (`lease`: a
+/// session's [`Lease`], or a stream's half of one) at once when the body ended within them;
+/// otherwise the session goes back when the rest has been read. Event streams are not read
+/// ahead at all: holding their events back would stall them.
+pub(super) async fn response<L: Release + 'static>(
     res: Response<Incoming>,
     limit: usize,
-    mut lease: Lease,
+    mut lease: L,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (parts, body) = res.into_parts();
     if body.is_end_stream() || is_event_stream(&parts.headers) {
@@ -177,7 +182,7 @@ pub(super) async fn response(
         }
         Some(rest) => {
             ahead.rest = Some(rest);
-            ahead.into_body(Some(lease))
+            ahead.into_body(Some(Box::new(lease)))
         }
     };
     Ok(Response::from_parts(parts, body))
@@ -187,7 +192,7 @@ pub(super) async fn response(
 /// budget, and gives the session back as soon as the last frame is read, whether or not the
 /// client has taken it yet. The session closes instead if the body fails, or the client goes
 /// away before its end.
-async fn pump_rest(mut body: Incoming, pump: Pump, mut lease: Lease) {
+async fn pump_rest<L: Release>(mut body: Incoming, pump: Pump, mut lease: L) {
     loop {
         let frame = tokio::select! {
             frame = body.frame() => frame,

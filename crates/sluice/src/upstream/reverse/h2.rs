@@ -9,15 +9,19 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::TokioIo;
 use sluice_reverse::ParkedIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::oneshot;
+use tracing::warn;
 
-use crate::body::ProxyBody;
+use super::protocol::Lease;
+use crate::body::{ProxyBody, Release};
 use crate::upstream::connect::h2_client;
 
 /// One stream's lease on an HTTP/2 session.
@@ -41,12 +45,29 @@ pub(super) type H2Connection = Pin<Box<dyn Future<Output = io::Result<()>> + Sen
 impl H2Stream {
     /// Starts hyper's HTTP/2 client on a registered stream that takes `streams` requests at
     /// once (the client sends the connection preface; the service is the server).
+    /// The session's task ends when its socket is closed: hyper's client may stop before
+    /// (a `GOAWAY` from the service) while the connection still carries streams, and until
+    /// then the session counts against its limits.
     pub(super) async fn start(io: ParkedIo, streams: u32) -> io::Result<(Self, H2Connection)> {
+        let (closed, on_close) = oneshot::channel::<()>();
+        let io = Watched {
+            io,
+            _closed: closed,
+        };
         let (sender, conn) = h2_client(streams)
             .handshake(TokioIo::new(io))
             .await
             .map_err(io::Error::other)?;
-        let conn: H2Connection = Box::pin(async move { conn.await.map_err(io::Error::other) });
+        let conn: H2Connection = Box::pin(async move {
+            let ended = conn.await;
+            if let Err(error) = &ended {
+                // Most often a service whose server does not speak HTTP/2 (it registered with
+                // Sluice-Protocol: h2 all the same): no request will ever succeed on it.
+                warn!(%error, "an HTTP/2 session failed; is the service's server speaking HTTP/2?");
+            }
+            let _ = on_close.await;
+            ended.map_err(io::Error::other)
+        });
         let stream = Self {
             sender,
             ending: Arc::default(),
@@ -83,5 +104,118 @@ impl H2Stream {
     /// The client, to send this stream's request with.
     pub(super) fn sender(&mut self) -> &mut SendRequest<ProxyBody> {
         &mut self.sender
+    }
+}
+
+/// A session's socket as hyper's HTTP/2 client holds it: dropping it (the connection closed)
+/// tells the session's task.
+struct Watched {
+    io: ParkedIo,
+    _closed: oneshot::Sender<()>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// One stream's lease, held by the exchange's two halves: the request body (hyper drops it
+/// once it has sent it whole, or when the stream ends or is reset) and the response (its body
+/// read to the end, or dropped). The stream goes back when both are done, so a service that
+/// answers before it has read the whole request never has more streams open than it declared.
+pub(super) struct Halves {
+    lease: Mutex<Option<Lease>>,
+    left: AtomicU8,
+}
+
+impl Halves {
+    /// The two halves of `lease`: the request's and the response's.
+    pub(super) fn split(lease: Lease) -> (Half, Half) {
+        let halves = Arc::new(Self {
+            lease: Mutex::new(Some(lease)),
+            left: AtomicU8::new(2),
+        });
+        (Half(Some(Arc::clone(&halves))), Half(Some(halves)))
+    }
+
+    fn take(&self) -> Option<Lease> {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// One half of a stream's lease ([`Halves`]): done when it is finished or dropped.
+pub(super) struct Half(Option<Arc<Halves>>);
+
+impl std::fmt::Debug for Half {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Half").finish_non_exhaustive()
+    }
+}
+
+impl Half {
+    /// Gives the stream back now, whatever the other half: the exchange failed, so nothing is
+    /// open at the service; `end` (a request the service refused unprocessed, its connection
+    /// going away) ends the session too, so that its other idle streams are not leased.
+    pub(super) fn give_back_now(mut self, end: bool) {
+        let Some(mut lease) = self.0.take().and_then(|h| h.take()) else {
+            return;
+        };
+        if end {
+            if let Some(session) = lease.session() {
+                session.end();
+            }
+        }
+        drop(lease);
+    }
+}
+
+impl Release for Half {
+    fn finish(&mut self) {
+        let Some(halves) = self.0.take() else { return };
+        if halves.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // A shared session's lease checks its stream in as it drops.
+            drop(halves.take());
+        }
+    }
+}
+
+impl Drop for Half {
+    fn drop(&mut self) {
+        self.finish();
     }
 }

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::buffer;
+use super::h2::Halves;
 use super::protocol::{Lease, ReverseSlice, Session, SessionClient, SlicePool};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
@@ -45,8 +46,10 @@ pub(crate) async fn send(
     let replay = (retries.may_replay() || retry::is_idempotent(req.method()))
         .then(|| Replay::of(&req))
         .flatten();
+    let mut refused_streams = 0;
     loop {
         let instance = Arc::clone(session.instance());
+        let shared = session.is_shared();
         req = match send_on(pool, session, req).await {
             Ok(mut res) => {
                 let status = res.status().as_u16();
@@ -70,6 +73,20 @@ pub(crate) async fn send(
                     }
                 }
             }
+            // A stream of an HTTP/2 session that refused it unprocessed (a GOAWAY hyper had not
+            // yet acted on, or REFUSED_STREAM) goes to another session without using up the
+            // retry a stale HTTP/1.1 session gets: several sessions may be going away at once
+            // (an instance's graceful shutdown). That session ended with the failure.
+            Err(failure)
+                if shared
+                    && failure.failed == retry::Failed::Unsent
+                    && refused_streams < MAX_REFUSED_STREAMS =>
+            {
+                refused_streams += 1;
+                let error = &failure.error;
+                debug!(instance = %instance.id(), %error, "an HTTP/2 session refused the request unprocessed; sending it on another");
+                failure.request(replay.as_ref())?
+            }
             Err(failure) => {
                 let body = exchange::kept(replay.as_ref());
                 if retries.after_failure(failure.failed, true, body).is_none() {
@@ -86,6 +103,10 @@ pub(crate) async fn send(
         leased_at = self::leased_at(queued);
     }
 }
+
+/// How many HTTP/2 sessions may refuse a request unprocessed before it fails: each refusal
+/// ends its session, so more means sessions are going away faster than the request finds one.
+const MAX_REFUSED_STREAMS: usize = 4;
 
 /// When a request that waited `queued` for its session got it: now, read only if it waited.
 pub(super) fn leased_at(queued: std::time::Duration) -> Option<std::time::Instant> {
@@ -146,20 +167,32 @@ async fn send_on(
 /// the session carries on.
 async fn send_on_stream(
     pool: &Arc<SlicePool>,
-    session: Session,
+    mut session: Session,
     req: Request<ProxyBody>,
 ) -> Result<Response<ProxyBody>, Failure> {
-    let mut lease = Lease::new(Some(session), Arc::clone(pool));
-    let Some(SessionClient::H2(stream)) = lease.session().map(|s| s.client()) else {
+    let SessionClient::H2(stream) = session.client() else {
         return Err(Failure::later(ProxyError::UpstreamInvalid(
             "session closed",
         )));
     };
+    let mut sender = stream.sender().clone();
+    // The stream goes back when both its request body and its response are done (or dropped:
+    // a client that leaves drops this future and both with it).
+    let lease = Lease::new(Some(session), Arc::clone(pool));
+    let (request_half, response_half) = Halves::split(lease);
+    let req = req.map(|body| body.reported(Box::new(move |_, _| drop(request_half))));
     let timeout = exchange::response_timeout(&req, pool.options().response_timeout);
-    let res = exchange::send_h2(stream.sender(), req, timeout, "http", &"sluice").await?;
-    buffer::response(res, pool.options().response_buffer, lease)
-        .await
-        .map_err(Failure::later)
+    match exchange::send_h2(&mut sender, req, timeout, "http", &"sluice").await {
+        Ok(res) => buffer::response(res, pool.options().response_buffer, response_half)
+            .await
+            .map_err(Failure::later),
+        Err(failure) => {
+            // Refused unprocessed: the connection is going away (a GOAWAY hyper has not yet
+            // acted on), and its other streams must not be leased.
+            response_half.give_back_now(failure.failed == retry::Failed::Unsent);
+            Err(failure)
+        }
+    }
 }
 
 /// Resolves to the answer and the session it came on.
