@@ -81,7 +81,7 @@ def test_registration_bytes(vector: dict[str, Any]) -> None:
 def test_the_vectors_have_http2_registrations() -> None:
     """The HTTP/2 vectors are run, not skipped by a file without them."""
     assert [v["streams"] for v in load()["registrations"] if v.get("streams")] == [100, 1]
-    assert len([v for v in load()["replies"] if v["request"] == "register-h2"]) == 5
+    assert len([v for v in load()["replies"] if v["request"] == "register-h2"]) >= 5
 
 
 @pytest.mark.parametrize("vector", section("drains"))
