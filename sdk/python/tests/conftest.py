@@ -19,7 +19,10 @@ from harness import Binaries, Sluice, start_sluice  # noqa: E402
 
 @pytest.fixture(scope="session")
 def sluice_bin() -> Path:
-    """The proxy, built (or found up to date) once per run."""
+    """The proxy, built (or found up to date) once per run; ``$SLUICE_BIN`` names a prebuilt
+    one instead (e.g. a branch's debug binary), used as it is."""
+    if prebuilt := os.environ.get("SLUICE_BIN"):
+        return Path(prebuilt)
     cargo = ["cargo", "build", "--locked", "--quiet", "-p", "sluice-cli", "--bin", "sluice"]
     subprocess.run(cargo, cwd=REPO, check=True)
     return Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "debug" / "sluice"

@@ -29,6 +29,8 @@ from wsproto.events import (
 )
 
 SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: sluice-session/1\r\n\r\n"
+SWITCH_H2 = (b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+             b"Upgrade: sluice-session/1\r\nSluice-Protocol: h2\r\n\r\n")
 DRAINED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\nConnection: close\r\n\r\ndraining\n"
 REASONS = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 410: "Gone",
            429: "Too Many Requests", 503: "Service Unavailable"}
@@ -211,8 +213,11 @@ class FakeAcceptor:
     get 503, as from the real acceptor. With ``close_on_drain`` the drain also closes every
     session not taken over by a WebSocket (right for tests with no request in flight)."""
 
-    def __init__(self, answers: list[int] | None = None, close_on_drain: bool = False) -> None:
+    def __init__(self, answers: list[int] | None = None, close_on_drain: bool = False,
+                 switch: bytes = SWITCH) -> None:
         self.answers = list(answers or [])
+        #: The ``101`` a registration gets (``SWITCH_H2`` for an acceptor of HTTP/2 sessions).
+        self.switch = switch
         #: When set, the status every registration gets (after ``answers``), e.g. 410 while
         #: an operator holds the instance drained.
         self.refuse_all: int | None = None
@@ -293,7 +298,7 @@ class FakeAcceptor:
             writer.close()
             return
         self.registrations.append(headers)
-        writer.write(SWITCH)
+        writer.write(self.switch)
         session = FakeSession(reader, writer, headers)
         self.opened.append(session)
         await self.sessions.put(session)

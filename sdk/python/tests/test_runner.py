@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from fakenodes import FakeNode, Tally
-from fakes import FakeAcceptor, run, self_signed
+from fakes import SWITCH_H2, FakeAcceptor, run, self_signed
+from h2fakes import H2Client
 
 APP = '''
 import asyncio
@@ -115,6 +116,26 @@ def test_serves_the_app_and_drains_on_sigterm(tmp_path: Path) -> None:
     run(main(), limit=30)
 
 
+def test_streams_serves_http2_sessions_and_sigterm_drains_them(tmp_path: Path) -> None:
+    async def main() -> None:
+        acc = FakeAcceptor(switch=SWITCH_H2)
+        runner = await Runner.start(tmp_path, "svc:app", "--acceptor", await acc.start_tcp(),
+                                    "--streams", "6")
+        s = await acc.session()
+        assert (s.headers["sluice-protocol"], s.headers["sluice-streams"]) == ("h2", "6")
+        client = await H2Client(s.reader, s.writer).start()
+        r = await client.request("GET", "/x")
+        assert (r.status, r.body) == (200, b"ran /x")
+        assert client.max_concurrent_streams == 6
+        assert "HTTP/2 sessions of 6 streams" in await runner.line("serving")
+        runner.proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(client.goaway.wait(), 10)  # the drain's GOAWAY
+        assert await runner.exit() == 0
+        assert len(acc.drains) == 1
+
+    run(main(), limit=30)
+
+
 def test_a_second_signal_closes_at_once(tmp_path: Path) -> None:
     async def main() -> None:
         acc = FakeAcceptor()
@@ -186,6 +207,8 @@ def test_an_unreachable_acceptor_is_retried_not_fatal(tmp_path: Path) -> None:
     (["svc:app", "--token", "env:NO_SUCH_VARIABLE"], 2, "NO_SUCH_VARIABLE is not set"),
     (["svc:app", "--tls-cert", "c.pem"], 2, "--tls-cert and --tls-key go together"),
     (["svc:app", "--capacity", "many"], 2, "invalid int value: 'many'"),
+    (["svc:app", "--streams", "0"], 2, "or a whole number from 1 to 1000 (HTTP/2 sessions)"),
+    (["svc:app", "--streams", "1001"], 2, "or a whole number from 1 to 1000 (HTTP/2 sessions)"),
 ])
 def test_command_line_errors_are_clear(tmp_path: Path, args: list[str], code: int, message: str) -> None:
     (tmp_path / "broken.py").write_text("import missing_dependency\napp = None\n")
@@ -229,7 +252,7 @@ def test_help_names_every_option() -> None:
 
     out = subprocess.run([sys.executable, "-m", "sluice_sdk", "--help"], capture_output=True,
                          text=True, check=True).stdout
-    for option in ("--acceptor", "--capacity", "--service", "--slice", "--instance", "--token",
+    for option in ("--acceptor", "--capacity", "--streams", "--service", "--slice", "--instance", "--token",
                    "--tls", "--lifespan", "--drain-timeout", "dns:NAME:PORT", "--resolve-interval",
                    "--node-grace"):
         assert option in out

@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 
 import sluice_sdk
-from fakes import FakeAcceptor, run, serve_once
+import h11
+
+from fakes import SWITCH_H2, FakeAcceptor, run, serve_once
+from h2fakes import H2Client
 from sluice_sdk import (
     Backoff,
     Identity,
@@ -57,9 +60,10 @@ def identity(v: dict[str, Any]) -> Identity:
     return Identity(v["service"], v["slice"], v["instance"], v["token"])
 
 
-def options(acceptor: str, v: dict[str, Any]) -> Options:
+def options(acceptor: str, v: dict[str, Any], streams: int | None = None) -> Options:
     return Options(acceptor=acceptor, service=v["service"], slice=v["slice"], instance=v["instance"],
-                   token=v["token"], backoff=Backoff(initial=0.01), handshake_timeout=5.0)
+                   token=v["token"], backoff=Backoff(initial=0.01), handshake_timeout=5.0,
+                   streams=streams)
 
 
 def test_the_vectors_file_is_version_1() -> None:
@@ -68,7 +72,16 @@ def test_the_vectors_file_is_version_1() -> None:
 
 @pytest.mark.parametrize("vector", section("registrations"))
 def test_registration_bytes(vector: dict[str, Any]) -> None:
-    assert registration(identity(vector["identity"]), vector["capacity"]) == latin1(vector["bytes"])
+    # `streams` absent or null: an HTTP/1.1 session; a number: Sluice-Protocol: h2 and
+    # Sluice-Streams.
+    got = registration(identity(vector["identity"]), vector["capacity"], vector.get("streams"))
+    assert got == latin1(vector["bytes"])
+
+
+def test_the_vectors_have_http2_registrations() -> None:
+    """The HTTP/2 vectors are run, not skipped by a file without them."""
+    assert [v["streams"] for v in load()["registrations"] if v.get("streams")] == [100, 1]
+    assert len([v for v in load()["replies"] if v["request"] == "register-h2"]) >= 5
 
 
 @pytest.mark.parametrize("vector", section("drains"))
@@ -83,11 +96,14 @@ def test_registration_is_what_the_sdk_writes(vector: dict[str, Any]) -> None:
     """The bytes written on a real socket by ``dial.register`` (the SDK always sends its
     current capacity, so vectors without ``Sluice-Capacity`` are covered by the codec test)."""
     seen: list[bytes] = []
+    streams = vector.get("streams")
+    switch = SWITCH_H2 if streams else b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: sluice-session/1\r\n\r\n"
 
     async def main() -> None:
-        server, addr = await serve_once(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: sluice-session/1\r\n\r\n", seen.append)
+        server, addr = await serve_once(switch, seen.append)
         async with server:
-            _, writer, _ = await dial.register(options(addr, vector["identity"]), vector["capacity"])
+            _, writer, _ = await dial.register(options(addr, vector["identity"], streams),
+                                               vector["capacity"])
             writer.close()
 
     run(main())
@@ -102,7 +118,9 @@ def test_reply(vector: dict[str, Any]) -> None:
 
     async def main() -> None:
         server, addr = await serve_once(data)
-        o = dataclasses.replace(opts, acceptor=addr)
+        # "register-h2": a registration with Sluice-Protocol: h2 (here of 8 streams).
+        streams = 8 if vector["request"] == "register-h2" else None
+        o = dataclasses.replace(opts, acceptor=addr, streams=streams)
         async with server:
             if vector["request"] == "drain":
                 await dial.drain(o)
@@ -195,6 +213,64 @@ def test_wsgi_app_sees_the_fields_as_sent(vector: dict[str, Any]) -> None:
         return []
 
     fields_the_app_sees(WsgiApp(wsgi), latin1(vector["request"]))
+    [environ] = seen
+    for name, values in vector["fields"].items():
+        key = "HTTP_" + name.upper().replace("-", "_")
+        assert environ.get(key) == (",".join(values) if values else None), name
+
+
+def fields_the_app_sees_on_http2(app: ASGIApp, request: bytes) -> None:
+    """The same request on an HTTP/2 session, as Sluice forwards it there: its field lines
+    (names lower-case, as HTTP/2 has them; values as sent, in order) in a HEADERS frame."""
+
+    async def main() -> None:
+        parser = h11.Connection(h11.SERVER)
+        parser.receive_data(request)
+        head = parser.next_event()
+        assert isinstance(head, h11.Request)
+        host = dict(head.headers)[b"host"].decode()
+        fields = [(k.decode(), v.decode("latin-1")) for k, v in head.headers if k != b"host"]
+        acc = FakeAcceptor(switch=SWITCH_H2)
+        opts = Options(acceptor=await acc.start_tcp(), service="api", streams=4,
+                       backoff=Backoff(initial=0.01))
+        sessions = await sluice_sdk.serve(app, opts, lifespan="off")
+        s = await acc.session()
+        client = await H2Client(s.reader, s.writer).start()
+        r = await client.request(head.method.decode(), head.target.decode(), fields,
+                                 authority=host)
+        assert r.status == 200
+        sessions.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("vector", section("app_fields"))
+def test_asgi_app_sees_the_fields_as_sent_on_http2_sessions(vector: dict[str, Any]) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    fields_the_app_sees_on_http2(app, latin1(vector["request"]))
+    [scope] = seen
+    assert scope["http_version"] == "2"
+    for name, values in vector["fields"].items():
+        got = [v for k, v in scope["headers"] if k == name.encode()]
+        assert got == [latin1(v) for v in values], name
+
+
+@pytest.mark.parametrize("vector", section("app_fields"))
+def test_wsgi_app_sees_the_fields_as_sent_on_http2_sessions(vector: dict[str, Any]) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.append(dict(environ))
+        start_response("200 OK", [("Content-Length", "0")])
+        return []
+
+    fields_the_app_sees_on_http2(WsgiApp(wsgi), latin1(vector["request"]))
     [environ] = seen
     for name, values in vector["fields"].items():
         key = "HTTP_" + name.upper().replace("-", "_")

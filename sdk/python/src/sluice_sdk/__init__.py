@@ -5,7 +5,8 @@ The service opens connections to the proxy's acceptor and registers each as a se
 concurrency. :func:`serve` keeps ``Options.capacity`` sessions registered, re-dials a
 replacement whenever the proxy closes one, backs off with jitter while the acceptor is
 unreachable or busy, stops the slots for good on 400/401/404, and probes slowly while an
-operator holds the instance drained (410). :class:`Sessions` changes the
+operator holds the instance drained (410). ``Options.streams`` makes each session an HTTP/2
+one taking that many requests at once. :class:`Sessions` changes the
 capacity at runtime and drains gracefully::
 
     sessions = await sluice_sdk.serve(app, Options(acceptor="127.0.0.1:7070", service="hello"))
@@ -28,6 +29,8 @@ Layout:
 * ``aio``: ``wait_for`` that never loses a cancellation.
 * ``asgi``: ASGI types and the ``http`` and ``websocket`` scopes of a request.
 * ``server``: one HTTP/1.1 connection (h11) running an ASGI application.
+* ``h2server``: one HTTP/2 connection (h2) running an ASGI application, a stream per request
+  (sessions registered with ``Options.streams``).
 * ``websocket``: a WebSocket upgrade on that connection (wsproto).
 * ``slot``: one task per session: dial, register, serve, re-dial, retire.
 * ``state``: counters shared by the handle and the slots.
@@ -48,6 +51,7 @@ Layout:
 from .address import InvalidAddress
 from .errors import (
     ConnectError,
+    H2Unsupported,
     HandshakeTimeout,
     LifespanError,
     OptionsError,
@@ -67,6 +71,7 @@ from .wsgi import WsgiApp
 __all__ = [
     "Backoff",
     "ConnectError",
+    "H2Unsupported",
     "HandshakeTimeout",
     "Identity",
     "InvalidAddress",

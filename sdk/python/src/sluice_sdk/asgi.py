@@ -29,13 +29,21 @@ class Peer:
 
 def scope(request: h11.Request, peer: Peer) -> Scope:
     """The ASGI HTTP scope of ``request``."""
-    raw_path, _, query = bytes(request.target).partition(b"?")
     headers = [(bytes(k), bytes(v)) for k, v in request.headers]
+    return http_scope(request.method, bytes(request.target), request.http_version.decode(),
+                      headers, peer)
+
+
+def http_scope(method: bytes, target: bytes, http_version: str,
+               headers: list[tuple[bytes, bytes]], peer: Peer) -> Scope:
+    """The ASGI HTTP scope of a request, HTTP/1.1 or HTTP/2 alike: ``headers`` as they reach
+    the app (lower-case names, values as sent, in order)."""
+    raw_path, _, query = target.partition(b"?")
     return {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": request.http_version.decode(),
-        "method": request.method.decode("ascii"),
+        "http_version": http_version,
+        "method": method.decode("ascii"),
         "scheme": _forwarded_proto(headers) if peer.forwarded else "http",
         "path": unquote_to_bytes(raw_path).decode("utf-8", "surrogateescape"),
         "raw_path": raw_path,

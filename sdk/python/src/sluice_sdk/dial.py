@@ -42,8 +42,9 @@ async def register(options: Options, capacity: int,
                    node: Endpoint | None = None) -> tuple[StreamReader, StreamWriter, bytes]:
     """Dials and registers one session (at ``node``, else at ``options.acceptor``); returns the
     stream and the bytes read past the ``101`` (the start of the first request). ``capacity``
-    goes into ``Sluice-Capacity``."""
-    handshake = Handshake("register", options.identity, capacity)
+    goes into ``Sluice-Capacity``; with ``options.streams`` the session is an HTTP/2 one, and
+    a ``101`` that does not say so raises :class:`H2Unsupported` (not retryable)."""
+    handshake = Handshake("register", options.identity, capacity, options.streams)
     reader, writer, reply = await _open(options, handshake, node)
     if not isinstance(reply, Switched):  # feed() classifies by kind; kept for -O runs too
         writer.close()

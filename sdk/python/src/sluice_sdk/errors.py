@@ -57,6 +57,19 @@ class ProtocolError(SluiceError):
     """The acceptor's answer is not the session protocol, or it closed early (upstream; retried)."""
 
 
+class H2Unsupported(ProtocolError):
+    """An HTTP/2 registration (``Options.streams``) was answered with a ``101`` that does not
+    name ``Sluice-Protocol: h2``: the acceptor does not take HTTP/2 sessions. Not retried: the
+    deployment must change (a newer Sluice, or ``streams=None`` for HTTP/1.1 sessions)."""
+
+    retryable = False
+
+    def __init__(self) -> None:
+        super().__init__("the acceptor does not take HTTP/2 sessions (its 101 to a registration "
+                         "with Sluice-Protocol: h2 does not name h2): upgrade Sluice or register "
+                         "HTTP/1.1 sessions (streams=None)")
+
+
 class LifespanError(SluiceError):
     """The application's ASGI lifespan startup failed (``lifespan.startup.failed``), or it does
     not support the protocol where it must (``lifespan="on"``): the service cannot start."""

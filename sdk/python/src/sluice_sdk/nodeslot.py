@@ -12,8 +12,9 @@ from . import dial
 from .errors import ConnectError, SluiceError
 from .fleet import Fleet, Node
 from .options import Options
+from .h2server import H2Connection
 from .server import ASGIApp, Connection, Peer
-from .slot import _peer
+from .slot import _peer, connection, leave
 from .state import Shared
 from .websocket import WebSocket
 
@@ -27,7 +28,7 @@ class NodeHooks:
 
     fleet: Fleet
     node: Node
-    conn: Connection | None = None
+    conn: Connection | H2Connection | None = None
     served: bool = False
     retired: bool = False
 
@@ -108,12 +109,18 @@ class NodeSlot:
         capacity = self.shared.counts.target
         reader, writer, rest = await dial.register(self.options, capacity, node.endpoint)
         peer = Peer(server=None, client=_peer(writer), forwarded=True)
-        hooks.conn = conn = Connection(self.app, reader, writer, hooks, peer)
-        with self.shared.session_registered(lambda: False):
+        hooks.conn = conn = connection(self.options, self.app, reader, writer, hooks, peer)
+        with self.shared.session_registered(lambda: False, leave(conn)):
             node.report.registered()
             try:
                 unused = self.fleet.opened(node, hooks) or self.shared.counts.stopping
-                if unused and not rest:
+                if unused and isinstance(conn, H2Connection):
+                    # Bytes past an HTTP/2 session's 101 are Sluice's preface, not a request:
+                    # it closes with GOAWAY (whatever came with the preface is still served).
+                    log.debug("slot %d: the new session at %s retires at once", self.id, node)
+                    hooks.retired = True
+                    conn.begin_close()
+                elif unused and not rest:
                     log.debug("slot %d: the new session at %s retires at once", self.id, node)
                     hooks.retired = True
                     writer.close()

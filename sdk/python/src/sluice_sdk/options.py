@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from . import address
 from .errors import OptionsError
-from .protocol import Identity
+from .protocol import MAX_STREAMS, Identity
 
 #: Resolves a name and port to the nodes' ``(ip, port)`` pairs, in order (every A and AAAA
 #: record). The default asks the system resolver (``loop.getaddrinfo``).
@@ -65,6 +65,7 @@ class Options:
     instance: str | None = None
     token: str | None = field(default=None, repr=False)
     capacity: int = 1
+    streams: int | None = None
     ssl: _ssl.SSLContext | None = None
     server_hostname: str | None = None
     backoff: Backoff = field(default_factory=Backoff)
@@ -88,6 +89,11 @@ class Options:
                 raise OptionsError("TLS over a unix: acceptor needs server_hostname")
         if not isinstance(self.capacity, int) or self.capacity < 0:
             raise OptionsError("capacity must be a non-negative integer")
+        if self.streams is not None and (
+                isinstance(self.streams, bool) or not isinstance(self.streams, int)
+                or not 1 <= self.streams <= MAX_STREAMS):
+            raise OptionsError(f"streams must be None (HTTP/1.1 sessions) or a whole number from "
+                               f"1 to {MAX_STREAMS} (HTTP/2 sessions), not {self.streams!r}")
         self._validate_timing()
 
     def _set_acceptor(self) -> None:

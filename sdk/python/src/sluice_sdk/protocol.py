@@ -10,13 +10,18 @@ from typing import Literal, Union
 
 import h11
 
-from .errors import ProtocolError, Refused
+from .errors import H2Unsupported, ProtocolError, Refused
 
 SESSION_PATH = "/.sluice/v1/session"
 DRAIN_PATH = "/.sluice/v1/drain"
 CONTROL_PATH = "/.sluice/v1/control"
 UPGRADE_TOKEN = "sluice-session/1"
 CONTROL_TOKEN = "sluice-control/1"
+#: ``Sluice-Protocol`` of an HTTP/2 session (protocol/README.md "HTTP/2 sessions").
+PROTOCOL_H2 = "h2"
+PROTOCOL_HTTP1 = "http/1.1"
+#: The most streams an HTTP/2 session may declare (``Sluice-Streams``).
+MAX_STREAMS = 1000
 MAX_REPLY_HEAD = 8192
 #: The longest reason read from a refusal's body.
 MAX_REASON = 512
@@ -47,9 +52,11 @@ class Identity:
 
 @dataclass(frozen=True)
 class Switched:
-    """``101``: the connection is a session; ``rest`` was read past the head."""
+    """``101``: the connection is a session; ``rest`` was read past the head. ``h2``: the
+    session speaks HTTP/2 (the ``101`` named ``Sluice-Protocol: h2``)."""
 
     rest: bytes
+    h2: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,10 +77,13 @@ class Handshake:
     :meth:`feed` classifies the answer as it arrives (raising :class:`Refused` or
     :class:`ProtocolError`)."""
 
-    def __init__(self, kind: Kind, identity: Identity, capacity: int | None = None) -> None:
+    def __init__(self, kind: Kind, identity: Identity, capacity: int | None = None,
+                 streams: int | None = None) -> None:
         self.kind = kind
+        #: ``None``: an HTTP/1.1 session; ``n``: an HTTP/2 session of ``n`` streams.
+        self.streams = streams if kind == "register" else None
         self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_REPLY_HEAD)
-        self.request = self._conn.send(_request(kind, identity, capacity))
+        self.request = self._conn.send(_request(kind, identity, capacity, self.streams))
         self.request += self._conn.send(h11.EndOfMessage())
         self._received = 0
         self._raw = b""
@@ -127,10 +137,29 @@ class Handshake:
         if self.kind == "drain" or [v.lower() for v in upgrade] != [token.encode()]:
             raise ProtocolError(f"101 without Upgrade: {token}")
         rest, _closed = self._conn.trailing_data
-        return Switched(bytes(rest))
+        if self.kind == "control":
+            return Switched(bytes(rest))
+        h2 = _session_protocol(event.headers)
+        if self.streams is not None and not h2:
+            raise H2Unsupported()
+        if self.streams is None and h2:
+            raise ProtocolError("an HTTP/2 session's 101 to an HTTP/1.1 registration")
+        return Switched(bytes(rest), h2)
 
 
-def _request(kind: Kind, identity: Identity, capacity: int | None) -> h11.Request:
+def _session_protocol(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a session's ``101`` names ``Sluice-Protocol: h2`` (any case); absent, empty or
+    ``http/1.1``: HTTP/1.1. Anything else is not the protocol."""
+    named = [v.strip().lower() for k, v in headers if k == b"sluice-protocol"]
+    if not named or named[0] in (b"", PROTOCOL_HTTP1.encode()):
+        return False
+    if named[0] == PROTOCOL_H2.encode():
+        return True
+    raise ProtocolError(f"101 naming an unknown Sluice-Protocol: {named[0]!r}")
+
+
+def _request(kind: Kind, identity: Identity, capacity: int | None,
+             streams: int | None = None) -> h11.Request:
     if kind == "drain":
         head = [("Host", "sluice"), ("Content-Length", "0")]
         return h11.Request(method="POST", target=DRAIN_PATH, headers=head + identity.headers())
@@ -138,12 +167,15 @@ def _request(kind: Kind, identity: Identity, capacity: int | None) -> h11.Reques
     token, path = (CONTROL_TOKEN, CONTROL_PATH) if control else (UPGRADE_TOKEN, SESSION_PATH)
     head = [("Host", "sluice"), ("Connection", "Upgrade"), ("Upgrade", token)]
     tail = [] if capacity is None else [("Sluice-Capacity", str(capacity))]
+    if streams is not None:
+        tail += [("Sluice-Protocol", PROTOCOL_H2), ("Sluice-Streams", str(streams))]
     return h11.Request(method="GET", target=path, headers=head + identity.headers() + tail)
 
 
-def registration(identity: Identity, capacity: int | None) -> bytes:
-    """The registration request bytes (``capacity=None``: no ``Sluice-Capacity``)."""
-    return Handshake("register", identity, capacity).request
+def registration(identity: Identity, capacity: int | None, streams: int | None = None) -> bytes:
+    """The registration request bytes (``capacity=None``: no ``Sluice-Capacity``; ``streams``:
+    an HTTP/2 session of that many streams, ``Sluice-Protocol: h2`` and ``Sluice-Streams``)."""
+    return Handshake("register", identity, capacity, streams).request
 
 
 def control_request(identity: Identity, capacity: int) -> bytes:

@@ -64,9 +64,11 @@ async def _serve(app: ASGIApp, options: Options, lifespan: str, drain_timeout: f
         return STARTUP_FAILED
     instance = (f"instance {options.instance!r}" if options.instance
                 else "no instance id: the acceptor uses this host's address")
-    log.info("serving service %r (slice %r, %s) with capacity %d through the acceptor %s; "
-             "SIGTERM or SIGINT drains", options.service, options.slice, instance,
-             options.capacity, options.acceptor)
+    sessions_of = (f"HTTP/2 sessions of {options.streams} streams" if options.streams
+                   else "HTTP/1.1 sessions")
+    log.info("serving service %r (slice %r, %s) with capacity %d (%s) through the acceptor "
+             "%s; SIGTERM or SIGINT drains", options.service, options.slice, instance,
+             options.capacity, sessions_of, options.acceptor)
     refused = asyncio.ensure_future(sessions.wait_refused())
     await asyncio.wait({refused, signals.first}, return_when=asyncio.FIRST_COMPLETED)
     if refused.done():
@@ -207,7 +209,7 @@ def parser() -> argparse.ArgumentParser:
         description="Serve an ASGI or WSGI application through Sluice by dialing in: keeps "
                     "CAPACITY sessions registered with the acceptor; SIGTERM or SIGINT drains.",
         epilog="Exit status: 0 drained, 1 failed or cut short, 2 usage, 3 lifespan startup "
-               "failed. SLUICE_ACCEPTOR, SLUICE_CAPACITY, SLUICE_SERVICE, SLUICE_SLICE, "
+               "failed. SLUICE_ACCEPTOR, SLUICE_CAPACITY, SLUICE_STREAMS, SLUICE_SERVICE, SLUICE_SLICE, "
                "SLUICE_INSTANCE and SLUICE_TOKEN set the defaults of their options.")
     p.add_argument("app", metavar="MODULE:APP", help="the application, e.g. main:app")
     p.add_argument("--acceptor", default=env("SLUICE_ACCEPTOR"),
@@ -216,6 +218,9 @@ def parser() -> argparse.ArgumentParser:
                         "(required)")
     p.add_argument("--capacity", type=int, default=env("SLUICE_CAPACITY", "1"),
                    help="sessions to keep registered: requests served at once (default 1)")
+    p.add_argument("--streams", type=int, default=env("SLUICE_STREAMS"), metavar="N",
+                   help="register HTTP/2 sessions of N (1 to 1000) requests at once each "
+                        "(default: HTTP/1.1 sessions, one request at a time)")
     p.add_argument("--service", default=env("SLUICE_SERVICE"),
                    help="the reverse cluster to join (default: the application's module name)")
     p.add_argument("--slice", default=env("SLUICE_SLICE", "default"), help="(default: default)")
@@ -256,11 +261,22 @@ def options_from(args: argparse.Namespace) -> Options:
     try:
         return Options(acceptor=args.acceptor, service=service, slice=args.slice,
                        instance=args.instance, token=token or None, capacity=args.capacity,
+                       streams=_streams(args.streams),
                        ssl=tls_context(args), server_hostname=args.tls_server_name,
                        drained_probe=args.drained_probe, resolve_interval=args.resolve_interval,
                        node_grace=args.node_grace)
     except OptionsError as e:
         raise UsageError(str(e)) from None
+
+
+def _streams(value: int | str | None) -> int | None:
+    """``--streams`` (or ``$SLUICE_STREAMS``): ``None`` or empty for HTTP/1.1 sessions."""
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--streams must be a whole number from 1 to 1000, not {value!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

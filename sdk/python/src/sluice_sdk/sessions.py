@@ -162,6 +162,8 @@ class Sessions:
             await dial.drain(self._options)
         else:
             await self._drain_nodes(self._fleet)
+        # The proxy leases no more: HTTP/2 sessions say GOAWAY, their streams in flight finish.
+        self._shared.leave()
         pending = await self._wait_sessions(deadline)
         pending += await self._close_websockets(deadline)
         self._stop_nodes()
@@ -254,7 +256,7 @@ async def serve(app: ASGIApp, options: Options, *, lifespan: str = "auto") -> Se
     """Runs the application's ASGI lifespan startup (``lifespan``: ``"auto"``, the default,
     runs it if the application supports it; ``"on"``: it must; ``"off"``: never), then starts
     keeping ``options.capacity`` sessions registered, each serving HTTP/1.1 (and WebSocket)
-    with ``app``. Returns once the startup is done; sessions register in the background (see
+    with ``app``, or HTTP/2 with ``options.streams`` requests at once. Returns once the startup is done; sessions register in the background (see
     :meth:`Sessions.wait_registered`). A failed startup raises :class:`LifespanError` before
     any dial."""
     span = Lifespan(app, lifespan)

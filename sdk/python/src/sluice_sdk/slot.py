@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import dial
 from .errors import SluiceError
 from .options import Options
-from .server import ASGIApp, Connection, Peer
+from .h2server import H2Connection
+from .server import ASGIApp, Connection, Hooks, Peer
 from .state import Shared
 from .websocket import WebSocket
 
@@ -104,7 +106,7 @@ class Slot:
         reader, writer, rest = await dial.register(self.options, self.shared.counts.target)
         hooks = SessionHooks(self.shared)
         peer = Peer(server=None, client=_peer(writer), forwarded=True)
-        conn = Connection(self.app, reader, writer, hooks, peer)
+        conn = connection(self.options, self.app, reader, writer, hooks, peer)
 
         def retire_if_idle() -> bool:
             if hooks.retired or not conn.idle or not self.shared.claim_retirement():
@@ -113,17 +115,37 @@ class Slot:
             hooks.retired = True
             return conn.close_idle()
 
-        with self.shared.session_registered(retire_if_idle):
+        with self.shared.session_registered(retire_if_idle, leave(conn)):
             log.debug("slot %d: session registered", self.id)
-            if not rest and self.shared.claim_retirement():
+            # (On an HTTP/2 session, bytes past the 101 are Sluice's preface, not a request.)
+            h2 = isinstance(conn, H2Connection)
+            if (not rest or h2) and self.shared.claim_retirement():
                 # A shrink while this session was registering: it retires at once, unused.
                 log.debug("slot %d: retiring the new session: closing it", self.id)
                 hooks.retired = True
-                writer.close()
-                return hooks
+                if not h2:
+                    writer.close()
+                    return hooks
+                conn.begin_close()  # GOAWAY: what came with the preface is still served
             await conn.serve(rest)
         log.debug("slot %d: session ended", self.id)
         return hooks
+
+
+def connection(options: Options, app: ASGIApp, reader: asyncio.StreamReader,
+               writer: asyncio.StreamWriter, hooks: Hooks,
+               peer: Peer) -> Connection | H2Connection:
+    """The server of a new session: HTTP/2 with ``options.streams`` (the acceptor said
+    ``Sluice-Protocol: h2``, or the dial raised), else HTTP/1.1."""
+    if options.streams is not None:
+        return H2Connection(app, reader, writer, options.streams, hooks, peer)
+    return Connection(app, reader, writer, hooks, peer)
+
+
+def leave(conn: Connection | H2Connection) -> Callable[[], None] | None:
+    """What the drain's end does to a session: an HTTP/2 one says ``GOAWAY`` (its in-flight
+    streams finish); an HTTP/1.1 one waits for the proxy to close it."""
+    return conn.begin_close if isinstance(conn, H2Connection) else None
 
 
 def _peer(writer: asyncio.StreamWriter) -> tuple[str, int] | None:

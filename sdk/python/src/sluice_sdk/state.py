@@ -78,6 +78,8 @@ class Shared:
         self._changed = asyncio.get_running_loop().create_future()
         #: Per registered session: retires it now if it is idle (claiming a retirement).
         self._retire_if_idle: set[Callable[[], bool]] = set()
+        #: Per registered HTTP/2 session: its graceful close (``GOAWAY``), for the drain's end.
+        self._leave: set[Callable[[], None]] = set()
         #: WebSockets that consumed a session, each running in a task of its own.
         self.upgraded: dict[asyncio.Task[None], WebSocket] = {}
 
@@ -191,18 +193,30 @@ class Shared:
         self.next_probe = now + probe_every
         return True
 
+    def leave(self) -> None:
+        """The drain was answered: every HTTP/2 session sends ``GOAWAY`` and closes once its
+        in-flight streams finish (HTTP/1.1 ones wait for the proxy to close them)."""
+        for leave in list(self._leave):
+            leave()
+
     @contextmanager
-    def session_registered(self, retire_if_idle: Callable[[], bool]) -> Iterator[None]:
+    def session_registered(self, retire_if_idle: Callable[[], bool],
+                           leave: Callable[[], None] | None = None) -> Iterator[None]:
         """Counts one session as registered for the duration of the block; a shrink may
-        retire it through ``retire_if_idle`` meanwhile."""
+        retire it through ``retire_if_idle`` meanwhile, and the drain's end calls ``leave``
+        (an HTTP/2 session's ``GOAWAY``)."""
         self.registered += 1
         self.held = None  # a probe came through: the instance was resumed
         self.report.registered()
         self._retire_if_idle.add(retire_if_idle)
+        if leave is not None:
+            self._leave.add(leave)
         self._notify()
         try:
             yield
         finally:
+            if leave is not None:
+                self._leave.discard(leave)
             self._retire_if_idle.discard(retire_if_idle)
             self.registered -= 1
             self._notify()
