@@ -112,7 +112,7 @@ enum Role {
     Tunnel {
         end: TunnelEnd,
         /// Ready connections to each of `end.pool_targets`.
-        pools: tunnel::Pools,
+        pools: pool::Pools,
     },
 }
 
@@ -150,7 +150,7 @@ impl Relay {
         let opts = config.options.clone();
         let (role, pools, early) = match &config.role {
             RelayRole::Tunnel(end) => {
-                let pools = tunnel::pools(end, &opts, &stats);
+                let pools = pool::pools(end, &opts, &stats);
                 let handles = pools.iter().map(|(_, p)| Arc::clone(p)).collect();
                 let end = end.clone();
                 (Role::Tunnel { end, pools }, handles, false)
@@ -323,14 +323,15 @@ impl Handler {
         client: &TcpStream,
         peer: SocketAddr,
         end: &TunnelEnd,
-        pools: &tunnel::Pools,
+        pools: &pool::Pools,
         unauthenticated: OwnedSemaphorePermit,
     ) -> io::Result<()> {
         let admission = tunnel::Admission {
             unauthenticated,
             relayed: &self.relayed,
         };
-        tunnel::serve(client, (end, pools), &self.opts, &self.stats, admission)
+        let pooled = |target| pool::take_for(pools, target);
+        tunnel::serve(client, (end, &pooled), &self.opts, &self.stats, admission)
             .await
             .map_err(|e| {
                 if let Some(kind) = e.refusal() {

@@ -6,6 +6,7 @@
 //! refill after one that failed waits twice as long, up to [`MAX_BACKOFF`], until one works.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +17,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::options::{Forward, RelayOptions, TunnelEnd};
+use crate::stats::Stats;
 use crate::upstream::Connector;
 
 /// How often idle connections are checked for a peer that closed them, so the pool refills
@@ -204,6 +207,36 @@ impl Pool {
         // A panic while holding the lock leaves a valid deque behind.
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// A tunnel end's ready connections, by target (few: a list).
+pub(crate) type Pools = Vec<(SocketAddr, Arc<Pool>)>;
+
+/// The pools `end` keeps: `end.pool` connections to each of its `pool_targets`, made as a
+/// plain forwarder makes them (no preamble: the target is the last hop).
+pub(crate) fn pools(end: &TunnelEnd, opts: &RelayOptions, stats: &Arc<Stats>) -> Pools {
+    if end.pool == 0 {
+        return Vec::new();
+    }
+    let pool = |&target: &SocketAddr| {
+        let forward = Forward {
+            to: target,
+            tunnel: None,
+            pool: end.pool,
+            early_connect: false,
+        };
+        let connector = Arc::new(Connector::new(&forward, opts, Arc::clone(stats)));
+        (target, Arc::new(Pool::new(end.pool, connector)))
+    };
+    end.pool_targets.iter().map(pool).collect()
+}
+
+/// A ready connection to `target` from the pool `pools` keeps for it, if any.
+pub(crate) fn take_for(pools: &Pools, target: SocketAddr) -> Option<TcpStream> {
+    pools
+        .iter()
+        .find(|(t, _)| *t == target)
+        .and_then(|(_, pool)| pool.take())
 }
 
 /// The wait before a refill: none after one that worked, else [`RETRY`] doubled for each

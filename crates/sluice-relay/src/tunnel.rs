@@ -13,11 +13,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::forward::{self, write_all};
-use crate::options::{Forward, RelayOptions, TunnelEnd};
-use crate::pool::Pool;
+use crate::options::{RelayOptions, TunnelEnd};
 use crate::preamble::{self, PreambleError};
 use crate::stats::Stats;
-use crate::upstream::Connector;
 
 /// Why a tunnel connection was refused.
 #[derive(Debug, thiserror::Error)]
@@ -69,33 +67,15 @@ impl Admission<'_> {
     }
 }
 
-/// A tunnel end's ready connections, by target (few: a list).
-pub(crate) type Pools = Vec<(SocketAddr, Arc<Pool>)>;
-
-/// The pools `end` keeps: `end.pool` connections to each of its `pool_targets`, made as a
-/// plain forwarder makes them (no preamble: the target is the last hop).
-pub(crate) fn pools(end: &TunnelEnd, opts: &RelayOptions, stats: &Arc<Stats>) -> Pools {
-    if end.pool == 0 {
-        return Vec::new();
-    }
-    let pool = |&target: &SocketAddr| {
-        let forward = Forward {
-            to: target,
-            tunnel: None,
-            pool: end.pool,
-            early_connect: false,
-        };
-        let connector = Arc::new(Connector::new(&forward, opts, Arc::clone(stats)));
-        (target, Arc::new(Pool::new(end.pool, connector)))
-    };
-    end.pool_targets.iter().map(pool).collect()
-}
-
-/// Serves one connection to a tunnel end. The caller closes `peer` after counting the
-/// outcome, so a peer that sees the close can also see the count.
+/// Serves one connection to a tunnel end; `pooled` gives a ready connection to a target, when
+/// the end keeps some. The caller closes `peer` after counting the outcome, so a peer that
+/// sees the close can also see the count.
 pub(crate) async fn serve(
     peer: &TcpStream,
-    (end, pools): (&TunnelEnd, &Pools),
+    (end, pooled): (
+        &TunnelEnd,
+        &(dyn Fn(SocketAddr) -> Option<TcpStream> + Sync),
+    ),
     opts: &RelayOptions,
     stats: &Stats,
     admission: Admission<'_>,
@@ -116,8 +96,7 @@ pub(crate) async fn serve(
     if !end.allow.iter().any(|a| a.allows(target)) {
         return Err(Refused::Target(target));
     }
-    let pooled = pools.iter().find(|(t, _)| *t == target);
-    let upstream = match pooled.and_then(|(_, pool)| pool.take()) {
+    let upstream = match pooled(target) {
         Some(conn) => conn,
         None => {
             let start = Instant::now();

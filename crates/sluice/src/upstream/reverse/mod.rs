@@ -4,12 +4,14 @@
 //! The engine — the acceptor, slice pools and their admission queues, leases, hand-over and
 //! lending across processes — is the `sluice-reverse` crate, and speaks no HTTP. This module
 //! is the HTTP half: [`SessionHttp`] says how the proxy's client starts on a registered stream
-//! (HTTP/1.1 over a `link`, or HTTP/2 with one `h2` stream per declared stream), [`send`]
+//! (HTTP/1.1 over a `link`, or HTTP/2 with one `h2` stream per declared stream, whose lease
+//! its request and response share: `halves`), [`send`]
 //! leases a session and exchanges a request on it, `buffer` reads bodies ahead so slow
 //! clients do not hold sessions.
 
 pub(crate) mod buffer;
 mod h2;
+mod halves;
 mod link;
 mod protocol;
 pub(crate) mod raw;

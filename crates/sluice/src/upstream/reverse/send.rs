@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::buffer;
-use super::h2::Halves;
+use super::halves::Halves;
 use super::protocol::{Lease, ReverseSlice, Session, SessionClient, SlicePool};
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
