@@ -34,7 +34,7 @@ pub(crate) async fn attach<P: Protocol>(
     let instance = Arc::clone(&permit.instance);
     let weak = Arc::downgrade(pool);
     let task_parking = Arc::clone(&parking);
-    pool.session_attached(units);
+    pool.session_attached(units, P::is_shared(&client));
     // With upgrades, a 101 hands the socket to the proxy's bridge; the session (and its
     // permit) ends there, so the service may register a replacement.
     tokio::spawn(async move {

@@ -50,7 +50,7 @@ pub struct SlicePool<P: Protocol> {
     metrics: ReverseMetrics,
     /// Sessions attached to this slice, idle or leased.
     registered: AtomicUsize,
-    /// Whether a session here has taken several requests at once ([`Self::multiplexed`]).
+    /// Whether a shared session has joined ([`Self::multiplexed`]).
     multiplexed: AtomicBool,
     /// Sessions of this slice alive anywhere: attached here, or handed over or lent out with
     /// their permits still in this process (a standalone acceptor's). Counted by the permits.
@@ -207,9 +207,10 @@ impl<P: Protocol> SlicePool<P> {
         }
     }
 
-    /// A session joined this slice with `units` of capacity (its streams).
-    pub(crate) fn session_attached(&self, units: usize) {
-        if units > 1 {
+    /// A session joined this slice with `units` of capacity (its streams); `shared`: its
+    /// connection may carry several requests at once (HTTP/2, even of one stream).
+    pub(crate) fn session_attached(&self, units: usize, shared: bool) {
+        if shared {
             self.multiplexed.store(true, Ordering::Release);
         }
         self.registered.fetch_add(units, Ordering::AcqRel);
@@ -239,8 +240,8 @@ impl<P: Protocol> SlicePool<P> {
         self.changed.notify();
     }
 
-    /// Whether a session of this slice has ever taken more than one request at once (HTTP/2):
-    /// set before its streams join the ring, and never unset.
+    /// Whether a shared session (HTTP/2) has ever joined this slice: set before its streams
+    /// join the ring, and never unset.
     pub fn multiplexed(&self) -> bool {
         self.multiplexed.load(Ordering::Acquire)
     }

@@ -37,7 +37,8 @@ pub trait Protocol: Send + Sync + std::fmt::Debug + 'static {
     /// clients and all of them are dropped.
     fn share(client: &Self::Client) -> Option<Self::Client>;
 
-    /// Whether `client` is one of several on a shared connection.
+    /// Whether `client` is on a shared connection: one that may carry several requests at
+    /// once (HTTP/2, even of one declared stream).
     fn is_shared(client: &Self::Client) -> bool;
 
     /// Ends the client's connection once every client on it is dropped; no client on it may

@@ -48,7 +48,7 @@ impl<P: Protocol> Session<P> {
         P::is_closed(&self.client)
     }
 
-    /// Whether it is one stream of a connection that carries several requests at once.
+    /// Whether it is one stream of a shared connection ([`Protocol::is_shared`]).
     pub fn is_shared(&self) -> bool {
         P::is_shared(&self.client)
     }

@@ -68,6 +68,8 @@ async fn a_client_that_leaves_resets_its_stream_and_frees_it() {
     let proxy = start_proxy("queue_timeout = \"5s\"\n", DEFAULT_ROUTE).await;
     let svc = Service::start(proxy.acceptor, ServiceSpec::h2("a", 1, 1)).await;
     proxy.idle("default", 1).await;
+    // HTTP/2 even with one stream: the fast path leaves the slice to hyper's path.
+    assert!(proxy.cluster.slice("default").pool().multiplexed());
     let hung = tokio::spawn(send(proxy.http, Method::GET, "/hang"));
     proxy.idle("default", 0).await;
     hung.abort();

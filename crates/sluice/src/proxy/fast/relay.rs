@@ -341,23 +341,19 @@ impl<'a> Exchange<'a> {
     /// The outcome of a request whose client hung up before its answer: nothing more is sent
     /// on the connection, which closes.
     fn abandoned(&self, used: usize) -> Outcome {
-        Outcome {
-            used,
-            served: Served::Close,
-            status: 0,
-            sent: 0,
-            complete: false,
-            by: ServedBy::default(),
-            head_at: None,
-            error: None,
-        }
+        Self::unanswered(used, Served::Close)
     }
 
     /// The request goes to hyper's path, unanswered here (see [`ProxyError::HandedBack`]).
     fn handed_back(&self) -> Outcome {
+        Self::unanswered(0, Served::HandOff("session"))
+    }
+
+    /// A request this exchange did not answer, and what follows on its connection.
+    fn unanswered(used: usize, served: Served) -> Outcome {
         Outcome {
-            used: 0,
-            served: Served::HandOff("session"),
+            used,
+            served,
             status: 0,
             sent: 0,
             complete: false,
