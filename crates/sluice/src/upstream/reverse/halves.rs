@@ -41,8 +41,8 @@ impl std::fmt::Debug for Half {
 
 impl Half {
     /// Gives the stream back now, whatever the other half: the exchange failed, so nothing is
-    /// open at the service; `end` (a request the service refused unprocessed, its connection
-    /// going away) ends the session too, so that its other idle streams are not leased.
+    /// open at the service; `end` (hyper gave the request back unsent: the connection is going
+    /// away) ends the session too, so that its other idle streams are not leased.
     pub(super) fn give_back_now(mut self, end: bool) {
         let Some(mut lease) = self.0.take().and_then(|h| h.take()) else {
             return;

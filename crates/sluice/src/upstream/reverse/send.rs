@@ -76,7 +76,7 @@ pub(crate) async fn send(
             // A stream of an HTTP/2 session that refused it unprocessed (a GOAWAY hyper had not
             // yet acted on, or REFUSED_STREAM) goes to another session without using up the
             // retry a stale HTTP/1.1 session gets: several sessions may be going away at once
-            // (an instance's graceful shutdown). That session ended with the failure.
+            // (an instance's graceful shutdown); one going away ended with the failure.
             Err(failure)
                 if shared
                     && failure.failed == retry::Failed::Unsent
@@ -187,9 +187,10 @@ async fn send_on_stream(
             .await
             .map_err(Failure::later),
         Err(failure) => {
-            // Refused unprocessed: the connection is going away (a GOAWAY hyper has not yet
-            // acted on), and its other streams must not be leased.
-            response_half.give_back_now(failure.failed == retry::Failed::Unsent);
+            // hyper gave the request back unsent: the connection is going away (a GOAWAY it
+            // had not yet acted on), and its other streams must not be leased. A stream the
+            // service refused (REFUSED_STREAM) leaves the connection as it was.
+            response_half.give_back_now(failure.unsent.is_some());
             Err(failure)
         }
     }
