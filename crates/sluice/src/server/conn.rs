@@ -81,6 +81,7 @@ pub(super) async fn serve<S: HttpService>(
         let limit = settings.http.max_requests_per_connection;
         let active = Arc::new(ActiveRequests::with_limit(limit));
         let io = IdleTimeout::new(stream, settings.http.idle_timeout, Arc::clone(&active))
+            .with_first_wait(settings.http.request_header_timeout)
             .with_byte_counters(settings.bytes.clone());
         let svc = ConnService {
             service,
@@ -113,8 +114,8 @@ async fn serve_plain<S: HttpService>(
     if !settings.http.http2 {
         return serve_fast_h1(io, svc, settings, signal).await;
     }
-    let sniffed = tokio::time::timeout(settings.http.request_header_timeout, sniff_h2(io)).await;
-    match sniffed.map_err(|_| "timed out waiting for the first request")?? {
+    // A client that sends nothing is closed by `io`'s first wait (the header timeout).
+    match sniff_h2(io, settings.http.request_header_timeout).await? {
         (true, io) => Box::pin(serve_h2(io, svc, settings, signal)).await,
         (false, io) => serve_fast_h1(io, svc, settings, signal).await,
     }
@@ -143,8 +144,11 @@ where
     match fast.serve(&mut io, conn).await {
         Left::Done => {
             // As hyper ends a connection: a TLS stream sends its close_notify, so that a body
-            // delimited by the close is not taken for a truncated one.
-            let _ = io.shutdown().await;
+            // delimited by the close is not taken for a truncated one. A plain one is closed
+            // when `io` drops, which sends the same FIN: no `shutdown` call first.
+            if svc.info.tls {
+                let _ = io.shutdown().await;
+            }
             Ok(())
         }
         Left::HandOff(buf) => {

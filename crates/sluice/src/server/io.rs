@@ -21,6 +21,9 @@ use super::active::ActiveRequests;
 pub(crate) struct IdleTimeout<T> {
     inner: T,
     timeout: Duration,
+    /// How long the connection may stay silent from `last_progress`: `timeout`, or a shorter
+    /// first wait until its first byte moves.
+    window: Duration,
     last_progress: Instant,
     sleep: Pin<Box<Sleep>>,
     active: Arc<ActiveRequests>,
@@ -36,6 +39,7 @@ impl<T> IdleTimeout<T> {
         Self {
             inner,
             timeout,
+            window: timeout,
             last_progress: now,
             sleep: Box::pin(tokio::time::sleep_until(deadline(now, timeout))),
             active,
@@ -52,8 +56,19 @@ impl<T> IdleTimeout<T> {
         self
     }
 
+    /// Until its first byte moves, the connection may wait only `first` (the listener's
+    /// `request_header_timeout`): a client that connects and sends nothing is closed then, by
+    /// the timer this stream has anyway, with no timer of its own per connection.
+    pub(crate) fn with_first_wait(mut self, first: Duration) -> Self {
+        self.window = first.min(self.timeout);
+        let deadline = deadline(self.last_progress, self.window);
+        self.sleep.as_mut().reset(deadline);
+        self
+    }
+
     fn progressed(&mut self) {
         self.last_progress = Instant::now();
+        self.window = self.timeout;
     }
 
     fn count_sent(&self, written: &io::Result<usize>) {
@@ -71,7 +86,7 @@ impl<T> IdleTimeout<T> {
             if self.active.any() {
                 self.progressed();
             }
-            let deadline = deadline(self.last_progress, self.timeout);
+            let deadline = deadline(self.last_progress, self.window);
             if deadline <= Instant::now() {
                 return Poll::Ready(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -172,6 +187,30 @@ mod tests {
         // 6 s after the byte: still alive, although 12 s have passed since the start.
         let started = Instant::now();
         let err = idle.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_wait_is_shorter_until_a_byte_moves() {
+        let first = Duration::from_secs(2);
+        let mut buf = [0u8; 8];
+        // Silent from the start: closed after the first wait, not the idle timeout.
+        let (a, _silent_peer) = tokio::io::duplex(64);
+        let mut silent =
+            IdleTimeout::new(a, Duration::from_secs(10), Arc::default()).with_first_wait(first);
+        let started = Instant::now();
+        let err = silent.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), first);
+        // Once a byte has moved, the idle timeout rules.
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut talking =
+            IdleTimeout::new(a, Duration::from_secs(10), Arc::default()).with_first_wait(first);
+        b.write_all(b"x").await.unwrap();
+        assert_eq!(talking.read(&mut buf).await.unwrap(), 1);
+        let started = Instant::now();
+        let err = talking.read(&mut buf).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(started.elapsed(), Duration::from_secs(10));
     }

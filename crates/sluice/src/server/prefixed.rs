@@ -1,28 +1,68 @@
 //! Sniffing the HTTP/2 preface on plaintext connections without losing what was read.
 
+use std::future::poll_fn;
 use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{ready, Poll};
+use std::time::Duration;
 
 use sluice_session::Prefixed;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Reads until the first bytes either are the HTTP/2 preface or cannot become it, then returns
-/// the stream with those bytes put back and whether it speaks HTTP/2 with prior knowledge.
-pub(super) async fn sniff_h2<T: AsyncRead + Unpin>(mut io: T) -> io::Result<(bool, Prefixed<T>)> {
-    let mut buf = Vec::with_capacity(H2_PREFACE.len());
-    while buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&buf) {
-        let mut chunk = [0u8; 24];
-        let want = H2_PREFACE.len() - buf.len();
-        let n = io.read(&mut chunk[..want]).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
+/// How much the first read takes: most request heads whole, so that the fast path parses
+/// the first request from what the sniff read, with no second read.
+const FIRST_READ_BYTES: usize = 4096;
+
+/// Reads the connection's first bytes, and on until they either are the HTTP/2 preface or
+/// cannot become it; returns the stream with those bytes put back and whether it speaks
+/// HTTP/2 with prior knowledge.
+///
+/// The first read has no timer of its own: the stream's (the connection's
+/// [`IdleTimeout`](super::io::IdleTimeout) with its first wait) bounds it. A preface split
+/// across reads, which is rare, must be complete within `rest_within`.
+pub(super) async fn sniff_h2<T: AsyncRead + Unpin>(
+    mut io: T,
+    rest_within: Duration,
+) -> io::Result<(bool, Prefixed<T>)> {
+    let mut buf = Vec::new();
+    // The stack buffer lives while the read is polled, not in the connection's state.
+    poll_fn(|cx| {
+        let mut first = [MaybeUninit::<u8>::uninit(); FIRST_READ_BYTES];
+        let mut read = ReadBuf::uninit(&mut first);
+        ready!(Pin::new(&mut io).poll_read(cx, &mut read))?;
+        buf.extend_from_slice(read.filled());
+        Poll::Ready(Ok::<_, io::Error>(()))
+    })
+    .await?;
+    if !buf.is_empty() && undecided(&buf) {
+        let rest = async {
+            while undecided(&buf) {
+                let mut chunk = [0u8; 24];
+                let n = io.read(&mut chunk[..H2_PREFACE.len() - buf.len()]).await?;
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            Ok::<_, io::Error>(())
+        };
+        tokio::time::timeout(rest_within, rest)
+            .await
+            .map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, "the HTTP/2 preface timed out")
+            })??;
     }
-    let is_h2 = buf.as_slice() == H2_PREFACE;
+    let is_h2 = buf.starts_with(H2_PREFACE);
     Ok((is_h2, Prefixed::new(buf, io)))
+}
+
+/// Whether `buf` is a proper beginning of the preface: more bytes decide.
+fn undecided(buf: &[u8]) -> bool {
+    buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(buf)
 }
 
 #[cfg(test)]
@@ -40,7 +80,7 @@ mod tests {
             b.write_all(&H2_PREFACE[10..]).await.unwrap();
             b.write_all(b"rest").await.unwrap();
         });
-        let (is_h2, mut io) = sniff_h2(a).await.unwrap();
+        let (is_h2, mut io) = sniff_h2(a, Duration::from_secs(5)).await.unwrap();
         writer.await.unwrap();
         assert!(is_h2);
         let mut all = vec![0u8; 28];
@@ -53,10 +93,56 @@ mod tests {
     async fn http1_request_stops_sniffing_at_first_mismatch() {
         let (a, mut b) = tokio::io::duplex(64);
         b.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
-        let (is_h2, mut io) = sniff_h2(a).await.unwrap();
+        let (is_h2, mut io) = sniff_h2(a, Duration::from_secs(5)).await.unwrap();
         assert!(!is_h2);
         let mut head = [0u8; 16];
         io.read_exact(&mut head).await.unwrap();
         assert_eq!(&head, b"GET / HTTP/1.1\r\n");
+    }
+
+    /// Counts the reads that returned bytes.
+    struct Counting<T>(T, usize);
+
+    impl<T: AsyncRead + Unpin> AsyncRead for Counting<T> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let before = buf.filled().len();
+            let polled = Pin::new(&mut self.0).poll_read(cx, buf);
+            if buf.filled().len() > before {
+                self.1 += 1;
+            }
+            polled
+        }
+    }
+
+    #[tokio::test]
+    async fn a_whole_head_is_taken_in_one_read() {
+        let head = b"GET /a/longer/path HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\n\r\n";
+        let (a, mut b) = tokio::io::duplex(4096);
+        b.write_all(head).await.unwrap();
+        drop(b);
+        let (is_h2, mut io) = sniff_h2(Counting(a, 0), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(!is_h2);
+        let mut all = Vec::new();
+        io.read_to_end(&mut all).await.unwrap();
+        assert_eq!(all, head);
+        // The sniff's read took the head whole: what followed found only the end.
+        assert_eq!(io.get_ref().1, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_preface_that_stalls_times_out() {
+        let (a, mut b) = tokio::io::duplex(64);
+        b.write_all(&H2_PREFACE[..8]).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let err = sniff_h2(a, Duration::from_secs(2)).await.err().unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        drop(b);
     }
 }
