@@ -89,7 +89,7 @@ def h2(b):
     group = Group(b.work)
     try:
         pem = tls._certificate(b.work, KEY)
-        ts = {name: tls._start(group, b.work, name, pem, h2=True) for name in TARGETS}
+        ts = {name: tls._start(group, b.work, name, pem, h2=True)[0] for name in TARGETS}
         runs = out["targets"] = {name: [] for name in ts}
         for r in range(rounds):
             for name in load.rotated(ts, r):

@@ -360,7 +360,10 @@ def _tls(s):
              f"{tls_module.KEEPALIVE_CONNECTIONS} connections; `full` and `resumed`: "
              f"`tlsload`, {tls_module.HANDSHAKE_CONNECTIONS} clients each opening a new "
              "connection per request (`Connection: close`), without resumption or resuming the "
-             "session the previous connection got (the `resumed` column counts those that did). "
+             "session the previous connection got (the `resumed` column counts those that did); "
+             f"`close` and `close-plain`: wrk (OpenSSL), {tls_module.CLOSE_CONNECTIONS} "
+             "connections with `Connection: close`, over TLS and to a plain listener of the "
+             "same proxy. "
              "CPU per request is the proxy's; a ratio is the median of per-round ratios "
              f"(min-max) over {s['rounds']} round(s) to the same round's NGINX or HAProxy. "
              "`sluice-tls-b` is an identical second Sluice (A/A; with SLUICE_B set, that "
@@ -380,7 +383,7 @@ def _tls(s):
                 errors = sum(r["errors"] + r["non2xx"] for r in rs)
                 lines.append(f"| {mode} | {name} | {median_range([rps(r) for r in rs])} | "
                              f"{median_range([cpu(r) for r in rs], 1)} | {vs[0]} | {vs[1]} | "
-                             f"{second} | {errors} | {resumed if mode != 'keepalive' else '-'} |")
+                             f"{second} | {errors} | {resumed if mode in ('full', 'resumed') else '-'} |")
         lines.append("")
     return lines
 

@@ -244,15 +244,17 @@ def _nginx(group, tmp, name, port, upstream, backend, gzip=False):
 
 
 def _nginx_conf(tmp, name, port, top, upstream, location, tls=None, http2=False, pass_="proxy_pass",
-                connections=8192, scheme="http"):
+                connections=8192, scheme="http", plain=None):
     """An NGINX config with one worker of `connections`, `pass_` (proxy_pass, the module's
     sluice_pass, or grpc_pass with `scheme` grpc) in its location; `tls` = (cert, key) makes the
     listener HTTPS, `http2` offers h2 on it by ALPN, or without `tls` speaks h2c with prior
     knowledge only (`listen ... http2`: Debian 12's NGINX 1.22 has no `http2 on;`, which 1.25.1
-    added; later ones still take the listen parameter, with a warning)."""
+    added; later ones still take the listen parameter, with a warning); `plain` adds a plaintext
+    HTTP/1.1 listener on that port."""
     h2 = " http2" if http2 else ""
     ssl = (f" ssl{h2} backlog=4096;\n        ssl_certificate {tls[0]};\n        ssl_certificate_key "
            f"{tls[1]};\n        ssl_protocols TLSv1.2 TLSv1.3;" if tls else f"{h2} backlog=4096;")
+    also = f"\n        listen 127.0.0.1:{plain} backlog=4096;" if plain else ""
     return _write(tmp, f"{name}.conf", f"""{top}
 worker_processes 1;
 daemon off;
@@ -266,7 +268,7 @@ http {{
     proxy_temp_path {tmp}/{name}-proxy;
     upstream backend {{ {upstream} }}
     server {{
-        listen 127.0.0.1:{port}{ssl}
+        listen 127.0.0.1:{port}{ssl}{also}
         keepalive_requests 1000000;
         location / {{ {pass_} {scheme}://backend; {location} }}
     }}
