@@ -14,10 +14,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-VARIANTS = ("direct", "naive", "+pool", "+early", "+tuning", "+splice")
+VARIANTS = ("direct", "naive", "+pool", "+early", "+tuning", "+splice", "+route", "+end pool")
 SIZES = ("10KB", "100KB", "1MB", "10MB")
 RTT_MS, FLOOR_MS = 255.0, 285.0  # end-to-end RTT; plus the client's own first-leg handshake
-ROW = re.compile(r"^\| (\S+) \| (\w+) \| (\d+) \| ([\d.]+) \| (\d+) \|$")
+# A row of `sluice-wan bench`: variant (may hold a space), size, TTFB, TTFB/RTT, total, and
+# (since 2026-11-26) the totals' min-max.
+ROW = re.compile(r"^\| ([^|]+?) \| (\w+) \| (\d+) \| ([\d.]+) \| (\d+) \|(?: \d+-\d+ \|)?$")
 
 
 def sections(path):

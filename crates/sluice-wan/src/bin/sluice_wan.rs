@@ -68,6 +68,9 @@ const SIZES: &[(&str, u64)] = &[
 ];
 
 fn bench(loss: f64, rounds: usize, max_size: u64) -> Result<(), Box<dyn std::error::Error>> {
+    if rounds == 0 {
+        return Err("ROUNDS must be at least 1".into());
+    }
     let me = std::env::current_exe()?;
     let me = me.to_str().ok_or("exe path")?;
     let mut bed = Bed::new(legs(loss))?;
@@ -75,8 +78,10 @@ fn bench(loss: f64, rounds: usize, max_size: u64) -> Result<(), Box<dyn std::err
     std::fs::create_dir_all(&dir)?;
     wait_ready(bed.spawn(3, &[me, "serve", "10.3.0.2:8000"])?)?;
     let rtt = 255.0;
-    println!("| variant | size | TTFB ms (median of {rounds}) | TTFB / RTT | total ms (median) |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| variant | size | TTFB ms (median of {rounds}) | TTFB / RTT | total ms (median) | total ms (min-max) |"
+    );
+    println!("|---|---|---|---|---|---|");
     for (name, keys) in std::iter::once(&("direct", "")).chain(VARIANTS) {
         if let Some(n) = keys.lines().find_map(|l| l.strip_prefix("route = ")) {
             bed.tune_long_leg(n.parse()?)?;
@@ -99,8 +104,14 @@ fn bench(loss: f64, rounds: usize, max_size: u64) -> Result<(), Box<dyn std::err
                 totals.push(it.next().ok_or("no total")??);
             }
             let (t, total) = (median(&mut ttfbs), median(&mut totals));
+            // `median` sorted them: the spread is the ends.
+            let (least, most) = (totals.first(), totals.last());
+            let (least, most) = (
+                least.copied().unwrap_or(f64::NAN),
+                most.copied().unwrap_or(f64::NAN),
+            );
             println!(
-                "| {name} | {label} | {t:.0} | {:.2} | {total:.0} |",
+                "| {name} | {label} | {t:.0} | {:.2} | {total:.0} | {least:.0}-{most:.0} |",
                 t / rtt
             );
         }
