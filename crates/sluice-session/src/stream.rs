@@ -43,6 +43,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if !self.prefix.has_remaining() {
+                // Read out: its allocation goes now, not with the stream (a connection may
+                // idle for minutes after its first request).
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
@@ -98,5 +103,15 @@ mod tests {
         let mut back = [0u8; 2];
         b.read_exact(&mut back).await.unwrap();
         assert_eq!(&back, b"ok");
+    }
+
+    #[tokio::test]
+    async fn a_prefix_read_out_is_let_go() {
+        let (a, _b) = tokio::io::duplex(64);
+        let mut io = Prefixed::new(vec![b'x'; 4096], a);
+        let mut got = vec![0u8; 4096];
+        io.read_exact(&mut got).await.unwrap();
+        // Not the 4 KiB allocation, advanced to its end: no allocation at all.
+        assert_eq!(io.prefix.as_ptr(), Bytes::new().as_ptr());
     }
 }
