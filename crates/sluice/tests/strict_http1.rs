@@ -235,6 +235,28 @@ async fn a_connection_that_sends_nothing_is_closed_silently_after_request_header
     assert_eq!(backend.requests(), 1);
 }
 
+/// A response that the connection's close ends reaches the client with a clean end of stream
+/// even when request bytes are still unread at the proxy: it sends its FIN before it closes
+/// (a close with bytes unread sends a reset, which the client would read as an error).
+#[tokio::test]
+async fn a_closing_response_ends_cleanly_with_request_bytes_left_unread() {
+    let (backend, proxy) = start().await;
+    let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    // More than the proxy's first read takes, behind a request that ends the connection.
+    let mut bytes = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec();
+    bytes.resize(bytes.len() + 16 * 1024, b'x');
+    conn.write_all(&bytes).await.unwrap();
+    // The answer and the close happen before the client reads: a reset would be there first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut got = Vec::new();
+    conn.read_to_end(&mut got)
+        .await
+        .expect("a clean end of stream, not a reset");
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 200 OK\r\n"), "{got:?}");
+    assert_eq!(backend.requests(), 1);
+}
+
 /// The head timer starts again at each wait for a next request: a keep-alive client whose
 /// requests come half a timeout apart is served for as long as it keeps sending them. (A
 /// timer that ran from the first wait would close the connection before the third request.)

@@ -114,8 +114,10 @@ async fn serve_plain<S: HttpService>(
     if !settings.http.http2 {
         return serve_fast_h1(io, svc, settings, signal).await;
     }
-    // A client that sends nothing is closed by `io`'s first wait (the header timeout).
-    match sniff_h2(io, settings.http.request_header_timeout).await? {
+    // A client that sends nothing is closed by `io`'s first wait (the header timeout, which
+    // began at the accept a moment ago); one that trickles the preface, by then too.
+    let deadline = tokio::time::Instant::now() + settings.http.request_header_timeout;
+    match sniff_h2(io, deadline).await? {
         (true, io) => Box::pin(serve_h2(io, svc, settings, signal)).await,
         (false, io) => serve_fast_h1(io, svc, settings, signal).await,
     }
@@ -144,11 +146,9 @@ where
     match fast.serve(&mut io, conn).await {
         Left::Done => {
             // As hyper ends a connection: a TLS stream sends its close_notify, so that a body
-            // delimited by the close is not taken for a truncated one. A plain one is closed
-            // when `io` drops, which sends the same FIN: no `shutdown` call first.
-            if svc.info.tls {
-                let _ = io.shutdown().await;
-            }
+            // delimited by the close is not taken for a truncated one; the FIN goes out before
+            // the close, which sends a reset instead when request bytes are left unread.
+            let _ = io.shutdown().await;
             Ok(())
         }
         Left::HandOff(buf) => {

@@ -2,9 +2,10 @@
 
 use std::future::Future;
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -13,7 +14,9 @@ use tokio::time::{Instant, Sleep};
 use super::active::ActiveRequests;
 
 /// Wraps a stream so that reads and writes fail with `TimedOut` once neither direction has
-/// made progress for `timeout` while no request is in flight on it.
+/// made progress for `timeout` while no request is in flight on it (or, with
+/// [`with_first_wait`](Self::with_first_wait), for a shorter first wait until the first byte
+/// moves).
 ///
 /// The timer is re-armed lazily: progress only records an instant, and the sleep is pushed
 /// back when it fires early, so the per-operation cost is one clock read.
@@ -57,8 +60,9 @@ impl<T> IdleTimeout<T> {
     }
 
     /// Until its first byte moves, the connection may wait only `first` (the listener's
-    /// `request_header_timeout`): a client that connects and sends nothing is closed then, by
-    /// the timer this stream has anyway, with no timer of its own per connection.
+    /// `request_header_timeout`; the idle timeout if that is shorter): a client that connects
+    /// and sends nothing is closed then, by the timer this stream has anyway, with no timer of
+    /// its own per connection.
     pub(crate) fn with_first_wait(mut self, first: Duration) -> Self {
         self.window = first.min(self.timeout);
         let deadline = deadline(self.last_progress, self.window);
@@ -88,14 +92,38 @@ impl<T> IdleTimeout<T> {
             }
             let deadline = deadline(self.last_progress, self.window);
             if deadline <= Instant::now() {
-                return Poll::Ready(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "connection idle timeout",
-                ));
+                let what = if self.window < self.timeout {
+                    "no byte within request_header_timeout"
+                } else {
+                    "connection idle timeout"
+                };
+                return Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, what));
             }
             self.sleep.as_mut().reset(deadline);
         }
     }
+}
+
+/// How much a connection's first read for a request takes: most request heads whole.
+pub(crate) const FIRST_READ_BYTES: usize = 4096;
+
+/// Polls one read of up to [`FIRST_READ_BYTES`] into a buffer on the stack, which lives only
+/// while the read is polled (never in a connection's state, so an idle connection holds no
+/// room for it), and gives the bytes to `take` (not called at the end of the stream); ready
+/// with how many came.
+pub(crate) fn poll_read_first<I: AsyncRead + Unpin>(
+    io: &mut I,
+    cx: &mut Context<'_>,
+    take: impl FnOnce(&[u8]),
+) -> Poll<io::Result<usize>> {
+    let mut first = [MaybeUninit::<u8>::uninit(); FIRST_READ_BYTES];
+    let mut read = ReadBuf::uninit(&mut first);
+    ready!(Pin::new(io).poll_read(cx, &mut read))?;
+    let bytes = read.filled();
+    if !bytes.is_empty() {
+        take(bytes);
+    }
+    Poll::Ready(Ok(bytes.len()))
 }
 
 /// `start + timeout`, or a far future when that overflows (a timeout of centuries).

@@ -2,42 +2,31 @@
 
 use std::future::poll_fn;
 use std::io;
-use std::mem::MaybeUninit;
-use std::pin::Pin;
-use std::task::{ready, Poll};
-use std::time::Duration;
 
 use sluice_session::Prefixed;
-use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::time::Instant;
+
+use super::io::poll_read_first;
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// How much the first read takes: most request heads whole, so that the fast path parses
-/// the first request from what the sniff read, with no second read.
-const FIRST_READ_BYTES: usize = 4096;
-
-/// Reads the connection's first bytes, and on until they either are the HTTP/2 preface or
-/// cannot become it; returns the stream with those bytes put back and whether it speaks
+/// Reads the connection's first bytes (most request heads whole, so that the fast path parses
+/// the first request with no second read), and on until they either are the HTTP/2 preface
+/// or cannot become it; returns the stream with those bytes put back and whether it speaks
 /// HTTP/2 with prior knowledge.
 ///
 /// The first read has no timer of its own: the stream's (the connection's
 /// [`IdleTimeout`](super::io::IdleTimeout) with its first wait) bounds it. A preface split
-/// across reads, which is rare, must be complete within `rest_within`.
+/// across reads, which is rare, must be complete by `deadline` (the header timeout from the
+/// accept), not a fresh timeout after its first byte.
 pub(super) async fn sniff_h2<T: AsyncRead + Unpin>(
     mut io: T,
-    rest_within: Duration,
+    deadline: Instant,
 ) -> io::Result<(bool, Prefixed<T>)> {
     let mut buf = Vec::new();
-    // The stack buffer lives while the read is polled, not in the connection's state.
-    poll_fn(|cx| {
-        let mut first = [MaybeUninit::<u8>::uninit(); FIRST_READ_BYTES];
-        let mut read = ReadBuf::uninit(&mut first);
-        ready!(Pin::new(&mut io).poll_read(cx, &mut read))?;
-        buf.extend_from_slice(read.filled());
-        Poll::Ready(Ok::<_, io::Error>(()))
-    })
-    .await?;
+    poll_fn(|cx| poll_read_first(&mut io, cx, |bytes| buf.extend_from_slice(bytes))).await?;
     if !buf.is_empty() && undecided(&buf) {
         let rest = async {
             while undecided(&buf) {
@@ -50,7 +39,7 @@ pub(super) async fn sniff_h2<T: AsyncRead + Unpin>(
             }
             Ok::<_, io::Error>(())
         };
-        tokio::time::timeout(rest_within, rest)
+        tokio::time::timeout_at(deadline, rest)
             .await
             .map_err(|_| {
                 io::Error::new(io::ErrorKind::TimedOut, "the HTTP/2 preface timed out")
@@ -68,9 +57,17 @@ fn undecided(buf: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use tokio::io::AsyncWriteExt;
+    use std::pin::Pin;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use tokio::io::{AsyncWriteExt, ReadBuf};
 
     use super::*;
+
+    fn in_5s() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
 
     #[tokio::test]
     async fn detects_preface_split_across_reads_and_replays_it() {
@@ -80,7 +77,7 @@ mod tests {
             b.write_all(&H2_PREFACE[10..]).await.unwrap();
             b.write_all(b"rest").await.unwrap();
         });
-        let (is_h2, mut io) = sniff_h2(a, Duration::from_secs(5)).await.unwrap();
+        let (is_h2, mut io) = sniff_h2(a, in_5s()).await.unwrap();
         writer.await.unwrap();
         assert!(is_h2);
         let mut all = vec![0u8; 28];
@@ -93,7 +90,7 @@ mod tests {
     async fn http1_request_stops_sniffing_at_first_mismatch() {
         let (a, mut b) = tokio::io::duplex(64);
         b.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
-        let (is_h2, mut io) = sniff_h2(a, Duration::from_secs(5)).await.unwrap();
+        let (is_h2, mut io) = sniff_h2(a, in_5s()).await.unwrap();
         assert!(!is_h2);
         let mut head = [0u8; 16];
         io.read_exact(&mut head).await.unwrap();
@@ -124,9 +121,7 @@ mod tests {
         let (a, mut b) = tokio::io::duplex(4096);
         b.write_all(head).await.unwrap();
         drop(b);
-        let (is_h2, mut io) = sniff_h2(Counting(a, 0), Duration::from_secs(5))
-            .await
-            .unwrap();
+        let (is_h2, mut io) = sniff_h2(Counting(a, 0), in_5s()).await.unwrap();
         assert!(!is_h2);
         let mut all = Vec::new();
         io.read_to_end(&mut all).await.unwrap();
@@ -136,13 +131,19 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_preface_that_stalls_times_out() {
+    async fn a_preface_that_stalls_times_out_at_the_deadline_from_the_accept() {
         let (a, mut b) = tokio::io::duplex(64);
-        b.write_all(&H2_PREFACE[..8]).await.unwrap();
-        let started = tokio::time::Instant::now();
-        let err = sniff_h2(a, Duration::from_secs(2)).await.err().unwrap();
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(2);
+        // Its first bytes come late; the rest never: the deadline stays where it was.
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            b.write_all(&H2_PREFACE[..8]).await.unwrap();
+            b
+        });
+        let err = sniff_h2(a, deadline).await.err().unwrap();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(started.elapsed(), Duration::from_secs(2));
-        drop(b);
+        drop(writer.await.unwrap());
     }
 }

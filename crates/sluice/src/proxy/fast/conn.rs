@@ -8,21 +8,20 @@
 use std::any::TypeId;
 use std::future::{poll_fn, Future};
 use std::io;
-use std::mem::{self, MaybeUninit};
+use std::mem;
 use std::pin::Pin;
-use std::task::{ready, Poll};
 
 use futures_util::future::FusedFuture;
 use futures_util::FutureExt;
 use sluice_config::HttpOptions;
 use sluice_wire::h1::{self, ClientIp, Parsed};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
 use super::{pool, timer_at, FastPath, Request, Scratch, Served};
 use crate::http::ClientInfo;
 use crate::server::fast::{Conn, ConnIo, FastHttp1, Left, Serving};
-use crate::server::io::deadline;
+use crate::server::io::{deadline, poll_read_first};
 use crate::server::ActiveRequests;
 
 impl FastHttp1 for FastPath {
@@ -196,27 +195,19 @@ where
     matches!(first.await, Ok(Ok(n)) if n > 0)
 }
 
-/// How much of a request [`read_lent`] reads at first: most heads whole. Its stack buffer lives
-/// only while the read is polled, not in the connection's state.
-const FIRST_READ_BYTES: usize = 4096;
-
 /// Reads a request's first bytes into `buf`, which holds no allocation: they are read onto the
-/// stack and copied into a buffer lent from the worker's pool (the rest of a longer head is
-/// read into that by [`parse`]). An idle connection waits for its next request with no buffer.
+/// stack ([`poll_read_first`]) and copied into a buffer lent from the worker's pool (the rest
+/// of a longer head is read into that by [`parse`]). An idle connection waits for its next
+/// request with no buffer.
 async fn read_lent<I>(io: &mut I, buf: &mut Vec<u8>) -> io::Result<usize>
 where
     I: AsyncRead + Unpin,
 {
     poll_fn(|cx| {
-        let mut first = [MaybeUninit::<u8>::uninit(); FIRST_READ_BYTES];
-        let mut read = ReadBuf::uninit(&mut first);
-        ready!(Pin::new(&mut *io).poll_read(cx, &mut read))?;
-        let bytes = read.filled();
-        if !bytes.is_empty() {
+        poll_read_first(io, cx, |bytes| {
             *buf = pool::read_buffer();
             buf.extend_from_slice(bytes);
-        }
-        Poll::Ready(Ok(bytes.len()))
+        })
     })
     .await
 }
