@@ -55,7 +55,8 @@ def run_scenario(binaries: dict[str, str]) -> dict:
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"the scenario printed nothing:\n{done.stdout}\n{done.stderr}"
     seen = json.loads(lines[-1])
-    assert "error" not in seen, json.dumps(seen, indent=1)[-6000:]
+    # The error first: the dump's tail is the nodes' logs.
+    assert "error" not in seen, seen.get("error", "") + "\n" + json.dumps(seen, indent=1)[-6000:]
     return seen
 
 
