@@ -262,7 +262,6 @@ impl<P: Protocol> ReverseCluster<P> {
             return 0;
         };
         let closed = self.slice(slice).pool.retire_idle(&inst, n);
-        inst.owe_retirements(n - closed);
         info!(cluster = %self.inner.name, slice, instance, asked = n, closed_now = closed, "service retires sessions here");
         closed
     }

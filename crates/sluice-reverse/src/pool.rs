@@ -50,6 +50,8 @@ pub struct SlicePool<P: Protocol> {
     metrics: ReverseMetrics,
     /// Sessions attached to this slice, idle or leased.
     registered: AtomicUsize,
+    /// Sessions leased: each request's from its lease until it comes back or is dropped.
+    in_flight: Arc<AtomicUsize>,
     /// Whether a shared session has joined ([`Self::multiplexed`]).
     multiplexed: AtomicBool,
     /// Sessions of this slice alive anywhere: attached here, or handed over or lent out with
@@ -198,6 +200,7 @@ impl<P: Protocol> SlicePool<P> {
             abandoned: AtomicUsize::new(0),
             metrics,
             registered: AtomicUsize::new(0),
+            in_flight: Arc::default(),
             multiplexed: AtomicBool::new(false),
             alive: Arc::default(),
             arriving,
@@ -326,27 +329,28 @@ impl<P: Protocol> SlicePool<P> {
 
     /// What a control link reports of this slice here ([`Load`]), read under one lock.
     pub fn load(&self) -> Load {
-        let (idle, queued) = {
+        let queued = {
             let st = self.state();
-            let queued = st.waiters.iter().filter(|(_, w)| !w.is_closed()).count();
-            (st.idle.len(), queued)
+            st.waiters.iter().filter(|(_, w)| !w.is_closed()).count()
         };
-        let sessions = self.registered();
         Load {
-            in_flight: sessions.saturating_sub(idle),
+            in_flight: self.in_flight.load(Ordering::Acquire),
             queued,
             refused: self.refused.load(Ordering::Relaxed),
-            sessions,
+            sessions: self.registered(),
         }
     }
 
-    /// Closes up to `n` idle sessions of `instance` now; returns how many. A session is its
+    /// `instance`'s service asked for `n` sessions fewer: idle ones close now, the rest as they
+    /// come back ([`checkin`](Self::checkin)); returns how many closed now. A session is its
     /// connection: the streams of one that takes several requests at once count once, and it
     /// closes once its busy streams are back.
     pub(crate) fn retire_idle(&self, instance: &Arc<Instance>, n: usize) -> usize {
-        let left = std::cell::Cell::new(n);
         let closed = std::cell::Cell::new(0);
         let mut st = self.state();
+        // Owed under the lock that `checkin` claims under: a session coming back meanwhile is
+        // either idle here or claims one of these as it comes back (never idle with one owed).
+        instance.owe_retirements(n);
         let mut removed = st.idle.remove_where(|s| {
             if !Arc::ptr_eq(s.instance(), instance) {
                 return false;
@@ -355,12 +359,16 @@ impl<P: Protocol> SlicePool<P> {
             if s.is_shared() && s.is_closed() {
                 return true;
             }
-            let take = left.get() > 0 && s.end();
-            if take {
-                left.set(left.get() - 1);
-                closed.set(closed.get() + 1);
+            if !instance.take_retirement() {
+                return false;
             }
-            take
+            if s.end() {
+                closed.set(closed.get() + 1);
+            } else {
+                // Ended meanwhile for another claim: this one is owed again.
+                instance.owe_retirements(1);
+            }
+            true
         });
         // Streams of the connections just ended that the pass had already gone by.
         removed.extend(st.idle.remove_where(|s| s.is_shared() && s.is_closed()));
@@ -446,8 +454,9 @@ impl<P: Protocol> SlicePool<P> {
 
     fn take(self: &Arc<Self>) -> Result<Taken<P>, LeaseError> {
         let mut st = self.state();
-        while let Some(session) = st.idle.pop() {
+        while let Some(mut session) = st.idle.pop() {
             if session.usable() {
+                session.lend(&self.in_flight);
                 drop(st);
                 self.changed.notify();
                 return Ok(Taken::Idle(session));
@@ -478,13 +487,18 @@ impl<P: Protocol> SlicePool<P> {
     /// while the cluster hands over, to the next process). Dead sessions and those of
     /// draining instances are dropped (which closes them).
     pub(crate) fn checkin(&self, mut session: Session<P>) {
+        session.give_back();
         if session.is_shared() && session.is_closed() {
             // A stream of a connection that ended or is ending: nothing more to count.
             drop(session);
             self.changed.notify();
             return;
         }
+        // Retirements and recalls are owed under this lock (`retire_idle`, `recall`), so a
+        // session claims one here or is idle when they look: never idle with one owed.
+        let mut st = self.state();
         if session.instance().take_retirement() {
+            drop(st);
             // Its service asked for one session fewer while this one was busy.
             session.end();
             drop(session);
@@ -492,12 +506,12 @@ impl<P: Protocol> SlicePool<P> {
             return;
         }
         if session.usable() && self.take_owed() {
+            drop(st);
             self.let_go(session);
             self.changed.notify();
             return;
         }
         if session.usable() {
-            let mut st = self.state();
             loop {
                 let Some((_, tx)) = st.waiters.pop_front() else {
                     if self.handover.takes(st.idle.len()) {
@@ -508,11 +522,18 @@ impl<P: Protocol> SlicePool<P> {
                     }
                     break;
                 };
+                session.lend(&self.in_flight);
                 match tx.send(session) {
                     Ok(()) => break,
-                    Err(back) => session = back,
+                    Err(mut back) => {
+                        back.give_back();
+                        session = back;
+                    }
                 }
             }
+        } else {
+            drop(st);
+            drop(session);
         }
         self.changed.notify();
     }

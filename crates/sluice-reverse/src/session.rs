@@ -1,5 +1,6 @@
 //! A session: a protocol client over a stream a service registered.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Waker};
 
@@ -12,6 +13,10 @@ pub struct Session<P: Protocol> {
     client: P::Client,
     instance: Arc<Instance>,
     parking: Arc<Parking>,
+    /// While a request has it: the in-flight count of the slice that lent it, one less when it
+    /// comes back or is dropped (`DEMAND`'s `in_flight` counts leases, not sessions less idle
+    /// ones, which also counted those still being added or already closing).
+    lent: Option<Arc<AtomicUsize>>,
 }
 
 impl<P: Protocol> std::fmt::Debug for Session<P> {
@@ -23,6 +28,12 @@ impl<P: Protocol> std::fmt::Debug for Session<P> {
     }
 }
 
+impl<P: Protocol> Drop for Session<P> {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
 impl<P: Protocol> Session<P> {
     /// A session of `instance` over `client`, whose socket `parking` can let go.
     pub(crate) fn new(client: P::Client, instance: Arc<Instance>, parking: Arc<Parking>) -> Self {
@@ -30,6 +41,20 @@ impl<P: Protocol> Session<P> {
             client,
             instance,
             parking,
+            lent: None,
+        }
+    }
+
+    /// A request has it: counted in `in_flight` until it comes back or is dropped.
+    pub(crate) fn lend(&mut self, in_flight: &Arc<AtomicUsize>) {
+        in_flight.fetch_add(1, Ordering::AcqRel);
+        self.lent = Some(Arc::clone(in_flight));
+    }
+
+    /// It came back (or is dropped): no longer in flight.
+    pub(crate) fn give_back(&mut self) {
+        if let Some(in_flight) = self.lent.take() {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
