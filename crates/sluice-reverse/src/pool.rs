@@ -488,19 +488,23 @@ impl<P: Protocol> SlicePool<P> {
     /// draining instances are dropped (which closes them).
     pub(crate) fn checkin(&self, mut session: Session<P>) {
         session.give_back();
+        // Retirements and recalls are owed under this lock (`retire_idle`, `recall`), so a
+        // session claims one here or is idle when they look: never idle with one owed.
+        let mut st = self.state();
         if session.is_shared() && session.is_closed() {
             // A stream of a connection that ended or is ending: nothing more to count.
+            drop(st);
             drop(session);
             self.changed.notify();
             return;
         }
-        // Retirements and recalls are owed under this lock (`retire_idle`, `recall`), so a
-        // session claims one here or is idle when they look: never idle with one owed.
-        let mut st = self.state();
         if session.instance().take_retirement() {
+            // Its service asked for one session fewer while this one was busy. A connection
+            // that another of its streams ended meanwhile counted already: owed again.
+            if !session.end() {
+                session.instance().owe_retirements(1);
+            }
             drop(st);
-            // Its service asked for one session fewer while this one was busy.
-            session.end();
             drop(session);
             self.changed.notify();
             return;
@@ -517,14 +521,18 @@ impl<P: Protocol> SlicePool<P> {
                     if self.handover.takes(st.idle.len()) {
                         drop(st);
                         self.let_go(session);
-                    } else {
-                        st.idle.push(session);
+                        break;
                     }
+                    st.idle.push(session);
+                    drop(st);
                     break;
                 };
                 session.lend(&self.in_flight);
                 match tx.send(session) {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        drop(st);
+                        break;
+                    }
                     Err(mut back) => {
                         back.give_back();
                         session = back;

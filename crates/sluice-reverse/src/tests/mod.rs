@@ -289,6 +289,21 @@ async fn nothing_owed_leaves_once_the_pull_stops() {
     assert_eq!(bed.lease().await.instance().id(), "a");
 }
 
+/// Runs `meet` on this thread while another returns `busy` at the same moment.
+fn coming_back<const N: usize>(bed: &Bed, busy: [Session; N], meet: impl FnOnce()) {
+    let start = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            start.wait();
+            for session in busy {
+                bed.pool().checkin(session);
+            }
+        });
+        start.wait();
+        meet();
+    });
+}
+
 /// A `RETIRE` that meets sessions coming back at that very moment: each of them either is idle
 /// when the retirement looks (and closes then) or claims what it owes as it comes back. None
 /// stays idle with a retirement owed (many nodes: a node removed from DNS kept a session).
@@ -300,15 +315,7 @@ async fn a_retirement_met_by_sessions_coming_back_closes_every_one_asked() {
         bed.register("a").await;
         let busy = [bed.lease().await, bed.lease().await];
         let instance = Arc::clone(busy[0].instance());
-        let start = std::sync::Barrier::new(2);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                start.wait();
-                for session in busy {
-                    bed.pool().checkin(session);
-                }
-            });
-            start.wait();
+        coming_back(&bed, busy, || {
             bed.cluster.retire("default", "a", 2);
         });
         assert_eq!(
@@ -330,17 +337,7 @@ async fn a_recall_met_by_sessions_coming_back_gets_every_one_asked() {
         bed.register("a").await;
         bed.register("a").await;
         let busy = [bed.lease().await, bed.lease().await];
-        let start = std::sync::Barrier::new(2);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                start.wait();
-                for session in busy {
-                    bed.pool().checkin(session);
-                }
-            });
-            start.wait();
-            bed.cluster.recall("default", 2);
-        });
+        coming_back(&bed, busy, || bed.cluster.recall("default", 2));
         assert_eq!(
             bed.pool().idle(),
             0,
