@@ -438,7 +438,10 @@ impl Logged {
             .remove::<ServedBy>()
             .unwrap_or_default();
         let (parts, body) = res.into_parts();
+        // hyper's server drops the body of an answer to `HEAD` unread: that is its end.
+        let head = self.method == http::Method::HEAD;
         let body = body.reported(Box::new(move |bytes, complete| {
+            let complete = complete || head;
             let entry = access_log::Entry {
                 client,
                 method: &self.method,

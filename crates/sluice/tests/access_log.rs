@@ -93,6 +93,34 @@ async fn common_log_format_lines() {
     let _ = stop.send(());
 }
 
+/// An answer to `HEAD` sends no body, and that is its whole: logged complete, 0 bytes (hyper's
+/// server drops the unsent body, which the log took for a client gone away).
+#[tokio::test]
+async fn an_answer_to_head_is_logged_complete() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, stop) = serve(dir.path(), "json").await;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = "HEAD /h HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer:?}");
+    assert!(answer.ends_with("\r\n\r\n"), "{answer:?}");
+    let line = lines(&dir.path().join("access.log"), 1).await.remove(0);
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        (
+            v["method"].as_str(),
+            v["bytes"].as_u64(),
+            v["complete"].as_bool()
+        ),
+        (Some("HEAD"), Some(0), Some(true)),
+        "{line}"
+    );
+    let _ = stop.send(());
+}
+
 /// A template of the operator's: its fields, its text, a dash for what a request has not.
 #[tokio::test]
 async fn template_lines_write_the_fields_asked_for() {
