@@ -19,7 +19,9 @@ use super::active::ActiveRequests;
 /// moves).
 ///
 /// The timer is re-armed lazily: progress only records an instant, and the sleep is pushed
-/// back when it fires early, so the per-operation cost is one clock read.
+/// back when it fires early, so the per-operation cost is one clock read. It is made (and
+/// entered into Tokio's timer wheel) only when the stream first has to wait: a connection
+/// whose bytes are there each time it reads (a request sent with the connect) never has one.
 #[derive(Debug)]
 pub(crate) struct IdleTimeout<T> {
     inner: T,
@@ -28,7 +30,8 @@ pub(crate) struct IdleTimeout<T> {
     /// first wait until its first byte moves.
     window: Duration,
     last_progress: Instant,
-    sleep: Pin<Box<Sleep>>,
+    /// Made at the first wait.
+    sleep: Option<Pin<Box<Sleep>>>,
     active: Arc<ActiveRequests>,
     /// Bytes received and sent, when the listener counts them.
     bytes: Option<crate::metrics::ByteCounters>,
@@ -38,13 +41,12 @@ impl<T> IdleTimeout<T> {
     /// Wraps `inner`; the clock starts now. While `active` counts a request in flight (an
     /// upstream taking its time, a long poll, a server-sent event stream), the timer re-arms.
     pub(crate) fn new(inner: T, timeout: Duration, active: Arc<ActiveRequests>) -> Self {
-        let now = Instant::now();
         Self {
             inner,
             timeout,
             window: timeout,
-            last_progress: now,
-            sleep: Box::pin(tokio::time::sleep_until(deadline(now, timeout))),
+            last_progress: Instant::now(),
+            sleep: None,
             active,
             bytes: None,
         }
@@ -65,8 +67,6 @@ impl<T> IdleTimeout<T> {
     /// its own per connection.
     pub(crate) fn with_first_wait(mut self, first: Duration) -> Self {
         self.window = first.min(self.timeout);
-        let deadline = deadline(self.last_progress, self.window);
-        self.sleep.as_mut().reset(deadline);
         self
     }
 
@@ -84,7 +84,11 @@ impl<T> IdleTimeout<T> {
     /// Ready with an error when the idle deadline has passed; registers the waker otherwise.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         loop {
-            if self.sleep.as_mut().poll(cx).is_pending() {
+            let at = deadline(self.last_progress, self.window);
+            let sleep = self
+                .sleep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
             if self.active.any() {
@@ -99,7 +103,9 @@ impl<T> IdleTimeout<T> {
                 };
                 return Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, what));
             }
-            self.sleep.as_mut().reset(deadline);
+            if let Some(sleep) = &mut self.sleep {
+                sleep.as_mut().reset(deadline);
+            }
         }
     }
 }

@@ -162,10 +162,14 @@ where
     if shutdown.is_terminated() {
         return after_shutdown(io, buf, http, active).await;
     }
+    // The socket is read first: when the request is there (sent with the connect, pipelined,
+    // or a head the sniff read), no timer is set and the shutdown is not polled at all.
+    if let Some(read) = read_lent(io, buf).now_or_never() {
+        return matches!(read, Ok(n) if n > 0);
+    }
     // hyper's header timer runs from the moment it waits for a head, on a new connection and
     // between requests alike: a client that does not begin one within it is closed silently.
-    // The connection's one timer is moved for each wait. The socket is polled first: when the
-    // request is there, the timer and the shutdown are not polled at all.
+    // The connection's one timer is moved for each wait.
     let deadline = deadline(Instant::now(), http.request_header_timeout);
     let read = tokio::select! {
         biased;
