@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
@@ -226,7 +227,16 @@ impl<R: Routing> ProxyService<R> {
         });
         let head_request = req.method() == http::Method::HEAD;
         let mut res = match &route.target {
-            Target::Direct(direct) => direct_response(direct, &req, client, target.as_ref())?,
+            Target::Direct(direct) => {
+                let host = request_host(&req);
+                let place = redirect::Place {
+                    tls: client.tls,
+                    host: host.as_deref(),
+                    path: target.as_ref().map_or(req.uri().path(), PathAndQuery::path),
+                    query: req.uri().query(),
+                };
+                direct_response(direct, &place)?.map(ProxyBody::full)
+            }
             Target::Upstream(upstream) => {
                 let limit = checks::body_limit(route.max_request_body, client.max_body);
                 // A declared length is refused before any of the body is read.
@@ -538,28 +548,19 @@ fn preflight_response(
     res
 }
 
-/// The route's fixed answer; a redirect's `Location` names the request's host and its path
-/// (`target`, when the route rewrote it).
-fn direct_response(
+/// The route's fixed answer, for both paths (the route's response edits are applied after,
+/// as to every answer); a redirect's `Location` names the request's host and path (`place`).
+pub(crate) fn direct_response(
     direct: &Direct,
-    req: &Request<Incoming>,
-    client: &ClientInfo,
-    target: Option<&PathAndQuery>,
-) -> Result<Response<ProxyBody>, ProxyError> {
-    let mut res = Response::new(ProxyBody::full(direct.body.clone()));
+    place: &redirect::Place<'_>,
+) -> Result<Response<Bytes>, ProxyError> {
+    let mut res = Response::new(direct.body.clone());
     *res.status_mut() = direct.status;
     for (name, value) in &direct.headers {
         res.headers_mut().append(name.clone(), value.clone());
     }
     if let Some(template) = &direct.location {
-        let host = request_host(req);
-        let place = redirect::Place {
-            tls: client.tls,
-            host: host.as_deref(),
-            path: target.map_or(req.uri().path(), PathAndQuery::path),
-            query: req.uri().query(),
-        };
-        let location = redirect::location(template, &place)?;
+        let location = redirect::location(template, place)?;
         res.headers_mut().insert(header::LOCATION, location);
     }
     Ok(res)

@@ -199,3 +199,90 @@ async fn a_layered_proxy_is_never_bypassed_by_the_fast_path() {
     assert_eq!(raw.matches("x-layer: seen").count(), 2, "{raw}");
     assert_eq!(bodies(&raw), ["b /1", "b /2"]);
 }
+
+/// A proxy whose routes answer themselves (`direct_response`): a redirect naming the rewritten
+/// path, a fixed answer with the route's response edits, and a 204; `fast_path` as it says.
+async fn answering(fast_path: bool) -> (std::net::SocketAddr, Arc<Metrics>) {
+    let text = format!(
+        "[[listener]]\nname = \"plain\"\nlisten = \"127.0.0.1:0\"\nfast_path = {fast_path}\n\
+         [[route]]\nname = \"moved\"\npath_prefix = \"/old/\"\n\
+         rewrite = {{ regex = \"^/old/\", replace = \"/new/\" }}\n\
+         direct_response = {{ status = 308, location = \"https://{{host}}{{uri}}\" }}\n\
+         [[route]]\nname = \"tea\"\npath_prefix = \"/tea\"\n\
+         response_headers = {{ set = {{ \"x-served-by\" = \"sluice\" }}, remove = [\"x-drop\"] }}\n\
+         direct_response = {{ status = 418, body = \"short and stout\\n\", \
+         headers = {{ \"content-type\" = \"text/plain\", \"x-drop\" = \"1\", \"x-kept\" = \"2\" }} }}\n\
+         [[route]]\nname = \"empty\"\npath_prefix = \"/empty\"\ndirect_response = {{ status = 204 }}\n\
+         [[route]]\nname = \"early\"\npath_prefix = \"/early\"\ndirect_response = {{ status = 103 }}\n\
+         [[route]]\nname = \"odd\"\npath_prefix = \"/odd\"\n\
+         direct_response = {{ status = 599, body = \"odd\\n\", \
+         headers = {{ \"date\" = \"Thu, 01 Jan 2026 00:00:00 GMT\" }} }}\n"
+    );
+    let config = sluice::config::parse_str(&text, "fast.toml", Path::new(".")).unwrap();
+    let proxy = Proxy::bind(&config).await.unwrap();
+    let (addr, metrics) = (proxy.local_addrs()[0].1, Arc::clone(proxy.metrics()));
+    tokio::spawn(proxy.run_until(std::future::pending()));
+    (addr, metrics)
+}
+
+/// `raw` with every `date` field's value blanked (the two paths answer a second apart at most).
+fn dateless(raw: &str) -> String {
+    raw.split("\r\n")
+        .map(|line| match line.get(..6) {
+            Some(name) if name.eq_ignore_ascii_case("date: ") => "date: -",
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\r\n")
+}
+
+/// A route's own answer (a redirect, a fixed response, its answer to `HEAD`, one that closes)
+/// is the fast path's to write, byte for byte as hyper's server writes it; a request with a
+/// body, or for a status without one (204), is left to hyper.
+#[tokio::test]
+async fn a_routes_own_answer_is_written_as_hyper_writes_it() {
+    let requests = "GET /old/a/b?c=d HTTP/1.1\r\nHost: a.example:8080\r\n\r\n\
+                    HEAD /old/x HTTP/1.1\r\nHost: a.example\r\n\r\n\
+                    HEAD /tea HTTP/1.1\r\nHost: a.example\r\n\r\n\
+                    GET /tea HTTP/1.1\r\nHost: a.example\r\n\r\n\
+                    POST /tea HTTP/1.1\r\nHost: a.example\r\nContent-Length: 2\r\n\r\nhi\
+                    GET /tea HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n";
+    let closing = "GET /tea HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n";
+    let empty = "GET /empty HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n";
+    // A status without a reason phrase, and a `Date` of the route's own.
+    let odd = "GET /odd HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n";
+    // An interim status, which hyper's server will not send as an answer.
+    let early = "GET /early HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n";
+    let (fast, metrics) = answering(true).await;
+    let (hyper, _) = answering(false).await;
+    for sent in [requests, closing, empty, odd, early] {
+        let (got, want) = (pipeline(fast, sent).await, pipeline(hyper, sent).await);
+        assert_eq!(dateless(&got), dateless(&want), "{sent:?}");
+    }
+    let got = pipeline(fast, requests).await;
+    assert!(
+        got.starts_with(
+            "HTTP/1.1 308 Permanent Redirect\r\nlocation: https://a.example/new/a/b?c=d\r\n"
+        ),
+        "{got:?}"
+    );
+    assert_eq!(got.matches("short and stout\n").count(), 3, "{got:?}");
+    assert_eq!(got.matches("x-served-by: sluice\r\n").count(), 4, "{got:?}");
+    assert!(!got.contains("x-drop"), "{got:?}");
+    // Each run: the redirect, two HEADs and a GET here, then the POST and all after it
+    // hyper's; the closing GET and the 599 here; the 204 and the 103 hyper's.
+    let (taken, body, route) = if fast_path_on() {
+        (2 * 4 + 2, 2, 2)
+    } else {
+        (0, 0, 0)
+    };
+    assert_eq!(
+        counter(&metrics, "sluice_http1_fast_path_requests_total"),
+        taken
+    );
+    let handed = |reason: &str| {
+        let series = format!("sluice_http1_fast_path_handoffs_total{{reason=\"{reason}\"}}");
+        counter(&metrics, &series)
+    };
+    assert_eq!((handed("body"), handed("route")), (body, route));
+}

@@ -1,34 +1,57 @@
-//! What the fast path writes itself: error responses (the same status, fields and body as the
-//! hyper path's), chunk framing, and the `Date` value, formatted once a second per thread.
+//! What the fast path writes itself: error responses and routes' fixed answers (the same
+//! status, fields and body as the hyper path's), chunk framing, and the `Date` value,
+//! formatted once a second per thread.
 
 use std::cell::RefCell;
 use std::io::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use http::{HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue, StatusCode};
 
 use crate::error::ProxyError;
 
 /// The response the client gets for `e` ([`ProxyError::answer`], as the hyper path renders
-/// it), and its body's length (0 for `HEAD`); `close` adds `Connection: close`, and the answer
-/// to a `HEAD` request has no body (its length stays).
+/// it), and its body's length; see [`render`].
 pub(super) fn error(
     e: &ProxyError,
     close: bool,
     head_request: bool,
     id: Option<(&HeaderName, &HeaderValue)>,
-) -> (Vec<u8>, u64) {
+) -> (Vec<u8>, usize) {
     let answer = e.answer(id);
-    let status = answer.status;
-    let mut out = Vec::with_capacity(160 + answer.body.len());
+    let fields = answer.fields.iter().map(|(n, v)| (n, v));
+    render(
+        answer.status,
+        fields,
+        answer.body.as_bytes(),
+        close,
+        head_request,
+    )
+}
+
+/// A response Sluice answers itself (an error, a route's `direct_response`) as hyper's server
+/// writes it: the status line (`<none>` for a status without a reason phrase), `fields` in
+/// order, `Content-Length` (none for an empty answer to `HEAD`) and `Date` (unless `fields` has
+/// one), then the body; `close` adds `Connection: close`, and the answer to a `HEAD` request has
+/// no body (its length stays). Returns the bytes and the body's length.
+pub(super) fn render<'f>(
+    status: StatusCode,
+    fields: impl IntoIterator<Item = (&'f HeaderName, &'f HeaderValue)>,
+    body: &[u8],
+    close: bool,
+    head_request: bool,
+) -> (Vec<u8>, usize) {
+    let mut out = Vec::with_capacity(160 + body.len());
     let _ = write!(
         out,
         "HTTP/1.1 {} {}\r\n",
         status.as_str(),
-        status.canonical_reason().unwrap_or("")
+        status.canonical_reason().unwrap_or("<none>")
     );
-    for (name, value) in &answer.fields {
+    let mut dated = false;
+    for (name, value) in fields {
+        dated |= name == http::header::DATE;
         for part in [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
             out.extend_from_slice(part);
         }
@@ -36,17 +59,18 @@ pub(super) fn error(
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
-    let _ = write!(
-        out,
-        "content-length: {}\r\ndate: {}\r\n\r\n",
-        answer.body.len(),
-        date()
-    );
-    if head_request {
-        return (out, 0);
+    // hyper knows an empty body has ended, and names no length for one to `HEAD`.
+    if !(head_request && body.is_empty()) {
+        let _ = write!(out, "content-length: {}\r\n", body.len());
     }
-    out.extend_from_slice(answer.body.as_bytes());
-    (out, answer.body.len() as u64)
+    if !dated {
+        let _ = write!(out, "date: {}\r\n", date());
+    }
+    out.extend_from_slice(b"\r\n");
+    if !head_request {
+        out.extend_from_slice(body);
+    }
+    (out, body.len())
 }
 
 /// Appends `data` as one chunk.

@@ -11,8 +11,9 @@
 //! It takes only what it serves exactly as the hyper path does (the differential tests over
 //! `crates/sluice-wire/corpus/` hold it to that): a request the parser takes
 //! (`h1::Parsed::Take`) whose body, if any, has a `Content-Length` and has been read whole,
-//! routed to a static cluster without TLS or to a reverse slice by a route whose edits leave
-//! the framing fields alone. Anything else is handed back, unread, to hyper
+//! routed to a static cluster without TLS or to a reverse slice, or answered by the route
+//! itself (`direct_response`, for a request without a body), by a route whose edits leave the
+//! framing fields alone. Anything else is handed back, unread, to hyper
 //! ([`Served::HandOff`]), which serves the connection from that request on.
 
 mod answer;
@@ -25,6 +26,8 @@ mod request;
 use std::sync::Arc;
 use tokio::time::Instant;
 
+use bytes::Bytes;
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use sluice_config::HeaderEdits;
 use sluice_wire::h1::BodyFraming;
@@ -33,12 +36,13 @@ use tracing::debug;
 
 use crate::access_log::{self, AccessLog};
 use crate::error::ProxyError;
+use crate::http::headers::apply_edits;
 use crate::http::request_id::RequestIds;
 use crate::http::trace_context::{RequestTrace, SentContext};
-use crate::http::{checks, compression, rewrite};
+use crate::http::{checks, compression, redirect, rewrite};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::otel::Tracing;
-use crate::router::{Route, Routing, Target};
+use crate::router::{Direct, Route, Routing, Target};
 use crate::upstream::reverse::raw::SessionLease;
 use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
 
@@ -100,7 +104,10 @@ impl FastPath {
             Ok(parts) => parts,
             Err(reason) => return (0, self.hand_off(reason)),
         };
-        let Some((route, dest)) = self.route(&parts, &req) else {
+        let Some(route) = self.route(&parts, &req) else {
+            return (0, self.hand_off("route"));
+        };
+        let Some(dest) = Dest::of(&route) else {
             return (0, self.hand_off("route"));
         };
         // A body over the limit is refused by hyper's path (413, the connection closed).
@@ -112,6 +119,10 @@ impl FastPath {
         };
         if checks::check_body_length(declared, limit).is_err() {
             return (0, self.hand_off("limit"));
+        }
+        // What hyper's server does with a body a route's own answer leaves unread is its own.
+        if declared > 0 && matches!(dest, Dest::Direct(_)) {
+            return (0, self.hand_off("body"));
         }
         // A rewrite that makes no valid path is answered by hyper's path (500) too.
         let rules = req.client.rules.escaped_slashes;
@@ -144,6 +155,8 @@ impl FastPath {
         });
         let id = id.as_ref().map(|(n, v)| (*n, v));
         let traceparent = trace.as_ref().map(|t| &t.traceparent);
+        // A redirect's `{path}`: the rewritten one, as the target sent upstream is.
+        let path = target.as_ref().map_or(parts.uri.path(), PathAndQuery::path);
         let target = target.as_ref().map(|t| t.as_str().as_bytes());
         // Refused as a lease would be: the answer, the log line and the counts are the same.
         let admitted = admit(&route, &req).await;
@@ -156,6 +169,18 @@ impl FastPath {
         let exchange =
             Exchange::new(&req, &route, &parts.method, taken, id, traceparent).to(target);
         let outcome = match dest {
+            Dest::Direct(d) => {
+                let answered = admitted.and_then(|()| {
+                    let place = redirect::Place {
+                        tls: req.client.tls,
+                        host: host(&req).map(super::strip_port),
+                        path,
+                        query: parts.uri.query(),
+                    };
+                    direct(d, &route, &place)
+                });
+                exchange.answer(client, answered).await
+            }
             Dest::Static(cluster) => {
                 let lease = async {
                     admitted?;
@@ -170,7 +195,7 @@ impl FastPath {
                 let stamp = Some((sluice_session::HEADER_CLIENT_ADDR, addr));
                 let lease = async {
                     admitted?;
-                    SessionLease::lease(&slice).await
+                    SessionLease::lease(slice).await
                 };
                 exchange.run(client, scratch, lease, stamp).await
             }
@@ -193,14 +218,14 @@ impl FastPath {
         (outcome.used, outcome.served)
     }
 
-    /// Leaves a request to hyper, counting why: `body` (chunked or not all here), `trailers`
-    /// (the client accepts them), `head` (not a valid method, target or field), `route`
-    /// (somewhere the fast path does not go), `limit` (a whole body over `max_request_body`:
-    /// hyper's path answers 413; a larger one not all here counts as `body`), `trace` (a
-    /// `tracestate` to remove), `rewrite` (the route's rewrite made no valid path: hyper's
-    /// path answers 500), `compress` (the route compresses and the client accepts an encoding
-    /// it offers), `session` (the slice's queue gave it a stream of an HTTP/2 session that
-    /// registered after the route was chosen), or the parser's reason.
+    /// Leaves a request to hyper, counting why: `body` (chunked, not all here, or to a route
+    /// that answers itself), `trailers` (the client accepts them), `head` (not a valid method,
+    /// target or field), `route` (somewhere the fast path does not go), `limit` (a whole body
+    /// over `max_request_body`: hyper's path answers 413; a larger one not all here counts as
+    /// `body`), `trace` (a `tracestate` to remove), `rewrite` (the route's rewrite made no
+    /// valid path: hyper's path answers 500), `compress` (the route compresses and the client
+    /// accepts an encoding it offers), `session` (the slice's queue gave it a stream of an
+    /// HTTP/2 session that registered after the route was chosen), or the parser's reason.
     pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
         if let Some(metrics) = &self.metrics {
             metrics.fast_path_handoff(reason);
@@ -208,10 +233,10 @@ impl FastPath {
         Served::HandOff(reason)
     }
 
-    /// The route, when it leads to an upstream the fast path reaches with edits it can apply,
-    /// and has no CORS policy.
-    fn route(&self, parts: &Parts<'_>, req: &Request<'_>) -> Option<(Arc<Route>, Dest)> {
-        let host = std::str::from_utf8(&req.buf[req.head.host.clone()]).ok()?;
+    /// The route, when its edits are ones the fast path can apply and it has no CORS policy
+    /// (where it leads is [`Dest::of`]'s to say).
+    fn route(&self, parts: &Parts<'_>, req: &Request<'_>) -> Option<Arc<Route>> {
+        let host = host(req)?;
         let path = sluice_wire::normalize::match_path(parts.uri.path());
         let head = crate::router::RequestHead {
             method: &parts.method,
@@ -222,18 +247,10 @@ impl FastPath {
             client: req.client.peer,
         };
         let route = self.router.route(&head)?;
-        let dest = match &route.target {
-            Target::Upstream(Upstream::Static(c)) if c.is_plain() => Dest::Static(c.clone()),
-            // hyper's HTTP/2 client serves slices with HTTP/2 sessions.
-            Target::Upstream(Upstream::Reverse(s)) if !s.pool().multiplexed() => {
-                Dest::Reverse(s.clone())
-            }
-            _ => return None,
-        };
         let framing_edited =
             edits_framing(&route.request_headers) || edits_framing(&route.response_headers);
         // A CORS route's answers all get fields by the request's Origin: hyper's path's.
-        (!framing_edited && route.cors.is_none()).then_some((route, dest))
+        (!framing_edited && route.cors.is_none()).then_some(route)
     }
 
     /// Counts the request, logs it and queues its spans, as the hyper path does.
@@ -319,12 +336,53 @@ struct Logged<'a> {
     trace: Option<&'a RequestTrace>,
 }
 
+/// The route's fixed answer with its response edits, as hyper's path makes it.
+fn direct(
+    direct: &Direct,
+    route: &Route,
+    place: &redirect::Place<'_>,
+) -> Result<http::Response<Bytes>, ProxyError> {
+    let mut res = super::direct_response(direct, place)?;
+    apply_edits(res.headers_mut(), &route.response_headers);
+    Ok(res)
+}
+
 /// Where the fast path sends a request.
-enum Dest {
+enum Dest<'r> {
+    /// Nowhere: the route answers (`direct_response`).
+    Direct(&'r Direct),
     /// A static cluster without TLS: a pooled plain TCP connection.
-    Static(StaticCluster),
+    Static(&'r StaticCluster),
     /// A reverse slice: a leased session's socket.
-    Reverse(ReverseSlice),
+    Reverse(&'r ReverseSlice),
+}
+
+impl<'r> Dest<'r> {
+    /// Where `route` leads, if the fast path goes there.
+    fn of(route: &'r Route) -> Option<Self> {
+        match &route.target {
+            Target::Upstream(Upstream::Static(c)) if c.is_plain() => Some(Self::Static(c)),
+            // hyper's HTTP/2 client serves slices with HTTP/2 sessions.
+            Target::Upstream(Upstream::Reverse(s)) if !s.pool().multiplexed() => {
+                Some(Self::Reverse(s))
+            }
+            // Interim and bodiless statuses, `Trailer` fields (dropped for `HEAD`) and a
+            // compressing route's `Vary` are left to hyper's server and the compression layer.
+            Target::Direct(d) if Self::plain_answer(d, route) => Some(Self::Direct(d)),
+            _ => None,
+        }
+    }
+
+    /// Whether `route`'s own answer is one [`answer::render`] writes as hyper's server does.
+    fn plain_answer(direct: &Direct, route: &Route) -> bool {
+        let status = direct.status;
+        let trailer = |n: &HeaderName| n == http::header::TRAILER;
+        !status.is_informational()
+            && !matches!(status.as_u16(), 204 | 304)
+            && route.compression.is_none()
+            && !direct.headers.iter().any(|(n, _)| trailer(n))
+            && !route.response_headers.set.iter().any(|(n, _)| trailer(n))
+    }
 }
 
 /// The request's method, target and fields as the router reads them.
@@ -381,6 +439,11 @@ fn fields<'b>(req: &Request<'b>) -> impl Iterator<Item = (&'b [u8], &'b [u8])> +
     head.fields
         .iter()
         .map(move |f| (&buf[f.name.clone()], &buf[f.value.clone()]))
+}
+
+/// The request's `Host`, as the parser took it (already in its normal form).
+fn host<'b>(req: &Request<'b>) -> Option<&'b str> {
+    std::str::from_utf8(&req.buf[req.head.host.clone()]).ok()
 }
 
 /// The value of the request's first field named `name`.

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 
+use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use sluice_wire::h1::{self, Answer, BodyFraming, Forward, ParsedResponse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -370,24 +371,76 @@ impl<'a> Exchange<'a> {
     {
         let close = e.closes_connection() || self.closes();
         let (bytes, body) = answer::error(&e, close, self.head_request, self.id);
+        let mut outcome = self.write_answer(client, &bytes, body, close, used).await;
+        outcome.status = e.status().as_u16();
+        outcome.error = Some(e);
+        outcome
+    }
+
+    /// Answers the client with a route's fixed response ([`crate::proxy::direct_response`],
+    /// its edits applied), or with the error that stood in its way.
+    pub(crate) async fn answer<C>(
+        &self,
+        client: &mut C,
+        answered: Result<http::Response<Bytes>, ProxyError>,
+    ) -> Outcome
+    where
+        C: AsyncWrite + Unpin,
+    {
+        let used = self.len();
+        let res = match answered {
+            Ok(res) => res,
+            Err(e) => return self.refuse(client, e, used).await,
+        };
+        let close = self.closes();
+        let (bytes, body) = answer::render(
+            res.status(),
+            res.headers(),
+            res.body(),
+            close,
+            self.head_request,
+        );
+        let mut outcome = self.write_answer(client, &bytes, body, close, used).await;
+        outcome.status = res.status().as_u16();
+        outcome
+    }
+
+    /// Writes an answer of Sluice's own whose body is `body` bytes long (none of them sent to
+    /// `HEAD`); the outcome's status is the caller's to set.
+    async fn write_answer<C>(
+        &self,
+        client: &mut C,
+        bytes: &[u8],
+        body: usize,
+        close: bool,
+        used: usize,
+    ) -> Outcome
+    where
+        C: AsyncWrite + Unpin,
+    {
         let written = async {
-            client.write_all(&bytes).await?;
+            client.write_all(bytes).await?;
             client.flush().await
         };
-        let (served, complete) = match written.await {
+        let (served, written) = match written.await {
             Ok(()) if !close => (Served::KeepAlive, true),
             Ok(()) => (Served::Close, true),
             Err(_) => (Served::Close, false),
         };
+        let sent = if written && !self.head_request {
+            body
+        } else {
+            0
+        };
         Outcome {
             used,
             served,
-            status: e.status().as_u16(),
-            sent: if complete { body } else { 0 },
-            complete,
+            status: 0,
+            sent: sent as u64,
+            complete: written,
             by: ServedBy::default(),
             head_at: Some(Instant::now()),
-            error: Some(e),
+            error: None,
         }
     }
 
