@@ -1,11 +1,14 @@
 """CPU per request, keep-alive: wrk -t1 -c32 over plaintext, interleaved rounds.
-Usage: ka.py ROUNDS SECONDS name=pid:port ... (one must be nginx)."""
+Usage: keepalive.py ROUNDS SECONDS name=pid:port ... (one must be nginx)."""
 import re
 import statistics as st
 import subprocess
 import sys
+from pathlib import Path
 
-from measure import cpu
+# The same CPU reading as the new-connection runs: ../issue34-close/by-hand/measure.py.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "issue34-close" / "by-hand"))
+from measure import cpu  # noqa: E402
 
 
 def main():
