@@ -13,9 +13,9 @@ pub struct Session<P: Protocol> {
     client: P::Client,
     instance: Arc<Instance>,
     parking: Arc<Parking>,
-    /// While a request has it: the in-flight count of the slice that lent it, one less when it
-    /// comes back or is dropped (`DEMAND`'s `in_flight` counts leases, not sessions less idle
-    /// ones, which also counted those still being added or already closing).
+    /// While a request holds it: the in-flight count of the slice that lent it, given back at
+    /// checkin or drop. Counting leases (not sessions less idle ones) keeps sessions being
+    /// added or closing out of `DEMAND`.
     lent: Option<Arc<AtomicUsize>>,
 }
 
@@ -47,6 +47,10 @@ impl<P: Protocol> Session<P> {
 
     /// A request has it: counted in `in_flight` until it comes back or is dropped.
     pub(crate) fn lend(&mut self, in_flight: &Arc<AtomicUsize>) {
+        debug_assert!(
+            self.lent.is_none(),
+            "a session lent twice would count for good"
+        );
         in_flight.fetch_add(1, Ordering::AcqRel);
         self.lent = Some(Arc::clone(in_flight));
     }

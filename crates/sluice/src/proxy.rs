@@ -229,12 +229,8 @@ impl<R: Routing> ProxyService<R> {
         let mut res = match &route.target {
             Target::Direct(direct) => {
                 let host = request_host(&req);
-                let place = redirect::Place {
-                    tls: client.tls,
-                    host: host.as_deref(),
-                    path: target.as_ref().map_or(req.uri().path(), PathAndQuery::path),
-                    query: req.uri().query(),
-                };
+                let place =
+                    redirect::Place::of(client.tls, host.as_deref(), req.uri(), target.as_ref());
                 direct_response(direct, &place)?.map(ProxyBody::full)
             }
             Target::Upstream(upstream) => {
@@ -448,7 +444,8 @@ impl Logged {
             .remove::<ServedBy>()
             .unwrap_or_default();
         let (parts, body) = res.into_parts();
-        // hyper's server drops the body of an answer to `HEAD` unread: that is its end.
+        // hyper's server drops the body of an answer to `HEAD` unread: that is its end (the fast
+        // path, which writes the head itself, counts it complete once the head is out).
         let head = self.method == http::Method::HEAD;
         let body = body.reported(Box::new(move |bytes, complete| {
             let complete = complete || head;

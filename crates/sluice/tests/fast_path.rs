@@ -269,10 +269,17 @@ async fn a_routes_own_answer_is_written_as_hyper_writes_it() {
     assert_eq!(got.matches("short and stout\n").count(), 3, "{got:?}");
     assert_eq!(got.matches("x-served-by: sluice\r\n").count(), 4, "{got:?}");
     assert!(!got.contains("x-drop"), "{got:?}");
+    let got = pipeline(fast, odd).await;
+    assert!(got.starts_with("HTTP/1.1 599 <none>\r\n"), "{got:?}");
+    assert_eq!(got.matches("date: ").count(), 1, "{got:?}");
+    assert!(
+        got.contains("date: Thu, 01 Jan 2026 00:00:00 GMT\r\n"),
+        "{got:?}"
+    );
     // Each run: the redirect, two HEADs and a GET here, then the POST and all after it
-    // hyper's; the closing GET and the 599 here; the 204 and the 103 hyper's.
+    // hyper's; the closing GET and the 599 (twice) here; the 204 and the 103 hyper's.
     let (taken, body, route) = if fast_path_on() {
-        (2 * 4 + 2, 2, 2)
+        (2 * 4 + 3, 2, 2)
     } else {
         (0, 0, 0)
     };

@@ -4,10 +4,11 @@
 //!
 //! What fills it in was normalised before routing: the host is a name, an IPv4 address or a
 //! bracketed IPv6 address (`sluice_wire::normalize::normal_authority`), so it cannot carry a
-//! `/`, `@`, a space or a line break; the path never starts with `//`. The hyper path renders
-//! redirects; the fast path leaves every direct answer to it.
+//! `/`, `@`, a space or a line break; the path never starts with `//`. Both paths fill it in
+//! through [`Place::of`] and `proxy::direct_response`.
 
-use http::HeaderValue;
+use http::uri::PathAndQuery;
+use http::{HeaderValue, Uri};
 use sluice_config::{LocationPiece, LocationTemplate};
 
 use crate::error::ProxyError;
@@ -23,6 +24,24 @@ pub(crate) struct Place<'a> {
     pub(crate) path: &'a str,
     /// The query, without `?` (`{query}`).
     pub(crate) query: Option<&'a str>,
+}
+
+impl<'a> Place<'a> {
+    /// Where a request went: `host` as the path that routed it read it (without its port),
+    /// the path the route's rewrite made (`target`) or else the request's own, and its query.
+    pub(crate) fn of(
+        tls: bool,
+        host: Option<&'a str>,
+        uri: &'a Uri,
+        target: Option<&'a PathAndQuery>,
+    ) -> Self {
+        Self {
+            tls,
+            host,
+            path: target.map_or(uri.path(), PathAndQuery::path),
+            query: uri.query(),
+        }
+    }
 }
 
 /// The `Location` `template` names for the request at `place`. A request that named no host

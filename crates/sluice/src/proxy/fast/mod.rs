@@ -27,7 +27,6 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use bytes::Bytes;
-use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use sluice_config::HeaderEdits;
 use sluice_wire::h1::BodyFraming;
@@ -120,7 +119,8 @@ impl FastPath {
         if checks::check_body_length(declared, limit).is_err() {
             return (0, self.hand_off("limit"));
         }
-        // What hyper's server does with a body a route's own answer leaves unread is its own.
+        // hyper's server decides whether to read or drop a body the route's own answer leaves
+        // unread, and so whether the connection stays: left to it.
         if declared > 0 && matches!(dest, Dest::Direct(_)) {
             return (0, self.hand_off("body"));
         }
@@ -155,9 +155,8 @@ impl FastPath {
         });
         let id = id.as_ref().map(|(n, v)| (*n, v));
         let traceparent = trace.as_ref().map(|t| &t.traceparent);
-        // A redirect's `{path}`: the rewritten one, as the target sent upstream is.
-        let path = target.as_ref().map_or(parts.uri.path(), PathAndQuery::path);
-        let target = target.as_ref().map(|t| t.as_str().as_bytes());
+        let rewritten = target;
+        let target = rewritten.as_ref().map(|t| t.as_str().as_bytes());
         // Refused as a lease would be: the answer, the log line and the counts are the same.
         let admitted = admit(&route, &req).await;
         // A password's check is not the upstream's time: as on hyper's path, the exchange's
@@ -171,13 +170,10 @@ impl FastPath {
         let outcome = match dest {
             Dest::Direct(d) => {
                 let answered = admitted.and_then(|()| {
-                    let place = redirect::Place {
-                        tls: req.client.tls,
-                        host: host(&req).map(super::strip_port),
-                        path,
-                        query: parts.uri.query(),
-                    };
-                    direct(d, &route, &place)
+                    let host = host(&req).map(super::strip_port);
+                    let place =
+                        redirect::Place::of(req.client.tls, host, parts.uri, rewritten.as_ref());
+                    own_answer(d, &route, &place)
                 });
                 exchange.answer(client, answered).await
             }
@@ -337,7 +333,7 @@ struct Logged<'a> {
 }
 
 /// The route's fixed answer with its response edits, as hyper's path makes it.
-fn direct(
+fn own_answer(
     direct: &Direct,
     route: &Route,
     place: &redirect::Place<'_>,
@@ -368,13 +364,13 @@ impl<'r> Dest<'r> {
             }
             // Interim and bodiless statuses, `Trailer` fields (dropped for `HEAD`) and a
             // compressing route's `Vary` are left to hyper's server and the compression layer.
-            Target::Direct(d) if Self::plain_answer(d, route) => Some(Self::Direct(d)),
+            Target::Direct(d) if Self::renders_as_hyper(d, route) => Some(Self::Direct(d)),
             _ => None,
         }
     }
 
     /// Whether `route`'s own answer is one [`answer::render`] writes as hyper's server does.
-    fn plain_answer(direct: &Direct, route: &Route) -> bool {
+    fn renders_as_hyper(direct: &Direct, route: &Route) -> bool {
         let status = direct.status;
         let trailer = |n: &HeaderName| n == http::header::TRAILER;
         !status.is_informational()

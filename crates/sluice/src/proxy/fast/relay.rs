@@ -371,8 +371,10 @@ impl<'a> Exchange<'a> {
     {
         let close = e.closes_connection() || self.closes();
         let (bytes, body) = answer::error(&e, close, self.head_request, self.id);
-        let mut outcome = self.write_answer(client, &bytes, body, close, used).await;
-        outcome.status = e.status().as_u16();
+        let status = e.status().as_u16();
+        let mut outcome = self
+            .write_answer(client, &bytes, (status, body), close, used)
+            .await;
         outcome.error = Some(e);
         outcome
     }
@@ -400,18 +402,18 @@ impl<'a> Exchange<'a> {
             close,
             self.head_request,
         );
-        let mut outcome = self.write_answer(client, &bytes, body, close, used).await;
-        outcome.status = res.status().as_u16();
-        outcome
+        let status = res.status().as_u16();
+        self.write_answer(client, &bytes, (status, body), close, used)
+            .await
     }
 
-    /// Writes an answer of Sluice's own whose body is `body` bytes long (none of them sent to
-    /// `HEAD`); the outcome's status is the caller's to set.
+    /// Writes an answer of Sluice's own of `status` whose body is `body` bytes long (none of
+    /// them sent to `HEAD`).
     async fn write_answer<C>(
         &self,
         client: &mut C,
         bytes: &[u8],
-        body: usize,
+        (status, body): (u16, usize),
         close: bool,
         used: usize,
     ) -> Outcome
@@ -435,7 +437,7 @@ impl<'a> Exchange<'a> {
         Outcome {
             used,
             served,
-            status: 0,
+            status,
             sent: sent as u64,
             complete: written,
             by: ServedBy::default(),
