@@ -2,6 +2,7 @@
 per-process and machine counters it reads from /proc around each run."""
 
 import os
+import random
 import select
 import signal
 import socket
@@ -18,7 +19,36 @@ PROXY_CPU = 1
 LOAD_CPU = 0
 
 
+# Ports handed out by `free_port`, so that one run never gets the same one twice.
+_GIVEN = set()
+
+
+def _ephemeral_low():
+    """The lowest port the kernel gives connections that bind none (their local port)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
+    """A port free on 127.0.0.1 now, for a process about to listen on it. Drawn below the
+    kernel's ephemeral range: a run opens thousands of connections, each taking a local port
+    from that range, and one of them took a port picked there before its listener could bind
+    it (CI: `bench-backend: cannot listen ...: Address already in use`)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, max(low, 10001))
+        if port in _GIVEN or port >= low:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
