@@ -25,7 +25,7 @@ use super::active::{ActiveRequests, Tracked, TrackedBody};
 use super::carrier::UpgradeCarrier;
 use super::fast::{Conn, FastHttp1, Left};
 use super::framing::{FramingGuard, FramingWatch};
-use super::io::IdleTimeout;
+use super::io::{deadline, IdleTimeout};
 use super::prefixed::sniff_h2;
 use super::service::{BoxError, HttpService};
 use super::{ClientInfo, ShutdownSignal};
@@ -116,8 +116,11 @@ async fn serve_plain<S: HttpService>(
     }
     // A client that sends nothing is closed by `io`'s first wait (the header timeout, which
     // began at the accept a moment ago); one that trickles the preface, by then too.
-    let deadline = tokio::time::Instant::now() + settings.http.request_header_timeout;
-    match sniff_h2(io, deadline).await? {
+    let by = deadline(
+        tokio::time::Instant::now(),
+        settings.http.request_header_timeout,
+    );
+    match sniff_h2(io, by).await? {
         (true, io) => Box::pin(serve_h2(io, svc, settings, signal)).await,
         (false, io) => serve_fast_h1(io, svc, settings, signal).await,
     }
