@@ -66,53 +66,80 @@ impl Settings {
     }
 }
 
-/// Serves one accepted connection until it closes or the shutdown (then graceful) completes.
-pub(super) async fn serve<S: HttpService>(
+/// Serves one accepted connection until it closes or the shutdown (then graceful) completes;
+/// `open` (the connection's share of the listener's counts) is dropped when it ends.
+///
+/// An idle keep-alive connection is this future and little else, so what it holds is counted
+/// in bytes: the connection's state (`io`, `svc`) is made here, before the future, which owns
+/// it once and lends it to each stage by reference. An `async fn` would hold its arguments
+/// twice (as arguments and as the locals they are moved into), and each stage taking them by
+/// value a copy more. Only the ways of serving that take the stream whole (TLS, hyper's
+/// HTTP/1 and HTTP/2) move it, into a box of their own.
+pub(super) fn serve<S: HttpService>(
     stream: TcpStream,
     info: ClientInfo,
     service: S,
     settings: Arc<Settings>,
     signal: ShutdownSignal,
-) {
+    open: impl Send + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
     let span = tracing::debug_span!("conn", client.addr = %info.peer, tls = info.tls);
+    // Responses are written whole; Nagle would only add latency.
+    let _ = stream.set_nodelay(true);
+    let limit = settings.http.max_requests_per_connection;
+    let active = Arc::new(ActiveRequests::with_limit(limit));
+    let mut io = IdleTimeout::new(stream, settings.http.idle_timeout, Arc::clone(&active))
+        .with_first_wait(settings.http.request_header_timeout)
+        .with_byte_counters(settings.bytes.clone());
+    let svc = ConnService {
+        service,
+        info,
+        framing: None,
+        active,
+        carrier: UpgradeCarrier::default(),
+    };
     async move {
-        // Responses are written whole by hyper; Nagle would only add latency.
-        let _ = stream.set_nodelay(true);
-        let limit = settings.http.max_requests_per_connection;
-        let active = Arc::new(ActiveRequests::with_limit(limit));
-        let io = IdleTimeout::new(stream, settings.http.idle_timeout, Arc::clone(&active))
-            .with_first_wait(settings.http.request_header_timeout)
-            .with_byte_counters(settings.bytes.clone());
-        let svc = ConnService {
-            service,
-            info,
-            framing: None,
-            active,
-            carrier: UpgradeCarrier::default(),
-        };
-        // Each way of serving the connection is boxed where it begins, so that the task holds
-        // only the one it takes: the fast path's connections stay small while they idle,
-        // without room for hyper's connection state, TLS or HTTP/2.
-        let result = match settings.tls.clone() {
-            Some(acceptor) => Box::pin(serve_tls(io, acceptor, svc, &settings, &signal)).await,
-            None => serve_plain(io, svc, &settings, &signal).await,
+        let result = match &settings.tls {
+            Some(tls) => Box::pin(serve_tls(io, tls.clone(), svc, &settings, &signal)).await,
+            None => match serve_plain(&mut io, svc.parts(), &settings, &signal).await {
+                Ok(Next::Done) => Ok(()),
+                Ok(Next::H1(buf)) => {
+                    Box::pin(serve_h1(Prefixed::new(buf, io), svc, &settings, &signal)).await
+                }
+                Ok(Next::H2(buf)) => {
+                    Box::pin(serve_h2(Prefixed::new(buf, io), svc, &settings, &signal)).await
+                }
+                Err(e) => Err(e),
+            },
         };
         if let Err(error) = result {
             debug!(%error, "connection ended with an error");
         }
+        drop(open);
     }
     .instrument(span)
-    .await;
 }
 
-async fn serve_plain<S: HttpService>(
-    io: IdleTimeout<TcpStream>,
-    svc: ConnService<S>,
+/// What a connection's first stage left to hyper.
+enum Next {
+    /// Nothing: the connection is done.
+    Done,
+    /// hyper's HTTP/1.1 serves the rest, starting with these bytes.
+    H1(Vec<u8>),
+    /// hyper's HTTP/2 serves the rest (a client with prior knowledge), starting with these.
+    H2(Vec<u8>),
+}
+
+/// A plaintext connection's first stage: the HTTP/2 sniff, then the fast path.
+async fn serve_plain(
+    io: &mut IdleTimeout<TcpStream>,
+    svc: Parts<'_>,
     settings: &Settings,
     signal: &ShutdownSignal,
-) -> Result<(), BoxError> {
+) -> Result<Next, BoxError> {
     if !settings.http.http2 {
-        return serve_fast_h1(io, svc, settings, signal).await;
+        let left = serve_fast_h1(io, svc, settings, signal, Vec::new()).await;
+        return Ok(left.map_or(Next::Done, Next::H1));
     }
     // A client that sends nothing is closed by `io`'s first wait (the header timeout, which
     // began at the accept a moment ago); one that trickles the preface, by then too.
@@ -121,42 +148,45 @@ async fn serve_plain<S: HttpService>(
         settings.http.request_header_timeout,
     );
     match sniff_h2(io, by).await? {
-        (true, io) => Box::pin(serve_h2(io, svc, settings, signal)).await,
-        (false, io) => serve_fast_h1(io, svc, settings, signal).await,
+        (true, first) => Ok(Next::H2(first)),
+        (false, first) => {
+            let left = serve_fast_h1(io, svc, settings, signal, first).await;
+            Ok(left.map_or(Next::Done, Next::H1))
+        }
     }
 }
 
-/// HTTP/1.1, plain or over TLS: the fast path first when the listener has one, hyper for what
-/// it leaves.
-async fn serve_fast_h1<I, S: HttpService>(
-    mut io: I,
-    svc: ConnService<S>,
+/// HTTP/1.1, plain or over TLS, from its `first` bytes (read by the sniff) on: the fast path
+/// serves what it takes, when the listener has one; returns the bytes hyper is to serve the
+/// rest from, or `None` when the connection is done.
+async fn serve_fast_h1<I>(
+    io: &mut I,
+    svc: Parts<'_>,
     settings: &Settings,
     signal: &ShutdownSignal,
-) -> Result<(), BoxError>
+    first: Vec<u8>,
+) -> Option<Vec<u8>>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let Some(fast) = &settings.fast else {
-        return Box::pin(serve_h1(io, svc, settings, signal)).await;
+        return Some(first);
     };
     let conn = Conn {
-        info: &svc.info,
+        info: svc.info,
         http: &settings.http,
         signal,
-        active: &svc.active,
+        active: svc.active,
     };
-    match fast.serve(&mut io, conn).await {
+    match fast.serve(io, conn, first).await {
         Left::Done => {
             // As hyper ends a connection: a TLS stream sends its close_notify, so that a body
             // delimited by the close is not taken for a truncated one; the FIN goes out before
             // the close, which sends a reset instead when request bytes are left unread.
             let _ = io.shutdown().await;
-            Ok(())
+            None
         }
-        Left::HandOff(buf) => {
-            Box::pin(serve_h1(Prefixed::new(buf, io), svc, settings, signal)).await
-        }
+        Left::HandOff(buf) => Some(buf),
     }
 }
 
@@ -171,7 +201,7 @@ async fn serve_tls<S: HttpService>(
     // stays small, and HTTP/2's (boxed too) does not hold room for the stream twice.
     let accept = Box::pin(acceptor.accept(io));
     let handshake = tokio::time::timeout(settings.http.request_header_timeout, accept);
-    let tls = match handshake.await {
+    let mut tls = match handshake.await {
         Ok(Ok(tls)) => Box::new(tls),
         Ok(Err(e)) => {
             settings.tls_failures.inc();
@@ -182,11 +212,12 @@ async fn serve_tls<S: HttpService>(
             return Err("TLS handshake timed out".into());
         }
     };
-    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    if h2 {
-        Box::pin(serve_h2(tls, svc, settings, signal)).await
-    } else {
-        serve_fast_h1(tls, svc, settings, signal).await
+    if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+        return Box::pin(serve_h2(tls, svc, settings, signal)).await;
+    }
+    match serve_fast_h1(&mut tls, svc.parts(), settings, signal, Vec::new()).await {
+        None => Ok(()),
+        Some(buf) => Box::pin(serve_h1(Prefixed::new(buf, tls), svc, settings, signal)).await,
     }
 }
 
@@ -333,6 +364,23 @@ struct ConnService<S> {
     framing: Option<Arc<FramingWatch>>,
     active: Arc<ActiveRequests>,
     carrier: UpgradeCarrier,
+}
+
+/// What of a [`ConnService`] a fast path uses (borrowed apart from the service, which need not
+/// be `Sync`).
+#[derive(Clone, Copy)]
+struct Parts<'a> {
+    info: &'a ClientInfo,
+    active: &'a Arc<ActiveRequests>,
+}
+
+impl<S> ConnService<S> {
+    fn parts(&self) -> Parts<'_> {
+        Parts {
+            info: &self.info,
+            active: &self.active,
+        }
+    }
 }
 
 impl<S: HttpService> hyper::service::Service<Request<Incoming>> for ConnService<S> {

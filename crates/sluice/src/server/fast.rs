@@ -46,8 +46,10 @@ pub(crate) type Serving<'a> = Pin<Box<dyn Future<Output = Left> + Send + 'a>>;
 
 /// Serves HTTP/1.1 requests on a connection until it ends or a request is left to hyper.
 pub trait FastHttp1: Send + Sync + std::fmt::Debug + 'static {
-    /// Serves `io` until the connection ends (`Left::Done`) or hyper is to serve the rest.
-    fn serve<'a>(&'a self, io: &'a mut dyn ConnIo, conn: Conn<'a>) -> Serving<'a>;
+    /// Serves `io` until the connection ends (`Left::Done`) or hyper is to serve the rest,
+    /// beginning with `first`, the bytes the server has read from it already (the HTTP/2
+    /// sniff's; often empty).
+    fn serve<'a>(&'a self, io: &'a mut dyn ConnIo, conn: Conn<'a>, first: Vec<u8>) -> Serving<'a>;
 
     /// The type of the service whose requests it serves: a server uses the fast path only for
     /// that service, so that a service wrapped in tower layers is never bypassed.

@@ -213,13 +213,8 @@ impl Server {
                             },
                         };
                         let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
-                        let open = self.connections.open.clone();
-                        open.inc();
-                        conns.spawn(async move {
-                            conn::serve(stream, info, svc, set, sig).await;
-                            open.dec();
-                            drop(slot);
-                        });
+                        let open = Open::new(self.connections.open.clone(), slot);
+                        conns.spawn(conn::serve(stream, info, svc, set, sig, open));
                     }
                     Err(e) => accept_error(&self.name, SockRef::from(&self.listener), e).await,
                 },
@@ -260,6 +255,30 @@ fn fast_path_on(http: &HttpOptions) -> bool {
         Ok("0") => false,
         Ok("1") => true,
         _ => http.fast_path,
+    }
+}
+
+/// An open connection's share of its listener's counts: the `open` gauge, and its client's
+/// slot under `max_connections_per_client`. Given back when the connection ends, also when a
+/// drain cuts it.
+struct Open {
+    gauge: prometheus_client::metrics::gauge::Gauge,
+    _slot: Option<per_client::Slot>,
+}
+
+impl Open {
+    fn new(
+        gauge: prometheus_client::metrics::gauge::Gauge,
+        slot: Option<per_client::Slot>,
+    ) -> Self {
+        gauge.inc();
+        Self { gauge, _slot: slot }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.gauge.dec();
     }
 }
 
@@ -330,5 +349,47 @@ impl Group {
                 warn!(error = %e, "a server task failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::convert::Infallible;
+
+    use http_body_util::Empty;
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// A connection the drain cuts (its request never answered within the grace) is no longer
+    /// counted open: the gauge follows the connection's end, also when it is cut.
+    #[tokio::test]
+    async fn a_connection_cut_by_the_drain_is_counted_closed() {
+        let never = tower::service_fn(|_req: http::Request<hyper::body::Incoming>| async {
+            std::future::pending::<Result<http::Response<Empty<bytes::Bytes>>, Infallible>>().await
+        });
+        let counters = crate::metrics::ConnectionCounters::default();
+        let server = Server::bind("cut", "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap()
+            .with_connection_counters(counters.clone());
+        let mut client = tokio::net::TcpStream::connect(server.local_addr().unwrap())
+            .await
+            .unwrap();
+        let shutdown = Shutdown::new();
+        let serving =
+            tokio::spawn(server.serve(never, shutdown.signal(), Duration::from_millis(50)));
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        while counters.open.get() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        shutdown.trigger();
+        serving.await.unwrap();
+        assert_eq!(counters.open.get(), 0);
     }
 }

@@ -3,7 +3,6 @@
 use std::future::poll_fn;
 use std::io;
 
-use sluice_session::Prefixed;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
@@ -14,19 +13,19 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Reads the connection's first bytes (most request heads whole, so that the fast path parses
 /// the first request with no second read), and on until they either are the HTTP/2 preface
-/// or cannot become it; returns the stream with those bytes put back and whether it speaks
-/// HTTP/2 with prior knowledge.
+/// or cannot become it; returns whether it speaks HTTP/2 with prior knowledge, and those bytes
+/// (whoever serves the connection starts from them).
 ///
 /// The first read has no timer of its own: the stream's (the connection's
 /// [`IdleTimeout`](super::io::IdleTimeout) with its first wait) bounds it. A preface split
 /// across reads, which is rare, must be complete by `deadline` (the header timeout from the
 /// accept), not a fresh timeout after its first byte.
 pub(super) async fn sniff_h2<T: AsyncRead + Unpin>(
-    mut io: T,
+    io: &mut T,
     deadline: Instant,
-) -> io::Result<(bool, Prefixed<T>)> {
+) -> io::Result<(bool, Vec<u8>)> {
     let mut buf = Vec::new();
-    poll_fn(|cx| poll_read_first(&mut io, cx, |bytes| buf.extend_from_slice(bytes))).await?;
+    poll_fn(|cx| poll_read_first(io, cx, |bytes| buf.extend_from_slice(bytes))).await?;
     if !buf.is_empty() && undecided(&buf) {
         let rest = async {
             while undecided(&buf) {
@@ -39,14 +38,15 @@ pub(super) async fn sniff_h2<T: AsyncRead + Unpin>(
             }
             Ok::<_, io::Error>(())
         };
-        tokio::time::timeout_at(deadline, rest)
+        // Boxed: a preface split across reads is rare, and its timer would otherwise take
+        // room in every connection's state.
+        Box::pin(tokio::time::timeout_at(deadline, rest))
             .await
             .map_err(|_| {
                 io::Error::new(io::ErrorKind::TimedOut, "the HTTP/2 preface timed out")
             })??;
     }
-    let is_h2 = buf.starts_with(H2_PREFACE);
-    Ok((is_h2, Prefixed::new(buf, io)))
+    Ok((buf.starts_with(H2_PREFACE), buf))
 }
 
 /// Whether `buf` is a proper beginning of the preface: more bytes decide.
@@ -61,6 +61,7 @@ mod tests {
     use std::task::Poll;
     use std::time::Duration;
 
+    use sluice_session::Prefixed;
     use tokio::io::{AsyncWriteExt, ReadBuf};
 
     use super::*;
@@ -71,15 +72,16 @@ mod tests {
 
     #[tokio::test]
     async fn detects_preface_split_across_reads_and_replays_it() {
-        let (a, mut b) = tokio::io::duplex(64);
+        let (mut a, mut b) = tokio::io::duplex(64);
         let writer = tokio::spawn(async move {
             b.write_all(&H2_PREFACE[..10]).await.unwrap();
             b.write_all(&H2_PREFACE[10..]).await.unwrap();
             b.write_all(b"rest").await.unwrap();
         });
-        let (is_h2, mut io) = sniff_h2(a, in_5s()).await.unwrap();
+        let (is_h2, first) = sniff_h2(&mut a, in_5s()).await.unwrap();
         writer.await.unwrap();
         assert!(is_h2);
+        let mut io = Prefixed::new(first, a);
         let mut all = vec![0u8; 28];
         io.read_exact(&mut all).await.unwrap();
         assert_eq!(&all[..24], H2_PREFACE);
@@ -88,13 +90,11 @@ mod tests {
 
     #[tokio::test]
     async fn http1_request_stops_sniffing_at_first_mismatch() {
-        let (a, mut b) = tokio::io::duplex(64);
+        let (mut a, mut b) = tokio::io::duplex(64);
         b.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
-        let (is_h2, mut io) = sniff_h2(a, in_5s()).await.unwrap();
+        let (is_h2, first) = sniff_h2(&mut a, in_5s()).await.unwrap();
         assert!(!is_h2);
-        let mut head = [0u8; 16];
-        io.read_exact(&mut head).await.unwrap();
-        assert_eq!(&head, b"GET / HTTP/1.1\r\n");
+        assert_eq!(first, b"GET / HTTP/1.1\r\n");
     }
 
     /// Counts the reads that returned bytes.
@@ -121,8 +121,10 @@ mod tests {
         let (a, mut b) = tokio::io::duplex(4096);
         b.write_all(head).await.unwrap();
         drop(b);
-        let (is_h2, mut io) = sniff_h2(Counting(a, 0), in_5s()).await.unwrap();
+        let mut counting = Counting(a, 0);
+        let (is_h2, first) = sniff_h2(&mut counting, in_5s()).await.unwrap();
         assert!(!is_h2);
+        let mut io = Prefixed::new(first, counting);
         let mut all = Vec::new();
         io.read_to_end(&mut all).await.unwrap();
         assert_eq!(all, head);
@@ -132,7 +134,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_preface_that_stalls_times_out_at_the_deadline_from_the_accept() {
-        let (a, mut b) = tokio::io::duplex(64);
+        let (mut a, mut b) = tokio::io::duplex(64);
         let started = Instant::now();
         let deadline = started + Duration::from_secs(2);
         // Its first bytes come late; the rest never: the deadline stays where it was.
@@ -141,7 +143,7 @@ mod tests {
             b.write_all(&H2_PREFACE[..8]).await.unwrap();
             b
         });
-        let err = sniff_h2(a, deadline).await.err().unwrap();
+        let err = sniff_h2(&mut a, deadline).await.err().unwrap();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(started.elapsed(), Duration::from_secs(2));
         drop(writer.await.unwrap());

@@ -25,8 +25,18 @@ use crate::server::io::{deadline, poll_read_first};
 use crate::server::ActiveRequests;
 
 impl FastHttp1 for FastPath {
-    fn serve<'a>(&'a self, mut io: &'a mut dyn ConnIo, conn: Conn<'a>) -> Serving<'a> {
-        Box::pin(async move { serve(&mut io, self, conn, &mut Held::default()).await })
+    fn serve<'a>(
+        &'a self,
+        mut io: &'a mut dyn ConnIo,
+        conn: Conn<'a>,
+        first: Vec<u8>,
+    ) -> Serving<'a> {
+        let mut held = Held::default();
+        if !first.is_empty() {
+            held.buf = pool::read_buffer();
+            held.buf.extend_from_slice(&first);
+        }
+        Box::pin(async move { serve(&mut io, self, conn, &mut held).await })
     }
 
     fn service_type(&self) -> TypeId {
