@@ -1,39 +1,56 @@
 //! Graceful shutdown: one trigger, many listeners of it.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// Triggers shutdown for every [`ShutdownSignal`] made from it. Dropping it also triggers.
 #[derive(Debug)]
 pub struct Shutdown {
-    tx: watch::Sender<bool>,
+    shared: Arc<Shared>,
 }
 
 /// Resolves when shutdown has been triggered. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct ShutdownSignal {
-    rx: watch::Receiver<bool>,
+    shared: Arc<Shared>,
+}
+
+/// A flag and who waits for it. Every idle client connection waits for it, so a wait is kept
+/// small: a `Notify`'s waiter, not a `watch` receiver's (about half the bytes).
+#[derive(Debug, Default)]
+struct Shared {
+    triggered: AtomicBool,
+    waiters: Notify,
 }
 
 impl Shutdown {
     /// A new, untriggered shutdown.
     pub fn new() -> Self {
         Self {
-            tx: watch::channel(false).0,
+            shared: Arc::default(),
         }
     }
 
     /// A signal that resolves once [`Shutdown::trigger`] is called.
     pub fn signal(&self) -> ShutdownSignal {
         ShutdownSignal {
-            rx: self.tx.subscribe(),
+            shared: Arc::clone(&self.shared),
         }
     }
 
     /// Starts the shutdown of everything holding a signal.
     pub fn trigger(&self) {
-        self.tx.send_replace(true);
+        self.shared.triggered.store(true, Ordering::Release);
+        self.shared.waiters.notify_waiters();
+    }
+}
+
+impl Drop for Shutdown {
+    fn drop(&mut self) {
+        self.trigger();
     }
 }
 
@@ -46,16 +63,20 @@ impl Default for Shutdown {
 impl ShutdownSignal {
     /// Waits until shutdown is triggered (or its trigger dropped).
     pub fn wait(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut rx = self.rx.clone();
+        let shared = Arc::clone(&self.shared);
         async move {
-            // An error means the trigger is gone, which also means: shut down.
-            let _ = rx.wait_for(|triggered| *triggered).await;
+            // A waiter hears every trigger from the moment it is made, so one that comes
+            // between this and the check below is not missed.
+            let triggered = shared.waiters.notified();
+            if !shared.triggered.load(Ordering::Acquire) {
+                triggered.await;
+            }
         }
     }
 
     /// Whether shutdown has been triggered.
     pub fn is_triggered(&self) -> bool {
-        *self.rx.borrow()
+        self.shared.triggered.load(Ordering::Acquire)
     }
 }
 
@@ -91,5 +112,37 @@ pub fn os_signal() -> impl Future<Output = ()> + Send + 'static {
         async {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn every_wait_ends_at_the_trigger_and_after_it() {
+        let shutdown = Shutdown::new();
+        let signal = shutdown.signal();
+        let before = tokio::spawn(signal.wait());
+        let made_before = signal.wait();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!before.is_finished() && !signal.is_triggered());
+        shutdown.trigger();
+        before.await.unwrap_or_else(|e| panic!("{e}"));
+        made_before.await;
+        signal.wait().await;
+        assert!(signal.is_triggered());
+    }
+
+    #[tokio::test]
+    async fn dropping_the_trigger_triggers() {
+        let shutdown = Shutdown::new();
+        let signal = shutdown.signal();
+        let waiting = tokio::spawn(signal.wait());
+        drop(shutdown);
+        waiting.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(signal.is_triggered());
     }
 }

@@ -42,9 +42,16 @@ use crate::upstream::{Deadline, ServedBy, Upstream, WantsServedBy};
 
 /// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
 ///
-/// Cloning is cheap; every clone shares the router.
+/// Cloning is cheap (one reference count): every clone shares the router and the rest, and a
+/// server holds a clone per connection.
 #[derive(Debug)]
 pub struct ProxyService<R> {
+    shared: Arc<Shared<R>>,
+}
+
+/// What every clone of a [`ProxyService`] shares.
+#[derive(Debug)]
+struct Shared<R> {
     router: Arc<R>,
     metrics: Option<Arc<Metrics>>,
     access_log: Option<AccessLog>,
@@ -53,6 +60,14 @@ pub struct ProxyService<R> {
 }
 
 impl<R> Clone for ProxyService<R> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<R> Clone for Shared<R> {
     fn clone(&self) -> Self {
         Self {
             router: Arc::clone(&self.router),
@@ -72,49 +87,57 @@ impl<R: Routing> ProxyService<R> {
 
     /// A proxy sharing an existing router.
     pub fn from_arc(router: Arc<R>) -> Self {
-        Self {
+        let shared = Shared {
             router,
             metrics: None,
             access_log: None,
             request_ids: None,
             tracing: None,
+        };
+        Self {
+            shared: Arc::new(shared),
         }
     }
 
     /// Traces requests (see [`Tracing`]); by default none is.
-    pub fn with_tracing(mut self, tracing: Tracing) -> Self {
-        self.tracing = Some(tracing);
-        self
+    pub fn with_tracing(self, tracing: Tracing) -> Self {
+        self.edit(|s| s.tracing = Some(tracing))
     }
 
     /// Gives every request an ID (see [`RequestIds`]); by default requests get none.
-    pub fn with_request_ids(mut self, ids: RequestIds) -> Self {
-        self.request_ids = Some(ids);
-        self
+    pub fn with_request_ids(self, ids: RequestIds) -> Self {
+        self.edit(|s| s.request_ids = Some(ids))
     }
 
     /// Logs every answered request to `log`; by default nothing is logged.
-    pub fn with_access_log(mut self, log: AccessLog) -> Self {
-        self.access_log = Some(log);
-        self
+    pub fn with_access_log(self, log: AccessLog) -> Self {
+        self.edit(|s| s.access_log = Some(log))
     }
 
     /// Counts every request in `metrics` (by route and status, with its latency); by
     /// default nothing is counted.
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = Some(metrics);
-        self
+    pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
+        self.edit(|s| s.metrics = Some(metrics))
+    }
+
+    /// This proxy with `change` made (to its own copy, when clones share it).
+    fn edit(self, change: impl FnOnce(&mut Shared<R>)) -> Self {
+        let mut shared = Arc::unwrap_or_clone(self.shared);
+        change(&mut shared);
+        Self {
+            shared: Arc::new(shared),
+        }
     }
 
     /// The HTTP/1 fast path sharing this proxy's router, metrics and access log, for a
     /// [`Server`](crate::server::Server) to serve HTTP/1.1 requests with.
     pub fn fast_path(&self) -> fast::FastPath {
         fast::FastPath::new(
-            Arc::clone(&self.router) as Arc<dyn Routing>,
-            self.metrics.clone(),
-            self.access_log.clone(),
-            self.request_ids.clone(),
-            self.tracing.clone(),
+            Arc::clone(&self.shared.router) as Arc<dyn Routing>,
+            self.shared.metrics.clone(),
+            self.shared.access_log.clone(),
+            self.shared.request_ids.clone(),
+            self.shared.tracing.clone(),
             std::any::TypeId::of::<Self>(),
         )
     }
@@ -127,22 +150,22 @@ impl<R: Routing> ProxyService<R> {
             .get::<ClientInfo>()
             .copied()
             .unwrap_or_default();
-        let id = self.request_ids.as_ref().map(|ids| {
+        let id = self.shared.request_ids.as_ref().map(|ids| {
             let sent = req.headers().get(ids.name()).map(HeaderValue::as_bytes);
             (ids.name(), ids.decide(sent, client.trusted))
         });
-        let trace = self.tracing.as_ref().map(|t| {
+        let trace = self.shared.tracing.as_ref().map(|t| {
             let fields = req.headers().iter();
             let sent = SentContext::of(fields.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())));
             t.begin(sent, client.trusted)
         });
         let traced = trace.as_ref().is_some_and(|t| t.sampled);
         // Kept only when a log or a trace wants them: the request itself moves on.
-        let logged = (self.access_log.is_some() || traced).then(|| {
+        let logged = (self.shared.access_log.is_some() || traced).then(|| {
             req.extensions_mut().insert(WantsServedBy);
             Logged::of(
                 &req,
-                self.access_log.clone(),
+                self.shared.access_log.clone(),
                 started,
                 id.as_ref().map(|(_, v)| v),
             )
@@ -182,10 +205,10 @@ impl<R: Routing> ProxyService<R> {
         let route = matched
             .as_ref()
             .map_or("-", |r: &Arc<Route>| r.name.as_str());
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = &self.shared.metrics {
             metrics.request(route, res.status().as_u16(), started.elapsed());
         }
-        let trace = trace.filter(|t| t.sampled).zip(self.tracing.clone());
+        let trace = trace.filter(|t| t.sampled).zip(self.shared.tracing.clone());
         match logged {
             Some(logged) => logged.at_end(res, client.peer, matched, trace),
             None => res,
@@ -212,7 +235,7 @@ impl<R: Routing> ProxyService<R> {
             host: host.as_deref(),
             client: client.peer,
         };
-        let route = self.router.route(&head).ok_or(ProxyError::NoRoute)?;
+        let route = self.shared.router.route(&head).ok_or(ProxyError::NoRoute)?;
         *matched = Some(Arc::clone(&route));
         drop((host, path));
         if let Some(preflight) = admit(&route, &req, client, origin).await? {

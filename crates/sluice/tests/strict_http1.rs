@@ -304,6 +304,39 @@ async fn a_shutdown_closes_a_connection_idle_after_its_requests() {
     within("the proxy's end", proxy.task).await.unwrap();
 }
 
+/// The same for a connection idle long enough that the fast path gave it back to the server
+/// (after half a second), beside one that has just been answered: both close at the shutdown,
+/// and one kept idle that long still has its next request served.
+#[tokio::test]
+async fn a_shutdown_closes_a_connection_long_idle() {
+    let backend = Backend::start("b").await;
+    let toml = config_with_header_timeout(backend.addr, "1h");
+    let toml = format!("[runtime]\nshutdown_grace = \"1h\"\n{toml}");
+    let proxy = TestProxy::start(&toml).await;
+    let request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut long = TcpStream::connect(proxy.addr()).await.unwrap();
+    let mut just = TcpStream::connect(proxy.addr()).await.unwrap();
+    for conn in [&mut long, &mut just] {
+        conn.write_all(request).await.unwrap();
+        assert_eq!(next_response(conn).await.status, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    long.write_all(request).await.unwrap();
+    assert_eq!(
+        next_response(&mut long).await.status,
+        200,
+        "served after the long wait"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    just.write_all(request).await.unwrap();
+    assert_eq!(next_response(&mut just).await.status, 200);
+    proxy.shutdown();
+    for conn in [&mut long, &mut just] {
+        assert_eq!(read_to_close(conn).await, "", "nothing more is sent");
+    }
+    within("the proxy's end", proxy.task).await.unwrap();
+}
+
 /// Reads one whole response from `conn` (status 0 if it closes first).
 async fn next_response(conn: &mut TcpStream) -> Got {
     let mut bytes = Vec::new();

@@ -2,10 +2,14 @@
 
 use std::convert::Infallible;
 use std::error::Error as StdError;
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::mem;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
+use std::task::Poll;
 
+use futures_util::FutureExt;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use hyper::rt::bounds::Http2ServerConnExec;
@@ -14,6 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use sluice_config::HttpOptions;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, Instrument};
 
@@ -25,7 +30,7 @@ use super::active::{ActiveRequests, Tracked, TrackedBody};
 use super::carrier::UpgradeCarrier;
 use super::fast::{Conn, FastHttp1, Left};
 use super::framing::{FramingGuard, FramingWatch};
-use super::io::{deadline, IdleTimeout};
+use super::io::{deadline, poll_read_first, IdleTimeout};
 use super::prefixed::sniff_h2;
 use super::service::{BoxError, HttpService};
 use super::{ClientInfo, ShutdownSignal};
@@ -96,21 +101,31 @@ pub(super) fn serve<S: HttpService>(
         info,
         framing: None,
         active,
-        carrier: UpgradeCarrier::default(),
+        carrier: None,
     };
     async move {
         let result = match &settings.tls {
             Some(tls) => Box::pin(serve_tls(io, tls.clone(), svc, &settings, &signal)).await,
-            None => match serve_plain(&mut io, svc.parts(), &settings, &signal).await {
-                Ok(Next::Done) => Ok(()),
-                Ok(Next::H1(buf)) => {
-                    Box::pin(serve_h1(Prefixed::new(buf, io), svc, &settings, &signal)).await
+            None => 'plain: {
+                // Taken apart at once: a whole result kept across the waits below would be
+                // room in every connection's state.
+                let (h2, first) = match sniff(&mut io, &settings).await {
+                    Ok(sniffed) => sniffed,
+                    Err(e) => break 'plain Err(e.into()),
+                };
+                if h2 {
+                    let h2 = serve_h2(Prefixed::new(first, io), svc, &settings, &signal);
+                    break 'plain Box::pin(h2).await;
                 }
-                Ok(Next::H2(buf)) => {
-                    Box::pin(serve_h2(Prefixed::new(buf, io), svc, &settings, &signal)).await
+                let parts = svc.parts();
+                match serve_fast_h1(&mut io, parts, &settings, &signal, first).await {
+                    None => Ok(()),
+                    Some(buf) => {
+                        let h1 = serve_h1(Prefixed::new(buf, io), svc, &settings, &signal);
+                        Box::pin(h1).await
+                    }
                 }
-                Err(e) => Err(e),
-            },
+            }
         };
         if let Err(error) = result {
             debug!(%error, "connection ended with an error");
@@ -120,26 +135,14 @@ pub(super) fn serve<S: HttpService>(
     .instrument(span)
 }
 
-/// What a connection's first stage left to hyper.
-enum Next {
-    /// Nothing: the connection is done.
-    Done,
-    /// hyper's HTTP/1.1 serves the rest, starting with these bytes.
-    H1(Vec<u8>),
-    /// hyper's HTTP/2 serves the rest (a client with prior knowledge), starting with these.
-    H2(Vec<u8>),
-}
-
-/// A plaintext connection's first stage: the HTTP/2 sniff, then the fast path.
-async fn serve_plain(
+/// A plaintext connection's first bytes, when the listener speaks HTTP/2 too (none read
+/// otherwise), and whether they are the HTTP/2 preface.
+async fn sniff(
     io: &mut IdleTimeout<TcpStream>,
-    svc: Parts<'_>,
     settings: &Settings,
-    signal: &ShutdownSignal,
-) -> Result<Next, BoxError> {
+) -> io::Result<(bool, Vec<u8>)> {
     if !settings.http.http2 {
-        let left = serve_fast_h1(io, svc, settings, signal, Vec::new()).await;
-        return Ok(left.map_or(Next::Done, Next::H1));
+        return Ok((false, Vec::new()));
     }
     // A client that sends nothing is closed by `io`'s first wait (the header timeout, which
     // began at the accept a moment ago); one that trickles the preface, by then too.
@@ -147,46 +150,112 @@ async fn serve_plain(
         tokio::time::Instant::now(),
         settings.http.request_header_timeout,
     );
-    match sniff_h2(io, by).await? {
-        (true, first) => Ok(Next::H2(first)),
-        (false, first) => {
-            let left = serve_fast_h1(io, svc, settings, signal, first).await;
-            Ok(left.map_or(Next::Done, Next::H1))
-        }
-    }
+    sniff_h2(io, by).await
 }
 
 /// HTTP/1.1, plain or over TLS, from its `first` bytes (read by the sniff) on: the fast path
 /// serves what it takes, when the listener has one; returns the bytes hyper is to serve the
 /// rest from, or `None` when the connection is done.
-async fn serve_fast_h1<I>(
-    io: &mut I,
-    svc: Parts<'_>,
-    settings: &Settings,
-    signal: &ShutdownSignal,
-    first: Vec<u8>,
-) -> Option<Vec<u8>>
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let Some(fast) = &settings.fast else {
-        return Some(first);
-    };
-    let conn = Conn {
-        info: svc.info,
-        http: &settings.http,
-        signal,
-        active: svc.active,
-    };
-    match fast.serve(io, conn, first).await {
-        Left::Done => {
-            // As hyper ends a connection: a TLS stream sends its close_notify, so that a body
-            // delimited by the close is not taken for a truncated one; the FIN goes out before
-            // the close, which sends a reset instead when request bytes are left unread.
-            let _ = io.shutdown().await;
-            None
+// An `async fn` would keep its arguments twice (see `serve`).
+#[allow(clippy::manual_async_fn)]
+fn serve_fast_h1<'a, I: Timed>(
+    io: &'a mut I,
+    svc: Parts<'a>,
+    settings: &'a Settings,
+    signal: &'a ShutdownSignal,
+    mut first: Vec<u8>,
+) -> impl Future<Output = Option<Vec<u8>>> + Send + 'a {
+    async move {
+        let Some(fast) = settings.fast.as_deref() else {
+            return Some(first);
+        };
+        loop {
+            // Made for each call (a few references), not kept across the waits.
+            let conn = Conn {
+                info: svc.info,
+                http: &settings.http,
+                signal,
+                active: svc.active,
+            };
+            match fast.serve(io, conn, mem::take(&mut first)).await {
+                Left::Done => break,
+                Left::HandOff(buf) => return Some(buf),
+                Left::Idle => match next_request(io, &settings.http, signal, svc.active).await {
+                    Some(bytes) => first = bytes,
+                    None => break,
+                },
+            }
         }
-        Left::HandOff(buf) => Some(buf),
+        // As hyper ends a connection: a TLS stream sends its close_notify, so that a body
+        // delimited by the close is not taken for a truncated one; the FIN goes out before the
+        // close, which sends a reset instead when request bytes are left unread.
+        let _ = io.shutdown().await;
+        None
+    }
+}
+
+/// Waits for the next request's first bytes on a connection the fast path left idle (or at the
+/// shutdown); `None` when the connection should end instead: closed, failed, no request begun
+/// within the header timeout (from its last byte, `io`'s timer), or a shutdown. A shutdown
+/// that comes before the connection's first request still lets that request arrive within the
+/// header timeout: it may have been sent a moment before the listener stopped accepting.
+///
+/// What it holds while it waits is what every idle connection holds, so the read and the
+/// shutdown are polled by hand: a `select!` would keep room for both its branches' futures.
+// An `async fn` would keep its arguments twice (see `serve`).
+#[allow(clippy::manual_async_fn)]
+fn next_request<'a, I: Timed>(
+    io: &'a mut I,
+    http: &'a HttpOptions,
+    signal: &'a ShutdownSignal,
+    active: &'a ActiveRequests,
+) -> impl Future<Output = Option<Vec<u8>>> + Send + 'a {
+    async move {
+        io.timeout().wait_at_most(http.request_header_timeout);
+        let mut first = Vec::new();
+        let read = if signal.is_triggered() {
+            None
+        } else {
+            let mut shutdown = pin!(signal.wait());
+            poll_fn(
+                |cx| match poll_read_first(io, cx, |b| first.extend_from_slice(b)) {
+                    Poll::Ready(read) => Poll::Ready(Some(read)),
+                    Poll::Pending => shutdown.as_mut().poll(cx).map(|()| None),
+                },
+            )
+            .await
+        };
+        match read {
+            Some(read) => matches!(read, Ok(n) if n > 0).then_some(first),
+            // The shutdown: a request already in the socket is served (and the connection
+            // closed after it); only an idle connection closes at once.
+            None if active.started() => read_first(io).now_or_never().flatten(),
+            None => read_first(io).await,
+        }
+    }
+}
+
+/// One read of a request's first bytes; `None` at the end of the stream or an error.
+async fn read_first<I: AsyncRead + Unpin>(io: &mut I) -> Option<Vec<u8>> {
+    let mut first = Vec::new();
+    let read = poll_fn(|cx| poll_read_first(io, cx, |bytes| first.extend_from_slice(bytes))).await;
+    matches!(read, Ok(n) if n > 0).then_some(first)
+}
+
+/// A client stream served over HTTP/1.1, and the [`IdleTimeout`] that bounds its waits.
+trait Timed: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    fn timeout(&mut self) -> &mut IdleTimeout<TcpStream>;
+}
+
+impl Timed for IdleTimeout<TcpStream> {
+    fn timeout(&mut self) -> &mut IdleTimeout<TcpStream> {
+        self
+    }
+}
+
+impl Timed for Box<TlsStream<IdleTimeout<TcpStream>>> {
+    fn timeout(&mut self) -> &mut IdleTimeout<TcpStream> {
+        self.get_mut().0
     }
 }
 
@@ -232,12 +301,14 @@ where
 {
     let watch = Arc::new(FramingWatch::default());
     let io = FramingGuard::new(io, settings.http.max_header_bytes, Arc::clone(&watch));
+    // Only HTTP/1.1 switches protocols: a connection gets its carrier when hyper serves it.
+    let carrier = UpgradeCarrier::default();
     let svc = ConnService {
         framing: Some(Arc::clone(&watch)),
+        carrier: Some(carrier.clone()),
         ..svc
     };
     let active = Arc::clone(&svc.active);
-    let carrier = svc.carrier.clone();
     // Upgrades (WebSocket) hand the connection to the proxy's bridge after the 101.
     let conn = settings
         .h1
@@ -363,7 +434,7 @@ struct ConnService<S> {
     info: ClientInfo,
     framing: Option<Arc<FramingWatch>>,
     active: Arc<ActiveRequests>,
-    carrier: UpgradeCarrier,
+    carrier: Option<UpgradeCarrier>,
 }
 
 /// What of a [`ConnService`] a fast path uses (borrowed apart from the service, which need not
@@ -393,8 +464,10 @@ impl<S: HttpService> hyper::service::Service<Request<Incoming>> for ConnService<
         if self.framing.as_ref().is_some_and(|f| f.next_is_ambiguous()) {
             req.extensions_mut().insert(super::AmbiguousFraming);
         }
-        if wants_upgrade(req.version(), req.headers()) {
-            req.extensions_mut().insert(self.carrier.clone());
+        if let Some(carrier) = &self.carrier {
+            if wants_upgrade(req.version(), req.headers()) {
+                req.extensions_mut().insert(carrier.clone());
+            }
         }
         Tracked::new(self.service.clone().serve(req), self.active.begin())
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use sluice_config::HttpOptions;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::active::ActiveRequests;
+pub(crate) use super::active::ActiveRequests;
 use super::{ClientInfo, ShutdownSignal};
 
 /// A client connection's byte stream (plain TCP or TLS), as the fast path sees it.
@@ -26,6 +26,10 @@ pub enum Left {
     Done,
     /// hyper serves the rest, starting with these bytes.
     HandOff(Vec<u8>),
+    /// No request came for a while, or the shutdown came: the server waits for the next one
+    /// (an idle connection holds nothing of the fast path's) and serves it again from its
+    /// first bytes, or ends the connection.
+    Idle,
 }
 
 /// What a fast path is given with a connection.
@@ -46,9 +50,10 @@ pub(crate) type Serving<'a> = Pin<Box<dyn Future<Output = Left> + Send + 'a>>;
 
 /// Serves HTTP/1.1 requests on a connection until it ends or a request is left to hyper.
 pub trait FastHttp1: Send + Sync + std::fmt::Debug + 'static {
-    /// Serves `io` until the connection ends (`Left::Done`) or hyper is to serve the rest,
-    /// beginning with `first`, the bytes the server has read from it already (the HTTP/2
-    /// sniff's; often empty).
+    /// Serves `io` until the connection ends (`Left::Done`), hyper is to serve the rest, or no
+    /// request comes for a while (`Left::Idle`), beginning with `first`, the bytes the server
+    /// has read from it already (the HTTP/2 sniff's, an idle connection's next request; may be
+    /// empty).
     fn serve<'a>(&'a self, io: &'a mut dyn ConnIo, conn: Conn<'a>, first: Vec<u8>) -> Serving<'a>;
 
     /// The type of the service whose requests it serves: a server uses the fast path only for

@@ -70,6 +70,18 @@ impl<T> IdleTimeout<T> {
         self
     }
 
+    /// The next wait for a byte may last only `within` (the header timeout, for a request to
+    /// begin on a keep-alive connection; the idle timeout if that is shorter), counted from
+    /// the last byte that moved, until a byte moves again.
+    pub(crate) fn wait_at_most(&mut self, within: Duration) {
+        self.window = within.min(self.timeout);
+        if let Some(sleep) = &mut self.sleep {
+            sleep
+                .as_mut()
+                .reset(deadline(self.last_progress, self.window));
+        }
+    }
+
     fn progressed(&mut self) {
         self.last_progress = Instant::now();
         self.window = self.timeout;

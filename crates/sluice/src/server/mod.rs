@@ -33,7 +33,6 @@ use tracing::{debug, info, warn};
 
 use per_client::PerClient;
 
-pub(crate) use self::active::ActiveRequests;
 pub(crate) use self::carrier::UpgradeCarrier;
 pub(crate) use self::framing::AmbiguousFraming;
 pub use self::service::HttpService;
@@ -263,7 +262,8 @@ fn fast_path_on(http: &HttpOptions) -> bool {
 /// drain cuts it.
 struct Open {
     gauge: prometheus_client::metrics::gauge::Gauge,
-    _slot: Option<per_client::Slot>,
+    /// Boxed: only listeners with that limit have one, and every connection holds this.
+    _slot: Option<Box<per_client::Slot>>,
 }
 
 impl Open {
@@ -272,7 +272,10 @@ impl Open {
         slot: Option<per_client::Slot>,
     ) -> Self {
         gauge.inc();
-        Self { gauge, _slot: slot }
+        Self {
+            gauge,
+            _slot: slot.map(Box::new),
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::mem;
 use std::pin::Pin;
+use std::time::Duration;
 
 use futures_util::future::FusedFuture;
 use futures_util::FutureExt;
@@ -22,7 +23,6 @@ use super::{pool, timer_at, FastPath, Request, Scratch, Served};
 use crate::http::ClientInfo;
 use crate::server::fast::{Conn, ConnIo, FastHttp1, Left, Serving};
 use crate::server::io::{deadline, poll_read_first};
-use crate::server::ActiveRequests;
 
 impl FastHttp1 for FastPath {
     fn serve<'a>(
@@ -31,6 +31,8 @@ impl FastHttp1 for FastPath {
         conn: Conn<'a>,
         first: Vec<u8>,
     ) -> Serving<'a> {
+        // The server's read (the sniff's, an idle connection's next request): into a buffer of
+        // the pool, which reads on where it ends.
         let mut held = Held::default();
         if !first.is_empty() {
             held.buf = pool::read_buffer();
@@ -43,6 +45,13 @@ impl FastHttp1 for FastPath {
         self.service
     }
 }
+
+/// How long a connection waits for its next request with its fast-path state (the client's
+/// address as text, its timer, its wait for the shutdown, room for a request's state) before
+/// it gives that back ([`Left::Idle`]) and the server waits on with only its own: long enough
+/// that a busy connection keeps it from one request to the next, short enough that one left
+/// idle by its client soon costs only what an idle connection must.
+pub(crate) const PARK: Duration = Duration::from_millis(500);
 
 /// What a connection holds between its requests: the buffer of the client's bytes (while
 /// some are pipelined) and its [`Scratch`], whose buffers are lent only while a request is in
@@ -75,10 +84,13 @@ where
     let shutdown = signal.wait().fuse();
     tokio::pin!(shutdown);
     loop {
-        let waits = (shutdown.as_mut(), &mut scratch.timer);
-        let ended = buf.is_empty() && !next_bytes(io, buf, http, waits, active).await;
-        if ended {
-            return Left::Done;
+        if buf.is_empty() {
+            let waits = (shutdown.as_mut(), &mut scratch.timer);
+            match next_bytes(io, buf, http, waits).await {
+                Wait::Bytes => {}
+                Wait::End => return Left::Done,
+                Wait::Park => return Left::Idle,
+            }
         }
         let head = match parse(io, buf, http, info).await {
             Parsed::Take(head) => head,
@@ -151,10 +163,19 @@ where
     }
 }
 
-/// Waits for the next request's first bytes; false when the connection should end instead
-/// (closed, failed, no request begun within the header timeout, or a shutdown). A shutdown that comes before the
-/// connection's first request still lets that request arrive, within the header timeout: it
-/// may have been sent a moment before the listener stopped accepting.
+/// How a wait for a request's first bytes ended.
+enum Wait {
+    /// They came.
+    Bytes,
+    /// The connection ends: closed, failed, or no request begun within the header timeout.
+    End,
+    /// None came within [`PARK`], or the shutdown came: the server waits on for them, and
+    /// decides what the shutdown leaves of the connection.
+    Park,
+}
+
+/// Waits for the next request's first bytes, for up to [`PARK`] of the header timeout and
+/// until the shutdown.
 ///
 /// `waits`: the connection's wait for the shutdown (polled until it resolves, never after) and
 /// its header timer.
@@ -163,50 +184,40 @@ async fn next_bytes<I, S>(
     buf: &mut Vec<u8>,
     http: &HttpOptions,
     (shutdown, timer): (Pin<&mut S>, &mut Option<Pin<Box<Sleep>>>),
-    active: &ActiveRequests,
-) -> bool
+) -> Wait
 where
     I: AsyncRead + Unpin,
     S: Future<Output = ()> + FusedFuture,
 {
+    let came = |read: io::Result<usize>| match read {
+        Ok(n) if n > 0 => Wait::Bytes,
+        _ => Wait::End,
+    };
     if shutdown.is_terminated() {
-        return after_shutdown(io, buf, http, active).await;
+        return Wait::Park;
     }
     // The socket is read first: when the request is there (sent with the connect, pipelined,
     // or a head the sniff read), no timer is set and the shutdown is not polled at all.
     if let Some(read) = read_lent(io, buf).now_or_never() {
-        return matches!(read, Ok(n) if n > 0);
+        return came(read);
     }
     // hyper's header timer runs from the moment it waits for a head, on a new connection and
     // between requests alike: a client that does not begin one within it is closed silently.
-    // The connection's one timer is moved for each wait.
-    let deadline = deadline(Instant::now(), http.request_header_timeout);
-    let read = tokio::select! {
-        biased;
-        read = read_lent(io, buf) => read,
-        () = timer_at(timer, deadline) => return false,
-        () = shutdown => return after_shutdown(io, buf, http, active).await,
+    // The connection's one timer is moved for each wait; when the header timeout is longer
+    // than `PARK`, the server's own timer takes the rest of the wait.
+    let parks = http.request_header_timeout > PARK;
+    let wait = if parks {
+        PARK
+    } else {
+        http.request_header_timeout
     };
-    matches!(read, Ok(n) if n > 0)
-}
-
-/// [`next_bytes`] once the shutdown has come.
-async fn after_shutdown<I>(
-    io: &mut I,
-    buf: &mut Vec<u8>,
-    http: &HttpOptions,
-    active: &ActiveRequests,
-) -> bool
-where
-    I: AsyncRead + Unpin,
-{
-    if active.started() {
-        // A request already in the socket is served (and the connection closed after it);
-        // only an idle one closes at once.
-        return matches!(read_lent(io, buf).now_or_never(), Some(Ok(n)) if n > 0);
+    let deadline = deadline(Instant::now(), wait);
+    tokio::select! {
+        biased;
+        read = read_lent(io, buf) => came(read),
+        () = timer_at(timer, deadline) => if parks { Wait::Park } else { Wait::End },
+        () = shutdown => Wait::Park,
     }
-    let first = tokio::time::timeout(http.request_header_timeout, read_lent(io, buf));
-    matches!(first.await, Ok(Ok(n)) if n > 0)
 }
 
 /// Reads a request's first bytes into `buf`, which holds no allocation: they are read onto the
@@ -238,7 +249,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::server::ActiveRequests;
+    use crate::server::fast::ActiveRequests;
 
     /// An upstream that answers every request on a connection with `ok`.
     async fn upstream() -> std::net::SocketAddr {
@@ -253,6 +264,45 @@ mod tests {
             }
         });
         addr
+    }
+
+    /// A connection whose client sends no next request for [`PARK`] is given back to the
+    /// server (which waits on, with the header timeout's rest): what the fast path holds for
+    /// it goes with its future.
+    #[tokio::test]
+    async fn a_connection_with_no_next_request_is_given_back_after_park() {
+        let text = format!(
+            "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
+             [[route]]\ncluster = \"b\"\n\
+             [cluster.b]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+            upstream().await
+        );
+        let config = sluice_config::parse_str(&text, "t.toml", Path::new(".")).unwrap();
+        let fast = crate::Proxy::bind(&config).await.unwrap().fast_path();
+        let (info, http) = (ClientInfo::default(), config.listeners[0].http.clone());
+        let (shutdown, active) = (Shutdown::new(), Arc::new(ActiveRequests::default()));
+        let signal = shutdown.signal();
+        let conn = Conn {
+            info: &info,
+            http: &http,
+            signal: &signal,
+            active: &active,
+        };
+        let (mut client, mut io) = tokio::io::duplex(64 * 1024);
+        let first = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+        let serving = FastHttp1::serve(&fast, &mut io, conn, first);
+        let answered = async {
+            let mut answer = vec![0; 1024];
+            let mut got = Vec::new();
+            while !got.ends_with(b"\r\n\r\nok") {
+                let n = client.read(&mut answer).await.unwrap();
+                got.extend_from_slice(&answer[..n]);
+            }
+            Instant::now()
+        };
+        let (left, answered) = tokio::join!(serving, answered);
+        assert!(matches!(left, Left::Idle), "{left:?}");
+        assert!(answered.elapsed() >= PARK - Duration::from_millis(50));
     }
 
     #[tokio::test]
