@@ -750,3 +750,62 @@ async fn h2_and_auto_clusters_speak_what_alpn_agrees() {
         reply.body
     );
 }
+
+/// A TLS client that trickles a record byte by byte while the proxy waits for its next request
+/// moves bytes but begins no request: the header timeout closes the connection as it closes a
+/// silent one, and the bytes do not hold it open for the idle timeout (60 s here).
+#[tokio::test]
+async fn a_record_trickled_between_requests_does_not_hold_the_connection() {
+    let dir = TempDir::new().unwrap();
+    let ca = Ca::new("listener CA");
+    ca.server("a.test").write(dir.path(), "a");
+    let backend = support::Backend::start("plain").await;
+    let text = static_config(&[backend.addr], "").replace(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\nrequest_header_timeout = \"1s\"\n\
+         tls = { cert = \"a.pem\", key = \"a.key\" }",
+    );
+    let proxy = TestProxy::start_in(&text, dir.path()).await;
+    let tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    let name = ServerName::try_from("a.test").unwrap();
+    let mut tls = TlsConnector::from(ca.client())
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .unwrap();
+    let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+    while !got.ends_with(b"plain /") {
+        let n = tls.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the answer: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    // The header of an application-data record of 16 KiB, then its bytes, one every 100 ms.
+    let tcp = tls.get_mut().0;
+    tcp.write_all(&[0x17, 0x03, 0x03, 0x40, 0x00])
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let closed = 'trickle: loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if tcp.write_all(&[0]).await.is_err() {
+            break true;
+        }
+        loop {
+            match tcp.try_read(&mut buf) {
+                Ok(0) => break 'trickle true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => break 'trickle true,
+            }
+        }
+        if started.elapsed() > Duration::from_secs(5) {
+            break false;
+        }
+    };
+    assert!(
+        closed,
+        "still open 5 s into the trickle, with a header timeout of 1 s"
+    );
+}

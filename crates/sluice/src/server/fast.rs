@@ -26,10 +26,12 @@ pub enum Left {
     Done,
     /// hyper serves the rest, starting with these bytes.
     HandOff(Vec<u8>),
-    /// No request came for a while, or the shutdown came: the server waits for the next one
-    /// (an idle connection holds nothing of the fast path's) and serves it again from its
-    /// first bytes, or ends the connection.
-    Idle,
+    /// No request came for a while, or the shutdown came, while the connection waited for
+    /// one since the instant given: the server waits on (an idle connection holds nothing of
+    /// the fast path's), closes the connection when the header timeout from that instant
+    /// ends or the shutdown leaves it nothing to serve, and else serves the request from its
+    /// first bytes again.
+    Idle(tokio::time::Instant),
 }
 
 /// What a fast path is given with a connection.
@@ -48,12 +50,14 @@ pub struct Conn<'a> {
 /// The future a fast path serves a connection with.
 pub(crate) type Serving<'a> = Pin<Box<dyn Future<Output = Left> + Send + 'a>>;
 
-/// Serves HTTP/1.1 requests on a connection until it ends or a request is left to hyper.
+/// Serves HTTP/1.1 requests on a connection until it ends, a request is left to hyper, or it
+/// waits for one and is left to the server.
 pub trait FastHttp1: Send + Sync + std::fmt::Debug + 'static {
     /// Serves `io` until the connection ends (`Left::Done`), hyper is to serve the rest, or no
-    /// request comes for a while (`Left::Idle`), beginning with `first`, the bytes the server
-    /// has read from it already (the HTTP/2 sniff's, an idle connection's next request; may be
-    /// empty).
+    /// request comes for a while or the shutdown comes while it waits for one (`Left::Idle`:
+    /// the server holds the header timeout and the shutdown of idle connections), beginning
+    /// with `first`, the bytes the server has read from it already (the HTTP/2 sniff's, an
+    /// idle connection's next request; may be empty).
     fn serve<'a>(&'a self, io: &'a mut dyn ConnIo, conn: Conn<'a>, first: Vec<u8>) -> Serving<'a>;
 
     /// The type of the service whose requests it serves: a server uses the fast path only for

@@ -30,6 +30,10 @@ pub(crate) struct IdleTimeout<T> {
     /// first wait until its first byte moves.
     window: Duration,
     last_progress: Instant,
+    /// A deadline progress does not move ([`wait_until`](Self::wait_until)): a client must
+    /// begin its next request by then, however it moves bytes (over TLS, a record trickled
+    /// byte by byte moves bytes but brings no request).
+    until: Option<Instant>,
     /// Made at the first wait.
     sleep: Option<Pin<Box<Sleep>>>,
     active: Arc<ActiveRequests>,
@@ -46,10 +50,16 @@ impl<T> IdleTimeout<T> {
             timeout,
             window: timeout,
             last_progress: Instant::now(),
+            until: None,
             sleep: None,
             active,
             bytes: None,
         }
+    }
+
+    /// The stream it wraps.
+    pub(crate) fn get_ref(&self) -> &T {
+        &self.inner
     }
 
     /// Adds every byte read and written to these counters.
@@ -70,16 +80,27 @@ impl<T> IdleTimeout<T> {
         self
     }
 
-    /// The next wait for a byte may last only `within` (the header timeout, for a request to
-    /// begin on a keep-alive connection; the idle timeout if that is shorter), counted from
-    /// the last byte that moved, until a byte moves again.
-    pub(crate) fn wait_at_most(&mut self, within: Duration) {
-        self.window = within.min(self.timeout);
+    /// Reads and writes fail from `until` on, whatever moves before, until
+    /// [`request_began`](Self::request_began): the header timeout for the next request on a
+    /// keep-alive connection.
+    pub(crate) fn wait_until(&mut self, until: Instant) {
+        self.until = Some(until);
+        let at = self.expiry();
         if let Some(sleep) = &mut self.sleep {
-            sleep
-                .as_mut()
-                .reset(deadline(self.last_progress, self.window));
+            sleep.as_mut().reset(at);
         }
+    }
+
+    /// The request waited for by [`wait_until`](Self::wait_until) has begun: only the idle
+    /// timeout counts again.
+    pub(crate) fn request_began(&mut self) {
+        self.until = None;
+    }
+
+    /// When the connection fails unless a byte moves first (or, with `until`, regardless).
+    fn expiry(&self) -> Instant {
+        let idle = deadline(self.last_progress, self.window);
+        self.until.map_or(idle, |until| until.min(idle))
     }
 
     fn progressed(&mut self) {
@@ -93,10 +114,11 @@ impl<T> IdleTimeout<T> {
         }
     }
 
-    /// Ready with an error when the idle deadline has passed; registers the waker otherwise.
+    /// Ready with an error when the idle deadline (or `until`) has passed; registers the waker
+    /// otherwise.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
         loop {
-            let at = deadline(self.last_progress, self.window);
+            let at = self.expiry();
             let sleep = self
                 .sleep
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
@@ -106,9 +128,12 @@ impl<T> IdleTimeout<T> {
             if self.active.any() {
                 self.progressed();
             }
-            let deadline = deadline(self.last_progress, self.window);
-            if deadline <= Instant::now() {
-                let what = if self.window < self.timeout {
+            let at = self.expiry();
+            let now = Instant::now();
+            if at <= now {
+                let what = if self.until.is_some_and(|until| until <= now) {
+                    "no request within request_header_timeout"
+                } else if self.window < self.timeout {
                     "no byte within request_header_timeout"
                 } else {
                     "connection idle timeout"
@@ -116,7 +141,7 @@ impl<T> IdleTimeout<T> {
                 return Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, what));
             }
             if let Some(sleep) = &mut self.sleep {
-                sleep.as_mut().reset(deadline);
+                sleep.as_mut().reset(at);
             }
         }
     }

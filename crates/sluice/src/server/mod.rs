@@ -388,9 +388,15 @@ mod tests {
             .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
             .await
             .unwrap();
-        while counters.open.get() == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        // Counted at the accept, which the request's arrival follows.
+        let counted = async {
+            while counters.open.get() == 0 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), counted)
+            .await
+            .unwrap();
         shutdown.trigger();
         serving.await.unwrap();
         assert_eq!(counters.open.get(), 0);

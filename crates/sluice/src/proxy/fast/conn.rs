@@ -12,7 +12,6 @@ use std::mem;
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures_util::future::FusedFuture;
 use futures_util::FutureExt;
 use sluice_config::HttpOptions;
 use sluice_wire::h1::{self, ClientIp, Parsed};
@@ -51,7 +50,7 @@ impl FastHttp1 for FastPath {
 /// it gives that back ([`Left::Idle`]) and the server waits on with only its own: long enough
 /// that a busy connection keeps it from one request to the next, short enough that one left
 /// idle by its client soon costs only what an idle connection must.
-pub(crate) const PARK: Duration = Duration::from_millis(500);
+pub(crate) const IDLE_AFTER: Duration = Duration::from_millis(500);
 
 /// What a connection holds between its requests: the buffer of the client's bytes (while
 /// some are pipelined) and its [`Scratch`], whose buffers are lent only while a request is in
@@ -62,9 +61,10 @@ struct Held {
     scratch: Scratch,
 }
 
-/// Serves requests on `io` until the connection ends or a request is handed over. The
-/// client's bytes and the request's buffers are lent from the worker's pool when a request
-/// begins and given back when the connection goes idle: between requests it holds no buffer.
+/// Serves requests on `io` until the connection ends, a request is handed over, or no request
+/// comes for [`IDLE_AFTER`] (or the shutdown comes while it waits). The client's bytes and the
+/// request's buffers are lent from the worker's pool when a request begins and given back when
+/// the connection goes idle: between requests it holds no buffer.
 async fn serve<I>(io: &mut I, fast: &FastPath, conn: Conn<'_>, held: &mut Held) -> Left
 where
     I: AsyncRead + AsyncWrite + Unpin,
@@ -80,8 +80,9 @@ where
     let client_ip = ClientIp::new(info.peer.ip());
     let client_addr = sluice_session::client_addr_value(info.peer);
     // One wait for the shutdown serves every wait for a request, as one timer does: a wait
-    // made per request cost a registration with the signal and its removal each time.
-    let shutdown = signal.wait().fuse();
+    // made per request cost a registration with the signal and its removal each time. Once
+    // it resolves, the connection is left to the server: it is never polled again.
+    let shutdown = signal.wait();
     tokio::pin!(shutdown);
     loop {
         if buf.is_empty() {
@@ -89,7 +90,7 @@ where
             match next_bytes(io, buf, http, waits).await {
                 Wait::Bytes => {}
                 Wait::End => return Left::Done,
-                Wait::Park => return Left::Idle,
+                Wait::Idle(since) => return Left::Idle(since),
             }
         }
         let head = match parse(io, buf, http, info).await {
@@ -167,18 +168,19 @@ where
 enum Wait {
     /// They came.
     Bytes,
-    /// The connection ends: closed, failed, or no request begun within the header timeout.
+    /// The connection ends: closed or failed.
     End,
-    /// None came within [`PARK`], or the shutdown came: the server waits on for them, and
-    /// decides what the shutdown leaves of the connection.
-    Park,
+    /// None came within [`IDLE_AFTER`] of the wait's start (the instant given), or the
+    /// shutdown came: the server waits on for them, and holds the header timeout and what a
+    /// shutdown leaves of the connection.
+    Idle(Instant),
 }
 
-/// Waits for the next request's first bytes, for up to [`PARK`] of the header timeout and
-/// until the shutdown.
+/// Waits for the next request's first bytes, for up to [`IDLE_AFTER`] (or the header timeout,
+/// when that is shorter: the server then closes the connection at once) and until the
+/// shutdown.
 ///
-/// `waits`: the connection's wait for the shutdown (polled until it resolves, never after) and
-/// its header timer.
+/// `waits`: the connection's wait for the shutdown and its timer.
 async fn next_bytes<I, S>(
     io: &mut I,
     buf: &mut Vec<u8>,
@@ -187,36 +189,28 @@ async fn next_bytes<I, S>(
 ) -> Wait
 where
     I: AsyncRead + Unpin,
-    S: Future<Output = ()> + FusedFuture,
+    S: Future<Output = ()>,
 {
     let came = |read: io::Result<usize>| match read {
         Ok(n) if n > 0 => Wait::Bytes,
         _ => Wait::End,
     };
-    if shutdown.is_terminated() {
-        return Wait::Park;
-    }
     // The socket is read first: when the request is there (sent with the connect, pipelined,
     // or a head the sniff read), no timer is set and the shutdown is not polled at all.
     if let Some(read) = read_lent(io, buf).now_or_never() {
         return came(read);
     }
     // hyper's header timer runs from the moment it waits for a head, on a new connection and
-    // between requests alike: a client that does not begin one within it is closed silently.
-    // The connection's one timer is moved for each wait; when the header timeout is longer
-    // than `PARK`, the server's own timer takes the rest of the wait.
-    let parks = http.request_header_timeout > PARK;
-    let wait = if parks {
-        PARK
-    } else {
-        http.request_header_timeout
-    };
-    let deadline = deadline(Instant::now(), wait);
+    // between requests alike: a client that does not begin one within it is closed silently
+    // (by the server, which is given the wait's start). The connection's one timer is moved
+    // for each wait.
+    let since = Instant::now();
+    let until = deadline(since, IDLE_AFTER.min(http.request_header_timeout));
     tokio::select! {
         biased;
         read = read_lent(io, buf) => came(read),
-        () = timer_at(timer, deadline) => if parks { Wait::Park } else { Wait::End },
-        () = shutdown => Wait::Park,
+        () = timer_at(timer, until) => Wait::Idle(since),
+        () = shutdown => Wait::Idle(since),
     }
 }
 
@@ -266,11 +260,11 @@ mod tests {
         addr
     }
 
-    /// A connection whose client sends no next request for [`PARK`] is given back to the
-    /// server (which waits on, with the header timeout's rest): what the fast path holds for
-    /// it goes with its future.
+    /// A connection whose client sends no next request for [`IDLE_AFTER`] is given back to
+    /// the server (which waits on, with the header timeout's rest): what the fast path holds
+    /// for it goes with its future.
     #[tokio::test]
-    async fn a_connection_with_no_next_request_is_given_back_after_park() {
+    async fn a_connection_with_no_next_request_is_given_back_to_the_server() {
         let text = format!(
             "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
              [[route]]\ncluster = \"b\"\n\
@@ -298,11 +292,9 @@ mod tests {
                 let n = client.read(&mut answer).await.unwrap();
                 got.extend_from_slice(&answer[..n]);
             }
-            Instant::now()
         };
-        let (left, answered) = tokio::join!(serving, answered);
-        assert!(matches!(left, Left::Idle), "{left:?}");
-        assert!(answered.elapsed() >= PARK - Duration::from_millis(50));
+        let (left, ()) = tokio::join!(serving, answered);
+        assert!(matches!(left, Left::Idle(_)), "{left:?}");
     }
 
     #[tokio::test]

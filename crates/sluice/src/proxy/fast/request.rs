@@ -61,8 +61,8 @@ pub(crate) struct Scratch {
     pub(super) answer: Vec<u8>,
     /// The upstream's reads of a body, while the client takes the answer.
     pub(super) spare: Vec<u8>,
-    /// The connection's one timer: its response timer while a request is in flight, its
-    /// header timer while it waits for the next (never both at once).
+    /// The connection's one timer: its response timer while a request is in flight, its wait
+    /// for the next (up to `IDLE_AFTER`) between requests (never both at once).
     pub(super) timer: Option<Pin<Box<Sleep>>>,
     /// The metrics of the route the connection's last request took.
     pub(super) counted: Option<RouteCounters>,
@@ -114,7 +114,7 @@ impl Scratch {
     }
 }
 
-/// A connection's timer (its response timer, its header timer), set to `deadline`. One timer
+/// A connection's timer (its response timer, its wait for a request), set to `deadline`. One timer
 /// serves all of a connection's requests: moving it later is a store, where a timer per
 /// request would be entered into and taken out of Tokio's timer wheel every time.
 pub(crate) fn timer_at(timer: &mut Option<Pin<Box<Sleep>>>, deadline: Instant) -> Pin<&mut Sleep> {
