@@ -437,18 +437,23 @@ async fn sni_picks_the_certificate_carrying_the_name_and_the_first_serves_the_re
     assert_eq!(presented(addr, None).await, a.der);
 }
 
+/// A client TLS connection to `addr` for `a.test`, made with `config`.
+async fn connect_a_test(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("a.test").unwrap();
+    TlsConnector::from(config).connect(name, tcp).await.unwrap()
+}
+
 /// An HTTP/1.1 request over a client TLS connection made with `config`; how the handshake went.
 async fn tls_get(
     addr: SocketAddr,
     config: &Arc<rustls::ClientConfig>,
     path: &str,
 ) -> (StatusCode, Option<HandshakeKind>) {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let name = ServerName::try_from("a.test").unwrap();
-    let tls = TlsConnector::from(Arc::clone(config))
-        .connect(name, tcp)
-        .await
-        .unwrap();
+    let tls = connect_a_test(addr, Arc::clone(config)).await;
     let kind = tls.get_ref().1.handshake_kind();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
@@ -487,12 +492,7 @@ async fn https_requests_take_the_fast_path_and_end_with_close_notify() {
     let ca = Ca::new("listener CA");
     ca.server("a.test").write(dir.path(), "a");
     let (proxy, backend) = tls_listener(dir.path(), r#"{ cert = "a.pem", key = "a.key" }"#).await;
-    let tcp = TcpStream::connect(proxy.addr()).await.unwrap();
-    let name = ServerName::try_from("a.test").unwrap();
-    let mut tls = TlsConnector::from(ca.client())
-        .connect(name, tcp)
-        .await
-        .unwrap();
+    let mut tls = connect_a_test(proxy.addr(), ca.client()).await;
     tls.write_all(
         b"GET /headers HTTP/1.1\r\nHost: a.test\r\n\r\n\
           GET /two HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
@@ -554,11 +554,7 @@ async fn a_reload_swaps_renewed_certificates_in_place_and_open_connections_carry
     tokio::spawn(proxy.run_until(async move { signal.wait().await }));
 
     // A keep-alive connection opened under the old certificate.
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let tls = TlsConnector::from(ca.client())
-        .connect(ServerName::try_from("a.test").unwrap(), tcp)
-        .await
-        .unwrap();
+    let tls = connect_a_test(addr, ca.client()).await;
     let (mut open, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .unwrap();
@@ -766,12 +762,7 @@ async fn a_record_trickled_between_requests_does_not_hold_the_connection() {
          tls = { cert = \"a.pem\", key = \"a.key\" }",
     );
     let proxy = TestProxy::start_in(&text, dir.path()).await;
-    let tcp = TcpStream::connect(proxy.addr()).await.unwrap();
-    let name = ServerName::try_from("a.test").unwrap();
-    let mut tls = TlsConnector::from(ca.client())
-        .connect(name, tcp)
-        .await
-        .unwrap();
+    let mut tls = connect_a_test(proxy.addr(), ca.client()).await;
     tls.write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
         .await
         .unwrap();

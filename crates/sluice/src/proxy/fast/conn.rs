@@ -260,38 +260,67 @@ mod tests {
         addr
     }
 
+    /// A fast path to `upstream()`, and what it is given with a connection.
+    struct Setup {
+        fast: FastPath,
+        info: ClientInfo,
+        http: HttpOptions,
+        _shutdown: Shutdown,
+        signal: sluice_net::shutdown::ShutdownSignal,
+        active: Arc<ActiveRequests>,
+    }
+
+    impl Setup {
+        async fn to_upstream() -> Self {
+            let text = format!(
+                "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
+                 [[route]]\ncluster = \"b\"\n\
+                 [cluster.b]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+                upstream().await
+            );
+            let config = sluice_config::parse_str(&text, "t.toml", Path::new(".")).unwrap();
+            let shutdown = Shutdown::new();
+            Self {
+                fast: crate::Proxy::bind(&config).await.unwrap().fast_path(),
+                info: ClientInfo::default(),
+                http: config.listeners[0].http.clone(),
+                signal: shutdown.signal(),
+                _shutdown: shutdown,
+                active: Arc::new(ActiveRequests::default()),
+            }
+        }
+
+        fn conn(&self) -> Conn<'_> {
+            Conn {
+                info: &self.info,
+                http: &self.http,
+                signal: &self.signal,
+                active: &self.active,
+            }
+        }
+    }
+
+    /// Reads `upstream()`'s answer to one request.
+    async fn read_answer(client: &mut tokio::io::DuplexStream) {
+        let (mut answer, mut got) = (vec![0; 1024], Vec::new());
+        while !got.ends_with(b"\r\n\r\nok") {
+            let n = client.read(&mut answer).await.unwrap();
+            got.extend_from_slice(&answer[..n]);
+        }
+    }
+
     /// A connection whose client sends no next request for [`IDLE_AFTER`] is given back to
     /// the server (which waits on, with the header timeout's rest): what the fast path holds
     /// for it goes with its future.
     #[tokio::test]
     async fn a_connection_with_no_next_request_is_given_back_to_the_server() {
-        let text = format!(
-            "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
-             [[route]]\ncluster = \"b\"\n\
-             [cluster.b]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
-            upstream().await
-        );
-        let config = sluice_config::parse_str(&text, "t.toml", Path::new(".")).unwrap();
-        let fast = crate::Proxy::bind(&config).await.unwrap().fast_path();
-        let (info, http) = (ClientInfo::default(), config.listeners[0].http.clone());
-        let (shutdown, active) = (Shutdown::new(), Arc::new(ActiveRequests::default()));
-        let signal = shutdown.signal();
-        let conn = Conn {
-            info: &info,
-            http: &http,
-            signal: &signal,
-            active: &active,
-        };
+        let setup = Setup::to_upstream().await;
+        let conn = setup.conn();
         let (mut client, mut io) = tokio::io::duplex(64 * 1024);
         let first = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
-        let serving = FastHttp1::serve(&fast, &mut io, conn, first);
+        let serving = FastHttp1::serve(&setup.fast, &mut io, conn, first);
         let answered = async {
-            let mut answer = vec![0; 1024];
-            let mut got = Vec::new();
-            while !got.ends_with(b"\r\n\r\nok") {
-                let n = client.read(&mut answer).await.unwrap();
-                got.extend_from_slice(&answer[..n]);
-            }
+            read_answer(&mut client).await;
         };
         let (left, ()) = tokio::join!(serving, answered);
         assert!(matches!(left, Left::Idle(_)), "{left:?}");
@@ -299,23 +328,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_connection_holds_no_buffer_after_its_request() {
-        let text = format!(
-            "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
-             [[route]]\ncluster = \"b\"\n\
-             [cluster.b]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
-            upstream().await
-        );
-        let config = sluice_config::parse_str(&text, "t.toml", Path::new(".")).unwrap();
-        let fast = crate::Proxy::bind(&config).await.unwrap().fast_path();
-        let (info, http) = (ClientInfo::default(), config.listeners[0].http.clone());
-        let (shutdown, active) = (Shutdown::new(), Arc::new(ActiveRequests::default()));
-        let signal = shutdown.signal();
-        let conn = Conn {
-            info: &info,
-            http: &http,
-            signal: &signal,
-            active: &active,
-        };
+        let setup = Setup::to_upstream().await;
+        let conn = setup.conn();
         let (mut client, mut io) = tokio::io::duplex(64 * 1024);
         let mut held = Held::default();
         let exchange = async {
@@ -323,19 +337,14 @@ mod tests {
                 .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
                 .await
                 .unwrap();
-            let mut answer = vec![0; 1024];
-            let mut got = Vec::new();
-            while !got.ends_with(b"\r\n\r\nok") {
-                let n = client.read(&mut answer).await.unwrap();
-                got.extend_from_slice(&answer[..n]);
-            }
+            read_answer(&mut client).await;
             // The connection is idle now: one more turn lets it reach its wait for the next.
             tokio::task::yield_now().await;
         };
         tokio::select! {
             biased;
             () = exchange => {}
-            left = serve(&mut io, &fast, conn, &mut held) => panic!("ended: {left:?}"),
+            left = serve(&mut io, &setup.fast, conn, &mut held) => panic!("ended: {left:?}"),
         }
         assert_eq!(
             held.buf.capacity(),
