@@ -53,11 +53,13 @@ pub(crate) type Serving<'a> = Pin<Box<dyn Future<Output = Left> + Send + 'a>>;
 /// Serves HTTP/1.1 requests on a connection until it ends, a request is left to hyper, or it
 /// waits for one and is left to the server.
 pub trait FastHttp1: Send + Sync + std::fmt::Debug + 'static {
-    /// Serves `io` until the connection ends (`Left::Done`), hyper is to serve the rest, or no
-    /// request comes for a while or the shutdown comes while it waits for one (`Left::Idle`:
-    /// the server holds the header timeout and the shutdown of idle connections), beginning
-    /// with `first`, the bytes the server has read from it already (the HTTP/2 sniff's, an
-    /// idle connection's next request; may be empty).
+    /// Serves `io`, beginning with `first` (bytes the server has read from it already: the
+    /// HTTP/2 sniff's, an idle connection's next request; may be empty), until the connection
+    /// ends (`Left::Done`), hyper is to serve the rest (`Left::HandOff`), or it waits for a
+    /// request (`Left::Idle`). That last one is owed when no request has begun a while after
+    /// the wait began, and at once when the shutdown comes during the wait: the server keeps
+    /// idle connections, closes one whose header timeout from the instant given has passed,
+    /// and decides what a shutdown leaves of it.
     fn serve<'a>(&'a self, io: &'a mut dyn ConnIo, conn: Conn<'a>, first: Vec<u8>) -> Serving<'a>;
 
     /// The type of the service whose requests it serves: a server uses the fast path only for

@@ -1,4 +1,5 @@
-//! [`IdleTimeout`]: closes a connection on which no byte has moved for a while.
+//! [`IdleTimeout`]: closes a connection on which no byte has moved for a while, or that has not
+//! begun its next request by a deadline.
 
 use std::future::Future;
 use std::io;
@@ -16,7 +17,8 @@ use super::active::ActiveRequests;
 /// Wraps a stream so that reads and writes fail with `TimedOut` once neither direction has
 /// made progress for `timeout` while no request is in flight on it (or, with
 /// [`with_first_wait`](Self::with_first_wait), for a shorter first wait until the first byte
-/// moves).
+/// moves), and, while a deadline set by [`wait_until`](Self::wait_until) stands, from that
+/// deadline on whatever moves.
 ///
 /// The timer is re-armed lazily: progress only records an instant, and the sleep is pushed
 /// back when it fires early, so the per-operation cost is one clock read. It is made (and
@@ -80,9 +82,9 @@ impl<T> IdleTimeout<T> {
         self
     }
 
-    /// Reads and writes fail from `until` on, whatever moves before, until
-    /// [`request_began`](Self::request_began): the header timeout for the next request on a
-    /// keep-alive connection.
+    /// Reads fail from `until` on, even with bytes there, and a write that has to wait fails
+    /// then, whatever moved before, until [`request_began`](Self::request_began): the header
+    /// timeout for the next request on a keep-alive connection.
     pub(crate) fn wait_until(&mut self, until: Instant) {
         self.until = Some(until);
         let at = self.expiry();
@@ -182,6 +184,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleTimeout<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        // Checked before the read: a request that comes after its deadline is not served.
+        if let Some(until) = self.until {
+            if until <= Instant::now() {
+                let late = "no request within request_header_timeout";
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, late)));
+            }
+        }
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
@@ -246,6 +255,34 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    /// Bytes that keep coming do not move a deadline set by `wait_until` (over TLS, a record
+    /// trickled byte by byte brings no request); once the request has begun, only the idle
+    /// timeout counts again.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_no_byte_moves() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut idle = IdleTimeout::new(a, Duration::from_secs(60), Arc::default());
+        let started = Instant::now();
+        idle.wait_until(started + Duration::from_secs(2));
+        let trickle = tokio::spawn(async move {
+            while b.write_all(b"x").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let mut buf = [0u8; 8];
+        let err = loop {
+            match idle.read(&mut buf).await {
+                Ok(n) => assert!(n > 0),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        idle.request_began();
+        assert!(idle.read(&mut buf).await.unwrap() > 0);
+        trickle.abort();
+    }
 
     #[tokio::test(start_paused = true)]
     async fn read_fails_after_idle_and_progress_postpones_it() {

@@ -388,7 +388,7 @@ mod tests {
             .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
             .await
             .unwrap();
-        // Counted at the accept, which the request's arrival follows.
+        // The gauge counts the connection once the server has accepted it.
         let counted = async {
             while counters.open.get() == 0 {
                 tokio::task::yield_now().await;

@@ -62,7 +62,8 @@ pub(crate) struct Scratch {
     /// The upstream's reads of a body, while the client takes the answer.
     pub(super) spare: Vec<u8>,
     /// The connection's one timer: its response timer while a request is in flight, its wait
-    /// for the next (up to `IDLE_AFTER`) between requests (never both at once).
+    /// for the next between requests (up to `IDLE_AFTER`, or the header timeout if shorter;
+    /// never both at once).
     pub(super) timer: Option<Pin<Box<Sleep>>>,
     /// The metrics of the route the connection's last request took.
     pub(super) counted: Option<RouteCounters>,
