@@ -47,10 +47,10 @@ impl FastHttp1 for FastPath {
 
 /// How long a connection waits for its next request with its fast-path state (the client's
 /// address as text, its timer, its wait for the shutdown, room for a request's state) before
-/// it gives that back ([`Left::Idle`]) and the server waits on with only its own (or the
-/// header timeout, when that is shorter: the server then closes the connection): long enough
+/// it gives that back ([`Left::Idle`]) and the server waits on with only its own: long enough
 /// that a busy connection keeps it from one request to the next, short enough that one left
-/// idle by its client soon costs only what an idle connection must.
+/// idle by its client soon costs only what an idle connection must. A header timeout shorter
+/// than this ends the wait first (and the server closes the connection).
 pub(crate) const IDLE_AFTER: Duration = Duration::from_millis(500);
 
 /// What a connection holds between its requests: the buffer of the client's bytes (while
@@ -172,8 +172,8 @@ enum Wait {
     /// The connection ends: closed or failed.
     End,
     /// None came within [`IDLE_AFTER`] (or the header timeout, if shorter) of the wait's start
-    /// (the instant given), or the shutdown came: the server waits on for them, and holds the header timeout and what a
-    /// shutdown leaves of the connection.
+    /// (the instant given), or the shutdown came: the server waits on for them, and holds the
+    /// header timeout and what a shutdown leaves of the connection.
     Idle(Instant),
 }
 
