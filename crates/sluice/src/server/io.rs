@@ -284,6 +284,19 @@ mod tests {
         trickle.abort();
     }
 
+    /// A request whose bytes are there only after its deadline is not read (its connection
+    /// waited too long), even though the read would not have to wait.
+    #[tokio::test(start_paused = true)]
+    async fn bytes_there_after_the_deadline_are_not_read() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut idle = IdleTimeout::new(a, Duration::from_secs(60), Arc::default());
+        idle.wait_until(Instant::now() + Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        b.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let err = idle.read(&mut [0u8; 16]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn read_fails_after_idle_and_progress_postpones_it() {
         let (a, mut b) = tokio::io::duplex(64);
