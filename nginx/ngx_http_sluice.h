@@ -74,22 +74,32 @@ typedef struct {
 
 /* Where a session is: exactly one of these at any time. */
 typedef enum {
-    NGX_HTTP_SLUICE_IDLE = 0,     /* in up->idle, watched for EOF */
+    NGX_HTTP_SLUICE_IDLE = 0,     /* in its instance's idle stack, watched for EOF */
     NGX_HTTP_SLUICE_RESERVED,     /* promised to a request that has not reached peer.get */
     NGX_HTTP_SLUICE_LEASED        /* the upstream module owns the connection */
 } ngx_http_sluice_state_e;
 
 
+/* The sessions a worker holds of one instance of the service, while it holds any. */
 typedef struct {
-    ngx_queue_t                    queue;      /* up->idle or up->busy */
+    ngx_queue_t                    queue;      /* up->instances */
+    ngx_queue_t                    idle;       /* its idle sessions, the one pooled last first */
+    ngx_uint_t                     held;       /* its sessions here, idle or busy */
+    size_t                         len;
+    u_char                         name[NGX_HTTP_SLUICE_MAX_NAME];
+} ngx_http_sluice_instance_t;
+
+
+typedef struct {
+    ngx_queue_t                    queue;      /* instance->idle, or up->busy */
+    ngx_queue_t                    turn;       /* up->turns while idle */
     ngx_connection_t              *connection;
     ngx_http_sluice_upstream_t    *up;
+    ngx_http_sluice_instance_t    *instance;
     uint64_t                       id;         /* the acceptor's id, for RETURN/GONE */
     ngx_uint_t                     epoch;      /* the handoff connection that lent it */
     ngx_http_sluice_state_e        state;
     unsigned                       draining:1;
-    size_t                         instance_len;
-    u_char                         instance[NGX_HTTP_SLUICE_MAX_NAME];
 } ngx_http_sluice_session_t;
 
 
@@ -162,8 +172,10 @@ struct ngx_http_sluice_upstream_s {
     ngx_event_t                    linger;     /* an exiting worker's last duties */
     ngx_msec_t                     linger_until;
 
-    /* sessions and requests */
-    ngx_queue_t                    idle;
+    /* sessions and requests: the idle ones are in their instance's stack, and each has a
+     * turn here, in the order they were pooled (ngx_http_sluice_pool.c) */
+    ngx_queue_t                    turns;
+    ngx_queue_t                    instances;  /* ngx_http_sluice_instance_t */
     ngx_queue_t                    busy;       /* reserved and leased */
     ngx_queue_t                    waiters;    /* ngx_http_sluice_ctx_t, FIFO */
     ngx_uint_t                     n_idle;

@@ -583,7 +583,8 @@ ngx_http_sluice_init_process(ngx_cycle_t *cycle)
     for (i = 0; i < smcf->upstreams.nelts; i++) {
         up = ups[i];
 
-        ngx_queue_init(&up->idle);
+        ngx_queue_init(&up->turns);
+        ngx_queue_init(&up->instances);
         ngx_queue_init(&up->busy);
         ngx_queue_init(&up->waiters);
         up->events = &ngx_http_sluice_pool_events;

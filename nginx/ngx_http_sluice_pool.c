@@ -1,11 +1,21 @@
 /*
- * The worker's sessions of one upstream: the idle pool (FIFO: a returned session goes to
- * the tail), sessions reserved for or leased to requests, the FIFO admission queue, and the
- * rules for where a session goes when a request is done with it.
+ * The worker's sessions of one upstream: the idle ones, sessions reserved for or leased to
+ * requests, the FIFO admission queue, and the rules for where a session goes when a request
+ * is done with it.
  *
- * A session is in exactly one place: up->idle (IDLE) or up->busy (RESERVED, LEASED); the
- * counters n_idle, n_reserved and n_leased always equal those queues' lengths. A session
- * leaves the worker by RETURN (its fd goes back to the acceptor) or GONE (closed here).
+ * Which idle session serves next is the Sluice proxy's rule (docs/design.md, "Leasing"): the
+ * instances take turns as in a FIFO ring of the idle sessions (a pooled session's turn goes
+ * to the tail of up->turns, a lease takes the turn at the head), which rotates requests
+ * across instances in proportion to their idle sessions; within the instance whose turn it
+ * is, the session pooled last serves. A worker that holds hundreds of sessions keeps the few
+ * its load needs warm instead of cycling through all of them, whose sockets and service
+ * threads would each be cold (issue 34: 1.13-1.20x the CPU per request of NGINX's own
+ * keepalive cache, which is most recently used first).
+ *
+ * A session is in exactly one place: idle (IDLE: its instance's stack, with a turn of its own
+ * in up->turns) or up->busy (RESERVED, LEASED); the counters n_idle, n_reserved and n_leased
+ * always equal how many are in each. A session leaves the worker by RETURN (its fd goes back
+ * to the acceptor) or GONE (closed here).
  *
  * What the acceptor sends (SESSION, RECALL, DRAIN) arrives through
  * ngx_http_sluice_pool_events; what goes to it (CREDIT, RETURN, GONE) leaves through
@@ -32,6 +42,14 @@ static void ngx_http_sluice_grant(ngx_http_sluice_upstream_t *up,
 static void ngx_http_sluice_idle_handler(ngx_event_t *ev);
 static void ngx_http_sluice_dummy_handler(ngx_event_t *ev);
 static void ngx_http_sluice_close_session(ngx_http_sluice_session_t *s);
+static ngx_http_sluice_session_t *ngx_http_sluice_next_idle(
+    ngx_http_sluice_upstream_t *up);
+static ngx_http_sluice_instance_t *ngx_http_sluice_find_instance(
+    ngx_http_sluice_upstream_t *up, u_char *name, size_t len);
+static ngx_http_sluice_instance_t *ngx_http_sluice_hold_instance(
+    ngx_http_sluice_upstream_t *up, u_char *name, size_t len);
+static void ngx_http_sluice_release_instance(ngx_http_sluice_instance_t *in);
+static void ngx_http_sluice_free_session(ngx_http_sluice_session_t *s);
 static void ngx_http_sluice_unregister(ngx_connection_t *c);
 
 
@@ -55,7 +73,8 @@ ngx_http_sluice_link(ngx_http_sluice_session_t *s, ngx_http_sluice_state_e state
 
     switch (state) {
     case NGX_HTTP_SLUICE_IDLE:
-        ngx_queue_insert_tail(&up->idle, &s->queue);
+        ngx_queue_insert_head(&s->instance->idle, &s->queue);
+        ngx_queue_insert_tail(&up->turns, &s->turn);
         up->n_idle++;
         break;
     case NGX_HTTP_SLUICE_RESERVED:
@@ -79,6 +98,7 @@ ngx_http_sluice_unlink(ngx_http_sluice_session_t *s)
 
     switch (s->state) {
     case NGX_HTTP_SLUICE_IDLE:
+        ngx_queue_remove(&s->turn);
         up->n_idle--;
         break;
     case NGX_HTTP_SLUICE_RESERVED:
@@ -147,12 +167,15 @@ ngx_http_sluice_adopt(ngx_http_sluice_upstream_t *up, uint64_t id, u_char *insta
         goto failed;
     }
 
+    s->instance = ngx_http_sluice_hold_instance(up, instance, instance_len);
+    if (s->instance == NULL) {
+        goto failed;
+    }
+
     s->up = up;
     s->connection = c;
     s->id = id;
     s->epoch = up->epoch;
-    s->instance_len = instance_len;
-    ngx_memcpy(s->instance, instance, instance_len);
 
     up->stats.received++;
     up->empty = 0;  /* a session came: the slice has some */
@@ -180,20 +203,46 @@ failed:
 }
 
 
-/* The first idle session (the one idle longest), now reserved; NULL if none is idle. */
-ngx_http_sluice_session_t *
-ngx_http_sluice_take(ngx_http_sluice_upstream_t *up)
+/*
+ * The idle session whose turn it is: the turn at the head of the ring names an instance, and
+ * that instance's session pooled last serves. When the turn belongs to another of the
+ * instance's sessions, that one takes over the turn of the session that serves, so each idle
+ * session still has a turn of its own and each instance as many turns as idle sessions. The
+ * caller takes the session out (unlink) at once; NULL if none is idle.
+ */
+static ngx_http_sluice_session_t *
+ngx_http_sluice_next_idle(ngx_http_sluice_upstream_t *up)
 {
-    ngx_queue_t                 *q;
-    ngx_connection_t            *c;
-    ngx_http_sluice_session_t   *s;
+    ngx_http_sluice_session_t  *s, *t;
 
-    if (ngx_queue_empty(&up->idle)) {
+    if (ngx_queue_empty(&up->turns)) {
         return NULL;
     }
 
-    q = ngx_queue_head(&up->idle);
-    s = ngx_queue_data(q, ngx_http_sluice_session_t, queue);
+    t = ngx_queue_data(ngx_queue_head(&up->turns), ngx_http_sluice_session_t, turn);
+    s = ngx_queue_data(ngx_queue_head(&t->instance->idle), ngx_http_sluice_session_t,
+                       queue);
+
+    if (s != t) {
+        ngx_queue_remove(&t->turn);
+        ngx_queue_insert_after(&s->turn, &t->turn);
+    }
+
+    return s;
+}
+
+
+/* The idle session whose turn it is, now reserved; NULL if none is idle. */
+ngx_http_sluice_session_t *
+ngx_http_sluice_take(ngx_http_sluice_upstream_t *up)
+{
+    ngx_connection_t            *c;
+    ngx_http_sluice_session_t   *s;
+
+    s = ngx_http_sluice_next_idle(up);
+    if (s == NULL) {
+        return NULL;
+    }
 
     ngx_http_sluice_unlink(s);
     ngx_http_sluice_link(s, NGX_HTTP_SLUICE_RESERVED);
@@ -255,7 +304,8 @@ ngx_http_sluice_release(ngx_http_sluice_session_t *s)
 }
 
 
-/* Puts a session at the tail of the idle pool, watched for EOF like a keepalive one. */
+/* Makes a session idle (on top of its instance's stack, its turn last), watched for EOF like
+ * a keepalive connection. */
 static void
 ngx_http_sluice_pool_idle(ngx_http_sluice_session_t *s)
 {
@@ -367,7 +417,7 @@ ngx_http_sluice_discard(ngx_http_sluice_session_t *s, ngx_uint_t close)
     if (close) {
         ngx_http_sluice_close_session(s);
     } else {
-        ngx_free(s);
+        ngx_http_sluice_free_session(s);
     }
 
     ngx_http_sluice_want_credit(up);
@@ -385,7 +435,73 @@ ngx_http_sluice_close_session(ngx_http_sluice_session_t *s)
     }
 
     ngx_close_connection(c);
+    ngx_http_sluice_free_session(s);
+}
+
+
+static void
+ngx_http_sluice_free_session(ngx_http_sluice_session_t *s)
+{
+    ngx_http_sluice_release_instance(s->instance);
     ngx_free(s);
+}
+
+
+static ngx_http_sluice_instance_t *
+ngx_http_sluice_find_instance(ngx_http_sluice_upstream_t *up, u_char *name, size_t len)
+{
+    ngx_queue_t                 *q;
+    ngx_http_sluice_instance_t  *in;
+
+    for (q = ngx_queue_head(&up->instances); q != ngx_queue_sentinel(&up->instances);
+         q = ngx_queue_next(q))
+    {
+        in = ngx_queue_data(q, ngx_http_sluice_instance_t, queue);
+        if (in->len == len && ngx_memcmp(in->name, name, len) == 0) {
+            return in;
+        }
+    }
+
+    return NULL;
+}
+
+
+/* The instance's record, made for its first session here, with one more session counted;
+ * NULL if out of memory. */
+static ngx_http_sluice_instance_t *
+ngx_http_sluice_hold_instance(ngx_http_sluice_upstream_t *up, u_char *name, size_t len)
+{
+    ngx_http_sluice_instance_t  *in;
+
+    in = ngx_http_sluice_find_instance(up, name, len);
+
+    if (in == NULL) {
+        in = ngx_calloc(sizeof(ngx_http_sluice_instance_t), ngx_cycle->log);
+        if (in == NULL) {
+            return NULL;
+        }
+        ngx_queue_init(&in->idle);
+        in->len = len;
+        ngx_memcpy(in->name, name, len);
+        ngx_queue_insert_tail(&up->instances, &in->queue);
+    }
+
+    in->held++;
+
+    return in;
+}
+
+
+/* One session fewer of the instance; its record goes with the last. */
+static void
+ngx_http_sluice_release_instance(ngx_http_sluice_instance_t *in)
+{
+    if (in == NULL || --in->held > 0) {
+        return;
+    }
+
+    ngx_queue_remove(&in->queue);
+    ngx_free(in);
 }
 
 
@@ -465,24 +581,30 @@ ngx_http_sluice_dummy_handler(ngx_event_t *ev)
 }
 
 
-/* RECALL: give `n` sessions back, idle ones now, others as they become free. */
+/*
+ * RECALL: give `n` sessions back, idle ones now, others as they become free. Idle sessions
+ * lent by an earlier acceptor are not ours to give to this one: they are passed over (were
+ * the loop to stop at one, a recall could wait for as long as that session stayed idle).
+ */
 static void
 ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n)
 {
     ngx_uint_t                   held;
-    ngx_queue_t                 *q;
+    ngx_queue_t                 *q, *next;
     ngx_http_sluice_session_t   *s;
 
     /* Never more than we hold: a recall must not outlive the sessions it was about. */
     held = up->n_idle + up->n_reserved + up->n_leased;
     up->recall = ngx_min(up->recall + n, held);
 
-    while (up->recall > 0 && !ngx_queue_empty(&up->idle)) {
-        q = ngx_queue_head(&up->idle);
-        s = ngx_queue_data(q, ngx_http_sluice_session_t, queue);
+    for (q = ngx_queue_head(&up->turns);
+         up->recall > 0 && q != ngx_queue_sentinel(&up->turns);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        s = ngx_queue_data(q, ngx_http_sluice_session_t, turn);
         if (s->epoch != up->epoch) {
-            /* Lent by an earlier acceptor: not ours to give to this one. */
-            break;
+            continue;
         }
         up->recall--;
         up->stats.recalls++;
@@ -498,27 +620,35 @@ ngx_http_sluice_recall(ngx_http_sluice_upstream_t *up, ngx_uint_t n)
 static void
 ngx_http_sluice_drain(ngx_http_sluice_upstream_t *up, u_char *instance, size_t len)
 {
-    ngx_queue_t                 *q, *next;
+    ngx_queue_t                 *q;
     ngx_http_sluice_session_t   *s;
+    ngx_http_sluice_instance_t  *in;
 
     up->stats.drains++;
 
-    for (q = ngx_queue_head(&up->idle); q != ngx_queue_sentinel(&up->idle); q = next) {
-        next = ngx_queue_next(q);
-        s = ngx_queue_data(q, ngx_http_sluice_session_t, queue);
-        if (s->instance_len == len && ngx_memcmp(s->instance, instance, len) == 0) {
-            ngx_http_sluice_discard(s, 1);
-        }
+    in = ngx_http_sluice_find_instance(up, instance, len);
+    if (in == NULL) {
+        return;
     }
 
     for (q = ngx_queue_head(&up->busy); q != ngx_queue_sentinel(&up->busy);
          q = ngx_queue_next(q))
     {
         s = ngx_queue_data(q, ngx_http_sluice_session_t, queue);
-        if (s->instance_len == len && ngx_memcmp(s->instance, instance, len) == 0) {
+        if (s->instance == in) {
             s->draining = 1;
         }
     }
+
+    /* Held here, so that the record outlives its last idle session's discard. */
+    in->held++;
+
+    while (!ngx_queue_empty(&in->idle)) {
+        s = ngx_queue_data(ngx_queue_head(&in->idle), ngx_http_sluice_session_t, queue);
+        ngx_http_sluice_discard(s, 1);
+    }
+
+    ngx_http_sluice_release_instance(in);
 }
 
 
@@ -572,9 +702,9 @@ ngx_http_sluice_close_all(ngx_http_sluice_upstream_t *up)
     ngx_queue_t                 *q;
     ngx_http_sluice_session_t   *s;
 
-    while (!ngx_queue_empty(&up->idle)) {
-        q = ngx_queue_head(&up->idle);
-        s = ngx_queue_data(q, ngx_http_sluice_session_t, queue);
+    while (!ngx_queue_empty(&up->turns)) {
+        q = ngx_queue_head(&up->turns);
+        s = ngx_queue_data(q, ngx_http_sluice_session_t, turn);
         ngx_http_sluice_unlink(s);
         ngx_http_sluice_close_session(s);
     }

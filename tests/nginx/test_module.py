@@ -182,6 +182,44 @@ def until(n: Nginx, pred: Callable[[dict], bool], what: str) -> dict:
     raise AssertionError(f"sluice_status never showed {what}: {st}")
 
 
+def served_by(n: Nginx) -> tuple[str, str]:
+    """One request's instance and session (the Go service's local address of it)."""
+    conn = http.client.HTTPConnection(*n.addr, timeout=WAIT)
+    try:
+        conn.request("GET", "/work", headers={"X-Echo-Session": "1"})
+        res = conn.getresponse()
+        assert res.status == 200, res.status
+        instance, session = res.read().decode().split()
+        return instance, session
+    finally:
+        conn.close()
+
+
+def test_instances_take_turns_and_each_serves_from_its_warmest_session(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    """The Sluice proxy's leasing rule (docs/design.md, "Leasing"): requests rotate across
+    instances in proportion to their idle sessions, and within an instance the session that
+    came back last serves, so one request at a time keeps one session per instance busy
+    instead of cycling through all of them (cold sockets, cold service threads)."""
+    sock = tmp_path / "handoff.sock"
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    for name, sessions in (("a", 4), ("b", 2)):
+        procs.append(start_service(built.bins, "go", addr, name, sessions, 0))
+    nginx = nginx_factory(sock, workers=1, idle=6)
+    nginx.wait_connected(1)
+    until(nginx, lambda st: st["idle"] == 6, "the six sessions idle in the worker")
+    served = [served_by(nginx) for _ in range(36)]
+    assert Counter(instance for instance, _ in served) == {"a": 24, "b": 12}
+    # Each six requests in a row went four to a and two to b, whatever the order the
+    # sessions arrived in.
+    for i in range(0, 36, 6):
+        assert Counter(instance for instance, _ in served[i:i + 6]) == {"a": 4, "b": 2}, served
+    sessions = {name: {s for instance, s in served if instance == name} for name in "ab"}
+    assert {name: len(s) for name, s in sessions.items()} == {"a": 1, "b": 1}, served
+
+
 def test_a_service_killed_mid_load_fails_only_its_own_requests(
     built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
 ) -> None:
@@ -374,3 +412,32 @@ def test_nginx_gives_sessions_back_when_recalled_for_a_sluice_consumer(
     assert registrations([acceptor]) == 8
     st = status(nginx)["upstreams"][0]
     assert st["recalled"] > 0 and st["returned"] >= st["recalled"], st
+
+
+def test_a_recall_passes_over_idle_sessions_of_an_earlier_acceptor(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    """Sessions lent before the acceptor restarted stay with the worker (the new acceptor does
+    not know them) and are never returned to it; a RECALL takes the worker's other idle
+    sessions instead, with no request needed to move them."""
+    sock = tmp_path / "handoff.sock"
+    first, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(first)
+    procs.append(start_service(built.bins, "go", addr, "old", 2, 0))
+    nginx = nginx_factory(sock, workers=1, idle=4)
+    nginx.wait_connected(1)
+    until(nginx, lambda st: st["idle"] == 2, "the first acceptor's two sessions in the worker")
+    first.signal(signal.SIGTERM)
+    assert first.wait_exit() == 0, first.tail()
+    second, _ = start_acceptor(built.bins, tmp_path, sock, listen=addr)
+    procs.append(second)
+    nginx.wait_connected(2)
+    procs.append(start_service(built.bins, "go", addr, "new", 2, 0))
+    until(nginx, lambda st: st["idle"] == 4, "the second acceptor's two sessions too")
+    # A Sluice consumer with nothing: the acceptor, with no session idle, recalls from the
+    # worker, which holds both of its sessions. Nothing is requested anywhere meanwhile.
+    consumer, _ = start_consumer(built.bins, tmp_path, sock, "sluice-consumer")
+    procs.append(consumer)
+    st = until(nginx, lambda st: st["recalled"] >= 1, "a recalled session given back")
+    assert st["returned"] >= st["recalled"], st
+    assert served_by(nginx)[0] in ("old", "new")

@@ -7,9 +7,11 @@
 // exits 0; it exits 1 if the acceptor refuses it for good (400, 401, 404). With -listen it is a
 // plain HTTP server on that address and prints "listening ADDR". Either way it answers every
 // request with 200 and "<instance>\n" ("<instance> <r.RemoteAddr>\n" when it carries
-// X-Echo-Client), after printing "start <id>" for a request that carries X-Request-Id and
-// sleeping -delay-ms, with x-in-flight: the requests it was handling at that moment, this one
-// included (so a test can see that it never had more than declared).
+// X-Echo-Client; "<instance> <local address>\n" when it carries X-Echo-Session, which names
+// the session that served it: each session's local address is its own), after printing
+// "start <id>" for a request that carries X-Request-Id and sleeping -delay-ms, with
+// x-in-flight: the requests it was handling at that moment, this one included (so a test can
+// see that it never had more than declared).
 package main
 
 import (
@@ -82,6 +84,11 @@ func handler(instance string, delay time.Duration) http.Handler {
 		w.Header().Set("X-In-Flight", strconv.FormatInt(n, 10))
 		if r.Header.Get("X-Echo-Client") != "" {
 			io.WriteString(w, instance+" "+r.RemoteAddr+"\n")
+			return
+		}
+		if r.Header.Get("X-Echo-Session") != "" {
+			local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+			io.WriteString(w, fmt.Sprintf("%s %v\n", instance, local))
 			return
 		}
 		io.WriteString(w, instance+"\n")
