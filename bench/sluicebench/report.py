@@ -605,11 +605,15 @@ def _module_ratios(points, names, conc):
     pairs = [(n, MODULE_BASELINE) for n in names if n != MODULE_BASELINE]
     if {"nginx-sluice", "nginx-keepalive"} <= set(names):
         pairs.append(("nginx-sluice", "nginx-keepalive"))
+    if {"nginx-sluice", "nginx-sluice-b"} <= set(names):
+        pairs.append(("nginx-sluice-b", "nginx-sluice"))
     lines = []
     for title, key in (("RPS", rps), ("proxy CPU per request", cpu)):
         lines += [f"{title}, per-round ratios, median (min-max):", "", head, rule]
         for a, b in pairs:
-            aa = " (A/A: the noise floor)" if a == MODULE_AA else ""
+            aa = (" (A/A: the noise floor)" if a == MODULE_AA
+                  else " (A/A; A/B when SLUICE_MODULE_B was set, see the note)"
+                  if a == "nginx-sluice-b" else "")
             cells = [median_range(ratios(points[c][a], points[c][b], key), 2) for c in conc]
             lines.append(f"| {a} / {b}{aa} | " + " | ".join(cells) + " |")
         lines.append("")

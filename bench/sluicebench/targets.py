@@ -34,6 +34,10 @@ _second_bin = os.environ.get("SLUICE_B")
 # ratio to the baseline); stock NGINX with keep-alive; NGINX with ngx_http_sluice_module, lent
 # sessions by a standalone `sluice acceptor` the backend dials in to; and Sluice reverse.
 MODULE = ("nginx", "nginx-b", "nginx-keepalive", "nginx-sluice", "sluice-reverse")
+# A second NGINX with the module, not run unless asked for (--targets): the same module (A/A),
+# or with SLUICE_MODULE_B set to another build of it, that one (an A/B in the same rounds).
+MODULE_SECOND = ("nginx-sluice-b",)
+_module_b = os.environ.get("SLUICE_MODULE_B")
 # The spike scenario compares the proxies that can hold a service to a declared capacity.
 LIMITED = ("sluice-reverse", "nginx-keepalive", "haproxy")
 
@@ -114,7 +118,7 @@ def tools_missing(names):
         missing.append("nginx (apt-get install nginx-light)")
     if "haproxy" in names and not _which("haproxy"):
         missing.append("haproxy (apt-get install haproxy)")
-    if "nginx-sluice" in names and not os.path.exists(_module):
+    if {"nginx-sluice", "nginx-sluice-b"} & set(names) and not os.path.exists(_module):
         missing.append(f"{_module} (build: nginx/build.sh; needs apt-get install nginx nginx-dev)")
     if "pingora" in names and not os.path.exists(PINGORA):
         missing.append(f"{PINGORA} (build: bench/pingora/README.md)")
@@ -143,7 +147,7 @@ def start(group, tmp, name, backend, gzip=False):
     stats = free_port()
     if name in ("sluice-reverse", "sluice-reverse-b"):
         return _sluice_reverse(group, tmp, name, backend, stats)
-    if name == "nginx-sluice":
+    if name in ("nginx-sluice", "nginx-sluice-b"):
         return _nginx_sluice(group, tmp, name, backend, stats)
     upstream = free_port()
     served = _backend(group, f"{name}-backend", backend, stats,
@@ -299,8 +303,9 @@ kind = "reverse"
                        "--sessions", str(sessions)], "registered")
     # The worker keeps every session idle in its pool, as nginx-keepalive keeps `keepalive`
     # connections; the queue is Sluice's defaults. Workers must run as the acceptor's uid.
+    module = _module_b if name == "nginx-sluice-b" and _module_b else _module
     conf = _nginx_conf(
-        tmp, name, port, f"load_module {_module};\n{'user root;' if os.geteuid() == 0 else ''}",
+        tmp, name, port, f"load_module {module};\n{'user root;' if os.geteuid() == 0 else ''}",
         f"sluice_sessions unix:{sock} cluster={SERVICE} idle={sessions} queue={QUEUE_MAX} "
         f"queue_timeout={QUEUE_TIMEOUT_S}s;",
         'proxy_http_version 1.1; proxy_set_header Connection "";', pass_="sluice_pass")
