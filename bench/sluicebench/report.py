@@ -602,9 +602,11 @@ def _module_ratios(points, names, conc):
     """Per-round ratios at each concurrency: to the baseline, and the module to keep-alive."""
     head = "| ratio | " + " | ".join(f"c={c}" for c in conc) + " |"
     rule = "|---|" + "---|" * len(conc)
-    pairs = [(n, MODULE_BASELINE) for n in names if n != MODULE_BASELINE]
-    if {"nginx-sluice", "nginx-keepalive"} <= set(names):
-        pairs.append(("nginx-sluice", "nginx-keepalive"))
+    pairs = ([(n, MODULE_BASELINE) for n in names if n != MODULE_BASELINE]
+             if MODULE_BASELINE in names else [])
+    for a in ("nginx-sluice", "sluice-reverse"):
+        if {a, "nginx-keepalive"} <= set(names):
+            pairs.append((a, "nginx-keepalive"))
     if {"nginx-sluice", "nginx-sluice-b"} <= set(names):
         pairs.append(("nginx-sluice-b", "nginx-sluice"))
     lines = []
