@@ -108,6 +108,7 @@ where
             }
         };
         let guard = active.begin();
+        let pooled = own_copy(buf);
         let req = Request {
             last: active.at_limit(),
             buf,
@@ -142,8 +143,30 @@ where
         scratch.give_back();
         if buf.is_empty() {
             pool::give_read_buffer(mem::take(buf));
+        } else if !pooled {
+            // A next request is there: parsed on in a buffer with the pool's room.
+            let mut lent = pool::read_buffer();
+            lent.extend_from_slice(buf);
+            *buf = lent;
         }
     }
+}
+
+/// Requests up to this size are served from a copy of their own size.
+const OWN_COPY_BYTES: usize = 4 * 1024;
+
+/// Gives the pool's buffer back while a small request is served, its bytes kept in a copy of
+/// their size: an exchange may last as long as its client takes to read the response (500
+/// slow clients held 500 × 64 KiB this way), and the head's fields, which routing, the
+/// response and the access log read, are ranges into these bytes until it ends. Whether `buf`
+/// is still the pool's.
+fn own_copy(buf: &mut Vec<u8>) -> bool {
+    if buf.len() > OWN_COPY_BYTES {
+        return true;
+    }
+    let lent = mem::replace(buf, buf.as_slice().to_vec());
+    pool::give_read_buffer(lent);
+    false
 }
 
 /// Parses the head at the start of `buf`, reading on while more bytes are already there (the
@@ -246,20 +269,23 @@ mod tests {
     use super::*;
     use crate::server::fast::ActiveRequests;
 
-    /// An upstream that answers every request on a connection with `ok`.
-    async fn upstream() -> std::net::SocketAddr {
+    /// An upstream that answers every request on a connection with `answer`.
+    async fn upstream(answer: &'static [u8]) -> std::net::SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             let (mut conn, _) = listener.accept().await.unwrap();
             let mut buf = vec![0; 4096];
             while conn.read(&mut buf).await.unwrap() > 0 {
-                let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-                conn.write_all(answer).await.unwrap();
+                if conn.write_all(answer).await.is_err() {
+                    return;
+                }
             }
         });
         addr
     }
+
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
 
     /// A fast path to `upstream()`, and what it is given with a connection.
     struct Setup {
@@ -273,11 +299,15 @@ mod tests {
 
     impl Setup {
         async fn to_upstream() -> Self {
+            Self::answering(OK).await
+        }
+
+        async fn answering(answer: &'static [u8]) -> Self {
             let text = format!(
                 "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
                  [[route]]\ncluster = \"b\"\n\
                  [cluster.b]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
-                upstream().await
+                upstream(answer).await
             );
             let config = sluice_config::parse_str(&text, "t.toml", Path::new(".")).unwrap();
             let shutdown = Shutdown::new();
@@ -301,7 +331,7 @@ mod tests {
         }
     }
 
-    /// Reads `upstream()`'s answer to one request.
+    /// Reads the answer `OK` to one request.
     async fn read_answer(client: &mut tokio::io::DuplexStream) {
         let (mut answer, mut got) = (vec![0; 1024], Vec::new());
         while !got.ends_with(b"\r\n\r\nok") {
@@ -353,5 +383,41 @@ mod tests {
             "the client's read buffer is kept while idle"
         );
         assert!(held.scratch.holds_no_buffer(), "{:?}", held.scratch);
+    }
+
+    /// While a response is relayed, for as long as its client takes to read it, the
+    /// connection holds no buffer of the pool's size for the client's bytes: a small request
+    /// is served from a copy of its own size.
+    #[tokio::test]
+    async fn a_response_being_relayed_holds_no_read_buffer_of_the_pool() {
+        static LONG: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\nbody";
+        let setup = Setup::answering(LONG).await;
+        let conn = setup.conn();
+        // A client that reads the answer's first bytes, then nothing: the relay waits on it.
+        let (mut client, mut io) = tokio::io::duplex(1024);
+        let mut held = Held::default();
+        let kept = pool::kept_read_buffers();
+        let exchange = async {
+            client
+                .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut first = [0; 12];
+            client.read_exact(&mut first).await.unwrap();
+            assert_eq!(&first, b"HTTP/1.1 200");
+            pool::kept_read_buffers()
+        };
+        let during = tokio::select! {
+            biased;
+            during = exchange => during,
+            left = serve(&mut io, &setup.fast, conn, &mut held) => panic!("ended: {left:?}"),
+        };
+        // The buffer the request was read into is back in the pool (one more than before, or
+        // the one the pool lent back).
+        assert_eq!(
+            during,
+            kept.max(1),
+            "the pool's buffer is held through the response"
+        );
     }
 }

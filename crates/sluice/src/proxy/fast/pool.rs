@@ -1,6 +1,7 @@
 //! Buffers lent to fast-path connections while their bytes are in flight, as NGINX and HAProxy
 //! lend theirs: a connection takes them when a request's first bytes arrive and gives them
-//! back when it goes idle, so an idle keep-alive connection holds none. Each worker thread
+//! back when it goes idle, so an idle keep-alive connection holds none (the client's buffer
+//! goes back sooner still, once a small request is read: `conn::own_copy`). Each worker thread
 //! keeps up to [`KEPT`] of each kind for its next requests, with the capacity they grew to, so
 //! steady traffic allocates nothing; beyond that a buffer given back is freed. Plain byte
 //! vectors only: nothing tied to a runtime (a timer) moves between connections.
@@ -47,6 +48,12 @@ pub(super) fn set() -> Set {
 pub(super) fn give_set(mut set: Set) {
     set.iter_mut().for_each(Vec::clear);
     keep(&SETS, set);
+}
+
+/// How many buffers for clients' bytes this thread keeps.
+#[cfg(test)]
+pub(super) fn kept_read_buffers() -> usize {
+    READS.with_borrow(Vec::len)
 }
 
 fn keep<T: 'static>(pool: &'static std::thread::LocalKey<RefCell<Vec<T>>>, item: T) {
