@@ -53,9 +53,9 @@ impl FastHttp1 for FastPath {
 /// than this ends the wait first (and the server closes the connection).
 pub(crate) const IDLE_AFTER: Duration = Duration::from_millis(500);
 
-/// What a connection holds between its requests: the buffer of the client's bytes (while
-/// some are pipelined) and its [`Scratch`], whose buffers are lent only while a request is in
-/// flight.
+/// What a connection holds: the client's bytes (a pool buffer while a head is read or
+/// pipelined bytes wait; a copy of their own size while a small request is served) and its
+/// [`Scratch`], whose buffers are lent only while a request is in flight.
 #[derive(Default)]
 struct Held {
     buf: Vec<u8>,
@@ -65,7 +65,8 @@ struct Held {
 /// Serves requests on `io` until the connection ends, a request is handed over, or no request
 /// comes for [`IDLE_AFTER`] (or the shutdown comes while it waits). The client's bytes and the
 /// request's buffers are lent from the worker's pool when a request begins and given back when
-/// the connection goes idle: between requests it holds no buffer.
+/// the connection goes idle (the client's, for a small request, once it is read:
+/// [`own_copy`]): between requests it holds no buffer.
 async fn serve<I>(io: &mut I, fast: &FastPath, conn: Conn<'_>, held: &mut Held) -> Left
 where
     I: AsyncRead + AsyncWrite + Unpin,
@@ -152,7 +153,8 @@ where
     }
 }
 
-/// Requests up to this size are served from a copy of their own size.
+/// A request is served from a copy of its own bytes when they, with whatever came with them
+/// (pipelined bytes), are no more than this.
 const OWN_COPY_BYTES: usize = 4 * 1024;
 
 /// Gives the pool's buffer back while a small request is served, its bytes kept in a copy of
@@ -393,7 +395,8 @@ mod tests {
         static LONG: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\nbody";
         let setup = Setup::answering(LONG).await;
         let conn = setup.conn();
-        // A client that reads the answer's first bytes, then nothing: the relay waits on it.
+        // The upstream sends the head and 4 bytes of 100 MB, then nothing: the exchange goes
+        // on for as long as it stalls (as it would for a client that reads slowly).
         let (mut client, mut io) = tokio::io::duplex(1024);
         let mut held = Held::default();
         let kept = pool::kept_read_buffers();
@@ -413,11 +416,16 @@ mod tests {
             left = serve(&mut io, &setup.fast, conn, &mut held) => panic!("ended: {left:?}"),
         };
         // The buffer the request was read into is back in the pool (one more than before, or
-        // the one the pool lent back).
+        // the one the pool lent back), and the connection holds a copy of the request's size.
         assert_eq!(
             during,
             kept.max(1),
             "the pool's buffer is held through the response"
+        );
+        assert!(
+            held.buf.capacity() <= OWN_COPY_BYTES,
+            "{}",
+            held.buf.capacity()
         );
     }
 }

@@ -3,7 +3,8 @@
 //! back when it goes idle, so an idle keep-alive connection holds none (the client's buffer
 //! goes back sooner still, once a small request is read: `conn::own_copy`). Each worker thread
 //! keeps up to [`KEPT`] of each kind for its next requests, with the capacity they grew to, so
-//! steady traffic allocates nothing; beyond that a buffer given back is freed. Plain byte
+//! steady traffic allocates none of them (a small request's copy of its own bytes is the one
+//! allocation it makes); beyond that a buffer given back is freed. Plain byte
 //! vectors only: nothing tied to a runtime (a timer) moves between connections.
 
 use std::cell::RefCell;
