@@ -46,6 +46,9 @@ pub(super) struct Settings {
     pub(super) tls_failures: prometheus_client::metrics::counter::Counter,
     /// Serves HTTP/1.1 requests (plain or over TLS) before hyper does, when set.
     pub(super) fast: Option<std::sync::Arc<dyn FastHttp1>>,
+    /// Whether each connection needs `TCP_NODELAY` set: not when the listener has it, since
+    /// Linux's accepted sockets inherit it (a system call less per connection).
+    pub(super) nodelay: bool,
 }
 
 impl Settings {
@@ -67,6 +70,7 @@ impl Settings {
             bytes: None,
             tls_failures: Default::default(),
             fast: None,
+            nodelay: true,
         }
     }
 }
@@ -104,7 +108,9 @@ pub(super) fn serve<S: HttpService>(
     async move {
         // Responses are written whole; Nagle would only add latency. (Here, not in the accept
         // loop, which makes this future.)
-        let _ = io.get_ref().set_nodelay(true);
+        if settings.nodelay {
+            let _ = io.get_ref().set_nodelay(true);
+        }
         let result = match &settings.tls {
             Some(tls) => Box::pin(serve_tls(io, tls.clone(), svc, &settings, &signal)).await,
             None => 'plain: {

@@ -172,6 +172,7 @@ impl Server {
         settings.bytes = self.bytes.clone();
         settings.tls_failures = self.connections.tls_failures.clone();
         settings.fast = self.fast_path_for::<S>();
+        settings.nodelay = !nodelay_inherited(&self.listener);
         let settings = Arc::new(settings);
         let local = self
             .listener
@@ -283,6 +284,13 @@ impl Drop for Open {
     fn drop(&mut self) {
         self.gauge.dec();
     }
+}
+
+/// Sets `TCP_NODELAY` on the listener, so that the connections it accepts have it from the
+/// start (Linux copies it to each accepted socket, as it does on BSD); false when that failed
+/// and each connection must set it. An inherited listener gets it too.
+fn nodelay_inherited(listener: &TcpListener) -> bool {
+    SockRef::from(listener).set_tcp_nodelay(true).is_ok()
 }
 
 async fn drain(listener: &str, mut conns: JoinSet<()>, grace: Duration) {
@@ -400,5 +408,17 @@ mod tests {
         shutdown.trigger();
         serving.await.unwrap();
         assert_eq!(counters.open.get(), 0);
+    }
+
+    /// The connections a listener accepts once it is served have `TCP_NODELAY` without a call
+    /// of their own (responses written in parts would otherwise wait on Nagle's algorithm).
+    #[tokio::test]
+    async fn accepted_connections_have_nodelay_from_the_listener() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        assert!(nodelay_inherited(&listener));
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(accepted.nodelay().unwrap());
     }
 }
