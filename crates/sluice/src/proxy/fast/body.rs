@@ -7,8 +7,8 @@
 //! goes back before a slow client has read a byte of a body that fits. A chunked (or
 //! until-close) body that ends while gathered goes out with `Content-Length`. Once the
 //! read-ahead is over, the rest is read off the session as the service sends it while the
-//! client takes what it can, within the same budget; a body that outgrew the budget streams
-//! on as a static connection's does.
+//! client takes what it can, within the same budget; a body that outgrew a budget of one read
+//! (the default `response_buffer`) streams on as a static connection's does.
 
 use std::io;
 use std::time::Duration;
@@ -25,9 +25,10 @@ const CHUNK_FRAMING_BYTES: usize = 20;
 
 /// The client's side of a response relay: the head and the body bytes not sent yet, in one
 /// buffer, and when to send them. The head goes out with the body's first bytes, as hyper's
-/// server sends it. With a budget (a session's, after its read-ahead), the upstream is read
-/// into a second buffer while the client takes what waits in the first; without one (a static
-/// connection's), each read goes out before the next.
+/// server sends it. With a budget (a session's, after its read-ahead, until its body outgrows
+/// a budget of one read: `stream_on`), the upstream is read into a second buffer while the
+/// client takes what waits in the first; without one (a static connection's), each read goes
+/// out before the next.
 pub(super) struct Sink<'c, C> {
     client: &'c mut C,
     /// The head (while unsent, its first `head` bytes), then body bytes; those before `sent`
@@ -218,7 +219,7 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         if self.data && full {
             self.stop_gathering();
             self.send().await?;
-            if self.budget > 0 && self.payload > self.budget as u64 {
+            if (1..=IO_BUFFER_BYTES).contains(&self.budget) && self.payload > self.budget as u64 {
                 self.stream_on();
             }
             if more {
@@ -228,11 +229,14 @@ impl<'c, C: AsyncWrite + Unpin> Sink<'c, C> {
         Ok(())
     }
 
-    /// The body has outgrown the budget, so its session is held until its end whatever waits
-    /// here: the rest streams read by read, as a static connection's body does, into `out`
-    /// alone (a chunked one's reads into `spare` take it back), and buffers lent with the room
-    /// an earlier response grew them to shrink to a read's (500 slow readers of 4 MiB bodies
-    /// from sessions: 84–85 MiB of peak RSS before, 70–72 after).
+    /// The body has outgrown a budget no larger than a read: reading on within it would bring
+    /// the body's end (when the session goes back) no nearer than reading read by read does,
+    /// so the rest streams as a static connection's body does, into `out` alone (a chunked
+    /// one's reads go through `spare`, which grows back), and buffers lent with the room an
+    /// earlier response grew them to shrink to a read's; the next body past a budget grows
+    /// them again (500 slow readers of 4 MiB bodies from sessions: 84–85 MiB of peak RSS
+    /// before, 70–72 after). A larger budget is memory the operator gave for session time,
+    /// and stays.
     fn stream_on(&mut self) {
         self.budget = 0;
         self.out.shrink_to(IO_BUFFER_BYTES + CHUNK_FRAMING_BYTES);
@@ -679,6 +683,33 @@ mod tests {
         assert!(
             held <= IO_BUFFER_BYTES + CHUNK_FRAMING_BYTES,
             "{held} bytes held for a client that stopped reading"
+        );
+    }
+
+    /// A budget larger than a read is still used past the read-ahead: the session's body is
+    /// read on ahead of a client that stopped reading, so that its session goes back sooner.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_larger_budget_still_reads_ahead_of_a_slow_reader() {
+        let (len, budget) = (1 << 20, 4 * IO_BUFFER_BYTES);
+        let text = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+        let ParsedResponse::Head(head) = h1::parse_response(text.as_bytes(), false, 1 << 16) else {
+            panic!("the test's head does not parse");
+        };
+        let mut upstream = Cursor::new(vec![b'x'; len]);
+        let mut client = Stalls { takes: 3 };
+        let bufs = (text.as_bytes().to_vec(), Vec::new());
+        let ahead = Some(ReadAhead::response(budget));
+        let mut sink = Sink::new(&mut client, bufs, &head, false, ahead);
+        let relayed = relay(&mut upstream, &mut sink, &head, &[]);
+        let stalled = tokio::time::timeout(Duration::from_secs(60), relayed).await;
+        assert!(
+            stalled.is_err(),
+            "a body went out to a client that stopped reading"
+        );
+        assert!(
+            sink.pending() >= budget,
+            "{} bytes read ahead of the client, within a budget of {budget}",
+            sink.pending()
         );
     }
 }
