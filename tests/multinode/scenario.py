@@ -24,6 +24,22 @@ N = 6
 RATE = 240.0
 
 
+def settled(fleet: Fleet, s: Service, what: str, cond) -> list[int]:
+    """The nodes' session counts for `s` once `cond` holds for two reads 0.3 s apart (fails
+    after the wait's limit). A count read once can catch a session in passing: the SDK closes
+    one before it dials its replacement, and the nodes are read one after another (seen once:
+    capacity 2 read as 1 + 0 + 0 just after it had read 2)."""
+
+    def steady():
+        first = fleet.sessions(s.cluster)
+        if not cond(first):
+            return None
+        time.sleep(0.3)
+        return first if fleet.sessions(s.cluster) == first else None
+
+    return wait_for(f"{s.name}: {what}", steady)
+
+
 def services(args) -> list[Service]:
     address = f"dns:{NAME}:{ACCEPTOR}"
     out = [
@@ -103,10 +119,10 @@ def main() -> int:
         fleet.start()
         for s in services(a):
             fleet.add(s)
-        for s in fleet.services:
-            wait_for(f"{s.name}: {N} sessions over 3 nodes",
-                     lambda s=s: (lambda v: sum(v) == N and min(v) >= 1)(fleet.sessions(s.cluster)))
-        seen["steps"]["start"] = {s.cluster: fleet.sessions(s.cluster) for s in fleet.services}
+        seen["steps"]["start"] = {
+            s.cluster: settled(fleet, s, f"{N} sessions over 3 nodes",
+                               lambda v: sum(v) == N and min(v) >= 1)
+            for s in fleet.services}
 
         # Skew to node 0, then flip to node 2: the sessions follow the queue.
         for step, weights, busiest in (("skew", [8, 1, 1], 0), ("flip", [1, 1, 8], 2)):
@@ -142,11 +158,10 @@ def main() -> int:
                 s.set_capacity(2)
             except OSError:
                 continue
-            wait_for(f"{s.name}: capacity 2", lambda s=s: sum(fleet.sessions(s.cluster)) == 2)
-            low = fleet.sessions(s.cluster)
+            low = settled(fleet, s, "capacity 2", lambda v: sum(v) == 2)
             s.set_capacity(N)
-            wait_for(f"{s.name}: capacity {N}", lambda s=s: sum(fleet.sessions(s.cluster)) == N)
-            changed[s.cluster] = {"at_2": low, "at_n": fleet.sessions(s.cluster)}
+            high = settled(fleet, s, f"capacity {N}", lambda v: sum(v) == N)
+            changed[s.cluster] = {"at_2": low, "at_n": high}
         seen["steps"]["capacity"] = changed
 
         # Node 2 leaves the name: drained while clients use nodes 0 and 1.
@@ -161,11 +176,10 @@ def main() -> int:
         # The share moves as sessions end and others are dialed: a node may still count a
         # session the service has closed (seen once: 4 + 3 + 0 on a loaded machine). The end
         # is read once the nodes agree with the service, which must happen within the wait.
-        for s in fleet.services:
-            wait_for(f"{s.name}: {N} sessions on nodes 0 and 1",
-                     lambda s=s: (lambda at: at[2] == 0 and sum(at) == N)(fleet.sessions(s.cluster)))
-        seen["steps"]["leave"] = {"windows": result, "samples": sampler.stop(),
-                                  "end": {s.cluster: fleet.sessions(s.cluster) for s in fleet.services}}
+        end = {s.cluster: settled(fleet, s, f"{N} sessions on nodes 0 and 1",
+                                  lambda at: at[2] == 0 and sum(at) == N)
+               for s in fleet.services}
+        seen["steps"]["leave"] = {"windows": result, "samples": sampler.stop(), "end": end}
         seen["max_in_flight"] = {s.cluster: s.max() for s in fleet.services}
         seen["capacity"] = N
         print(json.dumps(seen))
