@@ -3,8 +3,8 @@
 //! generated client — over a fake acceptor's session, and through the real proxy.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod proxy;
-mod support;
+use crate::proxy;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

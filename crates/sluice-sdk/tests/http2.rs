@@ -3,7 +3,7 @@
 //! again and then drives the session as an HTTP/2 client (hyper's), as Sluice does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

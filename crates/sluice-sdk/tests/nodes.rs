@@ -4,8 +4,8 @@
 //! holds more sessions in all than its capacity.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod gated;
-mod support;
+use crate::gated;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

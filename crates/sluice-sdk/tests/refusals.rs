@@ -1,7 +1,7 @@
 //! How refusals are handled: configuration errors stop a slot, load errors are retried.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Registering, serving, re-dialing, resizing and draining against a fake acceptor.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! TLS and UNIX-socket acceptors, and re-dialing an acceptor that restarts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

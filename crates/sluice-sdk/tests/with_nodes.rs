@@ -4,8 +4,8 @@
 //! requests in flight at the service never exceed its capacity.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod gated;
-mod proxy;
+use crate::gated;
+use crate::proxy;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

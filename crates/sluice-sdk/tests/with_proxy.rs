@@ -2,7 +2,7 @@
 //! and acceptor on 127.0.0.1:0, and SDK instances that dial in and register sessions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod proxy;
+use crate::proxy;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! static endpoints, and a `/metrics` scrape that parses as Prometheus text.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! fast path and again with it off (hyper).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use base64::Engine as _;
 use support::{Backend, TestProxy};

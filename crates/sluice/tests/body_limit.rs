@@ -4,7 +4,7 @@
 //! these on the fast path and again with it off (hyper).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use support::{exchange, Backend, TestProxy};
 

@@ -4,7 +4,7 @@
 //! hands a request that accepts an encoding to hyper) and again with it off.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::io::Read;

@@ -4,7 +4,7 @@
 //! as they are accepted). The test command runs these on the fast path and again with it off.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;

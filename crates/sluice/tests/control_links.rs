@@ -4,7 +4,7 @@
 //! when it stops for good. The admin API shows the link and answers `/ready`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! path leaves a CORS route's requests to hyper).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use support::{Backend, TestProxy};
 use tokio::io::AsyncWriteExt;

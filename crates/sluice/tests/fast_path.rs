@@ -7,7 +7,7 @@
 //! listener's fast path off); these tests then expect hyper to have served everything.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

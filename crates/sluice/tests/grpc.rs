@@ -6,8 +6,8 @@
 //! DEADLINE_EXCEEDED from `grpc-timeout`). A real tonic client and server make one of the calls.
 #![allow(clippy::unwrap_used)]
 
-mod reverse_support;
-mod support;
+use crate::reverse_support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

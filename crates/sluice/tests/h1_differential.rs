@@ -13,7 +13,7 @@
 //! * a body the fast path's chunked decoder refuses is one the proxy refuses too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};

@@ -13,7 +13,7 @@
 //! * a body the fast path's decoder refuses reaches the client cut short.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! idle sessions, and the first one's `run_until` returns.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use std::path::Path;
 

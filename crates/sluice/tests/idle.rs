@@ -1,7 +1,7 @@
 //! The listener's idle timeout closes silent connections, never one with a request in flight.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! by status class with their latency, and 503s for want of a session by reason.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use support::{get, static_config, Backend, TestProxy};
 

@@ -4,7 +4,7 @@
 //! HTTP/1.1 on raw sockets and over HTTP/2, against a real proxy and backend.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

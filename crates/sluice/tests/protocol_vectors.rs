@@ -3,7 +3,7 @@
 //! the status they give, from a proxy configured as their `acceptor` fixture says.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use reverse_support::service::dial_raw;
 use reverse_support::{start_proxy, TestProxy, DEFAULT_ROUTE};

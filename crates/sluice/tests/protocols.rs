@@ -2,7 +2,7 @@
 //! and listeners with HTTP/2 turned off. Upstreams always get HTTP/1.1.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

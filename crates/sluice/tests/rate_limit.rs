@@ -4,7 +4,7 @@
 //! buckets. The test command runs these on the fast path and again with it off (hyper).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::net::{IpAddr, SocketAddr};
 

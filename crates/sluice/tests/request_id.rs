@@ -3,7 +3,7 @@
 //! answers. The test command runs these on the fast path and again with it off (hyper).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 //! clusters check that the fast path served when it is on.
 #![allow(clippy::unwrap_used)]
 
-mod reverse_support;
-mod support;
+use crate::reverse_support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

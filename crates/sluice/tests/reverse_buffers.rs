@@ -2,7 +2,7 @@
 //! hold the session; bodies of unknown length are buffered too, and trailers survive.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -14,8 +14,8 @@
 //! listeners are hyper's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
-mod support;
+use crate::reverse_support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! retry, `Connection: close`, and the admission queue's 503s.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use std::sync::Arc;
 

@@ -7,8 +7,8 @@
 //! tests then expect hyper to have served everything, with the same answers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
-mod support;
+use crate::reverse_support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! retirements and the service's own `GOAWAY` end the session without failing a request.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The registration handshake: 101 and every refusal status, and drain.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use http::StatusCode;
 use reverse_support::service::{dial, dial_raw};

@@ -2,7 +2,7 @@
 //! (`Sluice-Client-Addr`), and a drained instance kept out until it is resumed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use bytes::Bytes;
 use http::Response;

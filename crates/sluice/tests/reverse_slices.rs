@@ -1,7 +1,7 @@
 //! Client-CIDR slicing: two routes to one reverse cluster draw on separate capacity.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use http::{Method, StatusCode};
 use reverse_support::{send_from, start_proxy, Service, ServiceSpec};

@@ -6,7 +6,7 @@
 //! the fast path and again with it off (hyper); HTTP/2 goes through hyper's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use bytes::Bytes;
 use http::Request;

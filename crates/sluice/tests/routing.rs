@@ -1,7 +1,7 @@
 //! Routing end to end: first match wins, direct responses, 404, header edits, forwarding.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use support::{get, Backend, TestProxy};
 

@@ -11,7 +11,7 @@
 //! `request_header_timeout`, as on HTTP/1.1.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reverse_support;
+use crate::reverse_support;
 
 use std::convert::Infallible;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! answered, and the backend never receives the bad request.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

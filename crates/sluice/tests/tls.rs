@@ -3,7 +3,7 @@
 //! for clients, and certificates replaced by a reload while connections stay open.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

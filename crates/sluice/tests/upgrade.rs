@@ -3,8 +3,8 @@
 
 // Only part of the reverse harness is used here.
 #[allow(unused_imports)]
-mod reverse_support;
-mod support;
+use crate::reverse_support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -2,7 +2,7 @@
 //! passive ejection and recovery, the stale keep-alive retry, and active health checks.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! graceful shutdown with requests in flight (drained, or cut at the grace deadline).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use support::upstream::{
     count_by_backend, endpoint, static_cluster, try_get, wait_until, within, ObservedBackend,

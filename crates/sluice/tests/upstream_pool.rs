@@ -2,7 +2,7 @@
 //! connections are reused, capped and closed when idle.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -6,8 +6,8 @@
 //! off (hyper).
 #![allow(clippy::unwrap_used)]
 
-mod reverse_support;
-mod support;
+use crate::reverse_support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
