@@ -557,6 +557,15 @@ mod tests {
         }
     }
 
+    /// A response head for a body of `len` bytes: its text, and parsed.
+    fn head_for(len: usize) -> (String, h1::ResponseHead) {
+        let text = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+        let ParsedResponse::Head(head) = h1::parse_response(text.as_bytes(), false, 1 << 16) else {
+            panic!("the test's head does not parse");
+        };
+        (text, head)
+    }
+
     /// Relays a body of `len` bytes from an upstream whose bytes are all there (read ahead
     /// that far first, if `read_ahead`).
     async fn relay_body(
@@ -565,10 +574,7 @@ mod tests {
         read_ahead: Option<usize>,
         log: Arc<Mutex<Vec<u8>>>,
     ) -> bool {
-        let text = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
-        let ParsedResponse::Head(head) = h1::parse_response(text.as_bytes(), false, 1 << 16) else {
-            panic!("the test's head does not parse");
-        };
+        let (_, head) = head_for(len);
         let mut upstream = Cursor::new(vec![b'x'; len]);
         let mut client = Noted { conn, log };
         let bufs = (b"head".to_vec(), Vec::new());
@@ -655,29 +661,32 @@ mod tests {
         }
     }
 
+    /// Relays a body of `len` bytes (all there upstream) into `sink` until its client stops
+    /// taking them: a minute of (paused) time goes by without the relay ending.
+    async fn relay_until_stalled(sink: &mut Sink<'_, Stalls>, head: &h1::ResponseHead, len: usize) {
+        let mut upstream = Cursor::new(vec![b'x'; len]);
+        let relayed = relay(&mut upstream, sink, head, &[]);
+        let stalled = tokio::time::timeout(Duration::from_secs(60), relayed).await;
+        assert!(
+            stalled.is_err(),
+            "a body went out to a client that stopped reading"
+        );
+    }
+
     /// A client that stops reading a body past its read-ahead holds one buffer of it, however
     /// much room the buffers it was lent had grown to for an earlier response (the pool keeps
     /// that room): a reverse cluster's slow readers held the budget, a read and that room.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_slow_reader_past_the_read_ahead_holds_one_buffer() {
         let len = 1 << 20;
-        let text = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
-        let ParsedResponse::Head(head) = h1::parse_response(text.as_bytes(), false, 1 << 16) else {
-            panic!("the test's head does not parse");
-        };
-        let mut upstream = Cursor::new(vec![b'x'; len]);
+        let (text, head) = head_for(len);
         let mut out = Vec::with_capacity(2 * IO_BUFFER_BYTES + text.len());
         out.extend_from_slice(text.as_bytes());
         let spare = Vec::with_capacity(IO_BUFFER_BYTES);
         let mut client = Stalls { takes: 3 };
         let ahead = Some(ReadAhead::response(IO_BUFFER_BYTES));
         let mut sink = Sink::new(&mut client, (out, spare), &head, false, ahead);
-        let relayed = relay(&mut upstream, &mut sink, &head, &[]);
-        let stalled = tokio::time::timeout(Duration::from_secs(60), relayed).await;
-        assert!(
-            stalled.is_err(),
-            "a body went out to a client that stopped reading"
-        );
+        relay_until_stalled(&mut sink, &head, len).await;
         assert!(sink.pending() > 0, "nothing waits for the client");
         let held = sink.out.capacity() + sink.spare.capacity();
         assert!(
@@ -691,21 +700,12 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_larger_budget_still_reads_ahead_of_a_slow_reader() {
         let (len, budget) = (1 << 20, 4 * IO_BUFFER_BYTES);
-        let text = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
-        let ParsedResponse::Head(head) = h1::parse_response(text.as_bytes(), false, 1 << 16) else {
-            panic!("the test's head does not parse");
-        };
-        let mut upstream = Cursor::new(vec![b'x'; len]);
+        let (text, head) = head_for(len);
         let mut client = Stalls { takes: 3 };
         let bufs = (text.as_bytes().to_vec(), Vec::new());
         let ahead = Some(ReadAhead::response(budget));
         let mut sink = Sink::new(&mut client, bufs, &head, false, ahead);
-        let relayed = relay(&mut upstream, &mut sink, &head, &[]);
-        let stalled = tokio::time::timeout(Duration::from_secs(60), relayed).await;
-        assert!(
-            stalled.is_err(),
-            "a body went out to a client that stopped reading"
-        );
+        relay_until_stalled(&mut sink, &head, len).await;
         assert!(
             sink.pending() >= budget,
             "{} bytes read ahead of the client, within a budget of {budget}",
