@@ -173,11 +173,12 @@ impl Server {
         settings.tls_failures = self.connections.tls_failures.clone();
         settings.fast = self.fast_path_for::<S>();
         settings.nodelay = !nodelay_inherited(&self.listener);
-        let settings = Arc::new(settings);
         let local = self
             .listener
             .local_addr()
             .unwrap_or_else(|_| ClientInfo::default().local);
+        settings.client.local = local;
+        let settings = Arc::new(settings);
         info!(listener = %self.name, addr = %local, tls = self.tls.is_some(), "listening");
         keep_accept_reserve();
         let per_client = self.http.max_connections_per_client.map(PerClient::new);
@@ -193,15 +194,8 @@ impl Server {
                         // IPv4 clients of a dual-stack listener arrive as ::ffff:a.b.c.d; CIDR
                         // rules and X-Forwarded-For want the IPv4 form.
                         let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
-                        let info = ClientInfo {
-                            peer,
-                            local,
-                            tls: self.tls.is_some(),
-                            trusted: self.http.trusted_proxies.iter().any(|n| n.contains(&peer.ip())),
-                            rules: self.http.rules,
-                            body_timeout: self.http.client_body_timeout,
-                            max_body: self.http.max_request_body,
-                        };
+                        let trusted = self.http.trusted_proxies.iter().any(|n| n.contains(&peer.ip()));
+                        let client = conn::Peer { addr: peer, trusted };
                         let slot = match &per_client {
                             None => None,
                             Some(per) => match per.take(peer.ip()) {
@@ -214,7 +208,7 @@ impl Server {
                         };
                         let (svc, set, sig) = (service.clone(), Arc::clone(&settings), signal.clone());
                         let open = Open::new(self.connections.open.clone(), slot);
-                        conns.spawn(conn::serve(stream, info, svc, set, sig, open));
+                        conns.spawn(conn::serve(stream, client, svc, set, sig, open));
                     }
                     Err(e) => accept_error(&self.name, SockRef::from(&self.listener), e).await,
                 },
