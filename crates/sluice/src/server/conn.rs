@@ -391,6 +391,7 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let active = Arc::clone(&svc.active);
+    let svc = ConnService { h2: true, ..svc };
     let conn = settings.h2.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     // hyper's HTTP/2 server has no header timer: a client that sends the preface alone, or
@@ -485,6 +486,8 @@ struct ConnService<S> {
     framing: Option<Arc<FramingWatch>>,
     active: Arc<ActiveRequests>,
     carrier: Option<UpgradeCarrier>,
+    /// Served over HTTP/2: a response's last data goes to h2 as a copy of its own.
+    h2: bool,
 }
 
 impl<S> ConnService<S> {
@@ -496,6 +499,7 @@ impl<S> ConnService<S> {
             framing: None,
             active,
             carrier: None,
+            h2: false,
         }
     }
 }
@@ -515,7 +519,11 @@ impl<S: HttpService> hyper::service::Service<Request<Incoming>> for ConnService<
                 req.extensions_mut().insert(carrier.clone());
             }
         }
-        Tracked::new(self.service.clone().serve(req), self.active.begin())
+        Tracked::new(
+            self.service.clone().serve(req),
+            self.active.begin(),
+            self.h2,
+        )
     }
 }
 
