@@ -288,7 +288,9 @@ mod tests {
                 "content-type",
                 HeaderValue::from_maybe_shared(read.slice(31..41)).unwrap(),
             )
+            .header("set-cookie", "a=1")
             .header("authorization", secret)
+            .header("set-cookie", "b=22")
             .body(Full::new(Bytes::new()))
             .unwrap();
         let guard = Arc::new(ActiveRequests::default()).begin();
@@ -299,6 +301,8 @@ mod tests {
         assert_eq!(headers["content-type"], "text/plain");
         assert_eq!(headers["authorization"], "s3cret");
         assert!(headers["authorization"].is_sensitive());
+        let cookies: Vec<_> = headers.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=22"]);
         assert!(read.is_unique(), "a header value holds the read");
     }
 
