@@ -1,4 +1,5 @@
-//! Counting a connection's requests in flight, so that its idle timer never fires under one.
+//! Counting a connection's requests in flight, so that its idle timer never fires under one;
+//! and, on HTTP/2, making what the h2 crate keeps of a response the response's own.
 
 use std::convert::Infallible;
 use std::future::Future;
