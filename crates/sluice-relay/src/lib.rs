@@ -139,17 +139,21 @@ impl Relay {
     /// The relay's listening socket alone, with its socket options set before `listen` (for a
     /// caller that keeps a table of its sockets, then [`from_listener`](Self::from_listener)).
     pub fn listen(config: &RelayConfig) -> io::Result<TcpListener> {
-        tune::listen(config.addr, &config.options)
+        let from_relays = matches!(config.role, RelayRole::Tunnel(_));
+        tune::listen(config.addr, &config.options, from_relays)
     }
 
     /// The same as [`bind`](Self::bind) on a listener bound elsewhere (a hot restart's
-    /// inherited socket).
+    /// inherited socket). A tunnel end sets its `congestion` on the listener again, for the
+    /// legs it accepts; that fails when the algorithm cannot be set here.
     pub fn from_listener(config: &RelayConfig, listener: TcpListener) -> io::Result<Self> {
         let addr = listener.local_addr()?;
         let stats = Arc::new(Stats::default());
         let opts = config.options.clone();
         let (role, pools, early) = match &config.role {
             RelayRole::Tunnel(end) => {
+                // Again for a listener a hot restart handed over.
+                tune::accepting_relays(&listener, &opts)?;
                 let pools = pool::pools(end, &opts, &stats);
                 let handles = pools.iter().map(|(_, p)| Arc::clone(p)).collect();
                 let end = end.clone();

@@ -104,7 +104,9 @@ pub struct RelayOptions {
     pub max_connections: usize,
     /// `TCP_NODELAY` on both sockets.
     pub nodelay: bool,
-    /// `TCP_CONGESTION` for the sockets towards the next hop; `None`: the namespace's default.
+    /// `TCP_CONGESTION` on the sockets a relay connects (to its next hop, or a tunnel end's
+    /// targets) and on those a tunnel end accepts (legs from relays, which carry the answers
+    /// back); `None`: the namespace's default.
     pub congestion: Option<String>,
     /// `SO_SNDBUF`/`SO_RCVBUF` of both sockets; `None`: the kernel autotunes.
     pub socket_buffer: Option<usize>,

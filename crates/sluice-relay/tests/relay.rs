@@ -220,6 +220,63 @@ async fn a_tunnel_refuses_no_token_a_wrong_token_and_a_target_not_allowed() {
     assert_eq!(core.stats.snapshot().refused, 3);
 }
 
+/// The namespace's default congestion control, and another one this process may set (from
+/// `tcp_allowed_congestion_control`, which binds only a process without CAP_NET_ADMIN): a
+/// socket that uses the other was set to it.
+fn default_and_other_congestion() -> (String, String) {
+    let read = |f: &str| std::fs::read_to_string(format!("/proc/sys/net/ipv4/{f}")).unwrap();
+    let default = read("tcp_congestion_control").trim().to_owned();
+    let allowed = read("tcp_allowed_congestion_control");
+    let other = allowed.split_whitespace().find(|c| *c != default);
+    let other = other.expect("a second allowed congestion control (reno is built in)");
+    (default, other.to_owned())
+}
+
+/// The congestion control `ss -ti` reports for each established TCP socket `filter` selects.
+fn congestion_of(filter: &str) -> Vec<String> {
+    let out = std::process::Command::new("ss")
+        .args(["-tinH", "state", "established", filter])
+        .output()
+        .expect("ss (iproute2)");
+    assert!(out.status.success(), "ss {filter}: {out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    // Each socket is an address line, then (indented) its details, the algorithm first.
+    let lines = text.lines().filter(|l| l.starts_with(char::is_whitespace));
+    let names = lines.filter_map(|l| l.split_whitespace().next().map(str::to_owned));
+    names.collect()
+}
+
+/// `congestion` is set on the sockets a relay connects and on those a tunnel end accepts: both
+/// ends of the leg between relays, the tunnel end's side sending the answers back. The entry
+/// relay's client keeps the default.
+#[tokio::test]
+async fn congestion_control_is_set_on_both_ends_of_the_leg_between_relays() {
+    let (default, cc) = default_and_other_congestion();
+    let (backend, accepted) = spawn_backend(0).await;
+    let mut core = tunnel_end(backend);
+    core.options.congestion = Some(cc.clone());
+    let core = start(core).addr;
+    let mut edge = entry(core, backend, "right-token");
+    edge.options.congestion = Some(cc.clone());
+    let edge = &start(edge);
+    let mut client = TcpStream::connect(edge.addr).await.unwrap();
+    client.write_all(b"held").await.unwrap();
+    eventually("the chain reaches the backend", || {
+        accepted.load(SeqCst) == 1
+    })
+    .await;
+    let tunnel_side = congestion_of(&format!("( src {core} )"));
+    let entry_side = congestion_of(&format!("( dst {core} )"));
+    let clients_side = congestion_of(&format!("( src {} )", edge.addr));
+    assert_eq!(tunnel_side, [cc.as_str()], "the tunnel end's accepted leg");
+    assert_eq!(entry_side, [cc.as_str()], "the entry relay's connection");
+    assert_eq!(clients_side, [default.as_str()], "the entry relay's client");
+    client.shutdown().await.unwrap();
+    let mut reply = String::new();
+    client.read_to_string(&mut reply).await.unwrap();
+    assert_eq!(reply, "got 4");
+}
+
 /// A target `::ffff:127.0.0.1` is 127.0.0.1: an IPv6 `allow` range does not reach it, the
 /// IPv4 entry for it does (and the tunnel end connects to it as IPv4).
 #[tokio::test]
