@@ -14,7 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-VARIANTS = ("direct", "naive", "+pool", "+early", "+tuning", "+splice", "+route", "+end pool")
+VARIANTS = ("direct", "naive", "+pool", "+early", "+tuning", "+splice", "+route", "+end pool",
+            "+window")
 SIZES = ("10KB", "100KB", "1MB", "10MB")
 RTT_MS, FLOOR_MS = 255.0, 285.0  # end-to-end RTT; plus the client's own first-leg handshake
 # A row of `sluice-wan bench`: variant (may hold a space), size, TTFB, TTFB/RTT, total, and

@@ -4,7 +4,9 @@
 //! sluice-wan serve ADDR              sized responses (inside the server namespace)
 //! sluice-wan fetch ADDR SIZE         prints "<ttfb ms> <total ms>"
 //! sluice-wan relay CONFIG            the [[relay]]s of CONFIG
-//! sluice-wan bench LOSS ROUNDS [MAX_SIZE]   the relay benchmark over a fresh bed (needs root)
+//! sluice-wan bench LOSS ROUNDS [MAX_SIZE [VARIANTS]]
+//!                                    the relay benchmark over a fresh bed (needs root); VARIANTS
+//!                                    (comma-separated names) runs those and `direct` only
 //! sluice-wan cpu GB                  relay CPU seconds per GB, splice and copy, on loopback
 //! ```
 
@@ -29,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             arg(1)?.parse()?,
             arg(2)?.parse()?,
             arg(3).unwrap_or("10000000").parse()?,
+            arg(4).ok(),
         )?,
         "cpu" => cpu(arg(1)?.parse()?)?,
         other => return Err(format!("unknown command {other}").into()),
@@ -48,8 +51,10 @@ pub fn legs(loss: f64) -> [Leg; 3] {
 
 /// The variants, each adding one step to the previous: (name, entry relay keys). The tuning
 /// keys go to the tunnel end too; `route = N` tunes the long leg's routes (`initcwnd` and
-/// `initrwnd` N, no slow start after idle: README's documented tuning) from then on;
+/// `initrwnd` N, no slow start after idle) from then on;
 /// `end_pool = N` gives the tunnel end a pool of N towards the server (`pool_targets`).
+/// `+window` is README's window for this path: 256 segments, about 15 % of the long leg's
+/// bandwidth-delay product (100 Mbit/s x 200 ms, 1 700 segments), where `+route` has 32.
 const VARIANTS: &[(&str, &str)] = &[
     ("naive", "splice = false\n"),
     ("+pool", "splice = false\npool = 8\n"),
@@ -58,6 +63,7 @@ const VARIANTS: &[(&str, &str)] = &[
     ("+splice", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\n"),
     ("+route", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\nroute = 32\n"),
     ("+end pool", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\nroute = 32\nend_pool = 8\n"),
+    ("+window", "pool = 8\nearly_connect = true\ncongestion = \"bbr\"\nsocket_buffer = \"8MiB\"\nroute = 256\nend_pool = 8\n"),
 ];
 
 const SIZES: &[(&str, u64)] = &[
@@ -67,10 +73,16 @@ const SIZES: &[(&str, u64)] = &[
     ("10MB", 10_000_000),
 ];
 
-fn bench(loss: f64, rounds: usize, max_size: u64) -> Result<(), Box<dyn std::error::Error>> {
+fn bench(
+    loss: f64,
+    rounds: usize,
+    max_size: u64,
+    only: Option<&str>,
+) -> Result<(), Box<dyn std::error::Error>> {
     if rounds == 0 {
         return Err("ROUNDS must be at least 1".into());
     }
+    let variants = variants(only)?;
     let me = std::env::current_exe()?;
     let me = me.to_str().ok_or("exe path")?;
     let mut bed = Bed::new(legs(loss))?;
@@ -82,11 +94,11 @@ fn bench(loss: f64, rounds: usize, max_size: u64) -> Result<(), Box<dyn std::err
         "| variant | size | TTFB ms (median of {rounds}) | TTFB / RTT | total ms (median) | total ms (min-max) |"
     );
     println!("|---|---|---|---|---|---|");
-    for (name, keys) in std::iter::once(&("direct", "")).chain(VARIANTS) {
+    for &(name, keys) in std::iter::once(&("direct", "")).chain(variants) {
         if let Some(n) = keys.lines().find_map(|l| l.strip_prefix("route = ")) {
             bed.tune_long_leg(n.parse()?)?;
         }
-        let addr = if *name == "direct" {
+        let addr = if name == "direct" {
             "10.3.0.2:8000"
         } else {
             start_relays(&mut bed, me, &dir, name, keys)?;
@@ -115,12 +127,36 @@ fn bench(loss: f64, rounds: usize, max_size: u64) -> Result<(), Box<dyn std::err
                 t / rtt
             );
         }
-        if *name != "direct" {
+        if name != "direct" {
             bed.stop_all();
             wait_ready(bed.spawn(3, &[me, "serve", "10.3.0.2:8000"])?)?;
         }
     }
     Ok(())
+}
+
+/// The variants `only` names (comma-separated), in their order; every one without it. `direct`
+/// always runs first, named or not.
+fn variants(only: Option<&str>) -> Result<Vec<&'static (&'static str, &'static str)>, String> {
+    let Some(only) = only else {
+        return Ok(VARIANTS.iter().collect());
+    };
+    let names: Vec<&str> = only
+        .split(',')
+        .map(str::trim)
+        .filter(|n| *n != "direct")
+        .collect();
+    if let Some(unknown) = names
+        .iter()
+        .find(|n| !VARIANTS.iter().any(|(v, _)| v == *n))
+    {
+        let all: Vec<&str> = VARIANTS.iter().map(|(v, _)| *v).collect();
+        return Err(format!(
+            "unknown variant {unknown:?}; the variants: {}",
+            all.join(", ")
+        ));
+    }
+    Ok(VARIANTS.iter().filter(|(v, _)| names.contains(v)).collect())
 }
 
 fn start_relays(
@@ -246,4 +282,23 @@ fn cpu_seconds(pid: u32) -> Result<f64, Box<dyn std::error::Error>> {
     let utime: f64 = fields.get(11).ok_or("no utime")?.parse()?;
     let stime: f64 = fields.get(12).ok_or("no stime")?.parse()?;
     Ok((utime + stime) / 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_variant_list_keeps_the_benchs_order_and_refuses_unknown_names() {
+        let all = variants(None).expect("all");
+        assert_eq!(all.len(), VARIANTS.len());
+        let some = variants(Some("+window, +splice,direct")).expect("two");
+        let names: Vec<&str> = some.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["+splice", "+window"]);
+        let err = variants(Some("+splice,+windows")).expect_err("a typo");
+        assert!(
+            err.contains("\"+windows\"") && err.contains("+end pool"),
+            "{err}"
+        );
+    }
 }
