@@ -558,6 +558,15 @@ pub struct Acceptor {
     /// Handshakes per second accepted from one source address; `None` (config `0`) means no
     /// limit. Default 100.
     pub handshakes_per_second: Option<u32>,
+    /// Control links (many nodes) open at once across every cluster; `None` (config `0`)
+    /// means no limit. Default 4096.
+    pub max_control_links: Option<usize>,
+    /// Control links open at once from one source address (an IPv6 /64 counts as one);
+    /// `None` (config `0`) means no limit. Default 256.
+    pub max_control_links_per_address: Option<usize>,
+    /// Slices a reverse cluster may hold beyond those its routes name, created by services'
+    /// registrations and control links; `None` (config `0`) means no limit. Default 64.
+    pub max_slices: Option<usize>,
     /// TLS on every acceptor socket (TCP and UNIX); `None` (default) accepts plaintext.
     pub tls: Option<AcceptorTls>,
 }
@@ -676,6 +685,9 @@ pub struct Admin {
     pub addr: SocketAddr,
     /// The bearer token every request must carry; `None` (allowed on loopback only): none.
     pub token: Option<Token>,
+    /// Refuses every change (any method but GET and HEAD) with 403, token or not; default
+    /// false. What the packages ship where no token can be set up for them (the OCI image).
+    pub read_only: bool,
 }
 
 /// `[handoff]`: where a standalone acceptor hands sessions to consumers.

@@ -398,6 +398,7 @@ pub(crate) struct RawTracing {
 pub(crate) struct RawAdmin {
     pub(crate) listen: Spanned<Addr>,
     pub(crate) token: Option<Spanned<String>>,
+    pub(crate) read_only: Option<bool>,
 }
 
 /// `[handoff]`: the standalone acceptor's socket for consumers.
@@ -420,6 +421,9 @@ pub(crate) struct RawAcceptor {
     pub(crate) max_handshake_size: Option<Spanned<Size>>,
     pub(crate) max_sessions: Option<usize>,
     pub(crate) handshakes_per_second: Option<u32>,
+    pub(crate) max_control_links: Option<usize>,
+    pub(crate) max_control_links_per_address: Option<usize>,
+    pub(crate) max_slices: Option<usize>,
     pub(crate) tls: Option<RawAcceptorTls>,
     pub(crate) clients: Option<Spanned<BTreeMap<Spanned<String>, RawGrant>>>,
 }

@@ -134,7 +134,11 @@ fn admin(ctx: Ctx<'_>, raw: toml::Spanned<RawAdmin>) -> Result<Admin, ConfigErro
             return Err(ctx.err(raw.listen.span(), msg));
         }
     };
-    Ok(Admin { addr, token })
+    Ok(Admin {
+        addr,
+        token,
+        read_only: raw.read_only.unwrap_or(false),
+    })
 }
 
 fn access_log(ctx: Ctx<'_>, raw: RawAccessLog) -> Result<AccessLog, ConfigError> {

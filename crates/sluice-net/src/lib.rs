@@ -10,9 +10,12 @@
 //! * [`shutdown`]: one trigger, many listeners of it; SIGINT and SIGTERM.
 //! * [`tls`]: the crypto provider, ticket keys, PEM chains and keys, the acceptor's config.
 //! * [`log_limit`]: events that could flood the log, reported once per interval with a count.
+//! * [`addr`]: [`client_key`](addr::client_key), the address per-address limits count by
+//!   (an IPv6 /64 is one client).
 //! * [`readiness`]: [`Readiness`], whether the node takes traffic (starting, ready, draining).
 
 pub mod accept;
+pub mod addr;
 pub mod log_limit;
 pub mod readiness;
 pub mod shutdown;

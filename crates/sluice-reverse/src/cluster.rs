@@ -135,30 +135,61 @@ impl<P: Protocol> ReverseCluster<P> {
         &self.inner.name
     }
 
-    /// The handle to one slice, created empty on first use.
+    /// The handle to one slice, created empty on first use (a route's: never refused).
     pub fn slice(&self, slice: &str) -> ReverseSlice<P> {
         let mut slices = locked(&self.inner.slices);
-        let pool = slices.entry(slice.to_owned()).or_insert_with(|| {
-            let i = &self.inner;
-            Arc::new(SlicePool::new(
-                &i.name,
-                slice,
-                (Arc::clone(&i.opts), Arc::clone(&i.protocol)),
-                Arc::clone(&i.changed),
-                Arc::clone(&i.handover),
-                i.metrics.clone(),
-                Arc::clone(&i.arriving),
-            ))
-        });
+        let pool = slices
+            .entry(slice.to_owned())
+            .or_insert_with(|| self.new_pool(slice));
         ReverseSlice {
             cluster: self.clone(),
             pool: Arc::clone(pool),
         }
     }
 
-    /// The slices that exist (registered for, or routed to), sorted.
+    /// The handle to `slice` for a service's registration or control link. The name is the
+    /// service's choice, so a new slice is made only while the cluster holds fewer than `max`
+    /// (`None`: no limit), counted after slices nobody uses any more are let go; else 429.
+    pub fn admit_slice(
+        &self,
+        slice: &str,
+        max: Option<usize>,
+    ) -> Result<ReverseSlice<P>, Rejection> {
+        let mut slices = locked(&self.inner.slices);
+        if !slices.contains_key(slice) {
+            prune(&mut slices);
+            if max.is_some_and(|max| slices.len() >= max) {
+                return Err(Rejection::limited("slices in this cluster"));
+            }
+        }
+        drop(slices);
+        Ok(self.slice(slice))
+    }
+
+    /// Lets go of the slices nobody uses any more: no route, link or request holds them and
+    /// no session of theirs is alive.
+    pub fn prune_slices(&self) {
+        prune(&mut locked(&self.inner.slices));
+    }
+
+    fn new_pool(&self, slice: &str) -> Arc<SlicePool<P>> {
+        let i = &self.inner;
+        Arc::new(SlicePool::new(
+            &i.name,
+            slice,
+            (Arc::clone(&i.opts), Arc::clone(&i.protocol)),
+            Arc::clone(&i.changed),
+            Arc::clone(&i.handover),
+            i.metrics.clone(),
+            Arc::clone(&i.arriving),
+        ))
+    }
+
+    /// The slices in use (registered for, linked to, or routed to), sorted.
     pub fn slice_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = locked(&self.inner.slices).keys().cloned().collect();
+        let mut slices = locked(&self.inner.slices);
+        prune(&mut slices);
+        let mut names: Vec<String> = slices.keys().cloned().collect();
         names.sort();
         names
     }
@@ -261,14 +292,26 @@ impl<P: Protocol> ReverseCluster<P> {
         let Some(inst) = self.inner.instances.get(instance) else {
             return 0;
         };
-        let closed = self.slice(slice).pool.retire_idle(&inst, n);
+        let Some(pool) = locked(&self.inner.slices).get(slice).cloned() else {
+            return 0;
+        };
+        let closed = pool.retire_idle(&inst, n);
         info!(cluster = %self.inner.name, slice, instance, asked = n, closed_now = closed, "service retires sessions here");
         closed
     }
 
-    /// What a control link reports of `slice` here.
+    /// What a control link reports of `slice` here (all zero for a slice not in use).
     pub fn load(&self, slice: &str) -> crate::pool::Load {
-        self.slice(slice).pool.load()
+        let pool = locked(&self.inner.slices).get(slice).cloned();
+        pool.map_or_else(Default::default, |p| p.load())
+    }
+
+    /// Whether a peer at `from` may retire or drain `instance`'s sessions: it is at an
+    /// address one of them came from (see [`Instance::answers_to`]); any peer may speak for
+    /// an instance not registered here.
+    pub fn answers_to(&self, instance: &str, from: Option<std::net::IpAddr>) -> bool {
+        let inst = self.inner.instances.get(instance);
+        inst.is_none_or(|i| i.answers_to(from))
     }
 
     /// Whether an operator holds `instance` out (its registrations get `410`).
@@ -339,8 +382,7 @@ impl<P: Protocol> ReverseCluster<P> {
         permit: SessionPermit,
         streams: Option<u32>,
     ) -> Result<(), P::Error> {
-        let pool = self.slice(slice).pool;
-        lease::attach(io, &pool, permit, streams).await
+        self.slice(slice).attach(io, permit, streams).await
     }
 
     /// Keeps requests to slices without sessions waiting (as by `no_sessions_wait`) until the
@@ -360,7 +402,8 @@ impl<P: Protocol> ReverseCluster<P> {
         fd: OwnedFd,
         total: &Arc<Limit>,
     ) -> Result<(), AdoptError> {
-        let permit = self.reserve(instance, total).map_err(AdoptError::Refused)?;
+        let mut permit = self.reserve(instance, total).map_err(AdoptError::Refused)?;
+        permit.came_from(peer_ip(&fd));
         let io = stream::from_fd(fd).map_err(AdoptError::Socket)?;
         self.attach(slice, io, permit, None)
             .await
@@ -483,6 +526,21 @@ impl<P: Protocol> ReverseCluster<P> {
     }
 }
 
+/// The address at the other end of a session handed over from another process (`None`: a
+/// UNIX socket), so that its instance stays bound to it here.
+fn peer_ip(fd: &OwnedFd) -> Option<std::net::IpAddr> {
+    let addr = socket2::SockRef::from(fd).peer_addr().ok()?;
+    addr.as_socket().map(|a| a.ip())
+}
+
+/// Keeps the slices something uses: a handle (a route, a control link, a request), a session
+/// alive (here, handed over or lent out) or a request waiting.
+fn prune<P: Protocol>(slices: &mut HashMap<String, Arc<SlicePool<P>>>) {
+    slices.retain(|_, pool| {
+        Arc::strong_count(pool) > 1 || pool.alive().load(Ordering::Acquire) > 0 || pool.queued() > 0
+    });
+}
+
 /// While it lives, sessions are expected to arrive; see [`ReverseCluster::expect_sessions`].
 #[derive(Debug)]
 pub struct ExpectSessions(Arc<AtomicUsize>);
@@ -512,5 +570,16 @@ impl<P: Protocol> ReverseSlice<P> {
     /// The slice's pool, to lease sessions from.
     pub fn pool(&self) -> &Arc<SlicePool<P>> {
         &self.pool
+    }
+
+    /// Makes `io` (already answered `101`) an idle session of this slice, taking `streams`
+    /// requests at once when it speaks HTTP/2 (`None`: one at a time, HTTP/1.1).
+    pub async fn attach(
+        &self,
+        io: Box<dyn SessionStream>,
+        permit: SessionPermit,
+        streams: Option<u32>,
+    ) -> Result<(), P::Error> {
+        lease::attach(io, &self.pool, permit, streams).await
     }
 }

@@ -2,6 +2,7 @@
 //! limits, and the permit a live session holds.
 
 use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -63,6 +64,9 @@ pub struct Instance {
     /// Sessions its service asked to retire (`RETIRE` on a control link) that were busy then:
     /// each closes when it is next returned.
     retiring: AtomicUsize,
+    /// The addresses its live sessions registered from, with how many from each: a control
+    /// link or a drain request speaks for the instance only from one of them.
+    addrs: Mutex<HashMap<IpAddr, usize>>,
     /// The registry that lists it (weak: the registry owns its instances).
     listed_in: Weak<Instances>,
 }
@@ -75,6 +79,7 @@ impl Instance {
             sessions: Limit::new(max_sessions),
             upgraded: AtomicUsize::new(0),
             retiring: AtomicUsize::new(0),
+            addrs: Mutex::default(),
             listed_in,
         }
     }
@@ -96,6 +101,15 @@ impl Instance {
     /// The sessions of this instance that are still connected.
     pub fn sessions(&self) -> usize {
         self.sessions.current()
+    }
+
+    /// Whether a control link or drain request from `from` may speak for this instance: an
+    /// instance id is the service's choice, so only a peer at an address its sessions came
+    /// from may retire or drain them (protocol/README.md, "Who may speak for an instance").
+    /// An instance none of whose sessions has a known address (UNIX socket) is bound to none.
+    pub fn answers_to(&self, from: Option<IpAddr>) -> bool {
+        let addrs = locked(&self.addrs);
+        addrs.is_empty() || from.is_some_and(|ip| addrs.contains_key(&ip.to_canonical()))
     }
 
     /// Sessions its service asked to retire that close as they come back (busy when asked).
@@ -231,6 +245,7 @@ impl Instances {
             instance: Arc::clone(inst),
             lent: None,
             slice: None,
+            addr: None,
         })
     }
 
@@ -272,6 +287,8 @@ pub struct SessionPermit {
     pub(super) lent: Option<Lent>,
     /// The count of its slice's live sessions, which it is in until it drops.
     slice: Option<Arc<AtomicUsize>>,
+    /// The address the session registered from, which binds its instance while it lives.
+    addr: Option<IpAddr>,
 }
 
 /// Where to report that a lent session is gone.
@@ -282,6 +299,17 @@ pub(crate) struct Lent {
 }
 
 impl SessionPermit {
+    /// The session came from `addr` (`None`: unknown, as over a UNIX socket): its instance
+    /// answers to that address while the session lives ([`Instance::answers_to`]).
+    pub(crate) fn came_from(&mut self, addr: Option<IpAddr>) {
+        let Some(ip) = addr.map(|ip| ip.to_canonical()) else {
+            return;
+        };
+        if self.addr.replace(ip).is_none() {
+            *locked(&self.instance.addrs).entry(ip).or_default() += 1;
+        }
+    }
+
     /// What a lent session owes its lender; it is no longer reported gone when this permit
     /// drops (the session goes back instead).
     pub(crate) fn take_lent(&mut self) -> Option<Lent> {
@@ -310,6 +338,15 @@ impl Drop for SessionPermit {
         }
         if let Some(alive) = self.slice.take() {
             alive.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(ip) = self.addr.take() {
+            let mut addrs = locked(&self.instance.addrs);
+            if let Some(n) = addrs.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    addrs.remove(&ip);
+                }
+            }
         }
         self.global.give();
         self.instances.release(&self.instance);

@@ -49,6 +49,14 @@ pub struct AcceptorOptions {
     pub max_sessions: Option<usize>,
     /// Handshakes per second accepted from one source address; `None`: no limit.
     pub handshakes_per_second: Option<u32>,
+    /// Control links open at once across every cluster; `None`: no limit.
+    pub max_control_links: Option<usize>,
+    /// Control links open at once from one source address (an IPv6 /64 counts as one);
+    /// `None`: no limit.
+    pub max_control_links_per_address: Option<usize>,
+    /// Slices a cluster may hold beyond those its routes name (services' registrations and
+    /// control links create them); `None`: no limit.
+    pub max_slices: Option<usize>,
     /// TLS on every acceptor socket (TCP and UNIX), client certificates included; `None`:
     /// plaintext.
     pub tls: Option<Arc<ServerConfig>>,

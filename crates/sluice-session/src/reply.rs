@@ -9,7 +9,7 @@ use crate::protocol::{
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{status} {reason}")]
 pub struct Rejection {
-    /// 400, 401, 404, 410, 429 or 503.
+    /// 400, 401, 403, 404, 410, 429 or 503.
     pub status: u16,
     /// A short plain-text reason.
     pub reason: String,
@@ -29,6 +29,15 @@ impl Rejection {
         Self {
             status: 401,
             reason: "missing or invalid bearer token".to_owned(),
+        }
+    }
+
+    /// 403: the peer may not speak for the instance it names (its sessions registered from
+    /// another address).
+    pub fn forbidden(reason: &str) -> Self {
+        Self {
+            status: 403,
+            reason: reason.to_owned(),
         }
     }
 
@@ -92,6 +101,7 @@ fn canonical_reason(status: u16) -> &'static str {
         200 => "OK",
         400 => "Bad Request",
         401 => "Unauthorized",
+        403 => "Forbidden",
         404 => "Not Found",
         410 => "Gone",
         429 => "Too Many Requests",

@@ -6,13 +6,15 @@
 
 use crate::reverse_support;
 
+use std::net::IpAddr;
 use std::time::Duration;
 
-use reverse_support::{get, start_proxy, Service, ServiceSpec, DEFAULT_ROUTE};
+use reverse_support::service::dial_raw;
+use reverse_support::{get, start_proxy, start_proxy_full, Service, ServiceSpec, DEFAULT_ROUTE};
 use sluice_session::control::{Demand, LineReader, NodeLine, ServiceLine};
-use sluice_session::{parse_reply, Identity, Parsed, Registration, Reply};
+use sluice_session::{parse_reply, Drain, Identity, Parsed, Registration, Reply};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// A control link as a service holds it.
 struct Link {
@@ -22,31 +24,59 @@ struct Link {
 
 impl Link {
     async fn open(acceptor: std::net::SocketAddr, instance: &str, capacity: u32) -> Self {
+        let from = [127, 0, 0, 1].into();
+        let link = Self::try_open(acceptor, from, instance, "default", capacity).await;
+        link.unwrap_or_else(|status| panic!("the acceptor refused the link: {status}"))
+    }
+
+    /// A link from the local address `from` for `slice`, or the acceptor's refusal status.
+    async fn try_open(
+        acceptor: std::net::SocketAddr,
+        from: IpAddr,
+        instance: &str,
+        slice: &str,
+        capacity: u32,
+    ) -> Result<Self, u16> {
         let mut identity = Identity::new("api");
         identity.instance = Some(instance.to_owned());
+        identity.slice = slice.to_owned();
         let reg = Registration {
             identity,
             capacity: Some(capacity),
             streams: None,
         };
-        let mut stream = TcpStream::connect(acceptor).await.unwrap();
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.bind((from, 0).into()).unwrap();
+        let mut stream = socket.connect(acceptor).await.unwrap();
         stream.write_all(&reg.encode_control()).await.unwrap();
         let mut buf = Vec::new();
         let rest = loop {
             let mut chunk = [0u8; 512];
             let n = stream.read(&mut chunk).await.unwrap();
-            assert!(n > 0, "the acceptor closed the link");
+            assert!(n > 0, "the acceptor closed the link without an answer");
             buf.extend_from_slice(&chunk[..n]);
-            if let Parsed::Complete(reply, len) = parse_reply(&buf).unwrap() {
-                assert_eq!(reply, Reply::Control);
-                break buf[len..].to_vec();
+            match parse_reply(&buf).unwrap() {
+                Parsed::Complete(Reply::Control, len) => break buf[len..].to_vec(),
+                Parsed::Complete(Reply::Refused(status), _) => return Err(status),
+                Parsed::Complete(other, _) => panic!("not a link's answer: {other:?}"),
+                Parsed::Partial => {}
             }
         };
         let (read, write) = tokio::io::split(stream);
-        Self {
+        Ok(Self {
             lines: LineReader::new(read, &rest),
             write,
-        }
+        })
+    }
+
+    /// Sends a line the node refuses, and waits for it to close the link: every line before
+    /// it has been acted on.
+    async fn close_after_acting(mut self) {
+        self.write.write_all(b"BOGUS\n").await.unwrap();
+        let closed = async { while self.lines.next_line().await.is_ok() {} };
+        tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .expect("the node kept a link that sent a malformed line");
     }
 
     async fn next(&mut self) -> NodeLine {
@@ -167,4 +197,132 @@ async fn a_stopping_node_says_draining_and_lists_the_links_capacity() {
     assert_eq!(declared(), Some(("a".to_owned(), 9)));
     proxy.stop().await;
     while link.next().await != NodeLine::Draining {}
+}
+
+/// A peer that names an instance is not that instance: a link from an address none of its
+/// sessions came from cannot retire them, nor can a drain request from there drain it.
+#[tokio::test]
+async fn only_the_instances_own_address_may_retire_or_drain_its_sessions() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("victim", 3)).await;
+    proxy.idle("default", 3).await;
+    let elsewhere: IpAddr = [127, 0, 0, 2].into();
+    let mut link = Link::try_open(proxy.acceptor, elsewhere, "victim", "default", 3)
+        .await
+        .expect("a link that only listens is allowed");
+    link.demand_until(|d| d.sessions == 3).await;
+    link.send(ServiceLine::Retire(3)).await;
+    link.close_after_acting().await;
+    assert_eq!(
+        svc.live(),
+        3,
+        "a link from another address retired the sessions"
+    );
+    assert_eq!(proxy.cluster.idle_sessions("default"), 3);
+
+    let mut identity = Identity::new("api");
+    identity.instance = Some("victim".to_owned());
+    let drain = Drain { identity }.encode();
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind((elsewhere, 0).into()).unwrap();
+    let mut stream = socket.connect(proxy.acceptor).await.unwrap();
+    stream.write_all(&drain).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 403"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert_eq!(svc.live(), 3);
+    assert!(!proxy.cluster.instances()[0].is_draining());
+
+    // From the instance's own address, the same line is obeyed.
+    let mut own = Link::open(proxy.acceptor, "victim", 3).await;
+    own.send(ServiceLine::Retire(1)).await;
+    svc.wait_live(2).await;
+}
+
+/// Slice names are the services' choice: beyond `max_slices` a new one is refused, and the
+/// slices links made go once the links close, so `/status` and `/metrics` stay bounded.
+#[tokio::test]
+async fn slices_services_name_are_bounded_and_let_go() {
+    let proxy = start_proxy_full("max_slices = 4", "", "", DEFAULT_ROUTE).await;
+    let local: IpAddr = [127, 0, 0, 1].into();
+    let mut links = Vec::new();
+    // The route's "default" is one of the four.
+    for i in 0..3 {
+        let slice = format!("s{i}");
+        let link = Link::try_open(proxy.acceptor, local, "a", &slice, 1).await;
+        links.push(link.expect("within max_slices"));
+    }
+    assert_eq!(proxy.cluster.slice_names(), ["default", "s0", "s1", "s2"]);
+    let refused = Link::try_open(proxy.acceptor, local, "a", "s3", 1).await;
+    assert_eq!(refused.err(), Some(429));
+    let mut identity = Identity::new("api");
+    identity.slice = "s4".to_owned();
+    let reg = Registration {
+        identity,
+        capacity: None,
+        streams: None,
+    };
+    assert_eq!(
+        dial_raw(proxy.acceptor, &reg.encode()).await.1,
+        429,
+        "a registration too"
+    );
+    for link in links {
+        link.close_after_acting().await;
+    }
+    let gone = async {
+        while proxy.cluster.slice_names() != ["default"] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the closed links' slices stayed");
+    // The route's slice stays whatever happens; a new name fits again.
+    assert!(Link::try_open(proxy.acceptor, local, "a", "s5", 1)
+        .await
+        .is_ok());
+    assert_eq!(
+        get(proxy.http, "/").await.status,
+        503,
+        "the route still answers"
+    );
+}
+
+/// Control links reserve no session, so they are bounded on their own: per source address
+/// and in all. A closed link frees its place.
+#[tokio::test]
+async fn control_links_are_bounded_per_address_and_in_all() {
+    let acceptor = "max_control_links = 3\nmax_control_links_per_address = 2";
+    let proxy = start_proxy_full(acceptor, "", "", DEFAULT_ROUTE).await;
+    let (one, two): (IpAddr, IpAddr) = ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
+    let first = Link::try_open(proxy.acceptor, one, "a", "default", 1)
+        .await
+        .unwrap();
+    let _second = Link::try_open(proxy.acceptor, one, "b", "default", 1)
+        .await
+        .unwrap();
+    let third = Link::try_open(proxy.acceptor, one, "c", "default", 1).await;
+    assert_eq!(third.err(), Some(429), "a third link from one address");
+    let _other = Link::try_open(proxy.acceptor, two, "d", "default", 1)
+        .await
+        .unwrap();
+    let over = Link::try_open(proxy.acceptor, [127, 0, 0, 3].into(), "e", "default", 1).await;
+    assert_eq!(over.err(), Some(429), "a fourth link in all");
+    first.close_after_acting().await;
+    let again = async {
+        loop {
+            if let Ok(link) = Link::try_open(proxy.acceptor, one, "c", "default", 1).await {
+                return link;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), again)
+        .await
+        .expect("a closed link's place never came back");
 }

@@ -17,6 +17,12 @@ const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_MAX_HANDSHAKE: usize = 8 * 1024;
 const DEFAULT_MAX_SESSIONS: usize = 10_000;
 const DEFAULT_HANDSHAKES_PER_SECOND: u32 = 100;
+/// Control links open at once, in all and from one address; slices services may create per
+/// cluster. Generous for real fleets (an instance holds one link per node), small enough that
+/// a flood of links or slice names costs a bounded amount of memory and CPU.
+const DEFAULT_MAX_CONTROL_LINKS: usize = 4096;
+const DEFAULT_MAX_CONTROL_LINKS_PER_ADDRESS: usize = 256;
+const DEFAULT_MAX_SLICES: usize = 64;
 /// A registration with a long token needs a few hundred bytes; more than 64 KiB is abuse.
 const HANDSHAKE_RANGE: std::ops::RangeInclusive<usize> = 256..=64 * 1024;
 
@@ -67,6 +73,14 @@ pub(super) fn acceptor(
                 .unwrap_or(DEFAULT_HANDSHAKES_PER_SECOND),
         )
         .filter(|&n| n > 0),
+        max_control_links: Some(raw.max_control_links.unwrap_or(DEFAULT_MAX_CONTROL_LINKS))
+            .filter(|&n| n > 0),
+        max_control_links_per_address: Some(
+            raw.max_control_links_per_address
+                .unwrap_or(DEFAULT_MAX_CONTROL_LINKS_PER_ADDRESS),
+        )
+        .filter(|&n| n > 0),
+        max_slices: Some(raw.max_slices.unwrap_or(DEFAULT_MAX_SLICES)).filter(|&n| n > 0),
         tls,
     }))
 }

@@ -10,9 +10,9 @@ use sluice_session::Registration;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-use crate::cluster::ReverseCluster;
+use crate::cluster::{ReverseCluster, ReverseSlice};
 use crate::protocol::Protocol;
 use crate::stream::SessionStream;
 
@@ -30,29 +30,33 @@ enum LinkEnd {
 /// Serves one link (already answered `101`) until either side ends it.
 pub(super) async fn serve<P: Protocol, T: SessionStream>(
     io: T,
-    cluster: ReverseCluster<P>,
+    slice: ReverseSlice<P>,
     reg: Registration,
-    instance: String,
+    (instance, from): (String, Option<std::net::IpAddr>),
     node: Option<watch::Receiver<NodeState>>,
 ) {
-    let slice = reg.identity.slice.clone();
+    let cluster = slice.cluster();
     let capacity = u64::from(reg.capacity.unwrap_or(0));
-    let entry = cluster.links().open(&instance, &slice, capacity);
-    info!(cluster = %cluster.name(), %slice, %instance, capacity, "control link open");
+    let entry = cluster.links().open(&instance, slice.slice(), capacity);
+    info!(cluster = %cluster.name(), slice = %slice.slice(), %instance, capacity, "control link open");
     let link = Link {
-        cluster: &cluster,
+        cluster,
         slice: &slice,
         instance: &instance,
+        from,
         entry: &entry,
     };
     let ended = link.run(io, node).await;
-    info!(cluster = %cluster.name(), %slice, %instance, reason = %ended, "control link closed");
+    info!(cluster = %cluster.name(), slice = %slice.slice(), %instance, reason = %ended, "control link closed");
 }
 
 struct Link<'a, P: Protocol> {
     cluster: &'a ReverseCluster<P>,
-    slice: &'a str,
+    /// Held for the link's life, so the slice it reports on stays.
+    slice: &'a ReverseSlice<P>,
     instance: &'a str,
+    /// The link's source address; it speaks for the instance only where its sessions are.
+    from: Option<std::net::IpAddr>,
     entry: &'a crate::links::LinkEntry,
 }
 
@@ -64,7 +68,7 @@ impl<P: Protocol> Link<'_, P> {
     ) -> LinkEnd {
         let (read, mut write) = tokio::io::split(io);
         let mut lines = LineReader::new(read, b"");
-        let mut reporter = Reporter::new(self.cluster.load(self.slice).refused);
+        let mut reporter = Reporter::new(self.slice.pool().load().refused);
         let mut tick = tokio::time::interval(REPORT_INTERVAL);
         let mut stopping = node
             .as_ref()
@@ -82,7 +86,7 @@ impl<P: Protocol> Link<'_, P> {
                     let out = match (stopping, said_draining) {
                         (true, false) => Some(NodeLine::Draining),
                         (true, true) => None,
-                        (false, _) => reporter.next(self.cluster.load(self.slice)),
+                        (false, _) => reporter.next(self.slice.pool().load()),
                     };
                     if let Some(out) = out {
                         if let Err(e) = write.write_all(&out.encode()).await {
@@ -105,10 +109,13 @@ impl<P: Protocol> Link<'_, P> {
     /// Acts on one line from the service.
     fn heard(&self, line: &str) -> Result<(), LinkEnd> {
         match ServiceLine::parse(line)? {
+            ServiceLine::Retire(_) if !self.cluster.answers_to(self.instance, self.from) => {
+                warn!(instance = %self.instance, from = ?self.from, "RETIRE ignored: the instance's sessions registered from another address");
+            }
             ServiceLine::Retire(n) => {
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
                 self.entry.info.count_retired(n as u64);
-                self.cluster.retire(self.slice, self.instance, n);
+                self.cluster.retire(self.slice.slice(), self.instance, n);
             }
             ServiceLine::Capacity(n) => {
                 debug!(instance = %self.instance, capacity = n, "declared capacity");

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::shared::{Peer, Shared};
-use crate::cluster::{ExpectSessions, ReverseCluster};
+use crate::cluster::{ExpectSessions, ReverseSlice};
 use crate::instance::SessionPermit;
 use crate::protocol::Protocol;
 use crate::stream::SessionStream;
@@ -59,10 +59,10 @@ pub(super) async fn handle<P: Protocol, T>(
     };
     match outcome {
         Ok(None) => shared.count(counted),
-        Ok(Some((cluster, slice, permit, streams, arriving))) => {
+        Ok(Some((slice, permit, streams, arriving))) => {
             shared.count(counted);
-            if let Err(error) = cluster.attach(&slice, Box::new(io), permit, streams).await {
-                debug!(cluster = %cluster.name(), %error, "session could not start");
+            if let Err(error) = slice.attach(Box::new(io), permit, streams).await {
+                debug!(cluster = %slice.name(), %error, "session could not start");
             }
             drop(arriving);
         }
@@ -70,17 +70,11 @@ pub(super) async fn handle<P: Protocol, T>(
     }
 }
 
-/// A session's cluster, slice, place in the limits and streams (HTTP/2), and the cluster's
+/// A session's slice, place in the limits and streams (HTTP/2), and the cluster's
 /// expectation of it: from its `101` (when its service may send requests its way) until it
 /// has joined its slice, a request that finds the slice empty waits for it instead of being
 /// refused for want of sessions.
-type Admitted<P> = (
-    ReverseCluster<P>,
-    String,
-    SessionPermit,
-    Option<u32>,
-    ExpectSessions,
-);
+type Admitted<P> = (ReverseSlice<P>, SessionPermit, Option<u32>, ExpectSessions);
 
 /// Checks a registration and answers `101`; the caller attaches the stream.
 async fn register<P: Protocol, T: AsyncWrite + Unpin>(
@@ -95,7 +89,9 @@ async fn register<P: Protocol, T: AsyncWrite + Unpin>(
         return Err(Rejection::lends_http1_only());
     }
     let instance = instance_id(id.instance.as_deref(), peer.ip);
-    let permit = cluster.reserve(&instance, &shared.total)?;
+    let slice = cluster.admit_slice(&id.slice, shared.opts.max_slices)?;
+    let mut permit = cluster.reserve(&instance, &shared.total)?;
+    permit.came_from(peer.ip);
     let reply = match reg.streams {
         Some(_) => Reply::switching_protocols_h2(),
         None => Reply::switching_protocols(),
@@ -112,7 +108,7 @@ async fn register<P: Protocol, T: AsyncWrite + Unpin>(
     }
     let streams = reg.streams;
     debug!(cluster = %id.service, slice = %id.slice, instance = %instance, streams, "session registered");
-    Ok(Some((cluster, id.slice.clone(), permit, streams, arriving)))
+    Ok(Some((slice, permit, streams, arriving)))
 }
 
 /// Checks a control link's request as a registration's (no session is reserved), answers
@@ -131,9 +127,11 @@ async fn control<P: Protocol, T: SessionStream>(
             if cluster.is_held(&instance) {
                 return Err(Rejection::drained(&id.service, &instance));
             }
-            Ok((cluster, instance))
+            let place = shared.links.admit(peer.ip)?;
+            let slice = cluster.admit_slice(&id.slice, shared.opts.max_slices)?;
+            Ok((slice, instance, place))
         });
-    let (cluster, instance) = match admitted {
+    let (slice, instance, place) = match admitted {
         Ok(admitted) => admitted,
         Err(r) => return reject(io, &r, peer, shared).await,
     };
@@ -145,7 +143,11 @@ async fn control<P: Protocol, T: SessionStream>(
         return debug!(%error, "service went away before its 101");
     }
     shared.count("control");
-    super::control::serve(io, cluster, reg, instance, shared.node.clone()).await;
+    let cluster = slice.cluster().clone();
+    let node = shared.node.clone();
+    super::control::serve(io, slice, reg, (instance, peer.ip), node).await;
+    drop(place);
+    cluster.prune_slices();
 }
 
 async fn drain<P: Protocol, T: AsyncWrite + Unpin>(
@@ -157,6 +159,11 @@ async fn drain<P: Protocol, T: AsyncWrite + Unpin>(
     let id = &drain.identity;
     let cluster = shared.admit(&id.service, id.token.as_deref(), peer)?;
     let instance = instance_id(id.instance.as_deref(), peer.ip);
+    if !cluster.answers_to(&instance, peer.ip) {
+        return Err(Rejection::forbidden(
+            "the instance's sessions registered from another address",
+        ));
+    }
     let known = cluster.drain(&instance);
     info!(cluster = %id.service, instance = %instance, known, "drain requested");
     let _ = io.write_all(&Reply::drained()).await;

@@ -15,6 +15,7 @@
 
 mod control;
 mod handshake;
+mod link_limit;
 mod rate;
 mod shared;
 mod tls;
@@ -110,6 +111,10 @@ impl<P: Protocol> Acceptor<P> {
         let shared = Shared {
             total: Arc::new(Limit::new(opts.max_sessions)),
             rate: RateLimiter::new(opts.handshakes_per_second),
+            links: link_limit::LinkLimits::new(
+                opts.max_control_links,
+                opts.max_control_links_per_address,
+            ),
             opts: opts.clone(),
             clusters,
             shutdown: None,

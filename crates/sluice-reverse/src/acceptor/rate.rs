@@ -1,10 +1,12 @@
-//! Handshakes per second per source address: a token bucket per IP.
+//! Handshakes per second per source address: a token bucket per address, an IPv6 /64 counted
+//! as one (`sluice_net::addr::client_key`), as the listeners' limits count.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use sluice_net::addr::client_key;
 use tokio::time::Instant;
 
 /// Above this many tracked addresses, buckets idle for a second (full again) are forgotten.
@@ -42,7 +44,7 @@ impl RateLimiter {
         if buckets.len() > PRUNE_ABOVE {
             buckets.retain(|_, b| now - b.at < Duration::from_secs(1));
         }
-        let b = buckets.entry(ip).or_insert(Bucket {
+        let b = buckets.entry(client_key(ip)).or_insert(Bucket {
             tokens: rate,
             at: now,
         });
@@ -70,5 +72,20 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(limiter.allow(ip));
         assert!(RateLimiter::new(None).allow(ip));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ipv6_slash_64_shares_one_bucket() {
+        let limiter = RateLimiter::new(Some(5));
+        let net = 0x2001_0db8_0000_0001_u128 << 64;
+        let allowed = (0..300u128)
+            .filter(|i| limiter.allow(IpAddr::from(std::net::Ipv6Addr::from(net | (i * 7919 + 1)))))
+            .count();
+        assert_eq!(allowed, 5, "300 addresses of one /64 are one client");
+        let other = std::net::Ipv6Addr::from((0x2001_0db8_0000_0002_u128 << 64) | 1);
+        assert!(
+            limiter.allow(other.into()),
+            "another /64 has its own bucket"
+        );
     }
 }

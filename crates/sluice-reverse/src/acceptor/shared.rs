@@ -36,6 +36,8 @@ pub(super) struct Shared<P: Protocol> {
     /// Sessions across every cluster.
     pub(super) total: Arc<Limit>,
     pub(super) rate: RateLimiter,
+    /// Control links open at once.
+    pub(super) links: Arc<super::link_limit::LinkLimits>,
     pub(super) shutdown: Option<ShutdownSignal>,
     /// Where handshake outcomes are counted; `None`: nowhere.
     pub(super) metrics: ReverseMetrics,

@@ -139,6 +139,9 @@ pub(crate) fn acceptor_options() -> AcceptorOptions {
         max_handshake_size: 8 * 1024,
         max_sessions: Some(10_000),
         handshakes_per_second: None,
+        max_control_links: Some(4096),
+        max_control_links_per_address: Some(256),
+        max_slices: Some(64),
         tls: None,
         clients: Default::default(),
     }

@@ -1,6 +1,6 @@
 //! [`ClientInfo`]: what the proxy knows about a request's connection.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use sluice_config::RequestRules;
@@ -38,18 +38,5 @@ impl Default for ClientInfo {
             body_timeout: Duration::from_secs(20),
             max_body: None,
         }
-    }
-}
-
-/// The address limits count a client by (`rate_limit`, `max_connections_per_client`): an
-/// IPv4 address (also when it arrives IPv4-mapped), or an IPv6 address's /64 — a host or a
-/// home network gets a whole /64, and would otherwise be 2^64 clients.
-pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
-        },
     }
 }

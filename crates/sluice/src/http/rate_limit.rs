@@ -22,7 +22,7 @@ use http::HeaderName;
 use sluice_config::RateLimitKey;
 
 use crate::error::ProxyError;
-use crate::http::client::client_key;
+use sluice_net::addr::client_key;
 
 /// The most keys one route's limiter keeps.
 pub(crate) const MAX_KEYS: usize = 100_000;

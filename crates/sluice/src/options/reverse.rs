@@ -76,6 +76,9 @@ fn plaintext_acceptor(cfg: &sluice_config::Acceptor) -> AcceptorOptions {
         max_handshake_size: cfg.max_handshake_size,
         max_sessions: cfg.max_sessions,
         handshakes_per_second: cfg.handshakes_per_second,
+        max_control_links: cfg.max_control_links,
+        max_control_links_per_address: cfg.max_control_links_per_address,
+        max_slices: cfg.max_slices,
         tls: None,
         clients: clients.collect(),
     }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use crate::http::client::client_key;
+use sluice_net::addr::client_key;
 
 /// A listener's open connections by client address (an IPv6 client's /64); an address is
 /// forgotten when its last connection closes, so the map holds no more than the connections.

@@ -36,8 +36,18 @@ pub async fn start_proxy(cluster: &str, routes: &str) -> TestProxy {
 
 /// [`start_proxy`] with extra keys of the `[[listener]]`.
 pub async fn start_proxy_with(listener: &str, cluster: &str, routes: &str) -> TestProxy {
+    start_proxy_full("", listener, cluster, routes).await
+}
+
+/// [`start_proxy_with`] with extra keys of the `[acceptor]`.
+pub async fn start_proxy_full(
+    acceptor: &str,
+    listener: &str,
+    cluster: &str,
+    routes: &str,
+) -> TestProxy {
     let text = format!(
-        "[acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n\
+        "[acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n{acceptor}\n\
          [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n{listener}\n\
          {routes}\n[cluster.api]\nkind = \"reverse\"\n{cluster}\n"
     );
