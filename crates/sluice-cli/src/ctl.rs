@@ -23,7 +23,9 @@ use table::printable;
 /// flag, so that it does not show in `ps`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "When the admin API has a token ([admin] token), set SLUICE_ADMIN_TOKEN to it."
+    after_help = "When the admin API has a token ([admin] token), set SLUICE_ADMIN_TOKEN to it, or \
+pass -c FILE: its [admin] token (e.g. file:/etc/sluice/admin.token) is used. Without --admin or \
+-c, the packages' /etc/sluice/sluice.toml is read when it exists."
 )]
 pub(crate) struct CtlArgs {
     /// Base URL of the admin API ([admin] listen), plain http only. Default: the [admin] of
@@ -37,7 +39,8 @@ pub(crate) struct CtlArgs {
     )]
     admin: Option<AdminUrl>,
     /// The running proxy's configuration file: its [admin] listen (and token, when
-    /// SLUICE_ADMIN_TOKEN is unset) say where the admin API is.
+    /// SLUICE_ADMIN_TOKEN is unset) say where the admin API is. Default: the packages'
+    /// /etc/sluice/sluice.toml when it exists, else http://127.0.0.1:9901 without a token.
     #[arg(short = 'c', long = "config", global = true, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
     /// Print the server's JSON reply (pretty) instead of text.
@@ -243,7 +246,8 @@ fn admin_of(args: &CtlArgs) -> anyhow::Result<Admin> {
             token: None,
         });
     }
-    let Some(path) = &args.config else {
+    let packaged = packaged_config(std::path::Path::new(PACKAGED_CONFIG))?;
+    let Some(path) = args.config.as_ref().or(packaged.as_ref()) else {
         let url = AdminUrl::parse("http://127.0.0.1:9901").map_err(anyhow::Error::msg)?;
         return Ok(Admin {
             url,
@@ -251,7 +255,12 @@ fn admin_of(args: &CtlArgs) -> anyhow::Result<Admin> {
             token: None,
         });
     };
-    let config = sluice_config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let config = sluice_config::load_file(path).map_err(|e| match is_permission(&e) {
+        true => anyhow::anyhow!(
+            "{e}\n(its admin token is readable by root and the group sluice: run as root, join the group, or set SLUICE_ADMIN_TOKEN)"
+        ),
+        false => anyhow::anyhow!("{e}"),
+    })?;
     let Some(admin) = config.admin else {
         anyhow::bail!(
             "{} has no [admin] section: the proxy serves no admin API",
@@ -275,6 +284,31 @@ fn admin_of(args: &CtlArgs) -> anyhow::Result<Admin> {
         source: format!("from the [admin] of {}", path.display()),
         token,
     })
+}
+
+/// Where the .deb installs the configuration, whose `[admin]` names the API and its token.
+const PACKAGED_CONFIG: &str = "/etc/sluice/sluice.toml";
+
+/// `path` when it exists, so that `sluice ctl` on a packaged host finds the admin API and its
+/// token without flags; `None` when it does not. A file that exists but cannot be looked at
+/// (a user outside the group sluice) is an error that says so, not a silent fallback to an
+/// admin API without a token.
+fn packaged_config(path: &std::path::Path) -> anyhow::Result<Option<std::path::PathBuf>> {
+    match std::fs::metadata(path) {
+        Ok(_) => Ok(Some(path.to_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => anyhow::bail!(
+            "cannot read {} ({e}): run as root or a member of the group sluice, or pass --admin URL with SLUICE_ADMIN_TOKEN",
+            path.display()
+        ),
+    }
+}
+
+/// Whether a configuration failed to load for want of permission (its token file, say).
+fn is_permission(e: &sluice_config::ConfigError) -> bool {
+    e.to_string()
+        .to_ascii_lowercase()
+        .contains("permission denied")
 }
 
 /// The one request a command makes.
@@ -450,5 +484,22 @@ fn removed(r: Removed) -> String {
     match r.removed {
         true => format!("removed endpoint {addr} from cluster {cluster}\n"),
         false => format!("endpoint {addr} was not in cluster {cluster}: nothing changed\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_packaged_configuration_is_read_when_it_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sluice.toml");
+        assert!(
+            packaged_config(&path).unwrap().is_none(),
+            "absent: the default"
+        );
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(packaged_config(&path).unwrap(), Some(path));
     }
 }

@@ -61,6 +61,8 @@ pub(crate) struct AdminState {
     clusters: BTreeMap<String, Upstream>,
     metrics: Arc<Metrics>,
     token: Option<Token>,
+    /// Every change is refused (`[admin] read_only`).
+    read_only: bool,
     routes: Option<Arc<LiveRoutes>>,
     /// Whether the node takes traffic (`/ready`, `POST /drain`).
     readiness: sluice_net::Readiness,
@@ -125,6 +127,7 @@ impl AdminState {
             clusters,
             metrics,
             token,
+            read_only: false,
             routes: None,
             readiness: sluice_net::Readiness::default(),
             certificates: BTreeMap::new(),
@@ -164,6 +167,12 @@ impl AdminState {
     /// Lets `POST /reload` run `hook`; without it, `/reload` answers 409.
     pub(crate) fn with_reload(mut self, hook: Option<ReloadHook>) -> Self {
         self.reload = hook;
+        self
+    }
+
+    /// Refuses every change (any method but GET and HEAD) with 403 when `on`.
+    pub(crate) fn read_only(mut self, on: bool) -> Self {
+        self.read_only = on;
         self
     }
 
@@ -237,6 +246,12 @@ async fn same_origin_only(
         );
     }
     let changes = !matches!(*req.method(), http::Method::GET | http::Method::HEAD);
+    if changes && state.read_only {
+        return error(
+            StatusCode::FORBIDDEN,
+            "this admin API is read-only ([admin] read_only = true): set a token and read_only = false to change routing",
+        );
+    }
     if let Some(origin) = req.headers().get(header::ORIGIN).filter(|_| changes) {
         let own = host.is_some_and(|h| {
             origin == format!("http://{h}").as_str() || origin == format!("https://{h}").as_str()
@@ -259,6 +274,11 @@ fn one_reading(req: &axum::extract::Request) -> Result<(), &'static str> {
     let count = |name| req.headers().get_all(name).iter().count();
     if count(header::HOST) != 1 {
         return Err("exactly one Host header is required");
+    }
+    let printable = |v: &http::HeaderValue| v.as_bytes().iter().all(|b| b.is_ascii_graphic());
+    if !req.headers().get(header::HOST).is_some_and(printable) {
+        // A Host the loopback rule cannot read must not be a Host it skips.
+        return Err("the Host header must be printable ASCII");
     }
     if count(header::ORIGIN) > 1 {
         return Err("more than one Origin header");

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_config::{Action, ClusterKind, Config, SessionSource, Token};
+use sluice_config::{Action, ClusterKind, Config, SessionSource};
 use sluice_handoff::Handoff;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -134,7 +134,7 @@ pub struct Proxy {
     /// Requests, handshakes, sessions and queues, for `/metrics`.
     metrics: Arc<Metrics>,
     /// The admin API's listener and token (`[admin]`).
-    admin: Option<(TcpListener, Option<Token>)>,
+    admin: Option<(TcpListener, sluice_config::Admin)>,
     /// What `POST /reload` runs (set by the binary).
     reload: Option<ReloadHook>,
     /// Becomes `true` once a successor has the listening sockets (hot restart).
@@ -337,7 +337,7 @@ impl Proxy {
         let admin = self
             .admin
             .take()
-            .map(|(l, token)| (l, self.admin_state(token)));
+            .map(|(l, admin)| (l, self.admin_state(admin)));
         let mut group = Group::new();
         if let Some((listener, state)) = admin {
             tokio::spawn(admin::serve(listener, Arc::new(state), group.signal()));
@@ -400,7 +400,7 @@ impl Proxy {
         }
     }
 
-    fn admin_state(&self, token: Option<Token>) -> AdminState {
+    fn admin_state(&self, admin: sluice_config::Admin) -> AdminState {
         let listeners = self
             .servers
             .iter()
@@ -413,8 +413,9 @@ impl Proxy {
             acceptor,
             clusters,
             Arc::clone(&self.metrics),
-            token,
+            admin.token,
         )
+        .read_only(admin.read_only)
         .with_routes(Arc::clone(&self.routes))
         .with_reload(self.reload.clone())
         .with_relays(self.relays())
@@ -565,11 +566,11 @@ fn bind_relays(
 }
 
 /// Binds the admin API's listener (`[admin]`), or takes over the one a predecessor handed
-/// over; returns it with the token.
+/// over; returns it with its settings.
 pub(crate) async fn bind_admin(
     config: &Config,
     sockets: &mut Sockets,
-) -> Result<Option<(TcpListener, Option<Token>)>, StartError> {
+) -> Result<Option<(TcpListener, sluice_config::Admin)>, StartError> {
     let Some(admin) = &config.admin else {
         return Ok(None);
     };
@@ -580,7 +581,7 @@ pub(crate) async fn bind_admin(
         addr,
         source,
     })?;
-    Ok(Some((listener, admin.token.clone())))
+    Ok(Some((listener, admin.clone())))
 }
 
 /// Binds one listener, or takes over the socket a predecessor handed over for it.

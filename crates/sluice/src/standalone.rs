@@ -8,7 +8,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use sluice_config::{Config, Token};
+use sluice_config::Config;
 use sluice_net::sockets::Sockets;
 use tokio::net::TcpListener;
 
@@ -24,7 +24,7 @@ use crate::upstream::Upstream;
 #[derive(Debug)]
 pub struct Standalone {
     broker: StandaloneAcceptor,
-    admin: Option<(TcpListener, Option<Token>)>,
+    admin: Option<(TcpListener, sluice_config::Admin)>,
     metrics: Arc<Metrics>,
 }
 
@@ -65,7 +65,7 @@ impl Standalone {
     /// [`StandaloneAcceptor::run_until`] does; the admin API answers until the end.
     pub async fn run_until(self, trigger: impl Future<Output = ()>) {
         let stopped = Shutdown::new();
-        if let Some((listener, token)) = self.admin {
+        if let Some((listener, admin)) = self.admin {
             let view = self.broker.view();
             let clusters = view
                 .clusters()
@@ -76,7 +76,8 @@ impl Standalone {
                 })
                 .collect();
             let acceptor = self.broker.acceptor_addr().ok();
-            let state = AdminState::new(Vec::new(), acceptor, clusters, self.metrics, token)
+            let state = AdminState::new(Vec::new(), acceptor, clusters, self.metrics, admin.token)
+                .read_only(admin.read_only)
                 .with_readiness(self.broker.readiness().clone())
                 .with_consumers(view);
             tokio::spawn(admin::serve(listener, Arc::new(state), stopped.signal()));

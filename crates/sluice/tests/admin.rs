@@ -693,3 +693,72 @@ async fn status_shows_how_long_the_oldest_request_has_waited() {
     assert_eq!(waiting.await.unwrap().status, StatusCode::OK);
     let _ = p.stop.send(());
 }
+
+/// Issue 47's probe: a tokenless admin API took a `Host` with a byte that is not UTF-8, as
+/// the loopback rule could not read it and let it by. Such a Host is 400 now.
+#[tokio::test]
+async fn a_host_the_loopback_rule_cannot_read_is_400() {
+    let p = start_with("").await;
+    let rule = r#"{"name": "evil", "cluster": "api"}"#;
+    let mut request =
+        b"POST /routes HTTP/1.1\r\nConnection: close\r\nHost: attacker.example\xff\r\n".to_vec();
+    request.extend_from_slice(
+        format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{rule}",
+            rule.len()
+        )
+        .as_bytes(),
+    );
+    let mut stream = TcpStream::connect(p.admin).await.unwrap();
+    stream.write_all(&request).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    assert!(
+        raw.starts_with(b"HTTP/1.1 400"),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+    let host = format!("Host: 127.0.0.1:{}\r\n", p.admin.port());
+    let (_, listed) = call_with(p.admin, "GET", "/routes", &host, "").await;
+    assert!(!listed.contains("evil"), "{listed}");
+    let _ = p.stop.send(());
+}
+
+/// What the OCI image ships: `read_only` serves every read (the probes, status, metrics) and
+/// refuses every change with 403, whoever asks.
+#[tokio::test]
+async fn a_read_only_admin_api_serves_reads_and_refuses_every_change() {
+    let p = start_with("read_only = true\n").await;
+    let host = format!("Host: 127.0.0.1:{}\r\n", p.admin.port());
+    for path in ["/healthz", "/ready", "/status", "/metrics", "/routes"] {
+        assert_eq!(
+            call_with(p.admin, "GET", path, &host, "").await.0,
+            200,
+            "{path}"
+        );
+    }
+    let rule = r#"{"name": "hijack", "cluster": "legacy", "position": 0}"#;
+    for (method, path, body) in [
+        ("POST", "/routes", rule),
+        ("DELETE", "/routes/api", ""),
+        (
+            "POST",
+            "/clusters/legacy/endpoints",
+            r#"{"addr": "127.0.0.1:1"}"#,
+        ),
+        ("POST", "/clusters/api/instances/a/drain", ""),
+        ("POST", "/drain", ""),
+        ("POST", "/reload", ""),
+    ] {
+        let (status, body) = call_with(p.admin, method, path, &host, body).await;
+        assert_eq!(status, 403, "{method} {path}: {body}");
+        assert!(body.contains("read_only"), "{body}");
+    }
+    let (_, listed) = call_with(p.admin, "GET", "/routes", &host, "").await;
+    assert!(
+        !listed.contains("hijack") && listed.contains("\"api\""),
+        "{listed}"
+    );
+    assert_eq!(call_with(p.admin, "GET", "/ready", &host, "").await.0, 200);
+    let _ = p.stop.send(());
+}
