@@ -152,7 +152,7 @@ fn common(e: &Entry<'_>, now: SystemTime) -> String {
         e.client.ip(),
         clf_time(now),
         e.method,
-        request_target(e.uri),
+        escape_quoted(request_target(e.uri)),
         e.version,
         e.status,
         e.bytes
@@ -200,13 +200,13 @@ fn field(out: &mut String, e: &Entry<'_>, now: SystemTime, f: LogField) {
         LogField::Time => write!(out, "{}", clf_time(now)),
         LogField::TimeIso8601 => write!(out, "{}", iso_time(now)),
         LogField::Method => write!(out, "{}", e.method),
-        LogField::Target => write!(out, "{}", request_target(e.uri)),
+        LogField::Target => write!(out, "{}", escape_quoted(request_target(e.uri))),
         LogField::Protocol => write!(out, "{:?}", e.version),
         LogField::Request => write!(
             out,
             "{} {} {:?}",
             e.method,
-            request_target(e.uri),
+            escape_quoted(request_target(e.uri)),
             e.version
         ),
         LogField::Status => write!(out, "{}", e.status),
@@ -239,9 +239,22 @@ fn combined(e: &Entry<'_>, now: SystemTime) -> String {
     )
 }
 
-/// A header value inside `"…"`: quotes and backslashes escaped, as NGINX escapes them.
+/// A value written inside `"…"` (the request target, a header value), as NGINX's default
+/// `escape` writes it: `"`, `\\`, control bytes and every byte above `~` (UTF-8 too, U+2028
+/// among it) as `\\xHH`, so a line is one line of printable ASCII and a quote always ends a
+/// field.
 fn escape_quoted(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"")
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        match b {
+            b'"' | b'\\' | ..=0x1f | 0x7f.. => {
+                let _ = write!(out, "\\x{b:02X}");
+            }
+            _ => out.push(char::from(b)),
+        }
+    }
+    out
 }
 
 fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
@@ -346,7 +359,7 @@ mod tests {
         e.user_agent = Some("a \"quoted\" agent");
         assert_eq!(
             combined(&e, at),
-            "192.0.2.7 - - [23/Nov/2026:09:00:00 +0000] \"GET /a HTTP/1.1\" 200 6 \"-\" \"a \\\"quoted\\\" agent\""
+            "192.0.2.7 - - [23/Nov/2026:09:00:00 +0000] \"GET /a HTTP/1.1\" 200 6 \"-\" \"a \\x22quoted\\x22 agent\""
         );
     }
 
@@ -415,8 +428,34 @@ mod tests {
             template(&e, at, &t),
             "192.0.2.7:5555 [23/Nov/2026:09:00:00 +0000] 2026-11-23T09:00:00Z \
              \"POST /orders?id=7 HTTP/1.1\" 200 6 1.234 1234.567 api - - \
-             \"a \\\"quoted\\\" agent\" - true {}"
+             \"a \\x22quoted\\x22 agent\" - true {}"
         );
+    }
+
+    /// Issue 47's probe: `GET /a"b"c` was logged as `"GET /a"b"c HTTP/1.1"`, and raw UTF-8
+    /// (U+2028 too) went in as it came. Each is `\\xHH` now, as NGINX writes it.
+    #[test]
+    fn targets_are_escaped_as_nginx_escapes_them() {
+        let m = Method::GET;
+        let u = Uri::try_from(&b"/a\"b\"c/\xe2\x80\xa8\\"[..]).unwrap_or_else(|e| panic!("{e}"));
+        let at = UNIX_EPOCH + Duration::from_secs(1_795_424_400);
+        let want = "\"GET /a\\x22b\\x22c/\\xE2\\x80\\xA8\\x5C HTTP/1.1\"";
+        assert!(
+            common(&entry(&m, &u), at).contains(want),
+            "{}",
+            common(&entry(&m, &u), at)
+        );
+        assert!(combined(&entry(&m, &u), at).contains(want));
+        let t = LogTemplate::parse("\"{request}\" {target}").unwrap_or_else(|e| panic!("{e}"));
+        let line = template(&entry(&m, &u), at, &t);
+        assert_eq!(line, format!("{want} /a\\x22b\\x22c/\\xE2\\x80\\xA8\\x5C"));
+        let v: serde_json::Value =
+            serde_json::from_str(&json_line(&entry(&m, &u), at)).unwrap_or_default();
+        assert_eq!(
+            v["target"], "/a\"b\"c/\u{2028}\\",
+            "JSON escapes as JSON does"
+        );
+        assert_eq!(escape_quoted("tab\there\u{7f}"), "tab\\x09here\\x7F");
     }
 
     #[test]

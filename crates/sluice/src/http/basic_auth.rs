@@ -6,10 +6,12 @@
 //! a verification runs on the blocking pool, at most one per core at a time, never on the
 //! request's thread; and a password once verified is remembered as its SHA-256 (never in
 //! clear), so a client's every later request costs a hash, not a bcrypt. A name nobody has
-//! costs a verification too, so timing does not tell which names exist.
+//! costs a verification too, against the dearest of the route's hashes (a file may mix
+//! bcrypt costs and argon2), so timing does not tell which names exist.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use base64::Engine as _;
 use subtle::ConstantTimeEq;
@@ -27,6 +29,8 @@ pub(crate) struct BasicAuth {
     /// Each user's last verified password, as SHA-256 of `name:password`.
     verified: Mutex<HashMap<String, [u8; 32]>>,
     verifying: Arc<Semaphore>,
+    /// What a name nobody has is checked against: the dearest hash, found on first need.
+    decoy: Arc<OnceLock<Arc<str>>>,
 }
 
 impl std::fmt::Debug for BasicAuth {
@@ -50,6 +54,7 @@ impl BasicAuth {
             users,
             verified: Mutex::new(HashMap::new()),
             verifying: Arc::new(Semaphore::new(cores)),
+            decoy: Arc::default(),
         }
     }
 
@@ -64,22 +69,26 @@ impl BasicAuth {
         if self.remembers(&name, &digest) {
             return Ok(());
         }
-        // A name nobody has is checked against a user's hash all the same, and fails.
-        let (hash, known) = match self.users.get(&name) {
-            Some(hash) => (Arc::clone(hash), true),
-            None => match self.users.values().next() {
-                Some(hash) => (Arc::clone(hash), false),
-                None => return Err(refused()),
-            },
+        // A name nobody has is checked against the dearest hash all the same, and fails.
+        let known = self.users.get(&name).cloned();
+        if known.is_none() && self.users.is_empty() {
+            return Err(refused());
+        }
+        let is_known = known.is_some();
+        let decoy = Arc::clone(&self.decoy);
+        let hashes: Vec<Arc<str>> = match is_known {
+            true => Vec::new(),
+            false => self.users.values().cloned().collect(),
         };
         let permit = Arc::clone(&self.verifying).acquire_owned().await;
         let verified = tokio::task::spawn_blocking(move || {
             let _permit = permit;
+            let hash = known.unwrap_or_else(|| Arc::clone(decoy.get_or_init(|| dearest(&hashes))));
             verify(&password, &hash)
         })
         .await
         .unwrap_or(false);
-        if !(known && verified) {
+        if !(is_known && verified) {
             return Err(refused());
         }
         let mut remembered = self.verified.lock().unwrap_or_else(|p| p.into_inner());
@@ -111,6 +120,32 @@ fn credentials(field: &[u8]) -> Option<(String, Vec<u8>)> {
     let colon = decoded.iter().position(|b| *b == b':')?;
     let name = String::from_utf8(decoded[..colon].to_vec()).ok()?;
     Some((name, decoded[colon + 1..].to_vec()))
+}
+
+/// The hash whose verification takes longest: one of each kind and cost (bcrypt's `$2b$10$`,
+/// argon2's parameters) is timed once, as the kinds' costs have no common scale to compare
+/// on paper. `hashes` is not empty.
+fn dearest(hashes: &[Arc<str>]) -> Arc<str> {
+    let mut classes: HashMap<&str, &Arc<str>> = HashMap::new();
+    for hash in hashes {
+        classes.entry(cost_class(hash)).or_insert(hash);
+    }
+    let timed = classes.into_values().map(|hash| {
+        let started = Instant::now();
+        verify(b"\0not a password", hash);
+        (started.elapsed(), hash)
+    });
+    let slowest = timed.max_by_key(|(took, _)| *took);
+    slowest.map_or_else(|| Arc::from(""), |(_, hash)| Arc::clone(hash))
+}
+
+/// What decides a hash's cost: bcrypt's version and cost (`$2b$10$`), argon2's variant,
+/// version and parameters (all but the salt and the hash).
+fn cost_class(hash: &str) -> &str {
+    if hash.starts_with("$argon2") {
+        return hash.rsplitn(3, '$').nth(2).unwrap_or(hash);
+    }
+    hash.get(..7).unwrap_or(hash)
 }
 
 fn digest(name: &str, password: &[u8]) -> [u8; 32] {
@@ -159,6 +194,21 @@ mod tests {
         ] {
             assert_eq!(credentials(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
+    }
+
+    /// Issue 47's probe: an unknown name was checked against whichever hash came first, so
+    /// with cheap and dear hashes mixed its time told that the name does not exist.
+    #[test]
+    fn an_unknown_name_is_checked_against_the_dearest_hash() {
+        let cheap: Arc<str> = Arc::from(bcrypt::hash("a", 4).unwrap_or_default());
+        let dear: Arc<str> = Arc::from(bcrypt::hash("b", 12).unwrap_or_default());
+        let got = dearest(&[Arc::clone(&cheap), Arc::clone(&cheap), Arc::clone(&dear)]);
+        assert_eq!(got, dear, "bcrypt cost 12 is 256 times cost 4");
+        let got = dearest(&[Arc::clone(&dear), Arc::clone(&cheap)]);
+        assert_eq!(got, dear);
+        assert_eq!(cost_class(&cheap), "$2b$04$");
+        let argon = "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$aGFzaA";
+        assert_eq!(cost_class(argon), "$argon2id$v=19$m=19456,t=2,p=1");
     }
 
     #[test]

@@ -60,17 +60,16 @@ impl Cors {
             return false;
         };
         let origin = origin.to_ascii_lowercase();
+        let Some((scheme, host)) = parse_origin(&origin) else {
+            return false;
+        };
         match &self.config.origins {
             CorsOrigins::Any => true,
             CorsOrigins::List(list) => list.iter().any(|m| match m {
                 OriginMatch::Exact(o) => *o == origin,
-                OriginMatch::Subdomains(scheme, domain) => origin
-                    .strip_prefix(scheme.as_str())
-                    .and_then(|rest| rest.strip_prefix("://"))
-                    .map(|host| host.split(':').next().unwrap_or(host))
-                    .is_some_and(|host| {
-                        host.len() > domain.len() && host.ends_with(domain.as_str())
-                    }),
+                OriginMatch::Subdomains(s, domain) => {
+                    *s == scheme && host.len() > domain.len() && host.ends_with(domain.as_str())
+                }
             }),
         }
     }
@@ -167,6 +166,48 @@ impl Cors {
     }
 }
 
+/// An origin as browsers serialise it (RFC 6454 §6.1, lowercased): `scheme://host[:port]`,
+/// the host a DNS name of letters, digits and hyphens in non-empty dot-separated labels, or
+/// an IP literal; its scheme and host. Anything else — a path, a query, a fragment, user
+/// info, a backslash, an empty label, `null` — is no origin a pattern may match.
+fn parse_origin(origin: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = origin.split_once("://")?;
+    let scheme_ok = scheme.starts_with(|c: char| c.is_ascii_lowercase())
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b));
+    if !scheme_ok {
+        return None;
+    }
+    let (host, port) = match rest.strip_prefix('[') {
+        Some(v6) => {
+            let (ip, after) = v6.split_once(']')?;
+            ip.parse::<std::net::Ipv6Addr>().ok()?;
+            (
+                &rest[..ip.len() + 2],
+                after.strip_prefix(':').map_or(Some(after), Some)?,
+            )
+        }
+        None => match rest.rsplit_once(':') {
+            Some((host, port)) => (host, port),
+            None => (rest, ""),
+        },
+    };
+    let port_ok = port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+    let name_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    let host_ok = host.starts_with('[') || host.split('.').all(name_ok);
+    let had_port = rest.len() > host.len();
+    (port_ok && host_ok && (!had_port || !port.is_empty())).then_some((scheme, host))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +228,36 @@ mod tests {
             OriginMatch::Exact("https://app.example.com".to_owned()),
             OriginMatch::Subdomains("https".to_owned(), ".example.org".to_owned()),
         ])
+    }
+
+    /// Issue 47's probe: `*.example.org` reflected these, with credentials.
+    #[test]
+    fn malformed_origins_match_no_pattern() {
+        let c = cors(listed(), true);
+        for bad in [
+            "https://evil.com#.example.org",
+            "https://evil.com/.example.org",
+            "https://evil.com?.example.org",
+            "https://evil.com\\.example.org",
+            "https://user@a.example.org",
+            "https://a..example.org",
+            "https://a.example.org:",
+            "https://a.example.org:99999x",
+            "https://a.example.org/",
+            "null",
+            "https://app.example.com/",
+        ] {
+            assert!(!c.allows(bad.as_bytes()), "{bad}");
+        }
+        for ok in ["https://a-b.example.org", "https://x.example.org:443"] {
+            assert!(c.allows(ok.as_bytes()), "{ok}");
+        }
+        assert_eq!(parse_origin("http://[::1]:8080"), Some(("http", "[::1]")));
+        assert_eq!(
+            parse_origin("http://127.0.0.1"),
+            Some(("http", "127.0.0.1"))
+        );
+        assert!(parse_origin("http://[::1]x").is_none());
     }
 
     #[test]
