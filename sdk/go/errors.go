@@ -3,6 +3,7 @@ package sluice
 import (
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 // Kind says where a dial or handshake failed.
@@ -133,4 +134,11 @@ func IsRetryable(err error) bool {
 func isDrained(err error) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Drained()
+}
+
+// isConnRefused: the connect itself was refused (ECONNREFUSED), so nothing listens at the
+// address, as after its process died; a timeout or a reset says less.
+func isConnRefused(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Kind == KindConnect && errors.Is(e.Err, syscall.ECONNREFUSED)
 }

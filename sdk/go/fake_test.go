@@ -150,7 +150,8 @@ func (f *fakeAcceptor) session() *fakeSession {
 	}
 }
 
-// testDeadline only turns a hang into a failure; no test asserts a duration.
+// testDeadline only turns a hang into a failure; the only durations tests assert are
+// waitWithin's generous bounds on what the protocol says happens at once.
 const testDeadline = 20 * time.Second
 
 // fakeSession is one registered session, seen from the proxy.
@@ -190,7 +191,13 @@ func (s *fakeSession) roundTrip(path string) (*http.Response, string, error) {
 // waitUntil waits, without polling, until cond holds on the listener's state under its lock.
 func waitUntil(t *testing.T, l *Listener, what string, cond func(l *Listener) bool) {
 	t.Helper()
-	deadline := time.After(testDeadline)
+	waitWithin(t, l, testDeadline, what, cond)
+}
+
+// waitWithin is waitUntil within bound, for what the protocol says happens at once.
+func waitWithin(t *testing.T, l *Listener, bound time.Duration, what string, cond func(l *Listener) bool) {
+	t.Helper()
+	deadline := time.After(bound)
 	for {
 		l.mu.Lock()
 		ok, changed := cond(l), l.changed
@@ -201,7 +208,7 @@ func waitUntil(t *testing.T, l *Listener, what string, cond func(l *Listener) bo
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("timed out waiting until %s", what)
+			t.Fatalf("not within %v: %s", bound, what)
 		}
 	}
 }

@@ -43,7 +43,8 @@ func (k *link) write(timeout time.Duration) {
 }
 
 // runLink keeps n's control link: dial, read its lines until it ends or is silent for 3 s,
-// dial again at once and then with backoff. A node that answers 400 has no control links
+// dial again at once and then with backoff (a redial refused means the node is gone: down at
+// once, see refusedLocked). A node that answers 400 has no control links
 // (live with demand 1, the link retried at the backoff's maximum); 410 holds the instance out
 // at that node (retried every DrainedProbe); 401 and 404 keep it out (retried at the backoff's
 // maximum). It returns when ctx ends: the Listener closes, or the node is forgotten.
@@ -118,7 +119,7 @@ func (l *Listener) serveLink(ctx context.Context, n *node, conn net.Conn, rest [
 func (l *Listener) readLink(n *node, k *link, rest []byte) (heard bool, err error) {
 	br := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(rest), k.conn), 2*maxControlLine)
 	for {
-		k.conn.SetReadDeadline(time.Now().Add(controlSilence))
+		k.conn.SetReadDeadline(time.Now().Add(l.opts.silence))
 		text, err := readControlLine(br)
 		if err != nil {
 			return heard, err
@@ -188,7 +189,9 @@ func (l *Listener) linkLost(n *node, k *link, err error) {
 	l.lostLocked(n)
 }
 
-// lostLocked starts the grace of a node that was reachable; l.mu must be held.
+// lostLocked starts the grace of a node that was reachable: silence, a timeout or a hot
+// restart (which replaces the process behind the link while the sessions stay) may end
+// within it. l.mu must be held.
 func (l *Listener) lostLocked(n *node) {
 	n.noControl = false
 	n.lostAt = time.Now()
@@ -199,25 +202,55 @@ func (l *Listener) lostLocked(n *node) {
 		if n.up() || n.lostAt != lost || n.down {
 			return
 		}
-		n.down = true
-		n.log.Warn("node down: no control link within NodeGrace; its share moves to the others", "grace", l.opts.NodeGrace)
-		l.planLocked()
+		l.downLocked(n, "no control link within NodeGrace", "grace", l.opts.NodeGrace)
 	})
 	l.planLocked()
 }
 
-// linkFailed: dialing the link failed (begun at the node's report epoch epoch).
+// refusedLocked: a dial to n was refused (ECONNREFUSED: nothing listens at its address). If
+// its control link has closed too (or it is an older acceptor without links), the node is
+// gone, so it is down at once rather than after NodeGrace: a hot restart passes the
+// listening socket on, and connects to it queue rather than being refused. l.mu must be held.
+func (l *Listener) refusedLocked(n *node, err error) {
+	if n.down || n.link != nil || !isConnRefused(err) {
+		return
+	}
+	if n.noControl {
+		l.lostLocked(n)
+	}
+	if n.lostAt.IsZero() {
+		return // never reached: not live yet, so there is nothing to move
+	}
+	l.downLocked(n, "its control link closed and it refuses connections", "error", err)
+}
+
+// downLocked takes n out: the split moves its share to the others and closes its sessions
+// (idle ones at once). A node that said DRAINING was expected to go, so that is no warning.
+// l.mu must be held.
+func (l *Listener) downLocked(n *node, why string, attrs ...any) {
+	n.down = true
+	if n.draining {
+		n.log.Info("the draining node is gone: "+why, attrs...)
+	} else {
+		n.log.Warn("node down: "+why+"; its share moves to the others", attrs...)
+	}
+	l.planLocked()
+}
+
+// linkFailed: dialing the link failed (begun at the node's report epoch epoch). A node that
+// said DRAINING is expected to go: its failed dials are no outage.
 func (l *Listener) linkFailed(n *node, err error, epoch int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lastErr = err
 	n.pendingUntil = time.Time{}
-	if !l.counts.stopping {
+	if !l.counts.stopping && !n.draining {
 		n.report.dialFailed(err, epoch)
 	}
 	if n.noControl {
 		l.lostLocked(n)
 	}
+	l.refusedLocked(n, err)
 	l.notifyLocked()
 }
 

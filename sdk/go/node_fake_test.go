@@ -36,6 +36,16 @@ type fakeNode struct {
 	conns       []net.Conn
 	changed     chan struct{}
 	firstDemand string // sent on a new link; "" means "DEMAND 0 0 0 <sessions>"
+	// stall leaves control requests unanswered (a hung node, or one whose new process is
+	// still starting behind the listening socket it was passed); they wait in stalled.
+	stall   bool
+	stalled []stalledLink
+}
+
+// stalledLink is a control request the node has read but not answered.
+type stalledLink struct {
+	conn net.Conn
+	br   *bufio.Reader
 }
 
 // newFakeNode listens on ip (port 0 unless given) until the test ends.
@@ -106,6 +116,10 @@ func cmpOr(a, b string) string {
 
 // controlLocked answers a control link and reads the service's lines on it.
 func (n *fakeNode) controlLocked(conn net.Conn, br *bufio.Reader) {
+	if n.stall {
+		n.stalled = append(n.stalled, stalledLink{conn, br})
+		return
+	}
 	answer := cmpOr(n.controlTo, controlSwitched)
 	if answer != controlSwitched {
 		conn.Write([]byte(answer))
@@ -197,6 +211,30 @@ func (n *fakeNode) open() []*fakeSession {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return slices.Clone(n.sessions)
+}
+
+// unstall answers the control requests left waiting, and those to come, as a restarted
+// process that has come up does.
+func (n *fakeNode) unstall() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.stall = false
+	for _, s := range n.stalled {
+		n.controlLocked(s.conn, s.br)
+	}
+	n.stalled = nil
+	n.notifyLocked()
+}
+
+// closeLinks closes the node's control links, as a node's process does when it ends; its
+// sessions stay open.
+func (n *fakeNode) closeLinks() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, c := range n.links {
+		c.Close()
+	}
+	n.notifyLocked()
 }
 
 // kill ends the node at once: listener, sessions and links close, as when it crashes.

@@ -23,7 +23,7 @@ type node struct {
 	link      *link     // the control link while it is up
 	noControl bool      // the node answered 400: an acceptor without control links
 	lostAt    time.Time // when an up link was lost; zero while up, or before the first
-	down      bool      // without a link for NodeGrace
+	down      bool      // without a link for NodeGrace, or refusing connections since it lost it
 	// draining: the node said DRAINING on drainingOn; a DEMAND on a newer link clears it.
 	draining   bool
 	drainingOn *link
@@ -65,7 +65,8 @@ func (n *node) String() string {
 func (n *node) up() bool { return n.link != nil || n.noControl }
 
 // live: the split gives it sessions. A lost link keeps it live for NodeGrace (a hot restart
-// replaces the process behind the link while the sessions stay).
+// replaces the process behind the link while the sessions stay), unless a refused connect
+// takes it down first (refusedLocked).
 func (n *node) live() bool {
 	reachable := n.up() || (!n.lostAt.IsZero() && !n.down)
 	return reachable && !n.draining && !n.held && n.refused == nil && !n.gone
@@ -107,7 +108,8 @@ func (n *node) why() string {
 type NodeStatus struct {
 	// Address is the node's ip:port; Host the name or list entry it came from.
 	Address, Host string
-	// Live: the node gets sessions (its link is up, or lost for less than NodeGrace).
+	// Live: the node gets sessions (its link is up, or lost for less than NodeGrace and not
+	// refusing connections).
 	Live bool
 	// State is "" while live, else why not: "connecting", "reconnecting", "down",
 	// "draining", "drained" (an operator's hold, 410), "refused" or "gone" (left DNS).

@@ -71,6 +71,8 @@ type Options struct {
 	ResolveInterval time.Duration
 	// NodeGrace is how long a node of many may be without its control link before it is
 	// down (its share moves to the others; a hot restart of the node takes less). 0 means 5 s.
+	// It is for silence and timeouts: a node whose link closed and whose address then refuses
+	// connections (its process is gone) is down at once.
 	NodeGrace time.Duration
 	// Resolver resolves the names of many nodes; nil means net.DefaultResolver. Tests and
 	// service discovery may plug in their own.
@@ -87,6 +89,9 @@ type Options struct {
 
 	// check, in tests, runs under the Listener's lock at every change of its state.
 	check func(*Listener)
+	// silence, in tests, is how long a control link may be silent before it is lost; 0 means
+	// controlSilence, the protocol's three missed heartbeats.
+	silence time.Duration
 }
 
 // Resolver looks up the addresses of a name, as *net.Resolver does (network "ip").
@@ -167,6 +172,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.NodeGrace == 0 {
 		o.NodeGrace = defaultNodeGrace
+	}
+	if o.silence == 0 {
+		o.silence = controlSilence
 	}
 	if o.Resolver == nil {
 		o.Resolver = net.DefaultResolver

@@ -203,6 +203,7 @@ func (l *Listener) nodeDialFailedLocked(t turn, err error) bool {
 			n.report.dialFailed(err, t.epoch)
 		}
 		l.nodeFailedLocked(n)
+		l.refusedLocked(n, err)
 	}
 	return true
 }
