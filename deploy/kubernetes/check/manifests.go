@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -35,6 +36,7 @@ type Manifests struct {
 	ConfigMaps    []corev1.ConfigMap
 	Services      []corev1.Service
 	Deployments   []appsv1.Deployment
+	Budgets       []policyv1.PodDisruptionBudget // PodDisruptionBudgets
 }
 
 // Load reads dir's kustomization.yaml and decodes every resource it lists, strictly.
@@ -101,6 +103,8 @@ func (m *Manifests) add(doc []byte) error {
 		return decodeInto(doc, &m.Services)
 	case "apps/v1 Deployment":
 		return decodeInto(doc, &m.Deployments)
+	case "policy/v1 PodDisruptionBudget":
+		return decodeInto(doc, &m.Budgets)
 	default:
 		return fmt.Errorf("%q is not a kind this check knows; add it to Manifests", gvk)
 	}

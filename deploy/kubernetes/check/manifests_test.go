@@ -12,6 +12,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -150,6 +152,10 @@ func TestAnUnknownFieldIsAnError(t *testing.T) {
 	if err := m.add([]byte(doc)); err == nil {
 		t.Error("a duplicate field decoded")
 	}
+	doc = "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: x\nspec:\n  maxUnavailabe: 1\n"
+	if err := m.add([]byte(doc)); err == nil || !strings.Contains(err.Error(), "maxUnavailabe") {
+		t.Errorf("spec.maxUnavailabe decoded: %v", err)
+	}
 	if err := m.add([]byte("apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n")); err == nil {
 		t.Error("a kind the check does not know decoded")
 	}
@@ -263,6 +269,69 @@ func TestProbesDrainAndGrace(t *testing.T) {
 	g := d.nodes.Spec.Template.Spec.TerminationGracePeriodSeconds
 	if g == nil || time.Duration(*g)*time.Second <= grace {
 		t.Errorf("terminationGracePeriodSeconds %s, want above shutdown_grace %v", fmtSeconds(g), grace)
+	}
+}
+
+// A drain or a cluster upgrade evicts the nodes one at a time, never all of them: exactly one
+// PodDisruptionBudget covers the node pods (and no other pods), lets at least one go (else a
+// drain would hang) and keeps at least one; a node that is not ready may go regardless, so
+// one stuck node does not block a drain.
+func TestADisruptionBudgetEvictsOneNodeAtATime(t *testing.T) {
+	d := load(t)
+	nodePods := labels.Set(d.nodes.Spec.Template.Labels)
+	var budget *policyv1.PodDisruptionBudget
+	for i, b := range d.m.Budgets {
+		selector, err := metav1.LabelSelectorAsSelector(b.Spec.Selector)
+		if err != nil || b.Spec.Selector == nil || selector.Empty() {
+			t.Errorf("PodDisruptionBudget %q: selector %v (%v)", b.Name, b.Spec.Selector, err)
+			continue
+		}
+		for _, other := range d.m.Deployments {
+			if other.Name != nodesName && selector.Matches(labels.Set(other.Spec.Template.Labels)) {
+				t.Errorf("PodDisruptionBudget %q selects the pods of Deployment %q too", b.Name, other.Name)
+			}
+		}
+		if selector.Matches(nodePods) {
+			if budget != nil {
+				t.Errorf("PodDisruptionBudgets %q and %q both select the node pods: evictions fail", budget.Name, b.Name)
+			}
+			budget = &d.m.Budgets[i]
+		}
+	}
+	if budget == nil {
+		t.Fatalf("no PodDisruptionBudget selects the node pods %v", nodePods)
+	}
+	replicas := 1 // the Deployment's default
+	if r := d.nodes.Spec.Replicas; r != nil {
+		replicas = int(*r)
+	}
+	spec := budget.Spec
+	var evictable int
+	switch {
+	case spec.MaxUnavailable != nil && spec.MinAvailable == nil:
+		n, err := intstr.GetScaledValueFromIntOrPercent(spec.MaxUnavailable, replicas, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evictable = n
+	case spec.MinAvailable != nil && spec.MaxUnavailable == nil:
+		n, err := intstr.GetScaledValueFromIntOrPercent(spec.MinAvailable, replicas, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evictable = replicas - n
+	default:
+		t.Fatalf("PodDisruptionBudget %q: want one of minAvailable and maxUnavailable", budget.Name)
+	}
+	if evictable < 1 || evictable >= replicas {
+		t.Errorf("PodDisruptionBudget %q lets %d of %d nodes go at once, want 1 to %d", budget.Name, evictable, replicas, replicas-1)
+	}
+	policy := policyv1.UnhealthyPodEvictionPolicyType("unset (IfHealthyBudget)")
+	if spec.UnhealthyPodEvictionPolicy != nil {
+		policy = *spec.UnhealthyPodEvictionPolicy
+	}
+	if policy != policyv1.AlwaysAllow {
+		t.Errorf("PodDisruptionBudget %q: unhealthyPodEvictionPolicy %s, want AlwaysAllow", budget.Name, policy)
 	}
 }
 
