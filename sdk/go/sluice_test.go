@@ -99,14 +99,15 @@ type sluiceNode struct {
 	more   chan struct{} // closed and replaced when a line arrives or the process exits
 }
 
-// startSluice runs `sluice run` with config in a temp dir; it is stopped at cleanup.
-func startSluice(t *testing.T, config string) *sluiceNode {
+// startSluice runs `sluice run` with config in a temp dir and args (such as --upgrade); it is
+// stopped at cleanup.
+func startSluice(t *testing.T, config string, args ...string) *sluiceNode {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "sluice.toml")
 	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(sluiceBinary(t), "run", "-c", path, "--log-format", "json")
+	cmd := exec.Command(sluiceBinary(t), append([]string{"run", "-c", path, "--log-format", "json"}, args...)...)
 	cmd.Env = append(os.Environ(), "GO_SDK_TOKEN="+sluiceToken, "RUST_LOG=info")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -203,6 +204,25 @@ func (n *sluiceNode) stop() {
 		n.cmd.Process.Kill()
 		<-done
 		n.t.Error("sluice did not stop on SIGTERM")
+	}
+}
+
+// waitExit waits until the process has ended by itself (the old one of a hot restart).
+func (n *sluiceNode) waitExit() {
+	n.t.Helper()
+	deadline := time.After(testDeadline)
+	for {
+		n.mu.Lock()
+		exited, more := n.exited, n.more
+		n.mu.Unlock()
+		if exited {
+			return
+		}
+		select {
+		case <-more:
+		case <-deadline:
+			n.t.Fatal("sluice did not exit")
+		}
 	}
 }
 
