@@ -1,6 +1,9 @@
 package sluice
 
 import (
+	"context"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -184,5 +187,48 @@ func TestADrainedNodeThatGoesAwayIsNoWarning(t *testing.T) {
 				t.Errorf("b: %+v", st)
 			}
 		})
+	}
+}
+
+// A link the instance closes itself (the node left DNS, or the Listener shut down) is not
+// lost: no grace begins, so no "node down" warning follows NodeGrace later.
+func TestALinkTheInstanceClosesTakesNoNodeDown(t *testing.T) {
+	t.Parallel()
+	a := newFakeNode(t, "127.0.0.2", 0)
+	port := a.ln.Addr().(*net.TCPAddr).Port
+	b := newFakeNode(t, "127.0.0.3", port)
+	r := &fakeResolver{}
+	r.set("127.0.0.2", "127.0.0.3")
+	var logs logLines
+	ln := listenMany(t, Options{
+		Acceptor: "dns:nodes.test:" + strconv.Itoa(port), Capacity: 2, Resolver: r,
+		ResolveInterval: 10 * time.Millisecond, NodeGrace: time.Millisecond, Logger: logs.logger(),
+	})
+	serve(t, ln, hello)
+	waitHolding(t, ln, []*fakeNode{a, b}, 1, 1)
+	ln.mu.Lock()
+	stays, leaves := ln.nodeAt(a.addr), ln.nodeAt(b.addr)
+	ln.mu.Unlock()
+
+	r.set("127.0.0.2")
+	waitUntil(t, ln, "b is forgotten and its link ended", func(l *Listener) bool {
+		return l.nodeAt(b.addr) == nil && leaves.link == nil
+	})
+	waitHolding(t, ln, []*fakeNode{a}, 2) // no dial under way when the drain is sent
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	defer cancel()
+	if err := ln.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	waitUntil(t, ln, "a's link ended", func(*Listener) bool { return stays.link == nil })
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	for _, n := range []*node{leaves, stays} {
+		if !n.lostAt.IsZero() || n.down {
+			t.Errorf("%s: a grace began after the instance closed its link", n)
+		}
+	}
+	if n := logs.count("node down"); n != 0 {
+		t.Errorf("%d lines say a node is down:\n%s", n, &logs)
 	}
 }

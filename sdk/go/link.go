@@ -110,7 +110,7 @@ func (l *Listener) serveLink(ctx context.Context, n *node, conn net.Conn, rest [
 	heard, err := l.readLink(n, k, rest)
 	close(k.done)
 	conn.Close()
-	l.linkLost(n, k, err)
+	l.linkLost(n, k, err, ctx.Err() != nil)
 	return heard
 }
 
@@ -177,8 +177,9 @@ func (l *Listener) linkAnswered(n *node, k *link) {
 	l.planLocked()
 }
 
-// linkLost: k ended. The node stays live for NodeGrace, then is down.
-func (l *Listener) linkLost(n *node, k *link, err error) {
+// linkLost: k ended. The node stays live for NodeGrace, then is down; unless this side ended
+// it (closed: the Listener closed, or the node left DNS), when nothing is lost.
+func (l *Listener) linkLost(n *node, k *link, err error, closed bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if n.link != k {
@@ -186,6 +187,10 @@ func (l *Listener) linkLost(n *node, k *link, err error) {
 	}
 	n.link = nil
 	n.log.Debug("control link ended", "error", err)
+	if closed {
+		l.notifyLocked()
+		return
+	}
 	l.lostLocked(n)
 }
 
