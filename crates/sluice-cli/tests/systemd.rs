@@ -328,14 +328,27 @@ fn a_hot_restart_after_the_binary_was_replaced_starts_the_new_one() {
 }
 
 /// The `/etc/sluice/sluice.toml` that deploy/systemd/README.md starts from loads, with its
-/// upgrade socket in the unit's RuntimeDirectory.
+/// upgrade socket in the unit's RuntimeDirectory and the admin token the package's postinst
+/// makes (here in a temporary directory, where the file's path is rewritten to).
 #[test]
 fn the_units_example_configuration_checks() {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd/sluice.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let packaged = "token = \"file:/etc/sluice/admin.token\"";
+    assert!(
+        text.contains(packaged),
+        "the admin API takes the package's token"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "0123456789abcdef").unwrap();
+    let local = format!("token = \"file:{}\"", token.display());
+    let copy = dir.path().join("sluice.toml");
+    std::fs::write(&copy, text.replace(packaged, &local)).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("check")
         .arg("-c")
-        .arg(&file)
+        .arg(&copy)
         .output()
         .unwrap();
     assert!(

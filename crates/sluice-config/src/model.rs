@@ -714,6 +714,11 @@ pub struct ReverseOptions {
     /// How long a request may wait while its slice has no session registered at all (services
     /// starting), within `queue_timeout`. Default 0: 503 at once.
     pub no_sessions_wait: Duration,
+    /// For this long after the node starts, a request to a slice with no session yet waits
+    /// for the first (beyond `queue_timeout`) instead of a 503, and `/ready` says 503 until
+    /// each routed slice holds a session: services dial a new node only once they find it.
+    /// Default 10 s; 0: off.
+    pub startup_wait: Duration,
     /// Sessions one instance may register; `None` (config `0`, default) means no limit.
     pub max_sessions_per_instance: Option<usize>,
     /// Sessions the whole cluster may hold; `None` (config `0`, default) means no limit.
@@ -735,6 +740,7 @@ impl Default for ReverseOptions {
             queue_max: 1024,
             queue_timeout: Duration::from_secs(2),
             no_sessions_wait: Duration::ZERO,
+            startup_wait: Duration::from_secs(10),
             max_sessions_per_instance: None,
             max_sessions: None,
             response_timeout: Duration::from_secs(30),

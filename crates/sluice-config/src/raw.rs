@@ -309,6 +309,7 @@ pub(crate) struct RawCluster {
     pub(crate) queue_max: Option<Spanned<usize>>,
     pub(crate) queue_timeout: Option<Spanned<Timeout>>,
     pub(crate) no_sessions_wait: Option<Spanned<Dur>>,
+    pub(crate) startup_wait: Option<Spanned<Dur>>,
     pub(crate) max_sessions_per_instance: Option<Spanned<usize>>,
     pub(crate) max_sessions: Option<Spanned<usize>>,
     pub(crate) request_buffer: Option<Spanned<Size>>,

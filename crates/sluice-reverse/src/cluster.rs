@@ -56,6 +56,9 @@ struct ClusterInner<P: Protocol> {
     arriving: Arc<AtomicUsize>,
     /// The services' control links open here.
     links: Arc<crate::links::Links>,
+    /// The end of the start-up window (`startup_wait` from the cluster's making): until
+    /// then a slice without sessions holds its requests, and the node is not ready.
+    starting_until: Option<tokio::time::Instant>,
 }
 
 /// A handle to one slice of a reverse cluster: what a route forwards to.
@@ -103,6 +106,8 @@ impl<P: Protocol> ReverseCluster<P> {
         let changed = Arc::new(Changes::default());
         let (max, per_instance) = (opts.max_sessions, opts.max_sessions_per_instance);
         let instances = Instances::new(&name, max, per_instance, Arc::clone(&changed));
+        let wait = opts.startup_wait;
+        let starting_until = (!wait.is_zero()).then(|| tokio::time::Instant::now() + wait);
         let inner = ClusterInner {
             name,
             opts: Arc::new(opts),
@@ -116,6 +121,7 @@ impl<P: Protocol> ReverseCluster<P> {
             metrics: metrics.clone(),
             arriving: Arc::default(),
             links: Arc::default(),
+            starting_until,
         };
         Self {
             inner: Arc::new(inner),
@@ -177,7 +183,11 @@ impl<P: Protocol> ReverseCluster<P> {
         Arc::new(SlicePool::new(
             &i.name,
             slice,
-            (Arc::clone(&i.opts), Arc::clone(&i.protocol)),
+            (
+                Arc::clone(&i.opts),
+                Arc::clone(&i.protocol),
+                i.starting_until,
+            ),
             Arc::clone(&i.changed),
             Arc::clone(&i.handover),
             i.metrics.clone(),
@@ -226,6 +236,18 @@ impl<P: Protocol> ReverseCluster<P> {
         locked(&self.inner.slices)
             .get(slice)
             .map_or(0, |p| p.queued())
+    }
+
+    /// How long the node's start-up window still holds this cluster's requests for its
+    /// first session: `Some` while the window is open and no session has arrived (the node is
+    /// not ready for clients), `None` once either has happened.
+    pub fn awaiting_sessions(&self) -> Option<std::time::Duration> {
+        let until = self.inner.starting_until?;
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        (!left.is_zero()
+            && self.sessions() == 0
+            && self.inner.arriving.load(Ordering::Relaxed) == 0)
+            .then_some(left)
     }
 
     /// Connected sessions across all slices and instances.

@@ -21,6 +21,9 @@ pub struct ReverseOptions {
     /// How long a request may wait while its slice has no session registered at all (services
     /// starting), within `queue_timeout`; zero: 503 at once.
     pub no_sessions_wait: Duration,
+    /// For this long after the cluster is made (the node starts), a request to a slice with
+    /// no session yet waits for the first instead of a 503; zero: off.
+    pub startup_wait: Duration,
     /// Sessions one instance may register; `None`: no limit.
     pub max_sessions_per_instance: Option<usize>,
     /// Sessions the whole cluster may hold; `None`: no limit.

@@ -59,6 +59,9 @@ pub struct SlicePool<P: Protocol> {
     alive: Arc<AtomicUsize>,
     /// Non-zero while sessions may arrive from elsewhere (lent, or handed over).
     arriving: Arc<AtomicUsize>,
+    /// Until then (the node has just started: `startup_wait`), a request to this slice
+    /// without sessions waits for the first one.
+    starting_until: Option<Instant>,
     /// A request was refused for want of any session since the last one registered: logged
     /// once per such stretch, not per request.
     empty_logged: AtomicBool,
@@ -183,7 +186,7 @@ impl<P: Protocol> SlicePool<P> {
     pub(crate) fn new(
         cluster: &str,
         slice: &str,
-        (opts, protocol): (Arc<ReverseOptions>, Arc<P::Options>),
+        (opts, protocol, starting_until): (Arc<ReverseOptions>, Arc<P::Options>, Option<Instant>),
         changed: Arc<Changes>,
         handover: Arc<Handover>,
         metrics: ReverseMetrics,
@@ -204,6 +207,7 @@ impl<P: Protocol> SlicePool<P> {
             multiplexed: AtomicBool::new(false),
             alive: Arc::default(),
             arriving,
+            starting_until,
             empty_logged: AtomicBool::new(false),
             refusals: SharedTally::new(),
             refused: std::sync::atomic::AtomicU64::new(0),
@@ -261,14 +265,22 @@ impl<P: Protocol> SlicePool<P> {
     }
 
     /// How long a request may wait for a session, from now: `no_sessions_wait` when the
-    /// slice has none at all (`None`: refuse at once), else `queue_timeout`.
+    /// slice has none at all, or what is left of the start-up window if that is longer
+    /// (`None`: refuse at once); else `queue_timeout`.
     fn wait_limit(&self) -> Option<std::time::Duration> {
         let empty = self.registered.load(Ordering::Acquire) == 0
             && self.arriving.load(Ordering::Relaxed) == 0;
         if !empty {
             return Some(self.opts.queue_timeout);
         }
-        let wait = self.opts.no_sessions_wait.min(self.opts.queue_timeout);
+        let starting = self.starting_until.map_or(std::time::Duration::ZERO, |t| {
+            t.saturating_duration_since(Instant::now())
+        });
+        let wait = self
+            .opts
+            .no_sessions_wait
+            .min(self.opts.queue_timeout)
+            .max(starting);
         (!wait.is_zero()).then_some(wait)
     }
 

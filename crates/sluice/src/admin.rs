@@ -445,13 +445,30 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> ClusterStatus {
 /// `200 ready` while the node serves; `503` and its state while it starts, drains or stops,
 /// so that an L4 balancer or Kubernetes stops sending it clients. Served without the token,
 /// as `/healthz` is: probes carry none.
+/// `200 ready` while the node takes traffic and can serve it: past its start, not draining,
+/// and every reverse cluster it routes to holds a session or its start-up window has passed
+/// (a client-facing balancer that sent requests to a node no service has found yet would
+/// get them held, then refused). The acceptor needs no readiness: see docs/kubernetes.
 async fn ready(State(state): State<Arc<AdminState>>) -> Response {
     let node = state.readiness.state();
-    let status = match state.readiness.is_ready() {
-        true => StatusCode::OK,
-        false => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    (status, format!("{}\n", node.as_str())).into_response()
+    if !state.readiness.is_ready() {
+        let body = format!("{}\n", node.as_str());
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    }
+    let awaiting = state.clusters.iter().find_map(|(name, u)| match u {
+        Upstream::Reverse(s) => s.cluster().awaiting_sessions().map(|left| (name, left)),
+        Upstream::Static(_) => None,
+    });
+    match awaiting {
+        Some((name, left)) => {
+            let body = format!(
+                "starting: no session of cluster {name} yet (ready when one registers, at most {:.1} s more)\n",
+                left.as_secs_f64()
+            );
+            (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+        }
+        None => (StatusCode::OK, format!("{}\n", node.as_str())).into_response(),
+    }
 }
 
 /// Drains the node: `/ready` turns 503 for good, so balancers stop sending clients; requests

@@ -39,13 +39,18 @@ async fn start_serving() -> (Running, std::sync::Arc<Service>) {
 
 /// A proxy whose `[admin]` table has `admin_keys` besides `listen`.
 async fn start_with(admin_keys: &str) -> Running {
+    start_full(admin_keys, "startup_wait = \"0s\"\n").await
+}
+
+/// [`start_with`], with `cluster_keys` in `[cluster.api]`.
+async fn start_full(admin_keys: &str, cluster_keys: &str) -> Running {
     let text = format!(
         "[admin]\nlisten = \"127.0.0.1:0\"\n{admin_keys}\
          [acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n\
          [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
          [[route]]\nname = \"legacy\"\npath_prefix = \"/legacy\"\ncluster = \"legacy\"\n\
          [[route]]\nname = \"api\"\ncluster = \"api\"\n\
-         [cluster.api]\nkind = \"reverse\"\nno_sessions_wait = \"1h\"\n\
+         [cluster.api]\nkind = \"reverse\"\nno_sessions_wait = \"1h\"\n{cluster_keys}\
          [cluster.legacy]\nkind = \"static\"\nendpoints = [\"127.0.0.1:9\"]\n"
     );
     let config = sluice::config::parse_str(&text, "admin.toml", Path::new(".")).unwrap();
@@ -760,5 +765,37 @@ async fn a_read_only_admin_api_serves_reads_and_refuses_every_change() {
         "{listed}"
     );
     assert_eq!(call_with(p.admin, "GET", "/ready", &host, "").await.0, 200);
+    let _ = p.stop.send(());
+}
+
+/// Issue 46: a restarted node said ready, and answered every client 503 "no sessions" until
+/// its services found it (seconds: their re-resolution). Now, for `startup_wait`, `/ready`
+/// says why it is not ready yet, and a request that comes meanwhile is held (beyond
+/// `queue_timeout`) for the first session rather than refused.
+#[tokio::test]
+async fn a_starting_node_holds_requests_for_its_first_session_and_is_ready_only_then() {
+    let p = start_full("", "startup_wait = \"60s\"\nqueue_timeout = \"100ms\"\n").await;
+    let host = format!("Host: 127.0.0.1:{}\r\n", p.admin.port());
+    let (status, body) = call_with(p.admin, "GET", "/ready", &host, "").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.starts_with("starting: no session of cluster api"),
+        "{body}"
+    );
+    let addr = p.http;
+    let held = tokio::spawn(async move { get(addr, "/").await });
+    p.cluster.wait_until(|c| c.queued("default") == 1).await;
+    // Five queue timeouts pass: the request is still held, not refused.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !held.is_finished(),
+        "the request was answered before any session came"
+    );
+    let _svc = Service::start(p.acceptor, ServiceSpec::new("a", 1)).await;
+    assert_eq!(held.await.unwrap().status, 200);
+    assert_eq!(
+        call_with(p.admin, "GET", "/ready", &host, "").await,
+        (200, "ready\n".to_owned())
+    );
     let _ = p.stop.send(());
 }

@@ -192,15 +192,16 @@ func TestThreeNodesRunTheConfigMapsConfig(t *testing.T) {
 }
 
 // SDKs resolve the headless Service to every node: it must have no cluster IP, select the
-// node pods, publish only ready ones, and its port must be the acceptor's.
+// node pods, publish the ones not ready yet too (a node is ready for clients only once the
+// services that find it here have dialed in), and its port must be the acceptor's.
 func TestTheAcceptorServiceIsHeadlessOverTheNodes(t *testing.T) {
 	d := load(t)
 	s := d.headless.Spec
 	if s.ClusterIP != corev1.ClusterIPNone {
 		t.Errorf("clusterIP %q, want None: DNS must answer every node", s.ClusterIP)
 	}
-	if s.PublishNotReadyAddresses {
-		t.Error("publishNotReadyAddresses: a starting or draining node would stay in DNS")
+	if !s.PublishNotReadyAddresses {
+		t.Error("publishNotReadyAddresses false: a starting node waits for sessions to be ready, and services would never find it")
 	}
 	if len(s.Selector) == 0 || !labels.SelectorFromSet(s.Selector).Matches(labels.Set(d.nodes.Spec.Template.Labels)) {
 		t.Errorf("selector %v does not select the node pods %v", s.Selector, d.nodes.Spec.Template.Labels)

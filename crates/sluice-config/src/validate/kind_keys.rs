@@ -43,7 +43,7 @@ pub(super) fn static_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usiz
 }
 
 /// The reverse-only keys that are set, with their spans.
-pub(super) fn reverse_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 10] {
+pub(super) fn reverse_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 11] {
     [
         ("handoff", raw.handoff.as_ref().map(Spanned::span)),
         ("handoff_idle", raw.handoff_idle.as_ref().map(Spanned::span)),
@@ -57,6 +57,7 @@ pub(super) fn reverse_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usi
             "no_sessions_wait",
             raw.no_sessions_wait.as_ref().map(Spanned::span),
         ),
+        ("startup_wait", raw.startup_wait.as_ref().map(Spanned::span)),
         (
             "max_sessions_per_instance",
             raw.max_sessions_per_instance.as_ref().map(Spanned::span),

@@ -27,6 +27,9 @@ pub(super) fn cluster(
         no_sessions_wait: raw
             .no_sessions_wait
             .map_or(d.no_sessions_wait, |t| t.into_inner().0),
+        startup_wait: raw
+            .startup_wait
+            .map_or(d.startup_wait, |t| t.into_inner().0),
         max_sessions_per_instance: unlimited_if_zero(raw.max_sessions_per_instance),
         max_sessions: unlimited_if_zero(raw.max_sessions),
         response_timeout: raw.response_timeout.map_or(d.response_timeout, |t| t.0),

@@ -121,6 +121,7 @@ pub(crate) fn reverse_options() -> ReverseOptions {
         queue_max: 1024,
         queue_timeout: Duration::from_secs(2),
         no_sessions_wait: Duration::ZERO,
+        startup_wait: Duration::ZERO,
         max_sessions_per_instance: None,
         max_sessions: None,
         response_timeout: Duration::from_secs(30),

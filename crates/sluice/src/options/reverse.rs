@@ -15,6 +15,7 @@ pub fn options(cfg: &sluice_config::ReverseOptions) -> ReverseOptions {
         queue_max: cfg.queue_max,
         queue_timeout: cfg.queue_timeout,
         no_sessions_wait: cfg.no_sessions_wait,
+        startup_wait: cfg.startup_wait,
         max_sessions_per_instance: cfg.max_sessions_per_instance,
         max_sessions: cfg.max_sessions,
         response_timeout: cfg.response_timeout,

@@ -46,10 +46,15 @@ pub async fn start_proxy_full(
     cluster: &str,
     routes: &str,
 ) -> TestProxy {
+    // No start-up window unless a test asks for one: most check what a running node does.
+    let startup = match cluster.contains("startup_wait") {
+        true => "",
+        false => "startup_wait = \"0s\"\n",
+    };
     let text = format!(
         "[acceptor]\nlisten = \"127.0.0.1:0\"\nhandshakes_per_second = 0\n{acceptor}\n\
          [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n{listener}\n\
-         {routes}\n[cluster.api]\nkind = \"reverse\"\n{cluster}\n"
+         {routes}\n[cluster.api]\nkind = \"reverse\"\n{startup}{cluster}\n"
     );
     let config = sluice::config::parse_str(&text, "test.toml", Path::new(".")).unwrap();
     let proxy = Proxy::bind(&config).await.unwrap();
