@@ -13,18 +13,6 @@ import (
 // is only silent or slow (a hung node, a partition, a hot restart), and without a warning when
 // it said DRAINING first.
 
-// statusOf is the status of the node at addr, read as an application reads it.
-func statusOf(t *testing.T, l *Listener, addr string) NodeStatus {
-	t.Helper()
-	for _, n := range l.Status().Nodes {
-		if n.Address == addr {
-			return n
-		}
-	}
-	t.Fatalf("no node %s", addr)
-	return NodeStatus{}
-}
-
 // A node whose link closed and whose address then refuses connections is gone, so it is down
 // at once, not after NodeGrace: its share moves to the others, and its idle sessions there
 // (which nothing will retire) are closed by the SDK.

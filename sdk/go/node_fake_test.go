@@ -249,7 +249,19 @@ func (n *fakeNode) kill() {
 	n.notifyLocked()
 }
 
-// nodeOf is the status of the node at addr.
+// statusOf is the status of the node at addr, read as an application reads it.
+func statusOf(t *testing.T, l *Listener, addr string) NodeStatus {
+	t.Helper()
+	for _, n := range l.Status().Nodes {
+		if n.Address == addr {
+			return n
+		}
+	}
+	t.Fatalf("no node %s", addr)
+	return NodeStatus{}
+}
+
+// nodeOf is the status of the node at addr, for conditions that hold the Listener's lock.
 func nodeOf(l *Listener, addr string) (NodeStatus, bool) {
 	for _, n := range l.nodes {
 		if n.addr.String() == addr {
