@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from . import control, split
 from .control import Demand
@@ -31,6 +31,19 @@ REBALANCE_LOG_EVERY = 1.0
 #: still idle here this long after are taken as not retiring (the line was lost, or the node
 #: spent it on another session that ended), and the next plan asks again.
 RETIRE_WAIT = 1.0
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """Where the fleet reads the time and sets its timers: the event loop, or a test's fake
+    clock (``tests/test_fleet_vectors.py`` replays ``protocol/vectors/fleet.json`` on one)."""
+
+    def time(self) -> float: ...
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer: ...
 
 
 class Session(Protocol):
@@ -68,7 +81,7 @@ class Node:
     """Loop time since when it has had no link (``None`` while one is up)."""
     down: bool = False
     """No link for ``node_grace``: its share goes to the others."""
-    grace: asyncio.TimerHandle | None = None
+    grace: Timer | None = None
     """Fires ``node_grace`` after the link was lost, unless it is back by then."""
     why: str = ""
     """Why the last link ended or failed."""
@@ -92,7 +105,7 @@ class Node:
     """Sessions this SDK marked to close (``NodeHooks.retired``) that have not ended."""
     target: int = 0
     open: set[Session] = field(default_factory=set)
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Future[None] | None = None
     """The task keeping its control link."""
     report: Report = field(init=False)
     """The outages of session dials here (one line each)."""
@@ -175,13 +188,15 @@ class Fleet:
     cancels it when the node is forgotten or at :meth:`close`."""
 
     def __init__(self, shared: Shared, node_grace: float,
-                 start_link: Callable[[Node], asyncio.Task[None]]) -> None:
+                 start_link: Callable[[Node], asyncio.Future[None]],
+                 clock: Clock | None = None) -> None:
         self.shared = shared
         self.node_grace = node_grace
         self.nodes: list[Node] = []
         self.stopping = False
+        self.clock: Clock = clock if clock is not None else asyncio.get_running_loop()
         self._start_link = start_link
-        self._log = RebalanceLog()
+        self._log = RebalanceLog(self.clock)
         #: Every listed node refused its link for good: the error ``wait_registered`` raises.
         self.failed: SluiceError | None = None
 
@@ -251,7 +266,7 @@ class Fleet:
         """A ``DEMAND`` on link ``gen``: smoothed, and the node is live unless it drains or
         holds the instance since this link or a later one."""
         node.demand = control.smooth(node.demand, demand.sample)
-        self._reconcile(node)
+        self._reconcile(node, self.clock.time())
         if node.block is not None and gen > node.block_gen:
             log.info("node %s takes sessions again (it was %s)", node, node.block)
             node.block = None
@@ -260,10 +275,10 @@ class Fleet:
         self.plan()
 
     @staticmethod
-    def _reconcile(node: Node) -> None:
+    def _reconcile(node: Node, now: float) -> None:
         """Counts as asked no more sessions than are busy here, once the node has had
         ``RETIRE_WAIT`` to close the idle ones."""
-        if not node.asked or asyncio.get_running_loop().time() - node.asked_at < RETIRE_WAIT:
+        if not node.asked or now - node.asked_at < RETIRE_WAIT:
             return
         busy = sum(1 for s in node.open if not s.retired and not s.idle)
         if node.asked > busy:
@@ -328,7 +343,7 @@ class Fleet:
 
     def _present(self, node: Node) -> None:
         if node.down:
-            lost = asyncio.get_running_loop().time() - (node.absent_since or 0.0)
+            lost = self.clock.time() - (node.absent_since or 0.0)
             log.info("node %s is back after %.1fs", node, lost)
         node.down = False
         node.absent_since = None
@@ -338,9 +353,8 @@ class Fleet:
         node.why = why
         if node.absent_since is not None:
             return
-        loop = asyncio.get_running_loop()
-        node.absent_since = loop.time()
-        node.grace = loop.call_later(self.node_grace, self._grace_over, node)
+        node.absent_since = self.clock.time()
+        node.grace = self.clock.call_later(self.node_grace, self._grace_over, node)
 
     @staticmethod
     def _cancel_grace(node: Node) -> None:
@@ -398,7 +412,7 @@ class Fleet:
             now = min(surplus, max(node.unasked, 0))
             if now:
                 node.writer.write(control.retire(now))
-                node.asked_at = asyncio.get_running_loop().time()
+                node.asked_at = self.clock.time()
             node.asked += now
             node.unborn += surplus - now
         elif node.legacy or not node.live:
@@ -421,6 +435,14 @@ class Fleet:
 
     # -- the slots ------------------------------------------------------------------------
 
+    def take(self) -> Node | None:
+        """The node a slot dials now (:meth:`pick`), counting the session there as being
+        dialed; ``None``: none may be dialed until something changes."""
+        node = self.pick()
+        if node is not None:
+            node.sessions += 1
+        return node
+
     def pick(self) -> Node | None:
         """The live node with the most room (``target - h``, ties: the first listed), while
         the sessions held everywhere are fewer than ``N``; ``None``: wait for a change."""
@@ -439,9 +461,8 @@ class Fleet:
         while True:
             if self.shared.should_end():
                 return None
-            node = self.pick()
+            node = self.take()
             if node is not None:
-                node.sessions += 1
                 return node
             await self.shared.changed()
 
@@ -528,10 +549,11 @@ class RebalanceLog:
     """One info line per rebalance — what moved where, with the demands — at most one a
     second; changes in between are gathered into the next line."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._last = float("-inf")
         self._moves: dict[str, tuple[Node, int, int]] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
 
     def note(self, node: Node, before: int, retired: int) -> None:
         key = str(node)
@@ -544,12 +566,11 @@ class RebalanceLog:
     def flush_soon(self, fleet: Fleet) -> None:
         if not self._moves or self._timer is not None:
             return
-        loop = asyncio.get_running_loop()
-        wait = self._last + REBALANCE_LOG_EVERY - loop.time()
+        wait = self._last + REBALANCE_LOG_EVERY - self._clock.time()
         if wait <= 0:
             self._flush(fleet)
         else:
-            self._timer = loop.call_later(wait, self._flush, fleet)
+            self._timer = self._clock.call_later(wait, self._flush, fleet)
 
     def _flush(self, fleet: Fleet) -> None:
         self._timer = None
@@ -557,7 +578,7 @@ class RebalanceLog:
         self._moves.clear()
         if not moves:
             return
-        self._last = asyncio.get_running_loop().time()
+        self._last = self._clock.time()
         log.info("rebalance of capacity %d: %s", fleet.capacity, "; ".join(
             _move(node, before, retired) for node, before, retired in moves))
 
