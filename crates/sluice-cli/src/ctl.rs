@@ -492,14 +492,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_packaged_configuration_is_read_when_it_exists() {
-        let dir = tempfile::tempdir().unwrap();
+    fn the_packaged_configuration_is_read_when_it_exists() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
         let path = dir.path().join("sluice.toml");
-        assert!(
-            packaged_config(&path).unwrap().is_none(),
-            "absent: the default"
-        );
-        std::fs::write(&path, "").unwrap();
-        assert_eq!(packaged_config(&path).unwrap(), Some(path));
+        assert!(packaged_config(&path)?.is_none(), "absent: the default");
+        std::fs::write(&path, "")?;
+        assert_eq!(packaged_config(&path)?, Some(path));
+        Ok(())
     }
 }

@@ -21,7 +21,7 @@ mod tests {
     use super::*;
 
     fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
+        s.parse().expect("an address")
     }
 
     #[test]

@@ -84,18 +84,18 @@ mod tests {
     use super::*;
 
     fn ip(s: &str) -> Option<IpAddr> {
-        Some(s.parse().unwrap())
+        Some(s.parse().expect("an address"))
     }
 
     #[test]
     fn links_are_bounded_per_address_and_in_all_and_places_come_back() {
         let limits = LinkLimits::new(Some(3), Some(2));
-        let a = limits.admit(ip("2001:db8::1")).unwrap();
-        let _b = limits.admit(ip("2001:db8::2")).unwrap();
-        let refused = limits.admit(ip("2001:db8::ffff:3")).unwrap_err();
+        let a = limits.admit(ip("2001:db8::1")).expect("admitted");
+        let _b = limits.admit(ip("2001:db8::2")).expect("admitted");
+        let refused = limits.admit(ip("2001:db8::ffff:3")).expect_err("refused");
         assert_eq!(refused.status, 429, "a third from the same /64");
-        let _c = limits.admit(ip("192.0.2.1")).unwrap();
-        let refused = limits.admit(ip("192.0.2.2")).unwrap_err();
+        let _c = limits.admit(ip("192.0.2.1")).expect("admitted");
+        let refused = limits.admit(ip("192.0.2.2")).expect_err("refused");
         assert_eq!(
             (refused.status, refused.reason.contains("node")),
             (429, true)
