@@ -72,6 +72,9 @@ class Node:
     """Links to it answered ``101`` so far."""
     heard: bool = False
     """A ``DEMAND`` came (kept while the link is briefly lost, for ``node_grace``)."""
+    waited_until: float = 0.0
+    """A node of the first resolution holds the first dials back until its first ``DEMAND``,
+    a failed link dial, or this loop time (``Fleet.first_wait`` after it joined)."""
     legacy: bool = False
     """Its acceptor answered ``400`` to the link: live with demand 1, retired from here."""
     block: str | None = None
@@ -189,9 +192,12 @@ class Fleet:
 
     def __init__(self, shared: Shared, node_grace: float,
                  start_link: Callable[[Node], asyncio.Future[None]],
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, first_wait: float = 5.0) -> None:
         self.shared = shared
         self.node_grace = node_grace
+        #: How long the first resolution's nodes may hold the first dials back (the handshake
+        #: timeout: a link dial answers or fails by then).
+        self.first_wait = first_wait
         self.nodes: list[Node] = []
         self.stopping = False
         self.clock: Clock = clock if clock is not None else asyncio.get_running_loop()
@@ -226,19 +232,27 @@ class Fleet:
                          f"left the acceptor address: retiring its {node.sessions} sessions")
             node.listed = listed
         known = {str(n) for n in self.nodes}
-        for key, endpoint in named.items():
-            if key not in known:
-                self._join(endpoint)
+        # Nodes found before any answered are the first resolution's: the first split waits
+        # for them, or every session would go to the first node to answer and most would
+        # move right after.
+        first = not any(n.heard or n.legacy for n in self.nodes)
+        joined = [self._join(e, first) for key, e in named.items() if key not in known]
+        if first and joined:
+            # Then the slots look again (a no-op once closed).
+            self.clock.call_later(self.first_wait, self.plan)
         for node in [n for n in self.nodes if not n.listed and n.sessions == 0]:
             self._forget(node)
         self.plan()
 
-    def _join(self, endpoint: Endpoint) -> None:
+    def _join(self, endpoint: Endpoint, first: bool) -> Node:
         node = Node(endpoint)
+        if first:
+            node.waited_until = self.clock.time() + self.first_wait
         self.nodes.append(node)
         log.info("node %s joined", node)
         self._absent(node, "no control link yet")
         node.task = self._start_link(node)
+        return node
 
     def _forget(self, node: Node) -> None:
         self.nodes.remove(node)
@@ -266,6 +280,7 @@ class Fleet:
         """A ``DEMAND`` on link ``gen``: smoothed, and the node is live unless it drains or
         holds the instance since this link or a later one."""
         node.demand = control.smooth(node.demand, demand.sample)
+        node.waited_until = 0.0
         self._reconcile(node, self.clock.time())
         if node.block is not None and gen > node.block_gen:
             log.info("node %s takes sessions again (it was %s)", node, node.block)
@@ -304,7 +319,11 @@ class Fleet:
 
     def link_failed(self, node: Node, error: SluiceError) -> None:
         """A dial of the link failed (it is retried with backoff)."""
+        was_waited_for = node.waited_until > 0
+        node.waited_until = 0.0
         self._absent(node, str(error))
+        if was_waited_for:
+            self.plan()
 
     def refused(self, node: Node, error: SluiceError) -> None:
         """The node refused the link for good (401, 404: the configuration is wrong there):
@@ -326,6 +345,7 @@ class Fleet:
             log.info("node %s has no control links (an older sluice): counted live with "
                      "demand 1, sessions retired from here", node)
         node.legacy = True
+        node.waited_until = 0.0
         self._present(node)
         self.plan()
 
@@ -383,7 +403,8 @@ class Fleet:
 
     def plan(self) -> None:
         """Splits the capacity (protocol/README.md "The split"), asks each node holding more
-        than its target to retire the surplus, and wakes the slots."""
+        than its target to retire the surplus, and wakes the slots (which dial nothing while
+        the first resolution's nodes are still to be heard from: :meth:`pick`)."""
         if self.stopping:
             return
         for node in self.nodes:
@@ -396,7 +417,8 @@ class Fleet:
             node.target = target
             retired = self._retire(node, node.held - target)
             self._log.note(node, before, retired)
-        self._log.flush_soon(self)
+        if not self.waiting:
+            self._log.flush_soon(self)
         self.shared.notify()
 
     def _retire(self, node: Node, surplus: int) -> int:
@@ -443,10 +465,18 @@ class Fleet:
             node.sessions += 1
         return node
 
+    @property
+    def waiting(self) -> bool:
+        """A node of the first resolution has neither said ``DEMAND`` nor failed, within
+        ``first_wait``: the split is not the first one yet."""
+        now = self.clock.time()
+        return any(n.listed and n.waited_until > now for n in self.nodes)
+
     def pick(self) -> Node | None:
         """The live node with the most room (``target - h``, ties: the first listed), while
-        the sessions held everywhere are fewer than ``N``; ``None``: wait for a change."""
-        if self.total >= self.capacity:
+        the sessions held everywhere are fewer than ``N`` and the first split is made;
+        ``None``: wait for a change."""
+        if self.total >= self.capacity or self.waiting:
             return None
         best: Node | None = None
         for node in self.nodes:

@@ -42,7 +42,8 @@ class Sessions:
         self._discovery: asyncio.Task[None] | None = None
         where = options.address
         if not isinstance(where, address.Single):
-            self._fleet = Fleet(self._shared, options.node_grace, self._start_link)
+            self._fleet = Fleet(self._shared, options.node_grace, self._start_link,
+                                first_wait=options.handshake_timeout)
             self._discovery = asyncio.ensure_future(Discovery(where, options).run(self._fleet))
         self.set_capacity(options.capacity)
 
