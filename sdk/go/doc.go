@@ -55,7 +55,7 @@
 //   - nodes.go: the nodes of many: the plan (RETIRE, SDK-side closes), the pick of a node for a
 //     slot, joins and leaves, status.
 //   - link.go: one goroutine per node: its control link, dialed again when lost; down after
-//     Options.NodeGrace.
+//     Options.NodeGrace, or at once when its address refuses connections once the link ended.
 //   - resolve.go: re-resolving the nodes every Options.ResolveInterval.
 //   - rebalance.go: one log line per rebalance, at most one a second.
 //   - retire.go: [Listener.Handler], the middleware that retires sessions.
