@@ -92,6 +92,10 @@ class FakeNode:
         self.capacities: list[int] = []
         self.closed_by_service = 0
         self.stopping = False
+        #: Hung (a wedged process, a partition, a hot restart's new process not up yet):
+        #: connections are taken but never answered.
+        self.stall = False
+        self.stalled: list[asyncio.StreamWriter] = []
         self.drains: list[dict[str, str]] = []
         self._conns: set[asyncio.StreamWriter] = set()
 
@@ -116,6 +120,12 @@ class FakeNode:
             s.writer.transport.abort()
             self._gone(s)
         self.idle.clear()
+        for link in self.links:
+            link.writer.transport.abort()
+
+    def drop_links(self) -> None:
+        """Its control links end (the process went away or the network dropped them); the
+        listener and the sessions stay."""
         for link in self.links:
             link.writer.transport.abort()
 
@@ -150,6 +160,10 @@ class FakeNode:
     # -- connections ----------------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.stall:
+            self.stalled.append(writer)
+            self.tally.note()
+            return  # open and unanswered until the dialer gives up
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, ConnectionError):

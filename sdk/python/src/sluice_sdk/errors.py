@@ -23,6 +23,11 @@ class ConnectError(SluiceError):
         self.acceptor = acceptor
         self.__cause__ = cause
 
+    @property
+    def refused(self) -> bool:
+        """The connect was refused (``ECONNREFUSED``): nothing listens there."""
+        return isinstance(self.__cause__, ConnectionRefusedError)
+
 
 class HandshakeTimeout(SluiceError):
     """Connecting plus the acceptor's answer took longer than ``handshake_timeout`` (retried)."""

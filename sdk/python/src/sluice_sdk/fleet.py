@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from . import control, split
 from .control import Demand
 from .dial import Endpoint
-from .errors import SluiceError
+from .errors import ConnectError, SluiceError
 from .report import Report
 from .state import Shared
 
@@ -83,7 +83,8 @@ class Node:
     absent_since: float | None = None
     """Loop time since when it has had no link (``None`` while one is up)."""
     down: bool = False
-    """No link for ``node_grace``: its share goes to the others."""
+    """No link for ``node_grace``, or its link's dial refused (nothing listens there): its share
+    goes to the others."""
     grace: Timer | None = None
     """Fires ``node_grace`` after the link was lost, unless it is back by then."""
     why: str = ""
@@ -318,11 +319,17 @@ class Fleet:
             self.plan()
 
     def link_failed(self, node: Node, error: SluiceError) -> None:
-        """A dial of the link failed (it is retried with backoff)."""
+        """A dial of the link failed (it is retried with backoff). Refused outright after the
+        node was reachable, it is down at once: nothing listens there any more, while a hot
+        restart passes the listening socket on and a hung node or a partition lets connects
+        time out — those wait for ``node_grace``."""
         was_waited_for = node.waited_until > 0
         node.waited_until = 0.0
         self._absent(node, str(error))
-        if was_waited_for:
+        reachable = node.heard or node.legacy
+        if isinstance(error, ConnectError) and error.refused and reachable and not node.down:
+            self._down(node, f"its control link is refused ({error})")
+        elif was_waited_for:
             self.plan()
 
     def refused(self, node: Node, error: SluiceError) -> None:
@@ -371,7 +378,7 @@ class Fleet:
 
     def _absent(self, node: Node, why: str) -> None:
         node.why = why
-        if node.absent_since is not None:
+        if node.absent_since is not None or self.stopping:
             return
         node.absent_since = self.clock.time()
         node.grace = self.clock.call_later(self.node_grace, self._grace_over, node)
@@ -384,12 +391,20 @@ class Fleet:
 
     def _grace_over(self, node: Node) -> None:
         node.grace = None
-        if node.down or node.absent_since is None or node not in self.nodes:
+        if node.down or node.absent_since is None or node not in self.nodes or self.stopping:
             return
+        self._down(node, f"no control link for {self.node_grace:g}s ({node.why})")
+
+    def _down(self, node: Node, why: str) -> None:
+        """The node is down: its share moves to the others. A node that said ``DRAINING`` was
+        expected to go (one info line); one held drained said so already."""
+        self._cancel_grace(node)
         node.down = True
-        if node.block is None:  # (a draining or held node said so already)
-            log.warning("node %s is down: no control link for %gs (%s); its share moves to "
-                        "the others (one line per outage)", node, self.node_grace, node.why)
+        if node.block is None:
+            log.warning("node %s is down: %s; its share moves to the others (one line per "
+                        "outage)", node, why)
+        elif node.block == "draining":
+            log.info("node %s, which said DRAINING, is gone: %s", node, why)
         self.plan()
 
     # -- the plan -------------------------------------------------------------------------
