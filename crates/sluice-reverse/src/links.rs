@@ -30,6 +30,8 @@ pub struct LinkInfo {
     retired: AtomicU64,
     /// Whether this node told it `DRAINING`.
     told_draining: std::sync::atomic::AtomicBool,
+    /// Whether its SDK keeps the floor per service (`Sluice-Split: service`, `FLOOR` lines).
+    pub per_service: bool,
 }
 
 impl LinkInfo {
@@ -78,7 +80,13 @@ impl Drop for LinkEntry {
 
 impl Links {
     /// Lists a link that just opened; it stays listed while the entry lives.
-    pub fn open(self: &Arc<Self>, instance: &str, slice: &str, capacity: u64) -> LinkEntry {
+    pub fn open(
+        self: &Arc<Self>,
+        instance: &str,
+        slice: &str,
+        capacity: u64,
+        per_service: bool,
+    ) -> LinkEntry {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let info = Arc::new(LinkInfo {
             instance: instance.to_owned(),
@@ -86,6 +94,7 @@ impl Links {
             capacity: AtomicU64::new(capacity),
             retired: AtomicU64::new(0),
             told_draining: std::sync::atomic::AtomicBool::new(false),
+            per_service,
         });
         locked(&self.open).insert(id, Arc::clone(&info));
         LinkEntry {
@@ -93,6 +102,23 @@ impl Links {
             links: Arc::clone(self),
             info,
         }
+    }
+
+    /// The instance this node asks for its floor of one session in `slice` (`FLOOR 1`,
+    /// protocol/README.md): of the slice's open links, the instance that declared the largest
+    /// capacity, ties to the smallest id; nobody while a link of the slice keeps its floor
+    /// per instance (an older SDK, which keeps one here anyway).
+    pub fn floor_holder(&self, slice: &str) -> Option<String> {
+        let open = locked(&self.open);
+        let here: Vec<&Arc<LinkInfo>> = open.values().filter(|l| l.slice == slice).collect();
+        if here.iter().any(|l| !l.per_service) {
+            return None;
+        }
+        let best = here.into_iter().max_by(|a, b| {
+            (a.capacity(), std::cmp::Reverse(&a.instance))
+                .cmp(&(b.capacity(), std::cmp::Reverse(&b.instance)))
+        });
+        best.map(|l| l.instance.clone())
     }
 
     /// The open links, oldest first.

@@ -20,7 +20,7 @@ async fn fake(policy: support::Policy) -> (Fake, std::net::SocketAddr) {
 #[tokio::test]
 async fn unauthorized_stops_the_slot_without_retrying() {
     let policy: support::Policy = Arc::new(|hello: &Hello| match hello {
-        Hello::Register(_) | Hello::Control(_) => Some(Rejection::unauthorized()),
+        Hello::Register(_) | Hello::Control(..) => Some(Rejection::unauthorized()),
         Hello::Drain(_) => None,
     });
     let (mut fake, addr) = fake(policy).await;

@@ -44,6 +44,9 @@ pub enum NodeLine {
     Demand(Demand),
     /// `DRAINING`: the node takes no new sessions and ends those it has.
     Draining,
+    /// `FLOOR <0|1>`: whether the node counts on this instance for its floor of one session
+    /// (to links that said `Sluice-Split: service` only).
+    Floor(bool),
 }
 
 /// A line from a service to a node.
@@ -69,6 +72,7 @@ impl fmt::Display for NodeLine {
                 d.in_flight, d.queued, d.refused, d.sessions
             ),
             Self::Draining => f.write_str("DRAINING"),
+            Self::Floor(on) => write!(f, "FLOOR {}", u8::from(*on)),
         }
     }
 }
@@ -93,6 +97,8 @@ impl NodeLine {
         let words = words(line)?;
         match words.as_slice() {
             ["DRAINING"] => Ok(Self::Draining),
+            ["FLOOR", "0"] => Ok(Self::Floor(false)),
+            ["FLOOR", "1"] => Ok(Self::Floor(true)),
             ["DEMAND", a, b, c, d] => Ok(Self::Demand(Demand {
                 in_flight: number(a, line)?,
                 queued: number(b, line)?,

@@ -4,8 +4,9 @@ use std::fmt::Write as _;
 
 use crate::protocol::{
     Parsed, CONTROL_PATH, CONTROL_TOKEN, DEFAULT_SLICE, DRAIN_PATH, HEADER_CAPACITY,
-    HEADER_INSTANCE, HEADER_PROTOCOL, HEADER_SERVICE, HEADER_SLICE, HEADER_STREAMS, MAX_HEADERS,
-    MAX_STREAMS, PROTOCOL_H2, PROTOCOL_HTTP1, SESSION_PATH, UPGRADE_TOKEN,
+    HEADER_INSTANCE, HEADER_PROTOCOL, HEADER_SERVICE, HEADER_SLICE, HEADER_SPLIT, HEADER_STREAMS,
+    MAX_HEADERS, MAX_STREAMS, PROTOCOL_H2, PROTOCOL_HTTP1, SESSION_PATH, SPLIT_BY_SERVICE,
+    UPGRADE_TOKEN,
 };
 use crate::reply::Rejection;
 
@@ -72,8 +73,18 @@ pub enum Hello {
     Register(Registration),
     /// Drain an instance.
     Drain(Drain),
-    /// Open a control link (many nodes): the instance's demand reports and retirements.
-    Control(Registration),
+    /// Open a control link (many nodes): the instance's demand reports and retirements, and
+    /// how its SDK splits (`Sluice-Split`).
+    Control(Registration, SplitBy),
+}
+
+/// How a control link's SDK keeps its floor of one session per node (`Sluice-Split`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitBy {
+    /// On every live node (no header: an SDK that knows no `FLOOR`).
+    Instance,
+    /// On the nodes that ask it with `FLOOR 1` (`Sluice-Split: service`).
+    Service,
 }
 
 impl Registration {
@@ -86,6 +97,18 @@ impl Registration {
     /// requests and so names no protocol.
     pub fn encode_control(&self) -> Vec<u8> {
         self.upgrade_request(CONTROL_PATH, CONTROL_TOKEN, None)
+    }
+
+    /// [`encode_control`](Self::encode_control), saying how the SDK splits: with
+    /// [`SplitBy::Service`] the node sends it `FLOOR` lines.
+    pub fn encode_control_split(&self, split: SplitBy) -> Vec<u8> {
+        let mut out = self.encode_control();
+        if split == SplitBy::Service {
+            let header = format!("Sluice-Split: {SPLIT_BY_SERVICE}\r\n\r\n");
+            out.truncate(out.len() - 2);
+            out.extend_from_slice(header.as_bytes());
+        }
+        out
     }
 
     fn upgrade_request(&self, path: &str, token: &str, streams: Option<u32>) -> Vec<u8> {
@@ -152,7 +175,13 @@ pub fn parse_hello(buf: &[u8], max_head: usize) -> Result<Parsed<Hello>, Rejecti
     let head = Head::read(req.headers)?;
     let hello = match (req.method, req.path) {
         (Some("GET"), Some(SESSION_PATH)) => Hello::Register(registration(&head, UPGRADE_TOKEN)?),
-        (Some("GET"), Some(CONTROL_PATH)) => Hello::Control(registration(&head, CONTROL_TOKEN)?),
+        (Some("GET"), Some(CONTROL_PATH)) => Hello::Control(
+            registration(&head, CONTROL_TOKEN)?,
+            match head.split {
+                Some(v) if v.eq_ignore_ascii_case(SPLIT_BY_SERVICE) => SplitBy::Service,
+                _ => SplitBy::Instance,
+            },
+        ),
         (Some("POST"), Some(DRAIN_PATH)) => Hello::Drain(Drain {
             identity: head.identity()?,
         }),
@@ -203,6 +232,7 @@ struct Head<'a> {
     capacity: Option<&'a str>,
     protocol: Option<&'a str>,
     streams: Option<&'a str>,
+    split: Option<&'a str>,
     authorization: Option<&'a str>,
     upgrade: Option<&'a str>,
     connection_upgrade: bool,
@@ -223,6 +253,7 @@ impl<'a> Head<'a> {
                 HEADER_CAPACITY => &mut head.capacity,
                 HEADER_PROTOCOL => &mut head.protocol,
                 HEADER_STREAMS => &mut head.streams,
+                HEADER_SPLIT => &mut head.split,
                 "authorization" => &mut head.authorization,
                 "upgrade" => &mut head.upgrade,
                 "connection" => {

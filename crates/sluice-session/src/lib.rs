@@ -35,11 +35,12 @@ pub mod vectors;
 pub use address::Address;
 pub use client::{client_addr_value, parse_client_addr, HEADER_CLIENT_ADDR};
 pub use control::{Demand, NodeLine, ServiceLine};
-pub use hello::{parse_hello, Drain, Hello, Identity, Registration};
+pub use hello::{parse_hello, Drain, Hello, Identity, Registration, SplitBy};
 pub use protocol::{
     Parsed, CONTROL_PATH, CONTROL_TOKEN, DEFAULT_MAX_HEAD, DEFAULT_SLICE, DRAIN_PATH,
-    HEADER_CAPACITY, HEADER_INSTANCE, HEADER_PROTOCOL, HEADER_SERVICE, HEADER_SLICE,
-    HEADER_STREAMS, MAX_STREAMS, PROTOCOL_H2, PROTOCOL_HTTP1, SESSION_PATH, UPGRADE_TOKEN,
+    HEADER_CAPACITY, HEADER_INSTANCE, HEADER_PROTOCOL, HEADER_SERVICE, HEADER_SLICE, HEADER_SPLIT,
+    HEADER_STREAMS, MAX_STREAMS, PROTOCOL_H2, PROTOCOL_HTTP1, SESSION_PATH, SPLIT_BY_SERVICE,
+    UPGRADE_TOKEN,
 };
 pub use reply::{parse_reply, Rejection, Reply};
 pub use stream::Prefixed;

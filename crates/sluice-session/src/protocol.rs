@@ -23,6 +23,10 @@ pub const HEADER_CAPACITY: &str = "sluice-capacity";
 pub const HEADER_PROTOCOL: &str = "sluice-protocol";
 /// Header with an HTTP/2 session's stream count (required with [`PROTOCOL_H2`], refused without).
 pub const HEADER_STREAMS: &str = "sluice-streams";
+/// Header of a control link whose SDK splits with `FLOOR` (value [`SPLIT_BY_SERVICE`]).
+pub const HEADER_SPLIT: &str = "sluice-split";
+/// `Sluice-Split`'s value: the floor of one session per node is per service.
+pub const SPLIT_BY_SERVICE: &str = "service";
 /// `Sluice-Protocol`'s value for an HTTP/2 session.
 pub const PROTOCOL_H2: &str = "h2";
 /// `Sluice-Protocol`'s value for an HTTP/1.1 session (the default).

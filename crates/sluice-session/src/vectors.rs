@@ -116,6 +116,14 @@ pub struct SplitNode {
     pub demand: f64,
     /// Sessions held, less those asked to retire.
     pub held: usize,
+    /// Whether the node asks this instance for its floor (its last `FLOOR`; `true`, the
+    /// default, for a node that sent none).
+    #[serde(default = "asks_for_floor")]
+    pub floor: bool,
+}
+
+fn asks_for_floor() -> bool {
+    true
 }
 
 /// An acceptor address and what it names.
@@ -181,6 +189,9 @@ pub struct Request {
     /// `Sluice-Streams` of an HTTP/2 session (registrations only; `None`: HTTP/1.1).
     #[serde(default)]
     pub streams: Option<u32>,
+    /// `Sluice-Split` of a control link (`"service"`; `None`: the header is absent).
+    #[serde(default)]
+    pub split: Option<String>,
     /// The exact bytes.
     pub bytes: Bytes,
     /// The fixture acceptor's answer.

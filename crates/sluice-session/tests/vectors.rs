@@ -198,9 +198,19 @@ fn control_requests_encode_to_the_vector_bytes_and_parse_back() {
             capacity: case.capacity,
             streams: case.streams,
         };
-        assert_eq!(reg.encode_control(), case.bytes.0, "{}", case.name);
+        let split = match case.split.as_deref() {
+            Some("service") => SplitBy::Service,
+            None => SplitBy::Instance,
+            Some(other) => panic!("{}: unknown split {other}", case.name),
+        };
+        assert_eq!(
+            reg.encode_control_split(split),
+            case.bytes.0,
+            "{}",
+            case.name
+        );
         let parsed = parse_hello(&case.bytes.0, v.acceptor.max_handshake_size).unwrap();
-        let expected = Parsed::Complete(Hello::Control(reg), case.bytes.0.len());
+        let expected = Parsed::Complete(Hello::Control(reg, split), case.bytes.0.len());
         assert_eq!(parsed, expected, "{}", case.name);
     }
 }
@@ -224,6 +234,7 @@ fn control_lines_read_as_the_vectors_say() {
                     serde_json::json!({"demand": {"in_flight": in_flight, "queued": queued, "refused": refused, "sessions": sessions}})
                 }
                 Ok(NodeLine::Draining) => serde_json::json!({"draining": true}),
+                Ok(NodeLine::Floor(on)) => serde_json::json!({ "floor": on }),
                 Err(_) => serde_json::json!("invalid"),
             },
             "service" => match ServiceLine::parse(line) {

@@ -6,7 +6,7 @@ use sluice_net::NodeState;
 use sluice_session::control::{
     Demand, LineReader, NodeLine, ReadLineError, ServiceLine, HEARTBEAT, REPORT_INTERVAL,
 };
-use sluice_session::Registration;
+use sluice_session::{Registration, SplitBy};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -31,13 +31,16 @@ enum LinkEnd {
 pub(super) async fn serve<P: Protocol, T: SessionStream>(
     io: T,
     slice: ReverseSlice<P>,
-    reg: Registration,
+    (reg, split): (Registration, SplitBy),
     (instance, from): (String, Option<std::net::IpAddr>),
     node: Option<watch::Receiver<NodeState>>,
 ) {
     let cluster = slice.cluster();
     let capacity = u64::from(reg.capacity.unwrap_or(0));
-    let entry = cluster.links().open(&instance, slice.slice(), capacity);
+    let per_service = split == SplitBy::Service;
+    let entry = cluster
+        .links()
+        .open(&instance, slice.slice(), capacity, per_service);
     info!(cluster = %cluster.name(), slice = %slice.slice(), %instance, capacity, "control link open");
     let link = Link {
         cluster,
@@ -74,6 +77,8 @@ impl<P: Protocol> Link<'_, P> {
             .as_ref()
             .is_some_and(|n| *n.borrow() == NodeState::Stopping);
         let mut said_draining = false;
+        // The floor last told (`FLOOR`), to links that keep it per service.
+        let mut floor_told: Option<bool> = None;
         loop {
             tokio::select! {
                 read = lines.next_line() => {
@@ -83,6 +88,11 @@ impl<P: Protocol> Link<'_, P> {
                     }
                 }
                 _ = tick.tick() => {
+                    if let Some(line) = self.floor_change(&mut floor_told).filter(|_| !stopping) {
+                        if let Err(e) = write.write_all(&line.encode()).await {
+                            return e.into();
+                        }
+                    }
                     let out = match (stopping, said_draining) {
                         (true, false) => Some(NodeLine::Draining),
                         (true, true) => None,
@@ -104,6 +114,21 @@ impl<P: Protocol> Link<'_, P> {
                 }
             }
         }
+    }
+
+    /// `FLOOR` when whether this node counts on the instance for its floor has changed since
+    /// `told` (or was never told); only to links that keep the floor per service.
+    fn floor_change(&self, told: &mut Option<bool>) -> Option<NodeLine> {
+        if !self.entry.info.per_service {
+            return None;
+        }
+        let holder = self.cluster.links().floor_holder(self.slice.slice());
+        let floor = holder.as_deref() == Some(self.instance);
+        if *told == Some(floor) {
+            return None;
+        }
+        *told = Some(floor);
+        Some(NodeLine::Floor(floor))
     }
 
     /// Acts on one line from the service.

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use sluice_session::{parse_hello, Drain, Hello, Parsed, Registration, Rejection, Reply};
+use sluice_session::{parse_hello, Drain, Hello, Parsed, Registration, Rejection, Reply, SplitBy};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -50,7 +50,7 @@ pub(super) async fn handle<P: Protocol, T>(
         }
     };
     let (outcome, counted) = match hello {
-        Hello::Control(reg) => return control(io, reg, &peer, &shared).await,
+        Hello::Control(reg, split) => return control(io, (reg, split), &peer, &shared).await,
         Hello::Register(reg) => (register(&mut io, &reg, &peer, &shared).await, "registered"),
         Hello::Drain(drain) => (
             self::drain(&mut io, &drain, &peer, &shared).await,
@@ -115,7 +115,7 @@ async fn register<P: Protocol, T: AsyncWrite + Unpin>(
 /// `101`, and serves the link.
 async fn control<P: Protocol, T: SessionStream>(
     mut io: T,
-    reg: Registration,
+    (reg, split): (Registration, SplitBy),
     peer: &Peer,
     shared: &Shared<P>,
 ) {
@@ -145,7 +145,7 @@ async fn control<P: Protocol, T: SessionStream>(
     shared.count("control");
     let cluster = slice.cluster().clone();
     let node = shared.node.clone();
-    super::control::serve(io, slice, reg, (instance, peer.ip), node).await;
+    super::control::serve(io, slice, (reg, split), (instance, peer.ip), node).await;
     drop(place);
     cluster.prune_slices();
 }

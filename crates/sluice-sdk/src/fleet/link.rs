@@ -130,6 +130,9 @@ async fn serve(
                 match NodeLine::parse(&line) {
                     Ok(NodeLine::Demand(d)) => fleet.with(|n, now| n.demand(addr, d, now)),
                     Ok(NodeLine::Draining) => fleet.with(|n, now| n.draining(addr, now)),
+                    // Sent only to links that said `Sluice-Split: service`, which this SDK
+                    // does not (yet): it keeps its floor on every node, as before.
+                    Ok(NodeLine::Floor(_)) => {}
                     Err(e) => return (ReadLineError::Invalid(e).into(), heard),
                 }
                 heard = true;

@@ -96,7 +96,7 @@ async fn connection(mut stream: TcpStream, events: mpsc::UnboundedSender<Event>)
             let _ = stream.shutdown().await;
             let _ = events.send(Event::Drain);
         }
-        Hello::Control(_) => panic!("one acceptor: no control link expected"),
+        Hello::Control(..) => panic!("one acceptor: no control link expected"),
     }
 }
 

@@ -350,7 +350,7 @@ async fn connection(mut io: Box<dyn Io>, policy: Policy, to: Sinks) {
             let _ = io.shutdown().await;
         }
         Hello::Register(registration) => session(io, registration, events).await,
-        Hello::Control(registration) => match to.links {
+        Hello::Control(registration, _) => match to.links {
             Some(links) => control(io, registration, links).await,
             // An acceptor without control links, as an older one.
             None => {
