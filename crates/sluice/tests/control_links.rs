@@ -12,7 +12,7 @@ use std::time::Duration;
 use reverse_support::service::dial_raw;
 use reverse_support::{get, start_proxy, start_proxy_full, Service, ServiceSpec, DEFAULT_ROUTE};
 use sluice_session::control::{Demand, LineReader, NodeLine, ServiceLine};
-use sluice_session::{parse_reply, Drain, Identity, Parsed, Registration, Reply};
+use sluice_session::{parse_reply, Drain, Identity, Parsed, Registration, Reply, SplitBy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -37,6 +37,22 @@ impl Link {
         slice: &str,
         capacity: u32,
     ) -> Result<Self, u16> {
+        Self::open_as(
+            acceptor,
+            from,
+            (instance, slice, capacity),
+            SplitBy::Instance,
+        )
+        .await
+    }
+
+    /// [`try_open`](Self::try_open) by an SDK that splits as `split` says.
+    async fn open_as(
+        acceptor: std::net::SocketAddr,
+        from: IpAddr,
+        (instance, slice, capacity): (&str, &str, u32),
+        split: SplitBy,
+    ) -> Result<Self, u16> {
         let mut identity = Identity::new("api");
         identity.instance = Some(instance.to_owned());
         identity.slice = slice.to_owned();
@@ -48,7 +64,10 @@ impl Link {
         let socket = TcpSocket::new_v4().unwrap();
         socket.bind((from, 0).into()).unwrap();
         let mut stream = socket.connect(acceptor).await.unwrap();
-        stream.write_all(&reg.encode_control()).await.unwrap();
+        stream
+            .write_all(&reg.encode_control_split(split))
+            .await
+            .unwrap();
         let mut buf = Vec::new();
         let rest = loop {
             let mut chunk = [0u8; 512];
@@ -94,6 +113,15 @@ impl Link {
                 if want(&d) {
                     return d;
                 }
+            }
+        }
+    }
+
+    /// Reads until a `FLOOR`, and says what it said.
+    async fn floor(&mut self) -> bool {
+        loop {
+            if let NodeLine::Floor(on) = self.next().await {
+                return on;
             }
         }
     }
@@ -325,4 +353,51 @@ async fn control_links_are_bounded_per_address_and_in_all() {
     tokio::time::timeout(Duration::from_secs(10), again)
         .await
         .expect("a closed link's place never came back");
+}
+
+/// Issue 46: with several instances, each kept a session on every node (the floor was per
+/// instance). A node now asks one instance per slice for its floor: the largest declared
+/// capacity, told with `FLOOR` before the first `DEMAND`, to SDKs that split per service;
+/// nobody while an older SDK (which keeps a floor everywhere) has a link open.
+#[tokio::test]
+async fn the_node_asks_one_instance_for_its_floor() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let local: IpAddr = [127, 0, 0, 1].into();
+    let open = |instance: &'static str, capacity, split| {
+        Link::open_as(
+            proxy.acceptor,
+            local,
+            (instance, "default", capacity),
+            split,
+        )
+    };
+    let mut small = open("small", 4, SplitBy::Service).await.unwrap();
+    assert_eq!(
+        small.next().await,
+        NodeLine::Floor(true),
+        "alone, before any DEMAND"
+    );
+    assert!(matches!(small.next().await, NodeLine::Demand(_)));
+    let mut big = open("big", 6, SplitBy::Service).await.unwrap();
+    assert_eq!(
+        big.next().await,
+        NodeLine::Floor(true),
+        "the largest capacity"
+    );
+    assert!(
+        !small.floor().await,
+        "the smaller instance is told it is not"
+    );
+    big.close_after_acting().await;
+    assert!(
+        small.floor().await,
+        "the floor comes back when the larger link closes"
+    );
+    let old = open("old", 8, SplitBy::Instance).await.unwrap();
+    assert!(
+        !small.floor().await,
+        "an older SDK keeps a floor here anyway"
+    );
+    drop(old);
+    assert!(small.floor().await);
 }
