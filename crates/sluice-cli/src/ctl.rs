@@ -76,8 +76,9 @@ enum CtlCommand {
     /// Add or remove an endpoint of a static cluster.
     #[command(subcommand)]
     Endpoints(EndpointsCommand),
-    /// Drain this node: its `/ready` answers 503 for good, so load balancers and Kubernetes
-    /// stop sending it clients; requests and sessions carry on until it is stopped (SIGTERM).
+    /// Drain this node: its `/ready` answers 503 until `resume-node`, so load balancers and
+    /// Kubernetes stop sending it clients; requests and sessions carry on until it is stopped
+    /// (SIGTERM).
     /// Then waits `--wait` for the balancers to notice before returning: a Kubernetes
     /// `preStop`, after which SIGTERM stops the node and its services move their sessions.
     DrainNode {
@@ -85,6 +86,8 @@ enum CtlCommand {
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         wait: std::time::Duration,
     },
+    /// Undo `drain-node`: `/ready` answers as before (a stopping node cannot be resumed).
+    ResumeNode,
     /// Re-read the configuration file and apply it without failing a request (a hot restart
     /// of the same binary); a file that does not load changes nothing and says why.
     Reload,
@@ -218,6 +221,10 @@ fn execute(args: CtlArgs, admin: Admin) -> anyhow::Result<()> {
             "reloaded: {}\n",
             printable(reply["message"].as_str().unwrap_or("done"))
         ),
+        CtlCommand::ResumeNode => format!(
+            "node {}: /ready answers as before the drain\n",
+            printable(reply["node"].as_str().unwrap_or("ready"))
+        ),
         CtlCommand::DrainNode { .. } => format!(
             "node {}: /ready answers 503 so balancers stop sending clients; stop it (SIGTERM) now\n",
             printable(reply["node"].as_str().unwrap_or("draining"))
@@ -338,6 +345,7 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             client.call(Method::DELETE, &path, None).await
         }
         CtlCommand::Reload => client.call(Method::POST, "/reload", None).await,
+        CtlCommand::ResumeNode => client.call(Method::POST, "/resume", None).await,
         CtlCommand::DrainNode { wait } => {
             let reply = client.call(Method::POST, "/drain", None).await?;
             tokio::time::sleep(*wait).await;

@@ -142,6 +142,7 @@ fn route(req: &Seen) -> Response<Full<Bytes>> {
     match (req.method.as_str(), segments.as_slice()) {
         ("GET", ["status"]) => reply(200, status_json()),
         ("POST", ["drain"]) => reply(200, json!({"node": "draining"})),
+        ("POST", ["resume"]) => reply(200, json!({"node": "ready"})),
         ("GET", ["routes"]) => reply(
             200,
             json!({"routes": [{"name": "api", "cluster": "api", "hosts": ["api.example"]}]}),
@@ -541,5 +542,18 @@ fn the_config_file_says_where_the_admin_api_is() {
     assert_eq!(
         seen[0].authorization.as_deref(),
         Some("Bearer from-the-file")
+    );
+}
+
+#[test]
+fn resume_node_posts_to_resume_and_says_the_node_is_ready_again() {
+    let admin = FakeAdmin::start(None);
+    let (code, stdout, stderr) = run(ctl().args(["--admin", &admin.url(), "resume-node"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout, "node ready: /ready answers as before the drain\n");
+    let seen = admin.seen();
+    assert_eq!(
+        (seen[0].method.as_str(), seen[0].path.as_str()),
+        ("POST", "/resume")
     );
 }

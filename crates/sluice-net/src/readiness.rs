@@ -12,7 +12,7 @@ pub enum NodeState {
     /// Serving.
     Ready,
     /// Drained by its operator: `/ready` fails so that balancers stop sending clients, and
-    /// everything else goes on (sessions follow the demand, which falls).
+    /// everything else goes on (sessions follow the demand, which falls), until resumed.
     Draining,
     /// Shutting down: in-flight work finishes, and the services move their sessions
     /// elsewhere (`DRAINING` on their control links).
@@ -67,7 +67,19 @@ impl Readiness {
         });
     }
 
-    /// Draining, for good (a stopping node stays stopping).
+    /// Ready again after an operator's drain (`sluice ctl resume-node`); returns false when
+    /// the node was not draining (a stopping node stays stopping).
+    pub fn resume(&self) -> bool {
+        self.tx.send_if_modified(|s| {
+            let draining = *s == NodeState::Draining;
+            if draining {
+                *s = NodeState::Ready;
+            }
+            draining
+        })
+    }
+
+    /// Draining until resumed (a stopping node stays stopping).
     pub fn drain(&self) {
         self.tx.send_if_modified(|s| {
             let changed = matches!(*s, NodeState::Starting | NodeState::Ready);
@@ -96,6 +108,19 @@ impl Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_operators_drain_is_undone() {
+        let r = Readiness::default();
+        r.ready();
+        r.drain();
+        assert!(r.resume());
+        assert_eq!(r.state(), NodeState::Ready);
+        assert!(!r.resume(), "not draining: nothing to undo");
+        r.stop();
+        assert!(!r.resume());
+        assert_eq!(r.state(), NodeState::Stopping);
+    }
 
     #[test]
     fn a_draining_node_never_turns_ready_again() {

@@ -189,6 +189,7 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
         .route("/drain", post(drain_node))
+        .route("/resume", post(resume_node))
         .route("/status", get(status))
         .route("/metrics", get(metrics))
         .route("/ui", get(dashboard))
@@ -476,6 +477,21 @@ async fn ready(State(state): State<Arc<AdminState>>) -> Response {
 async fn drain_node(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
     state.readiness.drain();
     info!("node drained by the admin API: /ready answers 503");
+    Json(json!({ "node": state.readiness.state().as_str() })).into_response()
+}
+
+/// Undoes `POST /drain`: `/ready` answers as before it (200 once sessions are here). 409 for a
+/// node that is stopping, which nothing undoes.
+async fn resume_node(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
+    if state.readiness.state() == sluice_net::NodeState::Stopping {
+        return error(
+            StatusCode::CONFLICT,
+            "the node is stopping: nothing resumes it",
+        );
+    }
+    if state.readiness.resume() {
+        info!("node resumed by the admin API: /ready answers as before the drain");
+    }
     Json(json!({ "node": state.readiness.state().as_str() })).into_response()
 }
 

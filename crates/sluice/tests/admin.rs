@@ -603,8 +603,15 @@ async fn ready_turns_503_when_the_node_is_drained() {
     );
     let (_, status) = json(p.admin, "GET", "/status", "").await;
     assert_eq!(status["node"], "draining");
-    // Draining is for good: the node still serves what comes, but never turns ready again.
     assert_eq!(call(p.admin, "GET", "/healthz", None, "").await.0, 200);
+    // Issue 46: a drain could not be undone. `POST /resume` (`sluice ctl resume-node`) does.
+    assert_eq!(call(p.admin, "POST", "/resume", None, "").await.0, 401);
+    let (status, body) = json(p.admin, "POST", "/resume", "").await;
+    assert_eq!((status, body["node"].as_str()), (200, Some("ready")));
+    assert_eq!(
+        call(p.admin, "GET", "/ready", None, "").await,
+        (200, "ready\n".into())
+    );
     let _ = p.stop.send(());
 }
 
