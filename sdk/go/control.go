@@ -29,11 +29,18 @@ func (d demand) sample() float64 {
 	return float64(d.inFlight) + float64(d.queued) + float64(d.refused)
 }
 
-// nodeLine is a line from a node: DEMAND, or DRAINING.
+// nodeLine is a line from a node: DEMAND, DRAINING or FLOOR.
 type nodeLine struct {
-	draining bool
-	demand   demand
+	verb   string // verbDemand, verbDraining or verbFloor
+	demand demand // DEMAND's counts
+	floor  bool   // FLOOR 1: the node counts on this instance for its floor of one session
 }
+
+const (
+	verbDemand   = "DEMAND"
+	verbDraining = "DRAINING"
+	verbFloor    = "FLOOR"
+)
 
 // errInvalidLine: a line that is not one of the protocol's; the link closes.
 var errInvalidLine = errors.New("invalid control line")
@@ -45,16 +52,18 @@ func parseNodeLine(line string) (nodeLine, error) {
 		return nodeLine{}, err
 	}
 	switch {
-	case len(words) == 1 && words[0] == "DRAINING":
-		return nodeLine{draining: true}, nil
-	case len(words) == 5 && words[0] == "DEMAND":
+	case len(words) == 1 && words[0] == verbDraining:
+		return nodeLine{verb: verbDraining}, nil
+	case len(words) == 2 && words[0] == verbFloor && (words[1] == "0" || words[1] == "1"):
+		return nodeLine{verb: verbFloor, floor: words[1] == "1"}, nil
+	case len(words) == 5 && words[0] == verbDemand:
 		var n [4]uint64
 		for i, w := range words[1:] {
 			if n[i], err = lineNumber(w); err != nil {
 				return nodeLine{}, invalidLine(line)
 			}
 		}
-		return nodeLine{demand: demand{n[0], n[1], n[2], n[3]}}, nil
+		return nodeLine{verb: verbDemand, demand: demand{n[0], n[1], n[2], n[3]}}, nil
 	}
 	return nodeLine{}, invalidLine(line)
 }

@@ -62,7 +62,7 @@ var errNoControl = errors.New("the acceptor does not know control links (400)")
 // the bytes read past the 101 head (the link's first lines), errNoControl for a 400, or the
 // refusal.
 func (d *dialer) control(ctx context.Context, capacity int) (net.Conn, []byte, error) {
-	conn, rep, rest, err := d.exchange(ctx, "control", encodeControl(d.id, capacity), controlToken)
+	conn, rep, rest, err := d.exchange(ctx, "control", encodeControl(d.id, capacity, splitByService), controlToken)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -43,7 +43,7 @@
 //   - address.go: what an acceptor address names: one node, a dns: name, a list.
 //   - errors.go: [Error] and [Kind]: where a dial failed and whether it is retried.
 //   - wire.go: the registration, drain and control requests and the acceptor's reply, as bytes.
-//   - control.go: the control link's lines (DEMAND, DRAINING; RETIRE, CAPACITY).
+//   - control.go: the control link's lines (DEMAND, DRAINING, FLOOR; RETIRE, CAPACITY).
 //   - split.go: the split of the capacity across nodes by demand (normative, as the vectors).
 //   - dial.go: TCP/UNIX/TLS connections and the handshakes, bounded by HandshakeTimeout.
 //   - conn.go: the session [net.Conn] that Accept returns.

@@ -135,15 +135,20 @@ func (l *Listener) readLink(n *node, k *link, rest []byte) (heard bool, err erro
 
 // heard acts on a node's line: DEMAND is smoothed into its demand (and, on a link newer than
 // the one that said DRAINING, takes the node back); DRAINING takes it out. Both plan anew.
+// FLOOR is kept for the next plan: the README plans on DEMAND, which follows within a second.
 func (l *Listener) heard(n *node, k *link, line nodeLine) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if line.draining {
+	switch line.verb {
+	case verbFloor:
+		n.noFloor = !line.floor
+		return
+	case verbDraining:
 		if !n.draining {
 			n.log.Info("node is draining: its sessions move to the others")
 		}
 		n.draining, n.drainingOn = true, k
-	} else {
+	default:
 		if n.draining && n.drainingOn != k {
 			n.draining = false
 			n.log.Info("node takes sessions again")
@@ -168,8 +173,9 @@ func (l *Listener) linkAnswered(n *node, k *link) {
 		n.held = false
 		n.report.resumed()
 	}
-	// What the node still owes from an earlier link is unknown: plan from what is held.
-	n.retiring = 0
+	// What the node still owes from an earlier link is unknown: plan from what is held. Its
+	// floor is asked again: a new link counts on this instance until it says FLOOR 0.
+	n.retiring, n.noFloor = 0, false
 	n.report.registered()
 	if k != nil {
 		k.send(capacityLine(l.counts.target))

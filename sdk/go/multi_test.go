@@ -201,6 +201,28 @@ func TestANodeWithoutControlLinksGetsAnEvenShare(t *testing.T) {
 	}
 }
 
+// A node that counts on another instance for its floor (FLOOR 0, sent only because the link
+// said Sluice-Split: service) gets no session while it has no demand; a new link that says no
+// FLOOR (an older node after a restart) asks for the floor again.
+func TestANodeThatSaysFloor0KeepsNoSessionForThisInstance(t *testing.T) {
+	t.Parallel()
+	a, b, c := newFakeNode(t, "127.0.0.1", 0), newFakeNode(t, "127.0.0.1", 0), newFakeNode(t, "127.0.0.1", 0)
+	a.firstDemand = "DEMAND 5 0 0 0"
+	b.floor, c.floor = "FLOOR 0", "FLOOR 0"
+	ln := listenMany(t, Options{Capacity: 4}, a, b, c)
+	serve(t, ln, hello)
+	waitHolding(t, ln, []*fakeNode{a, b, c}, 4, 0, 0)
+
+	b.mu.Lock()
+	b.floor = ""
+	b.mu.Unlock()
+	b.closeLinks()
+	waitHolding(t, ln, []*fakeNode{a, b, c}, 3, 1, 0)
+	if got := a.serviceLines(); !slices.Contains(got, "RETIRE 1") {
+		t.Errorf("a's lines %q: want a RETIRE 1 to make room for b's floor", got)
+	}
+}
+
 // dns: re-resolution joins a node that appears and leaves one that disappears: with its link
 // up, the leaving node is asked to retire every session, and its link closes once it holds
 // none.

@@ -36,6 +36,9 @@ type fakeNode struct {
 	conns       []net.Conn
 	changed     chan struct{}
 	firstDemand string // sent on a new link; "" means "DEMAND 0 0 0 <sessions>"
+	// floor is sent before it on a link that said Sluice-Split: service, as a node that
+	// knows FLOOR does ("FLOOR 0", "FLOOR 1"); "" sends none, as an older node.
+	floor string
 	// stall leaves control requests unanswered (a hung node, or one whose new process is
 	// still starting behind the listening socket it was passed); they wait in stalled.
 	stall   bool
@@ -46,6 +49,7 @@ type fakeNode struct {
 type stalledLink struct {
 	conn net.Conn
 	br   *bufio.Reader
+	head []byte
 }
 
 // newFakeNode listens on ip (port 0 unless given) until the test ends.
@@ -85,7 +89,7 @@ func (n *fakeNode) handshake(conn net.Conn) {
 	defer n.mu.Unlock()
 	defer n.notifyLocked()
 	if bytes.HasPrefix(head, []byte("GET /.sluice/v1/control ")) {
-		n.controlLocked(conn, br)
+		n.controlLocked(conn, br, head)
 		return
 	}
 	if bytes.HasPrefix(head, []byte("POST /.sluice/v1/drain ")) {
@@ -115,9 +119,9 @@ func cmpOr(a, b string) string {
 }
 
 // controlLocked answers a control link and reads the service's lines on it.
-func (n *fakeNode) controlLocked(conn net.Conn, br *bufio.Reader) {
+func (n *fakeNode) controlLocked(conn net.Conn, br *bufio.Reader, head []byte) {
 	if n.stall {
-		n.stalled = append(n.stalled, stalledLink{conn, br})
+		n.stalled = append(n.stalled, stalledLink{conn, br, head})
 		return
 	}
 	answer := cmpOr(n.controlTo, controlSwitched)
@@ -126,8 +130,11 @@ func (n *fakeNode) controlLocked(conn net.Conn, br *bufio.Reader) {
 		conn.Close()
 		return
 	}
-	first := cmpOr(n.firstDemand, fmt.Sprintf("DEMAND 0 0 0 %d", len(n.sessions)))
-	conn.Write([]byte(answer + first + "\n"))
+	first := cmpOr(n.firstDemand, fmt.Sprintf("DEMAND 0 0 0 %d", len(n.sessions))) + "\n"
+	if n.floor != "" && bytes.Contains(head, []byte("\r\nSluice-Split: service\r\n")) {
+		first = n.floor + "\n" + first
+	}
+	conn.Write([]byte(answer + first))
 	n.links = append(n.links, conn)
 	go n.readLines(conn, br)
 }
@@ -220,7 +227,7 @@ func (n *fakeNode) unstall() {
 	defer n.mu.Unlock()
 	n.stall = false
 	for _, s := range n.stalled {
-		n.controlLocked(s.conn, s.br)
+		n.controlLocked(s.conn, s.br, s.head)
 	}
 	n.stalled = nil
 	n.notifyLocked()

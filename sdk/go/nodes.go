@@ -33,6 +33,9 @@ type node struct {
 
 	demand  float64
 	sampled bool
+	// noFloor: the node's last FLOOR on its current link was 0, it counts on another instance
+	// for its floor of one session; false until it says so (an older node asks everyone).
+	noFloor bool
 
 	sessions int // registered or being dialed
 	retiring int // asked to retire with RETIRE, not closed yet
@@ -136,7 +139,7 @@ func (n *node) status() NodeStatus {
 func (l *Listener) planLocked() {
 	views := make([]nodeView, len(l.nodes))
 	for i, n := range l.nodes {
-		views[i] = nodeView{live: n.live(), demand: n.splitDemand(), held: max(n.holding(), 0)}
+		views[i] = nodeView{live: n.live(), floor: !n.noFloor, demand: n.splitDemand(), held: max(n.holding(), 0)}
 	}
 	// The live slots: the capacity once owed retirements are settled, plus those owed, which
 	// end their slots (a shrink) rather than move.

@@ -10,6 +10,9 @@ type nodeView struct {
 	// live: the link is up (or within its grace) and the node has not said DRAINING, or it
 	// has no control links.
 	live bool
+	// floor: the node asks this instance for its floor of one session (its last FLOOR was 1,
+	// or it sent none).
+	floor bool
 	// demand is the smoothed demand.
 	demand float64
 	// held counts sessions held there (registered or being dialed) less those asked to
@@ -27,8 +30,8 @@ func smooth(last float64, sampled bool, sample float64) float64 {
 }
 
 // targets is the sessions each node should hold: capacity in all (when any node is live), at
-// least one per live node while capacity allows, the rest by demand, moving a session only
-// when that shrinks the imbalance by more than one.
+// least one per live node that asks for its floor while capacity allows, the rest by demand,
+// moving a session only when that shrinks the imbalance by more than one.
 func targets(capacity int, nodes []nodeView) []int {
 	q := quotas(capacity, nodes)
 	t := make([]int, len(nodes))
@@ -66,33 +69,42 @@ func targets(capacity int, nodes []nodeView) []int {
 	}
 }
 
-// quotas is each node's real share: a base of one per live node while capacity allows, the
-// rest by demand (evenly without any).
+// quotas is each node's real share: a base of one per live node that asks this instance for
+// its floor, while capacity allows, and the rest shared among all live nodes by demand
+// (evenly without any).
 func quotas(capacity int, nodes []nodeView) []float64 {
 	q := make([]float64, len(nodes))
-	live := 0
+	live, floors := 0, 0
 	total := 0.0
 	for _, n := range nodes {
 		if n.live {
 			live++
 			total += max(n.demand, 0)
+			if n.floor {
+				floors++
+			}
 		}
 	}
 	if live == 0 {
 		return q
 	}
 	base := 0
-	if capacity >= live {
+	if capacity >= floors {
 		base = 1
 	}
-	rest := float64(capacity - base*live)
+	rest := float64(capacity - base*floors)
 	for i, n := range nodes {
-		switch {
-		case !n.live:
-		case total > 0:
-			q[i] = float64(base) + (rest*max(n.demand, 0))/total
-		default:
-			q[i] = float64(base) + rest/float64(live)
+		if !n.live {
+			continue
+		}
+		b := 0.0
+		if n.floor {
+			b = float64(base)
+		}
+		if total > 0 {
+			q[i] = b + (rest*max(n.demand, 0))/total
+		} else {
+			q[i] = b + rest/float64(live)
 		}
 	}
 	return q

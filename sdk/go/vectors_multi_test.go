@@ -17,7 +17,7 @@ func TestVectorsControls(t *testing.T) {
 	v := loadVectors(t)
 	for _, vec := range v.Controls {
 		o := vec.Identity.options().withDefaults()
-		if got, want := encodeControl(o.identity(), vec.Capacity), latin1(t, vec.Bytes); !bytes.Equal(got, want) {
+		if got, want := encodeControl(o.identity(), vec.Capacity, vec.Split), latin1(t, vec.Bytes); !bytes.Equal(got, want) {
 			t.Errorf("%s:\n got %q\nwant %q", vec.Name, got, want)
 		}
 	}
@@ -81,9 +81,10 @@ func TestVectorsControlLines(t *testing.T) {
 				Refused  uint64 `json:"refused"`
 				Sessions uint64 `json:"sessions"`
 			} `json:"demand"`
-			Draining bool `json:"draining"`
-			Retire   *int `json:"retire"`
-			Capacity *int `json:"capacity"`
+			Draining bool  `json:"draining"`
+			Floor    *bool `json:"floor"`
+			Retire   *int  `json:"retire"`
+			Capacity *int  `json:"capacity"`
 		}
 		invalid := string(vec.Parse) == `"invalid"`
 		if !invalid {
@@ -102,14 +103,20 @@ func TestVectorsControlLines(t *testing.T) {
 					t.Errorf("%q: parsed as %+v, want invalid", vec.Line, line)
 				}
 			case want.Draining:
-				if err != nil || !line.draining {
+				if err != nil || line.verb != verbDraining {
 					t.Errorf("%q: %s, want DRAINING", vec.Line, got)
 				}
-			default:
+			case want.Floor != nil:
+				if err != nil || line.verb != verbFloor || line.floor != *want.Floor {
+					t.Errorf("%q: %s, want FLOOR %v", vec.Line, got, *want.Floor)
+				}
+			case want.Demand != nil:
 				d := want.Demand
-				if err != nil || line.draining || line.demand != (demand{d.InFlight, d.Queued, d.Refused, d.Sessions}) {
+				if err != nil || line.verb != verbDemand || line.demand != (demand{d.InFlight, d.Queued, d.Refused, d.Sessions}) {
 					t.Errorf("%q: %s, want %+v", vec.Line, got, *d)
 				}
+			default:
+				t.Fatalf("%q: a parse this test does not know: %s", vec.Line, vec.Parse)
 			}
 		case "service":
 			kind, n, err := parseServiceLine(vec.Line)
@@ -160,7 +167,7 @@ func TestVectorsSplits(t *testing.T) {
 	for _, vec := range v.Splits {
 		views := make([]nodeView, len(vec.Nodes))
 		for i, n := range vec.Nodes {
-			views[i] = nodeView{live: n.Live, demand: n.Demand, held: n.Held}
+			views[i] = nodeView{live: n.Live, floor: n.Floor == nil || *n.Floor, demand: n.Demand, held: n.Held}
 		}
 		if got := targets(vec.Capacity, views); !slices.Equal(got, vec.Targets) {
 			t.Errorf("%s: targets %v, want %v", vec.Name, got, vec.Targets)

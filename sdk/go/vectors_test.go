@@ -82,6 +82,7 @@ type vectors struct {
 		Name     string         `json:"name"`
 		Identity vectorIdentity `json:"identity"`
 		Capacity int            `json:"capacity"`
+		Split    string         `json:"split"` // "" for a link without Sluice-Split
 		Bytes    string         `json:"bytes"`
 	} `json:"controls"`
 	ControlReplies []struct {
@@ -106,6 +107,7 @@ type vectors struct {
 			Live   bool    `json:"live"`
 			Demand float64 `json:"demand"`
 			Held   int     `json:"held"`
+			Floor  *bool   `json:"floor"` // absent: true
 		} `json:"nodes"`
 		Targets []int `json:"targets"`
 	} `json:"splits"`

@@ -25,6 +25,10 @@ const (
 	streamsHeader  = "Sluice-Streams"
 	protocolH2     = "h2"
 	protocolHTTP1  = "http/1.1"
+	// splitHeader tells a node how the SDK splits (protocol/README.md "The floor is per
+	// service, not per instance"); splitByService asks the node for FLOOR lines.
+	splitHeader    = "Sluice-Split"
+	splitByService = "service"
 	// maxStreams bounds Sluice-Streams, as the acceptor does.
 	maxStreams = 1000
 	// clientAddrHeader carries the client's address as the proxy saw it (its TCP peer) on
@@ -69,9 +73,15 @@ func encodeRegistration(id identity, capacity, streams int) []byte {
 }
 
 // encodeControl is the control link's request, `GET /.sluice/v1/control` with Upgrade
-// sluice-control/1, the identity and the declared capacity.
-func encodeControl(id identity, capacity int) []byte {
-	return encodeUpgrade(controlPath, controlToken, id, capacity)
+// sluice-control/1, the identity, the declared capacity and, unless split is "",
+// Sluice-Split (this SDK always sends splitByService; the vectors also pin links without it).
+func encodeControl(id identity, capacity int, split string) []byte {
+	b := encodeUpgrade(controlPath, controlToken, id, capacity)
+	if split == "" {
+		return b
+	}
+	b = b[:len(b)-2] // before the blank line
+	return append(b, splitHeader+": "+split+"\r\n\r\n"...)
 }
 
 func encodeUpgrade(path, token string, id identity, capacity int) []byte {
