@@ -90,7 +90,9 @@ pub use proxy::fast::FastPath;
 pub use proxy::ProxyService;
 pub use reload::{Applied, InPlace};
 pub use restart::{Inherited, RestartError};
-pub use router::{Direct, Matcher, RequestHead, Route, RouteTable, Routing, Target};
+pub use router::{
+    Direct, Feature, Features, Matcher, RequestHead, Route, RouteTable, Routing, Target,
+};
 pub use server::fast::FastHttp1;
 pub use server::tls::Certificates;
 pub use server::{

@@ -15,6 +15,7 @@ mod connection_limits;
 mod control_links;
 mod cors;
 mod fast_path;
+mod features;
 mod grpc;
 mod h1_differential;
 mod h1_responses;

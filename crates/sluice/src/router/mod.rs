@@ -10,5 +10,5 @@ mod table;
 
 pub(crate) use self::live::{LiveRoutes, RouteError, RouteSpec};
 pub use self::matcher::Matcher;
-pub use self::route::{Direct, RequestHead, Route, Routing, Target};
+pub use self::route::{Direct, Feature, Features, RequestHead, Route, Routing, Target};
 pub use self::table::RouteTable;

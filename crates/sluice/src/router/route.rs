@@ -147,6 +147,140 @@ impl Route {
     }
 }
 
+/// A feature a route may carry, each named once here. [`Route::features`] says which a route
+/// has; a transport states the ones it renders, and hands a request whose route has any other
+/// to a transport that renders every feature (hyper's path): a feature added to [`Route`] is
+/// enforced everywhere by default, never silently skipped (issue 49: "fails closed").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// `max_request_body` of its own.
+    BodyLimit,
+    /// `rate_limit`.
+    RateLimit,
+    /// `basic_auth`.
+    BasicAuth,
+    /// `cors`.
+    Cors,
+    /// `rewrite`.
+    Rewrite,
+    /// `compression`.
+    Compression,
+    /// `request_headers` or `response_headers` edits of ordinary fields.
+    HeaderEdits,
+    /// Edits of the fields that frame a message or its connection (`Content-Length`,
+    /// `Transfer-Encoding`, `Connection`, `Host`, `TE`, `Upgrade`).
+    FramingEdits,
+}
+
+impl Feature {
+    /// Every feature, for tests that must cover them all.
+    pub const ALL: [Feature; 8] = [
+        Feature::BodyLimit,
+        Feature::RateLimit,
+        Feature::BasicAuth,
+        Feature::Cors,
+        Feature::Rewrite,
+        Feature::Compression,
+        Feature::HeaderEdits,
+        Feature::FramingEdits,
+    ];
+
+    const fn bit(self) -> u16 {
+        1 << self as u16
+    }
+}
+
+/// A set of [`Feature`]s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Features(u16);
+
+impl Features {
+    /// The set of `list`.
+    pub const fn of(list: &[Feature]) -> Self {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < list.len() {
+            bits |= list[i].bit();
+            i += 1;
+        }
+        Self(bits)
+    }
+
+    /// Whether `f` is in the set.
+    pub const fn has(self, f: Feature) -> bool {
+        self.0 & f.bit() != 0
+    }
+
+    /// The features of this set that `rendered` lacks: what a transport rendering
+    /// `rendered` would skip.
+    pub const fn beyond(self, rendered: Features) -> Features {
+        Features(self.0 & !rendered.0)
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    fn with(self, f: Feature, on: bool) -> Self {
+        match on {
+            true => Self(self.0 | f.bit()),
+            false => self,
+        }
+    }
+}
+
+impl Route {
+    /// The features this route carries. Every field is named here, so a field added to
+    /// [`Route`] does not compile until it says whether it is a feature (and a feature
+    /// no transport has claimed is rendered by hyper's path alone).
+    pub fn features(&self) -> Features {
+        let Route {
+            name: _,
+            target: _,
+            max_request_body,
+            rate_limit,
+            basic_auth,
+            cors,
+            rewrite,
+            compression,
+            request_headers,
+            response_headers,
+        } = self;
+        let edits = |e: &HeaderEdits| !e.remove.is_empty() || !e.set.is_empty();
+        let framing = edits_framing(request_headers) || edits_framing(response_headers);
+        Features::default()
+            .with(Feature::BodyLimit, max_request_body.is_some())
+            .with(Feature::RateLimit, rate_limit.is_some())
+            .with(Feature::BasicAuth, basic_auth.is_some())
+            .with(Feature::Cors, cors.is_some())
+            .with(Feature::Rewrite, rewrite.is_some())
+            .with(Feature::Compression, compression.is_some())
+            .with(
+                Feature::HeaderEdits,
+                edits(request_headers) || edits(response_headers),
+            )
+            .with(Feature::FramingEdits, framing)
+    }
+}
+
+/// Whether `edits` touch the fields that frame a message or its connection.
+fn edits_framing(edits: &HeaderEdits) -> bool {
+    use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE, TRANSFER_ENCODING, UPGRADE};
+    let framing = |n: &HeaderName| {
+        [
+            CONNECTION,
+            CONTENT_LENGTH,
+            HOST,
+            TE,
+            TRANSFER_ENCODING,
+            UPGRADE,
+        ]
+        .contains(n)
+    };
+    edits.remove.iter().any(framing) || edits.set.iter().any(|(n, _)| framing(n))
+}
+
 /// What a route does with a request.
 #[derive(Debug)]
 pub enum Target {

@@ -28,7 +28,6 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
-use sluice_config::HeaderEdits;
 use sluice_wire::h1::BodyFraming;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
@@ -41,9 +40,23 @@ use crate::http::trace_context::{RequestTrace, SentContext};
 use crate::http::{checks, compression, redirect, rewrite};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::otel::Tracing;
-use crate::router::{Direct, Route, Routing, Target};
+use crate::router::{Direct, Feature, Features, Route, Routing, Target};
 use crate::upstream::reverse::raw::SessionLease;
 use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
+
+/// The route features this path renders (the rest are hyper's path's, which renders them
+/// all): a route with any other feature is handed to it before anything else is done. CORS
+/// (answers that depend on the request's Origin) and edits of the framing fields (which this
+/// path writes itself) are not here; compression is, as a request its route would compress
+/// is handed off by what the client accepts (`compress`).
+pub(crate) const RENDERS: Features = Features::of(&[
+    Feature::BodyLimit,
+    Feature::RateLimit,
+    Feature::BasicAuth,
+    Feature::Rewrite,
+    Feature::Compression,
+    Feature::HeaderEdits,
+]);
 
 pub(crate) use self::relay::Exchange;
 pub(crate) use self::request::{timer_at, Request, Scratch, Served};
@@ -229,8 +242,8 @@ impl FastPath {
         Served::HandOff(reason)
     }
 
-    /// The route, when its edits are ones the fast path can apply and it has no CORS policy
-    /// (where it leads is [`Dest::of`]'s to say).
+    /// The route, when this path renders every feature it has ([`RENDERS`]; where it leads
+    /// is [`Dest::of`]'s to say).
     fn route(&self, parts: &Parts<'_>, req: &Request<'_>) -> Option<Arc<Route>> {
         let host = host(req)?;
         let path = sluice_wire::normalize::match_path(parts.uri.path());
@@ -243,10 +256,7 @@ impl FastPath {
             client: req.client.peer,
         };
         let route = self.router.route(&head)?;
-        let framing_edited =
-            edits_framing(&route.request_headers) || edits_framing(&route.response_headers);
-        // A CORS route's answers all get fields by the request's Origin: hyper's path's.
-        (!framing_edited && route.cors.is_none()).then_some(route)
+        route.features().beyond(RENDERS).is_empty().then_some(route)
     }
 
     /// Counts the request, logs it and queues its spans, as the hyper path does.
@@ -476,22 +486,4 @@ fn accepts_trailers(req: &Request<'_>) -> bool {
         v.split(|b| *b == b',')
             .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
     })
-}
-
-/// Whether a route's edits touch the fields that frame a message or its connection, which
-/// the fast path writes itself.
-fn edits_framing(edits: &HeaderEdits) -> bool {
-    use http::header::{CONNECTION, CONTENT_LENGTH, HOST, TE, TRANSFER_ENCODING, UPGRADE};
-    let framing = |n: &HeaderName| {
-        [
-            CONNECTION,
-            CONTENT_LENGTH,
-            HOST,
-            TE,
-            TRANSFER_ENCODING,
-            UPGRADE,
-        ]
-        .contains(n)
-    };
-    edits.remove.iter().any(framing) || edits.set.iter().any(|(n, _)| framing(n))
 }

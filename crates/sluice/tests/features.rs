@@ -1,0 +1,217 @@
+//! Every route feature, enforced on every transport (issue 49: eligibility fails closed). A
+//! case per [`sluice::Feature`] — the match is exhaustive, so a feature added without a case
+//! does not compile — each checked over HTTP/1.1 (the fast path, or with `SLUICE_FAST_PATH=0`
+//! hyper's path: the test command runs both) and HTTP/2. A transport that does not render a
+//! feature hands its requests to one that does; none may skip it.
+#![allow(clippy::unwrap_used)]
+
+use crate::support::{h2_connect, TestProxy};
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use sluice::Feature;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// An upstream that answers 2 KiB of `text/plain` (compressible), or at `/headers` the
+/// request's fields, one `name: value` line each.
+async fn upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                let body = match req.uri().path() {
+                    "/headers" => req
+                        .headers()
+                        .iter()
+                        .map(|(k, v)| format!("{k}: {}\n", v.to_str().unwrap_or("")))
+                        .collect(),
+                    path => format!("upstream {path}\n").repeat(128),
+                };
+                let mut res = Response::new(Full::new(Bytes::from(body)));
+                res.headers_mut()
+                    .insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
+                Ok::<_, Infallible>(res)
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc),
+            );
+        }
+    });
+    addr
+}
+
+/// What one request brought back.
+#[derive(Debug)]
+struct Got {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+/// A request: method, path, fields, body.
+type Ask = (
+    &'static str,
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    &'static str,
+);
+
+/// How a feature is configured on the route (TOML keys), what to send (twice for a limit),
+/// and what the answer to the last must show.
+struct Case {
+    keys: String,
+    asks: Vec<Ask>,
+    check: fn(&Got) -> bool,
+}
+
+fn case(feature: Feature, dir: &std::path::Path) -> Case {
+    let get = |path, fields| ("GET", path, fields, "");
+    match feature {
+        Feature::BodyLimit => Case {
+            keys: "max_request_body = \"16B\"".into(),
+            asks: vec![("POST", "/", vec![], "more than sixteen bytes")],
+            check: |g| g.status == StatusCode::PAYLOAD_TOO_LARGE,
+        },
+        Feature::RateLimit => Case {
+            keys: "rate_limit = { rate = \"1/m\", burst = 1, key = \"client\" }".into(),
+            asks: vec![get("/", vec![]), get("/", vec![])],
+            check: |g| g.status == StatusCode::TOO_MANY_REQUESTS,
+        },
+        Feature::BasicAuth => {
+            let hash = bcrypt::hash("secret", 4).unwrap();
+            std::fs::write(dir.join("users.htpasswd"), format!("alice:{hash}\n")).unwrap();
+            Case {
+                keys: "basic_auth = { htpasswd = \"users.htpasswd\", realm = \"r\" }".into(),
+                asks: vec![get("/", vec![])],
+                check: |g| g.status == StatusCode::UNAUTHORIZED,
+            }
+        }
+        Feature::Cors => Case {
+            keys: "cors = { origins = [\"https://app.example.com\"] }".into(),
+            asks: vec![get("/", vec![("origin", "https://app.example.com")])],
+            check: |g| {
+                g.status == StatusCode::OK
+                    && g.headers.get("access-control-allow-origin").is_some_and(|v| v == "https://app.example.com")
+            },
+        },
+        Feature::Rewrite => Case {
+            keys: "rewrite = { prefix = \"/v1/\", replace = \"/\" }".into(),
+            asks: vec![get("/v1/x", vec![])],
+            check: |g| g.body.starts_with("upstream /x\n"),
+        },
+        Feature::Compression => Case {
+            keys: "compression = { encodings = [\"gzip\"], min_size = \"1KiB\", types = [\"text/*\"] }".into(),
+            asks: vec![get("/", vec![("accept-encoding", "gzip")])],
+            check: |g| g.headers.get("content-encoding").is_some_and(|v| v == "gzip"),
+        },
+        Feature::HeaderEdits => Case {
+            keys: "response_headers = { set = { \"x-served-by\" = \"sluice\" } }".into(),
+            asks: vec![get("/", vec![])],
+            check: |g| g.headers.get("x-served-by").is_some_and(|v| v == "sluice"),
+        },
+        Feature::FramingEdits => Case {
+            keys: "request_headers = { set = { \"host\" = \"edited.example\" } }".into(),
+            asks: vec![get("/headers", vec![])],
+            check: |g| g.body.contains("host: edited.example\n"),
+        },
+    }
+}
+
+async fn proxy(upstream: SocketAddr, keys: &str, dir: &std::path::Path) -> TestProxy {
+    let toml = format!(
+        "[[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\ncluster = \"b\"\n{keys}\n\
+         [cluster.b]\nkind = \"static\"\nendpoints = [\"{upstream}\"]\n"
+    );
+    TestProxy::start_in(&toml, dir).await
+}
+
+/// HTTP/1.1, one connection per request (`Connection: close`), read to its end.
+async fn http1(addr: SocketAddr, (method, path, fields, body): &Ask) -> Got {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: t.example\r\nConnection: close\r\n");
+    for (k, v) in fields {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let mut fields = [httparse::EMPTY_HEADER; 64];
+    let mut res = httparse::Response::new(&mut fields);
+    let Ok(httparse::Status::Complete(len)) = res.parse(&raw) else {
+        panic!("no answer: {:?}", String::from_utf8_lossy(&raw));
+    };
+    let mut headers = HeaderMap::new();
+    for f in res.headers.iter() {
+        headers.append(
+            http::HeaderName::from_bytes(f.name.as_bytes()).unwrap(),
+            http::HeaderValue::from_bytes(f.value).unwrap(),
+        );
+    }
+    Got {
+        status: StatusCode::from_u16(res.code.unwrap()).unwrap(),
+        headers,
+        body: String::from_utf8_lossy(&raw[len..]).into_owned(),
+    }
+}
+
+/// HTTP/2 (prior knowledge), one connection per request.
+async fn http2(addr: SocketAddr, (method, path, fields, body): &Ask) -> Got {
+    let mut sender = h2_connect(addr).await;
+    let mut req = Request::builder()
+        .method(*method)
+        .uri(format!("http://t.example{path}"));
+    for (k, v) in fields {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    let res = sender.send_request(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn every_route_feature_is_enforced_on_every_transport() {
+    let upstream = upstream().await;
+    for feature in Feature::ALL {
+        for transport in ["HTTP/1.1", "HTTP/2"] {
+            let dir = tempfile::tempdir().unwrap();
+            let case = case(feature, dir.path());
+            let p = proxy(upstream, &case.keys, dir.path()).await;
+            let mut last = None;
+            for ask in &case.asks {
+                last = Some(match transport {
+                    "HTTP/1.1" => http1(p.addr(), ask).await,
+                    _ => http2(p.addr(), ask).await,
+                });
+            }
+            let got = last.unwrap();
+            assert!(
+                (case.check)(&got),
+                "{feature:?} skipped over {transport}: {got:?}"
+            );
+            p.shutdown();
+        }
+    }
+}
