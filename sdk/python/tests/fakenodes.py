@@ -1,8 +1,9 @@
 """Fake Sluice nodes for the many-node tests: each is an acceptor and a small proxy, as the real
 node behaves (crates/sluice-reverse): registered sessions wait in an idle pool, a request leases
 one or waits in a queue, a control link reports ``DEMAND`` every 100 ms while it changes (and
-every second anyway), ``RETIRE n`` closes idle sessions at once and busy ones when their
-response ends, and ``DRAINING`` is said when the node stops. A :class:`Tally` across nodes
+every second anyway), after a ``FLOOR`` when the link said ``Sluice-Split: service`` and the test
+set one, ``RETIRE n`` closes idle sessions at once and busy ones when their response ends, and
+``DRAINING`` is said when the node stops. A :class:`Tally` across nodes
 records, at every registration and close, the sessions open everywhere."""
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class FakeNode:
         #: RETIREs to ignore (as if lost, or spent on a session that ended for another reason).
         self.ignore_retires = 0
         self.capacities: list[int] = []
+        #: ``FLOOR`` said first on each link of an SDK that splits by service (``None``: none,
+        #: as an older node).
+        self.floor: int | None = None
         self.closed_by_service = 0
         self.stopping = False
         #: Hung (a wedged process, a partition, a hot restart's new process not up yet):
@@ -213,6 +217,8 @@ class FakeNode:
             self.tally.note()
             return
         writer.write(CONTROL_SWITCH)
+        if self.floor is not None and headers.get("sluice-split") == "service":
+            writer.write(f"FLOOR {self.floor}\n".encode())
         link = FakeLink(self, reader, writer, headers)
         self.links.append(link)
         self.tally.note()

@@ -18,7 +18,7 @@ import pytest
 
 from fakes import run
 from sluice_sdk import control
-from sluice_sdk.control import Demand
+from sluice_sdk.control import Demand, Draining
 from sluice_sdk.dial import Endpoint
 from sluice_sdk.errors import ConnectError, HandshakeTimeout
 from sluice_sdk.fleet import Fleet, Node
@@ -206,8 +206,10 @@ class Replay:
         heard = control.parse_node_line(text)
         if isinstance(heard, Demand):
             self.fleet.demand(self.node(name), gen, heard)
-        else:
+        elif isinstance(heard, Draining):
             self.fleet.draining(self.node(name), gen)
+        else:
+            self.fleet.floor(self.node(name), gen, heard.on)
 
     def on_lost(self, name: str) -> None:
         gen, _ = self.links[name]

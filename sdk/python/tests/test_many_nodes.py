@@ -102,6 +102,34 @@ def test_sessions_follow_demand_by_a_retire_at_the_other_node() -> None:
     run(main())
 
 
+def test_nodes_that_ask_another_instance_for_the_floor_give_up_theirs_to_demand() -> None:
+    async def main() -> None:
+        tally = Tally()
+        a, b, c = (FakeNode(tally) for _ in range(3))
+        for node, floor in ((a, 1), (b, 0), (c, 0)):
+            node.floor = floor
+            await node.start()
+        app = Counting(tally)
+        sessions = await sluice_sdk.serve(app, opts([a.addr, b.addr, c.addr]), lifespan="off")
+        # No demand anywhere: the rest beyond A's floor is shared evenly, B and C included.
+        await tally.until(lambda: held(a, b, c) == [2, 1, 1])
+        splits = {link.headers.get("sluice-split") for n in (a, b, c) for link in n.links}
+        assert splits == {"service"}
+
+        app.gate.clear()
+        clients = [asyncio.ensure_future(a.request(f"/{i}")) for i in range(8)]
+        # Demand at A alone: B and C keep no floor of this instance, so all four go to A
+        # (with FLOOR 1 everywhere, or an older node that says none, B and C would keep one).
+        await tally.until(lambda: held(a, b, c) == [4, 0, 0] and app.now == 4)
+        assert b.retires == c.retires == [1]
+        app.gate.set()
+        assert [r.status for r in await asyncio.gather(*clients)] == [200] * 8
+        assert tally.max_open <= 4
+        sessions.close()
+
+    run(main())
+
+
 def test_a_retire_the_node_did_not_act_on_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fleet, "RETIRE_WAIT", 0.2)
 

@@ -31,6 +31,7 @@ from sluice_sdk.asgi import ASGIApp
 from sluice_sdk.control import (
     Demand,
     Draining,
+    Floor,
     InvalidLine,
     LineReader,
     LinkClosed,
@@ -282,10 +283,17 @@ def test_wsgi_app_sees_the_fields_as_sent_on_http2_sessions(vector: dict[str, An
 
 @pytest.mark.parametrize("vector", section("controls"))
 def test_control_request_bytes(vector: dict[str, Any]) -> None:
-    assert control_request(identity(vector["identity"]), vector["capacity"]) == latin1(vector["bytes"])
+    request = control_request(identity(vector["identity"]), vector["capacity"], vector.get("split"))
+    assert request == latin1(vector["bytes"])
 
 
-@pytest.mark.parametrize("vector", section("controls"))
+def test_the_vectors_have_links_that_split_by_service() -> None:
+    assert [v for v in load()["controls"] if v.get("split") == "service"]
+
+
+# The SDK's links always say Sluice-Split: service; the vectors without it are an older SDK's.
+@pytest.mark.parametrize("vector", [v for v in section("controls")
+                                    if v.values[0].get("split") == "service"])
 def test_control_request_is_what_the_sdk_writes(vector: dict[str, Any]) -> None:
     seen: list[bytes] = []
     switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: sluice-control/1\r\n\r\n"
@@ -358,6 +366,8 @@ def test_control_line(vector: dict[str, Any]) -> None:
             parse_node_line(line)
     elif "draining" in expect:
         assert parse_node_line(line) == Draining()
+    elif "floor" in expect:
+        assert parse_node_line(line) == Floor(expect["floor"])
     else:
         assert parse_node_line(line) == Demand(**expect["demand"])
 
@@ -383,7 +393,8 @@ def test_control_lines_are_read_whole_across_reads_and_bounded() -> None:
 
 @pytest.mark.parametrize("vector", section("splits"))
 def test_split(vector: dict[str, Any]) -> None:
-    nodes = [NodeView(n["live"], float(n["demand"]), n["held"]) for n in vector["nodes"]]
+    nodes = [NodeView(n["live"], float(n["demand"]), n["held"], n.get("floor", True))
+             for n in vector["nodes"]]
     assert targets(vector["capacity"], nodes) == vector["targets"]
 
 

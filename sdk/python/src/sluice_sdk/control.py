@@ -1,7 +1,8 @@
 """The lines of a control link (protocol/README.md "The control link"), sans I/O but for
-:class:`LineReader`: what a node reports (``DEMAND``, ``DRAINING``) and what a service asks
-(``RETIRE``, ``CAPACITY``). ASCII, one ``\\n`` at the end, at most :data:`MAX_LINE` bytes,
-words separated by one space, numbers decimal without sign or leading zeros."""
+:class:`LineReader`: what a node reports (``DEMAND``, ``DRAINING``, ``FLOOR``) and what a
+service asks (``RETIRE``, ``CAPACITY``). ASCII, one ``\\n`` at the end, at most
+:data:`MAX_LINE` bytes, words separated by one space, numbers decimal without sign or leading
+zeros."""
 
 from __future__ import annotations
 
@@ -39,7 +40,15 @@ class Draining:
     """``DRAINING``: the node takes no new sessions and ends those it has."""
 
 
-NodeLine = Demand | Draining
+@dataclass(frozen=True)
+class Floor:
+    """``FLOOR <0|1>``: whether the node counts on this instance for its floor of one session
+    (sent only to links that said ``Sluice-Split: service``)."""
+
+    on: bool
+
+
+NodeLine = Demand | Draining | Floor
 
 
 class InvalidLine(ProtocolError):
@@ -62,6 +71,8 @@ def parse_node_line(line: str) -> NodeLine:
     if len(words) == 5 and words[0] == "DEMAND":
         counts = [_number(w, line) for w in words[1:]]
         return Demand(*counts)
+    if len(words) == 2 and words[0] == "FLOOR" and words[1] in ("0", "1"):
+        return Floor(words[1] == "1")
     raise InvalidLine(line)
 
 

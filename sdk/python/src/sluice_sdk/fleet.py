@@ -93,6 +93,9 @@ class Node:
     """Its acceptor refused the link for good (400 aside: 401, 404): logged once."""
     demand: float | None = None
     """The smoothed demand (``None`` before the first ``DEMAND``)."""
+    floor: bool = True
+    """The node asks this instance for its floor of one session: its link's last ``FLOOR``
+    (a node that sends none, an older one, asks)."""
     sessions: int = 0
     """Sessions held here: registered or being dialed."""
     asked: int = 0
@@ -267,6 +270,7 @@ class Fleet:
         node.link_gen += 1
         node.writer = writer
         node.legacy = node.refused = False
+        node.floor = True  # until this link says otherwise: an older node never does
         # RETIREs the previous link carried may be lost with it (a hot restart, a line never
         # read): the next plan asks again for what is still surplus. Asking twice only closes
         # more, which the slots make up for; never asking would hold capacity forever.
@@ -301,6 +305,12 @@ class Fleet:
             log.debug("node %s left %d asked sessions open: asking again", node,
                       node.asked - busy)
             node.asked = busy
+
+    def floor(self, node: Node, gen: int, on: bool) -> None:
+        """``FLOOR`` on link ``gen``: whether the node counts on this instance for its floor.
+        It plans nothing by itself: the node's next ``DEMAND`` does."""
+        if node.link_gen == gen:
+            node.floor = on
 
     def draining(self, node: Node, gen: int) -> None:
         """``DRAINING``: the node stops for good; its share moves elsewhere at once."""
@@ -425,7 +435,7 @@ class Fleet:
         for node in self.nodes:
             if node.live and node.remote:
                 node.local = 0  # RETIRE reaches it again: no closes from here
-        views = [split.NodeView(n.live, n.split_demand, n.held) for n in self.nodes]
+        views = [split.NodeView(n.live, n.split_demand, n.held, n.floor) for n in self.nodes]
         targets = split.targets(self.capacity, views)
         for node, target in zip(self.nodes, targets, strict=True):
             before = node.target

@@ -1,5 +1,5 @@
-"""The I/O of many nodes: one control link per node (dial, read ``DEMAND``/``DRAINING``,
-re-dial) and the resolver that finds the nodes (``dns:`` records, list entries), each
+"""The I/O of many nodes: one control link per node (dial, read ``DEMAND``, ``DRAINING`` and
+``FLOOR``, re-dial) and the resolver that finds the nodes (``dns:`` records, list entries), each
 reporting to the :class:`~sluice_sdk.fleet.Fleet`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import socket
 from collections.abc import Sequence
 
 from . import address, aio, control, dial
-from .control import Demand, LineReader
+from .control import Demand, Draining, LineReader
 from .dial import Endpoint
 from .errors import ProtocolError, Refused, SluiceError
 from .fleet import Fleet, Node
@@ -63,8 +63,10 @@ async def _serve(fleet: Fleet, node: Node, reader: asyncio.StreamReader,
             heard = control.parse_node_line(line)
             if isinstance(heard, Demand):
                 fleet.demand(node, gen, heard)
-            else:
+            elif isinstance(heard, Draining):
                 fleet.draining(node, gen)
+            else:
+                fleet.floor(node, gen, heard.on)
     except asyncio.TimeoutError:
         why = f"the link was silent for {control.SILENCE:g}s"
     except (ProtocolError, OSError) as e:

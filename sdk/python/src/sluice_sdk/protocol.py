@@ -20,6 +20,9 @@ CONTROL_TOKEN = "sluice-control/1"
 #: ``Sluice-Protocol`` of an HTTP/2 session (protocol/README.md "HTTP/2 sessions").
 PROTOCOL_H2 = "h2"
 PROTOCOL_HTTP1 = "http/1.1"
+#: ``Sluice-Split`` of a control link: this SDK keeps its floor of one session only where a
+#: node asks for it (``FLOOR``), as protocol/README.md "The split" says.
+SPLIT_BY_SERVICE = "service"
 #: The most streams an HTTP/2 session may declare (``Sluice-Streams``).
 MAX_STREAMS = 1000
 MAX_REPLY_HEAD = 8192
@@ -75,15 +78,16 @@ Reply = Union[Switched, Drained, Unsupported]
 class Handshake:
     """One registration, drain or control-link exchange: ``request`` holds the bytes to write, and
     :meth:`feed` classifies the answer as it arrives (raising :class:`Refused` or
-    :class:`ProtocolError`)."""
+    :class:`ProtocolError`). A control link says ``Sluice-Split: split`` (``None``: nothing)."""
 
     def __init__(self, kind: Kind, identity: Identity, capacity: int | None = None,
-                 streams: int | None = None) -> None:
+                 streams: int | None = None, split: str | None = SPLIT_BY_SERVICE) -> None:
         self.kind = kind
         #: ``None``: an HTTP/1.1 session; ``n``: an HTTP/2 session of ``n`` streams.
         self.streams = streams if kind == "register" else None
+        split = split if kind == "control" else None
         self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_REPLY_HEAD)
-        self.request = self._conn.send(_request(kind, identity, capacity, self.streams))
+        self.request = self._conn.send(_request(kind, identity, capacity, self.streams, split))
         self.request += self._conn.send(h11.EndOfMessage())
         self._received = 0
         self._raw = b""
@@ -159,7 +163,7 @@ def _session_protocol(headers: list[tuple[bytes, bytes]]) -> bool:
 
 
 def _request(kind: Kind, identity: Identity, capacity: int | None,
-             streams: int | None = None) -> h11.Request:
+             streams: int | None = None, split: str | None = None) -> h11.Request:
     if kind == "drain":
         head = [("Host", "sluice"), ("Content-Length", "0")]
         return h11.Request(method="POST", target=DRAIN_PATH, headers=head + identity.headers())
@@ -169,6 +173,8 @@ def _request(kind: Kind, identity: Identity, capacity: int | None,
     tail = [] if capacity is None else [("Sluice-Capacity", str(capacity))]
     if streams is not None:
         tail += [("Sluice-Protocol", PROTOCOL_H2), ("Sluice-Streams", str(streams))]
+    if split is not None:
+        tail.append(("Sluice-Split", split))
     return h11.Request(method="GET", target=path, headers=head + identity.headers() + tail)
 
 
@@ -178,9 +184,11 @@ def registration(identity: Identity, capacity: int | None, streams: int | None =
     return Handshake("register", identity, capacity, streams).request
 
 
-def control_request(identity: Identity, capacity: int) -> bytes:
-    """The control link's request bytes (many nodes): the identity and ``Sluice-Capacity``."""
-    return Handshake("control", identity, capacity).request
+def control_request(identity: Identity, capacity: int,
+                    split: str | None = SPLIT_BY_SERVICE) -> bytes:
+    """The control link's request bytes (many nodes): the identity, ``Sluice-Capacity`` and
+    ``Sluice-Split`` (``None``: without it, as an SDK that knows no ``FLOOR`` writes it)."""
+    return Handshake("control", identity, capacity, split=split).request
 
 
 def drain_request(identity: Identity) -> bytes:

@@ -19,12 +19,15 @@ class NodeView:
     """The smoothed demand."""
     held: int
     """Sessions held there (registered or being dialed) less those asked to retire."""
+    floor: bool = True
+    """The node asks this instance for its floor of one session (its last ``FLOOR`` was 1,
+    or it sent none)."""
 
 
 def targets(capacity: int, nodes: Sequence[NodeView]) -> list[int]:
-    """The sessions each node should hold: ``capacity`` in all, at least one per live node
-    while ``capacity`` allows, the rest in proportion to demand, moving a session only when
-    that shrinks the imbalance by more than one (so small swings of demand move nothing)."""
+    """The sessions each node should hold: ``capacity`` in all, one on each live node that asks
+    for its floor while ``capacity`` allows, the rest in proportion to demand, moving a session
+    only when that shrinks the imbalance by more than one (so small swings move nothing)."""
     q = quotas(capacity, nodes)
     t = [n.held if n.live else 0 for n in nodes]
     live = [i for i, n in enumerate(nodes) if n.live]
@@ -57,13 +60,15 @@ def targets(capacity: int, nodes: Sequence[NodeView]) -> list[int]:
 
 
 def quotas(capacity: int, nodes: Sequence[NodeView]) -> list[float]:
-    """Each node's real share: a base of one per live node while ``capacity`` allows, the rest
-    by demand (evenly without any); 0 for a node that is not live."""
+    """Each node's real share: a base of one per live node that asks for its floor, while
+    ``capacity`` covers them all, the rest shared among the live nodes by demand (evenly
+    without any); 0 for a node that is not live."""
     live = sum(1 for n in nodes if n.live)
     if live == 0:
         return [0.0] * len(nodes)
-    base = 1 if capacity >= live else 0
-    rest = float(capacity - base * live)
+    floors = sum(1 for n in nodes if n.live and n.floor)
+    base = 1 if capacity >= floors else 0
+    rest = float(capacity - base * floors)
     total = 0.0
     for n in nodes:  # summed in list order, as the protocol writes it
         if n.live:
@@ -73,9 +78,9 @@ def quotas(capacity: int, nodes: Sequence[NodeView]) -> list[float]:
         if not n.live:
             out.append(0.0)
         elif total > 0.0:
-            out.append(base + (rest * max(n.demand, 0.0)) / total)
+            out.append((base if n.floor else 0) + (rest * max(n.demand, 0.0)) / total)
         else:
-            out.append(base + rest / live)
+            out.append((base if n.floor else 0) + rest / live)
     return out
 
 
