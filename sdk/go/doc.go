@@ -53,7 +53,8 @@
 //     drained instance's probe.
 //   - report.go: what an instance logs (once per outage, refusal, drain hold, capacity change).
 //   - nodes.go: the nodes of many: the plan (RETIRE, SDK-side closes), the pick of a node for a
-//     slot, joins and leaves, status.
+//     slot, joins and leaves, status; the clock they read (a fake one replays the fleet
+//     vectors).
 //   - link.go: one goroutine per node: its control link, dialed again when lost; down after
 //     Options.NodeGrace, or at once when its address refuses connections once the link ended.
 //   - resolve.go: re-resolving the nodes every Options.ResolveInterval.

@@ -144,6 +144,7 @@ func (l *Listener) heard(n *node, k *link, line nodeLine) {
 		n.noFloor = !line.floor
 		return
 	case verbDraining:
+		n.pendingUntil = time.Time{}
 		if !n.draining {
 			n.log.Info("node is draining: its sessions move to the others")
 		}
@@ -154,13 +155,17 @@ func (l *Listener) heard(n *node, k *link, line nodeLine) {
 			n.log.Info("node takes sessions again")
 		}
 		n.demand = smooth(n.demand, n.sampled, line.demand.sample())
-		n.sampled = true
+		n.sampled, n.pendingUntil = true, time.Time{}
 	}
 	l.planLocked()
 }
 
 // linkAnswered: the node answered the link's request with 101 (k) or, without control links,
-// with 400 (k nil). Either way it is reachable: an outage, a hold or a refusal ends.
+// with 400 (k nil). Either way it is reachable: an outage, a hold or a refusal ends. A link
+// plans nothing until its first DEMAND, which the node sends at once: a plan before it would
+// move sessions by the demand and floor of the node's last link, and the hold of step 5
+// could then keep the right move back for a second. Without control links there is no DEMAND
+// to wait for.
 func (l *Listener) linkAnswered(n *node, k *link) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -168,7 +173,7 @@ func (l *Listener) linkAnswered(n *node, k *link) {
 		n.log.Info("the node does not know control links (an older acceptor): it gets an even share")
 	}
 	n.link, n.noControl = k, k == nil
-	n.lostAt, n.down, n.refused, n.pendingUntil = time.Time{}, false, nil, time.Time{}
+	n.lostAt, n.down, n.refused = time.Time{}, false, nil
 	if n.held {
 		n.held = false
 		n.report.resumed()
@@ -179,7 +184,10 @@ func (l *Listener) linkAnswered(n *node, k *link) {
 	n.report.registered()
 	if k != nil {
 		k.send(capacityLine(l.counts.target))
+		l.notifyLocked()
+		return
 	}
+	n.pendingUntil = time.Time{}
 	l.planLocked()
 }
 
@@ -191,7 +199,7 @@ func (l *Listener) linkLost(n *node, k *link, err error, closed bool) {
 	if n.link != k {
 		return
 	}
-	n.link = nil
+	n.link, n.pendingUntil = nil, time.Time{}
 	n.log.Debug("control link ended", "error", err)
 	if closed {
 		l.notifyLocked()
@@ -205,9 +213,9 @@ func (l *Listener) linkLost(n *node, k *link, err error, closed bool) {
 // within it. l.mu must be held.
 func (l *Listener) lostLocked(n *node) {
 	n.noControl = false
-	n.lostAt = time.Now()
+	n.lostAt = l.opts.clock.Now()
 	lost := n.lostAt
-	time.AfterFunc(l.opts.NodeGrace, func() {
+	l.opts.clock.AfterFunc(l.opts.NodeGrace, func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if n.up() || n.lostAt != lost || n.down {

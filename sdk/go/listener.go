@@ -52,8 +52,10 @@ type Listener struct {
 	// nodes are the nodes of many, in the order the split lists them (nil with one acceptor).
 	nodes     []*node
 	rebalance rebalanceLog
-	changed   chan struct{} // closed and replaced at every change of the fields above
-	nextSlot  int
+	// movesHeldUntil: no move by demand alone (the split's step 5) before then.
+	movesHeldUntil time.Time
+	changed        chan struct{} // closed and replaced at every change of the fields above
+	nextSlot       int
 }
 
 // Status is what an application can observe about its sessions.

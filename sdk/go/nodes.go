@@ -8,6 +8,25 @@ import (
 	"time"
 )
 
+// moveHold is how long after a plan that moved sessions by demand alone no plan does so again
+// (protocol/README.md "The split"): an instance moves for demand at most once a second.
+const moveHold = time.Second
+
+// clock is the time the bookkeeping of many nodes reads and the timers it sets (NodeGrace,
+// the first resolution's wait, backoffs, the rebalance log's second): the real one, or in
+// tests a fake one on which the fleet vectors replay step by step, without sockets
+// (fleet_vectors_test.go).
+type clock interface {
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine once d has passed.
+	AfterFunc(d time.Duration, f func())
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                      { return time.Now() }
+func (realClock) AfterFunc(d time.Duration, f func()) { time.AfterFunc(d, f) }
+
 // node is one node of many (protocol/README.md "Many nodes"): an ip:port the acceptor address
 // names, its control link, and the sessions this instance holds there. Its fields are guarded
 // by the Listener's lock.
@@ -45,8 +64,8 @@ type node struct {
 	shrinking int
 	target    int
 
-	// pendingUntil: a node of the first resolution whose first link has neither been answered
-	// nor failed yet; until then (at most HandshakeTimeout) no slot dials, so that the first
+	// pendingUntil: a node of the first resolution whose first link has neither said its first
+	// DEMAND (or DRAINING) nor failed yet; until then (at most HandshakeTimeout) no slot dials, so that the first
 	// split covers every node instead of sending every session to the first that answers and
 	// moving most of them right after. Nodes that join later never hold the slots up.
 	pendingUntil time.Time
@@ -142,8 +161,14 @@ func (l *Listener) planLocked() {
 		views[i] = nodeView{live: n.live(), floor: !n.noFloor, demand: n.splitDemand(), held: max(n.holding(), 0)}
 	}
 	// The live slots: the capacity once owed retirements are settled, plus those owed, which
-	// end their slots (a shrink) rather than move.
-	t := targets(l.counts.slots, views)
+	// end their slots (a shrink) rather than move. Moves by demand alone are held for a
+	// second after a plan that made one, so that DEMAND every 100 ms cannot move a session
+	// every 100 ms; what a node down or a shrink asks for is never held.
+	now := l.opts.clock.Now()
+	t, moved := targets(l.counts.slots, views, !now.Before(l.movesHeldUntil))
+	if moved {
+		l.movesHeldUntil = now.Add(moveHold)
+	}
 	moves := make(map[*node]int)
 	for i, n := range l.nodes {
 		n.target = t[i]
@@ -258,7 +283,7 @@ func (l *Listener) pickLocked(now time.Time) (*node, time.Duration) {
 // nodeFailedLocked: a session dial to n failed, or its session closed before serving
 // anything; n backs off (per node, not per slot: every slot then picks another node).
 func (l *Listener) nodeFailedLocked(n *node) {
-	n.retryAt = time.Now().Add(l.opts.Backoff.Delay(n.failures))
+	n.retryAt = l.opts.clock.Now().Add(l.opts.Backoff.Delay(n.failures))
 	n.failures++
 }
 
@@ -333,7 +358,7 @@ func (l *Listener) joinLocked(f found, first bool) *node {
 		members: make(map[*sessionConn]struct{}),
 	}
 	if first {
-		n.pendingUntil = time.Now().Add(l.opts.HandshakeTimeout)
+		n.pendingUntil = l.opts.clock.Now().Add(l.opts.HandshakeTimeout)
 	}
 	n.report.log = n.log
 	n.log.Info("node joined")

@@ -92,6 +92,9 @@ type Options struct {
 	// silence, in tests, is how long a control link may be silent before it is lost; 0 means
 	// controlSilence, the protocol's three missed heartbeats.
 	silence time.Duration
+	// clock, in tests, is the time the nodes of many read and set their timers on; nil means
+	// the real one.
+	clock clock
 }
 
 // Resolver looks up the addresses of a name, as *net.Resolver does (network "ip").
@@ -175,6 +178,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.silence == 0 {
 		o.silence = controlSilence
+	}
+	if o.clock == nil {
+		o.clock = realClock{}
 	}
 	if o.Resolver == nil {
 		o.Resolver = net.DefaultResolver

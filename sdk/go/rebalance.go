@@ -14,7 +14,7 @@ type rebalanceLog struct {
 	last    time.Time
 	logged  string         // the targets last logged
 	pending map[string]int // sessions moved off each node since the last line
-	timer   *time.Timer
+	due     bool           // a line is due at the end of the second
 }
 
 // planned: a plan set targets and moved sessions off some nodes.
@@ -28,16 +28,17 @@ func (r *rebalanceLog) planned(l *Listener, moves map[*node]int) {
 	for n, k := range moves {
 		r.pending[n.addr.String()] += k
 	}
-	wait := time.Second - time.Since(r.last)
+	wait := time.Second - l.opts.clock.Now().Sub(r.last)
 	if wait <= 0 {
 		r.flush(l)
 		return
 	}
-	if r.timer == nil {
-		r.timer = time.AfterFunc(wait, func() {
+	if !r.due {
+		r.due = true
+		l.opts.clock.AfterFunc(wait, func() {
 			l.mu.Lock()
 			defer l.mu.Unlock()
-			r.timer = nil
+			r.due = false
 			r.flush(l)
 		})
 	}
@@ -45,7 +46,7 @@ func (r *rebalanceLog) planned(l *Listener, moves map[*node]int) {
 
 // flush logs the line: every node with its demand, holding and target, and the moves.
 func (r *rebalanceLog) flush(l *Listener) {
-	r.last = time.Now()
+	r.last = l.opts.clock.Now()
 	r.logged = targetsOf(l)
 	var nodes, moved []string
 	for _, n := range l.nodes {
@@ -83,7 +84,7 @@ func anyTarget(l *Listener) bool {
 
 // anyPending: a node just joined and has not answered yet; the split is not settled.
 func anyPending(l *Listener) bool {
-	now := time.Now()
+	now := l.opts.clock.Now()
 	for _, n := range l.nodes {
 		if n.pendingUntil.After(now) {
 			return true

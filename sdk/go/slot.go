@@ -94,7 +94,7 @@ func (l *Listener) awaitTurn() (turn, bool) {
 			l.mu.Unlock()
 			return turn{}, false
 		}
-		t, wait, ok := l.turnLocked(time.Now())
+		t, wait, ok := l.turnLocked(l.opts.clock.Now())
 		changed := l.changed
 		l.mu.Unlock()
 		if ok {
@@ -165,7 +165,7 @@ func (l *Listener) dialFailed(t turn, err error) bool {
 	case isDrained(err):
 		if l.held == nil && !l.counts.stopping {
 			l.held = err
-			l.nextProbe = time.Now().Add(l.opts.DrainedProbe)
+			l.nextProbe = l.opts.clock.Now().Add(l.opts.DrainedProbe)
 			l.report.held(err, l.opts.DrainedProbe)
 		}
 		return true

@@ -29,12 +29,18 @@ func smooth(last float64, sampled bool, sample float64) float64 {
 	return last + (sample-last)/2
 }
 
+// deadBand is how far beyond its quota both ends of a move by demand (step 5) must be: a move
+// back needs the quotas to shift by half a session first, so demand that only wobbles moves
+// nothing.
+const deadBand = 0.75
+
 // targets is the sessions each node should hold: capacity in all (when any node is live), at
-// least one per live node that asks for its floor while capacity allows, the rest by demand,
-// moving a session only when that shrinks the imbalance by more than one.
-func targets(capacity int, nodes []nodeView) []int {
+// least one per live node that asks for its floor while capacity allows, the rest by demand.
+// Only with rebalance does it move sessions by demand alone (step 5), and only beyond the
+// dead band; moved says whether it did.
+func targets(capacity int, nodes []nodeView, rebalance bool) (t []int, moved bool) {
 	q := quotas(capacity, nodes)
-	t := make([]int, len(nodes))
+	t = make([]int, len(nodes))
 	var live []int
 	for i, n := range nodes {
 		if n.live {
@@ -58,15 +64,17 @@ func targets(capacity int, nodes []nodeView) []int {
 		}
 		t[i]++
 	}
-	for {
+	for rebalance {
 		i, okShort := firstMax(live, under)
 		j, okLong := firstMax(holding(t), over)
-		if !okShort || !okLong || under(i) <= 0.5 || over(j) <= 0.5 {
-			return t
+		if !okShort || !okLong || under(i) <= deadBand || over(j) <= deadBand {
+			break
 		}
 		t[i]++
 		t[j]--
+		moved = true
 	}
+	return t, moved
 }
 
 // quotas is each node's real share: a base of one per live node that asks this instance for
