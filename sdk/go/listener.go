@@ -88,6 +88,20 @@ func Listen(ctx context.Context, opts Options) (*Listener, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
+	l := newListener(ctx, opts)
+	l.stopParent = context.AfterFunc(ctx, l.abort)
+	if l.address.many() {
+		go l.runResolver()
+	} else {
+		l.dialer = newDialer(&opts)
+	}
+	l.SetCapacity(opts.Capacity)
+	return l, nil
+}
+
+// newListener is the Listener of valid opts before anything starts: no resolution, no slot,
+// no dial.
+func newListener(ctx context.Context, opts Options) *Listener {
 	address, _ := opts.address() // validated
 	l := &Listener{
 		opts:    opts,
@@ -100,14 +114,7 @@ func Listen(ctx context.Context, opts Options) (*Listener, error) {
 	}
 	l.report.log = l.log
 	l.dialCtx, l.cancelDials = context.WithCancel(context.WithoutCancel(ctx))
-	l.stopParent = context.AfterFunc(ctx, l.abort)
-	if address.many() {
-		go l.runResolver()
-	} else {
-		l.dialer = newDialer(&opts)
-	}
-	l.SetCapacity(opts.Capacity)
-	return l, nil
+	return l
 }
 
 // Accept waits for the next registered session. Once Close has begun or Shutdown has

@@ -241,12 +241,7 @@ func (l *Listener) serve(conn *sessionConn) ended {
 		conn.Close()
 		return ended{}
 	}
-	l.live[conn] = struct{}{}
-	l.registered++
-	l.joinedNodeLocked(conn)
-	// A shrink while this session was registering: it retires at once, idle as it is.
-	l.retireIdleLocked()
-	l.notifyLocked()
+	l.openedLocked(conn)
 	l.mu.Unlock()
 	select {
 	case l.accept <- conn:
@@ -255,15 +250,31 @@ func (l *Listener) serve(conn *sessionConn) ended {
 	}
 	<-conn.done
 	l.mu.Lock()
-	delete(l.live, conn)
+	defer l.mu.Unlock()
+	return l.closedLocked(conn)
+}
+
+// openedLocked counts a registered session as live, at its node if it has one; l.mu must be
+// held.
+func (l *Listener) openedLocked(c *sessionConn) {
+	l.live[c] = struct{}{}
+	l.registered++
+	l.joinedNodeLocked(c)
+	// A shrink while this session was registering: it retires at once, idle as it is.
+	l.retireIdleLocked()
+	l.notifyLocked()
+}
+
+// closedLocked counts a live session closed and says how it ended; l.mu must be held.
+func (l *Listener) closedLocked(c *sessionConn) ended {
+	delete(l.live, c)
 	l.registered--
-	end := ended{retired: conn.retired.Load(), served: conn.served.Load()}
-	end.moved = l.leftNodeLocked(conn)
-	if conn.node != nil && !end.retired && !end.served && !end.moved {
-		l.nodeFailedLocked(conn.node) // closed unused: that node backs off
+	end := ended{retired: c.retired.Load(), served: c.served.Load()}
+	end.moved = l.leftNodeLocked(c)
+	if c.node != nil && !end.retired && !end.served && !end.moved {
+		l.nodeFailedLocked(c.node) // closed unused: that node backs off
 	}
 	l.notifyLocked()
-	l.mu.Unlock()
 	return end
 }
 
