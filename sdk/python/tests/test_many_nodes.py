@@ -455,6 +455,7 @@ def test_rebalances_log_at_most_one_line_a_second(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     caplog.set_level(logging.INFO, "sluice_sdk")
     monkeypatch.setattr(fleet, "REBALANCE_LOG_EVERY", 3600.0)  # no second line on its own
+    monkeypatch.setattr(fleet, "MOVE_HOLD", 0.0)  # rebalances back to back (fleet.json holds them)
 
     def lines() -> list[str]:
         return [r.getMessage() for r in caplog.records if "rebalance" in r.getMessage()]

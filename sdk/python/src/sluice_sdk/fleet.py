@@ -27,6 +27,9 @@ log = logging.getLogger("sluice_sdk")
 
 #: At most one rebalance line a second.
 REBALANCE_LOG_EVERY = 1.0
+#: After a plan that moved a session for demand (step 5 of the split), plans move none for
+#: demand this long: at most one such move a second, however often ``DEMAND`` comes.
+MOVE_HOLD = 1.0
 #: A node closes idle sessions as ``RETIRE`` arrives and owes only busy ones; asked sessions
 #: still idle here this long after are taken as not retiring (the line was lost, or the node
 #: spent it on another session that ended), and the next plan asks again.
@@ -207,6 +210,8 @@ class Fleet:
         self.clock: Clock = clock if clock is not None else asyncio.get_running_loop()
         self._start_link = start_link
         self._log = RebalanceLog(self.clock)
+        #: Loop time of the last plan that moved a session for demand.
+        self._moved_at = float("-inf")
         #: Every listed node refused its link for good: the error ``wait_registered`` raises.
         self.failed: SluiceError | None = None
 
@@ -436,8 +441,11 @@ class Fleet:
             if node.live and node.remote:
                 node.local = 0  # RETIRE reaches it again: no closes from here
         views = [split.NodeView(n.live, n.split_demand, n.held, n.floor) for n in self.nodes]
-        targets = split.targets(self.capacity, views)
-        for node, target in zip(self.nodes, targets, strict=True):
+        now = self.clock.time()
+        decided = split.plan(self.capacity, views, hold=now - self._moved_at < MOVE_HOLD)
+        if decided.moved:
+            self._moved_at = now
+        for node, target in zip(self.nodes, decided.targets, strict=True):
             before = node.target
             node.target = target
             retired = self._retire(node, node.held - target)

@@ -1,5 +1,5 @@
 """How an instance splits its declared capacity across the nodes it reaches, in proportion to
-their demand, with hysteresis (protocol/README.md "The split", normative: every SDK computes
+their demand, with a dead band (protocol/README.md "The split", normative: every SDK computes
 the same targets from the same inputs, and the vectors' ``splits`` section holds them to it).
 Python floats are IEEE doubles, so the arithmetic below falls exactly as the protocol's."""
 
@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+#: Step 5 moves a session only while both ends are off their quota by more than this: the
+#: move back needs the quotas to shift by half a session first.
+DEAD_BAND = 0.75
 
 
 @dataclass(frozen=True)
@@ -24,10 +28,27 @@ class NodeView:
     or it sent none)."""
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What :func:`plan` decided."""
+
+    targets: list[int]
+    """The sessions each node should hold."""
+    moved: int
+    """Sessions moved by demand (step 5): a plan that moved any holds step 5 for a while."""
+
+
 def targets(capacity: int, nodes: Sequence[NodeView]) -> list[int]:
     """The sessions each node should hold: ``capacity`` in all, one on each live node that asks
     for its floor while ``capacity`` allows, the rest in proportion to demand, moving a session
-    only when that shrinks the imbalance by more than one (so small swings move nothing)."""
+    only when both ends are off their quota by more than :data:`DEAD_BAND` (so swings of
+    demand smaller than that move nothing)."""
+    return plan(capacity, nodes).targets
+
+
+def plan(capacity: int, nodes: Sequence[NodeView], hold: bool = False) -> Plan:
+    """:func:`targets`, and how many sessions step 5 moved; ``hold`` skips step 5 (demand
+    moves nothing; steps 1–4 still follow a node down or a change of ``capacity``)."""
     q = quotas(capacity, nodes)
     t = [n.held if n.live else 0 for n in nodes]
     live = [i for i, n in enumerate(nodes) if n.live]
@@ -51,12 +72,15 @@ def targets(capacity: int, nodes: Sequence[NodeView]) -> list[int]:
         if i is None:
             break
         t[i] += 1
-    while True:
+    moved = 0
+    while not hold:
         i, j = _first_max(live, under), _first_max(holding(), over)
-        if i is None or j is None or not (under(i) > 0.5 and over(j) > 0.5):
-            return t
+        if i is None or j is None or not (under(i) > DEAD_BAND and over(j) > DEAD_BAND):
+            break
         t[i] += 1
         t[j] -= 1
+        moved += 1
+    return Plan(t, moved)
 
 
 def quotas(capacity: int, nodes: Sequence[NodeView]) -> list[float]:
