@@ -19,8 +19,9 @@ import (
 
 // Many nodes against real `sluice run` processes: the split follows the requests, a killed
 // node's share moves, a stopping node (DRAINING) is vacated, a node that leaves DNS is
-// retired with no request lost; the sessions held never exceed the capacity (sumBelow) and
-// neither do the requests in the handler.
+// retired with no request lost, two instances keep one floor per node between them; the
+// sessions held never exceed the capacity (sumBelow) and neither do the requests in the
+// handler.
 
 // gatedService counts its own concurrency; /wait holds a request until open is closed.
 type gatedService struct {
@@ -209,6 +210,45 @@ func TestRealProxyRemovedFromDNSIsRetiredWithoutAFailedRequest(t *testing.T) {
 	defer cancel()
 	if err := ln.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// Two instances of one service (6 + 4 sessions) on three real nodes: each node asks the
+// larger for its floor (FLOOR 1) and the smaller for none (FLOOR 0), so when the requests are
+// all at the first node, the smaller instance moves all of its sessions there and the idle
+// nodes keep one session each of the service, not one of each instance.
+func TestRealProxiesKeepOneFloorPerServiceNotPerInstance(t *testing.T) {
+	t.Parallel()
+	nodes := []*sluiceNode{
+		startSluice(t, sluiceConfig("127.0.0.1", 0)),
+		startSluice(t, sluiceConfig("127.0.0.1", 0)),
+		startSluice(t, sluiceConfig("127.0.0.1", 0)),
+	}
+	acceptors := []string{nodes[0].Acceptor, nodes[1].Acceptor, nodes[2].Acceptor}
+	g := &gatedService{open: make(chan struct{})}
+	large := listenMany(t, Options{Acceptors: acceptors, Instance: "go-floor-6", Token: sluiceToken, Capacity: 6})
+	serve(t, large, g.ServeHTTP)
+	liveHeld(t, large, nodes, 2, 2, 2)
+	small := listenMany(t, Options{Acceptors: acceptors, Instance: "go-floor-4", Token: sluiceToken, Capacity: 4})
+	serve(t, small, g.ServeHTTP)
+	waitUntil(t, small, "every node asks the smaller instance for no floor", func(l *Listener) bool {
+		for _, n := range l.nodes {
+			if !n.noFloor || !n.sampled {
+				return false
+			}
+		}
+		return len(l.nodes) == 3
+	})
+
+	// Ten requests at the first node: eight in flight on its sessions, two queued.
+	waiting := getAll(t, nodes[0].HTTP, "/wait", 10)
+	liveHeld(t, large, nodes, 4, 1, 1)
+	liveHeld(t, small, nodes, 4, 0, 0)
+	waitUntil(t, small, "eight requests in the handler", func(*Listener) bool { return g.inFlight.Load() == 8 })
+	close(g.open)
+	noFailure(t, waiting, 10)
+	if m := g.most.Load(); m > 10 {
+		t.Errorf("%d requests in the handlers at once, above the capacities", m)
 	}
 }
 
