@@ -79,6 +79,11 @@ impl Error {
         }
     }
 
+    /// Whether the connect itself was refused (`ECONNREFUSED`): nothing listens there.
+    pub(crate) fn is_connection_refused(&self) -> bool {
+        matches!(self, Error::Connect { source, .. } if source.kind() == io::ErrorKind::ConnectionRefused)
+    }
+
     /// Whether an operator drained this instance (`410 Gone`): the sessions stop re-dialing,
     /// and one registration probes every [`Options::drained_probe`](crate::Options) until
     /// `sluice ctl resume` lets it through (or the capacity is set again).

@@ -200,3 +200,93 @@ async fn a_node_that_dies_is_one_outage_warning_and_one_down_line_not_one_per_sl
         "{rebalanced:#?}"
     );
 }
+
+/// Two live nodes with idle control links, holding `capacity / 2` sessions each.
+struct TwoNodes {
+    sessions: sluice_sdk::Sessions,
+    a: Fake,
+    b: Fake,
+    a_addr: std::net::SocketAddr,
+    la: support::Link,
+    lb: support::Link,
+    at_a: Vec<support::Session>,
+    at_b: Vec<support::Session>,
+}
+
+async fn two_nodes(capacity: usize) -> TwoNodes {
+    use sluice_session::control::{Demand, NodeLine};
+    let (mut a, a_addr) = Fake::node().await;
+    let (mut b, b_addr) = Fake::node().await;
+    let sessions = serve(
+        support::many(&[a_addr, b_addr], 0),
+        tower::service_fn(hello),
+    )
+    .unwrap();
+    let idle = NodeLine::Demand(Demand::default());
+    let mut la = a.link().await;
+    let mut lb = b.link().await;
+    la.send(idle).await;
+    lb.send(idle).await;
+    support::nodes_until(&sessions, |n| n.len() == 2 && n.iter().all(|n| n.live)).await;
+    sessions.set_capacity(capacity);
+    let at_a = a.sessions(capacity / 2).await;
+    let at_b = b.sessions(capacity / 2).await;
+    TwoNodes {
+        sessions,
+        a,
+        b,
+        a_addr,
+        la,
+        lb,
+        at_a,
+        at_b,
+    }
+}
+
+#[tokio::test]
+async fn a_node_that_said_draining_and_goes_away_is_no_warning() {
+    use sluice_session::control::NodeLine;
+    let (lines, _guard) = Lines::capture();
+    let mut t = two_nodes(4).await;
+    t.la.send(NodeLine::Draining).await;
+    let _moved = t.b.sessions(2).await;
+    // Then its process ends: the link closes, and its redial is refused.
+    let a_addr = t.a_addr.to_string();
+    drop((t.a, t.la, t.at_a));
+    let mut status = t.sessions.subscribe();
+    let refused = |s: &sluice_sdk::Status| matches!(&s.last_error, Some(sluice_sdk::Error::Connect { acceptor, .. }) if *acceptor == a_addr);
+    within(status.wait_for(refused)).await.unwrap();
+    // It said it would go: neither an outage nor a node down.
+    let warned = lines.matching("WARN", "");
+    assert!(warned.is_empty(), "{warned:#?}");
+    assert_eq!(lines.matching("INFO", "draining node is gone").len(), 1);
+}
+
+#[tokio::test]
+async fn a_link_lost_while_shutting_down_is_no_node_down() {
+    let (lines, _guard) = Lines::capture();
+    let mut t = two_nodes(2).await;
+    let mut status = t.sessions.subscribe();
+    // The drain requests wait for their answers while the nodes close the links.
+    t.a.hold();
+    t.b.hold();
+    let shutdown = tokio::spawn(t.sessions.shutdown());
+    t.a.held().await;
+    t.b.held().await;
+    drop((t.la, t.lb));
+    let links_gone = |s: &sluice_sdk::Status| s.nodes.iter().all(|n| n.link != "up");
+    within(status.wait_for(links_gone)).await.unwrap();
+    t.a.answer();
+    t.b.answer();
+    assert!(matches!(t.a.next().await, Event::Drain(_)));
+    assert!(matches!(t.b.next().await, Event::Drain(_)));
+    drop((t.at_a, t.at_b));
+    within(shutdown).await.unwrap().unwrap();
+    // Long past node_grace, on the test's clock (which runs through every timer left, in
+    // order, now that it is paused): the instance was closing those links itself, so
+    // nothing was lost.
+    tokio::time::pause();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let down = lines.matching("WARN", "down");
+    assert!(down.is_empty(), "{down:#?}");
+}

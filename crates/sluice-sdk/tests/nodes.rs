@@ -52,9 +52,19 @@ struct Two {
 
 /// Starts at capacity 0 so that both links are up before any session is placed, then sets 4.
 async fn two<S: sluice_sdk::SessionService>(service: S) -> Two {
+    two_with(service, |_| {}).await
+}
+
+/// [`two`], with options of the test's own.
+async fn two_with<S: sluice_sdk::SessionService>(
+    service: S,
+    options: impl FnOnce(&mut sluice_sdk::Options),
+) -> Two {
     let (mut a, a_addr) = Fake::node().await;
     let (mut b, b_addr) = Fake::node().await;
-    let sessions = serve(many(&[a_addr, b_addr], 0), service).unwrap();
+    let mut opts = many(&[a_addr, b_addr], 0);
+    options(&mut opts);
+    let sessions = serve(opts, service).unwrap();
     let max = MaxHeld::watch(&sessions);
     let mut la = up(&mut a, 0).await;
     let mut lb = up(&mut b, 0).await;
@@ -155,9 +165,12 @@ async fn a_draining_node_is_vacated_idle_sessions_at_once_busy_ones_after_their_
     assert!(service.max() <= 4);
 }
 
+/// A grace no test waits for: whatever happens, happens without it.
+const FOREVER: Duration = Duration::from_secs(3600);
+
 #[tokio::test]
-async fn a_node_that_dies_has_its_share_moved_after_the_grace() {
-    let t = two(tower::service_fn(hello)).await;
+async fn a_node_that_dies_is_down_at_once_as_its_redial_is_refused() {
+    let t = two_with(tower::service_fn(hello), |o| o.node_grace = FOREVER).await;
     let Two {
         sessions,
         max,
@@ -168,7 +181,8 @@ async fn a_node_that_dies_has_its_share_moved_after_the_grace() {
         at_a,
         at_b: _at_b,
     } = t;
-    // The node's process ends: its listener, link and sessions go at once.
+    // The node's process ends: its listener, link and sessions go at once, and the link's
+    // redial is refused. Nothing listens there: no grace to wait for.
     drop((a, la, at_a));
     let _moved = b.sessions(2).await;
     let nodes = nodes_until(&sessions, |n| n[1].held == 4).await;
@@ -179,9 +193,78 @@ async fn a_node_that_dies_has_its_share_moved_after_the_grace() {
 }
 
 #[tokio::test]
+async fn a_silent_node_keeps_its_share() {
+    let mut t = two_with(tower::service_fn(hello), |o| o.node_grace = FOREVER).await;
+    // The node hangs: its link stays open but says nothing, and it takes connections
+    // without answering them. The SDK gives up on the link after three missed heartbeats
+    // and dials it again; a hung node is no dead one, so nothing moves.
+    t.a.hold();
+    t.la.silence();
+    t.a.held().await;
+    let nodes = t.sessions.nodes();
+    assert!(nodes[0].live, "{nodes:?}");
+    assert_eq!(nodes[0].link, "lost");
+    assert_eq!((nodes[0].held, nodes[0].target), (2, 2));
+    assert_eq!(t.b.pending(), 0);
+}
+
+#[tokio::test]
+async fn a_node_without_a_link_for_the_grace_is_down_and_its_share_moves() {
+    let mut t = two(tower::service_fn(hello)).await;
+    // The link ends and its redials hang: not refused, so down only when the grace ends.
+    t.a.hold();
+    drop(t.la);
+    t.a.held().await;
+    let _moved = t.b.sessions(2).await;
+    let nodes = nodes_until(&t.sessions, |n| n[1].held == 4).await;
+    assert_eq!(nodes[0].link, "down");
+    for s in &mut t.at_a {
+        s.wait_closed().await;
+    }
+    assert!(t.max.get() <= 4, "held {} sessions", t.max.get());
+}
+
+#[tokio::test]
+async fn a_hot_restart_is_never_down() {
+    let mut t = two_with(tower::service_fn(hello), |o| o.node_grace = FOREVER).await;
+    let mut status = t.sessions.subscribe();
+    let watch = tokio::spawn(async move {
+        // Every state the SDK publishes until the restart is over.
+        let mut seen = Vec::new();
+        loop {
+            let nodes = status.borrow_and_update().nodes.clone();
+            let back = nodes[0].link == "up" && !seen.is_empty();
+            seen.push(nodes);
+            if back || status.changed().await.is_err() {
+                return seen;
+            }
+        }
+    });
+    // The old process hands its listening socket over and goes: its link ends, and the
+    // redial queues (taken, not answered) until the new process answers it.
+    t.a.hold();
+    drop(t.la);
+    t.a.held().await;
+    assert_eq!(t.sessions.nodes()[0].link, "lost");
+    t.a.answer();
+    let mut again = t.a.link().await;
+    assert_eq!(again.next().await, ServiceLine::Capacity(4));
+    again.send(demand(0, 0)).await;
+    let seen = within(watch).await.unwrap();
+    for nodes in &seen {
+        assert!(nodes[0].live && nodes[0].link != "down", "{nodes:?}");
+        assert_eq!(nodes[0].held, 2, "{nodes:?}");
+    }
+    for s in &mut t.at_a {
+        assert_eq!(s.get("/x").await.body, "hello /x");
+    }
+    assert_eq!(t.a.pending() + t.b.pending(), 0, "no session moved");
+}
+
+#[tokio::test]
 async fn a_lost_link_within_the_grace_keeps_the_split() {
     let mut t = two(tower::service_fn(hello)).await;
-    // A hot restart: the link drops but the sessions stay; the link comes back.
+    // The link drops but the sessions stay; the link comes back.
     drop(t.la);
     let mut again = t.a.link().await;
     assert_eq!(again.next().await, ServiceLine::Capacity(4));

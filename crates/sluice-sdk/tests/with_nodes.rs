@@ -19,13 +19,22 @@ use tokio::sync::Semaphore;
 
 /// Three nodes, and an instance `a` of `api` with `capacity` sessions dialing all of them.
 async fn three(capacity: usize, service: Gated) -> (Vec<RunningProxy>, Sessions) {
+    three_with(capacity, service, Duration::from_millis(300)).await
+}
+
+/// [`three`], with this `node_grace`.
+async fn three_with(
+    capacity: usize,
+    service: Gated,
+    node_grace: Duration,
+) -> (Vec<RunningProxy>, Sessions) {
     let mut nodes = Vec::new();
     for _ in 0..3 {
         nodes.push(RunningProxy::any_port().await);
     }
     let list = nodes.iter().map(|n| n.acceptor.to_string()).collect();
     let mut options = options_for(Acceptor::List(list), "a", capacity);
-    options.node_grace = Duration::from_millis(300);
+    options.node_grace = node_grace;
     let sessions = serve(options, service).unwrap();
     (nodes, sessions)
 }
@@ -105,8 +114,11 @@ async fn a_node_that_stops_says_draining_and_its_share_moves() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_that_dies_is_down_after_the_grace_and_its_share_moves() {
-    let (mut nodes, sessions) = three(6, Gated::new(true, None, "hello from a")).await;
+async fn a_node_that_dies_is_down_at_once_and_its_share_moves() {
+    // No grace to wait for: the dead node's acceptor refuses the link's redial.
+    let forever = Duration::from_secs(3600);
+    let service = Gated::new(true, None, "hello from a");
+    let (mut nodes, sessions) = three_with(6, service, forever).await;
     registered(&sessions, 6).await;
     for node in &nodes {
         holds(node, 2).await;

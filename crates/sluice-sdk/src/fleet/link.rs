@@ -2,7 +2,8 @@
 //! `GET /.sluice/v1/control`, say `CAPACITY`, read `DEMAND` and `DRAINING`, write what the
 //! plan asks (`RETIRE`, `CAPACITY`). A link that ends, or is silent for
 //! [`SILENCE`], is dialed again at once and then with backoff; an old acceptor's `400` is
-//! tried again at the backoff's maximum.
+//! tried again at the backoff's maximum. A redial refused (`ECONNREFUSED`) takes the node
+//! down at once; other failures leave it `node_grace` ([`Nodes`](super::Nodes)).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -69,9 +70,13 @@ async fn keep(fleet: Arc<Fleet>, addr: SocketAddr) {
                 Some(backoff.max)
             }
             Err(e) => {
-                report.dial_failed(&e, epoch);
+                if lost(&fleet, addr) {
+                    report.dial_failed(&e, epoch);
+                }
+                if e.is_connection_refused() {
+                    fleet.with(|n, now| n.refused(addr, now));
+                }
                 fleet.shared().record(e);
-                lost(&fleet, addr);
                 failures = failures.saturating_add(1);
                 Some(backoff.delay(failures - 1))
             }
@@ -83,15 +88,9 @@ async fn keep(fleet: Arc<Fleet>, addr: SocketAddr) {
 }
 
 /// The link is gone (or could not be dialed): a live node gets `node_grace` to come back.
-fn lost(fleet: &Arc<Fleet>, addr: SocketAddr) {
-    let Some(epoch) = fleet.with(|n, now| n.link_lost(addr, now)) else {
-        return;
-    };
-    let (fleet2, grace) = (fleet.clone(), fleet.options().node_grace);
-    tokio::spawn(async move {
-        tokio::time::sleep(grace).await;
-        fleet2.with(|n, now| n.grace_expired(addr, epoch, now));
-    });
+/// Returns whether that is an outage to report (not for a node that said `DRAINING`).
+fn lost(fleet: &Arc<Fleet>, addr: SocketAddr) -> bool {
+    fleet.with(|n, now| n.link_lost(addr, now))
 }
 
 /// Serves an open link until it ends; also says whether the node said anything valid.

@@ -27,7 +27,7 @@ use crate::options::Options;
 use crate::report::Report;
 use crate::state::Shared;
 use crate::{dial, resolve};
-pub(crate) use nodes::{Dialed, Nodes, Pick};
+pub(crate) use nodes::{Dialed, Nodes, Pick, Timing};
 
 /// The nodes of one instance and the tasks that watch them.
 #[derive(Debug)]
@@ -37,10 +37,15 @@ pub(crate) struct Fleet {
     changed: watch::Sender<u64>,
     /// Mirrors [`Nodes::topology`]: slots backing off look again when liveness changes.
     topology: watch::Sender<u64>,
+    /// Mirrors [`Nodes::next_timer`]: when the timer task ticks the rules next.
+    timer: watch::Sender<Option<Instant>>,
     options: Arc<Options>,
     shared: Arc<Shared>,
     runtime: Handle,
-    tasks: Mutex<HashMap<Option<SocketAddr>, AbortHandle>>,
+    /// The link task of each node.
+    links: Mutex<HashMap<SocketAddr, AbortHandle>>,
+    /// The resolver and the timer.
+    background: Mutex<Vec<AbortHandle>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -50,17 +55,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Fleet {
     /// Starts resolving the acceptor's names; nodes join as they resolve.
     pub(crate) fn start(options: Arc<Options>, shared: Arc<Shared>, runtime: Handle) -> Arc<Self> {
+        let timing = Timing {
+            probe_every: options.drained_probe,
+            node_grace: options.node_grace,
+        };
         let fleet = Arc::new(Self {
-            nodes: Mutex::new(Nodes::new(options.drained_probe)),
+            nodes: Mutex::new(Nodes::new(timing)),
             changed: watch::Sender::new(0),
             topology: watch::Sender::new(0),
+            timer: watch::Sender::new(None),
             options,
             shared,
             runtime,
-            tasks: Mutex::default(),
+            links: Mutex::default(),
+            background: Mutex::default(),
         });
-        let task = fleet.runtime.spawn(resolve_loop(fleet.clone()));
-        lock(&fleet.tasks).insert(None, task.abort_handle());
+        let resolver = fleet.runtime.spawn(resolve_loop(fleet.clone()));
+        let timer = fleet.runtime.spawn(timer_loop(fleet.clone()));
+        *lock(&fleet.background) = vec![resolver.abort_handle(), timer.abort_handle()];
         fleet
     }
 
@@ -73,21 +85,24 @@ impl Fleet {
         let changed = self.shared.publish_nodes(nodes.status());
         let (joined, removed) = nodes.take_changes();
         let topology = nodes.topology;
+        let timer = nodes.next_timer();
         drop(nodes);
         self.topology
             .send_if_modified(|t| std::mem::replace(t, topology) != topology);
+        self.timer
+            .send_if_modified(|t| std::mem::replace(t, timer) != timer);
         if changed {
             self.changed.send_modify(|g| *g += 1);
         }
-        let mut tasks = lock(&self.tasks);
+        let mut links = lock(&self.links);
         for addr in removed {
-            if let Some(task) = tasks.remove(&Some(addr)) {
+            if let Some(task) = links.remove(&addr) {
                 task.abort();
             }
         }
         for addr in joined {
             let task = self.runtime.spawn(link::run(self.clone(), addr));
-            tasks.insert(Some(addr), task.abort_handle());
+            links.insert(addr, task.abort_handle());
         }
         out
     }
@@ -194,11 +209,31 @@ impl Fleet {
         first.map_or(Ok(()), Err)
     }
 
-    /// Stops resolving and closes every control link.
+    /// Stops resolving and timing, and closes every control link.
     pub(crate) fn stop(&self) {
         lock(&self.nodes).stop();
-        for (_, task) in lock(&self.tasks).drain() {
+        let background = std::mem::take(&mut *lock(&self.background));
+        let links = std::mem::take(&mut *lock(&self.links));
+        for task in background.into_iter().chain(links.into_values()) {
             task.abort();
+        }
+    }
+}
+
+/// Ticks the rules when a timer of theirs falls due ([`Nodes::next_timer`]).
+async fn timer_loop(fleet: Arc<Fleet>) {
+    let mut next = fleet.timer.subscribe();
+    loop {
+        let at = *next.borrow_and_update();
+        let due = async {
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = due => fleet.with(|n, now| n.tick(now)),
+            changed = next.changed() => if changed.is_err() { return },
         }
     }
 }
@@ -287,10 +322,15 @@ impl Lease {
         self.dialed(Dialed::Registered, LeaseState::Registered);
     }
 
-    /// The dial failed (and will be retried): the node's outage report counts it.
+    /// The dial failed (and will be retried): the node's outage report counts it, and a
+    /// refused connect may show that the node is gone ([`Nodes::refused`]).
     pub(crate) fn failed(&self, error: &Error, epoch: u64) {
         self.report.dial_failed(error, epoch);
         self.dialed(Dialed::Failed, LeaseState::Done);
+        if error.is_connection_refused() {
+            let addr = self.addr;
+            self.fleet.with(|n, now| n.refused(addr, now));
+        }
     }
 
     /// The dial was refused for good (400, 401, 404): the slot ends.

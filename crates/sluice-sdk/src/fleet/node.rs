@@ -25,14 +25,14 @@ pub(crate) struct Node {
     /// The acceptor answered the control request `400`: an old acceptor, live with demand 1.
     pub(crate) unsupported: bool,
     /// What the links made of the node: live from a link's first `DEMAND` (or a `400`) until
-    /// `DRAINING` or [`node_grace`](crate::Options::node_grace) without a link.
+    /// `DRAINING`, [`node_grace`](crate::Options::node_grace) without a link, or a refused
+    /// connect after its link ended.
     pub(crate) live_link: bool,
     pub(crate) draining: bool,
     pub(crate) down: bool,
-    /// When the link was lost while the node was live (the grace runs from here).
+    /// When the link was lost while the node was live (the grace runs from here; see
+    /// [`Nodes::tick`](super::Nodes::tick)).
     pub(crate) lost_since: Option<Instant>,
-    /// Bumped when a link comes up: a grace timer from before it is void.
-    pub(crate) epoch: u64,
     /// An operator drained the instance here (`410`): the next probe may dial at this instant.
     pub(crate) hold: Option<Instant>,
     pub(crate) probing: bool,
@@ -63,7 +63,6 @@ impl Node {
             draining: false,
             down: false,
             lost_since: None,
-            epoch: 0,
             hold: None,
             probing: false,
             closing: false,
@@ -116,7 +115,6 @@ impl Node {
         if !std::mem::take(&mut self.fresh_link) {
             return false;
         }
-        self.epoch += 1;
         self.lost_since = None;
         self.unsupported = false;
         // A new link is checked as a registration is: answered, so no longer drained here.

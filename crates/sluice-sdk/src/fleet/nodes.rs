@@ -36,6 +36,16 @@ pub(crate) enum Dialed {
     Failed,
 }
 
+/// The durations the rules wait for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    /// A drained node's probe interval ([`Options::drained_probe`](crate::Options)).
+    pub(crate) probe_every: Duration,
+    /// How long a live node may be without a link before it is down
+    /// ([`Options::node_grace`](crate::Options)).
+    pub(crate) node_grace: Duration,
+}
+
 /// Every node, in the order the SDK lists them.
 #[derive(Debug)]
 pub(crate) struct Nodes {
@@ -43,6 +53,7 @@ pub(crate) struct Nodes {
     capacity: usize,
     stopping: bool,
     probe_every: Duration,
+    node_grace: Duration,
     rebalance: Rebalance,
     /// Nodes joined or removed since the fleet last looked: it starts and stops their links.
     joined: Vec<SocketAddr>,
@@ -53,12 +64,13 @@ pub(crate) struct Nodes {
 }
 
 impl Nodes {
-    pub(crate) fn new(probe_every: Duration) -> Self {
+    pub(crate) fn new(timing: Timing) -> Self {
         Self {
             nodes: Vec::new(),
             capacity: 0,
             stopping: false,
-            probe_every,
+            probe_every: timing.probe_every,
+            node_grace: timing.node_grace,
             rebalance: Rebalance::default(),
             joined: Vec::new(),
             removed: Vec::new(),
@@ -184,31 +196,89 @@ impl Nodes {
         self.plan(now);
     }
 
-    /// The link ended, or a dial of it failed. Returns the epoch to pass to
-    /// [`grace_expired`](Nodes::grace_expired) when a grace starts now.
-    pub(crate) fn link_lost(&mut self, addr: SocketAddr, now: Instant) -> Option<u64> {
-        let node = self.node(addr)?;
+    /// The link ended, or a dial of it failed without being refused: a live node keeps its
+    /// share for `node_grace` (silence, a timeout, a partition or a hot restart may end
+    /// within it; [`tick`](Nodes::tick) takes it down after). Returns whether the failure
+    /// is an outage to report: a node that said `DRAINING` is expected to go.
+    pub(crate) fn link_lost(&mut self, addr: SocketAddr, now: Instant) -> bool {
+        let stopping = self.stopping;
+        let Some(node) = self.node(addr) else {
+            return false;
+        };
         node.link = None;
         node.fresh_link = false;
-        let grace = (node.live_link && node.lost_since.is_none()).then(|| {
+        // A link this side closed (shutdown) is no loss.
+        if node.live_link && node.lost_since.is_none() && !stopping {
             node.lost_since = Some(now);
-            node.epoch
-        });
+        }
+        let outage = !node.draining;
         // A node that left with its link up was asked to retire; now the SDK closes instead.
         self.sweep();
         self.topology += 1;
-        grace
+        outage
     }
 
-    /// No link for the whole grace: the node is down and its share moves.
-    pub(crate) fn grace_expired(&mut self, addr: SocketAddr, epoch: u64, now: Instant) {
+    /// A connect to `addr` was refused (`ECONNREFUSED`, a link's or a session's dial):
+    /// nothing listens there. A node whose link has ended is gone, so it is down at once —
+    /// a hot restart passes the listening socket on, and its connects queue instead.
+    pub(crate) fn refused(&mut self, addr: SocketAddr, now: Instant) {
+        let stopping = self.stopping;
         let Some(node) = self.node(addr) else { return };
-        if node.epoch != epoch || node.lost_since.is_none() || !node.live_link {
+        if node.link.is_some() || node.down || stopping {
             return;
         }
+        if node.draining {
+            // Expected: no warning, and nothing moves (its share moved when it said so).
+            node.down = true;
+            tracing::info!(node = %addr, "the draining node is gone");
+            return;
+        }
+        if node.live_link {
+            self.down(
+                addr,
+                "its control link ended and it refuses connections",
+                now,
+            );
+        }
+    }
+
+    /// Fires what fell due by `now`: a node without a link for the whole grace is down.
+    pub(crate) fn tick(&mut self, now: Instant) {
+        if self.stopping {
+            return;
+        }
+        let grace = self.node_grace;
+        let due: Vec<SocketAddr> = self
+            .nodes
+            .iter()
+            .filter(|n| n.live_link && n.lost_since.is_some_and(|at| at + grace <= now))
+            .map(|n| n.addr)
+            .collect();
+        for addr in due {
+            self.down(addr, "no control link within node_grace", now);
+        }
+    }
+
+    /// When [`tick`](Nodes::tick) has something to do next; `None`: nothing is pending.
+    pub(crate) fn next_timer(&self) -> Option<Instant> {
+        if self.stopping {
+            return None;
+        }
+        self.nodes
+            .iter()
+            .filter(|n| n.live_link)
+            .filter_map(|n| n.lost_since)
+            .min()
+            .map(|at| at + self.node_grace)
+    }
+
+    /// The node is down: not live, its share moves, and the SDK closes its sessions.
+    fn down(&mut self, addr: SocketAddr, why: &str, now: Instant) {
+        let Some(node) = self.node(addr) else { return };
         node.live_link = false;
         node.down = true;
-        tracing::warn!(node = %addr, held = node.held(), "node is down: no control link within node_grace; moving its share");
+        node.lost_since = None;
+        tracing::warn!(node = %addr, held = node.held(), reason = why, "node is down; moving its share");
         self.topology += 1;
         self.plan(now);
     }
@@ -224,7 +294,6 @@ impl Nodes {
             node.live_link = true;
             node.draining = false;
             node.down = false;
-            node.epoch += 1;
             node.report.registered();
             tracing::info!(node = %addr, "node has no control links (an older acceptor): counting it live with demand 1");
             self.topology += 1;

@@ -19,7 +19,7 @@ use sluice_session::control::{LineReader, NodeLine, ReadLineError, ServiceLine};
 use sluice_session::{parse_hello, Drain, Hello, Identity, Parsed, Registration, Rejection, Reply};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
@@ -125,12 +125,19 @@ impl Listener {
 
 /// A control link as the fake node holds it: the test writes the node's lines and reads the
 /// service's. The last `DEMAND` is repeated every half second, as a node's heartbeat (so a
-/// slow test never looks silent). Dropping it closes the link.
+/// slow test never looks silent), until [`Link::silence`]. Dropping it closes the link.
 pub(crate) struct Link {
     pub(crate) registration: Registration,
     lines: LineReader<ReadHalf<Box<dyn Io>>>,
-    out: mpsc::UnboundedSender<Vec<u8>>,
+    out: mpsc::UnboundedSender<Out>,
     writer: JoinHandle<()>,
+}
+
+/// What the test asks a link's writer to do.
+enum Out {
+    Bytes(Vec<u8>),
+    /// Stop the heartbeat: the node falls silent, its link still open.
+    Silence,
 }
 
 impl Drop for Link {
@@ -157,7 +164,13 @@ impl Link {
 
     pub(crate) async fn send_raw(&mut self, bytes: &[u8]) {
         // The SDK may have closed the link already; a test that cares looks at `closed`.
-        let _ = self.out.send(bytes.to_vec());
+        let _ = self.out.send(Out::Bytes(bytes.to_vec()));
+    }
+
+    /// The node says nothing more on this link (a hung node, or a partition), which stays
+    /// open: the SDK notices by its silence.
+    pub(crate) fn silence(&mut self) {
+        let _ = self.out.send(Out::Silence);
     }
 
     /// The service's next line.
@@ -188,17 +201,21 @@ impl Link {
 }
 
 /// Writes what the test sends, and the last `DEMAND` again every half second.
-async fn heartbeat(mut write: WriteHalf<Box<dyn Io>>, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+async fn heartbeat(mut write: WriteHalf<Box<dyn Io>>, mut rx: mpsc::UnboundedReceiver<Out>) {
     let mut last: Option<Vec<u8>> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         let bytes = tokio::select! {
             out = rx.recv() => match out {
-                Some(out) => {
+                Some(Out::Bytes(out)) => {
                     if out.starts_with(b"DEMAND ") {
                         last = Some(out.clone());
                     }
                     out
+                }
+                Some(Out::Silence) => {
+                    last = None;
+                    continue;
                 }
                 None => return,
             },
@@ -218,6 +235,11 @@ pub(crate) struct Fake {
     events: mpsc::UnboundedReceiver<Event>,
     links: mpsc::UnboundedReceiver<Link>,
     task: JoinHandle<()>,
+    /// `true`: connections are taken but not answered, as while a hot restart hands the
+    /// listening socket to a new process (connects queue; none is refused).
+    hold: watch::Sender<bool>,
+    /// One `()` per connection held unanswered.
+    held: mpsc::UnboundedReceiver<()>,
 }
 
 impl Drop for Fake {
@@ -247,13 +269,32 @@ impl Fake {
             events,
             links: Some(links),
         };
-        let task = tokio::spawn(accept_loop(Listener::Tcp(listener), None, accept_all(), to));
+        let (gate, hold, held) = Gate::new();
+        let listener = Listener::Tcp(listener);
+        let task = tokio::spawn(accept_loop(listener, None, accept_all(), to, gate));
         let fake = Fake {
             events: events_rx,
             links: links_rx,
             task,
+            hold,
+            held,
         };
         (fake, addr)
+    }
+
+    /// From now on, connections are taken but not answered until [`Fake::answer`].
+    pub(crate) fn hold(&self) {
+        self.hold.send_replace(true);
+    }
+
+    /// Answers the connections held, and every one after.
+    pub(crate) fn answer(&self) {
+        self.hold.send_replace(false);
+    }
+
+    /// Waits until a connection is held unanswered.
+    pub(crate) async fn held(&mut self) {
+        within(self.held.recv()).await.expect("acceptor stopped");
     }
 
     /// An acceptor without control links (it answers them `400`, as an older one does).
@@ -264,11 +305,14 @@ impl Fake {
             events,
             links: None,
         };
-        let task = tokio::spawn(accept_loop(listener, tls, policy, to));
+        let (gate, hold, held) = Gate::new();
+        let task = tokio::spawn(accept_loop(listener, tls, policy, to, gate));
         Fake {
             events: events_rx,
             links: links_rx,
             task,
+            hold,
+            held,
         }
     }
 
@@ -316,13 +360,46 @@ struct Sinks {
     links: Option<mpsc::UnboundedSender<Link>>,
 }
 
-async fn accept_loop(listener: Listener, tls: Option<TlsAcceptor>, policy: Policy, to: Sinks) {
+/// Holds connections unanswered while the test says so ([`Fake::hold`]).
+#[derive(Clone)]
+struct Gate {
+    hold: watch::Receiver<bool>,
+    held: mpsc::UnboundedSender<()>,
+}
+
+impl Gate {
+    fn new() -> (Self, watch::Sender<bool>, mpsc::UnboundedReceiver<()>) {
+        let (hold, hold_rx) = watch::channel(false);
+        let (held, held_rx) = mpsc::unbounded_channel();
+        let gate = Gate {
+            hold: hold_rx,
+            held,
+        };
+        (gate, hold, held_rx)
+    }
+
+    async fn pass(mut self) {
+        if *self.hold.borrow_and_update() {
+            let _ = self.held.send(());
+            let _ = self.hold.wait_for(|hold| !hold).await;
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: Listener,
+    tls: Option<TlsAcceptor>,
+    policy: Policy,
+    to: Sinks,
+    gate: Gate,
+) {
     // Dropped with this task: aborting the acceptor closes every connection too.
     let mut conns = JoinSet::new();
     loop {
         let io = listener.accept().await;
-        let (tls, policy, to) = (tls.clone(), policy.clone(), to.clone());
+        let (tls, policy, to, gate) = (tls.clone(), policy.clone(), to.clone(), gate.clone());
         conns.spawn(async move {
+            gate.pass().await;
             let io: Box<dyn Io> = match tls {
                 Some(tls) => Box::new(tls.accept(io).await.unwrap()),
                 None => io,

@@ -7,9 +7,14 @@ use sluice_session::control::{Demand, ServiceLine};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::time::Instant;
 
-use super::{Dialed, Nodes, Pick};
+use super::{Dialed, Nodes, Pick, Timing};
 
 const PROBE: Duration = Duration::from_secs(30);
+const GRACE: Duration = Duration::from_secs(5);
+const TIMING: Timing = Timing {
+    probe_every: PROBE,
+    node_grace: GRACE,
+};
 
 fn addr(i: usize) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, i as u8], 7070))
@@ -27,7 +32,7 @@ fn demand(in_flight: u64, queued: u64) -> Demand {
 /// `n` listed nodes, each with a link up that said `DEMAND 0 0 0 0`; their link receivers.
 fn fleet(n: usize, capacity: usize) -> (Nodes, Vec<UnboundedReceiver<ServiceLine>>, Instant) {
     let now = Instant::now();
-    let mut nodes = Nodes::new(PROBE);
+    let mut nodes = Nodes::new(TIMING);
     nodes.set_capacity(capacity, now);
     let all: Vec<SocketAddr> = (0..n).map(addr).collect();
     nodes.update(&all, now);
@@ -73,7 +78,7 @@ fn the_split_vectors_give_the_same_targets_through_the_books() {
     assert!(v.splits.len() >= 10);
     let now = Instant::now();
     for case in &v.splits {
-        let mut nodes = Nodes::new(PROBE);
+        let mut nodes = Nodes::new(TIMING);
         let all: Vec<SocketAddr> = (0..case.nodes.len()).map(addr).collect();
         nodes.update(&all, now);
         for (node, want) in nodes.nodes.iter_mut().zip(&case.nodes) {
@@ -141,27 +146,92 @@ fn a_draining_node_is_vacated_by_the_sdk_and_its_share_moves() {
 fn a_lost_link_changes_nothing_until_the_grace_ends() {
     let (mut nodes, _links, now) = fleet(2, 4);
     fill(&mut nodes, now);
-    let epoch = nodes.link_lost(addr(0), now).expect("a grace starts");
-    assert_eq!(nodes.link_lost(addr(0), now), None, "one grace per loss");
+    assert!(nodes.link_lost(addr(0), now), "an outage");
+    assert_eq!(nodes.next_timer(), Some(now + GRACE));
+    // A timeout of the redial, later on, does not restart the grace.
+    assert!(nodes.link_lost(addr(0), now + GRACE / 2));
+    assert_eq!(nodes.next_timer(), Some(now + GRACE));
+    nodes.tick(now + GRACE / 2);
     assert_eq!(targets(&nodes), [2, 2]);
     assert!(!nodes.claim_close(addr(0)));
-    nodes.grace_expired(addr(0), epoch, now);
+    assert_eq!(nodes.status()[0].link, "lost");
+    nodes.tick(now + GRACE);
     assert_eq!(targets(&nodes), [0, 4]);
     assert!(nodes.claim_close(addr(0)));
     assert_eq!(nodes.status()[0].link, "down");
+    assert_eq!(nodes.next_timer(), None);
 }
 
 #[test]
 fn a_link_back_within_the_grace_voids_it() {
     let (mut nodes, _links, now) = fleet(2, 4);
     fill(&mut nodes, now);
-    let epoch = nodes.link_lost(addr(0), now).unwrap();
+    nodes.link_lost(addr(0), now);
     let (tx, _rx) = unbounded_channel();
     nodes.connected(addr(0), tx);
     nodes.demand(addr(0), demand(0, 0), now);
-    nodes.grace_expired(addr(0), epoch, now);
+    assert_eq!(nodes.next_timer(), None);
+    nodes.tick(now + GRACE);
     assert!(nodes.status()[0].live);
     assert_eq!(targets(&nodes), [2, 2]);
+}
+
+#[test]
+fn a_refused_connect_after_the_link_ended_is_down_at_once() {
+    let (mut nodes, _links, now) = fleet(2, 4);
+    fill(&mut nodes, now);
+    // While the link is up, a refused session dial says nothing yet.
+    nodes.refused(addr(0), now);
+    assert!(nodes.status()[0].live);
+    nodes.link_lost(addr(0), now);
+    nodes.refused(addr(0), now);
+    assert_eq!(nodes.status()[0].link, "down");
+    assert_eq!(targets(&nodes), [0, 4]);
+    assert!(nodes.claim_close(addr(0)));
+    assert_eq!(nodes.next_timer(), None, "no grace left to run");
+    // Back: a new link's first DEMAND makes it live again.
+    let (tx, _rx) = unbounded_channel();
+    nodes.connected(addr(0), tx);
+    nodes.demand(addr(0), demand(0, 0), now);
+    assert!(nodes.status()[0].live);
+}
+
+#[test]
+fn a_refused_connect_to_a_node_never_reached_or_draining_moves_nothing() {
+    let now = Instant::now();
+    let mut nodes = Nodes::new(TIMING);
+    nodes.set_capacity(4, now);
+    nodes.update(&[addr(0)], now);
+    nodes.link_lost(addr(0), now);
+    nodes.refused(addr(0), now);
+    assert_eq!(
+        nodes.status()[0].link,
+        "connecting",
+        "never live: nothing to move"
+    );
+
+    let (mut nodes, _links, now) = fleet(2, 4);
+    fill(&mut nodes, now);
+    nodes.draining(addr(0), now);
+    assert!(
+        !nodes.link_lost(addr(0), now),
+        "a draining node's going is no outage"
+    );
+    assert_eq!(nodes.next_timer(), None, "and starts no grace");
+    nodes.refused(addr(0), now);
+    assert_eq!(targets(&nodes), [0, 4]);
+}
+
+#[test]
+fn a_link_lost_while_stopping_starts_no_grace() {
+    let (mut nodes, _links, now) = fleet(2, 4);
+    fill(&mut nodes, now);
+    nodes.stop();
+    nodes.link_lost(addr(0), now);
+    nodes.refused(addr(0), now);
+    assert_eq!(nodes.next_timer(), None);
+    nodes.tick(now + GRACE);
+    assert!(nodes.status()[0].live);
 }
 
 #[test]
@@ -191,7 +261,7 @@ fn a_node_that_leaves_with_its_link_down_is_closed_by_the_sdk() {
 #[test]
 fn an_old_acceptor_is_live_with_demand_one_and_its_surplus_closed_by_the_sdk() {
     let now = Instant::now();
-    let mut nodes = Nodes::new(PROBE);
+    let mut nodes = Nodes::new(TIMING);
     nodes.set_capacity(4, now);
     nodes.update(&[addr(0), addr(1)], now);
     nodes.unsupported(addr(0), now);
@@ -253,11 +323,10 @@ fn the_sessions_held_never_exceed_the_capacity_under_random_events() {
     for seed in 0..200 {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut now = Instant::now();
-        let mut nodes = Nodes::new(PROBE);
+        let mut nodes = Nodes::new(TIMING);
         nodes.set_capacity(rng.usize(0..10), now);
         let mut dialing: Vec<(SocketAddr, bool)> = Vec::new();
         let mut links: Vec<Option<UnboundedReceiver<ServiceLine>>> = (0..5).map(|_| None).collect();
-        let mut epochs: Vec<(SocketAddr, u64)> = Vec::new();
         for _ in 0..400 {
             let before = nodes.held();
             let cap_before = nodes.capacity();
@@ -275,13 +344,13 @@ fn the_sessions_held_never_exceed_the_capacity_under_random_events() {
                 2 | 3 => nodes.demand(addr(i), demand(rng.u64(0..6), rng.u64(0..20)), now),
                 4 => nodes.draining(addr(i), now),
                 5 => {
-                    if let Some(e) = nodes.link_lost(addr(i), now) {
-                        epochs.push((addr(i), e));
-                    }
+                    nodes.link_lost(addr(i), now);
                 }
                 6 => {
-                    if let Some((a, e)) = epochs.pop() {
-                        nodes.grace_expired(a, e, now);
+                    if rng.bool() {
+                        nodes.refused(addr(i), now);
+                    } else {
+                        nodes.tick(now);
                     }
                 }
                 7 => nodes.set_capacity(rng.usize(0..10), now),
