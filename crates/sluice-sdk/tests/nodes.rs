@@ -88,6 +88,49 @@ async fn two_with<S: sluice_sdk::SessionService>(
 }
 
 #[tokio::test]
+async fn the_first_sessions_wait_until_every_node_answered() {
+    let (mut a, a_addr) = Fake::node().await;
+    let (mut b, b_addr) = Fake::node().await;
+    let (mut c, c_addr) = Fake::node().await;
+    let sessions = serve(many(&[a_addr, b_addr, c_addr], 6), tower::service_fn(hello)).unwrap();
+    let max = MaxHeld::watch(&sessions);
+    // The nodes answer one after another, each live before the next says anything: the
+    // first split still covers all three, rather than all six going to the first.
+    let _la = up(&mut a, 6).await;
+    nodes_until(&sessions, |n| n[0].live).await;
+    let _lb = up(&mut b, 6).await;
+    nodes_until(&sessions, |n| n[1].live).await;
+    let _lc = up(&mut c, 6).await;
+    let _at = (
+        a.sessions(2).await,
+        b.sessions(2).await,
+        c.sessions(2).await,
+    );
+    registered(&sessions, 6).await;
+    assert_eq!(a.pending() + b.pending() + c.pending(), 0, "no more dials");
+    assert!(max.get() <= 6, "held {} sessions", max.get());
+}
+
+#[tokio::test]
+async fn a_node_that_never_answers_holds_the_first_sessions_back_no_longer_than_a_handshake() {
+    let (mut a, a_addr) = Fake::node().await;
+    let (mut b, b_addr) = Fake::node().await;
+    let (c, c_addr) = Fake::node().await;
+    c.hold();
+    let mut options = many(&[a_addr, b_addr, c_addr], 6);
+    options.handshake_timeout = Duration::from_millis(200);
+    let sessions = serve(options, tower::service_fn(hello)).unwrap();
+    let _la = up(&mut a, 6).await;
+    nodes_until(&sessions, |n| n[0].live).await;
+    let _lb = up(&mut b, 6).await;
+    // C's link dial times out; then the first split covers A and B.
+    let _at = (a.sessions(3).await, b.sessions(3).await);
+    registered(&sessions, 6).await;
+    let nodes = sessions.nodes();
+    assert_eq!((nodes[2].live, nodes[2].held), (false, 0));
+}
+
+#[tokio::test]
 async fn sessions_follow_the_demand_by_retire_at_the_other_node() {
     let mut t = two(tower::service_fn(hello)).await;
     // Node B queues: it should hold more, and node A is asked to give one up.

@@ -58,6 +58,7 @@ impl Fleet {
         let timing = Timing {
             probe_every: options.drained_probe,
             node_grace: options.node_grace,
+            first_wait: options.handshake_timeout,
         };
         let fleet = Arc::new(Self {
             nodes: Mutex::new(Nodes::new(timing)),
@@ -140,12 +141,15 @@ impl Fleet {
     /// (stopping, or a shrink's retirement claimed).
     pub(crate) async fn pick(self: &Arc<Self>) -> Option<Lease> {
         let mut changed = self.subscribe();
+        // A first-resolution node whose link fails changes no status, only the topology.
+        let mut topology = self.subscribe_topology();
         let mut counts = self.shared.subscribe_counts();
         loop {
             if self.shared.should_end() {
                 return None;
             }
             changed.mark_unchanged();
+            topology.mark_unchanged();
             let until = match self.with(|n, now| n.pick(now)) {
                 Pick::End => return None,
                 Pick::Dial { addr, probe } => return Some(self.lease(addr, probe)),
@@ -160,6 +164,7 @@ impl Fleet {
             tokio::select! {
                 () = probe_due => {}
                 r = changed.changed() => if r.is_err() { return None },
+                r = topology.changed() => if r.is_err() { return None },
                 r = counts.changed() => if r.is_err() { return None },
             }
         }

@@ -22,6 +22,9 @@ pub(crate) struct Node {
     pub(crate) link: Option<UnboundedSender<ServiceLine>>,
     /// The link has not yet said `DEMAND` since it came up.
     pub(crate) fresh_link: bool,
+    /// A node of the first resolution whose link has neither said `DEMAND` nor failed: no
+    /// slot dials until then, or until this instant ([`Nodes::update`](super::Nodes)).
+    pub(crate) awaited: Option<Instant>,
     /// The acceptor answered the control request `400`: an old acceptor, live with demand 1.
     pub(crate) unsupported: bool,
     /// What the links made of the node: live from a link's first `DEMAND` (or a `400`) until
@@ -58,6 +61,7 @@ impl Node {
             listed: true,
             link: None,
             fresh_link: false,
+            awaited: None,
             unsupported: false,
             live_link: false,
             draining: false,
@@ -112,6 +116,7 @@ impl Node {
     /// Reads a `DEMAND`; `true` if it made the node live (a link's first).
     pub(crate) fn heard(&mut self, demand: Demand) -> bool {
         self.demand = Some(smooth(self.demand, demand.sample()));
+        self.awaited = None;
         if !std::mem::take(&mut self.fresh_link) {
             return false;
         }

@@ -44,6 +44,9 @@ pub(crate) struct Timing {
     /// How long a live node may be without a link before it is down
     /// ([`Options::node_grace`](crate::Options)).
     pub(crate) node_grace: Duration,
+    /// How long the first resolution's nodes may hold the first dials back
+    /// ([`Options::handshake_timeout`](crate::Options): a link dial answers or fails by then).
+    pub(crate) first_wait: Duration,
 }
 
 /// Every node, in the order the SDK lists them.
@@ -54,6 +57,7 @@ pub(crate) struct Nodes {
     stopping: bool,
     probe_every: Duration,
     node_grace: Duration,
+    first_wait: Duration,
     rebalance: Rebalance,
     /// Nodes joined or removed since the fleet last looked: it starts and stops their links.
     joined: Vec<SocketAddr>,
@@ -71,6 +75,7 @@ impl Nodes {
             stopping: false,
             probe_every: timing.probe_every,
             node_grace: timing.node_grace,
+            first_wait: timing.first_wait,
             rebalance: Rebalance::default(),
             joined: Vec::new(),
             removed: Vec::new(),
@@ -108,8 +113,12 @@ impl Nodes {
     }
 
     /// A new resolution: nodes not known yet join (at their place in `listed`); known ones
-    /// missing from it leave, and go once they hold no session.
+    /// missing from it leave, and go once they hold no session. Until some node has said
+    /// `DEMAND`, those that join are the first resolution's: each holds the first dials
+    /// back until its link says `DEMAND` or fails, at most `first_wait` — so that the
+    /// first split covers every node, not only the first to answer.
     pub(crate) fn update(&mut self, listed: &[SocketAddr], now: Instant) {
+        let first = self.nodes.iter().all(|n| n.demand.is_none());
         let mut old = std::mem::take(&mut self.nodes);
         for &addr in listed {
             match old.iter().position(|n| n.addr == addr) {
@@ -119,7 +128,11 @@ impl Nodes {
                     self.nodes.push(node);
                 }
                 None => {
-                    self.nodes.push(Node::new(addr));
+                    let mut node = Node::new(addr);
+                    if first {
+                        node.awaited = Some(now + self.first_wait);
+                    }
+                    self.nodes.push(node);
                     self.joined.push(addr);
                     self.topology += 1;
                 }
@@ -207,6 +220,7 @@ impl Nodes {
         };
         node.link = None;
         node.fresh_link = false;
+        node.awaited = None;
         // A link this side closed (shutdown) is no loss.
         if node.live_link && node.lost_since.is_none() && !stopping {
             node.lost_since = Some(now);
@@ -286,6 +300,7 @@ impl Nodes {
     /// `400` to the control request: an acceptor without control links, live with demand 1.
     pub(crate) fn unsupported(&mut self, addr: SocketAddr, now: Instant) {
         let Some(node) = self.node(addr) else { return };
+        node.awaited = None;
         node.link = None;
         node.lost_since = None;
         node.demand = Some(1.0);
@@ -306,6 +321,7 @@ impl Nodes {
     pub(crate) fn hold(&mut self, addr: SocketAddr, now: Instant) {
         let probe_every = self.probe_every;
         let Some(node) = self.node(addr) else { return };
+        node.awaited = None;
         if node.hold.is_none() {
             node.hold = Some(now + probe_every);
             self.topology += 1;
@@ -322,6 +338,9 @@ impl Nodes {
         }
         if self.held() >= self.capacity {
             return Pick::Wait(None);
+        }
+        if let Some(until) = self.awaited(now) {
+            return Pick::Wait(Some(until));
         }
         let probe_every = self.probe_every;
         let due = self
@@ -354,6 +373,16 @@ impl Nodes {
             }
             None => Pick::Wait(self.nodes.iter().filter_map(|n| n.hold).min()),
         }
+    }
+
+    /// Until when a node of the first resolution holds the first dials back, if one does.
+    fn awaited(&self, now: Instant) -> Option<Instant> {
+        self.nodes
+            .iter()
+            .filter(|n| n.listed)
+            .filter_map(|n| n.awaited)
+            .filter(|&until| until > now)
+            .max()
     }
 
     /// A dial picked at `addr` ended.

@@ -11,9 +11,11 @@ use super::{Dialed, Nodes, Pick, Timing};
 
 const PROBE: Duration = Duration::from_secs(30);
 const GRACE: Duration = Duration::from_secs(5);
+const FIRST_WAIT: Duration = Duration::from_secs(5);
 const TIMING: Timing = Timing {
     probe_every: PROBE,
     node_grace: GRACE,
+    first_wait: FIRST_WAIT,
 };
 
 fn addr(i: usize) -> SocketAddr {
@@ -90,6 +92,65 @@ fn the_split_vectors_give_the_same_targets_through_the_books() {
         nodes.plan(now);
         assert_eq!(targets(&nodes), case.targets, "{}", case.name);
     }
+}
+
+/// `n` listed nodes of a first resolution, none of which has answered its link yet.
+fn first_resolution(n: usize, capacity: usize) -> (Nodes, Instant) {
+    let now = Instant::now();
+    let mut nodes = Nodes::new(TIMING);
+    nodes.set_capacity(capacity, now);
+    nodes.update(&(0..n).map(addr).collect::<Vec<_>>(), now);
+    (nodes, now)
+}
+
+/// Node `i`'s link comes up and says `DEMAND 0 0 0 0`.
+fn answer(nodes: &mut Nodes, i: usize, now: Instant) -> UnboundedReceiver<ServiceLine> {
+    let (tx, rx) = unbounded_channel();
+    nodes.connected(addr(i), tx);
+    nodes.demand(addr(i), demand(0, 0), now);
+    rx
+}
+
+#[test]
+fn the_first_dials_wait_until_every_node_of_the_first_resolution_answered() {
+    let (mut nodes, now) = first_resolution(3, 6);
+    let _a = answer(&mut nodes, 0, now);
+    assert_eq!(nodes.pick(now), Pick::Wait(Some(now + FIRST_WAIT)));
+    let _b = answer(&mut nodes, 1, now);
+    assert_eq!(nodes.pick(now), Pick::Wait(Some(now + FIRST_WAIT)));
+    let _c = answer(&mut nodes, 2, now);
+    fill(&mut nodes, now);
+    assert_eq!(held(&nodes), [2, 2, 2]);
+}
+
+#[test]
+fn a_node_whose_first_link_fails_holds_nothing_back() {
+    let (mut nodes, now) = first_resolution(3, 6);
+    let _a = answer(&mut nodes, 0, now);
+    nodes.link_lost(addr(2), now);
+    nodes.refused(addr(2), now);
+    assert_eq!(nodes.pick(now), Pick::Wait(Some(now + FIRST_WAIT)));
+    let _b = answer(&mut nodes, 1, now);
+    fill(&mut nodes, now);
+    assert_eq!(held(&nodes), [3, 3, 0]);
+}
+
+#[test]
+fn a_node_that_never_answers_holds_the_first_dials_back_for_the_first_wait_only() {
+    let (mut nodes, now) = first_resolution(3, 6);
+    let _a = answer(&mut nodes, 0, now);
+    let _b = answer(&mut nodes, 1, now);
+    let later = now + FIRST_WAIT;
+    assert!(matches!(nodes.pick(later - FIRST_WAIT / 10), Pick::Wait(_)));
+    fill(&mut nodes, later);
+    assert_eq!(held(&nodes), [3, 3, 0]);
+}
+
+#[test]
+fn nodes_that_join_after_the_first_answer_hold_nothing_back() {
+    let (mut nodes, _links, now) = fleet(2, 6);
+    nodes.update(&[addr(0), addr(1), addr(2)], now);
+    assert!(matches!(nodes.pick(now), Pick::Dial { .. }));
 }
 
 #[test]
