@@ -85,14 +85,23 @@ class Node:
             [self.sluice, "--log-format", "json", "run", "-c", str(self.config)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL,
         )
-        wait_for(f"node {self.ip} ready", self.ready)
+        # Serving, not ready: a node is ready for clients once its services have found it
+        # (each cluster holds a session) or its start-up window has passed.
+        wait_for(f"node {self.ip} up", lambda: self._answers("/healthz"))
 
     def ready(self) -> bool:
+        return self._answers("/ready")
+
+    def _answers(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.ip}:{ADMIN}/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{self.ip}:{ADMIN}{path}", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
+
+    def drain(self) -> None:
+        """`sluice ctl drain-node`'s request: /ready turns 503, clients should go elsewhere."""
+        post(f"http://{self.ip}:{ADMIN}/drain")
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
