@@ -1,5 +1,5 @@
 """How an instance splits its declared capacity across the nodes it reaches, in proportion to
-their demand, with a dead band (protocol/README.md "The split", normative: every SDK computes
+their demand (protocol/README.md "The split", normative: every SDK computes
 the same targets from the same inputs, and the vectors' ``splits`` section holds them to it).
 Python floats are IEEE doubles, so the arithmetic below falls exactly as the protocol's."""
 
@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-#: Step 5 moves a session only while both ends are off their quota by more than this: the
-#: move back needs the quotas to shift by half a session first.
-DEAD_BAND = 0.75
+#: Step 5 moves a session while the two ends are off their quotas by more than this between
+#: them (``(t_j - q_j) + (q_i - t_i) > 1``): exactly when the move makes the sum of
+#: ``|t - q|`` smaller, so the move back would need the opposite and none comes back while the
+#: quotas hold still.
+MOVE_ABOVE = 1.0
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,8 @@ class Plan:
 def targets(capacity: int, nodes: Sequence[NodeView]) -> list[int]:
     """The sessions each node should hold: ``capacity`` in all, one on each live node that asks
     for its floor while ``capacity`` allows, the rest in proportion to demand, moving a session
-    only when both ends are off their quota by more than :data:`DEAD_BAND` (so swings of
-    demand smaller than that move nothing)."""
+    from the node most over its quota to the one most under it while the two are off by more
+    than :data:`MOVE_ABOVE` between them (a move that brings the split closer to the quotas)."""
     return plan(capacity, nodes).targets
 
 
@@ -75,7 +77,7 @@ def plan(capacity: int, nodes: Sequence[NodeView], hold: bool = False) -> Plan:
     moved = 0
     while not hold:
         i, j = _first_max(live, under), _first_max(holding(), over)
-        if i is None or j is None or not (under(i) > DEAD_BAND and over(j) > DEAD_BAND):
+        if i is None or j is None or not over(j) + under(i) > MOVE_ABOVE:
             break
         t[i] += 1
         t[j] -= 1
