@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use sluice_session::{parse_reply, Drain, Parsed, Registration, Reply};
+use sluice_session::{parse_reply, Drain, Parsed, Registration, Reply, SplitBy};
 use socket2::{SockRef, TcpKeepalive};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
@@ -93,13 +93,14 @@ pub(crate) async fn register(
 }
 
 /// Dials a node's control link (`GET /.sluice/v1/control`); `capacity` goes into
-/// `Sluice-Capacity`. A `400` is an acceptor without control links, not an error.
+/// `Sluice-Capacity`, and `Sluice-Split: service` asks the node for `FLOOR` lines. A `400` is an acceptor without control links, not an error.
 pub(crate) async fn control(
     options: &Options,
     node: SocketAddr,
     capacity: usize,
 ) -> Result<Control, Error> {
-    let request = registration(options, capacity).encode_control();
+    // This SDK keeps its floor per service: nodes say where they count on it (`FLOOR`).
+    let request = registration(options, capacity).encode_control_split(SplitBy::Service);
     within(options.handshake_timeout, async {
         let (mut io, _) = connect(options, Endpoint::Node(node)).await?;
         send(&mut io, &request).await?;

@@ -43,6 +43,9 @@ pub struct NodeStatus {
     pub live: bool,
     /// Its smoothed demand (`in_flight + queued + refused`, halved towards each sample).
     pub demand: f64,
+    /// Whether it counts on this instance for its floor of one session: its last `FLOOR`
+    /// (`true` until its link says `FLOOR 0`, as with a node that never says it).
+    pub floor: bool,
     /// Sessions held there: registered or being dialed, retiring ones included.
     pub held: usize,
     /// Of those, registered.

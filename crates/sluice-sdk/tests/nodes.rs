@@ -16,6 +16,7 @@ use gated::Gated;
 use http::header::CONNECTION;
 use sluice_sdk::{serve, Acceptor, Resolver, Sessions};
 use sluice_session::control::{Demand, NodeLine, ServiceLine};
+use sluice_session::SplitBy;
 use support::{hello, many, nodes_until, registered, within, Event, Fake, Link, MaxHeld};
 
 fn demand(in_flight: u64, queued: u64) -> NodeLine {
@@ -33,6 +34,7 @@ async fn up(fake: &mut Fake, capacity: u64) -> Link {
     let mut link = fake.link().await;
     assert_eq!(link.registration.identity, support::identity());
     assert_eq!(link.registration.capacity, Some(capacity as u32));
+    assert_eq!(link.split, SplitBy::Service);
     assert_eq!(link.next().await, ServiceLine::Capacity(capacity));
     link.send(demand(0, 0)).await;
     link
@@ -128,6 +130,27 @@ async fn a_node_that_never_answers_holds_the_first_sessions_back_no_longer_than_
     registered(&sessions, 6).await;
     let nodes = sessions.nodes();
     assert_eq!((nodes[2].live, nodes[2].held), (false, 0));
+}
+
+#[tokio::test]
+async fn a_node_that_counts_on_another_instance_for_its_floor_gets_none_from_this_one() {
+    let (mut a, a_addr) = Fake::node().await;
+    let (mut b, b_addr) = Fake::node().await;
+    let sessions = serve(many(&[a_addr, b_addr], 4), tower::service_fn(hello)).unwrap();
+    let mut la = a.link().await;
+    let mut lb = b.link().await;
+    assert_eq!((la.split, lb.split), (SplitBy::Service, SplitBy::Service));
+    // A is busy; B is idle and holds its floor of another instance (FLOOR 0, before its
+    // first DEMAND as a node sends it): all four sessions go to A.
+    la.send(demand(3, 1)).await;
+    lb.send(NodeLine::Floor(false)).await;
+    lb.send(demand(0, 0)).await;
+    let _at_a = a.sessions(4).await;
+    registered(&sessions, 4).await;
+    let nodes = sessions.nodes();
+    assert_eq!((nodes[0].target, nodes[1].target), (4, 0));
+    assert!(nodes[0].floor && !nodes[1].floor, "{nodes:?}");
+    assert_eq!(b.pending(), 0);
 }
 
 #[tokio::test]

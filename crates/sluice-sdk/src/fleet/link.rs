@@ -1,9 +1,10 @@
 //! One node's control link (`protocol/README.md`, "The control link"): dial
-//! `GET /.sluice/v1/control`, say `CAPACITY`, read `DEMAND` and `DRAINING`, write what the
-//! plan asks (`RETIRE`, `CAPACITY`). A link that ends, or is silent for
-//! [`SILENCE`], is dialed again at once and then with backoff; an old acceptor's `400` is
-//! tried again at the backoff's maximum. A redial refused (`ECONNREFUSED`) takes the node
-//! down at once; other failures leave it `node_grace` ([`Nodes`](super::Nodes)).
+//! `GET /.sluice/v1/control` (saying `Sluice-Split: service`), say `CAPACITY`, read
+//! `DEMAND`, `DRAINING` and `FLOOR`, write what the plan asks (`RETIRE`, `CAPACITY`). A
+//! link that ends, or is silent for [`SILENCE`], is dialed again at once and then with
+//! backoff; an old acceptor's `400` is tried again at the backoff's maximum. A redial
+//! refused (`ECONNREFUSED`) takes the node down at once; other failures leave it
+//! `node_grace` ([`Nodes`](super::Nodes)).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -129,9 +130,7 @@ async fn serve(
                 match NodeLine::parse(&line) {
                     Ok(NodeLine::Demand(d)) => fleet.with(|n, now| n.demand(addr, d, now)),
                     Ok(NodeLine::Draining) => fleet.with(|n, now| n.draining(addr, now)),
-                    // Sent only to links that said `Sluice-Split: service`, which this SDK
-                    // does not (yet): it keeps its floor on every node, as before.
-                    Ok(NodeLine::Floor(_)) => {}
+                    Ok(NodeLine::Floor(asks)) => fleet.with(|n, _| n.floor(addr, asks)),
                     Err(e) => return (ReadLineError::Invalid(e).into(), heard),
                 }
                 heard = true;

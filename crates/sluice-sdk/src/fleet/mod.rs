@@ -7,11 +7,13 @@
 //! * [`node`]: one node's state.
 //! * [`link`]: one node's control link task.
 //! * [`rebalance`]: the rate-limited rebalance log line.
+//! * [`split`]: the targets a plan gives each node.
 
 mod link;
 mod node;
 mod nodes;
 mod rebalance;
+mod split;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -5,10 +5,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use sluice_session::control::{Demand, ServiceLine};
-use sluice_session::split::{smooth, NodeView};
+use sluice_session::split::smooth;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
+use super::split::NodeView;
 use crate::report::Report;
 use crate::state::NodeStatus;
 
@@ -42,6 +43,9 @@ pub(crate) struct Node {
     /// Shutdown: the drain request failed here, so the SDK closes the sessions itself.
     pub(crate) closing: bool,
     pub(crate) demand: Option<f64>,
+    /// The node asks this instance for its floor of one session: its link's last `FLOOR`,
+    /// `true` until the link says `FLOOR 0` (as an older node, which never says it).
+    pub(crate) floor: bool,
     pub(crate) registered: usize,
     pub(crate) dialing: usize,
     /// Sessions asked to retire (by `RETIRE`, or owed SDK-side closes at an old acceptor)
@@ -71,6 +75,7 @@ impl Node {
             probing: false,
             closing: false,
             demand: None,
+            floor: true,
             registered: 0,
             dialing: 0,
             retiring: 0,
@@ -100,6 +105,7 @@ impl Node {
             live: self.live(),
             demand: self.demand.unwrap_or(0.0),
             held: self.h(),
+            floor: self.floor,
         }
     }
 
@@ -140,6 +146,7 @@ impl Node {
             address: self.addr,
             live: self.live(),
             demand: self.demand.unwrap_or(0.0),
+            floor: self.floor,
             held: self.held(),
             registered: self.registered,
             retiring: self.retiring,

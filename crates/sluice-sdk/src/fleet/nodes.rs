@@ -7,12 +7,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use sluice_session::control::{Demand, ServiceLine};
-use sluice_session::split::targets;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 use super::node::Node;
 use super::rebalance::Rebalance;
+use super::split::targets;
 use crate::state::NodeStatus;
 
 /// What a slot does next.
@@ -35,6 +35,10 @@ pub(crate) enum Dialed {
     Drained,
     Failed,
 }
+
+/// How long step 5 of the split is held after a plan that moved a session by it: an
+/// instance moves sessions for demand at most once a second, however often `DEMAND` comes.
+const MOVE_HOLD: Duration = Duration::from_secs(1);
 
 /// The durations the rules wait for.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +63,8 @@ pub(crate) struct Nodes {
     node_grace: Duration,
     first_wait: Duration,
     rebalance: Rebalance,
+    /// When a plan last moved a session by step 5 (see [`MOVE_HOLD`]).
+    moved_at: Option<Instant>,
     /// Nodes joined or removed since the fleet last looked: it starts and stops their links.
     joined: Vec<SocketAddr>,
     removed: Vec<SocketAddr>,
@@ -77,6 +83,7 @@ impl Nodes {
             node_grace: timing.node_grace,
             first_wait: timing.first_wait,
             rebalance: Rebalance::default(),
+            moved_at: None,
             joined: Vec::new(),
             removed: Vec::new(),
             topology: 0,
@@ -186,6 +193,16 @@ impl Nodes {
             let _ = link.send(ServiceLine::Capacity(capacity));
             node.link = Some(link);
             node.fresh_link = true;
+            // A new link asks for the floor until it says otherwise.
+            node.floor = true;
+        }
+    }
+
+    /// `FLOOR`: whether the node asks this instance for its floor. It plans nothing by
+    /// itself; the node's next `DEMAND`, within a second, plans with it.
+    pub(crate) fn floor(&mut self, addr: SocketAddr, asks: bool) {
+        if let Some(node) = self.node(addr) {
+            node.floor = asks;
         }
     }
 
@@ -304,6 +321,7 @@ impl Nodes {
         node.link = None;
         node.lost_since = None;
         node.demand = Some(1.0);
+        node.floor = true;
         if !node.unsupported || !node.live_link {
             node.unsupported = true;
             node.live_link = true;
@@ -463,7 +481,11 @@ impl Nodes {
             return;
         }
         let views: Vec<_> = self.nodes.iter().map(Node::view).collect();
-        let targets = targets(self.capacity, &views);
+        let held = self.moved_at.is_some_and(|at| now < at + MOVE_HOLD);
+        let (targets, moved) = targets(self.capacity, &views, !held);
+        if moved {
+            self.moved_at = Some(now);
+        }
         for (node, target) in self.nodes.iter_mut().zip(targets) {
             node.target = target;
         }

@@ -16,7 +16,9 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use sluice_sdk::{Acceptor, Backoff, Options};
 use sluice_session::control::{LineReader, NodeLine, ReadLineError, ServiceLine};
-use sluice_session::{parse_hello, Drain, Hello, Identity, Parsed, Registration, Rejection, Reply};
+use sluice_session::{
+    parse_hello, Drain, Hello, Identity, Parsed, Registration, Rejection, Reply, SplitBy,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -128,6 +130,8 @@ impl Listener {
 /// slow test never looks silent), until [`Link::silence`]. Dropping it closes the link.
 pub(crate) struct Link {
     pub(crate) registration: Registration,
+    /// How the service said it splits (`Sluice-Split`).
+    pub(crate) split: SplitBy,
     lines: LineReader<ReadHalf<Box<dyn Io>>>,
     out: mpsc::UnboundedSender<Out>,
     writer: JoinHandle<()>,
@@ -147,11 +151,12 @@ impl Drop for Link {
 }
 
 impl Link {
-    fn new(registration: Registration, io: Box<dyn Io>) -> Self {
+    fn new(registration: Registration, split: SplitBy, io: Box<dyn Io>) -> Self {
         let (read, write) = tokio::io::split(io);
         let (out, rx) = mpsc::unbounded_channel();
         Self {
             registration,
+            split,
             lines: LineReader::new(read, b""),
             out,
             writer: tokio::spawn(heartbeat(write, rx)),
@@ -427,8 +432,8 @@ async fn connection(mut io: Box<dyn Io>, policy: Policy, to: Sinks) {
             let _ = io.shutdown().await;
         }
         Hello::Register(registration) => session(io, registration, events).await,
-        Hello::Control(registration, _) => match to.links {
-            Some(links) => control(io, registration, links).await,
+        Hello::Control(registration, split) => match to.links {
+            Some(links) => control(io, registration, split, links).await,
             // An acceptor without control links, as an older one.
             None => {
                 let refusal = sluice_session::Rejection::bad_request("no control links here");
@@ -443,10 +448,11 @@ async fn connection(mut io: Box<dyn Io>, policy: Policy, to: Sinks) {
 async fn control(
     mut io: Box<dyn Io>,
     registration: Registration,
+    split: SplitBy,
     links: mpsc::UnboundedSender<Link>,
 ) {
     io.write_all(&Reply::control_switching()).await.unwrap();
-    let _ = links.send(Link::new(registration, io));
+    let _ = links.send(Link::new(registration, split, io));
 }
 
 async fn session(

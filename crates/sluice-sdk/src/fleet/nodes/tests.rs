@@ -87,6 +87,7 @@ fn the_split_vectors_give_the_same_targets_through_the_books() {
             node.live_link = want.live;
             node.demand = Some(want.demand);
             node.registered = want.held;
+            node.floor = want.floor;
         }
         nodes.capacity = case.capacity;
         nodes.plan(now);
@@ -189,6 +190,66 @@ fn demand_moves_sessions_by_retire_at_the_surplus_node() {
             probe: false
         }
     );
+}
+
+#[test]
+fn a_move_for_demand_holds_the_next_for_a_second_but_not_a_node_down() {
+    let (mut nodes, mut links, now) = fleet(3, 9);
+    fill(&mut nodes, now);
+    lines(&mut links[0]);
+    lines(&mut links[1]);
+    // Node 0 queues: the others give it sessions, by RETIRE.
+    nodes.demand(addr(0), demand(8, 0), now);
+    assert_eq!(targets(&nodes), [7, 1, 1]);
+    assert_eq!(lines(&mut links[1]), [ServiceLine::Retire(2)]);
+    for i in [1, 1, 2, 2] {
+        assert!(nodes.ended(addr(i)));
+    }
+    fill(&mut nodes, now);
+    assert_eq!(held(&nodes), [7, 1, 1]);
+    // Then the demand moves to node 1 at once: within the second, step 5 waits.
+    let soon = now + Duration::from_millis(999);
+    nodes.demand(addr(1), demand(80, 0), soon);
+    assert_eq!(targets(&nodes), [7, 1, 1]);
+    assert!(lines(&mut links[0]).is_empty());
+    // Steps 1-4 do not: node 2 goes down, and its session's slot dials node 1 at once.
+    nodes.draining(addr(2), soon);
+    assert_eq!(targets(&nodes), [7, 2, 0]);
+    // A second after the move, the next DEMAND moves again.
+    nodes.demand(addr(1), demand(80, 0), now + Duration::from_secs(1));
+    assert_eq!(targets(&nodes)[0], 1);
+    assert_eq!(lines(&mut links[0]), [ServiceLine::Retire(6)]);
+}
+
+#[test]
+fn a_floor_counts_only_where_the_node_asks_for_it_and_a_new_link_asks_again() {
+    let (mut nodes, now) = first_resolution(2, 4);
+    let (tx, mut busy) = unbounded_channel();
+    nodes.connected(addr(0), tx);
+    nodes.demand(addr(0), demand(4, 0), now);
+    // Node 1 counts on another instance for its floor, and has no demand: nothing here.
+    let (tx, _idle) = unbounded_channel();
+    nodes.connected(addr(1), tx);
+    nodes.floor(addr(1), false);
+    nodes.demand(addr(1), demand(0, 0), now);
+    fill(&mut nodes, now);
+    assert_eq!(held(&nodes), [4, 0]);
+    assert!(!nodes.status()[1].floor);
+    lines(&mut busy);
+    // Its new link asks for the floor until it says otherwise (an older node never does).
+    nodes.link_lost(addr(1), now);
+    let (tx, _idle) = unbounded_channel();
+    nodes.connected(addr(1), tx);
+    nodes.demand(addr(1), demand(0, 0), now);
+    assert!(nodes.status()[1].floor);
+    assert_eq!(targets(&nodes), [3, 1]);
+    assert_eq!(lines(&mut busy), [ServiceLine::Retire(1)]);
+    // FLOOR plans nothing by itself: the next DEMAND does.
+    let later = now + Duration::from_secs(1);
+    nodes.floor(addr(1), false);
+    assert_eq!(targets(&nodes), [3, 1]);
+    nodes.demand(addr(1), demand(0, 0), later);
+    assert_eq!(targets(&nodes), [4, 0]);
 }
 
 #[test]
