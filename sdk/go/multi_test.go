@@ -234,23 +234,22 @@ func TestDNSReResolutionJoinsAndLeavesNodes(t *testing.T) {
 	r := &fakeResolver{}
 	r.set("127.0.0.3", "127.0.0.2")
 	ln := listenMany(t, Options{
-		Acceptor: "dns:nodes.test:" + strconv.Itoa(port), Capacity: 6, Resolver: r,
+		Acceptor: "dns:nodes.test:" + strconv.Itoa(port), Capacity: 4, Resolver: r,
 		ResolveInterval: 10 * time.Millisecond,
 	})
 	serve(t, ln, hello)
-	waitHolding(t, ln, []*fakeNode{a, b}, 3, 3) // listed sorted: a (.2) before b (.3)
+	waitHolding(t, ln, []*fakeNode{a, b}, 2, 2) // listed sorted: a (.2) before b (.3)
 	if st := ln.Status().Nodes; len(st) != 2 || st[0].Host != "nodes.test" {
 		t.Errorf("status %+v", st)
 	}
 
-	// No demand anywhere: 2 each, and a and b are each one above that (beyond the dead band
-	// of 0.75), so each gives one to c.
+	// No demand anywhere: 4/3 each. The first listed of the two above it gives one to c.
 	r.set("127.0.0.2", "127.0.0.3", "127.0.0.4")
-	waitHolding(t, ln, []*fakeNode{a, b, c}, 2, 2, 2)
+	waitHolding(t, ln, []*fakeNode{a, b, c}, 1, 2, 1)
 
 	r.set("127.0.0.2", "127.0.0.4")
 	b.waitFor("RETIRE 2", func(n *fakeNode) bool { return slices.Contains(n.lines, "RETIRE 2") })
-	waitHolding(t, ln, []*fakeNode{a, c}, 3, 3)
+	waitHolding(t, ln, []*fakeNode{a, c}, 2, 2)
 	waitUntil(t, ln, "b is forgotten", func(l *Listener) bool { return l.nodeAt(b.addr) == nil })
 	b.waitFor("b's link closed", func(n *fakeNode) bool {
 		_, err := n.links[len(n.links)-1].Write([]byte("DEMAND 0 0 0 0\n"))

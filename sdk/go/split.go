@@ -29,15 +29,11 @@ func smooth(last float64, sampled bool, sample float64) float64 {
 	return last + (sample-last)/2
 }
 
-// deadBand is how far beyond its quota both ends of a move by demand (step 5) must be: a move
-// back needs the quotas to shift by half a session first, so demand that only wobbles moves
-// nothing.
-const deadBand = 0.75
-
 // targets is the sessions each node should hold: capacity in all (when any node is live), at
 // least one per live node that asks for its floor while capacity allows, the rest by demand.
-// Only with rebalance does it move sessions by demand alone (step 5), and only beyond the
-// dead band; moved says whether it did.
+// Only with rebalance does it move sessions by demand alone (step 5), each move one that
+// makes the sum of |t - q| smaller, so that none comes back while the quotas hold still;
+// moved says whether it did.
 func targets(capacity int, nodes []nodeView, rebalance bool) (t []int, moved bool) {
 	q := quotas(capacity, nodes)
 	t = make([]int, len(nodes))
@@ -67,7 +63,7 @@ func targets(capacity int, nodes []nodeView, rebalance bool) (t []int, moved boo
 	for rebalance {
 		i, okShort := firstMax(live, under)
 		j, okLong := firstMax(holding(t), over)
-		if !okShort || !okLong || under(i) <= deadBand || over(j) <= deadBand {
+		if !okShort || !okLong || over(j)+under(i) <= 1 {
 			break
 		}
 		t[i]++
