@@ -71,11 +71,9 @@ async fn keep(fleet: Arc<Fleet>, addr: SocketAddr) {
                 Some(backoff.max)
             }
             Err(e) => {
-                if lost(&fleet, addr) {
+                let refused = e.is_connection_refused();
+                if fleet.with(|n, now| n.link_failed(addr, refused, now)) {
                     report.dial_failed(&e, epoch);
-                }
-                if e.is_connection_refused() {
-                    fleet.with(|n, now| n.refused(addr, now));
                 }
                 fleet.shared().record(e);
                 failures = failures.saturating_add(1);
@@ -89,9 +87,8 @@ async fn keep(fleet: Arc<Fleet>, addr: SocketAddr) {
 }
 
 /// The link is gone (or could not be dialed): a live node gets `node_grace` to come back.
-/// Returns whether that is an outage to report (not for a node that said `DRAINING`).
-fn lost(fleet: &Arc<Fleet>, addr: SocketAddr) -> bool {
-    fleet.with(|n, now| n.link_lost(addr, now))
+fn lost(fleet: &Arc<Fleet>, addr: SocketAddr) {
+    fleet.with(|n, now| n.link_lost(addr, now));
 }
 
 /// Serves an open link until it ends; also says whether the node said anything valid.

@@ -249,6 +249,16 @@ impl Nodes {
         outage
     }
 
+    /// A dial of the link failed (it is retried with backoff); `refused`: its connect was
+    /// refused (`ECONNREFUSED`). Returns whether that is an outage to report.
+    pub(crate) fn link_failed(&mut self, addr: SocketAddr, refused: bool, now: Instant) -> bool {
+        let outage = self.link_lost(addr, now);
+        if refused {
+            self.refused(addr, now);
+        }
+        outage
+    }
+
     /// A connect to `addr` was refused (`ECONNREFUSED`, a link's or a session's dial):
     /// nothing listens there. A node whose link has ended is gone, so it is down at once —
     /// a hot restart passes the listening socket on, and its connects queue instead.
@@ -522,5 +532,7 @@ impl Nodes {
     }
 }
 
+#[cfg(test)]
+mod replay;
 #[cfg(test)]
 mod tests;
