@@ -174,7 +174,9 @@ pub struct Options {
     pub tls: Option<TlsOptions>,
     /// Delays between failed dials; default [`Backoff::default`].
     pub backoff: Backoff,
-    /// Limit on connecting plus the registration (or drain) answer; default 5 s.
+    /// Limit on connecting plus the registration (or drain) answer; default 5 s. With many
+    /// nodes, also the longest the first sessions wait for every node first resolved to
+    /// answer its control link.
     pub handshake_timeout: Duration,
     /// While an operator holds the instance drained (`410`), one registration probes this
     /// often whether it was resumed; default 30 s.
@@ -182,8 +184,10 @@ pub struct Options {
     /// Many nodes: how often the names are resolved again (nodes join and leave); default
     /// 10 s (the system resolver does not expose TTLs).
     pub resolve_interval: Duration,
-    /// Many nodes: how long a node's control link may be lost before the node counts as
-    /// down and its share moves to the others (a hot restart keeps its sessions); default 5 s.
+    /// Many nodes: how long a node's control link may be lost (silent, timing out, or
+    /// restarting hot, which keeps its sessions) before the node counts as down and its share
+    /// moves to the others; default 5 s. A node whose link ended and which then refuses a
+    /// connection is down at once.
     pub node_grace: Duration,
     /// Many nodes: how names become addresses; default the system resolver. Tests inject
     /// their own.
