@@ -268,10 +268,11 @@ fn splits_give_the_vector_targets() {
                 live: n.live,
                 demand: n.demand,
                 held: n.held,
+                floor: n.floor,
             })
             .collect();
         assert_eq!(
-            targets(case.capacity, &nodes),
+            targets(case.capacity, &nodes, true).0,
             case.targets,
             "{}",
             case.name

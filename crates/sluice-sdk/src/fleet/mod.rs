@@ -7,13 +7,14 @@
 //! * [`node`]: one node's state.
 //! * [`link`]: one node's control link task.
 //! * [`rebalance`]: the rate-limited rebalance log line.
-//! * [`split`]: the targets a plan gives each node.
+//!
+//! The targets a plan gives each node are `sluice_session::split`'s, the one split of the
+//! Rust side.
 
 mod link;
 mod node;
 mod nodes;
 mod rebalance;
-mod split;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

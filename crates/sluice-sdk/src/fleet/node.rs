@@ -5,11 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use sluice_session::control::{Demand, ServiceLine};
-use sluice_session::split::smooth;
+use sluice_session::split::{smooth, NodeView};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
-use super::split::NodeView;
 use crate::report::Report;
 use crate::state::NodeStatus;
 

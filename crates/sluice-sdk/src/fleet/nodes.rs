@@ -12,8 +12,8 @@ use tokio::time::Instant;
 
 use super::node::Node;
 use super::rebalance::Rebalance;
-use super::split::targets;
 use crate::state::NodeStatus;
+use sluice_session::split::targets;
 
 /// What a slot does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
