@@ -29,12 +29,14 @@ LISTEN, ACCEPTOR, ADMIN = 18080, 17070, 19901
 WAIT = 60.0
 
 
-def node_config(ip: str, clusters: list[str], queue_timeout: str = "10s") -> str:
+def node_config(ip: str, clusters: list[str], queue_timeout: str = "10s",
+                startup_wait: str = "10s") -> str:
     routes = "".join(
         f'[[route]]\nname = "{c}"\npath_prefix = "/{c}/"\ncluster = "{c}"\n' for c in clusters
     )
     cluster_tables = "".join(
         f'[cluster.{c}]\nkind = "reverse"\nqueue_max = 4096\nqueue_timeout = "{queue_timeout}"\n'
+        f'startup_wait = "{startup_wait}"\n'
         for c in clusters
     )
     return (
@@ -175,12 +177,12 @@ class Fleet:
     """Three nodes serving `clusters`, in the current network namespace."""
 
     def __init__(self, sluice: str, clusters: list[str], workdir: Path | None = None,
-                 queue_timeout: str = "10s"):
+                 queue_timeout: str = "10s", startup_wait: str = "10s"):
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="fleet-"))
         self.nodes = []
         for i, ip in enumerate(NODES):
             config = self.dir / f"node{i}.toml"
-            config.write_text(node_config(ip, clusters, queue_timeout))
+            config.write_text(node_config(ip, clusters, queue_timeout, startup_wait))
             self.nodes.append(Node(ip, config, sluice))
         self.services: list[Service] = []
 
