@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
     let encoded = match &hello {
         Hello::Register(r) => r.encode(),
         Hello::Drain(d) => d.encode(),
-        Hello::Control(r) => r.encode_control(),
+        Hello::Control(r, split) => r.encode_control_split(*split),
     };
     // The encoding may be longer than what was read (it adds `Host`, `Content-Length` and the
     // default slice): a head just under the limit may encode to one just over it.

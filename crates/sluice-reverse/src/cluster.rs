@@ -161,6 +161,7 @@ impl<P: Protocol> ReverseCluster<P> {
         slice: &str,
         max: Option<usize>,
     ) -> Result<ReverseSlice<P>, Rejection> {
+        // One lock for the count and the making, so that racing names cannot pass `max`.
         let mut slices = locked(&self.inner.slices);
         if !slices.contains_key(slice) {
             prune(&mut slices);
@@ -168,8 +169,13 @@ impl<P: Protocol> ReverseCluster<P> {
                 return Err(Rejection::limited("slices in this cluster"));
             }
         }
-        drop(slices);
-        Ok(self.slice(slice))
+        let pool = slices
+            .entry(slice.to_owned())
+            .or_insert_with(|| self.new_pool(slice));
+        Ok(ReverseSlice {
+            cluster: self.clone(),
+            pool: Arc::clone(pool),
+        })
     }
 
     /// Lets go of the slices nobody uses any more: no route, link or request holds them and

@@ -2,7 +2,7 @@
 //! `protocol/README.md`), and what each says: the instance, its slice, the capacity it
 //! declared. `/status` lists them; the acceptor's link tasks keep them current.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +15,15 @@ pub struct Links {
     next: AtomicU64,
     /// Wakes [`told_draining`](Links::told_draining): a link said `DRAINING`, or closed.
     changed: tokio::sync::Notify,
+    /// Counts changes of what decides the floors (links opened or closed, a capacity).
+    version: AtomicU64,
+    /// Each slice's floor holder ([`floor_holder`](Links::floor_holder)) as of a version, so
+    /// that every link's tick reads it, and one pass over the links makes it per change.
+    floors: Mutex<Option<(u64, Holders)>>,
 }
+
+/// Each slice's floor holder (`None`: nobody).
+type Holders = HashMap<String, Option<String>>;
 
 /// One open control link.
 #[derive(Debug)]
@@ -55,6 +63,12 @@ impl LinkInfo {
 }
 
 impl LinkEntry {
+    /// The instance declared `n` (`CAPACITY`): the floors may move.
+    pub(crate) fn declared(&self, n: u64) {
+        self.info.set_capacity(n);
+        self.links.version.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// The link has said `DRAINING`.
     pub(crate) fn said_draining(&self) {
         self.info.told_draining.store(true, Ordering::Release);
@@ -74,6 +88,7 @@ pub struct LinkEntry {
 impl Drop for LinkEntry {
     fn drop(&mut self) {
         locked(&self.links.open).remove(&self.id);
+        self.links.version.fetch_add(1, Ordering::AcqRel);
         self.links.changed.notify_waiters();
     }
 }
@@ -97,6 +112,7 @@ impl Links {
             per_service,
         });
         locked(&self.open).insert(id, Arc::clone(&info));
+        self.version.fetch_add(1, Ordering::AcqRel);
         LinkEntry {
             id,
             links: Arc::clone(self),
@@ -109,16 +125,36 @@ impl Links {
     /// capacity, ties to the smallest id; nobody while a link of the slice keeps its floor
     /// per instance (an older SDK, which keeps one here anyway).
     pub fn floor_holder(&self, slice: &str) -> Option<String> {
-        let open = locked(&self.open);
-        let here: Vec<&Arc<LinkInfo>> = open.values().filter(|l| l.slice == slice).collect();
-        if here.iter().any(|l| !l.per_service) {
-            return None;
+        let version = self.version.load(Ordering::Acquire);
+        let mut floors = locked(&self.floors);
+        if floors.as_ref().is_none_or(|(v, _)| *v != version) {
+            *floors = Some((version, self.holders()));
         }
-        let best = here.into_iter().max_by(|a, b| {
-            (a.capacity(), std::cmp::Reverse(&a.instance))
-                .cmp(&(b.capacity(), std::cmp::Reverse(&b.instance)))
-        });
-        best.map(|l| l.instance.clone())
+        floors.as_ref()?.1.get(slice).cloned().flatten()
+    }
+
+    /// Every slice's floor holder, in one pass over the open links.
+    fn holders(&self) -> Holders {
+        let mut best: HashMap<String, Option<(u64, String)>> = HashMap::new();
+        for l in locked(&self.open).values() {
+            let slot = best
+                .entry(l.slice.clone())
+                .or_insert_with(|| Some((0, String::new())));
+            let Some((capacity, instance)) = slot else {
+                continue;
+            };
+            if !l.per_service {
+                *slot = None;
+            } else if instance.is_empty()
+                || (l.capacity(), std::cmp::Reverse(&l.instance))
+                    > (*capacity, std::cmp::Reverse(&*instance))
+            {
+                *slot = Some((l.capacity(), l.instance.clone()));
+            }
+        }
+        best.into_iter()
+            .map(|(slice, holder)| (slice, holder.map(|(_, instance)| instance)))
+            .collect()
     }
 
     /// The open links, oldest first.

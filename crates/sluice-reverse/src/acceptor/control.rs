@@ -144,7 +144,7 @@ impl<P: Protocol> Link<'_, P> {
             }
             ServiceLine::Capacity(n) => {
                 debug!(instance = %self.instance, capacity = n, "declared capacity");
-                self.entry.info.set_capacity(n);
+                self.entry.declared(n);
             }
         }
         Ok(())
