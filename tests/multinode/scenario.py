@@ -22,8 +22,6 @@ from netns import rewrite  # noqa: E402
 
 N = 6
 RATE = 240.0
-# Long enough for three nodes to restart in turn (each: drain, stop, start, ready).
-ROLLING_SECONDS = 30.0
 
 
 def settled(fleet: Fleet, s: Service, what: str, cond) -> list[int]:
@@ -131,9 +129,8 @@ def main() -> int:
     p.add_argument("--rust", default="")
     p.add_argument("--hosts", required=True)
     a = p.parse_args()
-    # A start-up window above the slowest SDK's return to a restarted node: the Rust SDK's
-    # took just over the default 10 s in the rolling restart (issue 46's note), Go's and
-    # Python's a few seconds.
+    # A start-up window above the slowest SDK's return to a restarted node (the Rust SDK's
+    # took just over the default 10 s in a rolling restart: issue 46's note).
     fleet = Fleet(a.sluice, [s.cluster for s in services(a)] + ["mix"], startup_wait="30s")
     seen: dict = {"steps": {}}
     try:
@@ -179,33 +176,6 @@ def main() -> int:
         seen["steps"]["kill"] = {"windows": result, "samples": sampler.stop(),
                                  "moved_after": moved_after, "joined_when_ready": joined,
                                  "restarted": restarted}
-
-        # A rolling restart under load, as a Deployment's rollout does it: each node in turn
-        # is drained (clients leave it, as a Service's endpoints would), stopped (SIGTERM),
-        # started, and taken back once it says ready. No request may fail.
-        serving = [True, True, True]
-        sampler = Sampler(fleet)
-        result = {}
-        t = threading.Thread(target=lambda: result.update(
-            loads(fleet, lambda t: [1 if up else 0 for up in serving], ROLLING_SECONDS)))
-        t.start()
-        began = time.monotonic()
-        events = []
-        for i, node in enumerate(fleet.nodes):
-            time.sleep(1.0)
-            node.drain()
-            serving[i] = False
-            events.append((round(time.monotonic() - began, 2), f"node {i} drained"))
-            time.sleep(0.5)  # requests already sent to it are answered before it stops
-            node.stop()
-            events.append((round(time.monotonic() - began, 2), f"node {i} stopped"))
-            node.start()
-            wait_for(f"node {i} ready again", node.ready)
-            serving[i] = True
-            events.append((round(time.monotonic() - began, 2), f"node {i} ready"))
-        t.join()
-        seen["steps"]["rolling"] = {"windows": result, "samples": sampler.stop(),
-                                    "events": events}
 
         # Capacity shrinks and grows at runtime (where the example offers it).
         changed = {}
