@@ -14,8 +14,6 @@ use tokio::sync::watch;
 
 use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState, ReloadHook};
-use crate::http::request_id::RequestIds;
-use crate::http::retry::RetryMetrics;
 use crate::metrics::Metrics;
 use crate::options;
 use crate::otel::Tracing;
@@ -27,6 +25,8 @@ use crate::server::{tls, Group, Server, Shutdown};
 use crate::upstream::reverse::{Acceptor, HandoffSource};
 use crate::upstream::reverse::{ReverseClusterOptions, ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
+use sluice_core::request_id::RequestIds;
+use sluice_core::retry::RetryMetrics;
 use sluice_net::sockets::{self, Sockets};
 
 /// Why a configuration could not be started.

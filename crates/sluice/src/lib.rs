@@ -46,11 +46,10 @@
 //! - [`options`]: the configuration converted into the options `sluice-reverse` and
 //!   `sluice-relay` take (they do not know the TOML model).
 //! - `metrics`: Prometheus metrics of requests, handshakes, sessions and queues.
-//! - `http`: the core both data paths render, without I/O: request checks, forwarding and
-//!   hop-by-hop headers (with `sluice_wire::fields`), a route's path rewrite and redirect
-//!   location, the read-ahead and retry rules, and what is known of a request's client.
-//! - `body`: the single body type that flows through the proxy.
-//! - `error`: typed failures, the status each maps to, and the one error answer.
+//!
+//! The rules both data paths render, without I/O (request checks, forwarding and hop-by-hop
+//! headers, rewrites and redirects, the route features' rules, read-ahead and retries), the
+//! typed failures and the body type are the `sluice-core` crate.
 //!
 //! The reverse-session engine (the acceptor, slice pools and admission queues, leases,
 //! hand-over, the standalone acceptor and its consumers) is the `sluice-reverse` crate, which
@@ -62,9 +61,6 @@
 pub(crate) mod access_log;
 pub(crate) mod admin;
 pub(crate) mod app;
-pub(crate) mod body;
-pub(crate) mod error;
-pub(crate) mod http;
 pub(crate) mod metrics;
 pub mod options;
 pub(crate) mod otel;
@@ -80,10 +76,6 @@ pub(crate) mod upstream;
 pub use access_log::AccessLog;
 pub use admin::{ReloadFuture, ReloadHook};
 pub use app::{Proxy, StartError};
-pub use body::ProxyBody;
-pub use error::{Origin, ProxyError};
-pub use http::request_id::RequestIds;
-pub use http::retry::RetryMetrics;
 pub use metrics::Metrics;
 pub use otel::{Tracing, TracingError};
 pub use proxy::fast::FastPath;
@@ -101,6 +93,10 @@ pub use server::{
 };
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;
+pub use sluice_core::body::ProxyBody;
+pub use sluice_core::error::{Origin, ProxyError};
+pub use sluice_core::request_id::RequestIds;
+pub use sluice_core::retry::RetryMetrics;
 pub use standalone::Standalone;
 pub use upstream::reverse::{Acceptor, ReverseClusterOptions, StandaloneAcceptor};
 pub use upstream::static_cluster::{Endpoint, StaticMetrics};

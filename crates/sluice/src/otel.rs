@@ -26,9 +26,9 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::access_log::Entry;
-use crate::http::trace_context::{RequestTrace, SentContext, TraceRules};
 use crate::router::{Route, Target};
 use crate::upstream::Upstream;
+use sluice_core::trace_context::{RequestTrace, SentContext, TraceRules};
 
 /// The most spans in one export (the OpenTelemetry SDK's default batch).
 const MAX_BATCH: usize = 512;

@@ -23,22 +23,22 @@ use sluice_config::{Compression, Encoding};
 use tracing::{debug, warn};
 
 use crate::access_log::{self, AccessLog};
-use crate::body::ProxyBody;
-use crate::error::{Origin, ProxyError};
-use crate::http::checks::{self, check_request};
-use crate::http::compression::{self, Decision, ResponseFacts};
-use crate::http::grpc;
-use crate::http::headers::{
-    add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
-    wants_trailers, Forwarding, TrailersWanted,
-};
-use crate::http::request_id::RequestIds;
-use crate::http::trace_context::{RequestTrace, SentContext, TRACEPARENT, TRACESTATE};
-use crate::http::{redirect, rewrite, ClientInfo};
 use crate::metrics::Metrics;
 use crate::otel::Tracing;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
 use crate::upstream::{Deadline, ServedBy, Upstream, WantsServedBy};
+use sluice_core::body::ProxyBody;
+use sluice_core::checks::{self, check_request};
+use sluice_core::compression::{self, Decision, ResponseFacts};
+use sluice_core::error::{Origin, ProxyError};
+use sluice_core::grpc;
+use sluice_core::headers::{
+    add_forwarding, apply_edits, join_cookies, strip_hop_by_hop, strip_hop_by_hop_keep_upgrade,
+    wants_trailers, Forwarding, TrailersWanted,
+};
+use sluice_core::request_id::RequestIds;
+use sluice_core::trace_context::{RequestTrace, SentContext, TRACEPARENT, TRACESTATE};
+use sluice_core::{redirect, rewrite, ClientInfo};
 
 /// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
 ///
@@ -556,7 +556,7 @@ struct Preflight;
 
 /// 204 to an allowed preflight: the route's CORS fields for `origin`, then the preflight's.
 fn preflight_response(
-    cors: &crate::http::cors::Cors,
+    cors: &sluice_core::cors::Cors,
     origin: Option<&HeaderValue>,
     fields: Vec<(HeaderName, HeaderValue)>,
 ) -> Response<ProxyBody> {

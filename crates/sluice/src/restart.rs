@@ -475,7 +475,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::body::ProxyBody;
+    use sluice_core::body::ProxyBody;
 
     /// The predecessor's side: hands `session` over, says DONE, and answers one request on
     /// the service's end of it (if one comes within 10 s).

@@ -8,10 +8,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use sluice_config::{Compression, HeaderEdits, LocationTemplate, Rewrite};
 
-use crate::http::basic_auth::BasicAuth;
-use crate::http::cors::Cors;
-use crate::http::rate_limit::RateLimit;
 use crate::upstream::Upstream;
+use sluice_core::basic_auth::BasicAuth;
+use sluice_core::cors::Cors;
+use sluice_core::rate_limit::RateLimit;
 
 /// What the router sees of a request.
 #[derive(Debug, Clone, Copy)]

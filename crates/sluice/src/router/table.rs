@@ -7,10 +7,10 @@ use sluice_config::{Action, Config, RateLimit as RateLimitConfig};
 
 use super::matcher::Matcher;
 use super::route::{Direct, RequestHead, Route, Routing, Target};
-use crate::http::basic_auth::BasicAuth;
-use crate::http::cors::Cors;
-use crate::http::rate_limit::RateLimit;
 use crate::upstream::Upstream;
+use sluice_core::basic_auth::BasicAuth;
+use sluice_core::cors::Cors;
+use sluice_core::rate_limit::RateLimit;
 
 /// Configured routes evaluated in order; the first whose matcher accepts the request wins.
 #[derive(Debug, Default)]

@@ -23,8 +23,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, Instrument};
 
-use crate::http::headers::wants_upgrade;
-use crate::http::IO_BUFFER_BYTES;
+use sluice_core::headers::wants_upgrade;
+use sluice_core::read_ahead::IO_BUFFER_BYTES;
 use sluice_session::Prefixed;
 
 use super::active::{ActiveRequests, Tracked, TrackedBody};

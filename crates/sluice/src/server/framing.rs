@@ -15,7 +15,7 @@ use std::task::{ready, Context, Poll, Waker};
 use sluice_wire::framing::Scanner;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub(crate) use crate::http::AmbiguousFraming;
+pub(crate) use sluice_core::checks::AmbiguousFraming;
 
 /// Shared by a connection's [`FramingGuard`] and its service. Both run in the connection's
 /// task (hyper calls the service from there), so relaxed ordering suffices.

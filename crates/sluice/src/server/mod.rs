@@ -36,7 +36,7 @@ use per_client::PerClient;
 pub(crate) use self::carrier::UpgradeCarrier;
 pub(crate) use self::framing::AmbiguousFraming;
 pub use self::service::HttpService;
-pub use crate::http::ClientInfo;
+pub use sluice_core::ClientInfo;
 pub(crate) use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use sluice_net::shutdown::{os_signal, Shutdown, ShutdownSignal};
 

@@ -11,9 +11,9 @@ use tokio::net::TcpStream;
 use tracing::debug;
 
 use super::tls::UpstreamTls;
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
-use crate::http::IO_BUFFER_BYTES;
+use sluice_core::body::ProxyBody;
+use sluice_core::error::ProxyError;
+use sluice_core::read_ahead::IO_BUFFER_BYTES;
 
 /// Connects to `addr` (and with `tls`, completes the TLS handshake) within `timeout`, and
 /// starts an HTTP/1.1 client connection on it.

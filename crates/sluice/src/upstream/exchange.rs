@@ -14,10 +14,10 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::client::conn::http2;
 use hyper::client::conn::TrySendError;
 
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
-use crate::http::headers::{wants_close, TrailersWanted};
-use crate::http::retry;
+use sluice_core::body::ProxyBody;
+use sluice_core::error::ProxyError;
+use sluice_core::headers::{wants_close, TrailersWanted};
+use sluice_core::retry;
 
 /// A request's own deadline for its response head (a gRPC call's `grpc-timeout`), when it
 /// is sooner than its cluster's response timeout.
@@ -129,7 +129,7 @@ pub(crate) fn discard(res: Response<ProxyBody>, timeout: Duration) {
     }
     tokio::spawn(async move {
         let read = async {
-            let mut left = crate::http::read_ahead::read_off_limit(None);
+            let mut left = sluice_core::read_ahead::read_off_limit(None);
             while let Some(Ok(frame)) = body.frame().await {
                 let len = frame.data_ref().map_or(0, bytes::Buf::remaining);
                 left = left.checked_sub(len)?;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::error::ProxyError;
-use crate::http::retry::Policy;
+use sluice_core::error::ProxyError;
+use sluice_core::retry::Policy;
 
 /// A connection or session leased for one request.
 pub(crate) trait Leased: Send + Sized {

@@ -15,12 +15,12 @@ pub(crate) mod tls;
 
 use http::{Request, Response};
 
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
 pub(crate) use exchange::Deadline;
 pub(crate) use host::default_host;
 pub use reverse::{ReverseCluster, ReverseSlice};
 pub(crate) use served::{ServedBy, WantsServedBy};
+use sluice_core::body::ProxyBody;
+use sluice_core::error::ProxyError;
 pub(crate) use static_cluster::StaticMetrics;
 pub use static_cluster::{StaticCluster, StaticOptions};
 

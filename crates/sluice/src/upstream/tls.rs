@@ -18,8 +18,8 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tracing::warn;
 
-use crate::error::ProxyError;
 use sluice_config::UpstreamProtocol;
+use sluice_core::error::ProxyError;
 use sluice_net::tls::{load_pair, provider};
 
 /// How a cluster's connections to its endpoints are secured.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderName, HeaderValue, StatusCode};
 
-use crate::error::ProxyError;
+use sluice_core::error::ProxyError;
 
 /// The response the client gets for `e` ([`ProxyError::answer`], as the hyper path renders
 /// it), and its body's length; see [`render`].

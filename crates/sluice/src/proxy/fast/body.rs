@@ -17,8 +17,8 @@ use sluice_wire::h1::{self, Chunked, ResponseBody};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::answer;
-use crate::http::read_ahead::{self, ReadAhead};
-use crate::http::IO_BUFFER_BYTES;
+use sluice_core::read_ahead::IO_BUFFER_BYTES;
+use sluice_core::read_ahead::{self, ReadAhead};
 
 /// At most what a chunk's size line and CRLFs add to its data.
 const CHUNK_FRAMING_BYTES: usize = 20;

@@ -19,9 +19,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
 use super::{pool, timer_at, FastPath, Request, Scratch, Served};
-use crate::http::ClientInfo;
 use crate::server::fast::{Conn, ConnIo, FastHttp1, Left, Serving};
 use crate::server::io::{deadline, poll_read_first};
+use sluice_core::ClientInfo;
 
 impl FastHttp1 for FastPath {
     fn serve<'a>(

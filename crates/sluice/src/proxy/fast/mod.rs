@@ -33,16 +33,16 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
 use crate::access_log::{self, AccessLog};
-use crate::error::ProxyError;
-use crate::http::headers::apply_edits;
-use crate::http::request_id::RequestIds;
-use crate::http::trace_context::{RequestTrace, SentContext};
-use crate::http::{checks, compression, redirect, rewrite};
 use crate::metrics::{Metrics, RouteCounters};
 use crate::otel::Tracing;
 use crate::router::{Direct, Feature, Features, Route, Routing, Target};
 use crate::upstream::reverse::raw::SessionLease;
 use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
+use sluice_core::error::ProxyError;
+use sluice_core::headers::apply_edits;
+use sluice_core::request_id::RequestIds;
+use sluice_core::trace_context::{RequestTrace, SentContext};
+use sluice_core::{checks, compression, redirect, rewrite};
 
 /// The route features this path renders (the rest are hyper's path's, which renders them
 /// all): a route with any other feature is handed to it before anything else is done. CORS

@@ -9,7 +9,7 @@
 
 use std::cell::RefCell;
 
-use crate::http::IO_BUFFER_BYTES;
+use sluice_core::read_ahead::IO_BUFFER_BYTES;
 
 /// Buffers of each kind a thread keeps for its next requests: enough for the requests that
 /// finish between two a busy worker begins, few enough to keep little once the load is gone.

@@ -17,15 +17,15 @@ use tokio::time::{Instant, Sleep};
 use super::answer::{self, date_at};
 use super::body::{self, Sink};
 use super::request::{timer_at, Request, Scratch, Served};
-use crate::error::ProxyError;
-use crate::http::compression::{self, Decision, ResponseFacts};
-use crate::http::read_ahead::{self, ReadAhead};
-use crate::http::retry::{self, is_idempotent, Again, Retries};
-use crate::http::trace_context::TRACEPARENT;
-use crate::http::IO_BUFFER_BYTES;
 use crate::router::Route;
 use crate::upstream::leased::Leased;
 use crate::upstream::ServedBy;
+use sluice_core::compression::{self, Decision, ResponseFacts};
+use sluice_core::error::ProxyError;
+use sluice_core::read_ahead::IO_BUFFER_BYTES;
+use sluice_core::read_ahead::{self, ReadAhead};
+use sluice_core::retry::{self, is_idempotent, Again, Retries};
+use sluice_core::trace_context::TRACEPARENT;
 
 /// What an exchange came to, for the connection and for metrics and logs.
 #[derive(Debug)]

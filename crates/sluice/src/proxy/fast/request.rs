@@ -8,9 +8,9 @@ use sluice_net::shutdown::ShutdownSignal;
 use sluice_wire::h1::{ClientIp, RequestHead};
 use tokio::time::{Instant, Sleep};
 
-use crate::http::ClientInfo;
-use crate::http::IO_BUFFER_BYTES;
 use crate::metrics::RouteCounters;
+use sluice_core::read_ahead::IO_BUFFER_BYTES;
+use sluice_core::ClientInfo;
 
 use super::pool;
 

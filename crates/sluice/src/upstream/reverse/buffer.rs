@@ -12,9 +12,9 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::body::{ProxyBody, Pump, Release, Rest};
-use crate::error::ProxyError;
-use crate::http::read_ahead::{self, ReadAhead};
+use sluice_core::body::{ProxyBody, Pump, Release, Rest};
+use sluice_core::error::ProxyError;
+use sluice_core::read_ahead::{self, ReadAhead};
 
 /// What reading a body ahead found.
 struct Read<B> {
@@ -101,7 +101,7 @@ pub(crate) async fn request(
     limit: usize,
 ) -> Result<Request<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
-    let rule = match crate::http::grpc::is_grpc(&parts.headers) {
+    let rule = match sluice_core::grpc::is_grpc(&parts.headers) {
         true => ReadAhead::call(limit),
         false => ReadAhead::request(limit),
     };
@@ -171,7 +171,7 @@ pub(super) async fn response<L: Release + 'static>(
             ahead.into_body(None)
         }
         Some(rest) if ahead.gap => {
-            let (pump, pumped) = crate::body::pump(rule.rest(ahead.len), rest.size_hint());
+            let (pump, pumped) = sluice_core::body::pump(rule.rest(ahead.len), rest.size_hint());
             tokio::spawn(pump_rest(rest, pump, lease));
             ProxyBody::Buffered {
                 head: ahead.chunks,

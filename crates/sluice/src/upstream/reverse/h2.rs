@@ -20,8 +20,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tracing::warn;
 
-use crate::body::ProxyBody;
 use crate::upstream::connect::h2_client;
+use sluice_core::body::ProxyBody;
 
 /// One stream's lease on an HTTP/2 session.
 pub struct H2Stream {

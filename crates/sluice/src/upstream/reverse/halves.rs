@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::protocol::Lease;
-use crate::body::Release;
+use sluice_core::body::Release;
 
 /// One stream's lease, held by the exchange's two halves: the request body (hyper drops it
 /// once it has sent it whole, or when the stream ends or is reset) and the response (its body

@@ -28,8 +28,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tracing::debug;
 
-use crate::body::ProxyBody;
-use crate::http::IO_BUFFER_BYTES;
+use sluice_core::body::ProxyBody;
+use sluice_core::read_ahead::IO_BUFFER_BYTES;
 
 /// A session's socket, wherever it is (idle in its [`Link`], borrowed by the fast path, or
 /// inside hyper's connection). Dropping it ends the session: its [`Watch`] resolves, after the

@@ -11,9 +11,9 @@ use sluice_reverse::{LeaseError, ParkedIo};
 
 use super::h2::{H2Connection, H2Stream};
 use super::link::{Link, Watch};
-use crate::body::Release;
-use crate::error::ProxyError;
-use crate::http::retry::{Policy, RetryMetrics};
+use sluice_core::body::Release;
+use sluice_core::error::ProxyError;
+use sluice_core::retry::{Policy, RetryMetrics};
 
 /// A reverse cluster, whose sessions the proxy speaks HTTP/1.1 or HTTP/2 on.
 pub type ReverseCluster = sluice_reverse::ReverseCluster<SessionHttp>;
@@ -154,24 +154,27 @@ impl sluice_reverse::Protocol for SessionHttp {
     }
 }
 
-impl Release for Lease {
+/// A leased session held by the body streamed off it (`sluice_core::body::Release`).
+#[derive(Debug)]
+pub(crate) struct HeldLease(pub(crate) Lease);
+
+impl Release for HeldLease {
     /// The response has ended cleanly: the session may carry another request.
     fn finish(&mut self) {
-        sluice_reverse::Lease::finish(self);
+        self.0.finish();
     }
 }
 
-impl From<LeaseError> for ProxyError {
-    fn from(e: LeaseError) -> Self {
-        match e {
-            LeaseError::NoSessions { cluster, slice } => Self::NoSessions { cluster, slice },
-            LeaseError::Unavailable {
-                reason,
-                retry_after,
-            } => Self::Unavailable {
-                reason,
-                retry_after,
-            },
-        }
+/// The answer to a request the slice could not lease a session for.
+pub(crate) fn refused(e: LeaseError) -> ProxyError {
+    match e {
+        LeaseError::NoSessions { cluster, slice } => ProxyError::NoSessions { cluster, slice },
+        LeaseError::Unavailable {
+            reason,
+            retry_after,
+        } => ProxyError::Unavailable {
+            reason,
+            retry_after,
+        },
     }
 }

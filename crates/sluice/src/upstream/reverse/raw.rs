@@ -8,10 +8,10 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::link::SessionIo;
-use super::protocol::{Lease, ReverseSlice, Session, SessionClient, SlicePool};
-use crate::error::ProxyError;
-use crate::http::retry::Policy;
+use super::protocol::{refused, Lease, ReverseSlice, Session, SessionClient, SlicePool};
 use crate::upstream::leased::Leased;
+use sluice_core::error::ProxyError;
+use sluice_core::retry::Policy;
 
 /// How many sessions a lease may find ended as it takes their socket before it gives up
 /// (each one ended between the slice's liveness check and the take: a rare race).
@@ -39,7 +39,7 @@ impl SessionLease {
     async fn lease_from(pool: &Arc<SlicePool>) -> Result<Self, ProxyError> {
         let mut queued = Duration::ZERO;
         for _ in 0..MAX_ENDED {
-            let (mut session, waited) = pool.lease_waited().await?;
+            let (mut session, waited) = pool.lease_waited().await.map_err(refused)?;
             queued += waited;
             let SessionClient::Http1(link) = session.client() else {
                 // An HTTP/2 session registered after the route sent the request here: its

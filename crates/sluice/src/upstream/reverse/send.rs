@@ -12,14 +12,14 @@ use tracing::debug;
 
 use super::buffer;
 use super::halves::Halves;
-use super::protocol::{Lease, ReverseSlice, Session, SessionClient, SlicePool};
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
-use crate::http::read_ahead;
-use crate::http::retry::{self, Retries};
-use crate::http::ClientInfo;
+use super::protocol::{refused, HeldLease, Lease, ReverseSlice, Session, SessionClient, SlicePool};
 use crate::upstream::exchange::{self, Answer, Failure, Replay};
 use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
+use sluice_core::body::ProxyBody;
+use sluice_core::error::ProxyError;
+use sluice_core::read_ahead;
+use sluice_core::retry::{self, Retries};
+use sluice_core::ClientInfo;
 
 /// Reads a body that fits `request_buffer`, then leases a session and exchanges the request
 /// on it. A session that dies before any response byte costs the request a second session
@@ -38,7 +38,7 @@ pub(crate) async fn send(
         pool.protocol_options().retry(),
         retry::is_idempotent(req.method()),
     );
-    let (mut session, mut queued) = pool.lease_waited().await?;
+    let (mut session, mut queued) = pool.lease_waited().await.map_err(refused)?;
     let mut leased_at = leased_at(queued);
     // Copied only once a session is leased: a request refused for capacity never pays for it.
     // Any session may have been ended by its service while it was idle, so the stale rule may
@@ -97,7 +97,7 @@ pub(crate) async fn send(
                 failure.request(replay.as_ref())?
             }
         };
-        let (next, waited) = pool.lease_waited().await?;
+        let (next, waited) = pool.lease_waited().await.map_err(refused)?;
         session = next;
         queued += waited;
         leased_at = self::leased_at(queued);
@@ -299,7 +299,7 @@ async fn read_off(pool: &Arc<SlicePool>, mut session: Session, res: Response<Inc
         };
         left = rest;
     }
-    crate::body::Release::finish(&mut lease);
+    lease.finish();
 }
 
 /// Whether hyper's client on an HTTP/1.1 session was started for an upgrade.
@@ -326,6 +326,6 @@ async fn finish(
     } else if !reusable {
         debug!(instance = %session.instance().id(), status = res.status().as_u16(), "session retired by its response");
     }
-    let lease = Lease::new(reusable.then_some(session), Arc::clone(pool));
+    let lease = HeldLease(Lease::new(reusable.then_some(session), Arc::clone(pool)));
     buffer::response(res, pool.options().response_buffer, lease).await
 }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use super::pool::{reap_raw, Conn, IdleConn, IdleRaw, RawConn};
-use crate::body::Release;
 use sluice_config::StaticOptions;
+use sluice_core::body::Release;
 
 /// A listening backend of a static cluster.
 #[derive(Debug)]

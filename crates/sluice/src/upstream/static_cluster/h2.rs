@@ -16,10 +16,10 @@ use tokio::sync::Notify;
 
 use sluice_config::H2Options;
 
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
-use crate::http::retry;
 use crate::upstream::exchange::{self, Failure};
+use sluice_core::body::ProxyBody;
+use sluice_core::error::ProxyError;
+use sluice_core::retry;
 
 /// One endpoint's HTTP/2 connections.
 #[derive(Debug, Default)]

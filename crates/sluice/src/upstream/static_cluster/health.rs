@@ -9,11 +9,11 @@ use sluice_net::log_limit::REPORT_INTERVAL;
 use tracing::{info, warn};
 
 use super::{Endpoint, HealthCheck, Inner};
-use crate::body::ProxyBody;
-use crate::http::grpc;
 use crate::upstream::connect::{connect as connect_any, Connected};
 use crate::upstream::tls::UpstreamTls;
 use sluice_config::{H2Options, UpstreamProtocol};
+use sluice_core::body::ProxyBody;
+use sluice_core::grpc;
 
 /// Starts checking `endpoint` if the cluster has a health check. The task ends when the
 /// endpoint is removed or the cluster dropped.

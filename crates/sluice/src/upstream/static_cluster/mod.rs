@@ -31,11 +31,11 @@ pub use sluice_config::StaticOptions;
 use self::lb::Balancer;
 use self::metrics::ConnectCounters;
 use self::pool::Conn;
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
-use crate::http::retry::{Policy, RetryMetrics};
 use crate::upstream::connect::{connect, connect_http1, Connected};
 use crate::upstream::tls::UpstreamTls;
+use sluice_core::body::ProxyBody;
+use sluice_core::error::ProxyError;
+use sluice_core::retry::{Policy, RetryMetrics};
 
 mod send;
 
@@ -316,7 +316,7 @@ fn counted<T>(
 
 fn wrap_response(
     res: Response<hyper::body::Incoming>,
-    ret: impl crate::body::Release + 'static,
+    ret: impl sluice_core::body::Release + 'static,
 ) -> Response<ProxyBody> {
     let (parts, body) = res.into_parts();
     Response::from_parts(parts, ProxyBody::guarded(body, ret))

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::body::ProxyBody;
 use sluice_config::StaticOptions;
+use sluice_core::body::ProxyBody;
 
 /// An HTTP/1.1 client connection and how many requests it has carried.
 #[derive(Debug)]

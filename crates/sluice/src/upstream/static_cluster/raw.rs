@@ -12,10 +12,10 @@ use tracing::debug;
 use super::endpoint::{Endpoint, InFlight};
 use super::pool::{is_quiet, RawConn};
 use super::{Inner, StaticCluster, StaticOptions};
-use crate::error::ProxyError;
-use crate::http::retry::Policy;
-use crate::http::IO_BUFFER_BYTES;
 use crate::upstream::leased::Leased;
+use sluice_core::error::ProxyError;
+use sluice_core::read_ahead::IO_BUFFER_BYTES;
+use sluice_core::retry::Policy;
 
 /// A connection leased for one request; [`Leased::release`] gives it back.
 #[derive(Debug)]

@@ -13,10 +13,6 @@ use super::endpoint::{Endpoint, InFlight, ReturnOnEnd};
 use super::h2::{self, H2Stream};
 use super::pool::Conn;
 use super::{acquire, wrap_response, Inner, MAX_CONNECT_ATTEMPTS};
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
-use crate::http::retry::{self, Again, Retries};
-use crate::http::IO_BUFFER_BYTES;
 use crate::upstream::connect::Connected;
 use crate::upstream::exchange::{self, Failure, Replay};
 use crate::upstream::host::default_host;
@@ -24,6 +20,10 @@ use crate::upstream::reverse::buffer;
 use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
 use crate::upstream::tls::UpstreamTls;
 use sluice_config::UpstreamProtocol;
+use sluice_core::body::ProxyBody;
+use sluice_core::error::ProxyError;
+use sluice_core::read_ahead::IO_BUFFER_BYTES;
+use sluice_core::retry::{self, Again, Retries};
 
 /// Picks an endpoint and exchanges the request with it. A failed connect ejects the endpoint
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`] (unless the
@@ -309,6 +309,6 @@ struct StreamEnd {
     _in_flight: InFlight,
 }
 
-impl crate::body::Release for StreamEnd {
+impl sluice_core::body::Release for StreamEnd {
     fn finish(&mut self) {}
 }

@@ -3,18 +3,24 @@
 
 use http::{header, Method, Request, Version};
 
-use super::AmbiguousFraming;
 use crate::error::ProxyError;
+
+/// Inserted by the server's framing guard into the extensions of an HTTP/1 request whose
+/// head carried both Content-Length and Transfer-Encoding. hyper removes Content-Length before
+/// the service sees the request, so this marker is the only evidence left;
+/// [`check_request`] refuses it (400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmbiguousFraming;
 
 /// The largest request body forwarded: the route's `max_request_body`, else the listener's
 /// (`listener`, from [`ClientInfo`](super::ClientInfo)); `None`: no limit.
-pub(crate) fn body_limit(route: Option<u64>, listener: Option<u64>) -> Option<u64> {
+pub fn body_limit(route: Option<u64>, listener: Option<u64>) -> Option<u64> {
     route.or(listener)
 }
 
 /// Refuses (413) a body that declares more than `limit` bytes (`declared`: its
 /// `Content-Length`), before any of it is read; one of unknown length is counted as it comes.
-pub(crate) fn check_body_length(declared: u64, limit: Option<u64>) -> Result<(), ProxyError> {
+pub fn check_body_length(declared: u64, limit: Option<u64>) -> Result<(), ProxyError> {
     match limit {
         Some(limit) if declared > limit => {
             Err(ProxyError::BodyTooLarge(crate::body::BodyTooLarge(limit)))
@@ -24,7 +30,7 @@ pub(crate) fn check_body_length(declared: u64, limit: Option<u64>) -> Result<(),
 }
 
 /// Refuses requests that could be read differently by the router and by the upstream.
-pub(crate) fn check_request<B>(req: &Request<B>) -> Result<(), ProxyError> {
+pub fn check_request<B>(req: &Request<B>) -> Result<(), ProxyError> {
     check_framing(req)?;
     check_host(req)?;
     if req.method() == Method::CONNECT {

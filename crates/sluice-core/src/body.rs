@@ -115,7 +115,7 @@ impl ClientBody {
     }
 
     /// Fails with [`BodyTooLarge`] once more than `limit` bytes of data came.
-    pub(crate) fn limited(mut self, limit: Option<u64>) -> Self {
+    pub fn limited(mut self, limit: Option<u64>) -> Self {
         self.limit = limit;
         self
     }
@@ -191,7 +191,7 @@ pub struct Pumped {
 
 /// The task's side of a [`Pumped`] body.
 #[derive(Debug)]
-pub(crate) struct Pump {
+pub struct Pump {
     frames: tokio::sync::mpsc::UnboundedSender<Result<Frame<Bytes>, hyper::Error>>,
     budget: std::sync::Arc<tokio::sync::Semaphore>,
     limit: usize,
@@ -199,7 +199,7 @@ pub(crate) struct Pump {
 
 /// A pump with a budget of `limit` bytes (at least one), and the body it feeds, whose size is
 /// `remaining`.
-pub(crate) fn pump(limit: usize, remaining: SizeHint) -> (Pump, Pumped) {
+pub fn pump(limit: usize, remaining: SizeHint) -> (Pump, Pumped) {
     let limit = limit.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let budget = std::sync::Arc::new(tokio::sync::Semaphore::new(limit));
@@ -226,7 +226,7 @@ fn cost(frame: &Frame<Bytes>, limit: usize) -> u32 {
 
 impl Pump {
     /// Passes `frame` on once the budget allows; false if the client has gone.
-    pub(crate) async fn send(&self, frame: Result<Frame<Bytes>, hyper::Error>) -> bool {
+    pub async fn send(&self, frame: Result<Frame<Bytes>, hyper::Error>) -> bool {
         if let Ok(frame) = &frame {
             match self.budget.acquire_many(cost(frame, self.limit)).await {
                 Ok(permit) => permit.forget(),
@@ -237,7 +237,7 @@ impl Pump {
     }
 
     /// Resolves when the client has gone.
-    pub(crate) async fn closed(&self) {
+    pub async fn closed(&self) {
         self.frames.closed().await;
     }
 }
@@ -301,7 +301,7 @@ pin_project_lite::pin_project! {
 
 /// What is told when a [`ProxyBody::Reported`] body ends: its data bytes, and whether it
 /// ended whole (false: dropped early, or failed).
-pub(crate) type OnEnd = Box<dyn FnOnce(u64, bool) + Send + Sync>;
+pub type OnEnd = Box<dyn FnOnce(u64, bool) + Send + Sync>;
 
 /// Counts a body's bytes and reports them once, at its end or its drop.
 pub struct Report {
@@ -361,7 +361,7 @@ impl ProxyBody {
 
     /// `self` compressed with `encoding` as it streams; flushed after every chunk when
     /// `flush` (an event stream).
-    pub(crate) fn compressed(
+    pub fn compressed(
         self,
         encoding: sluice_config::Encoding,
         levels: &sluice_config::Levels,
@@ -380,11 +380,7 @@ impl ProxyBody {
     }
 
     /// [`from_client`](Self::from_client), failing with [`BodyTooLarge`] past `limit` bytes.
-    pub(crate) fn from_client_limited(
-        body: Incoming,
-        timeout: Duration,
-        limit: Option<u64>,
-    ) -> Self {
+    pub fn from_client_limited(body: Incoming, timeout: Duration, limit: Option<u64>) -> Self {
         if body.is_end_stream() {
             return Self::Incoming { body };
         }
@@ -395,7 +391,7 @@ impl ProxyBody {
 
     /// `body`, streamed, with the connection it comes from given back by `release` when it
     /// has been read to the end (at once if it already has).
-    pub(crate) fn guarded(body: Incoming, mut release: impl Release + 'static) -> Self {
+    pub fn guarded(body: Incoming, mut release: impl Release + 'static) -> Self {
         if body.is_end_stream() {
             release.finish();
         }

@@ -15,21 +15,21 @@ use crate::error::ProxyError;
 
 /// What a location is filled in from.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Place<'a> {
+pub struct Place<'a> {
     /// Whether the client connected over TLS (`{scheme}`).
-    pub(crate) tls: bool,
+    pub tls: bool,
     /// The host the client asked for, without its port (`{host}`); `None` when it named none.
-    pub(crate) host: Option<&'a str>,
+    pub host: Option<&'a str>,
     /// The normalised path, rewritten when the route rewrites (`{path}`).
-    pub(crate) path: &'a str,
+    pub path: &'a str,
     /// The query, without `?` (`{query}`).
-    pub(crate) query: Option<&'a str>,
+    pub query: Option<&'a str>,
 }
 
 impl<'a> Place<'a> {
     /// Where a request went: `host` as the path that routed it read it (without its port),
     /// the path the route's rewrite made (`target`) or else the request's own, and its query.
-    pub(crate) fn of(
+    pub fn of(
         tls: bool,
         host: Option<&'a str>,
         uri: &'a Uri,
@@ -46,10 +46,7 @@ impl<'a> Place<'a> {
 
 /// The `Location` `template` names for the request at `place`. A request that named no host
 /// (HTTP/1.0, an empty `Host`) cannot be sent to `{host}`: 400.
-pub(crate) fn location(
-    template: &LocationTemplate,
-    place: &Place<'_>,
-) -> Result<HeaderValue, ProxyError> {
+pub fn location(template: &LocationTemplate, place: &Place<'_>) -> Result<HeaderValue, ProxyError> {
     let mut out = String::with_capacity(64 + place.path.len());
     for piece in &template.0 {
         match piece {

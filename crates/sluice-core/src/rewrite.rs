@@ -21,7 +21,7 @@ const MAX_GROWTH: usize = 8 * 1024;
 /// The target the upstream gets for a request whose (normalised) target is `uri`, when `rule`
 /// rewrites its path; `None` when there is no rule or it leaves the path as it is.
 /// `escaped`: the listener's `escaped_slashes`, which the result is normalised by.
-pub(crate) fn target(
+pub fn target(
     rule: Option<&Rewrite>,
     uri: &Uri,
     escaped: EscapedSlashes,

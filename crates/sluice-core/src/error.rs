@@ -18,7 +18,7 @@ pub enum Origin {
 
 /// The response to a failed request: one builder ([`ProxyError::answer`]), two renderers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Answer {
+pub struct Answer {
     /// Its status.
     pub status: StatusCode,
     /// Its fields, besides framing, `Date` and `Connection`.
@@ -227,7 +227,7 @@ impl ProxyError {
     /// `Connection: close` is the renderer's, when [`closes_connection`](Self::closes_connection)
     /// and the connection is HTTP/1.
     /// The request's `id` (`[request_id]`), when it has one, is one of its fields.
-    pub(crate) fn answer(&self, id: Option<(&HeaderName, &HeaderValue)>) -> Answer {
+    pub fn answer(&self, id: Option<(&HeaderName, &HeaderValue)>) -> Answer {
         let mut answer = self.answer_alone();
         if let Some((name, value)) = id {
             answer.fields.push((name.clone(), value.clone()));
@@ -274,7 +274,7 @@ impl ProxyError {
     }
 
     /// [`response`](Self::response) with the request's `id` among its fields.
-    pub(crate) fn response_with_id(
+    pub fn response_with_id(
         &self,
         http1: bool,
         id: Option<(&HeaderName, &HeaderValue)>,

@@ -25,7 +25,7 @@ use sluice_config::Retry;
 
 /// How an attempt at a response head failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Failed {
+pub enum Failed {
     /// The request never went out (hyper gave it back unsent, or the session ended as it was
     /// leased): it may go again whatever it is.
     Unsent,
@@ -37,7 +37,7 @@ pub(crate) enum Failed {
 
 /// Whether the request can be sent again byte for byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Body {
+pub enum Body {
     /// No body, or all of it in memory.
     Kept,
     /// Streamed from the client: what went out is gone.
@@ -46,11 +46,11 @@ pub(crate) enum Body {
 
 /// The longest answer body a status retry reads off and keeps (see
 /// [`Retries::after_status`]).
-pub(crate) const KEPT_ANSWER: u64 = 64 * 1024;
+pub const KEPT_ANSWER: u64 = 64 * 1024;
 
 /// Why a request goes out again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Again {
+pub enum Again {
     /// Its connection or session had gone stale: another of the same upstream will do.
     Stale,
     /// The cluster's policy: elsewhere if the upstream has elsewhere (another endpoint, any
@@ -97,7 +97,7 @@ impl RetryMetrics {
 
 /// A cluster's `retry = { .. }` with more than zero `retries`, and its budget.
 #[derive(Debug)]
-pub(crate) struct Policy {
+pub struct Policy {
     cluster: String,
     config: Retry,
     /// The cluster's requests that may still be retried, now.
@@ -110,13 +110,13 @@ pub(crate) struct Policy {
 impl Policy {
     /// Whether a retry may need the request again byte for byte (its `on` lists `reset` or a
     /// status), so that a body worth keeping is read first.
-    pub(crate) fn replays(&self) -> bool {
+    pub fn replays(&self) -> bool {
         self.config.on.reset || !self.config.on.statuses.is_empty()
     }
 
     /// The policy `config` describes for `cluster`; `None` when it allows no retries (only
     /// the stale rule then applies, and requests pay for nothing).
-    pub(crate) fn new(cluster: &str, config: &Retry, metrics: &RetryMetrics) -> Option<Arc<Self>> {
+    pub fn new(cluster: &str, config: &Retry, metrics: &RetryMetrics) -> Option<Arc<Self>> {
         (config.retries > 0).then(|| {
             Arc::new(Self {
                 cluster: cluster.to_owned(),
@@ -160,7 +160,7 @@ impl Policy {
 /// One request's retries: what it has used, and its place in its cluster's budget while it
 /// lasts.
 #[derive(Debug)]
-pub(crate) struct Retries {
+pub struct Retries {
     policy: Option<Arc<Policy>>,
     idempotent: bool,
     /// The stale rule has been used.
@@ -172,7 +172,7 @@ pub(crate) struct Retries {
 impl Retries {
     /// The retries of a request to a cluster with `policy` (counted in its budget from now
     /// on), its method `idempotent` or not ([`is_idempotent`]).
-    pub(crate) fn new(policy: Option<&Arc<Policy>>, idempotent: bool) -> Self {
+    pub fn new(policy: Option<&Arc<Policy>>, idempotent: bool) -> Self {
         if let Some(p) = policy {
             p.requests.fetch_add(1, Ordering::Relaxed);
         }
@@ -186,7 +186,7 @@ impl Retries {
 
     /// Whether the policy may ever send this request again, so a copy of it is worth
     /// keeping.
-    pub(crate) fn may_replay(&self) -> bool {
+    pub fn may_replay(&self) -> bool {
         self.policy
             .as_ref()
             .is_some_and(|p| p.replays() && self.allowed(p))
@@ -195,12 +195,7 @@ impl Retries {
     /// Whether the request goes again after an attempt that failed so, on a connection or
     /// session that had carried requests before (`reused`; a session always may have gone
     /// stale: its service may have ended it at any time), its body `body`.
-    pub(crate) fn after_failure(
-        &mut self,
-        failed: Failed,
-        reused: bool,
-        body: Body,
-    ) -> Option<Again> {
+    pub fn after_failure(&mut self, failed: Failed, reused: bool, body: Body) -> Option<Again> {
         let sendable = match failed {
             Failed::Unsent => true,
             Failed::BeforeResponse => body == Body::Kept,
@@ -229,12 +224,7 @@ impl Retries {
     /// answer's body `answer_len` long (when known). Only an answer whose whole body is small
     /// enough to read off and keep ([`KEPT_ANSWER`]) is retried: the client gets it if the next
     /// attempt cannot start, and reading it off gives its connection or session back at once.
-    pub(crate) fn after_status(
-        &mut self,
-        status: u16,
-        body: Body,
-        answer_len: Option<u64>,
-    ) -> bool {
+    pub fn after_status(&mut self, status: u16, body: Body, answer_len: Option<u64>) -> bool {
         let Some(policy) = &self.policy else {
             return false;
         };
@@ -276,7 +266,7 @@ impl Drop for Retries {
 
 /// Whether a method is idempotent (RFC 9110 §9.2.2), so a request that never got a response
 /// byte may be sent again.
-pub(crate) fn is_idempotent(method: &Method) -> bool {
+pub fn is_idempotent(method: &Method) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE

@@ -17,7 +17,7 @@ type Weight = u16;
 /// The encoding of `offered` that the client's `Accept-Encoding` fields (`values`) weigh
 /// highest, the first in `offered` among equals; `None` when it accepts none of them (no
 /// field, q=0, unknown codings only) or weighs `identity` higher.
-pub(crate) fn negotiate<'a>(
+pub fn negotiate<'a>(
     offered: &[Encoding],
     values: impl IntoIterator<Item = &'a [u8]>,
 ) -> Option<Encoding> {
@@ -124,26 +124,26 @@ fn qvalue(text: &[u8]) -> Option<Weight> {
 
 /// What [`decide`] reads of a response, gathered from either path's form of its head.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct ResponseFacts<'a> {
+pub struct ResponseFacts<'a> {
     /// The status code.
-    pub(crate) status: u16,
+    pub status: u16,
     /// Whether it answers a `HEAD` request.
-    pub(crate) head_request: bool,
+    pub head_request: bool,
     /// `Content-Type`, as sent.
-    pub(crate) content_type: Option<&'a [u8]>,
+    pub content_type: Option<&'a [u8]>,
     /// Whether it has a `Content-Encoding` already.
-    pub(crate) encoded: bool,
+    pub encoded: bool,
     /// Whether `Cache-Control` says `no-transform`.
-    pub(crate) no_transform: bool,
+    pub no_transform: bool,
     /// Whether it carries a `Content-Range`.
-    pub(crate) range: bool,
+    pub range: bool,
     /// Its body's length, when known before the body (`Content-Length`).
-    pub(crate) length: Option<u64>,
+    pub length: Option<u64>,
 }
 
 /// What becomes of a response on a route that compresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub enum Decision {
     /// Compress it with this encoding; `flush` after every chunk (an event stream).
     Compress { encoding: Encoding, flush: bool },
     /// Sent as it is only because the client accepts no encoding offered: caches must know
@@ -157,7 +157,7 @@ pub(crate) enum Decision {
 /// accepts `accepted` (see [`negotiate`]): only one that has a body (not 1xx, 204, 304, nor
 /// the answer to `HEAD`), is not encoded or a range already, does not forbid it
 /// (`no-transform`), has a listed type, and is at least `min_size` long or of unknown length.
-pub(crate) fn decide(
+pub fn decide(
     config: &Compression,
     accepted: Option<Encoding>,
     res: &ResponseFacts<'_>,
@@ -198,7 +198,7 @@ fn listed(types: &[String], content_type: &[u8]) -> bool {
 
 impl<'a> ResponseFacts<'a> {
     /// The facts of a response head held in a header map.
-    pub(crate) fn of(status: u16, head_request: bool, headers: &'a HeaderMap) -> Self {
+    pub fn of(status: u16, head_request: bool, headers: &'a HeaderMap) -> Self {
         let length = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok()?.trim().parse().ok());
@@ -218,14 +218,14 @@ impl<'a> ResponseFacts<'a> {
 }
 
 /// Whether a `Cache-Control` value has the `no-transform` directive.
-pub(crate) fn no_transform(value: &[u8]) -> bool {
+pub fn no_transform(value: &[u8]) -> bool {
     value
         .split(|b| *b == b',')
         .any(|d| d.trim_ascii().eq_ignore_ascii_case(b"no-transform"))
 }
 
 /// Whether `Vary` values already cover `Accept-Encoding` (named, or `*`).
-pub(crate) fn varies<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool {
+pub fn varies<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool {
     values
         .into_iter()
         .flat_map(|v| v.split(|b| *b == b','))
@@ -236,13 +236,13 @@ pub(crate) fn varies<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool {
 }
 
 /// The field the head of a response that varies with `Accept-Encoding` gets.
-pub(crate) const VARY_LINE: &[u8] = b"vary: accept-encoding\r\n";
+pub const VARY_LINE: &[u8] = b"vary: accept-encoding\r\n";
 
 /// Edits the head of a response as `decision` says: a compressed one loses `Content-Length`
 /// (its length is no longer known), names its encoding and has its strong `ETag` weakened (the
 /// bytes differ; RFC 9110 §8.8.1); both it and a [`Decision::Vary`] one get `Vary:
 /// Accept-Encoding` appended, unless their `Vary` covers it already.
-pub(crate) fn apply(headers: &mut HeaderMap, decision: Decision) {
+pub fn apply(headers: &mut HeaderMap, decision: Decision) {
     let encoding = match decision {
         Decision::Leave => return,
         Decision::Vary => None,

@@ -11,16 +11,16 @@ use crate::body::ProxyBody;
 use crate::error::ProxyError;
 
 /// `grpc-status`.
-pub(crate) static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// `grpc-message`.
-pub(crate) static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+pub static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-timeout`.
-pub(crate) static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+pub static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// A gRPC status code (the subset Sluice's own answers use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub(crate) enum Code {
+pub enum Code {
     InvalidArgument = 3,
     DeadlineExceeded = 4,
     PermissionDenied = 7,
@@ -33,7 +33,7 @@ pub(crate) enum Code {
 
 /// Whether a request is a gRPC call: its `Content-Type` is `application/grpc` or one of its
 /// `application/grpc+proto`-like variants (gRPC-Web's `application/grpc-web` is not).
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+pub fn is_grpc(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         return false;
     };
@@ -49,7 +49,7 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 }
 
 /// The code a gRPC client is told for Sluice's own failure.
-pub(crate) fn code(e: &ProxyError) -> Code {
+pub fn code(e: &ProxyError) -> Code {
     match e {
         ProxyError::NoRoute | ProxyError::NotImplemented(_) => Code::Unimplemented,
         ProxyError::ResponseTimeout | ProxyError::ConnectTimeout => Code::DeadlineExceeded,
@@ -75,10 +75,7 @@ pub(crate) fn code(e: &ProxyError) -> Code {
 /// application/grpc`, `grpc-status`, `grpc-message` (the reason, percent-encoded) and the
 /// request's `id` when it has one; no body, so HTTP/2 sends it all as one HEADERS frame that
 /// ends the stream (trailers-only).
-pub(crate) fn response(
-    e: &ProxyError,
-    id: Option<(&HeaderName, &HeaderValue)>,
-) -> Response<ProxyBody> {
+pub fn response(e: &ProxyError, id: Option<(&HeaderName, &HeaderValue)>) -> Response<ProxyBody> {
     let mut res = Response::new(ProxyBody::empty());
     *res.status_mut() = StatusCode::OK;
     let headers = res.headers_mut();

@@ -13,11 +13,11 @@ use sluice_wire::fields;
 /// `Forwarded` (RFC 7239).
 static FORWARDED: HeaderName = header::FORWARDED;
 /// `X-Forwarded-For`.
-pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static(fields::FORWARDED_FOR);
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static(fields::FORWARDED_FOR);
 /// `X-Forwarded-Proto`.
-pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static(fields::FORWARDED_PROTO);
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static(fields::FORWARDED_PROTO);
 /// `X-Forwarded-Host`.
-pub(crate) static X_FORWARDED_HOST: HeaderName = HeaderName::from_static(fields::FORWARDED_HOST);
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static(fields::FORWARDED_HOST);
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1, [`fields::HOP_BY_HOP`]): `Connection` and
 /// every header it names, `Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding` and
@@ -25,7 +25,7 @@ pub(crate) static X_FORWARDED_HOST: HeaderName = HeaderName::from_static(fields:
 ///
 /// `Connection` may not remove `Host` or `Content-Length`: a client could otherwise make the
 /// upstream see a request different from the one that was routed.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Collect the names listed in Connection first: removing while iterating is not possible.
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -46,17 +46,17 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Marks a request whose client said `TE: trailers` (hop-by-hop, so removed on the way): an
 /// HTTP/2 upstream is told again, as gRPC services require.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct TrailersWanted;
+pub struct TrailersWanted;
 
 /// Whether `TE` lists `trailers`.
-pub(crate) fn wants_trailers(headers: &HeaderMap) -> bool {
+pub fn wants_trailers(headers: &HeaderMap) -> bool {
     tokens(headers, &header::TE).any(|t| t.eq_ignore_ascii_case("trailers"))
 }
 
 /// Whether a request asks to switch protocols (RFC 9110 §7.8): HTTP/1.1, `Connection: upgrade`
 /// and an `Upgrade` header. HTTP/2 has no such mechanism, and an `h2c` upgrade is refused:
 /// the proxy speaks HTTP/2 to clients itself and only HTTP/1.1 to upstreams.
-pub(crate) fn wants_upgrade(version: Version, headers: &HeaderMap) -> bool {
+pub fn wants_upgrade(version: Version, headers: &HeaderMap) -> bool {
     version == Version::HTTP_11
         && connection_lists(headers, "upgrade")
         && headers.contains_key(header::UPGRADE)
@@ -65,7 +65,7 @@ pub(crate) fn wants_upgrade(version: Version, headers: &HeaderMap) -> bool {
 
 /// Removes hop-by-hop headers like [`strip_hop_by_hop`] but keeps `Upgrade` and sets
 /// `Connection: upgrade`: what a proxy forwards for a protocol switch, both ways.
-pub(crate) fn strip_hop_by_hop_keep_upgrade(headers: &mut HeaderMap) {
+pub fn strip_hop_by_hop_keep_upgrade(headers: &mut HeaderMap) {
     let upgrade: Vec<HeaderValue> = headers.get_all(header::UPGRADE).iter().cloned().collect();
     strip_hop_by_hop(headers);
     for value in upgrade {
@@ -75,7 +75,7 @@ pub(crate) fn strip_hop_by_hop_keep_upgrade(headers: &mut HeaderMap) {
 }
 
 /// Joins several `Cookie` fields into one, separated by `"; "`.
-pub(crate) fn join_cookies(headers: &mut HeaderMap) {
+pub fn join_cookies(headers: &mut HeaderMap) {
     let mut cookies = headers.get_all(header::COOKIE).iter();
     let (Some(first), Some(_)) = (cookies.next(), cookies.next()) else {
         return;
@@ -93,7 +93,7 @@ pub(crate) fn join_cookies(headers: &mut HeaderMap) {
 }
 
 /// Whether a `Connection` header asks for the connection to be closed.
-pub(crate) fn wants_close(headers: &HeaderMap) -> bool {
+pub fn wants_close(headers: &HeaderMap) -> bool {
     connection_lists(headers, "close")
 }
 
@@ -114,7 +114,7 @@ fn tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item =
 
 /// What the proxy knows about the client side of a request.
 #[derive(Debug, Clone)]
-pub(crate) struct Forwarding<'a> {
+pub struct Forwarding<'a> {
     /// The client's address.
     pub client: SocketAddr,
     /// `https` when the client connected over TLS, else `http`.
@@ -134,7 +134,7 @@ pub(crate) struct Forwarding<'a> {
 /// passes, to any upstream, trusted or not.
 ///
 /// Runs on every proxied request, so each list header costs one allocation.
-pub(crate) fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
+pub fn add_forwarding(headers: &mut HeaderMap, fwd: &Forwarding<'_>) {
     headers.remove(fields::CLIENT_ADDR);
     let ip = fwd.client.ip();
     let mut xff = existing_list(headers, &X_FORWARDED_FOR, fwd.trusted);
@@ -198,7 +198,7 @@ fn set_owned(headers: &mut HeaderMap, name: &HeaderName, value: impl Into<Bytes>
 }
 
 /// Applies a route's edits: removals first, then sets (replacing existing values).
-pub(crate) fn apply_edits(headers: &mut HeaderMap, edits: &HeaderEdits) {
+pub fn apply_edits(headers: &mut HeaderMap, edits: &HeaderEdits) {
     for name in &edits.remove {
         headers.remove(name);
     }

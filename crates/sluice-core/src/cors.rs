@@ -17,7 +17,7 @@ use crate::error::ProxyError;
 
 /// One route's CORS policy, with its fields rendered once.
 #[derive(Debug)]
-pub(crate) struct Cors {
+pub struct Cors {
     config: sluice_config::Cors,
     methods: HeaderValue,
     headers: Option<HeaderValue>,
@@ -43,7 +43,7 @@ fn joined<T: AsRef<str>>(items: &[T]) -> Option<HeaderValue> {
 }
 
 impl Cors {
-    pub(crate) fn new(config: &sluice_config::Cors) -> Self {
+    pub fn new(config: &sluice_config::Cors) -> Self {
         let methods: Vec<&str> = config.methods.iter().map(Method::as_str).collect();
         Self {
             config: config.clone(),
@@ -76,7 +76,7 @@ impl Cors {
 
     /// When the request is a preflight, what it is answered: 204 with these fields, or a
     /// refusal (403) saying why.
-    pub(crate) fn preflight(
+    pub fn preflight(
         &self,
         method: &Method,
         headers: &HeaderMap,
@@ -139,7 +139,7 @@ impl Cors {
 
     /// Puts the route's CORS fields on an answer to a request from `origin`, over any the
     /// upstream set (a preflight's answer gets them first, then its own).
-    pub(crate) fn apply(&self, origin: Option<&HeaderValue>, out: &mut HeaderMap) {
+    pub fn apply(&self, origin: Option<&HeaderValue>, out: &mut HeaderMap) {
         for name in &CORS_FIELDS {
             out.remove(name);
         }

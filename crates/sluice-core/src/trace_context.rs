@@ -19,39 +19,39 @@ use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample};
 use sluice_config::TraceExtract;
 
 /// The field that names a request's trace and parent span.
-pub(crate) const TRACEPARENT: &str = "traceparent";
+pub const TRACEPARENT: &str = "traceparent";
 /// The field of vendors' trace data.
-pub(crate) const TRACESTATE: &str = "tracestate";
+pub const TRACESTATE: &str = "tracestate";
 
 /// How requests join traces: whose context they continue, and which are sampled.
 #[derive(Debug)]
-pub(crate) struct TraceRules {
+pub struct TraceRules {
     sampler: Sampler,
     extract: TraceExtract,
 }
 
 /// A request's place in a trace.
 #[derive(Debug, Clone)]
-pub(crate) struct RequestTrace {
-    pub(crate) trace_id: TraceId,
+pub struct RequestTrace {
+    pub trace_id: TraceId,
     /// The request's span.
-    pub(crate) span_id: SpanId,
+    pub span_id: SpanId,
     /// The upstream exchange's span, the upstream's parent.
-    pub(crate) upstream_span_id: SpanId,
+    pub upstream_span_id: SpanId,
     /// The client's span, when the request continues its trace.
-    pub(crate) parent: Option<SpanId>,
-    pub(crate) sampled: bool,
+    pub parent: Option<SpanId>,
+    pub sampled: bool,
     /// The continued trace's vendor data (empty for a new trace).
-    pub(crate) state: TraceState,
+    pub state: TraceState,
     /// The `traceparent` sent upstream.
-    pub(crate) traceparent: HeaderValue,
+    pub traceparent: HeaderValue,
     /// When the request began (a span's start is wall-clock time).
-    pub(crate) started: SystemTime,
+    pub started: SystemTime,
 }
 
 impl RequestTrace {
     /// Whether the client's `tracestate` goes upstream: only with the trace it belongs to.
-    pub(crate) fn keeps_tracestate(&self) -> bool {
+    pub fn keeps_tracestate(&self) -> bool {
         self.parent.is_some()
     }
 }
@@ -59,14 +59,14 @@ impl RequestTrace {
 /// What a client sent of its trace context: the `traceparent` when it sent exactly one (two
 /// make it invalid, W3C Trace Context §3.2), the first `tracestate`.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SentContext<'a> {
-    pub(crate) traceparent: Option<&'a [u8]>,
-    pub(crate) tracestate: Option<&'a [u8]>,
+pub struct SentContext<'a> {
+    pub traceparent: Option<&'a [u8]>,
+    pub tracestate: Option<&'a [u8]>,
 }
 
 impl<'a> SentContext<'a> {
     /// What the request's fields (`name`, `value`, in order) say.
-    pub(crate) fn of(fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Self {
+    pub fn of(fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Self {
         let mut sent = Self::default();
         let mut traceparents = 0;
         for (name, value) in fields {
@@ -102,7 +102,7 @@ impl Extractor for SentContext<'_> {
 impl TraceRules {
     /// New traces sampled at `ratio` (0 to 1); a continued one follows its parent's decision
     /// when `parent_based`.
-    pub(crate) fn new(ratio: f64, parent_based: bool, extract: TraceExtract) -> Self {
+    pub fn new(ratio: f64, parent_based: bool, extract: TraceExtract) -> Self {
         let ratio = Sampler::TraceIdRatioBased(ratio);
         let sampler = if parent_based {
             Sampler::ParentBased(Box::new(ratio))
@@ -113,7 +113,7 @@ impl TraceRules {
     }
 
     /// The trace of a request whose client (`trusted` or not) sent `sent`.
-    pub(crate) fn start(&self, sent: SentContext<'_>, trusted: bool) -> RequestTrace {
+    pub fn start(&self, sent: SentContext<'_>, trusted: bool) -> RequestTrace {
         let started = SystemTime::now();
         let extract = match self.extract {
             TraceExtract::Always => true,

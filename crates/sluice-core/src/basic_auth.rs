@@ -23,7 +23,7 @@ use crate::error::ProxyError;
 const REMEMBERED: usize = 1024;
 
 /// One route's users and what has been verified of them.
-pub(crate) struct BasicAuth {
+pub struct BasicAuth {
     config: sluice_config::BasicAuth,
     users: HashMap<String, Arc<str>>,
     /// Each user's last verified password, as SHA-256 of `name:password`.
@@ -42,7 +42,7 @@ impl std::fmt::Debug for BasicAuth {
 }
 
 impl BasicAuth {
-    pub(crate) fn new(config: &sluice_config::BasicAuth) -> Self {
+    pub fn new(config: &sluice_config::BasicAuth) -> Self {
         let users = config
             .users
             .iter()
@@ -60,7 +60,7 @@ impl BasicAuth {
 
     /// Passes a request whose `Authorization` field is `field` when it names a user with
     /// the right password.
-    pub(crate) async fn check(&self, field: Option<&[u8]>) -> Result<(), ProxyError> {
+    pub async fn check(&self, field: Option<&[u8]>) -> Result<(), ProxyError> {
         let refused = || ProxyError::Unauthorized {
             realm: self.config.realm.clone(),
         };

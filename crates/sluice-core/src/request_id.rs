@@ -19,14 +19,14 @@ impl RequestIds {
     }
 
     /// The field's name.
-    pub(crate) fn name(&self) -> &HeaderName {
+    pub fn name(&self) -> &HeaderName {
         &self.name
     }
 
     /// The ID of a request whose first copy of the field is `sent`, from a client that is
     /// `trusted` or not: the client's when it is trusted and sent a usable one (visible ASCII,
     /// at most 200 bytes), else a new one.
-    pub(crate) fn decide(&self, sent: Option<&[u8]>, trusted: bool) -> HeaderValue {
+    pub fn decide(&self, sent: Option<&[u8]>, trusted: bool) -> HeaderValue {
         sent.filter(|v| trusted && usable(v))
             .and_then(|v| HeaderValue::from_bytes(v).ok())
             .unwrap_or_else(generate)

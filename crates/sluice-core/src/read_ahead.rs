@@ -23,14 +23,23 @@
 
 use std::time::Duration;
 
+/// How much body data hyper may hold per connection and direction: the read buffer of an
+/// upstream connection or session, and the write queue towards a client.
+///
+/// hyper's default (about 400 KiB each, which also pins the read buffers its chunks were cut
+/// from) let 500 slow readers of large responses grow the proxy to 700 MB and spend seconds
+/// copying. At 64 KiB a stream that cannot move on waits in the kernel's socket buffers
+/// instead, as it does behind HAProxy (16 KiB) and NGINX (`proxy_buffers`, 32-64 KiB).
+pub const IO_BUFFER_BYTES: usize = 64 * 1024;
+
 /// How long the read-ahead of a response waits for more of its body before it forwards what it
 /// has: shorter than any pause a client would notice, longer than the gaps between the
 /// segments of a body a service writes at once.
-pub(crate) const STREAM_GAP: Duration = Duration::from_millis(10);
+pub const STREAM_GAP: Duration = Duration::from_millis(10);
 
 /// The read-ahead of one body into a buffer of `limit` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ReadAhead {
+pub struct ReadAhead {
     limit: usize,
     pauses: Pauses,
 }
@@ -49,7 +58,7 @@ enum Pauses {
 
 impl ReadAhead {
     /// A request body's read-ahead into `limit` bytes.
-    pub(crate) fn request(limit: usize) -> Self {
+    pub fn request(limit: usize) -> Self {
         Self {
             limit,
             pauses: Pauses::Never,
@@ -57,7 +66,7 @@ impl ReadAhead {
     }
 
     /// A gRPC call's request body's read-ahead into `limit` bytes.
-    pub(crate) fn call(limit: usize) -> Self {
+    pub fn call(limit: usize) -> Self {
         Self {
             limit,
             pauses: Pauses::Always,
@@ -65,7 +74,7 @@ impl ReadAhead {
     }
 
     /// A response body's read-ahead into `limit` bytes.
-    pub(crate) fn response(limit: usize) -> Self {
+    pub fn response(limit: usize) -> Self {
         Self {
             limit,
             pauses: Pauses::AfterSome,
@@ -73,26 +82,26 @@ impl ReadAhead {
     }
 
     /// The buffer's size.
-    pub(crate) fn limit(&self) -> usize {
+    pub fn limit(&self) -> usize {
         self.limit
     }
 
     /// Whether `len` bytes in hand have outgrown the buffer. A body of exactly `limit` bytes is
     /// read whole: only its end says that it fits.
-    pub(crate) fn outgrown(&self, len: usize) -> bool {
+    pub fn outgrown(&self, len: usize) -> bool {
         len > self.limit
     }
 
     /// How many more bytes the next read may bring with `len` in hand: up to one past the
     /// limit, which tells a body that outgrows it.
-    pub(crate) fn room(&self, len: usize) -> usize {
+    pub fn room(&self, len: usize) -> usize {
         self.limit.saturating_add(1).saturating_sub(len)
     }
 
     /// How long to wait for more with `len` in hand before what was read goes out: a
     /// response's [`STREAM_GAP`] once some of it has come, a call's always; otherwise (`None`)
     /// until it comes.
-    pub(crate) fn wait(&self, len: usize) -> Option<Duration> {
+    pub fn wait(&self, len: usize) -> Option<Duration> {
         let pauses = match self.pauses {
             Pauses::Never => false,
             Pauses::AfterSome => len > 0,
@@ -103,13 +112,13 @@ impl ReadAhead {
 
     /// What the rest of a body may hold in memory once the read-ahead stopped at a pause with
     /// `len` read: the buffer, less what was read.
-    pub(crate) fn rest(&self, len: usize) -> usize {
+    pub fn rest(&self, len: usize) -> usize {
         self.limit.saturating_sub(len)
     }
 
     /// Whether a body that ended within the read-ahead goes out with its length: unless it had
     /// trailers, which keep it chunked.
-    pub(crate) fn ends_with_length(trailers: bool) -> bool {
+    pub fn ends_with_length(trailers: bool) -> bool {
         !trailers
     }
 }
@@ -122,13 +131,13 @@ const READ_OFF_MIN: usize = 1 << 20;
 /// closed instead: the read-ahead's buffer (`read_ahead`), or 1 MiB if that is more. Reading
 /// more would cost more than a new connection, or a service's re-dial; an event stream, which
 /// may never end, is not read off at all.
-pub(crate) fn read_off_limit(read_ahead: Option<usize>) -> usize {
+pub fn read_off_limit(read_ahead: Option<usize>) -> usize {
     read_ahead.map_or(READ_OFF_MIN, |limit| limit.max(READ_OFF_MIN))
 }
 
 /// Whether a response with this `Content-Type` is an event stream, whose events must reach the
 /// client as the service sends them: never read ahead.
-pub(crate) fn is_event_stream(content_type: &[u8]) -> bool {
+pub fn is_event_stream(content_type: &[u8]) -> bool {
     let media = content_type
         .split(|b| *b == b';')
         .next()

@@ -25,7 +25,7 @@ use crate::error::ProxyError;
 use sluice_net::addr::client_key;
 
 /// The most keys one route's limiter keeps.
-pub(crate) const MAX_KEYS: usize = 100_000;
+pub const MAX_KEYS: usize = 100_000;
 
 /// The longest key value kept whole; longer ones are cut (a limit key is no place for a
 /// client's kilobytes, and two values that share 256 bytes share a bucket).
@@ -47,7 +47,7 @@ const LOOK_EVERY: u32 = 64;
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// One route's rate limit and its buckets.
-pub(crate) struct RateLimit {
+pub struct RateLimit {
     config: sluice_config::RateLimit,
     buckets: RateLimiter<Key, DefaultKeyedStateStore<Key>, DefaultClock>,
     /// Checks made, so that the size is looked at every [`LOOK_EVERY`].
@@ -69,7 +69,7 @@ impl std::fmt::Debug for RateLimit {
 
 impl RateLimit {
     /// Empty buckets for `config`.
-    pub(crate) fn new(config: &sluice_config::RateLimit) -> Self {
+    pub fn new(config: &sluice_config::RateLimit) -> Self {
         let burst = NonZeroU32::new(config.burst).unwrap_or(NonZeroU32::MIN);
         // Validation refuses a zero period; a nanosecond stands in for one all the same.
         let period = config.period.max(Duration::from_nanos(1));
@@ -88,12 +88,12 @@ impl RateLimit {
     }
 
     /// The configuration it enforces.
-    pub(crate) fn config(&self) -> &sluice_config::RateLimit {
+    pub fn config(&self) -> &sluice_config::RateLimit {
         &self.config
     }
 
     /// The name of the field it keys by, if any.
-    pub(crate) fn field(&self) -> Option<&HeaderName> {
+    pub fn field(&self) -> Option<&HeaderName> {
         match &self.config.key {
             RateLimitKey::Client => None,
             RateLimitKey::Header(name) => Some(name),
@@ -102,7 +102,7 @@ impl RateLimit {
 
     /// Takes a token for a request from `client` whose keying field (see [`field`](Self::field))
     /// is `value`; refused with the seconds until one is back.
-    pub(crate) fn check(&self, client: IpAddr, value: Option<&[u8]>) -> Result<(), ProxyError> {
+    pub fn check(&self, client: IpAddr, value: Option<&[u8]>) -> Result<(), ProxyError> {
         let key = match value {
             Some(v) if self.field().is_some() => Key::Value(v[..v.len().min(MAX_KEY_BYTES)].into()),
             _ => Key::Ip(client_key(client)),

@@ -23,7 +23,7 @@ const WINDOW_LOG: u32 = 18;
 /// event is readable as soon as it was sent). Nothing but the encoder's state and one chunk's
 /// output is held.
 #[derive(Debug)]
-pub(crate) struct Compressed {
+pub struct Compressed {
     body: Pin<Box<ProxyBody>>,
     encoder: Encoder,
     flush: bool,
@@ -33,7 +33,7 @@ pub(crate) struct Compressed {
 }
 
 impl Compressed {
-    pub(crate) fn new(body: ProxyBody, encoding: Encoding, levels: &Levels, flush: bool) -> Self {
+    pub fn new(body: ProxyBody, encoding: Encoding, levels: &Levels, flush: bool) -> Self {
         Self {
             body: Box::pin(body),
             encoder: Encoder::new(encoding, levels),
