@@ -48,9 +48,9 @@ use tracing::info;
 
 use crate::metrics::Metrics;
 use crate::router::{LiveRoutes, RouteError, RouteSpec};
-use crate::server::ShutdownSignal;
 use crate::upstream::reverse::{BrokerView, SliceId};
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
+use sluice_server::ShutdownSignal;
 
 /// What the admin API reads and changes.
 #[derive(Debug)]
@@ -67,7 +67,7 @@ pub(crate) struct AdminState {
     /// Whether the node takes traffic (`/ready`, `POST /drain`).
     readiness: sluice_net::Readiness,
     /// The TLS listeners' certificates, by listener name (swapped in place by renewals).
-    certificates: BTreeMap<String, Arc<crate::server::tls::Certificates>>,
+    certificates: BTreeMap<String, Arc<sluice_server::tls::Certificates>>,
     reload: Option<ReloadHook>,
     relays: Vec<sluice_relay::RelayHandle>,
     /// A standalone acceptor's consumers (`sluice acceptor`).
@@ -152,7 +152,7 @@ impl AdminState {
     /// Shows these listeners' certificates (names, expiry) in `/status`.
     pub(crate) fn with_certificates(
         mut self,
-        certificates: BTreeMap<String, Arc<crate::server::tls::Certificates>>,
+        certificates: BTreeMap<String, Arc<sluice_server::tls::Certificates>>,
     ) -> Self {
         self.certificates = certificates;
         self

@@ -21,13 +21,13 @@ use crate::proxy::ProxyService;
 use crate::reload::InPlace;
 use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, UpgradeSocket};
 use crate::router::LiveRoutes;
-use crate::server::{tls, Group, Server, Shutdown};
 use crate::upstream::reverse::{Acceptor, HandoffSource};
 use crate::upstream::reverse::{ReverseClusterOptions, ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 use sluice_core::request_id::RequestIds;
 use sluice_core::retry::RetryMetrics;
 use sluice_net::sockets::{self, Sockets};
+use sluice_server::{tls, Group, Server, Shutdown};
 
 /// Why a configuration could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -144,7 +144,7 @@ pub struct Proxy {
     /// Whether the node takes traffic: `/ready`, and `DRAINING` on control links.
     readiness: sluice_net::Readiness,
     /// The TLS listeners' certificates, by listener name.
-    certificates: BTreeMap<String, Arc<crate::server::tls::Certificates>>,
+    certificates: BTreeMap<String, Arc<sluice_server::tls::Certificates>>,
 }
 
 impl Proxy {
@@ -187,7 +187,7 @@ impl Proxy {
             .collect();
         metrics.add_relays(relays.iter().map(sluice_relay::Relay::handle).collect());
         if !certificates.is_empty() {
-            let expiry = crate::server::tls::ExpiryCollector(certificates.clone());
+            let expiry = sluice_server::tls::ExpiryCollector(certificates.clone());
             metrics.registry().register_collector(Box::new(expiry));
         }
         let tracing = config.tracing.as_ref();
@@ -342,7 +342,7 @@ impl Proxy {
         if let Some((listener, state)) = admin {
             tokio::spawn(admin::serve(listener, Arc::new(state), group.signal()));
         }
-        let fast: Arc<dyn crate::server::fast::FastHttp1> = Arc::new(self.service.fast_path());
+        let fast: Arc<dyn sluice_server::fast::FastHttp1> = Arc::new(self.service.fast_path());
         for server in self.servers {
             let server = server.with_fast_path(fast.clone());
             group.add(server, self.service.clone(), self.grace);

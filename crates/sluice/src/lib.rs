@@ -29,9 +29,6 @@
 //! - `app`: [`Proxy`], a configuration turned into bound listeners, routes and clusters.
 //! - `standalone`: [`Standalone`], `sluice acceptor`: the standalone acceptor with the admin
 //!   API.
-//! - `server`: transport only: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections
-//!   (hyper), the connection loop a fast path plugs into, idle timeouts, the HTTP/1
-//!   request-smuggling guard (`Content-Length` with `Transfer-Encoding`), graceful shutdown.
 //! - `reload`: applying a re-read configuration in place when only routes and endpoints
 //!   changed.
 //! - `restart`: hot restart: a successor takes the listening sockets and idle sessions over
@@ -49,7 +46,10 @@
 //!
 //! The rules both data paths render, without I/O (request checks, forwarding and hop-by-hop
 //! headers, rewrites and redirects, the route features' rules, read-ahead and retries), the
-//! typed failures and the body type are the `sluice-core` crate.
+//! typed failures and the body type are the `sluice-core` crate. The client-facing transport —
+//! listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections (hyper), the connection loop the
+//! fast path plugs into, idle timeouts, the HTTP/1 request-smuggling guard, graceful
+//! shutdown — is `sluice-server`, which knows nothing of routes or upstreams.
 //!
 //! The reverse-session engine (the acceptor, slice pools and admission queues, leases,
 //! hand-over, the standalone acceptor and its consumers) is the `sluice-reverse` crate, which
@@ -69,7 +69,6 @@ pub(crate) mod proxy;
 pub(crate) mod reload;
 pub(crate) mod restart;
 pub(crate) mod router;
-pub(crate) mod server;
 pub(crate) mod standalone;
 pub(crate) mod upstream;
 
@@ -85,18 +84,18 @@ pub use restart::{Inherited, RestartError};
 pub use router::{
     Direct, Feature, Features, Matcher, RequestHead, Route, RouteTable, Routing, Target,
 };
-pub use server::fast::FastHttp1;
-pub use server::tls::Certificates;
-pub use server::{
-    default_http_options, os_signal, ClientInfo, Group, HttpService, Server, Shutdown,
-    ShutdownSignal,
-};
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;
 pub use sluice_core::body::ProxyBody;
 pub use sluice_core::error::{Origin, ProxyError};
 pub use sluice_core::request_id::RequestIds;
 pub use sluice_core::retry::RetryMetrics;
+pub use sluice_server::fast::FastHttp1;
+pub use sluice_server::tls::Certificates;
+pub use sluice_server::{
+    default_http_options, os_signal, ClientInfo, Group, HttpService, Server, Shutdown,
+    ShutdownSignal,
+};
 pub use standalone::Standalone;
 pub use upstream::reverse::{Acceptor, ReverseClusterOptions, StandaloneAcceptor};
 pub use upstream::static_cluster::{Endpoint, StaticMetrics};

@@ -130,7 +130,7 @@ impl<R: Routing> ProxyService<R> {
     }
 
     /// The HTTP/1 fast path sharing this proxy's router, metrics and access log, for a
-    /// [`Server`](crate::server::Server) to serve HTTP/1.1 requests with.
+    /// [`Server`](sluice_server::Server) to serve HTTP/1.1 requests with.
     pub fn fast_path(&self) -> fast::FastPath {
         fast::FastPath::new(
             Arc::clone(&self.shared.router) as Arc<dyn Routing>,

@@ -15,6 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use sluice_server::counters::{ByteCounters, ConnectionCounters};
 
 use sluice_reverse::metrics::{latency, Histograms};
 
@@ -61,17 +62,6 @@ pub struct Metrics {
     refused: Family<ListenerLabels, Counter>,
 }
 
-/// One listener's client connections open now, and its failed TLS handshakes.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ConnectionCounters {
-    /// Connections open now.
-    pub open: Gauge,
-    /// TLS handshakes that failed or timed out.
-    pub tls_failures: Counter,
-    /// Connections closed at accept, over `max_connections_per_client`.
-    pub refused: Counter,
-}
-
 /// One route's request counters (by status) and duration histogram, as handles that share
 /// the registered series: what [`Metrics::request_cached`] keeps per connection.
 #[derive(Debug)]
@@ -106,9 +96,6 @@ impl RouteCounters {
         &self.by_status[at].1
     }
 }
-
-/// The byte counters of one listener's client connections: (received, sent).
-pub(crate) type ByteCounters = (Counter, Counter);
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

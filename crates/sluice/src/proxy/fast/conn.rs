@@ -19,9 +19,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
 use super::{pool, timer_at, FastPath, Request, Scratch, Served};
-use crate::server::fast::{Conn, ConnIo, FastHttp1, Left, Serving};
-use crate::server::io::{deadline, poll_read_first};
 use sluice_core::ClientInfo;
+use sluice_server::fast::{Conn, ConnIo, FastHttp1, Left, Serving};
+use sluice_server::io::{deadline, poll_read_first};
 
 impl FastHttp1 for FastPath {
     fn serve<'a>(
@@ -269,7 +269,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::server::fast::ActiveRequests;
+    use sluice_server::fast::ActiveRequests;
 
     /// An upstream that answers every request on a connection with `answer`.
     async fn upstream(answer: &'static [u8]) -> std::net::SocketAddr {

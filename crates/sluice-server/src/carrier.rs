@@ -13,7 +13,7 @@ type Bridge = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// Where a request that switches protocols leaves its bridge for the connection's task. The
 /// server puts one in the extensions of each HTTP/1 request that asks for a switch.
 #[derive(Clone, Default)]
-pub(crate) struct UpgradeCarrier(Arc<Mutex<Option<Bridge>>>);
+pub struct UpgradeCarrier(Arc<Mutex<Option<Bridge>>>);
 
 impl std::fmt::Debug for UpgradeCarrier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -27,7 +27,7 @@ impl UpgradeCarrier {
     /// Runs `bridge` on the task of the connection this carrier came from, once its HTTP side
     /// has ended; without a carrier (a request that no [`Server`](super::Server) served), on a
     /// task of its own.
-    pub(crate) fn carry(carrier: Option<&Self>, bridge: impl Future<Output = ()> + Send + 'static) {
+    pub fn carry(carrier: Option<&Self>, bridge: impl Future<Output = ()> + Send + 'static) {
         match carrier {
             Some(carrier) => *carrier.slot() = Some(Box::pin(bridge)),
             None => drop(tokio::spawn(bridge)),

@@ -1,21 +1,36 @@
-//! Client-facing servers: accept loop, TLS, HTTP/1.1 and HTTP/2, graceful drain.
+//! Sluice's client-facing transport: listeners, TLS (rustls), HTTP/1.1 and HTTP/2 connections
+//! (hyper), the connection loop an HTTP/1 fast path plugs into, idle timeouts, the HTTP/1
+//! request-smuggling guard, per-client connection limits and graceful drain. It knows nothing
+//! of routes or upstreams: it serves any [`HttpService`] (and a [`fast::FastHttp1`]).
 //!
 //! A [`Server`] owns one listening socket and serves any tower `Service` on it. A [`Group`]
 //! runs several servers under one shutdown: stop accepting, let in-flight requests finish
 //! within the grace period, then close what is left.
+//!
+//! # Layout
+//!
+//! - `counters`: the connection and byte counters a server keeps.
+//! - `io`: `IdleTimeout` and reading a connection's first bytes with a deadline.
+//! - `tls`: [`tls::Certificates`], certificates by SNI (swapped by a reload), their expiry.
+//! - `fast`: [`fast::FastHttp1`], the trait a fast path implements to take HTTP/1.1
+//!   connections until it hands them to hyper.
+//! - `conn`, `framing`, `prefixed`, `active`, `carrier`, `per_client`, `service`: one
+//!   connection served by hyper (the h2 preface sniffed, the framing guard, a connection's
+//!   requests, upgrades, limits per client, the service trait).
 
 mod active;
 mod carrier;
 mod conn;
-pub(crate) mod fast;
+pub mod counters;
+pub mod fast;
 #[macro_use]
 mod forward;
 mod framing;
-pub(crate) mod io;
+pub mod io;
 mod per_client;
 mod prefixed;
 mod service;
-pub(crate) mod tls;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -33,11 +48,10 @@ use tracing::{debug, info, warn};
 
 use per_client::PerClient;
 
-pub(crate) use self::carrier::UpgradeCarrier;
-pub(crate) use self::framing::AmbiguousFraming;
+pub use self::carrier::UpgradeCarrier;
 pub use self::service::HttpService;
 pub use sluice_core::ClientInfo;
-pub(crate) use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
+use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use sluice_net::shutdown::{os_signal, Shutdown, ShutdownSignal};
 
 /// Default HTTP settings, the same as the config file's defaults.
@@ -64,8 +78,8 @@ pub struct Server {
     tls: Option<TlsAcceptor>,
     certificates: Option<Arc<tls::Certificates>>,
     http: HttpOptions,
-    bytes: Option<crate::metrics::ByteCounters>,
-    connections: crate::metrics::ConnectionCounters,
+    bytes: Option<crate::counters::ByteCounters>,
+    connections: crate::counters::ConnectionCounters,
     fast: Option<Arc<dyn fast::FastHttp1>>,
 }
 
@@ -117,16 +131,16 @@ impl Server {
 
     /// Counts its open connections and failed TLS handshakes (by default into series nobody
     /// scrapes).
-    pub(crate) fn with_connection_counters(
+    pub fn with_connection_counters(
         mut self,
-        counters: crate::metrics::ConnectionCounters,
+        counters: crate::counters::ConnectionCounters,
     ) -> Self {
         self.connections = counters;
         self
     }
 
     /// Counts the bytes its connections receive and send (by default nothing is counted).
-    pub(crate) fn with_byte_counters(mut self, bytes: crate::metrics::ByteCounters) -> Self {
+    pub fn with_byte_counters(mut self, bytes: crate::counters::ByteCounters) -> Self {
         self.bytes = Some(bytes);
         self
     }
@@ -375,7 +389,7 @@ mod tests {
         let never = tower::service_fn(|_req: http::Request<hyper::body::Incoming>| async {
             std::future::pending::<Result<http::Response<Empty<bytes::Bytes>>, Infallible>>().await
         });
-        let counters = crate::metrics::ConnectionCounters::default();
+        let counters = crate::counters::ConnectionCounters::default();
         let server = Server::bind("cut", "127.0.0.1:0".parse().unwrap())
             .await
             .unwrap()

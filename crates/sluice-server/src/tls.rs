@@ -40,7 +40,7 @@ struct ByName {
 
 /// One configured certificate as `/status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Listed {
+pub struct Listed {
     /// The names it serves.
     pub names: Vec<String>,
     /// When it expires, in seconds since the Unix epoch (`None`: unreadable).
@@ -49,7 +49,7 @@ pub(crate) struct Listed {
 
 impl Certificates {
     /// Each certificate served now, in the configured order.
-    pub(crate) fn listed(&self) -> Vec<Listed> {
+    pub fn listed(&self) -> Vec<Listed> {
         self.0.load().listed.clone()
     }
 
@@ -65,7 +65,7 @@ impl Certificates {
     }
 
     /// Serves `next`'s certificates from the next handshake on.
-    pub(crate) fn swap(&self, next: Self) {
+    pub fn swap(&self, next: Self) {
         self.0.store(next.0.into_inner());
     }
 }
@@ -126,10 +126,7 @@ impl ResolvesServerCert for Certificates {
 
 /// Builds a listener's rustls server config over `certs`, offering `h2` (when `http2`) and
 /// `http/1.1` by ALPN, with resumption by tickets.
-pub(crate) fn server_config(
-    certs: Arc<Certificates>,
-    http2: bool,
-) -> io::Result<Arc<ServerConfig>> {
+pub fn server_config(certs: Arc<Certificates>, http2: bool) -> io::Result<Arc<ServerConfig>> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid(e.to_string()))?
@@ -154,7 +151,7 @@ fn certified_key(tls: &Tls) -> io::Result<CertifiedKey> {
 /// `sluice_tls_certificate_expiry_timestamp_seconds{listener, name}` (its first name), read at
 /// each scrape so that a renewal shows at once.
 #[derive(Debug)]
-pub(crate) struct ExpiryCollector(pub std::collections::BTreeMap<String, Arc<Certificates>>);
+pub struct ExpiryCollector(pub std::collections::BTreeMap<String, Arc<Certificates>>);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct ExpiryLabels {

@@ -25,7 +25,7 @@ use super::active::ActiveRequests;
 /// entered into Tokio's timer wheel) only when the stream first has to wait: a connection
 /// whose bytes are there each time it reads (a request sent with the connect) never has one.
 #[derive(Debug)]
-pub(crate) struct IdleTimeout<T> {
+pub struct IdleTimeout<T> {
     inner: T,
     timeout: Duration,
     /// How long the connection may stay silent from `last_progress`: `timeout`, or a shorter
@@ -40,13 +40,13 @@ pub(crate) struct IdleTimeout<T> {
     sleep: Option<Pin<Box<Sleep>>>,
     active: Arc<ActiveRequests>,
     /// Bytes received and sent, when the listener counts them.
-    bytes: Option<crate::metrics::ByteCounters>,
+    bytes: Option<crate::counters::ByteCounters>,
 }
 
 impl<T> IdleTimeout<T> {
     /// Wraps `inner`; the clock starts now. While `active` counts a request in flight (an
     /// upstream taking its time, a long poll, a server-sent event stream), the timer re-arms.
-    pub(crate) fn new(inner: T, timeout: Duration, active: Arc<ActiveRequests>) -> Self {
+    pub fn new(inner: T, timeout: Duration, active: Arc<ActiveRequests>) -> Self {
         Self {
             inner,
             timeout,
@@ -60,15 +60,12 @@ impl<T> IdleTimeout<T> {
     }
 
     /// The stream it wraps.
-    pub(crate) fn get_ref(&self) -> &T {
+    pub fn get_ref(&self) -> &T {
         &self.inner
     }
 
     /// Adds every byte read and written to these counters.
-    pub(crate) fn with_byte_counters(
-        mut self,
-        bytes: Option<crate::metrics::ByteCounters>,
-    ) -> Self {
+    pub fn with_byte_counters(mut self, bytes: Option<crate::counters::ByteCounters>) -> Self {
         self.bytes = bytes;
         self
     }
@@ -77,7 +74,7 @@ impl<T> IdleTimeout<T> {
     /// `request_header_timeout`; the idle timeout if that is shorter): a client that connects
     /// and sends nothing is closed then, by the timer this stream has anyway, with no timer of
     /// its own per connection.
-    pub(crate) fn with_first_wait(mut self, first: Duration) -> Self {
+    pub fn with_first_wait(mut self, first: Duration) -> Self {
         self.window = first.min(self.timeout);
         self
     }
@@ -85,7 +82,7 @@ impl<T> IdleTimeout<T> {
     /// Reads fail from `until` on, even with bytes there, and a write that has to wait fails
     /// then, whatever moved before, until [`request_began`](Self::request_began): the header
     /// timeout for the next request on a keep-alive connection.
-    pub(crate) fn wait_until(&mut self, until: Instant) {
+    pub fn wait_until(&mut self, until: Instant) {
         self.until = Some(until);
         let at = self.expiry();
         if let Some(sleep) = &mut self.sleep {
@@ -95,7 +92,7 @@ impl<T> IdleTimeout<T> {
 
     /// The request waited for by [`wait_until`](Self::wait_until) has begun: only the idle
     /// timeout counts again.
-    pub(crate) fn request_began(&mut self) {
+    pub fn request_began(&mut self) {
         self.until = None;
     }
 
@@ -150,13 +147,13 @@ impl<T> IdleTimeout<T> {
 }
 
 /// How much a connection's first read for a request takes: most request heads whole.
-pub(crate) const FIRST_READ_BYTES: usize = 4096;
+pub const FIRST_READ_BYTES: usize = 4096;
 
 /// Polls one read of up to [`FIRST_READ_BYTES`] into a buffer on the stack, which lives only
 /// while the read is polled (never in a connection's state, so an idle connection holds no
 /// room for it), and gives the bytes to `take` (not called at the end of the stream); ready
 /// with how many came.
-pub(crate) fn poll_read_first<I: AsyncRead + Unpin>(
+pub fn poll_read_first<I: AsyncRead + Unpin>(
     io: &mut I,
     cx: &mut Context<'_>,
     take: impl FnOnce(&[u8]),
@@ -172,7 +169,7 @@ pub(crate) fn poll_read_first<I: AsyncRead + Unpin>(
 }
 
 /// `start + timeout`, or a far future when that overflows (a timeout of centuries).
-pub(crate) fn deadline(start: Instant, timeout: Duration) -> Instant {
+pub fn deadline(start: Instant, timeout: Duration) -> Instant {
     start
         .checked_add(timeout)
         .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365 * 30))

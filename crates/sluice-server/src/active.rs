@@ -31,7 +31,7 @@ pub struct ActiveRequests {
 
 impl ActiveRequests {
     /// A connection that serves at most `limit` requests (`max_requests_per_connection`).
-    pub(crate) fn with_limit(limit: Option<u64>) -> Self {
+    pub fn with_limit(limit: Option<u64>) -> Self {
         Self {
             limit,
             ..Self::default()
@@ -39,13 +39,13 @@ impl ActiveRequests {
     }
 
     /// Whether the connection's last request (by its limit) has begun.
-    pub(crate) fn at_limit(&self) -> bool {
+    pub fn at_limit(&self) -> bool {
         self.limit
             .is_some_and(|limit| self.served.load(Ordering::Acquire) >= limit)
     }
 
     /// Waits until the connection's last request has begun; never, without a limit.
-    pub(crate) async fn last_request(&self) {
+    pub async fn last_request(&self) {
         if self.limit.is_none() {
             return std::future::pending().await;
         }
@@ -68,7 +68,7 @@ impl ActiveRequests {
     }
 
     /// Waits until the connection's first request has begun.
-    pub(crate) async fn first_request(&self) {
+    pub async fn first_request(&self) {
         let first = self.first.notified();
         tokio::pin!(first);
         first.as_mut().enable();
@@ -79,12 +79,12 @@ impl ActiveRequests {
 
     /// The fast path handed the connection to hyper with a request it read but did not serve:
     /// until hyper begins that request, a shutdown must wait for it as for a first request.
-    pub(crate) fn handed_over(&self) {
+    pub fn handed_over(&self) {
         self.started.store(false, Ordering::Release);
     }
 
     /// Counts one request until the returned guard is dropped.
-    pub(crate) fn begin(self: &Arc<Self>) -> ActiveGuard {
+    pub fn begin(self: &Arc<Self>) -> ActiveGuard {
         self.count.fetch_add(1, Ordering::Relaxed);
         if self.limit.is_some() {
             self.served.fetch_add(1, Ordering::AcqRel);
@@ -102,12 +102,12 @@ impl ActiveRequests {
 
 /// Holds one request in the count.
 #[derive(Debug)]
-pub(crate) struct ActiveGuard(Arc<ActiveRequests>);
+pub struct ActiveGuard(Arc<ActiveRequests>);
 
 impl ActiveGuard {
     /// The request was not served here after all (the fast path handed it to hyper, which
     /// begins it again): it does not count towards the connection's limit.
-    pub(crate) fn given_back(self) {
+    pub fn given_back(self) {
         if self.0.limit.is_some() {
             self.0.served.fetch_sub(1, Ordering::AcqRel);
         }

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use sluice_config::HttpOptions;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-pub(crate) use super::active::ActiveRequests;
-use super::{ClientInfo, ShutdownSignal};
+pub use super::active::ActiveRequests;
+use sluice_core::ClientInfo;
+use sluice_net::shutdown::ShutdownSignal;
 
 /// A client connection's byte stream (plain TCP or TLS), as the fast path sees it.
 pub trait ConnIo: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -48,7 +49,7 @@ pub struct Conn<'a> {
 }
 
 /// The future a fast path serves a connection with.
-pub(crate) type Serving<'a> = Pin<Box<dyn Future<Output = Left> + Send + 'a>>;
+pub type Serving<'a> = Pin<Box<dyn Future<Output = Left> + Send + 'a>>;
 
 /// Serves HTTP/1.1 requests on a connection until it ends, a request is left to hyper, or it
 /// waits for one and is left to the server.

@@ -34,7 +34,8 @@ use super::framing::{FramingGuard, FramingWatch};
 use super::io::{deadline, poll_read_first, IdleTimeout};
 use super::prefixed::sniff_h2;
 use super::service::{BoxError, HttpService};
-use super::{ClientInfo, ShutdownSignal};
+use sluice_core::ClientInfo;
+use sluice_net::shutdown::ShutdownSignal;
 
 /// Per-listener protocol builders, shared by its connections.
 pub(super) struct Settings {
@@ -42,7 +43,7 @@ pub(super) struct Settings {
     h2: http2::Builder<TokioExecutor>,
     http: HttpOptions,
     tls: Option<TlsAcceptor>,
-    pub(super) bytes: Option<crate::metrics::ByteCounters>,
+    pub(super) bytes: Option<crate::counters::ByteCounters>,
     /// Where failed TLS handshakes are counted.
     pub(super) tls_failures: prometheus_client::metrics::counter::Counter,
     /// Serves HTTP/1.1 requests (plain or over TLS) before hyper does, when set.
@@ -477,7 +478,7 @@ where
 }
 
 /// Adapts a tower service to hyper for one connection, tagging requests with [`ClientInfo`],
-/// on HTTP/1 with [`AmbiguousFraming`](super::AmbiguousFraming) when the guard saw it, and
+/// on HTTP/1 with [`AmbiguousFraming`](sluice_core::checks::AmbiguousFraming) when the guard saw it, and
 /// those that ask to switch protocols with the connection's [`UpgradeCarrier`].
 #[derive(Clone)]
 struct ConnService<S> {
@@ -512,7 +513,8 @@ impl<S: HttpService> hyper::service::Service<Request<Incoming>> for ConnService<
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.info);
         if self.framing.as_ref().is_some_and(|f| f.next_is_ambiguous()) {
-            req.extensions_mut().insert(super::AmbiguousFraming);
+            req.extensions_mut()
+                .insert(sluice_core::checks::AmbiguousFraming);
         }
         if let Some(carrier) = &self.carrier {
             if wants_upgrade(req.version(), req.headers()) {

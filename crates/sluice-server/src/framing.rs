@@ -4,7 +4,7 @@
 //!
 //! The guard runs the bytes hyper reads through `sluice_wire`'s [`Scanner`], which records
 //! which request (by position on the connection) had both headers; the connection's service
-//! marks that request with [`AmbiguousFraming`].
+//! marks that request with [`AmbiguousFraming`](sluice_core::checks::AmbiguousFraming).
 
 use std::io;
 use std::pin::Pin;
@@ -14,8 +14,6 @@ use std::task::{ready, Context, Poll, Waker};
 
 use sluice_wire::framing::Scanner;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
-pub(crate) use sluice_core::checks::AmbiguousFraming;
 
 /// Shared by a connection's [`FramingGuard`] and its service. Both run in the connection's
 /// task (hyper calls the service from there), so relaxed ordering suffices.
