@@ -1,6 +1,7 @@
 //! A route's `cors` (the Fetch standard's CORS protocol), without I/O: whether a request is a
-//! preflight and what it is answered, and the fields every answer of the route gets. The hyper
-//! path renders it; the fast path leaves the route's requests to hyper.
+//! preflight and what it is answered (asked by `admission`, for every transport), and the
+//! fields every answer of the route gets. The hyper path renders them; the fast path leaves
+//! the route's requests to hyper.
 //!
 //! A preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) never reaches the
 //! upstream: an allowed origin, method and fields get 204 with what they may do, anything
@@ -14,6 +15,7 @@ use http::Method;
 use sluice_config::{CorsOrigins, OriginMatch};
 
 use crate::error::ProxyError;
+use crate::fields::Fields;
 
 /// One route's CORS policy, with its fields rendered once.
 #[derive(Debug)]
@@ -79,37 +81,35 @@ impl Cors {
     pub fn preflight(
         &self,
         method: &Method,
-        headers: &HeaderMap,
+        fields: &impl Fields,
     ) -> Option<Result<Vec<(HeaderName, HeaderValue)>, ProxyError>> {
-        let asked = headers.get(header::ACCESS_CONTROL_REQUEST_METHOD)?;
-        let origin = headers.get(header::ORIGIN)?;
+        let asked = fields.first("access-control-request-method")?;
+        let origin = fields.first("origin")?;
         if method != Method::OPTIONS {
             return None;
         }
-        Some(self.answer_preflight(origin, asked, headers))
+        Some(self.answer_preflight(origin, asked, fields))
     }
 
     fn answer_preflight(
         &self,
-        origin: &HeaderValue,
-        asked: &HeaderValue,
-        headers: &HeaderMap,
+        origin: &[u8],
+        asked: &[u8],
+        fields: &impl Fields,
     ) -> Result<Vec<(HeaderName, HeaderValue)>, ProxyError> {
         let refused = |why| Err(ProxyError::CorsRefused(why));
-        if !self.allows(origin.as_bytes()) {
+        if !self.allows(origin) {
             return refused("CORS: origin not allowed");
         }
-        let method = Method::from_bytes(asked.as_bytes()).ok();
+        let method = Method::from_bytes(asked).ok();
         let safelisted = [Method::GET, Method::HEAD, Method::POST];
         let allowed =
             method.is_some_and(|m| safelisted.contains(&m) || self.config.methods.contains(&m));
         if !allowed {
             return refused("CORS: method not allowed");
         }
-        let fields = headers
-            .get_all(header::ACCESS_CONTROL_REQUEST_HEADERS)
-            .iter();
-        let names = fields.flat_map(|v| v.as_bytes().split(|b| *b == b','));
+        let asked = fields.named("access-control-request-headers");
+        let names = asked.flat_map(|v| v.split(|b| *b == b','));
         let mut names = names.map(<[u8]>::trim_ascii).filter(|n| !n.is_empty());
         let unlisted = names.any(|n| {
             !self

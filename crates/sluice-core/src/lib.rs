@@ -13,7 +13,8 @@
 //!   stripping, forwarding fields, a route's edits), `rewrite` and `redirect` (a route's path
 //!   and `Location`), `grpc` (gRPC's status answers and deadlines).
 //! - Route features: `rate_limit`, `basic_auth` (whose hashes run on the blocking pool),
-//!   `cors`, `compression` (the decision; the encoder is `body`'s).
+//!   `cors`, `compression` (the decision; the encoder is `body`'s); `admission`, the order
+//!   every transport applies the first three in, over a request's [`fields::Fields`].
 //! - Attempts: `read_ahead` (what is read before a response goes to the client) and `retry`
 //!   (when a request goes out again, and the retry budget).
 //! - Observability: `request_id`, `trace_context` (W3C trace context).
@@ -26,11 +27,13 @@
 pub mod body;
 pub mod error;
 
+pub mod admission;
 pub mod basic_auth;
 pub mod checks;
 pub mod client;
 pub mod compression;
 pub mod cors;
+pub mod fields;
 pub mod grpc;
 pub mod headers;
 pub mod rate_limit;

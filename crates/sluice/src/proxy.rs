@@ -4,6 +4,7 @@
 //! HTTP/1.1 upgrades (WebSocket) are bridged by the `upgrade` submodule.
 
 pub(crate) mod fast;
+mod observe;
 mod upgrade;
 
 use std::borrow::Cow;
@@ -22,11 +23,13 @@ use hyper::body::Incoming;
 use sluice_config::{Compression, Encoding};
 use tracing::{debug, warn};
 
+use self::observe::Observers;
 use crate::access_log::{self, AccessLog};
 use crate::metrics::Metrics;
 use crate::otel::Tracing;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
 use crate::upstream::{Deadline, ServedBy, Upstream, WantsServedBy};
+use sluice_core::admission::Admitted;
 use sluice_core::body::ProxyBody;
 use sluice_core::checks::{self, check_request};
 use sluice_core::compression::{self, Decision, ResponseFacts};
@@ -53,10 +56,7 @@ pub struct ProxyService<R> {
 #[derive(Debug)]
 struct Shared<R> {
     router: Arc<R>,
-    metrics: Option<Arc<Metrics>>,
-    access_log: Option<AccessLog>,
-    request_ids: Option<RequestIds>,
-    tracing: Option<Tracing>,
+    observers: Observers,
 }
 
 impl<R> Clone for ProxyService<R> {
@@ -71,10 +71,7 @@ impl<R> Clone for Shared<R> {
     fn clone(&self) -> Self {
         Self {
             router: Arc::clone(&self.router),
-            metrics: self.metrics.clone(),
-            access_log: self.access_log.clone(),
-            request_ids: self.request_ids.clone(),
-            tracing: self.tracing.clone(),
+            observers: self.observers.clone(),
         }
     }
 }
@@ -89,10 +86,7 @@ impl<R: Routing> ProxyService<R> {
     pub fn from_arc(router: Arc<R>) -> Self {
         let shared = Shared {
             router,
-            metrics: None,
-            access_log: None,
-            request_ids: None,
-            tracing: None,
+            observers: Observers::default(),
         };
         Self {
             shared: Arc::new(shared),
@@ -101,23 +95,23 @@ impl<R: Routing> ProxyService<R> {
 
     /// Traces requests (see [`Tracing`]); by default none is.
     pub fn with_tracing(self, tracing: Tracing) -> Self {
-        self.edit(|s| s.tracing = Some(tracing))
+        self.edit(|s| s.observers.tracing = Some(tracing))
     }
 
     /// Gives every request an ID (see [`RequestIds`]); by default requests get none.
     pub fn with_request_ids(self, ids: RequestIds) -> Self {
-        self.edit(|s| s.request_ids = Some(ids))
+        self.edit(|s| s.observers.request_ids = Some(ids))
     }
 
     /// Logs every answered request to `log`; by default nothing is logged.
     pub fn with_access_log(self, log: AccessLog) -> Self {
-        self.edit(|s| s.access_log = Some(log))
+        self.edit(|s| s.observers.access_log = Some(log))
     }
 
     /// Counts every request in `metrics` (by route and status, with its latency); by
     /// default nothing is counted.
     pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
-        self.edit(|s| s.metrics = Some(metrics))
+        self.edit(|s| s.observers.metrics = Some(metrics))
     }
 
     /// This proxy with `change` made (to its own copy, when clones share it).
@@ -134,10 +128,7 @@ impl<R: Routing> ProxyService<R> {
     pub fn fast_path(&self) -> fast::FastPath {
         fast::FastPath::new(
             Arc::clone(&self.shared.router) as Arc<dyn Routing>,
-            self.shared.metrics.clone(),
-            self.shared.access_log.clone(),
-            self.shared.request_ids.clone(),
-            self.shared.tracing.clone(),
+            self.shared.observers.clone(),
             std::any::TypeId::of::<Self>(),
         )
     }
@@ -150,25 +141,17 @@ impl<R: Routing> ProxyService<R> {
             .get::<ClientInfo>()
             .copied()
             .unwrap_or_default();
-        let id = self.shared.request_ids.as_ref().map(|ids| {
-            let sent = req.headers().get(ids.name()).map(HeaderValue::as_bytes);
-            (ids.name(), ids.decide(sent, client.trusted))
-        });
-        let trace = self.shared.tracing.as_ref().map(|t| {
+        let observers = &self.shared.observers;
+        let id = observers.request_id(req.headers(), client.trusted);
+        let trace = observers.tracing.as_ref().and_then(|_| {
             let fields = req.headers().iter();
             let sent = SentContext::of(fields.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())));
-            t.begin(sent, client.trusted)
+            observers.trace(sent, client.trusted)
         });
-        let traced = trace.as_ref().is_some_and(|t| t.sampled);
         // Kept only when a log or a trace wants them: the request itself moves on.
-        let logged = (self.shared.access_log.is_some() || traced).then(|| {
+        let logged = observers.records(trace.as_ref()).then(|| {
             req.extensions_mut().insert(WantsServedBy);
-            Logged::of(
-                &req,
-                self.shared.access_log.clone(),
-                started,
-                id.as_ref().map(|(_, v)| v),
-            )
+            Logged::of(&req, started, id.as_ref().map(|(_, v)| v))
         });
         let http1 = req.version() <= Version::HTTP_11;
         // gRPC runs over HTTP/2 only, and its client reads Sluice's own failures from fields.
@@ -205,12 +188,14 @@ impl<R: Routing> ProxyService<R> {
         let route = matched
             .as_ref()
             .map_or("-", |r: &Arc<Route>| r.name.as_str());
-        if let Some(metrics) = &self.shared.metrics {
+        if let Some(metrics) = &observers.metrics {
             metrics.request(route, res.status().as_u16(), started.elapsed());
         }
-        let trace = trace.filter(|t| t.sampled).zip(self.shared.tracing.clone());
         match logged {
-            Some(logged) => logged.at_end(res, client.peer, matched, trace),
+            Some(logged) => {
+                let trace = trace.filter(|t| t.sampled);
+                logged.at_end(res, client.peer, matched, trace, observers.clone())
+            }
             None => res,
         }
     }
@@ -417,7 +402,6 @@ fn grpc_deadline(req: &mut Request<ProxyBody>) {
 
 /// What the access log and a trace keep of a request until its response body has ended.
 struct Logged {
-    log: Option<AccessLog>,
     method: http::Method,
     uri: Uri,
     version: Version,
@@ -429,18 +413,12 @@ struct Logged {
 }
 
 impl Logged {
-    fn of(
-        req: &Request<Incoming>,
-        log: Option<AccessLog>,
-        started: Instant,
-        id: Option<&HeaderValue>,
-    ) -> Self {
+    fn of(req: &Request<Incoming>, started: Instant, id: Option<&HeaderValue>) -> Self {
         let text = |name| {
             let v = req.headers().get(name)?;
             v.to_str().ok().map(str::to_owned)
         };
         Self {
-            log,
             method: req.method().clone(),
             uri: req.uri().clone(),
             version: req.version(),
@@ -452,14 +430,16 @@ impl Logged {
         }
     }
 
-    /// `res`, whose body writes the line and queues the `trace`'s spans when it ends (NGINX's
-    /// `$request_time` and `$body_bytes_sent`), or when it is dropped early.
+    /// `res`, whose body has the `observers` record the request (its line, the `trace`'s
+    /// spans) when it ends (NGINX's `$request_time` and `$body_bytes_sent`), or when it is
+    /// dropped early.
     fn at_end(
         self,
         mut res: Response<ProxyBody>,
         client: std::net::SocketAddr,
         route: Option<Arc<Route>>,
-        trace: Option<(RequestTrace, Tracing)>,
+        trace: Option<RequestTrace>,
+        observers: Observers,
     ) -> Response<ProxyBody> {
         let status = res.status().as_u16();
         let upstream = res
@@ -488,12 +468,7 @@ impl Logged {
                 referer: self.referer.as_deref(),
                 request_id: self.request_id.as_deref(),
             };
-            if let Some(log) = &self.log {
-                log.record(&entry);
-            }
-            if let Some((trace, tracing)) = &trace {
-                tracing.finish(trace, &entry, route.as_deref());
-            }
+            observers.record(&entry, route.as_deref(), trace.as_ref());
         }));
         Response::from_parts(parts, body)
     }
@@ -519,34 +494,27 @@ fn compress(
     }
 }
 
-/// Whether the route lets the request through — its rate limit, then its CORS preflight
-/// (which carries no credentials, so it is answered before they are asked for), then its
-/// users — or answers it itself (an allowed preflight). `origin` is the request's `Origin`,
-/// kept for a CORS route's answer.
+/// Whether the route lets the request through ([`Admission::admit`](sluice_core::admission::Admission::admit):
+/// its rate limit, then its CORS preflight, then its users) or answers it itself (an allowed
+/// preflight). `origin` is the request's `Origin`, kept for a CORS route's answer.
 async fn admit(
     route: &Route,
     req: &Request<Incoming>,
     client: &ClientInfo,
     origin: &mut Option<HeaderValue>,
 ) -> Result<Option<Response<ProxyBody>>, ProxyError> {
-    // Kept first: a refusal below (a 429, a 401) is read by the page only with the fields.
+    // Kept first: a refusal (a 429, a 401) is read by the page only with the fields.
     if route.cors.is_some() {
         origin.clone_from(&req.headers().get(header::ORIGIN).cloned());
     }
-    if let Some(limit) = &route.rate_limit {
-        let value = limit.field().and_then(|n| req.headers().get(n));
-        limit.check(client.peer.ip(), value.map(HeaderValue::as_bytes))?;
-    }
-    if let Some(cors) = &route.cors {
-        if let Some(answer) = cors.preflight(req.method(), req.headers()) {
-            return answer.map(|fields| Some(preflight_response(cors, origin.as_ref(), fields)));
+    let admission = route.admission();
+    let admitted = admission.admit(req.method(), req.headers(), client.peer.ip());
+    Ok(match (admitted.await?, admission.cors) {
+        (Admitted::Preflight(fields), Some(cors)) => {
+            Some(preflight_response(cors, origin.as_ref(), fields))
         }
-    }
-    if let Some(auth) = &route.basic_auth {
-        let field = req.headers().get(header::AUTHORIZATION);
-        auth.check(field.map(HeaderValue::as_bytes)).await?;
-    }
-    Ok(None)
+        (Admitted::Pass | Admitted::Preflight(_), _) => None,
+    })
 }
 
 /// Marks Sluice's answer to a CORS preflight: an allowed one has its CORS fields already, a

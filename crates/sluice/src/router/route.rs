@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use sluice_config::{Compression, HeaderEdits, LocationTemplate, Rewrite};
 
 use crate::upstream::Upstream;
+use sluice_core::admission::Admission;
 use sluice_core::basic_auth::BasicAuth;
 use sluice_core::cors::Cors;
 use sluice_core::rate_limit::RateLimit;
@@ -107,6 +108,16 @@ impl Route {
             body: body.into(),
         });
         Arc::new(Self::new(name, target))
+    }
+
+    /// Its admission features, in the order every transport applies them
+    /// ([`Admission::admit`]).
+    pub(crate) fn admission(&self) -> Admission<'_> {
+        Admission {
+            rate_limit: self.rate_limit.as_deref(),
+            cors: self.cors.as_deref(),
+            basic_auth: self.basic_auth.as_deref(),
+        }
     }
 
     /// A route with this target and no header edits.

@@ -32,15 +32,16 @@ use sluice_wire::h1::BodyFraming;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
-use crate::access_log::{self, AccessLog};
-use crate::metrics::{Metrics, RouteCounters};
-use crate::otel::Tracing;
+use crate::access_log;
+use crate::metrics::RouteCounters;
+use crate::proxy::observe::Observers;
 use crate::router::{Direct, Feature, Features, Route, Routing, Target};
 use crate::upstream::reverse::raw::SessionLease;
 use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
+use sluice_core::admission::Admission;
 use sluice_core::error::ProxyError;
+use sluice_core::fields::Fields;
 use sluice_core::headers::apply_edits;
-use sluice_core::request_id::RequestIds;
 use sluice_core::trace_context::{RequestTrace, SentContext};
 use sluice_core::{checks, compression, redirect, rewrite};
 
@@ -66,10 +67,7 @@ pub(crate) use self::request::{timer_at, Request, Scratch, Served};
 #[derive(Clone)]
 pub struct FastPath {
     router: Arc<dyn Routing>,
-    metrics: Option<Arc<Metrics>>,
-    access_log: Option<AccessLog>,
-    request_ids: Option<RequestIds>,
-    tracing: Option<Tracing>,
+    observers: Observers,
     /// The type of the proxy service it belongs to.
     service: std::any::TypeId,
 }
@@ -83,18 +81,12 @@ impl std::fmt::Debug for FastPath {
 impl FastPath {
     pub(super) fn new(
         router: Arc<dyn Routing>,
-        metrics: Option<Arc<Metrics>>,
-        access_log: Option<AccessLog>,
-        request_ids: Option<RequestIds>,
-        tracing: Option<Tracing>,
+        observers: Observers,
         service: std::any::TypeId,
     ) -> Self {
         Self {
             router,
-            metrics,
-            access_log,
-            request_ids,
-            tracing,
+            observers,
             service,
         }
     }
@@ -146,32 +138,25 @@ impl FastPath {
         if accepts_compression(&req, &route) {
             return (0, self.hand_off("compress"));
         }
-        let trace = self.tracing.as_ref().map(|t| {
-            let sent = SentContext::of(fields(&req));
-            (t.begin(sent, req.client.trusted), sent.tracestate.is_some())
-        });
+        let trusted = req.client.trusted;
+        let sent = (self.observers.tracing.as_ref()).map(|_| SentContext::of(fields(&req)));
+        let trace = sent.and_then(|sent| self.observers.trace(sent, trusted));
         // A client's `tracestate` that does not go upstream with its trace is removed by
         // hyper's path (the head writer here only replaces fields).
-        if let Some((trace, true)) = &trace {
-            if !trace.keeps_tracestate() {
-                return (0, self.hand_off("trace"));
-            }
+        let sent_state = sent.is_some_and(|s| s.tracestate.is_some());
+        if sent_state && trace.as_ref().is_some_and(|t| !t.keeps_tracestate()) {
+            return (0, self.hand_off("trace"));
         }
-        let trace = trace.map(|(t, _)| t);
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = &self.observers.metrics {
             metrics.fast_path_request();
         }
-        // As the hyper path decides it: the trusted client's first copy, else a new one.
-        let id = self.request_ids.as_ref().map(|ids| {
-            let sent = field(&req, ids.name().as_str().as_bytes());
-            (ids.name(), ids.decide(sent, req.client.trusted))
-        });
+        let id = self.observers.request_id(&Sent(&req), trusted);
         let id = id.as_ref().map(|(n, v)| (*n, v));
         let traceparent = trace.as_ref().map(|t| &t.traceparent);
         let rewritten = target;
         let target = rewritten.as_ref().map(|t| t.as_str().as_bytes());
         // Refused as a lease would be: the answer, the log line and the counts are the same.
-        let admitted = admit(&route, &req).await;
+        let admitted = admit(&route, &req, &parts.method).await;
         // A password's check is not the upstream's time: as on hyper's path, the exchange's
         // timeouts start after it.
         let taken = match route.basic_auth {
@@ -236,7 +221,7 @@ impl FastPath {
     /// accepts an encoding it offers), `session` (the slice's queue gave it a stream of an
     /// HTTP/2 session that registered after the route was chosen), or the parser's reason.
     pub(crate) fn hand_off(&self, reason: &'static str) -> Served {
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = &self.observers.metrics {
             metrics.fast_path_handoff(reason);
         }
         Served::HandOff(reason)
@@ -275,11 +260,10 @@ impl FastPath {
             debug!(client.addr = %req.client.peer, error = %e, status = outcome.status, "upstream failed");
         }
         let elapsed = outcome.head_at.unwrap_or(started).duration_since(started);
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = &self.observers.metrics {
             metrics.request_cached(counted, &route.name, outcome.status, elapsed);
         }
-        let tracing = self.tracing.as_ref().zip(logged.trace);
-        if self.access_log.is_some() || tracing.is_some() {
+        if self.observers.records(logged.trace) {
             // As `HeaderValue::to_str`: visible ASCII only.
             let text = |name: &[u8]| {
                 field(req, name)
@@ -308,29 +292,34 @@ impl FastPath {
                 referer: text(b"referer"),
                 request_id: logged.id,
             };
-            if let Some(log) = &self.access_log {
-                log.record(&entry);
-            }
-            if let Some((tracing, trace)) = tracing {
-                tracing.finish(trace, &entry, Some(route));
-            }
+            self.observers.record(&entry, Some(route), logged.trace);
         }
     }
 }
 
-/// Whether the route lets the request through: its rate limit, then its users, in the order
-/// of hyper's path (`proxy::admit`; a CORS route, whose preflights come between, is left to it).
-async fn admit(route: &Route, req: &Request<'_>) -> Result<(), ProxyError> {
-    if let Some(limit) = &route.rate_limit {
-        let value = limit
-            .field()
-            .and_then(|n| field(req, n.as_str().as_bytes()));
-        limit.check(req.client.peer.ip(), value)?;
+/// Whether the route lets the request through, as on every transport ([`Admission::admit`]).
+/// A CORS route is hyper's path's ([`RENDERS`]): with no CORS, no preflight is answered here.
+async fn admit(route: &Route, req: &Request<'_>, method: &Method) -> Result<(), ProxyError> {
+    let admission = Admission {
+        cors: None,
+        ..route.admission()
+    };
+    admission
+        .admit(method, &Sent(req), req.client.peer.ip())
+        .await
+        .map(|_| ())
+}
+
+/// The request's fields as the client sent them (names matched without regard to case).
+struct Sent<'r, 'b>(&'r Request<'b>);
+
+impl Fields for Sent<'_, '_> {
+    fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let name = name.as_bytes();
+        fields(self.0)
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
     }
-    if let Some(auth) = &route.basic_auth {
-        auth.check(field(req, b"authorization")).await?;
-    }
-    Ok(())
 }
 
 /// What an exchange left for the metrics and the access log.
