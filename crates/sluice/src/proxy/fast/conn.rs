@@ -20,7 +20,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::{pool, timer_at, FastPath, Request, Scratch, Served};
 use sluice_core::ClientInfo;
-use sluice_server::fast::{Conn, ConnIo, FastHttp1, Left, Serving};
+use sluice_server::fast::{ActiveRequests, Conn, ConnIo, FastHttp1, Left, Serving};
 use sluice_server::io::{deadline, poll_read_first};
 
 impl FastHttp1 for FastPath {
@@ -97,16 +97,8 @@ where
         }
         let head = match parse(io, buf, http, info).await {
             Parsed::Take(head) => head,
-            Parsed::Defer(why) => {
-                fast.hand_off(why.as_str());
-                active.handed_over();
-                return Left::HandOff(mem::take(buf));
-            }
-            Parsed::Partial => {
-                fast.hand_off("partial_head");
-                active.handed_over();
-                return Left::HandOff(mem::take(buf));
-            }
+            Parsed::Defer(why) => return hand_over(fast, active, buf, why.as_str()),
+            Parsed::Partial => return hand_over(fast, active, buf, "partial_head"),
         };
         let guard = active.begin();
         let pooled = own_copy(buf);
@@ -136,20 +128,37 @@ where
                 pool::give_read_buffer(mem::take(buf));
                 return Left::Done;
             }
-            (used, Served::KeepAlive) => {
-                buf.drain(..used);
-                buf.append(&mut scratch.pipelined);
-            }
+            (used, Served::KeepAlive) => keep_alive(buf, scratch, used, pooled),
         }
-        scratch.give_back();
-        if buf.is_empty() {
-            pool::give_read_buffer(mem::take(buf));
-        } else if !pooled {
-            // A next request is there: parsed on in a buffer with the pool's room.
-            let mut lent = pool::read_buffer();
-            lent.extend_from_slice(buf);
-            *buf = lent;
-        }
+    }
+}
+
+/// Leaves the connection to hyper from the request in `buf` on, counting why.
+fn hand_over(
+    fast: &FastPath,
+    active: &ActiveRequests,
+    buf: &mut Vec<u8>,
+    why: &'static str,
+) -> Left {
+    fast.hand_off(why);
+    active.handed_over();
+    Left::HandOff(mem::take(buf))
+}
+
+/// After a request whose `used` bytes were answered: what follows it (bytes the client
+/// pipelined) is kept for the next one, in a buffer of the pool's (`pooled`: `buf` is one),
+/// and the request's buffers go back.
+fn keep_alive(buf: &mut Vec<u8>, scratch: &mut Scratch, used: usize, pooled: bool) {
+    buf.drain(..used);
+    buf.append(&mut scratch.pipelined);
+    scratch.give_back();
+    if buf.is_empty() {
+        pool::give_read_buffer(mem::take(buf));
+    } else if !pooled {
+        // A next request is there: parsed on in a buffer with the pool's room.
+        let mut lent = pool::read_buffer();
+        lent.extend_from_slice(buf);
+        *buf = lent;
     }
 }
 
@@ -269,7 +278,6 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use sluice_server::fast::ActiveRequests;
 
     /// An upstream that answers every request on a connection with `answer`.
     async fn upstream(answer: &'static [u8]) -> std::net::SocketAddr {

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use bytes::Bytes;
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use sluice_wire::h1::BodyFraming;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -111,9 +112,44 @@ impl FastPath {
         let Some(route) = self.route(&parts, &req) else {
             return (0, self.hand_off("route"));
         };
-        let Some(dest) = Dest::of(&route) else {
-            return (0, self.hand_off("route"));
+        let plan = match self.plan(&req, &parts, &route) {
+            Ok(plan) => plan,
+            Err(reason) => return (0, self.hand_off(reason)),
         };
+        if let Some(metrics) = &self.observers.metrics {
+            metrics.fast_path_request();
+        }
+        let id = self.observers.request_id(&Sent(&req), req.client.trusted);
+        let id = id.as_ref().map(|(n, v)| (*n, v));
+        let outcome = self.forward(client, scratch, &plan, id, started).await;
+        // A session the fast path does not drive was leased: hyper's path serves the request.
+        if let Served::HandOff(reason) = outcome.served {
+            return (0, self.hand_off(reason));
+        }
+        // A request whose client hung up before its answer is neither counted nor logged, as
+        // on the hyper path, which drops it.
+        if outcome.status != 0 {
+            let logged = Logged {
+                outcome: &outcome,
+                started,
+                id: id.and_then(|(_, v)| v.to_str().ok()),
+                trace: plan.trace.as_ref().filter(|t| t.sampled),
+            };
+            self.account(&parts, &req, &route, &logged, &mut scratch.counted);
+        }
+        (outcome.used, outcome.served)
+    }
+
+    /// What becomes of a request routed to `route`, decided before any I/O: where it goes, the
+    /// target its rewrite makes and its trace; or, for what this path does not serve as
+    /// hyper's does, the reason it is handed off.
+    fn plan<'p>(
+        &self,
+        req: &'p Request<'p>,
+        parts: &'p Parts<'p>,
+        route: &'p Route,
+    ) -> Result<Plan<'p>, &'static str> {
+        let dest = Dest::of(route).ok_or("route")?;
         // A body over the limit is refused by hyper's path (413, the connection closed).
         let limit = checks::body_limit(route.max_request_body, req.client.max_body);
         let declared = match req.head.body {
@@ -121,57 +157,71 @@ impl FastPath {
             // A chunked body was left to hyper by `Parts::of` already.
             BodyFraming::None | BodyFraming::Chunked => 0,
         };
-        if checks::check_body_length(declared, limit).is_err() {
-            return (0, self.hand_off("limit"));
-        }
+        checks::check_body_length(declared, limit).map_err(|_| "limit")?;
         // hyper's server decides whether to read or drop a body the route's own answer leaves
         // unread, and so whether the connection stays: left to it.
         if declared > 0 && matches!(dest, Dest::Direct(_)) {
-            return (0, self.hand_off("body"));
+            return Err("body");
         }
         // A rewrite that makes no valid path is answered by hyper's path (500) too.
         let rules = req.client.rules.escaped_slashes;
-        let Ok(target) = rewrite::target(route.rewrite.as_ref(), parts.uri, rules) else {
-            return (0, self.hand_off("rewrite"));
-        };
+        let target =
+            rewrite::target(route.rewrite.as_ref(), parts.uri, rules).map_err(|_| "rewrite")?;
         // hyper's path compresses (`http::compression`); this one relays bytes as they are.
-        if accepts_compression(&req, &route) {
-            return (0, self.hand_off("compress"));
+        if accepts_compression(req, route) {
+            return Err("compress");
         }
-        let trusted = req.client.trusted;
-        let sent = (self.observers.tracing.as_ref()).map(|_| SentContext::of(fields(&req)));
-        let trace = sent.and_then(|sent| self.observers.trace(sent, trusted));
+        let sent = (self.observers.tracing.as_ref()).map(|_| SentContext::of(fields(req)));
+        let trace = sent.and_then(|sent| self.observers.trace(sent, req.client.trusted));
         // A client's `tracestate` that does not go upstream with its trace is removed by
         // hyper's path (the head writer here only replaces fields).
         let sent_state = sent.is_some_and(|s| s.tracestate.is_some());
         if sent_state && trace.as_ref().is_some_and(|t| !t.keeps_tracestate()) {
-            return (0, self.hand_off("trace"));
+            return Err("trace");
         }
-        if let Some(metrics) = &self.observers.metrics {
-            metrics.fast_path_request();
-        }
-        let id = self.observers.request_id(&Sent(&req), trusted);
-        let id = id.as_ref().map(|(n, v)| (*n, v));
-        let traceparent = trace.as_ref().map(|t| &t.traceparent);
-        let rewritten = target;
-        let target = rewritten.as_ref().map(|t| t.as_str().as_bytes());
+        Ok(Plan {
+            req,
+            parts,
+            route,
+            dest,
+            target,
+            trace,
+        })
+    }
+
+    /// Admits the planned request and answers it, or exchanges it upstream, to its end.
+    async fn forward<C>(
+        &self,
+        client: &mut C,
+        scratch: &mut Scratch,
+        plan: &Plan<'_>,
+        id: Option<(&HeaderName, &HeaderValue)>,
+        started: Instant,
+    ) -> relay::Outcome
+    where
+        C: AsyncRead + AsyncWrite + Unpin,
+    {
+        let Plan {
+            req, parts, route, ..
+        } = *plan;
+        let traceparent = plan.trace.as_ref().map(|t| &t.traceparent);
+        let target = plan.target.as_ref().map(|t| t.as_str().as_bytes());
         // Refused as a lease would be: the answer, the log line and the counts are the same.
-        let admitted = admit(&route, &req, &parts.method).await;
+        let admitted = admit(route, req, &parts.method).await;
         // A password's check is not the upstream's time: as on hyper's path, the exchange's
         // timeouts start after it.
         let taken = match route.basic_auth {
             Some(_) => Instant::now(),
             None => started,
         };
-        let exchange =
-            Exchange::new(&req, &route, &parts.method, taken, id, traceparent).to(target);
-        let outcome = match dest {
+        let exchange = Exchange::new(req, route, &parts.method, taken, id, traceparent).to(target);
+        match plan.dest {
             Dest::Direct(d) => {
                 let answered = admitted.and_then(|()| {
-                    let host = host(&req).map(super::strip_port);
-                    let place =
-                        redirect::Place::of(req.client.tls, host, parts.uri, rewritten.as_ref());
-                    own_answer(d, &route, &place)
+                    let host = host(req).map(super::strip_port);
+                    let rewritten = plan.target.as_ref();
+                    let place = redirect::Place::of(req.client.tls, host, parts.uri, rewritten);
+                    own_answer(d, route, &place)
                 });
                 exchange.answer(client, answered).await
             }
@@ -193,23 +243,7 @@ impl FastPath {
                 };
                 exchange.run(client, scratch, lease, stamp).await
             }
-        };
-        // A session the fast path does not drive was leased: hyper's path serves the request.
-        if let Served::HandOff(reason) = outcome.served {
-            return (0, self.hand_off(reason));
         }
-        // A request whose client hung up before its answer is neither counted nor logged, as
-        // on the hyper path, which drops it.
-        if outcome.status != 0 {
-            let logged = Logged {
-                outcome: &outcome,
-                started,
-                id: id.and_then(|(_, v)| v.to_str().ok()),
-                trace: trace.as_ref().filter(|t| t.sampled),
-            };
-            self.account(&parts, &req, &route, &logged, &mut scratch.counted);
-        }
-        (outcome.used, outcome.served)
     }
 
     /// Leaves a request to hyper, counting why: `body` (chunked, not all here, or to a route
@@ -342,7 +376,20 @@ fn own_answer(
     Ok(res)
 }
 
+/// A request the fast path takes, as [`FastPath::plan`] decided it.
+struct Plan<'p> {
+    req: &'p Request<'p>,
+    parts: &'p Parts<'p>,
+    route: &'p Route,
+    dest: Dest<'p>,
+    /// The target the route's rewrite made (`None`: the client's goes upstream).
+    target: Option<PathAndQuery>,
+    /// The request's trace (`None` without `[tracing]`).
+    trace: Option<RequestTrace>,
+}
+
 /// Where the fast path sends a request.
+#[derive(Clone, Copy)]
 enum Dest<'r> {
     /// Nowhere: the route answers (`direct_response`).
     Direct(&'r Direct),

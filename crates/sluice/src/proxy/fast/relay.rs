@@ -47,6 +47,37 @@ pub(crate) struct Outcome {
     pub(crate) error: Option<ProxyError>,
 }
 
+/// What follows an attempt that did not give the client its answer.
+enum Step<L> {
+    /// The client gets this answer after all, on this lease.
+    Answer(L, h1::ResponseHead),
+    /// Try again on this lease (a fresh one for a stale one, or the next attempt's).
+    Again(L),
+    /// Try again on the lease this gives, once it does (the client watched meanwhile).
+    Wait(Pin<Box<dyn Future<Output = Result<L, ProxyError>> + Send>>),
+    /// The client hung up.
+    Gone,
+    /// No further attempt: the client is answered with this.
+    Refuse(ProxyError),
+}
+
+/// The buffers an exchange's attempts work in (the connection's `Scratch`).
+struct Tries<'s> {
+    /// The request as it goes upstream.
+    request: &'s [u8],
+    /// The response head as read.
+    ubuf: &'s mut Vec<u8>,
+    /// Bytes the client pipelines meanwhile.
+    pipelined: &'s mut Vec<u8>,
+    timer: &'s mut Option<Pin<Box<Sleep>>>,
+}
+
+/// An answer a retry leaves: its head, and the deadline it is read off within.
+struct Answered {
+    head: h1::ResponseHead,
+    deadline: Instant,
+}
+
 /// What one attempt at a response head came to.
 enum Tried {
     Head(h1::ResponseHead),
@@ -155,21 +186,59 @@ impl<'a> Exchange<'a> {
             leased = lease => leased,
             () = client_gone(client, pipelined) => return self.abandoned(used),
         };
-        let mut lease = match leased {
+        let lease = match leased {
             Ok(lease) => lease,
             // Nothing was read past the request or written: hyper's path takes it from here.
             Err(ProxyError::HandedBack) => return self.handed_back(),
             Err(e) => return self.refuse(client, e, used).await,
         };
         self.upstream_request(client_addr, request);
+        let tries = Tries {
+            request,
+            ubuf,
+            pipelined,
+            timer,
+        };
+        let (lease, head) = match self.attempts(client, lease, tries).await {
+            Ok(answered) => answered,
+            Err(outcome) => return outcome,
+        };
+        let bufs = (std::mem::take(answer), std::mem::take(spare));
+        let (outcome, bufs) = self.respond(client, lease, ubuf, head, bufs, used).await;
+        (*answer, *spare) = bufs;
+        outcome
+    }
+
+    /// Attempts the request on `lease`, and on the leases the retry rules grant, until an
+    /// answer's head is the client's (with the lease it came on); or how it ended otherwise
+    /// (refused, or the client gone).
+    async fn attempts<C, L>(
+        &self,
+        client: &mut C,
+        mut lease: L,
+        tries: Tries<'_>,
+    ) -> Result<(L, h1::ResponseHead), Outcome>
+    where
+        C: AsyncRead + AsyncWrite + Unpin,
+        L: Leased + 'static,
+    {
+        let Tries {
+            request,
+            ubuf,
+            pipelined,
+            timer,
+        } = tries;
+        let used = self.len();
+        // Dropped on return: the budget counts requests until their answer's head, as the hyper
+        // path's does.
         let mut retries = Retries::new(lease.retry_policy(), self.idempotent);
         // The first attempt's time runs from when the request was taken (a clock read saved).
         let mut from = self.started;
-        let head = loop {
+        let answered = loop {
             let deadline = from + lease.response_timeout();
             let timer = timer_at(timer, deadline);
             let attempt = self.attempt(client, &mut lease, request, ubuf, pipelined, timer);
-            let again = match attempt.await {
+            let step = match attempt.await {
                 Tried::Head(head) => {
                     let elapsed = Instant::now().saturating_duration_since(from);
                     let len = match head.body {
@@ -178,101 +247,127 @@ impl<'a> Exchange<'a> {
                         h1::ResponseBody::Chunked | h1::ResponseBody::UntilClose => None,
                     };
                     if !retries.after_status(head.status, self.body(&lease), len) {
-                        break head;
+                        break (lease, head);
                     }
                     lease.observe_response(head.status, elapsed);
-                    let another = lease.another();
-                    if !lease.frees_first() {
-                        // The next attempt first: if none can start, the client gets this
-                        // answer.
-                        let next = tokio::select! {
-                            biased;
-                            leased = another => leased,
-                            () = client_gone(client, pipelined) => {
-                                read_off(lease, std::mem::take(ubuf), Some(head), self.head_request, deadline);
-                                return self.abandoned(used);
-                            }
-                        };
-                        match next {
-                            Ok(next) => {
-                                read_off(
-                                    lease,
-                                    std::mem::take(ubuf),
-                                    Some(head),
-                                    self.head_request,
-                                    deadline,
-                                );
-                                lease = next;
-                                from = Instant::now();
-                                continue;
-                            }
-                            Err(_) => break head,
-                        }
-                    }
-                    // A session is read off first: it is capacity, and may be the one the
-                    // next attempt needs.
-                    read_off(
-                        lease,
-                        std::mem::take(ubuf),
-                        Some(head),
-                        self.head_request,
-                        deadline,
-                    );
-                    another
+                    let answered = Answered { head, deadline };
+                    self.elsewhere(client, pipelined, lease, ubuf, answered)
+                        .await
                 }
                 Tried::ClientGone => {
-                    read_off(
-                        lease,
-                        std::mem::take(ubuf),
-                        None,
-                        self.head_request,
-                        deadline,
-                    );
-                    return self.abandoned(used);
+                    let ubuf = std::mem::take(ubuf);
+                    read_off(lease, ubuf, None, self.head_request, deadline);
+                    return Err(self.abandoned(used));
                 }
                 Tried::Failed(failed, e) => {
-                    let stale = lease.may_be_stale();
-                    match retries.after_failure(failed, stale, self.body(&lease)) {
-                        None => {
-                            lease.log_failure(&e);
-                            return self.refuse(client, e, used).await;
-                        }
-                        // A reused connection that failed before any response byte was stale:
-                        // another of the same upstream will do.
-                        Some(Again::Stale) => {
-                            from = Instant::now();
-                            if let Err(e) = lease.renew().await {
-                                lease.log_failure(&e);
-                                return self.refuse(client, e, used).await;
-                            }
-                            continue;
-                        }
-                        // Elsewhere; this one failed, and goes (a session's place with it)
-                        // before the request waits for another.
-                        Some(Again::Policy) => {
-                            let another = lease.another();
-                            drop(lease);
-                            another
-                        }
-                    }
+                    self.after_failure(lease, failed, e, &mut retries).await
                 }
             };
-            lease = tokio::select! {
-                biased;
-                leased = again => match leased {
-                    Ok(lease) => lease,
-                    Err(e) => return self.refuse(client, e, used).await,
+            lease = match step {
+                Step::Answer(lease, head) => break (lease, head),
+                Step::Again(lease) => lease,
+                Step::Wait(another) => tokio::select! {
+                    biased;
+                    leased = another => match leased {
+                        Ok(lease) => lease,
+                        Err(e) => return Err(self.refuse(client, e, used).await),
+                    },
+                    () = client_gone(client, pipelined) => return Err(self.abandoned(used)),
                 },
-                () = client_gone(client, pipelined) => return self.abandoned(used),
+                Step::Gone => return Err(self.abandoned(used)),
+                Step::Refuse(e) => return Err(self.refuse(client, e, used).await),
             };
             from = Instant::now();
         };
-        // The budget counts requests until their answer's head, as the hyper path's does.
-        drop(retries);
-        let bufs = (std::mem::take(answer), std::mem::take(spare));
-        let (outcome, bufs) = self.respond(client, lease, ubuf, head, bufs, used).await;
-        (*answer, *spare) = bufs;
-        outcome
+        Ok(answered)
+    }
+
+    /// A retry the policy granted after the answer `answered` on `lease`: a static connection
+    /// is held until the next attempt has its own (if none can be had, the client gets this
+    /// answer); a session is read off first, since it is capacity and may be the one the next
+    /// attempt needs. The answer is read off by a task of its own either way.
+    async fn elsewhere<C, L>(
+        &self,
+        client: &mut C,
+        pipelined: &mut Vec<u8>,
+        lease: L,
+        ubuf: &mut Vec<u8>,
+        answered: Answered,
+    ) -> Step<L>
+    where
+        C: AsyncRead + Unpin,
+        L: Leased + 'static,
+    {
+        let Answered { head, deadline } = answered;
+        let another = lease.another();
+        if lease.frees_first() {
+            read_off(
+                lease,
+                std::mem::take(ubuf),
+                Some(head),
+                self.head_request,
+                deadline,
+            );
+            return Step::Wait(Box::pin(another));
+        }
+        let next = tokio::select! {
+            biased;
+            leased = another => leased,
+            () = client_gone(client, pipelined) => {
+                read_off(lease, std::mem::take(ubuf), Some(head), self.head_request, deadline);
+                return Step::Gone;
+            }
+        };
+        match next {
+            Ok(next) => {
+                read_off(
+                    lease,
+                    std::mem::take(ubuf),
+                    Some(head),
+                    self.head_request,
+                    deadline,
+                );
+                Step::Again(next)
+            }
+            Err(_) => Step::Answer(lease, head),
+        }
+    }
+
+    /// What follows an attempt on `lease` that failed (`failed`, answered with `e` if it goes
+    /// no further), as the retry rules say.
+    async fn after_failure<L>(
+        &self,
+        mut lease: L,
+        failed: retry::Failed,
+        e: ProxyError,
+        retries: &mut Retries,
+    ) -> Step<L>
+    where
+        L: Leased + 'static,
+    {
+        let stale = lease.may_be_stale();
+        match retries.after_failure(failed, stale, self.body(&lease)) {
+            None => {
+                lease.log_failure(&e);
+                Step::Refuse(e)
+            }
+            // A reused connection that failed before any response byte was stale: another of
+            // the same upstream will do.
+            Some(Again::Stale) => match lease.renew().await {
+                Ok(()) => Step::Again(lease),
+                Err(e) => {
+                    lease.log_failure(&e);
+                    Step::Refuse(e)
+                }
+            },
+            // Elsewhere; this one failed, and goes (a session's place with it) before the
+            // request waits for another.
+            Some(Again::Policy) => {
+                let another = lease.another();
+                drop(lease);
+                Step::Wait(Box::pin(another))
+            }
+        }
     }
 
     /// Sends `request` and reads the response head into `ubuf`, both before `timer` fires,
