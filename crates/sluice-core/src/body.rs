@@ -1,6 +1,35 @@
 //! [`ProxyBody`]: the one body type that flows through the proxy, without boxing.
 
+#[cfg(feature = "compression")]
 mod compressed;
+/// Built without the `compression` feature, no body is compressed: the variant has no value
+/// (`sluice::Proxy` refuses a configuration with `compression` in such a build).
+#[cfg(not(feature = "compression"))]
+mod compressed {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http_body::{Body, Frame};
+
+    use crate::body::BoxError;
+
+    /// No value: nothing is compressed in this build.
+    #[derive(Debug)]
+    pub(super) enum Compressed {}
+
+    impl Body for Compressed {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            match *self.get_mut() {}
+        }
+    }
+}
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -361,6 +390,7 @@ impl ProxyBody {
 
     /// `self` compressed with `encoding` as it streams; flushed after every chunk when
     /// `flush` (an event stream).
+    #[cfg(feature = "compression")]
     pub fn compressed(
         self,
         encoding: sluice_config::Encoding,

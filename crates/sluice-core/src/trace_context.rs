@@ -6,16 +6,23 @@
 //! `traceparent` naming the exchange as its parent, over any copy. The client's `tracestate`
 //! goes upstream as it came when its trace is continued; when it is not, no copy does.
 
+#[cfg(feature = "otel")]
 use std::time::SystemTime;
 
 use http::HeaderValue;
+#[cfg(feature = "otel")]
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
+#[cfg(feature = "otel")]
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState,
 };
+#[cfg(feature = "otel")]
 use opentelemetry::Context;
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::trace::{Sampler, SamplingDecision, ShouldSample};
+#[cfg(feature = "otel")]
 use sluice_config::TraceExtract;
 
 /// The field that names a request's trace and parent span.
@@ -24,6 +31,7 @@ pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 
 /// How requests join traces: whose context they continue, and which are sampled.
+#[cfg(feature = "otel")]
 #[derive(Debug)]
 pub struct TraceRules {
     sampler: Sampler,
@@ -31,6 +39,7 @@ pub struct TraceRules {
 }
 
 /// A request's place in a trace.
+#[cfg(feature = "otel")]
 #[derive(Debug, Clone)]
 pub struct RequestTrace {
     pub trace_id: TraceId,
@@ -49,10 +58,31 @@ pub struct RequestTrace {
     pub started: SystemTime,
 }
 
+#[cfg(feature = "otel")]
 impl RequestTrace {
     /// Whether the client's `tracestate` goes upstream: only with the trace it belongs to.
     pub fn keeps_tracestate(&self) -> bool {
         self.parent.is_some()
+    }
+}
+
+/// Built without the `otel` feature no request is traced: no value of this type is made
+/// (`sluice::Tracing` cannot be started in such a build).
+#[cfg(not(feature = "otel"))]
+#[derive(Debug, Clone)]
+pub struct RequestTrace {
+    /// Whether its spans are exported.
+    pub sampled: bool,
+    /// The `traceparent` sent upstream.
+    pub traceparent: HeaderValue,
+    never: std::convert::Infallible,
+}
+
+#[cfg(not(feature = "otel"))]
+impl RequestTrace {
+    /// Whether the client's `tracestate` goes upstream.
+    pub fn keeps_tracestate(&self) -> bool {
+        match self.never {}
     }
 }
 
@@ -84,6 +114,7 @@ impl<'a> SentContext<'a> {
     }
 }
 
+#[cfg(feature = "otel")]
 impl Extractor for SentContext<'_> {
     fn get(&self, key: &str) -> Option<&str> {
         let value = match key {
@@ -99,6 +130,7 @@ impl Extractor for SentContext<'_> {
     }
 }
 
+#[cfg(feature = "otel")]
 impl TraceRules {
     /// New traces sampled at `ratio` (0 to 1); a continued one follows its parent's decision
     /// when `parent_based`.
@@ -158,6 +190,7 @@ impl TraceRules {
 }
 
 /// The client's span, when `sent` names a valid one.
+#[cfg(feature = "otel")]
 fn continued(sent: SentContext<'_>) -> Option<SpanContext> {
     if !well_formed(sent.traceparent?) {
         return None;
@@ -172,6 +205,7 @@ fn continued(sent: SentContext<'_>) -> Option<SpanContext> {
 /// flags`, 2, 32, 16 and 2 lowercase hex digits, version `ff` refused, and after version `00`
 /// nothing more (a later version may go on after a `-`). The propagator parses the numbers
 /// leniently (`+1` and `1` would pass): this is the shape it leaves unchecked.
+#[cfg(feature = "otel")]
 fn well_formed(tp: &[u8]) -> bool {
     let hex = |b: &[u8]| {
         b.iter()
@@ -186,7 +220,7 @@ fn well_formed(tp: &[u8]) -> bool {
     dashes && fields && end
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "otel"))]
 mod tests {
     use super::*;
 

@@ -20,7 +20,7 @@ use crate::otel::Tracing;
 use crate::proxy::ProxyService;
 use crate::reload::InPlace;
 use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, UpgradeSocket};
-use crate::router::LiveRoutes;
+use crate::router::{LiveRoutes, RouteTable};
 use crate::upstream::reverse::{Acceptor, HandoffSource};
 use crate::upstream::reverse::{ReverseClusterOptions, ReverseMetrics, SessionGauges};
 use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
@@ -32,6 +32,10 @@ use sluice_server::{tls, Group, Server, Shutdown};
 /// Why a configuration could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The configuration asks for a part this build of `sluice` leaves out (a cargo feature
+    /// off; see the crate's `[features]`).
+    #[error(transparent)]
+    Unbuilt(#[from] crate::router::Unbuilt),
     /// A listener's address could not be bound.
     #[error("listener {listener}: cannot bind {addr}: {source}")]
     Bind {
@@ -161,6 +165,9 @@ impl Proxy {
         config: &Config,
         inherited: Option<Inherited>,
     ) -> Result<Self, StartError> {
+        if let Some(unbuilt) = RouteTable::unbuilt(config) {
+            return Err(unbuilt.into());
+        }
         let (mut sockets, predecessor) = match inherited.map(Inherited::into_parts) {
             Some((sockets, feed)) => (sockets, Some(feed)),
             None => (Sockets::default(), None),

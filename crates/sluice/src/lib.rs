@@ -63,6 +63,10 @@ pub(crate) mod admin;
 pub(crate) mod app;
 pub(crate) mod metrics;
 pub mod options;
+#[cfg(feature = "otel")]
+pub(crate) mod otel;
+#[cfg(not(feature = "otel"))]
+#[path = "otel/absent.rs"]
 pub(crate) mod otel;
 mod process;
 pub(crate) mod proxy;
@@ -82,7 +86,7 @@ pub use proxy::ProxyService;
 pub use reload::{Applied, InPlace};
 pub use restart::{Inherited, RestartError};
 pub use router::{
-    Direct, Feature, Features, Matcher, RequestHead, Route, RouteTable, Routing, Target,
+    Direct, Feature, Features, Matcher, RequestHead, Route, RouteTable, Routing, Target, Unbuilt,
 };
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;

@@ -32,7 +32,7 @@ use crate::upstream::{Deadline, ServedBy, Upstream, WantsServedBy};
 use sluice_core::admission::Admitted;
 use sluice_core::body::ProxyBody;
 use sluice_core::checks::{self, check_request};
-use sluice_core::compression::{self, Decision, ResponseFacts};
+use sluice_core::compression;
 use sluice_core::error::{Origin, ProxyError};
 use sluice_core::grpc;
 use sluice_core::headers::{
@@ -476,12 +476,14 @@ impl Logged {
 
 /// `res` compressed as the route's `config` and the client's `accepted` encoding decide, or
 /// marked as varying with `Accept-Encoding` (see [`compression::decide`]).
+#[cfg(feature = "compression")]
 fn compress(
     mut res: Response<ProxyBody>,
     config: &Compression,
     accepted: Option<Encoding>,
     head_request: bool,
 ) -> Response<ProxyBody> {
+    use compression::{Decision, ResponseFacts};
     let status = res.status().as_u16();
     let facts = ResponseFacts::of(status, head_request, res.headers());
     let decision = compression::decide(config, accepted, &facts);
@@ -492,6 +494,18 @@ fn compress(
         }
         Decision::Vary | Decision::Leave => res,
     }
+}
+
+/// Built without the `compression` feature nothing is compressed (`Proxy::bind` refuses a
+/// configuration that asks for it; a route built by hand is served as it comes).
+#[cfg(not(feature = "compression"))]
+fn compress(
+    res: Response<ProxyBody>,
+    _config: &Compression,
+    _accepted: Option<Encoding>,
+    _head_request: bool,
+) -> Response<ProxyBody> {
+    res
 }
 
 /// Whether the route lets the request through ([`Admission::admit`](sluice_core::admission::Admission::admit):

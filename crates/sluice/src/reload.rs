@@ -13,7 +13,7 @@ use sluice_config::{ClusterKind, Config};
 
 use tracing::warn;
 
-use crate::router::LiveRoutes;
+use crate::router::{LiveRoutes, RouteTable};
 use crate::upstream::Upstream;
 use sluice_server::tls::Certificates;
 
@@ -67,7 +67,9 @@ impl InPlace {
     /// be loaded here, and a new process must take over.
     pub fn apply(&self, new: &Config) -> Option<Applied> {
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        if !same_but_in_place_parts(&running, new) {
+        // A part this build leaves out is refused by a new process (`Proxy::bind`), which
+        // says why; in place it would be served without it.
+        if !same_but_in_place_parts(&running, new) || RouteTable::unbuilt(new).is_some() {
             return None;
         }
         let certificates = self.replace_certificates(&running, new)?;

@@ -11,4 +11,4 @@ mod table;
 pub(crate) use self::live::{LiveRoutes, RouteError, RouteSpec};
 pub use self::matcher::Matcher;
 pub use self::route::{Direct, Feature, Features, RequestHead, Route, Routing, Target};
-pub use self::table::RouteTable;
+pub use self::table::{RouteTable, Unbuilt};

@@ -72,6 +72,34 @@ impl RouteTable {
         table
     }
 
+    /// The first route feature `config` asks for that this build leaves out (a cargo feature
+    /// of `sluice` off), which `Proxy::bind` refuses; `None` when every one is built.
+    pub(crate) fn unbuilt(config: &Config) -> Option<Unbuilt> {
+        type Wants = fn(&sluice_config::Route) -> bool;
+        let parts: [(&'static str, &'static str, bool, Wants); 2] = [
+            (
+                "compression",
+                "compression",
+                cfg!(feature = "compression"),
+                |r| r.compression.is_some(),
+            ),
+            (
+                "basic_auth",
+                "basic-auth",
+                cfg!(feature = "basic-auth"),
+                |r| r.basic_auth.is_some(),
+            ),
+        ];
+        parts.iter().find_map(|&(key, feature, built, wants)| {
+            let route = (!built).then(|| config.routes.iter().find(|r| wants(r)))??;
+            Some(Unbuilt {
+                route: route.name.clone(),
+                key,
+                feature,
+            })
+        })
+    }
+
     /// An empty table (every request gets 404).
     pub fn new() -> Self {
         Self::default()
@@ -108,5 +136,60 @@ impl Routing for RouteTable {
 
     fn reads_headers(&self) -> bool {
         self.routes.iter().any(|(m, _)| m.reads_headers())
+    }
+}
+
+/// A route feature a configuration asks for that this build of `sluice` leaves out (a cargo
+/// feature off; see the crate's `[features]`).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "route {route}: {key} needs the `{feature}` feature, which this build of sluice leaves \
+     out (build it with `--features {feature}`, or remove {key} from the configuration)"
+)]
+pub struct Unbuilt {
+    route: String,
+    key: &'static str,
+    feature: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 49: a route feature left out of the build (a cargo feature off) is refused by
+    /// name — never served without it — and a build with every feature refuses nothing.
+    #[test]
+    fn a_route_feature_this_build_leaves_out_is_refused_by_name() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let hash = bcrypt::hash("secret", 4).expect("a hash");
+        std::fs::write(dir.path().join("users"), format!("alice:{hash}\n")).expect("written");
+        let text = r#"
+[[listener]]
+name = "public"
+listen = "127.0.0.1:0"
+[cluster.a]
+kind = "static"
+endpoints = ["127.0.0.1:9001"]
+[[route]]
+name = "api"
+cluster = "a"
+compression = true
+basic_auth = { htpasswd = "users", realm = "api" }
+"#;
+        let config = sluice_config::parse_str(text, "t.toml", dir.path()).expect("parses");
+        let refused = RouteTable::unbuilt(&config).map(|e| e.to_string());
+        let left_out = [
+            ("compression", cfg!(feature = "compression")),
+            ("basic-auth", cfg!(feature = "basic-auth")),
+        ];
+        let expected = left_out.iter().find(|(_, built)| !built).map(|(f, _)| *f);
+        match (refused, expected) {
+            (None, None) => {}
+            (Some(said), Some(feature)) => {
+                assert!(said.starts_with("route api: "), "{said}");
+                assert!(said.contains(&format!("`{feature}` feature")), "{said}");
+            }
+            other => panic!("refused and left out differ: {other:?}"),
+        }
     }
 }

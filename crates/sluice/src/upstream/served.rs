@@ -13,12 +13,14 @@ pub(crate) struct ServedBy {
     /// The wait in the slice's admission queue (zero when a session was idle).
     pub queued: Option<std::time::Duration>,
     /// When the session was leased, if the request waited for it (the queue span's end; no
-    /// clock is read for a request that found a session idle).
+    /// clock is read for a request that found a session idle). Read by traces only.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub leased_at: Option<std::time::Instant>,
 }
 
 impl ServedBy {
-    /// Whether an upstream answered (the default: nobody did).
+    /// Whether an upstream answered (the default: nobody did). Asked by traces only.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub(crate) fn answered(&self) -> bool {
         self.endpoint.is_some() || self.instance.is_some()
     }
