@@ -29,9 +29,9 @@ use sluice_config::UpstreamProtocol;
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`] (unless the
 /// cluster's `retry.on` leaves out `connect-failure`). A reused connection that turns out
 /// stale costs the request a fresh one to the same endpoint; a failure or answer the cluster's
-/// retry policy lists sends it to another endpoint, if there is one (`http::retry`). An
-/// answer is given up only once the next attempt has its connection: if none can be had, the
-/// client gets it.
+/// retry policy lists sends it to another endpoint, if there is one, else back to one it tried
+/// ([`pick_and`]; `http::retry`). An answer is given up only once the next attempt has its
+/// connection: if none can be had, the client gets it.
 pub(super) async fn send(
     inner: &Arc<Inner>,
     mut req: Request<ProxyBody>,
@@ -110,10 +110,16 @@ pub(super) async fn send(
     }
 }
 
-/// Picks an endpoint not in `tried` (any usable one, when a retry has nowhere else) and leases a
-/// connection to it with `acquire`, moving on after a failed connect (the endpoint ejected) up
-/// to [`MAX_CONNECT_ATTEMPTS`], as the cluster's `retry.on` allows. `now_ms`: the cluster's
-/// clock reading.
+/// Picks an endpoint not in `tried` and leases a connection to it with `acquire`, moving on
+/// after a failed connect (the endpoint ejected) up to [`MAX_CONNECT_ATTEMPTS`], as the
+/// cluster's `retry.on` allows. `now_ms`: the cluster's clock reading.
+///
+/// A retry (`tried` not empty) that finds no endpoint it has not tried, or none it can
+/// connect to, goes back to one it has tried, as the policy picks among those still usable
+/// (the endpoint that answered, when it is the only one left), never to one whose connect
+/// failed here: a dead endpoint does not end a retry that a live one could take. Only when no
+/// usable endpoint can be leased at all does the retry fail, and the client gets the answer
+/// in hand.
 pub(super) async fn pick_and<C, F, Fut>(
     inner: &Inner,
     endpoints: &[Arc<Endpoint>],
@@ -125,14 +131,16 @@ where
     F: FnMut(Arc<Endpoint>) -> Fut,
     Fut: Future<Output = Result<C, ProxyError>>,
 {
+    let retrying = !tried.is_empty();
+    // Endpoints whose connect failed here (ejected now, but not if their backoff is zero).
+    let mut refused = Vec::new();
     let mut last_error = None;
     for _ in 0..MAX_CONNECT_ATTEMPTS {
         let picked = inner.balancer.pick(endpoints, now_ms, tried);
-        // A retry with nowhere left to go goes where the policy picks among them all, again.
+        // A retry with nowhere new to go goes where the policy picks among the rest, again.
         let picked = picked.or_else(|| {
-            let retrying = last_error.is_none() && !tried.is_empty();
             retrying
-                .then(|| inner.balancer.pick(endpoints, now_ms, &[]))
+                .then(|| inner.balancer.pick(endpoints, now_ms, &refused))
                 .flatten()
         });
         let Some(i) = picked else {
@@ -143,6 +151,7 @@ where
             Ok(conn) => return Ok((i, conn, in_flight)),
             Err(e) => {
                 tried.push(i);
+                refused.push(i);
                 last_error = Some((endpoints[i].addr(), e));
                 if !inner.opts.retry.on.connect_failure {
                     break;
