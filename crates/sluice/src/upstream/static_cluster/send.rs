@@ -250,9 +250,15 @@ async fn connect_h2(
     }
 }
 
-/// The line an operator needs for a 502 or 504: which cluster, which endpoint, what failed.
+/// The line an operator needs for a 502 or 504: which cluster, which endpoint, what failed. A
+/// request's own deadline passing (a gRPC call's `grpc-timeout`) is the client's limit, not
+/// the upstream's failure: a debug line of its own.
 pub(super) fn log_failure(inner: &Inner, addr: SocketAddr, e: &ProxyError) {
     let status = e.status().as_u16();
+    if matches!(e, ProxyError::DeadlineExceeded) {
+        debug!(cluster = %inner.name, upstream.addr = %addr, status, "the request's own deadline passed before the upstream answered");
+        return;
+    }
     warn!(cluster = %inner.name, upstream.addr = %addr, error = %e, status, "upstream failed");
 }
 
