@@ -56,6 +56,7 @@ pub(super) async fn send(
         let sni = || inner.tls.as_ref().and_then(UpstreamTls::sni);
         default_host(&mut req, || sni().unwrap_or_else(|| addr.to_string()));
         let reused = conn.is_reused();
+        let stream = matches!(conn, Leg::H2(_));
         // A fresh connection cannot be stale, so only a reused one pays for the copy, and only
         // for a request the stale rule may send again.
         if replay.is_none() && reused && idempotent {
@@ -79,7 +80,12 @@ pub(super) async fn send(
                         endpoint: Some(addr),
                         ..ServedBy::default()
                     });
-                    return Ok(res);
+                    if !stream {
+                        return Ok(res);
+                    }
+                    return take_ready(res)
+                        .await
+                        .inspect_err(|e| log_failure(inner, addr, e));
                 };
                 debug!(cluster = %inner.name, upstream.addr = %addr, status, "retrying the request on another endpoint");
                 exchange::discard(res, inner.opts.response_timeout);
@@ -168,6 +174,81 @@ where
             cluster: inner.name.clone(),
         }),
     }
+}
+
+/// The response that came on an HTTP/2 stream with what of its body is here already taken off
+/// the stream, before the head goes to the client, up to [`IO_BUFFER_BYTES`]; never waiting
+/// for more.
+///
+/// hyper's server writes a response head together with the first bytes of its body: a body
+/// that fails before those went out (an endpoint's malformed trailers, sent with the head: h2
+/// resets the stream) would leave the client an empty close, no status at all. A failure found
+/// here is answered 502 instead, as NGINX and Envoy answer it. One that comes later, once the
+/// head has gone out, cuts the body short: an HTTP/1.1 client's connection closes without the
+/// last chunk, an HTTP/2 client's stream is reset. (An HTTP/1.1 endpoint's answer is left
+/// as it is: the fast path relays those, and both paths answer a framing failure alike,
+/// `crates/sluice-wire/corpus/`.)
+async fn take_ready(res: Response<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+    use http_body::Body as _;
+    use std::task::Poll;
+
+    let (parts, body) = res.into_parts();
+    let ProxyBody::Guarded {
+        mut body,
+        mut release,
+    } = body
+    else {
+        return Ok(Response::from_parts(parts, body));
+    };
+    let mut head = std::collections::VecDeque::new();
+    let (mut trailers, mut len, mut ended) = (None, 0, body.is_end_stream());
+    while !ended && len < IO_BUFFER_BYTES {
+        let polled =
+            std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut body).poll_frame(cx)));
+        let frame = match polled.await {
+            Poll::Pending => break,
+            Poll::Ready(None) => {
+                ended = true;
+                break;
+            }
+            Poll::Ready(Some(frame)) => frame.map_err(ProxyError::UpstreamProtocol)?,
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                len += data.len();
+                if !data.is_empty() {
+                    head.push_back(data);
+                }
+                ended = body.is_end_stream();
+            }
+            Err(frame) => {
+                trailers = frame.into_trailers().ok();
+                ended = true;
+            }
+        }
+    }
+    if head.is_empty() && trailers.is_none() && !ended {
+        let body = ProxyBody::Guarded { body, release };
+        return Ok(Response::from_parts(parts, body));
+    }
+    let body = match ended {
+        true => {
+            crate::body::Release::finish(release.as_mut());
+            ProxyBody::Buffered {
+                head,
+                trailers,
+                rest: None,
+                release: None,
+            }
+        }
+        false => ProxyBody::Buffered {
+            head,
+            trailers: None,
+            rest: Some(crate::body::Rest::Incoming(body)),
+            release: Some(release),
+        },
+    };
+    Ok(Response::from_parts(parts, body))
 }
 
 /// A connection or stream leased for one request.
