@@ -14,7 +14,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::client::conn::http2;
 use hyper::client::conn::TrySendError;
 
-use crate::body::ProxyBody;
+use crate::body::{BodyFailure, ProxyBody};
 use crate::error::ProxyError;
 use crate::http::headers::{wants_close, TrailersWanted};
 use crate::http::retry;
@@ -207,7 +207,9 @@ pub(crate) fn frame_unsized_body(req: &mut Request<ProxyBody>) {
 
 /// Sends `req` as HTTP/2 on `sender` (a static endpoint's connection, or a dial-in session's)
 /// and waits for the response head within `timeout`. A request that asks to switch protocols
-/// is refused (501): HTTP/2 has no `Upgrade`.
+/// is refused (501): HTTP/2 has no `Upgrade`. A request body that fails (the client's body
+/// timeout, a limit) fails the exchange with its own error, as on HTTP/1.1 (a 408 when the
+/// client stalled), not with the stream reset hyper's client answers it with (a 502).
 pub(crate) async fn send_h2(
     sender: &mut http2::SendRequest<ProxyBody>,
     mut req: Request<ProxyBody>,
@@ -220,13 +222,16 @@ pub(crate) async fn send_h2(
         return Err(Failure::later(e));
     }
     as_h2(&mut req, scheme, fallback_authority);
+    let failure = BodyFailure::default();
+    let req = req.map(|body| body.watched(&failure));
     let answer = async {
         // Ready unless the connection is going away (then the request comes back unsent).
         let _ = sender.ready().await;
         sender.try_send_request(req).await
     };
     match tokio::time::timeout(timeout.after, answer).await {
-        Ok(answer) => answered(answer),
+        // The body's own failure first: hyper tells only of the stream it reset for it.
+        Ok(answer) => answered(answer).map_err(|f| failure.take().map_or(f, Failure::later)),
         Err(_elapsed) => Err(Failure::timed_out(timeout)),
     }
 }
