@@ -42,7 +42,8 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A body's failure, as hyper and `http-body` carry it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a body streamed off an upstream connection (a pooled connection, a leased session)
 /// holds on to: the connection goes back where it came from once the body has been read to
@@ -325,6 +326,34 @@ pin_project_lite::pin_project! {
         /// A body whose end (or drop, the client gone) is reported with the bytes that went
         /// out: the access log's line is written then.
         Reported { body: Pin<Box<ProxyBody>>, report: Report },
+        /// A request body whose failure is kept for its sender as well as passed on: hyper's
+        /// HTTP/2 client only resets the stream, and its answer says no more than that.
+        Watched { body: Pin<Box<ProxyBody>>, failure: BodyFailure },
+    }
+}
+
+/// Where a [`ProxyBody::Watched`] body keeps how it failed (the client's body timeout, its
+/// limit, or anything else it broke), for whoever sent it (`ProxyError::client_body` reads it
+/// as the client's failure).
+#[derive(Debug, Clone, Default)]
+pub struct BodyFailure(std::sync::Arc<std::sync::Mutex<Option<BoxError>>>);
+
+impl BodyFailure {
+    /// How the body failed, if it did.
+    pub fn take(&self) -> Option<BoxError> {
+        self.lock().take()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<BoxError>> {
+        // One field, set whole: a poisoned lock is still consistent.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `error` and gives its sender one that says the same.
+    fn keep(&self, error: BoxError) -> BoxError {
+        let told = std::io::Error::other(error.to_string());
+        *self.lock() = Some(error);
+        Box::new(told)
     }
 }
 
@@ -419,6 +448,18 @@ impl ProxyBody {
         }
     }
 
+    /// `self`, its failure kept in `failure` as well as passed on (at once for a body that has
+    /// no data to come: nothing of it can fail).
+    pub fn watched(self, failure: &BodyFailure) -> Self {
+        if self.is_end_stream() {
+            return self;
+        }
+        Self::Watched {
+            body: Box::pin(self),
+            failure: failure.clone(),
+        }
+    }
+
     /// `body`, streamed, with the connection it comes from given back by `release` when it
     /// has been read to the end (at once if it already has).
     pub fn guarded(body: Incoming, mut release: impl Release + 'static) -> Self {
@@ -482,6 +523,10 @@ impl Body for ProxyBody {
                 }
                 Poll::Ready(polled)
             }
+            ProxyBodyProj::Watched { body, failure } => {
+                let polled = std::task::ready!(body.as_mut().poll_frame(cx));
+                Poll::Ready(polled.map(|f| f.map_err(|e| failure.keep(e))))
+            }
         }
     }
 
@@ -489,7 +534,7 @@ impl Body for ProxyBody {
         match self {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.is_end_stream(),
             Self::Client { body } => body.is_end_stream(),
-            Self::Reported { body, .. } => body.is_end_stream(),
+            Self::Reported { body, .. } | Self::Watched { body, .. } => body.is_end_stream(),
             Self::Compressed { body } => body.is_end_stream(),
             Self::Full { data } => data.is_none(),
             Self::Buffered {
@@ -509,7 +554,7 @@ impl Body for ProxyBody {
         match self {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.size_hint(),
             Self::Client { body } => body.size_hint(),
-            Self::Reported { body, .. } => body.size_hint(),
+            Self::Reported { body, .. } | Self::Watched { body, .. } => body.size_hint(),
             Self::Compressed { body } => body.size_hint(),
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))

@@ -74,6 +74,11 @@ pub enum ProxyError {
     /// The upstream did not send a response head in time.
     #[error("upstream response timed out")]
     ResponseTimeout,
+    /// The request's own deadline (a gRPC call's `grpc-timeout`, sooner than the cluster's
+    /// response timeout) passed before the response head came: the client's limit, not an
+    /// upstream failure.
+    #[error("the request's deadline passed before its response")]
+    DeadlineExceeded,
     /// The upstream broke the protocol or closed the connection early.
     #[error("upstream protocol error: {0}")]
     UpstreamProtocol(#[source] hyper::Error),
@@ -158,7 +163,9 @@ impl ProxyError {
             | Self::UpstreamTls { .. }
             | Self::UpstreamProtocol(_)
             | Self::UpstreamInvalid(_) => StatusCode::BAD_GATEWAY,
-            Self::ConnectTimeout | Self::ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::ConnectTimeout | Self::ResponseTimeout | Self::DeadlineExceeded => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             Self::ClientBody(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::ClientBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -181,7 +188,8 @@ impl ProxyError {
             | Self::NotImplemented(_)
             | Self::RateLimited { .. }
             | Self::Unauthorized { .. }
-            | Self::CorsRefused(_) => Origin::Client,
+            | Self::CorsRefused(_)
+            | Self::DeadlineExceeded => Origin::Client,
             Self::NoEndpoint { .. }
             | Self::NoSessions { .. }
             | Self::Unavailable { .. }
@@ -218,6 +226,7 @@ impl ProxyError {
                 | Self::RateLimited { .. }
                 | Self::Unauthorized { .. }
                 | Self::CorsRefused(_)
+                | Self::DeadlineExceeded
         );
         self.origin() == Origin::Client && !in_step
     }

@@ -53,6 +53,7 @@ pub fn code(e: &ProxyError) -> Code {
     match e {
         ProxyError::NoRoute | ProxyError::NotImplemented(_) => Code::Unimplemented,
         ProxyError::ResponseTimeout | ProxyError::ConnectTimeout => Code::DeadlineExceeded,
+        ProxyError::DeadlineExceeded => Code::DeadlineExceeded,
         // The admission queue is full, or the wait for a session ran out: capacity, as
         // gRPC's own servers say when they shed load.
         ProxyError::Unavailable { .. } | ProxyError::RateLimited { .. } => Code::ResourceExhausted,
@@ -155,6 +156,7 @@ mod tests {
         };
         assert_eq!(code(&busy), Code::ResourceExhausted);
         assert_eq!(code(&ProxyError::ResponseTimeout), Code::DeadlineExceeded);
+        assert_eq!(code(&ProxyError::DeadlineExceeded), Code::DeadlineExceeded);
         let gone = ProxyError::NoEndpoint {
             cluster: "c".into(),
         };

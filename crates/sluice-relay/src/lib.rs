@@ -13,7 +13,8 @@
 //! * `upstream` — connects to the next hop and speaks the preamble; `pool` — the ready
 //!   connections and their refill, backing off while the next hop refuses them; `early` —
 //!   SYNs seen through a packet socket.
-//! * `tunnel` — the tunnel end: authenticate within a deadline, check `allow`, connect.
+//! * `tunnel` — the tunnel end: authenticate within a deadline, check `allow`, connect;
+//!   `waiting` — its connections still waiting for their token, under `max_unauthenticated`.
 //! * `forward` — both directions, splice or copy, half-close, idle timeout.
 //! * `tune` — socket options; [`stats`] — the counters behind `/status` and `/metrics`.
 //! * `options` — [`RelayConfig`] and its parts: a relay's settings, plain values the
@@ -28,6 +29,7 @@ pub mod stats;
 mod tune;
 mod tunnel;
 mod upstream;
+mod waiting;
 
 use std::future::Future;
 use std::io;
@@ -49,6 +51,7 @@ pub use crate::options::{
 use crate::pool::Pool;
 pub use crate::stats::{Snapshot, Stats};
 use crate::upstream::Connector;
+use crate::waiting::Unauthenticated;
 
 /// A relay with its listener bound, ready to [`run`](Relay::run).
 #[derive(Debug)]
@@ -97,7 +100,7 @@ struct Handler {
     /// `max_connections`: connections relayed at once (at a tunnel end, authenticated ones).
     relayed: Arc<Semaphore>,
     /// A tunnel end's `max_unauthenticated`: connections still waiting for their token.
-    unauthenticated: Option<Arc<Semaphore>>,
+    unauthenticated: Option<Arc<Unauthenticated>>,
     /// A tunnel end's refusals by kind, logged once per interval each.
     refusals: TallyByKind<&'static str>,
 }
@@ -180,7 +183,7 @@ impl Relay {
             }
         };
         let unauthenticated = match &role {
-            Role::Tunnel { end, .. } => Some(Arc::new(Semaphore::new(end.max_unauthenticated))),
+            Role::Tunnel { end, .. } => Some(Unauthenticated::new(end.max_unauthenticated)),
             Role::Forward { .. } => None,
         };
         let handler = Arc::new(Handler {
@@ -241,19 +244,26 @@ impl Relay {
         {
             helpers.spawn(Arc::clone(early).run(Arc::clone(connector), pool.clone()));
         }
-        // A tunnel end accepts under its bound on unauthenticated connections; each moves to
-        // `max_connections` once its token is checked.
-        let limit = Arc::clone(self.handler.accept_limit());
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
         loop {
-            // Beyond the limit, clients wait in the kernel's accept queue.
-            let permit = tokio::select! {
-                () = &mut shutdown => break,
-                permit = Arc::clone(&limit).acquire_owned() => permit,
-            };
-            let Ok(permit) = permit else {
-                break;
+            // A forwarder accepts under `max_connections`: beyond it, clients wait in the
+            // kernel's accept queue. A tunnel end accepts every connection and gives it a
+            // place among those waiting for their token (`waiting`); each moves to
+            // `max_connections` once its token is checked.
+            let permit = match &self.handler.unauthenticated {
+                Some(_) => None,
+                None => {
+                    let relayed = Arc::clone(&self.handler.relayed);
+                    let permit = tokio::select! {
+                        () = &mut shutdown => break,
+                        permit = relayed.acquire_owned() => permit,
+                    };
+                    let Ok(permit) = permit else {
+                        break;
+                    };
+                    Some(permit)
+                }
             };
             let accepted = tokio::select! {
                 () = &mut shutdown => break,
@@ -267,9 +277,22 @@ impl Relay {
                     continue;
                 }
             };
+            let admitted = match (permit, &self.handler.unauthenticated) {
+                (Some(permit), _) => Admitted::Relayed { _slot: permit },
+                (None, Some(waiting)) => {
+                    // Waits only while every place is held by an authenticated connection
+                    // waiting for `max_connections`.
+                    let place = tokio::select! {
+                        () = &mut shutdown => break,
+                        place = waiting.admit(peer.ip()) => place,
+                    };
+                    Admitted::Waiting(place)
+                }
+                (None, None) => continue,
+            };
             let handler = Arc::clone(&self.handler);
             let span = tracing::debug_span!("relay", relay = %self.name, client.addr = %peer);
-            conns.spawn(handler.serve(client, peer, permit).instrument(span));
+            conns.spawn(handler.serve(client, peer, admitted).instrument(span));
         }
         drop(self.listener);
         helpers.shutdown().await;
@@ -283,36 +306,41 @@ impl Relay {
     }
 }
 
-impl Handler {
-    /// The limit a new connection is accepted under.
-    fn accept_limit(&self) -> &Arc<Semaphore> {
-        self.unauthenticated.as_ref().unwrap_or(&self.relayed)
-    }
+/// What an accepted connection counts under.
+#[derive(Debug)]
+enum Admitted {
+    /// A forwarder's: a `max_connections` slot, held while the connection lasts.
+    Relayed { _slot: OwnedSemaphorePermit },
+    /// A tunnel end's: a place among the connections waiting for their token.
+    Waiting(waiting::Place),
+}
 
-    /// Serves one accepted connection, holding `permit` (of [`Handler::accept_limit`]) while
-    /// it counts.
-    async fn serve(
-        self: Arc<Self>,
-        client: TcpStream,
-        peer: SocketAddr,
-        permit: OwnedSemaphorePermit,
-    ) {
+impl Handler {
+    /// Serves one accepted connection, holding what it was `admitted` under while it counts.
+    async fn serve(self: Arc<Self>, client: TcpStream, peer: SocketAddr, admitted: Admitted) {
         self.stats.accepted.fetch_add(1, Relaxed);
         self.stats.active.fetch_add(1, Relaxed);
         if let Err(error) = tune::accepted(&client, &self.opts) {
             tracing::debug!(%error, "socket options on the client socket");
         }
-        let result = match &self.role {
-            Role::Forward {
-                connector,
-                pool,
-                early,
-            } => {
-                let _permit = permit;
+        let result = match (&self.role, admitted) {
+            (
+                Role::Forward {
+                    connector,
+                    pool,
+                    early,
+                },
+                admitted,
+            ) => {
+                let _admitted = admitted;
                 self.forward(&client, peer, connector, pool.as_deref(), early.as_deref())
                     .await
             }
-            Role::Tunnel { end, pools } => self.tunnel(&client, peer, end, pools, permit).await,
+            (Role::Tunnel { end, pools }, Admitted::Waiting(place)) => {
+                self.tunnel(&client, peer, end, pools, place).await
+            }
+            // A tunnel end admits every connection to its waiting places.
+            (Role::Tunnel { .. }, Admitted::Relayed { .. }) => Ok(()),
         };
         if let Err(error) = result {
             tracing::debug!(%error, "relayed connection ended");
@@ -321,17 +349,17 @@ impl Handler {
         drop(client);
     }
 
-    /// A tunnel end's connection: `unauthenticated` is its permit until its token is checked.
+    /// A tunnel end's connection: `place` is its place until its token is checked.
     async fn tunnel(
         &self,
         client: &TcpStream,
         peer: SocketAddr,
         end: &TunnelEnd,
         pools: &pool::Pools,
-        unauthenticated: OwnedSemaphorePermit,
+        place: waiting::Place,
     ) -> io::Result<()> {
         let admission = tunnel::Admission {
-            unauthenticated,
+            place,
             relayed: &self.relayed,
         };
         let pooled = |target| pool::take_for(pools, target);
@@ -348,13 +376,14 @@ impl Handler {
 
     /// A refusal leaves a line, once per interval for each kind, with how many since its
     /// last: at warn for a wrong token or target (a peer relay misconfigured, or someone
-    /// guessing), at info for bytes that are no preamble at all (scanners).
+    /// guessing), at info for bytes that are no preamble at all (scanners) and for connections
+    /// closed still waiting for their token when newer ones needed their place (a flood).
     fn log_refusal(&self, kind: &'static str, e: &tunnel::Refused, peer: SocketAddr) {
         let Some(refused) = self.refusals.record(kind) else {
             return;
         };
         match e {
-            tunnel::Refused::Malformed(_) => {
+            tunnel::Refused::Malformed(_) | tunnel::Refused::Shed => {
                 tracing::info!(relay = %self.name, error = %e, peer.addr = %peer, refused, "tunnel connections refused (count since the last such line)");
             }
             _ => {

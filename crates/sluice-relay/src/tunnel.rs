@@ -16,6 +16,7 @@ use crate::forward::{self, write_all};
 use crate::options::{RelayOptions, TunnelEnd};
 use crate::preamble::{self, PreambleError};
 use crate::stats::Stats;
+use crate::waiting::Place;
 
 /// Why a tunnel connection was refused.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +33,10 @@ pub(crate) enum Refused {
     /// The peer closed, timed out or failed before a whole preamble.
     #[error("preamble: {0}")]
     Io(#[from] io::Error),
+    /// Still waiting for its token, it was closed: newer connections needed its place
+    /// (`max_unauthenticated`).
+    #[error("closed before its token: newer connections needed its place (max_unauthenticated)")]
+    Shed,
 }
 
 impl Refused {
@@ -42,6 +47,7 @@ impl Refused {
             Refused::Malformed(_) => Some("malformed"),
             Refused::Token => Some("token"),
             Refused::Target(_) => Some("target"),
+            Refused::Shed => Some("shed"),
             Refused::Io(_) => None,
         }
     }
@@ -51,18 +57,19 @@ impl Refused {
 /// under `max_connections`.
 #[derive(Debug)]
 pub(crate) struct Admission<'a> {
-    /// The connection's permit while it is not authenticated.
-    pub(crate) unauthenticated: OwnedSemaphorePermit,
+    /// The connection's place while it is not authenticated.
+    pub(crate) place: Place,
     /// `max_connections`, for authenticated connections.
     pub(crate) relayed: &'a Arc<Semaphore>,
 }
 
 impl Admission<'_> {
     /// Moves an authenticated connection to `max_connections` (waiting for a slot, while it
-    /// still holds its unauthenticated one, so accepting stops when both are full).
-    async fn authenticated(self) -> io::Result<OwnedSemaphorePermit> {
+    /// still holds its place, no longer to be shed, so accepting stops when both are full).
+    async fn authenticated(mut self) -> io::Result<OwnedSemaphorePermit> {
+        self.place.authenticated();
         let slot = Arc::clone(self.relayed).acquire_owned().await;
-        drop(self.unauthenticated);
+        drop(self.place);
         slot.map_err(|_| io::Error::other("the relay stopped"))
     }
 }
@@ -78,16 +85,20 @@ pub(crate) async fn serve(
     ),
     opts: &RelayOptions,
     stats: &Stats,
-    admission: Admission<'_>,
+    mut admission: Admission<'_>,
 ) -> Result<(), Refused> {
     let mut buf = Vec::with_capacity(preamble::MAX_HELLO + preamble::MAX_TARGET);
     // The hello comes at once (a pool sends it on connect), so a peer that has not sent it
-    // within `preamble_timeout` is closed; the target comes when a client arrives.
-    let used = within(
+    // within `preamble_timeout`, or before newer connections need its place, is closed; the
+    // target comes when a client arrives.
+    let hello = within(
         end.preamble_timeout,
         read_hello(peer, &mut buf, &end.tokens),
-    )
-    .await?;
+    );
+    let used = tokio::select! {
+        used = hello => used?,
+        () = admission.place.shed() => return Err(Refused::Shed),
+    };
     buf.drain(..used);
     let _slot = admission.authenticated().await?;
     let (target, used) = within(opts.idle_timeout, read_target(peer, &mut buf)).await?;

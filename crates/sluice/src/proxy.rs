@@ -587,6 +587,10 @@ fn log_failure(e: &ProxyError, client: &ClientInfo, route: Option<&Route>) {
         (Origin::Upstream, None) => {
             warn!(client.addr = %client.peer, error = %e, status, "upstream failed")
         }
+        // The client's own limit (a gRPC call's `grpc-timeout`), not a refusal.
+        (Origin::Client, _) if matches!(e, ProxyError::DeadlineExceeded) => {
+            debug!(client.addr = %client.peer, status, "the request's own deadline passed before its response")
+        }
         (Origin::Client | Origin::Internal, _) => {
             debug!(client.addr = %client.peer, error = %e, status, "request refused")
         }

@@ -184,3 +184,85 @@ async fn a_flapping_endpoint_is_one_warning_with_its_reason() {
     }
     proxy.shutdown();
 }
+
+/// Issue 48, item 3: a gRPC call whose own deadline (`grpc-timeout`) expires before a static
+/// cluster's endpoint answers is DEADLINE_EXCEEDED, and it is the client's deadline, not an
+/// upstream failure: no WARN "upstream failed … upstream response timed out status=504" (the
+/// cluster's `response_timeout`, 30 s here, was never reached).
+#[tokio::test]
+async fn a_grpc_deadline_that_expires_is_not_logged_as_an_upstream_failure() {
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let logs = captured_logs();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let slow = listener.local_addr().unwrap();
+    // An h2c service that answers after 5 s: far past the call's deadline.
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = hyper::service::service_fn(|_req| async {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                    bytes::Bytes::new(),
+                )))
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc),
+            );
+        }
+    });
+    let extra = "protocol = \"h2c\"\nresponse_timeout = \"30s\"";
+    let proxy = TestProxy::start(&static_config(&[slow], extra)).await;
+    let mut client = support::h2_connect_with::<Full<bytes::Bytes>>(proxy.addr()).await;
+    let req = http::Request::post(proxy.url("/echo.Echo/Slow"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", "50m")
+        .body(Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let res = client.send_request(req).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "4", "DEADLINE_EXCEEDED");
+    let endpoint = format!("upstream.addr={slow}");
+    let lines: Vec<_> = lines_with(&logs, "upstream failed")
+        .into_iter()
+        .filter(|l| l.contains(&endpoint))
+        .collect();
+    assert!(lines.is_empty(), "{lines:#?}");
+    proxy.shutdown();
+}
+
+/// The same on a reverse cluster: the call's deadline passing while its service works is not
+/// logged WARN "upstream failed" (there, the line names the client, not an endpoint).
+#[tokio::test]
+async fn a_grpc_deadline_on_a_reverse_cluster_is_not_logged_as_an_upstream_failure() {
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let logs = captured_logs();
+    let proxy = start_proxy("response_timeout = \"30s\"", DEFAULT_ROUTE).await;
+    let _svc = Service::start(proxy.acceptor, ServiceSpec::h2("deadline", 1, 4)).await;
+    proxy.idle("default", 4).await;
+    let stream = tokio::net::TcpStream::connect(proxy.http).await.unwrap();
+    let client_addr = stream.local_addr().unwrap();
+    let (mut client, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{}/delay/5000", proxy.http))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", "50m")
+        .body(Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let res = client.send_request(req).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "4", "DEADLINE_EXCEEDED");
+    let client = format!("client.addr={client_addr}");
+    let lines: Vec<_> = lines_with(&logs, "upstream failed")
+        .into_iter()
+        .filter(|l| l.contains(&client))
+        .collect();
+    assert!(lines.is_empty(), "{lines:#?}");
+    proxy.stop().await;
+}

@@ -397,6 +397,60 @@ async fn retries_go_to_endpoints_not_tried_yet() {
     assert_fast_path_served(&proxy);
 }
 
+/// A backend whose odd requests (the 1st, 3rd, …) are answered 503 and even ones 200,
+/// counting requests.
+async fn every_other_503() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&requests);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let counted = Arc::clone(&counted);
+            let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let status = if n.is_multiple_of(2) { 503 } else { 200 };
+                    let mut res = Response::new(Full::new(Bytes::from(format!("{status}"))));
+                    *res.status_mut() = StatusCode::from_u16(status).unwrap();
+                    Ok::<_, Infallible>(res)
+                }
+            });
+            tokio::spawn(async move {
+                let conn = hyper::server::conn::http1::Builder::new();
+                let _ = conn.serve_connection(TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+    (addr, requests)
+}
+
+/// Issue 48, item 4: one endpoint answering 503 every other request, one dead. A retry whose
+/// untried endpoint cannot be connected goes back to the live one (it has retries left), rather
+/// than giving the client the 503 in hand. Before, the fall-back to endpoints already tried was
+/// skipped once a connect had failed, so the retry went nowhere: the dead endpoint's ejection
+/// had to have just expired, which made it 2 requests in 27.
+#[tokio::test]
+async fn a_retry_that_meets_a_dead_endpoint_goes_back_to_a_live_one() {
+    let (flaky, requests) = every_other_503().await;
+    let dead = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    // Round robin from the first endpoint: the first request meets the 503, its retry the dead
+    // endpoint (never tried, so not ejected yet).
+    let extra = "lb = \"round_robin\"\n\
+                 retry = { retries = 2, on = [\"connect-failure\", \"reset\", \"503\"] }\n";
+    let proxy = TestProxy::start(&static_config(&[flaky, dead_addr], extra)).await;
+    let reply = request(&client(), Method::GET, &proxy.url("/"), "").await;
+    assert_eq!(
+        (reply.status.as_u16(), reply.body.as_str()),
+        (200, "200"),
+        "the retry gave up after the dead endpoint"
+    );
+    assert_eq!(requests.load(Ordering::SeqCst), 2);
+    assert_fast_path_served(&proxy);
+}
+
 mod sessions {
     use super::*;
     use reverse_support::custom::serve_fn;

@@ -131,6 +131,44 @@ async fn a_body_streamed_to_a_static_upstream_that_stops_is_408() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
 }
 
+/// The same over HTTP/2 to the endpoint (`protocol = "h2c"`): hyper's HTTP/2 client answers a
+/// request body that fails with a reset stream, which was a 502; it is the client's 408 too.
+#[tokio::test]
+async fn a_body_streamed_to_an_h2c_upstream_that_stops_is_408() {
+    use hyper_util::rt::TokioExecutor;
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = upstream.local_addr().unwrap();
+    // The upstream reads the whole body before it answers.
+    tokio::spawn(async move {
+        while let Ok((s, _)) = upstream.accept().await {
+            let svc = hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async {
+                use http_body_util::BodyExt;
+                let body = req.into_body().collect().await;
+                let len = body.map_or(0, |b| b.to_bytes().len());
+                let body = http_body_util::Full::new(Bytes::from(len.to_string()));
+                Ok::<_, Infallible>(http::Response::new(body))
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc),
+            );
+        }
+    });
+    let toml = format!(
+        "[[listener]]\nname = \"p\"\nlisten = \"127.0.0.1:0\"\n{LISTENER}\n\
+         [[route]]\ncluster = \"b\"\n\
+         [cluster.b]\nkind = \"static\"\nendpoints = [\"{backend}\"]\nprotocol = \"h2c\"\n\
+         response_timeout = \"60s\"\n"
+    );
+    let config = sluice::config::parse_str(&toml, "t.toml", std::path::Path::new(".")).unwrap();
+    let proxy = sluice::Proxy::bind(&config).await.unwrap();
+    let addr = proxy.local_addrs()[0].1;
+    tokio::spawn(proxy.run_until(std::future::pending()));
+    let head = "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n";
+    let answer = answer_to(addr, head, &[b'x'; 1000]).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+}
+
 /// A body that keeps coming, slower than the timeout in total but never pausing that long,
 /// is forwarded whole.
 #[tokio::test]
@@ -180,3 +218,35 @@ async fn an_h2c_connection_without_a_complete_request_is_closed_at_the_header_ti
 }
 
 const LISTENER_H2: &str = "request_header_timeout = \"300ms\"\nidle_timeout = \"60s\"";
+
+/// Issue 47, finding 9: a body that stalls after the reverse cluster's `request_buffer` was
+/// filled (what fit went out, the rest streams to the session) is the client's 408 at its
+/// `client_body_timeout`, as before the buffer filled, not a 502: on HTTP/1.1 sessions and on
+/// HTTP/2 ones, whose service reads the whole body before it answers.
+#[tokio::test]
+async fn a_body_that_stalls_past_the_request_buffer_is_408() {
+    let cluster = "request_buffer = \"1KiB\"\nresponse_timeout = \"60s\"";
+    // Each with two units of capacity: two sessions, or one of two streams.
+    for spec in [ServiceSpec::new("h1", 2), ServiceSpec::h2("h2", 1, 2)] {
+        let proxy = start_proxy_with(LISTENER, cluster, DEFAULT_ROUTE).await;
+        let _svc = Service::start(proxy.acceptor, spec.clone()).await;
+        proxy.idle("default", 2).await;
+        let stalls = [
+            (
+                "POST /collect HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n",
+                vec![b'x'; 2000],
+            ),
+            (
+                "POST /collect HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+                [&b"7d0\r\n"[..], &[b'x'; 2000], b"\r\n"].concat(),
+            ),
+        ];
+        for (head, body) in stalls {
+            let answer = answer_to(proxy.http, head, &body).await;
+            let what = (&spec.instance, head);
+            assert!(answer.starts_with("HTTP/1.1 408"), "{what:?}: {answer:?}");
+            assert!(answer.contains("request body timed out"), "{answer:?}");
+        }
+        proxy.stop().await;
+    }
+}

@@ -65,9 +65,10 @@ pub struct TunnelEnd {
     /// How long a new connection may take to present its token (an entry relay sends it as
     /// soon as it connects); then it is closed. Default 2 s.
     pub preamble_timeout: Duration,
-    /// Connections still waiting for their token, at once; more wait in the kernel's accept
-    /// queue. They do not count towards `max_connections`, so silent peers cannot delay
-    /// authenticated ones. Default 1024.
+    /// Connections still waiting for their token, at once: beyond it, a new connection takes
+    /// the place of one still waiting — the oldest of the address (IPv4, or IPv6 /64) holding
+    /// the most — which is closed, so a flood of silent connections cannot make honest ones
+    /// wait. They do not count towards `max_connections`. Default 1024.
     pub max_unauthenticated: usize,
     /// Fixed targets (each inside `allow`) to which `pool` connections each are kept
     /// established, so a client's last leg costs no handshake either. Default: none.

@@ -14,7 +14,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::client::conn::http2;
 use hyper::client::conn::TrySendError;
 
-use sluice_core::body::ProxyBody;
+use sluice_core::body::{BodyFailure, ProxyBody};
 use sluice_core::error::ProxyError;
 use sluice_core::headers::{wants_close, TrailersWanted};
 use sluice_core::retry;
@@ -24,14 +24,43 @@ use sluice_core::retry;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Deadline(pub(crate) std::time::Instant);
 
+/// How long a request may wait for its response head, and whose limit that is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HeadTimeout {
+    /// The wait.
+    pub(crate) after: Duration,
+    /// It is the request's own [`Deadline`], sooner than the cluster's response timeout: when
+    /// it passes, the client's limit was reached, not the upstream's.
+    pub(crate) deadline: bool,
+}
+
+impl HeadTimeout {
+    /// What the client is answered when it passes: the upstream's 504, or the request's own
+    /// deadline's (DEADLINE_EXCEEDED to a gRPC client, and not logged as an upstream failure).
+    pub(crate) fn error(self) -> ProxyError {
+        match self.deadline {
+            true => ProxyError::DeadlineExceeded,
+            false => ProxyError::ResponseTimeout,
+        }
+    }
+}
+
 /// How long `req` may wait for its response head: the cluster's `timeout`, or less when the
 /// request's [`Deadline`] comes sooner.
-pub(crate) fn response_timeout<B>(req: &Request<B>, timeout: Duration) -> Duration {
-    match req.extensions().get::<Deadline>() {
-        Some(Deadline(at)) => at
-            .saturating_duration_since(std::time::Instant::now())
-            .min(timeout),
-        None => timeout,
+pub(crate) fn response_timeout<B>(req: &Request<B>, timeout: Duration) -> HeadTimeout {
+    let own = req
+        .extensions()
+        .get::<Deadline>()
+        .map(|Deadline(at)| at.saturating_duration_since(std::time::Instant::now()));
+    match own {
+        Some(left) if left < timeout => HeadTimeout {
+            after: left,
+            deadline: true,
+        },
+        _ => HeadTimeout {
+            after: timeout,
+            deadline: false,
+        },
     }
 }
 
@@ -88,10 +117,11 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    /// No response head within the response timeout. The request's fate is unknown, so it is
-    /// never retried, and the connection it went out on must close.
-    pub(crate) fn timed_out() -> Self {
-        Self::later(ProxyError::ResponseTimeout)
+    /// No response head within `timeout` (the response timeout, or the request's own
+    /// deadline). The request's fate is unknown, so it is never retried, and the connection it
+    /// went out on must close.
+    pub(crate) fn timed_out(timeout: HeadTimeout) -> Self {
+        Self::later(timeout.error())
     }
 
     /// A failure after the request may have been processed: never retried.
@@ -146,12 +176,12 @@ pub(crate) fn discard(res: Response<ProxyBody>, timeout: Duration) {
 pub(crate) async fn send(
     sender: &mut SendRequest<ProxyBody>,
     mut req: Request<ProxyBody>,
-    timeout: Duration,
+    timeout: HeadTimeout,
 ) -> Result<Response<Incoming>, Failure> {
     frame_unsized_body(&mut req);
-    match tokio::time::timeout(timeout, sender.try_send_request(req)).await {
+    match tokio::time::timeout(timeout.after, sender.try_send_request(req)).await {
         Ok(answer) => answered(answer),
-        Err(_elapsed) => Err(Failure::timed_out()),
+        Err(_elapsed) => Err(Failure::timed_out(timeout)),
     }
 }
 
@@ -177,11 +207,13 @@ pub(crate) fn frame_unsized_body(req: &mut Request<ProxyBody>) {
 
 /// Sends `req` as HTTP/2 on `sender` (a static endpoint's connection, or a dial-in session's)
 /// and waits for the response head within `timeout`. A request that asks to switch protocols
-/// is refused (501): HTTP/2 has no `Upgrade`.
+/// is refused (501): HTTP/2 has no `Upgrade`. A request body that fails (the client's body
+/// timeout, a limit) fails the exchange with its own error, as on HTTP/1.1 (a 408 when the
+/// client stalled), not with the stream reset hyper's client answers it with (a 502).
 pub(crate) async fn send_h2(
     sender: &mut http2::SendRequest<ProxyBody>,
     mut req: Request<ProxyBody>,
-    timeout: std::time::Duration,
+    timeout: HeadTimeout,
     scheme: &str,
     fallback_authority: &(dyn std::fmt::Display + Sync),
 ) -> Result<Response<Incoming>, Failure> {
@@ -190,14 +222,21 @@ pub(crate) async fn send_h2(
         return Err(Failure::later(e));
     }
     as_h2(&mut req, scheme, fallback_authority);
+    let failure = BodyFailure::default();
+    let req = req.map(|body| body.watched(&failure));
     let answer = async {
         // Ready unless the connection is going away (then the request comes back unsent).
         let _ = sender.ready().await;
         sender.try_send_request(req).await
     };
-    match tokio::time::timeout(timeout, answer).await {
-        Ok(answer) => answered(answer),
-        Err(_elapsed) => Err(Failure::timed_out()),
+    match tokio::time::timeout(timeout.after, answer).await {
+        // The body's own failure first: hyper tells only of the stream it reset for it.
+        Ok(answer) => answered(answer).map_err(|f| {
+            failure
+                .take()
+                .map_or(f, |e| Failure::later(ProxyError::client_body(e)))
+        }),
+        Err(_elapsed) => Err(Failure::timed_out(timeout)),
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! Paths: `/delay/<ms>` works that long; `/wait` blocks until [`Service::open_gate`];
 //! `/big/<n>` answers n bytes; `/wait/big/<n>` answers n bytes once the gate opens; `/hang`
-//! never answers; `/close` answers with `Connection: close`; `/flaky` drops its
+//! never answers; `/collect` reads the whole request body, then answers its length;
+//! `/close` answers with `Connection: close`; `/flaky` drops its
 //! session without answering the first time; `/session` answers `<instance>:<session's port>`;
 //! anything else answers the instance's name.
 
@@ -212,6 +213,11 @@ impl Service {
                 "{}:{port}",
                 self.name
             )))))
+        } else if req.uri().path() == "/collect" {
+            use http_body_util::BodyExt;
+            let body = req.into_body().collect().await;
+            let len = body.map_or(0, |b| b.to_bytes().len());
+            Ok(Response::new(Full::new(Bytes::from(len.to_string()))))
         } else {
             self.respond(req.uri().path()).await
         };

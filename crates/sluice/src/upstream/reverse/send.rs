@@ -151,11 +151,11 @@ async fn send_on(
     };
     let timeout = exchange::response_timeout(&req, pool.options().response_timeout);
     let answer = sender.try_send_request(req);
-    let mut exchange = Exchange::start(pool, session, answer, timeout);
+    let mut exchange = Exchange::start(pool, session, answer, timeout.after);
     let Ok((answer, session)) = tokio::time::timeout_at(exchange.deadline, &mut exchange).await
     else {
         exchange.forget();
-        return Err(Failure::timed_out());
+        return Err(Failure::timed_out(timeout));
     };
     let res = exchange::answered(answer)?;
     finish(pool, session, res).await.map_err(Failure::later)

@@ -148,7 +148,7 @@ impl H2Stream {
     pub(super) async fn send(
         mut self,
         req: Request<ProxyBody>,
-        timeout: std::time::Duration,
+        timeout: exchange::HeadTimeout,
         (scheme, addr): (&str, std::net::SocketAddr),
     ) -> Result<(Response<Incoming>, Slot), Failure> {
         let res = exchange::send_h2(&mut self.sender, req, timeout, scheme, &addr).await;

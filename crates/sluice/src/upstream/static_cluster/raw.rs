@@ -47,7 +47,8 @@ impl Leased for RawLease {
         self.inner.retry.as_ref()
     }
 
-    /// A connection to an endpoint this request has not tried, if the cluster has one.
+    /// A connection to an endpoint this request has not tried, if one can be connected; else
+    /// to one it has tried (`send::pick_and`).
     fn another(&self) -> impl Future<Output = Result<Self, ProxyError>> + Send + 'static {
         let cluster = StaticCluster {
             inner: Arc::clone(&self.inner),
@@ -126,8 +127,8 @@ impl StaticCluster {
         self.lease_raw_avoiding(now, Vec::new()).await
     }
 
-    /// As [`lease_raw`](Self::lease_raw), from an endpoint not in `tried` (a retry's) if the cluster
-    /// has another.
+    /// As [`lease_raw`](Self::lease_raw), from an endpoint not in `tried` (a retry's) if one can
+    /// be connected, else from one in it (`send::pick_and`).
     async fn lease_raw_avoiding(
         &self,
         now: Instant,

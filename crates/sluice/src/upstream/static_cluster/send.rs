@@ -29,9 +29,9 @@ use sluice_core::retry::{self, Again, Retries};
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`] (unless the
 /// cluster's `retry.on` leaves out `connect-failure`). A reused connection that turns out
 /// stale costs the request a fresh one to the same endpoint; a failure or answer the cluster's
-/// retry policy lists sends it to another endpoint, if there is one (`http::retry`). An
-/// answer is given up only once the next attempt has its connection: if none can be had, the
-/// client gets it.
+/// retry policy lists sends it to another endpoint, if there is one, else back to one it tried
+/// ([`pick_and`]; `http::retry`). An answer is given up only once the next attempt has its
+/// connection: if none can be had, the client gets it.
 pub(super) async fn send(
     inner: &Arc<Inner>,
     mut req: Request<ProxyBody>,
@@ -56,6 +56,7 @@ pub(super) async fn send(
         let sni = || inner.tls.as_ref().and_then(UpstreamTls::sni);
         default_host(&mut req, || sni().unwrap_or_else(|| addr.to_string()));
         let reused = conn.is_reused();
+        let stream = matches!(conn, Leg::H2(_));
         // A fresh connection cannot be stale, so only a reused one pays for the copy, and only
         // for a request the stale rule may send again.
         if replay.is_none() && reused && idempotent {
@@ -79,7 +80,12 @@ pub(super) async fn send(
                         endpoint: Some(addr),
                         ..ServedBy::default()
                     });
-                    return Ok(res);
+                    if !stream {
+                        return Ok(res);
+                    }
+                    return take_ready(res)
+                        .await
+                        .inspect_err(|e| log_failure(inner, addr, e));
                 };
                 debug!(cluster = %inner.name, upstream.addr = %addr, status, "retrying the request on another endpoint");
                 exchange::discard(res, inner.opts.response_timeout);
@@ -110,10 +116,16 @@ pub(super) async fn send(
     }
 }
 
-/// Picks an endpoint not in `tried` (any usable one, when a retry has nowhere else) and leases a
-/// connection to it with `acquire`, moving on after a failed connect (the endpoint ejected) up
-/// to [`MAX_CONNECT_ATTEMPTS`], as the cluster's `retry.on` allows. `now_ms`: the cluster's
-/// clock reading.
+/// Picks an endpoint not in `tried` and leases a connection to it with `acquire`, moving on
+/// after a failed connect (the endpoint ejected) up to [`MAX_CONNECT_ATTEMPTS`], as the
+/// cluster's `retry.on` allows. `now_ms`: the cluster's clock reading.
+///
+/// A retry (`tried` not empty) that finds no endpoint it has not tried, or none it can
+/// connect to, goes back to one it has tried, as the policy picks among those still usable
+/// (the endpoint that answered, when it is the only one left), never to one whose connect
+/// failed here: a dead endpoint does not end a retry that a live one could take. Only when no
+/// usable endpoint can be leased at all does the retry fail, and the client gets the answer
+/// in hand.
 pub(super) async fn pick_and<C, F, Fut>(
     inner: &Inner,
     endpoints: &[Arc<Endpoint>],
@@ -125,14 +137,16 @@ where
     F: FnMut(Arc<Endpoint>) -> Fut,
     Fut: Future<Output = Result<C, ProxyError>>,
 {
+    let retrying = !tried.is_empty();
+    // Endpoints whose connect failed here (ejected now, but not if their backoff is zero).
+    let mut refused = Vec::new();
     let mut last_error = None;
     for _ in 0..MAX_CONNECT_ATTEMPTS {
         let picked = inner.balancer.pick(endpoints, now_ms, tried);
-        // A retry with nowhere left to go goes where the policy picks among them all, again.
+        // A retry with nowhere new to go goes where the policy picks among the rest, again.
         let picked = picked.or_else(|| {
-            let retrying = last_error.is_none() && !tried.is_empty();
             retrying
-                .then(|| inner.balancer.pick(endpoints, now_ms, &[]))
+                .then(|| inner.balancer.pick(endpoints, now_ms, &refused))
                 .flatten()
         });
         let Some(i) = picked else {
@@ -143,6 +157,7 @@ where
             Ok(conn) => return Ok((i, conn, in_flight)),
             Err(e) => {
                 tried.push(i);
+                refused.push(i);
                 last_error = Some((endpoints[i].addr(), e));
                 if !inner.opts.retry.on.connect_failure {
                     break;
@@ -159,6 +174,81 @@ where
             cluster: inner.name.clone(),
         }),
     }
+}
+
+/// The response that came on an HTTP/2 stream with what of its body is here already taken off
+/// the stream, before the head goes to the client, up to [`IO_BUFFER_BYTES`]; never waiting
+/// for more.
+///
+/// hyper's server writes a response head together with the first bytes of its body: a body
+/// that fails before those went out (an endpoint's malformed trailers, sent with the head: h2
+/// resets the stream) would leave the client an empty close, no status at all. A failure found
+/// here is answered 502 instead, as NGINX and Envoy answer it. One that comes later, once the
+/// head has gone out, cuts the body short: an HTTP/1.1 client's connection closes without the
+/// last chunk, an HTTP/2 client's stream is reset. (An HTTP/1.1 endpoint's answer is left
+/// as it is: the fast path relays those, and both paths answer a framing failure alike,
+/// `crates/sluice-wire/corpus/`.)
+async fn take_ready(res: Response<ProxyBody>) -> Result<Response<ProxyBody>, ProxyError> {
+    use http_body::Body as _;
+    use std::task::Poll;
+
+    let (parts, body) = res.into_parts();
+    let ProxyBody::Guarded {
+        mut body,
+        mut release,
+    } = body
+    else {
+        return Ok(Response::from_parts(parts, body));
+    };
+    let mut head = std::collections::VecDeque::new();
+    let (mut trailers, mut len, mut ended) = (None, 0, body.is_end_stream());
+    while !ended && len < IO_BUFFER_BYTES {
+        let polled =
+            std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut body).poll_frame(cx)));
+        let frame = match polled.await {
+            Poll::Pending => break,
+            Poll::Ready(None) => {
+                ended = true;
+                break;
+            }
+            Poll::Ready(Some(frame)) => frame.map_err(ProxyError::UpstreamProtocol)?,
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                len += data.len();
+                if !data.is_empty() {
+                    head.push_back(data);
+                }
+                ended = body.is_end_stream();
+            }
+            Err(frame) => {
+                trailers = frame.into_trailers().ok();
+                ended = true;
+            }
+        }
+    }
+    if head.is_empty() && trailers.is_none() && !ended {
+        let body = ProxyBody::Guarded { body, release };
+        return Ok(Response::from_parts(parts, body));
+    }
+    let body = match ended {
+        true => {
+            sluice_core::body::Release::finish(release.as_mut());
+            ProxyBody::Buffered {
+                head,
+                trailers,
+                rest: None,
+                release: None,
+            }
+        }
+        false => ProxyBody::Buffered {
+            head,
+            trailers: None,
+            rest: Some(sluice_core::body::Rest::Incoming(body)),
+            release: Some(release),
+        },
+    };
+    Ok(Response::from_parts(parts, body))
 }
 
 /// A connection or stream leased for one request.
@@ -241,9 +331,15 @@ async fn connect_h2(
     }
 }
 
-/// The line an operator needs for a 502 or 504: which cluster, which endpoint, what failed.
+/// The line an operator needs for a 502 or 504: which cluster, which endpoint, what failed. A
+/// request's own deadline passing (a gRPC call's `grpc-timeout`) is the client's limit, not
+/// the upstream's failure: a debug line of its own.
 pub(super) fn log_failure(inner: &Inner, addr: SocketAddr, e: &ProxyError) {
     let status = e.status().as_u16();
+    if matches!(e, ProxyError::DeadlineExceeded) {
+        debug!(cluster = %inner.name, upstream.addr = %addr, status, "the request's own deadline passed before the upstream answered");
+        return;
+    }
     warn!(cluster = %inner.name, upstream.addr = %addr, error = %e, status, "upstream failed");
 }
 
