@@ -16,7 +16,7 @@
 //! | `DELETE /routes/{name}` | remove a route |
 //! | `POST /clusters/{cluster}/endpoints` `{"addr": "host:port"}` | add an endpoint to a static cluster (a name: each of its addresses, resolved now, as the configuration does) |
 //! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one (a name: each of its addresses) |
-//! | `GET /metrics` | Prometheus text format ([`Metrics`]) |
+//! | `GET /metrics` | the Prometheus text format, or OpenMetrics when `Accept` prefers it ([`Metrics`]) |
 //! | `POST /relays/{name}/pool` | `{"size": N}`: a relay's pool size, at runtime |
 //! | `GET /openapi.json` | this API as OpenAPI 3 (`docs/admin-openapi.json`) |
 //! | `GET /ui` | a live dashboard page that polls `/status` and `/metrics` (served without the token; it takes one from `#token=`) |
@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -46,7 +46,7 @@ use sluice_config::Token;
 use tokio::net::TcpListener;
 use tracing::info;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Exposition, Metrics};
 use crate::router::{LiveRoutes, RouteError, RouteSpec};
 use crate::server::ShutdownSignal;
 use crate::upstream::reverse::{BrokerView, SliceId};
@@ -587,10 +587,24 @@ fn relay_status(r: &sluice_relay::RelayHandle) -> RelayStatus {
     }
 }
 
-async fn metrics(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
-    let body = state.metrics.render();
-    let content_type = "text/plain; version=0.0.4; charset=utf-8";
-    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+/// `/metrics` in the format the scraper's `Accept` asks for: OpenMetrics to Prometheus (which
+/// asks for it first), the Prometheus text format to anything else.
+async fn metrics(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Exposition::negotiate(accept);
+    let body = state.metrics.render_as(format);
+    (
+        [
+            (header::CONTENT_TYPE, format.content_type()),
+            (header::VARY, "Accept"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 async fn drain(

@@ -84,7 +84,7 @@ pub use body::ProxyBody;
 pub use error::{Origin, ProxyError};
 pub use http::request_id::RequestIds;
 pub use http::retry::RetryMetrics;
-pub use metrics::Metrics;
+pub use metrics::{Exposition, Metrics};
 pub use otel::{Tracing, TracingError};
 pub use proxy::fast::FastPath;
 pub use proxy::ProxyService;
