@@ -111,6 +111,64 @@ fn check_points_at_the_bad_value_and_exits_2() {
     assert!(out.stdout.is_empty());
 }
 
+/// Issue 48, item 8: CI can check a config's shape without its secrets. `--no-secrets` reads
+/// no `env:`/`file:` secret but still checks each reference's form and everything else; a
+/// plain check still needs them.
+#[test]
+fn check_no_secrets_validates_a_config_whose_secrets_are_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("secrets.toml");
+    let config = |token: &str| {
+        format!(
+            "[admin]\nlisten = \"0.0.0.0:0\"\ntoken = \"env:SLUICE_CLI_TEST_NEVER_SET\"\n\
+             [acceptor]\nlisten = \"127.0.0.1:0\"\n\
+             [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
+             [[route]]\ncluster = \"api\"\n\
+             [cluster.api]\nkind = \"reverse\"\ntokens = [{token}]\n"
+        )
+    };
+    std::fs::write(&path, config("\"file:absent/token\"")).unwrap();
+    let plain = check(&path);
+    assert_eq!(plain.status.code(), Some(2), "{}", text(&plain.stderr));
+    assert!(
+        text(&plain.stderr).contains("SLUICE_CLI_TEST_NEVER_SET"),
+        "{}",
+        text(&plain.stderr)
+    );
+    let shape = || {
+        sluice()
+            .args(["check", "--no-secrets", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    let out = shape();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(": ok (") && text(&out.stdout).contains("secrets not read"),
+        "{}",
+        text(&out.stdout)
+    );
+    // The shape is still checked: a reference with no name, a mistyped key.
+    std::fs::write(&path, config("\"env:\"")).unwrap();
+    let out = shape();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("`env:` names no variable"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::write(&path, config("\"file:t\"").replace("tokens", "tokenz")).unwrap();
+    assert_eq!(shape().status.code(), Some(2));
+    // `sluice check --help` says how.
+    let help = sluice().args(["check", "--help"]).output().unwrap();
+    assert!(
+        text(&help.stdout).contains("--no-secrets"),
+        "{}",
+        text(&help.stdout)
+    );
+}
+
 #[test]
 fn check_of_a_missing_file_names_it_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
