@@ -249,6 +249,39 @@ async fn ctl_reads_and_drains_a_running_demo() {
     terminate(child).await;
 }
 
+/// Issue 48, item 6: with one acceptor (no control links) `ctl status` shows the capacity
+/// each instance declared in its sessions' registrations, not "-".
+#[tokio::test]
+async fn ctl_status_shows_what_single_acceptor_instances_declared() {
+    let (child, mut lines) = demo(&[]);
+    let admin = tokio::time::timeout(START_TIMEOUT, wait_listening(&mut lines, "admin"))
+        .await
+        .expect("demo did not become ready");
+    let (ok, status) = ctl(admin, &["--json", "status"]).await;
+    assert!(ok, "{status}");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let instances = &status["clusters"][0]["instances"];
+    assert_eq!(
+        (&instances[0]["declared"], &instances[1]["declared"]),
+        (&serde_json::json!(8), &serde_json::json!(4)),
+        "{status}"
+    );
+    let (ok, table) = ctl(admin, &["status"]).await;
+    assert!(ok, "{table}");
+    let declared = |instance: &str| {
+        table
+            .lines()
+            .map(str::split_whitespace)
+            .find_map(|mut cols| {
+                (cols.next() == Some(instance)).then(|| cols.nth(1).map(str::to_owned))
+            })
+            .flatten()
+    };
+    assert_eq!(declared("demo-a").as_deref(), Some("8"), "{table}");
+    assert_eq!(declared("demo-b").as_deref(), Some("4"), "{table}");
+    terminate(child).await;
+}
+
 /// `GET /metrics` over a raw connection.
 async fn ctl_metrics(admin: SocketAddr) -> (bool, String) {
     let mut stream = TcpStream::connect(admin).await.unwrap();

@@ -419,7 +419,8 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> ClusterStatus {
     let mut instances: Vec<_> = registered
         .iter()
         .map(|i| InstanceStatus {
-            declared: declared(i.id()),
+            // With one acceptor there is no control link: what its sessions declared.
+            declared: declared(i.id()).or_else(|| i.declared()),
             draining: i.is_draining(),
             id: i.id().to_owned(),
             retiring: count(i.retiring()),
