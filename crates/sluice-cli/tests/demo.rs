@@ -117,6 +117,37 @@ async fn demo_answers_from_both_instances_and_stops_on_sigterm() {
     terminate(child).await;
 }
 
+/// Issue 48, item 6: the banner names the dashboard's URL, and that URL serves it.
+#[tokio::test]
+async fn the_banner_names_the_dashboard_url() {
+    let (child, mut lines) = demo(&[]);
+    let admin = tokio::time::timeout(START_TIMEOUT, wait_listening(&mut lines, "admin"))
+        .await
+        .expect("demo did not become ready");
+    let mut banner = String::new();
+    let read = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            banner.push_str(&line);
+            banner.push('\n');
+            if line.starts_with("Ctrl-C stops the demo") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(START_TIMEOUT, read)
+        .await
+        .expect("no banner");
+    let url = format!("http://{admin}/ui");
+    assert!(banner.contains(&url), "{banner}");
+    let mut stream = TcpStream::connect(admin).await.unwrap();
+    let head = format!("GET /ui HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    terminate(child).await;
+}
+
 /// A table row: the step label, then each `max/declared` in-flight column.
 fn parse_row(line: &str) -> Option<(String, Vec<(usize, usize)>)> {
     let mut fields = line.split_whitespace();
