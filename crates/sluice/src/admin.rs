@@ -51,6 +51,7 @@ use crate::router::{LiveRoutes, RouteError, RouteSpec};
 use crate::server::ShutdownSignal;
 use crate::upstream::reverse::{BrokerView, SliceId};
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
+use sluice_reverse::handoff::ConsumerView;
 
 /// What the admin API reads and changes.
 #[derive(Debug)]
@@ -358,11 +359,20 @@ impl FromRequestParts<Arc<AdminState>> for Authorized {
 }
 
 async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
+    // A standalone acceptor's consumers, read once: the loans they hold count in its slices.
+    let consumers = state
+        .consumers
+        .as_ref()
+        .map_or_else(Vec::new, BrokerView::consumers);
+    let mut lent: BTreeMap<SliceId, usize> = BTreeMap::new();
+    for (id, _, n) in consumers.iter().flat_map(|c| &c.slices) {
+        *lent.entry(id.clone()).or_default() += n;
+    }
     let clusters = state
         .clusters
         .iter()
         .map(|(name, u)| match u {
-            Upstream::Reverse(s) => reverse_status(name, s.cluster()),
+            Upstream::Reverse(s) => reverse_status(name, s.cluster(), &lent),
             Upstream::Static(c) => static_status(name, c),
         })
         .collect();
@@ -377,23 +387,19 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
         }),
         clusters,
         relays: state.relays.iter().map(relay_status).collect(),
-        consumers: state
-            .consumers
-            .as_ref()
-            .map_or_else(Vec::new, consumer_status),
+        consumers: consumer_status(consumers),
     })
     .into_response()
 }
 
-fn consumer_status(broker: &BrokerView) -> Vec<ConsumerStatus> {
+fn consumer_status(consumers: Vec<ConsumerView>) -> Vec<ConsumerStatus> {
     let slice = |(id, credit, lent): (SliceId, u32, usize)| ConsumerSliceStatus {
         cluster: id.cluster,
         slice: id.slice,
         credit,
         lent: count(lent),
     };
-    broker
-        .consumers()
+    consumers
         .into_iter()
         .map(|c| ConsumerStatus {
             id: c.id,
@@ -402,11 +408,20 @@ fn consumer_status(broker: &BrokerView) -> Vec<ConsumerStatus> {
         .collect()
 }
 
-fn reverse_status(name: &str, c: &ReverseCluster) -> ClusterStatus {
+/// A reverse cluster's status; `lent`: the sessions a standalone acceptor lent to its
+/// consumers, by slice (empty elsewhere).
+fn reverse_status(
+    name: &str,
+    c: &ReverseCluster,
+    lent: &BTreeMap<SliceId, usize>,
+) -> ClusterStatus {
     let slices = c
         .slice_names()
         .into_iter()
-        .map(|s| slice_status(c, s))
+        .map(|s| {
+            let lent = lent.get(&SliceId::new(name, s.as_str())).copied();
+            slice_status(c, s, lent.unwrap_or(0))
+        })
         .collect();
     let registered = c.instances();
     let links = c.links().list();
@@ -522,10 +537,17 @@ impl AdminState {
 }
 
 /// A slice's load here, and what this node asks its services for on their control links.
-fn slice_status(c: &ReverseCluster, name: String) -> SliceStatus {
+/// `lent`: its sessions a standalone acceptor lent to consumers (NGINX workers, Sluice
+/// processes), which are its instances' still and count in `sessions`.
+fn slice_status(c: &ReverseCluster, name: String, lent: usize) -> SliceStatus {
     let load = c.load(&name);
     let (asks_for, why) = match (load.queued, load.sessions) {
+        (0, 0) if lent > 0 => (0, format!("none here; {lent} lent to consumers")),
         (0, 0) => (0, "no requests and no sessions".to_owned()),
+        (0, _) if lent > 0 => (
+            0,
+            format!("its sessions serve what comes; {lent} lent to consumers"),
+        ),
         (0, _) => (0, "its sessions serve what comes".to_owned()),
         (q, 0) => (
             count(q),
@@ -539,7 +561,7 @@ fn slice_status(c: &ReverseCluster, name: String) -> SliceStatus {
         in_flight: count(load.in_flight),
         oldest_wait_ms: u64::try_from(c.oldest_wait(&name).as_millis()).unwrap_or(u64::MAX),
         queued: count(load.queued),
-        sessions: count(load.sessions),
+        sessions: count(load.sessions + lent),
         why,
         name,
     }
