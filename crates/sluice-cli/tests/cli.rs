@@ -169,6 +169,57 @@ fn check_no_secrets_validates_a_config_whose_secrets_are_absent() {
     );
 }
 
+/// Issue 48, item 7: `sluice run` raises its soft open-files limit to the hard one, so a
+/// shell's 1024 (or less) does not cap the connections a proxy holds.
+#[test]
+fn run_raises_the_open_files_limit_to_the_hard_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("min.toml");
+    std::fs::write(
+        &path,
+        "[[listener]]\nname = \"p\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\ndirect_response = { status = 200, body = \"ok\" }\n",
+    )
+    .unwrap();
+    // The test's own soft limit lowered for the child only, by the shell that execs it.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -Sn 256 && exec {} run -c {}",
+            env!("CARGO_BIN_EXE_sluice"),
+            path.display()
+        ))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let limits = format!("/proc/{}/limits", child.id());
+    let deadline = Instant::now() + PATIENCE;
+    let row = loop {
+        let text = std::fs::read_to_string(&limits).unwrap_or_default();
+        let row: Vec<String> = text
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(3)
+                    .take(2)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if row.len() == 2 && (row[0] == row[1] || Instant::now() > deadline) {
+            break row;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(row.len(), 2, "no open files limit in {limits}");
+    assert_eq!(row[0], row[1], "soft {} is below hard {}", row[0], row[1]);
+}
+
 #[test]
 fn check_of_a_missing_file_names_it_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
