@@ -20,6 +20,14 @@ static ngx_str_t  ngx_http_sluice_wait_expired =
     ngx_string("no capacity: queue wait expired\n");
 static ngx_str_t  ngx_http_sluice_no_sessions =
     ngx_string("no sessions registered for this service\n");
+/*
+ * Why a request gets 502: the worker waited with no session and no connection to the
+ * acceptor, so it cannot know whether any session exists. As NGINX answers an upstream it
+ * cannot connect to: the fault is between the proxy and its upstream, not the service's
+ * capacity, and monitoring that tells 502 from 503 should page for it rather than back off.
+ */
+static ngx_str_t  ngx_http_sluice_unreachable =
+    ngx_string("acceptor unreachable\n");
 
 
 typedef struct {
@@ -37,7 +45,7 @@ static ngx_int_t ngx_http_sluice_admit(ngx_http_request_t *r,
     ngx_http_sluice_ctx_t *ctx);
 static void ngx_http_sluice_body_read(ngx_http_request_t *r);
 static ngx_int_t ngx_http_sluice_reject(ngx_http_request_t *r,
-    ngx_http_sluice_upstream_t *up, ngx_str_t *reason);
+    ngx_http_sluice_upstream_t *up, ngx_uint_t status, ngx_str_t *reason);
 static ngx_uint_t ngx_http_sluice_has_error_page(ngx_http_request_t *r,
     ngx_uint_t status);
 static void ngx_http_sluice_wake(ngx_event_t *ev);
@@ -94,11 +102,20 @@ ngx_http_sluice_precontent(ngx_http_request_t *r)
             return NGX_AGAIN;
         }
         if ((ctx->timed_out || ctx->no_sessions) && ctx->session == NULL) {
-            return ngx_http_sluice_reject(r, up,
-                                          ctx->no_sessions
-                                          || ngx_http_sluice_none_registered(up)
-                                          ? &ngx_http_sluice_no_sessions
-                                          : &ngx_http_sluice_wait_expired);
+            if (ctx->no_sessions || ngx_http_sluice_none_registered(up)) {
+                return ngx_http_sluice_reject(r, up, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                              &ngx_http_sluice_no_sessions);
+            }
+            if (up->handoff == NULL || !up->hello) {
+                ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                              "sluice: no session after waiting and the acceptor at "
+                              "\"%V\" is unreachable (upstream \"%V\"): is it running?",
+                              &up->path, &up->name);
+                return ngx_http_sluice_reject(r, up, NGX_HTTP_BAD_GATEWAY,
+                                              &ngx_http_sluice_unreachable);
+            }
+            return ngx_http_sluice_reject(r, up, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                          &ngx_http_sluice_wait_expired);
         }
         return NGX_DECLINED;
     }
@@ -184,13 +201,15 @@ ngx_http_sluice_admit(ngx_http_request_t *r, ngx_http_sluice_ctx_t *ctx)
 
     if (ngx_http_sluice_none_registered(up)) {
         if (up->no_sessions_wait == 0) {
-            return ngx_http_sluice_reject(r, up, &ngx_http_sluice_no_sessions);
+            return ngx_http_sluice_reject(r, up, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                          &ngx_http_sluice_no_sessions);
         }
         timeout = ngx_min(timeout, up->no_sessions_wait);
     }
 
     if (ngx_http_sluice_enqueue(ctx, timeout) != NGX_OK) {
-        return ngx_http_sluice_reject(r, up, &ngx_http_sluice_queue_full);
+        return ngx_http_sluice_reject(r, up, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                      &ngx_http_sluice_queue_full);
     }
 
     /* Parked: a session or the timeout wakes it; a client that leaves ends it. */
@@ -203,12 +222,13 @@ ngx_http_sluice_admit(ngx_http_request_t *r, ngx_http_sluice_ctx_t *ctx)
 
 /*
  * 503 with Retry-After: the queue is full, the wait was too long, or no session is
- * registered. `reason` is the body, as the Sluice proxy sends it, unless the location has
- * an error_page for 503 (then that page).
+ * registered; or 502 (no Retry-After: waiting is not known to help) when the acceptor was
+ * unreachable. `reason` is the body, as the Sluice proxy sends it, unless the location has
+ * an error_page for that status (then that page).
  */
 static ngx_int_t
 ngx_http_sluice_reject(ngx_http_request_t *r, ngx_http_sluice_upstream_t *up,
-    ngx_str_t *reason)
+    ngx_uint_t status, ngx_str_t *reason)
 {
     ngx_int_t                  rc;
     ngx_str_t                  type = ngx_string("text/plain");
@@ -217,17 +237,19 @@ ngx_http_sluice_reject(ngx_http_request_t *r, ngx_http_sluice_upstream_t *up,
 
     up->stats.rejected++;
 
-    h = ngx_list_push(&r->headers_out.headers);
-    if (h == NULL) {
-        return NGX_ERROR;
+    if (status == NGX_HTTP_SERVICE_UNAVAILABLE) {
+        h = ngx_list_push(&r->headers_out.headers);
+        if (h == NULL) {
+            return NGX_ERROR;
+        }
+
+        h->hash = 1;
+        ngx_str_set(&h->key, "Retry-After");
+        ngx_str_set(&h->value, "1");
     }
 
-    h->hash = 1;
-    ngx_str_set(&h->key, "Retry-After");
-    ngx_str_set(&h->value, "1");
-
-    if (ngx_http_sluice_has_error_page(r, NGX_HTTP_SERVICE_UNAVAILABLE)) {
-        return NGX_HTTP_SERVICE_UNAVAILABLE;
+    if (ngx_http_sluice_has_error_page(r, status)) {
+        return status;
     }
 
     ngx_memzero(&cv, sizeof(ngx_http_complex_value_t));
@@ -238,7 +260,7 @@ ngx_http_sluice_reject(ngx_http_request_t *r, ngx_http_sluice_upstream_t *up,
      * the content phase, whose proxy then found no session ("no live upstreams") and tried
      * to send a 502 after the 503 ("header already sent").
      */
-    rc = ngx_http_send_response(r, NGX_HTTP_SERVICE_UNAVAILABLE, &type, &cv);
+    rc = ngx_http_send_response(r, status, &type, &cv);
     ngx_http_finalize_request(r, rc);
     return NGX_DONE;
 }

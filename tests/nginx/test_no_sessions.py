@@ -117,3 +117,29 @@ def test_no_sessions_wait_holds_requests_for_a_service_that_is_starting(
     procs.append(start_service(built.bins, "go", addr, "go", 1, 0))
     waiter.join(WAIT)
     assert waited and waited[0].status == 200, waited
+
+
+def test_with_the_acceptor_unreachable_a_request_gets_502_that_says_so(
+    built: Built, tmp_path: Path, procs: list[Proc], nginx_factory: Callable[..., Nginx]
+) -> None:
+    # No acceptor listens on the socket: the worker cannot know whether any session exists,
+    # so after its wait the request gets NGINX's answer for an upstream it cannot reach (502,
+    # no Retry-After) with a body that says so, not a 503 that blames the queue.
+    sock = tmp_path / "nobody.sock"
+    nginx = nginx_factory(sock, workers=1, idle=1, queue_timeout="200ms")
+    st = status(nginx)
+    assert st["connected"] is False, st
+    res = get(nginx, "lost")
+    assert (res.status, res.body, res.retry_after) == (502, "acceptor unreachable", None), res
+    deadline = time.monotonic() + WAIT
+    while "is unreachable" not in "\n".join(nginx.proc.lines):
+        assert time.monotonic() < deadline, "no 'is unreachable' line in nginx's log"
+        time.sleep(0.02)
+    assert str(sock) in "\n".join(nginx.proc.lines)
+    # A service that comes up later is reached: the same upstream serves.
+    acceptor, addr = start_acceptor(built.bins, tmp_path, sock)
+    procs.append(acceptor)
+    procs.append(start_service(built.bins, "go", addr, "go", 1, 0))
+    nginx.wait_connected(1)
+    until(nginx, lambda st: st["idle"] == 1, "the session")
+    assert get(nginx, "found").status == 200

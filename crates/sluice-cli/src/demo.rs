@@ -249,6 +249,9 @@ fn print_banner(listen: SocketAddr, admin: Option<SocketAddr>, instances: &[Arc<
     );
     if let Some(admin) = admin {
         println!("  sluice ctl --admin http://{admin} status    # sessions, queues; curl http://{admin}/metrics");
+        println!(
+            "  open http://{admin}/ui    # the dashboard in a browser: sessions, queues, live"
+        );
     }
     println!();
     println!("Ctrl-C stops the demo.");

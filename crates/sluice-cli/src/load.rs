@@ -38,14 +38,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
 
 /// How one request ended.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Outcome {
     /// A 2xx, with its latency from the scheduled start.
     Success(Duration),
     /// A 503: the admission queue was full or the wait expired.
     Unavailable,
-    /// Anything else: another status, a transport error, a timeout.
-    Failed,
+    /// Anything else: another status, a transport error, a timeout; and why, in a few words.
+    Failed(String),
 }
 
 /// What one step measured.
@@ -59,6 +59,8 @@ struct Step {
     latencies: Vec<Duration>,
     unavailable: usize,
     failed: usize,
+    /// Why requests failed, with how many for each reason.
+    failures: std::collections::BTreeMap<String, usize>,
     max_in_flight: Vec<usize>,
     peak_queue: usize,
 }
@@ -82,13 +84,17 @@ pub(crate) async fn run(
     let client = client();
     print_header(instances);
     let mut exceeded = false;
+    let mut failures = std::collections::BTreeMap::new();
     for (label, factor) in STEPS {
         let mut result = run_step(&client, &uri, cluster, instances, capacity * factor, step).await;
         result.label = label;
         print_row(&mut result, instances);
         exceeded |= result.exceeded(instances);
+        for (why, n) in std::mem::take(&mut result.failures) {
+            *failures.entry(why).or_insert(0) += n;
+        }
     }
-    explain(exceeded)
+    explain(exceeded, &failures)
 }
 
 /// A pooled client that opens as many connections as the open loop needs.
@@ -135,7 +141,7 @@ async fn run_step(
     }
     let mut step = Step::new(rate, length, launched as usize, peak_queue);
     while let Some(joined) = tasks.join_next().await {
-        step.record(joined.unwrap_or(Outcome::Failed));
+        step.record(joined.unwrap_or_else(|e| Outcome::Failed(format!("task: {e}"))));
     }
     // Queued requests finish after the window; goodput counts them over the whole time.
     step.elapsed = start.elapsed().as_secs_f64();
@@ -155,7 +161,10 @@ async fn send(client: HttpClient, uri: Uri, scheduled: Instant) -> Outcome {
     match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
         Ok(Ok(status)) if status.is_success() => Outcome::Success(scheduled.elapsed()),
         Ok(Ok(StatusCode::SERVICE_UNAVAILABLE)) => Outcome::Unavailable,
-        _ => Outcome::Failed,
+        Ok(Ok(status)) => Outcome::Failed(format!("status {status}")),
+        // The innermost cause names it ("Too many open files", "Connection reset by peer").
+        Ok(Err(e)) => Outcome::Failed(e.root_cause().to_string()),
+        Err(_) => Outcome::Failed(format!("no answer within {REQUEST_TIMEOUT:?}")),
     }
 }
 
@@ -170,6 +179,7 @@ impl Step {
             latencies: Vec::with_capacity(sent),
             unavailable: 0,
             failed: 0,
+            failures: std::collections::BTreeMap::new(),
             max_in_flight: Vec::new(),
             peak_queue,
         }
@@ -179,7 +189,10 @@ impl Step {
         match outcome {
             Outcome::Success(latency) => self.latencies.push(latency),
             Outcome::Unavailable => self.unavailable += 1,
-            Outcome::Failed => self.failed += 1,
+            Outcome::Failed(why) => {
+                self.failed += 1;
+                *self.failures.entry(why).or_insert(0) += 1;
+            }
         }
     }
 
@@ -200,6 +213,36 @@ impl Step {
             .zip(instances)
             .any(|(max, i)| *max > i.sessions)
     }
+}
+
+/// What the errors were and what to do about them; `None` without errors.
+fn failures_text(failures: &std::collections::BTreeMap<String, usize>) -> Option<String> {
+    let total: usize = failures.values().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut by_count: Vec<_> = failures.iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let causes: Vec<String> = by_count
+        .iter()
+        .take(3)
+        .map(|(why, n)| format!("{n} {why}"))
+        .collect();
+    let mut text = format!(
+        "{total} requests failed without an answer from the proxy: {}.",
+        causes.join(", ")
+    );
+    if failures
+        .keys()
+        .any(|why| why.contains("Too many open files"))
+    {
+        text.push_str(
+            "\nThe load's client and the proxy share this process and ran out of file\n\
+             descriptors (each connection holds two): raise the open files limit\n\
+             (`ulimit -n`, its hard limit) and run again.",
+        );
+    }
+    Some(text)
 }
 
 fn print_header(instances: &[Arc<Instance>]) {
@@ -240,11 +283,20 @@ fn print_row(step: &mut Step, instances: &[Arc<Instance>]) {
     println!("{row}");
 }
 
-/// The closing paragraph; an error if the one promise the demo shows was broken.
-fn explain(exceeded: bool) -> anyhow::Result<()> {
+/// The closing paragraph; an error if the one promise the demo shows was broken. Errors
+/// (not the proxy's 503s) are said with their causes: they are the load generator's or the
+/// machine's, and the goodput of their step counts until its last answer, a timeout's too.
+fn explain(
+    exceeded: bool,
+    failures: &std::collections::BTreeMap<String, usize>,
+) -> anyhow::Result<()> {
     println!();
     if exceeded {
         anyhow::bail!("an instance worked on more requests than it declared sessions: a bug");
+    }
+    if let Some(text) = failures_text(failures) {
+        println!("{text}");
+        println!();
     }
     println!(
         "In-flight never exceeded the declared sessions: each request leased one session\n\
@@ -255,4 +307,28 @@ fn explain(exceeded: bool) -> anyhow::Result<()> {
          Retry-After at once instead of piling onto the services."
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Errors are named with their causes, the most frequent first, and running out of
+    /// descriptors says how to fix it (issue 48, item 7).
+    #[test]
+    fn failures_are_said_with_their_causes() {
+        assert_eq!(failures_text(&std::collections::BTreeMap::new()), None);
+        let failures = [
+            ("Too many open files (os error 24)".to_owned(), 178),
+            ("no answer within 5s".to_owned(), 2),
+        ]
+        .into_iter()
+        .collect();
+        let text = failures_text(&failures).expect("errors");
+        assert!(
+            text.starts_with("180 requests failed without an answer from the proxy: 178 Too many open files (os error 24), 2 no answer within 5s."),
+            "{text}"
+        );
+        assert!(text.contains("ulimit -n"), "{text}");
+    }
 }

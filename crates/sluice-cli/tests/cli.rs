@@ -111,6 +111,115 @@ fn check_points_at_the_bad_value_and_exits_2() {
     assert!(out.stdout.is_empty());
 }
 
+/// Issue 48, item 8: CI can check a config's shape without its secrets. `--no-secrets` reads
+/// no `env:`/`file:` secret but still checks each reference's form and everything else; a
+/// plain check still needs them.
+#[test]
+fn check_no_secrets_validates_a_config_whose_secrets_are_absent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("secrets.toml");
+    let config = |token: &str| {
+        format!(
+            "[admin]\nlisten = \"0.0.0.0:0\"\ntoken = \"env:SLUICE_CLI_TEST_NEVER_SET\"\n\
+             [acceptor]\nlisten = \"127.0.0.1:0\"\n\
+             [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
+             [[route]]\ncluster = \"api\"\n\
+             [cluster.api]\nkind = \"reverse\"\ntokens = [{token}]\n"
+        )
+    };
+    std::fs::write(&path, config("\"file:absent/token\"")).unwrap();
+    let plain = check(&path);
+    assert_eq!(plain.status.code(), Some(2), "{}", text(&plain.stderr));
+    assert!(
+        text(&plain.stderr).contains("SLUICE_CLI_TEST_NEVER_SET"),
+        "{}",
+        text(&plain.stderr)
+    );
+    let shape = || {
+        sluice()
+            .args(["check", "--no-secrets", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    let out = shape();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(": ok (") && text(&out.stdout).contains("secrets not read"),
+        "{}",
+        text(&out.stdout)
+    );
+    // The shape is still checked: a reference with no name, a mistyped key.
+    std::fs::write(&path, config("\"env:\"")).unwrap();
+    let out = shape();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("`env:` names no variable"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::write(&path, config("\"file:t\"").replace("tokens", "tokenz")).unwrap();
+    assert_eq!(shape().status.code(), Some(2));
+    // `sluice check --help` says how.
+    let help = sluice().args(["check", "--help"]).output().unwrap();
+    assert!(
+        text(&help.stdout).contains("--no-secrets"),
+        "{}",
+        text(&help.stdout)
+    );
+}
+
+/// Issue 48, item 7: `sluice run` raises its soft open-files limit to the hard one, so a
+/// shell's 1024 (or less) does not cap the connections a proxy holds.
+#[test]
+fn run_raises_the_open_files_limit_to_the_hard_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("min.toml");
+    std::fs::write(
+        &path,
+        "[[listener]]\nname = \"p\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\ndirect_response = { status = 200, body = \"ok\" }\n",
+    )
+    .unwrap();
+    // The test's own soft limit lowered for the child only, by the shell that execs it.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -Sn 256 && exec {} run -c {}",
+            env!("CARGO_BIN_EXE_sluice"),
+            path.display()
+        ))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let limits = format!("/proc/{}/limits", child.id());
+    let deadline = Instant::now() + PATIENCE;
+    let row = loop {
+        let text = std::fs::read_to_string(&limits).unwrap_or_default();
+        let row: Vec<String> = text
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(3)
+                    .take(2)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if row.len() == 2 && (row[0] == row[1] || Instant::now() > deadline) {
+            break row;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(row.len(), 2, "no open files limit in {limits}");
+    assert_eq!(row[0], row[1], "soft {} is below hard {}", row[0], row[1]);
+}
+
 #[test]
 fn check_of_a_missing_file_names_it_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();

@@ -117,6 +117,37 @@ async fn demo_answers_from_both_instances_and_stops_on_sigterm() {
     terminate(child).await;
 }
 
+/// Issue 48, item 6: the banner names the dashboard's URL, and that URL serves it.
+#[tokio::test]
+async fn the_banner_names_the_dashboard_url() {
+    let (child, mut lines) = demo(&[]);
+    let admin = tokio::time::timeout(START_TIMEOUT, wait_listening(&mut lines, "admin"))
+        .await
+        .expect("demo did not become ready");
+    let mut banner = String::new();
+    let read = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            banner.push_str(&line);
+            banner.push('\n');
+            if line.starts_with("Ctrl-C stops the demo") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(START_TIMEOUT, read)
+        .await
+        .expect("no banner");
+    let url = format!("http://{admin}/ui");
+    assert!(banner.contains(&url), "{banner}");
+    let mut stream = TcpStream::connect(admin).await.unwrap();
+    let head = format!("GET /ui HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    terminate(child).await;
+}
+
 /// A table row: the step label, then each `max/declared` in-flight column.
 fn parse_row(line: &str) -> Option<(String, Vec<(usize, usize)>)> {
     let mut fields = line.split_whitespace();
@@ -246,6 +277,39 @@ async fn ctl_reads_and_drains_a_running_demo() {
     assert!(ok, "{metrics}");
     let active_a = "sluice_sessions{cluster=\"demo\",instance=\"demo-a\",state=\"active\"} 8";
     assert!(metrics.contains(active_a), "{metrics}");
+    terminate(child).await;
+}
+
+/// Issue 48, item 6: with one acceptor (no control links) `ctl status` shows the capacity
+/// each instance declared in its sessions' registrations, not "-".
+#[tokio::test]
+async fn ctl_status_shows_what_single_acceptor_instances_declared() {
+    let (child, mut lines) = demo(&[]);
+    let admin = tokio::time::timeout(START_TIMEOUT, wait_listening(&mut lines, "admin"))
+        .await
+        .expect("demo did not become ready");
+    let (ok, status) = ctl(admin, &["--json", "status"]).await;
+    assert!(ok, "{status}");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let instances = &status["clusters"][0]["instances"];
+    assert_eq!(
+        (&instances[0]["declared"], &instances[1]["declared"]),
+        (&serde_json::json!(8), &serde_json::json!(4)),
+        "{status}"
+    );
+    let (ok, table) = ctl(admin, &["status"]).await;
+    assert!(ok, "{table}");
+    let declared = |instance: &str| {
+        table
+            .lines()
+            .map(str::split_whitespace)
+            .find_map(|mut cols| {
+                (cols.next() == Some(instance)).then(|| cols.nth(1).map(str::to_owned))
+            })
+            .flatten()
+    };
+    assert_eq!(declared("demo-a").as_deref(), Some("8"), "{table}");
+    assert_eq!(declared("demo-b").as_deref(), Some("4"), "{table}");
     terminate(child).await;
 }
 

@@ -217,8 +217,9 @@ pub struct SliceStatus {
 /// A reverse cluster's instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstanceStatus {
-    /// The capacity it declared on its control link (many nodes), across every node; absent
-    /// without a link.
+    /// The capacity it declared on its control link (many nodes), across every node; without
+    /// a link (one acceptor), what its sessions' registrations declared (`Sluice-Capacity`);
+    /// absent when neither did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared: Option<u64>,
     /// Whether it is draining (or drained and held until resumed).

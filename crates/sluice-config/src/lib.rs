@@ -61,6 +61,19 @@ pub const EMBEDDED_DEFAULT_SOURCE: &str = "<embedded default>";
 /// Reads and validates the file at `path`; relative paths inside it (TLS files, `file:`
 /// secrets) are resolved against the file's directory. Errors start with `path`.
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    load(path, true)
+}
+
+/// [`load_file`] without reading secrets: each `env:NAME` or `file:PATH` reference is checked
+/// for its form only and stands for a placeholder value, so that the file's shape can be
+/// validated where its secrets are not (CI; `sluice check --no-secrets`). Files that are not
+/// `file:` secrets (TLS certificates and keys, `htpasswd` files) are still read. The result
+/// is for checking only: its secrets are placeholders.
+pub fn load_file_without_secrets(path: &Path) -> Result<Config, ConfigError> {
+    load(path, false)
+}
+
+fn load(path: &Path, read_secrets: bool) -> Result<Config, ConfigError> {
     let origin = path.display().to_string();
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new(&origin, format!("cannot read configuration: {e}")))?;
@@ -68,18 +81,28 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    parse_str(&text, &origin, base_dir)
+    parse(&text, &origin, base_dir, read_secrets)
 }
 
 /// Parses and validates `text`; `source` names it in errors and `base_dir` anchors relative
 /// paths.
 pub fn parse_str(text: &str, source: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+    parse(text, source, base_dir, true)
+}
+
+fn parse(
+    text: &str,
+    source: &str,
+    base_dir: &Path,
+    read_secrets: bool,
+) -> Result<Config, ConfigError> {
     let raw: raw::RawConfig =
         toml::from_str(text).map_err(|e| ConfigError::from_toml(source, text, &e))?;
     let ctx = validate::Ctx {
         text,
         origin: source,
         base_dir,
+        read_secrets,
     };
     validate::validate(ctx, raw)
 }

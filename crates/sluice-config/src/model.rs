@@ -346,7 +346,8 @@ pub enum UpstreamProtocol {
     /// `"h2c"`: HTTP/2 in cleartext, with prior knowledge (gRPC's usual plaintext).
     H2c,
     /// `"auto"`: over TLS, what ALPN agrees (`h2` offered first, then `http/1.1`); in
-    /// plaintext, HTTP/1.1.
+    /// plaintext, HTTP/2 with prior knowledge (h2c) for gRPC calls, which are only ever
+    /// HTTP/2, and HTTP/1.1 for the rest.
     Auto,
 }
 

@@ -52,6 +52,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) origin: &'a str,
     /// The directory relative paths are resolved against.
     pub(crate) base_dir: &'a Path,
+    /// Whether `env:`/`file:` secrets are read; false checks only their form, so that a file
+    /// can be validated where its secrets are not (CI, `sluice check --no-secrets`).
+    pub(crate) read_secrets: bool,
 }
 
 impl Ctx<'_> {

@@ -52,6 +52,27 @@ impl HandedListener {
     }
 }
 
+/// The listen backlog asked for; the kernel caps it at `net.core.somaxconn` (4096 by default
+/// since Linux 5.4), so this means "as deep as the machine allows", as Go's listeners do.
+/// Tokio's `bind` asks for 128 (the standard library's value): a burst of connects beyond
+/// what the accept loop takes in time (a busy 2-core machine, many clients at once)
+/// overflowed it, and each dropped SYN costs its client a 1 s retransmit; `demo --load`
+/// showed it as a step whose p99 jumped past 1 s and whose goodput halved, with no error
+/// (issue 48, item 7).
+pub const LISTEN_BACKLOG: i32 = 65_535;
+
+/// A TCP socket listening on `addr` with [`LISTEN_BACKLOG`], as tokio's `bind` makes it
+/// otherwise (`SO_REUSEADDR`, non-blocking).
+pub fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
 /// The listening sockets of one process: those a predecessor handed over and not yet taken,
 /// and those taken or bound since (duplicates, for [`export`](Self::export)).
 #[derive(Debug, Default)]
@@ -74,7 +95,7 @@ impl Sockets {
     pub async fn tcp(&mut self, key: &str, addr: SocketAddr) -> std::io::Result<TcpListener> {
         let listener = match self.take_tcp(key, addr) {
             Some(std) => TcpListener::from_std(std)?,
-            None => TcpListener::bind(addr).await?,
+            None => bind_tcp(addr)?,
         };
         let bound = listener.local_addr().map(ListenAddr::Inet);
         self.remember(key, bound, SockRef::from(&listener));
@@ -180,6 +201,51 @@ mod tests {
 
     fn loopback() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+
+    /// A listener's backlog is as deep as the kernel allows, not tokio's 128: 1 100 connects
+    /// that nothing accepts all complete their handshake (with 128, 129 did: the 130th SYN
+    /// is dropped and its client retries a second later).
+    #[tokio::test]
+    async fn a_burst_of_connects_beyond_128_fits_the_backlog() {
+        use socket2::{Domain, Socket, Type};
+        const CONNECTS: usize = 1100;
+        let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4096);
+        // Every client socket is a descriptor of this process.
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        let _ = rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            },
+        );
+        let mut sockets = Sockets::default();
+        let listener = sockets.tcp("listener:a", loopback()).await.expect("bind");
+        let addr = listener.local_addr().expect("addr").into();
+        let clients: Vec<Socket> = (0..CONNECTS)
+            .map(|_| {
+                let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+                s.set_nonblocking(true).expect("non-blocking");
+                let _ = s.connect(&addr); // EINPROGRESS
+                s
+            })
+            .collect();
+        let want = CONNECTS.min(somaxconn + 1);
+        let connected = || clients.iter().filter(|c| c.peer_addr().is_ok()).count();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        while connected() < want && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(
+            connected() >= want,
+            "{} of {CONNECTS} connects completed (somaxconn {somaxconn})",
+            connected()
+        );
+        drop(listener);
     }
 
     /// A successor's table hands out the very socket the predecessor exported, so a

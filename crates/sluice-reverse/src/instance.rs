@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use sluice_session::Rejection;
@@ -67,6 +67,9 @@ pub struct Instance {
     /// The addresses its live sessions registered from, with how many from each: a control
     /// link or a drain request speaks for the instance only from one of them.
     addrs: Mutex<HashMap<IpAddr, usize>>,
+    /// The capacity its latest session registration declared (`Sluice-Capacity`); 0: none
+    /// did. With one acceptor there is no control link to declare it on.
+    declared: AtomicU64,
     /// The registry that lists it (weak: the registry owns its instances).
     listed_in: Weak<Instances>,
 }
@@ -80,6 +83,7 @@ impl Instance {
             upgraded: AtomicUsize::new(0),
             retiring: AtomicUsize::new(0),
             addrs: Mutex::default(),
+            declared: AtomicU64::new(0),
             listed_in,
         }
     }
@@ -129,6 +133,12 @@ impl Instance {
                 .retiring
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
                 .is_ok()
+    }
+
+    /// The capacity its sessions' registrations declared (`Sluice-Capacity`), the latest's;
+    /// `None` when none did.
+    pub fn declared(&self) -> Option<u64> {
+        Some(self.declared.load(Ordering::Relaxed)).filter(|&n| n > 0)
     }
 
     /// Former sessions of this instance that an upgrade (WebSocket) took over and that are
@@ -307,6 +317,15 @@ impl SessionPermit {
         };
         if self.addr.replace(ip).is_none() {
             *locked(&self.instance.addrs).entry(ip).or_default() += 1;
+        }
+    }
+
+    /// The session's registration declared `capacity` (`Sluice-Capacity`) for its instance.
+    pub(crate) fn declares(&self, capacity: Option<u32>) {
+        if let Some(n) = capacity.filter(|&n| n > 0) {
+            self.instance
+                .declared
+                .store(u64::from(n), Ordering::Relaxed);
         }
     }
 

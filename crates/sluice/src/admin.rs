@@ -16,7 +16,7 @@
 //! | `DELETE /routes/{name}` | remove a route |
 //! | `POST /clusters/{cluster}/endpoints` `{"addr": "host:port"}` | add an endpoint to a static cluster (a name: each of its addresses, resolved now, as the configuration does) |
 //! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one (a name: each of its addresses) |
-//! | `GET /metrics` | Prometheus text format ([`Metrics`]) |
+//! | `GET /metrics` | the Prometheus text format, or OpenMetrics when `Accept` prefers it ([`Metrics`]) |
 //! | `POST /relays/{name}/pool` | `{"size": N}`: a relay's pool size, at runtime |
 //! | `GET /openapi.json` | this API as OpenAPI 3 (`docs/admin-openapi.json`) |
 //! | `GET /ui` | a live dashboard page that polls `/status` and `/metrics` (served without the token; it takes one from `#token=`) |
@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -46,10 +46,11 @@ use sluice_config::Token;
 use tokio::net::TcpListener;
 use tracing::info;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Exposition, Metrics};
 use crate::router::{LiveRoutes, RouteError, RouteSpec};
 use crate::upstream::reverse::{BrokerView, SliceId};
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
+use sluice_reverse::handoff::ConsumerView;
 use sluice_server::ShutdownSignal;
 
 /// What the admin API reads and changes.
@@ -358,11 +359,20 @@ impl FromRequestParts<Arc<AdminState>> for Authorized {
 }
 
 async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
+    // A standalone acceptor's consumers, read once: the loans they hold count in its slices.
+    let consumers = state
+        .consumers
+        .as_ref()
+        .map_or_else(Vec::new, BrokerView::consumers);
+    let mut lent: BTreeMap<SliceId, usize> = BTreeMap::new();
+    for (id, _, n) in consumers.iter().flat_map(|c| &c.slices) {
+        *lent.entry(id.clone()).or_default() += n;
+    }
     let clusters = state
         .clusters
         .iter()
         .map(|(name, u)| match u {
-            Upstream::Reverse(s) => reverse_status(name, s.cluster()),
+            Upstream::Reverse(s) => reverse_status(name, s.cluster(), &lent),
             Upstream::Static(c) => static_status(name, c),
         })
         .collect();
@@ -377,23 +387,19 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
         }),
         clusters,
         relays: state.relays.iter().map(relay_status).collect(),
-        consumers: state
-            .consumers
-            .as_ref()
-            .map_or_else(Vec::new, consumer_status),
+        consumers: consumer_status(consumers),
     })
     .into_response()
 }
 
-fn consumer_status(broker: &BrokerView) -> Vec<ConsumerStatus> {
+fn consumer_status(consumers: Vec<ConsumerView>) -> Vec<ConsumerStatus> {
     let slice = |(id, credit, lent): (SliceId, u32, usize)| ConsumerSliceStatus {
         cluster: id.cluster,
         slice: id.slice,
         credit,
         lent: count(lent),
     };
-    broker
-        .consumers()
+    consumers
         .into_iter()
         .map(|c| ConsumerStatus {
             id: c.id,
@@ -402,11 +408,20 @@ fn consumer_status(broker: &BrokerView) -> Vec<ConsumerStatus> {
         .collect()
 }
 
-fn reverse_status(name: &str, c: &ReverseCluster) -> ClusterStatus {
+/// A reverse cluster's status; `lent`: the sessions a standalone acceptor lent to its
+/// consumers, by slice (empty elsewhere).
+fn reverse_status(
+    name: &str,
+    c: &ReverseCluster,
+    lent: &BTreeMap<SliceId, usize>,
+) -> ClusterStatus {
     let slices = c
         .slice_names()
         .into_iter()
-        .map(|s| slice_status(c, s))
+        .map(|s| {
+            let lent = lent.get(&SliceId::new(name, s.as_str())).copied();
+            slice_status(c, s, lent.unwrap_or(0))
+        })
         .collect();
     let registered = c.instances();
     let links = c.links().list();
@@ -419,7 +434,8 @@ fn reverse_status(name: &str, c: &ReverseCluster) -> ClusterStatus {
     let mut instances: Vec<_> = registered
         .iter()
         .map(|i| InstanceStatus {
-            declared: declared(i.id()),
+            // With one acceptor there is no control link: what its sessions declared.
+            declared: declared(i.id()).or_else(|| i.declared()),
             draining: i.is_draining(),
             id: i.id().to_owned(),
             retiring: count(i.retiring()),
@@ -521,10 +537,17 @@ impl AdminState {
 }
 
 /// A slice's load here, and what this node asks its services for on their control links.
-fn slice_status(c: &ReverseCluster, name: String) -> SliceStatus {
+/// `lent`: its sessions a standalone acceptor lent to consumers (NGINX workers, Sluice
+/// processes), which are its instances' still and count in `sessions`.
+fn slice_status(c: &ReverseCluster, name: String, lent: usize) -> SliceStatus {
     let load = c.load(&name);
     let (asks_for, why) = match (load.queued, load.sessions) {
+        (0, 0) if lent > 0 => (0, format!("none here; {lent} lent to consumers")),
         (0, 0) => (0, "no requests and no sessions".to_owned()),
+        (0, _) if lent > 0 => (
+            0,
+            format!("its sessions serve what comes; {lent} lent to consumers"),
+        ),
         (0, _) => (0, "its sessions serve what comes".to_owned()),
         (q, 0) => (
             count(q),
@@ -538,7 +561,7 @@ fn slice_status(c: &ReverseCluster, name: String) -> SliceStatus {
         in_flight: count(load.in_flight),
         oldest_wait_ms: u64::try_from(c.oldest_wait(&name).as_millis()).unwrap_or(u64::MAX),
         queued: count(load.queued),
-        sessions: count(load.sessions),
+        sessions: count(load.sessions + lent),
         why,
         name,
     }
@@ -587,10 +610,24 @@ fn relay_status(r: &sluice_relay::RelayHandle) -> RelayStatus {
     }
 }
 
-async fn metrics(_: Authorized, State(state): State<Arc<AdminState>>) -> Response {
-    let body = state.metrics.render();
-    let content_type = "text/plain; version=0.0.4; charset=utf-8";
-    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+/// `/metrics` in the format the scraper's `Accept` asks for: OpenMetrics to Prometheus (which
+/// asks for it first), the Prometheus text format to anything else.
+async fn metrics(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    headers: HeaderMap,
+) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Exposition::negotiate(accept);
+    let body = state.metrics.render_as(format);
+    (
+        [
+            (header::CONTENT_TYPE, format.content_type()),
+            (header::VARY, "Accept"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 async fn drain(

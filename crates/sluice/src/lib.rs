@@ -79,7 +79,7 @@ pub(crate) mod upstream;
 pub use access_log::AccessLog;
 pub use admin::{ReloadFuture, ReloadHook};
 pub use app::{Proxy, StartError};
-pub use metrics::Metrics;
+pub use metrics::{Exposition, Metrics};
 pub use otel::{Tracing, TracingError};
 pub use proxy::fast::FastPath;
 pub use proxy::ProxyService;

@@ -1,6 +1,6 @@
 //! [`ProxyService`]: the tower `Service` that routes a request and forwards or answers it.
 //!
-//! Hooks are tower `Layer`s around it; the [`server`](crate::server) runs it on connections.
+//! Hooks are tower `Layer`s around it; the server (`sluice-server`) runs it on connections.
 //! HTTP/1.1 upgrades (WebSocket) are bridged by the `upgrade` submodule.
 
 pub(crate) mod fast;

@@ -444,6 +444,62 @@ async fn metrics_count_requests_handshakes_and_sessions() {
     let _ = p.stop.send(());
 }
 
+/// `/metrics` answers each scraper in the format it asks for, with that format's content type:
+/// in the Prometheus text format (the default) a counter family is named as its `_total`
+/// samples, as Prometheus' parser needs to read it as a counter; OpenMetrics (which Prometheus
+/// asks for first) keeps the family's bare name and ends with `# EOF`.
+#[tokio::test]
+async fn metrics_answer_each_accept_in_its_own_format() {
+    let (p, _svc) = start_serving().await;
+    assert_eq!(get(p.http, "/x").await.status, StatusCode::OK);
+    let scrape = |accept: &'static str| async move {
+        let mut stream = TcpStream::connect(p.admin).await.unwrap();
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\
+             Authorization: Bearer {TOKEN}\r\n{accept}\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).await.unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        let content_type = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-type")
+                    .then(|| v.trim().to_owned())
+            })
+            .unwrap_or_default();
+        (content_type, body.to_owned())
+    };
+    let prometheus_2 = "Accept: application/openmetrics-text;version=1.0.0,\
+        application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,\
+        */*;q=0.1\r\n";
+    for accept in ["", "Accept: text/plain;version=0.0.4;q=0.2,*/*;q=0.1\r\n"] {
+        let (content_type, text) = scrape(accept).await;
+        assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+        assert!(
+            text.contains("# TYPE sluice_requests_total counter\n"),
+            "{text}"
+        );
+        assert!(!text.contains("# TYPE sluice_requests counter"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+        assert!(!text.contains("# UNIT"), "{text}");
+        let samples = parse(&text);
+        assert!(samples
+            .iter()
+            .any(|(n, v)| n == "sluice_requests_total{route=\"api\",status=\"200\"}" && *v == 1.0));
+    }
+    let (content_type, text) = scrape(prometheus_2).await;
+    assert_eq!(
+        content_type,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(text.contains("# TYPE sluice_requests counter\n"), "{text}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    let _ = p.stop.send(());
+}
+
 /// Every sample line as (name with labels, value); fails on a line that is neither a sample
 /// nor a `#` comment, so the exposition must parse as Prometheus text.
 fn parse(text: &str) -> Vec<(String, f64)> {

@@ -207,6 +207,32 @@ async fn a_call_streams_both_ways_when_a_retry_policy_reads_bodies_ahead() {
     ping_pong(proxy.addr(), &service.seen).await;
 }
 
+/// `protocol = "auto"` in plaintext (no ALPN to agree on HTTP/2) carries gRPC calls in h2c:
+/// sent as HTTP/1.1, as before, every call to a gRPC server failed UNAVAILABLE "upstream
+/// protocol error" (issue 48, item 2).
+#[tokio::test]
+async fn a_plaintext_auto_cluster_carries_grpc_calls_in_h2c() {
+    let service = Service::start(100, None).await;
+    let auto = config(&[service.addr], "").replace("protocol = \"h2c\"", "protocol = \"auto\"");
+    let proxy = TestProxy::start(&auto).await;
+    ping_pong(proxy.addr(), &service.seen).await;
+}
+
+/// ... and its gRPC health checks go in h2c too, so they pass on a serving endpoint.
+#[tokio::test]
+async fn a_plaintext_auto_cluster_health_checks_grpc_in_h2c() {
+    let service = Service::start(100, None).await;
+    let extra = "health_check = { grpc_service = \"echo.Echo\", interval = \"50ms\", \
+                 unhealthy_threshold = 1, healthy_threshold = 1 }";
+    let auto = config(&[service.addr], extra).replace("protocol = \"h2c\"", "protocol = \"auto\"");
+    let proxy = TestProxy::start(&auto).await;
+    // A failed check would take the one endpoint out: calls answered UNAVAILABLE by Sluice.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        ping_pong(proxy.addr(), &service.seen).await;
+    }
+}
+
 #[tokio::test]
 async fn a_bidirectional_call_streams_over_a_dial_in_http2_session() {
     use reverse_support::{service::dial, start_proxy, ServiceSpec, DEFAULT_ROUTE};

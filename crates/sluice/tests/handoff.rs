@@ -245,6 +245,20 @@ async fn a_standalone_acceptor_shows_what_it_lends_to_whom() {
         (&"api".into(), &"default".into())
     );
     assert_eq!(slice["lent"], a.sessions(), "{status}");
+    // Issue 48, item 6: the acceptor's own slice counts the sessions it lent (they are its
+    // instance's), and says where they are rather than "no requests and no sessions".
+    // (A session in transit to the consumer is in neither count for a moment: asked again.)
+    let mut here = cluster["slices"][0].clone();
+    for _ in 0..50 {
+        if here["sessions"] == SESSIONS {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        here = lent_now().await["clusters"][0]["slices"][0].clone();
+    }
+    assert_eq!(here["sessions"], SESSIONS, "{here}");
+    let why = here["why"].as_str().unwrap_or_default();
+    assert!(why.contains("lent to consumers"), "{here}");
 
     let (status, metrics) = admin(admin_addr, "GET", "/metrics").await;
     assert_eq!(status, 200);

@@ -49,7 +49,11 @@ async fn a_relay_from_the_config_forwards_and_shows_in_status_and_metrics() {
         metrics.contains("sluice_relay_bytes_down_total{relay=\"edge\"} 17"),
         "{metrics}"
     );
-    assert!(metrics.trim_end().ends_with("# EOF"), "{metrics}");
+    // The Prometheus text format (no Accept): the family named as its samples, a counter.
+    assert!(
+        metrics.contains("# TYPE sluice_relay_bytes_down_total counter\n"),
+        "{metrics}"
+    );
     // The admin API resizes the pool at runtime; the refill follows.
     let (status, body) = post(admin, "/relays/edge/pool", r#"{"size": 3}"#).await;
     assert_eq!(status, 200, "{body}");

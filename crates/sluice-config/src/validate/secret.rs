@@ -28,6 +28,11 @@ pub(super) fn resolve_table(
 /// Resolves one value: a secret reference, or a literal.
 pub(super) fn resolve(ctx: Ctx<'_>, value: &Spanned<String>) -> Result<HeaderValue, ConfigError> {
     let text = value.get_ref();
+    if !ctx.read_secrets {
+        if let Some(placeholder) = placeholder(text).map_err(|msg| ctx.err(value.span(), msg))? {
+            return Ok(placeholder);
+        }
+    }
     let secret = if let Some(var) = text.strip_prefix("env:") {
         from_env(var).map_err(|msg| ctx.err(value.span(), msg))?
     } else if let Some(path) = text.strip_prefix("file:") {
@@ -46,6 +51,30 @@ pub(super) fn resolve(ctx: Ctx<'_>, value: &Spanned<String>) -> Result<HeaderVal
     })?;
     header.set_sensitive(true);
     Ok(header)
+}
+
+/// What a secret reference stands for when secrets are not read: the reference's own text
+/// (not empty, a valid header value, so the checks after it pass as for a real secret), once
+/// its form is checked. `None`: `text` is a literal.
+fn placeholder(text: &str) -> Result<Option<HeaderValue>, String> {
+    let (kind, what) = if let Some(var) = text.strip_prefix("env:") {
+        ("env", var)
+    } else if let Some(path) = text.strip_prefix("file:") {
+        ("file", path)
+    } else {
+        return Ok(None);
+    };
+    if what.is_empty() {
+        let thing = if kind == "env" { "variable" } else { "file" };
+        return Err(format!("`{kind}:` names no {thing}"));
+    }
+    if kind == "env" && what.contains(['=', '\0']) {
+        return Err(format!("`{text}` is not an environment variable's name"));
+    }
+    let mut value =
+        HeaderValue::from_str(text).map_err(|_| format!("`{text}` holds control characters"))?;
+    value.set_sensitive(true);
+    Ok(Some(value))
 }
 
 fn from_env(var: &str) -> Result<Vec<u8>, String> {
@@ -81,6 +110,7 @@ mod tests {
             text,
             origin: "test.toml",
             base_dir: dir,
+            read_secrets: true,
         }
     }
 
@@ -128,6 +158,26 @@ mod tests {
         // Only one newline goes; what remains is not a valid value, and the error hides it.
         let err = read("abc\n\n").expect_err("embedded newline");
         assert!(!err.to_string().contains("abc"), "{err}");
+    }
+
+    /// Not reading secrets, a reference needs no variable or file, only a valid form.
+    #[test]
+    fn unread_references_are_checked_for_form_only() {
+        let shape = |text: &str| {
+            let ctx = Ctx {
+                read_secrets: false,
+                ..ctx("", Path::new("/nonexistent"))
+            };
+            resolve(ctx, &spanned(text))
+        };
+        let unset = shape("env:SLUICE_SECRET_TEST_NEVER_SET").expect("form only");
+        assert!(unset.is_sensitive() && !unset.is_empty());
+        assert!(shape("file:missing/token").is_ok());
+        assert_eq!(shape("literal").expect("literal"), "literal");
+        for (bad, why) in [("env:", "names no variable"), ("file:", "names no file")] {
+            let err = shape(bad).expect_err(bad);
+            assert!(err.message().contains(why), "{err}");
+        }
     }
 
     #[test]

@@ -92,6 +92,7 @@ async fn register<P: Protocol, T: AsyncWrite + Unpin>(
     let slice = cluster.admit_slice(&id.slice, shared.opts.max_slices)?;
     let mut permit = cluster.reserve(&instance, &shared.total)?;
     permit.came_from(peer.ip);
+    permit.declares(reg.capacity);
     let reply = match reg.streams {
         Some(_) => Reply::switching_protocols_h2(),
         None => Reply::switching_protocols(),

@@ -1,11 +1,14 @@
-//! [`Metrics`]: what a running Sluice counts, in Prometheus' text format (`GET /metrics` on
-//! the admin listener).
+//! [`Metrics`]: what a running Sluice counts, in Prometheus' text format or OpenMetrics as the
+//! scraper asks (`GET /metrics` on the admin listener; [`Exposition`]).
 //!
 //! Counters and histograms are updated where things happen (a request answered, a
 //! handshake decided, a wait in an admission queue); gauges of sessions and queues are read
 //! from the clusters when scraped, so they cannot drift.
 
+mod exposition;
 mod relays;
+
+pub use exposition::Exposition;
 
 use std::time::Duration;
 
@@ -273,7 +276,15 @@ impl Metrics {
         )
     }
 
-    /// The text exposition; gauges registered as collectors are read now.
+    /// The exposition in `format`; gauges registered as collectors are read now.
+    pub fn render_as(&self, format: Exposition) -> String {
+        match format {
+            Exposition::OpenMetrics => self.render(),
+            Exposition::PrometheusText => exposition::to_prometheus_text(&self.render()),
+        }
+    }
+
+    /// The OpenMetrics text exposition; gauges registered as collectors are read now.
     pub fn render(&self) -> String {
         use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();

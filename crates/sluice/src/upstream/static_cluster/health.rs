@@ -21,10 +21,15 @@ pub(super) fn spawn(inner: &Arc<Inner>, endpoint: Arc<Endpoint>) {
     let Some(check) = inner.opts.health_check.clone() else {
         return;
     };
+    // gRPC's health check on a plaintext `auto` cluster goes as its gRPC calls do: h2c.
+    let protocol = match (inner.opts.protocol, &inner.tls, &check.grpc_service) {
+        (UpstreamProtocol::Auto, None, Some(_)) => UpstreamProtocol::H2c,
+        (protocol, _, _) => protocol,
+    };
     let connect = Connect {
         timeout: inner.opts.connect_timeout,
         tls: inner.tls.clone(),
-        protocol: inner.opts.protocol,
+        protocol,
         h2: inner.opts.h2.clone(),
     };
     let cluster = Arc::downgrade(inner);

@@ -33,6 +33,7 @@ use self::metrics::ConnectCounters;
 use self::pool::Conn;
 use crate::upstream::connect::{connect, connect_http1, Connected};
 use crate::upstream::tls::UpstreamTls;
+use sluice_config::UpstreamProtocol;
 use sluice_core::body::ProxyBody;
 use sluice_core::error::ProxyError;
 use sluice_core::retry::{Policy, RetryMetrics};
@@ -288,8 +289,18 @@ async fn connect_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Conn, Proxy
 /// A new connection to `endpoint` as the cluster's `protocol` says (HTTP/2 for `h2c`, what
 /// ALPN agreed over TLS).
 async fn connect_any(inner: &Inner, endpoint: &Endpoint) -> Result<Connected, ProxyError> {
+    connect_as(inner, endpoint, inner.opts.protocol).await
+}
+
+/// [`connect_any`] speaking `protocol` instead of the cluster's (`h2c` for a plaintext `auto`
+/// cluster's gRPC calls).
+async fn connect_as(
+    inner: &Inner,
+    endpoint: &Endpoint,
+    protocol: UpstreamProtocol,
+) -> Result<Connected, ProxyError> {
     let (tls, opts) = (inner.tls.as_ref(), &inner.opts);
-    let protocol = (opts.protocol, &opts.h2);
+    let protocol = (protocol, &opts.h2);
     let connected = connect(endpoint.addr(), opts.connect_timeout, tls, protocol).await;
     counted(inner, endpoint, connected)
 }

@@ -46,9 +46,10 @@ pub(super) async fn send(
         req = buffer::request(req, IO_BUFFER_BYTES).await?;
     }
     let mut replay = retries.may_replay().then(|| Replay::of(&req)).flatten();
+    let h2c = gets_h2c(inner, &req);
     // Endpoints this request left, for a retry elsewhere.
     let mut tried = Vec::new();
-    let lease = |e: Arc<Endpoint>| async move { lease(inner, &e).await };
+    let lease = |e: Arc<Endpoint>| async move { lease(inner, &e, h2c).await };
     let mut next = pick_and(inner, &endpoints, inner.now_ms(), &mut tried, lease).await?;
     loop {
         let (i, conn, in_flight) = next;
@@ -104,7 +105,7 @@ pub(super) async fn send(
             Again::Stale => {
                 debug!(cluster = %inner.name, upstream.addr = %addr, %error, "reused connection failed before the response; retrying on a fresh one");
                 let in_flight = endpoints[i].begin_request();
-                (i, lease_fresh(inner, &endpoints[i]).await?, in_flight)
+                (i, lease_fresh(inner, &endpoints[i], h2c).await?, in_flight)
             }
             Again::Policy => {
                 debug!(cluster = %inner.name, upstream.addr = %addr, %error, "retrying the request on another endpoint");
@@ -268,12 +269,24 @@ impl Leg {
     }
 }
 
+/// Whether `req` goes to a plaintext `auto` cluster's endpoints in HTTP/2 with prior knowledge
+/// (h2c): it is a gRPC call. Without TLS there is no ALPN to agree on HTTP/2, so `auto` means
+/// HTTP/1.1 there; but gRPC is only ever HTTP/2, so a gRPC call sent as HTTP/1.1 could never
+/// succeed (a gRPC server answers it with an HTTP/2 preface hyper reads as "invalid HTTP
+/// version"). Other requests, HTTP/2 from the client or not, stay HTTP/1.1: a plaintext
+/// endpoint is not known to speak h2c, and most behind a TLS-terminating proxy do not.
+fn gets_h2c(inner: &Inner, req: &Request<ProxyBody>) -> bool {
+    inner.tls.is_none()
+        && inner.opts.protocol == UpstreamProtocol::Auto
+        && sluice_core::grpc::is_grpc(req.headers())
+}
+
 /// Leases what `endpoint` takes a request on, as the cluster's `protocol` says: a pooled
 /// HTTP/1.1 connection, or a stream on an HTTP/2 one (`auto`: once the endpoint agreed to
-/// HTTP/2 by ALPN).
-async fn lease(inner: &Inner, endpoint: &Endpoint) -> Result<Leg, ProxyError> {
-    if takes_streams(inner, endpoint) {
-        let connect = || connect_h2(inner, endpoint);
+/// HTTP/2 by ALPN, or for a gRPC call in plaintext, `h2c`).
+async fn lease(inner: &Inner, endpoint: &Endpoint, h2c: bool) -> Result<Leg, ProxyError> {
+    if h2c || takes_streams(inner, endpoint) {
+        let connect = || connect_h2(inner, endpoint, h2c);
         let leased = h2::lease(&inner.opts.h2, &endpoint.h2, connect).await;
         return leased.map(Leg::H2);
     }
@@ -288,9 +301,9 @@ async fn lease(inner: &Inner, endpoint: &Endpoint) -> Result<Leg, ProxyError> {
 
 /// What a request takes after a stale connection: a new HTTP/1.1 connection to `endpoint`, or
 /// a stream on another of its HTTP/2 connections (the one that went away takes no more).
-async fn lease_fresh(inner: &Inner, endpoint: &Endpoint) -> Result<Leg, ProxyError> {
-    match takes_streams(inner, endpoint) {
-        true => lease(inner, endpoint).await,
+async fn lease_fresh(inner: &Inner, endpoint: &Endpoint, h2c: bool) -> Result<Leg, ProxyError> {
+    match h2c || takes_streams(inner, endpoint) {
+        true => lease(inner, endpoint, h2c).await,
         false => connect_leg(inner, endpoint).await,
     }
 }
@@ -317,12 +330,18 @@ fn takes_streams(inner: &Inner, endpoint: &Endpoint) -> bool {
     }
 }
 
-/// A new HTTP/2 connection to `endpoint`, for an `h2`, `h2c` or `auto` cluster.
+/// A new HTTP/2 connection to `endpoint`, for an `h2`, `h2c` or `auto` cluster (`h2c`: with
+/// prior knowledge, whatever the cluster's `protocol`).
 async fn connect_h2(
     inner: &Inner,
     endpoint: &Endpoint,
+    h2c: bool,
 ) -> Result<hyper::client::conn::http2::SendRequest<ProxyBody>, ProxyError> {
-    match super::connect_any(inner, endpoint).await? {
+    let protocol = match h2c {
+        true => UpstreamProtocol::H2c,
+        false => inner.opts.protocol,
+    };
+    match super::connect_as(inner, endpoint, protocol).await? {
         Connected::H2(sender) => Ok(sender),
         // An `auto` endpoint that agreed to HTTP/2 before and now does not.
         Connected::H1(_) => Err(ProxyError::UpstreamInvalid(
