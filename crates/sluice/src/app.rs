@@ -581,6 +581,9 @@ pub(crate) async fn bind_admin(
     let Some(admin) = &config.admin else {
         return Ok(None);
     };
+    if !cfg!(feature = "admin") {
+        return Err(crate::router::Unbuilt::new("[admin]", "admin").into());
+    }
     let addr = admin.addr;
     let bound = sockets.tcp(sockets::ADMIN_KEY, addr).await;
     let listener = bound.map_err(|source| StartError::Bind {
@@ -645,4 +648,39 @@ async fn bind_acceptor(
             Upstream::Static(_) => None,
         });
     Ok(Some(Acceptor::from_listeners(&opts, reverse, tcp, unix)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 49: `[admin]` in a build without the admin API (the `admin` feature off) is
+    /// refused by name, never silently left unserved; with it, its listener is bound.
+    #[tokio::test]
+    async fn the_admin_api_is_bound_only_where_it_is_built() {
+        let text = r#"
+[[listener]]
+name = "public"
+listen = "127.0.0.1:0"
+[cluster.a]
+kind = "static"
+endpoints = ["127.0.0.1:9001"]
+[[route]]
+cluster = "a"
+[admin]
+listen = "127.0.0.1:0"
+"#;
+        let dir = std::path::Path::new(".");
+        let config = sluice_config::parse_str(text, "t.toml", dir).expect("parses");
+        let bound = bind_admin(&config, &mut Sockets::default()).await;
+        if cfg!(feature = "admin") {
+            assert!(matches!(bound, Ok(Some(_))), "{bound:?}");
+        } else {
+            let said = bound.expect_err("refused").to_string();
+            assert!(
+                said.starts_with("[admin] needs the `admin` feature"),
+                "{said}"
+            );
+        }
+    }
 }

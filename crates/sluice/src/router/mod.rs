@@ -8,7 +8,9 @@ mod matcher;
 mod route;
 mod table;
 
-pub(crate) use self::live::{LiveRoutes, RouteError, RouteSpec};
+pub(crate) use self::live::LiveRoutes;
+#[cfg(feature = "admin")]
+pub(crate) use self::live::{RouteError, RouteSpec};
 pub use self::matcher::Matcher;
 pub use self::route::{Direct, Feature, Features, RequestHead, Route, Routing, Target};
 pub use self::table::{RouteTable, Unbuilt};

@@ -92,11 +92,10 @@ impl RouteTable {
         ];
         parts.iter().find_map(|&(key, feature, built, wants)| {
             let route = (!built).then(|| config.routes.iter().find(|r| wants(r)))??;
-            Some(Unbuilt {
-                route: route.name.clone(),
-                key,
+            Some(Unbuilt::new(
+                format!("route {}: {key}", route.name),
                 feature,
-            })
+            ))
         })
     }
 
@@ -139,17 +138,26 @@ impl Routing for RouteTable {
     }
 }
 
-/// A route feature a configuration asks for that this build of `sluice` leaves out (a cargo
-/// feature off; see the crate's `[features]`).
+/// A part a configuration asks for that this build of `sluice` leaves out (a cargo feature
+/// off; see the crate's `[features]`).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "route {route}: {key} needs the `{feature}` feature, which this build of sluice leaves \
-     out (build it with `--features {feature}`, or remove {key} from the configuration)"
+    "{part} needs the `{feature}` feature, which this build of sluice leaves out (build it \
+     with `--features {feature}`, or take it out of the configuration)"
 )]
 pub struct Unbuilt {
-    route: String,
-    key: &'static str,
+    part: String,
     feature: &'static str,
+}
+
+impl Unbuilt {
+    /// `part` (`route api: compression`, `[admin]`) needs the cargo feature `feature`.
+    pub(crate) fn new(part: impl Into<String>, feature: &'static str) -> Self {
+        Self {
+            part: part.into(),
+            feature,
+        }
+    }
 }
 
 #[cfg(test)]

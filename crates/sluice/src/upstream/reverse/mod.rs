@@ -22,6 +22,8 @@ pub use self::protocol::{
 };
 pub(crate) use self::protocol::{BrokerView, HandoffSource};
 pub(crate) use self::send::send;
+#[cfg(feature = "admin")]
+pub(crate) use sluice_reverse::SliceId;
 pub(crate) use sluice_reverse::{
-    HandedSession, Limit, ReverseMetrics, SessionGauges, SliceId, UpgradedSession,
+    HandedSession, Limit, ReverseMetrics, SessionGauges, UpgradedSession,
 };

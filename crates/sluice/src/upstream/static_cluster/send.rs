@@ -64,7 +64,7 @@ pub(super) async fn send(
             replay = Replay::of(&req);
         }
         let failure = match exchange(inner, conn, in_flight, req).await {
-            Ok(mut res) => {
+            Ok(res) => {
                 let status = res.status().as_u16();
                 let len = http_body::Body::size_hint(res.body()).exact();
                 let elsewhere = match &replay {
@@ -77,16 +77,7 @@ pub(super) async fn send(
                     _ => None,
                 };
                 let Some((leased, copy)) = elsewhere else {
-                    note_served_by(wants, &mut res, || ServedBy {
-                        endpoint: Some(addr),
-                        ..ServedBy::default()
-                    });
-                    if !stream {
-                        return Ok(res);
-                    }
-                    return take_ready(res)
-                        .await
-                        .inspect_err(|e| log_failure(inner, addr, e));
+                    return answered(inner, res, addr, wants, stream).await;
                 };
                 debug!(cluster = %inner.name, upstream.addr = %addr, status, "retrying the request on another endpoint");
                 exchange::discard(res, inner.opts.response_timeout);
@@ -115,6 +106,28 @@ pub(super) async fn send(
         };
         req = failure.request(replay.as_ref())?;
     }
+}
+
+/// The answer the client gets from the endpoint at `addr`: noted as served by it (when the
+/// request `wants` that) and, off an HTTP/2 `stream`, with what of its body is there already
+/// read first (`take_ready`), so that a body failing with its head is a 502, not a close.
+async fn answered(
+    inner: &Inner,
+    mut res: Response<ProxyBody>,
+    addr: SocketAddr,
+    wants: bool,
+    stream: bool,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    note_served_by(wants, &mut res, || ServedBy {
+        endpoint: Some(addr),
+        ..ServedBy::default()
+    });
+    if !stream {
+        return Ok(res);
+    }
+    take_ready(res)
+        .await
+        .inspect_err(|e| log_failure(inner, addr, e))
 }
 
 /// Picks an endpoint not in `tried` and leases a connection to it with `acquire`, moving on

@@ -1,33 +1,9 @@
-//! The admin API (docs/design.md §6): JSON over HTTP on `[admin] listen`, for `sluice ctl` and
-//! automation. Every request needs `Authorization: Bearer <token>` when `[admin] token` is set
-//! (the configuration requires one off loopback).
-//!
-//! | method and path | what |
-//! |---|---|
-//! | `GET /healthz` | `200 ok` while the process serves |
-//! | `GET /ready` | `200 ready` while the node takes traffic; `503` with `starting`, `draining` or `stopping` (for L4 balancers and Kubernetes readiness; no token needed) |
-//! | `POST /drain` | drain the node: `/ready` turns 503 for good; requests and sessions carry on (a `preStop` before SIGTERM) |
-//! | `GET /status` | listeners, acceptor, clusters: slices (idle, queued), instances (sessions, draining), static endpoints (health, ejection, load); a standalone acceptor's consumers (credit, sessions lent) |
-//! | `POST /clusters/{cluster}/instances/{instance}/drain` | drain an instance and keep it out: its registrations are refused (410) until resumed |
-//! | `POST /clusters/{cluster}/instances/{instance}/resume` | let a drained instance register again |
-//! | `POST /reload` | re-read the configuration file and apply it (`sluice run`: a hot restart of the same binary, so no request fails; a file that does not load is 400 with its `file:line:col` error, and nothing changes) |
-//! | `GET /routes` | the routes in match order |
-//! | `POST /routes` `{"name", "hosts", "path_prefix", "methods", "client_cidr", "cluster", "slice", "position"}` | add a route (matched first by default), e.g. a client-CIDR slicing rule |
-//! | `DELETE /routes/{name}` | remove a route |
-//! | `POST /clusters/{cluster}/endpoints` `{"addr": "host:port"}` | add an endpoint to a static cluster (a name: each of its addresses, resolved now, as the configuration does) |
-//! | `DELETE /clusters/{cluster}/endpoints/{addr}` | remove one (a name: each of its addresses) |
-//! | `GET /metrics` | the Prometheus text format, or OpenMetrics when `Accept` prefers it ([`Metrics`]) |
-//! | `POST /relays/{name}/pool` | `{"size": N}`: a relay's pool size, at runtime |
-//! | `GET /openapi.json` | this API as OpenAPI 3 (`docs/admin-openapi.json`) |
-//! | `GET /ui` | a live dashboard page that polls `/status` and `/metrics` (served without the token; it takes one from `#token=`) |
-//!
-//! Errors are `{"error": "<reason>"}` with 400 (bad input), 401 (token), 404 (no such
-//! cluster, instance or endpoint) or 409 (the cluster is not of the kind the call needs).
+//! The admin API's routes and handlers (axum), over the [`AdminState`] the app builds: what
+//! `mod.rs`'s table lists.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
@@ -42,147 +18,17 @@ use sluice_config::admin::{
     EndpointStatus, InstanceDrain, InstanceStatus, ListenerStatus, RelayStatus, SliceStatus,
     Status,
 };
-use sluice_config::Token;
 use tokio::net::TcpListener;
 use tracing::info;
 
-use crate::metrics::{Exposition, Metrics};
-use crate::router::{LiveRoutes, RouteError, RouteSpec};
+use crate::metrics::Exposition;
+use crate::router::{RouteError, RouteSpec};
 use crate::upstream::reverse::{BrokerView, SliceId};
 use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
 use sluice_reverse::handoff::ConsumerView;
 use sluice_server::ShutdownSignal;
 
-/// What the admin API reads and changes.
-#[derive(Debug)]
-pub(crate) struct AdminState {
-    started: Instant,
-    listeners: Vec<ListenerStatus>,
-    acceptor: Option<SocketAddr>,
-    clusters: BTreeMap<String, Upstream>,
-    metrics: Arc<Metrics>,
-    token: Option<Token>,
-    /// Every change is refused (`[admin] read_only`).
-    read_only: bool,
-    routes: Option<Arc<LiveRoutes>>,
-    /// Whether the node takes traffic (`/ready`, `POST /drain`).
-    readiness: sluice_net::Readiness,
-    /// The TLS listeners' certificates, by listener name (swapped in place by renewals).
-    certificates: BTreeMap<String, Arc<sluice_server::tls::Certificates>>,
-    reload: Option<ReloadHook>,
-    relays: Vec<sluice_relay::RelayHandle>,
-    /// A standalone acceptor's consumers (`sluice acceptor`).
-    consumers: Option<BrokerView>,
-}
-
-/// What `POST /reload` runs: `Ok` with what happened, or `Err` with why the configuration
-/// was not loaded (the running one goes on).
-#[derive(Clone)]
-pub struct ReloadHook(Arc<dyn Fn() -> ReloadFuture + Send + Sync>);
-
-/// The future a [`ReloadHook`] returns.
-pub type ReloadFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>;
-
-impl ReloadHook {
-    /// A hook that runs `f` on every `POST /reload`.
-    pub fn new(f: impl Fn() -> ReloadFuture + Send + Sync + 'static) -> Self {
-        Self(Arc::new(f))
-    }
-
-    /// Runs the reload.
-    pub fn run(&self) -> ReloadFuture {
-        (self.0)()
-    }
-}
-
-impl std::fmt::Debug for ReloadHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ReloadHook")
-    }
-}
-
-impl AdminState {
-    /// The state of a proxy with these listeners (name, address, TLS), acceptor and
-    /// clusters; requests need `token` when one is given.
-    pub(crate) fn new(
-        listeners: Vec<(String, SocketAddr, bool)>,
-        acceptor: Option<SocketAddr>,
-        clusters: BTreeMap<String, Upstream>,
-        metrics: Arc<Metrics>,
-        token: Option<Token>,
-    ) -> Self {
-        let listeners = listeners
-            .into_iter()
-            .map(|(name, addr, tls)| ListenerStatus {
-                name,
-                addr: addr.to_string(),
-                tls,
-                certificates: Vec::new(),
-            })
-            .collect();
-        Self {
-            started: Instant::now(),
-            listeners,
-            acceptor,
-            clusters,
-            metrics,
-            token,
-            read_only: false,
-            routes: None,
-            readiness: sluice_net::Readiness::default(),
-            certificates: BTreeMap::new(),
-            reload: None,
-            relays: Vec::new(),
-            consumers: None,
-        }
-    }
-
-    /// Shows a standalone acceptor's consumers, their credit and loans, in `/status`.
-    pub(crate) fn with_consumers(mut self, broker: BrokerView) -> Self {
-        self.consumers = Some(broker);
-        self
-    }
-
-    /// Shows these relays in `/status` and `/metrics`.
-    pub(crate) fn with_relays(mut self, relays: Vec<sluice_relay::RelayHandle>) -> Self {
-        self.relays = relays;
-        self
-    }
-
-    /// Shows these listeners' certificates (names, expiry) in `/status`.
-    pub(crate) fn with_certificates(
-        mut self,
-        certificates: BTreeMap<String, Arc<sluice_server::tls::Certificates>>,
-    ) -> Self {
-        self.certificates = certificates;
-        self
-    }
-
-    /// Answers `/ready` by `readiness`, and lets `POST /drain` drain the node.
-    pub(crate) fn with_readiness(mut self, readiness: sluice_net::Readiness) -> Self {
-        self.readiness = readiness;
-        self
-    }
-
-    /// Lets `POST /reload` run `hook`; without it, `/reload` answers 409.
-    pub(crate) fn with_reload(mut self, hook: Option<ReloadHook>) -> Self {
-        self.reload = hook;
-        self
-    }
-
-    /// Refuses every change (any method but GET and HEAD) with 403 when `on`.
-    pub(crate) fn read_only(mut self, on: bool) -> Self {
-        self.read_only = on;
-        self
-    }
-
-    /// Lets `/routes` list and change these routes; without it, `/routes` answers 404.
-    pub(crate) fn with_routes(mut self, routes: Arc<LiveRoutes>) -> Self {
-        self.routes = Some(routes);
-        self
-    }
-}
+use super::state::AdminState;
 
 /// The admin API's routes over `state`.
 pub(crate) fn router(state: Arc<AdminState>) -> Router {
@@ -879,6 +725,6 @@ async fn reload(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
 
 /// The API's OpenAPI 3 description (`docs/admin-openapi.json`, checked in).
 async fn openapi() -> Response {
-    let doc = include_str!("../../../docs/admin-openapi.json");
+    let doc = include_str!("../../../../docs/admin-openapi.json");
     ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
 }
