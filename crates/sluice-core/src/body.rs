@@ -40,6 +40,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
 /// A body's failure, as hyper and `http-body` carry it.
@@ -105,13 +106,64 @@ impl From<ClientBody> for Rest {
     }
 }
 
+/// A request body as a transport hands it to the proxy: hyper's (`Incoming`, kept as it is), or
+/// any other transport's boxed (`BoxBody`: an own HTTP/2, HTTP/3, a framework user's test).
+#[derive(Debug)]
+pub enum RequestBody {
+    /// hyper's HTTP/1.1 or HTTP/2 request body.
+    Incoming(Incoming),
+    /// Another transport's.
+    Boxed(BoxBody<Bytes, BoxError>),
+}
+
+impl From<Incoming> for RequestBody {
+    fn from(body: Incoming) -> Self {
+        Self::Incoming(body)
+    }
+}
+
+impl From<BoxBody<Bytes, BoxError>> for RequestBody {
+    fn from(body: BoxBody<Bytes, BoxError>) -> Self {
+        Self::Boxed(body)
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            Self::Incoming(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Self::Boxed(body) => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Incoming(body) => body.is_end_stream(),
+            Self::Boxed(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Incoming(body) => body.size_hint(),
+            Self::Boxed(body) => body.size_hint(),
+        }
+    }
+}
+
 /// A client's request body under the listener's `client_body_timeout` (NGINX's): it fails with
 /// [`BodyTimedOut`] when it is polled and nothing more has come for that long. The timer runs
 /// only while a read waits (from the first such wait after each frame), and is allocated only
 /// for a body that makes a read wait at all.
 #[derive(Debug)]
 pub struct ClientBody {
-    body: Incoming,
+    body: RequestBody,
     /// The most data it may bring (`max_request_body`), and what it brought.
     limit: Option<u64>,
     received: u64,
@@ -133,9 +185,9 @@ pub struct BodyTimedOut(pub Duration);
 
 impl ClientBody {
     /// `body`, failing when `timeout` passes between two of its frames.
-    pub fn new(body: Incoming, timeout: Duration) -> Self {
+    pub fn new(body: impl Into<RequestBody>, timeout: Duration) -> Self {
         Self {
-            body,
+            body: body.into(),
             limit: None,
             received: 0,
             timeout,
@@ -182,7 +234,7 @@ impl Body for ClientBody {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
             this.armed = false;
-            return Poll::Ready(frame.map(|f| f.map_err(Into::into).and_then(|f| this.take(f))));
+            return Poll::Ready(frame.map(|f| f.and_then(|f| this.take(f))));
         }
         if !this.armed {
             this.arm();
@@ -434,14 +486,22 @@ impl ProxyBody {
 
     /// A client's request body: `body` under `timeout` between its frames (`ClientBody`);
     /// a body that has already ended is taken as it is.
-    pub fn from_client(body: Incoming, timeout: Duration) -> Self {
+    pub fn from_client(body: impl Into<RequestBody>, timeout: Duration) -> Self {
         Self::from_client_limited(body, timeout, None)
     }
 
     /// [`from_client`](Self::from_client), failing with [`BodyTooLarge`] past `limit` bytes.
-    pub fn from_client_limited(body: Incoming, timeout: Duration, limit: Option<u64>) -> Self {
+    pub fn from_client_limited(
+        body: impl Into<RequestBody>,
+        timeout: Duration,
+        limit: Option<u64>,
+    ) -> Self {
+        let body = body.into();
         if body.is_end_stream() {
-            return Self::Incoming { body };
+            return match body {
+                RequestBody::Incoming(body) => Self::Incoming { body },
+                RequestBody::Boxed(_) => Self::empty(),
+            };
         }
         Self::Client {
             body: ClientBody::new(body, timeout).limited(limit),

@@ -18,7 +18,8 @@
 //! - clusters: [`Upstream`], [`StaticCluster`] (its [`Endpoint`]s, [`StaticOptions`],
 //!   [`StaticMetrics`], [`LbPolicy`]), [`ReverseCluster`] and [`ReverseSlice`], whose services
 //!   dial in through an [`Acceptor`];
-//! - the service: [`ProxyService`], [`ProxyBody`], [`ProxyError`] and its [`Origin`],
+//! - the service: [`ProxyService`] (whose requests' bodies are any transport's: [`RequestBody`]),
+//!   [`ProxyBody`], [`ProxyError`] and its [`Origin`],
 //!   [`ClientInfo`], [`AccessLog`], [`Metrics`], [`RequestIds`], [`Tracing`].
 //!
 //! # Layout
@@ -94,7 +95,7 @@ pub use router::{
 };
 pub use sluice_config as config;
 pub use sluice_config::LbPolicy;
-pub use sluice_core::body::ProxyBody;
+pub use sluice_core::body::{ProxyBody, RequestBody};
 pub use sluice_core::error::{Origin, ProxyError};
 pub use sluice_core::request_id::RequestIds;
 pub use sluice_core::retry::RetryMetrics;

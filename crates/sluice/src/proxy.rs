@@ -19,8 +19,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Request, Response, Uri, Version};
-use hyper::body::Incoming;
 use sluice_config::{Compression, Encoding};
+use sluice_core::body::RequestBody;
 use tracing::{debug, warn};
 
 use self::observe::Observers;
@@ -133,8 +133,10 @@ impl<R: Routing> ProxyService<R> {
         )
     }
 
-    /// Handles one request; failures become short plain-text error responses.
-    pub async fn handle(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    /// Handles one request; failures become short plain-text error responses. Its body is any
+    /// transport's: hyper's `Incoming`, or another's boxed (`BoxBody`, see [`RequestBody`]).
+    pub async fn handle<B: Into<RequestBody>>(&self, req: Request<B>) -> Response<ProxyBody> {
+        let mut req = req.map(Into::into);
         let started = Instant::now();
         let client = req
             .extensions()
@@ -202,7 +204,7 @@ impl<R: Routing> ProxyService<R> {
 
     async fn dispatch(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<RequestBody>,
         client: &ClientInfo,
         stamps: &Stamps<'_>,
         matched: &mut Option<Arc<Route>>,
@@ -266,7 +268,9 @@ impl<R: Routing> ProxyService<R> {
     }
 }
 
-impl<R: Routing> tower_service::Service<Request<Incoming>> for ProxyService<R> {
+impl<R: Routing, B: Into<RequestBody> + Send + 'static> tower_service::Service<Request<B>>
+    for ProxyService<R>
+{
     type Response = Response<ProxyBody>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Infallible>> + Send>>;
@@ -275,7 +279,7 @@ impl<R: Routing> tower_service::Service<Request<Incoming>> for ProxyService<R> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: Request<B>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.handle(req).await) })
     }
@@ -283,7 +287,7 @@ impl<R: Routing> tower_service::Service<Request<Incoming>> for ProxyService<R> {
 
 /// The host the client asked for: the URI authority (HTTP/2, absolute-form) or Host header,
 /// lowercase, without the port. Borrowed unless it had to be lowercased.
-fn request_host(req: &Request<Incoming>) -> Option<Cow<'_, str>> {
+fn request_host(req: &Request<RequestBody>) -> Option<Cow<'_, str>> {
     let raw = match req.uri().authority() {
         Some(a) => a.host(),
         None => req.headers().get(header::HOST)?.to_str().ok()?,
@@ -326,7 +330,7 @@ struct Edits<'a> {
 /// kept when `upgrade`), forwarding headers added, the route's edits applied, then the
 /// request's ID and trace context set over any copy; its body counted against the limit.
 fn upstream_request(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &ClientInfo,
     edits: &Edits<'_>,
     upgrade: bool,
@@ -413,7 +417,7 @@ struct Logged {
 }
 
 impl Logged {
-    fn of(req: &Request<Incoming>, started: Instant, id: Option<&HeaderValue>) -> Self {
+    fn of(req: &Request<RequestBody>, started: Instant, id: Option<&HeaderValue>) -> Self {
         let text = |name| {
             let v = req.headers().get(name)?;
             v.to_str().ok().map(str::to_owned)
@@ -513,7 +517,7 @@ fn compress(
 /// preflight). `origin` is the request's `Origin`, kept for a CORS route's answer.
 async fn admit(
     route: &Route,
-    req: &Request<Incoming>,
+    req: &Request<RequestBody>,
     client: &ClientInfo,
     origin: &mut Option<HeaderValue>,
 ) -> Result<Option<Response<ProxyBody>>, ProxyError> {

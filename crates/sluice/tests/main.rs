@@ -46,6 +46,7 @@ mod stalled_clients;
 mod strict_http1;
 mod tls;
 mod trace_export;
+mod transport_neutral;
 mod upgrade;
 mod upstream_failures;
 mod upstream_lifecycle;

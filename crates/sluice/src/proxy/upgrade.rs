@@ -11,9 +11,9 @@
 use std::net::SocketAddr;
 
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use sluice_core::body::RequestBody;
 use tracing::{debug, warn, Instrument};
 
 use crate::upstream::reverse::UpgradedSession;
@@ -30,7 +30,7 @@ pub(super) struct ClientSide {
 
 /// The client's side of a protocol switch, taken before the request is forwarded; `None`
 /// when the request does not ask for one.
-pub(super) fn requested(req: &mut Request<Incoming>) -> Option<ClientSide> {
+pub(super) fn requested(req: &mut Request<RequestBody>) -> Option<ClientSide> {
     if !wants_upgrade(req.version(), req.headers()) {
         return None;
     }
