@@ -1,5 +1,5 @@
 //! Header fields by what they are to a proxy: the one table both data paths consult, the
-//! fast path over bytes (`h1`) and the hyper path over a `HeaderMap` (`sluice::http::headers`).
+//! fast path over bytes (`h1`) and the hyper path over a `HeaderMap` (`sluice_core::headers`).
 //! A new hop-by-hop field, forwarding rule or field Sluice owns is added here, once.
 
 /// What a field is to a proxy, by its name alone.

@@ -1,6 +1,6 @@
 //! [`Tracing`] (`[tracing]`): each sampled request's spans, exported over OTLP.
 //!
-//! A request joins a trace when it arrives (`http::trace_context`, on both data paths); when
+//! A request joins a trace when it arrives (`sluice_core::trace_context`, on both data paths); when
 //! its response body has ended — where the access log writes its line, from the same
 //! [`Entry`] — its spans are put together: the request (server), under it the wait in a
 //! slice's admission queue (when it waited) and the upstream exchange (client), whose ID the

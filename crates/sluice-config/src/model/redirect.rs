@@ -1,7 +1,7 @@
 //! Where a redirect sends the client (`direct_response = { location = "https://{host}{uri}" }`),
 //! Caddy's placeholders in NGINX's `return 301 URL`. Checked here so that no request can
 //! choose the host a redirect names, nor make it protocol-relative; the proxy's core
-//! (`sluice::http::redirect`) fills it in.
+//! (`sluice_core::redirect`) fills it in.
 
 /// A parsed location: text and placeholders, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

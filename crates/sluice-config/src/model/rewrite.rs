@@ -1,5 +1,5 @@
 //! A route's path rewrite (`rewrite = { prefix, replace }` or `{ regex, replace }`), checked
-//! here as far as a rule alone can be; the proxy's core (`sluice::http::rewrite`) applies it
+//! here as far as a rule alone can be; the proxy's core (`sluice_core::rewrite`) applies it
 //! and checks what it made of each request.
 
 use sluice_wire::normalize::normalize_path;

@@ -1,6 +1,6 @@
 //! One request/response exchange on an HTTP/1.1 client connection, shared by static clusters
 //! (pooled connections) and reverse clusters (sessions): the response timeout, how an attempt
-//! failed (`http::retry` decides whether it goes again), the copy that makes another attempt
+//! failed (`sluice_core::retry` decides whether it goes again), the copy that makes another attempt
 //! possible, an answer read off when a retry replaces it, and whether the connection may carry
 //! another request afterwards.
 

@@ -38,7 +38,7 @@ pub(crate) trait Leased: Send + Sized {
     /// Replaces a stale connection or session with another of the same upstream.
     fn renew(&mut self) -> impl Future<Output = Result<(), ProxyError>> + Send;
 
-    /// The cluster's retry policy, when it has one (`http::retry`).
+    /// The cluster's retry policy, when it has one (`sluice_core::retry`).
     fn retry_policy(&self) -> Option<&Arc<Policy>>;
 
     /// Another lease of the same upstream for a retry the policy granted: elsewhere when the

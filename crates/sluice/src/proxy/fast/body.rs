@@ -2,7 +2,7 @@
 //! decides when the client gets what.
 //!
 //! A static connection's response streams: each read goes out before the next. A session's is
-//! read ahead by the rules of `http::read_ahead`, which the hyper path's reader follows too:
+//! read ahead by the rules of `sluice_core::read_ahead`, which the hyper path's reader follows too:
 //! gathered until it ends, outgrows the cluster's `response_buffer`, or pauses, so the session
 //! goes back before a slow client has read a byte of a body that fits. A chunked (or
 //! until-close) body that ends while gathered goes out with `Content-Length`. Once the

@@ -167,7 +167,7 @@ impl FastPath {
         let rules = req.client.rules.escaped_slashes;
         let target =
             rewrite::target(route.rewrite.as_ref(), parts.uri, rules).map_err(|_| "rewrite")?;
-        // hyper's path compresses (`http::compression`); this one relays bytes as they are.
+        // hyper's path compresses (`sluice_core::compression`); this one relays bytes as they are.
         if accepts_compression(req, route) {
             return Err("compress");
         }

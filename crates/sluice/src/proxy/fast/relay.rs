@@ -81,7 +81,7 @@ struct Answered {
 /// What one attempt at a response head came to.
 enum Tried {
     Head(h1::ResponseHead),
-    /// How it failed (whether it may go again: `http::retry`), and the error the client is
+    /// How it failed (whether it may go again: `sluice_core::retry`), and the error the client is
     /// answered with if not.
     Failed(retry::Failed, ProxyError),
     /// The client hung up while the answer was awaited.

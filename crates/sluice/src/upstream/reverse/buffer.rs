@@ -1,5 +1,5 @@
 //! `request_buffer` and `response_buffer` on the hyper path: bodies read ahead into memory
-//! (the rules are `http::read_ahead`'s), so a slow client never holds a session while it
+//! (the rules are `sluice_core::read_ahead`'s), so a slow client never holds a session while it
 //! trickles. A response's rest, past a pause, is read off the session at the service's pace by
 //! a task, into what is left of the buffer: a gap (a pause of the service, or of this
 //! machine's scheduler) never makes a slow client hold a session for a body that fits it.

@@ -25,7 +25,7 @@ use sluice_core::ClientInfo;
 /// on it. A session that dies before any response byte costs the request a second session
 /// when the request can be replayed: hyper gave it back unsent, or it is idempotent and its
 /// body is in memory; a failure or answer the cluster's retry policy lists costs it another
-/// session as the policy allows (`http::retry`).
+/// session as the policy allows (`sluice_core::retry`).
 pub(crate) async fn send(
     slice: &ReverseSlice,
     mut req: Request<ProxyBody>,

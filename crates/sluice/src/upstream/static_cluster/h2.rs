@@ -4,7 +4,7 @@
 //! so: hyper holds a stream back until the endpoint has room), another opened while those
 //! open are full, up to `h2.max_connections`. A connection that closed or received GOAWAY is
 //! left for a new one; a request hyper gives back unsent goes out again on another (the stale
-//! rule of `http::retry`).
+//! rule of `sluice_core::retry`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,5 +1,5 @@
 //! The request path of a static cluster: pick, acquire, exchange, and the retries. The
-//! exchange itself is [`crate::upstream::exchange`]'s, the retry rule `http::retry`'s.
+//! exchange itself is [`crate::upstream::exchange`]'s, the retry rule `sluice_core::retry`'s.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -30,7 +30,7 @@ use sluice_core::retry::{self, Again, Retries};
 /// cluster's `retry.on` leaves out `connect-failure`). A reused connection that turns out
 /// stale costs the request a fresh one to the same endpoint; a failure or answer the cluster's
 /// retry policy lists sends it to another endpoint, if there is one, else back to one it tried
-/// ([`pick_and`]; `http::retry`). An answer is given up only once the next attempt has its
+/// ([`pick_and`]; `sluice_core::retry`). An answer is given up only once the next attempt has its
 /// connection: if none can be had, the client gets it.
 pub(super) async fn send(
     inner: &Arc<Inner>,
