@@ -56,7 +56,7 @@ pub struct ProxyService<R> {
 #[derive(Debug)]
 struct Shared<R> {
     router: Arc<R>,
-    observers: Observers,
+    observers: Arc<Observers>,
 }
 
 impl<R> Clone for ProxyService<R> {
@@ -71,7 +71,7 @@ impl<R> Clone for Shared<R> {
     fn clone(&self) -> Self {
         Self {
             router: Arc::clone(&self.router),
-            observers: self.observers.clone(),
+            observers: Arc::clone(&self.observers),
         }
     }
 }
@@ -86,7 +86,7 @@ impl<R: Routing> ProxyService<R> {
     pub fn from_arc(router: Arc<R>) -> Self {
         let shared = Shared {
             router,
-            observers: Observers::default(),
+            observers: Arc::default(),
         };
         Self {
             shared: Arc::new(shared),
@@ -95,23 +95,23 @@ impl<R: Routing> ProxyService<R> {
 
     /// Traces requests (see [`Tracing`]); by default none is.
     pub fn with_tracing(self, tracing: Tracing) -> Self {
-        self.edit(|s| s.observers.tracing = Some(tracing))
+        self.edit(|s| Arc::make_mut(&mut s.observers).tracing = Some(tracing))
     }
 
     /// Gives every request an ID (see [`RequestIds`]); by default requests get none.
     pub fn with_request_ids(self, ids: RequestIds) -> Self {
-        self.edit(|s| s.observers.request_ids = Some(ids))
+        self.edit(|s| Arc::make_mut(&mut s.observers).request_ids = Some(ids))
     }
 
     /// Logs every answered request to `log`; by default nothing is logged.
     pub fn with_access_log(self, log: AccessLog) -> Self {
-        self.edit(|s| s.observers.access_log = Some(log))
+        self.edit(|s| Arc::make_mut(&mut s.observers).access_log = Some(log))
     }
 
     /// Counts every request in `metrics` (by route and status, with its latency); by
     /// default nothing is counted.
     pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
-        self.edit(|s| s.observers.metrics = Some(metrics))
+        self.edit(|s| Arc::make_mut(&mut s.observers).metrics = Some(metrics))
     }
 
     /// This proxy with `change` made (to its own copy, when clones share it).
@@ -128,7 +128,7 @@ impl<R: Routing> ProxyService<R> {
     pub fn fast_path(&self) -> fast::FastPath {
         fast::FastPath::new(
             Arc::clone(&self.shared.router) as Arc<dyn Routing>,
-            self.shared.observers.clone(),
+            Arc::clone(&self.shared.observers),
             std::any::TypeId::of::<Self>(),
         )
     }
@@ -196,7 +196,7 @@ impl<R: Routing> ProxyService<R> {
         match logged {
             Some(logged) => {
                 let trace = trace.filter(|t| t.sampled);
-                logged.at_end(res, client.peer, matched, trace, observers.clone())
+                logged.at_end(res, client.peer, matched, trace, Arc::clone(observers))
             }
             None => res,
         }
@@ -443,7 +443,7 @@ impl Logged {
         client: std::net::SocketAddr,
         route: Option<Arc<Route>>,
         trace: Option<RequestTrace>,
-        observers: Observers,
+        observers: Arc<Observers>,
     ) -> Response<ProxyBody> {
         let status = res.status().as_u16();
         let upstream = res

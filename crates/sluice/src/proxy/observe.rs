@@ -16,7 +16,7 @@ use sluice_core::request_id::RequestIds;
 use sluice_core::trace_context::{RequestTrace, SentContext};
 
 /// A proxy's metrics, access log, request IDs and tracing, each off by default; shared by
-/// its transports (cloning is a few reference counts).
+/// its transports behind one `Arc` (a logged request's body holds that, not a copy).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Observers {
     pub(crate) metrics: Option<Arc<Metrics>>,

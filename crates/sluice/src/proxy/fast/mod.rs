@@ -68,7 +68,7 @@ pub(crate) use self::request::{timer_at, Request, Scratch, Served};
 #[derive(Clone)]
 pub struct FastPath {
     router: Arc<dyn Routing>,
-    observers: Observers,
+    observers: Arc<Observers>,
     /// The type of the proxy service it belongs to.
     service: std::any::TypeId,
 }
@@ -82,7 +82,7 @@ impl std::fmt::Debug for FastPath {
 impl FastPath {
     pub(super) fn new(
         router: Arc<dyn Routing>,
-        observers: Observers,
+        observers: Arc<Observers>,
         service: std::any::TypeId,
     ) -> Self {
         Self {
