@@ -99,6 +99,7 @@ pub use sluice_core::body::{ProxyBody, RequestBody};
 pub use sluice_core::error::{Origin, ProxyError};
 pub use sluice_core::request_id::RequestIds;
 pub use sluice_core::retry::RetryMetrics;
+pub use sluice_core::route_feature::{self, RouteFeature};
 pub use sluice_server::fast::FastHttp1;
 pub use sluice_server::tls::Certificates;
 pub use sluice_server::{
