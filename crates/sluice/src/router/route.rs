@@ -62,21 +62,21 @@ pub struct Route {
     pub target: Target,
     /// The largest request body forwarded, over the listener's (see
     /// [`HttpOptions::max_request_body`](sluice_config::HttpOptions)); default: the listener's.
-    pub max_request_body: Option<u64>,
+    pub(crate) max_request_body: Option<u64>,
     /// Its registered features ([`RouteFeature`]: a rate limit, CORS, basic auth, or a
     /// framework user's own), whose hooks every transport runs in this order
     /// ([`with_feature`](Self::with_feature)).
     pub(crate) registered: Vec<Arc<dyn RouteFeature>>,
     /// How the path is rewritten before it goes upstream (or into a redirect's `{path}`);
     /// `None` (the default): not at all. Routes still match the path as sent.
-    pub rewrite: Option<Rewrite>,
+    pub(crate) rewrite: Option<Rewrite>,
     /// How responses are compressed by the client's `Accept-Encoding`; default `None`:
     /// never.
-    pub compression: Option<Compression>,
+    pub(crate) compression: Option<Compression>,
     /// Edits of the forwarded request's headers.
-    pub request_headers: HeaderEdits,
+    pub(crate) request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
-    pub response_headers: HeaderEdits,
+    pub(crate) response_headers: HeaderEdits,
 }
 
 impl Route {
@@ -123,6 +123,37 @@ impl Route {
     /// basic_auth}`), or any [`RouteFeature`] of a framework user's.
     pub fn with_feature(mut self, feature: Arc<dyn RouteFeature>) -> Self {
         self.registered.push(feature);
+        self
+    }
+
+    /// This route with a largest request body of its own, over the listener's.
+    pub fn with_max_request_body(mut self, bytes: u64) -> Self {
+        self.max_request_body = Some(bytes);
+        self
+    }
+
+    /// This route with a path rewrite: what goes upstream (or into a redirect's `{path}`);
+    /// routes still match the path as sent.
+    pub fn with_rewrite(mut self, rewrite: Rewrite) -> Self {
+        self.rewrite = Some(rewrite);
+        self
+    }
+
+    /// This route compressing its responses by the client's `Accept-Encoding`.
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = Some(compression);
+        self
+    }
+
+    /// This route with edits of the forwarded request's fields.
+    pub fn with_request_headers(mut self, edits: HeaderEdits) -> Self {
+        self.request_headers = edits;
+        self
+    }
+
+    /// This route with edits of its answers' fields (its own answers' too).
+    pub fn with_response_headers(mut self, edits: HeaderEdits) -> Self {
+        self.response_headers = edits;
         self
     }
 
