@@ -5,6 +5,7 @@
 //! services registered by dialing in.
 
 pub(crate) mod connect;
+pub(crate) mod dns;
 pub(crate) mod exchange;
 mod host;
 pub(crate) mod leased;
@@ -15,12 +16,14 @@ pub(crate) mod tls;
 
 use http::{Request, Response};
 
+pub(crate) use dns::Dns;
 pub(crate) use exchange::Deadline;
 pub(crate) use host::default_host;
 pub use reverse::{ReverseCluster, ReverseSlice};
 pub(crate) use served::{ServedBy, WantsServedBy};
 use sluice_core::body::ProxyBody;
 use sluice_core::error::ProxyError;
+pub(crate) use static_cluster::FollowedName;
 pub(crate) use static_cluster::StaticMetrics;
 pub use static_cluster::{StaticCluster, StaticOptions};
 

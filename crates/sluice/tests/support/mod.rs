@@ -371,5 +371,6 @@ pub async fn h2_send(
 }
 
 /// Static-cluster helpers: observed backends, raw-TCP backends, refusing ports, waiting.
+pub mod dns;
 pub mod upstream;
 pub mod wire;
