@@ -30,18 +30,25 @@ async fn same_port_pair() -> (TcpListener, TcpListener) {
     panic!("no port free on both 127.0.0.2 and 127.0.0.3");
 }
 
-/// A proxy whose cluster `backend` is `api.sluice.test:<port>` with `resolve`, asking `dns`.
-async fn proxy(dns: &TestDns, port: u16, cluster: &str) -> TestProxy {
+/// A config whose cluster `backend` is `api.sluice.test:<port>` (and `more` endpoints) with
+/// `cluster`'s keys, asking `dns`.
+fn config(dns: &TestDns, port: u16, more: &[SocketAddr], cluster: &str) -> String {
     let endpoint: SocketAddr = ([0, 0, 0, 0], port).into();
-    let text = static_config(&[endpoint], cluster).replace(
+    let endpoints: Vec<SocketAddr> = [endpoint].iter().chain(more).copied().collect();
+    let text = static_config(&endpoints, cluster).replace(
         &format!("\"{endpoint}\""),
         &format!("\"api.sluice.test:{port}\""),
     );
-    let text = format!(
-        "{text}\n[dns]\nnameservers = [\"{}\"]\ntimeout = \"500ms\"\n",
+    format!(
+        "{text}\n[dns]\nnameservers = [\"{}\"]\ntimeout = \"500ms\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
         dns.addr
-    );
-    TestProxy::start(&text).await
+    )
+}
+
+/// A proxy of [`config`] without more endpoints.
+async fn proxy(dns: &TestDns, port: u16, cluster: &str) -> TestProxy {
+    TestProxy::start(&config(dns, port, &[], cluster)).await
 }
 
 const FAST: &str = r#"resolve = { min_ttl = "100ms", max_ttl = "1s" }"#;
@@ -151,6 +158,20 @@ async fn a_failed_lookup_keeps_the_last_addresses_until_the_name_resolves_again(
     let why = names[0].last_error.clone().unwrap_or_default();
     assert!(why.contains("NXDOMAIN"), "{why}");
     assert_eq!(metric(&proxy, &series("addresses", port, "")), Some(1.0));
+    // /status (sluice ctl status) says the same.
+    let url = format!("http://{}/status", proxy.admin.unwrap());
+    let status: serde_json::Value = serde_json::from_str(&get(&client, &url).await.body).unwrap();
+    let name = &status["clusters"][0]["names"][0];
+    assert_eq!(name["name"], format!("api.sluice.test:{port}"));
+    assert_eq!(
+        name["addrs"],
+        serde_json::json!([format!("127.0.0.2:{port}")])
+    );
+    assert!(name["failures"].as_u64() >= Some(2), "{name}");
+    assert!(
+        name["last_error"].as_str().unwrap().contains("NXDOMAIN"),
+        "{name}"
+    );
 
     dns.set(HOST, &[B], 0).await;
     until_answered_by(&client, &proxy, "b").await;
@@ -211,4 +232,41 @@ async fn with_health_checks_a_new_address_joins_after_its_first_passing_check() 
 
     b.healthy.store(true, std::sync::atomic::Ordering::SeqCst);
     until_answered_by(&client, &proxy, "b").await;
+}
+
+#[tokio::test]
+async fn a_reload_in_place_leaves_the_addresses_dns_brought_in_to_dns() {
+    let dns = TestDns::start("sluice.test.").await;
+    let (la, lb) = same_port_pair().await;
+    let port = la.local_addr().unwrap().port();
+    let (a_addr, b_addr) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
+    let _a = Backend::start_on("a", la).await;
+    let _b = Backend::start_on("b", lb).await;
+    dns.set(HOST, &[A], 0).await;
+    let parse = |text: &str| {
+        let base = std::path::Path::new(".");
+        sluice::config::parse_str(text, "test.toml", base).unwrap()
+    };
+    let proxy = sluice::Proxy::bind(&parse(&config(&dns, port, &[], FAST)))
+        .await
+        .unwrap();
+    let (in_place, cluster) = (proxy.in_place(), proxy.cluster("backend").unwrap().clone());
+    let sluice::Upstream::Static(cluster) = cluster else {
+        panic!("static")
+    };
+    let shutdown = sluice::Shutdown::new();
+    let signal = shutdown.signal();
+    tokio::spawn(proxy.run_until(async move { signal.wait().await }));
+
+    // The reload adds b's address as a configured endpoint; a's, which DNS gave, stays.
+    let reloaded = parse(&config(&dns, port, &[b_addr], FAST));
+    let applied = in_place.apply(&reloaded).expect("applied in place");
+    assert_eq!(applied.added, [format!("backend {b_addr}")]);
+    assert!(applied.removed.is_empty(), "{applied:?}");
+    let addrs = || -> Vec<SocketAddr> { cluster.endpoints().iter().map(|e| e.addr()).collect() };
+    assert_eq!(addrs(), [a_addr, b_addr]);
+    // The name moves to b's address: a's leaves, b's stays (it is configured too).
+    dns.set(HOST, &[B], 0).await;
+    wait_until("a's address gone", || addrs() == [b_addr]).await;
+    shutdown.trigger();
 }
