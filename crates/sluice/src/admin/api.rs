@@ -438,7 +438,7 @@ fn static_status(name: &str, c: &StaticCluster) -> ClusterStatus {
 }
 
 /// A followed endpoint name: its addresses and lookups.
-fn name_status(n: &crate::upstream::FollowedName) -> NameStatus {
+fn name_status(n: &crate::upstream::static_cluster::FollowedName) -> NameStatus {
     NameStatus {
         name: n.name.clone(),
         addrs: n.addrs.iter().map(ToString::to_string).collect(),

@@ -23,7 +23,6 @@ pub use reverse::{ReverseCluster, ReverseSlice};
 pub(crate) use served::{ServedBy, WantsServedBy};
 use sluice_core::body::ProxyBody;
 use sluice_core::error::ProxyError;
-pub(crate) use static_cluster::FollowedName;
 pub(crate) use static_cluster::StaticMetrics;
 pub use static_cluster::{StaticCluster, StaticOptions};
 
