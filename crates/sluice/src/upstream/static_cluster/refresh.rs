@@ -104,8 +104,11 @@ fn failed(inner: &Inner, follow: &Follow, i: usize, error: &LookupError) -> Dura
     let (failures, kept) = follow.failed(i, error);
     let name = follow.name(i);
     // The first failure in a row is a warning; the rest, until it resolves again, are counted.
-    match failures {
-        1 => {
+    match (failures, kept) {
+        (1, 0) => {
+            warn!(cluster = %inner.name, %name, %error, "endpoint name lookup failed; the name has no addresses yet")
+        }
+        (1, _) => {
             warn!(cluster = %inner.name, %name, %error, kept, "endpoint name lookup failed; keeping its last addresses")
         }
         _ => {
