@@ -318,6 +318,24 @@ mod tests {
     }
 
     #[test]
+    fn an_address_removed_by_hand_stays_out_until_the_name_drops_and_gives_it_again() {
+        let metrics = StaticMetrics::default();
+        let bounds = (Dns::default(), Resolve::default());
+        let f = Follow::new("c", &[name("a.test:80")], bounds, &metrics);
+        let cluster = Cluster::default();
+        cluster.apply(&f, 0, &["10.0.0.1:80", "10.0.0.2:80"]);
+        // `remove_endpoint` by hand: disowned, and out of the cluster.
+        let by_hand: SocketAddr = "10.0.0.2:80".parse().expect("addr");
+        f.disown(by_hand);
+        cluster.0.borrow_mut().remove(&by_hand);
+        cluster.apply(&f, 0, &["10.0.0.1:80", "10.0.0.2:80"]);
+        assert_eq!(*cluster.0.borrow(), addrs(&["10.0.0.1:80"]), "no change");
+        cluster.apply(&f, 0, &["10.0.0.1:80"]);
+        cluster.apply(&f, 0, &["10.0.0.1:80", "10.0.0.2:80"]);
+        assert_eq!(*cluster.0.borrow(), addrs(&["10.0.0.1:80", "10.0.0.2:80"]));
+    }
+
+    #[test]
     fn a_failed_lookup_keeps_the_addresses_and_a_name_never_resolved_is_named() {
         let metrics = StaticMetrics::default();
         let bounds = (Dns::default(), Resolve::default());
