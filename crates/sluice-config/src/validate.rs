@@ -6,6 +6,7 @@ mod basic_auth;
 mod cluster;
 mod compression;
 mod cors;
+mod dns;
 mod handoff;
 mod kind_keys;
 mod rate_limit;
@@ -83,6 +84,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
     let no_listener_needed = handoff.is_some() || !raw.relay.is_empty();
     let listeners = listeners(ctx, raw.listener, no_listener_needed)?;
     let relays = relay::relays(ctx, raw.relay)?;
+    let dns = dns::dns(ctx, raw.dns)?;
     let acceptor = acceptor::acceptor(ctx, raw.acceptor, &raw.cluster)?;
     let clusters = cluster::clusters(ctx, raw.cluster)?;
     // Taken out before the routes are built so their spans survive for `acceptor::slices`.
@@ -106,6 +108,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         routes,
         clusters,
         relays,
+        dns,
     })
 }
 
