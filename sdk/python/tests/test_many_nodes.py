@@ -130,29 +130,6 @@ def test_nodes_that_ask_another_instance_for_the_floor_give_up_theirs_to_demand(
     run(main())
 
 
-def test_a_retire_the_node_did_not_act_on_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fleet, "RETIRE_WAIT", 0.2)
-
-    async def main() -> None:
-        tally, (a, b) = await nodes(2)
-        app = Counting(tally)
-        sessions = await sluice_sdk.serve(app, opts([a.addr, b.addr]), lifespan="off")
-        await tally.until(lambda: held(a, b) == [2, 2])
-        await sessions.wait_registered()
-        b.ignore_retires = 1
-        app.gate.clear()
-        clients = [asyncio.ensure_future(a.request()) for _ in range(8)]
-        # The first RETIRE at b is lost: its sessions stay idle, so it is sent again.
-        await tally.until(lambda: held(a, b) == [3, 1])
-        assert b.retires[-2:] == [1, 1] and b.closed_by_service == 0
-        app.gate.set()
-        assert [r.status for r in await asyncio.gather(*clients)] == [200] * 8
-        assert tally.max_open <= 4
-        sessions.close()
-
-    run(main())
-
-
 def test_a_node_that_dies_moves_its_share_and_logs_one_line(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "sluice_sdk")
