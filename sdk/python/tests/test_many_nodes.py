@@ -217,6 +217,31 @@ def test_dns_names_are_resolved_again_nodes_join_and_leave() -> None:
     run(main())
 
 
+def test_a_lost_node_makes_the_name_resolve_again_soon() -> None:
+    """Issue 46: a node restarted under a new address (a Kubernetes pod) was found only at the
+    next ``resolve_interval``. Losing a node is a change suspected: the name is resolved again
+    within seconds (``RESOLVE_SOON``), however long the interval."""
+
+    async def main() -> None:
+        tally, (a, b) = await nodes(2)
+        records = {"nodes.test": [("127.0.0.1", a.port)]}
+
+        async def resolver(name: str, port: int) -> list[tuple[str, int]]:
+            return list(records[name])
+
+        sessions = await sluice_sdk.serve(Counting(), opts(
+            "dns:nodes.test:7070", resolver=resolver, resolve_interval=600.0), lifespan="off")
+        await tally.until(lambda: held(a, b) == [4, 0])
+        records["nodes.test"] = [("127.0.0.1", b.port)]  # a's replacement, at a new address
+        a.kill()
+        await tally.until(lambda: held(a, b) == [0, 4])
+        assert [n.address for n in sessions.nodes] == [b.addr]
+        assert tally.max_open <= 4
+        sessions.close()
+
+    run(main())
+
+
 def test_a_name_that_stops_resolving_keeps_its_nodes(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "sluice_sdk")
 

@@ -208,6 +208,9 @@ class Fleet:
         self._moved_at = float("-inf")
         #: Every listed node refused its link for good: the error ``wait_registered`` raises.
         self.failed: SluiceError | None = None
+        #: Called when a node is lost (its link ended, or it went down): the resolver
+        #: (``links.Discovery``) looks at the name again soon.
+        self.suspect: Callable[[], object] = lambda: None
 
     @property
     def capacity(self) -> int:
@@ -312,6 +315,8 @@ class Fleet:
         if node.link_gen == gen and node.writer is not None:
             node.writer = None
             self._absent(node, why)
+            if not self.stopping:
+                self.suspect()
             self.plan()
 
     def link_failed(self, node: Node, error: SluiceError) -> None:
@@ -396,6 +401,7 @@ class Fleet:
         expected to go (one info line); one held drained said so already."""
         self._cancel_grace(node)
         node.down = True
+        self.suspect()
         if node.block is None:
             log.warning("node %s is down: %s; its share moves to the others (one line per "
                         "outage)", node, why)
