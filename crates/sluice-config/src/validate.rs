@@ -6,6 +6,7 @@ mod basic_auth;
 mod cluster;
 mod compression;
 mod cors;
+mod global_rate_limit;
 mod handoff;
 mod kind_keys;
 mod rate_limit;
@@ -91,7 +92,8 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         .iter_mut()
         .map(|r| r.get_mut().slice.take())
         .collect();
-    let mut routes = route::routes(ctx, raw.route, &clusters)?;
+    let rate_limit_services = global_rate_limit::services(ctx, raw.rate_limit_service)?;
+    let mut routes = route::routes(ctx, raw.route, &clusters, &rate_limit_services)?;
     acceptor::slices(ctx, &mut routes, slices, &clusters)?;
     Ok(Config {
         source: ctx.origin.to_owned(),
@@ -106,6 +108,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         routes,
         clusters,
         relays,
+        rate_limit_services,
     })
 }
 

@@ -66,6 +66,7 @@
 pub(crate) mod access_log;
 pub(crate) mod admin;
 pub(crate) mod app;
+pub(crate) mod global_limit;
 pub(crate) mod metrics;
 pub mod options;
 #[cfg(feature = "otel")]

@@ -513,8 +513,9 @@ fn compress(
 }
 
 /// Whether the route lets the request through ([`Admission::admit`](sluice_core::admission::Admission::admit):
-/// its rate limit, then its CORS preflight, then its users) or answers it itself (an allowed
-/// preflight). `origin` is the request's `Origin`, kept for a CORS route's answer.
+/// its rate limit, then its CORS preflight, then its users; then its global rate limit, so
+/// that neither a refusal this node can make nor a preflight costs a call) or answers it
+/// itself (an allowed preflight). `origin` is the request's `Origin`, kept for a CORS route's answer.
 async fn admit(
     route: &Route,
     req: &Request<RequestBody>,
@@ -527,7 +528,16 @@ async fn admit(
     }
     let admission = route.admission();
     let admitted = admission.admit(req.method(), req.headers(), client.peer.ip());
-    Ok(match (admitted.await?, admission.cors) {
+    let admitted = admitted.await?;
+    if let (Admitted::Pass, Some(global)) = (&admitted, &route.global_rate_limit) {
+        let asked = crate::global_limit::Asked {
+            client: client.peer.ip(),
+            path: req.uri().path(),
+            headers: req.headers(),
+        };
+        global.check(asked).await?;
+    }
+    Ok(match (admitted, admission.cors) {
         (Admitted::Preflight(fields), Some(cors)) => {
             Some(preflight_response(cors, origin.as_ref(), fields))
         }

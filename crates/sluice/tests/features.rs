@@ -86,6 +86,25 @@ fn case(feature: Feature, dir: &std::path::Path) -> Case {
             asks: vec![get("/", vec![]), get("/", vec![])],
             check: |g| g.status == StatusCode::TOO_MANY_REQUESTS,
         },
+        Feature::GlobalRateLimit => {
+            // A service that refuses connections, asked with failure_mode "closed": a
+            // transport that skipped the limit would let the request through.
+            let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let address = dead.local_addr().unwrap();
+            drop(dead);
+            Case {
+                keys: format!(
+                    "global_rate_limit = {{ service = \"rls\", descriptors = [[{{ from = \"client\" }}]] }}\n\
+                     [rate_limit_service.rls]\naddress = \"{address}\"\ndomain = \"t\"\n\
+                     timeout = \"5s\"\nfailure_mode = \"closed\"\n"
+                ),
+                asks: vec![get("/", vec![])],
+                check: |g| {
+                    g.status == StatusCode::SERVICE_UNAVAILABLE
+                        && g.body.contains("rate-limit service unavailable")
+                },
+            }
+        }
         Feature::BasicAuth => {
             let hash = bcrypt::hash("secret", 4).unwrap();
             std::fs::write(dir.join("users.htpasswd"), format!("alice:{hash}\n")).unwrap();

@@ -268,6 +268,7 @@ fn spec_of(r: &sluice_config::Route) -> RouteSpec {
         || r.response_headers != Default::default()
         || r.max_request_body.is_some()
         || r.rate_limit.is_some()
+        || r.global_rate_limit.is_some()
         || r.basic_auth.is_some()
         || r.cors.is_some();
     RouteSpec {

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use sluice_config::{Compression, HeaderEdits, LocationTemplate, Rewrite};
 
+use crate::global_limit::GlobalLimit;
 use crate::upstream::Upstream;
 use sluice_core::admission::Admission;
 use sluice_core::basic_auth::BasicAuth;
@@ -69,6 +70,9 @@ pub struct Route {
     /// Requests per client (or key) over time ([`with_rate_limit`](Self::with_rate_limit));
     /// shared by the copies of a route a reload keeps.
     pub(crate) rate_limit: Option<Arc<RateLimit>>,
+    /// A limit shared by every node, asked of a rate-limit service after `rate_limit`
+    /// (`global_rate_limit` of a configured route; [`crate::global_limit`]).
+    pub(crate) global_rate_limit: Option<Arc<GlobalLimit>>,
     /// The users who may use it ([`with_basic_auth`](Self::with_basic_auth)).
     pub(crate) basic_auth: Option<Arc<BasicAuth>>,
     /// Which web origins may call it ([`with_cors`](Self::with_cors)).
@@ -127,6 +131,7 @@ impl Route {
             target,
             max_request_body: None,
             rate_limit: None,
+            global_rate_limit: None,
             basic_auth: None,
             cors: None,
             rewrite: None,
@@ -168,6 +173,8 @@ pub enum Feature {
     BodyLimit,
     /// `rate_limit`.
     RateLimit,
+    /// `global_rate_limit` (a call to a rate-limit service: hyper's path alone renders it).
+    GlobalRateLimit,
     /// `basic_auth`.
     BasicAuth,
     /// `cors`.
@@ -185,9 +192,10 @@ pub enum Feature {
 
 impl Feature {
     /// Every feature, for tests that must cover them all.
-    pub const ALL: [Feature; 8] = [
+    pub const ALL: [Feature; 9] = [
         Feature::BodyLimit,
         Feature::RateLimit,
+        Feature::GlobalRateLimit,
         Feature::BasicAuth,
         Feature::Cors,
         Feature::Rewrite,
@@ -251,6 +259,7 @@ impl Route {
             target: _,
             max_request_body,
             rate_limit,
+            global_rate_limit,
             basic_auth,
             cors,
             rewrite,
@@ -263,6 +272,7 @@ impl Route {
         Features::default()
             .with(Feature::BodyLimit, max_request_body.is_some())
             .with(Feature::RateLimit, rate_limit.is_some())
+            .with(Feature::GlobalRateLimit, global_rate_limit.is_some())
             .with(Feature::BasicAuth, basic_auth.is_some())
             .with(Feature::Cors, cors.is_some())
             .with(Feature::Rewrite, rewrite.is_some())

@@ -7,6 +7,7 @@ use sluice_config::{Action, Config, RateLimit as RateLimitConfig};
 
 use super::matcher::Matcher;
 use super::route::{Direct, RequestHead, Route, Routing, Target};
+use crate::global_limit::GlobalLimit;
 use crate::upstream::Upstream;
 use sluice_core::basic_auth::BasicAuth;
 use sluice_core::cors::Cors;
@@ -60,6 +61,10 @@ impl RouteTable {
                     .rate_limit
                     .as_ref()
                     .map(|limit| kept(r, limit).unwrap_or_else(|| Arc::new(RateLimit::new(limit)))),
+                global_rate_limit: r
+                    .global_rate_limit
+                    .as_ref()
+                    .map(|g| Arc::new(GlobalLimit::new(&r.name, g))),
                 basic_auth: r.basic_auth.as_ref().map(|a| Arc::new(BasicAuth::new(a))),
                 cors: r.cors.as_ref().map(|c| Arc::new(Cors::new(c))),
                 rewrite: r.rewrite.clone(),
@@ -76,7 +81,7 @@ impl RouteTable {
     /// of `sluice` off), which `Proxy::bind` refuses; `None` when every one is built.
     pub(crate) fn unbuilt(config: &Config) -> Option<Unbuilt> {
         type Wants = fn(&sluice_config::Route) -> bool;
-        let parts: [(&'static str, &'static str, bool, Wants); 2] = [
+        let parts: [(&'static str, &'static str, bool, Wants); 3] = [
             (
                 "compression",
                 "compression",
@@ -88,6 +93,12 @@ impl RouteTable {
                 "basic-auth",
                 cfg!(feature = "basic-auth"),
                 |r| r.basic_auth.is_some(),
+            ),
+            (
+                "global_rate_limit",
+                "global-rate-limit",
+                cfg!(feature = "global-rate-limit"),
+                |r| r.global_rate_limit.is_some(),
             ),
         ];
         parts.iter().find_map(|&(key, feature, built, wants)| {
