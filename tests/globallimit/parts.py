@@ -114,6 +114,9 @@ class Proc:
 
 
 def sluice_binary() -> Path:
+    """`SLUICE_BIN` (the test command's debug build), else the debug build, built here."""
+    if given := os.environ.get("SLUICE_BIN"):
+        return Path(given)
     subprocess.run(["cargo", "build", "--locked", "--quiet", "-p", "sluice-cli", "--bin", "sluice"],
                    cwd=REPO, check=True)
     return TARGET / "debug/sluice"
@@ -153,6 +156,11 @@ descriptors:
     rate_limit:
       unit: minute
       requests_per_unit: {LIMIT}
+  # measure.py's: counted in Redis like any limit, never reached.
+  - key: bench
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1000000000
 """
 
 

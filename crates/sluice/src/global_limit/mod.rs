@@ -70,6 +70,7 @@ type Descriptor = Vec<(String, String)>;
 
 /// What the service answered.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "global-rate-limit"), allow(dead_code))]
 enum Verdict {
     Ok,
     OverLimit {
@@ -80,6 +81,7 @@ enum Verdict {
 
 /// Why a call brought no answer.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "global-rate-limit"), allow(dead_code))]
 enum Failure {
     /// It took longer than the service's `timeout`.
     Timeout,
