@@ -122,9 +122,7 @@ def live_dump(tmp: Path, url: str, load: Load | None, ready, tries: int = 10) ->
 @pytest.fixture(scope="module")
 def sluice_bin() -> Path:
     """`target/debug/sluice`, built as harness.build() builds it (only the proxy is needed)."""
-    cargo = ["cargo", "build", "--locked", "--quiet", "-p", "sluice-cli", "--bin", "sluice"]
-    subprocess.run(cargo, cwd=harness.REPO, check=True)
-    return Path(os.environ.get("CARGO_TARGET_DIR", harness.REPO / "target")) / "debug/sluice"
+    return harness.prebuilt_or_build("sluice-cli", "--bin", "sluice")
 
 
 @pytest.fixture

@@ -99,17 +99,32 @@ class Binaries:
         return {"rust": self.rust, "go": self.go, "python": self.python}[lang]
 
 
+def prebuilt_or_build(package: str, kind: str, name: str) -> Path:
+    """A debug binary (`--bin`) or example (`--example`) of this tree: ``$SLUICE_BIN`` for the
+    proxy and ``$SLUICE_EXAMPLES/<name>`` for an example when the caller built them already
+    (scripts/test does, once, with the features `cargo test --workspace` resolved: building
+    one package alone resolves others and compiles the workspace's crates again), else built
+    here with cargo (or found up to date)."""
+    prebuilt = {"--bin": os.environ.get("SLUICE_BIN") if name == "sluice" else None,
+                "--example": os.environ.get("SLUICE_EXAMPLES")}[kind]
+    if prebuilt:
+        path = Path(prebuilt) / name if kind == "--example" else Path(prebuilt)
+        assert path.is_file(), f"{path} is missing: build it, or unset the variable"
+        return path
+    subprocess.run(["cargo", "build", "--locked", "--quiet", "-p", package, kind, name], cwd=REPO, check=True)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "debug"
+    return target / "examples" / name if kind == "--example" else target / name
+
+
 def build(tmp: Path) -> Binaries:
     """Builds the proxy and the Rust and Go interop services; the Python one runs from source."""
-    cargo = ["cargo", "build", "--locked", "--quiet"]
-    subprocess.run(cargo + ["-p", "sluice-cli", "--bin", "sluice"], cwd=REPO, check=True)
-    subprocess.run(cargo + ["-p", "sluice-sdk", "--example", "interop_service"], cwd=REPO, check=True)
+    sluice = prebuilt_or_build("sluice-cli", "--bin", "sluice")
+    rust = prebuilt_or_build("sluice-sdk", "--example", "interop_service")
     go_bin = tmp / "interopsvc"
     subprocess.run(["go", "build", "-o", str(go_bin), "./internal/interopsvc"], cwd=REPO / "sdk/go", check=True)
-    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
     return Binaries(
-        sluice=target / "debug/sluice",
-        rust=[str(target / "debug/examples/interop_service")],
+        sluice=sluice,
+        rust=[str(rust)],
         go=[str(go_bin)],
         python=[sys.executable, str(REPO / "sdk/python/tests/interop_service.py")],
     )

@@ -24,7 +24,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(REPO / "tests/interop"))
 
+from harness import prebuilt_or_build  # noqa: E402
 from netns import namespace  # noqa: E402
 
 # The whole scenario is bounded: each of its waits fails after 60 s, its loads last seconds.
@@ -33,17 +35,13 @@ SCENARIO_LIMIT = 600
 
 @pytest.fixture(scope="module")
 def binaries(tmp_path_factory) -> dict[str, str]:
-    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-    subprocess.run(["cargo", "build", "--locked", "--quiet", "-p", "sluice-cli", "--bin", "sluice"],
-                   cwd=REPO, check=True)
-    subprocess.run(["cargo", "build", "--locked", "--quiet", "-p", "sluice-sdk", "--example", "multinode"],
-                   cwd=REPO, check=True)
+    sluice = prebuilt_or_build("sluice-cli", "--bin", "sluice")
+    rust = prebuilt_or_build("sluice-sdk", "--example", "multinode")
     out = tmp_path_factory.mktemp("bin")
     go = out / "multinode-go"
     subprocess.run(["go", "build", "-o", str(go), "./examples/multinode"], cwd=REPO / "sdk/go", check=True)
     python = f"{sys.executable} {REPO / 'sdk/python/examples/multinode.py'}"
-    return {"sluice": str(target / "debug/sluice"), "go": str(go), "python": python,
-            "rust": str(target / "debug/examples/multinode")}
+    return {"sluice": str(sluice), "go": str(go), "python": python, "rust": str(rust)}
 
 
 def run_scenario(binaries: dict[str, str]) -> dict:

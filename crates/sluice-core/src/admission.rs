@@ -1,60 +1,217 @@
 //! A route's admission — whether a request is let through before anything goes upstream —
-//! in the one order every transport applies it: the rate limit, then the CORS preflight
-//! (which carries no credentials, so it is answered before they are asked for), then the
-//! route's users. A refusal is a [`ProxyError`] (429, 403, 401), answered as every other.
+//! run once for every transport over the route's registered features ([`RouteFeature`]), in
+//! their order: each feature's answer edit is read first, then each admission hook until one
+//! refuses (an error answer: 429, 403, 401), answers (a CORS preflight's 204) or all pass.
 
-use std::net::IpAddr;
+use http::{HeaderMap, Response};
+use std::sync::Arc;
 
-use http::{HeaderName, HeaderValue, Method};
-
-use crate::basic_auth::BasicAuth;
-use crate::cors::Cors;
 use crate::error::ProxyError;
-use crate::fields::Fields;
-use crate::rate_limit::RateLimit;
+use crate::route_feature::{Answer, Asked, Edit, RouteFeature, Verdict};
 
-/// The admission features of one route (none by default: every request is let through).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Admission<'r> {
-    /// Requests per client (or field value) over time.
-    pub rate_limit: Option<&'r RateLimit>,
-    /// Which web origins may call the route; its preflights are answered here.
-    pub cors: Option<&'r Cors>,
-    /// The users who may use the route.
-    pub basic_auth: Option<&'r BasicAuth>,
-}
-
-/// What became of a request admission let through.
+/// What admission decided of a request.
 #[derive(Debug)]
-pub enum Admitted {
+pub enum Outcome {
     /// On to the route's target.
     Pass,
-    /// An allowed CORS preflight, answered 204 with these fields (after the route's CORS
-    /// fields); it never goes upstream.
-    Preflight(Vec<(HeaderName, HeaderValue)>),
+    /// Answered by a feature ([`Admission::answer`] renders it).
+    Answer(Answer),
+    /// Refused with this error.
+    Refused(ProxyError),
 }
 
-impl Admission<'_> {
-    /// Whether a request of `method` with `fields` from `client` is let through, or refused
-    /// (the error the client is answered with), or answered here (a preflight).
-    pub async fn admit(
-        &self,
-        method: &Method,
-        fields: &(impl Fields + Sync),
-        client: IpAddr,
-    ) -> Result<Admitted, ProxyError> {
-        if let Some(limit) = self.rate_limit {
-            let value = limit.field().and_then(|n| fields.first(n.as_str()));
-            limit.check(client, value)?;
+/// A request's admission: its outcome and the answer edits of its route's features.
+pub struct Admission {
+    /// What became of the request.
+    pub outcome: Outcome,
+    /// The edits every answer to the request gets ([`Edits::apply`]).
+    pub edits: Edits,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("outcome", &self.outcome)
+            .field("edits", &self.edits.0.len())
+            .finish()
+    }
+}
+
+/// The answer edits of a request's features ([`RouteFeature::edit`]), in their order.
+#[derive(Default)]
+pub struct Edits(Vec<(usize, Edit)>);
+
+impl std::fmt::Debug for Edits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Edits").field(&self.0.len()).finish()
+    }
+}
+
+impl Edits {
+    /// Applies every edit to an answer's fields.
+    pub fn apply(self, fields: &mut HeaderMap) {
+        for (_, edit) in self.0 {
+            edit(fields);
         }
-        if let Some(cors) = self.cors {
-            if let Some(answer) = cors.preflight(method, fields) {
-                return answer.map(Admitted::Preflight);
-            }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Leaves out the edit of the feature at `index` (the one that refused).
+    fn without(mut self, index: usize) -> Self {
+        self.0.retain(|(i, _)| *i != index);
+        self
+    }
+}
+
+/// Runs `features`' hooks over `asked`.
+pub async fn admit(features: &[Arc<dyn RouteFeature>], asked: &Asked<'_>) -> Admission {
+    let edits = features
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| f.edit(asked).map(|e| (i, e)));
+    let edits = Edits(edits.collect());
+    for (i, feature) in features.iter().enumerate() {
+        let verdict = match feature.admit(asked) {
+            Verdict::Check(check) => match check.await {
+                Ok(()) => Verdict::Pass,
+                Err(e) => Verdict::Refuse(e),
+            },
+            other => other,
+        };
+        let outcome = match verdict {
+            Verdict::Pass | Verdict::Check(_) => continue,
+            Verdict::Refuse(e) => Outcome::Refused(e),
+            Verdict::Answer(a) => Outcome::Answer(a),
+        };
+        let edits = match outcome {
+            Outcome::Refused(_) => edits.without(i),
+            _ => edits,
+        };
+        return Admission { outcome, edits };
+    }
+    Admission {
+        outcome: Outcome::Pass,
+        edits,
+    }
+}
+
+impl Answer {
+    /// The answer as a response without a body: `edits` applied first, then its fields.
+    pub fn render(self, edits: Edits) -> Response<()> {
+        let mut res = Response::new(());
+        *res.status_mut() = self.status;
+        edits.apply(res.headers_mut());
+        res.headers_mut().extend(self.fields);
+        res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::route_feature::Hooks;
+    use http::{HeaderValue, Method, StatusCode};
+
+    /// A feature that records its name into every answer and decides as told.
+    #[derive(Debug)]
+    struct Probe {
+        tag: &'static str,
+        decide: fn() -> Verdict<'static>,
+    }
+
+    impl RouteFeature for Probe {
+        fn name(&self) -> &'static str {
+            self.tag
         }
-        if let Some(auth) = self.basic_auth {
-            auth.check(fields.first("authorization")).await?;
+        fn hooks(&self) -> Hooks {
+            Hooks::ALL
         }
-        Ok(Admitted::Pass)
+        fn edit(&self, _: &Asked<'_>) -> Option<Edit> {
+            let tag = self.tag;
+            Some(Box::new(move |h: &mut HeaderMap| {
+                h.append("x-edit", HeaderValue::from_static(tag));
+            }))
+        }
+        fn admit<'a>(&'a self, _: &Asked<'a>) -> Verdict<'a> {
+            (self.decide)()
+        }
+    }
+
+    fn probe(tag: &'static str, decide: fn() -> Verdict<'static>) -> Arc<dyn RouteFeature> {
+        Arc::new(Probe { tag, decide })
+    }
+
+    async fn run(features: &[Arc<dyn RouteFeature>]) -> (String, Vec<String>) {
+        let fields = HeaderMap::new();
+        let asked = Asked {
+            method: &Method::GET,
+            fields: &fields,
+            client: [127, 0, 0, 1].into(),
+            path: "/",
+        };
+        let admission = admit(features, &asked).await;
+        let outcome = format!("{:?}", admission.outcome);
+        let mut out = HeaderMap::new();
+        admission.edits.apply(&mut out);
+        let edits = out.get_all("x-edit").iter();
+        let edits = edits.map(|v| v.to_str().unwrap().to_owned());
+        (outcome, edits.collect())
+    }
+
+    #[tokio::test]
+    async fn hooks_run_in_order_and_a_refuser_does_not_dress_its_refusal() {
+        let refuse = || Verdict::Refuse(ProxyError::NoRoute);
+        let never = || -> Verdict<'static> { panic!("a hook after a refusal ran") };
+        let (outcome, edits) = run(&[
+            probe("a", || Verdict::Pass),
+            probe("b", refuse),
+            probe("c", never),
+        ])
+        .await;
+        assert!(outcome.starts_with("Refused"), "{outcome}");
+        // Every edit but the refuser's, the later features' included.
+        assert_eq!(edits, ["a", "c"]);
+    }
+
+    #[tokio::test]
+    async fn a_wait_that_fails_refuses_and_one_that_passes_goes_on() {
+        let failing = || Verdict::Check(Box::pin(async { Err(ProxyError::NoRoute) }));
+        let passing = || Verdict::Check(Box::pin(async { Ok(()) }));
+        let (outcome, _) = run(&[probe("a", passing), probe("b", failing)]).await;
+        assert!(outcome.starts_with("Refused"), "{outcome}");
+        let (outcome, edits) = run(&[probe("a", passing), probe("b", passing)]).await;
+        assert_eq!(outcome, "Pass");
+        assert_eq!(edits, ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn an_answer_gets_every_edit_then_its_own_fields() {
+        let answer = || {
+            Verdict::Answer(Answer {
+                status: StatusCode::NO_CONTENT,
+                fields: vec![("x-edit".parse().unwrap(), HeaderValue::from_static("own"))],
+            })
+        };
+        let features = [probe("a", answer), probe("b", || Verdict::Pass)];
+        let fields = HeaderMap::new();
+        let asked = Asked {
+            method: &Method::OPTIONS,
+            fields: &fields,
+            client: [127, 0, 0, 1].into(),
+            path: "/",
+        };
+        let admission = admit(&features, &asked).await;
+        let Outcome::Answer(answer) = admission.outcome else {
+            panic!("not answered: {admission:?}");
+        };
+        let res: Response<()> = answer.render(admission.edits);
+        assert_eq!(res.status(), StatusCode::NO_CONTENT);
+        let got: Vec<_> = res.headers().get_all("x-edit").iter().collect();
+        assert_eq!(got, ["a", "b", "own"]);
     }
 }

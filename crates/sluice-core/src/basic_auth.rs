@@ -18,6 +18,8 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
 
 use crate::error::ProxyError;
+use crate::fields::Fields;
+use crate::route_feature::{Asked, Hooks, Registration, RouteFeature, Verdict};
 
 /// How many verified passwords are remembered; past it the memory starts afresh.
 const REMEMBERED: usize = 1024;
@@ -156,6 +158,38 @@ fn digest(name: &str, password: &[u8]) -> [u8; 32] {
     let mut out = [0u8; 32];
     out.copy_from_slice(ctx.finish().as_ref());
     out
+}
+
+/// The registration of a route's `basic_auth` ([`crate::route_feature::REGISTERED`]), built
+/// with the `basic-auth` cargo feature.
+pub const REGISTRATION: Registration = Registration {
+    key: "basic_auth",
+    cargo_feature: Some("basic-auth"),
+    built: cfg!(feature = "basic-auth"),
+    wanted: |route| route.basic_auth.is_some(),
+    build: |route, _| {
+        let users = route
+            .basic_auth
+            .as_ref()
+            .filter(|_| cfg!(feature = "basic-auth"))?;
+        Some(Arc::new(BasicAuth::new(users)) as Arc<dyn RouteFeature>)
+    },
+};
+
+/// A password's check waits for its hash (on the blocking pool), then passes or refuses.
+impl RouteFeature for BasicAuth {
+    fn name(&self) -> &'static str {
+        "basic_auth"
+    }
+
+    fn hooks(&self) -> Hooks {
+        Hooks::REFUSE.and(Hooks::WAIT)
+    }
+
+    fn admit<'a>(&'a self, asked: &Asked<'a>) -> Verdict<'a> {
+        let field = asked.fields.first("authorization");
+        Verdict::Check(Box::pin(self.check(field)))
+    }
 }
 
 /// Whether `password` is the one `hash` (bcrypt or argon2, as the configuration checked) was

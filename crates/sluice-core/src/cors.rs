@@ -1,7 +1,7 @@
 //! A route's `cors` (the Fetch standard's CORS protocol), without I/O: whether a request is a
-//! preflight and what it is answered (asked by `admission`, for every transport), and the
-//! fields every answer of the route gets. The hyper path renders them; the fast path leaves
-//! the route's requests to hyper.
+//! preflight and what it is answered, and the fields every answer of the route gets: its
+//! [`RouteFeature`] hooks, which `admission` runs for every transport. Its hooks answer and
+//! edit answers, which the fast path does not drive: it leaves the route's requests to hyper.
 //!
 //! A preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) never reaches the
 //! upstream: an allowed origin, method and fields get 204 with what they may do, anything
@@ -11,11 +11,13 @@
 //! by `Origin` unless any origin is allowed.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::Method;
+use http::{Method, StatusCode};
 use sluice_config::{CorsOrigins, OriginMatch};
+use std::sync::Arc;
 
 use crate::error::ProxyError;
 use crate::fields::Fields;
+use crate::route_feature::{Answer, Asked, Edit, Hooks, Registration, RouteFeature, Verdict};
 
 /// One route's CORS policy, with its fields rendered once.
 #[derive(Debug)]
@@ -81,7 +83,7 @@ impl Cors {
     pub fn preflight(
         &self,
         method: &Method,
-        fields: &impl Fields,
+        fields: &(impl Fields + ?Sized),
     ) -> Option<Result<Vec<(HeaderName, HeaderValue)>, ProxyError>> {
         let asked = fields.first("access-control-request-method")?;
         let origin = fields.first("origin")?;
@@ -95,7 +97,7 @@ impl Cors {
         &self,
         origin: &[u8],
         asked: &[u8],
-        fields: &impl Fields,
+        fields: &(impl Fields + ?Sized),
     ) -> Result<Vec<(HeaderName, HeaderValue)>, ProxyError> {
         let refused = |why| Err(ProxyError::CorsRefused(why));
         if !self.allows(origin) {
@@ -140,28 +142,102 @@ impl Cors {
     /// Puts the route's CORS fields on an answer to a request from `origin`, over any the
     /// upstream set (a preflight's answer gets them first, then its own).
     pub fn apply(&self, origin: Option<&HeaderValue>, out: &mut HeaderMap) {
+        self.dressing(origin).apply(out);
+    }
+
+    /// The route's CORS fields for a request from `origin`, decided once and put on its
+    /// answer later ([`Dressing::apply`]).
+    pub fn dressing(&self, origin: Option<&HeaderValue>) -> Dressing {
+        let any = self.config.origins == CorsOrigins::Any && !self.config.credentials;
+        let allow = origin
+            .filter(|o| self.allows(o.as_bytes()))
+            .map(|origin| match any {
+                true => HeaderValue::from_static("*"),
+                false => origin.clone(),
+            });
+        Dressing {
+            vary: !any,
+            credentials: allow.is_some() && self.config.credentials,
+            expose: allow.as_ref().and(self.expose.clone()),
+            allow,
+        }
+    }
+}
+
+/// A route's CORS fields for one request's origin ([`Cors::dressing`]).
+#[derive(Debug, Clone)]
+pub struct Dressing {
+    /// `Vary: Origin` (unless any origin is allowed).
+    vary: bool,
+    /// `Access-Control-Allow-Origin`, for an allowed origin.
+    allow: Option<HeaderValue>,
+    /// `Access-Control-Allow-Credentials: true`.
+    credentials: bool,
+    /// `Access-Control-Expose-Headers`.
+    expose: Option<HeaderValue>,
+}
+
+impl Dressing {
+    /// Puts the fields on an answer, replacing any CORS field the upstream set.
+    pub fn apply(self, out: &mut HeaderMap) {
         for name in &CORS_FIELDS {
             out.remove(name);
         }
-        let any = self.config.origins == CorsOrigins::Any && !self.config.credentials;
-        if !any {
+        if self.vary {
             out.append(header::VARY, HeaderValue::from_static("Origin"));
         }
-        let Some(origin) = origin.filter(|o| self.allows(o.as_bytes())) else {
+        let Some(allow) = self.allow else {
             return;
         };
-        let allow = if any {
-            HeaderValue::from_static("*")
-        } else {
-            origin.clone()
-        };
         out.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
-        if self.config.credentials {
+        if self.credentials {
             let yes = HeaderValue::from_static("true");
             out.insert(header::ACCESS_CONTROL_ALLOW_CREDENTIALS, yes);
         }
-        if let Some(expose) = &self.expose {
-            out.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, expose.clone());
+        if let Some(expose) = self.expose {
+            out.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, expose);
+        }
+    }
+}
+
+/// The registration of a route's `cors` ([`crate::route_feature::REGISTERED`]).
+pub const REGISTRATION: Registration = Registration {
+    key: "cors",
+    cargo_feature: None,
+    built: true,
+    wanted: |route| route.cors.is_some(),
+    build: |route, _| {
+        let cors = route.cors.as_ref()?;
+        Some(Arc::new(Cors::new(cors)) as Arc<dyn RouteFeature>)
+    },
+};
+
+/// A CORS route answers allowed preflights itself and puts its fields on every answer but a
+/// refused preflight's.
+impl RouteFeature for Cors {
+    fn name(&self) -> &'static str {
+        "cors"
+    }
+
+    fn hooks(&self) -> Hooks {
+        Hooks::REFUSE.and(Hooks::ANSWER).and(Hooks::EDIT)
+    }
+
+    fn edit(&self, asked: &Asked<'_>) -> Option<Edit> {
+        let origin = asked.fields.first("origin");
+        let origin = origin.and_then(|o| HeaderValue::from_bytes(o).ok());
+        let dressing = self.dressing(origin.as_ref());
+        Some(Box::new(move |out: &mut HeaderMap| dressing.apply(out)))
+    }
+
+    fn admit<'a>(&'a self, asked: &Asked<'a>) -> Verdict<'a> {
+        match self.preflight(asked.method, asked.fields) {
+            None => Verdict::Pass,
+            Some(Ok(fields)) => Verdict::Answer(Answer {
+                status: StatusCode::NO_CONTENT,
+                fields,
+            }),
+            Some(Err(refused)) => Verdict::Refuse(refused),
         }
     }
 }

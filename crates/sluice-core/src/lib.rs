@@ -12,9 +12,11 @@
 //! - Request rules: `checks` (what a request must be, body limits), `headers` (hop-by-hop
 //!   stripping, forwarding fields, a route's edits), `rewrite` and `redirect` (a route's path
 //!   and `Location`), `grpc` (gRPC's status answers and deadlines).
-//! - Route features: `rate_limit`, `basic_auth` (whose hashes run on the blocking pool),
-//!   `cors`, `compression` (the decision; the encoder is `body`'s); `admission`, the order
-//!   every transport applies the first three in, over a request's [`fields::Fields`].
+//! - Route features: `route_feature` ([`route_feature::RouteFeature`], a feature's phase
+//!   hooks, and [`route_feature::REGISTERED`], the one list that builds them from
+//!   configuration): `rate_limit`, `cors`, `basic_auth` (whose hashes run on the blocking
+//!   pool); `admission`, which runs a route's hooks for every transport over a request's
+//!   [`fields::Fields`]. `compression` (the decision; the encoder is `body`'s).
 //! - Attempts: `read_ahead` (what is read before a response goes to the client) and `retry`
 //!   (when a request goes out again, and the retry budget).
 //! - Observability: `request_id`, `trace_context` (W3C trace context).
@@ -34,6 +36,7 @@ pub mod client;
 pub mod compression;
 pub mod cors;
 pub mod fields;
+pub mod global_limit;
 pub mod grpc;
 pub mod headers;
 pub mod rate_limit;
@@ -42,6 +45,7 @@ pub mod redirect;
 pub mod request_id;
 pub mod retry;
 pub mod rewrite;
+pub mod route_feature;
 pub mod trace_context;
 
 pub use body::ProxyBody;

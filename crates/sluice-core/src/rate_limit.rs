@@ -22,7 +22,10 @@ use http::HeaderName;
 use sluice_config::RateLimitKey;
 
 use crate::error::ProxyError;
+use crate::fields::Fields;
+use crate::route_feature::{downcast, Asked, Hooks, Registration, RouteFeature, Verdict};
 use sluice_net::addr::client_key;
+use std::sync::Arc;
 
 /// The most keys one route's limiter keeps.
 pub const MAX_KEYS: usize = 100_000;
@@ -150,6 +153,42 @@ impl RateLimit {
             }
         }
         Key::Overflow
+    }
+}
+
+/// The registration of a route's `rate_limit` ([`crate::route_feature::REGISTERED`]): a
+/// reload that leaves the route's limit unchanged keeps its buckets.
+pub const REGISTRATION: Registration = Registration {
+    key: "rate_limit",
+    cargo_feature: None,
+    built: true,
+    wanted: |route| route.rate_limit.is_some(),
+    build: |route, kept| {
+        let limit = route.rate_limit.as_ref()?;
+        let same = kept.filter(|k| downcast::<RateLimit>(k).is_some_and(|l| l.config() == limit));
+        Some(same.map_or_else(
+            || Arc::new(RateLimit::new(limit)) as Arc<dyn RouteFeature>,
+            Arc::clone,
+        ))
+    },
+};
+
+/// A limit refuses, and never waits.
+impl RouteFeature for RateLimit {
+    fn name(&self) -> &'static str {
+        "rate_limit"
+    }
+
+    fn hooks(&self) -> Hooks {
+        Hooks::REFUSE
+    }
+
+    fn admit<'a>(&'a self, asked: &Asked<'a>) -> Verdict<'a> {
+        let value = self.field().and_then(|n| asked.fields.first(n.as_str()));
+        match self.check(asked.client, value) {
+            Ok(()) => Verdict::Pass,
+            Err(refused) => Verdict::Refuse(refused),
+        }
     }
 }
 

@@ -13,8 +13,10 @@
 //! - listeners: [`Server`] (TLS by a rustls config or by [`Certificates`], HTTP settings from
 //!   [`default_http_options`]), [`Group`], [`Shutdown`], [`os_signal`], [`HttpService`], and the
 //!   HTTP/1 fast path a server may take from the proxy ([`FastPath`], [`FastHttp1`]);
-//! - routes: [`Routing`], [`RouteTable`], [`Route`], [`Matcher`], [`RequestHead`], [`Target`],
-//!   [`Direct`];
+//! - routes: [`Routing`], [`RouteTable`], [`Route`] (built with its `with_*` methods),
+//!   [`Matcher`], [`RequestHead`], [`Target`], [`Direct`]; a route feature of one's own is a
+//!   [`RouteFeature`] (its hooks, in [`route_feature`]), and what transports render of the
+//!   built-in ones, [`Feature`];
 //! - clusters: [`Upstream`], [`StaticCluster`] (its [`Endpoint`]s, [`StaticOptions`],
 //!   [`StaticMetrics`], [`LbPolicy`]), [`ReverseCluster`] and [`ReverseSlice`], whose services
 //!   dial in through an [`Acceptor`];
@@ -66,7 +68,6 @@
 pub(crate) mod access_log;
 pub(crate) mod admin;
 pub(crate) mod app;
-pub(crate) mod global_limit;
 pub(crate) mod metrics;
 pub mod options;
 #[cfg(feature = "otel")]
@@ -94,12 +95,23 @@ pub use restart::{Inherited, RestartError};
 pub use router::{
     Direct, Feature, Features, Matcher, RequestHead, Route, RouteTable, Routing, Target, Unbuilt,
 };
-pub use sluice_config as config;
+/// The configuration a [`Proxy`] is built from — load or parse it, then [`Proxy::bind`] — and
+/// the types a hand-built [`Route`] names ([`Route::with_rewrite`] and the rest). The whole
+/// model is the `sluice-config` crate's; a framework user who builds routes in code needs no
+/// more than this.
+pub mod config {
+    pub use sluice_config::{
+        embedded_default, load_file, load_file_without_secrets, parse_str, BasicAuth, Compression,
+        Config, ConfigError, Cors, CorsOrigins, Encoding, HeaderEdits, LocationTemplate,
+        OriginMatch, RateLimit, RateLimitKey, Rewrite, DEFAULT_SLICE,
+    };
+}
 pub use sluice_config::LbPolicy;
 pub use sluice_core::body::{ProxyBody, RequestBody};
 pub use sluice_core::error::{Origin, ProxyError};
 pub use sluice_core::request_id::RequestIds;
 pub use sluice_core::retry::RetryMetrics;
+pub use sluice_core::route_feature::{self, RouteFeature};
 pub use sluice_server::fast::FastHttp1;
 pub use sluice_server::tls::Certificates;
 pub use sluice_server::{

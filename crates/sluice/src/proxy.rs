@@ -29,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::otel::Tracing;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
 use crate::upstream::{Deadline, ServedBy, Upstream, WantsServedBy};
-use sluice_core::admission::Admitted;
+use sluice_core::admission::{self, Edits as AnswerEdits, Outcome};
 use sluice_core::body::ProxyBody;
 use sluice_core::checks::{self, check_request};
 use sluice_core::compression;
@@ -40,6 +40,7 @@ use sluice_core::headers::{
     wants_trailers, Forwarding, TrailersWanted,
 };
 use sluice_core::request_id::RequestIds;
+use sluice_core::route_feature::Asked;
 use sluice_core::trace_context::{RequestTrace, SentContext, TRACEPARENT, TRACESTATE};
 use sluice_core::{redirect, rewrite, ClientInfo};
 
@@ -164,29 +165,21 @@ impl<R: Routing> ProxyService<R> {
             id: stamp,
             trace: trace.as_ref(),
         };
-        let mut origin = None;
-        let dispatched = self.dispatch(req, &client, &stamps, &mut matched, &mut origin);
+        let mut edits = AnswerEdits::default();
+        let dispatched = self.dispatch(req, &client, &stamps, &mut matched, &mut edits);
         let mut res = match dispatched.await {
             Ok(res) => res,
             Err(e) => {
                 log_failure(&e, &client, matched.as_deref());
-                let mut res = match grpc {
+                match grpc {
                     true => grpc::response(&e, stamp),
                     false => e.response_with_id(http1, stamp),
-                };
-                if matches!(e, ProxyError::CorsRefused(_)) {
-                    res.extensions_mut().insert(Preflight);
                 }
-                res
             }
         };
-        // A CORS route's answers, Sluice's own errors included, but not its answers to
-        // preflights (an allowed one has the fields already, a refused one gets none).
-        if let Some(cors) = matched.as_ref().and_then(|r| r.cors.as_ref()) {
-            if res.extensions().get::<Preflight>().is_none() {
-                cors.apply(origin.as_ref(), res.headers_mut());
-            }
-        }
+        // The route's features' edits (a CORS route's fields), on whatever answers: the
+        // upstream's or Sluice's own error (a feature's own answer has them already).
+        edits.apply(res.headers_mut());
         let route = matched
             .as_ref()
             .map_or("-", |r: &Arc<Route>| r.name.as_str());
@@ -208,7 +201,7 @@ impl<R: Routing> ProxyService<R> {
         client: &ClientInfo,
         stamps: &Stamps<'_>,
         matched: &mut Option<Arc<Route>>,
-        origin: &mut Option<HeaderValue>,
+        edits: &mut AnswerEdits,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         check_request(&req)?;
         sluice_wire::normalize::normalize_request(&mut req, client.rules)?;
@@ -225,8 +218,8 @@ impl<R: Routing> ProxyService<R> {
         let route = self.shared.router.route(&head).ok_or(ProxyError::NoRoute)?;
         *matched = Some(Arc::clone(&route));
         drop((host, path));
-        if let Some(preflight) = admit(&route, &req, client, origin).await? {
-            return Ok(preflight);
+        if let Some(answer) = admit(&route, &req, client, edits).await? {
+            return Ok(answer);
         }
         let rules = client.rules.escaped_slashes;
         let target = rewrite::target(route.rewrite.as_ref(), req.uri(), rules)?;
@@ -512,56 +505,37 @@ fn compress(
     res
 }
 
-/// Whether the route lets the request through ([`Admission::admit`](sluice_core::admission::Admission::admit):
-/// its rate limit, then its CORS preflight, then its users; then its global rate limit, so
-/// that neither a refusal this node can make nor a preflight costs a call) or answers it
-/// itself (an allowed preflight). `origin` is the request's `Origin`, kept for a CORS route's answer.
+/// Whether the route's registered features let the request through
+/// ([`admission::admit`]: their hooks in order, as on every transport), refuse it, or answer
+/// it themselves (an allowed CORS preflight). The edits every answer gets are left in `edits`.
 async fn admit(
     route: &Route,
     req: &Request<RequestBody>,
     client: &ClientInfo,
-    origin: &mut Option<HeaderValue>,
+    edits: &mut AnswerEdits,
 ) -> Result<Option<Response<ProxyBody>>, ProxyError> {
-    // Kept first: a refusal (a 429, a 401) is read by the page only with the fields.
-    if route.cors.is_some() {
-        origin.clone_from(&req.headers().get(header::ORIGIN).cloned());
+    if route.registered().is_empty() {
+        return Ok(None);
     }
-    let admission = route.admission();
-    let admitted = admission.admit(req.method(), req.headers(), client.peer.ip());
-    let admitted = admitted.await?;
-    if let (Admitted::Pass, Some(global)) = (&admitted, &route.global_rate_limit) {
-        let asked = crate::global_limit::Asked {
-            client: client.peer.ip(),
-            path: req.uri().path(),
-            headers: req.headers(),
-        };
-        global.check(asked).await?;
-    }
-    Ok(match (admitted, admission.cors) {
-        (Admitted::Preflight(fields), Some(cors)) => {
-            Some(preflight_response(cors, origin.as_ref(), fields))
+    let asked = Asked {
+        method: req.method(),
+        fields: req.headers(),
+        client: client.peer.ip(),
+        path: req.uri().path(),
+    };
+    let admission = admission::admit(route.registered(), &asked).await;
+    match admission.outcome {
+        Outcome::Pass => *edits = admission.edits,
+        Outcome::Refused(e) => {
+            *edits = admission.edits;
+            return Err(e);
         }
-        (Admitted::Pass | Admitted::Preflight(_), _) => None,
-    })
-}
-
-/// Marks Sluice's answer to a CORS preflight: an allowed one has its CORS fields already, a
-/// refused one gets none.
-#[derive(Debug, Clone, Copy)]
-struct Preflight;
-
-/// 204 to an allowed preflight: the route's CORS fields for `origin`, then the preflight's.
-fn preflight_response(
-    cors: &sluice_core::cors::Cors,
-    origin: Option<&HeaderValue>,
-    fields: Vec<(HeaderName, HeaderValue)>,
-) -> Response<ProxyBody> {
-    let mut res = Response::new(ProxyBody::empty());
-    *res.status_mut() = http::StatusCode::NO_CONTENT;
-    cors.apply(origin, res.headers_mut());
-    res.headers_mut().extend(fields);
-    res.extensions_mut().insert(Preflight);
-    res
+        Outcome::Answer(answer) => {
+            let res = answer.render(admission.edits);
+            return Ok(Some(res.map(|()| ProxyBody::empty())));
+        }
+    }
+    Ok(None)
 }
 
 /// The route's fixed answer, for both paths (the route's response edits are applied after,

@@ -1,8 +1,10 @@
 //! Every route feature, enforced on every transport (issue 49: eligibility fails closed). A
-//! case per [`sluice::Feature`] — the match is exhaustive, so a feature added without a case
-//! does not compile — each checked over HTTP/1.1 (the fast path, or with `SLUICE_FAST_PATH=0`
-//! hyper's path: the test command runs both) and HTTP/2. A transport that does not render a
-//! feature hands its requests to one that does; none may skip it.
+//! case per built-in [`sluice::Feature`] — the match is exhaustive, so a feature added without
+//! a case does not compile — and per registered feature ([`sluice::route_feature::REGISTERED`]
+//! — one registered without a case fails the test by name), each checked over HTTP/1.1 (the
+//! fast path, or with `SLUICE_FAST_PATH=0` hyper's path: the test command runs both) and
+//! HTTP/2. A transport that does not render a feature hands its requests to one that does;
+//! none may skip it.
 #![allow(clippy::unwrap_used)]
 
 use crate::support::{h2_connect, TestProxy};
@@ -73,22 +75,61 @@ struct Case {
     check: fn(&Got) -> bool,
 }
 
-fn case(feature: Feature, dir: &std::path::Path) -> Case {
-    let get = |path, fields| ("GET", path, fields, "");
+/// A feature of either kind.
+#[derive(Debug, Clone, Copy)]
+enum Any {
+    BuiltIn(Feature),
+    Registered(&'static str),
+}
+
+fn every_feature() -> impl Iterator<Item = Any> {
+    let registered = sluice::route_feature::REGISTERED.iter();
+    let registered = registered.map(|r| Any::Registered(r.key));
+    Feature::ALL.into_iter().map(Any::BuiltIn).chain(registered)
+}
+
+fn case(feature: Any, dir: &std::path::Path) -> Case {
     match feature {
-        Feature::BodyLimit => Case {
-            keys: "max_request_body = \"16B\"".into(),
-            asks: vec![("POST", "/", vec![], "more than sixteen bytes")],
-            check: |g| g.status == StatusCode::PAYLOAD_TOO_LARGE,
-        },
-        Feature::RateLimit => Case {
+        Any::BuiltIn(feature) => built_in(feature),
+        Any::Registered(key) => registered(key, dir),
+    }
+}
+
+fn get(path: &'static str, fields: Vec<(&'static str, &'static str)>) -> Ask {
+    ("GET", path, fields, "")
+}
+
+/// A registered feature's case, by its key.
+fn registered(key: &str, dir: &std::path::Path) -> Case {
+    match key {
+        "rate_limit" => Case {
             keys: "rate_limit = { rate = \"1/m\", burst = 1, key = \"client\" }".into(),
             asks: vec![get("/", vec![]), get("/", vec![])],
             check: |g| g.status == StatusCode::TOO_MANY_REQUESTS,
         },
-        Feature::GlobalRateLimit => {
+        "basic_auth" => {
+            let hash = bcrypt::hash("secret", 4).unwrap();
+            std::fs::write(dir.join("users.htpasswd"), format!("alice:{hash}\n")).unwrap();
+            Case {
+                keys: "basic_auth = { htpasswd = \"users.htpasswd\", realm = \"r\" }".into(),
+                asks: vec![get("/", vec![])],
+                check: |g| g.status == StatusCode::UNAUTHORIZED,
+            }
+        }
+        "cors" => Case {
+            keys: "cors = { origins = [\"https://app.example.com\"] }".into(),
+            asks: vec![get("/", vec![("origin", "https://app.example.com")])],
+            check: |g| {
+                g.status == StatusCode::OK
+                    && g.headers
+                        .get("access-control-allow-origin")
+                        .is_some_and(|v| v == "https://app.example.com")
+            },
+        },
+        "global_rate_limit" => {
             // A service that refuses connections, asked with failure_mode "closed": a
-            // transport that skipped the limit would let the request through.
+            // transport that skipped the limit would let the request through. (Real services
+            // answer in tests/globallimit.)
             let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let address = dead.local_addr().unwrap();
             drop(dead);
@@ -105,22 +146,16 @@ fn case(feature: Feature, dir: &std::path::Path) -> Case {
                 },
             }
         }
-        Feature::BasicAuth => {
-            let hash = bcrypt::hash("secret", 4).unwrap();
-            std::fs::write(dir.join("users.htpasswd"), format!("alice:{hash}\n")).unwrap();
-            Case {
-                keys: "basic_auth = { htpasswd = \"users.htpasswd\", realm = \"r\" }".into(),
-                asks: vec![get("/", vec![])],
-                check: |g| g.status == StatusCode::UNAUTHORIZED,
-            }
-        }
-        Feature::Cors => Case {
-            keys: "cors = { origins = [\"https://app.example.com\"] }".into(),
-            asks: vec![get("/", vec![("origin", "https://app.example.com")])],
-            check: |g| {
-                g.status == StatusCode::OK
-                    && g.headers.get("access-control-allow-origin").is_some_and(|v| v == "https://app.example.com")
-            },
+        other => panic!("the registered feature {other} has no case in tests/features.rs: add one"),
+    }
+}
+
+fn built_in(feature: Feature) -> Case {
+    match feature {
+        Feature::BodyLimit => Case {
+            keys: "max_request_body = \"16B\"".into(),
+            asks: vec![("POST", "/", vec![], "more than sixteen bytes")],
+            check: |g| g.status == StatusCode::PAYLOAD_TOO_LARGE,
         },
         Feature::Rewrite => Case {
             keys: "rewrite = { prefix = \"/v1/\", replace = \"/\" }".into(),
@@ -213,7 +248,7 @@ async fn http2(addr: SocketAddr, (method, path, fields, body): &Ask) -> Got {
 #[tokio::test]
 async fn every_route_feature_is_enforced_on_every_transport() {
     let upstream = upstream().await;
-    for feature in Feature::ALL {
+    for feature in every_feature() {
         for transport in ["HTTP/1.1", "HTTP/2"] {
             let dir = tempfile::tempdir().unwrap();
             let case = case(feature, dir.path());

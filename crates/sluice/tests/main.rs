@@ -41,6 +41,7 @@ mod reverse_protocol;
 mod reverse_slices;
 mod reverse_tls;
 mod rewrite;
+mod route_features;
 mod routing;
 mod stalled_clients;
 mod strict_http1;

@@ -125,12 +125,13 @@ impl LiveRoutes {
     pub(crate) fn replace_all(&self, config: &sluice_config::Config) {
         let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.current.load_full();
-        // A route that keeps its name, match and limit keeps its buckets (an unnamed route's
-        // name is its place, which another may take).
-        let kept = |r: &sluice_config::Route, limit: &sluice_config::RateLimit| {
+        // A route that keeps its name and match keeps the state of the features whose
+        // configuration it keeps (a limit's buckets; an unnamed route's name is its place,
+        // which another may take).
+        let kept = |r: &sluice_config::Route, key: &'static str| {
             let spec = spec_of(r);
             let route = &old.iter().find(|e| e.spec == spec)?.route;
-            let kept = route.rate_limit.as_ref().filter(|l| l.config() == limit)?;
+            let kept = route.registered().iter().find(|f| f.name() == key)?;
             Some(Arc::clone(kept))
         };
         let table = RouteTable::from_config_keeping(config, &self.clusters, &kept);
@@ -267,10 +268,7 @@ fn spec_of(r: &sluice_config::Route) -> RouteSpec {
         || r.request_headers != Default::default()
         || r.response_headers != Default::default()
         || r.max_request_body.is_some()
-        || r.rate_limit.is_some()
-        || r.global_rate_limit.is_some()
-        || r.basic_auth.is_some()
-        || r.cors.is_some();
+        || sluice_core::route_feature::any_wanted(r);
     RouteSpec {
         name: r.name.clone(),
         hosts,

@@ -8,12 +8,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use sluice_config::{Compression, HeaderEdits, LocationTemplate, Rewrite};
 
-use crate::global_limit::GlobalLimit;
 use crate::upstream::Upstream;
-use sluice_core::admission::Admission;
-use sluice_core::basic_auth::BasicAuth;
-use sluice_core::cors::Cors;
-use sluice_core::rate_limit::RateLimit;
+use sluice_core::route_feature::{Hooks, RouteFeature};
 
 /// What the router sees of a request.
 #[derive(Debug, Clone, Copy)]
@@ -66,27 +62,21 @@ pub struct Route {
     pub target: Target,
     /// The largest request body forwarded, over the listener's (see
     /// [`HttpOptions::max_request_body`](sluice_config::HttpOptions)); default: the listener's.
-    pub max_request_body: Option<u64>,
-    /// Requests per client (or key) over time ([`with_rate_limit`](Self::with_rate_limit));
-    /// shared by the copies of a route a reload keeps.
-    pub(crate) rate_limit: Option<Arc<RateLimit>>,
-    /// A limit shared by every node, asked of a rate-limit service after `rate_limit`
-    /// (`global_rate_limit` of a configured route; [`crate::global_limit`]).
-    pub(crate) global_rate_limit: Option<Arc<GlobalLimit>>,
-    /// The users who may use it ([`with_basic_auth`](Self::with_basic_auth)).
-    pub(crate) basic_auth: Option<Arc<BasicAuth>>,
-    /// Which web origins may call it ([`with_cors`](Self::with_cors)).
-    pub(crate) cors: Option<Arc<Cors>>,
+    pub(crate) max_request_body: Option<u64>,
+    /// Its registered features ([`RouteFeature`]: a rate limit, CORS, basic auth, or a
+    /// framework user's own), whose hooks every transport runs in this order
+    /// ([`with_feature`](Self::with_feature)).
+    pub(crate) registered: Vec<Arc<dyn RouteFeature>>,
     /// How the path is rewritten before it goes upstream (or into a redirect's `{path}`);
     /// `None` (the default): not at all. Routes still match the path as sent.
-    pub rewrite: Option<Rewrite>,
+    pub(crate) rewrite: Option<Rewrite>,
     /// How responses are compressed by the client's `Accept-Encoding`; default `None`:
     /// never.
-    pub compression: Option<Compression>,
+    pub(crate) compression: Option<Compression>,
     /// Edits of the forwarded request's headers.
-    pub request_headers: HeaderEdits,
+    pub(crate) request_headers: HeaderEdits,
     /// Edits of the response's headers (also applied to direct responses).
-    pub response_headers: HeaderEdits,
+    pub(crate) response_headers: HeaderEdits,
 }
 
 impl Route {
@@ -114,26 +104,13 @@ impl Route {
         Arc::new(Self::new(name, target))
     }
 
-    /// Its admission features, in the order every transport applies them
-    /// ([`Admission::admit`]).
-    pub(crate) fn admission(&self) -> Admission<'_> {
-        Admission {
-            rate_limit: self.rate_limit.as_deref(),
-            cors: self.cors.as_deref(),
-            basic_auth: self.basic_auth.as_deref(),
-        }
-    }
-
     /// A route with this target and no header edits.
     pub fn new(name: impl Into<String>, target: Target) -> Self {
         Self {
             name: name.into(),
             target,
             max_request_body: None,
-            rate_limit: None,
-            global_rate_limit: None,
-            basic_auth: None,
-            cors: None,
+            registered: Vec::new(),
             rewrite: None,
             compression: None,
             request_headers: HeaderEdits::default(),
@@ -141,44 +118,68 @@ impl Route {
         }
     }
 
-    /// This route with a rate limit (`rate_limit` of a configured route): a request past it
-    /// is answered 429 with `Retry-After`.
-    pub fn with_rate_limit(mut self, limit: &sluice_config::RateLimit) -> Self {
-        self.rate_limit = Some(Arc::new(RateLimit::new(limit)));
+    /// This route with a feature of its own (run after those it has): a configured route's
+    /// `rate_limit`, `cors` or `basic_auth` (`sluice_core::{rate_limit, cors,
+    /// basic_auth}`), or any [`RouteFeature`] of a framework user's.
+    pub fn with_feature(mut self, feature: Arc<dyn RouteFeature>) -> Self {
+        self.registered.push(feature);
         self
     }
 
-    /// This route for its `users` only (`basic_auth` of a configured route): a request
-    /// without one's credentials is answered 401 with `WWW-Authenticate: Basic`.
-    pub fn with_basic_auth(mut self, users: &sluice_config::BasicAuth) -> Self {
-        self.basic_auth = Some(Arc::new(BasicAuth::new(users)));
+    /// This route with a largest request body of its own, over the listener's.
+    pub fn with_max_request_body(mut self, bytes: u64) -> Self {
+        self.max_request_body = Some(bytes);
         self
     }
 
-    /// This route with a CORS policy (`cors` of a configured route): Sluice answers its
-    /// preflights and puts the CORS fields on its answers.
-    pub fn with_cors(mut self, cors: &sluice_config::Cors) -> Self {
-        self.cors = Some(Arc::new(Cors::new(cors)));
+    /// This route with a path rewrite: what goes upstream (or into a redirect's `{path}`);
+    /// routes still match the path as sent.
+    pub fn with_rewrite(mut self, rewrite: Rewrite) -> Self {
+        self.rewrite = Some(rewrite);
         self
+    }
+
+    /// This route compressing its responses by the client's `Accept-Encoding`.
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = Some(compression);
+        self
+    }
+
+    /// This route with edits of the forwarded request's fields.
+    pub fn with_request_headers(mut self, edits: HeaderEdits) -> Self {
+        self.request_headers = edits;
+        self
+    }
+
+    /// This route with edits of its answers' fields (its own answers' too).
+    pub fn with_response_headers(mut self, edits: HeaderEdits) -> Self {
+        self.response_headers = edits;
+        self
+    }
+
+    /// Its registered features, in the order their hooks run.
+    pub fn registered(&self) -> &[Arc<dyn RouteFeature>] {
+        &self.registered
+    }
+
+    /// The hooks its registered features use: a transport serves the route only when it
+    /// drives them all ([`Hooks::within`]).
+    pub fn hooks(&self) -> Hooks {
+        (self.registered.iter()).fold(Hooks::NONE, |all, f| all.and(f.hooks()))
     }
 }
 
-/// A feature a route may carry, each named once here. [`Route::features`] says which a route
-/// has; a transport states the ones it renders, and hands a request whose route has any other
-/// to a transport that renders every feature (hyper's path): a feature added to [`Route`] is
-/// enforced everywhere by default, never silently skipped (issue 49: "fails closed").
+/// A built-in feature of a route — how it rewrites, compresses, edits and limits what it
+/// forwards — each named once here ([`Route::features`] says which a route has). The features
+/// that only admit, refuse, answer or dress a request are registered instead
+/// ([`RouteFeature`], [`Route::hooks`]). A transport states the built-in features it renders
+/// and the hooks it drives, and hands a request whose route has any other to a transport that
+/// renders everything (hyper's path): a feature added is enforced everywhere by default, never
+/// silently skipped (issue 49: "fails closed").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Feature {
     /// `max_request_body` of its own.
     BodyLimit,
-    /// `rate_limit`.
-    RateLimit,
-    /// `global_rate_limit` (a call to a rate-limit service: hyper's path alone renders it).
-    GlobalRateLimit,
-    /// `basic_auth`.
-    BasicAuth,
-    /// `cors`.
-    Cors,
     /// `rewrite`.
     Rewrite,
     /// `compression`.
@@ -192,12 +193,8 @@ pub enum Feature {
 
 impl Feature {
     /// Every feature, for tests that must cover them all.
-    pub const ALL: [Feature; 9] = [
+    pub const ALL: [Feature; 5] = [
         Feature::BodyLimit,
-        Feature::RateLimit,
-        Feature::GlobalRateLimit,
-        Feature::BasicAuth,
-        Feature::Cors,
         Feature::Rewrite,
         Feature::Compression,
         Feature::HeaderEdits,
@@ -258,10 +255,8 @@ impl Route {
             name: _,
             target: _,
             max_request_body,
-            rate_limit,
-            global_rate_limit,
-            basic_auth,
-            cors,
+            // Registered features say what they need by their hooks (`Route::hooks`).
+            registered: _,
             rewrite,
             compression,
             request_headers,
@@ -271,10 +266,6 @@ impl Route {
         let framing = edits_framing(request_headers) || edits_framing(response_headers);
         Features::default()
             .with(Feature::BodyLimit, max_request_body.is_some())
-            .with(Feature::RateLimit, rate_limit.is_some())
-            .with(Feature::GlobalRateLimit, global_rate_limit.is_some())
-            .with(Feature::BasicAuth, basic_auth.is_some())
-            .with(Feature::Cors, cors.is_some())
             .with(Feature::Rewrite, rewrite.is_some())
             .with(Feature::Compression, compression.is_some())
             .with(

@@ -3,15 +3,16 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use sluice_config::{Action, Config, RateLimit as RateLimitConfig};
+use sluice_config::{Action, Config};
 
 use super::matcher::Matcher;
 use super::route::{Direct, RequestHead, Route, Routing, Target};
-use crate::global_limit::GlobalLimit;
 use crate::upstream::Upstream;
-use sluice_core::basic_auth::BasicAuth;
-use sluice_core::cors::Cors;
-use sluice_core::rate_limit::RateLimit;
+use sluice_core::route_feature::{self, RouteFeature};
+
+/// The feature a route had before a reload, by the route and the feature's key.
+pub(crate) type Kept<'a> =
+    dyn Fn(&sluice_config::Route, &'static str) -> Option<Arc<dyn RouteFeature>> + 'a;
 
 /// Configured routes evaluated in order; the first whose matcher accepts the request wins.
 #[derive(Debug, Default)]
@@ -25,13 +26,14 @@ impl RouteTable {
         Self::from_config_keeping(config, clusters, &|_, _| None)
     }
 
-    /// [`from_config`](Self::from_config), each route's rate limit taken from `kept` (given
-    /// the route and its limit) when it has one: a reload keeps the buckets of a route it does
-    /// not change.
+    /// [`from_config`](Self::from_config), each route's registered features built by their
+    /// registrations ([`route_feature::REGISTERED`]) from what the route had before (`kept`,
+    /// given the route and the feature's key): a reload keeps the state (a rate limit's
+    /// buckets) of a feature it does not change.
     pub(crate) fn from_config_keeping(
         config: &Config,
         clusters: &BTreeMap<String, Upstream>,
-        kept: &dyn Fn(&sluice_config::Route, &RateLimitConfig) -> Option<Arc<RateLimit>>,
+        kept: &Kept<'_>,
     ) -> Self {
         let mut table = Self::new();
         for r in &config.routes {
@@ -57,16 +59,7 @@ impl RouteTable {
                 name: r.name.clone(),
                 target,
                 max_request_body: r.max_request_body,
-                rate_limit: r
-                    .rate_limit
-                    .as_ref()
-                    .map(|limit| kept(r, limit).unwrap_or_else(|| Arc::new(RateLimit::new(limit)))),
-                global_rate_limit: r
-                    .global_rate_limit
-                    .as_ref()
-                    .map(|g| Arc::new(GlobalLimit::new(&r.name, g))),
-                basic_auth: r.basic_auth.as_ref().map(|a| Arc::new(BasicAuth::new(a))),
-                cors: r.cors.as_ref().map(|c| Arc::new(Cors::new(c))),
+                registered: route_feature::build(r, |key| kept(r, key)),
                 rewrite: r.rewrite.clone(),
                 compression: r.compression.clone(),
                 request_headers: r.request_headers.clone(),
@@ -80,34 +73,19 @@ impl RouteTable {
     /// The first route feature `config` asks for that this build leaves out (a cargo feature
     /// of `sluice` off), which `Proxy::bind` refuses; `None` when every one is built.
     pub(crate) fn unbuilt(config: &Config) -> Option<Unbuilt> {
-        type Wants = fn(&sluice_config::Route) -> bool;
-        let parts: [(&'static str, &'static str, bool, Wants); 3] = [
-            (
-                "compression",
-                "compression",
-                cfg!(feature = "compression"),
-                |r| r.compression.is_some(),
-            ),
-            (
-                "basic_auth",
-                "basic-auth",
-                cfg!(feature = "basic-auth"),
-                |r| r.basic_auth.is_some(),
-            ),
-            (
-                "global_rate_limit",
-                "global-rate-limit",
-                cfg!(feature = "global-rate-limit"),
-                |r| r.global_rate_limit.is_some(),
-            ),
-        ];
-        parts.iter().find_map(|&(key, feature, built, wants)| {
-            let route = (!built).then(|| config.routes.iter().find(|r| wants(r)))??;
+        let compression = (!cfg!(feature = "compression"))
+            .then(|| config.routes.iter().find(|r| r.compression.is_some()))
+            .flatten()
+            .map(|r| Unbuilt::new(format!("route {}: compression", r.name), "compression"));
+        let registered = config.routes.iter().find_map(|r| {
+            let part = route_feature::unbuilt(r)?;
+            let feature = part.cargo_feature.unwrap_or("default");
             Some(Unbuilt::new(
-                format!("route {}: {key}", route.name),
+                format!("route {}: {}", r.name, part.key),
                 feature,
             ))
-        })
+        });
+        compression.or(registered)
     }
 
     /// An empty table (every request gets 404).

@@ -145,30 +145,48 @@ impl Failure {
     }
 }
 
-/// Reads an answer the client will not get (a status a retry replaces) off to its end in a task
-/// of its own, so that its connection or session goes back; one longer than
-/// `read_ahead::read_off_limit`, or not over by `timeout`, is dropped, and its connection
-/// closes.
+/// Reads an answer the client will not get (a status a retry replaces) off in a task of its
+/// own ([`read_off`], by `timeout`), so that its connection or session goes back.
 pub(crate) fn discard(res: Response<ProxyBody>, timeout: Duration) {
-    use http_body_util::BodyExt;
-
-    let mut body = res.into_body();
-    if http_body::Body::is_end_stream(&body) {
+    if http_body::Body::is_end_stream(res.body()) {
         // Dropped at its end: the connection or session is back already.
         return;
     }
+    let limit = sluice_core::read_ahead::read_off_limit(None);
     tokio::spawn(async move {
-        let read = async {
-            let mut left = sluice_core::read_ahead::read_off_limit(None);
-            while let Some(Ok(frame)) = body.frame().await {
-                let len = frame.data_ref().map_or(0, bytes::Buf::remaining);
-                left = left.checked_sub(len)?;
-            }
-            Some(body)
-        };
         // Dropped at its end (the connection goes back), or before it (the connection closes).
-        drop(tokio::time::timeout(timeout, read).await);
+        drop(tokio::time::timeout(timeout, read_off(res, limit)).await);
     });
+}
+
+/// Reads an answer no client will get to its end, discarding it: whether it ended, so that
+/// its connection or session may go back (a body dropped at its end gives its connection back
+/// itself). One that is an event stream (it may never end), fails, or outgrows `limit`
+/// (`read_ahead::read_off_limit`) did not, and its connection closes. The hyper path's one
+/// read-off — a retry's replaced answer ([`discard`]), a departed client's
+/// (`reverse::send`); the fast path reads raw bytes off by the same limit and rule
+/// (`proxy/fast/relay.rs`).
+pub(crate) async fn read_off<B>(res: Response<B>, limit: usize) -> bool
+where
+    B: http_body::Body + Unpin,
+{
+    use http_body_util::BodyExt;
+
+    let event_stream = res.headers().get(http::header::CONTENT_TYPE);
+    if event_stream.is_some_and(|v| sluice_core::read_ahead::is_event_stream(v.as_bytes())) {
+        return false;
+    }
+    let mut body = res.into_body();
+    let mut left = limit;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { return false };
+        let len = frame.data_ref().map_or(0, bytes::Buf::remaining);
+        let Some(rest) = left.checked_sub(len) else {
+            return false;
+        };
+        left = rest;
+    }
+    true
 }
 
 /// Sends `req` and waits at most `timeout` for the response head. Dropping the send future on

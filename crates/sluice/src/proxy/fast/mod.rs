@@ -39,26 +39,30 @@ use crate::proxy::observe::Observers;
 use crate::router::{Direct, Feature, Features, Route, Routing, Target};
 use crate::upstream::reverse::raw::SessionLease;
 use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
-use sluice_core::admission::Admission;
+use sluice_core::admission::{self, Outcome};
 use sluice_core::error::ProxyError;
 use sluice_core::fields::Fields;
 use sluice_core::headers::apply_edits;
+use sluice_core::route_feature::{Asked, Hooks};
 use sluice_core::trace_context::{RequestTrace, SentContext};
 use sluice_core::{checks, compression, redirect, rewrite};
 
-/// The route features this path renders (the rest are hyper's path's, which renders them
-/// all): a route with any other feature is handed to it before anything else is done. CORS
-/// (answers that depend on the request's Origin) and edits of the framing fields (which this
-/// path writes itself) are not here; compression is, as a request its route would compress
-/// is handed off by what the client accepts (`compress`).
+/// The built-in route features this path renders (the rest are hyper's path's, which renders
+/// them all): a route with any other feature is handed to it before anything else is done.
+/// Edits of the framing fields (which this path writes itself) are not here; compression is,
+/// as a request its route would compress is handed off by what the client accepts
+/// (`compress`).
 pub(crate) const RENDERS: Features = Features::of(&[
     Feature::BodyLimit,
-    Feature::RateLimit,
-    Feature::BasicAuth,
     Feature::Rewrite,
     Feature::Compression,
     Feature::HeaderEdits,
 ]);
+
+/// The hooks of registered route features this path drives: a refusal, after a wait or not
+/// (a rate limit, basic auth). A route whose features answer requests themselves or edit
+/// answers (CORS) is hyper's path's, as is one with a feature that does not say.
+pub(crate) const DRIVES: Hooks = Hooks::REFUSE.and(Hooks::WAIT);
 
 pub(crate) use self::relay::Exchange;
 pub(crate) use self::request::{timer_at, Request, Scratch, Served};
@@ -210,9 +214,9 @@ impl FastPath {
         let admitted = admit(route, req, &parts.method).await;
         // A password's check is not the upstream's time: as on hyper's path, the exchange's
         // timeouts start after it.
-        let taken = match route.basic_auth {
-            Some(_) => Instant::now(),
-            None => started,
+        let taken = match route.registered().is_empty() {
+            true => started,
+            false => Instant::now(),
         };
         let exchange = Exchange::new(req, route, &parts.method, taken, id, traceparent).to(target);
         match plan.dest {
@@ -261,8 +265,9 @@ impl FastPath {
         Served::HandOff(reason)
     }
 
-    /// The route, when this path renders every feature it has ([`RENDERS`]; where it leads
-    /// is [`Dest::of`]'s to say).
+    /// The route, when this path renders every built-in feature it has ([`RENDERS`]) and
+    /// drives every hook its registered features use ([`DRIVES`]); where it leads is
+    /// [`Dest::of`]'s to say.
     fn route(&self, parts: &Parts<'_>, req: &Request<'_>) -> Option<Arc<Route>> {
         let host = host(req)?;
         let path = sluice_wire::normalize::match_path(parts.uri.path());
@@ -275,7 +280,8 @@ impl FastPath {
             client: req.client.peer,
         };
         let route = self.router.route(&head)?;
-        route.features().beyond(RENDERS).is_empty().then_some(route)
+        let renders = route.features().beyond(RENDERS).is_empty();
+        (renders && route.hooks().within(DRIVES)).then_some(route)
     }
 
     /// Counts the request, logs it and queues its spans, as the hyper path does.
@@ -331,17 +337,29 @@ impl FastPath {
     }
 }
 
-/// Whether the route lets the request through, as on every transport ([`Admission::admit`]).
-/// A CORS route is hyper's path's ([`RENDERS`]): with no CORS, no preflight is answered here.
+/// Whether the route's registered features let the request through, as on every transport
+/// ([`admission::admit`]). Their hooks are ones this path drives ([`DRIVES`]): none answers
+/// or edits an answer here.
 async fn admit(route: &Route, req: &Request<'_>, method: &Method) -> Result<(), ProxyError> {
-    let admission = Admission {
-        cors: None,
-        ..route.admission()
+    if route.registered().is_empty() {
+        return Ok(());
+    }
+    let sent = Sent(req);
+    let asked = Asked {
+        method,
+        fields: &sent,
+        client: req.client.peer.ip(),
+        path: req.head.uri.path(),
     };
-    admission
-        .admit(method, &Sent(req), req.client.peer.ip())
-        .await
-        .map(|_| ())
+    match admission::admit(route.registered(), &asked).await.outcome {
+        Outcome::Pass => Ok(()),
+        Outcome::Refused(e) => Err(e),
+        // A feature that answers yet says it does not (`RouteFeature::hooks`): refused
+        // rather than skipped.
+        Outcome::Answer(_) => Err(ProxyError::NotImplemented(
+            "a route feature's own answer on the HTTP/1 fast path",
+        )),
+    }
 }
 
 /// The request's fields as the client sent them (names matched without regard to case).

@@ -278,28 +278,16 @@ impl Drop for Exchange {
     }
 }
 
-/// Reads the answer of a client that left to its end, discarding it, and gives the session back
-/// if it may carry another request. A body that fails, outgrows `read_ahead::read_off_limit`
-/// or is an event stream closes it.
+/// Reads the answer of a client that left to its end ([`exchange::read_off`], up to
+/// `response_buffer`'s read-off limit), and gives the session back if it may carry another
+/// request.
 async fn read_off(pool: &Arc<SlicePool>, mut session: Session, res: Response<Incoming>) {
-    use http_body_util::BodyExt;
-
     let reusable = exchange::keeps_connection(&res) && !is_upgrade(&mut session);
     let mut lease = Lease::new(reusable.then_some(session), Arc::clone(pool));
-    if buffer::is_event_stream(res.headers()) {
-        return;
+    let limit = read_ahead::read_off_limit(Some(pool.options().response_buffer));
+    if exchange::read_off(res, limit).await {
+        lease.finish();
     }
-    let mut left = read_ahead::read_off_limit(Some(pool.options().response_buffer));
-    let mut body = res.into_body();
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else { return };
-        let len = frame.data_ref().map_or(0, bytes::Buf::remaining);
-        let Some(rest) = left.checked_sub(len) else {
-            return;
-        };
-        left = rest;
-    }
-    lease.finish();
 }
 
 /// Whether hyper's client on an HTTP/1.1 session was started for an upgrade.

@@ -11,7 +11,8 @@
 //!
 //! Each route keeps its own lazily connected HTTP/2 channel to the service (built on its
 //! first request, reconnected by tonic after a failure). Its counters are in the process's
-//! families ([`register`]), labelled by service and route.
+//! families ([`register`]), labelled by service and route. A registered route feature
+//! ([`REGISTRATION`]): its hooks refuse and wait, so every transport drives it.
 
 #[cfg(feature = "global-rate-limit")]
 mod client;
@@ -19,22 +20,58 @@ mod metrics;
 #[cfg(feature = "global-rate-limit")]
 mod proto;
 
-pub(crate) use metrics::register;
+pub use metrics::register;
 
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue};
 use sluice_config::{EntryValue, FailureMode, GlobalRateLimit};
-use sluice_core::error::ProxyError;
 use tracing::{debug, warn};
+
+use crate::error::ProxyError;
+use crate::route_feature::{Asked, Hooks, Registration, RouteFeature, Verdict as Decided};
 
 /// The longest descriptor value sent whole (a field's value is the client's to choose).
 const MAX_VALUE_BYTES: usize = 256;
 
+/// `global_rate_limit`: asked after every other feature let the request through.
+pub const REGISTRATION: Registration = Registration {
+    key: "global_rate_limit",
+    cargo_feature: Some("global-rate-limit"),
+    built: cfg!(feature = "global-rate-limit"),
+    wanted: |route| route.global_rate_limit.is_some(),
+    build: |route, _| {
+        let limit = route
+            .global_rate_limit
+            .as_ref()
+            .filter(|_| cfg!(feature = "global-rate-limit"))?;
+        Some(Arc::new(GlobalLimit::new(&route.name, limit)) as Arc<dyn RouteFeature>)
+    },
+};
+
+/// A call to the service: refused (429, or 503 when it fails closed) or passed after it.
+impl RouteFeature for GlobalLimit {
+    fn name(&self) -> &'static str {
+        "global_rate_limit"
+    }
+
+    fn hooks(&self) -> Hooks {
+        Hooks::REFUSE.and(Hooks::WAIT)
+    }
+
+    fn admit<'a>(&'a self, asked: &Asked<'a>) -> Decided<'a> {
+        let descriptors = self.descriptors(asked);
+        if descriptors.is_empty() {
+            return Decided::Pass;
+        }
+        Decided::Check(Box::pin(self.check(descriptors)))
+    }
+}
+
 /// One route's global limit: what it asks, and its channel to the service.
-pub(crate) struct GlobalLimit {
+pub struct GlobalLimit {
     config: GlobalRateLimit,
     route: String,
     counters: metrics::Counters,
@@ -52,17 +89,6 @@ impl std::fmt::Debug for GlobalLimit {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
-}
-
-/// What of a request the descriptors are built from.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Asked<'a> {
-    /// The client's address.
-    pub(crate) client: IpAddr,
-    /// The request's path, without its query.
-    pub(crate) path: &'a str,
-    /// Its fields.
-    pub(crate) headers: &'a HeaderMap,
 }
 
 /// A descriptor as sent: its entries' keys and values.
@@ -91,7 +117,7 @@ enum Failure {
 
 impl GlobalLimit {
     /// The limit of the route named `route`; the channel connects on its first request.
-    pub(crate) fn new(route: &str, config: &GlobalRateLimit) -> Self {
+    pub fn new(route: &str, config: &GlobalRateLimit) -> Self {
         Self {
             counters: metrics::Counters::new(&config.service.name, route),
             config: config.clone(),
@@ -102,13 +128,9 @@ impl GlobalLimit {
         }
     }
 
-    /// Asks the service about `request`: `Ok` lets it through, `Err` is its answer (429, or
-    /// 503 when the service fails and the mode is closed).
-    pub(crate) async fn check(&self, request: Asked<'_>) -> Result<(), ProxyError> {
-        let descriptors = self.descriptors(request);
-        if descriptors.is_empty() {
-            return Ok(());
-        }
+    /// Asks the service about a request's `descriptors`: `Ok` lets it through, `Err` is its
+    /// answer (429, or 503 when the service fails and the mode is closed).
+    async fn check(&self, descriptors: Vec<Descriptor>) -> Result<(), ProxyError> {
         let started = Instant::now();
         let outcome = self.ask(descriptors).await;
         self.counters
@@ -163,7 +185,7 @@ impl GlobalLimit {
     }
 
     /// The descriptors of `request`: each configured one whose entries all have a value.
-    fn descriptors(&self, request: Asked<'_>) -> Vec<Descriptor> {
+    fn descriptors(&self, request: &Asked<'_>) -> Vec<Descriptor> {
         self.config
             .descriptors
             .iter()
@@ -176,12 +198,12 @@ impl GlobalLimit {
     }
 
     /// An entry's value for `request`; `None` when it lacks the field.
-    fn value(&self, value: &EntryValue, request: Asked<'_>) -> Option<String> {
+    fn value(&self, value: &EntryValue, request: &Asked<'_>) -> Option<String> {
         Some(match value {
             EntryValue::Client => sluice_net::addr::client_key(request.client).to_string(),
             EntryValue::Route => self.route.clone(),
             EntryValue::Path => cut(request.path.as_bytes()),
-            EntryValue::Header(name) => cut(request.headers.get(name)?.as_bytes()),
+            EntryValue::Header(name) => cut(request.fields.first_value(name.as_str())?),
             EntryValue::Constant(v) => v.clone(),
         })
     }

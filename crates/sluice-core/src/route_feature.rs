@@ -1,0 +1,215 @@
+//! [`RouteFeature`]: a route feature as one thing — its rule and the phase hooks every
+//! transport drives — and [`REGISTERED`], the one list that builds the configured ones. A
+//! feature added to Sluice is its config, its module (the rule, this trait, a
+//! [`Registration`]) and one line in [`REGISTERED`]; the router tables hold what the
+//! registrations built, the admission pipeline (`admission`) runs their hooks in the list's
+//! order, and a transport serves a route only when it drives every hook the route's features
+//! use ([`Hooks`]), so a feature is never skipped: a new one that says nothing uses them all
+//! and goes to the path that drives everything (issue 49: "fails closed").
+//!
+//! A framework user's own feature is the same trait, put on a route with
+//! `Route::with_feature`.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+
+use crate::error::ProxyError;
+pub use crate::fields::{DynFields, Fields};
+
+/// The phase hooks a feature uses; a transport serves a route whose features use only hooks
+/// it drives ([`Hooks::within`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Hooks(u8);
+
+impl Hooks {
+    /// None.
+    pub const NONE: Hooks = Hooks(0);
+    /// [`RouteFeature::admit`] may let the request through or refuse it (an error answer, as
+    /// every transport renders).
+    pub const REFUSE: Hooks = Hooks(1);
+    /// [`RouteFeature::admit`] may answer the request itself ([`Verdict::Answer`]).
+    pub const ANSWER: Hooks = Hooks(2);
+    /// [`RouteFeature::admit`] may wait ([`Verdict::Check`]).
+    pub const WAIT: Hooks = Hooks(4);
+    /// [`RouteFeature::edit`] edits the answer's fields.
+    pub const EDIT: Hooks = Hooks(8);
+    /// Every hook: what a feature that does not say uses.
+    pub const ALL: Hooks = Hooks(15);
+
+    /// Both sets.
+    pub const fn and(self, other: Hooks) -> Hooks {
+        Hooks(self.0 | other.0)
+    }
+
+    /// Whether every hook of this set is in `driven`.
+    pub const fn within(self, driven: Hooks) -> bool {
+        self.0 & !driven.0 == 0
+    }
+}
+
+/// What a feature's hooks see of a request: the same for every transport.
+#[derive(Clone, Copy)]
+pub struct Asked<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The header fields as the client sent them (hyper's map, or the fast path's bytes).
+    pub fields: &'a dyn DynFields,
+    /// The client's address.
+    pub client: IpAddr,
+    /// The request's path as the client sent it (normalised), without the query.
+    pub path: &'a str,
+}
+
+impl fmt::Debug for Asked<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Asked")
+            .field("method", self.method)
+            .field("client", &self.client)
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A wait of [`Verdict::Check`].
+pub type Check<'a> = Pin<Box<dyn Future<Output = Result<(), ProxyError>> + Send + 'a>>;
+
+/// What a feature's admission hook decided.
+pub enum Verdict<'a> {
+    /// On to the next feature, then the route's target.
+    Pass,
+    /// Refused: the error the client is answered with (the refusing feature's own
+    /// [`edit`](RouteFeature::edit) is left off it).
+    Refuse(ProxyError),
+    /// Answered here; it never goes upstream.
+    Answer(Answer),
+    /// Decided after a wait (a password's hash, a remote service's answer).
+    Check(Check<'a>),
+}
+
+impl fmt::Debug for Verdict<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Pass => f.write_str("Pass"),
+            Verdict::Refuse(e) => f.debug_tuple("Refuse").field(e).finish(),
+            Verdict::Answer(a) => f.debug_tuple("Answer").field(a).finish(),
+            Verdict::Check(_) => f.write_str("Check(..)"),
+        }
+    }
+}
+
+/// A feature's own answer to a request: a status and fields, no body (a CORS preflight's
+/// 204). The other features' edits are applied first, then these fields appended.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The fields, appended in order.
+    pub fields: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// An edit of the answer's fields a feature decided from the request (a CORS route's fields
+/// for the request's `Origin`), applied to whatever answers it — the upstream's, Sluice's own
+/// error, another feature's answer.
+pub type Edit = Box<dyn FnOnce(&mut HeaderMap) + Send>;
+
+/// A route feature: its rule and its hooks. Every hook has a default that does nothing; a
+/// feature says which it uses in [`hooks`](Self::hooks) (by default: all of them, so a
+/// transport that does not drive them all hands its requests on).
+pub trait RouteFeature: Any + Send + Sync + fmt::Debug {
+    /// Its name, as a route configures it (`rate_limit`), for logs and refusals.
+    fn name(&self) -> &'static str;
+
+    /// The hooks it uses.
+    fn hooks(&self) -> Hooks {
+        Hooks::ALL
+    }
+
+    /// The edit of the request's answer (read before [`admit`](Self::admit), so a request an
+    /// earlier feature refuses gets it too); `None`: none.
+    fn edit(&self, _asked: &Asked<'_>) -> Option<Edit> {
+        None
+    }
+
+    /// Whether the request goes on, in the order of [`REGISTERED`].
+    fn admit<'a>(&'a self, _asked: &Asked<'a>) -> Verdict<'a> {
+        Verdict::Pass
+    }
+}
+
+/// How a route's configuration turns into one feature: the single place a feature is
+/// registered (an entry of [`REGISTERED`]).
+pub struct Registration {
+    /// The route's key (`rate_limit`).
+    pub key: &'static str,
+    /// The cargo feature of `sluice-core` that builds it (`None`: always built).
+    pub cargo_feature: Option<&'static str>,
+    /// Whether this build has it.
+    pub built: bool,
+    /// Whether a configured route asks for it.
+    pub wanted: fn(&sluice_config::Route) -> bool,
+    /// The feature a configured route asks for (`None`: it does not, or this build leaves it
+    /// out). `kept` is the one the route had before a reload, which a feature with state (a
+    /// rate limit's buckets) returns again when its configuration is unchanged.
+    pub build: Build,
+}
+
+/// [`Registration::build`].
+pub type Build = fn(
+    &sluice_config::Route,
+    kept: Option<&Arc<dyn RouteFeature>>,
+) -> Option<Arc<dyn RouteFeature>>;
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("key", &self.key)
+            .field("built", &self.built)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every route feature built from configuration, in the order their hooks run: the rate
+/// limit (cheap refusals first), the CORS preflight (which carries no credentials, so it is
+/// answered before they are asked for), the route's users, then the global rate limit (a
+/// call to a remote service, made only for requests every other feature let through).
+pub static REGISTERED: &[Registration] = &[
+    crate::rate_limit::REGISTRATION,
+    crate::cors::REGISTRATION,
+    crate::basic_auth::REGISTRATION,
+    crate::global_limit::REGISTRATION,
+];
+
+/// The registered features `route` asks for, built (`kept`: the one of the same key the
+/// route had before, if any).
+pub fn build(
+    route: &sluice_config::Route,
+    kept: impl Fn(&'static str) -> Option<Arc<dyn RouteFeature>>,
+) -> Vec<Arc<dyn RouteFeature>> {
+    REGISTERED
+        .iter()
+        .filter(|r| (r.wanted)(route))
+        .filter_map(|r| (r.build)(route, kept(r.key).as_ref()))
+        .collect()
+}
+
+/// The first registered feature `route` asks for that this build leaves out.
+pub fn unbuilt(route: &sluice_config::Route) -> Option<&'static Registration> {
+    REGISTERED.iter().find(|r| !r.built && (r.wanted)(route))
+}
+
+/// Whether `route` asks for any registered feature.
+pub fn any_wanted(route: &sluice_config::Route) -> bool {
+    REGISTERED.iter().any(|r| (r.wanted)(route))
+}
+
+/// `feature` as `T`, when it is one.
+pub fn downcast<T: RouteFeature>(feature: &Arc<dyn RouteFeature>) -> Option<&T> {
+    let any: &dyn Any = &**feature;
+    any.downcast_ref::<T>()
+}
