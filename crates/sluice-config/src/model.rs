@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
+/// TLS material (a PEM chain and its key, read from disk) is the runtime's type, filled here.
+pub use sluice_net::tls::Tls;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
 mod basic_auth;
@@ -95,29 +97,6 @@ pub struct Listener {
     pub tls: Vec<Tls>,
     /// Protocol and limit settings.
     pub http: HttpOptions,
-}
-
-/// TLS material for a listener, already read from disk.
-#[derive(Clone, PartialEq)]
-pub struct Tls {
-    /// Where the certificate chain came from.
-    pub cert_path: PathBuf,
-    /// Where the private key came from.
-    pub key_path: PathBuf,
-    /// The PEM certificate chain.
-    pub cert_pem: Vec<u8>,
-    /// The PEM private key (never printed).
-    pub key_pem: Vec<u8>,
-}
-
-impl fmt::Debug for Tls {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tls")
-            .field("cert_path", &self.cert_path)
-            .field("key_path", &self.key_path)
-            .field("key_pem", &"***")
-            .finish_non_exhaustive()
-    }
 }
 
 /// Per-listener HTTP settings.

@@ -1,8 +1,8 @@
 //! [`RouteFeature`]: a route feature as one thing — its rule and the phase hooks every
-//! transport drives — and [`REGISTERED`], the one list that builds the configured ones. A
+//! transport drives — and its [`Registration`], which builds it from a configured route. A
 //! feature added to Sluice is its config, its module (the rule, this trait, a
-//! [`Registration`]) and one line in [`REGISTERED`]; the router tables hold what the
-//! registrations built, the admission pipeline (`admission`) runs their hooks in the list's
+//! [`Registration`]) and one line in `registry::REGISTERED`, the one list of them; the router
+//! tables hold what the registrations built, the admission pipeline (`admission`) runs their hooks in the list's
 //! order, and a transport serves a route only when it drives every hook the route's features
 //! use ([`Hooks`]), so a feature is never skipped: a new one that says nothing uses them all
 //! and goes to the path that drives everything (issue 49: "fails closed").
@@ -136,14 +136,14 @@ pub trait RouteFeature: Any + Send + Sync + fmt::Debug {
         None
     }
 
-    /// Whether the request goes on, in the order of [`REGISTERED`].
+    /// Whether the request goes on (hooks run in the order of `registry::REGISTERED`).
     fn admit<'a>(&'a self, _asked: &Asked<'a>) -> Verdict<'a> {
         Verdict::Pass
     }
 }
 
 /// How a route's configuration turns into one feature: the single place a feature is
-/// registered (an entry of [`REGISTERED`]).
+/// registered (an entry of `registry::REGISTERED`).
 pub struct Registration {
     /// The route's key (`rate_limit`).
     pub key: &'static str,
@@ -172,40 +172,6 @@ impl fmt::Debug for Registration {
             .field("built", &self.built)
             .finish_non_exhaustive()
     }
-}
-
-/// Every route feature built from configuration, in the order their hooks run: the rate
-/// limit (cheap refusals first), the CORS preflight (which carries no credentials, so it is
-/// answered before they are asked for), the route's users, then the global rate limit (a
-/// call to a remote service, made only for requests every other feature let through).
-pub static REGISTERED: &[Registration] = &[
-    crate::rate_limit::REGISTRATION,
-    crate::cors::REGISTRATION,
-    crate::basic_auth::REGISTRATION,
-    crate::global_limit::REGISTRATION,
-];
-
-/// The registered features `route` asks for, built (`kept`: the one of the same key the
-/// route had before, if any).
-pub fn build(
-    route: &sluice_config::Route,
-    kept: impl Fn(&'static str) -> Option<Arc<dyn RouteFeature>>,
-) -> Vec<Arc<dyn RouteFeature>> {
-    REGISTERED
-        .iter()
-        .filter(|r| (r.wanted)(route))
-        .filter_map(|r| (r.build)(route, kept(r.key).as_ref()))
-        .collect()
-}
-
-/// The first registered feature `route` asks for that this build leaves out.
-pub fn unbuilt(route: &sluice_config::Route) -> Option<&'static Registration> {
-    REGISTERED.iter().find(|r| !r.built && (r.wanted)(route))
-}
-
-/// Whether `route` asks for any registered feature.
-pub fn any_wanted(route: &sluice_config::Route) -> bool {
-    REGISTERED.iter().any(|r| (r.wanted)(route))
 }
 
 /// `feature` as `T`, when it is one.

@@ -11,6 +11,7 @@
 //!
 //! - `counters`: the connection and byte counters a server keeps.
 //! - `io`: `IdleTimeout` and reading a connection's first bytes with a deadline.
+//! - `options`: [`HttpOptions`], how a listener speaks HTTP.
 //! - `tls`: [`tls::Certificates`], certificates by SNI (swapped by a reload), their expiry.
 //! - `fast`: [`fast::FastHttp1`], the trait a fast path implements to take HTTP/1.1
 //!   connections until it hands them to hyper.
@@ -27,6 +28,7 @@ pub mod fast;
 mod forward;
 mod framing;
 pub mod io;
+mod options;
 mod per_client;
 mod prefixed;
 mod service;
@@ -38,7 +40,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_config::{HttpOptions, RequestRules};
+pub use self::options::HttpOptions;
 use sluice_net::log_limit::{Tally, REPORT_INTERVAL};
 use socket2::SockRef;
 use tokio::net::TcpListener;
@@ -54,21 +56,9 @@ pub use sluice_core::ClientInfo;
 use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
 pub use sluice_net::shutdown::{os_signal, Shutdown, ShutdownSignal};
 
-/// Default HTTP settings, the same as the config file's defaults.
+/// Default HTTP settings, the same as the config file's defaults ([`HttpOptions::default`]).
 pub fn default_http_options() -> HttpOptions {
-    HttpOptions {
-        http2: true,
-        fast_path: true,
-        request_header_timeout: Duration::from_secs(10),
-        client_body_timeout: Duration::from_secs(20),
-        idle_timeout: Duration::from_secs(60),
-        max_header_bytes: 16 * 1024,
-        max_request_body: None,
-        max_requests_per_connection: None,
-        max_connections_per_client: None,
-        trusted_proxies: Vec::new(),
-        rules: RequestRules::default(),
-    }
+    HttpOptions::default()
 }
 
 /// One listening socket and how to speak HTTP on it.

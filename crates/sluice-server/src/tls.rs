@@ -16,9 +16,8 @@ use arc_swap::ArcSwap;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
-use sluice_config::Tls;
 use sluice_net::tls::{invalid, ticketer};
-use sluice_net::tls::{load_pair, provider};
+use sluice_net::tls::{load_pair, provider, Tls};
 use sluice_wire::cert::{cert_names, not_after};
 
 /// A listener's certificates: each serves the names it carries (DNS subject alternative names,

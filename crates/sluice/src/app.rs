@@ -606,7 +606,7 @@ async fn bind_server(
         addr: l.addr,
         source,
     })?;
-    let server = Server::from_listener(&l.name, listener, l.http.clone());
+    let server = Server::from_listener(&l.name, listener, crate::options::http(&l.http));
     if l.tls.is_empty() {
         return Ok(server);
     }

@@ -111,11 +111,18 @@ pub use sluice_core::body::{ProxyBody, RequestBody};
 pub use sluice_core::error::{Origin, ProxyError};
 pub use sluice_core::request_id::RequestIds;
 pub use sluice_core::retry::RetryMetrics;
-pub use sluice_core::route_feature::{self, RouteFeature};
+pub use sluice_core::route_feature::RouteFeature;
+
+/// A route feature's hooks ([`RouteFeature`]) and what they see and decide; [`REGISTERED`](route_feature::REGISTERED)
+/// lists Sluice's own, in the order their hooks run.
+pub mod route_feature {
+    pub use sluice_core::registry::REGISTERED;
+    pub use sluice_core::route_feature::*;
+}
 pub use sluice_server::fast::FastHttp1;
 pub use sluice_server::tls::Certificates;
 pub use sluice_server::{
-    default_http_options, os_signal, ClientInfo, Group, HttpService, Server, Shutdown,
+    default_http_options, os_signal, ClientInfo, Group, HttpOptions, HttpService, Server, Shutdown,
     ShutdownSignal,
 };
 pub use standalone::Standalone;

@@ -58,7 +58,16 @@ pub fn registering_here(
 /// The `[acceptor]`, with its TLS config built (the error: rustls refused the certificate,
 /// the key or the client CA).
 pub fn acceptor(cfg: &sluice_config::Acceptor) -> io::Result<AcceptorOptions> {
-    let tls = cfg.tls.as_ref().map(sluice_net::tls::acceptor_config);
+    let tls = cfg.tls.as_ref().map(|tls| {
+        let ca = tls
+            .client_auth
+            .as_ref()
+            .map(|auth| sluice_net::tls::ClientCa {
+                path: &auth.ca_path,
+                pem: &auth.ca_pem,
+            });
+        sluice_net::tls::acceptor_config(&tls.server, ca)
+    });
     Ok(AcceptorOptions {
         tls: tls.transpose()?,
         ..plaintext_acceptor(cfg)

@@ -8,7 +8,8 @@ use sluice_config::{Action, Config};
 use super::matcher::Matcher;
 use super::route::{Direct, RequestHead, Route, Routing, Target};
 use crate::upstream::Upstream;
-use sluice_core::route_feature::{self, RouteFeature};
+use sluice_core::registry;
+use sluice_core::route_feature::RouteFeature;
 
 /// The feature a route had before a reload, by the route and the feature's key.
 pub(crate) type Kept<'a> =
@@ -27,7 +28,7 @@ impl RouteTable {
     }
 
     /// [`from_config`](Self::from_config), each route's registered features built by their
-    /// registrations ([`route_feature::REGISTERED`]) from what the route had before (`kept`,
+    /// registrations ([`registry::REGISTERED`]) from what the route had before (`kept`,
     /// given the route and the feature's key): a reload keeps the state (a rate limit's
     /// buckets) of a feature it does not change.
     pub(crate) fn from_config_keeping(
@@ -59,7 +60,7 @@ impl RouteTable {
                 name: r.name.clone(),
                 target,
                 max_request_body: r.max_request_body,
-                registered: route_feature::build(r, |key| kept(r, key)),
+                registered: registry::build(r, |key| kept(r, key)),
                 rewrite: r.rewrite.clone(),
                 compression: r.compression.clone(),
                 request_headers: r.request_headers.clone(),
@@ -78,7 +79,7 @@ impl RouteTable {
             .flatten()
             .map(|r| Unbuilt::new(format!("route {}: compression", r.name), "compression"));
         let registered = config.routes.iter().find_map(|r| {
-            let part = route_feature::unbuilt(r)?;
+            let part = registry::unbuilt(r)?;
             let feature = part.cargo_feature.unwrap_or("default");
             Some(Unbuilt::new(
                 format!("route {}: {}", r.name, part.key),
