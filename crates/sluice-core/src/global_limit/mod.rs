@@ -232,3 +232,80 @@ fn cut(bytes: &[u8]) -> String {
     }
     text[..end].to_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use http::{HeaderMap, Method};
+    use sluice_config::{DescriptorEntry, RateLimitService};
+
+    fn limit(descriptors: Vec<Vec<DescriptorEntry>>) -> GlobalLimit {
+        let service = RateLimitService {
+            name: "rls".into(),
+            address: "127.0.0.1:8081".into(),
+            domain: "d".into(),
+            timeout: std::time::Duration::from_millis(20),
+            failure_mode: FailureMode::Open,
+        };
+        GlobalLimit::new(
+            "api",
+            &GlobalRateLimit {
+                service,
+                descriptors,
+            },
+        )
+    }
+
+    fn asked(fields: &HeaderMap) -> Asked<'_> {
+        Asked {
+            method: &Method::GET,
+            fields,
+            client: [10, 0, 0, 7].into(),
+            path: "/v1/jobs",
+        }
+    }
+
+    fn entry(key: &str, value: EntryValue) -> DescriptorEntry {
+        DescriptorEntry {
+            key: key.into(),
+            value,
+        }
+    }
+
+    #[test]
+    fn descriptors_are_built_from_the_request_and_one_missing_a_field_is_left_out() {
+        let key = HeaderName::from_static("x-api-key");
+        let limit = limit(vec![
+            vec![
+                entry("remote_address", EntryValue::Client),
+                entry("route", EntryValue::Route),
+            ],
+            vec![
+                entry("generic_key", EntryValue::Constant("plan".into())),
+                entry("api_key", EntryValue::Header(key.clone())),
+            ],
+            vec![entry("path", EntryValue::Path)],
+        ]);
+        let mut fields = HeaderMap::new();
+        let pairs = |d: &[(String, String)]| {
+            d.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let without: Vec<_> = limit
+            .descriptors(&asked(&fields))
+            .iter()
+            .map(|d| pairs(d))
+            .collect();
+        assert_eq!(
+            without,
+            ["remote_address=10.0.0.7,route=api", "path=/v1/jobs"]
+        );
+        fields.insert(key, HeaderValue::from_str(&"k".repeat(300)).unwrap());
+        let with = limit.descriptors(&asked(&fields));
+        assert_eq!(with.len(), 3);
+        assert_eq!(with[1][1].1.len(), MAX_VALUE_BYTES, "a long value is cut");
+    }
+}
