@@ -205,6 +205,7 @@ func (l *Listener) linkLost(n *node, k *link, err error, closed bool) {
 		l.notifyLocked()
 		return
 	}
+	l.suspectLocked()
 	l.lostLocked(n)
 }
 
@@ -248,6 +249,7 @@ func (l *Listener) refusedLocked(n *node, err error) {
 // l.mu must be held.
 func (l *Listener) downLocked(n *node, why string, attrs ...any) {
 	n.down = true
+	l.suspectLocked()
 	if n.draining {
 		n.log.Info("the draining node is gone: "+why, attrs...)
 	} else {

@@ -56,6 +56,9 @@ type Listener struct {
 	movesHeldUntil time.Time
 	changed        chan struct{} // closed and replaced at every change of the fields above
 	nextSlot       int
+	// resolveSoon: a node was lost (its link ended, or it went down), so the resolver looks
+	// at the name again soon (resolve.go). Buffered: a send never blocks.
+	resolveSoon chan struct{}
 }
 
 // Status is what an application can observe about its sessions.
@@ -111,6 +114,8 @@ func newListener(ctx context.Context, opts Options) *Listener {
 		closed:  make(chan struct{}),
 		live:    make(map[*sessionConn]struct{}),
 		changed: make(chan struct{}),
+
+		resolveSoon: make(chan struct{}, 1),
 	}
 	l.report.log = l.log
 	l.dialCtx, l.cancelDials = context.WithCancel(context.WithoutCancel(ctx))

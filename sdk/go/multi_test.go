@@ -257,6 +257,28 @@ func TestDNSReResolutionJoinsAndLeavesNodes(t *testing.T) {
 	})
 }
 
+// Issue 46: a node back under a new address (a restarted pod) was found only at the next
+// ResolveInterval. A node lost is a change suspected: the name is resolved again within
+// seconds, however long the interval.
+func TestALostNodeMakesTheNameResolveAgainSoon(t *testing.T) {
+	t.Parallel()
+	a := newFakeNode(t, "127.0.0.2", 0)
+	port := a.ln.Addr().(*net.TCPAddr).Port
+	b := newFakeNode(t, "127.0.0.3", port)
+	r := &fakeResolver{}
+	r.set("127.0.0.2")
+	ln := listenMany(t, Options{
+		Acceptor: "dns:nodes.test:" + strconv.Itoa(port), Capacity: 4, Resolver: r,
+		ResolveInterval: time.Hour,
+	})
+	serve(t, ln, hello)
+	waitHolding(t, ln, []*fakeNode{a}, 4)
+	r.set("127.0.0.3") // a's replacement, at a new address
+	a.kill()
+	waitWithin(t, ln, 5*time.Second, "b found and holding every session",
+		func(l *Listener) bool { return l.nodeAt(b.addr) != nil && l.nodeAt(b.addr).holding() == 4 })
+}
+
 // Names that fail to resolve keep the nodes known.
 func TestAFailedResolutionKeepsTheNodes(t *testing.T) {
 	t.Parallel()

@@ -67,7 +67,8 @@ type Options struct {
 	DrainTimeout time.Duration
 	// ResolveInterval is how often the names of many nodes (dns:, or names in a list) are
 	// resolved again: nodes that appear are joined, nodes that disappear are left (asked to
-	// retire every session). 0 means 10 s.
+	// retire every session). 0 means 10 s. A node lost (its link ended, or it went down)
+	// makes them resolve again after 1, 2, 4, ... s up to it.
 	ResolveInterval time.Duration
 	// NodeGrace is how long a node of many may be without its control link before it is
 	// down (its share moves to the others; a hot restart of the node takes less). 0 means 5 s.

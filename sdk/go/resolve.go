@@ -8,14 +8,31 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
+
+// resolveSoon is how long after a node is lost its name is resolved again: the first of the
+// follow-ups that double up to ResolveInterval (protocol/README.md, "The acceptor address").
+const resolveSoon = time.Second
+
+// suspectLocked: a node was lost (its link ended, or it went down), a change of the name
+// suspected: the resolver looks again soon. l.mu must be held.
+func (l *Listener) suspectLocked() {
+	select {
+	case l.resolveSoon <- struct{}{}:
+	default:
+	}
+}
 
 // runResolver resolves the address of many nodes every ResolveInterval (sooner, with backoff,
 // while it fails) and joins and leaves nodes accordingly. A failed resolution, "no such host"
-// included, keeps the nodes known: a node leaves only when an answer no longer lists it. It
-// returns when the Listener closes.
+// included, keeps the nodes known: a node leaves only when an answer no longer lists it. A
+// node lost makes it resolve again resolveSoon later, then after twice as long each time until
+// the pause reaches ResolveInterval, so that a node back under a new address (a restarted
+// pod) is found within seconds. It returns when the Listener closes.
 func (l *Listener) runResolver() {
 	failures := 0
+	var follow time.Duration
 	for l.dialCtx.Err() == nil {
 		all, err := l.resolve(l.dialCtx)
 		if l.dialCtx.Err() != nil {
@@ -39,8 +56,30 @@ func (l *Listener) runResolver() {
 			l.setNodesLocked(all)
 		}
 		l.mu.Unlock()
-		sleepCtx(l.dialCtx, wait)
+		if follow > 0 {
+			wait = min(wait, follow)
+			if follow *= 2; follow >= l.opts.ResolveInterval {
+				follow = 0
+			}
+		}
+		if l.waitSuspected(wait) {
+			follow = 2 * resolveSoon
+			sleepCtx(l.dialCtx, min(resolveSoon, l.opts.ResolveInterval))
+		}
 	}
+}
+
+// waitSuspected waits d, or until a node is lost (true), or the Listener closes.
+func (l *Listener) waitSuspected(d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-l.dialCtx.Done():
+	case <-l.resolveSoon:
+		return true
+	}
+	return false
 }
 
 // resolve lists the nodes the address names now: each entry's addresses, sorted, in the

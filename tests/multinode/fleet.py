@@ -129,6 +129,23 @@ class Node:
                 return sum(s.get("sessions", 0) for s in c.get("slices", []))
         return 0
 
+    def busy(self) -> int:
+        """Requests in flight or queued here, in every cluster (the node must be up)."""
+        status = get_json(f"http://{self.ip}:{ADMIN}/status", timeout=2)
+        return sum(s.get("in_flight", 0) + s.get("queued", 0)
+                   for c in status.get("clusters", []) for s in c.get("slices", []))
+
+    def instances(self, cluster: str) -> dict[str, int]:
+        """Sessions registered here for `cluster`, by instance; empty when the node is down."""
+        try:
+            status = get_json(f"http://{self.ip}:{ADMIN}/status", timeout=2)
+        except OSError:
+            return {}
+        for c in status.get("clusters", []):
+            if c["name"] == cluster:
+                return {i["id"]: i.get("sessions", 0) for i in c.get("instances") or []}
+        return {}
+
 
 @dataclass
 class Service:
@@ -198,6 +215,12 @@ class Fleet:
     def sessions(self, cluster: str) -> list[int]:
         return [n.sessions(cluster) for n in self.nodes]
 
+    def instances(self, cluster: str) -> dict[str, list[int]]:
+        """Each instance's sessions of `cluster` per node (what every SDK's split holds)."""
+        per_node = [n.instances(cluster) for n in self.nodes]
+        ids = sorted({i for at in per_node for i in at})
+        return {i: [at.get(i, 0) for at in per_node] for i in ids}
+
     def stop(self) -> None:
         for s in self.services:
             s.stop()
@@ -233,11 +256,12 @@ async def _request(ip: str, path: str, timeout: float) -> int:
 
 
 async def open_loop(
-    cluster: str, rate: float, weights, seconds: float, timeout: float = 15.0,
+    cluster: str, rate: float, weights, seconds: float, timeout: float = 15.0, until=None,
 ) -> list[Window]:
-    """Sends `rate` requests a second for `seconds`, each to node i with probability
-    `weights(t)[i]` (t: seconds since the start), without waiting for answers (open loop).
-    Returns one window per second, by when each request was sent."""
+    """Sends `rate` requests a second for `seconds` (or until `until()` is true, checked at
+    every request), each to node i with probability `weights(t)[i]` (t: seconds since the
+    start), without waiting for answers (open loop). Returns one window per second, by when
+    each request was sent."""
     windows = [Window() for _ in range(int(seconds) + 1)]
     tasks = []
     start = time.monotonic()
@@ -258,6 +282,8 @@ async def open_loop(
         delay = at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+        if until is not None and until():
+            break
         t = at - start
         ws = weights(t)
         ip = rng.choices(NODES, weights=ws)[0]

@@ -6,7 +6,10 @@ flipped, a node killed and restarted, N shrunk and grown, and a node removed fro
 * no service ever has more than N requests in its handler at once (each counts its own);
 * the sessions follow the demand (the busiest node holds the most at the end of a skew);
 * a dead node's share moves to the others, and a restarted one joins again;
-* a node removed from the name is drained with no request failing.
+* a node removed from the name is drained with no request failing;
+* a node restarted under load says ready only once it can serve, and a rolling restart of
+  all three fails no request;
+* two instances of one service (6 + 4) serve an 80/10/10 skew at 0.8 of their capacity.
 
 The scenario runs inside the namespace (`scenario.py`); this file builds what it needs, makes
 and removes the namespace, and judges what the scenario saw."""
@@ -125,11 +128,22 @@ def test_a_restarted_node_refuses_nothing_once_it_says_ready(seen):
         assert sum(w["ok"] for w in windows) == sum(w["sent"] for w in windows) > 0, (cluster, windows)
 
 
-def test_two_unequal_instances_of_one_service_keep_within_their_own_capacity(seen):
+def test_a_rolling_restart_under_load_fails_no_request(seen):
+    """Issue 46: each node in turn drained, stopped and started under load, as
+    deploy/kubernetes/ rolls them: no request of any service fails or is refused."""
+    step = seen["steps"]["rolling"]
+    for cluster, windows in step["windows"].items():
+        bad = [(second, w) for second, w in enumerate(windows) if w["ok"] != w["sent"]]
+        assert not bad and sum(w["sent"] for w in windows) > 0, (cluster, bad, step["events"])
+
+
+def test_two_unequal_instances_of_one_service_serve_their_capacity(seen):
     """Issue 46: two instances (6 + 4) of one service, in two SDKs, under an 80/10/10 skew at
-    0.8 of their capacity: each keeps within what it declared. (The issue's goal of 95 % of
-    the requests answered is not met yet: 90 % measured, see its note; `seen` keeps the
-    windows and the sessions per node for the report.)"""
+    0.8 of their capacity: each keeps within what it declared, and at least 95 % of the
+    requests of the settled last 6 s are answered (90.3 % when the step ran with the third
+    node out of the name, where the leave step left it: its 10 % were refused)."""
     step = seen["steps"]["mixed"]
-    assert sum(w["ok"] for w in step["windows"]) > 0, step
     assert step["max"]["mix-py"] <= 6 and step["max"]["mix-go"] <= 4, step["max"]
+    last = [w for w in step["windows"] if w["sent"]][-6:]
+    ok, sent = sum(w["ok"] for w in last), sum(w["sent"] for w in last)
+    assert sent > 0 and ok >= 0.95 * sent, (ok, sent, step["windows"], step["instances"][-4:])

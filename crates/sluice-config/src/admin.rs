@@ -146,6 +146,9 @@ pub struct ClusterStatus {
     pub kind: String,
     /// The cluster's name.
     pub name: String,
+    /// A static cluster's endpoint names that follow DNS (`resolve`), with their addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub names: Option<Vec<NameStatus>>,
     /// A reverse cluster's registered sessions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sessions: Option<u64>,
@@ -168,6 +171,7 @@ impl ClusterStatus {
             instances: Some(instances),
             kind: "reverse".to_owned(),
             name: name.to_owned(),
+            names: None,
             sessions: Some(sessions),
             slices: Some(slices),
         }
@@ -181,6 +185,7 @@ impl ClusterStatus {
             instances: None,
             kind: "static".to_owned(),
             name: name.to_owned(),
+            names: None,
             sessions: None,
             slices: None,
         }
@@ -234,6 +239,25 @@ pub struct InstanceStatus {
     /// Sessions a WebSocket (an HTTP Upgrade) took over; absent from older proxies.
     #[serde(default)]
     pub upgraded: u64,
+}
+
+/// An endpoint name that follows DNS: what it resolved to last, and its lookups.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NameStatus {
+    /// `host:port`, as configured.
+    pub name: String,
+    /// Its addresses now (the last successful lookup's); empty if it never resolved.
+    #[serde(default)]
+    pub addrs: Vec<String>,
+    /// Failed lookups in a row (0: the last one succeeded).
+    #[serde(default)]
+    pub failures: u64,
+    /// Why the last lookup failed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Milliseconds until the next lookup.
+    #[serde(default)]
+    pub next_in_ms: u64,
 }
 
 /// A static cluster's endpoint: health, ejection and load.

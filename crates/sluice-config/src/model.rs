@@ -19,6 +19,7 @@ pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 mod basic_auth;
 mod compression;
 mod cors;
+mod dns;
 mod global_rate_limit;
 mod log_template;
 mod rate_limit;
@@ -29,6 +30,7 @@ mod tracing;
 pub use basic_auth::BasicAuth;
 pub use compression::*;
 pub use cors::{Cors, CorsOrigins, OriginMatch};
+pub use dns::{Dns, HostPort, Resolve};
 pub use global_rate_limit::*;
 pub use log_template::{LogField, LogPiece, LogTemplate};
 pub use rate_limit::*;
@@ -69,6 +71,8 @@ pub struct Config {
     /// External rate-limit services (`[rate_limit_service.NAME]`) by name, which routes'
     /// `global_rate_limit` ask.
     pub rate_limit_services: BTreeMap<String, RateLimitService>,
+    /// How the names of clusters with `resolve` are looked up (`[dns]`).
+    pub dns: Dns,
 }
 
 /// Process-wide settings (`[runtime]`).
@@ -291,8 +295,12 @@ pub enum ClusterKind {
 /// A cluster of listening endpoints (`kind = "static"`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StaticCluster {
-    /// Endpoint addresses (host names are resolved when the config is loaded).
+    /// Endpoint addresses: IP literals, and without `resolve` also the addresses names had
+    /// when the config was loaded.
     pub endpoints: Vec<SocketAddr>,
+    /// With `resolve`: the endpoints given by name, resolved by the proxy when it starts and
+    /// again as their records' TTLs say. Empty without `resolve`.
+    pub names: Vec<HostPort>,
     /// How the cluster balances, pools, times out and ejects.
     pub options: StaticOptions,
 }
@@ -321,6 +329,9 @@ pub struct StaticOptions {
     pub protocol: UpstreamProtocol,
     /// HTTP/2 connections to each endpoint (`h2 = { .. }`), when `protocol` may speak it.
     pub h2: H2Options,
+    /// Endpoint names follow DNS (`resolve`); `None` (the default): they are resolved once,
+    /// when the configuration is loaded.
+    pub resolve: Option<Resolve>,
 }
 
 /// What a static cluster speaks to its endpoints (`protocol = ..`).
@@ -451,6 +462,7 @@ impl Default for StaticOptions {
             retry: Retry::default(),
             protocol: UpstreamProtocol::Http1,
             h2: H2Options::default(),
+            resolve: None,
         }
     }
 }

@@ -37,6 +37,7 @@ pub(crate) struct RawConfig {
     pub(crate) relay: Vec<Spanned<RawRelay>>,
     #[serde(default)]
     pub(crate) rate_limit_service: BTreeMap<Spanned<String>, Spanned<RawRateLimitService>>,
+    pub(crate) dns: Option<RawDns>,
 }
 
 /// `[rate_limit_service.NAME]`: an external rate-limit service (Envoy's protocol).
@@ -64,6 +65,14 @@ pub(crate) struct RawDescriptorEntry {
     pub(crate) key: Option<Spanned<String>>,
     pub(crate) from: Option<Spanned<String>>,
     pub(crate) value: Option<Spanned<String>>,
+}
+
+/// `[dns]`: where names of clusters with `resolve` are looked up.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDns {
+    pub(crate) nameservers: Option<Vec<Spanned<String>>>,
+    pub(crate) timeout: Option<Timeout>,
 }
 
 /// `[[relay]]`: a split-TCP relay (an entry relay with `to`, or a tunnel end with `tunnel`).
@@ -257,6 +266,46 @@ impl<'de> Deserialize<'de> for RawCompression {
     }
 }
 
+/// A static cluster's `resolve`: `true`/`false`, or a table of bounds.
+#[derive(Debug)]
+pub(crate) enum RawResolve {
+    On(bool),
+    Table(RawResolveTable),
+}
+
+/// `resolve = { min_ttl, max_ttl }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawResolveTable {
+    pub(crate) min_ttl: Option<Spanned<Timeout>>,
+    pub(crate) max_ttl: Option<Spanned<Timeout>>,
+}
+
+struct RawResolveVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RawResolveVisitor {
+    type Value = RawResolve;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("true, false, or a table like { min_ttl = \"1s\", max_ttl = \"5m\" }")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<RawResolve, E> {
+        Ok(RawResolve::On(v))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawResolve, A::Error> {
+        let table = serde::de::value::MapAccessDeserializer::new(map);
+        RawResolveTable::deserialize(table).map(RawResolve::Table)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawResolve {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawResolveVisitor)
+    }
+}
+
 /// A route's `rate_limit = { rate, burst, key }`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -334,6 +383,7 @@ pub(crate) struct RawCluster {
     pub(crate) tls: Option<Spanned<RawUpstreamTls>>,
     pub(crate) protocol: Option<Spanned<RawProtocol>>,
     pub(crate) h2: Option<Spanned<RawH2>>,
+    pub(crate) resolve: Option<Spanned<RawResolve>>,
     // kind = "reverse"
     pub(crate) tokens: Option<Spanned<Vec<Spanned<String>>>>,
     pub(crate) queue_max: Option<Spanned<usize>>,

@@ -6,6 +6,7 @@ mod basic_auth;
 mod cluster;
 mod compression;
 mod cors;
+mod dns;
 mod global_rate_limit;
 mod handoff;
 mod kind_keys;
@@ -84,6 +85,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
     let no_listener_needed = handoff.is_some() || !raw.relay.is_empty();
     let listeners = listeners(ctx, raw.listener, no_listener_needed)?;
     let relays = relay::relays(ctx, raw.relay)?;
+    let dns = dns::dns(ctx, raw.dns)?;
     let acceptor = acceptor::acceptor(ctx, raw.acceptor, &raw.cluster)?;
     let clusters = cluster::clusters(ctx, raw.cluster)?;
     // Taken out before the routes are built so their spans survive for `acceptor::slices`.
@@ -109,6 +111,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         clusters,
         relays,
         rate_limit_services,
+        dns,
     })
 }
 

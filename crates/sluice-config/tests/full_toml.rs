@@ -16,6 +16,7 @@ fn full_toml() -> PathBuf {
 const TABLES: &[(&str, &str)] = &[
     ("", "zz_probe = 1"),
     ("runtime", "[runtime]\nzz_probe = 1"),
+    ("dns", "[dns]\nzz_probe = 1"),
     ("acceptor", "[acceptor]\nzz_probe = 1"),
     ("acceptor.tls", "[acceptor]\ntls = { zz_probe = 1 }"),
     ("handoff", "[handoff]\nzz_probe = 1"),
@@ -58,6 +59,7 @@ const TABLES: &[(&str, &str)] = &[
     ("cluster.tls", "[cluster.c]\ntls = { zz_probe = 1 }"),
     ("cluster.retry", "[cluster.c]\nretry = { zz_probe = 1 }"),
     ("cluster.h2", "[cluster.c]\nh2 = { zz_probe = 1 }"),
+    ("cluster.resolve", "[cluster.c]\nresolve = { zz_probe = 1 }"),
     ("relay", "[[relay]]\nzz_probe = 1"),
     ("rate_limit_service", "[rate_limit_service.s]\nzz_probe = 1"),
     (
@@ -185,6 +187,22 @@ fn full_toml_loads() {
         config.clusters["jobs"].kind,
         sluice_config::ClusterKind::Reverse(_)
     ));
+    // Names that follow DNS are kept as names, never looked up by the loader.
+    let sluice_config::ClusterKind::Static(k8s) = &config.clusters["k8s"].kind else {
+        panic!("k8s is static")
+    };
+    assert_eq!(
+        k8s.names[0].to_string(),
+        "api.default.svc.cluster.local:8080"
+    );
+    assert!(k8s.endpoints.is_empty());
+    let resolve = k8s.options.resolve.unwrap();
+    assert_eq!(resolve.max_ttl, std::time::Duration::from_secs(300));
+    assert_eq!(
+        config.dns,
+        sluice_config::Dns::default(),
+        "[dns] is commented out"
+    );
     let [edge, core] = &config.relays[..] else {
         panic!("two relays: {:?}", config.relays)
     };

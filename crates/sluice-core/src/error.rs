@@ -39,6 +39,17 @@ pub enum ProxyError {
         /// The cluster's name (logged, never sent to the client).
         cluster: String,
     },
+    /// The cluster has no endpoint because a name it follows in DNS (`resolve`) has not
+    /// resolved yet (the lookup failed since the proxy started).
+    #[error("cluster {cluster}: endpoint name {name} has not resolved ({why})")]
+    Unresolved {
+        /// The cluster's name (logged, never sent to the client).
+        cluster: String,
+        /// The endpoint name, `host:port` (logged, never sent to the client).
+        name: String,
+        /// Why its last lookup failed.
+        why: String,
+    },
     /// No service has a session registered for the slice (none started, all gone or drained);
     /// answered at once, or after the cluster's `no_sessions_wait`.
     #[error("no sessions registered for cluster {cluster} (slice {slice})")]
@@ -160,9 +171,10 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute => StatusCode::NOT_FOUND,
-            Self::NoEndpoint { .. } | Self::NoSessions { .. } | Self::Unavailable { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::NoEndpoint { .. }
+            | Self::Unresolved { .. }
+            | Self::NoSessions { .. }
+            | Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Connect(_)
             | Self::UpstreamTls { .. }
             | Self::UpstreamProtocol(_)
@@ -195,6 +207,7 @@ impl ProxyError {
             | Self::CorsRefused(_)
             | Self::DeadlineExceeded => Origin::Client,
             Self::NoEndpoint { .. }
+            | Self::Unresolved { .. }
             | Self::NoSessions { .. }
             | Self::Unavailable { .. }
             | Self::Rewrite(_)
@@ -320,6 +333,7 @@ impl ProxyError {
             Self::BodyTooLarge(_) => "request body too large".to_owned(),
             // The cluster's name is internal; the log has it.
             Self::NoEndpoint { .. } => "no healthy upstream".to_owned(),
+            Self::Unresolved { .. } => "upstream name has not resolved".to_owned(),
             Self::NoSessions { .. } => "no sessions registered for this service".to_owned(),
             other => other.to_string(),
         }

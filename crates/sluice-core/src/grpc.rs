@@ -59,6 +59,7 @@ pub fn code(e: &ProxyError) -> Code {
         ProxyError::Unavailable { .. } | ProxyError::RateLimited { .. } => Code::ResourceExhausted,
         ProxyError::BodyTooLarge(_) => Code::ResourceExhausted,
         ProxyError::NoEndpoint { .. }
+        | ProxyError::Unresolved { .. }
         | ProxyError::NoSessions { .. }
         | ProxyError::Connect(_)
         | ProxyError::UpstreamTls { .. }

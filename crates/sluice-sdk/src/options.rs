@@ -182,7 +182,8 @@ pub struct Options {
     /// often whether it was resumed; default 30 s.
     pub drained_probe: Duration,
     /// Many nodes: how often the names are resolved again (nodes join and leave); default
-    /// 10 s (the system resolver does not expose TTLs).
+    /// 10 s (the system resolver does not expose TTLs). A node lost (its link ended, or it
+    /// went down) makes them resolve again after 1, 2, 4, … s up to it.
     pub resolve_interval: Duration,
     /// Many nodes: how long a node's control link may be lost (silent, timing out, or
     /// restarting hot, which keeps its sessions) before the node counts as down and its share

@@ -384,6 +384,40 @@ async fn dns_re_resolution_joins_and_leaves_nodes() {
     assert!(max.get() <= 2, "held {} sessions", max.get());
 }
 
+/// Issue 46: a node back under a new address (a restarted pod) was found only at the next
+/// `resolve_interval`. A node lost is a change suspected: the names are resolved again within
+/// seconds, however long the interval.
+#[tokio::test]
+async fn a_lost_node_makes_the_name_resolve_again_soon() {
+    let (mut a, a_addr) = Fake::node().await;
+    let (mut b, b_addr) = Fake::node().await;
+    let table = Arc::new(Mutex::new(vec![a_addr]));
+    let names = table.clone();
+    let mut options = many(&[], 2);
+    options.acceptor = Acceptor::Dns {
+        name: "nodes.test".into(),
+        port: 7070,
+    };
+    options.resolve_interval = Duration::from_secs(3600);
+    options.resolver = Resolver::new(move |_, _| {
+        let addrs: Vec<SocketAddr> = names.lock().unwrap().clone();
+        async move { Ok(addrs) }
+    });
+    let sessions = serve(options, tower::service_fn(hello)).unwrap();
+    let max = MaxHeld::watch(&sessions);
+    let la = up(&mut a, 2).await;
+    let at_a = a.sessions(2).await;
+
+    // A's replacement comes up at another address, and A's process ends.
+    *table.lock().unwrap() = vec![b_addr];
+    drop((a, la, at_a));
+    let _lb = up(&mut b, 2).await;
+    let _at_b = b.sessions(2).await;
+    let nodes = nodes_until(&sessions, |n| n.len() == 1 && n[0].held == 2).await;
+    assert_eq!(nodes[0].address, b_addr);
+    assert!(max.get() <= 2, "held {} sessions", max.get());
+}
+
 #[tokio::test]
 async fn an_acceptor_without_control_links_counts_live_with_demand_one() {
     let (mut fake, addr) = Fake::tcp().await;

@@ -23,7 +23,7 @@ use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, Upgrad
 use crate::router::{LiveRoutes, RouteTable};
 use crate::upstream::reverse::{Acceptor, HandoffSource};
 use crate::upstream::reverse::{ReverseClusterOptions, ReverseMetrics, SessionGauges};
-use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
+use crate::upstream::{Dns, ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 use sluice_core::request_id::RequestIds;
 use sluice_core::retry::RetryMetrics;
 use sluice_net::sockets::{self, Sockets};
@@ -178,6 +178,7 @@ impl Proxy {
         let retry_metrics = RetryMetrics::register(metrics.registry());
         let counted = (&reverse_metrics, &static_metrics, &retry_metrics);
         let clusters = build_clusters(config, counted)?;
+        resolve_names(&clusters).await;
         let gauges = SessionGauges::new(reverse_clusters(&clusters).collect());
         metrics.registry().register_collector(Box::new(gauges));
         let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
@@ -450,17 +451,30 @@ impl Proxy {
     }
 }
 
+/// Looks up the endpoint names of clusters with `resolve`, all at once, so that the proxy
+/// serves their addresses from its first request. A name that does not resolve does not stop
+/// the start: its cluster answers 503 until it does (as NGINX's `resolve` and Envoy's DNS
+/// clusters do), and the log says why.
+async fn resolve_names(clusters: &BTreeMap<String, Upstream>) {
+    let lookups = clusters.values().filter_map(|u| match u {
+        Upstream::Static(c) => Some(c.resolve_now()),
+        Upstream::Reverse(_) => None,
+    });
+    futures_util::future::join_all(lookups).await;
+}
+
 fn build_clusters(
     config: &Config,
     (reverse, statics, retries): (&ReverseMetrics, &StaticMetrics, &RetryMetrics),
 ) -> Result<BTreeMap<String, Upstream>, StartError> {
+    let dns = Dns::from_config(&config.dns);
     config
         .clusters
         .iter()
         .map(|(name, c)| {
             let upstream = match &c.kind {
                 ClusterKind::Static(s) => {
-                    let cluster = StaticCluster::from_config(name, s, statics, retries);
+                    let cluster = StaticCluster::from_config(name, s, (statics, retries), &dns);
                     Upstream::from(cluster.map_err(|source| StartError::ClusterTls {
                         cluster: name.clone(),
                         source,

@@ -18,7 +18,8 @@
 //!   [`RouteFeature`] (its hooks, in [`route_feature`]), and what transports render of the
 //!   built-in ones, [`Feature`];
 //! - clusters: [`Upstream`], [`StaticCluster`] (its [`Endpoint`]s, [`StaticOptions`],
-//!   [`StaticMetrics`], [`LbPolicy`]), [`ReverseCluster`] and [`ReverseSlice`], whose services
+//!   [`StaticMetrics`], [`LbPolicy`], and for endpoint names that follow DNS [`Dns`] and
+//!   [`FollowedName`]), [`ReverseCluster`] and [`ReverseSlice`], whose services
 //!   dial in through an [`Acceptor`];
 //! - the service: [`ProxyService`] (whose requests' bodies are any transport's: [`RequestBody`]),
 //!   [`ProxyBody`], [`ProxyError`] and its [`Origin`],
@@ -40,7 +41,8 @@
 //! - `proxy`: the tower `Service` that applies a route (header edits, direct responses, error
 //!   answers, HTTP/1.1 Upgrade bridging), and `proxy::fast`, the HTTP/1.1 fast path.
 //! - `upstream`: clusters. `upstream::static_cluster` holds endpoints, keep-alive pools, load
-//!   balancing, passive ejection and active health checks; `upstream::reverse` is the HTTP
+//!   balancing, passive ejection, active health checks and endpoint names that follow DNS
+//!   (`follow`, looked up by `upstream::dns`); `upstream::reverse` is the HTTP
 //!   half of reverse clusters: the HTTP/1.1 client on registered sessions, the exchange on a
 //!   leased one, and request/response buffering so slow clients do not hold sessions.
 //! - [`options`]: the configuration converted into the options `sluice-reverse` and
@@ -126,6 +128,7 @@ pub use sluice_server::{
     ShutdownSignal,
 };
 pub use standalone::Standalone;
+pub use upstream::dns::{Dns, LookupError, Resolved};
 pub use upstream::reverse::{Acceptor, ReverseClusterOptions, StandaloneAcceptor};
-pub use upstream::static_cluster::{Endpoint, StaticMetrics};
+pub use upstream::static_cluster::{Endpoint, FollowedName, StaticMetrics};
 pub use upstream::{ReverseCluster, ReverseSlice, StaticCluster, StaticOptions, Upstream};

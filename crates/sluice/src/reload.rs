@@ -90,7 +90,10 @@ impl InPlace {
                 continue;
             };
             let want: BTreeSet<_> = s.endpoints.iter().copied().collect();
-            let have: BTreeSet<_> = live.endpoints().iter().map(|e| e.addr()).collect();
+            // What names that follow DNS brought in is theirs to keep or take out.
+            let followed = live.followed_addrs();
+            let live_addrs = live.endpoints().into_iter().map(|e| e.addr());
+            let have: BTreeSet<_> = live_addrs.filter(|a| !followed.contains(a)).collect();
             for addr in want.difference(&have) {
                 live.add_endpoint(*addr);
                 applied.added.push(format!("{name} {addr}"));
@@ -180,6 +183,7 @@ fn differences(a: &Config, b: &Config) -> Vec<String> {
     section("[access_log]", a.access_log != b.access_log);
     section("[request_id]", a.request_id != b.request_id);
     section("[tracing]", a.tracing != b.tracing);
+    section("[dns]", a.dns != b.dns);
     section("routes", a.routes != b.routes);
     let listeners = |c: &Config| -> BTreeMap<String, sluice_config::Listener> {
         c.listeners

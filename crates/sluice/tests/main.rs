@@ -14,6 +14,7 @@ mod compression;
 mod connection_limits;
 mod control_links;
 mod cors;
+mod dns_follow;
 mod fast_path;
 mod features;
 mod grpc;

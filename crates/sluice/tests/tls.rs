@@ -133,6 +133,14 @@ struct Seen {
 /// An HTTPS/1.1 backend answering `tls <path>` to every request.
 async fn https_backend(config: rustls::ServerConfig) -> (SocketAddr, Arc<Seen>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    https_backend_on(listener, config).await
+}
+
+/// [`https_backend`] on `listener`.
+async fn https_backend_on(
+    listener: TcpListener,
+    config: rustls::ServerConfig,
+) -> (SocketAddr, Arc<Seen>) {
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Seen::default());
     let acceptor = TlsAcceptor::from(Arc::new(config));
@@ -220,6 +228,37 @@ async fn requests_reach_an_https_backend_on_pooled_connections() {
         1,
         "five requests in a row share one pooled TLS connection"
     );
+}
+
+#[tokio::test]
+async fn a_cluster_that_follows_dns_sends_and_verifies_the_name_whatever_its_address() {
+    let (dir, ca) = upstream_ca();
+    let dns = support::dns::TestDns::start("sluice.test.").await;
+    // The certificate names the DNS name only; the name resolves to 127.0.0.2.
+    let listener = TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let leaf = server_config(&ca.server("api.sluice.test"));
+    let (_, seen) = https_backend_on(listener, leaf).await;
+    dns.set(
+        "api.sluice.test.",
+        &[std::net::Ipv4Addr::new(127, 0, 0, 2)],
+        0,
+    )
+    .await;
+    let stand_in: SocketAddr = ([0, 0, 0, 0], port).into();
+    let cluster = "tls = { ca = \"ca.pem\" }\nresolve = true";
+    let text = static_config(&[stand_in], cluster).replace(
+        &format!("\"{stand_in}\""),
+        &format!("\"api.sluice.test:{port}\""),
+    );
+    let text = format!("{text}\n[dns]\nnameservers = [\"{}\"]\n", dns.addr);
+    let proxy = TestProxy::start_in(&text, dir.path()).await;
+    let reply = get(&client(), &proxy.url("/x")).await;
+    assert_eq!(
+        (reply.status, reply.body.as_str()),
+        (StatusCode::OK, "tls /x")
+    );
+    assert_eq!(seen.handshakes.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

@@ -190,6 +190,34 @@ fn detail(c: &Cluster, out: &mut String) {
     if c.kind == "static" || (!known && !endpoint_list.is_empty()) {
         endpoints(endpoint_list, out);
     }
+    if let Some(list) = c.names.as_deref() {
+        names(list, out);
+    }
+}
+
+/// A static cluster's endpoint names that follow DNS, with what they resolved to.
+fn names(names: &[sluice_config::admin::NameStatus], out: &mut String) {
+    let mut t = Table::new(&[
+        ("NAME", Align::Left),
+        ("ADDRESSES", Align::Left),
+        ("FAILED-LOOKUPS", Align::Right),
+        ("NEXT-LOOKUP", Align::Right),
+        ("LAST-ERROR", Align::Left),
+    ]);
+    for n in names {
+        let addrs = match n.addrs.is_empty() {
+            true => "none yet".to_owned(),
+            false => printable(&n.addrs.join(" ")),
+        };
+        t.row([
+            printable(&n.name),
+            addrs,
+            n.failures.to_string(),
+            format!("{}ms", n.next_in_ms),
+            n.last_error.as_deref().map_or("-".to_owned(), printable),
+        ]);
+    }
+    t.render("  ", out);
 }
 
 fn slices(slices: &[Slice], out: &mut String) {

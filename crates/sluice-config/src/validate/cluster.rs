@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::dns::Endpoint;
 use super::kind_keys::{refuse_foreign, reverse_keys};
 use super::{reverse, Ctx};
 use crate::error::ConfigError;
 use crate::model::{
-    Cluster, ClusterKind, Ejection, H2Options, HealthCheck, LbPolicy, PoolOptions, StaticCluster,
-    StaticOptions, UpstreamProtocol,
+    Cluster, ClusterKind, Ejection, H2Options, HealthCheck, HostPort, LbPolicy, PoolOptions,
+    StaticCluster, StaticOptions, UpstreamProtocol,
 };
 use crate::raw::{
     RawCluster, RawEjection, RawH2, RawHealthCheck, RawKind, RawLb, RawPool, RawProtocol,
@@ -90,9 +91,15 @@ fn static_cluster(
         retry: super::retry::retry(ctx, "static", raw.retry, defaults.retry.clone())?,
         protocol,
         h2: h2(ctx, raw.h2)?,
+        resolve: super::dns::resolve(ctx, raw.resolve)?,
+    };
+    let (endpoints, names) = match options.resolve {
+        Some(_) => followed(ctx, raw_endpoints)?,
+        None => (endpoints(ctx, raw_endpoints)?, Vec::new()),
     };
     Ok(StaticCluster {
-        endpoints: endpoints(ctx, raw_endpoints)?,
+        endpoints,
+        names,
         options,
     })
 }
@@ -142,18 +149,43 @@ fn h2(ctx: Ctx<'_>, raw: Option<Spanned<RawH2>>) -> Result<H2Options, ConfigErro
     })
 }
 
+/// `endpoints` of a cluster with `resolve`: the addresses, and the names the proxy looks up
+/// itself (when it starts, and as their TTLs say), not the configuration's loader; duplicates
+/// dropped.
+fn followed(
+    ctx: Ctx<'_>,
+    raw: &Spanned<Vec<Spanned<String>>>,
+) -> Result<(Vec<SocketAddr>, Vec<HostPort>), ConfigError> {
+    not_empty(ctx, raw)?;
+    let (mut addrs, mut names) = (Vec::new(), Vec::new());
+    for endpoint in raw.get_ref() {
+        let parsed = super::dns::endpoint(endpoint.get_ref());
+        match parsed.map_err(|why| ctx.err(endpoint.span(), why))? {
+            Endpoint::Addr(a) if !addrs.contains(&a) => addrs.push(a),
+            Endpoint::Name(n) if !names.contains(&n) => names.push(n),
+            _ => {}
+        }
+    }
+    Ok((addrs, names))
+}
+
+fn not_empty(ctx: Ctx<'_>, raw: &Spanned<Vec<Spanned<String>>>) -> Result<(), ConfigError> {
+    match raw.get_ref().is_empty() {
+        true => Err(ctx.err(
+            raw.span(),
+            "`endpoints` is empty; list at least one \"host:port\"",
+        )),
+        false => Ok(()),
+    }
+}
+
 /// Resolves every endpoint now: a name that resolves to several addresses becomes several
 /// endpoints (as in NGINX's `upstream`), duplicates dropped.
 fn endpoints(
     ctx: Ctx<'_>,
     raw: &Spanned<Vec<Spanned<String>>>,
 ) -> Result<Vec<SocketAddr>, ConfigError> {
-    if raw.get_ref().is_empty() {
-        return Err(ctx.err(
-            raw.span(),
-            "`endpoints` is empty; list at least one \"host:port\"",
-        ));
-    }
+    not_empty(ctx, raw)?;
     let mut all = Vec::new();
     for endpoint in raw.get_ref() {
         for addr in resolve(ctx, endpoint)? {

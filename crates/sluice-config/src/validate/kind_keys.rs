@@ -25,7 +25,7 @@ pub(super) fn refuse_foreign(
 }
 
 /// The static-only keys that are set, with their spans.
-pub(super) fn static_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 9] {
+pub(super) fn static_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usize>>); 10] {
     [
         ("endpoints", raw.endpoints.as_ref().map(Spanned::span)),
         ("lb", raw.lb.as_ref().map(Spanned::span)),
@@ -39,6 +39,7 @@ pub(super) fn static_keys(raw: &RawCluster) -> [(&'static str, Option<Range<usiz
         ("tls", raw.tls.as_ref().map(Spanned::span)),
         ("protocol", raw.protocol.as_ref().map(Spanned::span)),
         ("h2", raw.h2.as_ref().map(Spanned::span)),
+        ("resolve", raw.resolve.as_ref().map(Spanned::span)),
     ]
 }
 

@@ -19,9 +19,10 @@ mod rebalance;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -42,6 +43,8 @@ pub(crate) struct Fleet {
     topology: watch::Sender<u64>,
     /// Mirrors [`Nodes::next_timer`]: when the timer task ticks the rules next.
     timer: watch::Sender<Option<Instant>>,
+    /// Mirrors [`Nodes::suspect`]: a node was lost, so the resolver looks again soon.
+    resolve_soon: Notify,
     options: Arc<Options>,
     shared: Arc<Shared>,
     runtime: Handle,
@@ -68,6 +71,7 @@ impl Fleet {
             changed: watch::Sender::new(0),
             topology: watch::Sender::new(0),
             timer: watch::Sender::new(None),
+            resolve_soon: Notify::new(),
             options,
             shared,
             runtime,
@@ -90,7 +94,11 @@ impl Fleet {
         let (joined, removed) = nodes.take_changes();
         let topology = nodes.topology;
         let timer = nodes.next_timer();
+        let suspect = std::mem::take(&mut nodes.suspect);
         drop(nodes);
+        if suspect {
+            self.resolve_soon.notify_one();
+        }
         self.topology
             .send_if_modified(|t| std::mem::replace(t, topology) != topology);
         self.timer
@@ -246,8 +254,15 @@ async fn timer_loop(fleet: Arc<Fleet>) {
     }
 }
 
+/// How long after a node is lost the names are resolved again: the first of the follow-ups
+/// that double up to `resolve_interval` (`protocol/README.md`, "The acceptor address").
+const RESOLVE_SOON: Duration = Duration::from_secs(1);
+
 /// The many-node resolver: the acceptor's names every `resolve_interval`. A name that fails
-/// to resolve keeps the nodes it had (one warning per failing streak).
+/// to resolve keeps the nodes it had (one warning per failing streak). A node lost makes it
+/// resolve again [`RESOLVE_SOON`] later, then after twice as long each time until the pause
+/// reaches `resolve_interval`, so that a node back under a new address (a restarted pod) is
+/// found within seconds.
 async fn resolve_loop(fleet: Arc<Fleet>) {
     let options = fleet.options.clone();
     let Some(names) = options.acceptor.names() else {
@@ -255,6 +270,8 @@ async fn resolve_loop(fleet: Arc<Fleet>) {
     };
     let mut last: Vec<Vec<SocketAddr>> = vec![Vec::new(); names.len()];
     let mut failing = vec![false; names.len()];
+    let interval = options.resolve_interval;
+    let mut follow = Duration::ZERO;
     loop {
         for (i, (host, port)) in names.iter().enumerate() {
             let lookup = options.resolver.resolve(host, *port);
@@ -280,7 +297,20 @@ async fn resolve_loop(fleet: Arc<Fleet>) {
         }
         let listed = resolve::listed(&last);
         fleet.with(|n, now| n.update(&listed, now));
-        tokio::time::sleep(options.resolve_interval).await;
+        let mut pause = interval;
+        if !follow.is_zero() {
+            pause = pause.min(follow);
+            follow = Some(follow * 2)
+                .filter(|&next| next < interval)
+                .unwrap_or_default();
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = fleet.resolve_soon.notified() => {
+                follow = RESOLVE_SOON * 2;
+                tokio::time::sleep(RESOLVE_SOON.min(interval)).await;
+            }
+        }
     }
 }
 

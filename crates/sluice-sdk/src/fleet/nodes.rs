@@ -71,6 +71,9 @@ pub(crate) struct Nodes {
     /// Bumped when liveness changes (join, leave, live, down, hold): slots backing off
     /// look again.
     pub(crate) topology: u64,
+    /// A node was lost (its up link ended, or it went down) since the fleet last looked:
+    /// the resolver looks at the names again soon.
+    pub(crate) suspect: bool,
 }
 
 impl Nodes {
@@ -87,6 +90,7 @@ impl Nodes {
             joined: Vec::new(),
             removed: Vec::new(),
             topology: 0,
+            suspect: false,
         }
     }
 
@@ -235,7 +239,7 @@ impl Nodes {
         let Some(node) = self.node(addr) else {
             return false;
         };
-        node.link = None;
+        let was_up = node.link.take().is_some();
         node.fresh_link = false;
         node.awaited = None;
         // A link this side closed (shutdown) is no loss.
@@ -243,6 +247,8 @@ impl Nodes {
             node.lost_since = Some(now);
         }
         let outage = !node.draining;
+        // An up link that ended may be a node gone away, or back at another address.
+        self.suspect |= was_up && !stopping;
         // A node that left with its link up was asked to retire; now the SDK closes instead.
         self.sweep();
         self.topology += 1;
@@ -315,6 +321,7 @@ impl Nodes {
 
     /// The node is down: not live, its share moves, and the SDK closes its sessions.
     fn down(&mut self, addr: SocketAddr, why: &str, now: Instant) {
+        self.suspect = true;
         let Some(node) = self.node(addr) else { return };
         node.live_link = false;
         node.down = true;

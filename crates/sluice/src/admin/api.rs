@@ -15,8 +15,8 @@ use serde::Deserialize;
 use serde_json::json;
 use sluice_config::admin::{
     AcceptorStatus, CertificateStatus, ClusterStatus, ConsumerSliceStatus, ConsumerStatus,
-    EndpointStatus, InstanceDrain, InstanceStatus, ListenerStatus, RelayStatus, SliceStatus,
-    Status,
+    EndpointStatus, InstanceDrain, InstanceStatus, ListenerStatus, NameStatus, RelayStatus,
+    SliceStatus, Status,
 };
 use tokio::net::TcpListener;
 use tracing::info;
@@ -429,7 +429,23 @@ fn static_status(name: &str, c: &StaticCluster) -> ClusterStatus {
             in_flight: count(e.in_flight()),
         })
         .collect();
-    ClusterStatus::static_cluster(name, c.has_health_check(), endpoints)
+    let mut status = ClusterStatus::static_cluster(name, c.has_health_check(), endpoints);
+    let names = c.followed_names();
+    if !names.is_empty() {
+        status.names = Some(names.iter().map(name_status).collect());
+    }
+    status
+}
+
+/// A followed endpoint name: its addresses and lookups.
+fn name_status(n: &crate::upstream::static_cluster::FollowedName) -> NameStatus {
+    NameStatus {
+        name: n.name.clone(),
+        addrs: n.addrs.iter().map(ToString::to_string).collect(),
+        failures: u64::from(n.failures),
+        last_error: n.last_error.clone(),
+        next_in_ms: u64::try_from(n.next_in.as_millis()).unwrap_or(u64::MAX),
+    }
 }
 
 fn count(n: usize) -> u64 {

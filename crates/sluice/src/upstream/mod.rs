@@ -5,6 +5,7 @@
 //! services registered by dialing in.
 
 pub(crate) mod connect;
+pub(crate) mod dns;
 pub(crate) mod exchange;
 mod host;
 pub(crate) mod leased;
@@ -15,6 +16,7 @@ pub(crate) mod tls;
 
 use http::{Request, Response};
 
+pub(crate) use dns::Dns;
 pub(crate) use exchange::Deadline;
 pub(crate) use host::default_host;
 pub use reverse::{ReverseCluster, ReverseSlice};

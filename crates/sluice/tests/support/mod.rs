@@ -215,6 +215,8 @@ pub struct TestProxy {
     pub addrs: Vec<(String, SocketAddr)>,
     pub proxy_clusters: Vec<(String, sluice::Upstream)>,
     pub metrics: std::sync::Arc<sluice::Metrics>,
+    /// The admin API's address, when the config has `[admin]`.
+    pub admin: Option<SocketAddr>,
     shutdown: Shutdown,
     pub task: JoinHandle<()>,
 }
@@ -232,6 +234,7 @@ impl TestProxy {
             .map(|k| (k.clone(), proxy.cluster(k).unwrap().clone()))
             .collect();
         let metrics = std::sync::Arc::clone(proxy.metrics());
+        let admin = proxy.admin_addr();
         let shutdown = Shutdown::new();
         let signal = shutdown.signal();
         let task = tokio::spawn(proxy.run_until(async move { signal.wait().await }));
@@ -239,6 +242,7 @@ impl TestProxy {
             addrs,
             proxy_clusters,
             metrics,
+            admin,
             shutdown,
             task,
         }
@@ -371,5 +375,6 @@ pub async fn h2_send(
 }
 
 /// Static-cluster helpers: observed backends, raw-TCP backends, refusing ports, waiting.
+pub mod dns;
 pub mod upstream;
 pub mod wire;

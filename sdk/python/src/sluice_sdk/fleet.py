@@ -30,10 +30,6 @@ REBALANCE_LOG_EVERY = 1.0
 #: After a plan that moved a session for demand (step 5 of the split), plans move none for
 #: demand this long: at most one such move a second, however often ``DEMAND`` comes.
 MOVE_HOLD = 1.0
-#: A node closes idle sessions as ``RETIRE`` arrives and owes only busy ones; asked sessions
-#: still idle here this long after are taken as not retiring (the line was lost, or the node
-#: spent it on another session that ended), and the next plan asks again.
-RETIRE_WAIT = 1.0
 
 
 class Timer(Protocol):
@@ -103,8 +99,6 @@ class Node:
     """Sessions held here: registered or being dialed."""
     asked: int = 0
     """Registered sessions the node was asked to retire (``RETIRE``) that have not ended."""
-    asked_at: float = 0.0
-    """Loop time of the last ``RETIRE``."""
     local: int = 0
     """Sessions this SDK still has to close itself: idle ones now, busy ones after their
     response, new ones as they register."""
@@ -214,6 +208,9 @@ class Fleet:
         self._moved_at = float("-inf")
         #: Every listed node refused its link for good: the error ``wait_registered`` raises.
         self.failed: SluiceError | None = None
+        #: Called when a node is lost (its link ended, or it went down): the resolver
+        #: (``links.Discovery``) looks at the name again soon.
+        self.suspect: Callable[[], object] = lambda: None
 
     @property
     def capacity(self) -> int:
@@ -291,25 +288,12 @@ class Fleet:
         holds the instance since this link or a later one."""
         node.demand = control.smooth(node.demand, demand.sample)
         node.waited_until = 0.0
-        self._reconcile(node, self.clock.time())
         if node.block is not None and gen > node.block_gen:
             log.info("node %s takes sessions again (it was %s)", node, node.block)
             node.block = None
         self._present(node)
         node.heard = True
         self.plan()
-
-    @staticmethod
-    def _reconcile(node: Node, now: float) -> None:
-        """Counts as asked no more sessions than are busy here, once the node has had
-        ``RETIRE_WAIT`` to close the idle ones."""
-        if not node.asked or now - node.asked_at < RETIRE_WAIT:
-            return
-        busy = sum(1 for s in node.open if not s.retired and not s.idle)
-        if node.asked > busy:
-            log.debug("node %s left %d asked sessions open: asking again", node,
-                      node.asked - busy)
-            node.asked = busy
 
     def floor(self, node: Node, gen: int, on: bool) -> None:
         """``FLOOR`` on link ``gen``: whether the node counts on this instance for its floor.
@@ -331,6 +315,8 @@ class Fleet:
         if node.link_gen == gen and node.writer is not None:
             node.writer = None
             self._absent(node, why)
+            if not self.stopping:
+                self.suspect()
             self.plan()
 
     def link_failed(self, node: Node, error: SluiceError) -> None:
@@ -415,6 +401,7 @@ class Fleet:
         expected to go (one info line); one held drained said so already."""
         self._cancel_grace(node)
         node.down = True
+        self.suspect()
         if node.block is None:
             log.warning("node %s is down: %s; its share moves to the others (one line per "
                         "outage)", node, why)
@@ -466,8 +453,9 @@ class Fleet:
             assert node.writer is not None
             now = min(surplus, max(node.unasked, 0))
             if now:
+                # Asked once: the node closes them as their requests end, however long that
+                # takes; a link that ends takes what it asked with it (``link_up``).
                 node.writer.write(control.retire(now))
-                node.asked_at = self.clock.time()
             node.asked += now
             node.unborn += surplus - now
         elif node.legacy or not node.live:

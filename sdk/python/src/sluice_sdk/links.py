@@ -18,6 +18,10 @@ from .options import Options, Resolver
 
 log = logging.getLogger("sluice_sdk")
 
+#: How long after a node is lost its name is resolved again (protocol/README.md, "The
+#: acceptor address"): the first of the follow-ups that double up to ``resolve_interval``.
+RESOLVE_SOON = 1.0
+
 
 async def keep_link(fleet: Fleet, node: Node, options: Options) -> None:
     """Keeps ``node``'s control link until cancelled: a link that ends (or is silent for
@@ -136,17 +140,31 @@ class Discovery:
 
     async def run(self, fleet: Fleet) -> None:
         """Resolves now and every ``resolve_interval`` (sooner, with backoff, while a name
-        fails and no node is known), updating ``fleet``; until cancelled."""
-        failures = 0
+        fails and no node is known), updating ``fleet``; until cancelled. A node lost (its
+        link ended, or it went down) is a change suspected: the name is resolved again
+        ``RESOLVE_SOON`` later, then after twice as long each time until the pause reaches
+        ``resolve_interval``, so a node back under a new address is found within seconds."""
+        soon = asyncio.Event()
+        fleet.suspect = soon.set
+        failures, follow = 0, 0.0
+        interval = self.options.resolve_interval
         while True:
             fleet.update(await self.resolve())
-            pause = self.options.resolve_interval
+            pause = interval
             if self._failing is not None and not fleet.nodes:
                 pause = min(pause, self.options.backoff.delay(failures))
                 failures += 1
             else:
                 failures = 0
-            await asyncio.sleep(pause)
+            if follow:
+                pause, follow = min(pause, follow), (2 * follow if 2 * follow < interval else 0.0)
+            try:
+                await asyncio.wait_for(soon.wait(), pause)
+            except asyncio.TimeoutError:
+                continue
+            soon.clear()
+            follow = 2 * RESOLVE_SOON
+            await asyncio.sleep(min(RESOLVE_SOON, interval))
 
 
 def _endpoints(pairs: Sequence[tuple[str, int]], name: str) -> list[Endpoint]:

@@ -28,6 +28,8 @@ pub struct Endpoint {
     healthy: AtomicBool,
     /// Set when the endpoint was removed from its cluster: nothing new is sent to it.
     removed: AtomicBool,
+    /// Added by DNS while health checks run: out of rotation until its first check passes.
+    pending: AtomicBool,
     /// Idle keep-alive connections, most recently used at the back.
     idle: Mutex<VecDeque<IdleConn>>,
     /// Idle keep-alive connections of the HTTP/1 fast path (plain sockets), likewise.
@@ -63,6 +65,7 @@ impl Endpoint {
             ejections: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             removed: AtomicBool::new(false),
+            pending: AtomicBool::new(false),
             idle: Mutex::new(VecDeque::new()),
             raw_idle: Mutex::new(VecDeque::new()),
             metrics: super::metrics::EndpointMetrics::default(),
@@ -147,6 +150,17 @@ impl Endpoint {
         if self.connect_failures.load(Ordering::Relaxed) != 0 {
             self.connect_failures.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// Out of rotation until its first health check passes (an address DNS just gave).
+    pub(crate) fn set_pending(&self) {
+        self.pending.store(true, Ordering::Relaxed);
+        self.healthy.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether it waits for its first passing check; true only the first time it is asked.
+    pub(crate) fn take_pending(&self) -> bool {
+        self.pending.swap(false, Ordering::Relaxed)
     }
 
     pub(crate) fn set_healthy(&self, healthy: bool) {

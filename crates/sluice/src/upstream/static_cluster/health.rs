@@ -67,7 +67,9 @@ async fn check_loop(
             }
         }
         let now = Instant::now();
-        if passes >= check.healthy_threshold && !endpoint.is_healthy() {
+        // A pending endpoint (just given by DNS) joins on its first pass.
+        let joins = (passes > 0 && endpoint.take_pending()) || passes >= check.healthy_threshold;
+        if joins && !endpoint.is_healthy() {
             endpoint.set_healthy(true);
             log.changed(true, now);
         } else if fails >= check.unhealthy_threshold && endpoint.is_healthy() {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -29,6 +30,19 @@ struct ConnectLabels {
     result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NameLabels {
+    cluster: String,
+    name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResolutionLabels {
+    cluster: String,
+    name: String,
+    result: &'static str,
+}
+
 /// New connections to static-cluster endpoints. The default counts into a family nobody
 /// scrapes (a cluster built outside a proxy that registered it).
 #[derive(Clone, Debug)]
@@ -36,6 +50,9 @@ pub struct StaticMetrics {
     connects: Family<ConnectLabels, Counter>,
     responses: Family<ResponseLabels, Counter>,
     response_time: Histograms<EndpointLabels>,
+    resolutions: Family<ResolutionLabels, Counter>,
+    changes: Family<NameLabels, Counter>,
+    addresses: Family<NameLabels, Gauge>,
 }
 
 impl Default for StaticMetrics {
@@ -44,6 +61,9 @@ impl Default for StaticMetrics {
             connects: Family::default(),
             responses: Family::default(),
             response_time: Family::new_with_constructor(latency),
+            resolutions: Family::default(),
+            changes: Family::default(),
+            addresses: Family::default(),
         }
     }
 }
@@ -67,7 +87,42 @@ impl StaticMetrics {
             "Time from sending a request to a static endpoint to its response head",
             metrics.response_time.clone(),
         );
+        registry.register(
+            "upstream_dns_resolutions",
+            "Lookups of endpoint names that follow DNS (`resolve`), by cluster, name and result (ok, nxdomain, no_records, timeout, error)",
+            metrics.resolutions.clone(),
+        );
+        registry.register(
+            "upstream_dns_changes",
+            "Lookups of endpoint names whose addresses differed from the name's last ones",
+            metrics.changes.clone(),
+        );
+        registry.register(
+            "upstream_dns_addresses",
+            "The addresses an endpoint name has now (its last successful lookup's)",
+            metrics.addresses.clone(),
+        );
         metrics
+    }
+
+    /// One followed name's series.
+    pub(super) fn name(&self, cluster: &str, name: &str) -> NameMetrics {
+        let labels = NameLabels {
+            cluster: cluster.to_owned(),
+            name: name.to_owned(),
+        };
+        let ok = ResolutionLabels {
+            cluster: cluster.to_owned(),
+            name: name.to_owned(),
+            result: "ok",
+        };
+        NameMetrics {
+            ok: self.resolutions.get_or_create(&ok).clone(),
+            failed: self.resolutions.clone(),
+            changes: self.changes.get_or_create(&labels).clone(),
+            addresses: self.addresses.get_or_create(&labels).clone(),
+            labels,
+        }
     }
 
     /// One endpoint's response counters and latency histogram, created once (a response then
@@ -148,5 +203,37 @@ impl EndpointMetrics {
         let class = usize::from(status / 100).clamp(1, 5) - 1;
         self.by_class[class].inc();
         self.latency.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// What one followed name counts: its lookups by result, its changes and its addresses.
+#[derive(Debug)]
+pub(super) struct NameMetrics {
+    labels: NameLabels,
+    ok: Counter,
+    failed: Family<ResolutionLabels, Counter>,
+    changes: Counter,
+    addresses: Gauge,
+}
+
+impl NameMetrics {
+    /// A lookup that found `addresses` addresses; `changed`: others than the last time.
+    pub(super) fn resolved(&self, addresses: usize, changed: bool) {
+        self.ok.inc();
+        if changed {
+            self.changes.inc();
+        }
+        self.addresses
+            .set(i64::try_from(addresses).unwrap_or(i64::MAX));
+    }
+
+    /// A lookup that failed, by its `result` label.
+    pub(super) fn failed(&self, result: &'static str) {
+        let labels = ResolutionLabels {
+            cluster: self.labels.cluster.clone(),
+            name: self.labels.name.clone(),
+            result,
+        };
+        self.failed.get_or_create(&labels).inc();
     }
 }

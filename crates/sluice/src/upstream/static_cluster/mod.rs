@@ -6,12 +6,14 @@
 //! request moves on to another endpoint (the request was not sent, so any method may move).
 
 mod endpoint;
+mod follow;
 mod h2;
 mod health;
 mod lb;
 mod metrics;
 mod pool;
 pub(crate) mod raw;
+mod refresh;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,14 +26,17 @@ use tokio::time::Instant;
 use tracing::debug;
 
 pub use endpoint::Endpoint;
+pub use follow::FollowedName;
 pub use metrics::StaticMetrics;
 pub(crate) use sluice_config::HealthCheck;
 pub use sluice_config::StaticOptions;
 
+use self::follow::Follow;
 use self::lb::Balancer;
 use self::metrics::ConnectCounters;
 use self::pool::Conn;
 use crate::upstream::connect::{connect, connect_http1, Connected};
+use crate::upstream::dns::Dns;
 use crate::upstream::tls::UpstreamTls;
 use sluice_config::UpstreamProtocol;
 use sluice_core::body::ProxyBody;
@@ -68,6 +73,8 @@ struct Inner {
     tls: Option<UpstreamTls>,
     /// `opts.retry`, when it allows retries.
     retry: Option<Arc<Policy>>,
+    /// The endpoint names that follow DNS (`opts.resolve`), if any.
+    follow: Option<Follow>,
 }
 
 impl StaticCluster {
@@ -83,15 +90,24 @@ impl StaticCluster {
     }
 
     /// Builds the cluster a validated config describes, counting its connects in `metrics`
-    /// and its retries in `retries`.
+    /// and its retries in `retries`. Names that follow DNS (`resolve`) are looked up with
+    /// `dns` once [`resolve_now`](Self::resolve_now) or [`start`](Self::start) runs.
     pub fn from_config(
         name: &str,
         cfg: &sluice_config::StaticCluster,
-        metrics: &StaticMetrics,
-        retries: &RetryMetrics,
+        (metrics, retries): (&StaticMetrics, &RetryMetrics),
+        dns: &Dns,
     ) -> std::io::Result<Self> {
         let endpoints = cfg.endpoints.iter().copied();
-        Self::build(name, endpoints, cfg.options.clone(), metrics, retries)
+        let mut cluster = Self::build(name, endpoints, cfg.options.clone(), metrics, retries)?;
+        if let (Some(bounds), false) = (cfg.options.resolve, cfg.names.is_empty()) {
+            let follow = Follow::new(name, &cfg.names, (dns.clone(), bounds), metrics);
+            let inner = Arc::get_mut(&mut cluster.inner).ok_or_else(|| {
+                std::io::Error::other("a cluster being built has no other handle")
+            })?;
+            inner.follow = Some(follow);
+        }
+        Ok(cluster)
     }
 
     /// As [`new`](Self::new), counting new connections in `metrics`.
@@ -135,6 +151,7 @@ impl StaticCluster {
             connects: metrics.cluster(&name),
             metrics: metrics.clone(),
             name,
+            follow: None,
         };
         Ok(Self {
             inner: Arc::new(inner),
@@ -165,37 +182,45 @@ impl StaticCluster {
     }
 
     /// Adds an endpoint; returns false if it was already there. Takes effect for the next
-    /// request; requests in flight are not affected.
+    /// request; requests in flight are not affected. An address added so stays when DNS no
+    /// longer gives it for a followed name.
     pub fn add_endpoint(&self, addr: SocketAddr) -> bool {
-        let counted = self.inner.metrics.endpoint(&self.inner.name, addr);
-        let endpoint = Arc::new(Endpoint::with_metrics(addr, counted));
-        let mut added = false;
-        self.inner.endpoints.rcu(|list| {
-            added = !list.iter().any(|e| e.addr() == addr);
-            let mut next = list.as_ref().clone();
-            if added {
-                next.push(Arc::clone(&endpoint));
-            }
-            next
-        });
-        if added && self.inner.tasks_started.load(Ordering::Acquire) {
-            health::spawn(&self.inner, endpoint);
+        if let Some(follow) = &self.inner.follow {
+            follow.disown(addr);
         }
-        added
+        insert_endpoint(&self.inner, addr, false)
     }
 
     /// Removes an endpoint; returns false if it was not there. Requests in flight to it
     /// finish; its idle connections are closed and it receives nothing new.
     pub fn remove_endpoint(&self, addr: SocketAddr) -> bool {
-        let mut removed = None;
-        self.inner.endpoints.rcu(|list| {
-            removed = list.iter().find(|e| e.addr() == addr).cloned();
-            list.iter()
-                .filter(|e| e.addr() != addr)
-                .cloned()
-                .collect::<Vec<_>>()
-        });
-        removed.map(|e| e.remove()).is_some()
+        if let Some(follow) = &self.inner.follow {
+            follow.disown(addr);
+        }
+        drop_endpoint(&self.inner, addr)
+    }
+
+    /// Looks up the endpoint names that follow DNS now, all at once, and applies what they
+    /// resolve to; the proxy does it before it serves, so it starts with their addresses.
+    /// Does nothing for a cluster without `resolve`.
+    pub async fn resolve_now(&self) {
+        refresh::resolve_all(&self.inner).await;
+    }
+
+    /// The endpoint names that follow DNS, with their addresses now (empty without
+    /// `resolve`).
+    pub fn followed_names(&self) -> Vec<FollowedName> {
+        self.inner
+            .follow
+            .as_ref()
+            .map(Follow::status)
+            .unwrap_or_default()
+    }
+
+    /// The endpoints that followed names brought in (which DNS may take out again).
+    pub(crate) fn followed_addrs(&self) -> std::collections::BTreeSet<SocketAddr> {
+        let follow = self.inner.follow.as_ref();
+        follow.map(Follow::owned).unwrap_or_default()
     }
 
     /// Sends a request to an endpoint picked by the load-balancing policy.
@@ -221,12 +246,67 @@ impl StaticCluster {
         for endpoint in self.inner.endpoints.load().iter() {
             health::spawn(&self.inner, Arc::clone(endpoint));
         }
+        refresh::spawn(&self.inner);
     }
+}
+
+/// Adds an endpoint at `addr` unless there is one; true if it was added. `pending`: out of
+/// rotation until its first health check passes.
+fn insert_endpoint(inner: &Arc<Inner>, addr: SocketAddr, pending: bool) -> bool {
+    let counted = inner.metrics.endpoint(&inner.name, addr);
+    let endpoint = Arc::new(Endpoint::with_metrics(addr, counted));
+    if pending {
+        endpoint.set_pending();
+    }
+    let mut added = false;
+    inner.endpoints.rcu(|list| {
+        added = !list.iter().any(|e| e.addr() == addr);
+        let mut next = list.as_ref().clone();
+        if added {
+            next.push(Arc::clone(&endpoint));
+        }
+        next
+    });
+    if added && inner.tasks_started.load(Ordering::Acquire) {
+        health::spawn(inner, endpoint);
+    }
+    added
+}
+
+/// Removes the endpoint at `addr`; false if there was none.
+fn drop_endpoint(inner: &Inner, addr: SocketAddr) -> bool {
+    let mut removed = None;
+    inner.endpoints.rcu(|list| {
+        removed = list.iter().find(|e| e.addr() == addr).cloned();
+        list.iter()
+            .filter(|e| e.addr() != addr)
+            .cloned()
+            .collect::<Vec<_>>()
+    });
+    removed.map(|e| e.remove()).is_some()
 }
 
 impl Inner {
     fn now_ms(&self) -> u64 {
         endpoint::millis(self.epoch.elapsed())
+    }
+
+    /// Why no endpoint can take a request: a followed name that never resolved, when the
+    /// cluster has no endpoint at all; else none is usable.
+    fn no_endpoint(&self, endpoints: &[Arc<Endpoint>]) -> ProxyError {
+        let unresolved = match endpoints.is_empty() {
+            true => self.follow.as_ref().and_then(Follow::unresolved),
+            false => None,
+        };
+        let cluster = self.name.clone();
+        match unresolved {
+            Some((name, error)) => ProxyError::Unresolved {
+                cluster,
+                name,
+                why: error.map_or_else(|| "not looked up yet".to_owned(), |e| e.to_string()),
+            },
+            None => ProxyError::NoEndpoint { cluster },
+        }
     }
 
     /// `at` in cluster epoch milliseconds (a clock reading the caller already has).

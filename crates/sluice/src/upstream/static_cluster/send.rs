@@ -184,9 +184,7 @@ where
             log_failure(inner, addr, &e);
             Err(e)
         }
-        None => Err(ProxyError::NoEndpoint {
-            cluster: inner.name.clone(),
-        }),
+        None => Err(inner.no_endpoint(endpoints)),
     }
 }
 
