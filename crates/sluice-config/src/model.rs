@@ -20,6 +20,7 @@ mod basic_auth;
 mod compression;
 mod cors;
 mod dns;
+mod global_rate_limit;
 mod log_template;
 mod rate_limit;
 mod redirect;
@@ -30,6 +31,7 @@ pub use basic_auth::BasicAuth;
 pub use compression::*;
 pub use cors::{Cors, CorsOrigins, OriginMatch};
 pub use dns::{Dns, HostPort, Resolve};
+pub use global_rate_limit::*;
 pub use log_template::{LogField, LogPiece, LogTemplate};
 pub use rate_limit::*;
 pub use redirect::{LocationPiece, LocationTemplate};
@@ -66,6 +68,9 @@ pub struct Config {
     pub clusters: BTreeMap<String, Cluster>,
     /// Split-TCP relays (`[[relay]]`), in file order.
     pub relays: Vec<Relay>,
+    /// External rate-limit services (`[rate_limit_service.NAME]`) by name, which routes'
+    /// `global_rate_limit` ask.
+    pub rate_limit_services: BTreeMap<String, RateLimitService>,
     /// How the names of clusters with `resolve` are looked up (`[dns]`).
     pub dns: Dns,
 }
@@ -155,6 +160,9 @@ pub struct Route {
     pub max_request_body: Option<u64>,
     /// Requests per client (or per a field's value) over time; `None`: unlimited.
     pub rate_limit: Option<RateLimit>,
+    /// A limit shared by every node, kept by an external rate-limit service, asked after
+    /// `rate_limit` (and after `basic_auth`); `None`: none.
+    pub global_rate_limit: Option<GlobalRateLimit>,
     /// The users who may use the route (HTTP Basic authentication); `None`: anyone.
     pub basic_auth: Option<BasicAuth>,
     /// Which web origins may call the route from a browser; `None`: Sluice leaves CORS to the

@@ -35,7 +35,36 @@ pub(crate) struct RawConfig {
     pub(crate) cluster: BTreeMap<Spanned<String>, RawCluster>,
     #[serde(default)]
     pub(crate) relay: Vec<Spanned<RawRelay>>,
+    #[serde(default)]
+    pub(crate) rate_limit_service: BTreeMap<Spanned<String>, Spanned<RawRateLimitService>>,
     pub(crate) dns: Option<RawDns>,
+}
+
+/// `[rate_limit_service.NAME]`: an external rate-limit service (Envoy's protocol).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRateLimitService {
+    pub(crate) address: Spanned<String>,
+    pub(crate) domain: Spanned<String>,
+    pub(crate) timeout: Option<Timeout>,
+    pub(crate) failure_mode: Option<Spanned<String>>,
+}
+
+/// A route's `global_rate_limit = { service, descriptors }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawGlobalRateLimit {
+    pub(crate) service: Spanned<String>,
+    pub(crate) descriptors: Spanned<Vec<Spanned<Vec<Spanned<RawDescriptorEntry>>>>>,
+}
+
+/// One entry of a descriptor: `{ key, from }` or `{ key, value }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDescriptorEntry {
+    pub(crate) key: Option<Spanned<String>>,
+    pub(crate) from: Option<Spanned<String>>,
+    pub(crate) value: Option<Spanned<String>>,
 }
 
 /// `[dns]`: where names of clusters with `resolve` are looked up.
@@ -158,6 +187,7 @@ pub(crate) struct RawRoute {
     pub(crate) max_request_body: Option<Spanned<Size>>,
     pub(crate) rewrite: Option<Spanned<RawRewrite>>,
     pub(crate) rate_limit: Option<Spanned<RawRateLimit>>,
+    pub(crate) global_rate_limit: Option<Spanned<RawGlobalRateLimit>>,
     pub(crate) basic_auth: Option<Spanned<RawBasicAuth>>,
     pub(crate) cors: Option<Spanned<RawCors>>,
     pub(crate) compression: Option<RawCompression>,

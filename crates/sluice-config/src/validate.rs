@@ -7,6 +7,7 @@ mod cluster;
 mod compression;
 mod cors;
 mod dns;
+mod global_rate_limit;
 mod handoff;
 mod kind_keys;
 mod rate_limit;
@@ -93,7 +94,8 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         .iter_mut()
         .map(|r| r.get_mut().slice.take())
         .collect();
-    let mut routes = route::routes(ctx, raw.route, &clusters)?;
+    let rate_limit_services = global_rate_limit::services(ctx, raw.rate_limit_service)?;
+    let mut routes = route::routes(ctx, raw.route, &clusters, &rate_limit_services)?;
     acceptor::slices(ctx, &mut routes, slices, &clusters)?;
     Ok(Config {
         source: ctx.origin.to_owned(),
@@ -108,6 +110,7 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
         routes,
         clusters,
         relays,
+        rate_limit_services,
         dns,
     })
 }

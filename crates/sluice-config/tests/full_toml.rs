@@ -61,6 +61,15 @@ const TABLES: &[(&str, &str)] = &[
     ("cluster.h2", "[cluster.c]\nh2 = { zz_probe = 1 }"),
     ("cluster.resolve", "[cluster.c]\nresolve = { zz_probe = 1 }"),
     ("relay", "[[relay]]\nzz_probe = 1"),
+    ("rate_limit_service", "[rate_limit_service.s]\nzz_probe = 1"),
+    (
+        "route.global_rate_limit",
+        "[[route]]\nglobal_rate_limit = { zz_probe = 1 }",
+    ),
+    (
+        "route.global_rate_limit.descriptors",
+        "[[route]]\nglobal_rate_limit = { descriptors = [[{ zz_probe = 1 }]] }",
+    ),
 ];
 
 /// The keys `table` accepts, from the model's refusal of an unknown one: "unknown field
@@ -84,14 +93,16 @@ fn accepted_keys(table: &str, probe: &str) -> Vec<String> {
     keys
 }
 
-/// The table a header line opens (commented out or not), as a dotted path with cluster names
-/// dropped: `[[listener]]` → `listener`, `# [cluster.api.pool]` → `cluster.pool`.
+/// The table a header line opens (commented out or not), as a dotted path with cluster and
+/// service names dropped: `[[listener]]` → `listener`, `# [cluster.api.pool]` →
+/// `cluster.pool`, `[rate_limit_service.fleet]` → `rate_limit_service`.
 fn header_path(line: &str) -> Option<String> {
     let line = line.trim_start_matches('#').trim();
     let inner = line.strip_prefix('[')?.split(']').next()?;
     let inner = inner.trim_start_matches('[');
     let mut parts: Vec<&str> = inner.split('.').collect();
-    if parts.first() == Some(&"cluster") && parts.len() >= 2 {
+    let named = ["cluster", "rate_limit_service"];
+    if parts.first().is_some_and(|p| named.contains(p)) && parts.len() >= 2 {
         parts.remove(1);
     }
     Some(parts.join("."))

@@ -152,6 +152,7 @@ mod tests {
             method: &Method::GET,
             fields: &fields,
             client: [127, 0, 0, 1].into(),
+            path: "/",
         };
         let admission = admit(features, &asked).await;
         let outcome = format!("{:?}", admission.outcome);
@@ -202,6 +203,7 @@ mod tests {
             method: &Method::OPTIONS,
             fields: &fields,
             client: [127, 0, 0, 1].into(),
+            path: "/",
         };
         let admission = admit(&features, &asked).await;
         let Outcome::Answer(answer) = admission.outcome else {

@@ -110,12 +110,16 @@ pub enum ProxyError {
     /// The request is malformed in a way hyper let through but a proxy must refuse.
     #[error("{0}")]
     BadRequest(&'static str),
-    /// The route's `rate_limit` has no token left for the request's client (or key); one is
-    /// back in `retry_after` seconds.
+    /// The route's `rate_limit` has no token left for the request's client (or key), or its
+    /// `global_rate_limit`'s service answered over the limit; a retry may pass in
+    /// `retry_after` seconds.
     #[error("too many requests")]
     RateLimited {
         /// Seconds until the client may try again (`Retry-After`).
         retry_after: u32,
+        /// More fields of the answer (a rate-limit service's, e.g. `X-RateLimit-Limit`);
+        /// none for the route's own limit.
+        fields: Box<[(HeaderName, HeaderValue)]>,
     },
     /// The route's `basic_auth` did not find a user's credentials in the request.
     #[error("authentication required")]
@@ -220,7 +224,7 @@ impl ProxyError {
     /// Seconds a client should wait before retrying, when the failure is temporary.
     pub fn retry_after(&self) -> Option<u32> {
         match self {
-            Self::Unavailable { retry_after, .. } | Self::RateLimited { retry_after } => {
+            Self::Unavailable { retry_after, .. } | Self::RateLimited { retry_after, .. } => {
                 Some(*retry_after)
             }
             // Services that are starting register within seconds.
@@ -274,6 +278,9 @@ impl ProxyError {
         )];
         if let Some(secs) = self.retry_after() {
             fields.push((header::RETRY_AFTER, HeaderValue::from(secs)));
+        }
+        if let Self::RateLimited { fields: more, .. } = self {
+            fields.extend(more.iter().cloned());
         }
         if let Self::Unauthorized { realm } = self {
             // The configuration allows no quote, backslash or control character in a realm.

@@ -36,6 +36,7 @@ pub mod client;
 pub mod compression;
 pub mod cors;
 pub mod fields;
+pub mod global_limit;
 pub mod grpc;
 pub mod headers;
 pub mod rate_limit;

@@ -115,6 +115,7 @@ impl RateLimit {
             let wait = not_until.wait_time_from(self.buckets.clock().now());
             ProxyError::RateLimited {
                 retry_after: retry_after(wait),
+                fields: Box::default(),
             }
         })
     }
@@ -221,7 +222,7 @@ mod tests {
             assert!(l.check(ip("192.0.2.1"), None).is_ok());
         }
         match l.check(ip("192.0.2.1"), None) {
-            Err(ProxyError::RateLimited { retry_after }) => assert_eq!(retry_after, 10),
+            Err(ProxyError::RateLimited { retry_after, .. }) => assert_eq!(retry_after, 10),
             other => panic!("{other:?}"),
         }
         assert!(

@@ -8,11 +8,13 @@ use crate::route_feature::{Registration, RouteFeature};
 
 /// Every route feature built from configuration, in the order their hooks run: the rate
 /// limit (cheap refusals first), the CORS preflight (which carries no credentials, so it is
-/// answered before they are asked for), then the route's users.
+/// answered before they are asked for), the route's users, then the global rate limit (a
+/// call to a remote service, made only for requests every other feature let through).
 pub static REGISTERED: &[Registration] = &[
     crate::rate_limit::REGISTRATION,
     crate::cors::REGISTRATION,
     crate::basic_auth::REGISTRATION,
+    crate::global_limit::REGISTRATION,
 ];
 
 /// The registered features `route` asks for, built (`kept`: the one of the same key the

@@ -62,6 +62,8 @@ pub struct Asked<'a> {
     pub fields: &'a dyn DynFields,
     /// The client's address.
     pub client: IpAddr,
+    /// The request's path as the client sent it (normalised), without the query.
+    pub path: &'a str,
 }
 
 impl fmt::Debug for Asked<'_> {
@@ -69,6 +71,7 @@ impl fmt::Debug for Asked<'_> {
         f.debug_struct("Asked")
             .field("method", self.method)
             .field("client", &self.client)
+            .field("path", &self.path)
             .finish_non_exhaustive()
     }
 }

@@ -521,6 +521,7 @@ async fn admit(
         method: req.method(),
         fields: req.headers(),
         client: client.peer.ip(),
+        path: req.uri().path(),
     };
     let admission = admission::admit(route.registered(), &asked).await;
     match admission.outcome {

@@ -150,6 +150,9 @@ fn same_but_in_place_parts(a: &Config, b: &Config) -> bool {
     let without = |c: &Config| {
         let mut c = c.clone();
         c.routes.clear();
+        // Each route with a global limit carries its service's definition: a changed one
+        // changes those routes, rebuilt in place.
+        c.rate_limit_services.clear();
         c.source.clear();
         for cluster in c.clusters.values_mut() {
             if let ClusterKind::Static(s) = &mut cluster.kind {

@@ -126,6 +126,26 @@ fn registered(key: &str, dir: &std::path::Path) -> Case {
                         .is_some_and(|v| v == "https://app.example.com")
             },
         },
+        "global_rate_limit" => {
+            // A service that refuses connections, asked with failure_mode "closed": a
+            // transport that skipped the limit would let the request through. (Real services
+            // answer in tests/globallimit.)
+            let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let address = dead.local_addr().unwrap();
+            drop(dead);
+            Case {
+                keys: format!(
+                    "global_rate_limit = {{ service = \"rls\", descriptors = [[{{ from = \"client\" }}]] }}\n\
+                     [rate_limit_service.rls]\naddress = \"{address}\"\ndomain = \"t\"\n\
+                     timeout = \"5s\"\nfailure_mode = \"closed\"\n"
+                ),
+                asks: vec![get("/", vec![])],
+                check: |g| {
+                    g.status == StatusCode::SERVICE_UNAVAILABLE
+                        && g.body.contains("rate-limit service unavailable")
+                },
+            }
+        }
         other => panic!("the registered feature {other} has no case in tests/features.rs: add one"),
     }
 }

@@ -8,7 +8,8 @@ use super::rewrite::{rewrite, status_and_location};
 use super::{secret, Ctx};
 use crate::error::ConfigError;
 use crate::model::{
-    Action, Cluster, DirectResponse, HeaderEdits, HostMatch, Match, Rewrite, Route,
+    Action, Cluster, DirectResponse, HeaderEdits, HostMatch, Match, RateLimitService, Rewrite,
+    Route,
 };
 use crate::raw::{RawDirectResponse, RawHeaderEdits, RawRewrite, RawRoute};
 use crate::values::HeaderTable;
@@ -19,10 +20,11 @@ pub(super) fn routes(
     ctx: Ctx<'_>,
     raw: Vec<Spanned<RawRoute>>,
     clusters: &BTreeMap<String, Cluster>,
+    services: &BTreeMap<String, RateLimitService>,
 ) -> Result<Vec<Route>, ConfigError> {
     raw.into_iter()
         .enumerate()
-        .map(|(i, r)| route(ctx, i + 1, r, clusters))
+        .map(|(i, r)| route(ctx, i + 1, r, (clusters, services)))
         .collect()
 }
 
@@ -30,7 +32,10 @@ fn route(
     ctx: Ctx<'_>,
     index: usize,
     raw: Spanned<RawRoute>,
-    clusters: &BTreeMap<String, Cluster>,
+    (clusters, services): (
+        &BTreeMap<String, Cluster>,
+        &BTreeMap<String, RateLimitService>,
+    ),
 ) -> Result<Route, ConfigError> {
     let span = raw.span();
     let mut raw = raw.into_inner();
@@ -57,6 +62,11 @@ fn route(
             .rate_limit
             .take()
             .map(|r| super::rate_limit::rate_limit(ctx, r))
+            .transpose()?,
+        global_rate_limit: raw
+            .global_rate_limit
+            .take()
+            .map(|g| super::global_rate_limit::global_rate_limit(ctx, g, services))
             .transpose()?,
         basic_auth: raw
             .basic_auth

@@ -173,12 +173,17 @@ name = "api"
 cluster = "a"
 compression = true
 basic_auth = { htpasswd = "users", realm = "api" }
+global_rate_limit = { service = "rls", descriptors = [[{ from = "client" }]] }
+[rate_limit_service.rls]
+address = "127.0.0.1:8081"
+domain = "d"
 "#;
         let config = sluice_config::parse_str(text, "t.toml", dir.path()).expect("parses");
         let refused = RouteTable::unbuilt(&config).map(|e| e.to_string());
         let left_out = [
             ("compression", cfg!(feature = "compression")),
             ("basic-auth", cfg!(feature = "basic-auth")),
+            ("global-rate-limit", cfg!(feature = "global-rate-limit")),
         ];
         let expected = left_out.iter().find(|(_, built)| !built).map(|(f, _)| *f);
         match (refused, expected) {

@@ -349,6 +349,7 @@ async fn admit(route: &Route, req: &Request<'_>, method: &Method) -> Result<(), 
         method,
         fields: &sent,
         client: req.client.peer.ip(),
+        path: req.head.uri.path(),
     };
     match admission::admit(route.registered(), &asked).await.outcome {
         Outcome::Pass => Ok(()),
