@@ -160,7 +160,7 @@ fn digest(name: &str, password: &[u8]) -> [u8; 32] {
     out
 }
 
-/// The registration of a route's `basic_auth` ([`crate::registry::REGISTERED`]), built
+/// The registration of a route's `basic_auth` (`sluice`'s `registry::REGISTERED`), built
 /// with the `basic-auth` cargo feature.
 pub const REGISTRATION: Registration = Registration {
     key: "basic_auth",

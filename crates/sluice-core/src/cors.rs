@@ -200,7 +200,7 @@ impl Dressing {
     }
 }
 
-/// The registration of a route's `cors` ([`crate::registry::REGISTERED`]).
+/// The registration of a route's `cors` (`sluice`'s `registry::REGISTERED`).
 pub const REGISTRATION: Registration = Registration {
     key: "cors",
     cargo_feature: None,

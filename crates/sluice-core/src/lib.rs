@@ -13,7 +13,7 @@
 //!   stripping, forwarding fields, a route's edits), `rewrite` and `redirect` (a route's path
 //!   and `Location`), `grpc` (gRPC's status answers and deadlines).
 //! - Route features: `route_feature` ([`route_feature::RouteFeature`], a feature's phase
-//!   hooks, and its registration), `registry` ([`registry::REGISTERED`], the one list that
+//!   hooks, and its registration; `sluice`'s `registry::REGISTERED` is the one list that
 //!   builds them from configuration): `rate_limit`, `cors`, `basic_auth` (whose hashes run on the blocking
 //!   pool); `admission`, which runs a route's hooks for every transport over a request's
 //!   [`fields::Fields`]. `compression` (the decision; the encoder is `body`'s).
@@ -36,13 +36,11 @@ pub mod client;
 pub mod compression;
 pub mod cors;
 pub mod fields;
-pub mod global_limit;
 pub mod grpc;
 pub mod headers;
 pub mod rate_limit;
 pub mod read_ahead;
 pub mod redirect;
-pub mod registry;
 pub mod request_id;
 pub mod retry;
 pub mod rewrite;

@@ -156,7 +156,7 @@ impl RateLimit {
     }
 }
 
-/// The registration of a route's `rate_limit` ([`crate::registry::REGISTERED`]): a
+/// The registration of a route's `rate_limit` (`sluice`'s `registry::REGISTERED`): a
 /// reload that leaves the route's limit unchanged keeps its buckets.
 pub const REGISTRATION: Registration = Registration {
     key: "rate_limit",

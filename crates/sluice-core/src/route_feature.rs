@@ -1,7 +1,7 @@
 //! [`RouteFeature`]: a route feature as one thing — its rule and the phase hooks every
 //! transport drives — and its [`Registration`], which builds it from a configured route. A
 //! feature added to Sluice is its config, its module (the rule, this trait, a
-//! [`Registration`]) and one line in `registry::REGISTERED`, the one list of them; the router
+//! [`Registration`]) and one line in `sluice`'s `registry::REGISTERED`, the one list of them; the router
 //! tables hold what the registrations built, the admission pipeline (`admission`) runs their hooks in the list's
 //! order, and a transport serves a route only when it drives every hook the route's features
 //! use ([`Hooks`]), so a feature is never skipped: a new one that says nothing uses them all
@@ -136,14 +136,14 @@ pub trait RouteFeature: Any + Send + Sync + fmt::Debug {
         None
     }
 
-    /// Whether the request goes on (hooks run in the order of `registry::REGISTERED`).
+    /// Whether the request goes on (hooks run in the order of `sluice`'s `registry::REGISTERED`).
     fn admit<'a>(&'a self, _asked: &Asked<'a>) -> Verdict<'a> {
         Verdict::Pass
     }
 }
 
 /// How a route's configuration turns into one feature: the single place a feature is
-/// registered (an entry of `registry::REGISTERED`).
+/// registered (an entry of `sluice`'s `registry::REGISTERED`).
 pub struct Registration {
     /// The route's key (`rate_limit`).
     pub key: &'static str,

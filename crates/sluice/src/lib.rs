@@ -70,6 +70,7 @@
 pub(crate) mod access_log;
 pub(crate) mod admin;
 pub(crate) mod app;
+pub(crate) mod global_limit;
 pub(crate) mod metrics;
 pub mod options;
 #[cfg(feature = "otel")]
@@ -118,7 +119,7 @@ pub use sluice_core::route_feature::RouteFeature;
 /// A route feature's hooks ([`RouteFeature`]) and what they see and decide; [`REGISTERED`](route_feature::REGISTERED)
 /// lists Sluice's own, in the order their hooks run.
 pub mod route_feature {
-    pub use sluice_core::registry::REGISTERED;
+    pub use crate::router::registry::REGISTERED;
     pub use sluice_core::route_feature::*;
 }
 pub use sluice_server::fast::FastHttp1;

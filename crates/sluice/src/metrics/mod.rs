@@ -116,7 +116,7 @@ impl Metrics {
     /// The proxy's own metrics registered, at zero.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("sluice");
-        sluice_core::global_limit::register(&mut registry);
+        crate::global_limit::register(&mut registry);
         let requests = Family::default();
         registry.register(
             "requests",

@@ -268,7 +268,7 @@ fn spec_of(r: &sluice_config::Route) -> RouteSpec {
         || r.request_headers != Default::default()
         || r.response_headers != Default::default()
         || r.max_request_body.is_some()
-        || sluice_core::registry::any_wanted(r);
+        || super::registry::any_wanted(r);
     RouteSpec {
         name: r.name.clone(),
         hosts,

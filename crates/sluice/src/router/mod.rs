@@ -5,6 +5,7 @@
 
 mod live;
 mod matcher;
+pub(crate) mod registry;
 mod route;
 mod table;
 

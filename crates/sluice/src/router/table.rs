@@ -6,9 +6,9 @@ use std::sync::Arc;
 use sluice_config::{Action, Config};
 
 use super::matcher::Matcher;
+use super::registry;
 use super::route::{Direct, RequestHead, Route, Routing, Target};
 use crate::upstream::Upstream;
-use sluice_core::registry;
 use sluice_core::route_feature::RouteFeature;
 
 /// The feature a route had before a reload, by the route and the feature's key.

@@ -42,7 +42,7 @@ fn families() -> &'static Families {
 }
 
 /// Shows the global limits' families in `registry`.
-pub fn register(registry: &mut Registry) {
+pub(crate) fn register(registry: &mut Registry) {
     let f = families();
     registry.register(
         "global_rate_limit_calls",

@@ -4,22 +4,22 @@
 
 use std::sync::Arc;
 
-use crate::route_feature::{Registration, RouteFeature};
+use sluice_core::route_feature::{Registration, RouteFeature};
 
 /// Every route feature built from configuration, in the order their hooks run: the rate
 /// limit (cheap refusals first), the CORS preflight (which carries no credentials, so it is
 /// answered before they are asked for), the route's users, then the global rate limit (a
 /// call to a remote service, made only for requests every other feature let through).
 pub static REGISTERED: &[Registration] = &[
-    crate::rate_limit::REGISTRATION,
-    crate::cors::REGISTRATION,
-    crate::basic_auth::REGISTRATION,
+    sluice_core::rate_limit::REGISTRATION,
+    sluice_core::cors::REGISTRATION,
+    sluice_core::basic_auth::REGISTRATION,
     crate::global_limit::REGISTRATION,
 ];
 
 /// The registered features `route` asks for, built (`kept`: the one of the same key the
 /// route had before, if any).
-pub fn build(
+pub(crate) fn build(
     route: &sluice_config::Route,
     kept: impl Fn(&'static str) -> Option<Arc<dyn RouteFeature>>,
 ) -> Vec<Arc<dyn RouteFeature>> {
@@ -31,11 +31,11 @@ pub fn build(
 }
 
 /// The first registered feature `route` asks for that this build leaves out.
-pub fn unbuilt(route: &sluice_config::Route) -> Option<&'static Registration> {
+pub(crate) fn unbuilt(route: &sluice_config::Route) -> Option<&'static Registration> {
     REGISTERED.iter().find(|r| !r.built && (r.wanted)(route))
 }
 
 /// Whether `route` asks for any registered feature.
-pub fn any_wanted(route: &sluice_config::Route) -> bool {
+pub(crate) fn any_wanted(route: &sluice_config::Route) -> bool {
     REGISTERED.iter().any(|r| (r.wanted)(route))
 }

@@ -20,7 +20,7 @@ mod metrics;
 #[cfg(feature = "global-rate-limit")]
 mod proto;
 
-pub use metrics::register;
+pub(crate) use metrics::register;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,14 +30,14 @@ use http::{HeaderName, HeaderValue};
 use sluice_config::{EntryValue, FailureMode, GlobalRateLimit};
 use tracing::{debug, warn};
 
-use crate::error::ProxyError;
-use crate::route_feature::{Asked, Hooks, Registration, RouteFeature, Verdict as Decided};
+use sluice_core::error::ProxyError;
+use sluice_core::route_feature::{Asked, Hooks, Registration, RouteFeature, Verdict as Decided};
 
 /// The longest descriptor value sent whole (a field's value is the client's to choose).
 const MAX_VALUE_BYTES: usize = 256;
 
 /// `global_rate_limit`: asked after every other feature let the request through.
-pub const REGISTRATION: Registration = Registration {
+pub(crate) const REGISTRATION: Registration = Registration {
     key: "global_rate_limit",
     cargo_feature: Some("global-rate-limit"),
     built: cfg!(feature = "global-rate-limit"),
@@ -71,7 +71,7 @@ impl RouteFeature for GlobalLimit {
 }
 
 /// One route's global limit: what it asks, and its channel to the service.
-pub struct GlobalLimit {
+pub(crate) struct GlobalLimit {
     config: GlobalRateLimit,
     route: String,
     counters: metrics::Counters,
@@ -117,7 +117,7 @@ enum Failure {
 
 impl GlobalLimit {
     /// The limit of the route named `route`; the channel connects on its first request.
-    pub fn new(route: &str, config: &GlobalRateLimit) -> Self {
+    pub(crate) fn new(route: &str, config: &GlobalRateLimit) -> Self {
         Self {
             counters: metrics::Counters::new(&config.service.name, route),
             config: config.clone(),
