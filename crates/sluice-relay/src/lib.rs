@@ -207,6 +207,7 @@ impl Relay {
             .sockmap
             .then(|| open_kernel(&config.name))
             .flatten();
+        stats.sockmap.store(u64::from(kernel.is_some()), Relaxed);
         let handler = Arc::new(Handler {
             name: config.name.clone(),
             role,

@@ -131,6 +131,12 @@ impl Kernel {
         stats.bytes_up.fetch_add(up, Relaxed);
         let down = copy::copy_ready(upstream, client).await?;
         stats.bytes_down.fetch_add(down, Relaxed);
+        // The kernel takes only established sockets; one that has its peer's FIN already
+        // would fail its insertion, maybe after the other's, whose bytes meanwhile would be
+        // delivered to the map's own queue and lost when it left the map.
+        if !(sys::established(client)? && sys::established(upstream)?) {
+            return Err(io::Error::other("a socket is no longer established"));
+        }
         let base = [sys::written(client)?, sys::written(upstream)?];
         let cookies = [
             rustix::net::sockopt::socket_cookie(client)?,
@@ -374,7 +380,18 @@ mod sys {
         }
     }
 
+    /// Whether `sock` is in `TCP_ESTABLISHED` (`tcpi_state`, the first byte, is 1).
+    pub(super) fn established(sock: impl AsFd) -> io::Result<bool> {
+        let info = tcp_info(sock.as_fd())?;
+        Ok(info[0].to_ne_bytes()[0] == 1)
+    }
+
     fn bytes_acked(fd: BorrowedFd<'_>) -> io::Result<u64> {
+        Ok(tcp_info(fd)?[BYTES_ACKED / 8])
+    }
+
+    /// `TCP_INFO`, as 8-byte words, at least up to `tcpi_bytes_acked`.
+    fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<[u64; 32]> {
         let mut info = [0u64; 32];
         let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
         // SAFETY: `info` is writable for `len` bytes, and `len` is passed by pointer as
@@ -394,7 +411,7 @@ mod sys {
         if (len as usize) < BYTES_ACKED + 8 {
             return Err(io::Error::other("TCP_INFO without tcpi_bytes_acked"));
         }
-        Ok(info[BYTES_ACKED / 8])
+        Ok(info)
     }
 
     fn outq(fd: BorrowedFd<'_>) -> io::Result<u64> {
