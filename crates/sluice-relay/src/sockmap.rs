@@ -126,6 +126,7 @@ impl Kernel {
         self: &Arc<Self>,
         (client, upstream): (&'a TcpStream, &'a TcpStream),
         stats: &Stats,
+        between: &(dyn Fn() + Sync),
     ) -> io::Result<Pipe<'a>> {
         let up = copy::copy_ready(client, upstream).await?;
         stats.bytes_up.fetch_add(up, Relaxed);
@@ -155,7 +156,7 @@ impl Kernel {
             base,
             counted: [AtomicU64::new(0), AtomicU64::new(0)],
         };
-        pipe.insert()?;
+        pipe.insert(between)?;
         Ok(pipe)
     }
 }
@@ -178,7 +179,8 @@ struct Pipe<'a> {
 impl Pipe<'_> {
     /// `ends` first (the program passes bytes of sockets it does not know), then both sockets;
     /// then bytes queued before are handed to the program.
-    fn insert(&self) -> io::Result<()> {
+    /// (`between` runs between the two sockets' insertions: a test's hook.)
+    fn insert(&self, between: &(dyn Fn() + Sync)) -> io::Result<()> {
         let mut maps = self.kernel.lock();
         for side in 0..2 {
             let end = End {
@@ -194,6 +196,9 @@ impl Pipe<'_> {
             maps.socks
                 .set(self.slots[side], sock, 0)
                 .map_err(io::Error::other)?;
+            if side == 0 {
+                between();
+            }
         }
         drop(maps);
         for sock in self.socks {
@@ -315,13 +320,18 @@ pub(crate) async fn relay(
     idle: Duration,
     stats: &Stats,
 ) -> Option<io::Result<()>> {
-    let pipe = match kernel.pipe((client, upstream), stats).await {
+    let pipe = match kernel.pipe((client, upstream), stats, &|| {}).await {
         Ok(pipe) => pipe,
         Err(error) => {
             tracing::debug!(%error, "this connection cannot be spliced by the kernel; forwarding in user space");
             return None;
         }
     };
+    Some(run(&pipe, idle, stats).await)
+}
+
+/// Forwards through `pipe` until both directions have ended, an error, or `idle`.
+async fn run(pipe: &Pipe<'_>, idle: Duration, stats: &Stats) -> io::Result<()> {
     stats.kernel_spliced.fetch_add(1, Relaxed);
     let activity = Activity {
         start: Instant::now(),
@@ -335,10 +345,10 @@ pub(crate) async fn relay(
     };
     let done = tokio::select! {
         done = both => done.map(|_| ()),
-        () = idle_watch(&pipe, &activity, idle, stats) => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
+        () = idle_watch(pipe, &activity, idle, stats) => Err(io::Error::new(io::ErrorKind::TimedOut, "idle timeout")),
     };
     pipe.count(stats);
-    Some(done)
+    done
 }
 
 /// Resolves once the program has counted no byte, and user space moved none, for `idle`. Reads
@@ -441,5 +451,63 @@ mod sys {
             0 => Ok(()),
             _ => Err(io::Error::last_os_error()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A connected pair: (the outside end, the end the relay holds).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let outside = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (inside, _) = listener.accept().await.unwrap();
+        (outside, inside)
+    }
+
+    /// Bytes that reach the client's socket between the two insertions find no peer in the
+    /// map: they and every later byte of that direction are delivered to user space and copied
+    /// there, in order; the other direction stays in the kernel. Needs root (CI runs as root).
+    #[tokio::test]
+    async fn bytes_between_the_insertions_are_copied_in_order() {
+        let kernel = kernel().expect("the sockmap program (needs CAP_BPF and CAP_NET_ADMIN)");
+        let (mut user, client) = pair().await;
+        let (upstream, mut server) = pair().await;
+        let stats = Stats::default();
+        let early = || {
+            SockRef::from(&user).send(b"early").unwrap();
+            // Loopback delivers (and the program judges) within the send, or just after.
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let pipe = kernel
+            .pipe((&client, &upstream), &stats, &early)
+            .await
+            .unwrap();
+        assert_ne!(pipe.end(0).passed, 0, "the early bytes were not passed");
+        assert_eq!(pipe.end(1).passed, 0);
+        let outside = async {
+            user.write_all(b" and later").await.unwrap();
+            user.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            server.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, b"early and later");
+            server.write_all(b"reply").await.unwrap();
+            server.shutdown().await.unwrap();
+            let mut back = Vec::new();
+            user.read_to_end(&mut back).await.unwrap();
+            assert_eq!(back, b"reply");
+        };
+        let (done, ()) = tokio::join!(run(&pipe, Duration::from_secs(30), &stats), outside);
+        done.unwrap();
+        let s = stats.snapshot();
+        assert_eq!((s.bytes_up, s.bytes_down, s.bytes_kernel), (15, 5, 5));
     }
 }
