@@ -43,6 +43,7 @@ pub(crate) async fn write_all(to: &TcpStream, mut buf: &[u8]) -> io::Result<()> 
 
 /// Copies what `from` has ready to read now, without waiting for more; returns how much. Asks
 /// the socket itself (`MSG_DONTWAIT`), not the reactor's possibly stale readiness.
+#[cfg_attr(not(feature = "sockmap"), allow(dead_code))]
 pub(crate) async fn copy_ready(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
     let mut buf = [0u8; 16 * 1024];
     let mut total = 0;
