@@ -103,6 +103,7 @@ pub(crate) struct RawRelay {
     pub(crate) congestion: Option<Spanned<String>>,
     pub(crate) socket_buffer: Option<Spanned<Size>>,
     pub(crate) splice: Option<bool>,
+    pub(crate) sockmap: Option<bool>,
 }
 
 /// `[runtime]`.

@@ -230,3 +230,13 @@ fn a_relay_needs_no_http_listener() {
     assert!(config.listeners.is_empty());
     assert_eq!(config.relays[0].options.idle_timeout.as_secs(), 300);
 }
+
+#[test]
+fn a_relays_sockmap_is_off_unless_asked_for() {
+    let text = "[[relay]]\nname = \"r\"\nlisten = \"127.0.0.1:0\"\nto = \"127.0.0.1:1\"\n";
+    let config = sluice_config::parse_str(text, "t", Path::new(".")).unwrap();
+    assert!(!config.relays[0].options.sockmap);
+    let on = format!("{text}sockmap = true\n");
+    let config = sluice_config::parse_str(&on, "t", Path::new(".")).unwrap();
+    assert!(config.relays[0].options.sockmap);
+}

@@ -5,6 +5,7 @@ use std::io;
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
@@ -13,10 +14,12 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::copy::copy_loop;
+use crate::sockmap::{self, Kernel};
 use crate::stats::Stats;
 
-/// The copy buffer per direction (and the amount asked of one splice).
-const CHUNK: usize = 64 * 1024;
+/// The amount asked of one splice (as much as the copy's buffer).
+const CHUNK: usize = crate::copy::CHUNK;
 
 /// How bytes move between the sockets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,14 +41,21 @@ impl Mode {
 }
 
 /// Relays between `client` and `upstream` until both directions have ended (each EOF passed on
-/// as a write shutdown) or nothing moved for `idle`; bytes are counted into `stats`.
+/// as a write shutdown) or nothing moved for `idle`; bytes are counted into `stats`. With
+/// `kernel` (the `sockmap` key, its program loaded) the kernel moves the bytes (`sockmap`),
+/// unless this connection cannot enter its map.
 pub(crate) async fn relay(
     client: &TcpStream,
     upstream: &TcpStream,
-    mode: Mode,
+    (mode, kernel): (Mode, Option<&Arc<Kernel>>),
     idle: Duration,
     stats: &Stats,
 ) -> io::Result<()> {
+    if let Some(kernel) = kernel {
+        if let Some(done) = sockmap::relay(kernel, client, upstream, idle, stats).await {
+            return done;
+        }
+    }
     let start = Instant::now();
     let activity = AtomicU64::new(0);
     let both = async {
@@ -99,35 +109,6 @@ async fn direction(
     }
     // The peer may already be gone; its own direction reports that.
     let _ = SockRef::from(to).shutdown(Shutdown::Write);
-    Ok(())
-}
-
-/// Copies until EOF through a `CHUNK` buffer.
-async fn copy_loop(from: &TcpStream, to: &TcpStream, moved: &impl Fn(usize)) -> io::Result<()> {
-    let mut buf = vec![0; CHUNK];
-    loop {
-        from.readable().await?;
-        let n = match from.try_read(&mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        };
-        write_all(to, &buf[..n]).await?;
-        moved(n);
-    }
-}
-
-/// Writes all of `buf` to a non-blocking socket.
-pub(crate) async fn write_all(to: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        to.writable().await?;
-        match to.try_write(buf) {
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
     Ok(())
 }
 

@@ -15,16 +15,23 @@
 //!   SYNs seen through a packet socket.
 //! * `tunnel` — the tunnel end: authenticate within a deadline, check `allow`, connect;
 //!   `waiting` — its connections still waiting for their token, under `max_unauthenticated`.
-//! * `forward` — both directions, splice or copy, half-close, idle timeout.
+//! * `forward` — both directions, splice or copy, half-close, idle timeout; `sockmap` — the
+//!   same done by the kernel (a BPF sockmap, the `sockmap` feature and key).
 //! * `tune` — socket options; [`stats`] — the counters behind `/status` and `/metrics`.
 //! * `options` — [`RelayConfig`] and its parts: a relay's settings, plain values the
 //!   application converts its configuration into.
 
+mod copy;
 mod early;
 mod forward;
 mod options;
 mod pool;
 pub mod preamble;
+#[cfg(feature = "sockmap")]
+mod sockmap;
+#[cfg(not(feature = "sockmap"))]
+#[path = "sockmap_off.rs"]
+mod sockmap;
 pub mod stats;
 mod tune;
 mod tunnel;
@@ -75,6 +82,7 @@ pub struct RelayHandle {
     /// An entry relay's pool (configured with `pool > 0`), or a tunnel end's, one per target.
     pools: Vec<Arc<Pool>>,
     early: bool,
+    sockmap: bool,
 }
 
 impl RelayHandle {
@@ -88,6 +96,12 @@ impl RelayHandle {
     pub fn early_connect(&self) -> bool {
         self.early
     }
+
+    /// Whether the kernel forwards the relay's bytes (`sockmap` configured, and its program
+    /// loaded).
+    pub fn sockmap(&self) -> bool {
+        self.sockmap
+    }
 }
 
 #[derive(Debug)]
@@ -97,6 +111,8 @@ struct Handler {
     role: Role,
     opts: RelayOptions,
     stats: Arc<Stats>,
+    /// The sockmap program, with `sockmap` on and loaded.
+    kernel: Option<Arc<sockmap::Kernel>>,
     /// `max_connections`: connections relayed at once (at a tunnel end, authenticated ones).
     relayed: Arc<Semaphore>,
     /// A tunnel end's `max_unauthenticated`: connections still waiting for their token.
@@ -186,9 +202,16 @@ impl Relay {
             Role::Tunnel { end, .. } => Some(Unauthenticated::new(end.max_unauthenticated)),
             Role::Forward { .. } => None,
         };
+        let kernel = config
+            .options
+            .sockmap
+            .then(|| open_kernel(&config.name))
+            .flatten();
+        stats.sockmap.store(u64::from(kernel.is_some()), Relaxed);
         let handler = Arc::new(Handler {
             name: config.name.clone(),
             role,
+            kernel: kernel.clone(),
             relayed: Arc::new(Semaphore::new(opts.max_connections)),
             opts,
             stats: Arc::clone(&stats),
@@ -201,6 +224,7 @@ impl Relay {
             stats,
             pools,
             early,
+            sockmap: kernel.is_some(),
         };
         Ok(Self {
             name: config.name.clone(),
@@ -363,7 +387,12 @@ impl Handler {
             relayed: &self.relayed,
         };
         let pooled = |target| pool::take_for(pools, target);
-        tunnel::serve(client, (end, &pooled), &self.opts, &self.stats, admission)
+        let ctx = tunnel::Context {
+            opts: &self.opts,
+            stats: &self.stats,
+            kernel: self.kernel.as_ref(),
+        };
+        tunnel::serve(client, (end, &pooled), ctx, admission)
             .await
             .map_err(|e| {
                 if let Some(kind) = e.refusal() {
@@ -415,11 +444,22 @@ impl Handler {
         forward::relay(
             client,
             &upstream,
-            forward::Mode::of(&self.opts),
+            (forward::Mode::of(&self.opts), self.kernel.as_ref()),
             self.opts.idle_timeout,
             &self.stats,
         )
         .await
+    }
+}
+
+/// The process's sockmap program, or says why not (once per relay) and returns `None`.
+fn open_kernel(name: &str) -> Option<Arc<sockmap::Kernel>> {
+    match sockmap::kernel() {
+        Ok(kernel) => Some(kernel),
+        Err(error) => {
+            tracing::warn!(relay = %name, %error, "sockmap is off: cannot load the BPF program (needs CAP_BPF and CAP_NET_ADMIN, or root, and a kernel with CONFIG_BPF_STREAM_PARSER); forwarding in user space");
+            None
+        }
     }
 }
 

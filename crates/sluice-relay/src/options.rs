@@ -113,6 +113,10 @@ pub struct RelayOptions {
     /// Forwards with `splice(2)` through a pipe, falling back to a copy through a 64 KiB
     /// buffer where splice fails; false: always the copy.
     pub splice: bool,
+    /// Lets the kernel forward the bytes (a BPF sockmap: no copy, no syscall per chunk), where
+    /// its program can be loaded (CAP_BPF and CAP_NET_ADMIN, the `sockmap` feature); else the
+    /// relay logs why once and forwards as `splice` says.
+    pub sockmap: bool,
 }
 
 #[cfg(test)]

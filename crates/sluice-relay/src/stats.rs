@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// What one relay has done since it started. Every field only grows, except the gauges
-/// `active` and `pool_idle`.
+/// `active`, `pool_idle` and `sockmap`.
 #[derive(Debug, Default)]
 pub struct Stats {
     /// Client connections accepted.
@@ -26,6 +26,14 @@ pub struct Stats {
     pub bytes_up: AtomicU64,
     /// Bytes from the next hop back to clients.
     pub bytes_down: AtomicU64,
+    /// 1 while the kernel forwards the relay's bytes (`sockmap` on and its program loaded), 0
+    /// otherwise: a gauge.
+    pub sockmap: AtomicU64,
+    /// Connections whose bytes the kernel forwarded (`sockmap`).
+    pub kernel_spliced: AtomicU64,
+    /// Of `bytes_up` and `bytes_down`, those the kernel forwarded without user space (`sockmap`),
+    /// as its program counted them.
+    pub bytes_kernel: AtomicU64,
     /// Connects to the next hop (or target) completed, and their total time in microseconds.
     pub connects: AtomicU64,
     /// The sum of connect times, microseconds.
@@ -52,6 +60,9 @@ impl Stats {
             early: self.early.load(Relaxed),
             bytes_up: self.bytes_up.load(Relaxed),
             bytes_down: self.bytes_down.load(Relaxed),
+            sockmap: self.sockmap.load(Relaxed),
+            kernel_spliced: self.kernel_spliced.load(Relaxed),
+            bytes_kernel: self.bytes_kernel.load(Relaxed),
             connects: self.connects.load(Relaxed),
             connect_micros: self.connect_micros.load(Relaxed),
         }
@@ -71,6 +82,9 @@ pub struct Snapshot {
     pub early: u64,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    pub sockmap: u64,
+    pub kernel_spliced: u64,
+    pub bytes_kernel: u64,
     pub connects: u64,
     pub connect_micros: u64,
 }

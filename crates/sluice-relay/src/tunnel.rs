@@ -12,9 +12,11 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::forward::{self, write_all};
+use crate::copy::write_all;
+use crate::forward;
 use crate::options::{RelayOptions, TunnelEnd};
 use crate::preamble::{self, PreambleError};
+use crate::sockmap::Kernel;
 use crate::stats::Stats;
 use crate::waiting::Place;
 
@@ -74,6 +76,14 @@ impl Admission<'_> {
     }
 }
 
+/// What a tunnel end's connection is relayed with.
+pub(crate) struct Context<'a> {
+    pub(crate) opts: &'a RelayOptions,
+    pub(crate) stats: &'a Stats,
+    /// The sockmap program, with `sockmap` on and loaded.
+    pub(crate) kernel: Option<&'a Arc<Kernel>>,
+}
+
 /// Serves one connection to a tunnel end; `pooled` gives a ready connection to a target, when
 /// the end keeps some. The caller closes `peer` after counting the outcome, so a peer that
 /// sees the close can also see the count.
@@ -83,8 +93,11 @@ pub(crate) async fn serve(
         &TunnelEnd,
         &(dyn Fn(SocketAddr) -> Option<TcpStream> + Sync),
     ),
-    opts: &RelayOptions,
-    stats: &Stats,
+    Context {
+        opts,
+        stats,
+        kernel,
+    }: Context<'_>,
     mut admission: Admission<'_>,
 ) -> Result<(), Refused> {
     let mut buf = Vec::with_capacity(preamble::MAX_HELLO + preamble::MAX_TARGET);
@@ -120,7 +133,7 @@ pub(crate) async fn serve(
     write_all(&upstream, &buf).await?;
     stats.bytes_up.fetch_add(buf.len() as u64, Relaxed);
     let mode = forward::Mode::of(opts);
-    forward::relay(peer, &upstream, mode, opts.idle_timeout, stats).await?;
+    forward::relay(peer, &upstream, (mode, kernel), opts.idle_timeout, stats).await?;
     Ok(())
 }
 

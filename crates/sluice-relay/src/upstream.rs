@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::net::TcpStream;
 
-use crate::forward::write_all;
+use crate::copy::write_all;
 use crate::options::{Forward, RelayOptions};
 use crate::preamble;
 use crate::stats::Stats;

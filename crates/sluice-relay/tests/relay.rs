@@ -71,6 +71,7 @@ fn relay(name: &str, role: RelayRole) -> RelayConfig {
         congestion: None,
         socket_buffer: None,
         splice: true,
+        sockmap: false,
     };
     let addr = SocketAddr::from(([127, 0, 0, 1], 0));
     let name = name.to_owned();

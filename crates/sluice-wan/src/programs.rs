@@ -64,9 +64,13 @@ pub fn relay(path: &std::path::Path) -> io::Result<()> {
     runtime.block_on(async {
         let mut relays = Vec::new();
         for r in &config.relays {
-            relays.push(sluice_relay::Relay::bind(&sluice::options::relay::config(
-                r,
-            ))?);
+            let relay = sluice_relay::Relay::bind(&sluice::options::relay::config(r))?;
+            if r.options.sockmap && !relay.handle().sockmap() {
+                return Err(io::Error::other(
+                    "sockmap = true, but its program did not load (run as root)",
+                ));
+            }
+            relays.push(relay);
         }
         println!("ready");
         io::stdout().flush()?;

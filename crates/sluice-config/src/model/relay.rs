@@ -121,6 +121,10 @@ pub struct RelayOptions {
     /// Forwards with `splice(2)` through a pipe (Linux), falling back to a copy through a
     /// 64 KiB buffer where splice fails. Default true.
     pub splice: bool,
+    /// Lets the kernel forward the bytes through a BPF sockmap (no copy, no syscall per chunk):
+    /// needs CAP_BPF and CAP_NET_ADMIN (or root) and a build with the `sockmap` feature; without
+    /// them the relay logs why once and forwards as `splice` says. Default false.
+    pub sockmap: bool,
 }
 
 impl Default for RelayOptions {
@@ -133,6 +137,7 @@ impl Default for RelayOptions {
             congestion: None,
             socket_buffer: None,
             splice: true,
+            sockmap: false,
         }
     }
 }

@@ -305,6 +305,7 @@ fn options(ctx: Ctx<'_>, raw: &RawRelay) -> Result<RelayOptions, ConfigError> {
         congestion,
         socket_buffer,
         splice: raw.splice.unwrap_or(defaults.splice),
+        sockmap: raw.sockmap.unwrap_or(defaults.sockmap),
     })
 }
 

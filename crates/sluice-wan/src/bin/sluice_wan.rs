@@ -8,6 +8,8 @@
 //!                                    the relay benchmark over a fresh bed (needs root); VARIANTS
 //!                                    (comma-separated names) runs those and `direct` only
 //! sluice-wan cpu GB                  relay CPU seconds per GB, splice and copy, on loopback
+//! sluice-wan sockmap ROUNDS GB       kernel splicing (sockmap) against splice(2), on loopback:
+//!                                    interleaved rounds with an A/A pair (needs root)
 //! ```
 
 use std::io::{BufRead, BufReader};
@@ -34,6 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             arg(4).ok(),
         )?,
         "cpu" => cpu(arg(1)?.parse()?)?,
+        "sockmap" => sockmap(arg(1)?.parse()?, arg(2)?.parse()?)?,
         other => return Err(format!("unknown command {other}").into()),
     }
     Ok(())
@@ -217,61 +220,176 @@ fn median(v: &mut [f64]) -> f64 {
 /// Pushes `gb` GB through a plain relay (its own process) on loopback, with splice and with
 /// copy, and prints the relay process's CPU seconds per GB for each.
 fn cpu(gb: u64) -> Result<(), Box<dyn std::error::Error>> {
-    use std::io::{Read, Write};
-    let me = std::env::current_exe()?;
     let dir = std::env::temp_dir().join(format!("sluice-wan-cpu-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     println!("| forwarding | relay CPU s per GB | GB moved |");
     println!("|---|---|---|");
-    for splice in [true, false] {
-        let sink = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let sink_addr = sink.local_addr()?;
-        let drain = std::thread::spawn(move || -> std::io::Result<u64> {
-            let (mut conn, _) = sink.accept()?;
-            let mut buf = vec![0u8; 1 << 20];
-            let mut total = 0u64;
-            loop {
-                match conn.read(&mut buf)? {
-                    0 => return Ok(total),
-                    n => total += n as u64,
-                }
-            }
-        });
-        // A free port for the relay: bind, note, release (loopback only, this process's run).
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let path = dir.join(format!("cpu-{splice}.toml"));
-        std::fs::write(
-            &path,
-            format!("[[relay]]\nname = \"cpu\"\nlisten = \"127.0.0.1:{port}\"\nto = \"{sink_addr}\"\nsplice = {splice}\n"),
-        )?;
-        let mut child = std::process::Command::new(&me)
-            .arg("relay")
-            .arg(&path)
-            .stdout(std::process::Stdio::piped())
-            .spawn()?;
-        wait_ready(&mut child)?;
-        let before = cpu_seconds(child.id())?;
-        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
-        let chunk = vec![b'x'; 1 << 20];
-        for _ in 0..gb * 1024 {
-            conn.write_all(&chunk)?;
-        }
-        conn.shutdown(std::net::Shutdown::Write)?;
-        let moved = drain.join().map_err(|_| "sink panicked")??;
-        let used = cpu_seconds(child.id())? - before;
-        let _ = child.kill();
-        let _ = child.wait();
-        let gbs = moved as f64 / f64::from(1u32 << 30);
-        let name = if splice {
-            "splice(2)"
-        } else {
-            "copy (64 KiB buffer)"
-        };
-        println!("| {name} | {:.3} | {gbs:.1} |", used / gbs);
+    for (name, keys) in [
+        ("splice(2)", "splice = true\n"),
+        ("copy (64 KiB buffer)", "splice = false\n"),
+    ] {
+        let run = push(&dir, keys, gb)?;
+        println!(
+            "| {name} | {:.3} | {:.1} |",
+            run.relay_cpu / run.gib,
+            run.gib
+        );
     }
     Ok(())
+}
+
+/// Kernel splicing (`sockmap`) against `splice(2)` on loopback: `rounds` rounds, each pushing
+/// `gb` GB through a relay in each of splice, sockmap and splice again (the A/A pair), in that
+/// order; prints each round, then the medians' ratios to the first splice.
+fn sockmap(rounds: usize, gb: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = std::env::temp_dir().join(format!("sluice-wan-sockmap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let variants = [
+        ("splice A", "splice = true\n"),
+        ("sockmap", "sockmap = true\n"),
+        ("splice B", "splice = true\n"),
+    ];
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); variants.len()];
+    println!("| round | variant | GiB/s | relay CPU s per GiB | relay + kworkers CPU s per GiB | machine CPU s per GiB |");
+    println!("|---|---|---|---|---|---|");
+    for round in 1..=rounds {
+        for (i, (name, keys)) in variants.iter().enumerate() {
+            let run = push(&dir, keys, gb)?;
+            println!(
+                "| {round} | {name} | {:.2} | {:.3} | {:.3} | {:.3} |",
+                run.gib / run.secs,
+                run.relay_cpu / run.gib,
+                (run.relay_cpu + run.kworker_cpu) / run.gib,
+                run.machine_cpu / run.gib
+            );
+            runs[i].push(run);
+        }
+    }
+    let med = |i: usize, f: fn(&Run) -> f64| median(&mut runs[i].iter().map(f).collect::<Vec<_>>());
+    let rate = |r: &Run| r.gib / r.secs;
+    let relay = |r: &Run| r.relay_cpu / r.gib;
+    let with_kworkers = |r: &Run| (r.relay_cpu + r.kworker_cpu) / r.gib;
+    let machine = |r: &Run| r.machine_cpu / r.gib;
+    println!();
+    println!("| variant / splice A (medians) | throughput | relay CPU per GiB | relay + kworkers CPU per GiB | machine CPU per GiB |");
+    println!("|---|---|---|---|---|");
+    for (i, (name, _)) in variants.iter().enumerate() {
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            med(i, rate) / med(0, rate),
+            med(i, relay) / med(0, relay),
+            med(i, with_kworkers) / med(0, with_kworkers),
+            med(i, machine) / med(0, machine)
+        );
+    }
+    Ok(())
+}
+
+/// One transfer through a relay.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    gib: f64,
+    secs: f64,
+    /// The relay process's user + system CPU seconds.
+    relay_cpu: f64,
+    /// The kernel's worker threads' CPU seconds (`kworker/*`: they send what a sockmap
+    /// redirects; on a shared machine others' work too).
+    kworker_cpu: f64,
+    /// Every CPU's busy seconds meanwhile (the kernel's workers too, which forward a sockmap's
+    /// bytes; also the sender and the sink, and whatever else runs on the machine).
+    machine_cpu: f64,
+}
+
+/// Pushes `gb` GiB through a plain relay (its own process, the configuration's relay keys
+/// `keys`) to a sink on loopback.
+fn push(dir: &Path, keys: &str, gb: u64) -> Result<Run, Box<dyn std::error::Error>> {
+    use std::io::{Read, Write};
+    let sink = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let sink_addr = sink.local_addr()?;
+    let drain = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut conn, _) = sink.accept()?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0u64;
+        loop {
+            match conn.read(&mut buf)? {
+                0 => return Ok(total),
+                n => total += n as u64,
+            }
+        }
+    });
+    // A free port for the relay: bind, note, release (loopback only, this process's run).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let path = dir.join("relay.toml");
+    std::fs::write(
+        &path,
+        format!("[[relay]]\nname = \"cpu\"\nlisten = \"127.0.0.1:{port}\"\nto = \"{sink_addr}\"\n{keys}"),
+    )?;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("relay")
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    wait_ready(&mut child)?;
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    let (before, machine_before) = (cpu_seconds(child.id())?, machine_busy()?);
+    let kworkers_before = kworker_seconds();
+    let start = std::time::Instant::now();
+    let chunk = vec![b'x'; 1 << 20];
+    for _ in 0..gb * 1024 {
+        conn.write_all(&chunk)?;
+    }
+    conn.shutdown(std::net::Shutdown::Write)?;
+    let moved = drain.join().map_err(|_| "sink panicked")??;
+    let secs = start.elapsed().as_secs_f64();
+    let relay_cpu = cpu_seconds(child.id())? - before;
+    let machine_cpu = machine_busy()? - machine_before;
+    let kworker_cpu = kworker_seconds() - kworkers_before;
+    let _ = child.kill();
+    let _ = child.wait();
+    let gib = moved as f64 / f64::from(1u32 << 30);
+    Ok(Run {
+        gib,
+        secs,
+        relay_cpu,
+        kworker_cpu,
+        machine_cpu,
+    })
+}
+
+/// User + system CPU seconds of every kernel worker thread (`kworker/…`) now.
+fn kworker_seconds() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with("kworker"))
+        })
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| cpu_seconds(pid).ok())
+        .sum()
+}
+
+/// Busy seconds of every CPU together (/proc/stat's first line: all but idle and iowait, in
+/// clock ticks of 100 Hz).
+fn machine_busy() -> Result<f64, Box<dyn std::error::Error>> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().ok_or("empty /proc/stat")?;
+    let ticks: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    let busy: f64 = ticks
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, t)| t)
+        .sum();
+    Ok(busy / 100.0)
 }
 
 /// User + system CPU seconds of process `pid` (/proc/PID/stat, clock ticks of 100 Hz).

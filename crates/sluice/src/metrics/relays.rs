@@ -21,7 +21,7 @@ type Family = (
     fn(&sluice_relay::Snapshot) -> u64,
 );
 
-const FAMILIES: [Family; 11] = [
+const FAMILIES: [Family; 14] = [
     (
         "relay_connections",
         MetricType::Counter,
@@ -75,6 +75,24 @@ const FAMILIES: [Family; 11] = [
         MetricType::Counter,
         "Bytes from the next hop to clients",
         |s| s.bytes_down,
+    ),
+    (
+        "relay_sockmap",
+        MetricType::Gauge,
+        "1 while the kernel forwards the relay's bytes (sockmap), 0 when it forwards them itself",
+        |s| s.sockmap,
+    ),
+    (
+        "relay_kernel_spliced",
+        MetricType::Counter,
+        "Connections whose bytes the kernel forwarded (sockmap)",
+        |s| s.kernel_spliced,
+    ),
+    (
+        "relay_bytes_kernel",
+        MetricType::Counter,
+        "Of the bytes up and down, those the kernel forwarded without the process (sockmap)",
+        |s| s.bytes_kernel,
     ),
     (
         "relay_connects",

@@ -49,5 +49,6 @@ fn options(cfg: &sluice_config::RelayOptions) -> RelayOptions {
         congestion: cfg.congestion.clone(),
         socket_buffer: cfg.socket_buffer,
         splice: cfg.splice,
+        sockmap: cfg.sockmap,
     }
 }
