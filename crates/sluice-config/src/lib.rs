@@ -121,6 +121,17 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// A server bound in code (`Server::bind`, `HttpOptions::default`) speaks HTTP as a
+    /// configured listener that says nothing of `http`.
+    #[test]
+    fn a_listener_without_http_settings_has_the_transports_defaults() {
+        let text = "[[listener]]\nname = \"l\"\nlisten = \"127.0.0.1:0\"\n\
+                    [[route]]\ndirect_response = { status = 204 }\n";
+        let config = parse_str(text, "t.toml", std::path::Path::new(".")).expect("parses");
+        assert_eq!(config.listeners[0].http, crate::HttpOptions::default());
+    }
+
     use std::net::SocketAddr;
 
     #[test]

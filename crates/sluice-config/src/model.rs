@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
+/// A listener's HTTP settings are the transport's type, filled here.
+pub use sluice_net::http::HttpOptions;
 /// TLS material (a PEM chain and its key, read from disk) is the runtime's type, filled here.
 pub use sluice_net::tls::Tls;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
@@ -101,46 +103,6 @@ pub struct Listener {
     pub tls: Vec<Tls>,
     /// Protocol and limit settings.
     pub http: HttpOptions,
-}
-
-/// Per-listener HTTP settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HttpOptions {
-    /// Accept HTTP/2 (h2c prior knowledge on plaintext, ALPN `h2` on TLS). Default true.
-    pub http2: bool,
-    /// Serve HTTP/1.1 requests (plain or over TLS) to static clusters and reverse slices on the
-    /// fast path (no header maps, no task per exchange), leaving everything else to hyper.
-    /// Default true.
-    pub fast_path: bool,
-    /// Time allowed for a client to send a request's headers. Default 10 s. On HTTP/1.1 the
-    /// timer also runs while a keep-alive connection waits for its next request.
-    pub request_header_timeout: Duration,
-    /// The longest wait for the next bytes of a request body (NGINX's `client_body_timeout`):
-    /// while it is read into `request_buffer` and while it streams to an upstream. Past it the
-    /// client gets 408 and the connection closes. Default 20 s, under a cluster's default
-    /// `response_timeout`, so a stalled upload is the client's 408 and not the upstream's 504.
-    pub client_body_timeout: Duration,
-    /// A connection on which no byte moves in either direction for this long is closed.
-    /// Default 60 s.
-    pub idle_timeout: Duration,
-    /// Largest request head (request line + headers) accepted; larger gets 431. Default 16 KiB.
-    pub max_header_bytes: usize,
-    /// Largest request body a route forwards (NGINX's `client_max_body_size`); larger gets
-    /// 413, before any of it is read when its length is declared, as soon as it is exceeded
-    /// when chunked. A route's own `max_request_body` wins. Routes that answer directly
-    /// (`direct_response`) read no body and take any. Default: no limit.
-    pub max_request_body: Option<u64>,
-    /// The most requests one connection serves (NGINX's `keepalive_requests`): the last one's
-    /// response closes an HTTP/1.1 connection, an HTTP/2 one gets GOAWAY. Default: no limit.
-    pub max_requests_per_connection: Option<u64>,
-    /// The most connections one client address (an IPv6 client's /64) may hold open at once
-    /// (NGINX's `limit_conn`); more are closed as they are accepted. Default: no limit.
-    pub max_connections_per_client: Option<u32>,
-    /// Peers whose `X-Forwarded-For` and `Forwarded` chains are kept (and appended to); from
-    /// anyone else those headers are replaced by the peer's address. Default: none.
-    pub trusted_proxies: Vec<IpNet>,
-    /// How request heads are normalised before routing. Default: the safe choices.
-    pub rules: RequestRules,
 }
 
 /// One route (`[[route]]`): a match and what to do with matching requests.

@@ -9,6 +9,8 @@
 //!   backlog, back off, say so once in a while).
 //! * [`shutdown`]: one trigger, many listeners of it; SIGINT and SIGTERM.
 //! * [`tls`]: the crypto provider, ticket keys, PEM chains and keys, the acceptor's config.
+//! * [`http`]: [`HttpOptions`](http::HttpOptions), how a listener speaks HTTP (the
+//!   configuration fills it, the transport takes it).
 //! * [`log_limit`]: events that could flood the log, reported once per interval with a count.
 //! * [`addr`]: [`client_key`](addr::client_key), the address per-address limits count by
 //!   (an IPv6 /64 is one client).
@@ -16,6 +18,7 @@
 
 pub mod accept;
 pub mod addr;
+pub mod http;
 pub mod log_limit;
 pub mod readiness;
 pub mod shutdown;

@@ -10,13 +10,13 @@ use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::options::HttpOptions;
 use futures_util::FutureExt;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use hyper::rt::bounds::Http2ServerConnExec;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use sluice_net::http::HttpOptions;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;

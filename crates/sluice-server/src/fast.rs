@@ -8,7 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::options::HttpOptions;
+use sluice_net::http::HttpOptions;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use super::active::ActiveRequests;

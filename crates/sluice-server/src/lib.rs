@@ -11,7 +11,6 @@
 //!
 //! - `counters`: the connection and byte counters a server keeps.
 //! - `io`: `IdleTimeout` and reading a connection's first bytes with a deadline.
-//! - `options`: [`HttpOptions`], how a listener speaks HTTP.
 //! - `tls`: [`tls::Certificates`], certificates by SNI (swapped by a reload), their expiry.
 //! - `fast`: [`fast::FastHttp1`], the trait a fast path implements to take HTTP/1.1
 //!   connections until it hands them to hyper.
@@ -28,7 +27,6 @@ pub mod fast;
 mod forward;
 mod framing;
 pub mod io;
-mod options;
 mod per_client;
 mod prefixed;
 mod service;
@@ -40,7 +38,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use self::options::HttpOptions;
+pub use sluice_net::http::HttpOptions;
 use sluice_net::log_limit::{Tally, REPORT_INTERVAL};
 use socket2::SockRef;
 use tokio::net::TcpListener;

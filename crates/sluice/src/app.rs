@@ -620,7 +620,7 @@ async fn bind_server(
         addr: l.addr,
         source,
     })?;
-    let server = Server::from_listener(&l.name, listener, crate::options::http(&l.http));
+    let server = Server::from_listener(&l.name, listener, l.http.clone());
     if l.tls.is_empty() {
         return Ok(server);
     }

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use sluice_server::HttpOptions;
+use sluice_net::http::HttpOptions;
 use sluice_wire::h1::{self, ClientIp, Parsed};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::{Instant, Sleep};
@@ -324,7 +324,7 @@ mod tests {
             Self {
                 fast: crate::Proxy::bind(&config).await.unwrap().fast_path(),
                 info: ClientInfo::default(),
-                http: crate::options::http(&config.listeners[0].http),
+                http: config.listeners[0].http.clone(),
                 signal: shutdown.signal(),
                 _shutdown: shutdown,
                 active: Arc::new(ActiveRequests::default()),
