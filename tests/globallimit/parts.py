@@ -12,10 +12,17 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "multinode"))
+
+from fleet import wait_for
+from harness import prebuilt_or_build
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
@@ -36,21 +43,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(what: str, cond, timeout: float = WAIT, every: float = 0.05):
-    """Polls `cond` until it is true (returns its value); fails after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = cond()
-        except OSError as e:
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 def accepts(port: int) -> bool:
@@ -115,11 +107,7 @@ class Proc:
 
 def sluice_binary() -> Path:
     """`SLUICE_BIN` (the test command's debug build), else the debug build, built here."""
-    if given := os.environ.get("SLUICE_BIN"):
-        return Path(given)
-    subprocess.run(["cargo", "build", "--locked", "--quiet", "-p", "sluice-cli", "--bin", "sluice"],
-                   cwd=REPO, check=True)
-    return TARGET / "debug/sluice"
+    return prebuilt_or_build("sluice-cli", "--bin", "sluice")
 
 
 def ratelimit_binary() -> Path:
@@ -260,7 +248,7 @@ class Node:
         finally:
             conn.close()
         out = {}
-        for m in re.finditer(r'^sluice_global_rate_limit_calls_total\{([^}]*)\} (\S+)$', text, re.M):
+        for m in re.finditer(r'^sluice_global_rate_limit_calls_total\{([^}]*)\} (\S+)$', text, re.MULTILINE):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
             out[(labels["route"], labels["result"])] = float(m.group(2))
         return out
