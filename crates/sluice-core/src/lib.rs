@@ -30,6 +30,7 @@ pub mod body;
 pub mod error;
 
 pub mod admission;
+pub mod attempts;
 pub mod basic_auth;
 pub mod checks;
 pub mod client;

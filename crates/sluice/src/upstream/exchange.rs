@@ -132,17 +132,14 @@ impl Failure {
             unsent: None,
         }
     }
+}
 
-    /// The request to send again: the one hyper gave back unsent, or a copy of it; or, with
-    /// neither, this failure's error.
-    // The request goes back by value (it is large), as hyper's does: the cold path.
-    #[allow(clippy::result_large_err)]
-    pub(crate) fn request(self, replay: Option<&Replay>) -> Result<Request<ProxyBody>, ProxyError> {
-        match self.unsent.or_else(|| replay.map(Replay::request)) {
-            Some(req) => Ok(req),
-            None => Err(self.error),
-        }
-    }
+/// The request to send again: the one hyper gave back `unsent`, or a copy of it (`replay`).
+pub(crate) fn again(
+    unsent: Option<Request<ProxyBody>>,
+    replay: Option<&Replay>,
+) -> Option<Request<ProxyBody>> {
+    unsent.or_else(|| replay.map(Replay::request))
 }
 
 /// Reads an answer the client will not get (a status a retry replaces) off in a task of its

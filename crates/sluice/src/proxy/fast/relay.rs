@@ -20,11 +20,12 @@ use super::request::{timer_at, Request, Scratch, Served};
 use crate::router::Route;
 use crate::upstream::leased::Leased;
 use crate::upstream::ServedBy;
+use sluice_core::attempts::{self, Attempts, Ended, Next};
 use sluice_core::compression::{self, Decision, ResponseFacts};
 use sluice_core::error::ProxyError;
 use sluice_core::read_ahead::IO_BUFFER_BYTES;
 use sluice_core::read_ahead::{self, ReadAhead};
-use sluice_core::retry::{self, is_idempotent, Again, Retries};
+use sluice_core::retry::{self, is_idempotent, Retries};
 use sluice_core::trace_context::TRACEPARENT;
 
 /// What an exchange came to, for the connection and for metrics and logs.
@@ -47,20 +48,6 @@ pub(crate) struct Outcome {
     pub(crate) error: Option<ProxyError>,
 }
 
-/// What follows an attempt that did not give the client its answer.
-enum Step<L> {
-    /// The client gets this answer after all, on this lease.
-    Answer(L, h1::ResponseHead),
-    /// Try again on this lease (a fresh one for a stale one, or the next attempt's).
-    Again(L),
-    /// Try again on the lease this gives, once it does (the client watched meanwhile).
-    Wait(Pin<Box<dyn Future<Output = Result<L, ProxyError>> + Send>>),
-    /// The client hung up.
-    Gone,
-    /// No further attempt: the client is answered with this.
-    Refuse(ProxyError),
-}
-
 /// The buffers an exchange's attempts work in (the connection's `Scratch`).
 struct Tries<'s> {
     /// The request as it goes upstream.
@@ -70,12 +57,6 @@ struct Tries<'s> {
     /// Bytes the client pipelines meanwhile.
     pipelined: &'s mut Vec<u8>,
     timer: &'s mut Option<Pin<Box<Sleep>>>,
-}
-
-/// An answer a retry leaves: its head, and the deadline it is read off within.
-struct Answered {
-    head: h1::ResponseHead,
-    deadline: Instant,
 }
 
 /// What one attempt at a response head came to.
@@ -209,164 +190,37 @@ impl<'a> Exchange<'a> {
         outcome
     }
 
-    /// Attempts the request on `lease`, and on the leases the retry rules grant, until an
-    /// answer's head is the client's (with the lease it came on); or how it ended otherwise
-    /// (refused, or the client gone).
+    /// Attempts the request on `lease`, and on the leases the retry rules grant
+    /// (`sluice_core::attempts::drive`, as every data path), until an answer's head is the
+    /// client's (with the lease it came on); or how it ended otherwise (refused, or the client
+    /// gone).
     async fn attempts<C, L>(
         &self,
         client: &mut C,
-        mut lease: L,
+        lease: L,
         tries: Tries<'_>,
     ) -> Result<(L, h1::ResponseHead), Outcome>
     where
         C: AsyncRead + AsyncWrite + Unpin,
         L: Leased + 'static,
     {
-        let Tries {
-            request,
-            ubuf,
-            pipelined,
-            timer,
-        } = tries;
         let used = self.len();
         // Dropped on return: the budget counts requests until their answer's head, as the hyper
         // path's does.
         let mut retries = Retries::new(lease.retry_policy(), self.idempotent);
-        // The first attempt's time runs from when the request was taken (a clock read saved).
-        let mut from = self.started;
-        let answered = loop {
-            let deadline = from + lease.response_timeout();
-            let timer = timer_at(timer, deadline);
-            let attempt = self.attempt(client, &mut lease, request, ubuf, pipelined, timer);
-            let step = match attempt.await {
-                Tried::Head(head) => {
-                    let elapsed = Instant::now().saturating_duration_since(from);
-                    let len = match head.body {
-                        h1::ResponseBody::None => Some(0),
-                        h1::ResponseBody::Length(n) => Some(n),
-                        h1::ResponseBody::Chunked | h1::ResponseBody::UntilClose => None,
-                    };
-                    if !retries.after_status(head.status, self.body(&lease), len) {
-                        break (lease, head);
-                    }
-                    lease.observe_response(head.status, elapsed);
-                    let answered = Answered { head, deadline };
-                    self.elsewhere(client, pipelined, lease, ubuf, answered)
-                        .await
-                }
-                Tried::ClientGone => {
-                    let ubuf = std::mem::take(ubuf);
-                    read_off(lease, ubuf, None, self.head_request, deadline);
-                    return Err(self.abandoned(used));
-                }
-                Tried::Failed(failed, e) => {
-                    self.after_failure(lease, failed, e, &mut retries).await
-                }
-            };
-            lease = match step {
-                Step::Answer(lease, head) => break (lease, head),
-                Step::Again(lease) => lease,
-                Step::Wait(another) => tokio::select! {
-                    biased;
-                    leased = another => match leased {
-                        Ok(lease) => lease,
-                        Err(e) => return Err(self.refuse(client, e, used).await),
-                    },
-                    () = client_gone(client, pipelined) => return Err(self.abandoned(used)),
-                },
-                Step::Gone => return Err(self.abandoned(used)),
-                Step::Refuse(e) => return Err(self.refuse(client, e, used).await),
-            };
-            from = Instant::now();
+        let mut up = Relay {
+            ex: self,
+            client: &mut *client,
+            tries,
+            // The first attempt's time runs from when the request was taken (a clock read
+            // saved).
+            from: Some(self.started),
+            leases: std::marker::PhantomData,
         };
-        Ok(answered)
-    }
-
-    /// A retry the policy granted after the answer `answered` on `lease`: a static connection
-    /// is held until the next attempt has its own (if none can be had, the client gets this
-    /// answer); a session is read off first, since it is capacity and may be the one the next
-    /// attempt needs. The answer is read off by a task of its own either way.
-    async fn elsewhere<C, L>(
-        &self,
-        client: &mut C,
-        pipelined: &mut Vec<u8>,
-        lease: L,
-        ubuf: &mut Vec<u8>,
-        answered: Answered,
-    ) -> Step<L>
-    where
-        C: AsyncRead + Unpin,
-        L: Leased + 'static,
-    {
-        let Answered { head, deadline } = answered;
-        let another = lease.another();
-        if lease.frees_first() {
-            read_off(
-                lease,
-                std::mem::take(ubuf),
-                Some(head),
-                self.head_request,
-                deadline,
-            );
-            return Step::Wait(Box::pin(another));
-        }
-        let next = tokio::select! {
-            biased;
-            leased = another => leased,
-            () = client_gone(client, pipelined) => {
-                read_off(lease, std::mem::take(ubuf), Some(head), self.head_request, deadline);
-                return Step::Gone;
-            }
-        };
-        match next {
-            Ok(next) => {
-                read_off(
-                    lease,
-                    std::mem::take(ubuf),
-                    Some(head),
-                    self.head_request,
-                    deadline,
-                );
-                Step::Again(next)
-            }
-            Err(_) => Step::Answer(lease, head),
-        }
-    }
-
-    /// What follows an attempt on `lease` that failed (`failed`, answered with `e` if it goes
-    /// no further), as the retry rules say.
-    async fn after_failure<L>(
-        &self,
-        mut lease: L,
-        failed: retry::Failed,
-        e: ProxyError,
-        retries: &mut Retries,
-    ) -> Step<L>
-    where
-        L: Leased + 'static,
-    {
-        let stale = lease.may_be_stale();
-        match retries.after_failure(failed, stale, self.body(&lease)) {
-            None => {
-                lease.log_failure(&e);
-                Step::Refuse(e)
-            }
-            // A reused connection that failed before any response byte was stale: another of
-            // the same upstream will do.
-            Some(Again::Stale) => match lease.renew().await {
-                Ok(()) => Step::Again(lease),
-                Err(e) => {
-                    lease.log_failure(&e);
-                    Step::Refuse(e)
-                }
-            },
-            // Elsewhere; this one failed, and goes (a session's place with it) before the
-            // request waits for another.
-            Some(Again::Policy) => {
-                let another = lease.another();
-                drop(lease);
-                Step::Wait(Box::pin(another))
-            }
+        match attempts::drive(&mut up, lease, &mut retries).await {
+            Ended::Answered(answered) => Ok((answered.lease, answered.head)),
+            Ended::Failed(e) => Err(self.refuse(client, e, used).await),
+            Ended::Gone => Err(self.abandoned(used)),
         }
     }
 
@@ -661,6 +515,170 @@ impl<'a> Exchange<'a> {
             error: None,
         };
         (outcome, sink.into_buffers())
+    }
+}
+
+/// One request's attempts on the fast path: the exchange, its client (watched while the
+/// request waits), and the buffers the attempts work in.
+struct Relay<'x, 'a, C, L> {
+    ex: &'x Exchange<'a>,
+    client: &'x mut C,
+    tries: Tries<'x>,
+    /// When the first attempt's time started (later ones start when they do).
+    from: Option<Instant>,
+    /// What its attempts go out on.
+    leases: std::marker::PhantomData<fn(L)>,
+}
+
+/// An answer's head, the lease it came on, the deadline it is read off by if a retry replaces
+/// it, and how long it took.
+struct Answered<L> {
+    lease: L,
+    head: h1::ResponseHead,
+    deadline: Instant,
+    elapsed: std::time::Duration,
+}
+
+impl<C, L> Relay<'_, '_, C, L>
+where
+    C: AsyncRead + Unpin,
+    L: Leased + 'static,
+{
+    /// The lease `another` gives, the client watched meanwhile.
+    async fn wait(
+        &mut self,
+        another: impl Future<Output = Result<L, ProxyError>>,
+    ) -> Next<L, Answered<L>> {
+        tokio::select! {
+            biased;
+            leased = another => match leased {
+                Ok(lease) => Next::Lease(lease),
+                Err(e) => Next::Failed(e),
+            },
+            () = client_gone(self.client, self.tries.pipelined) => Next::Gone,
+        }
+    }
+
+    /// Reads `answered` off by a task of its own.
+    fn read_off(&mut self, answered: Answered<L>) {
+        let ubuf = std::mem::take(self.tries.ubuf);
+        let Answered {
+            lease,
+            head,
+            deadline,
+            ..
+        } = answered;
+        read_off(lease, ubuf, Some(head), self.ex.head_request, deadline);
+    }
+}
+
+impl<C, L> Attempts for Relay<'_, '_, C, L>
+where
+    C: AsyncRead + Unpin,
+    L: Leased + 'static,
+{
+    type Lease = L;
+    type Answer = Answered<L>;
+    type Back = L;
+
+    async fn attempt(&mut self, mut lease: L) -> attempts::Tried<Answered<L>, L> {
+        let from = self.from.take().unwrap_or_else(Instant::now);
+        let deadline = from + lease.response_timeout();
+        let Tries {
+            request,
+            ubuf,
+            pipelined,
+            timer,
+        } = &mut self.tries;
+        let timer = timer_at(timer, deadline);
+        let tried = self
+            .ex
+            .attempt(self.client, &mut lease, request, ubuf, pipelined, timer)
+            .await;
+        let body = self.ex.body(&lease);
+        match tried {
+            Tried::Head(head) => attempts::Tried::Answer {
+                status: head.status,
+                len: match head.body {
+                    h1::ResponseBody::None => Some(0),
+                    h1::ResponseBody::Length(n) => Some(n),
+                    h1::ResponseBody::Chunked | h1::ResponseBody::UntilClose => None,
+                },
+                body,
+                answer: Answered {
+                    lease,
+                    head,
+                    deadline,
+                    elapsed: Instant::now().saturating_duration_since(from),
+                },
+            },
+            Tried::ClientGone => {
+                let ubuf = std::mem::take(*ubuf);
+                read_off(lease, ubuf, None, self.ex.head_request, deadline);
+                attempts::Tried::Gone
+            }
+            Tried::Failed(failed, error) => attempts::Tried::Failed(attempts::Failure {
+                failed,
+                error,
+                stale: lease.may_be_stale(),
+                body,
+                refused: false,
+                back: lease,
+            }),
+        }
+    }
+
+    /// A reused connection that failed before any response byte was stale: another of the
+    /// same upstream will do.
+    async fn renew(&mut self, mut lease: L, _: ProxyError) -> Next<L, Answered<L>> {
+        match lease.renew().await {
+            Ok(()) => Next::Lease(lease),
+            Err(e) => {
+                lease.log_failure(&e);
+                Next::Failed(e)
+            }
+        }
+    }
+
+    /// Elsewhere; this one failed, and goes (a session's place with it) before the request
+    /// waits for another.
+    async fn elsewhere(&mut self, lease: L, _: ProxyError) -> Next<L, Answered<L>> {
+        let another = lease.another();
+        drop(lease);
+        self.wait(another).await
+    }
+
+    /// A static connection is held until the next attempt has its own (if none can be had,
+    /// the client gets this answer); a session is read off first, since it is capacity and may
+    /// be the one the next attempt needs. The answer is read off by a task of its own either
+    /// way.
+    async fn replace(&mut self, answered: Answered<L>) -> Next<L, Answered<L>> {
+        let lease = &answered.lease;
+        lease.observe_response(answered.head.status, answered.elapsed);
+        let another = lease.another();
+        if lease.frees_first() {
+            self.read_off(answered);
+            return self.wait(another).await;
+        }
+        let next = tokio::select! {
+            biased;
+            leased = another => leased,
+            () = client_gone(self.client, self.tries.pipelined) => {
+                self.read_off(answered);
+                return Next::Gone;
+            }
+        };
+        match next {
+            Ok(next) => {
+                self.read_off(answered);
+                Next::Lease(next)
+            }
+            Err(_) => Next::Answer(answered),
+        }
+    }
+
+    fn failed(&mut self, lease: L, error: &ProxyError) {
+        lease.log_failure(error);
     }
 }
 

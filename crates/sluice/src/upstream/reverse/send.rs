@@ -15,6 +15,7 @@ use super::halves::Halves;
 use super::protocol::{refused, HeldLease, Lease, ReverseSlice, Session, SessionClient, SlicePool};
 use crate::upstream::exchange::{self, Answer, Failure, Replay};
 use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
+use sluice_core::attempts::{self, Attempts, Ended, Next, Tried};
 use sluice_core::body::ProxyBody;
 use sluice_core::error::ProxyError;
 use sluice_core::read_ahead;
@@ -25,7 +26,8 @@ use sluice_core::ClientInfo;
 /// on it. A session that dies before any response byte costs the request a second session
 /// when the request can be replayed: hyper gave it back unsent, or it is idempotent and its
 /// body is in memory; a failure or answer the cluster's retry policy lists costs it another
-/// session as the policy allows (`sluice_core::retry`).
+/// session as the policy allows (`sluice_core::retry`). The order of those decisions is
+/// `sluice_core::attempts::drive`'s, as for every data path.
 pub(crate) async fn send(
     slice: &ReverseSlice,
     mut req: Request<ProxyBody>,
@@ -33,80 +35,142 @@ pub(crate) async fn send(
     let pool = slice.pool();
     stamp_client_addr(&mut req);
     let wants = req.extensions().get::<WantsServedBy>().is_some();
-    let mut req = buffer::request(req, pool.options().request_buffer).await?;
+    let req = buffer::request(req, pool.options().request_buffer).await?;
     let mut retries = Retries::new(
         pool.protocol_options().retry(),
         retry::is_idempotent(req.method()),
     );
-    let (mut session, mut queued) = pool.lease_waited().await.map_err(refused)?;
-    let mut leased_at = leased_at(queued);
+    let (session, queued) = pool.lease_waited().await.map_err(refused)?;
     // Copied only once a session is leased: a request refused for capacity never pays for it.
     // Any session may have been ended by its service while it was idle, so the stale rule may
     // always need it.
     let replay = (retries.may_replay() || retry::is_idempotent(req.method()))
         .then(|| Replay::of(&req))
         .flatten();
-    let mut refused_streams = 0;
-    loop {
+    let mut up = ToSessions {
+        pool,
+        replay,
+        queued,
+    };
+    match attempts::drive(&mut up, (session, req), &mut retries).await {
+        Ended::Answered((mut res, instance)) => {
+            let queued = up.queued;
+            note_served_by(wants, &mut res, || ServedBy {
+                instance: Some(instance),
+                queued: Some(queued),
+                leased_at: leased_at(queued),
+                ..ServedBy::default()
+            });
+            Ok(res)
+        }
+        Ended::Failed(e) => Err(e),
+        // hyper's path learns of a client that left by being dropped.
+        Ended::Gone => Err(ProxyError::UpstreamInvalid("client gone")),
+    }
+}
+
+/// One request's attempts on a reverse slice's sessions.
+struct ToSessions<'a> {
+    pool: &'a Arc<SlicePool>,
+    /// A copy of the request, when it may go again.
+    replay: Option<Replay>,
+    /// How long the request has waited for sessions, all attempts together.
+    queued: std::time::Duration,
+}
+
+impl ToSessions<'_> {
+    /// Another session for `req`, or the request's error.
+    async fn lease(
+        &mut self,
+        req: Request<ProxyBody>,
+    ) -> Next<(Session, Request<ProxyBody>), Answered> {
+        match self.pool.lease_waited().await {
+            Ok((session, waited)) => {
+                self.queued += waited;
+                Next::Lease((session, req))
+            }
+            Err(e) => Next::Failed(refused(e)),
+        }
+    }
+}
+
+/// An answer, and the instance whose session gave it.
+type Answered = (Response<ProxyBody>, Arc<sluice_reverse::Instance>);
+
+impl Attempts for ToSessions<'_> {
+    type Lease = (Session, Request<ProxyBody>);
+    type Answer = Answered;
+    /// The request when hyper gave it back unsent.
+    type Back = Option<Request<ProxyBody>>;
+
+    async fn attempt(
+        &mut self,
+        (session, req): (Session, Request<ProxyBody>),
+    ) -> Tried<Answered, Option<Request<ProxyBody>>> {
         let instance = Arc::clone(session.instance());
         let shared = session.is_shared();
-        req = match send_on(pool, session, req).await {
-            Ok(mut res) => {
-                let status = res.status().as_u16();
-                let len = http_body::Body::size_hint(res.body()).exact();
-                match &replay {
-                    // Read off first, so that its session is free for the next attempt (the
-                    // only one, maybe).
-                    Some(copy) if retries.after_status(status, retry::Body::Kept, len) => {
-                        debug!(instance = %instance.id(), status, "retrying the request on another session");
-                        exchange::discard(res, pool.options().response_timeout);
-                        copy.request()
-                    }
-                    _ => {
-                        note_served_by(wants, &mut res, || ServedBy {
-                            instance: Some(instance),
-                            queued: Some(queued),
-                            leased_at,
-                            ..ServedBy::default()
-                        });
-                        return Ok(res);
-                    }
-                }
-            }
+        let body = exchange::kept(self.replay.as_ref());
+        match send_on(self.pool, session, req).await {
+            Ok(res) => Tried::Answer {
+                status: res.status().as_u16(),
+                len: http_body::Body::size_hint(res.body()).exact(),
+                answer: (res, instance),
+                body,
+            },
             // A stream of an HTTP/2 session that refused it unprocessed (a GOAWAY hyper had not
             // yet acted on, or REFUSED_STREAM) goes to another session without using up the
             // retry a stale HTTP/1.1 session gets: several sessions may be going away at once
             // (an instance's graceful shutdown); one going away ended with the failure.
-            Err(failure)
-                if shared
-                    && failure.failed == retry::Failed::Unsent
-                    && refused_streams < MAX_REFUSED_STREAMS =>
-            {
-                refused_streams += 1;
-                let error = &failure.error;
-                debug!(instance = %instance.id(), %error, "an HTTP/2 session refused the request unprocessed; sending it on another");
-                failure.request(replay.as_ref())?
-            }
-            Err(failure) => {
-                let body = exchange::kept(replay.as_ref());
-                if retries.after_failure(failure.failed, true, body).is_none() {
-                    return Err(failure.error);
-                }
-                let error = &failure.error;
-                debug!(instance = %instance.id(), %error, "session failed before the response; retrying on another");
-                failure.request(replay.as_ref())?
-            }
-        };
-        let (next, waited) = pool.lease_waited().await.map_err(refused)?;
-        session = next;
-        queued += waited;
-        leased_at = self::leased_at(queued);
+            Err(failure) => Tried::Failed(attempts::Failure {
+                refused: shared && failure.failed == retry::Failed::Unsent,
+                failed: failure.failed,
+                error: failure.error,
+                // Any session may have been ended by its service while it was idle.
+                stale: true,
+                body,
+                back: failure.unsent,
+            }),
+        }
     }
-}
 
-/// How many HTTP/2 sessions may refuse a request unprocessed before it fails: each refusal
-/// ends its session, so more means sessions are going away faster than the request finds one.
-const MAX_REFUSED_STREAMS: usize = 4;
+    async fn renew(
+        &mut self,
+        unsent: Option<Request<ProxyBody>>,
+        error: ProxyError,
+    ) -> Next<(Session, Request<ProxyBody>), Answered> {
+        debug!(%error, "session failed before the response; retrying on another");
+        match exchange::again(unsent, self.replay.as_ref()) {
+            Some(req) => self.lease(req).await,
+            None => Next::Failed(error),
+        }
+    }
+
+    /// Any session is elsewhere: the same as [`Self::renew`].
+    async fn elsewhere(
+        &mut self,
+        unsent: Option<Request<ProxyBody>>,
+        error: ProxyError,
+    ) -> Next<(Session, Request<ProxyBody>), Answered> {
+        self.renew(unsent, error).await
+    }
+
+    /// Reads the answer off first, so that its session is free for the next attempt (the only
+    /// one, maybe).
+    async fn replace(
+        &mut self,
+        (res, instance): Answered,
+    ) -> Next<(Session, Request<ProxyBody>), Answered> {
+        let Some(req) = self.replay.as_ref().map(Replay::request) else {
+            return Next::Answer((res, instance));
+        };
+        let status = res.status().as_u16();
+        debug!(instance = %instance.id(), status, "retrying the request on another session");
+        exchange::discard(res, self.pool.options().response_timeout);
+        self.lease(req).await
+    }
+
+    fn failed(&mut self, _: Option<Request<ProxyBody>>, _: &ProxyError) {}
+}
 
 /// When a request that waited `queued` for its session got it: now, read only if it waited.
 pub(super) fn leased_at(queued: std::time::Duration) -> Option<std::time::Instant> {

@@ -20,10 +20,11 @@ use crate::upstream::reverse::buffer;
 use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
 use crate::upstream::tls::UpstreamTls;
 use sluice_config::UpstreamProtocol;
+use sluice_core::attempts::{self, Attempts, Ended, Next, Tried};
 use sluice_core::body::ProxyBody;
 use sluice_core::error::ProxyError;
 use sluice_core::read_ahead::IO_BUFFER_BYTES;
-use sluice_core::retry::{self, Again, Retries};
+use sluice_core::retry::{self, Retries};
 
 /// Picks an endpoint and exchanges the request with it. A failed connect ejects the endpoint
 /// and moves the (unsent) request to another one, up to [`MAX_CONNECT_ATTEMPTS`] (unless the
@@ -31,7 +32,8 @@ use sluice_core::retry::{self, Again, Retries};
 /// stale costs the request a fresh one to the same endpoint; a failure or answer the cluster's
 /// retry policy lists sends it to another endpoint, if there is one, else back to one it tried
 /// ([`pick_and`]; `sluice_core::retry`). An answer is given up only once the next attempt has its
-/// connection: if none can be had, the client gets it.
+/// connection: if none can be had, the client gets it. The order of those decisions is
+/// `sluice_core::attempts::drive`'s, as for every data path.
 pub(super) async fn send(
     inner: &Arc<Inner>,
     mut req: Request<ProxyBody>,
@@ -45,66 +47,176 @@ pub(super) async fn send(
         // the fast path, which has it whole, would send it again).
         req = buffer::request(req, IO_BUFFER_BYTES).await?;
     }
-    let mut replay = retries.may_replay().then(|| Replay::of(&req)).flatten();
-    let h2c = gets_h2c(inner, &req);
-    // Endpoints this request left, for a retry elsewhere.
-    let mut tried = Vec::new();
-    let lease = |e: Arc<Endpoint>| async move { lease(inner, &e, h2c).await };
-    let mut next = pick_and(inner, &endpoints, inner.now_ms(), &mut tried, lease).await?;
-    loop {
-        let (i, conn, in_flight) = next;
-        let addr = endpoints[i].addr();
-        let sni = || inner.tls.as_ref().and_then(UpstreamTls::sni);
+    let mut up = ToEndpoints {
+        inner,
+        replay: retries.may_replay().then(|| Replay::of(&req)).flatten(),
+        h2c: gets_h2c(inner, &req),
+        endpoints: &endpoints,
+        idempotent,
+        tried: Vec::new(),
+    };
+    let (i, leg, in_flight) = up.pick().await?;
+    let first = Lease {
+        i,
+        leg,
+        in_flight,
+        req,
+    };
+    match attempts::drive(&mut up, first, &mut retries).await {
+        Ended::Answered(Answered {
+            res, addr, stream, ..
+        }) => answered(inner, res, addr, wants, stream).await,
+        Ended::Failed(e) => Err(e),
+        // hyper's path learns of a client that left by being dropped.
+        Ended::Gone => Err(ProxyError::UpstreamInvalid("client gone")),
+    }
+}
+
+/// One request's attempts on a static cluster's endpoints.
+struct ToEndpoints<'a> {
+    inner: &'a Arc<Inner>,
+    endpoints: &'a [Arc<Endpoint>],
+    /// A copy of the request, when it may go again.
+    replay: Option<Replay>,
+    h2c: bool,
+    idempotent: bool,
+    /// Endpoints this request left, for a retry elsewhere.
+    tried: Vec<usize>,
+}
+
+/// A connection or stream leased on endpoint `i` for `req`.
+struct Lease {
+    i: usize,
+    leg: Leg,
+    in_flight: InFlight,
+    req: Request<ProxyBody>,
+}
+
+/// What a failed attempt leaves: its endpoint, and the request when hyper gave it back unsent.
+type Back = (usize, Option<Request<ProxyBody>>);
+
+/// An answer, and where it came from.
+struct Answered {
+    res: Response<ProxyBody>,
+    i: usize,
+    addr: SocketAddr,
+    /// It came on an HTTP/2 stream.
+    stream: bool,
+}
+
+impl ToEndpoints<'_> {
+    /// An endpoint not tried yet (or, retrying, back to one), and a connection or stream to it.
+    async fn pick(&mut self) -> Result<(usize, Leg, InFlight), ProxyError> {
+        let (inner, h2c) = (self.inner, self.h2c);
+        let lease = |e: Arc<Endpoint>| async move { lease(inner, &e, h2c).await };
+        let now = inner.now_ms();
+        pick_and(inner, self.endpoints, now, &mut self.tried, lease).await
+    }
+}
+
+impl Attempts for ToEndpoints<'_> {
+    type Lease = Lease;
+    type Answer = Answered;
+    type Back = Back;
+
+    async fn attempt(&mut self, lease: Lease) -> Tried<Answered, Back> {
+        let Lease {
+            i,
+            leg,
+            in_flight,
+            mut req,
+        } = lease;
+        let addr = self.endpoints[i].addr();
+        let sni = || self.inner.tls.as_ref().and_then(UpstreamTls::sni);
         default_host(&mut req, || sni().unwrap_or_else(|| addr.to_string()));
-        let reused = conn.is_reused();
-        let stream = matches!(conn, Leg::H2(_));
+        let reused = leg.is_reused();
+        let stream = matches!(leg, Leg::H2(_));
         // A fresh connection cannot be stale, so only a reused one pays for the copy, and only
         // for a request the stale rule may send again.
-        if replay.is_none() && reused && idempotent {
-            replay = Replay::of(&req);
+        if self.replay.is_none() && reused && self.idempotent {
+            self.replay = Replay::of(&req);
         }
-        let failure = match exchange(inner, conn, in_flight, req).await {
-            Ok(res) => {
-                let status = res.status().as_u16();
-                let len = http_body::Body::size_hint(res.body()).exact();
-                let elsewhere = match &replay {
-                    Some(copy) if retries.after_status(status, retry::Body::Kept, len) => {
-                        tried.push(i);
-                        let now = inner.now_ms();
-                        let leased = pick_and(inner, &endpoints, now, &mut tried, lease).await;
-                        leased.ok().map(|leased| (leased, copy.request()))
-                    }
-                    _ => None,
-                };
-                let Some((leased, copy)) = elsewhere else {
-                    return answered(inner, res, addr, wants, stream).await;
-                };
-                debug!(cluster = %inner.name, upstream.addr = %addr, status, "retrying the request on another endpoint");
-                exchange::discard(res, inner.opts.response_timeout);
-                (next, req) = (leased, copy);
-                continue;
-            }
-            Err(failure) => failure,
+        let body = exchange::kept(self.replay.as_ref());
+        match exchange(self.inner, leg, in_flight, req).await {
+            Ok(res) => Tried::Answer {
+                status: res.status().as_u16(),
+                len: http_body::Body::size_hint(res.body()).exact(),
+                answer: Answered {
+                    res,
+                    i,
+                    addr,
+                    stream,
+                },
+                body,
+            },
+            Err(failure) => Tried::Failed(attempts::Failure {
+                failed: failure.failed,
+                error: failure.error,
+                stale: reused,
+                body,
+                refused: false,
+                back: (i, failure.unsent),
+            }),
+        }
+    }
+
+    async fn renew(&mut self, (i, unsent): Back, error: ProxyError) -> Next<Lease, Answered> {
+        let endpoint = &self.endpoints[i];
+        debug!(cluster = %self.inner.name, upstream.addr = %endpoint.addr(), %error, "reused connection failed before the response; retrying on a fresh one");
+        let Some(req) = exchange::again(unsent, self.replay.as_ref()) else {
+            return Next::Failed(error);
         };
-        let again = retries.after_failure(failure.failed, reused, exchange::kept(replay.as_ref()));
-        let Some(again) = again else {
-            log_failure(inner, addr, &failure.error);
-            return Err(failure.error);
+        let in_flight = endpoint.begin_request();
+        match lease_fresh(self.inner, endpoint, self.h2c).await {
+            Ok(leg) => Next::Lease(Lease {
+                i,
+                leg,
+                in_flight,
+                req,
+            }),
+            Err(e) => Next::Failed(e),
+        }
+    }
+
+    async fn elsewhere(&mut self, (i, unsent): Back, error: ProxyError) -> Next<Lease, Answered> {
+        let addr = self.endpoints[i].addr();
+        debug!(cluster = %self.inner.name, upstream.addr = %addr, %error, "retrying the request on another endpoint");
+        let Some(req) = exchange::again(unsent, self.replay.as_ref()) else {
+            return Next::Failed(error);
         };
-        let error = &failure.error;
-        next = match again {
-            Again::Stale => {
-                debug!(cluster = %inner.name, upstream.addr = %addr, %error, "reused connection failed before the response; retrying on a fresh one");
-                let in_flight = endpoints[i].begin_request();
-                (i, lease_fresh(inner, &endpoints[i], h2c).await?, in_flight)
-            }
-            Again::Policy => {
-                debug!(cluster = %inner.name, upstream.addr = %addr, %error, "retrying the request on another endpoint");
-                tried.push(i);
-                pick_and(inner, &endpoints, inner.now_ms(), &mut tried, lease).await?
-            }
+        self.tried.push(i);
+        match self.pick().await {
+            Ok((i, leg, in_flight)) => Next::Lease(Lease {
+                i,
+                leg,
+                in_flight,
+                req,
+            }),
+            Err(e) => Next::Failed(e),
+        }
+    }
+
+    async fn replace(&mut self, answered: Answered) -> Next<Lease, Answered> {
+        let Some(req) = self.replay.as_ref().map(Replay::request) else {
+            return Next::Answer(answered);
         };
-        req = failure.request(replay.as_ref())?;
+        self.tried.push(answered.i);
+        let Ok((i, leg, in_flight)) = self.pick().await else {
+            return Next::Answer(answered);
+        };
+        let (addr, status) = (answered.addr, answered.res.status().as_u16());
+        debug!(cluster = %self.inner.name, upstream.addr = %addr, status, "retrying the request on another endpoint");
+        exchange::discard(answered.res, self.inner.opts.response_timeout);
+        Next::Lease(Lease {
+            i,
+            leg,
+            in_flight,
+            req,
+        })
+    }
+
+    fn failed(&mut self, (i, _): Back, error: &ProxyError) {
+        log_failure(self.inner, self.endpoints[i].addr(), error);
     }
 }
 
