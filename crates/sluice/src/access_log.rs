@@ -55,7 +55,7 @@ pub(crate) struct Entry<'a> {
     /// From the request to the response body's end (NGINX's `$request_time`).
     pub elapsed: Duration,
     /// Who served it upstream: a static endpoint, or a session's instance and its wait.
-    pub upstream: &'a crate::upstream::ServedBy,
+    pub upstream: &'a sluice_upstream::ServedBy,
     /// The `User-Agent`, if any.
     pub user_agent: Option<&'a str>,
     /// The `Referer`, if any.
@@ -325,7 +325,7 @@ fn duration_ms(d: Duration) -> f64 {
 mod tests {
     use super::*;
 
-    static NOBODY: crate::upstream::ServedBy = crate::upstream::ServedBy {
+    static NOBODY: sluice_upstream::ServedBy = sluice_upstream::ServedBy {
         endpoint: None,
         instance: None,
         queued: None,

@@ -21,13 +21,13 @@ use crate::proxy::ProxyService;
 use crate::reload::InPlace;
 use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, UpgradeSocket};
 use crate::router::{LiveRoutes, RouteTable};
-use crate::upstream::reverse::{Acceptor, HandoffSource};
-use crate::upstream::reverse::{ReverseClusterOptions, ReverseMetrics, SessionGauges};
-use crate::upstream::{Dns, ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 use sluice_core::request_id::RequestIds;
 use sluice_core::retry::RetryMetrics;
 use sluice_net::sockets::{self, Sockets};
 use sluice_server::{tls, Group, Server, Shutdown};
+use sluice_upstream::reverse::{Acceptor, HandoffSource};
+use sluice_upstream::reverse::{ReverseClusterOptions, ReverseMetrics, SessionGauges};
+use sluice_upstream::{Dns, ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 
 /// Why a configuration could not be started.
 #[derive(Debug, thiserror::Error)]

@@ -40,7 +40,8 @@
 //! - `router`: matching requests to routes (host, path prefix, method, headers, client CIDR).
 //! - `proxy`: the tower `Service` that applies a route (header edits, direct responses, error
 //!   answers, HTTP/1.1 Upgrade bridging), and `proxy::fast`, the HTTP/1.1 fast path.
-//! - `upstream`: clusters. `upstream::static_cluster` holds endpoints, keep-alive pools, load
+//! - `upstream`: clusters, the `sluice-upstream` crate (below this one: it knows no routes or
+//!   listeners). `upstream::static_cluster` holds endpoints, keep-alive pools, load
 //!   balancing, passive ejection, active health checks and endpoint names that follow DNS
 //!   (`follow`, looked up by `upstream::dns`); `upstream::reverse` is the HTTP
 //!   half of reverse clusters: the HTTP/1.1 client on registered sessions, the exchange on a
@@ -84,7 +85,6 @@ pub(crate) mod reload;
 pub(crate) mod restart;
 pub(crate) mod router;
 pub(crate) mod standalone;
-pub(crate) mod upstream;
 
 pub use access_log::AccessLog;
 pub use admin::{ReloadFuture, ReloadHook};
@@ -128,8 +128,8 @@ pub use sluice_server::{
     default_http_options, os_signal, ClientInfo, Group, HttpOptions, HttpService, Server, Shutdown,
     ShutdownSignal,
 };
+pub use sluice_upstream::dns::{Dns, LookupError, Resolved};
+pub use sluice_upstream::reverse::{Acceptor, ReverseClusterOptions, StandaloneAcceptor};
+pub use sluice_upstream::static_cluster::{Endpoint, FollowedName, StaticMetrics};
+pub use sluice_upstream::{ReverseCluster, ReverseSlice, StaticCluster, StaticOptions, Upstream};
 pub use standalone::Standalone;
-pub use upstream::dns::{Dns, LookupError, Resolved};
-pub use upstream::reverse::{Acceptor, ReverseClusterOptions, StandaloneAcceptor};
-pub use upstream::static_cluster::{Endpoint, FollowedName, StaticMetrics};
-pub use upstream::{ReverseCluster, ReverseSlice, StaticCluster, StaticOptions, Upstream};

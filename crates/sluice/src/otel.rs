@@ -27,8 +27,8 @@ use tracing::warn;
 
 use crate::access_log::Entry;
 use crate::router::{Route, Target};
-use crate::upstream::Upstream;
 use sluice_core::trace_context::{RequestTrace, SentContext, TraceRules};
+use sluice_upstream::Upstream;
 
 /// The most spans in one export (the OpenTelemetry SDK's default batch).
 const MAX_BATCH: usize = 512;

@@ -28,7 +28,6 @@ use crate::access_log::{self, AccessLog};
 use crate::metrics::Metrics;
 use crate::otel::Tracing;
 use crate::router::{Direct, RequestHead, Route, Routing, Target};
-use crate::upstream::{Deadline, ServedBy, Upstream, WantsServedBy};
 use sluice_core::admission::{self, Edits as AnswerEdits, Outcome};
 use sluice_core::body::ProxyBody;
 use sluice_core::checks::{self, check_request};
@@ -43,6 +42,7 @@ use sluice_core::request_id::RequestIds;
 use sluice_core::route_feature::Asked;
 use sluice_core::trace_context::{RequestTrace, SentContext, TRACEPARENT, TRACESTATE};
 use sluice_core::{redirect, rewrite, ClientInfo};
+use sluice_upstream::{Deadline, ServedBy, Upstream, WantsServedBy};
 
 /// Routes each request with `R` and forwards it to the chosen upstream or answers it directly.
 ///

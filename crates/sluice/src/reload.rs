@@ -14,8 +14,8 @@ use sluice_config::{ClusterKind, Config};
 use tracing::warn;
 
 use crate::router::{LiveRoutes, RouteTable};
-use crate::upstream::Upstream;
 use sluice_server::tls::Certificates;
+use sluice_upstream::Upstream;
 
 /// What a reload changed in place.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,10 +29,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::upstream::reverse::{HandedSession, Limit};
-use crate::upstream::ReverseCluster;
 use sluice_net::sockets::{HandedListener, Sockets};
 use sluice_reverse::acceptor::HandedOver;
+use sluice_upstream::reverse::{HandedSession, Limit};
+use sluice_upstream::ReverseCluster;
 
 /// Why a hot restart could not go ahead.
 #[derive(Debug, thiserror::Error)]
@@ -529,8 +529,8 @@ mod tests {
             clusters,
             Arc::default(),
         );
-        let slice = cluster.slice("default");
-        let request = crate::upstream::reverse::send(&slice, Request::new(ProxyBody::empty()));
+        let upstream = sluice_upstream::Upstream::Reverse(cluster.slice("default"));
+        let request = upstream.send(Request::new(ProxyBody::empty()));
         let (session, service) = UnixStream::pair().expect("session pair");
         let (response, (), ()) =
             tokio::join!(request, adopting, predecessor(theirs, session, service));

@@ -16,9 +16,9 @@ use crate::admin::{self, AdminState};
 use crate::app::{bind_admin, StartError};
 use crate::metrics::Metrics;
 use crate::options;
-use crate::upstream::reverse::{ReverseMetrics, SessionGauges, StandaloneAcceptor};
-use crate::upstream::Upstream;
 use sluice_server::Shutdown;
+use sluice_upstream::reverse::{ReverseMetrics, SessionGauges, StandaloneAcceptor};
+use sluice_upstream::Upstream;
 
 /// A standalone acceptor and its admin API, bound and ready to run.
 #[derive(Debug)]

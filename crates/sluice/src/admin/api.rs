@@ -23,10 +23,10 @@ use tracing::info;
 
 use crate::metrics::Exposition;
 use crate::router::{RouteError, RouteSpec};
-use crate::upstream::reverse::{BrokerView, SliceId};
-use crate::upstream::{ReverseCluster, StaticCluster, Upstream};
 use sluice_reverse::handoff::ConsumerView;
 use sluice_server::ShutdownSignal;
+use sluice_upstream::reverse::{BrokerView, SliceId};
+use sluice_upstream::{ReverseCluster, StaticCluster, Upstream};
 
 use super::state::AdminState;
 
@@ -438,7 +438,7 @@ fn static_status(name: &str, c: &StaticCluster) -> ClusterStatus {
 }
 
 /// A followed endpoint name: its addresses and lookups.
-fn name_status(n: &crate::upstream::static_cluster::FollowedName) -> NameStatus {
+fn name_status(n: &sluice_upstream::static_cluster::FollowedName) -> NameStatus {
     NameStatus {
         name: n.name.clone(),
         addrs: n.addrs.iter().map(ToString::to_string).collect(),

@@ -11,8 +11,8 @@ use sluice_config::Token;
 
 use crate::metrics::Metrics;
 use crate::router::LiveRoutes;
-use crate::upstream::reverse::BrokerView;
-use crate::upstream::Upstream;
+use sluice_upstream::reverse::BrokerView;
+use sluice_upstream::Upstream;
 
 /// What the admin API reads and changes.
 #[derive(Debug)]

@@ -46,9 +46,9 @@ struct ListenerLabels {
 /// The process's metrics: the registry, and the families of the HTTP proxy itself (requests,
 /// client bytes). Components register their own families in [`registry`](Self::registry)
 /// before the metrics are shared: the reverse engine
-/// ([`ReverseMetrics`](crate::upstream::reverse::ReverseMetrics),
-/// [`SessionGauges`](crate::upstream::reverse::SessionGauges)) and static clusters
-/// ([`StaticMetrics`](crate::upstream::StaticMetrics)). One per [`Proxy`](crate::Proxy);
+/// ([`ReverseMetrics`](sluice_upstream::reverse::ReverseMetrics),
+/// [`SessionGauges`](sluice_upstream::reverse::SessionGauges)) and static clusters
+/// ([`StaticMetrics`](sluice_upstream::StaticMetrics)). One per [`Proxy`](crate::Proxy);
 /// cheap to share behind an `Arc`.
 pub struct Metrics {
     registry: Registry,

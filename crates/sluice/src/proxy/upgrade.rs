@@ -16,11 +16,11 @@ use hyper_util::rt::TokioIo;
 use sluice_core::body::RequestBody;
 use tracing::{debug, warn, Instrument};
 
-use crate::upstream::reverse::UpgradedSession;
 use sluice_core::body::ProxyBody;
 use sluice_core::error::ProxyError;
 use sluice_core::headers::{strip_hop_by_hop, strip_hop_by_hop_keep_upgrade, wants_upgrade};
 use sluice_server::UpgradeCarrier;
+use sluice_upstream::reverse::UpgradedSession;
 
 /// The client's side of a protocol switch, and the connection task that will carry it.
 pub(super) struct ClientSide {

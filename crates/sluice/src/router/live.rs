@@ -12,7 +12,7 @@ use sluice_config::HostMatch;
 use super::matcher::Matcher;
 use super::route::{RequestHead, Route, Routing, Target};
 use super::table::RouteTable;
-use crate::upstream::Upstream;
+use sluice_upstream::Upstream;
 
 /// A route as the admin API shows and takes it: match conditions and a cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

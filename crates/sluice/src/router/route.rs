@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use sluice_config::{Compression, HeaderEdits, LocationTemplate, Rewrite};
 
-use crate::upstream::Upstream;
 use sluice_core::route_feature::{Hooks, RouteFeature};
+use sluice_upstream::Upstream;
 
 /// What the router sees of a request.
 #[derive(Debug, Clone, Copy)]

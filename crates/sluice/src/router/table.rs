@@ -8,8 +8,8 @@ use sluice_config::{Action, Config};
 use super::matcher::Matcher;
 use super::registry;
 use super::route::{Direct, RequestHead, Route, Routing, Target};
-use crate::upstream::Upstream;
 use sluice_core::route_feature::RouteFeature;
+use sluice_upstream::Upstream;
 
 /// The feature a route had before a reload, by the route and the feature's key.
 pub(crate) type Kept<'a> =

@@ -4,7 +4,7 @@
 //! edits (`sluice_wire::h1::write_head`), relays the body, reads the response head with
 //! `sluice_wire::h1::parse_response` and relays the response the same way, on a pooled plain
 //! TCP connection or a leased session's socket, which it drives itself
-//! (`upstream::leased::Leased`). A session's response is read ahead up to its cluster's
+//! (`sluice_upstream::leased::Leased`). A session's response is read ahead up to its cluster's
 //! `response_buffer` before the client gets it, as on the hyper path, so a slow client does
 //! not hold the session.
 //!
@@ -37,8 +37,6 @@ use crate::access_log;
 use crate::metrics::RouteCounters;
 use crate::proxy::observe::Observers;
 use crate::router::{Direct, Feature, Features, Route, Routing, Target};
-use crate::upstream::reverse::raw::SessionLease;
-use crate::upstream::{ReverseSlice, StaticCluster, Upstream};
 use sluice_core::admission::{self, Outcome};
 use sluice_core::error::ProxyError;
 use sluice_core::fields::Fields;
@@ -46,6 +44,8 @@ use sluice_core::headers::apply_edits;
 use sluice_core::route_feature::{Asked, Hooks};
 use sluice_core::trace_context::{RequestTrace, SentContext};
 use sluice_core::{checks, compression, redirect, rewrite};
+use sluice_upstream::reverse::raw::SessionLease;
+use sluice_upstream::{ReverseSlice, StaticCluster, Upstream};
 
 /// The built-in route features this path renders (the rest are hyper's path's, which renders
 /// them all): a route with any other feature is handed to it before anything else is done.

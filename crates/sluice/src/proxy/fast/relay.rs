@@ -18,8 +18,6 @@ use super::answer::{self, date_at};
 use super::body::{self, Sink};
 use super::request::{timer_at, Request, Scratch, Served};
 use crate::router::Route;
-use crate::upstream::leased::Leased;
-use crate::upstream::ServedBy;
 use sluice_core::attempts::{self, Attempts, Ended, Next};
 use sluice_core::compression::{self, Decision, ResponseFacts};
 use sluice_core::error::ProxyError;
@@ -27,6 +25,8 @@ use sluice_core::read_ahead::IO_BUFFER_BYTES;
 use sluice_core::read_ahead::{self, ReadAhead};
 use sluice_core::retry::{self, is_idempotent, Retries};
 use sluice_core::trace_context::TRACEPARENT;
+use sluice_upstream::leased::Leased;
+use sluice_upstream::ServedBy;
 
 /// What an exchange came to, for the connection and for metrics and logs.
 #[derive(Debug)]

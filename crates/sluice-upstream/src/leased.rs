@@ -11,7 +11,7 @@ use sluice_core::error::ProxyError;
 use sluice_core::retry::Policy;
 
 /// A connection or session leased for one request.
-pub(crate) trait Leased: Send + Sized {
+pub trait Leased: Send + Sized {
     /// The byte stream the request goes out on.
     type Io: AsyncRead + AsyncWrite + Unpin + Send;
 
@@ -59,7 +59,7 @@ pub(crate) trait Leased: Send + Sized {
     fn log_failure(&self, e: &ProxyError);
 
     /// Who serves the request, for the access log.
-    fn served_by(&self) -> crate::upstream::served::ServedBy;
+    fn served_by(&self) -> crate::served::ServedBy;
 
     /// Counts the response head it answered with, `elapsed` after the request went out (a
     /// static endpoint's metrics; sessions count nothing here).

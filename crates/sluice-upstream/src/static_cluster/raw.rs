@@ -12,14 +12,14 @@ use tracing::debug;
 use super::endpoint::{Endpoint, InFlight};
 use super::pool::{is_quiet, RawConn};
 use super::{Inner, StaticCluster, StaticOptions};
-use crate::upstream::leased::Leased;
+use crate::leased::Leased;
 use sluice_core::error::ProxyError;
 use sluice_core::read_ahead::IO_BUFFER_BYTES;
 use sluice_core::retry::Policy;
 
 /// A connection leased for one request; [`Leased::release`] gives it back.
 #[derive(Debug)]
-pub(crate) struct RawLease {
+pub struct RawLease {
     /// The connection.
     conn: RawConn,
     in_flight: InFlight,
@@ -100,8 +100,8 @@ impl Leased for RawLease {
         self.in_flight.endpoint().observe(status, elapsed);
     }
 
-    fn served_by(&self) -> crate::upstream::served::ServedBy {
-        crate::upstream::served::ServedBy {
+    fn served_by(&self) -> crate::served::ServedBy {
+        crate::served::ServedBy {
             endpoint: Some(self.in_flight.endpoint().addr()),
             ..Default::default()
         }
@@ -111,7 +111,7 @@ impl Leased for RawLease {
 impl StaticCluster {
     /// Whether the fast path can reach this cluster: HTTP/1.1 over plain TCP (it speaks
     /// neither TLS nor HTTP/2; an `auto` cluster without TLS speaks HTTP/1.1).
-    pub(crate) fn is_plain(&self) -> bool {
+    pub fn is_plain(&self) -> bool {
         let http1 = !matches!(
             self.inner.opts.protocol,
             sluice_config::UpstreamProtocol::H2 | sluice_config::UpstreamProtocol::H2c
@@ -123,7 +123,7 @@ impl StaticCluster {
     /// its most recently used idle fast-path connection or a new one. A failed connect ejects
     /// the endpoint and moves on to another, as [`send`](Self::send) does. `now` is the
     /// request's clock reading (ejections and idle expiry are judged by it).
-    pub(crate) async fn lease_raw(&self, now: Instant) -> Result<RawLease, ProxyError> {
+    pub async fn lease_raw(&self, now: Instant) -> Result<RawLease, ProxyError> {
         self.lease_raw_avoiding(now, Vec::new()).await
     }
 

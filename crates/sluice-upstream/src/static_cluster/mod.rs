@@ -12,7 +12,7 @@ mod health;
 mod lb;
 mod metrics;
 mod pool;
-pub(crate) mod raw;
+pub mod raw;
 mod refresh;
 
 use std::net::SocketAddr;
@@ -35,9 +35,9 @@ use self::follow::Follow;
 use self::lb::Balancer;
 use self::metrics::ConnectCounters;
 use self::pool::Conn;
-use crate::upstream::connect::{connect, connect_http1, Connected};
-use crate::upstream::dns::Dns;
-use crate::upstream::tls::UpstreamTls;
+use crate::connect::{connect, connect_http1, Connected};
+use crate::dns::Dns;
+use crate::tls::UpstreamTls;
 use sluice_config::UpstreamProtocol;
 use sluice_core::body::ProxyBody;
 use sluice_core::error::ProxyError;
@@ -218,7 +218,7 @@ impl StaticCluster {
     }
 
     /// The endpoints that followed names brought in (which DNS may take out again).
-    pub(crate) fn followed_addrs(&self) -> std::collections::BTreeSet<SocketAddr> {
+    pub fn followed_addrs(&self) -> std::collections::BTreeSet<SocketAddr> {
         let follow = self.inner.follow.as_ref();
         follow.map(Follow::owned).unwrap_or_default()
     }

@@ -1,29 +1,30 @@
-//! Upstream clusters: where routed requests go.
+//! Upstream clusters: where routed requests go — Sluice's upstreams, a crate of their own
+//! below the proxy (`sluice`), which knows routes and transports; this crate knows neither.
 //!
 //! [`Upstream`] is an enum rather than a trait object so that the per-request path is a static
 //! call. [`static_cluster`] reaches listening endpoints; [`reverse`] leases sessions that
 //! services registered by dialing in.
 
-pub(crate) mod connect;
-pub(crate) mod dns;
-pub(crate) mod exchange;
+pub mod connect;
+pub mod dns;
+pub mod exchange;
 mod host;
-pub(crate) mod leased;
-pub(crate) mod reverse;
-pub(crate) mod served;
-pub(crate) mod static_cluster;
-pub(crate) mod tls;
+pub mod leased;
+pub mod reverse;
+pub mod served;
+pub mod static_cluster;
+pub mod tls;
 
 use http::{Request, Response};
 
-pub(crate) use dns::Dns;
-pub(crate) use exchange::Deadline;
-pub(crate) use host::default_host;
+pub use dns::Dns;
+pub use exchange::Deadline;
+pub use host::default_host;
 pub use reverse::{ReverseCluster, ReverseSlice};
-pub(crate) use served::{ServedBy, WantsServedBy};
+pub use served::{ServedBy, WantsServedBy};
 use sluice_core::body::ProxyBody;
 use sluice_core::error::ProxyError;
-pub(crate) use static_cluster::StaticMetrics;
+pub use static_cluster::StaticMetrics;
 pub use static_cluster::{StaticCluster, StaticOptions};
 
 /// A cluster a route can forward to. Cloning is cheap (a reference count).

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::metrics::{NameMetrics, StaticMetrics};
-use crate::upstream::dns::{Dns, LookupError};
+use crate::dns::{Dns, LookupError};
 use sluice_config::{HostPort, Resolve};
 
 /// After a failed lookup the next comes `min_ttl` later, doubling per failure up to this (or

@@ -22,7 +22,7 @@ use sluice_core::retry;
 /// A request's own deadline for its response head (a gRPC call's `grpc-timeout`), when it
 /// is sooner than its cluster's response timeout.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Deadline(pub(crate) std::time::Instant);
+pub struct Deadline(pub std::time::Instant);
 
 /// How long a request may wait for its response head, and whose limit that is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

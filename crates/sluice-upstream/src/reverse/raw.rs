@@ -9,7 +9,7 @@ use tracing::{debug, warn};
 
 use super::link::SessionIo;
 use super::protocol::{refused, Lease, ReverseSlice, Session, SessionClient, SlicePool};
-use crate::upstream::leased::Leased;
+use crate::leased::Leased;
 use sluice_core::error::ProxyError;
 use sluice_core::retry::Policy;
 
@@ -19,7 +19,7 @@ const MAX_ENDED: usize = 4;
 
 /// A session leased for one request of the fast path, and its socket.
 #[derive(Debug)]
-pub(crate) struct SessionLease {
+pub struct SessionLease {
     session: Session,
     io: SessionIo,
     pool: Arc<SlicePool>,
@@ -32,7 +32,7 @@ pub(crate) struct SessionLease {
 impl SessionLease {
     /// Leases a session of `slice` (waiting in its admission queue as the hyper path does) and
     /// takes its socket; hyper's client, if it had the session, lets go of it first.
-    pub(crate) async fn lease(slice: &ReverseSlice) -> Result<Self, ProxyError> {
+    pub async fn lease(slice: &ReverseSlice) -> Result<Self, ProxyError> {
         Self::lease_from(slice.pool()).await
     }
 
@@ -122,8 +122,8 @@ impl Leased for SessionLease {
         }
     }
 
-    fn served_by(&self) -> crate::upstream::served::ServedBy {
-        crate::upstream::served::ServedBy {
+    fn served_by(&self) -> crate::served::ServedBy {
+        crate::served::ServedBy {
             instance: Some(Arc::clone(self.session.instance())),
             queued: Some(self.queued),
             leased_at: self.leased_at,

@@ -3,7 +3,7 @@
 use http::Request;
 
 /// Sets `Host` to `authority()` when the request has none.
-pub(crate) fn default_host<B>(req: &mut Request<B>, authority: impl FnOnce() -> String) {
+pub fn default_host<B>(req: &mut Request<B>, authority: impl FnOnce() -> String) {
     if req.headers().contains_key(http::header::HOST) {
         return;
     }

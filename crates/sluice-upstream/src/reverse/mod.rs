@@ -14,16 +14,13 @@ mod h2;
 mod halves;
 mod link;
 mod protocol;
-pub(crate) mod raw;
+pub mod raw;
 mod send;
 
 pub use self::protocol::{
     Acceptor, ReverseCluster, ReverseClusterOptions, ReverseSlice, StandaloneAcceptor,
 };
-pub(crate) use self::protocol::{BrokerView, HandoffSource};
+pub use self::protocol::{BrokerView, HandoffSource};
 pub(crate) use self::send::send;
-#[cfg(feature = "admin")]
-pub(crate) use sluice_reverse::SliceId;
-pub(crate) use sluice_reverse::{
-    HandedSession, Limit, ReverseMetrics, SessionGauges, UpgradedSession,
-};
+pub use sluice_reverse::SliceId;
+pub use sluice_reverse::{HandedSession, Limit, ReverseMetrics, SessionGauges, UpgradedSession};

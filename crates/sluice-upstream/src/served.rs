@@ -5,7 +5,7 @@ use http::Response;
 /// Who served a request upstream, for the access log and traces: a static cluster's endpoint,
 /// or the instance whose session carried it and how long the request waited for that session.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ServedBy {
+pub struct ServedBy {
     /// The static endpoint.
     pub endpoint: Option<std::net::SocketAddr>,
     /// The instance of the session.
@@ -14,14 +14,12 @@ pub(crate) struct ServedBy {
     pub queued: Option<std::time::Duration>,
     /// When the session was leased, if the request waited for it (the queue span's end; no
     /// clock is read for a request that found a session idle). Read by traces only.
-    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub leased_at: Option<std::time::Instant>,
 }
 
 impl ServedBy {
     /// Whether an upstream answered (the default: nobody did). Asked by traces only.
-    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
-    pub(crate) fn answered(&self) -> bool {
+    pub fn answered(&self) -> bool {
         self.endpoint.is_some() || self.instance.is_some()
     }
 }
@@ -29,7 +27,7 @@ impl ServedBy {
 /// In a request's extensions: the proxy logs it, so the upstream puts a [`ServedBy`] in the
 /// response's extensions (nothing is inserted, and nothing allocated, without it).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct WantsServedBy;
+pub struct WantsServedBy;
 
 /// Puts `by` into `res`'s extensions when the request asked for it.
 pub(crate) fn note_served_by<B>(wants: bool, res: &mut Response<B>, by: impl FnOnce() -> ServedBy) {

@@ -9,8 +9,8 @@ use sluice_net::log_limit::REPORT_INTERVAL;
 use tracing::{info, warn};
 
 use super::{Endpoint, HealthCheck, Inner};
-use crate::upstream::connect::{connect as connect_any, Connected};
-use crate::upstream::tls::UpstreamTls;
+use crate::connect::{connect as connect_any, Connected};
+use crate::tls::UpstreamTls;
 use sluice_config::{H2Options, UpstreamProtocol};
 use sluice_core::body::ProxyBody;
 use sluice_core::grpc;

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use sluice_config::H2Options;
 
-use crate::upstream::exchange::{self, Failure};
+use crate::exchange::{self, Failure};
 use sluice_core::body::ProxyBody;
 use sluice_core::error::ProxyError;
 use sluice_core::retry;

@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use super::follow::{Change, Follow};
 use super::{drop_endpoint, insert_endpoint, Inner};
-use crate::upstream::dns::{LookupError, Resolved};
+use crate::dns::{LookupError, Resolved};
 
 /// Looks every name up once, together: the cluster starts with the addresses they have now.
 pub(super) async fn resolve_all(inner: &Arc<Inner>) {

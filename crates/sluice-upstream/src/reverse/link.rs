@@ -34,7 +34,7 @@ use sluice_core::read_ahead::IO_BUFFER_BYTES;
 /// A session's socket, wherever it is (idle in its [`Link`], borrowed by the fast path, or
 /// inside hyper's connection). Dropping it ends the session: its [`Watch`] resolves, after the
 /// socket was parked when the session is being handed to another process.
-pub(crate) struct SessionIo {
+pub struct SessionIo {
     /// `None` only while it is being dropped.
     io: Option<ParkedIo>,
     shared: Arc<Shared>,

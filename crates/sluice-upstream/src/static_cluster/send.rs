@@ -1,5 +1,5 @@
 //! The request path of a static cluster: pick, acquire, exchange, and the retries. The
-//! exchange itself is [`crate::upstream::exchange`]'s, the retry rule `sluice_core::retry`'s.
+//! exchange itself is [`crate::exchange`]'s, the retry rule `sluice_core::retry`'s.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -13,12 +13,12 @@ use super::endpoint::{Endpoint, InFlight, ReturnOnEnd};
 use super::h2::{self, H2Stream};
 use super::pool::Conn;
 use super::{acquire, wrap_response, Inner, MAX_CONNECT_ATTEMPTS};
-use crate::upstream::connect::Connected;
-use crate::upstream::exchange::{self, Failure, Replay};
-use crate::upstream::host::default_host;
-use crate::upstream::reverse::buffer;
-use crate::upstream::served::{note_served_by, ServedBy, WantsServedBy};
-use crate::upstream::tls::UpstreamTls;
+use crate::connect::Connected;
+use crate::exchange::{self, Failure, Replay};
+use crate::host::default_host;
+use crate::reverse::buffer;
+use crate::served::{note_served_by, ServedBy, WantsServedBy};
+use crate::tls::UpstreamTls;
 use sluice_config::UpstreamProtocol;
 use sluice_core::attempts::{self, Attempts, Ended, Next, Tried};
 use sluice_core::body::ProxyBody;
@@ -486,7 +486,7 @@ pub(super) fn log_failure(inner: &Inner, addr: SocketAddr, e: &ProxyError) {
 }
 
 /// Sends on `leg` and waits for the response head within the response timeout (or the
-/// request's own [`Deadline`](crate::upstream::Deadline), when sooner).
+/// request's own [`Deadline`](crate::Deadline), when sooner).
 async fn exchange(
     inner: &Inner,
     leg: Leg,

@@ -30,9 +30,9 @@ pub type Acceptor = sluice_reverse::acceptor::Acceptor<SessionHttp>;
 /// The standalone acceptor (`sluice acceptor`): the acceptor plus the handoff socket.
 pub type StandaloneAcceptor = sluice_reverse::handoff::StandaloneAcceptor<SessionHttp>;
 /// What the admin API reads of a running standalone acceptor.
-pub(crate) type BrokerView = sluice_reverse::handoff::BrokerView<SessionHttp>;
+pub type BrokerView = sluice_reverse::handoff::BrokerView<SessionHttp>;
 /// A reverse cluster fed by a standalone acceptor.
-pub(crate) type HandoffSource = sluice_reverse::handoff::Source<SessionHttp>;
+pub type HandoffSource = sluice_reverse::handoff::Source<SessionHttp>;
 
 /// What the proxy speaks over sessions: HTTP/1.1 on a [`Link`], over which the fast path
 /// exchanges requests itself and hyper's HTTP/1.1 client serves the rest (with upgrades: a

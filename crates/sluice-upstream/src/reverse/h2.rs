@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tracing::warn;
 
-use crate::upstream::connect::h2_client;
+use crate::connect::h2_client;
 use sluice_core::body::ProxyBody;
 
 /// One stream's lease on an HTTP/2 session.
