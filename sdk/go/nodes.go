@@ -52,6 +52,9 @@ type node struct {
 
 	demand  float64
 	sampled bool
+	// asking: the last DEMAND's sample was above 0. While no live node's is, the instance is
+	// quiet and step 5 moves sessions only to a node owed its floor that holds none.
+	asking bool
 	// noFloor: the node's last FLOOR on its current link was 0, it counts on another instance
 	// for its floor of one session; false until it says so (an older node asks everyone).
 	noFloor bool
@@ -157,15 +160,17 @@ func (n *node) status() NodeStatus {
 // for room. l.mu must be held.
 func (l *Listener) planLocked() {
 	views := make([]nodeView, len(l.nodes))
+	quiet := true
 	for i, n := range l.nodes {
 		views[i] = nodeView{live: n.live(), floor: !n.noFloor, demand: n.splitDemand(), held: max(n.holding(), 0)}
+		quiet = quiet && !(views[i].live && n.asking)
 	}
 	// The live slots: the capacity once owed retirements are settled, plus those owed, which
 	// end their slots (a shrink) rather than move. Moves by demand alone are held for a
 	// second after a plan that made one, so that DEMAND every 100 ms cannot move a session
 	// every 100 ms; what a node down or a shrink asks for is never held.
 	now := l.opts.clock.Now()
-	t, moved := targets(l.counts.slots, views, !now.Before(l.movesHeldUntil))
+	t, moved := targets(l.counts.slots, views, !now.Before(l.movesHeldUntil), quiet)
 	if moved {
 		l.movesHeldUntil = now.Add(moveHold)
 	}

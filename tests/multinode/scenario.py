@@ -26,6 +26,9 @@ N = 6
 RATE = 240.0
 # The rolling restart's load runs until the last node is back, at most this long.
 ROLLING_LIMIT = 45.0
+# The quiet step: its sessions are sampled for QUIET_SECONDS once QUIET_SETTLE has passed
+# since the load ended (the last responses, and a move the last demand asked for).
+QUIET_SETTLE, QUIET_SECONDS = 1.0, 4.0
 
 
 def settled(fleet: Fleet, s: Service, what: str, cond) -> list[int]:
@@ -229,6 +232,14 @@ def main() -> int:
             seen["steps"][step] = {"windows": windows, "samples": samples,
                                    "end": {s.cluster: fleet.sessions(s.cluster) for s in fleet.services},
                                    "busiest": busiest}
+
+        # Quiet after the flip: once the last requests are answered no node reports demand, and
+        # no SDK moves a session (each moved one about once a second, by the tails of the
+        # smoothed demand, before the split read quiet from the samples).
+        time.sleep(QUIET_SETTLE)
+        sampler = Sampler(fleet)
+        time.sleep(QUIET_SECONDS)
+        seen["steps"]["quiet"] = {"samples": sampler.stop()}
 
         # A node dies under load and comes back: its share moves, then returns in part.
         killed = fleet.nodes[1]

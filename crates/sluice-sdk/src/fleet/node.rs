@@ -42,6 +42,9 @@ pub(crate) struct Node {
     /// Shutdown: the drain request failed here, so the SDK closes the sessions itself.
     pub(crate) closing: bool,
     pub(crate) demand: Option<f64>,
+    /// The last `DEMAND`'s sample was above 0. While no live node's is, the instance is quiet:
+    /// step 5 of the split moves sessions only to a node owed its floor that holds none.
+    pub(crate) asking: bool,
     /// The node asks this instance for its floor of one session: its link's last `FLOOR`,
     /// `true` until the link says `FLOOR 0` (as an older node, which never says it).
     pub(crate) floor: bool,
@@ -74,6 +77,7 @@ impl Node {
             probing: false,
             closing: false,
             demand: None,
+            asking: false,
             floor: true,
             registered: 0,
             dialing: 0,
@@ -121,6 +125,7 @@ impl Node {
     /// Reads a `DEMAND`; `true` if it made the node live (a link's first).
     pub(crate) fn heard(&mut self, demand: Demand) -> bool {
         self.demand = Some(smooth(self.demand, demand.sample()));
+        self.asking = demand.sample() > 0.0;
         self.awaited = None;
         if !std::mem::take(&mut self.fresh_link) {
             return false;

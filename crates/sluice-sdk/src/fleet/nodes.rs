@@ -499,7 +499,8 @@ impl Nodes {
         }
         let views: Vec<_> = self.nodes.iter().map(Node::view).collect();
         let held = self.moved_at.is_some_and(|at| now < at + MOVE_HOLD);
-        let (targets, moved) = targets(self.capacity, &views, !held);
+        let quiet = !self.nodes.iter().any(|n| n.asking && n.live());
+        let (targets, moved) = targets(self.capacity, &views, !held, quiet);
         if moved {
             self.moved_at = Some(now);
         }

@@ -92,6 +92,9 @@ class Node:
     """Its acceptor refused the link for good (400 aside: 401, 404): logged once."""
     demand: float | None = None
     """The smoothed demand (``None`` before the first ``DEMAND``)."""
+    asking: bool = False
+    """Its last ``DEMAND``'s sample was above 0 (the instance is quiet while no live node's
+    is: step 5 then moves sessions only to a node owed its floor that holds none)."""
     floor: bool = True
     """The node asks this instance for its floor of one session: its link's last ``FLOOR``
     (a node that sends none, an older one, asks)."""
@@ -287,6 +290,7 @@ class Fleet:
         """A ``DEMAND`` on link ``gen``: smoothed, and the node is live unless it drains or
         holds the instance since this link or a later one."""
         node.demand = control.smooth(node.demand, demand.sample)
+        node.asking = demand.sample > 0
         node.waited_until = 0.0
         if node.block is not None and gen > node.block_gen:
             log.info("node %s takes sessions again (it was %s)", node, node.block)
@@ -429,7 +433,9 @@ class Fleet:
                 node.local = 0  # RETIRE reaches it again: no closes from here
         views = [split.NodeView(n.live, n.split_demand, n.held, n.floor) for n in self.nodes]
         now = self.clock.time()
-        decided = split.plan(self.capacity, views, hold=now - self._moved_at < MOVE_HOLD)
+        quiet = not any(n.live and n.asking for n in self.nodes)
+        decided = split.plan(self.capacity, views, hold=now - self._moved_at < MOVE_HOLD,
+                             quiet=quiet)
         if decided.moved:
             self._moved_at = now
         for node, target in zip(self.nodes, decided.targets, strict=True):

@@ -88,6 +88,7 @@ fn the_split_vectors_give_the_same_targets_through_the_books() {
             node.demand = Some(want.demand);
             node.registered = want.held;
             node.floor = want.floor;
+            node.asking = !case.quiet;
         }
         nodes.capacity = case.capacity;
         nodes.plan(now);
