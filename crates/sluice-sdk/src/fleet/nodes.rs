@@ -199,6 +199,10 @@ impl Nodes {
             node.fresh_link = true;
             // A new link asks for the floor until it says otherwise.
             node.floor = true;
+            // What the last link asked lapsed with it (the node owes it no more): the sessions
+            // count as held again, and the next plan asks this link for what is still surplus.
+            // SDK-side closes owed at an old acceptor are this side's own, and stay.
+            node.retiring = node.evict;
         }
     }
 
