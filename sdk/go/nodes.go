@@ -75,6 +75,7 @@ type node struct {
 
 	failures int       // session dials (or sessions closed unused) failed in a row
 	retryAt  time.Time // no session dial before this
+	dialing  int       // session dials under way: one at a time while failures
 	members  map[*sessionConn]struct{}
 }
 
@@ -272,12 +273,16 @@ func (l *Listener) pickLocked(now time.Time) (*node, time.Duration) {
 			}
 			continue
 		}
+		if n.failures > 0 && n.dialing > 0 {
+			continue // one dial at a time at a failing node: its end wakes the others
+		}
 		if best == nil || room > best.target-best.holding() {
 			best = n
 		}
 	}
 	if best != nil {
 		best.sessions++
+		best.dialing++
 		if l.opts.check != nil {
 			l.opts.check(l)
 		}
@@ -286,9 +291,15 @@ func (l *Listener) pickLocked(now time.Time) (*node, time.Duration) {
 }
 
 // nodeFailedLocked: a session dial to n failed, or its session closed before serving
-// anything; n backs off (per node, not per slot: every slot then picks another node).
+// anything; n backs off (per node, not per slot: every slot then picks another node), unless
+// it is backing off already (the other failures of one burst extend nothing). Then it takes
+// one dial at a time until a session registers there (pickLocked).
 func (l *Listener) nodeFailedLocked(n *node) {
-	n.retryAt = l.opts.clock.Now().Add(l.opts.Backoff.Delay(n.failures))
+	now := l.opts.clock.Now()
+	if n.failures > 0 && n.retryAt.After(now) {
+		return
+	}
+	n.retryAt = now.Add(l.opts.Backoff.Delay(n.failures))
 	n.failures++
 }
 

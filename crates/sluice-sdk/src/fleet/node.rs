@@ -50,6 +50,11 @@ pub(crate) struct Node {
     pub(crate) floor: bool,
     pub(crate) registered: usize,
     pub(crate) dialing: usize,
+    /// Session dials here that failed (or sessions that ended unused, unasked) since one last
+    /// registered: the node backs off, not the slot ([`Nodes::back_off`](super::Nodes)).
+    pub(crate) failures: u32,
+    /// No slot dials here before this instant, while `failures`.
+    pub(crate) retry_at: Option<Instant>,
     /// Sessions asked to retire (by `RETIRE`, or owed SDK-side closes at an old acceptor)
     /// that have not closed yet.
     pub(crate) retiring: usize,
@@ -81,6 +86,8 @@ impl Node {
             floor: true,
             registered: 0,
             dialing: 0,
+            failures: 0,
+            retry_at: None,
             retiring: 0,
             evict: 0,
             target: 0,
@@ -120,6 +127,12 @@ impl Node {
             || self.hold.is_some()
             || !self.live_link
             || (!self.listed && self.link.is_none())
+    }
+
+    /// No slot dials here now: a dial failed less than its delay ago, or one has failed and
+    /// a dial is under way (one at a time until a session registers).
+    pub(crate) fn backing_off(&self, now: Instant) -> bool {
+        self.failures > 0 && (self.retry_at.is_some_and(|at| at > now) || self.dialing > 0)
     }
 
     /// Reads a `DEMAND`; `true` if it made the node live (a link's first).

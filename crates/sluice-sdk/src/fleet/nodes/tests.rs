@@ -16,6 +16,11 @@ const TIMING: Timing = Timing {
     probe_every: PROBE,
     node_grace: GRACE,
     first_wait: FIRST_WAIT,
+    backoff: crate::options::Backoff {
+        initial: Duration::from_millis(100),
+        max: Duration::from_secs(5),
+        jitter: 0.5,
+    },
 };
 
 fn addr(i: usize) -> SocketAddr {
