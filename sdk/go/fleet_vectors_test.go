@@ -35,6 +35,10 @@ type fleetScenario struct {
 		Capacity         int     `json:"capacity"`
 		NodeGrace        float64 `json:"node_grace"`
 		HandshakeTimeout float64 `json:"handshake_timeout"`
+		Backoff          *struct {
+			Initial float64 `json:"initial"`
+			Max     float64 `json:"max"`
+		} `json:"backoff"`
 	} `json:"options"`
 	Steps []struct {
 		At     float64             `json:"at"`
@@ -169,7 +173,12 @@ func newFleetReplay(t *testing.T, sc fleetScenario) *fleetReplay {
 		Acceptor: "dns:fleet.test:7070", Service: "api", Capacity: sc.Options.Capacity,
 		NodeGrace: seconds(sc.Options.NodeGrace), HandshakeTimeout: seconds(sc.Options.HandshakeTimeout),
 		Logger: r.logs.logger(), clock: r.clock, check: sumBelow(t),
+		// No jitter: the scenarios name the instants a backing-off node is dialed again.
+		Backoff: Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: -1},
 	}.withDefaults()
+	if b := sc.Options.Backoff; b != nil {
+		opts.Backoff.Initial, opts.Backoff.Max = seconds(b.Initial), seconds(b.Max)
+	}
 	if err := opts.validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -310,6 +319,8 @@ func (r *fleetReplay) do(raw []json.RawMessage) {
 		r.registered(name, n, int(args[1].(float64)))
 	case "closed":
 		r.closed(name, int(args[1].(float64)))
+	case "failed":
+		r.failed(name, n, epoch, int(args[1].(float64)))
 	default:
 		r.t.Fatalf("an event this replay does not know: %s", events([][]json.RawMessage{raw}))
 	}
@@ -342,6 +353,18 @@ func (r *fleetReplay) registered(name string, n *node, k int) {
 		r.l.openedLocked(c)
 		r.l.mu.Unlock()
 		r.sessions[name] = append(r.sessions[name], c)
+	}
+}
+
+// failed: k of the session dials under way to the node fail with a refusal that is retried.
+func (r *fleetReplay) failed(name string, n *node, epoch int, k int) {
+	if r.dialing[name] < k {
+		r.t.Fatalf("%d failed at %s, %d dialed", k, name, r.dialing[name])
+	}
+	for range k {
+		r.dialing[name]--
+		refused := &Error{Op: "register", Kind: KindRefused, Status: 503}
+		r.l.dialFailed(turn{epoch: epoch, node: n}, refused)
 	}
 }
 

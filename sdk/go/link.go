@@ -155,6 +155,7 @@ func (l *Listener) heard(n *node, k *link, line nodeLine) {
 			n.log.Info("node takes sessions again")
 		}
 		n.demand = smooth(n.demand, n.sampled, line.demand.sample())
+		n.asking = line.demand.sample() > 0
 		n.sampled, n.pendingUntil = true, time.Time{}
 	}
 	l.planLocked()

@@ -52,6 +52,9 @@ type node struct {
 
 	demand  float64
 	sampled bool
+	// asking: the last DEMAND's sample was above 0. While no live node's is, the instance is
+	// quiet and step 5 moves sessions only to a node owed its floor that holds none.
+	asking bool
 	// noFloor: the node's last FLOOR on its current link was 0, it counts on another instance
 	// for its floor of one session; false until it says so (an older node asks everyone).
 	noFloor bool
@@ -72,6 +75,7 @@ type node struct {
 
 	failures int       // session dials (or sessions closed unused) failed in a row
 	retryAt  time.Time // no session dial before this
+	dialing  int       // session dials under way: one at a time while failures
 	members  map[*sessionConn]struct{}
 }
 
@@ -157,15 +161,17 @@ func (n *node) status() NodeStatus {
 // for room. l.mu must be held.
 func (l *Listener) planLocked() {
 	views := make([]nodeView, len(l.nodes))
+	quiet := true
 	for i, n := range l.nodes {
 		views[i] = nodeView{live: n.live(), floor: !n.noFloor, demand: n.splitDemand(), held: max(n.holding(), 0)}
+		quiet = quiet && !(views[i].live && n.asking)
 	}
 	// The live slots: the capacity once owed retirements are settled, plus those owed, which
 	// end their slots (a shrink) rather than move. Moves by demand alone are held for a
 	// second after a plan that made one, so that DEMAND every 100 ms cannot move a session
 	// every 100 ms; what a node down or a shrink asks for is never held.
 	now := l.opts.clock.Now()
-	t, moved := targets(l.counts.slots, views, !now.Before(l.movesHeldUntil))
+	t, moved := targets(l.counts.slots, views, !now.Before(l.movesHeldUntil), quiet)
 	if moved {
 		l.movesHeldUntil = now.Add(moveHold)
 	}
@@ -267,12 +273,16 @@ func (l *Listener) pickLocked(now time.Time) (*node, time.Duration) {
 			}
 			continue
 		}
+		if n.failures > 0 && n.dialing > 0 {
+			continue // one dial at a time at a failing node: its end wakes the others
+		}
 		if best == nil || room > best.target-best.holding() {
 			best = n
 		}
 	}
 	if best != nil {
 		best.sessions++
+		best.dialing++
 		if l.opts.check != nil {
 			l.opts.check(l)
 		}
@@ -281,9 +291,15 @@ func (l *Listener) pickLocked(now time.Time) (*node, time.Duration) {
 }
 
 // nodeFailedLocked: a session dial to n failed, or its session closed before serving
-// anything; n backs off (per node, not per slot: every slot then picks another node).
+// anything; n backs off (per node, not per slot: every slot then picks another node), unless
+// it is backing off already (the other failures of one burst extend nothing). Then it takes
+// one dial at a time until a session registers there (pickLocked).
 func (l *Listener) nodeFailedLocked(n *node) {
-	n.retryAt = l.opts.clock.Now().Add(l.opts.Backoff.Delay(n.failures))
+	now := l.opts.clock.Now()
+	if n.failures > 0 && n.retryAt.After(now) {
+		return
+	}
+	n.retryAt = now.Add(l.opts.Backoff.Delay(n.failures))
 	n.failures++
 }
 

@@ -186,6 +186,7 @@ func (l *Listener) dialFailed(t turn, err error) bool {
 func (l *Listener) nodeDialFailedLocked(t turn, err error) bool {
 	n := t.node
 	n.sessions--
+	n.dialing = max(n.dialing-1, 0)
 	switch {
 	case errors.Is(err, context.Canceled):
 		return false
@@ -215,6 +216,7 @@ func (l *Listener) registeredOn(t turn) {
 	defer l.mu.Unlock()
 	if n := t.node; n != nil {
 		n.failures, n.retryAt = 0, time.Time{}
+		n.dialing = max(n.dialing-1, 0)
 		n.report.registered()
 		l.notifyLocked()
 		return

@@ -33,16 +33,37 @@ func smooth(last float64, sampled bool, sample float64) float64 {
 // least one per live node that asks for its floor while capacity allows, the rest by demand.
 // Only with rebalance does it move sessions by demand alone (step 5), each move one that
 // makes the sum of |t - q| smaller, so that none comes back while the quotas hold still;
-// moved says whether it did.
-func targets(capacity int, nodes []nodeView, rebalance bool) (t []int, moved bool) {
+// moved says whether it did. quiet (no live node's last sample was above 0) leaves the split
+// as it is: step 5 then gives only to a node owed its floor that holds none, and step 4
+// gives to such a node first.
+func targets(capacity int, nodes []nodeView, rebalance, quiet bool) (t []int, moved bool) {
 	q := quotas(capacity, nodes)
 	t = make([]int, len(nodes))
-	var live []int
+	var live, owed []int
+	floors := 0
 	for i, n := range nodes {
 		if n.live {
 			t[i] = n.held
 			live = append(live, i)
+			if n.floor {
+				floors++
+			}
 		}
+	}
+	for _, i := range live {
+		if nodes[i].floor && capacity >= floors {
+			owed = append(owed, i)
+		}
+	}
+	// bare: while quiet, the nodes owed their floor that hold none.
+	bare := func() []int {
+		var out []int
+		for _, i := range owed {
+			if quiet && t[i] == 0 {
+				out = append(out, i)
+			}
+		}
+		return out
 	}
 	over := func(i int) float64 { return float64(t[i]) - q[i] }
 	under := func(i int) float64 { return -over(i) }
@@ -54,14 +75,22 @@ func targets(capacity int, nodes []nodeView, rebalance bool) (t []int, moved boo
 		t[j]--
 	}
 	for sum(t) < capacity {
-		i, ok := firstMax(live, under)
+		takers := bare()
+		if len(takers) == 0 {
+			takers = live
+		}
+		i, ok := firstMax(takers, under)
 		if !ok {
 			break
 		}
 		t[i]++
 	}
 	for rebalance {
-		i, okShort := firstMax(live, under)
+		takers := live
+		if quiet {
+			takers = bare()
+		}
+		i, okShort := firstMax(takers, under)
 		j, okLong := firstMax(holding(t), over)
 		if !okShort || !okLong || over(j)+under(i) <= 1 {
 			break

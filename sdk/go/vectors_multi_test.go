@@ -169,7 +169,7 @@ func TestVectorsSplits(t *testing.T) {
 		for i, n := range vec.Nodes {
 			views[i] = nodeView{live: n.Live, floor: n.Floor == nil || *n.Floor, demand: n.Demand, held: n.Held}
 		}
-		if got, _ := targets(vec.Capacity, views, true); !slices.Equal(got, vec.Targets) {
+		if got, _ := targets(vec.Capacity, views, true, vec.Quiet); !slices.Equal(got, vec.Targets) {
 			t.Errorf("%s: targets %v, want %v", vec.Name, got, vec.Targets)
 		}
 	}

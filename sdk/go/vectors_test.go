@@ -110,6 +110,7 @@ type vectors struct {
 			Floor  *bool   `json:"floor"` // absent: true
 		} `json:"nodes"`
 		Targets []int `json:"targets"`
+		Quiet   bool  `json:"quiet"`
 	} `json:"splits"`
 	Addresses []struct {
 		Name    string          `json:"name"`

@@ -26,6 +26,11 @@ N = 6
 RATE = 240.0
 # The rolling restart's load runs until the last node is back, at most this long.
 ROLLING_LIMIT = 45.0
+# The quiet steps: the sessions are sampled for a while once QUIET_SETTLE has passed since the
+# load ended (the last responses, and a move the last demand asked for). After the two
+# instances' skew, 15 s: the base commit's Go and Python SDKs moved 5 times in 15 s there, and
+# not at all in the first 4 s.
+QUIET_SETTLE, QUIET_SECONDS, QUIET_MIXED_SECONDS = 1.0, 4.0, 15.0
 
 
 def settled(fleet: Fleet, s: Service, what: str, cond) -> list[int]:
@@ -42,6 +47,17 @@ def settled(fleet: Fleet, s: Service, what: str, cond) -> list[int]:
         return first if fleet.sessions(s.cluster) == first else None
 
     return wait_for(f"{s.name}: {what}", steady)
+
+
+def quiet(read, seconds: float = QUIET_SECONDS) -> list:
+    """What `read` says every 0.2 s for `seconds`, once QUIET_SETTLE has passed since the load
+    ended: with no request anywhere, it must not change."""
+    time.sleep(QUIET_SETTLE)
+    samples, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        samples.append(read())
+        time.sleep(0.2)
+    return samples
 
 
 def mixed(args) -> list[Service]:
@@ -230,6 +246,12 @@ def main() -> int:
                                    "end": {s.cluster: fleet.sessions(s.cluster) for s in fleet.services},
                                    "busiest": busiest}
 
+        # Quiet after the flip: once the last requests are answered no node reports demand, and
+        # no SDK moves a session (each moved one about once a second, by the tails of the
+        # smoothed demand, before the split read quiet from the samples).
+        seen["steps"]["quiet"] = {"samples": quiet(
+            lambda: {s.cluster: fleet.sessions(s.cluster) for s in fleet.services})}
+
         # A node dies under load and comes back: its share moves, then returns in part.
         killed = fleet.nodes[1]
         sampler = Sampler(fleet)
@@ -272,6 +294,10 @@ def main() -> int:
         seen["steps"]["capacity"] = changed
 
         seen["steps"]["mixed"] = two_instances(fleet, mix)
+        # Quiet again, two instances of one service: each one's moves change what the nodes
+        # report to the other's links, the cadence that swung the tails of the demand.
+        seen["steps"]["mixed_quiet"] = {
+            "samples": quiet(lambda: fleet.instances("mix"), QUIET_MIXED_SECONDS)}
 
         # Node 2 leaves the name: drained while clients use nodes 0 and 1.
         rewrite(Path(a.hosts), NODES[:2])

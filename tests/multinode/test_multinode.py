@@ -4,7 +4,8 @@ dials `dns:nodes.test:PORT` with capacity N. Under client load skewed to one nod
 flipped, a node killed and restarted, N shrunk and grown, and a node removed from the name:
 
 * no service ever has more than N requests in its handler at once (each counts its own);
-* the sessions follow the demand (the busiest node holds the most at the end of a skew);
+* the sessions follow the demand (the busiest node holds the most at the end of a skew), and
+  stay where they are once no request comes;
 * a dead node's share moves to the others, and a restarted one joins again;
 * a node removed from the name is drained with no request failing;
 * a node restarted under load says ready only once it can serve, and a rolling restart of
@@ -87,6 +88,19 @@ def test_sessions_follow_the_queue(seen, step):
     for cluster, at in s["end"].items():
         busiest = s["busiest"]
         assert at[busiest] == max(at) and at[busiest] > seen["capacity"] // 3, (step, cluster, at)
+
+
+@pytest.mark.parametrize("step", ["quiet", "mixed_quiet"])
+def test_no_sdk_moves_a_session_at_zero_demand(seen, step):
+    """Issue 46: after a load every SDK moved a session about once a second with no request
+    at all (the smoothed demand never reaches 0, and the ratios of its tails swung). Quiet,
+    the split stays as the load left it: each service's after the flip, each instance's of
+    the two after their skew."""
+    samples = seen["steps"][step]["samples"]
+    assert len(samples) >= 10, samples
+    for cluster in samples[0]:
+        splits = [s[cluster] for s in samples]
+        assert all(at == splits[0] for at in splits), (cluster, splits)
 
 
 def test_a_dead_nodes_share_moves_and_it_joins_again(seen):

@@ -313,19 +313,39 @@ impl<P: Protocol> ReverseCluster<P> {
         known || !newly
     }
 
-    /// Its service asked for `n` sessions of `instance` fewer in `slice` (`RETIRE` on a
-    /// control link): idle ones close now, the rest as they come back. Returns how many closed
-    /// now.
+    /// Its service asked for `n` sessions of `instance` fewer in `slice`: idle ones close
+    /// now, the rest as they come back. Returns how many closed now. What is owed never
+    /// lapses; a control link's `RETIRE` is [`retire_on`](Self::retire_on).
     pub fn retire(&self, slice: &str, instance: &str, n: usize) -> usize {
+        self.retire_for(slice, instance, n, None)
+    }
+
+    /// [`retire`](Self::retire) asked on the control link `link`: what it owes when the link
+    /// ends lapses ([`lapse`](Self::lapse); protocol/README.md, `RETIRE`).
+    pub fn retire_on(&self, slice: &str, instance: &str, n: usize, link: u64) -> usize {
+        self.retire_for(slice, instance, n, Some(link))
+    }
+
+    fn retire_for(&self, slice: &str, instance: &str, n: usize, link: Option<u64>) -> usize {
         let Some(inst) = self.inner.instances.get(instance) else {
             return 0;
         };
         let Some(pool) = locked(&self.inner.slices).get(slice).cloned() else {
             return 0;
         };
-        let closed = pool.retire_idle(&inst, n);
+        let closed = pool.retire_idle(&inst, n, link);
         info!(cluster = %self.inner.name, slice, instance, asked = n, closed_now = closed, "service retires sessions here");
         closed
+    }
+
+    /// The control link `link` of `instance` ended: the retirements it asked that are still
+    /// owed lapse (its SDK asks again on its next link, for what is still surplus then).
+    /// Returns how many lapsed.
+    pub fn lapse(&self, instance: &str, link: u64) -> usize {
+        self.inner
+            .instances
+            .get(instance)
+            .map_or(0, |inst| inst.lapse(link))
     }
 
     /// What a control link reports of `slice` here (all zero for a slice not in use).

@@ -16,6 +16,10 @@ pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// An owed retirement claimed by a returning session, and the link that asked for it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim(Option<u64>);
+
 /// A counter with an optional ceiling: sessions in total, per cluster, per instance.
 #[derive(Debug, Default)]
 pub struct Limit {
@@ -62,8 +66,11 @@ pub struct Instance {
     /// Sessions an upgrade (WebSocket) took over, still bridged to their clients.
     pub(super) upgraded: AtomicUsize,
     /// Sessions its service asked to retire (`RETIRE` on a control link) that were busy then:
-    /// each closes when it is next returned.
+    /// each closes when it is next returned. The total of `owed`, read without its lock.
     retiring: AtomicUsize,
+    /// Those retirements by the link that asked for them (`None`: no link, they never
+    /// lapse), in the order the links first asked: what a link asked lapses with the link.
+    owed: Mutex<Vec<(Option<u64>, usize)>>,
     /// The addresses its live sessions registered from, with how many from each: a control
     /// link or a drain request speaks for the instance only from one of them.
     addrs: Mutex<HashMap<IpAddr, usize>>,
@@ -82,6 +89,7 @@ impl Instance {
             sessions: Limit::new(max_sessions),
             upgraded: AtomicUsize::new(0),
             retiring: AtomicUsize::new(0),
+            owed: Mutex::default(),
             addrs: Mutex::default(),
             declared: AtomicU64::new(0),
             listed_in,
@@ -121,18 +129,49 @@ impl Instance {
         self.retiring.load(Ordering::Acquire)
     }
 
-    /// `n` more sessions close as they come back.
-    pub(crate) fn owe_retirements(&self, n: usize) {
+    /// `n` more sessions close as they come back, asked by `link` (`None`: by no link).
+    pub(crate) fn owe_retirements(&self, link: Option<u64>, n: usize) {
+        let mut owed = locked(&self.owed);
+        match owed.iter_mut().find(|(l, _)| *l == link) {
+            Some((_, k)) => *k += n,
+            None => owed.push((link, n)),
+        }
         self.retiring.fetch_add(n, Ordering::AcqRel);
     }
 
-    /// Claims one owed retirement for a session that came back; false when none is owed.
-    pub(crate) fn take_retirement(&self) -> bool {
-        self.retiring.load(Ordering::Relaxed) > 0
-            && self
-                .retiring
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok()
+    /// Claims one owed retirement for a session that came back (the oldest link's first):
+    /// the link it was owed to, `None` when none is owed.
+    pub(crate) fn take_retirement(&self) -> Option<Claim> {
+        if self.retiring.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut owed = locked(&self.owed);
+        let (link, k) = owed.iter_mut().find(|(_, k)| *k > 0)?;
+        *k -= 1;
+        self.retiring.fetch_sub(1, Ordering::AcqRel);
+        Some(Claim(*link))
+    }
+
+    /// A claimed retirement that its session could not settle (it ended meanwhile for
+    /// another claim): owed again, unless its link has lapsed since.
+    pub(crate) fn owe_again(&self, claim: Claim) {
+        let mut owed = locked(&self.owed);
+        if let Some((_, k)) = owed.iter_mut().find(|(l, _)| *l == claim.0) {
+            *k += 1;
+            self.retiring.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// `link` ended: what it asked and was not done lapses (protocol/README.md, `RETIRE`).
+    /// Returns how many retirements lapsed.
+    pub(crate) fn lapse(&self, link: u64) -> usize {
+        let mut owed = locked(&self.owed);
+        let Some(at) = owed.iter().position(|(l, _)| *l == Some(link)) else {
+            return 0;
+        };
+        let (_, k) = owed.remove(at);
+        self.retiring.fetch_sub(k, Ordering::AcqRel);
+        k
     }
 
     /// The capacity its sessions' registrations declared (`Sluice-Capacity`), the latest's;

@@ -63,6 +63,11 @@ impl LinkInfo {
 }
 
 impl LinkEntry {
+    /// The link's id, unique in its cluster for the process's life.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The instance declared `n` (`CAPACITY`): the floors may move.
     pub(crate) fn declared(&self, n: u64) {
         self.info.set_capacity(n);

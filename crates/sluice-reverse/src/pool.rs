@@ -357,12 +357,17 @@ impl<P: Protocol> SlicePool<P> {
     /// come back ([`checkin`](Self::checkin)); returns how many closed now. A session is its
     /// connection: the streams of one that takes several requests at once count once, and it
     /// closes once its busy streams are back.
-    pub(crate) fn retire_idle(&self, instance: &Arc<Instance>, n: usize) -> usize {
+    pub(crate) fn retire_idle(
+        &self,
+        instance: &Arc<Instance>,
+        n: usize,
+        link: Option<u64>,
+    ) -> usize {
         let closed = std::cell::Cell::new(0);
         let mut st = self.state();
         // Owed under the lock that `checkin` claims under: a session coming back meanwhile is
         // either idle here or claims one of these as it comes back (never idle with one owed).
-        instance.owe_retirements(n);
+        instance.owe_retirements(link, n);
         let mut removed = st.idle.remove_where(|s| {
             if !Arc::ptr_eq(s.instance(), instance) {
                 return false;
@@ -371,14 +376,14 @@ impl<P: Protocol> SlicePool<P> {
             if s.is_shared() && s.is_closed() {
                 return true;
             }
-            if !instance.take_retirement() {
+            let Some(claim) = instance.take_retirement() else {
                 return false;
-            }
+            };
             if s.end() {
                 closed.set(closed.get() + 1);
             } else {
                 // Ended meanwhile for another claim: this one is owed again.
-                instance.owe_retirements(1);
+                instance.owe_again(claim);
             }
             true
         });
@@ -510,11 +515,11 @@ impl<P: Protocol> SlicePool<P> {
             self.changed.notify();
             return;
         }
-        if session.instance().take_retirement() {
+        if let Some(claim) = session.instance().take_retirement() {
             // Its service asked for one session fewer while this one was busy. A connection
             // that another of its streams ended meanwhile counted already: owed again.
             if !session.end() {
-                session.instance().owe_retirements(1);
+                session.instance().owe_again(claim);
             }
             drop(st);
             drop(session);

@@ -68,7 +68,7 @@ impl<S: SessionService> Slot<S> {
             let next = match self.fleet.clone() {
                 None => self.round(&mut counts, &mut failures).await,
                 Some(fleet) => match fleet.pick().await {
-                    Some(lease) => self.round_at(lease, &mut failures).await,
+                    Some(lease) => self.round_at(lease).await,
                     None => Next::End,
                 },
             };
@@ -112,8 +112,9 @@ impl<S: SessionService> Slot<S> {
         }
     }
 
-    /// One dial to the node `lease` names.
-    async fn round_at(&mut self, lease: Lease, failures: &mut u32) -> Next {
+    /// One dial to the node `lease` names. A failure makes the node back off, not the slot
+    /// (protocol/README.md, "Back-off"): [`Fleet::pick`](crate::fleet::Fleet) waits it out.
+    async fn round_at(&mut self, lease: Lease) -> Next {
         let lease = Arc::new(lease);
         let epoch = lease.report().epoch();
         match self.session(Some(&lease)).await {
@@ -122,8 +123,12 @@ impl<S: SessionService> Slot<S> {
                 match ended {
                     Ended::Retired => Next::End,
                     Ended::Moved => Next::Dial,
-                    Ended::Closed { .. } if moved => Next::Dial,
-                    Ended::Closed { served } => self.closed(served, failures),
+                    Ended::Closed { served } if moved || served => Next::Dial,
+                    Ended::Closed { .. } => {
+                        // Closed before serving anything: the node backs off, not the slot.
+                        lease.unused();
+                        Next::Dial
+                    }
                 }
             }
             Err(e) if e.is_drained() => {
@@ -137,9 +142,10 @@ impl<S: SessionService> Slot<S> {
                 Next::End
             }
             Err(e) => {
+                // The node backs off, not the slot: it may dial another node at once.
                 lease.failed(&e, epoch);
                 self.shared.record(e);
-                self.backoff(failures)
+                Next::Dial
             }
         }
     }

@@ -18,8 +18,15 @@ pub struct NodeView {
 }
 
 /// The targets, and whether step 5 moved a session (`moves`: whether it may; not while it
-/// is held after a move).
-pub fn targets(capacity: usize, nodes: &[NodeView], moves: bool) -> (Vec<usize>, bool) {
+/// is held after a move). `quiet` (no live node's last sample was above 0) leaves the split
+/// as it is: step 5 gives only to a node owed its floor that holds none, and step 4 gives
+/// to such a node first.
+pub fn targets(
+    capacity: usize,
+    nodes: &[NodeView],
+    moves: bool,
+    quiet: bool,
+) -> (Vec<usize>, bool) {
     let q = quotas(capacity, nodes);
     // Step 2: start from what is held, and nothing where the node is not live.
     let mut t: Vec<usize> = nodes
@@ -27,6 +34,20 @@ pub fn targets(capacity: usize, nodes: &[NodeView], moves: bool) -> (Vec<usize>,
         .map(|n| if n.live { n.held } else { 0 })
         .collect();
     let live: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].live).collect();
+    let floors = live.iter().filter(|&&i| nodes[i].floor).count();
+    let owed: Vec<usize> = live
+        .iter()
+        .copied()
+        .filter(|&i| nodes[i].floor && capacity >= floors)
+        .collect();
+    // While quiet, the nodes owed their floor that hold none.
+    let bare = |t: &[usize]| -> Vec<usize> {
+        if quiet {
+            owed.iter().copied().filter(|&i| t[i] == 0).collect()
+        } else {
+            Vec::new()
+        }
+    };
     let over = |t: &[usize], i: usize| t[i] as f64 - q[i];
     let holding = |t: &[usize]| (0..t.len()).filter(|&i| t[i] > 0).collect::<Vec<_>>();
     // Step 3.
@@ -38,25 +59,27 @@ pub fn targets(capacity: usize, nodes: &[NodeView], moves: bool) -> (Vec<usize>,
     }
     // Step 4.
     while t.iter().sum::<usize>() < capacity {
-        let Some(i) = first_max(live.iter().copied(), |i| -over(&t, i)) else {
+        let first = bare(&t);
+        let takers = if first.is_empty() { &live } else { &first };
+        let Some(i) = first_max(takers.iter().copied(), |i| -over(&t, i)) else {
             break;
         };
         t[i] += 1;
     }
     // Step 5, unless it is held.
-    let moved = moves && step_5(&mut t, &q, &live);
+    let moved = moves && step_5(&mut t, &q, |t| if quiet { bare(t) } else { live.clone() });
     (t, moved)
 }
 
-/// Step 5: moves one session at a time from the node most over its quota to the live node
-/// most under it, while the two deviations sum above one. Such a move shrinks the sum of
-/// `|t - q|`, and the move back would need the opposite, so none comes back while the
-/// quotas hold still. Returns whether it moved any.
-fn step_5(t: &mut [usize], q: &[f64], live: &[usize]) -> bool {
+/// Step 5: moves one session at a time from the node most over its quota to the taker
+/// (a live node, or while quiet a bare one) most under it, while the two deviations sum
+/// above one. Such a move shrinks the sum of `|t - q|`, and the move back would need the
+/// opposite, so none comes back while the quotas hold still. Returns whether it moved any.
+fn step_5(t: &mut [usize], q: &[f64], takers: impl Fn(&[usize]) -> Vec<usize>) -> bool {
     let mut moved = false;
     loop {
         let over = |t: &[usize], i: usize| t[i] as f64 - q[i];
-        let short = first_max(live.iter().copied(), |i| -over(t, i));
+        let short = first_max(takers(t), |i| -over(t, i));
         let long = first_max((0..t.len()).filter(|&i| t[i] > 0), |i| over(t, i));
         match (short, long) {
             (Some(i), Some(j)) if over(t, j) - over(t, i) > 1.0 => {
@@ -146,7 +169,7 @@ mod tests {
         assert!(v.splits.iter().any(|c| c.nodes.iter().any(|n| !n.floor)));
         for case in &v.splits {
             let nodes: Vec<NodeView> = case.nodes.iter().map(view).collect();
-            let (t, _) = targets(case.capacity, &nodes, true);
+            let (t, _) = targets(case.capacity, &nodes, true, case.quiet);
             assert_eq!(t, case.targets, "{}", case.name);
         }
     }
@@ -161,7 +184,7 @@ mod tests {
         };
         for capacity in 0..40 {
             let nodes = [node(3.0, 7, true), node(0.0, 9, false), node(11.0, 1, true)];
-            let (t, _) = targets(capacity, &nodes, true);
+            let (t, _) = targets(capacity, &nodes, true, false);
             assert_eq!(t.iter().sum::<usize>(), capacity, "{capacity}: {t:?}");
         }
     }
@@ -175,8 +198,8 @@ mod tests {
             floor: true,
         };
         let shifted = [node(2.0, 2), node(2.0, 2), node(30.0, 2)];
-        assert_eq!(targets(6, &shifted, true), (vec![1, 1, 4], true));
-        assert_eq!(targets(6, &shifted, false), (vec![2, 2, 2], false));
+        assert_eq!(targets(6, &shifted, true, false), (vec![1, 1, 4], true));
+        assert_eq!(targets(6, &shifted, false, false), (vec![2, 2, 2], false));
         // A node down is no move of step 5: its share goes to the others all the same.
         let down = [
             NodeView {
@@ -186,7 +209,7 @@ mod tests {
             node(2.0, 2),
             node(2.0, 2),
         ];
-        assert_eq!(targets(6, &down, false), (vec![0, 3, 3], false));
+        assert_eq!(targets(6, &down, false, false), (vec![0, 3, 3], false));
     }
 
     #[test]

@@ -104,6 +104,9 @@ pub struct SplitCase {
     pub nodes: Vec<SplitNode>,
     /// The sessions each should hold.
     pub targets: Vec<usize>,
+    /// The instance is quiet: no node's last sample was above 0.
+    #[serde(default)]
+    pub quiet: bool,
 }
 
 /// A node as a split sees it.

@@ -272,7 +272,7 @@ fn splits_give_the_vector_targets() {
             })
             .collect();
         assert_eq!(
-            targets(case.capacity, &nodes, true).0,
+            targets(case.capacity, &nodes, true, case.quiet).0,
             case.targets,
             "{}",
             case.name

@@ -206,6 +206,38 @@ async fn retire_closes_idle_sessions_now_and_busy_ones_after_their_response() {
     assert_eq!(svc.max_in_flight(), 1);
 }
 
+/// What a link asked lapses with the link (protocol/README.md, `RETIRE`): a busy session
+/// asked to retire on a link that then ends stays once its response is done. Its SDK counts
+/// it held again and asks again on its next link if it still wants one fewer; before, the
+/// node owed it across links (and forgot it in a hot restart), so the two sides disagreed.
+#[tokio::test]
+async fn what_a_link_asked_lapses_with_the_link() {
+    let proxy = start_proxy("", DEFAULT_ROUTE).await;
+    let svc = Service::start(proxy.acceptor, ServiceSpec::new("a", 1)).await;
+    proxy.idle("default", 1).await;
+    let mut link = Link::open(proxy.acceptor, "a", 1).await;
+    let addr = proxy.http;
+    let busy = tokio::spawn(async move { get(addr, "/wait").await });
+    link.demand_until(|d| d.in_flight == 1).await;
+    link.send(ServiceLine::Retire(1)).await;
+    link.close_after_acting().await;
+    // The node has let the link go once it no longer lists it.
+    let gone = async {
+        while !proxy.cluster.links().list().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the node still lists a link it closed");
+    svc.open_gate();
+    assert_eq!(busy.await.unwrap().status, 200);
+    tokio::time::timeout(Duration::from_secs(10), proxy.idle("default", 1))
+        .await
+        .expect("the session closed for a retirement its link took with it");
+    assert_eq!(svc.live(), 1);
+}
+
 #[tokio::test]
 async fn a_stopping_node_says_draining_and_lists_the_links_capacity() {
     let proxy = start_proxy("", DEFAULT_ROUTE).await;

@@ -22,6 +22,7 @@ from sluice_sdk.control import Demand, Draining
 from sluice_sdk.dial import Endpoint
 from sluice_sdk.errors import ConnectError, HandshakeTimeout
 from sluice_sdk.fleet import Fleet, Node
+from sluice_sdk.options import Backoff
 from sluice_sdk.state import Shared
 
 VECTORS = Path(__file__).resolve().parents[3] / "protocol" / "vectors" / "fleet.json"
@@ -108,8 +109,10 @@ class Replay:
         self.shared = Shared()
         self.shared.resize(options["capacity"])
         self.clock = FakeClock()
+        backoff = options.get("backoff", {"initial": 0.1, "max": 5.0})
         self.fleet = Fleet(self.shared, options["node_grace"], self._start_link, clock=self.clock,
-                           first_wait=options["handshake_timeout"])
+                           first_wait=options["handshake_timeout"],
+                           backoff=Backoff(backoff["initial"], backoff["max"], jitter=0.0))
         self.names: dict[str, Endpoint] = {}
         self.links: dict[str, tuple[int, LinkWriter]] = {}
         self.dialing: Counter[str] = Counter()
@@ -230,6 +233,16 @@ class Replay:
             self.sessions.setdefault(name, []).append(session)
             if self.fleet.opened(self.node(name), session):
                 session.closing = True  # unused: the slot closes it at once
+
+    def on_failed(self, name: str, k: int) -> None:
+        """``k`` session dials under way to ``name`` fail (a retryable refusal): as a slot does,
+        the fleet hears of each and the dial's count ends."""
+        assert self.dialing[name] >= k, f"{k} failed at {name}, {self.dialing[name]} dialed"
+        node = self.node(name)
+        for _ in range(k):
+            self.dialing[name] -= 1
+            self.fleet.release(node, None)
+            self.fleet.dial_failed(node)
 
     def on_closed(self, name: str, k: int) -> None:
         sessions = [s for s in self.sessions.get(name, []) if not s.closing]

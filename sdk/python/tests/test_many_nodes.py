@@ -142,8 +142,10 @@ def test_a_node_that_dies_moves_its_share_and_logs_one_line(
         await tally.until(lambda: held(a, b) == [0, 4])
         status = by_address(sessions)
         assert (status[a.addr].live, status[a.addr].state, status[a.addr].target) == (False, "down", 0)
-        await a.start(a.port)  # it comes back: its share follows the demand again
-        await tally.until(lambda: held(a, b) == [2, 2])
+        # It comes back: with no demand anywhere it gets its floor of one, and nothing else
+        # moves (protocol/README.md, "quiet").
+        await a.start(a.port)
+        await tally.until(lambda: held(a, b) == [1, 3])
         assert tally.max_open <= 4
         sessions.close()
 
@@ -203,13 +205,14 @@ def test_dns_names_are_resolved_again_nodes_join_and_leave() -> None:
         await tally.until(lambda: held(a, b) == [4, 0])
         assert asked[0] == ("nodes.test", 7070)
 
-        records["nodes.test"].append(("127.0.0.1", b.port))  # b joins: sessions move by RETIRE
-        await tally.until(lambda: held(a, b) == [2, 2])
-        assert a.retires == [2] and a.closed_by_service == 0
+        # b joins: with no demand anywhere it gets its floor of one, by RETIRE at a.
+        records["nodes.test"].append(("127.0.0.1", b.port))
+        await tally.until(lambda: held(a, b) == [3, 1])
+        assert a.retires == [1] and a.closed_by_service == 0
 
         del records["nodes.test"][0]  # a leaves: it retires everything, then its link closes
         await tally.until(lambda: held(a, b) == [0, 4] and not a.live_links())
-        assert a.retires == [2, 2] and a.closed_by_service == 0
+        assert a.retires == [1, 3] and a.closed_by_service == 0
         assert [n.address for n in sessions.nodes] == [b.addr]
         assert tally.max_open <= 4
         sessions.close()
@@ -361,8 +364,9 @@ def test_a_node_holding_the_instance_drained_is_left_until_resumed() -> None:
         await tally.until(lambda: held(a, b) == [0, 4])
         assert by_address(sessions)[a.addr].state == "held"
         assert isinstance(sessions.last_error, Refused) and sessions.last_error.status == 410
-        a.register_status = a.link_status = 101  # resumed: the next probe finds out
-        await tally.until(lambda: held(a, b) == [2, 2])
+        # Resumed: the next probe finds out, and a gets its floor (no demand anywhere).
+        a.register_status = a.link_status = 101
+        await tally.until(lambda: held(a, b) == [1, 3])
         assert tally.max_open <= 4
         sessions.close()
 

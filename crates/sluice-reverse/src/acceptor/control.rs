@@ -50,7 +50,9 @@ pub(super) async fn serve<P: Protocol, T: SessionStream>(
         entry: &entry,
     };
     let ended = link.run(io, node).await;
-    info!(cluster = %cluster.name(), slice = %slice.slice(), %instance, reason = %ended, "control link closed");
+    // What the link asked lapses with it: its SDK asks again on the next link.
+    let lapsed = cluster.lapse(&instance, entry.id());
+    info!(cluster = %cluster.name(), slice = %slice.slice(), %instance, reason = %ended, lapsed, "control link closed");
 }
 
 struct Link<'a, P: Protocol> {
@@ -140,7 +142,8 @@ impl<P: Protocol> Link<'_, P> {
             ServiceLine::Retire(n) => {
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
                 self.entry.info.count_retired(n as u64);
-                self.cluster.retire(self.slice.slice(), self.instance, n);
+                self.cluster
+                    .retire_on(self.slice.slice(), self.instance, n, self.entry.id());
             }
             ServiceLine::Capacity(n) => {
                 debug!(instance = %self.instance, capacity = n, "declared capacity");

@@ -65,6 +65,7 @@ impl Fleet {
             probe_every: options.drained_probe,
             node_grace: options.node_grace,
             first_wait: options.handshake_timeout,
+            backoff: options.backoff,
         };
         let fleet = Arc::new(Self {
             nodes: Mutex::new(Nodes::new(timing)),
@@ -364,6 +365,9 @@ impl Lease {
     /// refused connect may show that the node is gone ([`Nodes::refused`]).
     pub(crate) fn failed(&self, error: &Error, epoch: u64) {
         self.report.dial_failed(error, epoch);
+        // The node backs off, not the slot (protocol/README.md, "Back-off").
+        let addr = self.addr;
+        self.fleet.with(|n, now| n.back_off(addr, now));
         self.dialed(Dialed::Failed, LeaseState::Done);
         if error.is_connection_refused() {
             let addr = self.addr;
@@ -388,6 +392,13 @@ impl Lease {
             let (addr, probe) = (self.addr, self.probe);
             self.fleet.with(|n, now| n.dialed(addr, probe, how, now));
         }
+    }
+
+    /// The session ended before serving anything, unasked: its node backs off (a proxy that
+    /// accepts and drops sessions is not re-dialed in a tight loop).
+    pub(crate) fn unused(&self) {
+        let addr = self.addr;
+        self.fleet.with(|n, now| n.back_off(addr, now));
     }
 
     /// The session ended; whether it was moved (its slot dials elsewhere at once).

@@ -42,11 +42,19 @@ pub(crate) struct Node {
     /// Shutdown: the drain request failed here, so the SDK closes the sessions itself.
     pub(crate) closing: bool,
     pub(crate) demand: Option<f64>,
+    /// The last `DEMAND`'s sample was above 0. While no live node's is, the instance is quiet:
+    /// step 5 of the split moves sessions only to a node owed its floor that holds none.
+    pub(crate) asking: bool,
     /// The node asks this instance for its floor of one session: its link's last `FLOOR`,
     /// `true` until the link says `FLOOR 0` (as an older node, which never says it).
     pub(crate) floor: bool,
     pub(crate) registered: usize,
     pub(crate) dialing: usize,
+    /// Session dials here that failed (or sessions that ended unused, unasked) since one last
+    /// registered: the node backs off, not the slot ([`Nodes::back_off`](super::Nodes)).
+    pub(crate) failures: u32,
+    /// No slot dials here before this instant, while `failures`.
+    pub(crate) retry_at: Option<Instant>,
     /// Sessions asked to retire (by `RETIRE`, or owed SDK-side closes at an old acceptor)
     /// that have not closed yet.
     pub(crate) retiring: usize,
@@ -74,9 +82,12 @@ impl Node {
             probing: false,
             closing: false,
             demand: None,
+            asking: false,
             floor: true,
             registered: 0,
             dialing: 0,
+            failures: 0,
+            retry_at: None,
             retiring: 0,
             evict: 0,
             target: 0,
@@ -118,9 +129,16 @@ impl Node {
             || (!self.listed && self.link.is_none())
     }
 
+    /// No slot dials here now: a dial failed less than its delay ago, or one has failed and
+    /// a dial is under way (one at a time until a session registers).
+    pub(crate) fn backing_off(&self, now: Instant) -> bool {
+        self.failures > 0 && (self.retry_at.is_some_and(|at| at > now) || self.dialing > 0)
+    }
+
     /// Reads a `DEMAND`; `true` if it made the node live (a link's first).
     pub(crate) fn heard(&mut self, demand: Demand) -> bool {
         self.demand = Some(smooth(self.demand, demand.sample()));
+        self.asking = demand.sample() > 0.0;
         self.awaited = None;
         if !std::mem::take(&mut self.fresh_link) {
             return false;

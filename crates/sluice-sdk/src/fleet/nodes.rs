@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::node::Node;
 use super::rebalance::Rebalance;
+use crate::options::Backoff;
 use crate::state::NodeStatus;
 use sluice_session::split::targets;
 
@@ -51,6 +52,9 @@ pub(crate) struct Timing {
     /// How long the first resolution's nodes may hold the first dials back
     /// ([`Options::handshake_timeout`](crate::Options): a link dial answers or fails by then).
     pub(crate) first_wait: Duration,
+    /// The delays a node backs off by after failed session dials
+    /// ([`Options::backoff`](crate::Options)).
+    pub(crate) backoff: Backoff,
 }
 
 /// Every node, in the order the SDK lists them.
@@ -62,6 +66,7 @@ pub(crate) struct Nodes {
     probe_every: Duration,
     node_grace: Duration,
     first_wait: Duration,
+    backoff: Backoff,
     rebalance: Rebalance,
     /// When a plan last moved a session by step 5 (see [`MOVE_HOLD`]).
     moved_at: Option<Instant>,
@@ -85,6 +90,7 @@ impl Nodes {
             probe_every: timing.probe_every,
             node_grace: timing.node_grace,
             first_wait: timing.first_wait,
+            backoff: timing.backoff,
             rebalance: Rebalance::default(),
             moved_at: None,
             joined: Vec::new(),
@@ -199,6 +205,10 @@ impl Nodes {
             node.fresh_link = true;
             // A new link asks for the floor until it says otherwise.
             node.floor = true;
+            // What the last link asked lapsed with it (the node owes it no more): the sessions
+            // count as held again, and the next plan asks this link for what is still surplus.
+            // SDK-side closes owed at an old acceptor are this side's own, and stay.
+            node.retiring = node.evict;
         }
     }
 
@@ -392,8 +402,13 @@ impl Nodes {
             };
         }
         let room = |n: &Node| n.target as i64 - n.h() as i64;
+        let wanted = |n: &Node| n.live() && room(n) > 0;
         let mut best: Option<&mut Node> = None;
-        for node in self.nodes.iter_mut().filter(|n| n.live() && room(n) > 0) {
+        for node in self
+            .nodes
+            .iter_mut()
+            .filter(|n| wanted(n) && !n.backing_off(now))
+        {
             if best.as_ref().is_none_or(|b| room(node) > room(b)) {
                 best = Some(node);
             }
@@ -406,8 +421,30 @@ impl Nodes {
                     probe: false,
                 }
             }
-            None => Pick::Wait(self.nodes.iter().filter_map(|n| n.hold).min()),
+            None => {
+                // A node with room backing off wakes the slots when its delay has passed (one
+                // whose dial is under way, when that dial ends: a change of its books).
+                let retries = self.nodes.iter().filter(|n| wanted(n));
+                let retries = retries.filter_map(|n| n.retry_at.filter(|&at| at > now));
+                let holds = self.nodes.iter().filter_map(|n| n.hold);
+                Pick::Wait(holds.chain(retries).min())
+            }
         }
+    }
+
+    /// A session dial at `addr` failed (it is retried), or its session ended before serving
+    /// anything, unasked: the node backs off for the next delay, unless it is backing off
+    /// already (the other failures of one burst extend nothing); the slots dial other nodes
+    /// meanwhile, and then this one a dial at a time until a session registers there
+    /// (protocol/README.md, "Back-off").
+    pub(crate) fn back_off(&mut self, addr: SocketAddr, now: Instant) {
+        let backoff = self.backoff;
+        let Some(node) = self.node(addr) else { return };
+        if node.failures > 0 && node.retry_at.is_some_and(|at| at > now) {
+            return;
+        }
+        node.retry_at = Some(now + backoff.delay(node.failures));
+        node.failures = node.failures.saturating_add(1);
     }
 
     /// Until when a node of the first resolution holds the first dials back, if one does.
@@ -431,6 +468,8 @@ impl Nodes {
         match how {
             Dialed::Registered => {
                 node.registered += 1;
+                node.failures = 0;
+                node.retry_at = None;
                 node.report.registered();
                 if node.hold.take().is_some() {
                     self.topology += 1;
@@ -499,7 +538,8 @@ impl Nodes {
         }
         let views: Vec<_> = self.nodes.iter().map(Node::view).collect();
         let held = self.moved_at.is_some_and(|at| now < at + MOVE_HOLD);
-        let (targets, moved) = targets(self.capacity, &views, !held);
+        let quiet = !self.nodes.iter().any(|n| n.asking && n.live());
+        let (targets, moved) = targets(self.capacity, &views, !held, quiet);
         if moved {
             self.moved_at = Some(now);
         }

@@ -20,6 +20,7 @@ from . import control, split
 from .control import Demand
 from .dial import Endpoint
 from .errors import ConnectError, SluiceError
+from .options import Backoff
 from .report import Report
 from .state import Shared
 
@@ -92,11 +93,21 @@ class Node:
     """Its acceptor refused the link for good (400 aside: 401, 404): logged once."""
     demand: float | None = None
     """The smoothed demand (``None`` before the first ``DEMAND``)."""
+    asking: bool = False
+    """Its last ``DEMAND``'s sample was above 0 (the instance is quiet while no live node's
+    is: step 5 then moves sessions only to a node owed its floor that holds none)."""
     floor: bool = True
     """The node asks this instance for its floor of one session: its link's last ``FLOOR``
     (a node that sends none, an older one, asks)."""
     sessions: int = 0
     """Sessions held here: registered or being dialed."""
+    dialing: int = 0
+    """Session dials under way here."""
+    failures: int = 0
+    """Session dials here that failed (or sessions that ended unused, unasked) since one last
+    registered: the node backs off, not the slot (protocol/README.md, "Back-off")."""
+    retry_at: float = 0.0
+    """No slot dials here before this (clock time), while ``failures``."""
     asked: int = 0
     """Registered sessions the node was asked to retire (``RETIRE``) that have not ended."""
     local: int = 0
@@ -193,9 +204,12 @@ class Fleet:
 
     def __init__(self, shared: Shared, node_grace: float,
                  start_link: Callable[[Node], asyncio.Future[None]],
-                 clock: Clock | None = None, first_wait: float = 5.0) -> None:
+                 clock: Clock | None = None, first_wait: float = 5.0,
+                 backoff: Backoff | None = None) -> None:
         self.shared = shared
         self.node_grace = node_grace
+        #: The delays a node backs off by after failed session dials.
+        self.backoff = backoff if backoff is not None else Backoff()
         #: How long the first resolution's nodes may hold the first dials back (the handshake
         #: timeout: a link dial answers or fails by then).
         self.first_wait = first_wait
@@ -287,6 +301,7 @@ class Fleet:
         """A ``DEMAND`` on link ``gen``: smoothed, and the node is live unless it drains or
         holds the instance since this link or a later one."""
         node.demand = control.smooth(node.demand, demand.sample)
+        node.asking = demand.sample > 0
         node.waited_until = 0.0
         if node.block is not None and gen > node.block_gen:
             log.info("node %s takes sessions again (it was %s)", node, node.block)
@@ -429,7 +444,9 @@ class Fleet:
                 node.local = 0  # RETIRE reaches it again: no closes from here
         views = [split.NodeView(n.live, n.split_demand, n.held, n.floor) for n in self.nodes]
         now = self.clock.time()
-        decided = split.plan(self.capacity, views, hold=now - self._moved_at < MOVE_HOLD)
+        quiet = not any(n.live and n.asking for n in self.nodes)
+        decided = split.plan(self.capacity, views, hold=now - self._moved_at < MOVE_HOLD,
+                             quiet=quiet)
         if decided.moved:
             self._moved_at = now
         for node, target in zip(self.nodes, decided.targets, strict=True):
@@ -484,7 +501,20 @@ class Fleet:
         node = self.pick()
         if node is not None:
             node.sessions += 1
+            node.dialing += 1
         return node
+
+    def dial_failed(self, node: Node) -> None:
+        """A session dial to ``node`` failed (and is retried), or its session ended before
+        serving anything, unasked: the node backs off for the next delay, unless it is backing
+        off already (the other dials of one burst extend nothing), and the slots dial other
+        nodes meanwhile. Then it takes one dial at a time until a session registers there."""
+        now = self.clock.time()
+        if node.failures and node.retry_at > now:
+            return
+        node.retry_at = now + self.backoff.delay(node.failures)
+        node.failures += 1
+        self.clock.call_later(node.retry_at - now, self.shared.notify)
 
     @property
     def waiting(self) -> bool:
@@ -500,9 +530,12 @@ class Fleet:
         if self.total >= self.capacity or self.waiting:
             return None
         best: Node | None = None
+        now = self.clock.time()
         for node in self.nodes:
             room = node.target - node.held
-            if node.live and room > 0 and (best is None or room > best.target - best.held):
+            if not node.live or room <= 0 or _backing_off(node, now):
+                continue
+            if best is None or room > best.target - best.held:
                 best = node
         return best
 
@@ -521,6 +554,8 @@ class Fleet:
         """A session there ended (``None``: its dial failed). Returns whether it was one asked
         to retire: then the slot dials elsewhere at once."""
         node.sessions -= 1
+        if session is None:
+            node.dialing = max(node.dialing - 1, 0)
         retired = True
         if session is not None and session.retired:
             node.closing -= 1
@@ -550,6 +585,8 @@ class Fleet:
     def opened(self, node: Node, session: Session) -> bool:
         """A session registered at ``node``; ``True`` if it must close at once (unused)."""
         node.open.add(session)
+        node.dialing = max(node.dialing - 1, 0)
+        node.failures = 0
         if node.unborn > 0:
             node.unborn -= 1
             node.closing += 1
@@ -585,6 +622,12 @@ class Fleet:
         self._log.close()
         for node in self.nodes:
             _stop(node)
+
+
+def _backing_off(node: Node, now: float) -> bool:
+    """No slot dials ``node`` now: its last dial failed less than its delay ago, or it has
+    failed and a dial is under way (one at a time until a session registers)."""
+    return node.failures > 0 and (node.retry_at > now or node.dialing > 0)
 
 
 def _stop(node: Node) -> None:

@@ -62,8 +62,8 @@ class NodeSlot:
     fleet: Fleet
 
     async def run(self) -> None:
-        """Dials until retired, stopped or refused for good."""
-        failures = 0
+        """Dials until retired, stopped or refused for good. A failed dial makes its node back
+        off, not the slot (``Fleet.dial_failed``): the slot may dial another node at once."""
         while True:
             node = await self.fleet.acquire()
             if node is None:
@@ -81,22 +81,17 @@ class NodeSlot:
             finally:
                 retired = self.fleet.release(node, hooks if hooks.conn is not None else None)
             if isinstance(outcome, NodeHooks):
-                failures = 0
                 # A session closed before serving anything, not asked to: do not spin on it.
-                again = outcome.served or outcome.retired or retired
-                pause = None if again else self.options.backoff.delay(0)
+                if not (outcome.served or outcome.retired or retired):
+                    self.fleet.dial_failed(node)
             elif isinstance(outcome, SluiceError) and getattr(outcome, "drained", False):
                 self.fleet.held(node, outcome)
-                continue
             elif isinstance(outcome, SluiceError) and not outcome.retryable:
                 return self.shared.slot_failed(outcome)
             else:
                 if isinstance(outcome, SluiceError) and not self.shared.counts.stopping:
                     self._dial_failed(node, outcome, epoch)
-                pause = self.options.backoff.delay(failures)
-                failures += 1
-            if pause is not None and await self.shared.pause(pause):
-                return
+                self.fleet.dial_failed(node)
 
     def _dial_failed(self, node: Node, error: SluiceError, epoch: int) -> None:
         """Remembers the error, and logs it once per outage of the node's sessions; a node

@@ -43,7 +43,7 @@ class Sessions:
         where = options.address
         if not isinstance(where, address.Single):
             self._fleet = Fleet(self._shared, options.node_grace, self._start_link,
-                                first_wait=options.handshake_timeout)
+                                first_wait=options.handshake_timeout, backoff=options.backoff)
             self._discovery = asyncio.ensure_future(Discovery(where, options).run(self._fleet))
         self.set_capacity(options.capacity)
 

@@ -48,12 +48,17 @@ def targets(capacity: int, nodes: Sequence[NodeView]) -> list[int]:
     return plan(capacity, nodes).targets
 
 
-def plan(capacity: int, nodes: Sequence[NodeView], hold: bool = False) -> Plan:
+def plan(capacity: int, nodes: Sequence[NodeView], hold: bool = False,
+         quiet: bool = False) -> Plan:
     """:func:`targets`, and how many sessions step 5 moved; ``hold`` skips step 5 (demand
-    moves nothing; steps 1–4 still follow a node down or a change of ``capacity``)."""
+    moves nothing; steps 1–4 still follow a node down or a change of ``capacity``). ``quiet``
+    (no node's last sample was above 0) lets step 5 move a session only to a node owed its
+    floor that holds none: nobody asks for anything, so the split stays."""
     q = quotas(capacity, nodes)
     t = [n.held if n.live else 0 for n in nodes]
     live = [i for i, n in enumerate(nodes) if n.live]
+    floors = sum(1 for i in live if nodes[i].floor)
+    owed = [i for i in live if nodes[i].floor and capacity >= floors]
 
     def over(i: int) -> float:
         return t[i] - q[i]
@@ -69,14 +74,19 @@ def plan(capacity: int, nodes: Sequence[NodeView], hold: bool = False) -> Plan:
         if j is None:
             break
         t[j] -= 1
+    def bare() -> list[int]:
+        """While quiet, the nodes owed their floor that hold none: first in step 4, the only
+        ones step 5 gives to."""
+        return [i for i in owed if t[i] == 0] if quiet else []
+
     while sum(t) < capacity:
-        i = _first_max(live, under)
+        i = _first_max(bare() or live, under)
         if i is None:
             break
         t[i] += 1
     moved = 0
     while not hold:
-        i, j = _first_max(live, under), _first_max(holding(), over)
+        i, j = _first_max(bare() if quiet else live, under), _first_max(holding(), over)
         if i is None or j is None or not over(j) + under(i) > MOVE_ABOVE:
             break
         t[i] += 1

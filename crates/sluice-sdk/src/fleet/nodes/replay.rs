@@ -44,6 +44,14 @@ impl Replay {
             probe_every: Duration::from_secs(30),
             node_grace: secs("node_grace"),
             first_wait: secs("handshake_timeout"),
+            // No jitter: the scenarios name the instants a backing-off node is dialed again.
+            backoff: crate::options::Backoff {
+                initial: Duration::from_secs_f64(
+                    options["backoff"]["initial"].as_f64().unwrap_or(0.1),
+                ),
+                max: Duration::from_secs_f64(options["backoff"]["max"].as_f64().unwrap_or(5.0)),
+                jitter: 0.0,
+            },
         };
         let capacity = options["capacity"].as_u64().unwrap() as usize;
         let start = Instant::now();
@@ -213,6 +221,16 @@ impl Replay {
                     assert!(*dialing > 0, "a session registered at {name}, none dialed");
                     *dialing -= 1;
                     self.nodes.dialed(addr, false, Dialed::Registered, now);
+                }
+            }
+            "failed" => {
+                for _ in 0..count() {
+                    let dialing = self.dialing.entry(name.clone()).or_default();
+                    assert!(*dialing > 0, "a session dial failed at {name}, none dialed");
+                    *dialing -= 1;
+                    // As `Lease::failed` does: the node backs off, then the dial ends.
+                    self.nodes.back_off(addr, now);
+                    self.nodes.dialed(addr, false, Dialed::Failed, now);
                 }
             }
             "closed" => {

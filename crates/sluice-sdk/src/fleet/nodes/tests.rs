@@ -16,6 +16,11 @@ const TIMING: Timing = Timing {
     probe_every: PROBE,
     node_grace: GRACE,
     first_wait: FIRST_WAIT,
+    backoff: crate::options::Backoff {
+        initial: Duration::from_millis(100),
+        max: Duration::from_secs(5),
+        jitter: 0.5,
+    },
 };
 
 fn addr(i: usize) -> SocketAddr {
@@ -88,6 +93,7 @@ fn the_split_vectors_give_the_same_targets_through_the_books() {
             node.demand = Some(want.demand);
             node.registered = want.held;
             node.floor = want.floor;
+            node.asking = !case.quiet;
         }
         nodes.capacity = case.capacity;
         nodes.plan(now);
