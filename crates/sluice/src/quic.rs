@@ -1,0 +1,95 @@
+//! A listener's HTTP/3 endpoint (`[[listener]] http3`), bound and served beside its TCP
+//! server when the `http3` feature is built; without it, a configuration that asks for one
+//! is refused by `Proxy::bind` with the feature's name.
+
+use sluice_config::Listener;
+use sluice_net::sockets::{self, Sockets};
+use sluice_server::Server;
+
+use crate::app::StartError;
+use crate::metrics::Metrics;
+
+/// A bound HTTP/3 endpoint.
+#[cfg(feature = "http3")]
+pub(crate) type Endpoint = sluice_server::http3::H3Server;
+
+/// None can exist in a build without HTTP/3.
+#[cfg(not(feature = "http3"))]
+#[derive(Debug)]
+pub(crate) enum Endpoint {}
+
+/// Refuses a configuration that asks for HTTP/3 from a build without it.
+pub(crate) fn check_built(config: &sluice_config::Config) -> Result<(), StartError> {
+    let wanted = config.listeners.iter().any(|l| l.http3.is_some());
+    if wanted && !cfg!(feature = "http3") {
+        return Err(crate::router::Unbuilt::new("[[listener]] http3", "http3").into());
+    }
+    Ok(())
+}
+
+/// Binds `l`'s HTTP/3 endpoint (its UDP socket: `http3_listen`, or the TCP listener's own
+/// address and bound port), or takes the one a predecessor handed over; `server` (the TCP
+/// listener, with its certificates) offers it by `Alt-Svc` from then on.
+#[cfg(feature = "http3")]
+pub(crate) fn bind(
+    l: &Listener,
+    server: Server,
+    sockets: &mut Sockets,
+    metrics: &Metrics,
+) -> Result<(Server, Option<Endpoint>), StartError> {
+    use std::sync::Arc;
+    let (Some(h3), Some(certs)) = (&l.http3, server.certificates()) else {
+        return Ok((server, None));
+    };
+    let tcp = server.local_addr().unwrap_or(l.addr);
+    let addr = h3.addr.unwrap_or(tcp);
+    let bind_error = |source| StartError::Bind {
+        listener: format!("{} (HTTP/3, UDP)", l.name),
+        addr,
+        source,
+    };
+    let socket = sockets.udp(&sockets::quic_key(&l.name), addr);
+    let options = sluice_server::http3::H3Options {
+        retry: h3.retry,
+        max_streams: h3.max_streams,
+    };
+    let endpoint = socket.and_then(|socket| {
+        Endpoint::new(&l.name, socket, Arc::clone(certs), l.http.clone(), options)
+    });
+    let endpoint = endpoint.map_err(bind_error)?;
+    let endpoint = endpoint.with_counters(metrics.quic_counters(&l.name));
+    let port = endpoint.local_addr().map_or(addr.port(), |a| a.port());
+    Ok((server.with_alt_svc(port), Some(endpoint)))
+}
+
+#[cfg(not(feature = "http3"))]
+pub(crate) fn bind(
+    _: &Listener,
+    server: Server,
+    _: &mut Sockets,
+    _: &Metrics,
+) -> Result<(Server, Option<Endpoint>), StartError> {
+    Ok((server, None))
+}
+
+/// Serves `endpoint` in `group`, with the same service and grace as the TCP listeners;
+/// `upgraded` turns true when a hot restart's successor has its socket.
+#[cfg(feature = "http3")]
+pub(crate) fn add<S: sluice_server::H3Service>(
+    group: &mut sluice_server::Group,
+    endpoint: Endpoint,
+    (service, grace): (S, std::time::Duration),
+    upgraded: tokio::sync::watch::Receiver<bool>,
+) {
+    group.add_http3(endpoint.with_handover(upgraded), service, grace);
+}
+
+#[cfg(not(feature = "http3"))]
+pub(crate) fn add<S>(
+    _: &mut sluice_server::Group,
+    endpoint: Endpoint,
+    _: (S, std::time::Duration),
+    _: tokio::sync::watch::Receiver<bool>,
+) {
+    match endpoint {}
+}
