@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A dial-in service for the HTTP/3 tests: registers N sessions with the Python SDK and answers
-every request with ``dialin <METHOD> <path> <body length>`` and the body it read, echoed.
+every request with ``dialin <METHOD> <path?query> <body length>`` and the body it read, echoed.
 Prints ``registered N`` once they are registered. Token: env SLUICE_TOKEN."""
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body += message.get("body", b"")
         if not message.get("more_body"):
             break
-    head = f"dialin {scope['method']} {scope['path']} {len(body)}\n".encode()
+    query = scope.get("query_string", b"").decode()
+    target = scope["path"] + (f"?{query}" if query else "")
+    head = f"dialin {scope['method']} {target} {len(body)}\n".encode()
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(head) + len(body)).encode())]})
     await send({"type": "http.response.body", "body": head + body})
