@@ -20,11 +20,14 @@ pub(crate) enum Endpoint {}
 
 /// Refuses a configuration that asks for HTTP/3 from a build without it.
 pub(crate) fn check_built(config: &sluice_config::Config) -> Result<(), StartError> {
-    let wanted = config.listeners.iter().any(|l| l.http3.is_some());
-    if wanted && !cfg!(feature = "http3") {
-        return Err(crate::router::Unbuilt::new("[[listener]] http3", "http3").into());
+    let wanted = config.listeners.iter().find(|l| l.http3.is_some());
+    match wanted {
+        Some(l) if !cfg!(feature = "http3") => {
+            let part = format!("listener {}: http3", l.name);
+            Err(crate::router::Unbuilt::new(part, "http3").into())
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Binds `l`'s HTTP/3 endpoint (its UDP socket: `http3_listen`, or the TCP listener's own
@@ -92,4 +95,32 @@ pub(crate) fn add<S>(
     _: tokio::sync::watch::Receiver<bool>,
 ) {
     match endpoint {}
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A listener that asks for HTTP/3 is refused by name by a build without it (the lean
+    /// build's unit tests run this), and taken by one with it.
+    #[test]
+    fn a_build_without_http3_refuses_a_listener_that_asks_for_it() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/configs");
+        let text = "[[listener]]\nname = \"q\"\nlisten = \"127.0.0.1:0\"\n\
+                    tls = { cert = \"tls/cert.pem\", key = \"tls/key.pem\" }\nhttp3 = true\n\
+                    [[route]]\ndirect_response = { status = 200 }\n";
+        let config = sluice_config::parse_str(text, "t.toml", &dir).unwrap();
+        let checked = check_built(&config).map_err(|e| e.to_string());
+        if cfg!(feature = "http3") {
+            assert_eq!(checked, Ok(()));
+        } else {
+            let said = checked.unwrap_err();
+            assert!(
+                said.starts_with("listener q: http3 needs the `http3` feature"),
+                "{said}"
+            );
+        }
+    }
 }
