@@ -3,7 +3,7 @@
 //! is refused by `Proxy::bind` with the feature's name.
 
 use sluice_config::Listener;
-use sluice_net::sockets::{self, Sockets};
+use sluice_net::sockets::Sockets;
 use sluice_server::Server;
 
 use crate::app::StartError;
@@ -51,7 +51,7 @@ pub(crate) fn bind(
         addr,
         source,
     };
-    let socket = sockets.udp(&sockets::quic_key(&l.name), addr);
+    let socket = sockets.udp(&sluice_net::sockets::quic_key(&l.name), addr);
     let options = sluice_server::http3::H3Options {
         retry: h3.retry,
         max_streams: h3.max_streams,
