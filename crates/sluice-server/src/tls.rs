@@ -140,22 +140,6 @@ pub fn server_config(certs: Arc<Certificates>, http2: bool) -> io::Result<Arc<Se
     Ok(Arc::new(config))
 }
 
-/// The rustls config of a listener's QUIC endpoint: the same certificates (so a reload
-/// applies to it too), TLS 1.3 only, ALPN `h3`, tickets for resumption, and no early data:
-/// 0-RTT stays off, as a replayed request would be served twice.
-#[cfg(feature = "http3")]
-pub(crate) fn quic_server_config(certs: Arc<Certificates>) -> io::Result<Arc<ServerConfig>> {
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| invalid(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(certs);
-    config.alpn_protocols = vec![crate::http3::ALPN.to_vec()];
-    config.ticketer = ticketer()?;
-    config.max_early_data_size = 0;
-    Ok(Arc::new(config))
-}
-
 fn certified_key(tls: &Tls) -> io::Result<CertifiedKey> {
     let (certs, key) = load_pair(tls)?;
     CertifiedKey::from_der(certs, key, &provider())

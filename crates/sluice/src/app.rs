@@ -170,7 +170,9 @@ impl Proxy {
         if let Some(unbuilt) = RouteTable::unbuilt(config) {
             return Err(unbuilt.into());
         }
-        crate::quic::check_built(config)?;
+        if let Some(unbuilt) = crate::quic::unbuilt(config) {
+            return Err(unbuilt.into());
+        }
         let (mut sockets, predecessor) = match inherited.map(Inherited::into_parts) {
             Some((sockets, feed)) => (sockets, Some(feed)),
             None => (Sockets::default(), None),
@@ -189,7 +191,12 @@ impl Proxy {
         let mut quic = Vec::new();
         for l in &config.listeners {
             let server = bind_server(l, &mut sockets).await?;
-            let (server, endpoint) = crate::quic::bind(l, server, &mut sockets, &metrics)?;
+            let bound = crate::quic::bind(l, server, &mut sockets, &metrics);
+            let (server, endpoint) = bound.map_err(|(addr, source)| StartError::Bind {
+                listener: format!("{} (HTTP/3, UDP)", l.name),
+                addr,
+                source,
+            })?;
             quic.extend(endpoint);
             let server = server.with_byte_counters(metrics.client_bytes(&l.name));
             servers.push(server.with_connection_counters(metrics.connection_counters(&l.name)));

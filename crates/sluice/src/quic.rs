@@ -6,8 +6,11 @@ use sluice_config::Listener;
 use sluice_net::sockets::Sockets;
 use sluice_server::Server;
 
-use crate::app::StartError;
 use crate::metrics::Metrics;
+use crate::router::Unbuilt;
+
+/// The UDP address an endpoint was to be bound to, and why it could not be.
+pub(crate) type BindError = (std::net::SocketAddr, std::io::Error);
 
 /// A bound HTTP/3 endpoint.
 #[cfg(feature = "http3")]
@@ -18,16 +21,11 @@ pub(crate) type Endpoint = sluice_server::http3::H3Server;
 #[derive(Debug)]
 pub(crate) enum Endpoint {}
 
-/// Refuses a configuration that asks for HTTP/3 from a build without it.
-pub(crate) fn check_built(config: &sluice_config::Config) -> Result<(), StartError> {
-    let wanted = config.listeners.iter().find(|l| l.http3.is_some());
-    match wanted {
-        Some(l) if !cfg!(feature = "http3") => {
-            let part = format!("listener {}: http3", l.name);
-            Err(crate::router::Unbuilt::new(part, "http3").into())
-        }
-        _ => Ok(()),
-    }
+/// The listener that asks for HTTP/3 from a build without it, refused by name.
+pub(crate) fn unbuilt(config: &sluice_config::Config) -> Option<Unbuilt> {
+    let wanted = config.listeners.iter().find(|l| l.http3.is_some())?;
+    let part = format!("listener {}: http3", wanted.name);
+    (!cfg!(feature = "http3")).then(|| Unbuilt::new(part, "http3"))
 }
 
 /// Binds `l`'s HTTP/3 endpoint (its UDP socket: `http3_listen`, or the TCP listener's own
@@ -39,18 +37,13 @@ pub(crate) fn bind(
     server: Server,
     sockets: &mut Sockets,
     metrics: &Metrics,
-) -> Result<(Server, Option<Endpoint>), StartError> {
+) -> Result<(Server, Option<Endpoint>), BindError> {
     use std::sync::Arc;
     let (Some(h3), Some(certs)) = (&l.http3, server.certificates()) else {
         return Ok((server, None));
     };
     let tcp = server.local_addr().unwrap_or(l.addr);
     let addr = h3.addr.unwrap_or(tcp);
-    let bind_error = |source| StartError::Bind {
-        listener: format!("{} (HTTP/3, UDP)", l.name),
-        addr,
-        source,
-    };
     let socket = sockets.udp(&sluice_net::sockets::quic_key(&l.name), addr);
     let options = sluice_server::http3::H3Options {
         retry: h3.retry,
@@ -59,7 +52,7 @@ pub(crate) fn bind(
     let endpoint = socket.and_then(|socket| {
         Endpoint::new(&l.name, socket, Arc::clone(certs), l.http.clone(), options)
     });
-    let endpoint = endpoint.map_err(bind_error)?;
+    let endpoint = endpoint.map_err(|e| (addr, e))?;
     let endpoint = endpoint.with_counters(metrics.quic_counters(&l.name));
     let port = endpoint.local_addr().map_or(addr.port(), |a| a.port());
     Ok((server.with_alt_svc(port), Some(endpoint)))
@@ -71,7 +64,7 @@ pub(crate) fn bind(
     server: Server,
     _: &mut Sockets,
     _: &Metrics,
-) -> Result<(Server, Option<Endpoint>), StartError> {
+) -> Result<(Server, Option<Endpoint>), BindError> {
     Ok((server, None))
 }
 
@@ -112,11 +105,11 @@ mod tests {
                     tls = { cert = \"tls/cert.pem\", key = \"tls/key.pem\" }\nhttp3 = true\n\
                     [[route]]\ndirect_response = { status = 200 }\n";
         let config = sluice_config::parse_str(text, "t.toml", &dir).unwrap();
-        let checked = check_built(&config).map_err(|e| e.to_string());
+        let refused = unbuilt(&config).map(|e| e.to_string());
         if cfg!(feature = "http3") {
-            assert_eq!(checked, Ok(()));
+            assert_eq!(refused, None);
         } else {
-            let said = checked.unwrap_err();
+            let said = refused.unwrap();
             assert!(
                 said.starts_with("listener q: http3 needs the `http3` feature"),
                 "{said}"

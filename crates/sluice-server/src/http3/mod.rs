@@ -25,7 +25,7 @@ use quinn::crypto::rustls::QuicServerConfig;
 use sluice_net::accept::keep_reserve;
 use sluice_net::http::HttpOptions;
 use sluice_net::shutdown::ShutdownSignal;
-use sluice_net::tls::invalid;
+use sluice_net::tls::{invalid, provider, ticketer};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
@@ -145,7 +145,7 @@ impl H3Server {
     pub async fn serve<S: H3Service>(self, service: S, signal: ShutdownSignal, grace: Duration) {
         let local = self
             .local_addr()
-            .unwrap_or(crate::ClientInfo::default().local);
+            .unwrap_or(sluice_core::ClientInfo::default().local);
         let (gso, gro) = self.offload;
         info!(listener = %self.name, addr = %local, gso_segments = gso, gro_segments = gro, "listening for HTTP/3 (QUIC)");
         keep_reserve();
@@ -228,7 +228,7 @@ fn server_config(
     http: &HttpOptions,
     options: H3Options,
 ) -> io::Result<quinn::ServerConfig> {
-    let tls = crate::tls::quic_server_config(certs)?;
+    let tls = tls_config(certs)?;
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| invalid(e.to_string()))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
@@ -239,4 +239,19 @@ fn server_config(
         .max_idle_timeout(quinn::IdleTimeout::try_from(http.idle_timeout).ok());
     server.transport_config(Arc::new(transport));
     Ok(server)
+}
+
+/// The rustls config of a listener's QUIC endpoint: the same certificates (so a reload
+/// applies to it too), TLS 1.3 only, ALPN `h3`, tickets for resumption, and no early data:
+/// 0-RTT stays off, as a replayed request would be served twice.
+fn tls_config(certs: Arc<Certificates>) -> io::Result<Arc<rustls::ServerConfig>> {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| invalid(e.to_string()))?
+        .with_no_client_auth()
+        .with_cert_resolver(certs);
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    config.ticketer = ticketer()?;
+    config.max_early_data_size = 0;
+    Ok(Arc::new(config))
 }
