@@ -223,3 +223,37 @@ async fn a_hot_restarts_successor_serves_http3_on_the_same_socket() {
     let _ = stop.send(());
     new_run.await.unwrap();
 }
+
+/// A shutdown lets an HTTP/3 request in flight finish (the connection gets GOAWAY, not a
+/// close), then the proxy's run ends.
+#[tokio::test]
+async fn a_shutdown_lets_an_http3_request_in_flight_finish() {
+    let backend = Backend::start("b").await;
+    let dir = tempfile::tempdir().unwrap();
+    let tls = H3Tls::write(dir.path());
+    let p = proxy(&backend, &tls, "", "").await;
+    let (udp, client) = (p.http3[0].1, Arc::clone(&tls.client));
+    let slow =
+        tokio::spawn(async move { h3_request(udp, &client, req("GET", "/delay/300", "")).await });
+    let began = async {
+        while backend
+            .stats
+            .in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 0
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), began)
+        .await
+        .unwrap();
+    p.shutdown();
+    let got = slow.await.unwrap();
+    assert_eq!(got.response.status(), StatusCode::OK);
+    assert_eq!(got.body, "b /delay/300");
+    tokio::time::timeout(std::time::Duration::from_secs(10), p.task)
+        .await
+        .unwrap()
+        .unwrap();
+}
