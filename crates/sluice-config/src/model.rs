@@ -103,6 +103,19 @@ pub struct Listener {
     pub tls: Vec<Tls>,
     /// Protocol and limit settings.
     pub http: HttpOptions,
+    /// HTTP/3 over QUIC beside the TCP listener (`http3 = true`), TLS listeners only.
+    pub http3: Option<Http3>,
+}
+
+/// A listener's HTTP/3 (`http3 = true` and the `http3_*` keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Http3 {
+    /// The UDP address (`http3_listen`); default: the listener's own address (its bound port).
+    pub addr: Option<SocketAddr>,
+    /// Send every new client a Retry to validate its address first (`http3_retry`).
+    pub retry: bool,
+    /// Requests a connection may have open at once (`http3_max_streams`, default 100).
+    pub max_streams: u32,
 }
 
 /// One route (`[[route]]`): a match and what to do with matching requests.

@@ -29,7 +29,7 @@ use sluice_wire::fields::Kind;
 
 use crate::error::ConfigError;
 use crate::model::{
-    AccessLog, AccessLogFormat, AccessLogTarget, Admin, Config, EscapedSlashes, HttpOptions,
+    AccessLog, AccessLogFormat, AccessLogTarget, Admin, Config, EscapedSlashes, Http3, HttpOptions,
     Listener, LogTemplate, RequestId, RequestRules, Runtime, Token, Underscores,
 };
 use crate::raw::{
@@ -286,7 +286,40 @@ fn at_least_one<T: Copy + PartialEq + From<u8>>(
     }
 }
 
+/// A listener's HTTP/3: `http3 = true` on a TLS listener; the `http3_*` keys only with it.
+fn http3(ctx: Ctx<'_>, raw: &RawListener) -> Result<Option<Http3>, ConfigError> {
+    let on = raw.http3.as_ref().filter(|on| *on.get_ref());
+    let Some(on) = on else {
+        let spans = [
+            raw.http3_listen
+                .as_ref()
+                .map(|k| (k.span(), "http3_listen")),
+            raw.http3_retry.as_ref().map(|k| (k.span(), "http3_retry")),
+            raw.http3_max_streams
+                .as_ref()
+                .map(|k| (k.span(), "http3_max_streams")),
+        ];
+        return match spans.into_iter().flatten().next() {
+            Some((span, key)) => Err(ctx.err(span, format!("{key} needs `http3 = true`"))),
+            None => Ok(None),
+        };
+    };
+    if raw.tls.is_none() {
+        return Err(ctx.err(
+            on.span(),
+            "http3 needs TLS (QUIC is always encrypted): add `tls = { cert = \"…\", key = \"…\" }` to this listener",
+        ));
+    }
+    let max_streams = at_least_one(ctx, raw.http3_max_streams.clone(), "http3_max_streams")?;
+    Ok(Some(Http3 {
+        addr: raw.http3_listen.as_ref().map(|a| a.get_ref().0),
+        retry: raw.http3_retry.as_ref().is_some_and(|r| *r.get_ref()),
+        max_streams: max_streams.unwrap_or(100),
+    }))
+}
+
 fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
+    let http3 = http3(ctx, &raw)?;
     let max_header_bytes = match raw.max_header_size {
         None => DEFAULT_MAX_HEADER,
         Some(size) if MAX_HEADER_RANGE.contains(&size.get_ref().0) => size.get_ref().0,
@@ -295,6 +328,7 @@ fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
         }
     };
     Ok(Listener {
+        http3,
         name: raw.name.into_inner(),
         addr: raw.listen.into_inner().0,
         tls: tls::listener(ctx, raw.tls)?,

@@ -59,6 +59,10 @@ fn full_example_reads_tls_and_secrets() {
     let tls = &config.listeners[0].tls[0];
     assert!(tls.cert_pem.starts_with(b"Test-only"));
     assert!(!format!("{tls:?}").contains("PRIVATE KEY"));
+    let http3 = config.listeners[0].http3.as_ref().unwrap();
+    assert_eq!(http3.addr, Some("127.0.0.1:8443".parse().unwrap()));
+    assert_eq!((http3.retry, http3.max_streams), (false, 100));
+    assert_eq!(config.listeners[1].http3, None);
     let canary = &config.routes[1];
     assert_eq!(
         canary.matcher.hosts[1],

@@ -23,6 +23,11 @@ pub fn relay_key(name: &str) -> String {
     format!("relay:{name}")
 }
 
+/// A listener's HTTP/3 (UDP) socket travels as `quic:<name>`.
+pub fn quic_key(name: &str) -> String {
+    format!("quic:{name}")
+}
+
 /// The acceptor's TCP socket travels as `acceptor`.
 pub const ACCEPTOR_KEY: &str = "acceptor";
 /// The acceptor's UNIX socket travels as `acceptor-unix`.
@@ -119,6 +124,20 @@ impl Sockets {
         Ok(listener)
     }
 
+    /// The UDP socket handed over under `key` if it is bound where `addr` says (an unspecified
+    /// port in `addr` takes any port on the same IP); otherwise one bound to `addr`
+    /// (non-blocking).
+    pub fn udp(&mut self, key: &str, addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+        let socket = match self.take_udp(key, addr) {
+            Some(socket) => socket,
+            None => std::net::UdpSocket::bind(addr)?,
+        };
+        socket.set_nonblocking(true)?;
+        let bound = socket.local_addr().map(ListenAddr::Inet);
+        self.remember(key, bound, SockRef::from(&socket));
+        Ok(socket)
+    }
+
     /// The UNIX socket handed over under `key` if it is at `path`; otherwise one bound there
     /// (a socket file a crashed process left behind is replaced, one a live process listens on
     /// is refused).
@@ -163,6 +182,18 @@ impl Sockets {
         let listener = std::net::TcpListener::from(fd);
         listener.set_nonblocking(true).ok()?;
         Some(listener)
+    }
+
+    fn take_udp(&mut self, key: &str, want: SocketAddr) -> Option<std::net::UdpSocket> {
+        let matches = |have: &SocketAddr| {
+            have.ip() == want.ip() && (want.port() == 0 || have.port() == want.port())
+        };
+        match self.inherited.get(key) {
+            Some((ListenAddr::Inet(have), _)) if matches(have) => {}
+            _ => return None,
+        }
+        let (_, fd) = self.inherited.remove(key)?;
+        Some(std::net::UdpSocket::from(fd))
     }
 
     fn take_unix(&mut self, key: &str, want: &Path) -> Option<std::os::unix::net::UnixListener> {

@@ -127,6 +127,7 @@ pin_project_lite::pin_project! {
         inner: F,
         guard: Option<ActiveGuard>,
         h2: bool,
+        alt_svc: Option<HeaderValue>,
     }
 }
 
@@ -138,7 +139,14 @@ impl<F> Tracked<F> {
             inner,
             guard: Some(guard),
             h2,
+            alt_svc: None,
         }
+    }
+
+    /// Puts `alt_svc` (the listener's HTTP/3 offer) on the response.
+    pub(super) fn with_alt_svc(mut self, alt_svc: Option<HeaderValue>) -> Self {
+        self.alt_svc = alt_svc;
+        self
     }
 }
 
@@ -152,7 +160,13 @@ where
         let this = self.project();
         let res = ready!(this.inner.poll(cx));
         let (guard, h2) = (this.guard.take(), *this.h2);
+        let alt_svc = this.alt_svc.take();
         Poll::Ready(res.map(|mut response| {
+            if let Some(alt_svc) = alt_svc {
+                response
+                    .headers_mut()
+                    .insert(http::header::ALT_SVC, alt_svc);
+            }
             if h2 {
                 own_header_values(response.headers_mut());
             }

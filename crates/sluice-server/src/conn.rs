@@ -54,6 +54,8 @@ pub(super) struct Settings {
     /// What every client of the listener has in common (its address and trust are a
     /// connection's own: [`Peer`]).
     pub(super) client: ClientInfo,
+    /// The `Alt-Svc` field every answer carries (HTTP/3 offered), if any.
+    pub(super) alt_svc: Option<http::HeaderValue>,
 }
 
 impl Settings {
@@ -84,6 +86,7 @@ impl Settings {
             fast: None,
             nodelay: true,
             client,
+            alt_svc: None,
         }
     }
 }
@@ -153,7 +156,12 @@ pub(super) fn serve<S: HttpService>(
                     Err(e) => break 'plain Err(e.into()),
                 };
                 if h2 {
-                    let svc = ConnService::new(service, peer.info(&settings), active);
+                    let svc = ConnService::new(
+                        service,
+                        peer.info(&settings),
+                        active,
+                        settings.alt_svc.clone(),
+                    );
                     let h2 = serve_h2(Prefixed::new(first, io), svc, &settings, &signal);
                     break 'plain Box::pin(h2).await;
                 }
@@ -161,7 +169,12 @@ pub(super) fn serve<S: HttpService>(
                 let Some(buf) = fast.await else {
                     break 'plain Ok(());
                 };
-                let svc = ConnService::new(service, peer.info(&settings), active);
+                let svc = ConnService::new(
+                    service,
+                    peer.info(&settings),
+                    active,
+                    settings.alt_svc.clone(),
+                );
                 Box::pin(serve_h1(Prefixed::new(buf, io), svc, &settings, &signal)).await
             }
         };
@@ -330,14 +343,24 @@ async fn serve_tls<S: HttpService>(
         }
     };
     if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-        let svc = ConnService::new(service, peer.info(settings), active);
+        let svc = ConnService::new(
+            service,
+            peer.info(settings),
+            active,
+            settings.alt_svc.clone(),
+        );
         return Box::pin(serve_h2(tls, svc, settings, signal)).await;
     }
     let fast = serve_fast_h1(&mut tls, (&peer, &active), settings, signal, Vec::new());
     let Some(buf) = fast.await else {
         return Ok(());
     };
-    let svc = ConnService::new(service, peer.info(settings), active);
+    let svc = ConnService::new(
+        service,
+        peer.info(settings),
+        active,
+        settings.alt_svc.clone(),
+    );
     Box::pin(serve_h1(Prefixed::new(buf, tls), svc, settings, signal)).await
 }
 
@@ -489,11 +512,19 @@ struct ConnService<S> {
     carrier: Option<UpgradeCarrier>,
     /// Served over HTTP/2: a response's last data goes to h2 as a copy of its own.
     h2: bool,
+    /// The listener's `Alt-Svc`, put on every answer.
+    alt_svc: Option<http::HeaderValue>,
 }
 
 impl<S> ConnService<S> {
     /// What hyper is given to serve a connection with, when it takes it over.
-    fn new(service: S, info: ClientInfo, active: Arc<ActiveRequests>) -> Self {
+    /// With the listener's `Alt-Svc`, if it has one.
+    fn new(
+        service: S,
+        info: ClientInfo,
+        active: Arc<ActiveRequests>,
+        alt_svc: Option<http::HeaderValue>,
+    ) -> Self {
         Self {
             service,
             info,
@@ -501,6 +532,7 @@ impl<S> ConnService<S> {
             active,
             carrier: None,
             h2: false,
+            alt_svc,
         }
     }
 }
@@ -526,6 +558,7 @@ impl<S: HttpService> hyper::service::Service<Request<Incoming>> for ConnService<
             self.active.begin(),
             self.h2,
         )
+        .with_alt_svc(self.alt_svc.clone())
     }
 }
 

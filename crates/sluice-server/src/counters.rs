@@ -17,3 +17,12 @@ pub struct ConnectionCounters {
 
 /// The byte counters of one listener's client connections: (received, sent).
 pub type ByteCounters = (Counter, Counter);
+
+/// One listener's HTTP/3 counts: QUIC handshakes completed, and requests received over them.
+#[derive(Debug, Clone, Default)]
+pub struct QuicCounters {
+    /// QUIC handshakes that completed.
+    pub handshakes: Counter,
+    /// HTTP/3 requests whose head arrived.
+    pub requests: Counter,
+}

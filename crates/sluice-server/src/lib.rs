@@ -12,6 +12,8 @@
 //! - `counters`: the connection and byte counters a server keeps.
 //! - `io`: `IdleTimeout` and reading a connection's first bytes with a deadline.
 //! - `tls`: [`tls::Certificates`], certificates by SNI (swapped by a reload), their expiry.
+//! - `http3` (feature `http3`): [`http3::H3Server`], a TLS listener's HTTP/3 over QUIC
+//!   (quinn and h3), handing the same service the requests.
 //! - `fast`: [`fast::FastHttp1`], the trait a fast path implements to take HTTP/1.1
 //!   connections until it hands them to hyper.
 //! - `conn`, `framing`, `prefixed`, `active`, `carrier`, `per_client`, `service`: one
@@ -26,6 +28,8 @@ pub mod fast;
 #[macro_use]
 mod forward;
 mod framing;
+#[cfg(feature = "http3")]
+pub mod http3;
 pub mod io;
 mod per_client;
 mod prefixed;
@@ -49,6 +53,8 @@ use tracing::{debug, info, warn};
 use per_client::PerClient;
 
 pub use self::carrier::UpgradeCarrier;
+#[cfg(feature = "http3")]
+pub use self::service::H3Service;
 pub use self::service::HttpService;
 pub use sluice_core::ClientInfo;
 use sluice_net::accept::{accept_error, keep_reserve as keep_accept_reserve};
@@ -69,6 +75,8 @@ pub struct Server {
     bytes: Option<crate::counters::ByteCounters>,
     connections: crate::counters::ConnectionCounters,
     fast: Option<Arc<dyn fast::FastHttp1>>,
+    /// The `Alt-Svc` field its answers carry (HTTP/3 offered on a UDP port).
+    alt_svc: Option<http::HeaderValue>,
 }
 
 impl std::fmt::Debug for Server {
@@ -103,6 +111,7 @@ impl Server {
             bytes: None,
             connections: Default::default(),
             fast: None,
+            alt_svc: None,
         }
     }
 
@@ -114,6 +123,17 @@ impl Server {
     /// always hyper's. By default a server has no fast path.
     pub fn with_fast_path(mut self, fast: Arc<dyn fast::FastHttp1>) -> Self {
         self.fast = Some(fast);
+        self
+    }
+
+    /// Offers HTTP/3 on UDP `port` of the same host to the clients of its HTTP/1.1 and HTTP/2
+    /// answers: each carries `Alt-Svc: h3=":port"; ma=86400` (RFC 7838), replacing one the
+    /// upstream sent (which would name the upstream's own). The fast path stays off on such a
+    /// listener for now: its relay copies the upstream's head and has no place for the field
+    /// yet, so hyper serves its HTTP/1.1 too.
+    pub fn with_alt_svc(mut self, port: u16) -> Self {
+        let value = format!("h3=\":{port}\"; ma=86400");
+        self.alt_svc = http::HeaderValue::try_from(value).ok();
         self
     }
 
@@ -174,6 +194,7 @@ impl Server {
         settings.bytes = self.bytes.clone();
         settings.tls_failures = self.connections.tls_failures.clone();
         settings.fast = self.fast_path_for::<S>();
+        settings.alt_svc = self.alt_svc.clone();
         settings.nodelay = !nodelay_inherited(&self.listener);
         let local = self
             .listener
@@ -236,6 +257,9 @@ impl Server {
     /// The fast path, if the listener has it on and it belongs to the service `S` served.
     fn fast_path_for<S: 'static>(&self) -> Option<Arc<dyn fast::FastHttp1>> {
         let fast = self.fast.clone().filter(|_| fast_path_on(&self.http))?;
+        if self.alt_svc.is_some() {
+            return None;
+        }
         if fast.service_type() != std::any::TypeId::of::<S>() {
             warn!(listener = %self.name, "the fast path is off here: the service served is not the proxy it belongs to (wrapped in tower layers?), and the layers must see every request");
             return None;
@@ -330,6 +354,20 @@ impl Group {
     pub fn add<S: HttpService>(
         &mut self,
         server: Server,
+        service: S,
+        grace: Duration,
+    ) -> &mut Self {
+        let signal = self.shutdown.signal();
+        self.servers
+            .push(Box::pin(server.serve(service, signal, grace)));
+        self
+    }
+
+    /// Adds a listener's HTTP/3 endpoint, served and drained as its other servers are.
+    #[cfg(feature = "http3")]
+    pub fn add_http3<S: H3Service>(
+        &mut self,
+        server: http3::H3Server,
         service: S,
         grace: Duration,
     ) -> &mut Self {

@@ -47,3 +47,39 @@ where
         self.oneshot(req)
     }
 }
+
+/// A tower service an [`H3Server`](crate::http3::H3Server) can run: the same as
+/// [`HttpService`], over the request every transport but hyper's hands the proxy (its body a
+/// [`RequestBody`](sluice_core::body::RequestBody)).
+#[cfg(feature = "http3")]
+pub trait H3Service: Clone + Send + 'static {
+    /// The response body.
+    type Body: http_body::Body<Data = Bytes, Error = Self::BodyError> + Send + 'static;
+    /// The response body's error.
+    type BodyError: Into<BoxError> + Send;
+    /// The response future.
+    type Future: Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
+
+    /// Waits until the service is ready, then calls it with `req`.
+    fn serve(self, req: Request<sluice_core::body::RequestBody>) -> Self::Future;
+}
+
+#[cfg(feature = "http3")]
+impl<S, B> H3Service for S
+where
+    S: Service<Request<sluice_core::body::RequestBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
+    type Body = B;
+    type BodyError = B::Error;
+    type Future = Oneshot<S, Request<sluice_core::body::RequestBody>>;
+
+    fn serve(self, req: Request<sluice_core::body::RequestBody>) -> Self::Future {
+        self.oneshot(req)
+    }
+}

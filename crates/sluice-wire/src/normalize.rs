@@ -208,12 +208,13 @@ pub fn match_path(path: &str) -> Cow<'_, str> {
 }
 
 /// Validates the host the request names (`:authority`, the absolute-form target's authority,
-/// or `Host`) and rewrites it lowercase without a trailing dot. An HTTP/2 request whose `Host`
-/// names another host than its `:authority` is refused (RFC 9113 §8.3.1).
+/// or `Host`) and rewrites it lowercase without a trailing dot. An HTTP/2 or HTTP/3 request whose
+/// `Host` names another host than its `:authority` is refused (RFC 9113 §8.3.1, RFC 9114
+/// §4.3.1).
 fn normalize_host<B>(req: &mut Request<B>) -> Result<(), BadRequest> {
     if let Some(authority) = req.uri().authority() {
         let normal = normal_authority(authority.as_str())?;
-        if req.version() == Version::HTTP_2 {
+        if req.version() >= Version::HTTP_2 {
             if let Some(host) = req.headers().get(header::HOST) {
                 if normal_authority(host.to_str().map_err(|_| BAD_HOST)?)? != normal {
                     return Err(BadRequest("Host differs from :authority"));

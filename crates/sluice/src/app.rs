@@ -119,6 +119,8 @@ const DRAINING_SAID: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct Proxy {
     servers: Vec<Server>,
+    /// The TLS listeners' HTTP/3 endpoints (`http3 = true`).
+    quic: Vec<crate::quic::Endpoint>,
     service: ProxyService<LiveRoutes>,
     /// The routes, shared with the admin API, which changes them at runtime.
     routes: Arc<LiveRoutes>,
@@ -168,6 +170,9 @@ impl Proxy {
         if let Some(unbuilt) = RouteTable::unbuilt(config) {
             return Err(unbuilt.into());
         }
+        if let Some(unbuilt) = crate::quic::unbuilt(config) {
+            return Err(unbuilt.into());
+        }
         let (mut sockets, predecessor) = match inherited.map(Inherited::into_parts) {
             Some((sockets, feed)) => (sockets, Some(feed)),
             None => (Sockets::default(), None),
@@ -183,8 +188,16 @@ impl Proxy {
         metrics.registry().register_collector(Box::new(gauges));
         let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
         let mut servers = Vec::with_capacity(config.listeners.len());
+        let mut quic = Vec::new();
         for l in &config.listeners {
             let server = bind_server(l, &mut sockets).await?;
+            let bound = crate::quic::bind(l, server, &mut sockets, &metrics);
+            let (server, endpoint) = bound.map_err(|(addr, source)| StartError::Bind {
+                listener: format!("{} (HTTP/3, UDP)", l.name),
+                addr,
+                source,
+            })?;
+            quic.extend(endpoint);
             let server = server.with_byte_counters(metrics.client_bytes(&l.name));
             servers.push(server.with_connection_counters(metrics.connection_counters(&l.name)));
         }
@@ -218,6 +231,7 @@ impl Proxy {
             .with_certificates(certificates.clone());
         Ok(Self {
             servers,
+            quic,
             service,
             routes,
             in_place,
@@ -244,6 +258,19 @@ impl Proxy {
             .iter()
             .filter_map(|s| Some((s.name().to_owned(), s.local_addr().ok()?)))
             .collect()
+    }
+
+    /// Each HTTP/3 endpoint's listener name and bound UDP address.
+    pub fn http3_addrs(&self) -> Vec<(String, SocketAddr)> {
+        #[cfg(feature = "http3")]
+        let addrs = self
+            .quic
+            .iter()
+            .filter_map(|e| Some((e.name().to_owned(), e.local_addr().ok()?)))
+            .collect();
+        #[cfg(not(feature = "http3"))]
+        let addrs = Vec::new();
+        addrs
     }
 
     /// Each relay's name, address, counters and pool control.
@@ -354,6 +381,10 @@ impl Proxy {
         for server in self.servers {
             let server = server.with_fast_path(fast.clone());
             group.add(server, self.service.clone(), self.grace);
+        }
+        for endpoint in std::mem::take(&mut self.quic) {
+            let serving = (self.service.clone(), self.grace);
+            crate::quic::add(&mut group, endpoint, serving, self.upgraded.subscribe());
         }
         let acceptor = self.acceptor.map(|a| tokio::spawn(a.run(group.signal())));
         let relays: Vec<_> = std::mem::take(&mut self.relays)

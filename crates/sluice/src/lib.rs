@@ -81,6 +81,7 @@ pub(crate) mod otel;
 pub(crate) mod otel;
 mod process;
 pub(crate) mod proxy;
+mod quic;
 pub(crate) mod reload;
 pub(crate) mod restart;
 pub(crate) mod router;

@@ -338,8 +338,9 @@ fn upstream_request(
     } else {
         strip_hop_by_hop(&mut parts.headers);
     }
-    if parts.version == Version::HTTP_2 {
-        // RFC 9113 §8.2.3: HTTP/2 may split Cookie into several fields; HTTP/1.1 needs one.
+    if parts.version >= Version::HTTP_2 {
+        // RFC 9113 §8.2.3, RFC 9114 §4.2.1: HTTP/2 and HTTP/3 may split Cookie into several
+        // fields; HTTP/1.1 needs one.
         join_cookies(&mut parts.headers);
     }
     // HTTP/2 and absolute-form requests name the host in the target; HTTP/1.1 upstreams need

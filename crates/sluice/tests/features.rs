@@ -2,11 +2,12 @@
 //! case per built-in [`sluice::Feature`] — the match is exhaustive, so a feature added without
 //! a case does not compile — and per registered feature ([`sluice::route_feature::REGISTERED`]
 //! — one registered without a case fails the test by name), each checked over HTTP/1.1 (the
-//! fast path, or with `SLUICE_FAST_PATH=0` hyper's path: the test command runs both) and
-//! HTTP/2. A transport that does not render a feature hands its requests to one that does;
-//! none may skip it.
+//! fast path, or with `SLUICE_FAST_PATH=0` hyper's path: the test command runs both),
+//! HTTP/2 and HTTP/3 (a TLS listener's QUIC endpoint). A transport that does not render a
+//! feature hands its requests to one that does; none may skip it.
 #![allow(clippy::unwrap_used)]
 
+use crate::support::h3::{h3_request, H3Tls};
 use crate::support::{h2_connect, TestProxy};
 
 use std::convert::Infallible;
@@ -180,9 +181,20 @@ fn built_in(feature: Feature) -> Case {
     }
 }
 
-async fn proxy(upstream: SocketAddr, keys: &str, dir: &std::path::Path) -> TestProxy {
+/// A proxy with one route to `upstream` with `keys`; `quic` adds a TLS listener serving
+/// HTTP/3 (its certificate in `dir`).
+async fn proxy(
+    upstream: SocketAddr,
+    keys: &str,
+    dir: &std::path::Path,
+    quic: Option<&H3Tls>,
+) -> TestProxy {
+    let quic = quic.map_or(String::new(), |tls| {
+        let keys = tls.listener_keys();
+        format!("[[listener]]\nname = \"q\"\nlisten = \"127.0.0.1:0\"\n{keys}\n")
+    });
     let toml = format!(
-        "[[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n\
+        "[[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n{quic}\
          [[route]]\ncluster = \"b\"\n{keys}\n\
          [cluster.b]\nkind = \"static\"\nendpoints = [\"{upstream}\"]\n"
     );
@@ -245,18 +257,39 @@ async fn http2(addr: SocketAddr, (method, path, fields, body): &Ask) -> Got {
     }
 }
 
+/// HTTP/3, one QUIC connection per request.
+async fn http3(addr: SocketAddr, tls: &H3Tls, (method, path, fields, body): &Ask) -> Got {
+    let mut req = Request::builder().method(*method).uri(*path);
+    for (k, v) in fields {
+        req = req.header(*k, *v);
+    }
+    if !body.is_empty() {
+        req = req.header("content-length", body.len());
+    }
+    let req = req.body(Bytes::from_static(body.as_bytes())).unwrap();
+    let got = h3_request(addr, &tls.client, req).await;
+    let (parts, ()) = got.response.into_parts();
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&got.body).into_owned(),
+    }
+}
+
 #[tokio::test]
 async fn every_route_feature_is_enforced_on_every_transport() {
     let upstream = upstream().await;
     for feature in every_feature() {
-        for transport in ["HTTP/1.1", "HTTP/2"] {
+        for transport in ["HTTP/1.1", "HTTP/2", "HTTP/3"] {
             let dir = tempfile::tempdir().unwrap();
             let case = case(feature, dir.path());
-            let p = proxy(upstream, &case.keys, dir.path()).await;
+            let quic = (transport == "HTTP/3").then(|| H3Tls::write(dir.path()));
+            let p = proxy(upstream, &case.keys, dir.path(), quic.as_ref()).await;
             let mut last = None;
             for ask in &case.asks {
-                last = Some(match transport {
-                    "HTTP/1.1" => http1(p.addr(), ask).await,
+                last = Some(match (transport, &quic) {
+                    ("HTTP/1.1", _) => http1(p.addr(), ask).await,
+                    (_, Some(tls)) => http3(p.http3[0].1, tls, ask).await,
                     _ => http2(p.addr(), ask).await,
                 });
             }

@@ -22,6 +22,7 @@ mod h1_differential;
 mod h1_responses;
 mod handoff;
 mod hot_restart;
+mod http3;
 mod idle;
 mod metrics;
 mod normalization;

@@ -63,6 +63,8 @@ pub struct Metrics {
     connections: Family<ListenerLabels, Gauge>,
     tls_failures: Family<ListenerLabels, Counter>,
     refused: Family<ListenerLabels, Counter>,
+    quic_handshakes: Family<ListenerLabels, Counter>,
+    quic_requests: Family<ListenerLabels, Counter>,
 }
 
 /// One route's request counters (by status) and duration histogram, as handles that share
@@ -171,6 +173,18 @@ impl Metrics {
             "Client connections closed as they were accepted, by listener: their address held max_connections_per_client already",
             refused.clone(),
         );
+        let quic_handshakes = Family::default();
+        registry.register(
+            "quic_handshakes",
+            "QUIC handshakes completed on listeners' HTTP/3 endpoints, by listener",
+            quic_handshakes.clone(),
+        );
+        let quic_requests = Family::default();
+        registry.register(
+            "http3_requests",
+            "Requests received over HTTP/3, by listener",
+            quic_requests.clone(),
+        );
         let mut standard = Registry::default();
         standard.register_collector(Box::new(crate::process::ProcessCollector));
         Self {
@@ -185,6 +199,8 @@ impl Metrics {
             connections,
             tls_failures,
             refused,
+            quic_handshakes,
+            quic_requests,
         }
     }
 
@@ -205,6 +221,17 @@ impl Metrics {
             open: self.connections.get_or_create(&labels).clone(),
             tls_failures: self.tls_failures.get_or_create(&labels).clone(),
             refused: self.refused.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// The HTTP/3 handshake and request counters of `listener`.
+    pub(crate) fn quic_counters(&self, listener: &str) -> sluice_server::counters::QuicCounters {
+        let labels = ListenerLabels {
+            listener: listener.to_owned(),
+        };
+        sluice_server::counters::QuicCounters {
+            handshakes: self.quic_handshakes.get_or_create(&labels).clone(),
+            requests: self.quic_requests.get_or_create(&labels).clone(),
         }
     }
 

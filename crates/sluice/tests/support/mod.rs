@@ -18,6 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
+pub mod h3;
+
 /// Counters a backend keeps, for assertions.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -213,6 +215,8 @@ pub async fn read_to_close(stream: &mut TcpStream) -> String {
 /// A proxy started from TOML text, serving until dropped or shut down.
 pub struct TestProxy {
     pub addrs: Vec<(String, SocketAddr)>,
+    /// Each HTTP/3 endpoint's listener name and UDP address.
+    pub http3: Vec<(String, SocketAddr)>,
     pub proxy_clusters: Vec<(String, sluice::Upstream)>,
     pub metrics: std::sync::Arc<sluice::Metrics>,
     /// The admin API's address, when the config has `[admin]`.
@@ -228,6 +232,7 @@ impl TestProxy {
             .unwrap_or_else(|e| panic!("{e}"));
         let proxy = Proxy::bind(&config).await.unwrap();
         let addrs = proxy.local_addrs();
+        let http3 = proxy.http3_addrs();
         let proxy_clusters = config
             .clusters
             .keys()
@@ -240,6 +245,7 @@ impl TestProxy {
         let task = tokio::spawn(proxy.run_until(async move { signal.wait().await }));
         Self {
             addrs,
+            http3,
             proxy_clusters,
             metrics,
             admin,
