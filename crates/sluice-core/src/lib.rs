@@ -31,6 +31,7 @@ pub mod error;
 
 pub mod admission;
 pub mod basic_auth;
+pub mod cache;
 pub mod checks;
 pub mod client;
 pub mod compression;
