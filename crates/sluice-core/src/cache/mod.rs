@@ -110,6 +110,21 @@ pub fn directives(fields: &(impl Fields + ?Sized)) -> Directives {
     Directives::parse(fields.named("cache-control"))
 }
 
+/// The `Cache-Control` a gateway cache obeys in a response: `CDN-Cache-Control` when the
+/// response has one (RFC 9213 §2.1: a cache that uses a targeted field ignores
+/// `Cache-Control` then), else `Cache-Control`.
+pub fn response_directives(fields: &HeaderMap) -> Directives {
+    match fields.contains_key("cdn-cache-control") {
+        true => Directives::parse(
+            fields
+                .get_all("cdn-cache-control")
+                .iter()
+                .map(HeaderValue::as_bytes),
+        ),
+        false => directives(fields),
+    }
+}
+
 /// What a request asks of a cache: its `Cache-Control`, with `Pragma: no-cache` read as
 /// `no-cache` when it has none (RFC 9111 §5.4).
 pub fn request_directives(fields: &(impl Fields + ?Sized)) -> Directives {
@@ -141,7 +156,7 @@ pub fn storable(
     response: &HeaderMap,
 ) -> bool {
     let req = request_directives(request);
-    let res = directives(response);
+    let res = response_directives(response);
     let final_status = !status.is_informational() && !matches!(status.as_u16(), 206 | 304);
     let shareable = request.first("authorization").is_none()
         || res.public
@@ -221,7 +236,7 @@ impl Stored {
     /// Its freshness lifetime (§4.2.1): `s-maxage`, else `max-age`, else `Expires` less
     /// `Date`, else a heuristic (§4.2.2) from `Last-Modified` for a status that allows one.
     pub fn freshness_lifetime(&self) -> Duration {
-        let cc = directives(&self.fields);
+        let cc = response_directives(&self.fields);
         if let Some(lifetime) = cc.s_maxage.or(cc.max_age) {
             return lifetime;
         }
@@ -245,13 +260,14 @@ impl Stored {
         }
     }
 
-    /// Its age at `now` (§4.2.3).
+    /// Its age at `now` (§4.2.3); of a list-based `Age`, the first member counts, and an
+    /// invalid one is ignored (§5.1).
     pub fn current_age(&self, now: SystemTime) -> Duration {
         let age_value = self
             .fields
             .get(header::AGE)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
+            .and_then(|v| v.split(',').next()?.trim().parse::<u64>().ok())
             .map_or(Duration::ZERO, Duration::from_secs);
         let date = date(&self.fields, header::DATE).unwrap_or(self.response_time);
         let apparent = self.response_time.duration_since(date).unwrap_or_default();
@@ -306,10 +322,17 @@ impl Stored {
     }
 }
 
-/// The fields a shared cache keeps of an answer.
+/// The fields a shared cache keeps of an answer: not the ones `Connection` names, nor the
+/// hop-by-hop ones, nor the ones `private="…"` and `no-cache="…"` name.
 fn kept_fields(fields: &HeaderMap) -> HeaderMap {
-    let cc = directives(fields);
+    let cc = response_directives(fields);
     let mut kept = fields.clone();
+    for value in fields.get_all(header::CONNECTION) {
+        let text = String::from_utf8_lossy(value.as_bytes()).to_ascii_lowercase();
+        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            kept.remove(name);
+        }
+    }
     for name in NOT_STORED.iter().copied() {
         kept.remove(name);
     }
@@ -337,7 +360,7 @@ pub enum Use {
 /// fresh for its lifetime less the request's `min-fresh`, within the request's `max-age`,
 /// and stale within `max-stale` only when the answer allows serving stale.
 pub fn usable(stored: &Stored, req: &Directives, now: SystemTime) -> Use {
-    let res = directives(&stored.fields);
+    let res = response_directives(&stored.fields);
     if res.no_cache || req.no_cache {
         return Use::Revalidate;
     }

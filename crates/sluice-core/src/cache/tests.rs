@@ -245,3 +245,48 @@ fn unsafe_methods_invalidate_on_success_only() {
     ));
     assert!(!invalidates(&Method::GET, StatusCode::OK));
 }
+
+#[test]
+fn cdn_cache_control_wins_over_cache_control() {
+    let s = stored(&[
+        ("cache-control", "no-store"),
+        ("cdn-cache-control", "max-age=30"),
+    ]);
+    assert_eq!(s.freshness_lifetime().as_secs(), 30);
+    let res = fields(&[
+        ("cache-control", "max-age=60"),
+        ("cdn-cache-control", "private"),
+    ]);
+    assert!(!storable(
+        &Method::GET,
+        &HeaderMap::new(),
+        StatusCode::OK,
+        &res
+    ));
+    let res = fields(&[
+        ("cache-control", "no-store"),
+        ("cdn-cache-control", "max-age=5"),
+    ]);
+    assert!(storable(
+        &Method::GET,
+        &HeaderMap::new(),
+        StatusCode::OK,
+        &res
+    ));
+}
+
+#[test]
+fn of_a_list_based_age_the_first_member_counts_and_an_invalid_one_is_ignored() {
+    assert_eq!(
+        stored(&[("age", "7200, 0")]).current_age(at(0)).as_secs(),
+        7200
+    );
+    assert_eq!(stored(&[("age", "old")]).current_age(at(0)).as_secs(), 0);
+}
+
+#[test]
+fn fields_named_by_connection_are_not_stored() {
+    let s = stored(&[("connection", "a, B"), ("a", "1"), ("b", "2"), ("c", "3")]);
+    assert!(!s.fields.contains_key("a") && !s.fields.contains_key("b"));
+    assert!(s.fields.contains_key("c"));
+}

@@ -303,6 +303,3 @@ fn stale_for(cache: &Store, key: &str, asked: &Asked<'_>) -> Option<Arc<Stored>>
     let stored = cache.lookup(key, asked.fields)?;
     (stored.has_validators() && !conditional).then_some(stored)
 }
-
-#[cfg(test)]
-mod tests;
