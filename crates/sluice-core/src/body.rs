@@ -709,13 +709,15 @@ fn poll_teed(
             if let (Some(data), Some(t)) = (frame.data_ref(), tees.as_mut()) {
                 t.data(data);
             }
-            if ended {
-                tees.take().map(Tees::end);
+            if let Some(t) = tees.take_if(|_| ended) {
+                t.end();
             }
         }
         Some(Err(_)) => drop(tees.take()),
         None => {
-            tees.take().map(Tees::end);
+            if let Some(t) = tees.take() {
+                t.end();
+            }
         }
     }
 }

@@ -112,17 +112,55 @@ pub fn directives(fields: &(impl Fields + ?Sized)) -> Directives {
 
 /// The `Cache-Control` a gateway cache obeys in a response: `CDN-Cache-Control` when the
 /// response has one (RFC 9213 §2.1: a cache that uses a targeted field ignores
-/// `Cache-Control` then), else `Cache-Control`.
+/// `Cache-Control` then), else `Cache-Control`. A `CDN-Cache-Control` that is no valid
+/// Structured Field dictionary (RFC 8941) is ignored.
 pub fn response_directives(fields: &HeaderMap) -> Directives {
-    match fields.contains_key("cdn-cache-control") {
-        true => Directives::parse(
-            fields
-                .get_all("cdn-cache-control")
-                .iter()
-                .map(HeaderValue::as_bytes),
-        ),
+    let targeted = fields.get_all("cdn-cache-control");
+    let valid = targeted.iter().all(|v| sf_dictionary(v.as_bytes()));
+    match targeted.iter().next().is_some() && valid {
+        true => Directives::parse(targeted.iter().map(HeaderValue::as_bytes)),
         false => directives(fields),
     }
+}
+
+/// Whether `value` is a Structured Field dictionary whose duration members are integers.
+fn sf_dictionary(value: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(value) else {
+        return false;
+    };
+    text.split(',').map(str::trim).all(|member| {
+        let (key, item) = match member.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (member, None),
+        };
+        let key_ok = key.starts_with(|c: char| c.is_ascii_lowercase() || c == '*')
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-.*".contains(&b));
+        let duration = matches!(
+            key,
+            "max-age" | "s-maxage" | "stale-while-revalidate" | "stale-if-error"
+        );
+        let item_ok = match item {
+            None => !duration,
+            Some(v) if duration => sf_integer(v),
+            Some(v) => sf_integer(v) || sf_token_or_string(v),
+        };
+        key_ok && item_ok
+    })
+}
+
+fn sf_integer(v: &str) -> bool {
+    let digits = v.strip_prefix('-').unwrap_or(v);
+    !digits.is_empty() && digits.len() <= 15 && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn sf_token_or_string(v: &str) -> bool {
+    let quoted = v.len() >= 2 && v.starts_with('"') && v.ends_with('"');
+    let token = v.starts_with(|c: char| c.is_ascii_alphabetic() || c == '*')
+        && v.bytes()
+            .all(|b| b.is_ascii_graphic() && !br#""(),;<=>?@[\]{}"#.contains(&b));
+    quoted || token || v == "?0" || v == "?1"
 }
 
 /// What a request asks of a cache: its `Cache-Control`, with `Pragma: no-cache` read as

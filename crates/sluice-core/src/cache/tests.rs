@@ -273,6 +273,15 @@ fn cdn_cache_control_wins_over_cache_control() {
         StatusCode::OK,
         &res
     ));
+    // An invalid structured field is ignored: Cache-Control decides.
+    for bad in ["max-age=10000, &&&&&", "max-age=\"10000\""] {
+        let res = fields(&[("cache-control", "no-store"), ("cdn-cache-control", bad)]);
+        let ok = StatusCode::OK;
+        assert!(
+            !storable(&Method::GET, &HeaderMap::new(), ok, &res),
+            "{bad}"
+        );
+    }
 }
 
 #[test]
