@@ -66,6 +66,11 @@ impl Keeps {
         }
     }
 
+    /// Tells each the upstream failed; the first answer in place of the error decides.
+    pub fn failed(self, error: &ProxyError) -> Option<Answer> {
+        self.0.into_iter().find_map(|keep| keep.failed(error))
+    }
+
     /// Hands each the upstream's answer head; the first that replaces the answer decides.
     pub fn answer(self, head: &mut http::response::Parts) -> Outbound {
         let mut tees = Vec::new();

@@ -154,6 +154,12 @@ pub trait Keep: Send + Sync {
 
     /// The upstream's answer head (which it may edit: `Cache-Status`).
     fn answer(self: Box<Self>, head: &mut http::response::Parts) -> Kept;
+
+    /// The upstream failed (no answer: refused, reset, timed out): an answer in place of the
+    /// error (a stale stored one), or `None` for the error.
+    fn failed(self: Box<Self>, _error: &ProxyError) -> Option<Answer> {
+        None
+    }
 }
 
 /// What a [`Keep`] made of the upstream's answer.

@@ -252,7 +252,13 @@ impl<R: Routing> ProxyService<R> {
                 };
                 let mut req = upstream_request(req, client, &edits, client_side.is_some());
                 grpc_deadline(&mut req);
-                let res = kept(upstream.send(req).await?, keeps);
+                let res = match upstream.send(req).await {
+                    Ok(res) => kept(res, keeps),
+                    Err(e) => {
+                        return in_place_of(e, keeps)
+                            .map(|r| dress(&route, r, accepted, head_request))
+                    }
+                };
                 upgrade::respond(res, client_side, client.peer)
             }
         };
@@ -273,6 +279,17 @@ fn dress(
         Some(config) => compress(res, config, accepted, head_request),
         None => res,
     }
+}
+
+/// What answers in place of an upstream's failure: a feature's answer (a stale stored one),
+/// or the failure.
+fn in_place_of(
+    error: ProxyError,
+    keeps: admission::Keeps,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let answer = keeps.failed(&error).ok_or(error)?;
+    let (res, body) = answer.render(AnswerEdits::default());
+    Ok(res.map(|()| body.map_or_else(ProxyBody::empty, ProxyBody::full)))
 }
 
 /// The upstream's answer as the route's features keep it ([`admission::Keeps`]): its body

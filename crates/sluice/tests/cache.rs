@@ -1,5 +1,6 @@
 //! A route's `cache` (RFC 9111) through a real proxy and a real upstream: request coalescing,
-//! `Vary`, cache poisoning (unkeyed fields, other hosts), `no-store`, revalidation, `HEAD`
+//! `Vary`, cache poisoning (unkeyed fields, other hosts), `no-store`, revalidation,
+//! `stale-if-error` (an upstream error, the upstream down), `HEAD`
 //! from a stored `GET`, invalidation by an unsafe method, and its configuration's refusals.
 //! The public cache test suite runs in the test command (`scripts/cache-tests`).
 #![allow(clippy::unwrap_used)]
@@ -22,7 +23,8 @@ use tokio::sync::watch;
 /// An origin that counts the requests per path and answers by path:
 /// `/fresh` `max-age=60`; `/no-store`; `/vary` by `Accept-Language`; `/host` the `Host` and
 /// `X-Forwarded-Host` it was sent; `/etag` `max-age=0` with an entity tag, `304` to
-/// `If-None-Match`; `/gated` `max-age=60` once the gate opens.
+/// `If-None-Match`; `/gated` `max-age=60` once the gate opens; `/sie` stale at once but
+/// usable for a minute if the upstream fails, then 503 to every request after the first.
 #[derive(Clone)]
 struct Origin {
     addr: SocketAddr,
@@ -80,6 +82,14 @@ impl Origin {
             "/vary" => {
                 res = res.header("vary", "Accept-Language");
                 format!("lang {} {n}", field("accept-language"))
+            }
+            "/sie" if n > 1 => {
+                let res = Response::builder().status(StatusCode::SERVICE_UNAVAILABLE);
+                return res.body(Full::new(Bytes::from("down"))).unwrap();
+            }
+            "/sie" => {
+                res = Response::builder().header("cache-control", "max-age=0, stale-if-error=60");
+                format!("sie {n}")
             }
             "/host" => format!(
                 "host {} fwd {} {n}",
@@ -249,6 +259,60 @@ async fn head_is_answered_from_a_stored_get_and_post_invalidates() {
     assert_eq!(origin.seen("/fresh"), 1);
     assert_eq!(ask(&p, "POST", "/fresh", &[]).await.body, "fresh 2");
     assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 3");
+}
+
+#[tokio::test]
+async fn stale_if_error_serves_the_stored_answer_on_an_upstream_error() {
+    let origin = Origin::start().await;
+    let p = proxy(&origin, "true").await;
+    assert_eq!(ask(&p, "GET", "/sie", &[]).await.body, "sie 1");
+    let second = ask(&p, "GET", "/sie", &[]).await;
+    assert_eq!(
+        (second.status, second.body.as_str()),
+        (StatusCode::OK, "sie 1")
+    );
+    assert!(
+        cache_status(&second).contains("fwd-status=503"),
+        "{second:?}"
+    );
+    assert_eq!(origin.seen("/sie"), 2);
+}
+
+#[tokio::test]
+async fn stale_if_error_serves_the_stored_answer_with_the_upstream_down() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An origin that answers once, closes, and is gone: the next request finds no one.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let once = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0; 4096];
+        let _ = conn.read(&mut buf).await.unwrap();
+        let answer = "HTTP/1.1 200 OK\r\ncache-control: max-age=0, stale-if-error=60\r\n\
+                      content-length: 5\r\nconnection: close\r\n\r\nfirst";
+        conn.write_all(answer.as_bytes()).await.unwrap();
+    });
+    let toml = format!(
+        "[[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\ncluster = \"o\"\ncache = true\n\
+         [cluster.o]\nkind = \"static\"\nendpoints = [\"{addr}\"]\n"
+    );
+    let p = TestProxy::start(&toml).await;
+    assert_eq!(ask(&p, "GET", "/x", &[]).await.body, "first");
+    once.await.unwrap();
+    let second = ask(&p, "GET", "/x", &[]).await;
+    assert_eq!(
+        (second.status, second.body.as_str()),
+        (StatusCode::OK, "first")
+    );
+    assert!(
+        cache_status(&second).contains("upstream-failed"),
+        "{second:?}"
+    );
+    // With nothing stored, the failure is the client's answer (502, or 503 once the
+    // endpoint is marked down).
+    let third = ask(&p, "GET", "/y", &[]).await;
+    assert!(third.status.is_server_error(), "{third:?}");
 }
 
 #[test]

@@ -34,6 +34,9 @@ pub struct Directives {
     pub proxy_revalidate: bool,
     /// `only-if-cached` (requests).
     pub only_if_cached: bool,
+    /// `stale-if-error` (RFC 5861 §4): how long past its lifetime an answer may still serve
+    /// when the upstream fails.
+    pub stale_if_error: Option<Duration>,
 }
 
 impl Directives {
@@ -56,6 +59,9 @@ impl Directives {
             "min-fresh" if self.min_fresh.is_none() => self.min_fresh = seconds(&arg),
             "max-stale" if self.max_stale.is_none() => {
                 self.max_stale = Some(arg.map(|a| delta_seconds(Some(&a))));
+            }
+            "stale-if-error" if self.stale_if_error.is_none() => {
+                self.stale_if_error = seconds(&arg);
             }
             "no-store" => self.no_store = true,
             "no-cache" => match arg {

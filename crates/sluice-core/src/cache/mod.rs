@@ -423,6 +423,18 @@ pub fn usable(stored: &Stored, req: &Directives, now: SystemTime) -> Use {
     }
 }
 
+/// Whether `stored` may answer a request with directives `req` at `now` when the upstream
+/// failed (RFC 5861 §4): within `stale-if-error` (the request's, else the answer's) past its
+/// lifetime, unless the answer forbids serving it stale.
+pub fn stale_if_error(stored: &Stored, req: &Directives, now: SystemTime) -> bool {
+    let res = response_directives(&stored.fields);
+    let Some(window) = req.stale_if_error.or(res.stale_if_error) else {
+        return false;
+    };
+    let forbidden = res.must_revalidate || res.proxy_revalidate || res.s_maxage.is_some();
+    !forbidden && stored.current_age(now) < stored.freshness_lifetime() + window
+}
+
 /// Whether a client's own conditional `GET`/`HEAD` is answered `304` from `stored` (RFC
 /// 9110 §13.1.2, §13.1.3): `If-None-Match` naming its entity tag (weakly) or `*`, or, without
 /// `If-None-Match`, `If-Modified-Since` at or after its `Last-Modified` (or `Date`).

@@ -299,3 +299,20 @@ fn fields_named_by_connection_are_not_stored() {
     assert!(!s.fields.contains_key("a") && !s.fields.contains_key("b"));
     assert!(s.fields.contains_key("c"));
 }
+
+#[test]
+fn stale_if_error_serves_within_its_window_unless_forbidden() {
+    let none = Directives::default();
+    let s = stored(&[("cache-control", "max-age=10, stale-if-error=60")]);
+    assert!(stale_if_error(&s, &none, at(30)));
+    assert!(!stale_if_error(&s, &none, at(71)));
+    let plain = stored(&[("cache-control", "max-age=10")]);
+    assert!(!stale_if_error(&plain, &none, at(30)));
+    let asked = directives(&fields(&[("cache-control", "stale-if-error=100")]));
+    assert!(stale_if_error(&plain, &asked, at(30)));
+    let strict = stored(&[(
+        "cache-control",
+        "max-age=10, stale-if-error=60, must-revalidate",
+    )]);
+    assert!(!stale_if_error(&strict, &none, at(30)));
+}

@@ -9,7 +9,8 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
 
 use sluice_core::cache::{self as rules, Stored, Variant};
-use sluice_core::route_feature::{Asked, Keep, Kept, Tee};
+use sluice_core::error::ProxyError;
+use sluice_core::route_feature::{Answer, Asked, Keep, Kept, Tee};
 
 use super::{hit, key_of, stale_for, Cache, Filled, Store, CACHE_STATUS};
 
@@ -78,6 +79,31 @@ impl Drop for Miss {
     }
 }
 
+impl Miss {
+    /// The stored `stale` answer in place of the upstream's: refreshed by a `304` to its
+    /// revalidation, or served on an error within its `stale-if-error`.
+    fn stale_answer(
+        &self,
+        stale: &Stored,
+        head: &http::response::Parts,
+        times: (SystemTime, SystemTime),
+    ) -> Option<Answer> {
+        if head.status == StatusCode::NOT_MODIFIED && stale.has_validators() {
+            let refreshed = stale.refreshed(&head.headers, times);
+            let status = "fwd=stale; fwd-status=304";
+            let answer = hit(&refreshed, &self.fields, times.1, status);
+            self.cache.put(&self.key, refreshed);
+            return Some(answer);
+        }
+        let error = matches!(head.status.as_u16(), 500 | 502 | 503 | 504);
+        let req = rules::request_directives(&self.fields);
+        (error && rules::stale_if_error(stale, &req, times.1)).then(|| {
+            let status = format!("fwd=stale; fwd-status={}", head.status.as_u16());
+            hit(stale, &self.fields, times.1, &status)
+        })
+    }
+}
+
 impl Keep for Miss {
     fn ask(&mut self, fields: &mut HeaderMap) {
         self.fields = fields.clone();
@@ -88,19 +114,26 @@ impl Keep for Miss {
         }
     }
 
+    fn failed(mut self: Box<Self>, _error: &ProxyError) -> Option<Answer> {
+        let stale = self.stale.take()?;
+        let now = SystemTime::now();
+        let req = rules::request_directives(&self.fields);
+        let served = rules::stale_if_error(&stale, &req, now);
+        served.then(|| {
+            hit(
+                &stale,
+                &self.fields,
+                now,
+                "fwd=stale; detail=upstream-failed",
+            )
+        })
+    }
+
     fn answer(mut self: Box<Self>, head: &mut http::response::Parts) -> Kept {
         let times = (self.asked_at, SystemTime::now());
         if let Some(stale) = self.stale.take() {
-            if head.status == StatusCode::NOT_MODIFIED {
-                let refreshed = stale.refreshed(&head.headers, times);
-                let answer = hit(
-                    &refreshed,
-                    &self.fields,
-                    times.1,
-                    "fwd=stale; fwd-status=304",
-                );
-                self.cache.put(&self.key, refreshed);
-                return Kept::Replace(answer);
+            if let Some(replaced) = self.stale_answer(&stale, head, times) {
+                return Kept::Replace(replaced);
             }
         }
         let storable = self.method == Method::GET

@@ -296,10 +296,12 @@ impl RouteFeature for Cache {
     }
 }
 
-/// The stored answer for `key` that a request going upstream revalidates (GET only).
+/// The stored answer for `key` of a request going upstream (GET only, not itself
+/// conditional): revalidated when it has validators, and served if the upstream fails within
+/// its `stale-if-error`.
 fn stale_for(cache: &Store, key: &str, asked: &Asked<'_>) -> Option<Arc<Stored>> {
     let conditional = asked.fields.first_value("if-none-match").is_some()
         || asked.fields.first_value("if-modified-since").is_some();
     let stored = cache.lookup(key, asked.fields)?;
-    (stored.has_validators() && !conditional).then_some(stored)
+    (!conditional).then_some(stored)
 }
