@@ -71,7 +71,8 @@ pub struct Asked<'a> {
     pub path: &'a str,
     /// Its query, without the `?` (`None`: none).
     pub query: Option<&'a str>,
-    /// The host it names (the target's authority or `Host`), lowercase, without the port.
+    /// The host it names (the target's authority or `Host`), lowercase, with its port if it
+    /// named one.
     pub host: Option<&'a str>,
     /// Whether it came over TLS (its scheme is `https`).
     pub tls: bool,

@@ -340,6 +340,21 @@ fn request_host(req: &Request<RequestBody>) -> Option<Cow<'_, str>> {
     })
 }
 
+/// The authority the client asked for, as [`request_host`] but with its port, if it named one
+/// (a cache's key: another port is another origin).
+fn request_authority(req: &Request<RequestBody>) -> Option<Cow<'_, str>> {
+    let raw = match req.uri().authority() {
+        Some(a) => a.as_str(),
+        None => req.headers().get(header::HOST)?.to_str().ok()?,
+    };
+    // Without user info (`user@host`, which absolute-form may carry).
+    let raw = raw.rsplit_once('@').map_or(raw, |(_, h)| h);
+    Some(match raw.bytes().any(|b| b.is_ascii_uppercase()) {
+        true => Cow::Owned(raw.to_ascii_lowercase()),
+        false => Cow::Borrowed(raw),
+    })
+}
+
 pub(crate) fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
         return host.split_inclusive(']').next().unwrap_or(host);
@@ -575,7 +590,7 @@ async fn admit(
     if route.registered().is_empty() {
         return Ok(Admitted::Pass(admission::Keeps::default()));
     }
-    let host = request_host(req);
+    let host = request_authority(req);
     let asked = Asked {
         method: req.method(),
         fields: req.headers(),

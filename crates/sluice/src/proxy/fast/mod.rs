@@ -345,7 +345,7 @@ async fn admit(route: &Route, req: &Request<'_>, method: &Method) -> Result<(), 
         return Ok(());
     }
     let sent = Sent(req);
-    let host = host(req).map(|h| match super::strip_port(h) {
+    let host = host(req).map(|h| match h {
         h if h.bytes().any(|b| b.is_ascii_uppercase()) => h.to_ascii_lowercase().into(),
         h => std::borrow::Cow::Borrowed(h),
     });
