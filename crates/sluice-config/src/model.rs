@@ -19,6 +19,7 @@ pub use sluice_net::tls::Tls;
 pub use sluice_wire::{EscapedSlashes, RequestRules, Underscores};
 
 mod basic_auth;
+mod cache;
 mod compression;
 mod cors;
 mod dns;
@@ -30,6 +31,7 @@ mod relay;
 mod rewrite;
 mod tracing;
 pub use basic_auth::BasicAuth;
+pub use cache::Cache;
 pub use compression::*;
 pub use cors::{Cors, CorsOrigins, OriginMatch};
 pub use dns::{Dns, HostPort, Resolve};
@@ -148,6 +150,8 @@ pub struct Route {
     pub rewrite: Option<Rewrite>,
     /// How responses are compressed; `None` (the default): never.
     pub compression: Option<Compression>,
+    /// The route's response cache (RFC 9111); `None` (the default): none.
+    pub cache: Option<Cache>,
     /// Header edits applied to the request before it is forwarded.
     pub request_headers: HeaderEdits,
     /// Header edits applied to the response before it is sent to the client.

@@ -196,6 +196,48 @@ pub(crate) struct RawRoute {
     pub(crate) basic_auth: Option<Spanned<RawBasicAuth>>,
     pub(crate) cors: Option<Spanned<RawCors>>,
     pub(crate) compression: Option<RawCompression>,
+    pub(crate) cache: Option<Spanned<RawCache>>,
+}
+
+/// A route's `cache`: `true`/`false`, or a table of settings.
+#[derive(Debug)]
+pub(crate) enum RawCache {
+    On(bool),
+    Table(RawCacheTable),
+}
+
+/// `cache = { memory, max_object, lock_timeout }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCacheTable {
+    pub(crate) memory: Option<Spanned<Size>>,
+    pub(crate) max_object: Option<Spanned<Size>>,
+    pub(crate) lock_timeout: Option<Spanned<Dur>>,
+}
+
+struct RawCacheVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RawCacheVisitor {
+    type Value = RawCache;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("true, false, or a table like { memory = \"256MiB\" }")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<RawCache, E> {
+        Ok(RawCache::On(v))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawCache, A::Error> {
+        let table = serde::de::value::MapAccessDeserializer::new(map);
+        RawCacheTable::deserialize(table).map(RawCache::Table)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawCache {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawCacheVisitor)
+    }
 }
 
 /// A route's `cors = { origins, methods, headers, expose, credentials, max_age }`.

@@ -3,6 +3,7 @@
 
 mod acceptor;
 mod basic_auth;
+mod cache;
 mod cluster;
 mod compression;
 mod cors;

@@ -1,13 +1,17 @@
 //! A route's admission — whether a request is let through before anything goes upstream —
 //! run once for every transport over the route's registered features ([`RouteFeature`]), in
 //! their order: each feature's answer edit is read first, then each admission hook until one
-//! refuses (an error answer: 429, 403, 401), answers (a CORS preflight's 204) or all pass.
+//! refuses (an error answer: 429, 403, 401), answers (a CORS preflight's 204, a cache's hit)
+//! or all pass; a request that passes is then given to each feature that keeps something of
+//! it on its way upstream and back ([`Keeps`]: a cache storing a miss).
 
+use bytes::Bytes;
 use http::{HeaderMap, Response};
 use std::sync::Arc;
 
+pub use crate::body::Tees;
 use crate::error::ProxyError;
-use crate::route_feature::{Answer, Asked, Edit, RouteFeature, Verdict};
+use crate::route_feature::{Answer, Asked, Edit, Keep, Kept, RouteFeature, Verdict};
 
 /// What admission decided of a request.
 #[derive(Debug)]
@@ -26,6 +30,59 @@ pub struct Admission {
     pub outcome: Outcome,
     /// The edits every answer to the request gets ([`Edits::apply`]).
     pub edits: Edits,
+    /// What the features keep of a request that passed (empty otherwise).
+    pub keeps: Keeps,
+}
+
+/// The [`Keep`]s of a request that goes upstream, in the features' order.
+#[derive(Default)]
+pub struct Keeps(Vec<Box<dyn Keep>>);
+
+impl std::fmt::Debug for Keeps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Keeps").field(&self.0.len()).finish()
+    }
+}
+
+/// What the [`Keeps`] made of the upstream's answer.
+#[derive(Debug)]
+pub enum Outbound {
+    /// The upstream's answer goes out, its body through these tees.
+    Through(Tees),
+    /// The answer replaced by a feature's (a revalidated object).
+    Replaced(Answer),
+}
+
+impl Keeps {
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Lets each edit the request's fields on their way upstream.
+    pub fn ask(&mut self, fields: &mut HeaderMap) {
+        for keep in &mut self.0 {
+            keep.ask(fields);
+        }
+    }
+
+    /// Tells each the upstream failed; the first answer in place of the error decides.
+    pub fn failed(self, error: &ProxyError) -> Option<Answer> {
+        self.0.into_iter().find_map(|keep| keep.failed(error))
+    }
+
+    /// Hands each the upstream's answer head; the first that replaces the answer decides.
+    pub fn answer(self, head: &mut http::response::Parts) -> Outbound {
+        let mut tees = Vec::new();
+        for keep in self.0 {
+            match keep.answer(head) {
+                Kept::Leave => {}
+                Kept::Tee(tee) => tees.push(tee),
+                Kept::Replace(answer) => return Outbound::Replaced(answer),
+            }
+        }
+        Outbound::Through(Tees::new(tees))
+    }
 }
 
 impl std::fmt::Debug for Admission {
@@ -33,6 +90,7 @@ impl std::fmt::Debug for Admission {
         f.debug_struct("Admission")
             .field("outcome", &self.outcome)
             .field("edits", &self.edits.0.len())
+            .field("keeps", &self.keeps)
             .finish()
     }
 }
@@ -77,7 +135,8 @@ pub async fn admit(features: &[Arc<dyn RouteFeature>], asked: &Asked<'_>) -> Adm
     for (i, feature) in features.iter().enumerate() {
         let verdict = match feature.admit(asked) {
             Verdict::Check(check) => match check.await {
-                Ok(()) => Verdict::Pass,
+                Ok(None) => Verdict::Pass,
+                Ok(Some(answer)) => Verdict::Answer(answer),
                 Err(e) => Verdict::Refuse(e),
             },
             other => other,
@@ -91,22 +150,31 @@ pub async fn admit(features: &[Arc<dyn RouteFeature>], asked: &Asked<'_>) -> Adm
             Outcome::Refused(_) => edits.without(i),
             _ => edits,
         };
-        return Admission { outcome, edits };
+        return Admission {
+            outcome,
+            edits,
+            keeps: Keeps::default(),
+        };
     }
+    let keeps = features.iter().filter_map(|f| f.keep(asked)).collect();
     Admission {
         outcome: Outcome::Pass,
         edits,
+        keeps: Keeps(keeps),
     }
 }
 
 impl Answer {
-    /// The answer as a response without a body: `edits` applied first, then its fields.
-    pub fn render(self, edits: Edits) -> Response<()> {
+    /// The answer as a response (its body, if any, beside it): `edits` applied first, then
+    /// its fields.
+    pub fn render(self, edits: Edits) -> (Response<()>, Option<Bytes>) {
         let mut res = Response::new(());
         *res.status_mut() = self.status;
         edits.apply(res.headers_mut());
-        res.headers_mut().extend(self.fields);
-        res
+        for (name, value) in self.fields {
+            res.headers_mut().append(name, value);
+        }
+        (res, self.body)
     }
 }
 
@@ -153,6 +221,9 @@ mod tests {
             fields: &fields,
             client: [127, 0, 0, 1].into(),
             path: "/",
+            query: None,
+            host: None,
+            tls: false,
         };
         let admission = admit(features, &asked).await;
         let outcome = format!("{:?}", admission.outcome);
@@ -181,7 +252,7 @@ mod tests {
     #[tokio::test]
     async fn a_wait_that_fails_refuses_and_one_that_passes_goes_on() {
         let failing = || Verdict::Check(Box::pin(async { Err(ProxyError::NoRoute) }));
-        let passing = || Verdict::Check(Box::pin(async { Ok(()) }));
+        let passing = || Verdict::Check(Box::pin(async { Ok(None) }));
         let (outcome, _) = run(&[probe("a", passing), probe("b", failing)]).await;
         assert!(outcome.starts_with("Refused"), "{outcome}");
         let (outcome, edits) = run(&[probe("a", passing), probe("b", passing)]).await;
@@ -192,10 +263,10 @@ mod tests {
     #[tokio::test]
     async fn an_answer_gets_every_edit_then_its_own_fields() {
         let answer = || {
-            Verdict::Answer(Answer {
-                status: StatusCode::NO_CONTENT,
-                fields: vec![("x-edit".parse().unwrap(), HeaderValue::from_static("own"))],
-            })
+            Verdict::Answer(Answer::bare(
+                StatusCode::NO_CONTENT,
+                vec![("x-edit".parse().unwrap(), HeaderValue::from_static("own"))],
+            ))
         };
         let features = [probe("a", answer), probe("b", || Verdict::Pass)];
         let fields = HeaderMap::new();
@@ -204,12 +275,15 @@ mod tests {
             fields: &fields,
             client: [127, 0, 0, 1].into(),
             path: "/",
+            query: None,
+            host: None,
+            tls: false,
         };
         let admission = admit(&features, &asked).await;
         let Outcome::Answer(answer) = admission.outcome else {
             panic!("not answered: {admission:?}");
         };
-        let res: Response<()> = answer.render(admission.edits);
+        let (res, _) = answer.render(admission.edits);
         assert_eq!(res.status(), StatusCode::NO_CONTENT);
         let got: Vec<_> = res.headers().get_all("x-edit").iter().collect();
         assert_eq!(got, ["a", "b", "own"]);

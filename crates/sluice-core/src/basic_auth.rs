@@ -188,7 +188,9 @@ impl RouteFeature for BasicAuth {
 
     fn admit<'a>(&'a self, asked: &Asked<'a>) -> Verdict<'a> {
         let field = asked.fields.first("authorization");
-        Verdict::Check(Box::pin(self.check(field)))
+        Verdict::Check(Box::pin(
+            async move { self.check(field).await.map(|()| None) },
+        ))
     }
 }
 

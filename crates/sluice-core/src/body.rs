@@ -56,6 +56,49 @@ pub trait Release: Send + Sync + std::fmt::Debug {
     fn finish(&mut self);
 }
 
+/// Sees an answer's body as it streams to the client (a cache storing a miss: the route
+/// feature hook `Keep`'s).
+pub trait Tee: Send + Sync {
+    /// A chunk of it; `false`: this wants no more (it has given up: too large).
+    fn data(&mut self, chunk: &Bytes) -> bool;
+    /// The body ended whole. Dropped without it: the body failed or the client left.
+    fn end(self: Box<Self>);
+}
+
+/// The tees an answer's body streams through ([`ProxyBody::teed`]).
+#[derive(Default)]
+pub struct Tees(Vec<Box<dyn Tee>>);
+
+impl std::fmt::Debug for Tees {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Tees").field(&self.0.len()).finish()
+    }
+}
+
+impl Tees {
+    /// These tees.
+    pub fn new(tees: Vec<Box<dyn Tee>>) -> Self {
+        Self(tees)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// A chunk of the body, to every tee that still wants them.
+    pub fn data(&mut self, chunk: &Bytes) {
+        self.0.retain_mut(|t| t.data(chunk));
+    }
+
+    /// The body ended whole.
+    pub fn end(self) {
+        for tee in self.0 {
+            tee.end();
+        }
+    }
+}
+
 /// The rest of a body read ahead: streamed from the peer as the client reads it, or pumped
 /// by a task that reads it from the peer at the peer's pace into a bounded buffer.
 #[derive(Debug)]
@@ -381,6 +424,8 @@ pin_project_lite::pin_project! {
         /// A request body whose failure is kept for its sender as well as passed on: hyper's
         /// HTTP/2 client only resets the stream, and its answer says no more than that.
         Watched { body: Pin<Box<ProxyBody>>, failure: BodyFailure },
+        /// A response body whose chunks go through tees as they stream (`None` once ended).
+        Teed { body: Pin<Box<ProxyBody>>, tees: Option<Tees> },
     }
 }
 
@@ -520,6 +565,22 @@ impl ProxyBody {
         }
     }
 
+    /// `self`, its chunks given to `tees` as they stream, which are told its end when it ends
+    /// whole (at once for a body that has no data to come).
+    pub fn teed(self, tees: Tees) -> Self {
+        if tees.is_empty() {
+            return self;
+        }
+        if self.is_end_stream() {
+            tees.end();
+            return self;
+        }
+        Self::Teed {
+            body: Box::pin(self),
+            tees: Some(tees),
+        }
+    }
+
     /// `body`, streamed, with the connection it comes from given back by `release` when it
     /// has been read to the end (at once if it already has).
     pub fn guarded(body: Incoming, mut release: impl Release + 'static) -> Self {
@@ -587,6 +648,11 @@ impl Body for ProxyBody {
                 let polled = std::task::ready!(body.as_mut().poll_frame(cx));
                 Poll::Ready(polled.map(|f| f.map_err(|e| failure.keep(e))))
             }
+            ProxyBodyProj::Teed { body, tees } => {
+                let polled = std::task::ready!(body.as_mut().poll_frame(cx));
+                poll_teed(&polled, body.is_end_stream(), tees);
+                Poll::Ready(polled)
+            }
         }
     }
 
@@ -595,6 +661,7 @@ impl Body for ProxyBody {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.is_end_stream(),
             Self::Client { body } => body.is_end_stream(),
             Self::Reported { body, .. } | Self::Watched { body, .. } => body.is_end_stream(),
+            Self::Teed { body, .. } => body.is_end_stream(),
             Self::Compressed { body } => body.is_end_stream(),
             Self::Full { data } => data.is_none(),
             Self::Buffered {
@@ -615,6 +682,7 @@ impl Body for ProxyBody {
             Self::Incoming { body } | Self::Guarded { body, .. } => body.size_hint(),
             Self::Client { body } => body.size_hint(),
             Self::Reported { body, .. } | Self::Watched { body, .. } => body.size_hint(),
+            Self::Teed { body, .. } => body.size_hint(),
             Self::Compressed { body } => body.size_hint(),
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
@@ -625,6 +693,31 @@ impl Body for ProxyBody {
                 rest,
                 ..
             } => buffered_hint(head, trailers.is_some(), rest.as_ref()),
+        }
+    }
+}
+
+/// Gives a teed body's frame to its tees: data to each, the end when it ended whole, and
+/// the tees dropped when it failed.
+fn poll_teed(
+    polled: &Option<Result<Frame<Bytes>, BoxError>>,
+    ended: bool,
+    tees: &mut Option<Tees>,
+) {
+    match polled {
+        Some(Ok(frame)) => {
+            if let (Some(data), Some(t)) = (frame.data_ref(), tees.as_mut()) {
+                t.data(data);
+            }
+            if let Some(t) = tees.take_if(|_| ended) {
+                t.end();
+            }
+        }
+        Some(Err(_)) => drop(tees.take()),
+        None => {
+            if let Some(t) = tees.take() {
+                t.end();
+            }
         }
     }
 }

@@ -233,10 +233,7 @@ impl RouteFeature for Cors {
     fn admit<'a>(&'a self, asked: &Asked<'a>) -> Verdict<'a> {
         match self.preflight(asked.method, asked.fields) {
             None => Verdict::Pass,
-            Some(Ok(fields)) => Verdict::Answer(Answer {
-                status: StatusCode::NO_CONTENT,
-                fields,
-            }),
+            Some(Ok(fields)) => Verdict::Answer(Answer::bare(StatusCode::NO_CONTENT, fields)),
             Some(Err(refused)) => Verdict::Refuse(refused),
         }
     }

@@ -32,6 +32,7 @@ pub mod error;
 pub mod admission;
 pub mod attempts;
 pub mod basic_auth;
+pub mod cache;
 pub mod checks;
 pub mod client;
 pub mod compression;

@@ -17,8 +17,10 @@ use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
+pub use crate::body::Tee;
 use crate::error::ProxyError;
 pub use crate::fields::{DynFields, Fields};
 
@@ -39,8 +41,11 @@ impl Hooks {
     pub const WAIT: Hooks = Hooks(4);
     /// [`RouteFeature::edit`] edits the answer's fields.
     pub const EDIT: Hooks = Hooks(8);
+    /// [`RouteFeature::keep`] sees the request on its way upstream and the upstream's answer
+    /// and body on their way out (a cache storing a miss); its answers have bodies.
+    pub const KEEP: Hooks = Hooks(16);
     /// Every hook: what a feature that does not say uses.
-    pub const ALL: Hooks = Hooks(15);
+    pub const ALL: Hooks = Hooks(31);
 
     /// Both sets.
     pub const fn and(self, other: Hooks) -> Hooks {
@@ -64,6 +69,13 @@ pub struct Asked<'a> {
     pub client: IpAddr,
     /// The request's path as the client sent it (normalised), without the query.
     pub path: &'a str,
+    /// Its query, without the `?` (`None`: none).
+    pub query: Option<&'a str>,
+    /// The host it names (the target's authority or `Host`), lowercase, with its port if it
+    /// named one.
+    pub host: Option<&'a str>,
+    /// Whether it came over TLS (its scheme is `https`).
+    pub tls: bool,
 }
 
 impl fmt::Debug for Asked<'_> {
@@ -72,12 +84,16 @@ impl fmt::Debug for Asked<'_> {
             .field("method", self.method)
             .field("client", &self.client)
             .field("path", &self.path)
+            .field("query", &self.query)
+            .field("host", &self.host)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
 
-/// A wait of [`Verdict::Check`].
-pub type Check<'a> = Pin<Box<dyn Future<Output = Result<(), ProxyError>> + Send + 'a>>;
+/// A wait of [`Verdict::Check`]: `Ok(None)` lets the request on, `Ok(Some)` answers it (a
+/// cache's waiter, answered from the object another request fetched), `Err` refuses it.
+pub type Check<'a> = Pin<Box<dyn Future<Output = Result<Option<Answer>, ProxyError>> + Send + 'a>>;
 
 /// What a feature's admission hook decided.
 pub enum Verdict<'a> {
@@ -103,14 +119,68 @@ impl fmt::Debug for Verdict<'_> {
     }
 }
 
-/// A feature's own answer to a request: a status and fields, no body (a CORS preflight's
-/// 204). The other features' edits are applied first, then these fields appended.
+/// A feature's own answer to a request: a status and fields, and no body (a CORS preflight's
+/// 204) or one (a cache's hit). The other features' edits are applied first, then these
+/// fields appended. An answer with a body stands for the upstream's: the route's response
+/// edits and compression apply to it as to one.
 #[derive(Debug, Clone)]
 pub struct Answer {
     /// The status.
     pub status: StatusCode,
     /// The fields, appended in order.
     pub fields: Vec<(HeaderName, HeaderValue)>,
+    /// The body (`None`: none, and the answer is the feature's own).
+    pub body: Option<Bytes>,
+}
+
+impl Answer {
+    /// An answer without a body.
+    pub fn bare(status: StatusCode, fields: Vec<(HeaderName, HeaderValue)>) -> Self {
+        Self {
+            status,
+            fields,
+            body: None,
+        }
+    }
+}
+
+/// What a feature keeps of a request that goes upstream ([`RouteFeature::keep`]): it sees the
+/// request's fields on their way up, then the upstream's answer head on its way out, and
+/// either keeps its body ([`Tee`]), replaces the answer (a `304` to a revalidation answered
+/// with the stored object), or lets it go. Dropped unused when the request fails before an
+/// answer.
+pub trait Keep: Send + Sync {
+    /// Edits the request's fields on their way upstream (a revalidation's `If-None-Match`).
+    fn ask(&mut self, _fields: &mut HeaderMap) {}
+
+    /// The upstream's answer head (which it may edit: `Cache-Status`).
+    fn answer(self: Box<Self>, head: &mut http::response::Parts) -> Kept;
+
+    /// The upstream failed (no answer: refused, reset, timed out): an answer in place of the
+    /// error (a stale stored one), or `None` for the error.
+    fn failed(self: Box<Self>, _error: &ProxyError) -> Option<Answer> {
+        None
+    }
+}
+
+/// What a [`Keep`] made of the upstream's answer.
+pub enum Kept {
+    /// Nothing more.
+    Leave,
+    /// Its body goes through this as it streams to the client.
+    Tee(Box<dyn Tee>),
+    /// The answer replaced by this one (rendered as a feature's answer with a body).
+    Replace(Answer),
+}
+
+impl fmt::Debug for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Kept::Leave => f.write_str("Leave"),
+            Kept::Tee(_) => f.write_str("Tee(..)"),
+            Kept::Replace(a) => f.debug_tuple("Replace").field(a).finish(),
+        }
+    }
 }
 
 /// An edit of the answer's fields a feature decided from the request (a CORS route's fields
@@ -139,6 +209,12 @@ pub trait RouteFeature: Any + Send + Sync + fmt::Debug {
     /// Whether the request goes on (hooks run in the order of `sluice`'s `registry::REGISTERED`).
     fn admit<'a>(&'a self, _asked: &Asked<'a>) -> Verdict<'a> {
         Verdict::Pass
+    }
+
+    /// What it keeps of a request every feature let through, on its way upstream and back
+    /// (`None`: nothing).
+    fn keep(&self, _asked: &Asked<'_>) -> Option<Box<dyn Keep>> {
+        None
     }
 }
 

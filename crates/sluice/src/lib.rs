@@ -71,6 +71,7 @@
 pub(crate) mod access_log;
 pub(crate) mod admin;
 pub(crate) mod app;
+pub(crate) mod cache;
 pub(crate) mod global_limit;
 pub(crate) mod metrics;
 pub mod options;

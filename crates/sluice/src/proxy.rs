@@ -218,18 +218,20 @@ impl<R: Routing> ProxyService<R> {
         let route = self.shared.router.route(&head).ok_or(ProxyError::NoRoute)?;
         *matched = Some(Arc::clone(&route));
         drop((host, path));
-        if let Some(answer) = admit(&route, &req, client, edits).await? {
-            return Ok(answer);
-        }
-        let rules = client.rules.escaped_slashes;
-        let target = rewrite::target(route.rewrite.as_ref(), req.uri(), rules)?;
         // Asked before the request moves on; `None` on a route that does not compress.
         let accepted = route.compression.as_ref().and_then(|c| {
             let fields = req.headers().get_all(header::ACCEPT_ENCODING).iter();
             compression::negotiate(&c.encodings, fields.map(HeaderValue::as_bytes))
         });
         let head_request = req.method() == http::Method::HEAD;
-        let mut res = match &route.target {
+        let mut keeps = match admit(&route, &req, client, edits).await? {
+            Admitted::Pass(keeps) => keeps,
+            Admitted::Own(res) => return Ok(res),
+            Admitted::Stored(res) => return Ok(dress(&route, res, accepted, head_request)),
+        };
+        let rules = client.rules.escaped_slashes;
+        let target = rewrite::target(route.rewrite.as_ref(), req.uri(), rules)?;
+        let res = match &route.target {
             Target::Direct(direct) => {
                 let host = request_host(&req);
                 let place =
@@ -241,6 +243,7 @@ impl<R: Routing> ProxyService<R> {
                 // A declared length is refused before any of the body is read.
                 checks::check_body_length(http_body::Body::size_hint(req.body()).lower(), limit)?;
                 let client_side = upgrade::requested(&mut req);
+                keeps.ask(req.headers_mut());
                 let edits = Edits {
                     route: &route,
                     stamps,
@@ -249,15 +252,59 @@ impl<R: Routing> ProxyService<R> {
                 };
                 let mut req = upstream_request(req, client, &edits, client_side.is_some());
                 grpc_deadline(&mut req);
-                let res = upstream.send(req).await?;
+                let res = match upstream.send(req).await {
+                    Ok(res) => kept(res, keeps),
+                    Err(e) => {
+                        return in_place_of(e, keeps)
+                            .map(|r| dress(&route, r, accepted, head_request))
+                    }
+                };
                 upgrade::respond(res, client_side, client.peer)
             }
         };
-        apply_edits(res.headers_mut(), &route.response_headers);
-        Ok(match &route.compression {
-            Some(config) => compress(res, config, accepted, head_request),
-            None => res,
-        })
+        Ok(dress(&route, res, accepted, head_request))
+    }
+}
+
+/// An answer that stands for the upstream's (the upstream's own, or a stored one) with the
+/// route's response edits, compressed as the route and the client's `accepted` encoding say.
+fn dress(
+    route: &Route,
+    mut res: Response<ProxyBody>,
+    accepted: Option<Encoding>,
+    head_request: bool,
+) -> Response<ProxyBody> {
+    apply_edits(res.headers_mut(), &route.response_headers);
+    match &route.compression {
+        Some(config) => compress(res, config, accepted, head_request),
+        None => res,
+    }
+}
+
+/// What answers in place of an upstream's failure: a feature's answer (a stale stored one),
+/// or the failure.
+fn in_place_of(
+    error: ProxyError,
+    keeps: admission::Keeps,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let answer = keeps.failed(&error).ok_or(error)?;
+    let (res, body) = answer.render(AnswerEdits::default());
+    Ok(res.map(|()| body.map_or_else(ProxyBody::empty, ProxyBody::full)))
+}
+
+/// The upstream's answer as the route's features keep it ([`admission::Keeps`]): its body
+/// through their tees, or replaced by their answer (a revalidated stored object).
+fn kept(res: Response<ProxyBody>, keeps: admission::Keeps) -> Response<ProxyBody> {
+    if keeps.is_empty() {
+        return res;
+    }
+    let (mut parts, body) = res.into_parts();
+    match keeps.answer(&mut parts) {
+        admission::Outbound::Through(tees) => Response::from_parts(parts, body.teed(tees)),
+        admission::Outbound::Replaced(answer) => {
+            let (res, body) = answer.render(AnswerEdits::default());
+            res.map(|()| body.map_or_else(ProxyBody::empty, ProxyBody::full))
+        }
     }
 }
 
@@ -290,6 +337,21 @@ fn request_host(req: &Request<RequestBody>) -> Option<Cow<'_, str>> {
         Cow::Owned(host.to_ascii_lowercase())
     } else {
         Cow::Borrowed(host)
+    })
+}
+
+/// The authority the client asked for, as [`request_host`] but with its port, if it named one
+/// (a cache's key: another port is another origin).
+fn request_authority(req: &Request<RequestBody>) -> Option<Cow<'_, str>> {
+    let raw = match req.uri().authority() {
+        Some(a) => a.as_str(),
+        None => req.headers().get(header::HOST)?.to_str().ok()?,
+    };
+    // Without user info (`user@host`, which absolute-form may carry).
+    let raw = raw.rsplit_once('@').map_or(raw, |(_, h)| h);
+    Some(match raw.bytes().any(|b| b.is_ascii_uppercase()) {
+        true => Cow::Owned(raw.to_ascii_lowercase()),
+        false => Cow::Borrowed(raw),
     })
 }
 
@@ -506,37 +568,57 @@ fn compress(
     res
 }
 
+/// What the route's registered features made of a request ([`admit`]).
+enum Admitted {
+    /// On upstream, with what they keep of it.
+    Pass(admission::Keeps),
+    /// A feature's own answer (an allowed CORS preflight), dressed already.
+    Own(Response<ProxyBody>),
+    /// A feature's answer with a body (a cache's hit), which stands for the upstream's.
+    Stored(Response<ProxyBody>),
+}
+
 /// Whether the route's registered features let the request through
 /// ([`admission::admit`]: their hooks in order, as on every transport), refuse it, or answer
-/// it themselves (an allowed CORS preflight). The edits every answer gets are left in `edits`.
+/// it themselves (an allowed CORS preflight, a cache's hit). The edits every answer gets are
+/// left in `edits`.
 async fn admit(
     route: &Route,
     req: &Request<RequestBody>,
     client: &ClientInfo,
     edits: &mut AnswerEdits,
-) -> Result<Option<Response<ProxyBody>>, ProxyError> {
+) -> Result<Admitted, ProxyError> {
     if route.registered().is_empty() {
-        return Ok(None);
+        return Ok(Admitted::Pass(admission::Keeps::default()));
     }
+    let host = request_authority(req);
     let asked = Asked {
         method: req.method(),
         fields: req.headers(),
         client: client.peer.ip(),
         path: req.uri().path(),
+        query: req.uri().query(),
+        host: host.as_deref(),
+        tls: client.tls,
     };
     let admission = admission::admit(route.registered(), &asked).await;
     match admission.outcome {
-        Outcome::Pass => *edits = admission.edits,
+        Outcome::Pass => {
+            *edits = admission.edits;
+            Ok(Admitted::Pass(admission.keeps))
+        }
         Outcome::Refused(e) => {
             *edits = admission.edits;
-            return Err(e);
+            Err(e)
         }
         Outcome::Answer(answer) => {
-            let res = answer.render(admission.edits);
-            return Ok(Some(res.map(|()| ProxyBody::empty())));
+            let (res, body) = answer.render(admission.edits);
+            Ok(match body {
+                Some(body) => Admitted::Stored(res.map(|()| ProxyBody::full(body))),
+                None => Admitted::Own(res.map(|()| ProxyBody::empty())),
+            })
         }
     }
-    Ok(None)
 }
 
 /// The route's fixed answer, for both paths (the route's response edits are applied after,

@@ -22,14 +22,15 @@ use sluice::Feature;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// An upstream that answers 2 KiB of `text/plain` (compressible), or at `/headers` the
-/// request's fields, one `name: value` line each.
+/// An upstream that answers 2 KiB of `text/plain` (compressible; at `/cached` fresh for a
+/// minute), or at `/headers` the request's fields, one `name: value` line each.
 async fn upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                let cached = req.uri().path() == "/cached";
                 let body = match req.uri().path() {
                     "/headers" => req
                         .headers()
@@ -41,6 +42,11 @@ async fn upstream() -> SocketAddr {
                 let mut res = Response::new(Full::new(Bytes::from(body)));
                 res.headers_mut()
                     .insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
+                if cached {
+                    let max_age = "max-age=60".parse().unwrap();
+                    res.headers_mut()
+                        .insert(http::header::CACHE_CONTROL, max_age);
+                }
                 Ok::<_, Infallible>(res)
             });
             tokio::spawn(
@@ -147,6 +153,16 @@ fn registered(key: &str, dir: &std::path::Path) -> Case {
                 },
             }
         }
+        "cache" => Case {
+            keys: "cache = true".into(),
+            asks: vec![get("/cached", vec![]), get("/cached", vec![])],
+            check: |g| {
+                g.headers
+                    .get("cache-status")
+                    .is_some_and(|v| v == "Sluice; hit")
+                    && g.body.starts_with("upstream /cached\n")
+            },
+        },
         other => panic!("the registered feature {other} has no case in tests/features.rs: add one"),
     }
 }

@@ -10,6 +10,7 @@ mod support;
 mod admin;
 mod basic_auth;
 mod body_limit;
+mod cache;
 mod compression;
 mod connection_limits;
 mod control_links;

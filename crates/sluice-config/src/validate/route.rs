@@ -79,6 +79,10 @@ fn route(
             .map(|c| super::cors::cors(ctx, c))
             .transpose()?,
         rewrite,
+        cache: match raw.cache.take() {
+            Some(c) => super::cache::cache(ctx, c, &action)?,
+            None => None,
+        },
         compression: match raw.compression.take() {
             Some(c) => super::compression::compression(ctx, c)?,
             None => None,

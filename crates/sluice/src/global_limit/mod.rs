@@ -66,7 +66,9 @@ impl RouteFeature for GlobalLimit {
         if descriptors.is_empty() {
             return Decided::Pass;
         }
-        Decided::Check(Box::pin(self.check(descriptors)))
+        Decided::Check(Box::pin(async move {
+            self.check(descriptors).await.map(|()| None)
+        }))
     }
 }
 
@@ -263,6 +265,9 @@ mod tests {
             fields,
             client: [10, 0, 0, 7].into(),
             path: "/v1/jobs",
+            query: None,
+            host: None,
+            tls: false,
         }
     }
 

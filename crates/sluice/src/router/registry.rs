@@ -9,12 +9,15 @@ use sluice_core::route_feature::{Registration, RouteFeature};
 /// Every route feature built from configuration, in the order their hooks run: the rate
 /// limit (cheap refusals first), the CORS preflight (which carries no credentials, so it is
 /// answered before they are asked for), the route's users, then the global rate limit (a
-/// call to a remote service, made only for requests every other feature let through).
+/// call to a remote service, made only for requests every other feature let through), then
+/// the cache (a stored answer is handed only to a request every other feature let through;
+/// it must be last, as the fetch a miss starts is taken up by its `keep` right after).
 pub static REGISTERED: &[Registration] = &[
     sluice_core::rate_limit::REGISTRATION,
     sluice_core::cors::REGISTRATION,
     sluice_core::basic_auth::REGISTRATION,
     crate::global_limit::REGISTRATION,
+    crate::cache::REGISTRATION,
 ];
 
 /// The registered features `route` asks for, built (`kept`: the one of the same key the

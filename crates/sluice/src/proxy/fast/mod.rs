@@ -345,11 +345,18 @@ async fn admit(route: &Route, req: &Request<'_>, method: &Method) -> Result<(), 
         return Ok(());
     }
     let sent = Sent(req);
+    let host = host(req).map(|h| match h {
+        h if h.bytes().any(|b| b.is_ascii_uppercase()) => h.to_ascii_lowercase().into(),
+        h => std::borrow::Cow::Borrowed(h),
+    });
     let asked = Asked {
         method,
         fields: &sent,
         client: req.client.peer.ip(),
         path: req.head.uri.path(),
+        query: req.head.uri.query(),
+        host: host.as_deref(),
+        tls: req.client.tls,
     };
     match admission::admit(route.registered(), &asked).await.outcome {
         Outcome::Pass => Ok(()),

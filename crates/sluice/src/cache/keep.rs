@@ -1,0 +1,198 @@
+//! What the cache keeps of a request that goes upstream: its fields (the variant it is
+//! stored under), the revalidation it sends, and the answer it stores as its body streams.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, StatusCode};
+
+use sluice_core::cache::{self as rules, Stored, Variant};
+use sluice_core::error::ProxyError;
+use sluice_core::route_feature::{Answer, Asked, Keep, Kept, Tee};
+
+use super::{hit, key_of, stale_for, Cache, Filled, Store, CACHE_STATUS};
+
+/// The [`Keep`] of a request to the cache's route (`None`: it has nothing to keep).
+pub(super) fn keep(cache: &Cache, asked: &Asked<'_>) -> Option<Box<dyn Keep>> {
+    let key = key_of(asked)?;
+    let method = asked.method.clone();
+    if method != Method::GET && method != Method::HEAD {
+        // An unsafe method's success invalidates what is stored for its target (§4.4).
+        return Some(Box::new(Invalidate {
+            cache: cache.handle(),
+            key,
+            method,
+        }));
+    }
+    let stale = match method {
+        Method::GET => stale_for(cache, &key, asked),
+        _ => None,
+    };
+    Some(Box::new(Miss {
+        cache: cache.handle(),
+        filled: cache.claim(&key),
+        key,
+        method,
+        stale,
+        fields: HeaderMap::new(),
+        asked_at: SystemTime::now(),
+    }))
+}
+
+/// An unsafe request: its success invalidates the stored answers for its target.
+struct Invalidate {
+    cache: Arc<Store>,
+    key: String,
+    method: Method,
+}
+
+impl Keep for Invalidate {
+    fn answer(self: Box<Self>, head: &mut http::response::Parts) -> Kept {
+        if rules::invalidates(&self.method, head.status) {
+            self.cache.invalidate(&self.key);
+        }
+        Kept::Leave
+    }
+}
+
+/// A `GET` or `HEAD` that goes upstream: a miss, or a revalidation of `stale`.
+struct Miss {
+    cache: Arc<Store>,
+    key: String,
+    method: Method,
+    /// The fetch this request started, which others wait for.
+    filled: Option<Filled>,
+    /// The stored answer it revalidates.
+    stale: Option<Arc<Stored>>,
+    /// The request's fields as the client sent them.
+    fields: HeaderMap,
+    asked_at: SystemTime,
+}
+
+impl Drop for Miss {
+    fn drop(&mut self) {
+        if let Some(filled) = self.filled.take() {
+            self.cache.end_fill(&filled);
+        }
+    }
+}
+
+impl Miss {
+    /// The stored `stale` answer in place of the upstream's: refreshed by a `304` to its
+    /// revalidation, or served on an error within its `stale-if-error`.
+    fn stale_answer(
+        &self,
+        stale: &Stored,
+        head: &http::response::Parts,
+        times: (SystemTime, SystemTime),
+    ) -> Option<Answer> {
+        if head.status == StatusCode::NOT_MODIFIED && stale.has_validators() {
+            let refreshed = stale.refreshed(&head.headers, times);
+            let status = "fwd=stale; fwd-status=304";
+            let answer = hit(&refreshed, &self.fields, times.1, status);
+            self.cache.put(&self.key, refreshed);
+            return Some(answer);
+        }
+        let error = matches!(head.status.as_u16(), 500 | 502 | 503 | 504);
+        let req = rules::request_directives(&self.fields);
+        (error && rules::stale_if_error(stale, &req, times.1)).then(|| {
+            let status = format!("fwd=stale; fwd-status={}", head.status.as_u16());
+            hit(stale, &self.fields, times.1, &status)
+        })
+    }
+}
+
+impl Keep for Miss {
+    fn ask(&mut self, fields: &mut HeaderMap) {
+        self.fields = fields.clone();
+        if let Some(stale) = &self.stale {
+            for (name, value) in stale.validators() {
+                fields.insert(name, value);
+            }
+        }
+    }
+
+    fn failed(mut self: Box<Self>, _error: &ProxyError) -> Option<Answer> {
+        let stale = self.stale.take()?;
+        let now = SystemTime::now();
+        let req = rules::request_directives(&self.fields);
+        let served = rules::stale_if_error(&stale, &req, now);
+        served.then(|| {
+            hit(
+                &stale,
+                &self.fields,
+                now,
+                "fwd=stale; detail=upstream-failed",
+            )
+        })
+    }
+
+    fn answer(mut self: Box<Self>, head: &mut http::response::Parts) -> Kept {
+        let times = (self.asked_at, SystemTime::now());
+        if let Some(stale) = self.stale.take() {
+            if let Some(replaced) = self.stale_answer(&stale, head, times) {
+                return Kept::Replace(replaced);
+            }
+        }
+        let storable = self.method == Method::GET
+            && rules::storable(&self.method, &self.fields, head.status, &head.headers);
+        let length = head.headers.get(header::CONTENT_LENGTH);
+        let length = length.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let fits = length.is_none_or(|l| l <= self.cache.config.max_object);
+        let status = match (storable, fits) {
+            (true, true) => "Sluice; fwd=miss; stored",
+            _ => "Sluice; fwd=miss",
+        };
+        head.headers
+            .append(CACHE_STATUS.clone(), HeaderValue::from_static(status));
+        if !(storable && fits) {
+            return Kept::Leave;
+        }
+        let Some(names) = rules::vary_names(&head.headers) else {
+            return Kept::Leave;
+        };
+        let variant = Variant::of(&names, &self.fields);
+        let stored = Stored::new(head.status, &head.headers, variant, times);
+        Kept::Tee(Box::new(Filler {
+            limit: self.cache.config.max_object,
+            cache: Arc::clone(&self.cache),
+            key: std::mem::take(&mut self.key),
+            stored: Some(stored),
+            body: BytesMut::new(),
+            _miss: self,
+        }))
+    }
+}
+
+/// A storable answer's body, gathered as it streams; stored when it ended whole.
+struct Filler {
+    cache: Arc<Store>,
+    key: String,
+    stored: Option<Stored>,
+    body: BytesMut,
+    limit: u64,
+    /// The request's keep, ending its fetch (the waiters look again) once this is stored or
+    /// dropped.
+    _miss: Box<Miss>,
+}
+
+impl Tee for Filler {
+    fn data(&mut self, chunk: &Bytes) -> bool {
+        if (self.body.len() + chunk.len()) as u64 > self.limit {
+            self.stored = None;
+            self.body = BytesMut::new();
+            return false;
+        }
+        self.body.extend_from_slice(chunk);
+        true
+    }
+
+    fn end(mut self: Box<Self>) {
+        if let Some(mut stored) = self.stored.take() {
+            stored.body = std::mem::take(&mut self.body).freeze();
+            self.cache.put(&self.key, stored);
+        }
+    }
+}

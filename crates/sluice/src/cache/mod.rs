@@ -1,0 +1,307 @@
+//! A route's `cache`: a shared HTTP cache (RFC 9111) in memory, a registered route feature
+//! ([`REGISTRATION`]). Its rules are `sluice_core::cache`'s; this is the store and the hooks
+//! that drive them.
+//!
+//! * Lookup ([`RouteFeature::admit`]): a fresh stored answer for the request's key (scheme,
+//!   host with port, path and query) and variant (`Vary`) answers it (`Cache-Status: Sluice;
+//!   hit`), `304` when the client's own validators match; a stale one, or none, lets it go
+//!   upstream.
+//! * Request coalescing: while one request fetches a key that has nothing stored, the others
+//!   for it wait (at most `lock_timeout`) and are answered from what it stored; if it stored
+//!   nothing they go upstream themselves.
+//! * On the way up and back ([`RouteFeature::keep`]): a stale answer with validators is
+//!   revalidated (`If-None-Match`, `If-Modified-Since`), a `304` refreshes it and the client
+//!   gets the stored answer; a storable answer is kept as its body streams to the client (up
+//!   to `max_object`) and stored once it ended whole; an unsafe method's success invalidates
+//!   the key.
+//!
+//! The store is a `moka` cache bounded in bytes (each key's variants weighed together):
+//! TinyLFU admission with LRU eviction, concurrent without a global lock; it is already in
+//! the build (hickory's resolver cache), so it adds no dependency.
+
+mod keep;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, StatusCode};
+use tokio::sync::watch;
+
+use sluice_core::cache::{self as rules, Stored, Use};
+use sluice_core::fields::{DynFields, Fields};
+use sluice_core::route_feature::{
+    downcast, Answer, Asked, Hooks, Keep, Registration, RouteFeature, Verdict,
+};
+
+/// `Cache-Status` (RFC 9211).
+pub(crate) static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+
+/// `cache`: asked after every other feature let the request through, so nothing stored is
+/// handed to a request a limit or a password would refuse.
+pub(crate) const REGISTRATION: Registration = Registration {
+    key: "cache",
+    cargo_feature: None,
+    built: true,
+    wanted: |route| route.cache.is_some(),
+    build: |route, kept| {
+        let config = route.cache.as_ref()?;
+        let same = kept.filter(|k| downcast::<Cache>(k).is_some_and(|c| c.config == *config));
+        match same {
+            Some(kept) => Some(Arc::clone(kept)),
+            None => Some(Arc::new(Cache::new(config)) as Arc<dyn RouteFeature>),
+        }
+    },
+};
+
+/// A key's stored variants, the newest first.
+type Variants = Arc<Vec<Arc<Stored>>>;
+
+/// One route's cache (shared with what its requests keep).
+#[derive(Debug)]
+pub(crate) struct Cache(Arc<Store>);
+
+impl std::ops::Deref for Cache {
+    type Target = Store;
+
+    fn deref(&self) -> &Store {
+        &self.0
+    }
+}
+
+impl Cache {
+    pub(crate) fn new(config: &sluice_config::Cache) -> Self {
+        Self(Arc::new(Store::new(config)))
+    }
+
+    /// The store, for a request's [`Keep`].
+    fn handle(&self) -> Arc<Store> {
+        Arc::clone(&self.0)
+    }
+}
+
+/// One route's store and the fetches under way.
+pub(crate) struct Store {
+    config: sluice_config::Cache,
+    store: moka::sync::Cache<String, Variants>,
+    /// The keys being fetched with nothing stored, each with the fetch's end to wait for.
+    filling: Mutex<HashMap<String, Arc<Fill>>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("config", &self.config)
+            .field("entries", &self.store.entry_count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A fetch other requests for its key wait for.
+#[derive(Debug)]
+struct Fill {
+    done: watch::Sender<bool>,
+    started: Instant,
+    /// Whether the request that started it has taken it up (its [`Keep`]).
+    claimed: std::sync::atomic::AtomicBool,
+}
+
+impl Store {
+    fn new(config: &sluice_config::Cache) -> Self {
+        let store = moka::sync::Cache::builder()
+            .max_capacity(config.memory)
+            .weigher(|_: &String, v: &Variants| {
+                let bytes: usize = v.iter().map(|s| s.weight()).sum();
+                u32::try_from(bytes).unwrap_or(u32::MAX)
+            })
+            .build();
+        Self {
+            config: config.clone(),
+            store,
+            filling: Mutex::default(),
+        }
+    }
+
+    /// The stored variant of `key` for a request with these fields.
+    fn lookup(&self, key: &str, fields: &(impl Fields + ?Sized)) -> Option<Arc<Stored>> {
+        let variants = self.store.get(key)?;
+        variants.iter().find(|s| s.variant.matches(fields)).cloned()
+    }
+
+    /// Stores `stored` for `key`, over the variant it replaces.
+    fn put(&self, key: &str, stored: Stored) {
+        let stored = Arc::new(stored);
+        let mut variants = vec![Arc::clone(&stored)];
+        if let Some(old) = self.store.get(key) {
+            let others = old.iter().filter(|s| s.variant != stored.variant);
+            variants.extend(others.take(15).cloned());
+        }
+        self.store.insert(key.to_owned(), Arc::new(variants));
+    }
+
+    fn invalidate(&self, key: &str) {
+        self.store.invalidate(key);
+    }
+
+    fn filling(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Fill>>> {
+        // A map of plain values: a poisoned lock is still consistent.
+        self.filling.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fetch under way for `key`, or `None` after starting one (this request's).
+    fn join_or_start(&self, key: &str) -> Option<Arc<Fill>> {
+        let mut filling = self.filling();
+        let stale = self.config.lock_timeout.saturating_mul(2);
+        match filling.get(key) {
+            Some(fill) if fill.started.elapsed() < stale => Some(Arc::clone(fill)),
+            _ => {
+                let fill = Fill {
+                    done: watch::Sender::new(false),
+                    started: Instant::now(),
+                    claimed: false.into(),
+                };
+                filling.insert(key.to_owned(), Arc::new(fill));
+                None
+            }
+        }
+    }
+
+    /// The fetch this request started for `key`, if it did and has not taken it up.
+    fn claim(&self, key: &str) -> Option<Filled> {
+        let fill = self.filling().get(key).cloned()?;
+        let taken = fill.claimed.swap(true, std::sync::atomic::Ordering::AcqRel);
+        (!taken).then(|| Filled {
+            key: key.to_owned(),
+            fill,
+        })
+    }
+
+    /// Ends the fetch `filled` of its key: the waiting requests look again.
+    fn end_fill(&self, filled: &Filled) {
+        let mut filling = self.filling();
+        if filling
+            .get(&filled.key)
+            .is_some_and(|f| Arc::ptr_eq(f, &filled.fill))
+        {
+            filling.remove(&filled.key);
+        }
+        drop(filling);
+        filled.fill.done.send_replace(true);
+    }
+
+    /// Waits for `fill`, then answers from what it stored, or lets the request go.
+    async fn wait(&self, fill: Arc<Fill>, key: String, fields: &dyn DynFields) -> Option<Answer> {
+        let mut done = fill.done.subscribe();
+        let waited = tokio::time::timeout(self.config.lock_timeout, done.wait_for(|d| *d));
+        drop(waited.await);
+        let stored = self.lookup(&key, fields)?;
+        let now = SystemTime::now();
+        let req = rules::request_directives(fields);
+        (rules::usable(&stored, &req, now) == Use::Fresh)
+            .then(|| hit(&stored, fields, now, "hit; collapsed"))
+    }
+}
+
+/// A fetch this request started (held by its [`Keep`]): ended when it is dropped.
+struct Filled {
+    key: String,
+    fill: Arc<Fill>,
+}
+
+/// The key of a request the cache looks up: `GET` or `HEAD`, with a host.
+fn key_of(asked: &Asked<'_>) -> Option<String> {
+    rules::primary_key(asked.tls, asked.host, asked.path, asked.query)
+}
+
+/// A stored answer as a request gets it: `304` when the client's validators match, else the
+/// answer with its `Age`; both with `Cache-Status`.
+fn hit(stored: &Stored, request: &(impl Fields + ?Sized), now: SystemTime, status: &str) -> Answer {
+    let age = HeaderValue::from(stored.current_age(now).as_secs());
+    let cache_status = HeaderValue::from_str(&format!("Sluice; {status}"))
+        .unwrap_or_else(|_| HeaderValue::from_static("Sluice; hit"));
+    if rules::not_modified(request, stored) {
+        let mut fields = rules::not_modified_fields(&stored.fields);
+        fields.push((header::AGE, age));
+        fields.push((CACHE_STATUS.clone(), cache_status));
+        return Answer {
+            status: StatusCode::NOT_MODIFIED,
+            fields,
+            body: Some(Bytes::new()),
+        };
+    }
+    let kept = stored.fields.iter().filter(|(n, _)| **n != header::AGE);
+    let mut fields: Vec<_> = kept.map(|(n, v)| (n.clone(), v.clone())).collect();
+    fields.push((header::AGE, age));
+    fields.push((CACHE_STATUS.clone(), cache_status));
+    Answer {
+        status: stored.status,
+        fields,
+        body: Some(stored.body.clone()),
+    }
+}
+
+/// Looks the request up; answers it when a fresh stored answer fits, or waits for the fetch
+/// another request has under way for its key.
+impl RouteFeature for Cache {
+    fn name(&self) -> &'static str {
+        "cache"
+    }
+
+    fn hooks(&self) -> Hooks {
+        Hooks::ANSWER.and(Hooks::WAIT).and(Hooks::KEEP)
+    }
+
+    fn admit<'a>(&'a self, asked: &Asked<'a>) -> Verdict<'a> {
+        // A range is the upstream's to answer (a stored object is not cut yet).
+        let lookup = (*asked.method == Method::GET || *asked.method == Method::HEAD)
+            && asked.fields.first_value("range").is_none();
+        let Some(key) = key_of(asked).filter(|_| lookup) else {
+            return Verdict::Pass;
+        };
+        let req = rules::request_directives(asked.fields);
+        let now = SystemTime::now();
+        let stored = self.lookup(&key, asked.fields);
+        if let Some(stored) = &stored {
+            if rules::usable(stored, &req, now) == Use::Fresh {
+                return Verdict::Answer(hit(stored, asked.fields, now, "hit"));
+            }
+        }
+        if req.only_if_cached {
+            let status = (
+                CACHE_STATUS.clone(),
+                HeaderValue::from_static("Sluice; fwd=miss"),
+            );
+            return Verdict::Answer(Answer::bare(StatusCode::GATEWAY_TIMEOUT, vec![status]));
+        }
+        // Only a plain GET of a key with nothing stored waits for another's fetch.
+        let coalesced = stored.is_none() && *asked.method == Method::GET && !req.no_cache;
+        if !coalesced || req.no_store {
+            return Verdict::Pass;
+        }
+        match self.join_or_start(&key) {
+            None => Verdict::Pass,
+            Some(fill) => {
+                let fields = asked.fields;
+                Verdict::Check(Box::pin(
+                    async move { Ok(self.wait(fill, key, fields).await) },
+                ))
+            }
+        }
+    }
+
+    fn keep(&self, asked: &Asked<'_>) -> Option<Box<dyn Keep>> {
+        keep::keep(self, asked)
+    }
+}
+
+/// The stored answer for `key` of a request going upstream (GET only, not itself
+/// conditional): revalidated when it has validators, and served if the upstream fails within
+/// its `stale-if-error`.
+fn stale_for(cache: &Store, key: &str, asked: &Asked<'_>) -> Option<Arc<Stored>> {
+    let conditional = asked.fields.first_value("if-none-match").is_some()
+        || asked.fields.first_value("if-modified-since").is_some();
+    let stored = cache.lookup(key, asked.fields)?;
+    (!conditional).then_some(stored)
+}
