@@ -187,20 +187,7 @@ impl Proxy {
         let gauges = SessionGauges::new(reverse_clusters(&clusters).collect());
         metrics.registry().register_collector(Box::new(gauges));
         let routes = Arc::new(LiveRoutes::from_config(config, &clusters));
-        let mut servers = Vec::with_capacity(config.listeners.len());
-        let mut quic = Vec::new();
-        for l in &config.listeners {
-            let server = bind_server(l, &mut sockets).await?;
-            let bound = crate::quic::bind(l, server, &mut sockets, &metrics);
-            let (server, endpoint) = bound.map_err(|(addr, source)| StartError::Bind {
-                listener: format!("{} (HTTP/3, UDP)", l.name),
-                addr,
-                source,
-            })?;
-            quic.extend(endpoint);
-            let server = server.with_byte_counters(metrics.client_bytes(&l.name));
-            servers.push(server.with_connection_counters(metrics.connection_counters(&l.name)));
-        }
+        let (servers, quic) = bind_listeners(config, &mut sockets, &metrics).await?;
         let relays = bind_relays(config, &mut sockets)?;
         let certificates: BTreeMap<_, _> = servers
             .iter()
@@ -637,6 +624,30 @@ pub(crate) async fn bind_admin(
         source,
     })?;
     Ok(Some((listener, admin.clone())))
+}
+
+/// Binds every listener (its TCP socket, and its QUIC endpoint when it serves HTTP/3), each
+/// counting its bytes and connections.
+async fn bind_listeners(
+    config: &Config,
+    sockets: &mut Sockets,
+    metrics: &Metrics,
+) -> Result<(Vec<Server>, Vec<crate::quic::Endpoint>), StartError> {
+    let mut servers = Vec::with_capacity(config.listeners.len());
+    let mut quic = Vec::new();
+    for l in &config.listeners {
+        let server = bind_server(l, sockets).await?;
+        let bound = crate::quic::bind(l, server, sockets, metrics);
+        let (server, endpoint) = bound.map_err(|(addr, source)| StartError::Bind {
+            listener: format!("{} (HTTP/3, UDP)", l.name),
+            addr,
+            source,
+        })?;
+        quic.extend(endpoint);
+        let server = server.with_byte_counters(metrics.client_bytes(&l.name));
+        servers.push(server.with_connection_counters(metrics.connection_counters(&l.name)));
+    }
+    Ok((servers, quic))
 }
 
 /// Binds one listener, or takes over the socket a predecessor handed over for it.

@@ -63,8 +63,31 @@ pub struct Metrics {
     connections: Family<ListenerLabels, Gauge>,
     tls_failures: Family<ListenerLabels, Counter>,
     refused: Family<ListenerLabels, Counter>,
-    quic_handshakes: Family<ListenerLabels, Counter>,
-    quic_requests: Family<ListenerLabels, Counter>,
+    quic: QuicFamilies,
+}
+
+/// The listeners' HTTP/3 families: QUIC handshakes and requests, by listener.
+#[derive(Debug, Default)]
+struct QuicFamilies {
+    handshakes: Family<ListenerLabels, Counter>,
+    requests: Family<ListenerLabels, Counter>,
+}
+
+impl QuicFamilies {
+    fn register(registry: &mut Registry) -> Self {
+        let families = Self::default();
+        registry.register(
+            "quic_handshakes",
+            "QUIC handshakes completed on listeners' HTTP/3 endpoints, by listener",
+            families.handshakes.clone(),
+        );
+        registry.register(
+            "http3_requests",
+            "Requests received over HTTP/3, by listener",
+            families.requests.clone(),
+        );
+        families
+    }
 }
 
 /// One route's request counters (by status) and duration histogram, as handles that share
@@ -173,18 +196,7 @@ impl Metrics {
             "Client connections closed as they were accepted, by listener: their address held max_connections_per_client already",
             refused.clone(),
         );
-        let quic_handshakes = Family::default();
-        registry.register(
-            "quic_handshakes",
-            "QUIC handshakes completed on listeners' HTTP/3 endpoints, by listener",
-            quic_handshakes.clone(),
-        );
-        let quic_requests = Family::default();
-        registry.register(
-            "http3_requests",
-            "Requests received over HTTP/3, by listener",
-            quic_requests.clone(),
-        );
+        let quic = QuicFamilies::register(&mut registry);
         let mut standard = Registry::default();
         standard.register_collector(Box::new(crate::process::ProcessCollector));
         Self {
@@ -199,8 +211,7 @@ impl Metrics {
             connections,
             tls_failures,
             refused,
-            quic_handshakes,
-            quic_requests,
+            quic,
         }
     }
 
@@ -230,8 +241,8 @@ impl Metrics {
             listener: listener.to_owned(),
         };
         sluice_server::counters::QuicCounters {
-            handshakes: self.quic_handshakes.get_or_create(&labels).clone(),
-            requests: self.quic_requests.get_or_create(&labels).clone(),
+            handshakes: self.quic.handshakes.get_or_create(&labels).clone(),
+            requests: self.quic.requests.get_or_create(&labels).clone(),
         }
     }
 
