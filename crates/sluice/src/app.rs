@@ -23,7 +23,7 @@ use crate::restart::{self, Inherited, ListenerFds, RestartError, Stopped, Upgrad
 use crate::router::{LiveRoutes, RouteTable};
 use crate::upstream::reverse::{Acceptor, HandoffSource};
 use crate::upstream::reverse::{ReverseClusterOptions, ReverseMetrics, SessionGauges};
-use crate::upstream::{Dns, ReverseCluster, StaticCluster, StaticMetrics, Upstream};
+use crate::upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 use sluice_core::request_id::RequestIds;
 use sluice_core::retry::RetryMetrics;
 use sluice_net::sockets::{self, Sockets};
@@ -467,14 +467,14 @@ fn build_clusters(
     config: &Config,
     (reverse, statics, retries): (&ReverseMetrics, &StaticMetrics, &RetryMetrics),
 ) -> Result<BTreeMap<String, Upstream>, StartError> {
-    let dns = Dns::from_config(&config.dns);
     config
         .clusters
         .iter()
         .map(|(name, c)| {
             let upstream = match &c.kind {
                 ClusterKind::Static(s) => {
-                    let cluster = StaticCluster::from_config(name, s, (statics, retries), &dns);
+                    let cluster =
+                        StaticCluster::from_config(name, s, (statics, retries), &config.dns);
                     Upstream::from(cluster.map_err(|source| StartError::ClusterTls {
                         cluster: name.clone(),
                         source,

@@ -16,7 +16,6 @@ pub(crate) mod tls;
 
 use http::{Request, Response};
 
-pub(crate) use dns::Dns;
 pub(crate) use exchange::Deadline;
 pub(crate) use host::default_host;
 pub use reverse::{ReverseCluster, ReverseSlice};
