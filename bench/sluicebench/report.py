@@ -82,6 +82,8 @@ def write(results, out_dir):
         lines += _module(results["nginx-module"], out_dir)
     if "multinode" in results:
         lines += _multinode(results["multinode"])
+    if "global-limit" in results:
+        lines += _global_limit(results["global-limit"])
     verdicts = evaluate(results)
     lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in verdicts]
@@ -638,6 +640,40 @@ def _multinode(s):
         lines.append(f"| {way} | {_col(runs, 'goodput_skew')} | {_col(runs, 'goodput_flip')} | "
                      f"{_col(runs, 'recovery_s', 1)} | {_col(runs, 'sessions_moved_s', 2)} | "
                      f"{most} / {runs[0]['declared']} | {_col(runs, 'refused_503', 0)} |")
+    return lines + [""]
+
+
+def _global_limit(s):
+    """What a global rate-limit check adds, and what the local tier answers alone."""
+    lat, ld = s["latency"], s["load"]
+    p = lambda q: lambda r: r["latency_us"][q]  # noqa: E731
+    lines = ["## Global rate limits: the cost of a check", "",
+             "One node, `envoyproxy/ratelimit` with its counters in a local `redis-server`, "
+             "direct responses. Medians over rounds (range); ratios are per round, to `plain-a`; "
+             "`plain-b` and `global-b` are the A/A pairs of `plain-a` and `global-a`.", "",
+             f"One request at a time (wrk, 1 connection, {s['latency_seconds']} s per route "
+             "and round, rotated):", "",
+             "| route | p50 (us) | p99 (us) | p50 ratio | p99 ratio |", "|---|---|---|---|---|"]
+    for route, runs in lat.items():
+        lines.append(f"| {route} | {median_range([p('p50')(r) for r in runs])} | "
+                     f"{median_range([p('p99')(r) for r in runs])} | "
+                     f"{median_range(ratios(runs, lat['plain-a'], p('p50')), 2)} | "
+                     f"{median_range(ratios(runs, lat['plain-a'], p('p99')), 2)} |")
+    added = [g["latency_us"]["p50"] - a["latency_us"]["p50"]
+             for g, a in zip(lat["global-a"], lat["plain-a"])]
+    lines += ["", f"A check adds {median_range(added)} us at p50 (global-a - plain-a).", "",
+              f"Under load (wrk, {s['load_connections']} connections, {s['load_seconds']} s per "
+              f"route and round, one tenant; `tiers` has a local bucket of {s['local_rate']}/s "
+              "per tenant before the global limit):", "",
+              "| route | rps | rps ratio | node CPU us/req | service + Redis CPU us/req | "
+              "answered by the local tier alone |", "|---|---|---|---|---|---|"]
+    for route, runs in ld.items():
+        svc = [r["cpu_us_per_req"]["service"] + r["cpu_us_per_req"]["redis"] for r in runs]
+        lines.append(f"| {route} | {median_range([r['rps'] for r in runs])} | "
+                     f"{median_range(ratios(runs, ld['plain-a'], rps), 2)} | "
+                     f"{median_range([r['cpu_us_per_req']['node'] for r in runs], 1)} | "
+                     f"{median_range(svc, 1)} | "
+                     f"{median_range([r['local_share'] for r in runs], 3) if route == 'tiers' else '-'} |")
     return lines + [""]
 
 

@@ -144,7 +144,7 @@ descriptors:
     rate_limit:
       unit: minute
       requests_per_unit: {LIMIT}
-  # measure.py's: counted in Redis like any limit, never reached.
+  # bench/run --only global-limit's: counted in Redis like any limit, never reached.
   - key: bench
     rate_limit:
       unit: hour

@@ -93,6 +93,9 @@ pub struct RelayStatus {
     pub pool_misses: u64,
     /// Connections refused (limit, tunnel authentication, target not allowed).
     pub refused: u64,
+    /// A next hop by name with `resolve`: its addresses now and its lookups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop: Option<NameStatus>,
 }
 
 /// A client listener.

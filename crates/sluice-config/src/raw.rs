@@ -83,7 +83,8 @@ pub(crate) struct RawRelay {
     pub(crate) name: Spanned<String>,
     pub(crate) listen: Spanned<Addr>,
     // the entry relay
-    pub(crate) to: Option<Spanned<Addr>>,
+    pub(crate) to: Option<Spanned<String>>,
+    pub(crate) resolve: Option<Spanned<RawResolve>>,
     pub(crate) target: Option<Spanned<Addr>>,
     pub(crate) token: Option<Spanned<String>>,
     pub(crate) pool: Option<Spanned<usize>>,
@@ -313,7 +314,7 @@ impl<'de> Deserialize<'de> for RawCompression {
     }
 }
 
-/// A static cluster's `resolve`: `true`/`false`, or a table of bounds.
+/// A static cluster's or an entry relay's `resolve`: `true`/`false`, or a table of bounds.
 #[derive(Debug)]
 pub(crate) enum RawResolve {
     On(bool),

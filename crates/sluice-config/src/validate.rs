@@ -85,8 +85,8 @@ pub(crate) fn validate(ctx: Ctx<'_>, mut raw: RawConfig) -> Result<Config, Confi
     // A standalone acceptor's file (`[handoff]`) needs no listener, nor does a relay's.
     let no_listener_needed = handoff.is_some() || !raw.relay.is_empty();
     let listeners = listeners(ctx, raw.listener, no_listener_needed)?;
-    let relays = relay::relays(ctx, raw.relay)?;
     let dns = dns::dns(ctx, raw.dns)?;
+    let relays = relay::relays(ctx, raw.relay, &dns)?;
     let acceptor = acceptor::acceptor(ctx, raw.acceptor, &raw.cluster)?;
     let clusters = cluster::clusters(ctx, raw.cluster)?;
     // Taken out before the routes are built so their spans survive for `acceptor::slices`.

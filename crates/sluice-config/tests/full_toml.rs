@@ -210,6 +210,8 @@ fn full_toml_loads() {
         panic!("edge forwards")
     };
     assert_eq!(edge.pool, 16);
+    let to = sluice_config::NextHop::Addrs(vec!["127.0.0.1:7100".parse().unwrap()]);
+    assert_eq!(edge.to, to);
     assert_eq!(edge.tunnel.as_ref().unwrap().token.0, b"example-api-token");
     let sluice_config::RelayRole::Tunnel(core) = &core.role else {
         panic!("core is a tunnel end")
@@ -229,6 +231,23 @@ fn a_relay_needs_no_http_listener() {
     let config = sluice_config::parse_str(text, "t", Path::new(".")).unwrap();
     assert!(config.listeners.is_empty());
     assert_eq!(config.relays[0].options.idle_timeout.as_secs(), 300);
+}
+
+#[test]
+fn a_relays_next_hop_by_name_with_resolve_is_followed_not_looked_up_by_the_loader() {
+    let text = "[dns]\nnameservers = [\"127.0.0.1:5353\"]\n\
+                [[relay]]\nname = \"r\"\nlisten = \"127.0.0.1:0\"\n\
+                to = \"core.relay.internal:7100\"\nresolve = true\n";
+    let config = sluice_config::parse_str(text, "r.toml", std::path::Path::new(".")).unwrap();
+    let sluice_config::RelayRole::Forward(edge) = &config.relays[0].role else {
+        panic!("forwards")
+    };
+    let sluice_config::NextHop::Follow { name, resolve, dns } = &edge.to else {
+        panic!("followed: {:?}", edge.to)
+    };
+    assert_eq!(name.to_string(), "core.relay.internal:7100");
+    assert_eq!(*resolve, sluice_config::Resolve::default());
+    assert_eq!(dns.nameservers, ["127.0.0.1:5353".parse().unwrap()]);
 }
 
 #[test]

@@ -15,9 +15,13 @@
 //! * [`addr`]: [`client_key`](addr::client_key), the address per-address limits count by
 //!   (an IPv6 /64 is one client).
 //! * [`readiness`]: [`Readiness`], whether the node takes traffic (starting, ready, draining).
+//! * [`dns`]: names that follow DNS (hickory-resolver): [`Dns`](dns::Dns) (`[dns]`),
+//!   [`Resolve`](dns::Resolve) (a TTL's bounds), [`Followed`](dns::Followed) (one name's
+//!   addresses now).
 
 pub mod accept;
 pub mod addr;
+pub mod dns;
 pub mod http;
 pub mod log_limit;
 pub mod readiness;

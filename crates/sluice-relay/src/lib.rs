@@ -10,7 +10,8 @@
 //!
 //! # Layout
 //! * [`preamble`] — the tunnel preamble's wire format and its never-panicking parsers.
-//! * `upstream` — connects to the next hop and speaks the preamble; `pool` — the ready
+//! * `upstream` — connects to the next hop's addresses and speaks the preamble; `next_hop` —
+//!   a next hop by name that follows DNS (`resolve`); `pool` — the ready
 //!   connections and their refill, backing off while the next hop refuses them; `early` —
 //!   SYNs seen through a packet socket.
 //! * `tunnel` — the tunnel end: authenticate within a deadline, check `allow`, connect;
@@ -24,6 +25,7 @@
 mod copy;
 mod early;
 mod forward;
+mod next_hop;
 mod options;
 mod pool;
 pub mod preamble;
@@ -53,12 +55,13 @@ use tracing::Instrument;
 
 use crate::early::Early;
 pub use crate::options::{
-    AllowedTarget, Forward, RelayConfig, RelayOptions, RelayRole, TunnelEnd, TunnelTarget,
+    AllowedTarget, Forward, NextHop, RelayConfig, RelayOptions, RelayRole, TunnelEnd, TunnelTarget,
 };
 use crate::pool::Pool;
 pub use crate::stats::{Snapshot, Stats};
 use crate::upstream::Connector;
 use crate::waiting::Unauthenticated;
+use sluice_net::dns::{Followed, FollowedStatus};
 
 /// A relay with its listener bound, ready to [`run`](Relay::run).
 #[derive(Debug)]
@@ -83,6 +86,8 @@ pub struct RelayHandle {
     pools: Vec<Arc<Pool>>,
     early: bool,
     sockmap: bool,
+    /// An entry relay's next hop by name with `resolve`.
+    followed: Option<Arc<Followed>>,
 }
 
 impl RelayHandle {
@@ -101,6 +106,11 @@ impl RelayHandle {
     /// loaded).
     pub fn sockmap(&self) -> bool {
         self.sockmap
+    }
+
+    /// A next hop by name that follows DNS: its addresses now and its lookups.
+    pub fn next_hop(&self) -> Option<FollowedStatus> {
+        self.followed.as_ref().map(|f| f.status())
     }
 }
 
@@ -218,6 +228,10 @@ impl Relay {
             unauthenticated,
             refusals: TallyByKind::new(),
         });
+        let followed = match &handler.role {
+            Role::Forward { connector, .. } => connector.followed().cloned(),
+            Role::Tunnel { .. } => None,
+        };
         let handle = RelayHandle {
             name: config.name.clone(),
             addr,
@@ -225,6 +239,7 @@ impl Relay {
             pools,
             early,
             sockmap: kernel.is_some(),
+            followed,
         };
         Ok(Self {
             name: config.name.clone(),
@@ -254,8 +269,15 @@ impl Relay {
     /// do), closes the rest, and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>, grace: Duration) {
         let (addr, mode) = (self.handle.addr, self.handler.role.kind());
-        tracing::info!(relay = %self.name, %addr, mode, "relay listening");
         let mut helpers = JoinSet::new();
+        if let Some(followed) = &self.handle.followed {
+            // Before the pool fills and before clients are served: bounded by `[dns]`'s
+            // timeout; clients meanwhile wait in the listener's backlog.
+            next_hop::first(&self.name, followed, &self.handle.stats).await;
+            let (name, stats) = (self.name.clone(), Arc::clone(&self.handle.stats));
+            helpers.spawn(next_hop::follow(name, Arc::clone(followed), stats));
+        }
+        tracing::info!(relay = %self.name, %addr, mode, "relay listening");
         for pool in &self.handle.pools {
             let span = tracing::info_span!("pool", relay = %self.name);
             helpers.spawn(Arc::clone(pool).run().instrument(span));

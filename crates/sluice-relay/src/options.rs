@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use sluice_net::dns::{Dns, HostPort, Resolve};
 use sluice_session::Token;
 
 /// One relay: where it listens, what it is, and its socket settings.
@@ -34,7 +35,7 @@ pub enum RelayRole {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Forward {
     /// The next hop.
-    pub to: SocketAddr,
+    pub to: NextHop,
     /// The target to name to the tunnel end at `to`, and the token that opens it; `None`: a
     /// plain TCP forwarder to `to`.
     pub tunnel: Option<TunnelTarget>,
@@ -43,6 +44,43 @@ pub struct Forward {
     /// Starts the next leg when a client's SYN is seen rather than when `accept` returns
     /// (needs CAP_NET_RAW; without it the relay logs once and connects on accept).
     pub early_connect: bool,
+}
+
+/// Where an entry relay's next hop is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextHop {
+    /// Fixed addresses; each new connection tries them in turn from the next one on.
+    Addrs(Vec<SocketAddr>),
+    /// A name the relay looks up when it starts and again whenever its answer's TTL (within
+    /// `resolve`'s bounds) runs out, asking `dns`: new connections go to the addresses it has
+    /// then, connections already relayed finish where they are, and a failed lookup keeps the
+    /// last addresses.
+    Follow {
+        /// The name and its port.
+        name: HostPort,
+        /// How long an answer holds.
+        resolve: Resolve,
+        /// Where it is looked up.
+        dns: Dns,
+    },
+}
+
+impl From<SocketAddr> for NextHop {
+    fn from(addr: SocketAddr) -> Self {
+        Self::Addrs(vec![addr])
+    }
+}
+
+impl std::fmt::Display for NextHop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Addrs(addrs) => match addrs.as_slice() {
+                [one] => write!(f, "{one}"),
+                many => write!(f, "{many:?}"),
+            },
+            Self::Follow { name, .. } => write!(f, "{name}"),
+        }
+    }
 }
 
 /// The target an entry relay names to a tunnel end, and its credentials.

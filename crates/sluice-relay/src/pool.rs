@@ -77,13 +77,17 @@ impl Pool {
     }
 
     /// A live pooled connection, or `None` (a miss). Connections the peer closed (or sent
-    /// bytes on, which a pooled connection never gets) are discarded on the way.
+    /// bytes on, which a pooled connection never gets) are discarded on the way, and so are
+    /// those to an address the next hop's name no longer has.
     pub(crate) fn take(&self) -> Option<TcpStream> {
         let mut dead = Vec::new();
         let found = loop {
             let Some(idle) = self.lock().pop_front() else {
                 break None;
             };
+            if !self.connector.is_current(&idle.conn) {
+                continue;
+            }
             if alive(&idle.conn) {
                 break Some(idle.conn);
             }
@@ -148,11 +152,13 @@ impl Pool {
         failed
     }
 
-    /// Discards the idle connections the peer closed.
+    /// Discards the idle connections the peer closed, and closes those to an address the next
+    /// hop's name no longer has.
     fn sweep(&self) {
         let mut idle = self.lock();
         let (live, dead): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut *idle)
             .into_iter()
+            .filter(|i| self.connector.is_current(&i.conn))
             .partition(|i| alive(&i.conn));
         *idle = live;
         drop(idle);
@@ -184,7 +190,7 @@ impl Pool {
     /// Says that `closed` pooled connections were refused since the last such line: without
     /// it, clients of a relay with a wrong token get empty replies and nothing says why.
     fn warn_refused(&self, closed: u64) {
-        let to = self.connector.to;
+        let to = &self.connector.to;
         match self.connector.names_target() {
             true => {
                 tracing::warn!(%to, closed, "pooled connections to the tunnel end closed right after the preamble: wrong token? (the tunnel end logs why it refuses); refilling less often")
@@ -220,7 +226,7 @@ pub(crate) fn pools(end: &TunnelEnd, opts: &RelayOptions, stats: &Arc<Stats>) ->
     }
     let pool = |&target: &SocketAddr| {
         let forward = Forward {
-            to: target,
+            to: target.into(),
             tunnel: None,
             pool: end.pool,
             early_connect: false,

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// What one relay has done since it started. Every field only grows, except the gauges
-/// `active`, `pool_idle` and `sockmap`.
+/// `active`, `pool_idle`, `sockmap` and `dns_addresses`.
 #[derive(Debug, Default)]
 pub struct Stats {
     /// Client connections accepted.
@@ -38,6 +38,15 @@ pub struct Stats {
     pub connects: AtomicU64,
     /// The sum of connect times, microseconds.
     pub connect_micros: AtomicU64,
+    /// A next hop by name with `resolve`: its good lookups, failed lookups, and lookups that
+    /// changed its addresses; all 0 for a next hop by address.
+    pub dns_lookups: AtomicU64,
+    /// Failed lookups of the next hop's name (its last addresses stay).
+    pub dns_failures: AtomicU64,
+    /// Lookups that changed the next hop's addresses.
+    pub dns_changes: AtomicU64,
+    /// The next hop's addresses now (a name's: its last good answer's): a gauge.
+    pub dns_addresses: AtomicU64,
 }
 
 impl Stats {
@@ -65,6 +74,10 @@ impl Stats {
             bytes_kernel: self.bytes_kernel.load(Relaxed),
             connects: self.connects.load(Relaxed),
             connect_micros: self.connect_micros.load(Relaxed),
+            dns_lookups: self.dns_lookups.load(Relaxed),
+            dns_failures: self.dns_failures.load(Relaxed),
+            dns_changes: self.dns_changes.load(Relaxed),
+            dns_addresses: self.dns_addresses.load(Relaxed),
         }
     }
 }
@@ -87,4 +100,8 @@ pub struct Snapshot {
     pub bytes_kernel: u64,
     pub connects: u64,
     pub connect_micros: u64,
+    pub dns_lookups: u64,
+    pub dns_failures: u64,
+    pub dns_changes: u64,
+    pub dns_addresses: u64,
 }

@@ -85,7 +85,7 @@ fn relay(name: &str, role: RelayRole) -> RelayConfig {
 
 fn plain(to: SocketAddr) -> RelayConfig {
     let forward = Forward {
-        to,
+        to: to.into(),
         tunnel: None,
         pool: 0,
         early_connect: false,
@@ -730,4 +730,25 @@ async fn a_relayed_connection_still_open_when_the_grace_ends_is_closed() {
         .await
         .expect("the relayed connection was closed");
     assert!(read.is_err() || rest.is_empty(), "{read:?} {rest:?}");
+}
+
+#[tokio::test]
+async fn a_next_hop_with_several_addresses_is_tried_in_turn_past_one_that_refuses() {
+    // A port nothing listens on any more: connects to it are refused.
+    let refused = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (live, accepted) = spawn_backend(0).await;
+    let config = forward(plain(live), |f| {
+        f.to = sluice_relay::NextHop::Addrs(vec![refused, live]);
+    });
+    let handle = start(config);
+    // Each connection starts at the next address: one of these two starts at the refusing one.
+    for _ in 0..2 {
+        assert_eq!(exchange(handle.addr, b"hello").await, "got 5");
+    }
+    assert_eq!(accepted.load(SeqCst), 2);
+    assert_eq!(handle.stats.snapshot().refused, 0);
 }

@@ -35,7 +35,7 @@ fn options(sockmap: bool, idle: Duration) -> RelayOptions {
 
 fn forwarder(to: SocketAddr, sockmap: bool, idle: Duration) -> RelayConfig {
     let forward = Forward {
-        to,
+        to: to.into(),
         tunnel: None,
         pool: 0,
         early_connect: false,

@@ -39,7 +39,7 @@ async fn without_the_capabilities_a_relay_logs_once_and_forwards_in_user_space()
             .unwrap();
     });
     let forward = Forward {
-        to,
+        to: to.into(),
         tunnel: None,
         pool: 0,
         early_connect: false,

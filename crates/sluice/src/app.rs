@@ -27,7 +27,7 @@ use sluice_net::sockets::{self, Sockets};
 use sluice_server::{tls, Group, Server, Shutdown};
 use sluice_upstream::reverse::{Acceptor, HandoffSource};
 use sluice_upstream::reverse::{ReverseClusterOptions, ReverseMetrics, SessionGauges};
-use sluice_upstream::{Dns, ReverseCluster, StaticCluster, StaticMetrics, Upstream};
+use sluice_upstream::{ReverseCluster, StaticCluster, StaticMetrics, Upstream};
 
 /// Why a configuration could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -485,14 +485,14 @@ fn build_clusters(
     config: &Config,
     (reverse, statics, retries): (&ReverseMetrics, &StaticMetrics, &RetryMetrics),
 ) -> Result<BTreeMap<String, Upstream>, StartError> {
-    let dns = Dns::from_config(&config.dns);
     config
         .clusters
         .iter()
         .map(|(name, c)| {
             let upstream = match &c.kind {
                 ClusterKind::Static(s) => {
-                    let cluster = StaticCluster::from_config(name, s, (statics, retries), &dns);
+                    let cluster =
+                        StaticCluster::from_config(name, s, (statics, retries), &config.dns);
                     Upstream::from(cluster.map_err(|source| StartError::ClusterTls {
                         cluster: name.clone(),
                         source,

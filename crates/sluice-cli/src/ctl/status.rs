@@ -110,6 +110,11 @@ fn relays(relays: &[Relay], out: &mut String) {
         ]);
     }
     t.render("", out);
+    // Next hops by name that follow DNS, with what they resolved to.
+    let followed: Vec<_> = relays.iter().filter_map(|r| r.next_hop.clone()).collect();
+    if !followed.is_empty() {
+        names(&followed, out);
+    }
 }
 
 fn listeners(listeners: &[Listener], out: &mut String) {
@@ -195,7 +200,8 @@ fn detail(c: &Cluster, out: &mut String) {
     }
 }
 
-/// A static cluster's endpoint names that follow DNS, with what they resolved to.
+/// Names that follow DNS (a static cluster's endpoints, relays' next hops), with what they
+/// resolved to.
 fn names(names: &[sluice_config::admin::NameStatus], out: &mut String) {
     let mut t = Table::new(&[
         ("NAME", Align::Left),

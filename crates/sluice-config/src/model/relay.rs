@@ -7,6 +7,8 @@ use ipnet::IpNet;
 
 use sluice_session::Token;
 
+use super::dns::{Dns, HostPort, Resolve};
+
 /// One relay (`[[relay]]`): where it listens, what it is, and its socket settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Relay {
@@ -30,11 +32,11 @@ pub enum RelayRole {
     Tunnel(TunnelEnd),
 }
 
-/// An entry (or middle) relay: `to`, `target`, `token`, `pool`, `early_connect`.
+/// An entry (or middle) relay: `to`, `resolve`, `target`, `token`, `pool`, `early_connect`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Forward {
     /// The next hop.
-    pub to: SocketAddr,
+    pub to: NextHop,
     /// The target to name to the tunnel end at `to`, with the token that authenticates this
     /// relay; `None`: a plain TCP forwarder to `to`.
     pub tunnel: Option<TunnelTarget>,
@@ -44,6 +46,37 @@ pub struct Forward {
     /// Default false; needs CAP_NET_RAW (without it, the relay logs once and connects on
     /// accept).
     pub early_connect: bool,
+}
+
+/// A relay's next hop: `to = "IP:port"`, or `"host:port"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextHop {
+    /// Fixed addresses, tried in turn: an `IP:port`, or a name without `resolve`, looked up
+    /// once when the configuration loads (as a static cluster's endpoint names are).
+    Addrs(Vec<SocketAddr>),
+    /// A name with `resolve`: the relay looks it up when it starts and again whenever its
+    /// records' TTL (within the bounds) runs out; new connections go to the addresses it has
+    /// then, connections already relayed finish where they are.
+    Follow {
+        /// The name and its port.
+        name: HostPort,
+        /// How long an answer holds.
+        resolve: Resolve,
+        /// Where it is looked up: the file's `[dns]`.
+        dns: Dns,
+    },
+}
+
+impl std::fmt::Display for NextHop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Addrs(addrs) => match addrs.as_slice() {
+                [one] => write!(f, "{one}"),
+                many => write!(f, "{many:?}"),
+            },
+            Self::Follow { name, .. } => write!(f, "{name}"),
+        }
+    }
 }
 
 /// The target an entry relay names to a tunnel end, and its credentials.

@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::dns::Endpoint;
 use super::{secret, unique, Ctx};
 use crate::error::ConfigError;
 use crate::model::{
-    AllowedTarget, Forward, Relay, RelayOptions, RelayRole, Token, TunnelEnd, TunnelTarget,
+    AllowedTarget, Dns, Forward, NextHop, Relay, RelayOptions, RelayRole, Token, TunnelEnd,
+    TunnelTarget,
 };
-use crate::raw::RawRelay;
+use crate::raw::{RawRelay, RawResolve};
 use crate::values::parse_cidr;
 
 /// Socket buffers below 4 KiB starve a long path; above 256 MiB is beyond any kernel limit.
@@ -25,7 +27,11 @@ const MAX_POOL: usize = 4096;
 const MAX_PREAMBLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Validates every `[[relay]]`: unique names and listen addresses, then each one.
-pub(super) fn relays(ctx: Ctx<'_>, raw: Vec<Spanned<RawRelay>>) -> Result<Vec<Relay>, ConfigError> {
+pub(super) fn relays(
+    ctx: Ctx<'_>,
+    raw: Vec<Spanned<RawRelay>>,
+    dns: &Dns,
+) -> Result<Vec<Relay>, ConfigError> {
     let mut names = HashMap::new();
     let mut addrs = HashMap::new();
     raw.into_iter()
@@ -49,18 +55,23 @@ pub(super) fn relays(ctx: Ctx<'_>, raw: Vec<Spanned<RawRelay>>) -> Result<Vec<Re
                     "relay listen address",
                 )?;
             }
-            relay(ctx, span, r)
+            relay(ctx, span, r, dns)
         })
         .collect()
 }
 
-fn relay(ctx: Ctx<'_>, span: Range<usize>, raw: RawRelay) -> Result<Relay, ConfigError> {
+fn relay(
+    ctx: Ctx<'_>,
+    span: Range<usize>,
+    mut raw: RawRelay,
+    dns: &Dns,
+) -> Result<Relay, ConfigError> {
     let options = options(ctx, &raw)?;
     let tunnel = raw.tunnel.as_ref().is_some_and(|t| *t.get_ref());
     let role = if tunnel {
         RelayRole::Tunnel(tunnel_end(ctx, &raw)?)
     } else {
-        RelayRole::Forward(forward(ctx, span, &raw)?)
+        RelayRole::Forward(forward(ctx, span, raw.resolve.take(), &raw, dns)?)
     };
     Ok(Relay {
         name: raw.name.into_inner(),
@@ -71,7 +82,13 @@ fn relay(ctx: Ctx<'_>, span: Range<usize>, raw: RawRelay) -> Result<Relay, Confi
 }
 
 /// An entry relay: `to` is required; `target` and `token` come together.
-fn forward(ctx: Ctx<'_>, span: Range<usize>, raw: &RawRelay) -> Result<Forward, ConfigError> {
+fn forward(
+    ctx: Ctx<'_>,
+    span: Range<usize>,
+    resolve: Option<Spanned<RawResolve>>,
+    raw: &RawRelay,
+    dns: &Dns,
+) -> Result<Forward, ConfigError> {
     let refused = [
         ("tokens", raw.tokens.as_ref().map(Spanned::span)),
         ("allow", raw.allow.as_ref().map(Spanned::span)),
@@ -110,17 +127,52 @@ fn forward(ctx: Ctx<'_>, span: Range<usize>, raw: &RawRelay) -> Result<Forward, 
     };
     let pool = pool_size(ctx, raw)?;
     Ok(Forward {
-        to: to.get_ref().0,
+        to: next_hop(ctx, to, resolve, dns)?,
         tunnel,
         pool,
         early_connect: raw.early_connect.as_ref().is_some_and(|e| *e.get_ref()),
     })
 }
 
+/// `to = "IP:port"` or `"host:port"`: a name with `resolve` is followed by the relay; without
+/// it, looked up once now, as a static cluster's endpoint names are.
+fn next_hop(
+    ctx: Ctx<'_>,
+    to: &Spanned<String>,
+    resolve: Option<Spanned<RawResolve>>,
+    dns: &Dns,
+) -> Result<NextHop, ConfigError> {
+    let resolve_span = resolve.as_ref().map(Spanned::span);
+    let bounds = super::dns::resolve(ctx, resolve)?;
+    let text = to.get_ref();
+    let parsed = super::dns::endpoint(text).map_err(|why| {
+        let why = why.replacen("endpoint", "next hop", 1);
+        ctx.err(to.span(), why)
+    })?;
+    match (parsed, bounds) {
+        (Endpoint::Name(name), Some(resolve)) => Ok(NextHop::Follow {
+            name,
+            resolve,
+            dns: dns.clone(),
+        }),
+        (Endpoint::Addr(_), Some(_)) => Err(ctx.err(
+            resolve_span.unwrap_or_else(|| to.span()),
+            format!("`resolve` follows a name's DNS records, but `to` is the address `{text}`: give `to` as \"host:port\", or drop `resolve`"),
+        )),
+        (Endpoint::Addr(addr), None) => Ok(NextHop::Addrs(vec![addr])),
+        (Endpoint::Name(_), None) => {
+            let addrs = crate::values::resolve_endpoint(text);
+            let addrs = addrs.map_err(|why| ctx.err(to.span(), format!("{why} (with `resolve = true` the relay looks it up itself, when it starts and as its TTL says)")))?;
+            Ok(NextHop::Addrs(addrs))
+        }
+    }
+}
+
 /// A tunnel end: at least one token and one `allow` entry; no next-hop keys.
 fn tunnel_end(ctx: Ctx<'_>, raw: &RawRelay) -> Result<TunnelEnd, ConfigError> {
     let refused = [
         ("to", raw.to.as_ref().map(Spanned::span)),
+        ("resolve", raw.resolve.as_ref().map(Spanned::span)),
         ("target", raw.target.as_ref().map(Spanned::span)),
         ("token", raw.token.as_ref().map(Spanned::span)),
         (

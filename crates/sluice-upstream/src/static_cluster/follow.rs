@@ -18,10 +18,6 @@ use super::metrics::{NameMetrics, StaticMetrics};
 use crate::dns::{Dns, LookupError};
 use sluice_config::{HostPort, Resolve};
 
-/// After a failed lookup the next comes `min_ttl` later, doubling per failure up to this (or
-/// `max_ttl`, when shorter).
-const MAX_FAILURE_BACKOFF: Duration = Duration::from_secs(30);
-
 /// A cluster's followed names and what they resolved to.
 #[derive(Debug)]
 pub(super) struct Follow {
@@ -216,14 +212,12 @@ impl Follow {
 
     /// How long a good answer holds: its TTL within the cluster's bounds.
     pub(super) fn hold(&self, ttl: Duration) -> Duration {
-        ttl.clamp(self.bounds.min_ttl, self.bounds.max_ttl)
+        self.bounds.hold(ttl)
     }
 
     /// How long until the lookup after `failures` failed ones in a row.
     pub(super) fn backoff(&self, failures: u32) -> Duration {
-        let cap = self.bounds.max_ttl.min(MAX_FAILURE_BACKOFF);
-        let doubled = (self.bounds.min_ttl).saturating_mul(1 << failures.saturating_sub(1).min(16));
-        doubled.min(cap).max(self.bounds.min_ttl)
+        self.bounds.backoff(failures)
     }
 }
 

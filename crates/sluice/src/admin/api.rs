@@ -469,6 +469,13 @@ fn relay_status(r: &sluice_relay::RelayHandle) -> RelayStatus {
         bytes_down: s.bytes_down,
         connects: s.connects,
         connect_ms_avg: (s.connect_micros as f64 / 1e3) / (s.connects.max(1) as f64),
+        next_hop: r.next_hop().map(|n| NameStatus {
+            name: n.name,
+            addrs: n.addrs.iter().map(ToString::to_string).collect(),
+            failures: u64::from(n.failures),
+            last_error: n.last_error,
+            next_in_ms: u64::try_from(n.next_in.as_millis()).unwrap_or(u64::MAX),
+        }),
     }
 }
 

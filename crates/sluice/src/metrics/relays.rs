@@ -21,7 +21,7 @@ type Family = (
     fn(&sluice_relay::Snapshot) -> u64,
 );
 
-const FAMILIES: [Family; 14] = [
+const FAMILIES: [Family; 18] = [
     (
         "relay_connections",
         MetricType::Counter,
@@ -105,6 +105,30 @@ const FAMILIES: [Family; 14] = [
         MetricType::Counter,
         "Total time of those connects",
         |s| s.connect_micros,
+    ),
+    (
+        "relay_dns_lookups",
+        MetricType::Counter,
+        "Good lookups of the next hop's name (to by name with resolve)",
+        |s| s.dns_lookups,
+    ),
+    (
+        "relay_dns_lookup_failures",
+        MetricType::Counter,
+        "Failed lookups of the next hop's name (its last addresses kept)",
+        |s| s.dns_failures,
+    ),
+    (
+        "relay_dns_changes",
+        MetricType::Counter,
+        "Lookups that changed the next hop's addresses",
+        |s| s.dns_changes,
+    ),
+    (
+        "relay_dns_addresses",
+        MetricType::Gauge,
+        "The next hop name's addresses now",
+        |s| s.dns_addresses,
     ),
 ];
 

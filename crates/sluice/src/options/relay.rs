@@ -1,13 +1,15 @@
 //! `sluice-relay`'s options: one `[[relay]]`.
 
 use sluice_config::RelayRole;
-use sluice_relay::{AllowedTarget, Forward, RelayConfig, RelayOptions, TunnelEnd, TunnelTarget};
+use sluice_relay::{
+    AllowedTarget, Forward, NextHop, RelayConfig, RelayOptions, TunnelEnd, TunnelTarget,
+};
 
 /// The relay `[[relay]]` describes.
 pub fn config(cfg: &sluice_config::Relay) -> RelayConfig {
     let role = match &cfg.role {
         RelayRole::Forward(f) => sluice_relay::RelayRole::Forward(Forward {
-            to: f.to,
+            to: next_hop(&f.to),
             tunnel: f.tunnel.as_ref().map(|t| TunnelTarget {
                 target: t.target,
                 token: t.token.clone(),
@@ -36,6 +38,18 @@ pub fn config(cfg: &sluice_config::Relay) -> RelayConfig {
         addr: cfg.addr,
         role,
         options: options(&cfg.options),
+    }
+}
+
+/// Where an entry relay connects: fixed addresses, or a name it follows.
+fn next_hop(to: &sluice_config::NextHop) -> NextHop {
+    match to {
+        sluice_config::NextHop::Addrs(addrs) => NextHop::Addrs(addrs.clone()),
+        sluice_config::NextHop::Follow { name, resolve, dns } => NextHop::Follow {
+            name: name.clone(),
+            resolve: *resolve,
+            dns: dns.clone(),
+        },
     }
 }
 
