@@ -23,8 +23,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from parts import (  # noqa: E402
-    LIMIT, Node, RateLimitService, Redis, dump, node_config, ratelimit_binary, sluice_binary,
+from parts import (
+    LIMIT,
+    Node,
+    RateLimitService,
+    Redis,
+    dump,
+    node_config,
+    ratelimit_binary,
+    sluice_binary,
     wait_for,
 )
 
