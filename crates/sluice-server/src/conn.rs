@@ -56,6 +56,8 @@ pub(super) struct Settings {
     pub(super) client: ClientInfo,
     /// The `Alt-Svc` field every answer carries (HTTP/3 offered), if any.
     pub(super) alt_svc: Option<http::HeaderValue>,
+    /// The same, as the fields the fast path puts on its answers.
+    pub(super) fields: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl Settings {
@@ -87,6 +89,7 @@ impl Settings {
             nodelay: true,
             client,
             alt_svc: None,
+            fields: Vec::new(),
         }
     }
 }
@@ -232,6 +235,7 @@ fn serve_fast_h1<'a, I: Timed>(
                     http: &settings.http,
                     signal,
                     active,
+                    fields: &settings.fields,
                 };
                 match fast.serve(io, conn, mem::take(&mut first)).await {
                     Left::Done => break,

@@ -46,6 +46,9 @@ pub struct Conn<'a> {
     pub signal: &'a ShutdownSignal,
     /// The connection's requests in flight, for the graceful shutdown.
     pub active: &'a Arc<ActiveRequests>,
+    /// Fields the listener puts on every answer (`Alt-Svc`, where it serves HTTP/3), over
+    /// any of the same name, as hyper's server does on this listener.
+    pub fields: &'a [(http::HeaderName, http::HeaderValue)],
 }
 
 /// The future a fast path serves a connection with.

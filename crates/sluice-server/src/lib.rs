@@ -128,9 +128,8 @@ impl Server {
 
     /// Offers HTTP/3 on UDP `port` of the same host to the clients of its HTTP/1.1 and HTTP/2
     /// answers: each carries `Alt-Svc: h3=":port"; ma=86400` (RFC 7838), replacing one the
-    /// upstream sent (which would name the upstream's own). The fast path stays off on such a
-    /// listener for now: its relay copies the upstream's head and has no place for the field
-    /// yet, so hyper serves its HTTP/1.1 too.
+    /// upstream sent (which would name the upstream's own); the fast path puts it on its
+    /// answers too ([`fast::Conn::fields`]).
     pub fn with_alt_svc(mut self, port: u16) -> Self {
         let value = format!("h3=\":{port}\"; ma=86400");
         self.alt_svc = http::HeaderValue::try_from(value).ok();
@@ -195,6 +194,9 @@ impl Server {
         settings.tls_failures = self.connections.tls_failures.clone();
         settings.fast = self.fast_path_for::<S>();
         settings.alt_svc = self.alt_svc.clone();
+        settings.fields = (self.alt_svc.iter())
+            .map(|v| (http::header::ALT_SVC, v.clone()))
+            .collect();
         settings.nodelay = !nodelay_inherited(&self.listener);
         let local = self
             .listener
@@ -257,9 +259,6 @@ impl Server {
     /// The fast path, if the listener has it on and it belongs to the service `S` served.
     fn fast_path_for<S: 'static>(&self) -> Option<Arc<dyn fast::FastHttp1>> {
         let fast = self.fast.clone().filter(|_| fast_path_on(&self.http))?;
-        if self.alt_svc.is_some() {
-            return None;
-        }
         if fast.service_type() != std::any::TypeId::of::<S>() {
             warn!(listener = %self.name, "the fast path is off here: the service served is not the proxy it belongs to (wrapped in tower layers?), and the layers must see every request");
             return None;

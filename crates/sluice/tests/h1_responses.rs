@@ -66,6 +66,7 @@ fn fast_path(upstream: &[u8], head_request: bool, edits: &Edits) -> Result<Got, 
         remove: &edits.remove,
         set: &edits.set,
         append: b"",
+        listener: &[],
     };
     let mut out = Vec::new();
     h1::write_response_head(upstream, &head, &answer, &mut out);

@@ -93,7 +93,7 @@ async fn tcp_answers_offer_http3_with_alt_svc() {
     let p = proxy(&backend, &tls, "", route).await;
     let want = format!("h3=\":{}\"; ma=86400", p.http3[0].1.port());
     for alpn in [&b"http/1.1"[..], b"h2"] {
-        let head = tls_get(p.addr(), &tls, alpn).await;
+        let head = tls_get(p.addr(), &tls, alpn, "/x").await;
         assert!(
             head.contains(&format!("alt-svc: {want}")),
             "{alpn:?}: {head}"
@@ -102,8 +102,48 @@ async fn tcp_answers_offer_http3_with_alt_svc() {
     p.shutdown();
 }
 
-/// One GET over TLS with `alpn`, the answer's head as text (`name: value` lines).
-async fn tls_get(addr: std::net::SocketAddr, tls: &H3Tls, alpn: &[u8]) -> String {
+/// On a listener that offers HTTP/3 the HTTP/1 fast path still serves HTTP/1.1 over TLS, and
+/// every answer it writes — an upstream's, a route's own, its error — carries the listener's
+/// `Alt-Svc` in place of any other, as hyper's path's answers do.
+#[tokio::test]
+async fn the_fast_path_serves_http1_on_an_http3_listener_and_offers_http3() {
+    let backend = Backend::start("b").await;
+    let refusing = crate::support::upstream::RefusingPort::new();
+    let dir = tempfile::tempdir().unwrap();
+    let tls = H3Tls::write(dir.path());
+    let theirs = "alt-svc = \"h3=\\\":1\\\"\"";
+    let toml = format!(
+        "[[listener]]\nname = \"q\"\nlisten = \"127.0.0.1:0\"\n{}\n\
+         [[route]]\npath_prefix = \"/own\"\n\
+         direct_response = {{ status = 200, body = \"own\", headers = {{ {theirs} }} }}\n\
+         [[route]]\npath_prefix = \"/gone\"\ncluster = \"gone\"\n\
+         [[route]]\ncluster = \"backend\"\nresponse_headers = {{ set = {{ {theirs} }} }}\n\
+         [cluster.backend]\nkind = \"static\"\nendpoints = [\"{}\"]\n\
+         [cluster.gone]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+        tls.listener_keys(),
+        backend.addr,
+        refusing.addr,
+    );
+    let p = TestProxy::start(&toml).await;
+    let want = format!("alt-svc: h3=\":{}\"; ma=86400", p.http3[0].1.port());
+    for (path, status) in [("/x", "200"), ("/own", "200"), ("/gone", "502")] {
+        let head = tls_get(p.addr(), &tls, b"http/1.1", path).await;
+        assert!(head.contains(status), "{path}: {head}");
+        assert!(head.contains(&want), "{path}: {head}");
+        assert_eq!(head.matches("alt-svc").count(), 1, "{path}: {head}");
+    }
+    let served = p.metrics.render();
+    let fast = served.lines().find_map(|l| {
+        l.strip_prefix("sluice_http1_fast_path_requests_total ")?
+            .parse()
+            .ok()
+    });
+    assert_eq!(fast, Some(3), "{served}");
+    p.shutdown();
+}
+
+/// One GET of `path` over TLS with `alpn`, the answer's head as text (`name: value` lines).
+async fn tls_get(addr: std::net::SocketAddr, tls: &H3Tls, alpn: &[u8], path: &str) -> String {
     let mut config = (*tls.client).clone();
     config.alpn_protocols = vec![alpn.to_vec()];
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -119,14 +159,14 @@ async fn tls_get(addr: std::net::SocketAddr, tls: &H3Tls, alpn: &[u8]) -> String
                 .await
                 .unwrap();
         tokio::spawn(conn);
-        let req = Request::get("https://localhost/x")
+        let req = Request::get(format!("https://localhost{path}"))
             .body(http_body_util::Empty::<Bytes>::new())
             .unwrap();
         send.send_request(req).await.unwrap()
     } else {
         let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
         tokio::spawn(conn);
-        let req = Request::get("/x")
+        let req = Request::get(path)
             .header("host", "localhost")
             .body(http_body_util::Empty::<Bytes>::new())
             .unwrap();
@@ -174,7 +214,7 @@ async fn http3_listen_binds_its_own_address() {
     let listen = "http3_listen = \"127.0.0.1:0\"\nhttp3_retry = true\n";
     let p = proxy(&backend, &tls, listen, "").await;
     let port = p.http3[0].1.port();
-    let head = tls_get(p.addr(), &tls, b"http/1.1").await;
+    let head = tls_get(p.addr(), &tls, b"http/1.1", "/x").await;
     assert!(head.contains(&format!("alt-svc: h3=\":{port}\"")), "{head}");
     // With Retry on, the client's address is validated first: one round trip more, the same
     // answer.

@@ -201,12 +201,17 @@ pub struct Answer<'a> {
     /// Field lines added after all others as they are, each ending in CRLF (e.g. a `Vary`
     /// that adds to the upstream's); usually empty.
     pub append: &'a [u8],
+    /// Fields the listener sets on every answer (`Alt-Svc` where it serves HTTP/3), over the
+    /// upstream's and the route's, as hyper's server sets them last; usually none.
+    pub listener: &'a [(HeaderName, HeaderValue)],
 }
 
 impl Answer<'_> {
     fn edits(&self, name: &[u8]) -> bool {
         let named = |n: &HeaderName| n.as_str().as_bytes().eq_ignore_ascii_case(name);
-        self.remove.iter().any(named) || self.set.iter().any(|(n, _)| named(n))
+        self.remove.iter().any(named)
+            || self.set.iter().any(|(n, _)| named(n))
+            || self.listener.iter().any(|(n, _)| named(n))
     }
 }
 
@@ -243,10 +248,14 @@ pub fn write_response_head(
             line(out, name, &buf[field.value.clone()]);
         }
     }
-    for (name, value) in answer.set {
+    let listeners = |name: &HeaderName| answer.listener.iter().any(|(n, _)| n == name);
+    for (name, value) in answer.set.iter().filter(|(n, _)| !listeners(n)) {
         line(out, name.as_str().as_bytes(), value.as_bytes());
     }
     out.extend_from_slice(answer.append);
+    for (name, value) in answer.listener {
+        line(out, name.as_str().as_bytes(), value.as_bytes());
+    }
     let bodiless = matches!(head.status, 100..=199 | 204 | 304);
     match head.body {
         _ if answer.head_request || bodiless => {}

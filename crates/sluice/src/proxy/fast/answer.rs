@@ -18,9 +18,11 @@ pub(super) fn error(
     close: bool,
     head_request: bool,
     id: Option<(&HeaderName, &HeaderValue)>,
+    listener: &[(HeaderName, HeaderValue)],
 ) -> (Vec<u8>, usize) {
     let answer = e.answer(id);
     let fields = answer.fields.iter().map(|(n, v)| (n, v));
+    let fields = with_listeners(fields, listener);
     render(
         answer.status,
         fields,
@@ -28,6 +30,17 @@ pub(super) fn error(
         close,
         head_request,
     )
+}
+
+/// `fields`, then the listener's own (`Alt-Svc`) in place of any of the same name, as hyper's
+/// server on that listener sets them last.
+pub(super) fn with_listeners<'f>(
+    fields: impl IntoIterator<Item = (&'f HeaderName, &'f HeaderValue)>,
+    listener: &'f [(HeaderName, HeaderValue)],
+) -> impl Iterator<Item = (&'f HeaderName, &'f HeaderValue)> {
+    let theirs = move |name: &HeaderName| listener.iter().any(|(n, _)| n == name);
+    let fields = fields.into_iter().filter(move |(n, _)| !theirs(n));
+    fields.chain(listener.iter().map(|(n, v)| (n, v)))
 }
 
 /// A response Sluice answers itself (an error, a route's `direct_response`) as hyper's server

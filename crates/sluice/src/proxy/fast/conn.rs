@@ -76,6 +76,7 @@ where
         http,
         signal,
         active,
+        fields,
     } = conn;
     let Held { buf, scratch } = held;
     // The client's address as the upstream is told it, formatted once for all its requests.
@@ -110,6 +111,7 @@ where
             client_ip: &client_ip,
             client_addr: &client_addr,
             shutdown: signal,
+            fields,
         };
         scratch.lend();
         // Boxed: the exchange's state (kilobytes of relay futures) exists while a request is in
@@ -337,6 +339,7 @@ mod tests {
                 http: &self.http,
                 signal: &self.signal,
                 active: &self.active,
+                fields: &[],
             }
         }
     }

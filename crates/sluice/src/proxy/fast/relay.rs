@@ -319,7 +319,7 @@ impl<'a> Exchange<'a> {
         C: AsyncWrite + Unpin,
     {
         let close = e.closes_connection() || self.closes();
-        let (bytes, body) = answer::error(&e, close, self.head_request, self.id);
+        let (bytes, body) = answer::error(&e, close, self.head_request, self.id, self.req.fields);
         let status = e.status().as_u16();
         let mut outcome = self
             .write_answer(client, &bytes, (status, body), close, used)
@@ -346,7 +346,7 @@ impl<'a> Exchange<'a> {
         let close = self.closes();
         let (bytes, body) = answer::render(
             res.status(),
-            res.headers(),
+            answer::with_listeners(res.headers(), self.req.fields),
             res.body(),
             close,
             self.head_request,
@@ -463,6 +463,7 @@ impl<'a> Exchange<'a> {
             remove: &self.route.response_headers.remove,
             set: &self.route.response_headers.set,
             append: self.vary(ubuf, &head),
+            listener: self.req.fields,
         };
         out.clear();
         h1::write_response_head(ubuf, &head, &answer, &mut out);

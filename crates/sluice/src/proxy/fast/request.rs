@@ -42,6 +42,8 @@ pub(crate) struct Request<'a> {
     /// Whether it is the connection's last (`max_requests_per_connection`): its response
     /// closes the connection.
     pub(crate) last: bool,
+    /// Fields the listener puts on every answer, over any of the same name (`Alt-Svc`).
+    pub(crate) fields: &'a [(http::HeaderName, http::HeaderValue)],
 }
 
 /// What a client connection's fast-path requests work in. The buffers are lent from the
