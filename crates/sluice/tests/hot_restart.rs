@@ -162,3 +162,94 @@ async fn taking_over_from_nobody_is_a_clear_error() {
         .unwrap_err();
     assert!(err.to_string().contains("upgrade.sock"), "{err}");
 }
+
+/// A relay whose pipes the kernel splices (`sockmap = true`, issue 54) through a hot restart:
+/// the pipe the old process holds keeps carrying bytes, spliced, until its client closes it,
+/// while the successor takes new connections on the same socket and splices them too; the
+/// old process ends when its last pipe has. Needs CAP_BPF and CAP_NET_ADMIN (root, as the
+/// test command runs): without them the program does not load, which the test reports.
+#[tokio::test]
+async fn a_sockmap_relays_pipes_live_through_a_hot_restart() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let to = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = conn.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    async fn round_trip(conn: &mut tokio::net::TcpStream, what: &[u8]) {
+        conn.write_all(what).await.unwrap();
+        let mut back = vec![0; what.len()];
+        conn.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, what);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[runtime]\nupgrade_socket = \"upgrade.sock\"\nshutdown_grace = \"30s\"\n\
+         [[listener]]\nname = \"public\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\ndirect_response = {{ status = 204 }}\n\
+         [[relay]]\nname = \"edge\"\nlisten = \"127.0.0.1:0\"\nto = \"{to}\"\nsockmap = true\n"
+    );
+    let path = dir.path().join("test.toml").display().to_string();
+    let cfg = sluice::config::parse_str(&text, &path, dir.path()).unwrap();
+    let old = Proxy::bind(&cfg).await.unwrap();
+    let old_relay = old.relays().remove(0);
+    assert!(
+        old_relay.sockmap(),
+        "the sockmap program did not load (needs CAP_BPF and CAP_NET_ADMIN, e.g. root)"
+    );
+    let old_run = tokio::spawn(old.run_until(std::future::pending()));
+    let mut held = tokio::net::TcpStream::connect(old_relay.addr)
+        .await
+        .unwrap();
+    round_trip(&mut held, b"before").await;
+
+    let inherited = Inherited::take_over(&dir.path().join("upgrade.sock"))
+        .await
+        .unwrap();
+    let new = Proxy::bind_inheriting(&cfg, Some(inherited)).await.unwrap();
+    let new_relay = new.relays().remove(0);
+    assert_eq!(
+        new_relay.addr, old_relay.addr,
+        "the relay's socket went over"
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let new_run = tokio::spawn(new.run_until(async move {
+        let _ = stopped.await;
+    }));
+    // The old process still holds its pipe, and the kernel still splices it.
+    round_trip(&mut held, b"during the hand-over").await;
+    let mut fresh = tokio::net::TcpStream::connect(new_relay.addr)
+        .await
+        .unwrap();
+    round_trip(&mut fresh, b"to the successor").await;
+    round_trip(&mut held, b"after").await;
+    let (old_stats, new_stats) = (old_relay.stats.snapshot(), new_relay.stats.snapshot());
+    assert_eq!(old_stats.accepted, 1, "{old_stats:?}");
+    assert_eq!(new_stats.accepted, 1, "{new_stats:?}");
+    assert_eq!(
+        (old_stats.kernel_spliced, new_stats.kernel_spliced),
+        (1, 1),
+        "each process spliced its own pipe in the kernel: {old_stats:?} {new_stats:?}"
+    );
+    assert!(!old_run.is_finished(), "the old process waits for its pipe");
+    held.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    held.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty());
+    tokio::time::timeout(std::time::Duration::from_secs(20), old_run)
+        .await
+        .expect("the old process ends once its last pipe has")
+        .unwrap();
+    round_trip(&mut fresh, b"still").await;
+    fresh.shutdown().await.unwrap();
+    fresh.read_to_end(&mut rest).await.unwrap();
+    let _ = stop.send(());
+    new_run.await.unwrap();
+}
