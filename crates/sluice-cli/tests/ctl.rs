@@ -270,6 +270,7 @@ fn status_shows_listeners_clusters_slices_instances_and_endpoints() {
             "1.2",
             "512",
             "2048",
+            "-",
         ],
     ] {
         assert!(rows.contains(&expected), "no row {expected:?} in\n{stdout}");

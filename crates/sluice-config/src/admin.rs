@@ -96,6 +96,15 @@ pub struct RelayStatus {
     /// A next hop by name with `resolve`: its addresses now and its lookups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_hop: Option<NameStatus>,
+    /// Whether the kernel splices its pipes (`sockmap` configured and its program loaded).
+    #[serde(default)]
+    pub sockmap: bool,
+    /// Connections whose bytes the kernel forwarded (`sockmap`).
+    #[serde(default)]
+    pub kernel_spliced: u64,
+    /// Of `bytes_up` and `bytes_down`, those the kernel forwarded without user space.
+    #[serde(default)]
+    pub bytes_kernel: u64,
 }
 
 /// A client listener.

@@ -70,6 +70,63 @@ async fn a_relay_from_the_config_forwards_and_shows_in_status_and_metrics() {
     run.await.unwrap();
 }
 
+/// A relay whose pipes the kernel splices (`sockmap = true`) says so in `/status`, with the
+/// connections and bytes the kernel forwarded (issue 54). Needs CAP_BPF and CAP_NET_ADMIN
+/// (root, as the test command runs).
+#[tokio::test]
+async fn a_sockmap_relay_shows_what_the_kernel_spliced_in_status() {
+    let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend_addr = backend.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = backend.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = conn.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    let text = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [[relay]]\nname = \"edge\"\nlisten = \"127.0.0.1:0\"\nto = \"{backend_addr}\"\nsockmap = true\n"
+    );
+    let config = sluice::config::parse_str(&text, "relay.toml", Path::new(".")).unwrap();
+    let proxy = Proxy::bind(&config).await.unwrap();
+    let handle = proxy.relays().remove(0);
+    assert!(handle.sockmap(), "the program did not load (needs root)");
+    let admin = proxy.admin_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(proxy.run_until(async move {
+        let _ = stopped.await;
+    }));
+    let mut conn = TcpStream::connect(handle.addr).await.unwrap();
+    let mut back = [0u8; 1];
+    conn.write_all(b"a").await.unwrap();
+    conn.read_exact(&mut back).await.unwrap();
+    // Past the first byte the sockets are in the map: these go through the kernel alone.
+    conn.write_all(&[7u8; 4096]).await.unwrap();
+    conn.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    conn.read_to_end(&mut rest).await.unwrap();
+    assert_eq!(rest.len(), 4096);
+    for _ in 0..500 {
+        if handle.stats.snapshot().active == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let status: serde_json::Value = serde_json::from_str(&get(admin, "/status").await).unwrap();
+    let relay = &status["relays"][0];
+    assert_eq!(relay["sockmap"], true, "{relay}");
+    assert_eq!(relay["kernel_spliced"], 1, "{relay}");
+    // Every byte after the first each way, and maybe the first (the sockets may have entered
+    // the map before it): `bytes_up` + `bytes_down` is 2 * 4097.
+    let kernel = relay["bytes_kernel"].as_u64().unwrap();
+    assert!((2 * 4096..=2 * 4097).contains(&kernel), "{relay}");
+    stop.send(()).unwrap();
+    run.await.unwrap();
+}
+
 /// The body of a plain HTTP/1.0 GET.
 async fn get(addr: std::net::SocketAddr, path: &str) -> String {
     let mut conn = TcpStream::connect(addr).await.unwrap();

@@ -94,8 +94,14 @@ fn relays(relays: &[Relay], out: &mut String) {
         ("CONNECT-MS", Align::Right),
         ("BYTES-UP", Align::Right),
         ("BYTES-DOWN", Align::Right),
+        ("KERNEL", Align::Right),
     ]);
     for r in relays {
+        // Connections and bytes the kernel spliced, or `-` where it does not (no sockmap).
+        let kernel = match r.sockmap {
+            true => format!("{}/{}", r.kernel_spliced, r.bytes_kernel),
+            false => "-".to_owned(),
+        };
         t.row([
             r.name.clone(),
             r.addr.clone(),
@@ -107,6 +113,7 @@ fn relays(relays: &[Relay], out: &mut String) {
             format!("{:.1}", r.connect_ms_avg),
             r.bytes_up.to_string(),
             r.bytes_down.to_string(),
+            kernel,
         ]);
     }
     t.render("", out);

@@ -476,6 +476,9 @@ fn relay_status(r: &sluice_relay::RelayHandle) -> RelayStatus {
             last_error: n.last_error,
             next_in_ms: u64::try_from(n.next_in.as_millis()).unwrap_or(u64::MAX),
         }),
+        sockmap: r.sockmap(),
+        kernel_spliced: s.kernel_spliced,
+        bytes_kernel: s.bytes_kernel,
     }
 }
 
