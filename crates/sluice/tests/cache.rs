@@ -346,3 +346,81 @@ fn bad_cache_settings_are_refused_where_they_are() {
         assert_refused_at(&text(line), line, message);
     }
 }
+
+/// The value of the series `name` (with its labels) in `p`'s `/metrics`.
+fn metric(p: &TestProxy, name: &str) -> Option<f64> {
+    let text = p.metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+}
+
+/// A proxy whose cached route is named `route` (the cache's series are labelled by it).
+async fn named_proxy(origin: &Origin, route: &str, cache: &str) -> TestProxy {
+    let toml = format!(
+        "[[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\nname = \"{route}\"\ncluster = \"o\"\ncache = {cache}\n\
+         [cluster.o]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+        origin.addr
+    );
+    TestProxy::start(&toml).await
+}
+
+#[tokio::test]
+async fn hits_misses_stale_answers_and_coalesced_waits_are_counted() {
+    let origin = Origin::start().await;
+    let p = Arc::new(named_proxy(&origin, "counted", "{ lock_timeout = \"30s\" }").await);
+    let series = |name: &str, result: &str| {
+        let labels = match result {
+            "" => "route=\"counted\"".to_owned(),
+            r => format!("route=\"counted\",result=\"{r}\""),
+        };
+        metric(&p, &format!("sluice_cache_{name}{{{labels}}}"))
+    };
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    ask(&p, "GET", "/no-store", &[]).await;
+    ask(&p, "GET", "/sie", &[]).await;
+    assert_eq!(ask(&p, "GET", "/sie", &[]).await.body, "sie 1");
+    // One request fetches `/gated`; a second waits for it (seen in the counter) and is
+    // answered from what it stored.
+    let first = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { ask(&p, "GET", "/gated", &[]).await }
+    });
+    crate::support::upstream::wait_until("the first request upstream", || {
+        origin.seen("/gated") == 1
+    })
+    .await;
+    let second = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { ask(&p, "GET", "/gated", &[]).await }
+    });
+    crate::support::upstream::wait_until("the second request waiting", || {
+        series("coalesced_waits_total", "") == Some(1.0)
+    })
+    .await;
+    origin.gate.send_replace(true);
+    assert_eq!(first.await.unwrap().body, "gated 1");
+    let second = second.await.unwrap();
+    assert!(cache_status(&second).contains("collapsed"), "{second:?}");
+    assert_eq!(series("lookups_total", "hit"), Some(2.0));
+    assert_eq!(series("lookups_total", "miss"), Some(5.0));
+    assert_eq!(series("stale_served_total", ""), Some(1.0));
+    assert_eq!(series("coalesced_waits_total", ""), Some(1.0));
+    assert_eq!(series("evictions_total", ""), Some(0.0));
+    let bytes = series("stored_bytes", "").unwrap();
+    assert!(bytes > 0.0, "{bytes}");
+}
+
+#[tokio::test]
+async fn evictions_keep_the_stored_bytes_within_memory() {
+    let origin = Origin::start().await;
+    let p = named_proxy(&origin, "evicting", "{ memory = \"1KiB\" }").await;
+    for path in ["/a", "/b", "/c", "/d", "/e"] {
+        assert_eq!(ask(&p, "GET", path, &[]).await.status, StatusCode::OK);
+    }
+    let evictions = metric(&p, "sluice_cache_evictions_total{route=\"evicting\"}").unwrap();
+    assert!(evictions >= 1.0, "{evictions}");
+    let bytes = metric(&p, "sluice_cache_stored_bytes{route=\"evicting\"}").unwrap();
+    assert!(bytes > 0.0 && bytes <= 1024.0, "{bytes}");
+}
