@@ -424,3 +424,37 @@ async fn evictions_keep_the_stored_bytes_within_memory() {
     let bytes = metric(&p, "sluice_cache_stored_bytes{route=\"evicting\"}").unwrap();
     assert!(bytes > 0.0 && bytes <= 1024.0, "{bytes}");
 }
+
+#[tokio::test]
+async fn the_access_log_says_what_the_cache_did() {
+    let origin = Origin::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[access_log]\nformat = \"json\"\npath = \"access.log\"\n\
+         [[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\ncluster = \"o\"\ncache = true\n\
+         [cluster.o]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+        origin.addr
+    );
+    let p = TestProxy::start_in(&toml, dir.path()).await;
+    for _ in 0..2 {
+        assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    }
+    let path = dir.path().join("access.log");
+    let mut lines = Vec::new();
+    crate::support::upstream::wait_until("two lines in the access log", || {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        lines = text.lines().map(str::to_owned).collect();
+        lines.len() >= 2
+    })
+    .await;
+    let status = |line: &str| {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        v["cache_status"].as_str().map(str::to_owned)
+    };
+    assert_eq!(
+        status(&lines[0]).as_deref(),
+        Some("Sluice; fwd=miss; stored")
+    );
+    assert_eq!(status(&lines[1]).as_deref(), Some("Sluice; hit"));
+}
