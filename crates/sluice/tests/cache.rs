@@ -1,7 +1,8 @@
 //! A route's `cache` (RFC 9111) through a real proxy and a real upstream: request coalescing,
 //! `Vary`, cache poisoning (unkeyed fields, other hosts), `no-store`, revalidation,
 //! `stale-if-error` (an upstream error, the upstream down), `HEAD`
-//! from a stored `GET`, invalidation by an unsafe method, and its configuration's refusals.
+//! from a stored `GET`, invalidation by an unsafe method, and its configuration's refusals;
+//! its metrics, its `cache_status` in the access log, and purges through the admin API.
 //! The public cache test suite runs in the test command (`scripts/cache-tests`).
 #![allow(clippy::unwrap_used)]
 
@@ -457,4 +458,59 @@ async fn the_access_log_says_what_the_cache_did() {
         Some("Sluice; fwd=miss; stored")
     );
     assert_eq!(status(&lines[1]).as_deref(), Some("Sluice; hit"));
+}
+
+/// `POST /routes/{name}/cache/purge` on `p`'s admin API with `token`; the status and body.
+async fn purge(p: &TestProxy, route: &str, token: Option<&str>, body: &str) -> Reply {
+    let admin = p.admin.unwrap();
+    let mut req = Request::builder()
+        .method("POST")
+        .uri(format!("http://{admin}/routes/{route}/cache/purge"))
+        .header("content-type", "application/json");
+    if let Some(token) = token {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let body = Full::new(Bytes::from(body.to_owned()));
+    send(&client(), req.body(body).unwrap()).await
+}
+
+#[tokio::test]
+async fn the_admin_api_purges_a_key_or_a_prefix_with_the_token() {
+    let origin = Origin::start().await;
+    let toml = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"purge-s3cret\"\n\
+         [[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\nname = \"c\"\ncluster = \"o\"\ncache = true\n\
+         [cluster.o]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+        origin.addr
+    );
+    let p = TestProxy::start(&toml).await;
+    for path in ["/fresh", "/img/a", "/img/b", "/fresh"] {
+        assert_eq!(ask(&p, "GET", path, &[]).await.body, "fresh 1", "{path}");
+    }
+    let token = Some("purge-s3cret");
+    let key = r#"{"key": "http://a.example/fresh"}"#;
+    assert_eq!(purge(&p, "c", None, key).await.status, 401);
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    let purged = purge(&p, "c", token, key).await;
+    assert_eq!(purged.status, StatusCode::OK, "{purged:?}");
+    assert!(purged.body.contains("\"purged\":1"), "{purged:?}");
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 2");
+    assert_eq!(ask(&p, "GET", "/img/a", &[]).await.body, "fresh 1");
+    let prefix = r#"{"prefix": "http://a.example/img/"}"#;
+    let purged = purge(&p, "c", token, prefix).await;
+    assert!(purged.body.contains("\"purged\":2"), "{purged:?}");
+    assert_eq!(ask(&p, "GET", "/img/a", &[]).await.body, "fresh 2");
+    assert_eq!(ask(&p, "GET", "/img/b", &[]).await.body, "fresh 2");
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 2");
+    for (route, body, status) in [
+        ("c", r#"{"key": "a", "prefix": "b"}"#, 400),
+        ("c", r#"{"key": ""}"#, 400),
+        ("c", "not json", 400),
+        ("nope", key, 404),
+    ] {
+        let r = purge(&p, route, token, body).await;
+        assert_eq!(r.status.as_u16(), status, "{route} {body}: {r:?}");
+        assert!(r.body.contains("error"), "{r:?}");
+    }
 }

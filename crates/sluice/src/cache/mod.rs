@@ -169,6 +169,27 @@ impl Store {
         self.settle();
     }
 
+    /// Removes what `what` names; how many keys (each with its variants) it removed.
+    fn purge(&self, what: &Purge) -> u64 {
+        let purged = match what {
+            Purge::Key(key) => u64::from(self.store.remove(key.as_str()).is_some()),
+            Purge::Prefix(prefix) => {
+                let keys: Vec<Arc<String>> = self
+                    .store
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(prefix.as_str()))
+                    .map(|(k, _)| k)
+                    .collect();
+                let removed = keys
+                    .iter()
+                    .filter(|k| self.store.remove(k.as_str()).is_some());
+                removed.count() as u64
+            }
+        };
+        self.settle();
+        purged
+    }
+
     fn filling(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Fill>>> {
         // A map of plain values: a poisoned lock is still consistent.
         self.filling.lock().unwrap_or_else(|p| p.into_inner())
@@ -238,6 +259,22 @@ impl Store {
 fn weight(variants: &Variants) -> u32 {
     let bytes: usize = variants.iter().map(|s| s.weight()).sum();
     u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// What a purge removes: one key (`https://host/path?query`, as requests are keyed), or
+/// every key that starts with a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Purge {
+    Key(String),
+    Prefix(String),
+}
+
+/// Purges `what` from the cache among a route's `features`: how many keys it removed, `None`
+/// when the route has no cache.
+pub(crate) fn purge(features: &[Arc<dyn RouteFeature>], what: &Purge) -> Option<u64> {
+    let mut features = features.iter();
+    let cache = features.find_map(|f| downcast::<Cache>(f))?;
+    Some(cache.purge(what))
 }
 
 /// A fetch this request started (held by its [`Keep`]): ended when it is dropped.
