@@ -1,5 +1,5 @@
 //! `sluice ctl`: a running Sluice's admin API from the shell — its status, draining an
-//! instance, adding and removing a static cluster's endpoints.
+//! instance, adding and removing a static cluster's endpoints, purging a route's cache.
 //!
 //! Each command is one HTTP/1.1 request ([`client`]); `status` renders the reply as tables
 //! ([`status`]), a mutation as one line saying what happened, and `--json` prints the server's
@@ -96,6 +96,24 @@ enum CtlCommand {
     Routes {
         #[command(subcommand)]
         command: Option<RoutesCommand>,
+    },
+    /// Purge a route's response cache: one key (--key), or every key under a prefix
+    /// (--prefix). Keys are URLs as requests are stored: http://a.example/img/1.png?v=2
+    /// (https on TLS listeners; the host as clients name it, with its port if they give one).
+    Purge {
+        /// The route whose `cache` is purged.
+        route: String,
+        /// The one key to remove (with its variants).
+        #[arg(
+            long,
+            value_name = "URL",
+            required_unless_present = "prefix",
+            conflicts_with = "prefix"
+        )]
+        key: Option<String>,
+        /// Remove every key that starts with this.
+        #[arg(long, value_name = "URL")]
+        prefix: Option<String>,
     },
 }
 
@@ -234,6 +252,11 @@ fn execute(args: CtlArgs, admin: Admin) -> anyhow::Result<()> {
             Some(RoutesCommand::Add(r)) => format!("added route {}\n", printable(&r.name)),
             Some(RoutesCommand::Del { name }) => format!("removed route {}\n", printable(&name)),
         },
+        CtlCommand::Purge { route, .. } => format!(
+            "purged {} key(s) from the cache of route {}\n",
+            reply["purged"].as_u64().unwrap_or(0),
+            printable(&route)
+        ),
     };
     print!("{text}");
     Ok(())
@@ -345,6 +368,14 @@ async fn send(client: &Client, command: &CtlCommand) -> anyhow::Result<Value> {
             client.call(Method::DELETE, &path, None).await
         }
         CtlCommand::Reload => client.call(Method::POST, "/reload", None).await,
+        CtlCommand::Purge { route, key, prefix } => {
+            let path = format!("/routes/{}/cache/purge", segment(route));
+            let body = match (key, prefix) {
+                (Some(key), _) => json!({ "key": key }),
+                (None, prefix) => json!({ "prefix": prefix }),
+            };
+            client.call(Method::POST, &path, Some(body)).await
+        }
         CtlCommand::ResumeNode => client.call(Method::POST, "/resume", None).await,
         CtlCommand::DrainNode { wait } => {
             let reply = client.call(Method::POST, "/drain", None).await?;

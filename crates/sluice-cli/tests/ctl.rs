@@ -168,6 +168,11 @@ fn route(req: &Seen) -> Response<Full<Bytes>> {
                 json!({"cluster": "legacy", "addr": body["addr"], "added": added}),
             )
         }
+        ("POST", ["routes", "c", "cache", "purge"]) => {
+            let body: Value = serde_json::from_slice(&req.body).unwrap();
+            let purged = if body.get("prefix").is_some() { 2 } else { 1 };
+            reply(200, json!({"route": "c", "purged": purged}))
+        }
         ("DELETE", ["clusters", "legacy", "endpoints", "127.0.0.1:9001"]) => reply(
             200,
             json!({"cluster": "legacy", "addr": "127.0.0.1:9001", "removed": true}),
@@ -557,4 +562,51 @@ fn resume_node_posts_to_resume_and_says_the_node_is_ready_again() {
         (seen[0].method.as_str(), seen[0].path.as_str()),
         ("POST", "/resume")
     );
+}
+
+#[test]
+fn purge_posts_a_key_or_a_prefix_with_the_token() {
+    let admin = FakeAdmin::start(Some("s3cret"));
+    let purge = |what: &str, url: &str| {
+        run(ctl()
+            .env("SLUICE_ADMIN", admin.url())
+            .env("SLUICE_ADMIN_TOKEN", "s3cret")
+            .args(["purge", "c", what, url]))
+    };
+    let (code, stdout, stderr) = purge("--key", "http://a.example/x?y=1");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout, "purged 1 key(s) from the cache of route c\n");
+    let (code, stdout, stderr) = purge("--prefix", "http://a.example/img/");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout, "purged 2 key(s) from the cache of route c\n");
+    let seen = admin.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        assert_eq!(
+            (&s.method, s.path.as_str()),
+            (&Method::POST, "/routes/c/cache/purge")
+        );
+        assert_eq!(s.authorization.as_deref(), Some("Bearer s3cret"));
+    }
+    let body = |i: usize| serde_json::from_slice::<Value>(&seen[i].body).unwrap();
+    assert_eq!(body(0), json!({"key": "http://a.example/x?y=1"}));
+    assert_eq!(body(1), json!({"prefix": "http://a.example/img/"}));
+}
+
+#[test]
+fn purge_needs_one_of_key_and_prefix() {
+    let admin = FakeAdmin::start(None);
+    let url = admin.url();
+    for args in [
+        vec!["purge", "c"],
+        vec!["purge", "c", "--key", "http://a/x", "--prefix", "http://a/"],
+    ] {
+        let (code, _, stderr) = run(ctl().args(["--admin", &url]).args(&args));
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("--key") || stderr.contains("--prefix"),
+            "{stderr}"
+        );
+    }
+    assert!(admin.seen().is_empty());
 }

@@ -93,14 +93,15 @@ impl AccessLog {
         })
     }
 
-    /// Queues the line for `entry`.
-    pub(crate) fn record(&self, entry: &Entry<'_>) {
+    /// Queues the line for `entry`, whose answer's `Cache-Status` (a route's cache's) is
+    /// `cache_status` (the fixed NGINX formats leave it out).
+    pub(crate) fn record(&self, entry: &Entry<'_>, cache_status: Option<&str>) {
         let now = SystemTime::now();
         let line = match &self.format {
             AccessLogFormat::Common => common(entry, now),
             AccessLogFormat::Combined => combined(entry, now),
-            AccessLogFormat::Json => json_line(entry, now),
-            AccessLogFormat::Template(t) => template(entry, now, t),
+            AccessLogFormat::Json => json_line(entry, cache_status, now),
+            AccessLogFormat::Template(t) => template(entry, cache_status, now, t),
         };
         if self.lines.try_send(line).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -174,11 +175,14 @@ fn iso_time(now: SystemTime) -> String {
 
 /// A line of the operator's template: each field as `docs/access-log.md` says, `-` for one
 /// without a value.
-fn template(e: &Entry<'_>, now: SystemTime, t: &LogTemplate) -> String {
+fn template(e: &Entry<'_>, cache: Option<&str>, now: SystemTime, t: &LogTemplate) -> String {
     let mut line = String::with_capacity(160);
     for piece in &t.0 {
         match piece {
             LogPiece::Text(text) => line.push_str(text),
+            LogPiece::Field(LogField::CacheStatus) => {
+                line.push_str(&cache.map_or_else(|| "-".to_owned(), escape_quoted));
+            }
             LogPiece::Field(f) => field(&mut line, e, now, *f),
         }
     }
@@ -225,6 +229,8 @@ fn field(out: &mut String, e: &Entry<'_>, now: SystemTime, f: LogField) {
         LogField::Referer => or_dash(out, e.referer.map(escape_quoted)),
         LogField::Complete => write!(out, "{}", e.complete),
         LogField::RequestId => or_dash(out, e.request_id),
+        // Not the entry's: written by `template`.
+        LogField::CacheStatus => out.write_str("-"),
     };
 }
 
@@ -257,7 +263,7 @@ fn escape_quoted(v: &str) -> String {
     out
 }
 
-fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
+fn json_line(e: &Entry<'_>, cache_status: Option<&str>, now: SystemTime) -> String {
     json!({
         "time": iso_time(now),
         "client": e.client.ip().to_string(),
@@ -276,6 +282,7 @@ fn json_line(e: &Entry<'_>, now: SystemTime) -> String {
         "user_agent": e.user_agent,
         "referer": e.referer,
         "request_id": e.request_id,
+        "cache_status": cache_status,
     })
     .to_string()
 }
@@ -405,7 +412,8 @@ mod tests {
             "{}",
             common(&e, at)
         );
-        let v: serde_json::Value = serde_json::from_str(&json_line(&e, at)).unwrap_or_default();
+        let v: serde_json::Value =
+            serde_json::from_str(&json_line(&e, None, at)).unwrap_or_default();
         assert_eq!(v["target"], "/hello?x=1");
         let (m, u) = (Method::CONNECT, Uri::from_static("example.com:443"));
         assert!(common(&entry(&m, &u), at).contains("\"CONNECT example.com:443 HTTP/1.1\""));
@@ -425,11 +433,24 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
-            template(&e, at, &t),
+            template(&e, None, at, &t),
             "192.0.2.7:5555 [23/Nov/2026:09:00:00 +0000] 2026-11-23T09:00:00Z \
              \"POST /orders?id=7 HTTP/1.1\" 200 6 1.234 1234.567 api - - \
              \"a \\x22quoted\\x22 agent\" - true {}"
         );
+    }
+
+    #[test]
+    fn a_template_writes_the_cache_status_or_a_dash() {
+        let (m, u) = (Method::GET, Uri::from_static("/a"));
+        let at = UNIX_EPOCH;
+        let t = LogTemplate::parse("{status} [{cache_status}]").unwrap_or_else(|e| panic!("{e}"));
+        let e = entry(&m, &u);
+        assert_eq!(
+            template(&e, Some("Sluice; hit"), at, &t),
+            "200 [Sluice; hit]"
+        );
+        assert_eq!(template(&e, None, at, &t), "200 [-]");
     }
 
     /// Issue 47's probe: `GET /a"b"c` was logged as `"GET /a"b"c HTTP/1.1"`, and raw UTF-8
@@ -447,10 +468,10 @@ mod tests {
         );
         assert!(combined(&entry(&m, &u), at).contains(want));
         let t = LogTemplate::parse("\"{request}\" {target}").unwrap_or_else(|e| panic!("{e}"));
-        let line = template(&entry(&m, &u), at, &t);
+        let line = template(&entry(&m, &u), None, at, &t);
         assert_eq!(line, format!("{want} /a\\x22b\\x22c/\\xE2\\x80\\xA8\\x5C"));
         let v: serde_json::Value =
-            serde_json::from_str(&json_line(&entry(&m, &u), at)).unwrap_or_default();
+            serde_json::from_str(&json_line(&entry(&m, &u), None, at)).unwrap_or_default();
         assert_eq!(
             v["target"], "/a\"b\"c/\u{2028}\\",
             "JSON escapes as JSON does"
@@ -467,7 +488,7 @@ mod tests {
             "192.0.2.7 - - [23/Nov/2026:09:00:00 +0000] \"GET /hello?x=1 HTTP/1.1\" 200 6"
         );
         let v: serde_json::Value =
-            serde_json::from_str(&json_line(&entry(&m, &u), at)).unwrap_or_default();
+            serde_json::from_str(&json_line(&entry(&m, &u), None, at)).unwrap_or_default();
         assert_eq!(v["time"], "2026-11-23T09:00:00Z");
         assert_eq!(
             (v["status"].as_u64(), v["route"].as_str()),

@@ -507,6 +507,15 @@ impl Logged {
             .remove::<ServedBy>()
             .unwrap_or_default();
         let (parts, body) = res.into_parts();
+        // The last `Cache-Status` member is this proxy's (an upstream's cache comes before).
+        let cache_status = parts
+            .headers
+            .get_all(&crate::cache::CACHE_STATUS)
+            .iter()
+            .next_back();
+        let cache_status = cache_status
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         // hyper's server drops the body of an answer to `HEAD` unread: that is its end (the fast
         // path, which writes the head itself, counts it complete once the head is out).
         let head = self.method == http::Method::HEAD;
@@ -528,7 +537,8 @@ impl Logged {
                 referer: self.referer.as_deref(),
                 request_id: self.request_id.as_deref(),
             };
-            observers.record(&entry, route.as_deref(), trace.as_ref());
+            let cache = cache_status.as_deref();
+            observers.record_answered(&entry, cache, route.as_deref(), trace.as_ref());
         }));
         Response::from_parts(parts, body)
     }

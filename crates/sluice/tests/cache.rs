@@ -1,7 +1,8 @@
 //! A route's `cache` (RFC 9111) through a real proxy and a real upstream: request coalescing,
 //! `Vary`, cache poisoning (unkeyed fields, other hosts), `no-store`, revalidation,
 //! `stale-if-error` (an upstream error, the upstream down), `HEAD`
-//! from a stored `GET`, invalidation by an unsafe method, and its configuration's refusals.
+//! from a stored `GET`, invalidation by an unsafe method, and its configuration's refusals;
+//! its metrics, its `cache_status` in the access log, and purges through the admin API.
 //! The public cache test suite runs in the test command (`scripts/cache-tests`).
 #![allow(clippy::unwrap_used)]
 
@@ -344,5 +345,172 @@ fn bad_cache_settings_are_refused_where_they_are() {
         ("cache = { size = 1 }", "unknown field `size`"),
     ] {
         assert_refused_at(&text(line), line, message);
+    }
+}
+
+/// The value of the series `name` (with its labels) in `p`'s `/metrics`.
+fn metric(p: &TestProxy, name: &str) -> Option<f64> {
+    let text = p.metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+}
+
+/// A proxy whose cached route is named `route` (the cache's series are labelled by it).
+async fn named_proxy(origin: &Origin, route: &str, cache: &str) -> TestProxy {
+    let toml = format!(
+        "[[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\nname = \"{route}\"\ncluster = \"o\"\ncache = {cache}\n\
+         [cluster.o]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+        origin.addr
+    );
+    TestProxy::start(&toml).await
+}
+
+#[tokio::test]
+async fn hits_misses_stale_answers_and_coalesced_waits_are_counted() {
+    let origin = Origin::start().await;
+    let p = Arc::new(named_proxy(&origin, "counted", "{ lock_timeout = \"30s\" }").await);
+    let series = |name: &str, result: &str| {
+        let labels = match result {
+            "" => "route=\"counted\"".to_owned(),
+            r => format!("route=\"counted\",result=\"{r}\""),
+        };
+        metric(&p, &format!("sluice_cache_{name}{{{labels}}}"))
+    };
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    ask(&p, "GET", "/no-store", &[]).await;
+    ask(&p, "GET", "/sie", &[]).await;
+    assert_eq!(ask(&p, "GET", "/sie", &[]).await.body, "sie 1");
+    // One request fetches `/gated`; a second waits for it (seen in the counter) and is
+    // answered from what it stored.
+    let first = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { ask(&p, "GET", "/gated", &[]).await }
+    });
+    crate::support::upstream::wait_until("the first request upstream", || {
+        origin.seen("/gated") == 1
+    })
+    .await;
+    let second = tokio::spawn({
+        let p = Arc::clone(&p);
+        async move { ask(&p, "GET", "/gated", &[]).await }
+    });
+    crate::support::upstream::wait_until("the second request waiting", || {
+        series("coalesced_waits_total", "") == Some(1.0)
+    })
+    .await;
+    origin.gate.send_replace(true);
+    assert_eq!(first.await.unwrap().body, "gated 1");
+    let second = second.await.unwrap();
+    assert!(cache_status(&second).contains("collapsed"), "{second:?}");
+    assert_eq!(series("lookups_total", "hit"), Some(2.0));
+    assert_eq!(series("lookups_total", "miss"), Some(5.0));
+    assert_eq!(series("stale_served_total", ""), Some(1.0));
+    assert_eq!(series("coalesced_waits_total", ""), Some(1.0));
+    assert_eq!(series("evictions_total", ""), Some(0.0));
+    let bytes = series("stored_bytes", "").unwrap();
+    assert!(bytes > 0.0, "{bytes}");
+}
+
+#[tokio::test]
+async fn evictions_keep_the_stored_bytes_within_memory() {
+    let origin = Origin::start().await;
+    let p = named_proxy(&origin, "evicting", "{ memory = \"1KiB\" }").await;
+    for path in ["/a", "/b", "/c", "/d", "/e"] {
+        assert_eq!(ask(&p, "GET", path, &[]).await.status, StatusCode::OK);
+    }
+    let evictions = metric(&p, "sluice_cache_evictions_total{route=\"evicting\"}").unwrap();
+    assert!(evictions >= 1.0, "{evictions}");
+    let bytes = metric(&p, "sluice_cache_stored_bytes{route=\"evicting\"}").unwrap();
+    assert!(bytes > 0.0 && bytes <= 1024.0, "{bytes}");
+}
+
+#[tokio::test]
+async fn the_access_log_says_what_the_cache_did() {
+    let origin = Origin::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[access_log]\nformat = \"json\"\npath = \"access.log\"\n\
+         [[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\ncluster = \"o\"\ncache = true\n\
+         [cluster.o]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+        origin.addr
+    );
+    let p = TestProxy::start_in(&toml, dir.path()).await;
+    for _ in 0..2 {
+        assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    }
+    let path = dir.path().join("access.log");
+    let mut lines = Vec::new();
+    crate::support::upstream::wait_until("two lines in the access log", || {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        lines = text.lines().map(str::to_owned).collect();
+        lines.len() >= 2
+    })
+    .await;
+    let status = |line: &str| {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        v["cache_status"].as_str().map(str::to_owned)
+    };
+    assert_eq!(
+        status(&lines[0]).as_deref(),
+        Some("Sluice; fwd=miss; stored")
+    );
+    assert_eq!(status(&lines[1]).as_deref(), Some("Sluice; hit"));
+}
+
+/// `POST /routes/{name}/cache/purge` on `p`'s admin API with `token`; the status and body.
+async fn purge(p: &TestProxy, route: &str, token: Option<&str>, body: &str) -> Reply {
+    let admin = p.admin.unwrap();
+    let mut req = Request::builder()
+        .method("POST")
+        .uri(format!("http://{admin}/routes/{route}/cache/purge"))
+        .header("content-type", "application/json");
+    if let Some(token) = token {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let body = Full::new(Bytes::from(body.to_owned()));
+    send(&client(), req.body(body).unwrap()).await
+}
+
+#[tokio::test]
+async fn the_admin_api_purges_a_key_or_a_prefix_with_the_token() {
+    let origin = Origin::start().await;
+    let toml = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"purge-s3cret\"\n\
+         [[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n\
+         [[route]]\nname = \"c\"\ncluster = \"o\"\ncache = true\n\
+         [cluster.o]\nkind = \"static\"\nendpoints = [\"{}\"]\n",
+        origin.addr
+    );
+    let p = TestProxy::start(&toml).await;
+    for path in ["/fresh", "/img/a", "/img/b", "/fresh"] {
+        assert_eq!(ask(&p, "GET", path, &[]).await.body, "fresh 1", "{path}");
+    }
+    let token = Some("purge-s3cret");
+    let key = r#"{"key": "http://a.example/fresh"}"#;
+    assert_eq!(purge(&p, "c", None, key).await.status, 401);
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    let purged = purge(&p, "c", token, key).await;
+    assert_eq!(purged.status, StatusCode::OK, "{purged:?}");
+    assert!(purged.body.contains("\"purged\":1"), "{purged:?}");
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 2");
+    assert_eq!(ask(&p, "GET", "/img/a", &[]).await.body, "fresh 1");
+    let prefix = r#"{"prefix": "http://a.example/img/"}"#;
+    let purged = purge(&p, "c", token, prefix).await;
+    assert!(purged.body.contains("\"purged\":2"), "{purged:?}");
+    assert_eq!(ask(&p, "GET", "/img/a", &[]).await.body, "fresh 2");
+    assert_eq!(ask(&p, "GET", "/img/b", &[]).await.body, "fresh 2");
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 2");
+    for (route, body, status) in [
+        ("c", r#"{"key": "a", "prefix": "b"}"#, 400),
+        ("c", r#"{"key": ""}"#, 400),
+        ("c", "not json", 400),
+        ("nope", key, 404),
+    ] {
+        let r = purge(&p, route, token, body).await;
+        assert_eq!(r.status.as_u16(), status, "{route} {body}: {r:?}");
+        assert!(r.body.contains("error"), "{r:?}");
     }
 }

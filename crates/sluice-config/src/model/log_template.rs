@@ -61,10 +61,13 @@ pub enum LogField {
     Complete,
     /// `{request_id}`: the request's ID (`[request_id]`).
     RequestId,
+    /// `{cache_status}`: the `Cache-Status` a route's cache gave the answer
+    /// (`Sluice; hit`, `Sluice; fwd=miss; stored`, ...).
+    CacheStatus,
 }
 
 /// Every field by its name in a template.
-const FIELDS: [(&str, LogField); 21] = [
+const FIELDS: [(&str, LogField); 22] = [
     ("client", LogField::Client),
     ("client_port", LogField::ClientPort),
     ("time", LogField::Time),
@@ -86,6 +89,7 @@ const FIELDS: [(&str, LogField); 21] = [
     ("referer", LogField::Referer),
     ("complete", LogField::Complete),
     ("request_id", LogField::RequestId),
+    ("cache_status", LogField::CacheStatus),
 ];
 
 impl LogTemplate {

@@ -52,6 +52,7 @@ pub(crate) fn router(state: Arc<AdminState>) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/routes", get(list_routes).post(add_route))
         .route("/routes/{name}", delete(remove_route))
+        .route("/routes/{name}/cache/purge", post(purge_cache))
         .route("/clusters/{cluster}/endpoints", post(add_endpoint))
         .route("/relays/{name}/pool", post(set_relay_pool))
         .route(
@@ -715,6 +716,52 @@ async fn remove_route(
     match routes.remove(&name) {
         Ok(spec) => Json(json!({ "removed": spec })).into_response(),
         Err(e) => route_error(&e),
+    }
+}
+
+/// `POST /routes/{name}/cache/purge`: `{"key": "https://host/path?query"}` removes one key
+/// (with its variants), `{"prefix": "https://host/img/"}` every key that starts with it.
+async fn purge_cache(
+    _: Authorized,
+    State(state): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    body: Result<Json<serde_json::Value>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Some(routes) = &state.routes else {
+        return no_routes();
+    };
+    let what = match body.map_err(|e| e.to_string()).and_then(parse_purge) {
+        Ok(what) => what,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let Some(route) = routes.named(&name) else {
+        return error(StatusCode::NOT_FOUND, &format!("no route {name:?}"));
+    };
+    match crate::cache::purge(route.registered(), &what) {
+        Some(purged) => Json(json!({ "route": name, "purged": purged })).into_response(),
+        None => error(
+            StatusCode::CONFLICT,
+            &format!("route {name:?} has no cache (its `cache` is off)"),
+        ),
+    }
+}
+
+/// The body of a purge: exactly one of `key` and `prefix`, a non-empty string.
+fn parse_purge(Json(body): Json<serde_json::Value>) -> Result<crate::cache::Purge, String> {
+    use crate::cache::Purge;
+    let expected =
+        "expected {\"key\": \"https://host/path?query\"} or {\"prefix\": \"https://host/path\"}";
+    let object = body.as_object().filter(|o| o.len() == 1).ok_or(expected)?;
+    let text = |v: &serde_json::Value| {
+        v.as_str()
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .ok_or(expected)
+    };
+    match object.iter().next() {
+        Some((k, v)) if k == "key" => Ok(Purge::Key(text(v)?)),
+        Some((k, v)) if k == "prefix" => Ok(Purge::Prefix(text(v)?)),
+        _ => Err(expected.to_owned()),
     }
 }
 

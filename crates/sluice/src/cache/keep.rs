@@ -98,6 +98,7 @@ impl Miss {
         let error = matches!(head.status.as_u16(), 500 | 502 | 503 | 504);
         let req = rules::request_directives(&self.fields);
         (error && rules::stale_if_error(stale, &req, times.1)).then(|| {
+            self.cache.counters.stale.inc();
             let status = format!("fwd=stale; fwd-status={}", head.status.as_u16());
             hit(stale, &self.fields, times.1, &status)
         })
@@ -120,6 +121,7 @@ impl Keep for Miss {
         let req = rules::request_directives(&self.fields);
         let served = rules::stale_if_error(&stale, &req, now);
         served.then(|| {
+            self.cache.counters.stale.inc();
             hit(
                 &stale,
                 &self.fields,

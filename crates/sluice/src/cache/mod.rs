@@ -20,6 +20,9 @@
 //! the build (hickory's resolver cache), so it adds no dependency.
 
 mod keep;
+mod metrics;
+
+pub(crate) use metrics::register;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,10 +51,12 @@ pub(crate) const REGISTRATION: Registration = Registration {
     wanted: |route| route.cache.is_some(),
     build: |route, kept| {
         let config = route.cache.as_ref()?;
-        let same = kept.filter(|k| downcast::<Cache>(k).is_some_and(|c| c.config == *config));
+        let same = kept.filter(|k| {
+            downcast::<Cache>(k).is_some_and(|c| c.config == *config && c.route == route.name)
+        });
         match same {
             Some(kept) => Some(Arc::clone(kept)),
-            None => Some(Arc::new(Cache::new(config)) as Arc<dyn RouteFeature>),
+            None => Some(Arc::new(Cache::new(&route.name, config)) as Arc<dyn RouteFeature>),
         }
     },
 };
@@ -72,8 +77,8 @@ impl std::ops::Deref for Cache {
 }
 
 impl Cache {
-    pub(crate) fn new(config: &sluice_config::Cache) -> Self {
-        Self(Arc::new(Store::new(config)))
+    pub(crate) fn new(route: &str, config: &sluice_config::Cache) -> Self {
+        Self(Arc::new(Store::new(route, config)))
     }
 
     /// The store, for a request's [`Keep`].
@@ -85,6 +90,9 @@ impl Cache {
 /// One route's store and the fetches under way.
 pub(crate) struct Store {
     config: sluice_config::Cache,
+    /// The route's name, which its counters are labelled by.
+    route: String,
+    counters: metrics::Counters,
     store: moka::sync::Cache<String, Variants>,
     /// The keys being fetched with nothing stored, each with the fetch's end to wait for.
     filling: Mutex<HashMap<String, Arc<Fill>>>,
@@ -109,19 +117,33 @@ struct Fill {
 }
 
 impl Store {
-    fn new(config: &sluice_config::Cache) -> Self {
+    fn new(route: &str, config: &sluice_config::Cache) -> Self {
+        let counters = metrics::Counters::new(route);
+        let evictions = counters.evictions.clone();
         let store = moka::sync::Cache::builder()
             .max_capacity(config.memory)
-            .weigher(|_: &String, v: &Variants| {
-                let bytes: usize = v.iter().map(|s| s.weight()).sum();
-                u32::try_from(bytes).unwrap_or(u32::MAX)
+            .weigher(|_: &String, v: &Variants| weight(v))
+            .eviction_listener(move |_, _, cause| {
+                if cause.was_evicted() {
+                    evictions.inc();
+                }
             })
             .build();
         Self {
             config: config.clone(),
+            route: route.to_owned(),
+            counters,
             store,
             filling: Mutex::default(),
         }
+    }
+
+    /// Brings the store's size (and its evictions) up to date and shows it. Called after a
+    /// change, which follows an upstream fetch: its cost is small beside the fetch's.
+    fn settle(&self) {
+        self.store.run_pending_tasks();
+        let bytes = i64::try_from(self.store.weighted_size()).unwrap_or(i64::MAX);
+        self.counters.bytes.set(bytes);
     }
 
     /// The stored variant of `key` for a request with these fields.
@@ -139,10 +161,33 @@ impl Store {
             variants.extend(others.take(15).cloned());
         }
         self.store.insert(key.to_owned(), Arc::new(variants));
+        self.settle();
     }
 
     fn invalidate(&self, key: &str) {
         self.store.invalidate(key);
+        self.settle();
+    }
+
+    /// Removes what `what` names; how many keys (each with its variants) it removed.
+    fn purge(&self, what: &Purge) -> u64 {
+        let purged = match what {
+            Purge::Key(key) => u64::from(self.store.remove(key.as_str()).is_some()),
+            Purge::Prefix(prefix) => {
+                let keys: Vec<Arc<String>> = self
+                    .store
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(prefix.as_str()))
+                    .map(|(k, _)| k)
+                    .collect();
+                let removed = keys
+                    .iter()
+                    .filter(|k| self.store.remove(k.as_str()).is_some());
+                removed.count() as u64
+            }
+        };
+        self.settle();
+        purged
     }
 
     fn filling(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Fill>>> {
@@ -196,12 +241,40 @@ impl Store {
         let mut done = fill.done.subscribe();
         let waited = tokio::time::timeout(self.config.lock_timeout, done.wait_for(|d| *d));
         drop(waited.await);
-        let stored = self.lookup(&key, fields)?;
         let now = SystemTime::now();
         let req = rules::request_directives(fields);
-        (rules::usable(&stored, &req, now) == Use::Fresh)
-            .then(|| hit(&stored, fields, now, "hit; collapsed"))
+        let stored = self.lookup(&key, fields);
+        let fresh = stored.filter(|s| rules::usable(s, &req, now) == Use::Fresh);
+        let answer = fresh.map(|s| hit(&s, fields, now, "hit; collapsed"));
+        let counter = match answer {
+            Some(_) => &self.counters.hits,
+            None => &self.counters.misses,
+        };
+        counter.inc();
+        answer
     }
+}
+
+/// What `variants` weigh against the store's `memory`.
+fn weight(variants: &Variants) -> u32 {
+    let bytes: usize = variants.iter().map(|s| s.weight()).sum();
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// What a purge removes: one key (`https://host/path?query`, as requests are keyed), or
+/// every key that starts with a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Purge {
+    Key(String),
+    Prefix(String),
+}
+
+/// Purges `what` from the cache among a route's `features`: how many keys it removed, `None`
+/// when the route has no cache.
+pub(crate) fn purge(features: &[Arc<dyn RouteFeature>], what: &Purge) -> Option<u64> {
+    let mut features = features.iter();
+    let cache = features.find_map(|f| downcast::<Cache>(f))?;
+    Some(cache.purge(what))
 }
 
 /// A fetch this request started (held by its [`Keep`]): ended when it is dropped.
@@ -265,9 +338,35 @@ impl RouteFeature for Cache {
         let stored = self.lookup(&key, asked.fields);
         if let Some(stored) = &stored {
             if rules::usable(stored, &req, now) == Use::Fresh {
+                self.counters.hits.inc();
                 return Verdict::Answer(hit(stored, asked.fields, now, "hit"));
             }
         }
+        // Only a plain GET of a key with nothing stored waits for another's fetch; a wait
+        // counts its lookup once it has waited, every other request here misses.
+        let coalesced = stored.is_none() && *asked.method == Method::GET && !req.no_cache;
+        let waits = coalesced && !req.no_store && !req.only_if_cached;
+        let fill = waits.then(|| self.join_or_start(&key)).flatten();
+        let Some(fill) = fill else {
+            self.counters.misses.inc();
+            return self.missed(&req);
+        };
+        self.counters.coalesced.inc();
+        let fields = asked.fields;
+        Verdict::Check(Box::pin(
+            async move { Ok(self.wait(fill, key, fields).await) },
+        ))
+    }
+
+    fn keep(&self, asked: &Asked<'_>) -> Option<Box<dyn Keep>> {
+        keep::keep(self, asked)
+    }
+}
+
+impl Cache {
+    /// A request with nothing fresh stored: `504` if it asked `only-if-cached`, else it goes
+    /// upstream.
+    fn missed<'a>(&self, req: &rules::Directives) -> Verdict<'a> {
         if req.only_if_cached {
             let status = (
                 CACHE_STATUS.clone(),
@@ -275,24 +374,7 @@ impl RouteFeature for Cache {
             );
             return Verdict::Answer(Answer::bare(StatusCode::GATEWAY_TIMEOUT, vec![status]));
         }
-        // Only a plain GET of a key with nothing stored waits for another's fetch.
-        let coalesced = stored.is_none() && *asked.method == Method::GET && !req.no_cache;
-        if !coalesced || req.no_store {
-            return Verdict::Pass;
-        }
-        match self.join_or_start(&key) {
-            None => Verdict::Pass,
-            Some(fill) => {
-                let fields = asked.fields;
-                Verdict::Check(Box::pin(
-                    async move { Ok(self.wait(fill, key, fields).await) },
-                ))
-            }
-        }
-    }
-
-    fn keep(&self, asked: &Asked<'_>) -> Option<Box<dyn Keep>> {
-        keep::keep(self, asked)
+        Verdict::Pass
     }
 }
 

@@ -142,6 +142,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("sluice");
         crate::global_limit::register(&mut registry);
+        crate::cache::register(&mut registry);
         let requests = Family::default();
         registry.register(
             "requests",

@@ -58,8 +58,20 @@ impl Observers {
         route: Option<&Route>,
         trace: Option<&RequestTrace>,
     ) {
+        self.record_answered(entry, None, route, trace);
+    }
+
+    /// [`Self::record`] of an answer a route's cache gave `cache_status` (its `Cache-Status`):
+    /// hyper's path, which serves every cached route.
+    pub(crate) fn record_answered(
+        &self,
+        entry: &Entry<'_>,
+        cache_status: Option<&str>,
+        route: Option<&Route>,
+        trace: Option<&RequestTrace>,
+    ) {
         if let Some(log) = &self.access_log {
-            log.record(entry);
+            log.record(entry, cache_status);
         }
         if let Some((tracing, trace)) = self.sampled(trace) {
             tracing.finish(trace, entry, route);

@@ -138,6 +138,13 @@ impl LiveRoutes {
         self.current.store(Arc::new(entries(config, table)));
     }
 
+    /// The route named `name`, as requests get it now.
+    pub(crate) fn named(&self, name: &str) -> Option<Arc<Route>> {
+        let routes = self.current.load();
+        let entry = routes.iter().find(|e| e.spec.name == name)?;
+        Some(Arc::clone(&entry.route))
+    }
+
     /// The routes in match order.
     pub(crate) fn list(&self) -> Vec<RouteSpec> {
         self.current.load().iter().map(|e| e.spec.clone()).collect()
