@@ -220,6 +220,14 @@ endpoints = [%q]
 	if res.StatusCode != 200 {
 		t.Fatalf("a request through sluice: %d", res.StatusCode)
 	}
+	// A request is counted when its answer has been written, which the client may see
+	// first: wait (10 s at most) until it is, so that a loaded machine reads the same.
+	for i := 0; i < 100; i++ {
+		if _, body := scrape(t, admin, ""); strings.Contains(body, "sluice_requests_total{") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	return admin
 }
 
