@@ -129,6 +129,7 @@ pub(crate) struct RawListener {
     pub(crate) http3_retry: Option<Spanned<bool>>,
     pub(crate) http3_max_streams: Option<Spanned<u32>>,
     pub(crate) fast_path: Option<bool>,
+    pub(crate) own_http2: Option<bool>,
     pub(crate) request_header_timeout: Option<Timeout>,
     pub(crate) client_body_timeout: Option<Timeout>,
     pub(crate) idle_timeout: Option<Timeout>,

@@ -58,6 +58,8 @@ pub(super) struct Settings {
     pub(super) alt_svc: Option<http::HeaderValue>,
     /// The same, as the fields the fast path puts on its answers.
     pub(super) fields: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Serves HTTP/2 connections instead of hyper, when set (`own_http2`).
+    pub(super) own_h2: Option<Arc<dyn crate::h2own::Pipeline>>,
 }
 
 impl Settings {
@@ -90,6 +92,7 @@ impl Settings {
             client,
             alt_svc: None,
             fields: Vec::new(),
+            own_h2: None,
         }
     }
 }
@@ -159,6 +162,11 @@ pub(super) fn serve<S: HttpService>(
                     Err(e) => break 'plain Err(e.into()),
                 };
                 if h2 {
+                    if let Some(own) = &settings.own_h2 {
+                        let given = own_given(own, peer, &active, &settings);
+                        let served = crate::h2own::serve(io, given, &signal, first);
+                        break 'plain Box::pin(served).await;
+                    }
                     let svc = ConnService::new(
                         service,
                         peer.info(&settings),
@@ -307,6 +315,22 @@ fn poll_first<I: AsyncRead + Unpin>(io: &mut I, cx: &mut Context<'_>) -> Poll<Op
     poll_read_first(io, cx, |bytes| first = Some(bytes.to_vec())).map(|_| first)
 }
 
+/// What the own HTTP/2 transport is given with a connection.
+fn own_given<'a>(
+    pipeline: &'a Arc<dyn crate::h2own::Pipeline>,
+    peer: Peer,
+    active: &'a Arc<ActiveRequests>,
+    settings: &'a Settings,
+) -> crate::h2own::Given<'a> {
+    crate::h2own::Given {
+        pipeline,
+        info: peer.info(settings),
+        http: &settings.http,
+        active,
+        fields: &settings.fields,
+    }
+}
+
 /// A client stream served over HTTP/1.1, and the [`IdleTimeout`] that bounds its waits.
 trait Timed: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn timeout(&mut self) -> &mut IdleTimeout<TcpStream>;
@@ -347,6 +371,10 @@ async fn serve_tls<S: HttpService>(
         }
     };
     if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+        if let Some(own) = &settings.own_h2 {
+            let given = own_given(own, peer, &active, settings);
+            return Box::pin(crate::h2own::serve(tls, given, signal, Vec::new())).await;
+        }
         let svc = ConnService::new(
             service,
             peer.info(settings),

@@ -16,6 +16,8 @@
 //!   (quinn and h3), handing the same service the requests.
 //! - `fast`: [`fast::FastHttp1`], the trait a fast path implements to take HTTP/1.1
 //!   connections until it hands them to hyper.
+//! - `h2own`: the own HTTP/2 transport (`own_http2`): frames and HPACK (`sluice-h2`) over the
+//!   connection's bytes, no task per stream, each request handed to a [`h2own::Pipeline`].
 //! - `conn`, `framing`, `prefixed`, `active`, `carrier`, `per_client`, `service`: one
 //!   connection served by hyper (the h2 preface sniffed, the framing guard, a connection's
 //!   requests, upgrades, limits per client, the service trait).
@@ -28,6 +30,7 @@ pub mod fast;
 #[macro_use]
 mod forward;
 mod framing;
+pub mod h2own;
 #[cfg(feature = "http3")]
 pub mod http3;
 pub mod io;
@@ -75,6 +78,8 @@ pub struct Server {
     bytes: Option<crate::counters::ByteCounters>,
     connections: crate::counters::ConnectionCounters,
     fast: Option<Arc<dyn fast::FastHttp1>>,
+    /// The own HTTP/2 transport's pipeline (`own_http2`).
+    own_h2: Option<Arc<dyn h2own::Pipeline>>,
     /// The `Alt-Svc` field its answers carry (HTTP/3 offered on a UDP port).
     alt_svc: Option<http::HeaderValue>,
 }
@@ -111,6 +116,7 @@ impl Server {
             bytes: None,
             connections: Default::default(),
             fast: None,
+            own_h2: None,
             alt_svc: None,
         }
     }
@@ -123,6 +129,14 @@ impl Server {
     /// always hyper's. By default a server has no fast path.
     pub fn with_fast_path(mut self, fast: Arc<dyn fast::FastHttp1>) -> Self {
         self.fast = Some(fast);
+        self
+    }
+
+    /// Serves HTTP/2 clients with the own HTTP/2 transport and `pipeline` (the proxy's,
+    /// [`ProxyService`'s](crate::h2own::Pipeline)) when the listener's `own_http2` is on, and
+    /// only for the service it belongs to (as [`with_fast_path`](Self::with_fast_path)).
+    pub fn with_own_http2(mut self, pipeline: Arc<dyn h2own::Pipeline>) -> Self {
+        self.own_h2 = Some(pipeline);
         self
     }
 
@@ -193,6 +207,7 @@ impl Server {
         settings.bytes = self.bytes.clone();
         settings.tls_failures = self.connections.tls_failures.clone();
         settings.fast = self.fast_path_for::<S>();
+        settings.own_h2 = self.own_http2_for::<S>();
         settings.alt_svc = self.alt_svc.clone();
         settings.fields = (self.alt_svc.iter())
             .map(|v| (http::header::ALT_SVC, v.clone()))
@@ -264,6 +279,28 @@ impl Server {
             return None;
         }
         Some(fast)
+    }
+}
+
+impl Server {
+    /// The own HTTP/2 transport, if the listener has it on and it belongs to the service `S`.
+    fn own_http2_for<S: 'static>(&self) -> Option<Arc<dyn h2own::Pipeline>> {
+        let own = self.own_h2.clone().filter(|_| own_http2_on(&self.http))?;
+        if own.service_type() != std::any::TypeId::of::<S>() {
+            warn!(listener = %self.name, "the own HTTP/2 transport is off here: the service served is not the proxy it belongs to (wrapped in tower layers?), and the layers must see every request");
+            return None;
+        }
+        Some(own)
+    }
+}
+
+/// The listener's `own_http2`, unless `SLUICE_OWN_HTTP2` is `0` or `1`: the test command runs
+/// the proxy's suites with it on as well.
+fn own_http2_on(http: &HttpOptions) -> bool {
+    match std::env::var("SLUICE_OWN_HTTP2").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => http.own_http2,
     }
 }
 

@@ -365,8 +365,11 @@ impl Proxy {
             tokio::spawn(admin::serve(listener, Arc::new(state), group.signal()));
         }
         let fast: Arc<dyn sluice_server::fast::FastHttp1> = Arc::new(self.service.fast_path());
+        let own_h2: Arc<dyn sluice_server::h2own::Pipeline> = Arc::new(self.service.clone());
         for server in self.servers {
-            let server = server.with_fast_path(fast.clone());
+            let server = server
+                .with_fast_path(fast.clone())
+                .with_own_http2(Arc::clone(&own_h2));
             group.add(server, self.service.clone(), self.grace);
         }
         for endpoint in std::mem::take(&mut self.quic) {

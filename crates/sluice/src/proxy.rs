@@ -325,6 +325,18 @@ impl<R: Routing, B: Into<RequestBody> + Send + 'static> tower_service::Service<R
     }
 }
 
+/// The own HTTP/2 transport hands each request to the one pipeline, as every transport does.
+impl<R: Routing> sluice_server::h2own::Pipeline for ProxyService<R> {
+    fn call(&self, req: Request<RequestBody>) -> sluice_server::h2own::Answering {
+        let this = self.clone();
+        Box::pin(async move { this.handle(req).await })
+    }
+
+    fn service_type(&self) -> std::any::TypeId {
+        std::any::TypeId::of::<Self>()
+    }
+}
+
 /// The host the client asked for: the URI authority (HTTP/2, absolute-form) or Host header,
 /// lowercase, without the port. Borrowed unless it had to be lowercased.
 fn request_host(req: &Request<RequestBody>) -> Option<Cow<'_, str>> {
