@@ -3,7 +3,8 @@ and start-up) offering h2 by ALPN, and forwards over HTTP/1.1 keep-alive to its 
 backend. The load is h2load (Debian's nghttp2-client): CONNECTIONS connections with STREAMS
 concurrent streams each, rounds interleaved. What counts is the proxy's CPU per request, as a
 ratio to NGINX's and HAProxy's in the same round. `sluice-h2-b` is a second, identical Sluice:
-the A/A pair."""
+the A/A pair. `sluice-h2own` is Sluice with its own HTTP/2 transport (`own_http2 = true`); the
+other two are on hyper's."""
 
 import dataclasses
 import re
@@ -12,7 +13,7 @@ import subprocess
 from . import load, tls
 from .procs import LOAD_CPU, Group, cpu_times, sample_proc
 
-TARGETS = ("sluice-h2", "sluice-h2-b", "nginx-h2", "haproxy-h2")
+TARGETS = ("sluice-h2", "sluice-h2-b", "sluice-h2own", "nginx-h2", "haproxy-h2")
 KEY = "ecdsa"
 CONNECTIONS = 4
 STREAMS = 100  # HAProxy's default tune.h2.max-concurrent-streams; NGINX's is 128, hyper's 200

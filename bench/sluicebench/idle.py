@@ -25,7 +25,8 @@ from .procs import LOAD_CPU, PROXY_CPU, Group, free_port, only_child, wait_port
 from .targets import Backend, Target
 
 MODES = ("plain", "tls", "h2")
-PROXIES = ("sluice", "sluice-hyper", "nginx", "haproxy")
+# `sluice-h2own` (HTTP/2 only) has its own HTTP/2 transport on (`own_http2`).
+PROXIES = ("sluice", "sluice-hyper", "sluice-h2own", "nginx", "haproxy")
 WARMUP = 256
 # Every timeout that would close an idle connection (Sluice's header timeout is also its
 # keep-alive wait, 10 s by default) is set well above how long a round holds them.
@@ -45,7 +46,8 @@ def idle(b):
     out = {"connections": n, "warmup": WARMUP, "rounds": rounds, "modes": {}}
     pem = tls._certificate(b.work, "ecdsa")
     for mode in MODES:
-        ts = [t for t in names() if not (mode == "h2" and "hyper" in t)]
+        ts = [t for t in names() if not (mode == "h2" and "hyper" in t)
+              and not (mode != "h2" and "h2own" in t)]
         runs = out["modes"][mode] = {t: [] for t in ts}
         for r in range(rounds):
             for name in ts[r % len(ts):] + ts[:r % len(ts)]:
@@ -158,6 +160,7 @@ listen = "127.0.0.1:{port}"
 {listener}request_header_timeout = "{IDLE_TIMEOUT_S}s"
 idle_timeout = "{IDLE_TIMEOUT_S}s"
 fast_path = {"false" if "hyper" in name else "true"}
+own_http2 = {"true" if "h2own" in name else "false"}
 
 [[route]]
 cluster = "{targets.SERVICE}"

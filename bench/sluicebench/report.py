@@ -403,7 +403,8 @@ def _h2(s):
              "same round's NGINX or HAProxy. New upstream conns: those the backend accepted in a run; "
              "up to connections x streams per run even with keep-alive, as h2load's stop cuts "
              "off the streams in flight and an HTTP/1.1 connection with a request cut off is "
-             "closed. `sluice-h2-b` is an identical second Sluice (A/A).",
+             "closed. `sluice-h2-b` is an identical second Sluice (A/A); `sluice-h2own` is "
+             "Sluice with its own HTTP/2 transport (`own_http2 = true`).",
              "", "| target | rps | CPU us/req | vs nginx-h2 (CPU) | vs haproxy-h2 (CPU) "
              "| mean ms | max ms | new upstream conns | errors | load CPU busy |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -421,6 +422,11 @@ def _h2(s):
         a, b = runs["sluice-h2-b"], runs["sluice-h2"]
         lines += ["", f"A/A, sluice-h2-b / sluice-h2: rps {median_range(ratios(a, b, rps), 2)}, "
                   f"CPU/req {median_range(ratios(a, b, cpu), 2)}."]
+    if {"sluice-h2", "sluice-h2own"} <= set(runs):
+        a, b = runs["sluice-h2own"], runs["sluice-h2"]
+        lines += ["", f"Own transport, sluice-h2own / sluice-h2: rps "
+                  f"{median_range(ratios(a, b, rps), 2)}, CPU/req "
+                  f"{median_range(ratios(a, b, cpu), 2)}."]
     return lines + [""]
 
 

@@ -90,6 +90,7 @@ name = "bench"
 listen = "127.0.0.1:{port}"
 tls = {{ cert = "{cert}", key = "{priv}" }}
 http2 = {"true" if h2 else "false"}
+own_http2 = {"true" if "h2own" in name else "false"}
 
 [[listener]]
 name = "plain"

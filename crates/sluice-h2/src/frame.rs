@@ -379,3 +379,112 @@ pub fn write_headers(out: &mut Vec<u8>, stream: u32, block: &[u8], end: bool, ma
         out.extend_from_slice(chunk);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn one(bytes: &[u8]) -> Result<Frame<'_>, Error> {
+        let head = Head::parse(bytes).unwrap();
+        parse(head, &bytes[HEAD_LEN..])
+    }
+
+    #[test]
+    fn what_a_server_writes_parses_back() {
+        let mut out = Vec::new();
+        write_settings(&mut out, false, &[(setting::INITIAL_WINDOW_SIZE, 1)]);
+        assert_eq!(
+            one(&out).unwrap(),
+            Frame::Settings {
+                ack: false,
+                params: vec![(setting::INITIAL_WINDOW_SIZE, 1)]
+            }
+        );
+        let mut out = Vec::new();
+        write_data(&mut out, 3, b"abc", true);
+        assert_eq!(
+            one(&out).unwrap(),
+            Frame::Data {
+                stream: 3,
+                end: true,
+                data: b"abc",
+                flow: 3
+            }
+        );
+        let mut out = Vec::new();
+        write_headers(&mut out, 5, &[1u8; 40_000], false, DEFAULT_MAX_FRAME);
+        let head = Head::parse(&out).unwrap();
+        assert_eq!((head.kind, head.len), (kind::HEADERS, DEFAULT_MAX_FRAME));
+        assert!(!head.has(flag::END_HEADERS), "continued");
+    }
+
+    #[test]
+    fn frames_that_break_section_6_are_errors_of_the_right_kind() {
+        let mut out = Vec::new();
+        write_head(&mut out, 0, kind::DATA, 0, 0);
+        assert_eq!(
+            one(&out),
+            Err(Error::Connection(Reason::PROTOCOL_ERROR)),
+            "DATA on 0"
+        );
+        let mut out = Vec::new();
+        write_head(&mut out, 3, kind::DATA, flag::PADDED, 1);
+        out.extend_from_slice(&[3, 0, 0]);
+        assert_eq!(
+            one(&out),
+            Err(Error::Connection(Reason::PROTOCOL_ERROR)),
+            "padding"
+        );
+        let mut out = Vec::new();
+        write_head(&mut out, 4, kind::PRIORITY, 0, 1);
+        out.extend_from_slice(&[0; 4]);
+        assert_eq!(
+            one(&out),
+            Err(Error::Stream(1, Reason::FRAME_SIZE_ERROR)),
+            "PRIORITY 4"
+        );
+        let mut out = Vec::new();
+        write_head(&mut out, 5, kind::PRIORITY, 0, 1);
+        out.extend_from_slice(&[0, 0, 0, 1, 0]);
+        assert_eq!(
+            one(&out),
+            Err(Error::Stream(1, Reason::PROTOCOL_ERROR)),
+            "on itself"
+        );
+        let mut out = Vec::new();
+        write_head(&mut out, 6, kind::SETTINGS, flag::ACK, 0);
+        out.extend_from_slice(&[0; 6]);
+        assert_eq!(
+            one(&out),
+            Err(Error::Connection(Reason::FRAME_SIZE_ERROR)),
+            "ACK payload"
+        );
+        let mut out = Vec::new();
+        write_settings(
+            &mut out,
+            false,
+            &[(setting::INITIAL_WINDOW_SIZE, MAX_WINDOW + 1)],
+        );
+        assert_eq!(
+            one(&out),
+            Err(Error::Connection(Reason::FLOW_CONTROL_ERROR)),
+            "window"
+        );
+        let mut out = Vec::new();
+        write_window_update(&mut out, 7, 0);
+        assert_eq!(
+            one(&out),
+            Err(Error::Stream(7, Reason::PROTOCOL_ERROR)),
+            "increment 0"
+        );
+        let mut out = Vec::new();
+        write_head(&mut out, 0, kind::PUSH_PROMISE, 0, 1);
+        assert_eq!(
+            one(&out),
+            Err(Error::Connection(Reason::PROTOCOL_ERROR)),
+            "push"
+        );
+    }
+}

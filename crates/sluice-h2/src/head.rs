@@ -248,3 +248,101 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Refused> {
     }
     Ok(length)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn fields(list: &[(&str, &str)]) -> Fields {
+        let mut fields = Fields::new(16 * 1024);
+        for (n, v) in list {
+            fields.field(n.as_bytes(), v.as_bytes());
+        }
+        fields
+    }
+
+    const GET: &[(&str, &str)] = &[
+        (":method", "GET"),
+        (":scheme", "https"),
+        (":authority", "example.test:8443"),
+        (":path", "/a?b=c"),
+    ];
+
+    #[test]
+    fn a_request_is_made_with_its_target_and_fields() {
+        let mut list = GET.to_vec();
+        list.extend([("cookie", "a=1"), ("x-one", "1"), ("cookie", "b=2")]);
+        let (req, length) = fields(&list).request().unwrap();
+        assert_eq!(req.method(), Method::GET);
+        assert_eq!(req.uri().to_string(), "https://example.test:8443/a?b=c");
+        assert_eq!(req.version(), http::Version::HTTP_2);
+        assert_eq!(
+            req.headers()["cookie"],
+            "a=1; b=2",
+            "crumbs joined (RFC 9113 §8.2.3)"
+        );
+        assert_eq!(length, None);
+    }
+
+    #[test]
+    fn each_rule_of_section_8_refuses_the_request() {
+        let with = |extra: (&'static str, &'static str)| {
+            let mut list = GET.to_vec();
+            list.push(extra);
+            list
+        };
+        let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+            ("uppercase", with(("X-A", "1"))),
+            ("connection", with(("connection", "close"))),
+            ("te", with(("te", "gzip"))),
+            ("unknown pseudo", with((":protocol", "x"))),
+            ("pseudo twice", with((":path", "/b"))),
+            ("NUL", with(("x-a", "a\0b"))),
+            ("leading space", with(("x-a", " a"))),
+            ("trailing tab", with(("x-a", "a\t"))),
+            ("host differs", with(("host", "other.test"))),
+            ("content-length", with(("content-length", "1x"))),
+            ("no path", GET[..3].to_vec()),
+            (
+                "empty path",
+                vec![(":method", "GET"), (":scheme", "http"), (":path", "")],
+            ),
+            (
+                "relative path",
+                vec![(":method", "GET"), (":scheme", "http"), (":path", "a")],
+            ),
+            (
+                "connect with path",
+                vec![
+                    (":method", "CONNECT"),
+                    (":authority", "a:1"),
+                    (":path", "/"),
+                ],
+            ),
+        ];
+        for (name, list) in cases {
+            assert!(
+                matches!(fields(&list).request(), Err(Refused::Malformed(_))),
+                "{name}"
+            );
+        }
+        let mut list = GET.to_vec();
+        list.push(("x-big", "v"));
+        let mut small = Fields::new(100);
+        for (n, v) in &list {
+            small.field(n.as_bytes(), v.as_bytes());
+        }
+        assert_eq!(small.request().unwrap_err(), Refused::TooLarge);
+    }
+
+    #[test]
+    fn trailers_take_regular_fields_only() {
+        assert_eq!(
+            fields(&[("grpc-status", "0")]).trailers().unwrap()["grpc-status"],
+            "0"
+        );
+        assert!(fields(&[(":path", "/")]).trailers().is_err());
+    }
+}

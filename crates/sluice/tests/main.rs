@@ -21,6 +21,7 @@ mod features;
 mod grpc;
 mod h1_differential;
 mod h1_responses;
+mod h2_own;
 mod handoff;
 mod hot_restart;
 mod http3;

@@ -96,3 +96,27 @@ where
     })
     .await
 }
+
+/// Serves one HTTP/2 connection on `io` (its preface not read yet) with `pipeline`, until it
+/// ends, or, once `signal` fires, until the streams it has are finished (GOAWAY sent): the
+/// transport without a listener, for a framework user's own sockets and for fuzzing.
+pub async fn serve_connection<I>(
+    io: I,
+    pipeline: Arc<dyn Pipeline>,
+    http: &HttpOptions,
+    info: ClientInfo,
+    signal: &ShutdownSignal,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let active = Arc::new(ActiveRequests::with_limit(http.max_requests_per_connection));
+    let given = Given {
+        pipeline: &pipeline,
+        info,
+        http,
+        active: &active,
+        fields: &[],
+    };
+    serve(io, given, signal, Vec::new()).await
+}
