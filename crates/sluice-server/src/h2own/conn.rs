@@ -238,7 +238,11 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
             self.wpos += n;
         }
         if !self.wbuf.is_empty() {
-            self.wbuf = Vec::new();
+            // Kept for the next frames while streams are open; an idle connection keeps none.
+            match self.streams.is_empty() {
+                true => self.wbuf = Vec::new(),
+                false => self.wbuf.clear(),
+            }
             self.wpos = 0;
         }
         Pin::new(&mut self.io).poll_flush(cx)
@@ -257,20 +261,34 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
                 return Poll::Ready(Ok(()));
             }
         }
+        if self.rbuf.is_empty() {
+            // The usual case: frames acted on where they were read, a partial one kept.
+            let read = buf.filled();
+            let used = self.act(read, cx);
+            if used < read.len() {
+                self.rbuf = read[used..].to_vec();
+            }
+            return Poll::Ready(Ok(()));
+        }
         let mut bytes = std::mem::take(&mut self.rbuf);
         bytes.extend_from_slice(buf.filled());
-        let used = match self.frames(&bytes, cx) {
-            Ok(used) => used,
-            Err(reason) => {
-                self.fail(reason);
-                bytes.len()
-            }
-        };
+        let used = self.act(&bytes, cx);
         if used < bytes.len() {
             bytes.drain(..used);
             self.rbuf = bytes;
         }
         Poll::Ready(Ok(()))
+    }
+
+    /// Acts on what `bytes` holds whole; how much of it was used (all of it, once failed).
+    fn act(&mut self, bytes: &[u8], cx: &mut Context<'_>) -> usize {
+        match self.frames(bytes, cx) {
+            Ok(used) => used,
+            Err(reason) => {
+                self.fail(reason);
+                bytes.len()
+            }
+        }
     }
 
     fn rbuf_has_whole_frame(&self) -> bool {
