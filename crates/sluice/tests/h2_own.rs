@@ -61,13 +61,19 @@ impl Recorder {
     }
 }
 
+/// Where a recorder keeps the requests it saw, and counts the answer bytes it wrote.
+type Records = (
+    Arc<Mutex<Vec<Vec<u8>>>>,
+    Arc<std::sync::atomic::AtomicUsize>,
+);
+
+/// A flood: the bytes of its `i`th repetition.
+type Flood = Box<dyn Fn(u32) -> Vec<u8>>;
+
 /// One upstream connection: request after request, each recorded whole.
 async fn serve_recorded(
     mut conn: TcpStream,
-    (seen, written): (
-        Arc<Mutex<Vec<Vec<u8>>>>,
-        Arc<std::sync::atomic::AtomicUsize>,
-    ),
+    (seen, written): Records,
     response_body: Option<usize>,
 ) {
     let mut buf = Vec::new();
@@ -509,7 +515,7 @@ async fn floods_end_the_connection_with_enhance_your_calm() {
     let proxy = both(upstream.addr, "").await;
     let own = proxy.addrs[1].1;
     let calm = Reason::ENHANCE_YOUR_CALM.0;
-    let floods: Vec<(&str, Box<dyn Fn(u32) -> Vec<u8>>)> = vec![
+    let floods: Vec<(&str, Flood)> = vec![
         (
             "rapid reset",
             Box::new(|i| {
