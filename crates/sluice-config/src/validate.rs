@@ -336,7 +336,7 @@ fn listener(ctx: Ctx<'_>, raw: RawListener) -> Result<Listener, ConfigError> {
         http: HttpOptions {
             http2: raw.http2.unwrap_or(true),
             fast_path: raw.fast_path.unwrap_or(true),
-            own_http2: raw.own_http2.unwrap_or(false),
+            own_http2: raw.own_http2,
             request_header_timeout: raw
                 .request_header_timeout
                 .map_or(DEFAULT_HEADER_TIMEOUT, |t| t.0),

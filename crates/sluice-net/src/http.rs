@@ -17,9 +17,10 @@ pub struct HttpOptions {
     /// Default true.
     pub fast_path: bool,
     /// Serve HTTP/2 clients with Sluice's own HTTP/2 transport (frames and HPACK over the
-    /// connection's bytes, no task per stream) rather than hyper's (the `h2` crate). Default
-    /// false while it is new.
-    pub own_http2: bool,
+    /// connection's bytes, no task per stream) rather than hyper's (the `h2` crate); `None`:
+    /// the default, which `SLUICE_OWN_HTTP2=0|1` sets (the test command runs the suites both
+    /// ways), else the built-in one.
+    pub own_http2: Option<bool>,
     /// Time allowed for a client to send a request's headers. Default 10 s. On HTTP/1.1 the
     /// timer also runs while a keep-alive connection waits for its next request.
     pub request_header_timeout: Duration,
@@ -56,7 +57,7 @@ impl Default for HttpOptions {
         Self {
             http2: true,
             fast_path: true,
-            own_http2: false,
+            own_http2: None,
             request_header_timeout: Duration::from_secs(10),
             client_body_timeout: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(60),

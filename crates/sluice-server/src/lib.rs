@@ -294,13 +294,20 @@ impl Server {
     }
 }
 
-/// The listener's `own_http2`, unless `SLUICE_OWN_HTTP2` is `0` or `1`: the test command runs
-/// the proxy's suites with it on as well.
+/// Whether the own HTTP/2 transport is on by default (a listener's `own_http2` says otherwise).
+pub const OWN_HTTP2_DEFAULT: bool = false;
+
+/// The listener's `own_http2`; where it says nothing, `SLUICE_OWN_HTTP2` (`0` or `1`) or else
+/// the default: the test command runs the proxy's suites both ways, and a test that names a
+/// transport gets it either way.
 fn own_http2_on(http: &HttpOptions) -> bool {
+    if let Some(own) = http.own_http2 {
+        return own;
+    }
     match std::env::var("SLUICE_OWN_HTTP2").as_deref() {
         Ok("0") => false,
         Ok("1") => true,
-        _ => http.own_http2,
+        _ => OWN_HTTP2_DEFAULT,
     }
 }
 
