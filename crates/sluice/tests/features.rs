@@ -3,7 +3,8 @@
 //! a case does not compile — and per registered feature ([`sluice::route_feature::REGISTERED`]
 //! — one registered without a case fails the test by name), each checked over HTTP/1.1 (the
 //! fast path, or with `SLUICE_FAST_PATH=0` hyper's path: the test command runs both),
-//! HTTP/2 and HTTP/3 (a TLS listener's QUIC endpoint). A transport that does not render a
+//! HTTP/2 on hyper's transport and on the own one (`own_http2`), and HTTP/3 (a TLS listener's
+//! QUIC endpoint). A transport that does not render a
 //! feature hands its requests to one that does; none may skip it.
 #![allow(clippy::unwrap_used)]
 
@@ -197,11 +198,11 @@ fn built_in(feature: Feature) -> Case {
     }
 }
 
-/// A proxy with one route to `upstream` with `keys`; `quic` adds a TLS listener serving
-/// HTTP/3 (its certificate in `dir`).
+/// A proxy with one route to `upstream` with `keys`, its listener with `listener_keys`;
+/// `quic` adds a TLS listener serving HTTP/3 (its certificate in `dir`).
 async fn proxy(
     upstream: SocketAddr,
-    keys: &str,
+    (keys, listener_keys): (&str, &str),
     dir: &std::path::Path,
     quic: Option<&H3Tls>,
 ) -> TestProxy {
@@ -210,7 +211,7 @@ async fn proxy(
         format!("[[listener]]\nname = \"q\"\nlisten = \"127.0.0.1:0\"\n{keys}\n")
     });
     let toml = format!(
-        "[[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n{quic}\
+        "[[listener]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\n{listener_keys}\n{quic}\
          [[route]]\ncluster = \"b\"\n{keys}\n\
          [cluster.b]\nkind = \"static\"\nendpoints = [\"{upstream}\"]\n"
     );
@@ -296,11 +297,16 @@ async fn http3(addr: SocketAddr, tls: &H3Tls, (method, path, fields, body): &Ask
 async fn every_route_feature_is_enforced_on_every_transport() {
     let upstream = upstream().await;
     for feature in every_feature() {
-        for transport in ["HTTP/1.1", "HTTP/2", "HTTP/3"] {
+        for transport in ["HTTP/1.1", "HTTP/2", "HTTP/2 (own)", "HTTP/3"] {
             let dir = tempfile::tempdir().unwrap();
             let case = case(feature, dir.path());
             let quic = (transport == "HTTP/3").then(|| H3Tls::write(dir.path()));
-            let p = proxy(upstream, &case.keys, dir.path(), quic.as_ref()).await;
+            let own = match transport {
+                "HTTP/2" => "own_http2 = false",
+                "HTTP/2 (own)" => "own_http2 = true",
+                _ => "",
+            };
+            let p = proxy(upstream, (&case.keys, own), dir.path(), quic.as_ref()).await;
             let mut last = None;
             for ask in &case.asks {
                 last = Some(match (transport, &quic) {
