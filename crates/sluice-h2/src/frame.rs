@@ -1,7 +1,7 @@
 //! HTTP/2 frames (RFC 9113 §4, §6): a frame's head, each type's payload checked as the RFC
 //! says, and the frames a server writes.
 
-use crate::{Error, Reason};
+use crate::error::{Error, Reason};
 
 /// What a client sends first (RFC 9113 §3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

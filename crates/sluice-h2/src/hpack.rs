@@ -1,7 +1,7 @@
 //! Header blocks (RFC 7541): [`Decoder`] over `loona-hpack`'s, and [`encode_field`], which
 //! writes a field without the dynamic table.
 
-use crate::{Error, Reason};
+use crate::error::{Error, Reason};
 
 /// The dynamic table a peer may use, unless the server's SETTINGS said otherwise (RFC 9113
 /// §6.5.2); this server never says otherwise.

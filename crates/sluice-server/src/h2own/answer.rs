@@ -1,12 +1,9 @@
 //! A response written as frames: its head encoded at once into the connection's buffer, its
 //! body pulled a chunk at a time, only while the client's windows have room for it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes};
-use futures_util::future::{AbortHandle, Abortable, Aborted};
+use bytes::Buf;
 use http::{HeaderMap, Response};
 use http_body::Body;
 use sluice_core::body::ProxyBody;
@@ -15,44 +12,8 @@ use sluice_h2::hpack;
 use sluice_h2::Reason;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::conn::Conn;
-use super::Answering;
-
-/// Where a stream's answer is.
-pub(super) enum Out {
-    /// The pipeline is working on it.
-    Waiting,
-    /// Its head is out; its body is being sent: a chunk taken from it and not yet sent whole.
-    Body {
-        body: Pin<Box<ProxyBody>>,
-        chunk: Option<Bytes>,
-    },
-    /// Sent whole (END_STREAM), or given up.
-    Done,
-}
-
-/// An answer's future with its stream's number, and dropped when the stream is reset.
-pub(super) struct Tagged {
-    id: u32,
-    inner: Abortable<Answering>,
-}
-
-impl Tagged {
-    pub(super) fn new(id: u32, answering: Answering) -> (Self, AbortHandle) {
-        let (abort, registration) = AbortHandle::new_pair();
-        let inner = Abortable::new(answering, registration);
-        (Self { id, inner }, abort)
-    }
-}
-
-impl Future for Tagged {
-    type Output = (u32, Result<Response<ProxyBody>, Aborted>);
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let id = self.id;
-        Pin::new(&mut self.inner).poll(cx).map(|res| (id, res))
-    }
-}
+use super::conn::{Conn, WRITE_HIGH};
+use super::out::Out;
 
 /// Fields HTTP/2 has no place for (RFC 9113 §8.2.2): an upstream's HTTP/1.1 answer may carry
 /// them.
@@ -116,7 +77,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
             stream.out = Out::Body {
                 body: Box::pin(body),
                 chunk: None,
+                waker: self.wakes.body_waker(id),
             };
+            self.wakes.mark(id);
         }
     }
 
@@ -136,26 +99,25 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
         self.settle(id);
     }
 
-    /// Pulls the bodies whose streams may send; whether any frame was written.
-    pub(super) fn poll_bodies(&mut self, cx: &mut Context<'_>) -> bool {
-        let ids: Vec<u32> = self
-            .streams
-            .iter()
-            .filter(|(_, s)| matches!(s.out, Out::Body { .. }))
-            .map(|(&id, _)| id)
-            .collect();
+    /// Pulls the bodies whose streams were woken (a frame came, or a window opened); whether
+    /// any frame was written. A stream left for later (the write buffer is full) stays marked.
+    pub(super) fn poll_bodies(&mut self) -> bool {
+        let ids = self.wakes.take_bodies();
         let mut progress = false;
-        for id in ids {
-            if self.wbuf.len() >= 64 * 1024 {
+        for (i, &id) in ids.iter().enumerate() {
+            if self.pending_write() >= WRITE_HIGH {
+                for &later in &ids[i..] {
+                    self.wakes.mark(later);
+                }
                 break;
             }
-            progress |= self.poll_body(id, cx);
+            progress |= self.poll_body(id);
         }
         progress
     }
 
     /// Sends what stream `id`'s body has and its windows allow; whether a frame was written.
-    fn poll_body(&mut self, id: u32, cx: &mut Context<'_>) -> bool {
+    fn poll_body(&mut self, id: u32) -> bool {
         let mut progress = false;
         loop {
             let max_frame = self.peer.max_frame;
@@ -163,7 +125,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
             let Some(stream) = self.streams.get_mut(&id) else {
                 return progress;
             };
-            let Out::Body { body, chunk } = &mut stream.out else {
+            let Out::Body { body, chunk, waker } = &mut stream.out else {
                 return progress;
             };
             if let Some(data) = chunk {
@@ -173,6 +135,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
                     .min(i64::from(max_frame));
                 let n = usize::try_from(room.max(0)).unwrap_or(0).min(data.len());
                 if n == 0 {
+                    // Marked again when a window opens.
                     return progress;
                 }
                 let part = data.split_to(n);
@@ -189,12 +152,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
                     self.finish(id);
                     return progress;
                 }
-                if self.wbuf.len() >= 64 * 1024 {
+                if self.pending_write() >= WRITE_HIGH {
+                    self.wakes.mark(id);
                     return progress;
                 }
                 continue;
             }
-            match body.as_mut().poll_frame(cx) {
+            let mut cx = Context::from_waker(waker);
+            match body.as_mut().poll_frame(&mut cx) {
                 Poll::Pending => return progress,
                 Poll::Ready(Some(Ok(f))) => match f.into_data() {
                     Ok(mut data) if data.has_remaining() => {

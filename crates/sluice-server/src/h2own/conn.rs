@@ -13,9 +13,10 @@ use sluice_h2::hpack::Decoder;
 use sluice_h2::{Error, Reason};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::answer::{Out, Tagged};
 use super::calm::Calm;
 use super::inbound::{Feed, CREDIT_STEP};
+use super::out::{Out, Tagged};
+use super::wakes::Wakes;
 use super::{Given, Pipeline};
 use crate::active::{ActiveGuard, ActiveRequests};
 use crate::service::BoxError;
@@ -31,7 +32,7 @@ pub(super) const CONN_WINDOW: u32 = 1 << 20;
 /// Bytes waiting to be written above which the connection stops taking more work (reading
 /// frames, pulling bodies) until the client reads: a client that sends and does not read
 /// (PINGs, SETTINGS, requests) is held, not buffered for.
-const WRITE_HIGH: usize = 64 * 1024;
+pub(super) const WRITE_HIGH: usize = 64 * 1024;
 
 /// One read's room, on the stack: a partial frame left over is kept, nothing else.
 const READ_CHUNK: usize = 16 * 1024;
@@ -98,6 +99,8 @@ pub(super) struct Conn<'a, I> {
     pub(super) reset_by_us: Vec<u32>,
     pub(super) block: Option<Block>,
     pub(super) answers: FuturesUnordered<Tagged>,
+    /// The streams the connection's task was woken for.
+    pub(super) wakes: Arc<Wakes>,
     /// GOAWAY sent: no new stream is taken, the connection ends when its streams have.
     going_away: bool,
     /// The connection failed: GOAWAY written, it ends once that is out.
@@ -144,6 +147,7 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
             reset_by_us: Vec::new(),
             block: None,
             answers: FuturesUnordered::new(),
+            wakes: Arc::default(),
             going_away: false,
             failed: false,
             read_closed: false,
@@ -182,6 +186,7 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
 
     /// Drives the connection; ready when it has ended.
     pub(super) fn poll_run(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.wakes.register(cx.waker());
         loop {
             let mut progress = false;
             if !self.failed && !self.read_closed && self.pending_write() < WRITE_HIGH {
@@ -193,7 +198,7 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
             }
             if !self.failed {
                 progress |= self.poll_answers(cx);
-                progress |= self.poll_bodies(cx);
+                progress |= self.poll_bodies();
                 self.credit();
             }
             match self.poll_write(cx) {
@@ -204,7 +209,11 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
             if self.pending_write() == 0 && self.done() {
                 return Poll::Ready(self.close(cx));
             }
-            if !progress {
+            // Bodies left for later because the write buffer was full are taken up once
+            // it has room again.
+            let later =
+                !self.failed && self.wakes.has_bodies() && self.pending_write() < WRITE_HIGH;
+            if !progress && !later {
                 return Poll::Pending;
             }
         }
@@ -220,7 +229,7 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
         Ok(())
     }
 
-    fn pending_write(&self) -> usize {
+    pub(super) fn pending_write(&self) -> usize {
         self.wbuf.len() - self.wpos
     }
 
@@ -264,7 +273,7 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
         if self.rbuf.is_empty() {
             // The usual case: frames acted on where they were read, a partial one kept.
             let read = buf.filled();
-            let used = self.act(read, cx);
+            let used = self.act(read);
             if used < read.len() {
                 self.rbuf = read[used..].to_vec();
             }
@@ -272,7 +281,7 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
         }
         let mut bytes = std::mem::take(&mut self.rbuf);
         bytes.extend_from_slice(buf.filled());
-        let used = self.act(&bytes, cx);
+        let used = self.act(&bytes);
         if used < bytes.len() {
             bytes.drain(..used);
             self.rbuf = bytes;
@@ -281,8 +290,8 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
     }
 
     /// Acts on what `bytes` holds whole; how much of it was used (all of it, once failed).
-    fn act(&mut self, bytes: &[u8], cx: &mut Context<'_>) -> usize {
-        match self.frames(bytes, cx) {
+    fn act(&mut self, bytes: &[u8]) -> usize {
+        match self.frames(bytes) {
             Ok(used) => used,
             Err(reason) => {
                 self.fail(reason);
@@ -299,7 +308,7 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
     }
 
     /// Acts on the preface and every whole frame in `bytes`; how many bytes were used.
-    fn frames(&mut self, bytes: &[u8], cx: &mut Context<'_>) -> Result<usize, Reason> {
+    fn frames(&mut self, bytes: &[u8]) -> Result<usize, Reason> {
         let mut at = 0;
         if !self.preface_seen {
             let Some(preface) = bytes.get(..PREFACE.len()) else {
@@ -330,7 +339,7 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
                 }
                 self.settings_seen = true;
             }
-            let outcome = frame::parse(head, payload).and_then(|f| self.on_frame(f, cx));
+            let outcome = frame::parse(head, payload).and_then(|f| self.on_frame(f));
             match outcome {
                 Ok(()) => {}
                 Err(Error::Connection(reason)) => return Err(reason),
@@ -398,21 +407,21 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
     }
 
     /// Sends the client the window the proxy's reads (and dropped bodies) gave back, in steps
-    /// of half a stream's window: a client blocked on a window has sent at least that much.
+    /// of half a stream's window (a client blocked on a window has sent at least that much),
+    /// for the streams whose bodies said a credit is due.
     fn credit(&mut self) {
-        let mut updates = Vec::new();
-        for (&id, stream) in &mut self.streams {
+        for id in self.wakes.take_credits() {
+            let Some(stream) = self.streams.get_mut(&id) else {
+                continue;
+            };
             let Some(feed) = &stream.feed else { continue };
             let step = if stream.recv_closed { 1 } else { CREDIT_STEP };
             let read = feed.take_read(step);
             self.conn_credit = self.conn_credit.saturating_add(read);
             if read > 0 && !stream.recv_closed {
-                updates.push((id, read));
                 stream.recv_window += i64::from(read);
+                frame::write_window_update(&mut self.wbuf, id, read);
             }
-        }
-        for (id, read) in updates {
-            frame::write_window_update(&mut self.wbuf, id, read);
         }
         if self.conn_credit >= CREDIT_STEP {
             let total = std::mem::take(&mut self.conn_credit);

@@ -1,8 +1,6 @@
 //! What each frame a client sends does to its connection (RFC 9113 §5.1's stream states, §6's
 //! frames, §6.9's flow control).
 
-use std::task::Context;
-
 use http_body_util::{BodyExt, Empty};
 use sluice_core::body::RequestBody;
 use sluice_h2::frame::{self, Frame, MAX_WINDOW};
@@ -10,9 +8,9 @@ use sluice_h2::head::{Fields, Refused};
 use sluice_h2::{Error, Reason};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::answer::{Out, Tagged};
 use super::conn::{Block, Conn, Stream, MAX_STREAMS};
 use super::inbound::Feed;
+use super::out::{Out, Tagged};
 
 /// The most a header block may take in HEADERS and CONTINUATION frames: past it the client is
 /// flooding (CONTINUATION flood), whatever its fields decode to.
@@ -26,7 +24,7 @@ fn protocol() -> Error {
 
 impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
     /// Acts on one frame.
-    pub(super) fn on_frame(&mut self, frame: Frame<'_>, cx: &mut Context<'_>) -> Result<(), Error> {
+    pub(super) fn on_frame(&mut self, frame: Frame<'_>) -> Result<(), Error> {
         if self.block.is_some() && !matches!(frame, Frame::Continuation { .. }) {
             // A header block is not interleaved with anything (RFC 9113 §6.10).
             return Err(protocol());
@@ -44,7 +42,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
                     end_stream,
                     bytes: fragment.to_vec(),
                 };
-                self.block_part(block, end_headers, cx)
+                self.block_part(block, end_headers)
             }
             Frame::Continuation {
                 stream,
@@ -59,14 +57,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
                 if block.bytes.len() > block_limit(self.http.max_header_bytes) {
                     return Err(Error::Connection(Reason::ENHANCE_YOUR_CALM));
                 }
-                self.block_part(block, end_headers, cx)
+                self.block_part(block, end_headers)
             }
             Frame::Data {
                 stream,
                 end,
                 data,
                 flow,
-            } => self.on_data(stream, end, data, flow, cx),
+            } => self.on_data(stream, end, data, flow),
             Frame::Reset { stream, .. } => self.on_reset(stream),
             Frame::Settings { ack, params } => self.on_settings(ack, &params),
             Frame::Ping { ack, data } => {
@@ -89,12 +87,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
     }
 
     /// A header block's fragment came: kept until END_HEADERS, then decoded and acted on.
-    fn block_part(
-        &mut self,
-        block: Block,
-        end_headers: bool,
-        cx: &mut Context<'_>,
-    ) -> Result<(), Error> {
+    fn block_part(&mut self, block: Block, end_headers: bool) -> Result<(), Error> {
         if !end_headers {
             self.block = Some(block);
             return Ok(());
@@ -102,17 +95,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
         let mut fields = Fields::new(self.http.max_header_bytes);
         self.decoder
             .decode(&block.bytes, |name, value| fields.field(name, value))?;
-        self.on_headers(block.stream, block.end_stream, fields, cx)
+        self.on_headers(block.stream, block.end_stream, fields)
     }
 
     /// A whole header block: a new stream's request, or trailers of an open one.
-    fn on_headers(
-        &mut self,
-        id: u32,
-        end_stream: bool,
-        fields: Fields,
-        cx: &mut Context<'_>,
-    ) -> Result<(), Error> {
+    fn on_headers(&mut self, id: u32, end_stream: bool, fields: Fields) -> Result<(), Error> {
         if let Some(stream) = self.streams.get_mut(&id) {
             if stream.recv_closed {
                 return Err(Error::Stream(id, Reason::STREAM_CLOSED));
@@ -128,7 +115,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
             }
             stream.recv_closed = true;
             if let Some(feed) = &stream.feed {
-                feed.end(Some(trailers));
+                self.conn_credit = self.conn_credit.saturating_add(feed.end(Some(trailers)));
             }
             self.settle(id);
             return Ok(());
@@ -151,7 +138,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
             return Err(Error::Stream(id, Reason::REFUSED_STREAM));
         }
         match fields.request() {
-            Ok((req, length)) => self.open(id, req, length, end_stream, cx),
+            Ok((req, length)) => self.open(id, req, length, end_stream),
             Err(Refused::Malformed(_)) => Err(Error::Stream(id, Reason::PROTOCOL_ERROR)),
             Err(Refused::TooLarge) => {
                 self.refuse_too_large(id, end_stream);
@@ -177,7 +164,6 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
         req: http::Request<()>,
         length: Option<u64>,
         end_stream: bool,
-        cx: &mut Context<'_>,
     ) -> Result<(), Error> {
         if end_stream && length.is_some_and(|n| n != 0) {
             return Err(Error::Stream(id, Reason::PROTOCOL_ERROR));
@@ -188,9 +174,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
                 RequestBody::Boxed(Empty::new().map_err(|e| match e {}).boxed()),
             ),
             false => {
-                let (feed, body) = Feed::new(length);
-                // The driver's waker, so that the first reads credit the window.
-                feed.data(&[], cx.waker());
+                let (feed, body) = Feed::new(length, id, &self.wakes);
                 (Some(feed), RequestBody::Boxed(body.boxed()))
             }
         };
@@ -213,14 +197,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
         Ok(())
     }
 
-    fn on_data(
-        &mut self,
-        id: u32,
-        end: bool,
-        data: &[u8],
-        flow: u32,
-        cx: &mut Context<'_>,
-    ) -> Result<(), Error> {
+    fn on_data(&mut self, id: u32, end: bool, data: &[u8], flow: u32) -> Result<(), Error> {
         if i64::from(flow) > self.recv_window {
             return Err(Error::Connection(Reason::FLOW_CONTROL_ERROR));
         }
@@ -252,10 +229,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
         if over || short {
             return Err(Error::Stream(id, Reason::PROTOCOL_ERROR));
         }
-        let taken = stream
-            .feed
-            .as_ref()
-            .is_some_and(|f| f.data(data, cx.waker()));
+        let taken = stream.feed.as_ref().is_some_and(|f| f.data(data));
         if !taken {
             self.conn_credit = self.conn_credit.saturating_add(flow - padding);
         }
@@ -263,7 +237,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
             // What is read after this is credited to the connection only.
             stream.recv_closed = true;
             if let Some(feed) = &stream.feed {
-                feed.end(None);
+                self.conn_credit = self.conn_credit.saturating_add(feed.end(None));
             }
             self.settle(id);
         } else if data.is_empty() {
@@ -303,6 +277,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
                             return Err(Error::Connection(Reason::FLOW_CONTROL_ERROR));
                         }
                     }
+                    if delta > 0 {
+                        self.mark_blocked();
+                    }
                 }
                 frame::setting::MAX_FRAME_SIZE => self.peer.max_frame = value,
                 _ => {}
@@ -318,6 +295,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
             if self.send_window > i64::from(MAX_WINDOW) {
                 return Err(Error::Connection(Reason::FLOW_CONTROL_ERROR));
             }
+            self.mark_blocked();
             return Ok(());
         }
         if id > self.last_stream {
@@ -331,7 +309,19 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
         if stream.send_window > i64::from(MAX_WINDOW) {
             return Err(Error::Stream(id, Reason::FLOW_CONTROL_ERROR));
         }
+        if matches!(stream.out, Out::Body { chunk: Some(_), .. }) {
+            self.wakes.mark(id);
+        }
         Ok(())
+    }
+
+    /// Marks the streams that hold a chunk a window kept back: a window opened.
+    fn mark_blocked(&mut self) {
+        for (&id, stream) in &self.streams {
+            if matches!(stream.out, Out::Body { chunk: Some(_), .. }) {
+                self.wakes.mark(id);
+            }
+        }
     }
 
     /// Removes stream `id` once both sides are done with it.

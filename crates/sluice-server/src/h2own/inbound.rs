@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
+use super::wakes::Wakes;
 use crate::service::BoxError;
 
 /// How many bytes read make a WINDOW_UPDATE worth sending: half a stream's window.
@@ -29,14 +30,20 @@ pub(super) struct Inbound {
     read: u32,
     /// The body was dropped: what comes is credited at once.
     dropped: bool,
-    /// Who reads (woken when data comes) and the connection (woken when a credit is due).
+    /// Who reads (woken when data comes).
     reader: Option<Waker>,
-    driver: Option<Waker>,
 }
 
 /// The connection's handle on a stream's body.
 #[derive(Debug, Clone)]
 pub(super) struct Feed(Arc<Mutex<Inbound>>);
+
+/// The stream a body belongs to and the connection's wakes: told when a credit is due.
+#[derive(Debug)]
+struct Due {
+    id: u32,
+    wakes: Arc<Wakes>,
+}
 
 fn lock(inbound: &Mutex<Inbound>) -> MutexGuard<'_, Inbound> {
     inbound
@@ -47,13 +54,24 @@ fn lock(inbound: &Mutex<Inbound>) -> MutexGuard<'_, Inbound> {
 impl Feed {
     /// A body fed by the connection, and the body the proxy reads (its length the declared
     /// one, if any).
-    pub(super) fn new(length: Option<u64>) -> (Self, RecvBody) {
+    /// A body of stream `id` fed by the connection whose wakes are `wakes`, and the body the
+    /// proxy reads (its length the declared one, if any).
+    pub(super) fn new(length: Option<u64>, id: u32, wakes: &Arc<Wakes>) -> (Self, RecvBody) {
         let shared = Arc::new(Mutex::new(Inbound::default()));
-        (Self(Arc::clone(&shared)), RecvBody { shared, length })
+        let due = Due {
+            id,
+            wakes: Arc::clone(wakes),
+        };
+        let body = RecvBody {
+            shared: Arc::clone(&shared),
+            length,
+            due,
+        };
+        (Self(shared), body)
     }
 
     /// Data came; `false` when nobody reads any more (the caller credits it back itself).
-    pub(super) fn data(&self, data: &[u8], driver: &Waker) -> bool {
+    pub(super) fn data(&self, data: &[u8]) -> bool {
         let mut inbound = lock(&self.0);
         if inbound.dropped {
             return false;
@@ -61,23 +79,23 @@ impl Feed {
         if !data.is_empty() {
             inbound.data.push_back(Bytes::copy_from_slice(data));
         }
-        if !inbound.driver.as_ref().is_some_and(|w| w.will_wake(driver)) {
-            inbound.driver = Some(driver.clone());
-        }
         if let Some(reader) = inbound.reader.take() {
             reader.wake();
         }
         true
     }
 
-    /// The body ended, with `trailers` if the client sent them.
-    pub(super) fn end(&self, trailers: Option<HeaderMap>) {
+    /// The body ended, with `trailers` if the client sent them; what was read of it and not
+    /// credited yet is returned, to be credited to the connection (the stream is closed: what
+    /// is read from now on is due at once).
+    pub(super) fn end(&self, trailers: Option<HeaderMap>) -> u32 {
         let mut inbound = lock(&self.0);
         inbound.ended = true;
         inbound.trailers = trailers;
         if let Some(reader) = inbound.reader.take() {
             reader.wake();
         }
+        std::mem::take(&mut inbound.read)
     }
 
     /// The stream failed: the body's next read fails with `why`.
@@ -110,6 +128,7 @@ impl Feed {
 pub(super) struct RecvBody {
     shared: Arc<Mutex<Inbound>>,
     length: Option<u64>,
+    due: Due,
 }
 
 impl Drop for RecvBody {
@@ -120,8 +139,8 @@ impl Drop for RecvBody {
         inbound.read = inbound
             .read
             .saturating_add(u32::try_from(buffered).unwrap_or(u32::MAX));
-        if let Some(driver) = inbound.driver.take() {
-            driver.wake();
+        if inbound.read > 0 {
+            self.due.wakes.credit(self.due.id);
         }
     }
 }
@@ -157,10 +176,14 @@ impl Body for RecvBody {
         if let Some(data) = inbound.data.pop_front() {
             let before = inbound.read;
             inbound.read = before.saturating_add(u32::try_from(data.len()).unwrap_or(u32::MAX));
-            if before < CREDIT_STEP && inbound.read >= CREDIT_STEP {
-                if let Some(driver) = inbound.driver.take() {
-                    driver.wake();
-                }
+            // Due once half a window is read, or at once when the client has ended the
+            // stream (only the connection's window is credited then); told once until taken.
+            let due = match inbound.ended {
+                true => before == 0 && inbound.read > 0,
+                false => before < CREDIT_STEP && inbound.read >= CREDIT_STEP,
+            };
+            if due {
+                self.due.wakes.credit(self.due.id);
             }
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }

@@ -10,8 +10,10 @@
 //!
 //! - `conn`: the connection's state and its poll loop (read, answers, bodies, write).
 //! - `frames`: what each frame a client sends does to it (RFC 9113 §5, §6).
+//! - `out`: where each stream's answer is, and the future that brings it.
 //! - `answer`: a response's head and body written as frames under flow control.
 //! - `inbound`: a request body as its DATA frames come.
+//! - `wakes`: which streams the connection's task was woken for (it polls those alone).
 //! - `calm`: the budget that ends a connection whose client makes the server work for nothing
 //!   (rapid reset, MadeYouReset, control-frame floods).
 
@@ -20,6 +22,8 @@ mod calm;
 mod conn;
 mod frames;
 mod inbound;
+mod out;
+mod wakes;
 
 use std::any::TypeId;
 use std::future::{poll_fn, Future};
