@@ -13,7 +13,9 @@ What counts is the proxy's CPU per call, as a ratio to NGINX's and HAProxy's in 
 calls/s and p99 (from h2load's per-request log). `sluice-grpc-b` is a second, identical Sluice:
 the A/A pair. `sluice-grpc-reverse` is Sluice with a reverse cluster instead: its backend dials
 in with HTTP/2 sessions (the SDK's `streams`), and its CPU per call is compared to
-`sluice-grpc`'s (issue 31: at most 1.1x the static h2c path)."""
+`sluice-grpc`'s (issue 31: at most 1.1x the static h2c path). `sluice-grpc-own` is the static
+target with Sluice's own HTTP/2 transport on its listener (`own_http2 = true`), the others on
+hyper's."""
 
 import dataclasses
 import os
@@ -25,10 +27,11 @@ from .procs import LOAD_CPU, PROXY_CPU, Group, free_port, only_child, wait_port
 from .targets import Backend, Target
 
 STATIC, REVERSE = "sluice-grpc", "sluice-grpc-reverse"
-TARGETS = (STATIC, "sluice-grpc-b", REVERSE, "nginx-grpc", "haproxy-grpc")
+OWN = "sluice-grpc-own"
+TARGETS = (STATIC, "sluice-grpc-b", OWN, REVERSE, "nginx-grpc", "haproxy-grpc")
 # The smoke checks the harness: one static Sluice is enough (the dial-in one has a start-up of
 # its own to keep working).
-SMOKE_TARGETS = (STATIC, REVERSE, "nginx-grpc", "haproxy-grpc")
+SMOKE_TARGETS = (STATIC, OWN, REVERSE, "nginx-grpc", "haproxy-grpc")
 # The dial-in backend's HTTP/2 sessions: as many as the static cluster's connections to its
 # backend under this load (h2load's 4 x 100 streams fill its 4 of 100), each with room to spare
 # (4 x 128 = 512 > 400 calls at once), so that capacity never queues a call.
@@ -68,6 +71,7 @@ workers = 1
 [[listener]]
 name = "bench"
 listen = "127.0.0.1:{port}"
+own_http2 = {"true" if name == OWN else "false"}
 
 [[route]]
 cluster = "{targets.SERVICE}"

@@ -479,7 +479,8 @@ def _grpc(s):
              "measured seconds. A ratio is the median of per-round ratios (min-max) to the same "
              "round's NGINX or HAProxy. Errors include calls answered without their messages (a "
              "proxy's own gRPC error is HTTP 200). `sluice-grpc-b` is an identical second Sluice "
-             f"(A/A).{_grpc_reverse_setup(s)} Load average {_loadavg(load['start'])} at the start, "
+             "(A/A); `sluice-grpc-own` has Sluice's own HTTP/2 transport on its listener "
+             f"(`own_http2 = true`), the other Sluices hyper's.{_grpc_reverse_setup(s)} Load average {_loadavg(load['start'])} at the start, "
              f"{_loadavg(load['end'])} at the end.", ""]
     for kind, runs in s["kinds"].items():
         lines += [f"### {kind}", "", "| target | calls/s | CPU us/call | vs nginx-grpc (CPU) | "
@@ -506,6 +507,11 @@ def _grpc(s):
             a, b = runs["sluice-grpc-b"], runs["sluice-grpc"]
             lines += ["", f"A/A, sluice-grpc-b / sluice-grpc: calls/s "
                       f"{median_range(ratios(a, b, rps), 2)}, CPU/call {median_range(ratios(a, b, cpu), 2)}."]
+        if {"sluice-grpc", "sluice-grpc-own"} <= set(runs):
+            a, b = runs["sluice-grpc-own"], runs["sluice-grpc"]
+            lines += ["", f"Own transport, sluice-grpc-own / sluice-grpc: calls/s "
+                      f"{median_range(ratios(a, b, rps), 2)}, CPU/call "
+                      f"**{median_range(ratios(a, b, cpu), 2)}**."]
         if {GRPC_REVERSE, GRPC_STATIC} <= set(runs):
             a, b = runs[GRPC_REVERSE], runs[GRPC_STATIC]
             lines += ["", f"Dial-in / static, {GRPC_REVERSE} / {GRPC_STATIC}: CPU/call "
