@@ -637,21 +637,43 @@ def _module_ratios(points, names, conc):
 
 
 def _multinode(s):
-    """One service's N across three nodes: split by demand against an even static split."""
+    """One service's N across three nodes: split by demand in each SDK, by one instance and by
+    two, against an even static split; then a rolling restart per SDK."""
     lines = ["## Many nodes: one capacity split by demand", "",
              f"Three nodes, one service declaring {s['capacity']} sessions of "
              f"{s['service_ms']} ms each (capacity {s['capacity'] * 1000 / s['service_ms']:.0f} rps), "
              f"open-loop load at 1.25x capacity skewed 80/10/10 for {s['phase_s']} s, then "
              "flipped to 10/10/80 for as long. Goodput is 200s per second over capacity. "
-             "Rounds alternate which way runs first.", "",
-             "| way | goodput under skew | goodput after flip | recovery to 95 % (s) | "
-             "sessions moved (s) | max in flight / N | 503s |", "|---|---|---|---|---|---|---|"]
-    for way in ("demand", "static"):
+             "`demand*`: one instance of N in that SDK (`demand` and `demand-b` are Go, the A/A "
+             "pair); `instances-*`: two instances of that SDK, of unequal capacity; `static`: "
+             "N/3 per node (the comparator). Ratios are per round, to `static`. Rounds alternate "
+             "the order of the ways.", "",
+             "| way | instances | goodput under skew | / static | goodput after flip | / static | "
+             "recovery to 95 % (s) | sessions moved (s) | max in flight / N | 503s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    static = [r["static"] for r in s["rounds"]]
+    for way in s["rounds"][0]:
         runs = [r[way] for r in s["rounds"]]
-        most = max(r["max_in_flight"] for r in runs)
-        lines.append(f"| {way} | {_col(runs, 'goodput_skew')} | {_col(runs, 'goodput_flip')} | "
+        split = " + ".join(str(k) for k in runs[0].get("instances", []))
+        # The most each instance had at once (the highest over rounds), against its capacity.
+        each = [max(m) for m in zip(*(r.get("max_in_flight_each", [r["max_in_flight"]]) for r in runs))]
+        most = " + ".join(str(m) for m in each)
+        lines.append(f"| {way} | {split} | {_col(runs, 'goodput_skew')} | "
+                     f"{median_range(ratios(runs, static, lambda r: r['goodput_skew']), 2)} | "
+                     f"{_col(runs, 'goodput_flip')} | "
+                     f"{median_range(ratios(runs, static, lambda r: r['goodput_flip']), 2)} | "
                      f"{_col(runs, 'recovery_s', 1)} | {_col(runs, 'sessions_moved_s', 2)} | "
-                     f"{most} / {runs[0]['declared']} | {_col(runs, 'refused_503', 0)} |")
+                     f"{most} / {split or runs[0]['declared']} | {_col(runs, 'refused_503', 0)} |")
+    rolling = s.get("rolling")
+    if rolling:
+        lines += ["", f"A rolling restart ({rolling['seconds']} s): each node in turn drained, "
+                  "SIGTERMed at once with the requests sent to it still queued there, started "
+                  f"and taken back once ready; {rolling['rate']:.0f} requests a second to each "
+                  "SDK's service (N 6 of 20 ms: 0.8 of its capacity) over the nodes serving.", "",
+                  "| SDK | requests | failed | 503s | max in flight / N |", "|---|---|---|---|---|"]
+        for sdk, v in rolling["sdks"].items():
+            lines.append(f"| {sdk} | {v['requests']} | {v['failed']} | {v['refused_503']} | "
+                         f"{v['max_in_flight']} / {v['declared']} |")
     return lines + [""]
 
 

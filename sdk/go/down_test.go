@@ -155,6 +155,8 @@ func TestADrainedNodeThatGoesAwayIsNoWarning(t *testing.T) {
 			serve(t, ln, hello)
 			waitHolding(t, ln, []*fakeNode{a, b}, 2, 2)
 			b.send("DRAINING")
+			waitUntil(t, ln, "b is draining", func(l *Listener) bool { return l.nodeAt(b.addr).draining })
+			b.closeSessions(2) // as a stopping node closes those it no longer needs
 			waitHolding(t, ln, []*fakeNode{a, b}, 4, 0)
 			b.mu.Lock()
 			if how.name == "refused" {

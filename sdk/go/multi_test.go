@@ -125,9 +125,10 @@ func TestADeadNodesShareMovesToTheOthers(t *testing.T) {
 	}
 }
 
-// A node that says DRAINING is left by the SDK itself: its idle sessions close at once and
-// the others take its share; it gets no RETIRE and no new session.
-func TestADrainingNodeIsVacated(t *testing.T) {
+// A node that says DRAINING gets no new session, no RETIRE and no close from the SDK: the
+// node closes its sessions itself once the requests it queued are answered, and each one it
+// closes is dialed at the others (issue 46: closing them here answered those requests 503).
+func TestADrainingNodeClosesItsSessionsAndEachOneMoves(t *testing.T) {
 	t.Parallel()
 	a, b := newFakeNode(t, "127.0.0.1", 0), newFakeNode(t, "127.0.0.1", 0)
 	ln := listenMany(t, Options{Capacity: 4}, a, b)
@@ -136,14 +137,23 @@ func TestADrainingNodeIsVacated(t *testing.T) {
 	leaving := b.open()
 	before, registered := len(b.serviceLines()), b.registered
 	b.send("DRAINING")
-	closedByTheService(t, leaving, 2)
-	waitHolding(t, ln, []*fakeNode{a, b}, 4, 0)
-	if st := statusOf(t, ln, b.addr); st.State != "draining" || st.Live {
-		t.Errorf("b: %+v", st)
+	waitUntil(t, ln, "b is draining", func(l *Listener) bool {
+		st, _ := nodeOf(l, b.addr)
+		return st.State == "draining" && !st.Live
+	})
+	// Its sessions still answer what the node sends them, as they would its queue.
+	for _, s := range leaving {
+		if resp, body := s.get(t, "/"); resp.StatusCode != 200 || resp.Close || body != "hello\n" {
+			t.Fatalf("a request at the draining node: %d close=%v %q", resp.StatusCode, resp.Close, body)
+		}
 	}
+	b.closeSessions(1)
+	waitHolding(t, ln, []*fakeNode{a, b}, 3, 1)
+	b.closeSessions(1)
+	waitHolding(t, ln, []*fakeNode{a, b}, 4, 0)
 	for _, line := range b.serviceLines()[before:] {
 		if strings.HasPrefix(line, "RETIRE") {
-			t.Errorf("b was asked to %s; a draining node's sessions are the SDK's to close", line)
+			t.Errorf("b was asked to %s; a draining node closes its sessions itself", line)
 		}
 	}
 	if b.registered != registered {
@@ -151,9 +161,9 @@ func TestADrainingNodeIsVacated(t *testing.T) {
 	}
 }
 
-// A busy session at a node that drains ends after its response, which says Connection: close;
-// no request is lost.
-func TestABusySessionAtADrainingNodeEndsAfterItsResponse(t *testing.T) {
+// A busy session at a node that drains is not closed after its response: the node may hand
+// it the next request of its queue, and closes it when none waits; no request is lost.
+func TestABusySessionAtADrainingNodeServesOnUntilTheNodeClosesIt(t *testing.T) {
 	t.Parallel()
 	a, b := newFakeNode(t, "127.0.0.1", 0), newFakeNode(t, "127.0.0.1", 0)
 	ln := listenMany(t, Options{Capacity: 2}, a, b)
@@ -177,12 +187,19 @@ func TestABusySessionAtADrainingNodeEndsAfterItsResponse(t *testing.T) {
 	}()
 	<-started
 	b.send("DRAINING")
-	waitUntil(t, ln, "b's session is on its way out", func(l *Listener) bool { return held(l, b.addr) == 0 })
+	waitUntil(t, ln, "b is draining", func(l *Listener) bool {
+		st, _ := nodeOf(l, b.addr)
+		return st.State == "draining"
+	})
 	close(release)
-	if resp := <-done; resp == nil || resp.StatusCode != 200 {
-		t.Fatalf("the busy request: %+v, want 200", resp)
+	if resp := <-done; resp == nil || resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("the busy request: %+v, want 200 without Connection: close", resp)
 	}
-	closedByTheService(t, []*fakeSession{busy}, 1) // after its response
+	// The next request the node queued gets the same session.
+	if resp, _ := busy.get(t, "/"); resp.StatusCode != 200 {
+		t.Fatalf("the queued request: %d, want 200", resp.StatusCode)
+	}
+	b.closeSessions(1)
 	waitHolding(t, ln, []*fakeNode{a, b}, 2, 0)
 }
 

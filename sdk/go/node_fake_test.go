@@ -173,6 +173,15 @@ func (n *fakeNode) closeLocked(k int) {
 	}
 }
 
+// closeSessions closes k of the instance's sessions, as a stopping node closes those that
+// no queued request needs.
+func (n *fakeNode) closeSessions(k int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.closeLocked(k)
+	n.notifyLocked()
+}
+
 func (n *fakeNode) notifyLocked() {
 	close(n.changed)
 	n.changed = make(chan struct{})

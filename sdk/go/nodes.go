@@ -197,6 +197,10 @@ func (l *Listener) settleLocked(n *node) int {
 		}
 		l.retireLocked(n, h) // left DNS with its link up: the node retires every session
 		return h
+	case n.draining && !n.down:
+		// The stopping node closes its sessions itself, once the requests it queued are
+		// answered; each one it closes frees a dial elsewhere (README "DRAINING").
+		return 0
 	case !n.live():
 		l.evictLocked(n, -1)
 		return max(h, 0)

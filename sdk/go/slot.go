@@ -313,6 +313,8 @@ func (l *Listener) leftNodeLocked(c *sessionConn) (moved bool) {
 	case n.retiring > 0:
 		n.retiring--
 		moved = true
+	case n.draining:
+		moved = true // the stopping node closed it: dial elsewhere at once
 	}
 	if n.gone && n.sessions == 0 {
 		l.forgetGoneLocked()

@@ -17,8 +17,10 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,6 +230,39 @@ class Fleet:
             n.stop()
 
 
+class Sending:
+    """The requests each node was chosen for and has not been written to yet, across the load
+    threads. A choice of node and a change of the weights never interleave (one lock), so once
+    `steer` has taken a node out and `unwritten` of it is 0, no request is on its way there:
+    the node can be stopped then without a client's connection meeting its closed listener
+    (which no node can answer)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unwritten: Counter[str] = Counter()
+
+    def choose(self, pick) -> str:
+        with self._lock:
+            ip = pick()
+            self._unwritten[ip] += 1
+            return ip
+
+    def written(self, ip: str) -> None:
+        with self._lock:
+            self._unwritten[ip] -= 1
+
+    def steer(self, change) -> None:
+        with self._lock:
+            change()
+
+    def unwritten(self, ip: str) -> int:
+        with self._lock:
+            return self._unwritten[ip]
+
+
+SENDING = Sending()
+
+
 @dataclass
 class Window:
     """What one second of load brought, per status."""
@@ -239,13 +274,22 @@ class Window:
 
 
 async def _request(ip: str, path: str, timeout: float) -> int:
+    """One request on a connection of its own; its status (0: no answer). It counts as
+    written (`SENDING`) once its bytes are sent, or it failed before."""
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, LISTEN), timeout)
-    except (OSError, asyncio.TimeoutError):
-        return 0
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, LISTEN), timeout)
+        except (OSError, asyncio.TimeoutError):
+            return 0
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+        except OSError:
+            writer.close()
+            return 0
+    finally:
+        SENDING.written(ip)
     try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {NAME}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
         data = await asyncio.wait_for(reader.read(), timeout)
         line = data.split(b"\r\n", 1)[0].split()
         return int(line[1]) if len(line) > 1 else 0
@@ -285,8 +329,7 @@ async def open_loop(
         if until is not None and until():
             break
         t = at - start
-        ws = weights(t)
-        ip = rng.choices(NODES, weights=ws)[0]
+        ip = SENDING.choose(lambda: rng.choices(NODES, weights=weights(t))[0])
         w = windows[int(t)]
         w.sent += 1
         tasks.append(asyncio.create_task(one(ip, w)))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fleet import ACCEPTOR, NAME, NODES, Fleet, Service, open_loop, wait_for  # noqa: E402
+from fleet import ACCEPTOR, NAME, NODES, SENDING, Fleet, Service, open_loop, wait_for  # noqa: E402
 from netns import rewrite  # noqa: E402
 
 N = 6
@@ -141,19 +141,14 @@ def loads(fleet: Fleet, weights, seconds: float, rate: float = RATE, until=None)
     return {c: [w.__dict__ for w in ws] for c, ws in results.items()}
 
 
-def idle(node) -> bool:
-    if node.busy():
-        return False
-    time.sleep(0.5)
-    return node.busy() == 0
-
-
 def rolling(fleet: Fleet) -> dict:
-    """A rolling restart under load, as deploy/kubernetes/ does it: each node in turn is
-    drained (`sluice ctl drain-node`: clients leave it, as a Service's endpoints would), its
-    requests answered (the preStop's wait, 15 s there: here until nothing is queued or in
-    flight), stopped (SIGTERM), started, and taken back once it says ready. No request may
-    fail."""
+    """A rolling restart under load: each node in turn is drained (`sluice ctl drain-node`:
+    clients leave it, as a Service's endpoints would), stopped (SIGTERM) at once, with the
+    requests sent to it still in flight or queued there (issue 46: the services closed their
+    sessions at its DRAINING, so the queued ones were refused), started, and taken back once
+    it says ready. No request may fail. The only wait before the SIGTERM is for the requests
+    already on their way to the node to be written to it: a connection that meets a closed
+    listener is no node's to answer."""
     serving = [True, True, True]
     done = threading.Event()
     sampler = Sampler(fleet)
@@ -167,11 +162,11 @@ def rolling(fleet: Fleet) -> dict:
         for i, node in enumerate(fleet.nodes):
             time.sleep(1.0)
             node.drain()
-            serving[i] = False
-            # Idle at two reads 0.5 s apart: a request sent just before the drain may still
-            # be on its way in (seen once on a busy machine: 15 requests queued after the
-            # node read idle, then refused when SIGTERM took its sessions).
-            wait_for(f"node {i} answered what it was sent", lambda n=node: idle(n))
+            SENDING.steer(lambda i=i: serving.__setitem__(i, False))
+            wait_for(f"the requests to node {i} written", lambda: SENDING.unwritten(NODES[i]) == 0,
+                     every=0.005)
+            events.append((round(time.monotonic() - began, 2), f"node {i} stopping",
+                           {"busy": node.busy()}))
             node.stop()
             events.append((round(time.monotonic() - began, 2), f"node {i} stopped"))
             node.start()
@@ -179,7 +174,7 @@ def rolling(fleet: Fleet) -> dict:
             wait_for(f"node {i} ready again", node.ready)
             events.append((round(time.monotonic() - began, 2), f"node {i} ready",
                            {s.cluster: s.max() for s in fleet.services}))
-            serving[i] = True
+            SENDING.steer(lambda i=i: serving.__setitem__(i, True))
         time.sleep(1.0)
     finally:
         done.set()

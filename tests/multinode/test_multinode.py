@@ -143,8 +143,10 @@ def test_a_restarted_node_refuses_nothing_once_it_says_ready(seen):
 
 
 def test_a_rolling_restart_under_load_fails_no_request(seen):
-    """Issue 46: each node in turn drained, stopped and started under load, as
-    deploy/kubernetes/ rolls them: no request of any service fails or is refused."""
+    """Issue 46: each node in turn drained and stopped (SIGTERM) at once under load, with
+    the requests sent to it still in flight or queued there, then started: no request of any
+    service fails or is refused (the queued ones were refused 503 while the services closed
+    their sessions at a stopping node's DRAINING)."""
     step = seen["steps"]["rolling"]
     for cluster, windows in step["windows"].items():
         bad = [(second, w) for second, w in enumerate(windows) if w["ok"] != w["sent"]]

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sluice_session::{Rejection, Token};
@@ -54,6 +54,10 @@ struct ClusterInner<P: Protocol> {
     /// demand, or a predecessor hands them over. A slice with none here is then not a slice
     /// without services.
     arriving: Arc<AtomicUsize>,
+    /// Set once the node stops for good ([`ReverseCluster::stopping`]).
+    stopping: Arc<AtomicBool>,
+    /// Its sessions are lent by a standalone acceptor ([`ReverseCluster::lent`]).
+    lent: AtomicBool,
     /// The services' control links open here.
     links: Arc<crate::links::Links>,
     /// The end of the start-up window (`startup_wait` from the cluster's making): until
@@ -120,6 +124,8 @@ impl<P: Protocol> ReverseCluster<P> {
             drains: broadcast::channel(64).0,
             metrics: metrics.clone(),
             arriving: Arc::default(),
+            stopping: Arc::default(),
+            lent: AtomicBool::new(false),
             links: Arc::default(),
             starting_until,
         };
@@ -133,6 +139,7 @@ impl<P: Protocol> ReverseCluster<P> {
     /// with none here is not a slice without services.
     pub fn lent(self) -> Self {
         self.inner.arriving.fetch_add(1, Ordering::Relaxed);
+        self.inner.lent.store(true, Ordering::Relaxed);
         self
     }
 
@@ -197,7 +204,7 @@ impl<P: Protocol> ReverseCluster<P> {
             Arc::clone(&i.changed),
             Arc::clone(&i.handover),
             i.metrics.clone(),
-            Arc::clone(&i.arriving),
+            (Arc::clone(&i.arriving), Arc::clone(&i.stopping)),
         ))
     }
 
@@ -385,6 +392,25 @@ impl<P: Protocol> ReverseCluster<P> {
     /// The instances an operator drained and has not resumed, sorted.
     pub fn held(&self) -> Vec<String> {
         self.inner.instances.held()
+    }
+
+    /// The node stops for good (not a hot restart), as its control links say `DRAINING`: the
+    /// services dial their sessions elsewhere, but do not close those here, which still
+    /// answer the requests queued here. So each slice closes its idle sessions now but one
+    /// (for requests that still arrive while the listeners close), and a session that
+    /// comes back goes to the next request waiting in its slice, and closes when none
+    /// waits. [`close`](Self::close) ends the rest when the proxy has stopped. Sessions lent
+    /// by a standalone acceptor ([`lent`](Self::lent)) are not this node's to close: they go
+    /// back to it (`RETURN`) when the proxy has stopped, and their services hear nothing here.
+    pub fn stopping(&self) {
+        if self.inner.lent.load(Ordering::Relaxed) {
+            return;
+        }
+        self.inner.stopping.store(true, Ordering::Release);
+        let pools: Vec<_> = locked(&self.inner.slices).values().cloned().collect();
+        for pool in pools {
+            pool.stop_idle();
+        }
     }
 
     /// Closes every session: idle ones now, busy ones when their responses end. The proxy

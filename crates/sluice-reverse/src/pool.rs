@@ -59,6 +59,10 @@ pub struct SlicePool<P: Protocol> {
     alive: Arc<AtomicUsize>,
     /// Non-zero while sessions may arrive from elsewhere (lent, or handed over).
     arriving: Arc<AtomicUsize>,
+    /// The node is stopping for good (its control links say `DRAINING`): a returning
+    /// session goes to the next waiter, and closes when nobody waits, but for one idle
+    /// session per slice ([`ReverseCluster::stopping`](crate::ReverseCluster::stopping)).
+    stopping: Arc<AtomicBool>,
     /// Until then (the node has just started: `startup_wait`), a request to this slice
     /// without sessions waits for the first one.
     starting_until: Option<Instant>,
@@ -190,7 +194,7 @@ impl<P: Protocol> SlicePool<P> {
         changed: Arc<Changes>,
         handover: Arc<Handover>,
         metrics: ReverseMetrics,
-        arriving: Arc<AtomicUsize>,
+        (arriving, stopping): (Arc<AtomicUsize>, Arc<AtomicBool>),
     ) -> Self {
         Self {
             id: SliceId::new(cluster, slice),
@@ -207,6 +211,7 @@ impl<P: Protocol> SlicePool<P> {
             multiplexed: AtomicBool::new(false),
             alive: Arc::default(),
             arriving,
+            stopping,
             starting_until,
             empty_logged: AtomicBool::new(false),
             refusals: SharedTally::new(),
@@ -540,6 +545,12 @@ impl<P: Protocol> SlicePool<P> {
                         self.let_go(session);
                         break;
                     }
+                    if self.stops(st.idle.len()) {
+                        drop(st);
+                        session.end();
+                        drop(session);
+                        break;
+                    }
                     st.idle.push(session);
                     drop(st);
                     break;
@@ -560,6 +571,31 @@ impl<P: Protocol> SlicePool<P> {
             drop(st);
             drop(session);
         }
+        self.changed.notify();
+    }
+
+    /// Whether a session returning to a slice with `idle` idle sessions and no waiter closes:
+    /// the node is stopping, and the slice keeps one for requests that still arrive while
+    /// its listeners close (the rest close when the proxy ends).
+    fn stops(&self, idle: usize) -> bool {
+        idle > 0 && self.stopping.load(Ordering::Acquire)
+    }
+
+    /// The node stops: every idle session closes now but one, so that its service dials it
+    /// elsewhere (`DRAINING`). A request waiting here finds none idle: it gets the next one
+    /// returned ([`checkin`](Self::checkin)).
+    pub(crate) fn stop_idle(&self) {
+        let closed: Vec<Session<P>> = {
+            let mut st = self.state();
+            drop(st.idle.remove_where(|s| !s.usable()));
+            let n = st.idle.len().saturating_sub(1);
+            st.idle.take(n)
+        };
+        for session in &closed {
+            session.end();
+        }
+        // Dropped outside the lock: each drop closes a connection.
+        drop(closed);
         self.changed.notify();
     }
 

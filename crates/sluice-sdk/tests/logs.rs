@@ -248,12 +248,15 @@ async fn a_node_that_said_draining_and_goes_away_is_no_warning() {
     use sluice_session::control::NodeLine;
     let (lines, _guard) = Lines::capture();
     let mut t = two_nodes(4).await;
+    let mut status = t.sessions.subscribe();
     t.la.send(NodeLine::Draining).await;
-    let _moved = t.b.sessions(2).await;
-    // Then its process ends: the link closes, and its redial is refused.
+    let draining = |s: &sluice_sdk::Status| s.nodes.iter().any(|n| n.link == "draining");
+    within(status.wait_for(draining)).await.unwrap();
+    // Then its process ends: its sessions close (the SDK closes none at a draining node, issue
+    // 46) and move, the link closes, and its redial is refused.
     let a_addr = t.a_addr.to_string();
     drop((t.a, t.la, t.at_a));
-    let mut status = t.sessions.subscribe();
+    let _moved = t.b.sessions(2).await;
     let refused = |s: &sluice_sdk::Status| matches!(&s.last_error, Some(sluice_sdk::Error::Connect { acceptor, .. }) if *acceptor == a_addr);
     within(status.wait_for(refused)).await.unwrap();
     // It said it would go: neither an outage nor a node down.

@@ -197,8 +197,11 @@ async fn shrinking_retires_at_the_nodes_and_growing_dials_again() {
     assert!(t.max.get() <= 4, "held {} sessions", t.max.get());
 }
 
+/// Issue 46: the SDK closes nothing at a node that said `DRAINING`: its sessions answer what
+/// the node queued (a busy one without `Connection: close`), and each one the node closes
+/// moves to the other node, never more held in all than the capacity.
 #[tokio::test]
-async fn a_draining_node_is_vacated_idle_sessions_at_once_busy_ones_after_their_response() {
+async fn a_draining_node_closes_its_sessions_itself_and_each_one_moves() {
     let service = Gated::new(false, Some("/slow"), "done");
     let mut t = two(service.clone()).await;
     let mut busy = t.at_a.pop().unwrap();
@@ -213,18 +216,34 @@ async fn a_draining_node_is_vacated_idle_sessions_at_once_busy_ones_after_their_
     })
     .await;
     t.la.send(NodeLine::Draining).await;
-    // The idle one closes now, from the SDK's side, and its slot dials B.
-    t.at_a[0].wait_closed().await;
-    t.at_b.push(t.b.session().await);
-    let nodes = nodes_until(&t.sessions, |n| !n[0].live && n[0].held == 1).await;
+    let nodes = nodes_until(&t.sessions, |n| !n[0].live).await;
     assert_eq!((nodes[0].target, nodes[1].target), (0, 4));
     assert_eq!(nodes[0].link, "draining");
-    // The busy one finishes its request, says Connection: close, and moves too.
-    service.gate.add_permits(1);
-    let (reply, mut busy) = within(slow).await.unwrap();
+    // The idle one answers a request the node had queued, and stays.
+    let reply = t.at_a[0].get("/").await;
     assert_eq!(reply.body, "done");
-    assert_eq!(reply.headers.get(CONNECTION).unwrap(), "close");
-    busy.wait_closed().await;
+    assert!(
+        reply.headers.get(CONNECTION).is_none(),
+        "{:?}",
+        reply.headers
+    );
+    service.gate.add_permits(1);
+    let (reply, busy) = within(slow).await.unwrap();
+    assert_eq!(reply.body, "done");
+    assert!(
+        reply.headers.get(CONNECTION).is_none(),
+        "{:?}",
+        reply.headers
+    );
+    assert_eq!(
+        t.a.pending() + t.b.pending(),
+        0,
+        "a dial beyond the capacity"
+    );
+    // The node closes them as nobody waits: each moves to B.
+    drop(busy);
+    t.at_b.push(t.b.session().await);
+    drop(t.at_a.pop());
     t.at_b.push(t.b.session().await);
     nodes_until(&t.sessions, |n| n[0].held == 0 && n[1].held == 4).await;
     assert!(t.max.get() <= 4, "held {} sessions", t.max.get());

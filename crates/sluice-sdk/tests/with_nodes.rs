@@ -113,6 +113,57 @@ async fn a_node_that_stops_says_draining_and_its_share_moves() {
     }
 }
 
+/// Issue 46: a node stopped gracefully (SIGTERM: its links say `DRAINING`) while requests
+/// wait in its admission queue answers every one of them, and its share then moves. The SDK
+/// used to close its sessions there at `DRAINING` (busy ones after their response), so the
+/// queued requests found none left and were answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_with_requests_queued_answers_every_one() {
+    let service = Gated::new(false, None, "hello from a");
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        // A grace no machine's load outlasts: the requests need not hurry once it stops.
+        nodes.push(RunningProxy::with_grace("20s").await);
+    }
+    let list = nodes.iter().map(|n| n.acceptor.to_string()).collect();
+    let sessions = serve(options_for(Acceptor::List(list), "a", 6), service.clone()).unwrap();
+    registered(&sessions, 6).await;
+    let stopping = nodes.pop().unwrap();
+    let clients: Vec<_> = (0..8).map(|_| tokio::spawn(get(stopping.http))).collect();
+    // Every request is in the handler or queued: at most 6 sessions, so 2 or more queue. (The
+    // handler's count moves without telling the cluster: polled.)
+    within(async {
+        loop {
+            let queued = stopping.cluster.queued("default");
+            if queued >= 2 && queued + service.in_flight.load(Ordering::SeqCst) == 8 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let stopped = tokio::spawn(stopping.stop());
+    nodes_until(&sessions, |n| n.len() == 3 && n[2].link == "draining").await;
+    service.gate.add_permits(1_000);
+    for client in clients {
+        let (status, body) = within(client).await.unwrap();
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "hello from a"));
+    }
+    within(stopped).await.unwrap();
+    // Its share moved as it closed its sessions.
+    registered(&sessions, 6).await;
+    nodes_until(&sessions, |n| n[2].held == 0 && n[0].held + n[1].held == 6).await;
+    assert!(
+        service.max() <= 6,
+        "{} requests in flight at once",
+        service.max()
+    );
+    within(sessions.shutdown()).await.unwrap();
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_dies_is_down_at_once_and_its_share_moves() {
     // No grace to wait for: the dead node's acceptor refuses the link's redial.

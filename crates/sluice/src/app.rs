@@ -385,11 +385,16 @@ impl Proxy {
         self.readiness.ready();
         let readiness = self.readiness.clone();
         let links: Vec<_> = reverse.values().map(|c| Arc::clone(c.links())).collect();
+        let stopping: Vec<_> = reverse.values().cloned().collect();
         // A real stop (not a hot restart, where the sessions stay) tells the services to move
-        // their sessions elsewhere, and lets their links say so before anything stops.
+        // their sessions elsewhere, and lets their links say so before anything stops. The
+        // services close nothing here: the sessions answer what is queued, then close.
         let trigger = async move {
             trigger.await;
             readiness.stop();
+            for cluster in &stopping {
+                cluster.stopping();
+            }
             sluice_reverse::links::told_draining(&links, DRAINING_SAID).await;
         };
         let stop = async {

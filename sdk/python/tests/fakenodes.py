@@ -140,9 +140,17 @@ class FakeNode:
             link.quiet = True
             link.send(b"DRAINING\n")
 
+    def close_idle(self, n: int) -> None:
+        """Closes ``n`` idle sessions, as a stopping node closes those no queued request
+        needs."""
+        for s in list(self.idle)[:n]:
+            self._close(s)
+
     def stop(self) -> None:
         """Stops for good as the real node does: ``DRAINING`` on every link, no new sessions,
-        idle ones closed now and busy ones after their response."""
+        idle ones closed now and busy ones after their response (the real node hands them to
+        its queued requests first, and keeps one idle per slice until it exits; this one
+        has no queue)."""
         self.stopping = True
         for link in self.live_links():
             link.send(b"DRAINING\n")

@@ -155,21 +155,31 @@ def test_a_node_that_dies_moves_its_share_and_logs_one_line(
     assert len([r for r in caplog.records if "is back after" in r.getMessage()]) == 1
 
 
-def test_a_draining_node_is_vacated_by_the_service_and_not_dialed_again() -> None:
+def test_a_draining_node_closes_its_sessions_itself_and_each_one_moves() -> None:
+    """Issue 46: the service closes nothing at a node that said ``DRAINING`` (closing them
+    answered the node's queued requests 503); each session the node closes is dialed at the
+    others, and the draining node gets no new one."""
     async def main() -> None:
         tally, (a, b) = await nodes(2)
         sessions = await sluice_sdk.serve(Counting(), opts([a.addr, b.addr]), lifespan="off")
         await tally.until(lambda: held(a, b) == [2, 2])
-        a.say_draining()  # and nothing else: the service closes its idle sessions itself
+        a.say_draining()  # and nothing else yet
+        await sessions._shared.wait_until(lambda: by_address(sessions)[a.addr].state == "draining")
+        answer = await a.request("/")  # a request the node had queued
+        assert (answer.status, answer.closes) == (200, False)
+        assert held(a, b) == [2, 2] and a.closed_by_service == 0
+        a.close_idle(1)
+        await tally.until(lambda: held(a, b) == [1, 3])
+        a.close_idle(1)
         await tally.until(lambda: held(a, b) == [0, 4])
-        assert a.closed_by_service == 2 and a.registrations == 2 and a.retires == []
-        assert by_address(sessions)[a.addr].state == "draining"
+        assert a.closed_by_service == 0 and a.registrations == 2 and a.retires == []
+        assert tally.max_open <= 4
         sessions.close()
 
     run(main())
 
 
-def test_busy_sessions_of_a_vacated_node_close_after_their_response() -> None:
+def test_busy_sessions_of_a_draining_node_serve_on_until_the_node_closes_them() -> None:
     async def main() -> None:
         tally, (a, b) = await nodes(2)
         app = Counting(tally)
@@ -179,12 +189,14 @@ def test_busy_sessions_of_a_vacated_node_close_after_their_response() -> None:
         busy = asyncio.ensure_future(a.request("/slow"))
         await tally.until(lambda: app.now == 1)
         a.say_draining()
-        await tally.until(lambda: held(a, b) == [1, 3])  # the idle one closed at once
-        assert tally.max_open <= 4
+        await sessions._shared.wait_until(lambda: by_address(sessions)[a.addr].state == "draining")
         app.gate.set()
         answer = await busy
-        assert (answer.status, answer.closes) == (200, True)  # the busy one after its response
+        assert (answer.status, answer.closes) == (200, False)  # the node may hand it on
+        assert (await a.request("/")).status == 200
+        a.close_idle(2)
         await tally.until(lambda: held(a, b) == [0, 4])
+        assert a.closed_by_service == 0 and tally.max_open <= 4
         sessions.close()
 
     run(main())

@@ -381,3 +381,52 @@ async fn in_flight_counts_sessions_leased_and_nothing_else() {
     bed.pool().checkin(got);
     assert_eq!((in_flight(&bed), bed.pool().idle()), (0, 1));
 }
+
+/// Issue 46: a node stopping for good (its links say `DRAINING`, and the services close
+/// nothing there) answers the requests in its queue with the sessions it has: idle ones close
+/// at once but one, and a session that comes back goes to the next waiter, closing only when
+/// nobody waits (the slice keeps one idle for requests still arriving while it closes).
+#[tokio::test(start_paused = true)]
+async fn a_stopping_node_answers_its_queue_then_closes_its_sessions_but_one() {
+    let mut bed = Bed::new(opts(8));
+    for _ in 0..4 {
+        bed.register("a").await;
+    }
+    let busy = [bed.lease().await, bed.lease().await];
+    bed.cluster.stopping();
+    bed.until(|c| c.sessions() == 3).await;
+    assert_eq!(bed.pool().idle(), 1, "one idle session is kept");
+    let third = bed.lease().await;
+    let waiters = [bed.waiter().await, bed.waiter().await];
+    assert_eq!(bed.pool().queued(), 2);
+    for session in busy {
+        bed.pool().checkin(session);
+    }
+    let mut served = Vec::new();
+    for waiter in waiters {
+        let got = within(waiter).await.unwrap();
+        served.push(got.expect("a waiter got a session back, not a 503"));
+    }
+    assert_eq!(
+        bed.cluster.sessions(),
+        3,
+        "nothing closed while requests waited"
+    );
+    // Nobody waits any more: the first back stays idle, the others close.
+    bed.pool().checkin(third);
+    for session in served {
+        bed.pool().checkin(session);
+    }
+    bed.until(|c| c.sessions() == 1).await;
+    assert_eq!(bed.pool().idle(), 1);
+    let mut closed = 0;
+    for n in 0..4 {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), bed.service(n).read(&mut byte));
+        closed += usize::from(matches!(read.await, Ok(Ok(0))));
+    }
+    assert_eq!(
+        closed, 3,
+        "the services saw three of their four sessions close"
+    );
+}

@@ -120,13 +120,20 @@ impl Node {
     }
 
     /// Whether the SDK closes the sessions here itself (idle ones at once, busy ones after
-    /// their response): the node is down, draining, drained us, or left with its link down.
-    /// A node that left with its link up is asked to `RETIRE` them instead.
+    /// their response): the node is down, drained us, or left with its link down. A node
+    /// that left with its link up is asked to `RETIRE` them instead, and one that said
+    /// `DRAINING` closes them itself once the requests it queued are answered, until it is
+    /// down.
     pub(crate) fn sdk_closes(&self) -> bool {
         self.closing
             || self.hold.is_some()
-            || !self.live_link
+            || (!self.live_link && !self.stopping())
             || (!self.listed && self.link.is_none())
+    }
+
+    /// It said `DRAINING` and is not down yet: its sessions are its own to close.
+    pub(crate) fn stopping(&self) -> bool {
+        self.draining && !self.down
     }
 
     /// No slot dials here now: a dial failed less than its delay ago, or one has failed and

@@ -230,7 +230,8 @@ impl Nodes {
         self.plan(now);
     }
 
-    /// `DRAINING`: not live at once; its share moves, and the SDK closes its idle sessions.
+    /// `DRAINING`: not live at once; its share moves as the node closes its sessions (the SDK
+    /// closes none there: they answer the requests the node queued).
     pub(crate) fn draining(&mut self, addr: SocketAddr, now: Instant) {
         let Some(node) = self.node(addr) else { return };
         node.draining = true;
@@ -252,8 +253,9 @@ impl Nodes {
         let was_up = node.link.take().is_some();
         node.fresh_link = false;
         node.awaited = None;
-        // A link this side closed (shutdown) is no loss.
-        if node.live_link && node.lost_since.is_none() && !stopping {
+        // A link this side closed (shutdown) is no loss. A draining node's grace ends with
+        // the SDK closing what is left there (a node gone silent before it closed them).
+        if (node.live_link || node.stopping()) && node.lost_since.is_none() && !stopping {
             node.lost_since = Some(now);
         }
         let outage = !node.draining;
@@ -285,9 +287,12 @@ impl Nodes {
             return;
         }
         if node.draining {
-            // Expected: no warning, and nothing moves (its share moved when it said so).
+            // Expected: no warning (its share moved when it said so); what is left there the
+            // SDK closes now.
             node.down = true;
+            node.lost_since = None;
             tracing::info!(node = %addr, "the draining node is gone");
+            self.topology += 1;
             return;
         }
         if node.live_link {
@@ -308,7 +313,8 @@ impl Nodes {
         let due: Vec<SocketAddr> = self
             .nodes
             .iter()
-            .filter(|n| n.live_link && n.lost_since.is_some_and(|at| at + grace <= now))
+            .filter(|n| n.live_link || n.stopping())
+            .filter(|n| n.lost_since.is_some_and(|at| at + grace <= now))
             .map(|n| n.addr)
             .collect();
         for addr in due {
@@ -323,7 +329,7 @@ impl Nodes {
         }
         self.nodes
             .iter()
-            .filter(|n| n.live_link)
+            .filter(|n| n.live_link || n.stopping())
             .filter_map(|n| n.lost_since)
             .min()
             .map(|at| at + self.node_grace)
@@ -336,7 +342,11 @@ impl Nodes {
         node.live_link = false;
         node.down = true;
         node.lost_since = None;
-        tracing::warn!(node = %addr, held = node.held(), reason = why, "node is down; moving its share");
+        if node.draining {
+            tracing::info!(node = %addr, held = node.held(), reason = why, "the draining node is gone");
+        } else {
+            tracing::warn!(node = %addr, held = node.held(), reason = why, "node is down; moving its share");
+        }
         self.topology += 1;
         self.plan(now);
     }
@@ -502,7 +512,8 @@ impl Nodes {
             node.evict = node.evict.min(node.retiring);
             true
         } else {
-            node.sdk_closes()
+            // One the SDK closed, or one a draining node closed: it moves.
+            node.sdk_closes() || node.draining
         };
         self.sweep();
         moved

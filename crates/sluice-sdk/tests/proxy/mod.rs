@@ -31,9 +31,18 @@ pub(crate) async fn within<T>(fut: impl Future<Output = T>) -> T {
 /// The proxy's configuration: the listener and the acceptor at the given addresses (port 0:
 /// any), and one reverse cluster, `api`, that every request goes to.
 pub(crate) fn config(http: SocketAddr, acceptor: SocketAddr) -> sluice::config::Config {
+    config_with_grace(http, acceptor, "1s")
+}
+
+/// [`config`] with this `shutdown_grace` (how long a stopping proxy lets requests finish).
+pub(crate) fn config_with_grace(
+    http: SocketAddr,
+    acceptor: SocketAddr,
+    grace: &str,
+) -> sluice::config::Config {
     let text = format!(
         r#"[runtime]
-shutdown_grace = "1s"
+shutdown_grace = "{grace}"
 
 [acceptor]
 listen = "{acceptor}"
@@ -71,7 +80,16 @@ pub(crate) type Bound = Result<(SocketAddr, SocketAddr, ReverseCluster), String>
 impl RunningProxy {
     /// Binds the listener and the acceptor at the given addresses (port 0: any) and runs.
     pub(crate) async fn start(http: SocketAddr, acceptor: SocketAddr) -> Self {
-        let config = config(http, acceptor);
+        Self::start_config(config(http, acceptor)).await
+    }
+
+    /// A proxy on free ports that lets requests finish for `grace` when it stops.
+    pub(crate) async fn with_grace(grace: &str) -> Self {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self::start_config(config_with_grace(any, any, grace)).await
+    }
+
+    async fn start_config(config: sluice::config::Config) -> Self {
         let (bound, ready) = oneshot::channel::<Bound>();
         let (stop, stopped) = oneshot::channel::<()>();
         let (kill, killed) = oneshot::channel::<()>();

@@ -317,7 +317,8 @@ class Fleet:
             node.floor = on
 
     def draining(self, node: Node, gen: int) -> None:
-        """``DRAINING``: the node stops for good; its share moves elsewhere at once."""
+        """``DRAINING``: the node stops for good; its share moves elsewhere at once, each
+        session as the node closes it (this SDK closes none there until the node is down)."""
         if node.block != "draining":
             log.info("node %s is draining: its %d sessions move to the others", node,
                      node.sessions)
@@ -464,6 +465,10 @@ class Fleet:
         it is not live or has no links; a live node whose link is briefly lost keeps them
         (nothing changes for ``node_grace``). Returns how many were asked."""
         before = node.retiring
+        if node.block == "draining" and not node.down:
+            # The stopping node closes its sessions itself once the requests it queued are
+            # answered; each one it closes frees a dial elsewhere (README "DRAINING").
+            return 0
         if surplus <= 0:
             pass
         elif node.remote and (node.live or not node.listed):
@@ -563,6 +568,8 @@ class Fleet:
             node.asked -= 1  # the node closed it, as asked (which one is the node's choice)
         elif session is None and node.unborn > 0:
             node.unborn -= 1
+        elif session is not None and node.block == "draining":
+            pass  # the stopping node closed it: the slot dials elsewhere at once
         else:
             retired = False
         self._settle(node)

@@ -258,16 +258,35 @@ fn a_floor_counts_only_where_the_node_asks_for_it_and_a_new_link_asks_again() {
     assert_eq!(targets(&nodes), [4, 0]);
 }
 
+/// Issue 46: the SDK closes nothing at a node that said `DRAINING` (its sessions answer the
+/// requests the node queued); each one the node closes moves, and once the node is down the
+/// SDK closes what is left there.
 #[test]
-fn a_draining_node_is_vacated_by_the_sdk_and_its_share_moves() {
+fn a_draining_node_closes_its_sessions_itself_and_each_one_moves() {
     let (mut nodes, _links, now) = fleet(2, 4);
     fill(&mut nodes, now);
     nodes.draining(addr(0), now);
     assert_eq!(targets(&nodes), [0, 4]);
-    assert!(nodes.claim_close(addr(0)));
-    assert!(!nodes.claim_close(addr(1)));
-    assert!(nodes.ended(addr(0)));
+    assert!(
+        !nodes.claim_close(addr(0)),
+        "the SDK closed a session at a draining node"
+    );
+    assert!(
+        matches!(nodes.pick(now), Pick::Wait(_)),
+        "a dial beyond the capacity"
+    );
+    assert!(nodes.ended(addr(0)), "one the node closed moves");
     assert!(matches!(nodes.pick(now), Pick::Dial { addr: a, .. } if a == addr(1)));
+    assert!(
+        !nodes.link_lost(addr(0), now),
+        "a draining node's going is no outage"
+    );
+    nodes.refused(addr(0), now);
+    assert_eq!(nodes.status()[0].link, "draining");
+    assert!(
+        nodes.claim_close(addr(0)),
+        "down, the rest is the SDK's to close"
+    );
 }
 
 #[test]
@@ -345,9 +364,11 @@ fn a_refused_connect_to_a_node_never_reached_or_draining_moves_nothing() {
         !nodes.link_lost(addr(0), now),
         "a draining node's going is no outage"
     );
-    assert_eq!(nodes.next_timer(), None, "and starts no grace");
+    // Its grace only bounds how long its sessions stay the node's to close (issue 46).
+    assert_eq!(nodes.next_timer(), Some(now + GRACE));
     nodes.refused(addr(0), now);
     assert_eq!(targets(&nodes), [0, 4]);
+    assert_eq!(nodes.next_timer(), None, "gone: no grace left");
 }
 
 #[test]
