@@ -459,9 +459,11 @@ HTTP3_OWN_H2_LIMIT = 1.3  # issue 51: CPU per request over HTTP/3 / Sluice's own
 
 
 def _http3(s):
+    ran_caddy = any("caddy-h3" in runs for runs in s["bodies"].values())
+    caddy = s["caddy"] if ran_caddy else f"{s['caddy']} (not in this run: the smoke leaves it out)"
     lines = ["## HTTP/3", "",
              "Sluice (`workers = 1`, one TLS listener with `http2` and `http3`) and Caddy "
-             f"{s['caddy']} (`GOMAXPROCS=1`, HTTP/3 on as by default), each on CPU 1 with the "
+             f"{caddy} (`GOMAXPROCS=1`, HTTP/3 on as by default), each on CPU 1 with the "
              "same ECDSA P-256 certificate, forward over HTTP/1.1 keep-alive to their own "
              "`bench-backend`. HTTP/3 load: `h3load` (bench/tools: h3 over quinn; Debian's "
              f"h2load has no QUIC) with {s['connections']} connections x {s['streams']} "
