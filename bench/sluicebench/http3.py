@@ -63,11 +63,13 @@ def caddy_binary():
     return path
 
 
-def tools_missing():
+def tools_missing(smoke=False):
+    """What the scenario needs that is not here: h3load, and Caddy or go to build it (not for
+    the smoke, which leaves Caddy out)."""
     missing = [] if os.path.exists(binary("h3load")) else [
         f"{binary('h3load')} (build: cargo build --release -p sluice-bench)"]
     caddy = os.path.join(targets.CARGO_TARGET_DIR, "caddy", CADDY_VERSION, "caddy")
-    if not os.path.exists(caddy) and not targets._which("go"):
+    if not smoke and not os.path.exists(caddy) and not targets._which("go"):
         missing.append("go (to build Caddy from the Go module proxy)")
     return missing
 
