@@ -2,6 +2,7 @@
 min-max; comparisons are medians of per-round ratios (rounds interleave the targets, so a
 ratio compares runs that were seconds apart)."""
 
+import json
 import os
 import platform
 import statistics
@@ -76,6 +77,8 @@ def write(results, out_dir):
         lines += _h2(results["h2"])
     if "idle" in results:
         lines += _idle(results["idle"])
+    if "http3" in results:
+        lines += _http3(results["http3"])
     if "grpc" in results:
         lines += _grpc(results["grpc"])
     if "nginx-module" in results:
@@ -458,6 +461,102 @@ def _idle(s):
     return lines
 
 
+HTTP3_OWN_H2_LIMIT = 1.3  # issue 51: CPU per request over HTTP/3 / Sluice's own HTTP/2
+
+
+def _http3(s):
+    ran_caddy = any("caddy-h3" in runs for runs in s["bodies"].values())
+    caddy = s["caddy"] if ran_caddy else f"{s['caddy']} (not in this run: the smoke leaves it out)"
+    lines = ["## HTTP/3", "",
+             "Sluice (`workers = 1`, one TLS listener with `http2` and `http3`) and Caddy "
+             f"{caddy} (`GOMAXPROCS=1`, HTTP/3 on as by default), each on CPU 1 with the "
+             "same ECDSA P-256 certificate, forward over HTTP/1.1 keep-alive to their own "
+             "`bench-backend`. HTTP/3 load: `h3load` (bench/tools: h3 over quinn; Debian's "
+             f"h2load has no QUIC) with {s['connections']} connections x {s['streams']} "
+             "requests in flight; HTTP/2 load: `h2load` of the same shape, to the same "
+             f"processes. {s['seconds']} s after a {s['warmup_s']} s warm-up, {s['rounds']} "
+             "round(s), runs rotated. CPU per request: the proxy's CPU over the whole run "
+             "divided by the requests its backend served. A ratio is the median of per-round "
+             "ratios (min-max). `sluice-h3-b` is a second, identical Sluice (A/A).", "",
+             f"UDP offload the sockets take: `{json.dumps(s.get('udp_offload', {}))}`.", ""]
+    lines += _udp_calls(s.get("udp_calls"))
+    for path, runs in s["bodies"].items():
+        lines += [f"### `GET {path}`", "", "| run | rps | CPU us/req | vs caddy-h3 (CPU) "
+                  "| vs sluice-h2 (CPU) | mean ms | errors | load CPU busy |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, rs in runs.items():
+            vs = [median_range(ratios(rs, runs[base], cpu), 2) if base in runs else "-"
+                  for base in ("caddy-h3", "sluice-h2")]
+            busy = sum(r["load_cpu_busy"] >= 0.95 for r in rs)
+            lines.append(f"| {name} | {median_range([rps(r) for r in rs])} | "
+                         f"{median_range([cpu(r) for r in rs], 1)} | {vs[0]} | {vs[1]} | "
+                         f"{median_range([r['latency_us']['mean'] / 1e3 for r in rs], 1)} | "
+                         f"{sum(r['errors'] + r['non2xx'] for r in rs)} | "
+                         f"{busy}/{len(rs)} flagged |")
+        if {"sluice-h3", "sluice-h3-b"} <= set(runs):
+            a, b = runs["sluice-h3-b"], runs["sluice-h3"]
+            lines += ["", f"A/A, sluice-h3-b / sluice-h3: rps {median_range(ratios(a, b, rps), 2)}"
+                      f", CPU/req {median_range(ratios(a, b, cpu), 2)}."]
+        lines.append("")
+    idle = s.get("idle")
+    if idle:
+        lines += [f"### Idle connections: {idle['connections']} per run", "",
+                  "Each after one request (HTTP/3: `h3load --mode idle`, QUIC PINGs every 5 s; "
+                  "HTTP/2: `idleclients.py`), held open; the proxy's VmRSS before (after a "
+                  f"warm-up of {idle['warmup']} connections), with them open and after they "
+                  f"closed; fresh processes each run, {idle['rounds']} round(s).", "",
+                  "| run | KiB per idle conn | returned | failed |", "|---|---|---|---|"]
+        for name, rs in idle["targets"].items():
+            lines.append(f"| {name} | {median_range([_per_conn(r) for r in rs], 2)} | "
+                         f"{median_range([r['returned'] * 100 for r in rs])}% | "
+                         f"{sum(r['failed'] for r in rs)} |")
+        t = idle["targets"]
+        if {"sluice-h3", "sluice-h2"} <= set(t):
+            lines += ["", "sluice-h3 / sluice-h2, per idle conn: "
+                      f"{median_range(ratios(t['sluice-h3'], t['sluice-h2'], _per_conn), 2)}"]
+        lines.append("")
+    return lines
+
+
+def _udp_calls(calls):
+    """The GSO/GRO pass: what each proxy's UDP system calls carried under strace."""
+    if not calls:
+        return []
+    lines = ["GSO/GRO in use: each proxy's UDP calls over one second of the same HTTP/3 load "
+             "under `strace -f` (a pass of its own; tracing slows the calls it counts, so it "
+             "gives no other number). A send with GSO carries a `UDP_SEGMENT` control "
+             "message, a receive with GRO a `UDP_GRO` one.", "",
+             "| proxy | sends | with GSO | of them > 1 datagram | result per send | receives "
+             "| with GRO | result per receive |", "|---|---|---|---|---|---|---|---|"]
+    for name, c in calls.items():
+        lines.append(f"| {name} | {c['sends']} | {c['sends_gso']} | "
+                     f"{c.get('sends_batched', '-')} | "
+                     f"{c['send_bytes'] / max(c['sends'], 1):.0f} | {c['recvs']} | "
+                     f"{c['recvs_gro']} | {c['recv_bytes'] / max(c['recvs'], 1):.0f} |")
+    return lines + ["", "(\"result\": what the call returned: bytes for sendmsg/recvmsg, "
+                        "messages for sendmmsg/recvmmsg.)", ""]
+
+
+def _http3_verdicts(s):
+    """Issue 51's targets: CPU per request over HTTP/3 <= Caddy's and <= 1.3x Sluice's own
+    HTTP/2, per body size."""
+    if not s:
+        return []
+    out = []
+    for path, runs in s["bodies"].items():
+        aa = (f"; A/A {med(ratios(runs['sluice-h3-b'], runs['sluice-h3'], cpu)):.2f}x"
+              if {"sluice-h3", "sluice-h3-b"} <= set(runs) else "")
+        if {"sluice-h3", "caddy-h3"} <= set(runs):
+            r = med(ratios(runs["sluice-h3"], runs["caddy-h3"], cpu))
+            out.append((f"http3 {path}: sluice-h3 CPU/req <= caddy-h3", f"{r:.2f}x{aa}",
+                        verdict(r <= 1.0)))
+        if {"sluice-h3", "sluice-h2"} <= set(runs):
+            r = med(ratios(runs["sluice-h3"], runs["sluice-h2"], cpu))
+            out.append((f"http3 {path}: sluice-h3 CPU/req <= {HTTP3_OWN_H2_LIMIT:g}x sluice-h2",
+                        f"{r:.2f}x", verdict(r <= HTTP3_OWN_H2_LIMIT)))
+    return out
+
+
 GRPC_BASELINES = ("nginx-grpc", "haproxy-grpc")
 GRPC_STATIC, GRPC_REVERSE = "sluice-grpc", "sluice-grpc-reverse"
 GRPC_REVERSE_LIMIT = 1.1  # issue 31: CPU per call over dial-in HTTP/2 sessions / static h2c
@@ -800,6 +899,7 @@ def evaluate(results):
                         verdict(p <= spike["queue_timeout_s"])))
     out += _module_verdicts(results.get("nginx-module"))
     out += _grpc_verdicts(results.get("grpc"))
+    out += _http3_verdicts(results.get("http3"))
     ports = results.get("ports", {}).get("targets", {}).get("sluice-reverse")
     if ports:
         out.append(("ports: sluice-reverse new upstream connections and TIME_WAIT (both sides)",

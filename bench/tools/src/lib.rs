@@ -6,6 +6,7 @@
 //!   request's due time), where `wrk` is closed-loop.
 //! * `slowclients`: clients that read responses slowly.
 //! * `tlsload`: new TLS connections, full or resumed handshakes, one request each.
+//! * `h3load`: HTTP/3 load (h2load's shape), or idle HTTP/3 connections.
 //!
 //! Each prints JSON (or a readiness line) on stdout for the harness to parse.
 //!
@@ -14,11 +15,13 @@
 //! * [`openloop`]: the schedule, the connection pool and the report.
 //! * [`slowclients`]: the slow readers.
 //! * [`tlsload`]: the TLS connection loop.
+//! * [`h3load`]: the HTTP/3 request loops and idle connections.
 //! * [`response`]: where an HTTP/1.1 response ends, for both clients.
 //! * [`target`]: parsing the `http://` URL the clients load.
 //! * [`summary`]: latency percentiles.
 
 pub mod backend;
+pub mod h3load;
 pub mod openloop;
 pub mod response;
 pub mod slowclients;

@@ -236,7 +236,10 @@ fn server_config(
         .max_concurrent_bidi_streams(options.max_streams.into())
         // The client's control and QPACK streams, and a few it may open to be ignored.
         .max_concurrent_uni_streams(16u32.into())
-        .max_idle_timeout(quinn::IdleTimeout::try_from(http.idle_timeout).ok());
+        .max_idle_timeout(quinn::IdleTimeout::try_from(http.idle_timeout).ok())
+        // Responses one after another rather than round-robin: RFC 9218's default for a
+        // request without a priority (not incremental), and fewer stream frames per packet.
+        .send_fairness(false);
     server.transport_config(Arc::new(transport));
     Ok(server)
 }

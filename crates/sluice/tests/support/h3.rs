@@ -76,14 +76,40 @@ pub async fn h3_request(
     tls: &Arc<rustls::ClientConfig>,
     req: Request<Bytes>,
 ) -> H3Answer {
+    try_h3_request(addr, tls, req).await.unwrap()
+}
+
+/// [`h3_request`], with what went wrong (the handshake, or the request's stream or
+/// connection) as an error rather than a panic.
+pub async fn try_h3_request(
+    addr: SocketAddr,
+    tls: &Arc<rustls::ClientConfig>,
+    req: Request<Bytes>,
+) -> Result<H3Answer, String> {
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(Arc::clone(tls)).unwrap();
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-    let quic = endpoint.connect(addr, "localhost").unwrap().await.unwrap();
+    let quic = endpoint
+        .connect(addr, "localhost")
+        .unwrap()
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
     let (mut driver, mut sender) = h3::client::new(h3_quinn::Connection::new(quic))
         .await
-        .unwrap();
+        .map_err(|e| format!("HTTP/3 setup: {e}"))?;
     let drive = tokio::spawn(async move { poll_fn(|cx| driver.poll_close(cx)).await });
+    let answer = exchange(&mut sender, addr, req).await;
+    drop(sender);
+    drive.abort();
+    endpoint.close(0u32.into(), b"");
+    answer.map_err(|e| format!("request: {e}"))
+}
+
+async fn exchange(
+    sender: &mut h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    addr: SocketAddr,
+    req: Request<Bytes>,
+) -> Result<H3Answer, h3::error::StreamError> {
     let (mut parts, body) = req.into_parts();
     if parts.uri.authority().is_none() {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -91,27 +117,21 @@ pub async fn h3_request(
             .parse()
             .unwrap();
     }
-    let mut stream = sender
-        .send_request(Request::from_parts(parts, ()))
-        .await
-        .unwrap();
+    let mut stream = sender.send_request(Request::from_parts(parts, ())).await?;
     if !body.is_empty() {
-        stream.send_data(body).await.unwrap();
+        stream.send_data(body).await?;
     }
-    stream.finish().await.unwrap();
-    let response = stream.recv_response().await.unwrap();
+    stream.finish().await?;
+    let response = stream.recv_response().await?;
     let mut body = BytesMut::new();
-    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+    while let Some(mut chunk) = stream.recv_data().await? {
         let bytes = chunk.copy_to_bytes(chunk.remaining());
         body.extend_from_slice(&bytes);
     }
-    let trailers = stream.recv_trailers().await.unwrap();
-    drop((stream, sender));
-    drive.abort();
-    endpoint.close(0u32.into(), b"");
-    H3Answer {
+    let trailers = stream.recv_trailers().await?;
+    Ok(H3Answer {
         response,
         body: body.freeze(),
         trailers,
-    }
+    })
 }
