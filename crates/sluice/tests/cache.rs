@@ -1,8 +1,9 @@
 //! A route's `cache` (RFC 9111) through a real proxy and a real upstream: request coalescing,
 //! `Vary`, cache poisoning (unkeyed fields, other hosts), `no-store`, revalidation,
-//! `stale-if-error` (an upstream error, the upstream down), `HEAD`
-//! from a stored `GET`, invalidation by an unsafe method, and its configuration's refusals;
-//! its metrics, its `cache_status` in the access log, and purges through the admin API.
+//! `stale-if-error` (an upstream error, the upstream down), `stale-while-revalidate` and its
+//! background refresh, ranges from a stored answer, `HEAD` from a stored `GET` (and a `HEAD`
+//! updating it), invalidation by an unsafe method, and its configuration's refusals; its
+//! metrics, its `cache_status` in the access log, and purges through the admin API.
 //! The public cache test suite runs in the test command (`scripts/cache-tests`).
 #![allow(clippy::unwrap_used)]
 
@@ -25,7 +26,10 @@ use tokio::sync::watch;
 /// `/fresh` `max-age=60`; `/no-store`; `/vary` by `Accept-Language`; `/host` the `Host` and
 /// `X-Forwarded-Host` it was sent; `/etag` `max-age=0` with an entity tag, `304` to
 /// `If-None-Match`; `/gated` `max-age=60` once the gate opens; `/sie` stale at once but
-/// usable for a minute if the upstream fails, then 503 to every request after the first.
+/// usable for a minute if the upstream fails, then 503 to every request after the first;
+/// `/swr` stale at once but servable for a minute while revalidated, every request after
+/// the first held until the gate opens; `/head` stale at once to a `GET`, fresh for a minute
+/// to a `HEAD`, its count in `x-n`.
 #[derive(Clone)]
 struct Origin {
     addr: SocketAddr,
@@ -106,6 +110,21 @@ impl Origin {
                     return res.body(Full::default()).unwrap();
                 }
                 format!("etag {n}")
+            }
+            "/head" => {
+                let head = req.method() == http::Method::HEAD;
+                let cc = if head { "max-age=60" } else { "max-age=0" };
+                res = Response::builder().header("cache-control", cc).header("x-n", n);
+                format!("head {n}")
+            }
+            "/swr" => {
+                res = Response::builder()
+                    .header("cache-control", "max-age=0, stale-while-revalidate=60");
+                if n > 1 {
+                    let mut open = self.gate.subscribe();
+                    open.wait_for(|o| *o).await.unwrap();
+                }
+                format!("swr {n}")
             }
             "/gated" => {
                 let mut open = self.gate.subscribe();
@@ -321,6 +340,89 @@ async fn stale_if_error_serves_the_stored_answer_with_the_upstream_down() {
     // endpoint is marked down).
     let third = ask(&p, "GET", "/y", &[]).await;
     assert!(third.status.is_server_error(), "{third:?}");
+}
+
+#[tokio::test]
+async fn ranges_are_served_from_a_whole_stored_answer() {
+    let origin = Origin::start().await;
+    let p = proxy(&origin, "true").await;
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    let field = |r: &Reply, name: &str| {
+        let v = r.headers.get(name);
+        v.map_or(String::new(), |v| v.to_str().unwrap().to_owned())
+    };
+    let part = ask(&p, "GET", "/fresh", &[("range", "bytes=0-4")]).await;
+    assert_eq!((part.status, part.body.as_str()), (StatusCode::PARTIAL_CONTENT, "fresh"));
+    assert_eq!(field(&part, "content-range"), "bytes 0-4/7");
+    assert_eq!(field(&part, "content-length"), "5");
+    assert!(cache_status(&part).contains("hit"), "{part:?}");
+    let suffix = ask(&p, "GET", "/fresh", &[("range", "bytes=-1")]).await;
+    assert_eq!((suffix.status, suffix.body.as_str()), (StatusCode::PARTIAL_CONTENT, "1"));
+    let past = ask(&p, "GET", "/fresh", &[("range", "bytes=7-")]).await;
+    assert_eq!(past.status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(field(&past, "content-range"), "bytes */7");
+    // Several ranges, or an If-Range that does not match, get the whole answer.
+    let several = ask(&p, "GET", "/fresh", &[("range", "bytes=0-0,2-3")]).await;
+    assert_eq!((several.status, several.body.as_str()), (StatusCode::OK, "fresh 1"));
+    let other = [("range", "bytes=0-0"), ("if-range", "\"v9\"")];
+    let other = ask(&p, "GET", "/fresh", &other).await;
+    assert_eq!((other.status, other.body.as_str()), (StatusCode::OK, "fresh 1"));
+    assert_eq!(origin.seen("/fresh"), 1);
+}
+
+#[tokio::test]
+async fn a_head_answer_updates_the_stored_get() {
+    let origin = Origin::start().await;
+    let p = proxy(&origin, "true").await;
+    assert_eq!(ask(&p, "GET", "/head", &[]).await.body, "head 1");
+    let head = ask(&p, "HEAD", "/head", &[]).await;
+    assert_eq!(head.headers["x-n"], "2");
+    // The stored body with the HEAD's fields, fresh for their minute.
+    let get = ask(&p, "GET", "/head", &[]).await;
+    assert_eq!(get.body, "head 1");
+    assert_eq!(get.headers["x-n"], "2");
+    assert!(cache_status(&get).contains("hit"), "{get:?}");
+    assert_eq!(origin.seen("/head"), 2);
+}
+
+/// Waits (bounded) until `done` holds.
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..500 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test]
+async fn stale_while_revalidate_serves_at_once_and_one_request_refreshes() {
+    let origin = Origin::start().await;
+    let p = proxy(&origin, "true").await;
+    assert_eq!(ask(&p, "GET", "/swr", &[]).await.body, "swr 1");
+    // Stale but within its window: served at once, while the refresh waits at the gate.
+    let at_once = std::time::Duration::from_secs(10);
+    let second = tokio::time::timeout(at_once, ask(&p, "GET", "/swr", &[]))
+        .await
+        .expect("a stale-while-revalidate answer waited for the upstream");
+    assert_eq!(second.body, "swr 1");
+    assert!(
+        cache_status(&second).contains("hit; detail=stale-while-revalidate"),
+        "{second:?}"
+    );
+    until("the refresh reached the origin", async || origin.seen("/swr") == 2).await;
+    // While it is under way, others get the stale answer too and start no refresh of their own.
+    for _ in 0..4 {
+        let r = tokio::time::timeout(at_once, ask(&p, "GET", "/swr", &[])).await;
+        assert_eq!(r.expect("waited for the upstream").body, "swr 1");
+    }
+    assert_eq!(origin.seen("/swr"), 2);
+    origin.gate.send_replace(true);
+    until("the refreshed answer is served", async || {
+        ask(&p, "GET", "/swr", &[]).await.body == "swr 2"
+    })
+    .await;
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! rules are `sluice`'s `cache` module (memory; request coalescing).
 
 mod directives;
+pub mod range;
 
 pub use directives::Directives;
 
@@ -433,6 +434,35 @@ pub fn stale_if_error(stored: &Stored, req: &Directives, now: SystemTime) -> boo
     };
     let forbidden = res.must_revalidate || res.proxy_revalidate || res.s_maxage.is_some();
     !forbidden && stored.current_age(now) < stored.freshness_lifetime() + window
+}
+
+/// Whether `stored`, no longer fresh for a request with directives `req` at `now`, may
+/// answer it at once while a background request revalidates it (RFC 5861 §3): within the
+/// answer's `stale-while-revalidate` past its lifetime, unless the answer forbids serving it
+/// stale (`must-revalidate`, `proxy-revalidate`, `s-maxage`, `no-cache`) or the request asks
+/// for a fresher one (`no-cache`, `max-age`, `min-fresh`).
+pub fn stale_while_revalidate(stored: &Stored, req: &Directives, now: SystemTime) -> bool {
+    let res = response_directives(&stored.fields);
+    let Some(window) = res.stale_while_revalidate else {
+        return false;
+    };
+    let forbidden = res.must_revalidate || res.proxy_revalidate || res.s_maxage.is_some();
+    let fresher = req.no_cache || req.max_age.is_some() || req.min_fresh.is_some();
+    !(forbidden || fresher || res.no_cache)
+        && stored.current_age(now) < stored.freshness_lifetime() + window
+}
+
+/// Whether a `200` to a `HEAD` with these `fields` updates the stored answer to a `GET`
+/// (RFC 9111 §4.3.5, selected as §4.3.4 selects what a `304` updates): the same entity tag,
+/// else the same `Last-Modified`, else neither has a validator.
+pub fn head_updates(stored: &Stored, fields: &HeaderMap) -> bool {
+    for name in [header::ETAG, header::LAST_MODIFIED] {
+        let (old, new) = (stored.fields.get(&name), fields.get(&name));
+        if old.is_some() || new.is_some() {
+            return old == new;
+        }
+    }
+    true
 }
 
 /// Whether a client's own conditional `GET`/`HEAD` is answered `304` from `stored` (RFC

@@ -26,10 +26,7 @@ pub(super) fn keep(cache: &Cache, asked: &Asked<'_>) -> Option<Box<dyn Keep>> {
             method,
         }));
     }
-    let stale = match method {
-        Method::GET => stale_for(cache, &key, asked),
-        _ => None,
-    };
+    let stale = stale_for(cache, &key, asked);
     Some(Box::new(Miss {
         cache: cache.handle(),
         filled: cache.claim(&key),
@@ -105,6 +102,22 @@ impl Miss {
     }
 }
 
+impl Miss {
+    /// A `200` to a `HEAD` updates the stored `GET`'s fields when their validators agree
+    /// (RFC 9111 §4.3.5); the body stays.
+    fn head_update(&self, head: &http::response::Parts, times: (SystemTime, SystemTime)) {
+        if head.status != StatusCode::OK {
+            return;
+        }
+        let Some(stored) = self.cache.lookup(&self.key, &self.fields) else {
+            return;
+        };
+        if rules::head_updates(&stored, &head.headers) {
+            self.cache.put(&self.key, stored.refreshed(&head.headers, times));
+        }
+    }
+}
+
 impl Keep for Miss {
     fn ask(&mut self, fields: &mut HeaderMap) {
         self.fields = fields.clone();
@@ -137,6 +150,9 @@ impl Keep for Miss {
             if let Some(replaced) = self.stale_answer(&stale, head, times) {
                 return Kept::Replace(replaced);
             }
+        }
+        if self.method == Method::HEAD {
+            self.head_update(head, times);
         }
         let storable = self.method == Method::GET
             && rules::storable(&self.method, &self.fields, head.status, &head.headers);

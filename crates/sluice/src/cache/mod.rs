@@ -5,7 +5,9 @@
 //! * Lookup ([`RouteFeature::admit`]): a fresh stored answer for the request's key (scheme,
 //!   host with port, path and query) and variant (`Vary`) answers it (`Cache-Status: Sluice;
 //!   hit`), `304` when the client's own validators match; a stale one, or none, lets it go
-//!   upstream.
+//!   upstream; a stale one within its `stale-while-revalidate` (RFC 5861) answers it at once
+//!   (`Cache-Status: Sluice; hit; detail=stale-while-revalidate`) and the request goes on
+//!   upstream in the background to refresh it, one such request per key at a time.
 //! * Request coalescing: while one request fetches a key that has nothing stored, the others
 //!   for it wait (at most `lock_timeout`) and are answered from what it stored; if it stored
 //!   nothing they go upstream themselves.
@@ -289,7 +291,8 @@ fn key_of(asked: &Asked<'_>) -> Option<String> {
 }
 
 /// A stored answer as a request gets it: `304` when the client's validators match, else the
-/// answer with its `Age`; both with `Cache-Status`.
+/// answer with its `Age`, cut to the request's `Range` (`206`, `416`); all with
+/// `Cache-Status`.
 fn hit(stored: &Stored, request: &(impl Fields + ?Sized), now: SystemTime, status: &str) -> Answer {
     let age = HeaderValue::from(stored.current_age(now).as_secs());
     let cache_status = HeaderValue::from_str(&format!("Sluice; {status}"))
@@ -308,11 +311,12 @@ fn hit(stored: &Stored, request: &(impl Fields + ?Sized), now: SystemTime, statu
     let mut fields: Vec<_> = kept.map(|(n, v)| (n.clone(), v.clone())).collect();
     fields.push((header::AGE, age));
     fields.push((CACHE_STATUS.clone(), cache_status));
-    Answer {
+    let whole = Answer {
         status: stored.status,
         fields,
         body: Some(stored.body.clone()),
-    }
+    };
+    rules::range::cut(request, whole)
 }
 
 /// Looks the request up; answers it when a fresh stored answer fits, or waits for the fetch
@@ -327,9 +331,7 @@ impl RouteFeature for Cache {
     }
 
     fn admit<'a>(&'a self, asked: &Asked<'a>) -> Verdict<'a> {
-        // A range is the upstream's to answer (a stored object is not cut yet).
-        let lookup = (*asked.method == Method::GET || *asked.method == Method::HEAD)
-            && asked.fields.first_value("range").is_none();
+        let lookup = *asked.method == Method::GET || *asked.method == Method::HEAD;
         let Some(key) = key_of(asked).filter(|_| lookup) else {
             return Verdict::Pass;
         };
@@ -341,10 +343,15 @@ impl RouteFeature for Cache {
                 self.counters.hits.inc();
                 return Verdict::Answer(hit(stored, asked.fields, now, "hit"));
             }
+            if *asked.method == Method::GET && rules::stale_while_revalidate(stored, &req, now) {
+                return self.revalidating(stored, &key, asked.fields, now);
+            }
         }
-        // Only a plain GET of a key with nothing stored waits for another's fetch; a wait
-        // counts its lookup once it has waited, every other request here misses.
-        let coalesced = stored.is_none() && *asked.method == Method::GET && !req.no_cache;
+        // Only a plain GET of a key with nothing stored waits for another's fetch (not a
+        // range, whose answer is not stored); a wait counts its lookup once it has waited,
+        // every other request here misses.
+        let whole = asked.fields.first_value("range").is_none();
+        let coalesced = stored.is_none() && *asked.method == Method::GET && !req.no_cache && whole;
         let waits = coalesced && !req.no_store && !req.only_if_cached;
         let fill = waits.then(|| self.join_or_start(&key)).flatten();
         let Some(fill) = fill else {
@@ -364,6 +371,25 @@ impl RouteFeature for Cache {
 }
 
 impl Cache {
+    /// A stale `stored` answer within its `stale-while-revalidate`, served at once; the
+    /// request refreshes it in the background unless another's refresh of its key is under
+    /// way (one refresh per key at a time).
+    fn revalidating<'a>(
+        &self,
+        stored: &Stored,
+        key: &str,
+        fields: &dyn DynFields,
+        now: SystemTime,
+    ) -> Verdict<'a> {
+        self.counters.hits.inc();
+        self.counters.stale.inc();
+        let answer = hit(stored, fields, now, "hit; detail=stale-while-revalidate");
+        match self.join_or_start(key) {
+            Some(_under_way) => Verdict::Answer(answer),
+            None => Verdict::Refresh(answer),
+        }
+    }
+
     /// A request with nothing fresh stored: `504` if it asked `only-if-cached`, else it goes
     /// upstream.
     fn missed<'a>(&self, req: &rules::Directives) -> Verdict<'a> {
@@ -378,7 +404,7 @@ impl Cache {
     }
 }
 
-/// The stored answer for `key` of a request going upstream (GET only, not itself
+/// The stored answer for `key` of a request going upstream (GET or HEAD, not itself
 /// conditional): revalidated when it has validators, and served if the upstream fails within
 /// its `stale-if-error`.
 fn stale_for(cache: &Store, key: &str, asked: &Asked<'_>) -> Option<Arc<Stored>> {
