@@ -207,13 +207,22 @@ pub(crate) enum RawCache {
     Table(RawCacheTable),
 }
 
-/// `cache = { memory, max_object, lock_timeout }`.
+/// `cache = { memory, max_object, lock_timeout, disk }`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCacheTable {
     pub(crate) memory: Option<Spanned<Size>>,
     pub(crate) max_object: Option<Spanned<Size>>,
     pub(crate) lock_timeout: Option<Spanned<Dur>>,
+    pub(crate) disk: Option<Spanned<RawCacheDisk>>,
+}
+
+/// A cache's `disk = { path, max_size }` (NGINX's `proxy_cache_path`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCacheDisk {
+    pub(crate) path: Spanned<String>,
+    pub(crate) max_size: Option<Spanned<Size>>,
 }
 
 struct RawCacheVisitor;

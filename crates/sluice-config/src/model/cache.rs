@@ -1,8 +1,11 @@
-//! A route's `cache`: a shared HTTP cache (RFC 9111) in memory, bounded in bytes.
+//! A route's `cache`: a shared HTTP cache (RFC 9111) in memory, bounded in bytes, and on
+//! disk when it has a `disk` tier.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-/// `cache = true` or `{ memory = "256MiB", max_object = "8MiB", lock_timeout = "5s" }`.
+/// `cache = true` or `{ memory = "256MiB", max_object = "8MiB", lock_timeout = "5s",
+/// disk = { path = "/var/cache/sluice/api", max_size = "10GiB" } }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cache {
     /// The most bytes the route's stored answers hold (bodies and fields).
@@ -12,6 +15,22 @@ pub struct Cache {
     /// How long a request waits for the answer another request is fetching for the same
     /// key (request coalescing) before it goes upstream itself.
     pub lock_timeout: Duration,
+    /// The disk tier, if it has one.
+    pub disk: Option<CacheDisk>,
+}
+
+/// A cache's disk tier: a directory of its own, bounded in bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheDisk {
+    /// The directory (created if missing), resolved against the configuration file's.
+    pub path: PathBuf,
+    /// The most bytes its files hold.
+    pub max_size: u64,
+}
+
+impl CacheDisk {
+    /// `max_size` when none is given.
+    pub const DEFAULT_MAX_SIZE: u64 = 1 << 30;
 }
 
 impl Default for Cache {
@@ -20,6 +39,7 @@ impl Default for Cache {
             memory: 256 << 20,
             max_object: 8 << 20,
             lock_timeout: Duration::from_secs(5),
+            disk: None,
         }
     }
 }

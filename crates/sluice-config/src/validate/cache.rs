@@ -1,13 +1,15 @@
-//! A route's `cache = true` or `{ memory, max_object, lock_timeout }`.
+//! A route's `cache = true` or `{ memory, max_object, lock_timeout, disk }`.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use toml::Spanned;
 
 use super::Ctx;
 use crate::error::ConfigError;
-use crate::model::{Action, Cache};
-use crate::raw::RawCache;
+use crate::model::{Action, Cache, CacheDisk};
+use crate::raw::{RawCache, RawCacheDisk, RawRoute};
 
 /// The longest `lock_timeout`: a waiting client is not held longer than this.
 const MAX_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
@@ -61,9 +63,67 @@ pub(super) fn cache(
         let msg = "`lock_timeout` is at most 60s: a waiting client is not held longer";
         return Err(ctx.err(t.span(), msg));
     }
+    let disk = raw.disk.map(|d| disk(ctx, d, max_object)).transpose()?;
     Ok(Some(Cache {
         memory,
         max_object,
         lock_timeout,
+        disk,
     }))
+}
+
+/// `disk = { path, max_size }`: `max_size` holds at least one object of `max_object`.
+fn disk(
+    ctx: Ctx<'_>,
+    raw: Spanned<RawCacheDisk>,
+    max_object: u64,
+) -> Result<CacheDisk, ConfigError> {
+    let raw = raw.into_inner();
+    if raw.path.get_ref().is_empty() {
+        return Err(ctx.err(
+            raw.path.span(),
+            "`path` is empty: name the disk tier's directory",
+        ));
+    }
+    let max_size = raw
+        .max_size
+        .as_ref()
+        .map_or(CacheDisk::DEFAULT_MAX_SIZE, |m| m.get_ref().0 as u64);
+    if let Some(m) = raw.max_size.as_ref().filter(|_| max_size < max_object) {
+        let msg = format!(
+            "`max_size` must hold one object of `max_object` ({max_object} bytes) at least"
+        );
+        return Err(ctx.err(m.span(), msg));
+    }
+    Ok(CacheDisk {
+        path: ctx.resolve(raw.path.get_ref()),
+        max_size,
+    })
+}
+
+/// Refuses a disk tier's directory named by two routes: each tier removes the files it
+/// does not know, so two would evict each other's.
+pub(super) fn one_route_per_directory(
+    ctx: Ctx<'_>,
+    routes: &[Spanned<RawRoute>],
+) -> Result<(), ConfigError> {
+    let mut seen: HashMap<PathBuf, usize> = HashMap::new();
+    for (i, route) in routes.iter().enumerate() {
+        let Some(RawCache::Table(table)) = route.get_ref().cache.as_ref().map(|c| c.get_ref())
+        else {
+            continue;
+        };
+        let Some(disk) = &table.disk else {
+            continue;
+        };
+        let path = &disk.get_ref().path;
+        if let Some(first) = seen.insert(ctx.resolve(path.get_ref()), i + 1) {
+            let msg = format!(
+                "`{}` is the disk tier of route {first} already: give each cache a directory of its own",
+                path.get_ref()
+            );
+            return Err(ctx.err(path.span(), msg));
+        }
+    }
+    Ok(())
 }

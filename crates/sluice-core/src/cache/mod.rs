@@ -73,6 +73,17 @@ impl Variant {
         Self(values.collect())
     }
 
+    /// A variant from its fields' names and values, as [`Variant::pairs`] lists them (a
+    /// store that keeps it outside memory reads it back so).
+    pub fn from_pairs(pairs: Vec<(String, Option<String>)>) -> Self {
+        Self(pairs)
+    }
+
+    /// Its fields' names (lowercase) and normalised values (`None`: absent).
+    pub fn pairs(&self) -> &[(String, Option<String>)] {
+        &self.0
+    }
+
     /// Whether `request` is this variant.
     pub fn matches(&self, request: &(impl Fields + ?Sized)) -> bool {
         self.0.iter().all(|(n, v)| normalised(request, n) == *v)

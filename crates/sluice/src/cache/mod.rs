@@ -19,8 +19,12 @@
 //!
 //! The store is a `moka` cache bounded in bytes (each key's variants weighed together):
 //! TinyLFU admission with LRU eviction, concurrent without a global lock; it is already in
-//! the build (hickory's resolver cache), so it adds no dependency.
+//! the build (hickory's resolver cache), so it adds no dependency. With a `disk` tier
+//! ([`disk`]), answers are stored in files as they stream, and the memory tier keeps the
+//! ones read back from disk: a lookup that misses memory reads the file (on tokio's blocking
+//! pool) before it answers or goes upstream.
 
+mod disk;
 mod keep;
 mod metrics;
 
@@ -96,6 +100,8 @@ pub(crate) struct Store {
     route: String,
     counters: metrics::Counters,
     store: moka::sync::Cache<String, Variants>,
+    /// The disk tier, if the cache has one (and its directory could be opened).
+    disk: Option<disk::Disk>,
     /// The keys being fetched with nothing stored, each with the fetch's end to wait for.
     filling: Mutex<HashMap<String, Arc<Fill>>>,
 }
@@ -134,6 +140,7 @@ impl Store {
         Self {
             config: config.clone(),
             route: route.to_owned(),
+            disk: open_disk(route, config, &counters),
             counters,
             store,
             filling: Mutex::default(),
@@ -154,9 +161,45 @@ impl Store {
         variants.iter().find(|s| s.variant.matches(fields)).cloned()
     }
 
-    /// Stores `stored` for `key`, over the variant it replaces.
+    /// Stores `stored` for `key` in both tiers, over the variant it replaces.
     fn put(&self, key: &str, stored: Stored) {
-        let stored = Arc::new(stored);
+        if let Some(disk) = &self.disk {
+            disk.put(key, &stored);
+        }
+        self.remember(key, Arc::new(stored));
+    }
+
+    /// Ends a file written as an answer streamed and stores it under `key` (disk tier).
+    fn commit(&self, key: &str, variant: rules::Variant, writer: disk::Writer) {
+        if let Some(disk) = &self.disk {
+            disk.commit(key, variant, writer);
+        }
+    }
+
+    /// A file for the answer `stored` to `key`, its body to follow, when the cache has a disk
+    /// tier (`Err`: it has one, but no file could be had).
+    fn writer(&self, key: &str, stored: &Stored) -> Result<Option<disk::Writer>, ()> {
+        match &self.disk {
+            Some(disk) => disk.writer(key, stored).map(Some).ok_or(()),
+            None => Ok(None),
+        }
+    }
+
+    /// The stored variant of `key` for a request with these fields, in memory or on disk
+    /// (read back, and kept in memory).
+    async fn find(&self, key: &str, fields: &(impl Fields + ?Sized)) -> Option<Arc<Stored>> {
+        if let Some(stored) = self.lookup(key, fields) {
+            return Some(stored);
+        }
+        let disk = self.disk.as_ref()?;
+        let file = disk.find(key, fields)?;
+        let stored = Arc::new(disk.read(key, file).await?);
+        self.remember(key, Arc::clone(&stored));
+        Some(stored)
+    }
+
+    /// Keeps `stored` for `key` in memory, over the variant it replaces.
+    fn remember(&self, key: &str, stored: Arc<Stored>) {
         let mut variants = vec![Arc::clone(&stored)];
         if let Some(old) = self.store.get(key) {
             let others = old.iter().filter(|s| s.variant != stored.variant);
@@ -168,24 +211,34 @@ impl Store {
 
     fn invalidate(&self, key: &str) {
         self.store.invalidate(key);
+        if let Some(disk) = &self.disk {
+            disk.remove(key);
+        }
         self.settle();
     }
 
     /// Removes what `what` names; how many keys (each with its variants) it removed.
     fn purge(&self, what: &Purge) -> u64 {
+        let removed = |key: &str| {
+            let in_memory = self.store.remove(key).is_some();
+            let on_disk = self.disk.as_ref().is_some_and(|d| d.remove(key));
+            in_memory || on_disk
+        };
         let purged = match what {
-            Purge::Key(key) => u64::from(self.store.remove(key.as_str()).is_some()),
+            Purge::Key(key) => u64::from(removed(key)),
             Purge::Prefix(prefix) => {
-                let keys: Vec<Arc<String>> = self
+                let mut keys: Vec<Arc<String>> = self
                     .store
                     .iter()
                     .filter(|(k, _)| k.starts_with(prefix.as_str()))
                     .map(|(k, _)| k)
                     .collect();
-                let removed = keys
-                    .iter()
-                    .filter(|k| self.store.remove(k.as_str()).is_some());
-                removed.count() as u64
+                if let Some(disk) = &self.disk {
+                    keys.extend(disk.keys_with(prefix));
+                }
+                keys.sort_unstable();
+                keys.dedup();
+                keys.iter().filter(|k| removed(k)).count() as u64
             }
         };
         self.settle();
@@ -245,7 +298,7 @@ impl Store {
         drop(waited.await);
         let now = SystemTime::now();
         let req = rules::request_directives(fields);
-        let stored = self.lookup(&key, fields);
+        let stored = self.find(&key, fields).await;
         let fresh = stored.filter(|s| rules::usable(s, &req, now) == Use::Fresh);
         let answer = fresh.map(|s| hit(&s, fields, now, "hit; collapsed"));
         let counter = match answer {
@@ -254,6 +307,28 @@ impl Store {
         };
         counter.inc();
         answer
+    }
+}
+
+/// The disk tier of a route's cache, if it has one; logged and left out when its directory
+/// cannot be opened (the cache goes on in memory).
+fn open_disk(
+    route: &str,
+    config: &sluice_config::Cache,
+    counters: &metrics::Counters,
+) -> Option<disk::Disk> {
+    let tier = config.disk.as_ref()?;
+    let counters = disk::DiskCounters {
+        evictions: counters.disk_evictions.clone(),
+        bytes: counters.disk_bytes.clone(),
+    };
+    match disk::Disk::open(tier, config.max_object, counters) {
+        Ok(disk) => Some(disk),
+        Err(e) => {
+            tracing::error!(route, dir = %tier.path.display(), error = %e,
+                "the cache's disk tier cannot be opened: the route caches in memory only");
+            None
+        }
     }
 }
 
@@ -347,6 +422,17 @@ impl RouteFeature for Cache {
                 return self.revalidating(stored, &key, asked.fields, now);
             }
         }
+        let on_disk = stored.is_none()
+            && self
+                .disk
+                .as_ref()
+                .is_some_and(|d| d.find(&key, asked.fields).is_some());
+        if on_disk {
+            let fields = asked.fields;
+            return Verdict::Check(Box::pin(
+                async move { Ok(self.answer_from_disk(key, fields).await) },
+            ));
+        }
         // Only a plain GET of a key with nothing stored waits for another's fetch (not a
         // range, whose answer is not stored); a wait counts its lookup once it has waited,
         // every other request here misses.
@@ -387,6 +473,23 @@ impl Cache {
         match self.join_or_start(key) {
             Some(_under_way) => Verdict::Answer(answer),
             None => Verdict::Refresh(answer),
+        }
+    }
+
+    /// A request whose answer is on disk (not in memory): answered from the file when it is
+    /// fresh (and kept in memory either way, so a stale one is revalidated), else it goes on.
+    async fn answer_from_disk(&self, key: String, fields: &dyn DynFields) -> Option<Answer> {
+        let stored = self.find(&key, fields).await;
+        let now = SystemTime::now();
+        let req = rules::request_directives(fields);
+        if let Some(stored) = stored.filter(|s| rules::usable(s, &req, now) == Use::Fresh) {
+            self.counters.hits.inc();
+            return Some(hit(&stored, fields, now, "hit"));
+        }
+        self.counters.misses.inc();
+        match self.missed(&req) {
+            Verdict::Answer(answer) => Some(answer),
+            _ => None,
         }
     }
 
