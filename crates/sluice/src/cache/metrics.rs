@@ -48,7 +48,7 @@ pub(crate) fn register(registry: &mut Registry) {
     );
     registry.register(
         "cache_stale_served",
-        "Stale stored answers served in place of an upstream error or failure (stale-if-error), by route",
+        "Stale stored answers served in place of an upstream error or failure (stale-if-error) or at once while refreshed in the background (stale-while-revalidate), by route",
         f.stale.clone(),
     );
     registry.register(

@@ -1,6 +1,6 @@
-//! A route's `cache`: a shared HTTP cache (RFC 9111) in memory, a registered route feature
-//! ([`REGISTRATION`]). Its rules are `sluice_core::cache`'s; this is the store and the hooks
-//! that drive them.
+//! A route's `cache`: a shared HTTP cache (RFC 9111) in memory and on disk, a registered
+//! route feature ([`REGISTRATION`]). Its rules are `sluice_core::cache`'s; this is the store
+//! and the hooks that drive them.
 //!
 //! * Lookup ([`RouteFeature::admit`]): a fresh stored answer for the request's key (scheme,
 //!   host with port, path and query) and variant (`Vary`) answers it (`Cache-Status: Sluice;
@@ -429,9 +429,9 @@ impl RouteFeature for Cache {
                 .is_some_and(|d| d.find(&key, asked.fields).is_some());
         if on_disk {
             let fields = asked.fields;
-            return Verdict::Check(Box::pin(
-                async move { Ok(self.answer_from_disk(key, fields).await) },
-            ));
+            return Verdict::Check(Box::pin(async move {
+                Ok(self.answer_from_disk(key, fields).await)
+            }));
         }
         // Only a plain GET of a key with nothing stored waits for another's fetch (not a
         // range, whose answer is not stored); a wait counts its lookup once it has waited,
