@@ -29,7 +29,8 @@ use tokio::sync::watch;
 /// usable for a minute if the upstream fails, then 503 to every request after the first;
 /// `/swr` stale at once but servable for a minute while revalidated, every request after
 /// the first held until the gate opens; `/head` stale at once to a `GET`, fresh for a minute
-/// to a `HEAD`, its count in `x-n`.
+/// to a `HEAD`, its count in `x-n`; `/plain` a `200` and `/moved` a `302` that state no
+/// lifetime.
 #[derive(Clone)]
 struct Origin {
     addr: SocketAddr,
@@ -114,7 +115,9 @@ impl Origin {
             "/head" => {
                 let head = req.method() == http::Method::HEAD;
                 let cc = if head { "max-age=60" } else { "max-age=0" };
-                res = Response::builder().header("cache-control", cc).header("x-n", n);
+                res = Response::builder()
+                    .header("cache-control", cc)
+                    .header("x-n", n);
                 format!("head {n}")
             }
             "/swr" => {
@@ -125,6 +128,17 @@ impl Origin {
                     open.wait_for(|o| *o).await.unwrap();
                 }
                 format!("swr {n}")
+            }
+            "/plain" => {
+                res = Response::builder();
+                format!("plain {n}")
+            }
+            "/moved" => {
+                let res = Response::builder().status(StatusCode::FOUND);
+                let res = res.header("location", "/plain");
+                return res
+                    .body(Full::new(Bytes::from(format!("moved {n}"))))
+                    .unwrap();
             }
             "/gated" => {
                 let mut open = self.gate.subscribe();
@@ -352,21 +366,33 @@ async fn ranges_are_served_from_a_whole_stored_answer() {
         v.map_or(String::new(), |v| v.to_str().unwrap().to_owned())
     };
     let part = ask(&p, "GET", "/fresh", &[("range", "bytes=0-4")]).await;
-    assert_eq!((part.status, part.body.as_str()), (StatusCode::PARTIAL_CONTENT, "fresh"));
+    assert_eq!(
+        (part.status, part.body.as_str()),
+        (StatusCode::PARTIAL_CONTENT, "fresh")
+    );
     assert_eq!(field(&part, "content-range"), "bytes 0-4/7");
     assert_eq!(field(&part, "content-length"), "5");
     assert!(cache_status(&part).contains("hit"), "{part:?}");
     let suffix = ask(&p, "GET", "/fresh", &[("range", "bytes=-1")]).await;
-    assert_eq!((suffix.status, suffix.body.as_str()), (StatusCode::PARTIAL_CONTENT, "1"));
+    assert_eq!(
+        (suffix.status, suffix.body.as_str()),
+        (StatusCode::PARTIAL_CONTENT, "1")
+    );
     let past = ask(&p, "GET", "/fresh", &[("range", "bytes=7-")]).await;
     assert_eq!(past.status, StatusCode::RANGE_NOT_SATISFIABLE);
     assert_eq!(field(&past, "content-range"), "bytes */7");
     // Several ranges, or an If-Range that does not match, get the whole answer.
     let several = ask(&p, "GET", "/fresh", &[("range", "bytes=0-0,2-3")]).await;
-    assert_eq!((several.status, several.body.as_str()), (StatusCode::OK, "fresh 1"));
+    assert_eq!(
+        (several.status, several.body.as_str()),
+        (StatusCode::OK, "fresh 1")
+    );
     let other = [("range", "bytes=0-0"), ("if-range", "\"v9\"")];
     let other = ask(&p, "GET", "/fresh", &other).await;
-    assert_eq!((other.status, other.body.as_str()), (StatusCode::OK, "fresh 1"));
+    assert_eq!(
+        (other.status, other.body.as_str()),
+        (StatusCode::OK, "fresh 1")
+    );
     assert_eq!(origin.seen("/fresh"), 1);
 }
 
@@ -411,7 +437,10 @@ async fn stale_while_revalidate_serves_at_once_and_one_request_refreshes() {
         cache_status(&second).contains("hit; detail=stale-while-revalidate"),
         "{second:?}"
     );
-    until("the refresh reached the origin", async || origin.seen("/swr") == 2).await;
+    until("the refresh reached the origin", async || {
+        origin.seen("/swr") == 2
+    })
+    .await;
     // While it is under way, others get the stale answer too and start no refresh of their own.
     for _ in 0..4 {
         let r = tokio::time::timeout(at_once, ask(&p, "GET", "/swr", &[])).await;
@@ -423,6 +452,41 @@ async fn stale_while_revalidate_serves_at_once_and_one_request_refreshes() {
         ask(&p, "GET", "/swr", &[]).await.body == "swr 2"
     })
     .await;
+}
+
+#[tokio::test]
+async fn valid_gives_answers_that_state_no_lifetime_one() {
+    // Without `valid`, an answer with no lifetime (nor `Last-Modified`) is stale at once.
+    let origin = Origin::start().await;
+    let p = proxy(&origin, "true").await;
+    for _ in 0..2 {
+        assert_eq!(
+            ask(&p, "GET", "/plain", &[]).await.body.get(..5),
+            Some("plain")
+        );
+        assert_eq!(
+            ask(&p, "GET", "/moved", &[]).await.status,
+            StatusCode::FOUND
+        );
+    }
+    assert_eq!((origin.seen("/plain"), origin.seen("/moved")), (2, 2));
+    let origin = Origin::start().await;
+    let p = proxy(&origin, r#"{ valid = { "200" = "1m", "302" = "1m" } }"#).await;
+    for _ in 0..2 {
+        let plain = ask(&p, "GET", "/plain", &[]).await;
+        assert_eq!(plain.body, "plain 1");
+        let moved = ask(&p, "GET", "/moved", &[]).await;
+        assert_eq!(
+            (moved.status, moved.body.as_str()),
+            (StatusCode::FOUND, "moved 1")
+        );
+    }
+    assert_eq!((origin.seen("/plain"), origin.seen("/moved")), (1, 1));
+    // The answer's own lifetime wins: `max-age=0` is revalidated every time.
+    for _ in 0..2 {
+        ask(&p, "GET", "/etag", &[]).await;
+    }
+    assert_eq!(origin.seen("/etag"), 2);
 }
 
 #[test]
@@ -445,6 +509,15 @@ fn bad_cache_settings_are_refused_where_they_are() {
             "`lock_timeout` is at most 60s",
         ),
         ("cache = { size = 1 }", "unknown field `size`"),
+        (
+            "cache = { valid = { \"20x\" = \"1m\" } }",
+            "a status from 200 to 599",
+        ),
+        (
+            "cache = { valid = { \"304\" = \"1m\" } }",
+            "a status from 200 to 599",
+        ),
+        ("cache = { valid = { any = \"0s\" } }", "gives `any` 0s"),
     ] {
         assert_refused_at(&text(line), line, message);
     }

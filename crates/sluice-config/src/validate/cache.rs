@@ -1,6 +1,6 @@
-//! A route's `cache = true` or `{ memory, max_object, lock_timeout, disk }`.
+//! A route's `cache = true` or `{ memory, max_object, lock_timeout, valid, disk }`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -8,8 +8,9 @@ use toml::Spanned;
 
 use super::Ctx;
 use crate::error::ConfigError;
-use crate::model::{Action, Cache, CacheDisk};
+use crate::model::{Action, Cache, CacheDisk, CacheValid};
 use crate::raw::{RawCache, RawCacheDisk, RawRoute};
+use crate::values::Dur;
 
 /// The longest `lock_timeout`: a waiting client is not held longer than this.
 const MAX_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
@@ -24,7 +25,7 @@ pub(super) fn cache(
     let table = match raw.into_inner() {
         RawCache::On(false) => return Ok(None),
         RawCache::On(true) => None,
-        RawCache::Table(table) => Some(table),
+        RawCache::Table(table) => Some(*table),
     };
     if matches!(action, Action::Direct(_)) {
         let msg = "`cache` needs a `cluster`: a `direct_response` is answered without one";
@@ -63,13 +64,48 @@ pub(super) fn cache(
         let msg = "`lock_timeout` is at most 60s: a waiting client is not held longer";
         return Err(ctx.err(t.span(), msg));
     }
+    let valid = raw.valid.map(|v| valid(ctx, v)).transpose()?;
     let disk = raw.disk.map(|d| disk(ctx, d, max_object)).transpose()?;
     Ok(Some(Cache {
         memory,
         max_object,
         lock_timeout,
+        valid: valid.unwrap_or_default(),
         disk,
     }))
+}
+
+/// `valid = { "200" = "10m", any = "1m" }`: statuses a cache may store whole (200 to 599 but
+/// 206 and 304) or `any`, each with a lifetime above zero.
+fn valid(
+    ctx: Ctx<'_>,
+    raw: Spanned<BTreeMap<String, Spanned<Dur>>>,
+) -> Result<CacheValid, ConfigError> {
+    let span = raw.span();
+    let mut out = CacheValid::default();
+    for (status, lifetime) in raw.into_inner() {
+        let (span_of_lifetime, lifetime) = (lifetime.span(), lifetime.into_inner().0);
+        if lifetime.is_zero() {
+            let msg = format!("`valid` gives `{status}` 0s: leave it out instead");
+            return Err(ctx.err(span_of_lifetime, msg));
+        }
+        if status == "any" {
+            out.any = Some(lifetime);
+            continue;
+        }
+        match status.parse::<u16>() {
+            Ok(code) if (200..=599).contains(&code) && code != 206 && code != 304 => {
+                out.statuses.insert(code, lifetime);
+            }
+            _ => {
+                let msg = format!(
+                    "`valid` names `{status}`: a status from 200 to 599 (not 206 or 304), or `any`"
+                );
+                return Err(ctx.err(span, msg));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `disk = { path, max_size }`: `max_size` holds at least one object of `max_object`.

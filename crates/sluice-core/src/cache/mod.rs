@@ -205,6 +205,18 @@ pub fn storable(
     status: StatusCode,
     response: &HeaderMap,
 ) -> bool {
+    storable_with(method, request, status, response, false)
+}
+
+/// [`storable`], for a cache whose configuration gives an answer that states no lifetime one
+/// of its own (`assigned`, NGINX's `proxy_cache_valid`): then whatever its status.
+pub fn storable_with(
+    method: &Method,
+    request: &(impl Fields + ?Sized),
+    status: StatusCode,
+    response: &HeaderMap,
+    assigned: bool,
+) -> bool {
     let req = request_directives(request);
     let res = response_directives(response);
     let final_status = !status.is_informational() && !matches!(status.as_u16(), 206 | 304);
@@ -223,7 +235,7 @@ pub fn storable(
         && !res.no_store
         && !res.private
         && shareable
-        && (explicit || heuristic || res.no_cache)
+        && (explicit || heuristic || res.no_cache || assigned)
         && !response.contains_key(header::SET_COOKIE)
         && vary_names(response).is_some()
 }
@@ -253,6 +265,9 @@ pub struct Stored {
     pub request_time: SystemTime,
     /// When the answer came back.
     pub response_time: SystemTime,
+    /// The lifetime the cache's configuration gives it if it states none (NGINX's
+    /// `proxy_cache_valid`); `None`: the RFC's heuristic.
+    pub assigned: Option<Duration>,
 }
 
 impl Stored {
@@ -270,6 +285,7 @@ impl Stored {
             variant,
             request_time: times.0,
             response_time: times.1,
+            assigned: None,
         }
     }
 
@@ -284,7 +300,8 @@ impl Stored {
     }
 
     /// Its freshness lifetime (§4.2.1): `s-maxage`, else `max-age`, else `Expires` less
-    /// `Date`, else a heuristic (§4.2.2) from `Last-Modified` for a status that allows one.
+    /// `Date`, else the lifetime the cache's configuration assigns, else a heuristic (§4.2.2)
+    /// from `Last-Modified` for a status that allows one.
     pub fn freshness_lifetime(&self) -> Duration {
         let cc = response_directives(&self.fields);
         if let Some(lifetime) = cc.s_maxage.or(cc.max_age) {
@@ -297,6 +314,9 @@ impl Stored {
             return expires
                 .and_then(|e| e.duration_since(date).ok())
                 .unwrap_or_default();
+        }
+        if let Some(assigned) = self.assigned {
+            return assigned;
         }
         let heuristic = HEURISTIC_STATUSES.contains(&self.status.as_u16()) || cc.public;
         let modified = date(&self.fields, header::LAST_MODIFIED);
@@ -368,6 +388,7 @@ impl Stored {
             variant: self.variant.clone(),
             request_time: times.0,
             response_time: times.1,
+            assigned: self.assigned,
         }
     }
 }

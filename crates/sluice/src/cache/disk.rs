@@ -5,8 +5,8 @@
 //!   sizes against `max_size` (TinyLFU admission, LRU eviction); its eviction listener
 //!   removes the files of what it evicts. It is rebuilt at start from the files' heads,
 //!   oldest first ([`Disk::open`]).
-//! * A file: `SLUICEC1`, the head's length (u32 LE), the head (key, status, fields, variant,
-//!   times), the body, and a trailer: the body's length (u64 LE), the CRC-32 of head and body
+//! * A file: `SLUICEC2`, the head's length (u32 LE), the head (key, status, times, fields,
+//!   variant, the lifetime `valid` assigned it), the body, and a trailer: the body's length (u64 LE), the CRC-32 of head and body
 //!   (u32 LE), `SLUICEND`. It is written while the answer streams to the client, to a
 //!   temporary file (`tmp.<pid>.<name>`), and renamed to `<name>.obj` once the answer ended
 //!   whole: a reader finds a whole file or none. A temporary file is removed when its answer
@@ -52,7 +52,7 @@ const WRITE_BUFFER: usize = 64 << 10;
 const VARIANTS: usize = 16;
 /// The longest head read back.
 const MAX_HEAD: u64 = 1 << 20;
-const MAGIC: &[u8; 8] = b"SLUICEC1";
+const MAGIC: &[u8; 8] = b"SLUICEC2";
 const END: &[u8; 8] = b"SLUICEND";
 /// Magic and the head's length.
 const PREAMBLE: u64 = 12;
@@ -483,9 +483,10 @@ fn encode_head(key: &str, stored: &Stored) -> Vec<u8> {
     put_bytes(&mut out, key.as_bytes());
     out.extend_from_slice(&stored.status.as_u16().to_le_bytes());
     for time in [stored.request_time, stored.response_time] {
-        let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-        out.extend_from_slice(&since.as_secs().to_le_bytes());
-        out.extend_from_slice(&since.subsec_nanos().to_le_bytes());
+        put_duration(
+            &mut out,
+            time.duration_since(UNIX_EPOCH).unwrap_or_default(),
+        );
     }
     out.extend_from_slice(&(stored.fields.len() as u32).to_le_bytes());
     for (name, value) in &stored.fields {
@@ -499,7 +500,14 @@ fn encode_head(key: &str, stored: &Stored) -> Vec<u8> {
         out.push(u8::from(value.is_some()));
         put_bytes(&mut out, value.as_deref().unwrap_or("").as_bytes());
     }
+    out.push(u8::from(stored.assigned.is_some()));
+    put_duration(&mut out, stored.assigned.unwrap_or_default());
     out
+}
+
+fn put_duration(out: &mut Vec<u8>, d: Duration) {
+    out.extend_from_slice(&d.as_secs().to_le_bytes());
+    out.extend_from_slice(&d.subsec_nanos().to_le_bytes());
 }
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -514,9 +522,7 @@ fn decode_head(head: &[u8]) -> Option<(String, Stored)> {
     let status = StatusCode::from_u16(u16::from_le_bytes(r.take(2)?.try_into().ok()?)).ok()?;
     let mut times = [UNIX_EPOCH; 2];
     for time in &mut times {
-        let secs = r.u64()?;
-        let nanos = r.u32()?;
-        *time = UNIX_EPOCH.checked_add(Duration::new(secs, nanos))?;
+        *time = UNIX_EPOCH.checked_add(r.duration()?)?;
     }
     let mut fields = HeaderMap::new();
     for _ in 0..r.u32()? {
@@ -531,6 +537,8 @@ fn decode_head(head: &[u8]) -> Option<(String, Stored)> {
         let value = String::from_utf8(r.bytes()?.to_vec()).ok()?;
         pairs.push((name, present.then_some(value)));
     }
+    let has_assigned = r.take(1)?[0] == 1;
+    let assigned = r.duration()?;
     let stored = Stored {
         status,
         fields,
@@ -538,6 +546,7 @@ fn decode_head(head: &[u8]) -> Option<(String, Stored)> {
         variant: Variant::from_pairs(pairs),
         request_time: times[0],
         response_time: times[1],
+        assigned: has_assigned.then_some(assigned),
     };
     r.0.is_empty().then_some((key, stored))
 }
@@ -558,6 +567,14 @@ impl<'a> Reader<'a> {
 
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    /// A duration (u64 seconds, u32 nanoseconds below a second; `None` past that, as only a
+    /// damaged head has).
+    fn duration(&mut self) -> Option<Duration> {
+        let secs = self.u64()?;
+        let nanos = self.u32().filter(|n| *n < 1_000_000_000)?;
+        Some(Duration::new(secs, nanos))
     }
 
     fn bytes(&mut self) -> Option<&'a [u8]> {
@@ -584,6 +601,7 @@ mod tests {
         let now = SystemTime::now();
         let mut s = Stored::new(StatusCode::OK, &fields, variant, (now, now));
         s.body = Bytes::from(body.to_owned());
+        s.assigned = Some(Duration::from_millis(600_250));
         s
     }
 
@@ -626,6 +644,7 @@ mod tests {
         assert_eq!(read.variant, written.variant);
         assert_eq!(read.status, StatusCode::OK);
         assert_eq!(read.response_time, written.response_time);
+        assert_eq!(read.assigned, written.assigned);
         assert!(
             again.find(key, &HeaderMap::new()).is_none(),
             "another variant"
@@ -664,6 +683,22 @@ mod tests {
             assert_eq!(restarted.index.entry_count(), 0, "{damage}");
             assert!(!path.exists(), "{damage}: removed at start");
         }
+    }
+
+    #[test]
+    fn a_head_with_an_impossible_time_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = "http://a.example/x";
+        disk(dir.path(), 1 << 20).put(key, &stored("body"));
+        let path = only_file(dir.path());
+        let mut bytes = fs::read(&path).unwrap();
+        // The request time's seconds and nanoseconds, after the key and the status.
+        let at = PREAMBLE as usize + 4 + key.len() + 2;
+        bytes[at..at + 12].fill(0xff);
+        fs::write(&path, bytes).unwrap();
+        let restarted = disk(dir.path(), 1 << 20);
+        assert_eq!(restarted.index.entry_count(), 0);
+        assert!(!path.exists(), "removed at start");
     }
 
     #[test]

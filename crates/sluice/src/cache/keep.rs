@@ -114,7 +114,8 @@ impl Miss {
             return;
         };
         if rules::head_updates(&stored, &head.headers) {
-            self.cache.put(&self.key, stored.refreshed(&head.headers, times));
+            self.cache
+                .put(&self.key, stored.refreshed(&head.headers, times));
         }
     }
 
@@ -125,14 +126,23 @@ impl Miss {
         head: &http::response::Parts,
         times: (SystemTime, SystemTime),
     ) -> Option<Stored> {
+        let assigned = self.cache.config.valid.lifetime(head.status.as_u16());
         let storable = self.method == Method::GET
-            && rules::storable(&self.method, &self.fields, head.status, &head.headers);
+            && rules::storable_with(
+                &self.method,
+                &self.fields,
+                head.status,
+                &head.headers,
+                assigned.is_some(),
+            );
         let length = head.headers.get(header::CONTENT_LENGTH);
         let length = length.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         let fits = length.is_none_or(|l| l <= self.cache.config.max_object);
         let names = rules::vary_names(&head.headers).filter(|_| storable && fits)?;
         let variant = Variant::of(&names, &self.fields);
-        Some(Stored::new(head.status, &head.headers, variant, times))
+        let mut stored = Stored::new(head.status, &head.headers, variant, times);
+        stored.assigned = assigned;
+        Some(stored)
     }
 }
 
