@@ -18,11 +18,13 @@ round.
 
 import dataclasses
 import os
+import subprocess
 import tempfile
+import time
 import urllib.request
 
 from . import load
-from .procs import PROXY_CPU, Group, free_port, only_child, wait_port
+from .procs import PROXY_CPU, Group, free_port, wait_port
 from .targets import KEEPALIVE, SERVICE, Backend, Target, _backend, _nginx_conf, _sluice, _sluice_conf
 
 TARGETS = ("sluice-cache", "sluice-cache-b", "nginx-cache")
@@ -75,7 +77,25 @@ def _nginx_cache(group, tmp, name, port, upstream):
     with open(conf, "w") as f:
         f.write(text)
     master = group.start(name, ["nginx", "-c", conf, "-p", tmp], PROXY_CPU)
-    return only_child(master.pid), files
+    return _worker(master.pid), files
+
+
+def _worker(master, timeout=10.0):
+    """NGINX's worker under its master: with a cache, the master also runs a cache manager and
+    a cache loader (their CPU is not counted: the loader exits, the manager wakes rarely)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True,
+                             check=False).stdout
+        for pid in out.split():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"worker process" in f.read():
+                        return int(pid)
+            except OSError:
+                continue
+        time.sleep(0.05)
+    raise RuntimeError(f"nginx {master} has no worker process")
 
 
 def _start(group, tmp, name):
