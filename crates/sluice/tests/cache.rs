@@ -678,6 +678,21 @@ async fn the_admin_api_purges_a_key_or_a_prefix_with_the_token() {
     assert_eq!(ask(&p, "GET", "/img/a", &[]).await.body, "fresh 2");
     assert_eq!(ask(&p, "GET", "/img/b", &[]).await.body, "fresh 2");
     assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 2");
+    // `/status` says what the cache holds and counted: 4 hits, 6 misses so far.
+    let admin = p.admin.unwrap();
+    let req = Request::get(format!("http://{admin}/status"))
+        .header("authorization", "Bearer purge-s3cret");
+    let status = send(&client(), req.body(Full::default()).unwrap()).await;
+    let status: serde_json::Value = serde_json::from_str(&status.body).unwrap();
+    let cache = &status["caches"][0];
+    assert_eq!(cache["route"], "c", "{status}");
+    assert_eq!(
+        (cache["entries"].as_u64(), cache["hits"].as_u64()),
+        (Some(3), Some(4))
+    );
+    assert_eq!(cache["misses"].as_u64(), Some(6), "{status}");
+    assert!(cache["stored_bytes"].as_u64() > Some(0), "{status}");
+    assert!(cache.get("disk").is_none(), "{status}");
     for (route, body, status) in [
         ("c", r#"{"key": "a", "prefix": "b"}"#, 400),
         ("c", r#"{"key": ""}"#, 400),

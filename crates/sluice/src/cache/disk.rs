@@ -165,6 +165,17 @@ impl Disk {
         Ok(())
     }
 
+    /// What it holds, for `/status`.
+    pub(super) fn status(&self) -> sluice_config::admin::CacheDiskStatus {
+        self.settle();
+        sluice_config::admin::CacheDiskStatus {
+            path: self.dir.display().to_string(),
+            entries: self.index.entry_count(),
+            stored_bytes: self.index.weighted_size(),
+            max_size: self.index.policy().max_capacity().unwrap_or_default(),
+        }
+    }
+
     /// Brings the index's size (and its evictions) up to date and shows it.
     pub(super) fn settle(&self) {
         self.index.run_pending_tasks();

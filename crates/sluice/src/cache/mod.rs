@@ -155,6 +155,21 @@ impl Store {
         self.counters.bytes.set(bytes);
     }
 
+    /// What it holds and has counted, for `/status`.
+    fn status(&self, route: &str) -> sluice_config::admin::CacheStatus {
+        self.settle();
+        sluice_config::admin::CacheStatus {
+            route: route.to_owned(),
+            entries: self.store.entry_count(),
+            stored_bytes: self.store.weighted_size(),
+            memory: self.config.memory,
+            hits: self.counters.hits.get(),
+            misses: self.counters.misses.get(),
+            stale: self.counters.stale.get(),
+            disk: self.disk.as_ref().map(disk::Disk::status),
+        }
+    }
+
     /// The stored variant of `key` for a request with these fields.
     fn lookup(&self, key: &str, fields: &(impl Fields + ?Sized)) -> Option<Arc<Stored>> {
         let variants = self.store.get(key)?;
@@ -352,6 +367,16 @@ pub(crate) fn purge(features: &[Arc<dyn RouteFeature>], what: &Purge) -> Option<
     let mut features = features.iter();
     let cache = features.find_map(|f| downcast::<Cache>(f))?;
     Some(cache.purge(what))
+}
+
+/// The status of the cache among the `features` of the route `route` (`None`: it has none).
+pub(crate) fn status(
+    route: &str,
+    features: &[Arc<dyn RouteFeature>],
+) -> Option<sluice_config::admin::CacheStatus> {
+    let mut features = features.iter();
+    let cache = features.find_map(|f| downcast::<Cache>(f))?;
+    Some(cache.status(route))
 }
 
 /// A fetch this request started (held by its [`Keep`]): ended when it is dropped.
