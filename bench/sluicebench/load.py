@@ -133,15 +133,19 @@ def _delta(after, before):
     return tuple(max(0, a - b) for a, b in zip(after, before))
 
 
-def wrk(target, connections, seconds=None, requests=None, path="/", measure=True, headers=()):
+def wrk(target, connections, seconds=None, requests=None, path="/", measure=True, headers=(),
+        script=None):
     """wrk -t1 against `target`: for `seconds`, or until `requests` responses (then `seconds`
-    is only the upper bound); `headers` are added to every request ("Name: value")."""
+    is only the upper bound); `headers` are added to every request ("Name: value"); `script`
+    is a wrk Lua script (not with `requests`)."""
     cmd = ["taskset", "-c", str(LOAD_CPU), "wrk", "-t1", f"-c{connections}",
            f"-d{seconds or 600}s", "--latency", "--timeout", "10s"]
     for h in headers:
         cmd += ["-H", h]
     env = dict(os.environ)
-    script = None
+    if script:
+        cmd += ["-s", script]
+        script = None  # not ours to remove
     if requests:
         script = tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False)
         script.write(_STOP_AFTER)

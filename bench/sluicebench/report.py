@@ -10,6 +10,7 @@ import subprocess
 
 import matplotlib
 
+from . import cache as cache_module
 from . import tls as tls_module
 
 matplotlib.use("Agg")
@@ -87,6 +88,8 @@ def write(results, out_dir):
         lines += _multinode(results["multinode"])
     if "global-limit" in results:
         lines += _global_limit(results["global-limit"])
+    if "cache" in results:
+        lines += cache_module.report(results["cache"], median_range, ratios, cpu, rps)
     verdicts = evaluate(results)
     lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {v} |" for t, m, v in verdicts]

@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from . import globallimit, grpc, h2, http3, idle, load, multinode, targets, tls
+from . import cache, globallimit, grpc, h2, http3, idle, load, multinode, targets, tls
 from .procs import Group, established, peak_rss_kib, sample_proc
 from .targets import Backend
 
@@ -358,7 +358,7 @@ SCENARIOS = {"steady": steady, "spike": spike, "slow": slow, "ports": ports, "si
              "size-gzip": size_gzip,
              "tls": tls.tls, "h2": h2.h2, "idle": idle.idle, "grpc": grpc.grpc,
              "nginx-module": nginx_module, "multinode": multinode.multinode,
-             "global-limit": globallimit.global_limit, "http3": http3.http3}
+             "global-limit": globallimit.global_limit, "http3": http3.http3, "cache": cache.cache}
 
 
 def write_json(path, data):

@@ -52,7 +52,13 @@ fn status_json() -> Value {
         "relays": [{"name": "edge", "addr": "127.0.0.1:7000", "accepted": 10, "active": 1,
                     "bytes_down": 2048, "bytes_up": 512, "connect_ms_avg": 1.25, "connects": 10,
                     "early_connects": 0, "pool_dead": 0, "pool_idle": 4, "pool_misses": 2,
-                    "refused": 3}]
+                    "refused": 3}],
+        "caches": [{"route": "pages", "entries": 7, "stored_bytes": 9000, "memory": 1048576,
+                    "hits": 40, "misses": 9, "stale": 2},
+                   {"route": "assets", "entries": 1, "stored_bytes": 100, "memory": 1048576,
+                    "hits": 0, "misses": 1, "stale": 0,
+                    "disk": {"path": "/var/cache/a", "entries": 5, "stored_bytes": 50000,
+                             "max_size": 1073741824}}]
     })
 }
 
@@ -277,6 +283,18 @@ fn status_shows_listeners_clusters_slices_instances_and_endpoints() {
             "2048",
             "-",
         ],
+        vec![
+            "CACHE",
+            "ENTRIES",
+            "BYTES",
+            "HITS",
+            "MISSES",
+            "STALE",
+            "DISK-ENTRIES",
+            "DISK-BYTES",
+        ],
+        vec!["pages", "7", "9000", "40", "9", "2", "-", "-"],
+        vec!["assets", "1", "100", "0", "1", "0", "5", "50000"],
     ] {
         assert!(rows.contains(&expected), "no row {expected:?} in\n{stdout}");
     }

@@ -36,6 +36,9 @@ pub struct Status {
     /// Every `[[relay]]` (absent when there is none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relays: Vec<RelayStatus>,
+    /// Every route's response cache (absent when no route has one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caches: Vec<CacheStatus>,
     /// A standalone acceptor's consumers (the Sluice processes it lends sessions to; absent
     /// elsewhere).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -62,6 +65,41 @@ pub struct ConsumerSliceStatus {
     pub credit: u32,
     /// Sessions lent to it now.
     pub lent: u64,
+}
+
+/// A route's response cache: what it holds now, and its lookups since the process started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheStatus {
+    /// The route.
+    pub route: String,
+    /// Keys held in memory (each with its variants).
+    pub entries: u64,
+    /// Bytes held in memory, as weighed against `memory`.
+    pub stored_bytes: u64,
+    /// Its `memory`.
+    pub memory: u64,
+    /// Lookups answered from the store.
+    pub hits: u64,
+    /// Lookups that went upstream.
+    pub misses: u64,
+    /// Stale answers served (`stale-if-error`, `stale-while-revalidate`).
+    pub stale: u64,
+    /// Its disk tier (absent when it has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<CacheDiskStatus>,
+}
+
+/// A cache's disk tier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheDiskStatus {
+    /// Its directory.
+    pub path: String,
+    /// Keys with files.
+    pub entries: u64,
+    /// The files' bytes.
+    pub stored_bytes: u64,
+    /// Its `max_size`.
+    pub max_size: u64,
 }
 
 /// A `[[relay]]` and its counters since it started.

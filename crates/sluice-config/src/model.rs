@@ -31,7 +31,7 @@ mod relay;
 mod rewrite;
 mod tracing;
 pub use basic_auth::BasicAuth;
-pub use cache::Cache;
+pub use cache::{Cache, CacheDisk, CacheValid};
 pub use compression::*;
 pub use cors::{Cors, CorsOrigins, OriginMatch};
 pub use dns::{Dns, HostPort, Resolve};

@@ -205,16 +205,27 @@ pub(crate) struct RawRoute {
 #[derive(Debug)]
 pub(crate) enum RawCache {
     On(bool),
-    Table(RawCacheTable),
+    Table(Box<RawCacheTable>),
 }
 
-/// `cache = { memory, max_object, lock_timeout }`.
+/// `cache = { memory, max_object, lock_timeout, valid, disk }`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCacheTable {
     pub(crate) memory: Option<Spanned<Size>>,
     pub(crate) max_object: Option<Spanned<Size>>,
     pub(crate) lock_timeout: Option<Spanned<Dur>>,
+    /// `valid = { "200" = "10m", any = "1m" }`: status (or `any`) to lifetime.
+    pub(crate) valid: Option<Spanned<BTreeMap<String, Spanned<Dur>>>>,
+    pub(crate) disk: Option<Spanned<RawCacheDisk>>,
+}
+
+/// A cache's `disk = { path, max_size }` (NGINX's `proxy_cache_path`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCacheDisk {
+    pub(crate) path: Spanned<String>,
+    pub(crate) max_size: Option<Spanned<Size>>,
 }
 
 struct RawCacheVisitor;
@@ -232,7 +243,7 @@ impl<'de> serde::de::Visitor<'de> for RawCacheVisitor {
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawCache, A::Error> {
         let table = serde::de::value::MapAccessDeserializer::new(map);
-        RawCacheTable::deserialize(table).map(RawCache::Table)
+        RawCacheTable::deserialize(table).map(|t| RawCache::Table(Box::new(t)))
     }
 }
 

@@ -22,6 +22,9 @@ pub enum Outcome {
     Answer(Answer),
     /// Refused with this error.
     Refused(ProxyError),
+    /// Answered by a feature at once; the request still goes upstream in the background for
+    /// the [`Keeps`] ([`Verdict::Refresh`]).
+    Refresh(Answer),
 }
 
 /// A request's admission: its outcome and the answer edits of its route's features.
@@ -145,6 +148,14 @@ pub async fn admit(features: &[Arc<dyn RouteFeature>], asked: &Asked<'_>) -> Adm
             Verdict::Pass | Verdict::Check(_) => continue,
             Verdict::Refuse(e) => Outcome::Refused(e),
             Verdict::Answer(a) => Outcome::Answer(a),
+            Verdict::Refresh(a) => {
+                let keeps = features.iter().filter_map(|f| f.keep(asked)).collect();
+                return Admission {
+                    outcome: Outcome::Refresh(a),
+                    edits,
+                    keeps: Keeps(keeps),
+                };
+            }
         };
         let edits = match outcome {
             Outcome::Refused(_) => edits.without(i),

@@ -42,7 +42,9 @@ impl Hooks {
     /// [`RouteFeature::edit`] edits the answer's fields.
     pub const EDIT: Hooks = Hooks(8);
     /// [`RouteFeature::keep`] sees the request on its way upstream and the upstream's answer
-    /// and body on their way out (a cache storing a miss); its answers have bodies.
+    /// and body on their way out (a cache storing a miss); its answers have bodies, and
+    /// [`RouteFeature::admit`] may answer at once while the request still goes upstream in the
+    /// background for the keeps ([`Verdict::Refresh`]).
     pub const KEEP: Hooks = Hooks(16);
     /// Every hook: what a feature that does not say uses.
     pub const ALL: Hooks = Hooks(31);
@@ -106,6 +108,12 @@ pub enum Verdict<'a> {
     Answer(Answer),
     /// Decided after a wait (a password's hash, a remote service's answer).
     Check(Check<'a>),
+    /// Answered here at once (a cache's stale object within `stale-while-revalidate`), and
+    /// the request still goes upstream, in the background, for the features' [`Keep`]s: its
+    /// answer is theirs, never the client's (a cache refreshing the object). A transport that
+    /// cannot send it in the background answers it as it would a [`Verdict::Pass`]: upstream,
+    /// with the keeps, the client waiting. Part of [`Hooks::KEEP`].
+    Refresh(Answer),
 }
 
 impl fmt::Debug for Verdict<'_> {
@@ -115,6 +123,7 @@ impl fmt::Debug for Verdict<'_> {
             Verdict::Refuse(e) => f.debug_tuple("Refuse").field(e).finish(),
             Verdict::Answer(a) => f.debug_tuple("Answer").field(a).finish(),
             Verdict::Check(_) => f.write_str("Check(..)"),
+            Verdict::Refresh(a) => f.debug_tuple("Refresh").field(a).finish(),
         }
     }
 }

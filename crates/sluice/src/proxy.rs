@@ -224,10 +224,11 @@ impl<R: Routing> ProxyService<R> {
             compression::negotiate(&c.encodings, fields.map(HeaderValue::as_bytes))
         });
         let head_request = req.method() == http::Method::HEAD;
-        let mut keeps = match admit(&route, &req, client, edits).await? {
-            Admitted::Pass(keeps) => keeps,
+        let (mut keeps, stored) = match admit(&route, &req, client, edits).await? {
+            Admitted::Pass(keeps) => (keeps, None),
             Admitted::Own(res) => return Ok(res),
             Admitted::Stored(res) => return Ok(dress(&route, res, accepted, head_request)),
+            Admitted::Refresh(res, keeps) => (keeps, Some(res)),
         };
         let rules = client.rules.escaped_slashes;
         let target = rewrite::target(route.rewrite.as_ref(), req.uri(), rules)?;
@@ -252,6 +253,12 @@ impl<R: Routing> ProxyService<R> {
                 };
                 let mut req = upstream_request(req, client, &edits, client_side.is_some());
                 grpc_deadline(&mut req);
+                // A stored answer now; the request, with no body to read, refreshes it.
+                let unread = client_side.is_some() || !http_body::Body::is_end_stream(req.body());
+                if let Some(stored) = stored.filter(|_| !unread) {
+                    refresh(upstream.clone(), req, keeps);
+                    return Ok(dress(&route, stored, accepted, head_request));
+                }
                 let res = match upstream.send(req).await {
                     Ok(res) => kept(res, keeps),
                     Err(e) => {
@@ -290,6 +297,23 @@ fn in_place_of(
     let answer = keeps.failed(&error).ok_or(error)?;
     let (res, body) = answer.render(AnswerEdits::default());
     Ok(res.map(|()| body.map_or_else(ProxyBody::empty, ProxyBody::full)))
+}
+
+/// Sends `req` to `upstream` in the background for `keeps` alone (a cache refreshing a stale
+/// object it answered with, [`Outcome::Refresh`]): the answer goes through them and its body
+/// is read to the end, so that they see it whole; a failure is theirs to note.
+fn refresh(upstream: Upstream, req: Request<ProxyBody>, keeps: admission::Keeps) {
+    tokio::spawn(async move {
+        let res = match upstream.send(req).await {
+            Ok(res) => kept(res, keeps),
+            Err(e) => {
+                drop(keeps.failed(&e));
+                return;
+            }
+        };
+        let mut body = res.into_body();
+        while let Some(Ok(_)) = http_body_util::BodyExt::frame(&mut body).await {}
+    });
 }
 
 /// The upstream's answer as the route's features keep it ([`admission::Keeps`]): its body
@@ -598,6 +622,9 @@ enum Admitted {
     Own(Response<ProxyBody>),
     /// A feature's answer with a body (a cache's hit), which stands for the upstream's.
     Stored(Response<ProxyBody>),
+    /// A stored answer, and the request goes upstream in the background with what the
+    /// features keep of it (a cache's refresh).
+    Refresh(Response<ProxyBody>, admission::Keeps),
 }
 
 /// Whether the route's registered features let the request through
@@ -632,6 +659,11 @@ async fn admit(
         Outcome::Refused(e) => {
             *edits = admission.edits;
             Err(e)
+        }
+        Outcome::Refresh(answer) => {
+            let (res, body) = answer.render(admission.edits);
+            let res = res.map(|()| body.map_or_else(ProxyBody::empty, ProxyBody::full));
+            Ok(Admitted::Refresh(res, admission.keeps))
         }
         Outcome::Answer(answer) => {
             let (res, body) = answer.render(admission.edits);

@@ -1,8 +1,9 @@
 //! A route's `cache` (RFC 9111) through a real proxy and a real upstream: request coalescing,
 //! `Vary`, cache poisoning (unkeyed fields, other hosts), `no-store`, revalidation,
-//! `stale-if-error` (an upstream error, the upstream down), `HEAD`
-//! from a stored `GET`, invalidation by an unsafe method, and its configuration's refusals;
-//! its metrics, its `cache_status` in the access log, and purges through the admin API.
+//! `stale-if-error` (an upstream error, the upstream down), `stale-while-revalidate` and its
+//! background refresh, ranges from a stored answer, `HEAD` from a stored `GET` (and a `HEAD`
+//! updating it), invalidation by an unsafe method, and its configuration's refusals; its
+//! metrics, its `cache_status` in the access log, and purges through the admin API.
 //! The public cache test suite runs in the test command (`scripts/cache-tests`).
 #![allow(clippy::unwrap_used)]
 
@@ -25,7 +26,11 @@ use tokio::sync::watch;
 /// `/fresh` `max-age=60`; `/no-store`; `/vary` by `Accept-Language`; `/host` the `Host` and
 /// `X-Forwarded-Host` it was sent; `/etag` `max-age=0` with an entity tag, `304` to
 /// `If-None-Match`; `/gated` `max-age=60` once the gate opens; `/sie` stale at once but
-/// usable for a minute if the upstream fails, then 503 to every request after the first.
+/// usable for a minute if the upstream fails, then 503 to every request after the first;
+/// `/swr` stale at once but servable for a minute while revalidated, every request after
+/// the first held until the gate opens; `/head` stale at once to a `GET`, fresh for a minute
+/// to a `HEAD`, its count in `x-n`; `/plain` a `200` and `/moved` a `302` that state no
+/// lifetime.
 #[derive(Clone)]
 struct Origin {
     addr: SocketAddr,
@@ -106,6 +111,34 @@ impl Origin {
                     return res.body(Full::default()).unwrap();
                 }
                 format!("etag {n}")
+            }
+            "/head" => {
+                let head = req.method() == http::Method::HEAD;
+                let cc = if head { "max-age=60" } else { "max-age=0" };
+                res = Response::builder()
+                    .header("cache-control", cc)
+                    .header("x-n", n);
+                format!("head {n}")
+            }
+            "/swr" => {
+                res = Response::builder()
+                    .header("cache-control", "max-age=0, stale-while-revalidate=60");
+                if n > 1 {
+                    let mut open = self.gate.subscribe();
+                    open.wait_for(|o| *o).await.unwrap();
+                }
+                format!("swr {n}")
+            }
+            "/plain" => {
+                res = Response::builder();
+                format!("plain {n}")
+            }
+            "/moved" => {
+                let res = Response::builder().status(StatusCode::FOUND);
+                let res = res.header("location", "/plain");
+                return res
+                    .body(Full::new(Bytes::from(format!("moved {n}"))))
+                    .unwrap();
             }
             "/gated" => {
                 let mut open = self.gate.subscribe();
@@ -323,6 +356,139 @@ async fn stale_if_error_serves_the_stored_answer_with_the_upstream_down() {
     assert!(third.status.is_server_error(), "{third:?}");
 }
 
+#[tokio::test]
+async fn ranges_are_served_from_a_whole_stored_answer() {
+    let origin = Origin::start().await;
+    let p = proxy(&origin, "true").await;
+    assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 1");
+    let field = |r: &Reply, name: &str| {
+        let v = r.headers.get(name);
+        v.map_or(String::new(), |v| v.to_str().unwrap().to_owned())
+    };
+    let part = ask(&p, "GET", "/fresh", &[("range", "bytes=0-4")]).await;
+    assert_eq!(
+        (part.status, part.body.as_str()),
+        (StatusCode::PARTIAL_CONTENT, "fresh")
+    );
+    assert_eq!(field(&part, "content-range"), "bytes 0-4/7");
+    assert_eq!(field(&part, "content-length"), "5");
+    assert!(cache_status(&part).contains("hit"), "{part:?}");
+    let suffix = ask(&p, "GET", "/fresh", &[("range", "bytes=-1")]).await;
+    assert_eq!(
+        (suffix.status, suffix.body.as_str()),
+        (StatusCode::PARTIAL_CONTENT, "1")
+    );
+    let past = ask(&p, "GET", "/fresh", &[("range", "bytes=7-")]).await;
+    assert_eq!(past.status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(field(&past, "content-range"), "bytes */7");
+    // Several ranges, or an If-Range that does not match, get the whole answer.
+    let several = ask(&p, "GET", "/fresh", &[("range", "bytes=0-0,2-3")]).await;
+    assert_eq!(
+        (several.status, several.body.as_str()),
+        (StatusCode::OK, "fresh 1")
+    );
+    let other = [("range", "bytes=0-0"), ("if-range", "\"v9\"")];
+    let other = ask(&p, "GET", "/fresh", &other).await;
+    assert_eq!(
+        (other.status, other.body.as_str()),
+        (StatusCode::OK, "fresh 1")
+    );
+    assert_eq!(origin.seen("/fresh"), 1);
+}
+
+#[tokio::test]
+async fn a_head_answer_updates_the_stored_get() {
+    let origin = Origin::start().await;
+    let p = proxy(&origin, "true").await;
+    assert_eq!(ask(&p, "GET", "/head", &[]).await.body, "head 1");
+    let head = ask(&p, "HEAD", "/head", &[]).await;
+    assert_eq!(head.headers["x-n"], "2");
+    // The stored body with the HEAD's fields, fresh for their minute.
+    let get = ask(&p, "GET", "/head", &[]).await;
+    assert_eq!(get.body, "head 1");
+    assert_eq!(get.headers["x-n"], "2");
+    assert!(cache_status(&get).contains("hit"), "{get:?}");
+    assert_eq!(origin.seen("/head"), 2);
+}
+
+/// Waits (bounded) until `done` holds.
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..500 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test]
+async fn stale_while_revalidate_serves_at_once_and_one_request_refreshes() {
+    let origin = Origin::start().await;
+    let p = proxy(&origin, "true").await;
+    assert_eq!(ask(&p, "GET", "/swr", &[]).await.body, "swr 1");
+    // Stale but within its window: served at once, while the refresh waits at the gate.
+    let at_once = std::time::Duration::from_secs(10);
+    let second = tokio::time::timeout(at_once, ask(&p, "GET", "/swr", &[]))
+        .await
+        .expect("a stale-while-revalidate answer waited for the upstream");
+    assert_eq!(second.body, "swr 1");
+    assert!(
+        cache_status(&second).contains("hit; detail=stale-while-revalidate"),
+        "{second:?}"
+    );
+    until("the refresh reached the origin", async || {
+        origin.seen("/swr") == 2
+    })
+    .await;
+    // While it is under way, others get the stale answer too and start no refresh of their own.
+    for _ in 0..4 {
+        let r = tokio::time::timeout(at_once, ask(&p, "GET", "/swr", &[])).await;
+        assert_eq!(r.expect("waited for the upstream").body, "swr 1");
+    }
+    assert_eq!(origin.seen("/swr"), 2);
+    origin.gate.send_replace(true);
+    until("the refreshed answer is served", async || {
+        ask(&p, "GET", "/swr", &[]).await.body == "swr 2"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn valid_gives_answers_that_state_no_lifetime_one() {
+    // Without `valid`, an answer with no lifetime (nor `Last-Modified`) is stale at once.
+    let origin = Origin::start().await;
+    let p = proxy(&origin, "true").await;
+    for _ in 0..2 {
+        assert_eq!(
+            ask(&p, "GET", "/plain", &[]).await.body.get(..5),
+            Some("plain")
+        );
+        assert_eq!(
+            ask(&p, "GET", "/moved", &[]).await.status,
+            StatusCode::FOUND
+        );
+    }
+    assert_eq!((origin.seen("/plain"), origin.seen("/moved")), (2, 2));
+    let origin = Origin::start().await;
+    let p = proxy(&origin, r#"{ valid = { "200" = "1m", "302" = "1m" } }"#).await;
+    for _ in 0..2 {
+        let plain = ask(&p, "GET", "/plain", &[]).await;
+        assert_eq!(plain.body, "plain 1");
+        let moved = ask(&p, "GET", "/moved", &[]).await;
+        assert_eq!(
+            (moved.status, moved.body.as_str()),
+            (StatusCode::FOUND, "moved 1")
+        );
+    }
+    assert_eq!((origin.seen("/plain"), origin.seen("/moved")), (1, 1));
+    // The answer's own lifetime wins: `max-age=0` is revalidated every time.
+    for _ in 0..2 {
+        ask(&p, "GET", "/etag", &[]).await;
+    }
+    assert_eq!(origin.seen("/etag"), 2);
+}
+
 #[test]
 fn bad_cache_settings_are_refused_where_they_are() {
     let text = |cache: &str| {
@@ -343,6 +509,15 @@ fn bad_cache_settings_are_refused_where_they_are() {
             "`lock_timeout` is at most 60s",
         ),
         ("cache = { size = 1 }", "unknown field `size`"),
+        (
+            "cache = { valid = { \"20x\" = \"1m\" } }",
+            "a status from 200 to 599",
+        ),
+        (
+            "cache = { valid = { \"304\" = \"1m\" } }",
+            "a status from 200 to 599",
+        ),
+        ("cache = { valid = { any = \"0s\" } }", "gives `any` 0s"),
     ] {
         assert_refused_at(&text(line), line, message);
     }
@@ -503,6 +678,21 @@ async fn the_admin_api_purges_a_key_or_a_prefix_with_the_token() {
     assert_eq!(ask(&p, "GET", "/img/a", &[]).await.body, "fresh 2");
     assert_eq!(ask(&p, "GET", "/img/b", &[]).await.body, "fresh 2");
     assert_eq!(ask(&p, "GET", "/fresh", &[]).await.body, "fresh 2");
+    // `/status` says what the cache holds and counted: 4 hits, 6 misses so far.
+    let admin = p.admin.unwrap();
+    let req = Request::get(format!("http://{admin}/status"))
+        .header("authorization", "Bearer purge-s3cret");
+    let status = send(&client(), req.body(Full::default()).unwrap()).await;
+    let status: serde_json::Value = serde_json::from_str(&status.body).unwrap();
+    let cache = &status["caches"][0];
+    assert_eq!(cache["route"], "c", "{status}");
+    assert_eq!(
+        (cache["entries"].as_u64(), cache["hits"].as_u64()),
+        (Some(3), Some(4))
+    );
+    assert_eq!(cache["misses"].as_u64(), Some(6), "{status}");
+    assert!(cache["stored_bytes"].as_u64() > Some(0), "{status}");
+    assert!(cache.get("disk").is_none(), "{status}");
     for (route, body, status) in [
         ("c", r#"{"key": "a", "prefix": "b"}"#, 400),
         ("c", r#"{"key": ""}"#, 400),

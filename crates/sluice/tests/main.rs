@@ -11,6 +11,7 @@ mod admin;
 mod basic_auth;
 mod body_limit;
 mod cache;
+mod cache_disk;
 mod compression;
 mod connection_limits;
 mod control_links;

@@ -1,7 +1,9 @@
 //! The benchmark backend: answers every request with `200 text/plain` and a body of a chosen
 //! size after a chosen delay, counting what it handles ([`stats`]); or, in [`grpc`] mode,
 //! gRPC calls over cleartext HTTP/2. The body repeats one line,
-//! or with `?text=1` is varied JSON lines that compress as an API's answers do.
+//! or with `?text=1` is varied JSON lines that compress as an API's answers do. `?max_age=N`
+//! adds `Cache-Control: public, max-age=N` and `?no_store=1` `Cache-Control: no-store` (the
+//! cache scenario's cacheable and uncacheable answers).
 //!
 //! Every benchmark target (Sluice dial-in, Sluice static, nginx, …) reaches the same
 //! [`Backend`], so differences between targets come from the proxies alone.
@@ -103,7 +105,11 @@ impl Backend {
         } else {
             self.body(bytes)
         };
-        Ok(text(StatusCode::OK, body))
+        let mut res = text(StatusCode::OK, body);
+        if let Some(cc) = cache_control(req_query.as_deref()) {
+            res.headers_mut().insert(header::CACHE_CONTROL, cc);
+        }
+        Ok(res)
     }
 
     /// The body size and delay for a request, from its query or the defaults.
@@ -147,6 +153,18 @@ impl Backend {
         }
         large.slice(..len)
     }
+}
+
+/// The `Cache-Control` the query asks for: `max_age=N` (digits only) or `no_store=1`.
+fn cache_control(query: Option<&str>) -> Option<HeaderValue> {
+    let mut pairs = query.unwrap_or_default().split('&');
+    pairs.find_map(|pair| match pair.split_once('=')? {
+        ("no_store", "1") => Some(HeaderValue::from_static("no-store")),
+        ("max_age", n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            HeaderValue::from_str(&format!("public, max-age={n}")).ok()
+        }
+        _ => None,
+    })
 }
 
 /// Whether the query asks for a compressible text body (`text=1`).
@@ -278,6 +296,16 @@ mod tests {
         assert_eq!(body.len(), 10_000);
         assert!(body.starts_with(b"{\"id\":0,\"name\":\"item-"));
         assert_eq!(b.text_body(100), body.slice(..100));
+    }
+
+    #[test]
+    fn the_query_asks_for_a_cache_control() {
+        let cc = |q| cache_control(Some(q)).map(|v| v.to_str().unwrap_or("?").to_owned());
+        assert_eq!(cc("k=3&max_age=60").as_deref(), Some("public, max-age=60"));
+        assert_eq!(cc("no_store=1").as_deref(), Some("no-store"));
+        assert_eq!(cc("max_age=-1"), None);
+        assert_eq!(cc("max_age="), None);
+        assert_eq!(cache_control(None), None);
     }
 
     #[test]

@@ -6,9 +6,9 @@
 use std::fmt::Write as _;
 
 use sluice_config::admin::{
-    ClusterStatus as Cluster, ConsumerStatus as Consumer, EndpointStatus as Endpoint,
-    InstanceStatus as Instance, ListenerStatus as Listener, RelayStatus as Relay,
-    SliceStatus as Slice, Status,
+    CacheStatus as Cache, ClusterStatus as Cluster, ConsumerStatus as Consumer,
+    EndpointStatus as Endpoint, InstanceStatus as Instance, ListenerStatus as Listener,
+    RelayStatus as Relay, SliceStatus as Slice, Status,
 };
 
 use super::client::AdminUrl;
@@ -37,6 +37,7 @@ pub(crate) fn render(status: &Status, url: &AdminUrl) -> String {
         detail(cluster, &mut out);
     }
     relays(&status.relays, &mut out);
+    caches(&status.caches, &mut out);
     consumers(&status.consumers, &mut out);
     out
 }
@@ -74,6 +75,41 @@ fn consumers(consumers: &[Consumer], out: &mut String) {
                 s.lent.to_string(),
             ]);
         }
+    }
+    t.render("", out);
+}
+
+/// Every route's cache: what it holds and its lookups (`-` for a disk tier it has not).
+fn caches(caches: &[Cache], out: &mut String) {
+    if caches.is_empty() {
+        return;
+    }
+    out.push('\n');
+    let mut t = Table::new(&[
+        ("CACHE", Align::Left),
+        ("ENTRIES", Align::Right),
+        ("BYTES", Align::Right),
+        ("HITS", Align::Right),
+        ("MISSES", Align::Right),
+        ("STALE", Align::Right),
+        ("DISK-ENTRIES", Align::Right),
+        ("DISK-BYTES", Align::Right),
+    ]);
+    for c in caches {
+        let disk = c.disk.as_ref();
+        let disk = |f: fn(&sluice_config::admin::CacheDiskStatus) -> u64| {
+            disk.map_or_else(|| "-".to_owned(), |d| f(d).to_string())
+        };
+        t.row([
+            c.route.clone(),
+            c.entries.to_string(),
+            c.stored_bytes.to_string(),
+            c.hits.to_string(),
+            c.misses.to_string(),
+            c.stale.to_string(),
+            disk(|d| d.entries),
+            disk(|d| d.stored_bytes),
+        ]);
     }
     t.render("", out);
 }

@@ -22,6 +22,7 @@ pub(super) fn routes(
     clusters: &BTreeMap<String, Cluster>,
     services: &BTreeMap<String, RateLimitService>,
 ) -> Result<Vec<Route>, ConfigError> {
+    super::cache::one_route_per_directory(ctx, &raw)?;
     raw.into_iter()
         .enumerate()
         .map(|(i, r)| route(ctx, i + 1, r, (clusters, services)))

@@ -37,6 +37,9 @@ pub struct Directives {
     /// `stale-if-error` (RFC 5861 §4): how long past its lifetime an answer may still serve
     /// when the upstream fails.
     pub stale_if_error: Option<Duration>,
+    /// `stale-while-revalidate` (RFC 5861 §3): how long past its lifetime an answer may
+    /// still serve at once while a background request revalidates it.
+    pub stale_while_revalidate: Option<Duration>,
 }
 
 impl Directives {
@@ -62,6 +65,9 @@ impl Directives {
             }
             "stale-if-error" if self.stale_if_error.is_none() => {
                 self.stale_if_error = seconds(&arg);
+            }
+            "stale-while-revalidate" if self.stale_while_revalidate.is_none() => {
+                self.stale_while_revalidate = seconds(&arg);
             }
             "no-store" => self.no_store = true,
             "no-cache" => match arg {

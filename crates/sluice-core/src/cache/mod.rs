@@ -8,6 +8,7 @@
 //! rules are `sluice`'s `cache` module (memory; request coalescing).
 
 mod directives;
+pub mod range;
 
 pub use directives::Directives;
 
@@ -70,6 +71,17 @@ impl Variant {
     pub fn of(names: &[String], request: &(impl Fields + ?Sized)) -> Self {
         let values = names.iter().map(|n| (n.clone(), normalised(request, n)));
         Self(values.collect())
+    }
+
+    /// A variant from its fields' names and values, as [`Variant::pairs`] lists them (a
+    /// store that keeps it outside memory reads it back so).
+    pub fn from_pairs(pairs: Vec<(String, Option<String>)>) -> Self {
+        Self(pairs)
+    }
+
+    /// Its fields' names (lowercase) and normalised values (`None`: absent).
+    pub fn pairs(&self) -> &[(String, Option<String>)] {
+        &self.0
     }
 
     /// Whether `request` is this variant.
@@ -193,6 +205,18 @@ pub fn storable(
     status: StatusCode,
     response: &HeaderMap,
 ) -> bool {
+    storable_with(method, request, status, response, false)
+}
+
+/// [`storable`], for a cache whose configuration gives an answer that states no lifetime one
+/// of its own (`assigned`, NGINX's `proxy_cache_valid`): then whatever its status.
+pub fn storable_with(
+    method: &Method,
+    request: &(impl Fields + ?Sized),
+    status: StatusCode,
+    response: &HeaderMap,
+    assigned: bool,
+) -> bool {
     let req = request_directives(request);
     let res = response_directives(response);
     let final_status = !status.is_informational() && !matches!(status.as_u16(), 206 | 304);
@@ -211,7 +235,7 @@ pub fn storable(
         && !res.no_store
         && !res.private
         && shareable
-        && (explicit || heuristic || res.no_cache)
+        && (explicit || heuristic || res.no_cache || assigned)
         && !response.contains_key(header::SET_COOKIE)
         && vary_names(response).is_some()
 }
@@ -241,6 +265,9 @@ pub struct Stored {
     pub request_time: SystemTime,
     /// When the answer came back.
     pub response_time: SystemTime,
+    /// The lifetime the cache's configuration gives it if it states none (NGINX's
+    /// `proxy_cache_valid`); `None`: the RFC's heuristic.
+    pub assigned: Option<Duration>,
 }
 
 impl Stored {
@@ -258,6 +285,7 @@ impl Stored {
             variant,
             request_time: times.0,
             response_time: times.1,
+            assigned: None,
         }
     }
 
@@ -272,7 +300,8 @@ impl Stored {
     }
 
     /// Its freshness lifetime (§4.2.1): `s-maxage`, else `max-age`, else `Expires` less
-    /// `Date`, else a heuristic (§4.2.2) from `Last-Modified` for a status that allows one.
+    /// `Date`, else the lifetime the cache's configuration assigns, else a heuristic (§4.2.2)
+    /// from `Last-Modified` for a status that allows one.
     pub fn freshness_lifetime(&self) -> Duration {
         let cc = response_directives(&self.fields);
         if let Some(lifetime) = cc.s_maxage.or(cc.max_age) {
@@ -285,6 +314,9 @@ impl Stored {
             return expires
                 .and_then(|e| e.duration_since(date).ok())
                 .unwrap_or_default();
+        }
+        if let Some(assigned) = self.assigned {
+            return assigned;
         }
         let heuristic = HEURISTIC_STATUSES.contains(&self.status.as_u16()) || cc.public;
         let modified = date(&self.fields, header::LAST_MODIFIED);
@@ -356,6 +388,7 @@ impl Stored {
             variant: self.variant.clone(),
             request_time: times.0,
             response_time: times.1,
+            assigned: self.assigned,
         }
     }
 }
@@ -433,6 +466,35 @@ pub fn stale_if_error(stored: &Stored, req: &Directives, now: SystemTime) -> boo
     };
     let forbidden = res.must_revalidate || res.proxy_revalidate || res.s_maxage.is_some();
     !forbidden && stored.current_age(now) < stored.freshness_lifetime() + window
+}
+
+/// Whether `stored`, no longer fresh for a request with directives `req` at `now`, may
+/// answer it at once while a background request revalidates it (RFC 5861 §3): within the
+/// answer's `stale-while-revalidate` past its lifetime, unless the answer forbids serving it
+/// stale (`must-revalidate`, `proxy-revalidate`, `s-maxage`, `no-cache`) or the request asks
+/// for a fresher one (`no-cache`, `max-age`, `min-fresh`).
+pub fn stale_while_revalidate(stored: &Stored, req: &Directives, now: SystemTime) -> bool {
+    let res = response_directives(&stored.fields);
+    let Some(window) = res.stale_while_revalidate else {
+        return false;
+    };
+    let forbidden = res.must_revalidate || res.proxy_revalidate || res.s_maxage.is_some();
+    let fresher = req.no_cache || req.max_age.is_some() || req.min_fresh.is_some();
+    !(forbidden || fresher || res.no_cache)
+        && stored.current_age(now) < stored.freshness_lifetime() + window
+}
+
+/// Whether a `200` to a `HEAD` with these `fields` updates the stored answer to a `GET`
+/// (RFC 9111 §4.3.5, selected as §4.3.4 selects what a `304` updates): the same entity tag,
+/// else the same `Last-Modified`, else neither has a validator.
+pub fn head_updates(stored: &Stored, fields: &HeaderMap) -> bool {
+    for name in [header::ETAG, header::LAST_MODIFIED] {
+        let (old, new) = (stored.fields.get(&name), fields.get(&name));
+        if old.is_some() || new.is_some() {
+            return old == new;
+        }
+    }
+    true
 }
 
 /// Whether a client's own conditional `GET`/`HEAD` is answered `304` from `stored` (RFC

@@ -316,3 +316,65 @@ fn stale_if_error_serves_within_its_window_unless_forbidden() {
     )]);
     assert!(!stale_if_error(&strict, &none, at(30)));
 }
+
+#[test]
+fn an_assigned_lifetime_counts_where_the_answer_states_none() {
+    let (get, none, found) = (Method::GET, HeaderMap::new(), StatusCode::FOUND);
+    let moved = fields(&[("location", "/elsewhere")]);
+    assert!(!storable(&get, &none, found, &moved));
+    assert!(storable_with(&get, &none, found, &moved, true));
+    let no_store = fields(&[("cache-control", "no-store")]);
+    assert!(!storable_with(&get, &none, StatusCode::OK, &no_store, true));
+    let mut plain = stored(&[]);
+    assert_eq!(plain.freshness_lifetime(), Duration::ZERO);
+    plain.assigned = Some(Duration::from_secs(600));
+    assert_eq!(plain.freshness_lifetime(), Duration::from_secs(600));
+    assert!(plain.refreshed(&none, (at(1), at(1))).assigned.is_some());
+    let mut own = stored(&[("cache-control", "max-age=5")]);
+    own.assigned = Some(Duration::from_secs(600));
+    assert_eq!(own.freshness_lifetime(), Duration::from_secs(5));
+}
+
+#[test]
+fn stale_while_revalidate_serves_within_its_window_unless_forbidden_or_asked_fresher() {
+    let none = Directives::default();
+    let s = stored(&[("cache-control", "max-age=10, stale-while-revalidate=60")]);
+    assert!(stale_while_revalidate(&s, &none, at(30)));
+    assert!(!stale_while_revalidate(&s, &none, at(71)));
+    let plain = stored(&[("cache-control", "max-age=10")]);
+    assert!(!stale_while_revalidate(&plain, &none, at(30)));
+    for asked in ["no-cache", "max-age=100", "min-fresh=1"] {
+        let asked = directives(&fields(&[("cache-control", asked)]));
+        assert!(!stale_while_revalidate(&s, &asked, at(30)));
+    }
+    for strict in [
+        "must-revalidate",
+        "proxy-revalidate",
+        "s-maxage=10",
+        "no-cache",
+    ] {
+        let cc = format!("max-age=10, stale-while-revalidate=60, {strict}");
+        let strict = stored(&[("cache-control", cc.as_str())]);
+        assert!(!stale_while_revalidate(&strict, &none, at(30)));
+    }
+}
+
+#[test]
+fn a_head_updates_a_stored_get_with_the_same_validators() {
+    let tagged = stored(&[("etag", "\"a\""), ("cache-control", "max-age=1")]);
+    assert!(head_updates(&tagged, &fields(&[("etag", "\"a\"")])));
+    assert!(!head_updates(&tagged, &fields(&[("etag", "\"b\"")])));
+    assert!(!head_updates(&tagged, &HeaderMap::new()));
+    let dated = stored(&[("last-modified", "Tue, 01 Dec 2026 00:00:00 GMT")]);
+    let same = fields(&[("last-modified", "Tue, 01 Dec 2026 00:00:00 GMT")]);
+    assert!(head_updates(&dated, &same));
+    assert!(!head_updates(
+        &dated,
+        &fields(&[("last-modified", "Wed, 02 Dec 2026 00:00:00 GMT")])
+    ));
+    let bare = stored(&[("cache-control", "max-age=1")]);
+    assert!(head_updates(
+        &bare,
+        &fields(&[("cache-control", "max-age=100")])
+    ));
+}

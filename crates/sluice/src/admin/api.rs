@@ -234,9 +234,22 @@ async fn status(_: Authorized, State(state): State<Arc<AdminState>>) -> Response
         }),
         clusters,
         relays: state.relays.iter().map(relay_status).collect(),
+        caches: cache_status(&state),
         consumers: consumer_status(consumers),
     })
     .into_response()
+}
+
+/// Every route's cache, in the routes' order.
+fn cache_status(state: &AdminState) -> Vec<sluice_config::admin::CacheStatus> {
+    let Some(routes) = &state.routes else {
+        return Vec::new();
+    };
+    let cached = routes.list().into_iter().filter_map(|spec| {
+        let route = routes.named(&spec.name)?;
+        crate::cache::status(&spec.name, route.registered())
+    });
+    cached.collect()
 }
 
 fn consumer_status(consumers: Vec<ConsumerView>) -> Vec<ConsumerStatus> {

@@ -12,6 +12,7 @@ use sluice_core::cache::{self as rules, Stored, Variant};
 use sluice_core::error::ProxyError;
 use sluice_core::route_feature::{Answer, Asked, Keep, Kept, Tee};
 
+use super::disk::Writer;
 use super::{hit, key_of, stale_for, Cache, Filled, Store, CACHE_STATUS};
 
 /// The [`Keep`] of a request to the cache's route (`None`: it has nothing to keep).
@@ -26,10 +27,7 @@ pub(super) fn keep(cache: &Cache, asked: &Asked<'_>) -> Option<Box<dyn Keep>> {
             method,
         }));
     }
-    let stale = match method {
-        Method::GET => stale_for(cache, &key, asked),
-        _ => None,
-    };
+    let stale = stale_for(cache, &key, asked);
     Some(Box::new(Miss {
         cache: cache.handle(),
         filled: cache.claim(&key),
@@ -105,6 +103,49 @@ impl Miss {
     }
 }
 
+impl Miss {
+    /// A `200` to a `HEAD` updates the stored `GET`'s fields when their validators agree
+    /// (RFC 9111 §4.3.5); the body stays.
+    fn head_update(&self, head: &http::response::Parts, times: (SystemTime, SystemTime)) {
+        if head.status != StatusCode::OK {
+            return;
+        }
+        let Some(stored) = self.cache.lookup(&self.key, &self.fields) else {
+            return;
+        };
+        if rules::head_updates(&stored, &head.headers) {
+            self.cache
+                .put(&self.key, stored.refreshed(&head.headers, times));
+        }
+    }
+
+    /// The answer as it would be stored, if it may be (and fits in `max_object` as far as its
+    /// `Content-Length` says).
+    fn storable(
+        &self,
+        head: &http::response::Parts,
+        times: (SystemTime, SystemTime),
+    ) -> Option<Stored> {
+        let assigned = self.cache.config.valid.lifetime(head.status.as_u16());
+        let storable = self.method == Method::GET
+            && rules::storable_with(
+                &self.method,
+                &self.fields,
+                head.status,
+                &head.headers,
+                assigned.is_some(),
+            );
+        let length = head.headers.get(header::CONTENT_LENGTH);
+        let length = length.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let fits = length.is_none_or(|l| l <= self.cache.config.max_object);
+        let names = rules::vary_names(&head.headers).filter(|_| storable && fits)?;
+        let variant = Variant::of(&names, &self.fields);
+        let mut stored = Stored::new(head.status, &head.headers, variant, times);
+        stored.assigned = assigned;
+        Some(stored)
+    }
+}
+
 impl Keep for Miss {
     fn ask(&mut self, fields: &mut HeaderMap) {
         self.fields = fields.clone();
@@ -138,42 +179,45 @@ impl Keep for Miss {
                 return Kept::Replace(replaced);
             }
         }
-        let storable = self.method == Method::GET
-            && rules::storable(&self.method, &self.fields, head.status, &head.headers);
-        let length = head.headers.get(header::CONTENT_LENGTH);
-        let length = length.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        let fits = length.is_none_or(|l| l <= self.cache.config.max_object);
-        let status = match (storable, fits) {
-            (true, true) => "Sluice; fwd=miss; stored",
-            _ => "Sluice; fwd=miss",
+        if self.method == Method::HEAD {
+            self.head_update(head, times);
+        }
+        let stored = self.storable(head, times);
+        // With a disk tier the body streams into a file; without a file free it is not stored.
+        let (stored, writer) = match stored.map(|s| (self.cache.writer(&self.key, &s), s)) {
+            Some((Ok(writer), stored)) => (Some(stored), writer),
+            _ => (None, None),
+        };
+        let status = match stored {
+            Some(_) => "Sluice; fwd=miss; stored",
+            None => "Sluice; fwd=miss",
         };
         head.headers
             .append(CACHE_STATUS.clone(), HeaderValue::from_static(status));
-        if !(storable && fits) {
-            return Kept::Leave;
-        }
-        let Some(names) = rules::vary_names(&head.headers) else {
+        let Some(stored) = stored else {
             return Kept::Leave;
         };
-        let variant = Variant::of(&names, &self.fields);
-        let stored = Stored::new(head.status, &head.headers, variant, times);
         Kept::Tee(Box::new(Filler {
             limit: self.cache.config.max_object,
             cache: Arc::clone(&self.cache),
             key: std::mem::take(&mut self.key),
             stored: Some(stored),
             body: BytesMut::new(),
+            writer,
             _miss: self,
         }))
     }
 }
 
-/// A storable answer's body, gathered as it streams; stored when it ended whole.
+/// A storable answer's body, gathered as it streams (in memory, or into its file with a disk
+/// tier); stored when it ended whole.
 struct Filler {
     cache: Arc<Store>,
     key: String,
     stored: Option<Stored>,
     body: BytesMut,
+    /// The file the body goes to (a disk tier's), if any.
+    writer: Option<Writer>,
     limit: u64,
     /// The request's keep, ending its fetch (the waiters look again) once this is stored or
     /// dropped.
@@ -182,19 +226,37 @@ struct Filler {
 
 impl Tee for Filler {
     fn data(&mut self, chunk: &Bytes) -> bool {
-        if (self.body.len() + chunk.len()) as u64 > self.limit {
+        let held = self
+            .writer
+            .as_ref()
+            .map_or(self.body.len() as u64, Writer::written);
+        let written = match &mut self.writer {
+            _ if held + chunk.len() as u64 > self.limit => false,
+            Some(writer) => writer.data(chunk),
+            None => {
+                self.body.extend_from_slice(chunk);
+                true
+            }
+        };
+        if !written {
+            // Not stored: the file (removed as it drops) and the body so far go.
             self.stored = None;
             self.body = BytesMut::new();
-            return false;
+            self.writer = None;
         }
-        self.body.extend_from_slice(chunk);
-        true
+        written
     }
 
     fn end(mut self: Box<Self>) {
-        if let Some(mut stored) = self.stored.take() {
-            stored.body = std::mem::take(&mut self.body).freeze();
-            self.cache.put(&self.key, stored);
+        let Some(mut stored) = self.stored.take() else {
+            return;
+        };
+        match self.writer.take() {
+            Some(writer) => self.cache.commit(&self.key, stored.variant, writer),
+            None => {
+                stored.body = std::mem::take(&mut self.body).freeze();
+                self.cache.put(&self.key, stored);
+            }
         }
     }
 }

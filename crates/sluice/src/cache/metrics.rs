@@ -29,6 +29,8 @@ struct Families {
     coalesced: Family<RouteLabels, Counter>,
     evictions: Family<RouteLabels, Counter>,
     bytes: Family<RouteLabels, Gauge>,
+    disk_evictions: Family<RouteLabels, Counter>,
+    disk_bytes: Family<RouteLabels, Gauge>,
 }
 
 fn families() -> &'static Families {
@@ -46,7 +48,7 @@ pub(crate) fn register(registry: &mut Registry) {
     );
     registry.register(
         "cache_stale_served",
-        "Stale stored answers served in place of an upstream error or failure (stale-if-error), by route",
+        "Stale stored answers served in place of an upstream error or failure (stale-if-error) or at once while refreshed in the background (stale-while-revalidate), by route",
         f.stale.clone(),
     );
     registry.register(
@@ -64,6 +66,16 @@ pub(crate) fn register(registry: &mut Registry) {
         "Bytes a route's cache holds (its answers as weighed against memory), by route",
         f.bytes.clone(),
     );
+    registry.register(
+        "cache_disk_evictions",
+        "Keys whose files were removed, or not admitted, to keep a route's disk tier within its max_size, by route",
+        f.disk_evictions.clone(),
+    );
+    registry.register(
+        "cache_disk_stored_bytes",
+        "Bytes of the files a route's disk tier holds, by route",
+        f.disk_bytes.clone(),
+    );
 }
 
 /// One route's handles on the families (counting costs an increment, no label built).
@@ -75,6 +87,8 @@ pub(super) struct Counters {
     pub(super) coalesced: Counter,
     pub(super) evictions: Counter,
     pub(super) bytes: Gauge,
+    pub(super) disk_evictions: Counter,
+    pub(super) disk_bytes: Gauge,
 }
 
 impl Counters {
@@ -97,6 +111,8 @@ impl Counters {
             coalesced: f.coalesced.get_or_create(&labels).clone(),
             evictions: f.evictions.get_or_create(&labels).clone(),
             bytes: f.bytes.get_or_create(&labels).clone(),
+            disk_evictions: f.disk_evictions.get_or_create(&labels).clone(),
+            disk_bytes: f.disk_bytes.get_or_create(&labels).clone(),
         }
     }
 }

@@ -1,11 +1,13 @@
-//! A route's `cache`: a shared HTTP cache (RFC 9111) in memory, a registered route feature
-//! ([`REGISTRATION`]). Its rules are `sluice_core::cache`'s; this is the store and the hooks
-//! that drive them.
+//! A route's `cache`: a shared HTTP cache (RFC 9111) in memory and on disk, a registered
+//! route feature ([`REGISTRATION`]). Its rules are `sluice_core::cache`'s; this is the store
+//! and the hooks that drive them.
 //!
 //! * Lookup ([`RouteFeature::admit`]): a fresh stored answer for the request's key (scheme,
 //!   host with port, path and query) and variant (`Vary`) answers it (`Cache-Status: Sluice;
 //!   hit`), `304` when the client's own validators match; a stale one, or none, lets it go
-//!   upstream.
+//!   upstream; a stale one within its `stale-while-revalidate` (RFC 5861) answers it at once
+//!   (`Cache-Status: Sluice; hit; detail=stale-while-revalidate`) and the request goes on
+//!   upstream in the background to refresh it, one such request per key at a time.
 //! * Request coalescing: while one request fetches a key that has nothing stored, the others
 //!   for it wait (at most `lock_timeout`) and are answered from what it stored; if it stored
 //!   nothing they go upstream themselves.
@@ -17,8 +19,12 @@
 //!
 //! The store is a `moka` cache bounded in bytes (each key's variants weighed together):
 //! TinyLFU admission with LRU eviction, concurrent without a global lock; it is already in
-//! the build (hickory's resolver cache), so it adds no dependency.
+//! the build (hickory's resolver cache), so it adds no dependency. With a `disk` tier
+//! ([`disk`]), answers are stored in files as they stream, and the memory tier keeps the
+//! ones read back from disk: a lookup that misses memory reads the file (on tokio's blocking
+//! pool) before it answers or goes upstream.
 
+mod disk;
 mod keep;
 mod metrics;
 
@@ -94,6 +100,8 @@ pub(crate) struct Store {
     route: String,
     counters: metrics::Counters,
     store: moka::sync::Cache<String, Variants>,
+    /// The disk tier, if the cache has one (and its directory could be opened).
+    disk: Option<disk::Disk>,
     /// The keys being fetched with nothing stored, each with the fetch's end to wait for.
     filling: Mutex<HashMap<String, Arc<Fill>>>,
 }
@@ -132,6 +140,7 @@ impl Store {
         Self {
             config: config.clone(),
             route: route.to_owned(),
+            disk: open_disk(route, config, &counters),
             counters,
             store,
             filling: Mutex::default(),
@@ -146,15 +155,66 @@ impl Store {
         self.counters.bytes.set(bytes);
     }
 
+    /// What it holds and has counted, for `/status`.
+    fn status(&self, route: &str) -> sluice_config::admin::CacheStatus {
+        self.settle();
+        sluice_config::admin::CacheStatus {
+            route: route.to_owned(),
+            entries: self.store.entry_count(),
+            stored_bytes: self.store.weighted_size(),
+            memory: self.config.memory,
+            hits: self.counters.hits.get(),
+            misses: self.counters.misses.get(),
+            stale: self.counters.stale.get(),
+            disk: self.disk.as_ref().map(disk::Disk::status),
+        }
+    }
+
     /// The stored variant of `key` for a request with these fields.
     fn lookup(&self, key: &str, fields: &(impl Fields + ?Sized)) -> Option<Arc<Stored>> {
         let variants = self.store.get(key)?;
         variants.iter().find(|s| s.variant.matches(fields)).cloned()
     }
 
-    /// Stores `stored` for `key`, over the variant it replaces.
+    /// Stores `stored` for `key` in both tiers, over the variant it replaces.
     fn put(&self, key: &str, stored: Stored) {
-        let stored = Arc::new(stored);
+        if let Some(disk) = &self.disk {
+            disk.put(key, &stored);
+        }
+        self.remember(key, Arc::new(stored));
+    }
+
+    /// Ends a file written as an answer streamed and stores it under `key` (disk tier).
+    fn commit(&self, key: &str, variant: rules::Variant, writer: disk::Writer) {
+        if let Some(disk) = &self.disk {
+            disk.commit(key, variant, writer);
+        }
+    }
+
+    /// A file for the answer `stored` to `key`, its body to follow, when the cache has a disk
+    /// tier (`Err`: it has one, but no file could be had).
+    fn writer(&self, key: &str, stored: &Stored) -> Result<Option<disk::Writer>, ()> {
+        match &self.disk {
+            Some(disk) => disk.writer(key, stored).map(Some).ok_or(()),
+            None => Ok(None),
+        }
+    }
+
+    /// The stored variant of `key` for a request with these fields, in memory or on disk
+    /// (read back, and kept in memory).
+    async fn find(&self, key: &str, fields: &(impl Fields + ?Sized)) -> Option<Arc<Stored>> {
+        if let Some(stored) = self.lookup(key, fields) {
+            return Some(stored);
+        }
+        let disk = self.disk.as_ref()?;
+        let file = disk.find(key, fields)?;
+        let stored = Arc::new(disk.read(key, file).await?);
+        self.remember(key, Arc::clone(&stored));
+        Some(stored)
+    }
+
+    /// Keeps `stored` for `key` in memory, over the variant it replaces.
+    fn remember(&self, key: &str, stored: Arc<Stored>) {
         let mut variants = vec![Arc::clone(&stored)];
         if let Some(old) = self.store.get(key) {
             let others = old.iter().filter(|s| s.variant != stored.variant);
@@ -166,24 +226,34 @@ impl Store {
 
     fn invalidate(&self, key: &str) {
         self.store.invalidate(key);
+        if let Some(disk) = &self.disk {
+            disk.remove(key);
+        }
         self.settle();
     }
 
     /// Removes what `what` names; how many keys (each with its variants) it removed.
     fn purge(&self, what: &Purge) -> u64 {
+        let removed = |key: &str| {
+            let in_memory = self.store.remove(key).is_some();
+            let on_disk = self.disk.as_ref().is_some_and(|d| d.remove(key));
+            in_memory || on_disk
+        };
         let purged = match what {
-            Purge::Key(key) => u64::from(self.store.remove(key.as_str()).is_some()),
+            Purge::Key(key) => u64::from(removed(key)),
             Purge::Prefix(prefix) => {
-                let keys: Vec<Arc<String>> = self
+                let mut keys: Vec<Arc<String>> = self
                     .store
                     .iter()
                     .filter(|(k, _)| k.starts_with(prefix.as_str()))
                     .map(|(k, _)| k)
                     .collect();
-                let removed = keys
-                    .iter()
-                    .filter(|k| self.store.remove(k.as_str()).is_some());
-                removed.count() as u64
+                if let Some(disk) = &self.disk {
+                    keys.extend(disk.keys_with(prefix));
+                }
+                keys.sort_unstable();
+                keys.dedup();
+                keys.iter().filter(|k| removed(k)).count() as u64
             }
         };
         self.settle();
@@ -243,7 +313,7 @@ impl Store {
         drop(waited.await);
         let now = SystemTime::now();
         let req = rules::request_directives(fields);
-        let stored = self.lookup(&key, fields);
+        let stored = self.find(&key, fields).await;
         let fresh = stored.filter(|s| rules::usable(s, &req, now) == Use::Fresh);
         let answer = fresh.map(|s| hit(&s, fields, now, "hit; collapsed"));
         let counter = match answer {
@@ -252,6 +322,28 @@ impl Store {
         };
         counter.inc();
         answer
+    }
+}
+
+/// The disk tier of a route's cache, if it has one; logged and left out when its directory
+/// cannot be opened (the cache goes on in memory).
+fn open_disk(
+    route: &str,
+    config: &sluice_config::Cache,
+    counters: &metrics::Counters,
+) -> Option<disk::Disk> {
+    let tier = config.disk.as_ref()?;
+    let counters = disk::DiskCounters {
+        evictions: counters.disk_evictions.clone(),
+        bytes: counters.disk_bytes.clone(),
+    };
+    match disk::Disk::open(tier, config.max_object, counters) {
+        Ok(disk) => Some(disk),
+        Err(e) => {
+            tracing::error!(route, dir = %tier.path.display(), error = %e,
+                "the cache's disk tier cannot be opened: the route caches in memory only");
+            None
+        }
     }
 }
 
@@ -277,6 +369,16 @@ pub(crate) fn purge(features: &[Arc<dyn RouteFeature>], what: &Purge) -> Option<
     Some(cache.purge(what))
 }
 
+/// The status of the cache among the `features` of the route `route` (`None`: it has none).
+pub(crate) fn status(
+    route: &str,
+    features: &[Arc<dyn RouteFeature>],
+) -> Option<sluice_config::admin::CacheStatus> {
+    let mut features = features.iter();
+    let cache = features.find_map(|f| downcast::<Cache>(f))?;
+    Some(cache.status(route))
+}
+
 /// A fetch this request started (held by its [`Keep`]): ended when it is dropped.
 struct Filled {
     key: String,
@@ -289,7 +391,8 @@ fn key_of(asked: &Asked<'_>) -> Option<String> {
 }
 
 /// A stored answer as a request gets it: `304` when the client's validators match, else the
-/// answer with its `Age`; both with `Cache-Status`.
+/// answer with its `Age`, cut to the request's `Range` (`206`, `416`); all with
+/// `Cache-Status`.
 fn hit(stored: &Stored, request: &(impl Fields + ?Sized), now: SystemTime, status: &str) -> Answer {
     let age = HeaderValue::from(stored.current_age(now).as_secs());
     let cache_status = HeaderValue::from_str(&format!("Sluice; {status}"))
@@ -308,11 +411,12 @@ fn hit(stored: &Stored, request: &(impl Fields + ?Sized), now: SystemTime, statu
     let mut fields: Vec<_> = kept.map(|(n, v)| (n.clone(), v.clone())).collect();
     fields.push((header::AGE, age));
     fields.push((CACHE_STATUS.clone(), cache_status));
-    Answer {
+    let whole = Answer {
         status: stored.status,
         fields,
         body: Some(stored.body.clone()),
-    }
+    };
+    rules::range::cut(request, whole)
 }
 
 /// Looks the request up; answers it when a fresh stored answer fits, or waits for the fetch
@@ -327,9 +431,7 @@ impl RouteFeature for Cache {
     }
 
     fn admit<'a>(&'a self, asked: &Asked<'a>) -> Verdict<'a> {
-        // A range is the upstream's to answer (a stored object is not cut yet).
-        let lookup = (*asked.method == Method::GET || *asked.method == Method::HEAD)
-            && asked.fields.first_value("range").is_none();
+        let lookup = *asked.method == Method::GET || *asked.method == Method::HEAD;
         let Some(key) = key_of(asked).filter(|_| lookup) else {
             return Verdict::Pass;
         };
@@ -341,10 +443,26 @@ impl RouteFeature for Cache {
                 self.counters.hits.inc();
                 return Verdict::Answer(hit(stored, asked.fields, now, "hit"));
             }
+            if *asked.method == Method::GET && rules::stale_while_revalidate(stored, &req, now) {
+                return self.revalidating(stored, &key, asked.fields, now);
+            }
         }
-        // Only a plain GET of a key with nothing stored waits for another's fetch; a wait
-        // counts its lookup once it has waited, every other request here misses.
-        let coalesced = stored.is_none() && *asked.method == Method::GET && !req.no_cache;
+        let on_disk = stored.is_none()
+            && self
+                .disk
+                .as_ref()
+                .is_some_and(|d| d.find(&key, asked.fields).is_some());
+        if on_disk {
+            let fields = asked.fields;
+            return Verdict::Check(Box::pin(async move {
+                Ok(self.answer_from_disk(key, fields).await)
+            }));
+        }
+        // Only a plain GET of a key with nothing stored waits for another's fetch (not a
+        // range, whose answer is not stored); a wait counts its lookup once it has waited,
+        // every other request here misses.
+        let whole = asked.fields.first_value("range").is_none();
+        let coalesced = stored.is_none() && *asked.method == Method::GET && !req.no_cache && whole;
         let waits = coalesced && !req.no_store && !req.only_if_cached;
         let fill = waits.then(|| self.join_or_start(&key)).flatten();
         let Some(fill) = fill else {
@@ -364,6 +482,42 @@ impl RouteFeature for Cache {
 }
 
 impl Cache {
+    /// A stale `stored` answer within its `stale-while-revalidate`, served at once; the
+    /// request refreshes it in the background unless another's refresh of its key is under
+    /// way (one refresh per key at a time).
+    fn revalidating<'a>(
+        &self,
+        stored: &Stored,
+        key: &str,
+        fields: &dyn DynFields,
+        now: SystemTime,
+    ) -> Verdict<'a> {
+        self.counters.hits.inc();
+        self.counters.stale.inc();
+        let answer = hit(stored, fields, now, "hit; detail=stale-while-revalidate");
+        match self.join_or_start(key) {
+            Some(_under_way) => Verdict::Answer(answer),
+            None => Verdict::Refresh(answer),
+        }
+    }
+
+    /// A request whose answer is on disk (not in memory): answered from the file when it is
+    /// fresh (and kept in memory either way, so a stale one is revalidated), else it goes on.
+    async fn answer_from_disk(&self, key: String, fields: &dyn DynFields) -> Option<Answer> {
+        let stored = self.find(&key, fields).await;
+        let now = SystemTime::now();
+        let req = rules::request_directives(fields);
+        if let Some(stored) = stored.filter(|s| rules::usable(s, &req, now) == Use::Fresh) {
+            self.counters.hits.inc();
+            return Some(hit(&stored, fields, now, "hit"));
+        }
+        self.counters.misses.inc();
+        match self.missed(&req) {
+            Verdict::Answer(answer) => Some(answer),
+            _ => None,
+        }
+    }
+
     /// A request with nothing fresh stored: `504` if it asked `only-if-cached`, else it goes
     /// upstream.
     fn missed<'a>(&self, req: &rules::Directives) -> Verdict<'a> {
@@ -378,7 +532,7 @@ impl Cache {
     }
 }
 
-/// The stored answer for `key` of a request going upstream (GET only, not itself
+/// The stored answer for `key` of a request going upstream (GET or HEAD, not itself
 /// conditional): revalidated when it has validators, and served if the upstream fails within
 /// its `stale-if-error`.
 fn stale_for(cache: &Store, key: &str, asked: &Asked<'_>) -> Option<Arc<Stored>> {

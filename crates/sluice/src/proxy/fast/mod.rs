@@ -363,7 +363,7 @@ async fn admit(route: &Route, req: &Request<'_>, method: &Method) -> Result<(), 
         Outcome::Refused(e) => Err(e),
         // A feature that answers yet says it does not (`RouteFeature::hooks`): refused
         // rather than skipped.
-        Outcome::Answer(_) => Err(ProxyError::NotImplemented(
+        Outcome::Answer(_) | Outcome::Refresh(_) => Err(ProxyError::NotImplemented(
             "a route feature's own answer on the HTTP/1 fast path",
         )),
     }
