@@ -24,7 +24,10 @@ from . import targets, tls
 from .procs import LOAD_CPU, PROXY_CPU, Group, free_port, only_child, wait_port
 from .targets import Backend, Target
 
-MODES = ("plain", "tls", "h2")
+# SLUICE_BENCH_IDLE_MODES=h2 (a comma-separated subset) measures only those: an HTTP/2 change
+# need not wait for the plain and TLS rounds.
+MODES = tuple(m for m in os.environ.get("SLUICE_BENCH_IDLE_MODES", "plain,tls,h2").split(",")
+              if m in ("plain", "tls", "h2"))
 # `sluice-h2own` (HTTP/2 only) has its own HTTP/2 transport on (`own_http2`).
 PROXIES = ("sluice", "sluice-hyper", "sluice-h2own", "nginx", "haproxy")
 WARMUP = 256

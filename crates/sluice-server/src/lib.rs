@@ -295,7 +295,7 @@ impl Server {
 }
 
 /// Whether the own HTTP/2 transport is on by default (a listener's `own_http2` says otherwise).
-pub const OWN_HTTP2_DEFAULT: bool = false;
+pub const OWN_HTTP2_DEFAULT: bool = true;
 
 /// The listener's `own_http2`; where it says nothing, `SLUICE_OWN_HTTP2` (`0` or `1`) or else
 /// the default: the test command runs the proxy's suites both ways, and a test that names a

@@ -128,6 +128,8 @@ pub(super) fn decode(coded: &[u8], out: &mut Vec<u8>) -> Result<(), ()> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     /// The Huffman encoding of `s` (RFC 7541 §5.2: EOS's leading ones pad the last byte).

@@ -22,12 +22,15 @@ const ENTRY_OVERHEAD: usize = 32;
 /// allocation (a block is at most `max_header_bytes` long anyway).
 const MAX_INTEGER: usize = 1 << 24;
 
+/// A dynamic table entry: a field's name and value.
+type Entry = (Box<[u8]>, Box<[u8]>);
+
 /// A connection's HPACK decoder: its dynamic table holds what the peer put there, up to
 /// [`TABLE_SIZE`], and is empty (no allocation) on a connection whose peer indexes nothing.
 #[derive(Debug)]
 pub struct Decoder {
     /// Newest first: index 62 is the front.
-    entries: VecDeque<(Box<[u8]>, Box<[u8]>)>,
+    entries: VecDeque<Entry>,
     /// What the entries cost, and what the peer set the table's size to.
     size: usize,
     capacity: usize,
@@ -462,7 +465,7 @@ mod differential {
                 .collect()
         };
         let mut d = Decoder::default();
-        let mut fields = |d: &mut Decoder, block: &str| {
+        let fields = |d: &mut Decoder, block: &str| {
             let mut out = Vec::new();
             d.decode(&hex(block), |n, v| {
                 out.push(format!(
