@@ -37,8 +37,9 @@ pub struct Fields {
     refused: Option<Refused>,
 }
 
-/// Fields HTTP/2 has no place for (RFC 9113 §8.2.2).
-const CONNECTION_SPECIFIC: &[&str] = &[
+/// Fields HTTP/2 has no place for (RFC 9113 §8.2.2): a request carrying one is malformed, and
+/// an answer from an HTTP/1.1 upstream leaves them out.
+pub const CONNECTION_SPECIFIC: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",

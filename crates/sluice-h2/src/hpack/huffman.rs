@@ -126,29 +126,31 @@ pub(super) fn decode(coded: &[u8], out: &mut Vec<u8>) -> Result<(), ()> {
     }
 }
 
+/// The Huffman encoding of `s` (RFC 7541 §5.2: EOS's leading ones pad the last byte), for
+/// tests: the encoder writes no coded strings.
+#[cfg(test)]
+pub(super) fn encode(s: &[u8]) -> Vec<u8> {
+    let (mut out, mut acc, mut bits) = (Vec::new(), 0u64, 0u32);
+    for &b in s {
+        let (code, len) = HUFFMAN[b as usize];
+        acc = (acc << len) | u64::from(code);
+        bits += u32::from(len);
+        while bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    if bits > 0 {
+        out.push(((acc << (8 - bits)) | ((1 << (8 - bits)) - 1)) as u8);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-
-    /// The Huffman encoding of `s` (RFC 7541 §5.2: EOS's leading ones pad the last byte).
-    fn encode(s: &[u8]) -> Vec<u8> {
-        let (mut out, mut acc, mut bits) = (Vec::new(), 0u64, 0u32);
-        for &b in s {
-            let (code, len) = HUFFMAN[b as usize];
-            acc = (acc << len) | u64::from(code);
-            bits += u32::from(len);
-            while bits >= 8 {
-                bits -= 8;
-                out.push((acc >> bits) as u8);
-            }
-        }
-        if bits > 0 {
-            out.push(((acc << (8 - bits)) | ((1 << (8 - bits)) - 1)) as u8);
-        }
-        out
-    }
 
     #[test]
     fn rfc_7541_examples_decode() {

@@ -340,7 +340,6 @@ mod tests {
 mod differential {
     #![allow(clippy::unwrap_used)]
 
-    use super::tables::HUFFMAN;
     use super::*;
 
     /// A small deterministic generator (xorshift), so that a failure repeats.
@@ -359,27 +358,10 @@ mod differential {
         }
     }
 
-    fn huffman(s: &[u8]) -> Vec<u8> {
-        let (mut out, mut acc, mut bits) = (Vec::new(), 0u64, 0u32);
-        for &b in s {
-            let (code, len) = HUFFMAN[b as usize];
-            acc = (acc << len) | u64::from(code);
-            bits += u32::from(len);
-            while bits >= 8 {
-                bits -= 8;
-                out.push((acc >> bits) as u8);
-            }
-        }
-        if bits > 0 {
-            out.push(((acc << (8 - bits)) | ((1 << (8 - bits)) - 1)) as u8);
-        }
-        out
-    }
-
     fn literal(out: &mut Vec<u8>, s: &[u8], coded: bool) {
         match coded {
             true => {
-                let h = huffman(s);
+                let h = huffman::encode(s);
                 integer(out, h.len(), 7, 0x80);
                 out.extend_from_slice(&h);
             }

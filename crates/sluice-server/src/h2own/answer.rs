@@ -8,22 +8,13 @@ use http::{HeaderMap, Response};
 use http_body::Body;
 use sluice_core::body::ProxyBody;
 use sluice_h2::frame;
+use sluice_h2::head::CONNECTION_SPECIFIC;
 use sluice_h2::hpack;
 use sluice_h2::Reason;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::conn::{Conn, WRITE_HIGH};
 use super::out::Out;
-
-/// Fields HTTP/2 has no place for (RFC 9113 §8.2.2): an upstream's HTTP/1.1 answer may carry
-/// them.
-const CONNECTION_SPECIFIC: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "upgrade",
-];
 
 /// Encodes a response head: `:status`, then the fields (the listener's `extra` over any of the
 /// same name), connection-specific ones left out.
