@@ -388,14 +388,16 @@ impl Proxy {
         let stopping: Vec<_> = reverse.values().cloned().collect();
         // A real stop (not a hot restart, where the sessions stay) tells the services to move
         // their sessions elsewhere, and lets their links say so before anything stops. The
-        // services close nothing here: the sessions answer what is queued, then close.
+        // services close nothing here: the sessions answer what is queued, then close. The
+        // idle ones close only once the links have said DRAINING (or could not within
+        // DRAINING_SAID): a service that saw them close first would dial this node again.
         let trigger = async move {
             trigger.await;
             readiness.stop();
+            sluice_reverse::links::told_draining(&links, DRAINING_SAID).await;
             for cluster in &stopping {
                 cluster.stopping();
             }
-            sluice_reverse::links::told_draining(&links, DRAINING_SAID).await;
         };
         let stop = async {
             stopped = restart::stop_or_upgrade(

@@ -150,7 +150,9 @@ def test_a_node_that_dies_moves_its_share_and_logs_one_line(
         sessions.close()
 
     run(main())
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    # The SDK's own (asyncio on 3.11 may log a cancelled fake-node task at the loop's end).
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name.startswith("sluice_sdk")]
     assert len(warnings) == 1 and "is down" in warnings[0], warnings
     assert len([r for r in caplog.records if "is back after" in r.getMessage()]) == 1
 
