@@ -173,7 +173,11 @@ fn read_integer(block: &[u8], at: &mut usize, n: u8) -> Result<usize, Error> {
         if byte & 0x80 == 0 {
             return Ok(value);
         }
+        // Continuation bytes of zeros add nothing but length: four carry any value allowed.
         shift += 7;
+        if shift > 21 {
+            return malformed();
+        }
     }
 }
 
@@ -321,6 +325,21 @@ mod tests {
             (b"set-cookie".to_vec(), b"a=b".to_vec()),
         ];
         assert_eq!(fields, want);
+    }
+
+    #[test]
+    fn an_integer_of_endless_zero_continuations_is_an_error_not_a_panic() {
+        // Found by fuzz/h2_fields: a string length of 0x7f then 0xff and 70 bytes of 0x80
+        // shifted past the integer's width.
+        let mut block = vec![0x10, 0xff, 0xff];
+        block.extend([0x80; 70]);
+        block.extend([0xe8, 0, 0, 0, 0, b's', b't']);
+        let err = Decoder::default().decode(&block, |_, _| {}).unwrap_err();
+        assert_eq!(err, Error::Connection(Reason::COMPRESSION_ERROR));
+        // Four continuation bytes are still read.
+        let mut out = Vec::new();
+        integer(&mut out, 1 << 20, 7, 0x80);
+        assert_eq!(out.len(), 4);
     }
 
     #[test]
