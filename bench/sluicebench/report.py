@@ -582,7 +582,8 @@ def _grpc(s):
              "round's NGINX or HAProxy. Errors include calls answered without their messages (a "
              "proxy's own gRPC error is HTTP 200). `sluice-grpc-b` is an identical second Sluice "
              "(A/A); `sluice-grpc-own` has Sluice's own HTTP/2 transport on its listener "
-             f"(`own_http2 = true`), the other Sluices hyper's.{_grpc_reverse_setup(s)} Load average {_loadavg(load['start'])} at the start, "
+             f"(`own_http2 = true`), the other Sluices hyper's.{_grpc_reverse_setup(s)} "
+             f"Load average {_loadavg(load['start'])} at the start, "
              f"{_loadavg(load['end'])} at the end.", ""]
     for kind, runs in s["kinds"].items():
         lines += [f"### {kind}", "", "| target | calls/s | CPU us/call | vs nginx-grpc (CPU) | "
