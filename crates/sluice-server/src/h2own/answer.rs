@@ -100,6 +100,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
                 for &later in &ids[i..] {
                     self.wakes.mark(later);
                 }
+                self.deferred = true;
                 break;
             }
             progress |= self.poll_body(id);
@@ -145,6 +146,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'_, I> {
                 }
                 if self.pending_write() >= WRITE_HIGH {
                     self.wakes.mark(id);
+                    self.deferred = true;
                     return progress;
                 }
                 continue;

@@ -101,6 +101,10 @@ pub(super) struct Conn<'a, I> {
     pub(super) answers: FuturesUnordered<Tagged>,
     /// The streams the connection's task was woken for.
     pub(super) wakes: Arc<Wakes>,
+    /// Bodies were left marked because the write buffer was full: taken up in this poll once
+    /// it has room (a body that woke itself waits for the task's next poll instead, so that a
+    /// budget-exhausted body cannot spin the loop).
+    pub(super) deferred: bool,
     /// GOAWAY sent: no new stream is taken, the connection ends when its streams have.
     going_away: bool,
     /// The connection failed: GOAWAY written, it ends once that is out.
@@ -148,6 +152,7 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
             block: None,
             answers: FuturesUnordered::new(),
             wakes: Arc::default(),
+            deferred: false,
             going_away: false,
             failed: false,
             read_closed: false,
@@ -211,8 +216,8 @@ impl<'a, I: AsyncRead + AsyncWrite + Unpin + Send> Conn<'a, I> {
             }
             // Bodies left for later because the write buffer was full are taken up once
             // it has room again.
-            let later =
-                !self.failed && self.wakes.has_bodies() && self.pending_write() < WRITE_HIGH;
+            let later = !self.failed && self.deferred && self.pending_write() < WRITE_HIGH;
+            self.deferred = false;
             if !progress && !later {
                 return Poll::Pending;
             }

@@ -45,11 +45,6 @@ impl Wakes {
         std::mem::take(&mut self.lock().bodies)
     }
 
-    /// Whether a body is waiting to be polled.
-    pub(super) fn has_bodies(&self) -> bool {
-        !self.lock().bodies.is_empty()
-    }
-
     /// Stream `id`'s request body was read: a credit is due, the connection is woken.
     pub(super) fn credit(&self, id: u32) {
         let mut woken = self.lock();
